@@ -34,6 +34,7 @@ import torch  # noqa: E402
 
 from tilekernels.mhc import cutile_aggregate as agg  # noqa: E402
 from tilekernels.mhc import cutile_post_bda as pb  # noqa: E402
+from tilekernels.mhc import cutile_pre as pre  # noqa: E402
 from tilekernels.mhc import cutile_proj_rms as pr  # noqa: E402
 from tilekernels.mhc import cutile_sinkhorn as sk  # noqa: E402
 from tilekernels.mhc import reference as ref  # noqa: E402
@@ -117,6 +118,48 @@ class Problem:
             self.eager_b = lambda: ref.proj_rms_bwd(dproj, dr, x, w, rr, 1e-6)
             self.bytes_f = 2 * T * K + 2 * N * K + 4 * T * N + 4 * T
             self.bytes_b = 4 * T * N + 4 * T + 2 * T * K + 2 * N * K + 4 * T + 2 * T * K + 2 * N * K
+        elif op == "mhc_pre":
+            self._pre(K, N)
+
+    def _pre(self, K, N):
+        """mhc_pre, and its parts run one after another (the cuTile proj_rms, sinkhorn and
+        h_aggregate kernels with the mix and its backward in torch) as the peer "parts"."""
+        x, w, b = r(T, n, C), r(N, K, scale=K ** -0.5), r(N, dtype=F32)
+        prm = (0.7, 1.3, 0.4, 20, 1e-6, 1e-6)
+        outs = (e(T, C), e(T, n, dtype=F32), e(T, n, n, dtype=F32), e(T, N, dtype=F32), e(T, dtype=F32))
+        dli, dhp, dhr = r(T, C), r(T, n, dtype=F32), r(T, n, n, dtype=F32)
+        g = (e(T, n, C), e(N, K), e(N, dtype=F32))
+        self.fwd = lambda cfg=None: pre.fwd_launches(x, w, b, *outs, *prm, cfg=cfg)
+        self.bwd = lambda cfg=None: pre.bwd_launches(dli, dhp, dhr, x, w, b, outs[3], outs[4], *g, *prm,
+                                                     cfg=cfg)
+        self.cfg = pre.PreCfg.heuristic(T, n, C, 20)
+        self.outs_f, self.outs_b = outs, g
+        x2 = x.view(T, K)
+        proj, rr, hres, li = e(T, N, dtype=F32), e(T, dtype=F32), e(T, n, n, dtype=F32), e(T, C)
+        dxa, dha, dres, dxp, dw = e(T, n, C), e(T, n, dtype=F32), e(T, n, n, dtype=F32), e(T, K), e(N, K)
+        st = {}
+
+        def parts_f():
+            run([pr.fwd_launch(x2, w, proj, rr, 1e-6)])
+            p_, q_, s_, _ = ref._pre_mix(proj, rr, b, n, prm[:3])
+            st["s_pre"], st["s_post"], st["res"] = torch.sigmoid(p_), torch.sigmoid(q_), s_.contiguous()
+            run([sk.fwd_launch(st["res"], hres, 20, 1e-6), agg.fwd_launch(x, st["s_pre"], li)])
+            return li, 2 * st["s_post"], hres
+
+        def parts_b():
+            sp, sq = st["s_pre"], st["s_post"]
+            run([agg.bwd_launch(dli, x, sp, dxa, dha), sk.bwd_launch(dhr, st["res"], dres, 20, 1e-6)])
+            dh = torch.cat([dha * sp * (1 - sp), dhp * 2 * sq * (1 - sq), dres.view(T, n * n)], dim=1)
+            alpha = ref.pre_alpha(n, *prm[:3], dtype=F32, device="cuda")
+            run(pr.bwd_launches(dh * rr[:, None] * alpha, (dh * proj * alpha).sum(1), x2, w, rr, dxp, dw, 1e-6))
+            return dxa + dxp.view(T, n, C), dw, dh.sum(0)
+
+        self.parts_f, self.parts_b = parts_f, parts_b
+        self.eager_f = lambda: ref.mhc_pre(x, w, b, *prm)
+        self.eager_b = lambda: ref.mhc_pre_bwd(dli, dhp, dhr, x, w, b, outs[3], outs[4], *prm)
+        self.bytes_f = 2 * T * K + 2 * N * K + 4 * N + 2 * T * C + 4 * T * n + 4 * T * n * n + 4 * T * N + 4 * T
+        self.bytes_b = 2 * T * C + 4 * T * n + 4 * T * n * n + 2 * T * K + 2 * N * K + 4 * N + 4 * T * N + 4 * T \
+            + 2 * T * K + 2 * N * K + 4 * N
 
 
 def run(launches):
@@ -185,9 +228,12 @@ def phase_time(ops, copy_bw, peers):
                     rec["ms_fwd_bwd_graph"] = bench(gph.replay)
                 except Exception:
                     log_err("sinkhorn graph")
-            for pname in peers:
+            for pname in peers + (["parts"] if hasattr(P, "parts_f") else []):
                 try:
-                    ef, eb = _peer(P.eager_f, pname == "compile"), _peer(P.eager_b, pname == "compile")
+                    if pname == "parts":
+                        ef, eb = P.parts_f, P.parts_b
+                    else:
+                        ef, eb = _peer(P.eager_f, pname == "compile"), _peer(P.eager_b, pname == "compile")
                     ef(), eb()
                     rec[f"{pname}_ms_fwd"] = bench(ef, rep=100)
                     rec[f"{pname}_ms_fwd_bwd"] = bench(lambda: (ef(), eb()), rep=100)
@@ -210,6 +256,8 @@ SWEEPS = {
     "mhc_h_post_bda": [("bwd", dict(TT_D=2)), ("bwd", dict(G=128)), ("bwd", dict(TT_H=2, TC_H=256))],
     "mhc_sinkhorn": [("fwd", dict(TT_FWD=64)), ("bwd", dict(OCC_BWD=16))],
     "mhc_proj_rms": [("bwd", dict(GM=4)), ("bwd", dict(OCC_B=4))],
+    "mhc_pre": [("fwd", dict(OCC_F=2)), ("bwd", dict(G=256)), ("bwd", dict(G=1024)), ("bwd", dict(OCC_M=2)),
+                ("bwd", dict(OCC_M=4)), ("bwd", dict(TC=128))],
 }
 
 
@@ -268,6 +316,7 @@ def memcheck():
         print("sinkhorn", G.run_sinkhorn(dict(T=37, n=3, iters=20)))
         print("sinkhorn n4", G.run_sinkhorn(dict(T=37, n=4, iters=20)))
         print("proj_rms", G.run_proj_rms(dict(M=37, n=3, C=100)))
+        print("pre", G.run_pre(dict(T=37, n=3, C=100, iters=20)))
     torch.cuda.synchronize()
     print("memcheck run done")
 
@@ -276,7 +325,7 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", default=os.environ.get("OUT", "."))
     ap.add_argument("--phases", default="env,time,sweep,compile")
-    ap.add_argument("--ops", default="mhc_h_aggregate,mhc_h_post_bda,mhc_sinkhorn,mhc_proj_rms")
+    ap.add_argument("--ops", default="mhc_h_aggregate,mhc_h_post_bda,mhc_sinkhorn,mhc_proj_rms,mhc_pre")
     ap.add_argument("--sweep-seconds", type=float, default=200)
     ap.add_argument("--memcheck", action="store_true")
     a = ap.parse_args()
@@ -303,12 +352,13 @@ def main():
     if "compile" in phases:
         phase_time(ops, bw[0], ["eager", "compile"])
         save()
-    print("\n%-16s %8s %8s %9s %8s %7s %8s %8s" % ("op", "fwd ms", "bwd ms", "f+b ms", "GB/s", "%copy",
-                                                  "x eager", "x compile"))
+    print("\n%-16s %8s %8s %9s %8s %7s %8s %8s %8s" % ("op", "fwd ms", "bwd ms", "f+b ms", "GB/s", "%copy",
+                                                       "x eager", "x compile", "x parts"))
     for x in RESULTS["records"]:
-        print("%-16s %8.3f %8.3f %9.3f %8.0f %7.1f %8.2f %8.2f" % (
+        print("%-16s %8.3f %8.3f %9.3f %8.0f %7.1f %8.2f %8.2f %8.2f" % (
             x["op"], x["ms_fwd"], x["ms_bwd"], x["ms_fwd_bwd"], x["gb_s_fwd_bwd"], x["pct_of_copy"],
-            x.get("ratio_eager", float("nan")), x.get("ratio_compile", float("nan"))))
+            x.get("ratio_eager", float("nan")), x.get("ratio_compile", float("nan")),
+            x.get("ratio_parts", float("nan"))))
     print(f"copy {bw[0]:.0f} GB/s on {RESULTS['env']['device']}; errors: {len(RESULTS['errors'])}")
 
 

@@ -186,7 +186,10 @@ PRE = OpSpec(
     differentiable=True,
     reference="tilekernels.mhc.reference:mhc_pre",
     entry="tilekernels.mhc.ops:mhc_pre",
-    backends=[_TORCH],
+    backends=[_cutile(Constraint(expr="T * n * C < 2**31", message=_INT32_INDEX),
+                      Constraint(expr="iters <= 64", message="iters is a compile-time constant the "
+                                 "backward unrolls; each value compiles its own kernel"),
+                      x=["bfloat16"], weight=["bfloat16"], bias=["float32"]), _TORCH],
 )
 
 SPECS = [H_AGGREGATE, SINKHORN, H_POST_BDA, PROJ_RMS, PRE]

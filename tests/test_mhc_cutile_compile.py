@@ -8,6 +8,7 @@ Compiles run in a thread pool (tileiras is a subprocess).
 """
 from __future__ import annotations
 
+import dataclasses
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
@@ -36,7 +37,7 @@ def _jobs():
 def test_every_kernel_compiles_for_sm90_and_sm100():
     jobs = [(name, ln, arch) for name, ln in _jobs() for arch in ARCHS]
     names = {n.split("[")[0] for n, _, _ in jobs}
-    assert {f"mhc_{op}.{p}" for op in ("h_aggregate", "h_post_bda", "sinkhorn", "proj_rms")
+    assert {f"mhc_{op}.{p}" for op in ("h_aggregate", "h_post_bda", "sinkhorn", "proj_rms", "pre")
             for p in ("fwd", "bwd")} <= names
     with ThreadPoolExecutor(max_workers=4) as pool:
         cubins = list(pool.map(lambda j: j[1].export_cubin(j[2]), jobs))
@@ -56,6 +57,10 @@ def test_launch_config_is_the_compile_key():
     assert pb.PostBdaCfg.heuristic(3, 3, 100) == pb.PostBdaCfg.heuristic(1000, 3, 100)
     assert sk.SinkhornCfg.heuristic(1, 4, 20) == sk.SinkhornCfg.heuristic(32768, 4, 20)
     assert pr.ProjRmsCfg.heuristic(1, 24, 28672).TM == pr.ProjRmsCfg.heuristic(32768, 24, 28672).TM
+    from tilekernels.mhc import cutile_pre as pre
+
+    a, b = pre.PreCfg.heuristic(5, 4, 7168, 20), pre.PreCfg.heuristic(32768, 4, 7168, 20)
+    assert dataclasses.replace(a, pr=None) == dataclasses.replace(b, pr=None) and a.pr.TM == b.pr.TM
     cfg = pb.PostBdaCfg.heuristic(1000, 3, 100)
     assert cfg.NP == 4 and hash(cfg) == hash(pb.PostBdaCfg.heuristic(1000, 3, 100))
     with pytest.raises(Exception):

@@ -46,6 +46,11 @@ CASES = _grid(_BASE, n=[1, 2, 3, 8], C=[64, 4096, 7168, 100], T=[1, 3], h=[BF], 
 SK_CASES = _grid(dict(T=1000, n=4, iters=20), n=[1, 2, 3, 8], T=[1, 3, 32768], iters=[3])
 PR_CASES = _grid(dict(M=1000, n=4, C=512), n=[1, 2, 3, 8], C=[100, 7168], M=[1, 3]) + \
     [dict(M=32768, n=4, C=7168)]
+# mhc_pre: every n, the issue's C values, T edges; iters 3 and 20; alphas != 1 so a
+# section mix-up shows
+PRE_CASES = _grid(dict(T=1000, n=4, C=2560, iters=20), n=[1, 2, 3, 8], C=[64, 4096, 100],
+                  T=[1, 3], iters=[3]) + [dict(T=32768, n=4, C=7168, iters=20)]
+PRE_PARAMS = dict(alpha_pre=0.7, alpha_post=1.3, alpha_res=0.4)
 
 
 def _id(c):
@@ -140,8 +145,30 @@ def run_proj_rms(c):
                   {"proj": p64, "r": r64, "dx": gx, "dweight": gw})
 
 
+def run_pre(c):
+    from tilekernels.mhc import reference as ref
+
+    T, n, C, iters, eps = c["T"], c["n"], c["C"], c["iters"], 1e-6
+    N = n * n + 2 * n
+    x, w, b = _rand(T, n, C), _rand(N, n * C, scale=(n * C) ** -0.5), _rand(N, dtype=F32)
+    params = (PRE_PARAMS["alpha_pre"], PRE_PARAMS["alpha_post"], PRE_PARAMS["alpha_res"], iters, eps, eps)
+    outs = [empty(s, dt, x.device) for s, dt in (((T, C), BF), ((T, n), F32), ((T, n, n), F32),
+                                                  ((T, N), F32), ((T,), F32))]
+    _k("mhc_pre", "fwd")(x, w, b, *outs, *params)
+    dli, dhp, dhr = _rand(T, C), _rand(T, n, dtype=F32), _rand(T, n, n, dtype=F32)
+    grads = [empty(t.shape, t.dtype, t.device) for t in (x, w, b)]
+    _k("mhc_pre", "bwd")(dli, dhp, dhr, x, w, b, outs[3], outs[4], *grads, *params)
+    x64, w64, b64 = upcast(x), upcast(w), upcast(b)
+    p64, r64 = ref.proj_rms(x64.reshape(T, n * C), w64, eps)
+    want = ref.mhc_pre(x64, w64, b64, *params)
+    gwant = ref.mhc_pre_bwd(upcast(dli), upcast(dhp), upcast(dhr), x64, w64, b64, p64, r64, *params)
+    names = ("layer_in", "h_post", "h_res", "proj", "r", "dx", "dweight", "dbias")
+    return _check(dict(zip(names, (*outs, *grads))), dict(zip(names, (*want, p64, r64, *gwant))))
+
+
 RUNNERS = {"mhc_h_aggregate": (run_h_aggregate, CASES), "mhc_h_post_bda": (run_h_post_bda, CASES),
-           "mhc_sinkhorn": (run_sinkhorn, SK_CASES), "mhc_proj_rms": (run_proj_rms, PR_CASES)}
+           "mhc_sinkhorn": (run_sinkhorn, SK_CASES), "mhc_proj_rms": (run_proj_rms, PR_CASES),
+           "mhc_pre": (run_pre, PRE_CASES)}
 
 
 def _params(cases):
@@ -172,6 +199,11 @@ def test_proj_rms(c):
     run_proj_rms(c)
 
 
+@pytest.mark.parametrize("c", _params(PRE_CASES))
+def test_pre(c):
+    run_pre(c)
+
+
 def test_empty_batch_writes_zero_dbias_and_dweight():
     """T = 0: nothing to launch for the token kernels, but dbias / dweight (reduced
     over T) must still be written (as zeros)."""
@@ -186,6 +218,11 @@ def test_empty_batch_writes_zero_dbias_and_dweight():
     _k("mhc_proj_rms", "bwd")(_rand(0, 24, dtype=F32), _rand(0, dtype=F32), x2, w, _rand(0, dtype=F32),
                              dx, dw, 1e-6)
     assert torch.equal(dw, torch.zeros_like(w))
+    x3, b = _rand(0, n, C), _rand(24, dtype=F32)
+    grads = [empty(t.shape, t.dtype, t.device) for t in (x3, w, b)]
+    _k("mhc_pre", "bwd")(_rand(0, C), _rand(0, n, dtype=F32), _rand(0, n, n, dtype=F32), x3, w, b,
+                         _rand(0, 24, dtype=F32), _rand(0, dtype=F32), *grads, 1.0, 1.0, 1.0, 20, 1e-6, 1e-6)
+    assert torch.equal(grads[1], torch.zeros_like(w)) and torch.equal(grads[2], torch.zeros_like(b))
 
 
 def test_new_batch_size_reuses_the_compile_key():

@@ -39,10 +39,13 @@ def _inputs(op, T, n, C, device, act=BF, h=F32, bias=True):
         return (r(T, n, n, dt=F32),), {"iters": 20, "eps": 1e-6}
     if op == "mhc_proj_rms":
         return (r(T, n * C), r(n * n + 2 * n, n * C) / (n * C) ** 0.5), {"eps": 1e-6}
+    if op == "mhc_pre":
+        return (r(T, n, C), r(n * n + 2 * n, n * C) / (n * C) ** 0.5, r(n * n + 2 * n, dt=F32)), \
+            {"alpha_pre": 0.7, "alpha_post": 1.3, "alpha_res": 0.4, "iters": 20}
     raise KeyError(op)
 
 
-OPS = ["mhc_h_aggregate", "mhc_h_post_bda", "mhc_sinkhorn", "mhc_proj_rms"]
+OPS = ["mhc_h_aggregate", "mhc_h_post_bda", "mhc_sinkhorn", "mhc_proj_rms", "mhc_pre"]
 
 
 def test_declared_limits_are_explained():
@@ -63,6 +66,11 @@ def test_declared_limits_are_explained():
     assert "2**31" in _why("mhc_h_aggregate", x, torch.empty(2**20, 8, device=meta))
     w = torch.empty(200, 64, dtype=BF, device=meta)
     assert "'N <= 128' fails with N=200" in _why("mhc_proj_rms", torch.empty(4, 64, dtype=BF, device=meta), w)
+    # mhc_pre: bf16 activations only (the projection runs on bf16 tensor cores), iters unrolled
+    a, p = _inputs("mhc_pre", 3, 4, 8, "cpu", act=F32)
+    assert "cutile supports x in ['bfloat16'], got float32" in _why("mhc_pre", *a, **p)
+    a, p = _inputs("mhc_pre", 3, 4, 8, "cpu")
+    assert "'iters <= 64' fails with iters=65" in _why("mhc_pre", *a, **dict(p, iters=65))
     # and on this machine the device itself
     a, _ = _inputs("mhc_h_aggregate", 3, 4, 8, "cpu")
     assert "needs a CUDA device" in _why("mhc_h_aggregate", *a)
@@ -80,7 +88,7 @@ def test_auto_uses_cutile_fwd_and_autograd_bwd(op, T, n, C):
     out = o(*grads, **params)
     outs = out if isinstance(out, tuple) else (out,)
     ups = [upcast(t).requires_grad_() if t is not None else None for t in grads]
-    expect = getattr(ref, op.removeprefix("mhc_"))(*ups, **params)
+    expect = getattr(ref, op if op == "mhc_pre" else op.removeprefix("mhc_"))(*ups, **params)
     expects = expect if isinstance(expect, tuple) else (expect,)
     for got, want in zip(outs, expects):
         assert_close(got, want, what=f"{op} output")

@@ -17,6 +17,7 @@ n in [1, 8] (padded to a power of two in registers), any C >= 1 and any T >= 0
   sinkhorn:    logits fp32; iters is a compile-time constant (the bwd unrolls it;
                tested 3 and 20).
   proj_rms:    x and weight bf16; N = n*n + 2n <= 128.
+  mhc_pre:     x and weight bf16, bias fp32 (n <= 8, so N <= 80); iters as sinkhorn.
 No tile-size constraint reaches the user (tile sizes are internal powers of two).
 """
 from __future__ import annotations
@@ -26,6 +27,7 @@ from tilekernels._glue import kernel
 
 from . import cutile_aggregate as agg
 from . import cutile_post_bda as pb
+from . import cutile_pre as pre
 from . import cutile_proj_rms as pr
 from . import cutile_sinkhorn as sk
 
@@ -73,6 +75,21 @@ def proj_rms_bwd(dproj, dr, x, weight, r, dx, dweight, eps: float):
     run_all(pr.bwd_launches(dproj, dr, x, weight, r, dx, dweight, eps))
 
 
+@kernel("mhc_pre", BACKEND, "fwd")
+def pre_fwd(x, weight, bias, layer_in, h_post, h_res, proj, r, alpha_pre: float, alpha_post: float,
+            alpha_res: float, iters: int, rms_eps: float, sinkhorn_eps: float):
+    run_all(pre.fwd_launches(x, weight, bias, layer_in, h_post, h_res, proj, r, alpha_pre, alpha_post,
+                             alpha_res, iters, rms_eps, sinkhorn_eps))
+
+
+@kernel("mhc_pre", BACKEND, "bwd")
+def pre_bwd(dlayer_in, dh_post, dh_res, x, weight, bias, proj, r, dx, dweight, dbias,
+            alpha_pre: float, alpha_post: float, alpha_res: float, iters: int, rms_eps: float,
+            sinkhorn_eps: float):
+    run_all(pre.bwd_launches(dlayer_in, dh_post, dh_res, x, weight, bias, proj, r, dx, dweight, dbias,
+                             alpha_pre, alpha_post, alpha_res, iters, rms_eps, sinkhorn_eps))
+
+
 def representative_launches(n: int = 4, C: int = 7168, T: int = 32768, hdtype=None):
     """Every kernel's launch at one problem size, on ``meta`` tensors: what the
     CI compile test exports to cubins (sm_90, sm_100) without a GPU."""
@@ -90,6 +107,9 @@ def representative_launches(n: int = 4, C: int = 7168, T: int = 32768, hdtype=No
     lg = e(T, n, n, dtype=torch.float32)
     N, K = n * n + 2 * n, n * C
     xm, w, p, r = e(T, K), e(N, K), e(T, N, dtype=torch.float32), e(T, dtype=torch.float32)
+    f32 = torch.float32
+    pb_, hp, hr = e(N, dtype=f32), e(T, n, dtype=f32), e(T, n, n, dtype=f32)
+    pre_args = (1.0, 1.0, 1.0, 20, 1e-6, 1e-6)
     out = {
         "mhc_h_aggregate.fwd": [agg.fwd_launch(x3, hn, x2)],
         "mhc_h_aggregate.bwd": [agg.bwd_launch(x2, x3, hn, x3, hn)],
@@ -101,5 +121,7 @@ def representative_launches(n: int = 4, C: int = 7168, T: int = 32768, hdtype=No
         "mhc_sinkhorn.bwd": [sk.bwd_launch(lg, lg, lg, 20, 1e-6)],
         "mhc_proj_rms.fwd": [pr.fwd_launch(xm, w, p, r, 1e-6)],
         "mhc_proj_rms.bwd": pr.bwd_launches(p, r, xm, w, r, xm, w, 1e-6),
+        "mhc_pre.fwd": pre.fwd_launches(x3, w, pb_, x2, hp, hr, p, r, *pre_args),
+        "mhc_pre.bwd": pre.bwd_launches(x2, hp, hr, x3, w, pb_, p, r, x3, w, pb_, *pre_args),
     }
     return out

@@ -12,7 +12,9 @@ lo = bf16(dproj - hi)): ~16 mantissa bits, the products exact, fp32 sums.
 
 fwd: grid (M/TM,), each block loops over K.
 bwd: grid (K/TK, GM); block (k, g) loops over row tiles g, g+GM, ... at one
-     K tile, writes dx, and leaves a fp32 dweight partial per group;
+     K tile, writes dx, and leaves a fp32 dweight partial per group (the same
+     kernel, with x seen as [M, n, C] and the h_aggregate term added, is
+     mhc_pre's dx pass: cutile_pre);
      ``mhc_pr_reduce`` sums the GM partials in order (deterministic).
 """
 from __future__ import annotations
@@ -25,11 +27,11 @@ import torch
 from tilekernels._cutile import PAD_ZERO, Launch, cdiv, next_pow2, occ
 
 ConstInt = ct.Constant[int]
+ConstBool = ct.Constant[bool]
 
 
-@ct.kernel
-def mhc_pr_fwd(x, w, proj, r, eps: float, NPAD: ConstInt, TM: ConstInt, TK: ConstInt):
-    pid = ct.bid(0)
+def proj_tile(x, w, pid, eps, NPAD: ConstInt, TM: ConstInt, TK: ConstInt):
+    """(proj [TM, NPAD], r [TM]), fp32, of row tile ``pid`` of x [M, K] and w [N, K]."""
     nkt = ct.num_tiles(x, axis=1, shape=(TM, TK))
     acc = ct.zeros((TM, NPAD), dtype=ct.float32)
     comp = ct.zeros((TM, NPAD), dtype=ct.float32)
@@ -47,35 +49,55 @@ def mhc_pr_fwd(x, w, proj, r, eps: float, NPAD: ConstInt, TM: ConstInt, TK: Cons
         xf = xt.astype(ct.float32)
         ss = ss + xf * xf
     kf = ct.astype(x.shape[1], ct.float32)
-    rr = 1.0 / (ct.sqrt(ct.sum(ss, axis=1) / kf) + eps)
+    return acc, 1.0 / (ct.sqrt(ct.sum(ss, axis=1) / kf) + eps)
+
+
+@ct.kernel
+def mhc_pr_fwd(x, w, proj, r, eps: float, NPAD: ConstInt, TM: ConstInt, TK: ConstInt):
+    pid = ct.bid(0)
+    acc, rr = proj_tile(x, w, pid, eps, NPAD, TM, TK)
     ct.store(proj, index=(pid, 0), tile=acc)
     ct.store(r, index=(pid,), tile=rr)
 
 
 @ct.kernel
-def mhc_pr_bwd(dproj, dr, x, w, r, dx, p_dw, eps: float,
-               NPAD: ConstInt, TM: ConstInt, TK: ConstInt):
-    kt = ct.bid(0)
+def mhc_pr_bwd(dproj, dr, x, w, r, dx, p_dw, dagg, proj, bias, eps: float, alpha_pre: float,
+               NPAD: ConstInt, TM: ConstInt, TK: ConstInt, AGG: ConstBool):
+    """x, w, dx as [rows, G, Cg] views (proj_rms: G = 1, Cg = K; mhc_pre: G = n,
+    Cg = C), p_dw [GM, NPAD, G, Cg]. Block (b, gm), b = g * (Cg/TK) + c, does
+    column tile c of group g for row tiles gm, gm + GM, ...
+    AGG (mhc_pre): dx also gets h_pre[:, g] * dagg[:, c-tile], with
+    h_pre = sigmoid(r * proj[:, g] * alpha_pre + bias[g]) recomputed from the
+    forward's proj and r (dagg: dlayer_in [rows, Cg])."""
+    nct = ct.num_tiles(x, axis=2, shape=(TM, 1, TK))
+    grp = ct.bid(0) // nct
+    cj = ct.bid(0) % nct
     gm = ct.bid(1)
-    kf = ct.astype(x.shape[1], ct.float32)
-    ntm = ct.num_tiles(x, axis=0, shape=(TM, TK))
-    wt = ct.load(w, index=(0, kt), shape=(NPAD, TK), padding_mode=PAD_ZERO)
+    kf = ct.astype(x.shape[1] * x.shape[2], ct.float32)
+    ntm = ct.num_tiles(x, axis=0, shape=(TM, 1, TK))
+    wt = ct.reshape(ct.load(w, index=(0, grp, cj), shape=(NPAD, 1, TK), padding_mode=PAD_ZERO), (NPAD, TK))
     dw = ct.zeros((NPAD, TK), dtype=ct.float32)
     for m in range(gm, ntm, ct.num_blocks(1)):
         gp = ct.load(dproj, index=(m, 0), shape=(TM, NPAD), padding_mode=PAD_ZERO)
         hi = gp.astype(ct.bfloat16)
         lo = (gp - hi.astype(ct.float32)).astype(ct.bfloat16)
-        xt = ct.load(x, index=(m, kt), shape=(TM, TK), padding_mode=PAD_ZERO)
+        xt = ct.reshape(ct.load(x, index=(m, grp, cj), shape=(TM, 1, TK), padding_mode=PAD_ZERO), (TM, TK))
         rr = ct.reshape(ct.load(r, index=(m,), shape=(TM,), padding_mode=PAD_ZERO), (TM, 1))
         gr = ct.reshape(ct.load(dr, index=(m,), shape=(TM,), padding_mode=PAD_ZERO), (TM, 1))
         rms = 1.0 / rr - eps
         coef = ct.where(rms > 0.0, -gr * rr * rr / (kf * rms), 0.0)
         gx = ct.mma(hi, wt, ct.zeros((TM, TK), dtype=ct.float32))
         gx = ct.mma(lo, wt, gx) + coef * xt.astype(ct.float32)
-        ct.store(dx, index=(m, kt), tile=gx.astype(dx.dtype))
+        if AGG:
+            pg = ct.load(proj, index=(m, grp), shape=(TM, 1), padding_mode=PAD_ZERO)
+            bg = ct.reshape(ct.load(bias, index=(grp,), shape=(1,), padding_mode=PAD_ZERO), (1, 1))
+            hpre = 1.0 / (1.0 + ct.exp(-(rr * pg * alpha_pre + bg)))
+            ga = ct.load(dagg, index=(m, cj), shape=(TM, TK), padding_mode=PAD_ZERO)
+            gx = gx + hpre * ga.astype(ct.float32)
+        ct.store(dx, index=(m, grp, cj), tile=ct.reshape(gx.astype(dx.dtype), (TM, 1, TK)))
         dw = ct.mma(ct.transpose(hi), xt, dw)
         dw = ct.mma(ct.transpose(lo), xt, dw)
-    ct.store(p_dw, index=(gm, 0, kt), tile=ct.reshape(dw, (1, NPAD, TK)))
+    ct.store(p_dw, index=(gm, 0, grp, cj), tile=ct.reshape(dw, (1, NPAD, 1, TK)))
 
 
 @ct.kernel
@@ -115,13 +137,20 @@ def fwd_launch(x, weight, proj, r, eps: float, cfg: ProjRmsCfg | None = None) ->
 
 
 def bwd_launches(dproj, dr, x, weight, r, dx, dweight, eps: float,
-                 cfg: ProjRmsCfg | None = None) -> list[Launch]:
+                 cfg: ProjRmsCfg | None = None, groups: int = 1, agg=None) -> list[Launch]:
+    """proj_rms bwd (groups = 1), or mhc_pre's dx/dweight pass: groups = n (x [M, n*C]
+    seen as [M, n, C]) and agg = (dlayer_in [M, C], proj [M, N], bias [N], alpha_pre)."""
     M, K = x.shape
-    cfg = cfg or ProjRmsCfg.heuristic(M, weight.shape[0], K)
+    G, Cg = groups, K // groups
+    cfg = cfg or ProjRmsCfg.heuristic(M, weight.shape[0], K if G == 1 else Cg)
     gm = min(cfg.GM, cdiv(M, cfg.TM))
-    p_dw = torch.empty((gm, cfg.NPAD, K), dtype=torch.float32, device=x.device)
-    bwd = Launch(mhc_pr_bwd, (cdiv(K, cfg.TK_BWD), gm),
-                 (dproj, dr, x, weight, r, dx, p_dw, float(eps), cfg.NPAD, cfg.TM, cfg.TK_BWD),
+    p_dw = torch.empty((gm, cfg.NPAD, G, Cg), dtype=torch.float32, device=x.device)
+    dagg, proj, bias, alpha = agg if agg is not None else (dr, dproj, dr, 0.0)
+    bwd = Launch(mhc_pr_bwd, (G * cdiv(Cg, cfg.TK_BWD), gm),
+                 (dproj, dr, x.view(M, G, Cg), weight.view(-1, G, Cg), r, dx.view(M, G, Cg), p_dw,
+                  dagg, proj, bias, float(eps), float(alpha), cfg.NPAD, cfg.TM, cfg.TK_BWD,
+                  agg is not None),
                  cfg, occ(cfg.OCC_B))
-    red = Launch(mhc_pr_reduce, (cdiv(K, cfg.TK_RED),), (p_dw, dweight, cfg.NPAD, cfg.TK_RED), cfg)
+    red = Launch(mhc_pr_reduce, (cdiv(K, cfg.TK_RED),), (p_dw.view(gm, cfg.NPAD, K), dweight, cfg.NPAD,
+                                                         cfg.TK_RED), cfg)
     return [bwd, red]

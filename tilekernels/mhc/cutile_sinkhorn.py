@@ -29,7 +29,7 @@ from tilekernels._cutile import PAD_ZERO, Launch, cdiv, next_pow2, occ
 ConstInt = ct.Constant[int]
 
 
-def _init(lg, N, NP, TT):
+def _init(lg, N, NP):
     """(M0, valid mask, rowmax) for a (TT, NP, NP) logits tile."""
     ii = ct.reshape(ct.arange(NP, dtype=ct.int32), (1, NP, 1))
     jj = ct.reshape(ct.arange(NP, dtype=ct.int32), (1, 1, NP))
@@ -40,12 +40,11 @@ def _init(lg, N, NP, TT):
     return M0, valid, lg, m
 
 
-@ct.kernel
-def mhc_sk_bwd(dout, logits, dlogits, eps: float, N: ConstInt, NP: ConstInt, TT: ConstInt,
-               ITERS: ConstInt):
-    pid = ct.bid(0)
-    lg = ct.load(logits, index=(pid, 0, 0), shape=(TT, NP, NP), padding_mode=PAD_ZERO).astype(ct.float32)
-    M0, valid, lg, m = _init(lg, N, NP, TT)
+def sk_bwd_tile(g, lg, eps, N: ConstInt, NP: ConstInt, ITERS: ConstInt):
+    """dlogits [TT, NP, NP] (padded entries 0) from dout g and logits lg, both
+    [TT, NP, NP] fp32 (padded entries ignored): the forward is recomputed and
+    walked back (see the module doc)."""
+    M0, valid, lg, m = _init(lg, N, NP)
     # forward, keeping (row-normalised iterate, 1/(rowsum+eps), 1/(colsum+eps)) of every step
     M = M0
     saved = ()
@@ -55,7 +54,6 @@ def mhc_sk_bwd(dout, logits, dlogits, eps: float, N: ConstInt, NP: ConstInt, TT:
         ic = 1.0 / (ct.sum(Mr, axis=1, keepdims=True) + eps)
         M = Mr * ic
         saved += ((Mr, ir, ic),)
-    g = ct.load(dout, index=(pid, 0, 0), shape=(TT, NP, NP), padding_mode=PAD_ZERO).astype(ct.float32)
     for k in ct.static_iter(range(ITERS - 1, -1, -1)):
         Mr, ir, ic = saved[k]
         Mc = Mr * ic
@@ -65,8 +63,16 @@ def mhc_sk_bwd(dout, logits, dlogits, eps: float, N: ConstInt, NP: ConstInt, TT:
     # the row max's (sub)gradient goes to the row's first maximal entry (as argmax picks)
     jj = ct.reshape(ct.arange(NP, dtype=ct.int32), (1, 1, NP))
     first = ct.min(ct.where(lg == m, jj, NP), axis=2, keepdims=True)
-    gl = gm - ct.where(jj == first, ct.sum(gm, axis=2, keepdims=True), 0.0)
-    ct.store(dlogits, index=(pid, 0, 0), tile=gl.astype(dlogits.dtype))
+    return gm - ct.where(jj == first, ct.sum(gm, axis=2, keepdims=True), 0.0)
+
+
+@ct.kernel
+def mhc_sk_bwd(dout, logits, dlogits, eps: float, N: ConstInt, NP: ConstInt, TT: ConstInt,
+               ITERS: ConstInt):
+    pid = ct.bid(0)
+    lg = ct.load(logits, index=(pid, 0, 0), shape=(TT, NP, NP), padding_mode=PAD_ZERO).astype(ct.float32)
+    g = ct.load(dout, index=(pid, 0, 0), shape=(TT, NP, NP), padding_mode=PAD_ZERO).astype(ct.float32)
+    ct.store(dlogits, index=(pid, 0, 0), tile=sk_bwd_tile(g, lg, eps, N, NP, ITERS).astype(dlogits.dtype))
 
 
 # ---- forward, "entries" layout: nested tuples M[i][j] of [TT] tiles (see the module doc)
@@ -81,7 +87,7 @@ def _entries(tile, N: ConstInt, TT: ConstInt):
     return rows
 
 
-def _assemble(M, N: ConstInt, NP: ConstInt, TT: ConstInt):
+def assemble(M, N: ConstInt, NP: ConstInt, TT: ConstInt):
     out = ct.zeros((TT, NP, NP), dtype=ct.float32)
     for i in ct.static_iter(range(N)):
         for j in ct.static_iter(range(N)):
@@ -155,16 +161,22 @@ def _init_entries(lg, N: ConstInt):
     return M0, m
 
 
+def sk_fwd_entries(lg, eps, N: ConstInt, ITERS: ConstInt):
+    """Sinkhorn of logits given as entries (nested tuples lg[i][j] of [TT] tiles)."""
+    M, _m = _init_entries(lg, N)
+    for _ in range(ITERS):
+        M = _scale_rows(M, _recip(_row_sums(M, N), eps, N), N)
+        M = _scale_cols(M, _recip(_col_sums(M, N), eps, N), N)
+    return M
+
+
 @ct.kernel
 def mhc_sk_fwd(logits, out, eps: float, N: ConstInt, NP: ConstInt, TT: ConstInt,
                        ITERS: ConstInt):
     pid = ct.bid(0)
     lg = _entries(ct.load(logits, index=(pid, 0, 0), shape=(TT, NP, NP), padding_mode=PAD_ZERO), N, TT)
-    M, m = _init_entries(lg, N)
-    for _ in range(ITERS):
-        M = _scale_rows(M, _recip(_row_sums(M, N), eps, N), N)
-        M = _scale_cols(M, _recip(_col_sums(M, N), eps, N), N)
-    ct.store(out, index=(pid, 0, 0), tile=_assemble(M, N, NP, TT).astype(out.dtype))
+    M = sk_fwd_entries(lg, eps, N, ITERS)
+    ct.store(out, index=(pid, 0, 0), tile=assemble(M, N, NP, TT).astype(out.dtype))
 
 
 @dataclasses.dataclass(frozen=True)

@@ -1,0 +1,189 @@
+"""cuTile kernels for the fused mhc_pre (fwd + bwd).
+
+x [T, n, C] bf16, weight [N = n*n + 2n, n*C] bf16, bias [N] fp32, contiguous.
+h = r * proj * alpha + bias (columns pre | post | res), h_pre = sigmoid(pre),
+h_post = 2 sigmoid(post), h_res = sinkhorn(res), layer_in = sum_i h_pre[:, i] x[:, i].
+
+fwd, two passes over x (h_pre needs the whole K reduction before x can be mixed):
+  mhc_pre_fwd    proj_rms's row-tile loop (cutile_proj_rms.proj_tile) and, in the
+                 same block, the epilogue on the [TM, N] tile in registers: the
+                 mix, both sigmoids and the 20 Sinkhorn rounds (entries layout,
+                 cutile_sinkhorn). Writes proj, r (saved for the bwd), h_post,
+                 h_res and an fp32 h_pre scratch [T, n].
+  mhc_agg_fwd    (cutile_aggregate) layer_in from x and that h_pre.
+bwd, two passes over x (the parts one after another make three, plus an add):
+  mhc_pre_bwd_mix  persistent blocks over token tiles: dh_pre = sum_c dlayer_in * x
+                 in registers, then per token the sigmoid derivatives and the
+                 Sinkhorn backward (recomputed in-kernel, cutile_sinkhorn.sk_bwd_tile)
+                 give dh [T, N]; writes dproj = dh * r * alpha and
+                 dr = sum_N dh * proj * alpha (fp32 scratch) and one dbias partial
+                 per block.
+  mhc_pr_bwd     (cutile_proj_rms, AGG) dx = dproj @ weight + dr * dr/dx
+                 + h_pre * dlayer_in in one pass over x, with x seen as [T, n, C];
+                 fp32 dweight partials per row group.
+  mhc_pr_reduce  dweight and dbias from their partials in a fixed order (deterministic).
+"""
+from __future__ import annotations
+
+import dataclasses
+
+import cuda.tile as ct
+import torch
+
+from tilekernels._cutile import PAD_ZERO, Launch, cdiv, next_pow2, occ
+
+from . import cutile_aggregate as agg
+from . import cutile_proj_rms as pr
+from .cutile_sinkhorn import assemble, sk_bwd_tile, sk_fwd_entries
+
+ConstInt = ct.Constant[int]
+
+
+def _mix(pj, rr, bias, a_pre, a_post, a_res, NS: ConstInt, NPAD: ConstInt, TM: ConstInt):
+    """(h, alpha), [TM, NPAD] fp32: h = r * proj * alpha + bias (padded columns: 0)."""
+    b = ct.reshape(ct.load(bias, index=(0,), shape=(NPAD,), padding_mode=PAD_ZERO), (1, NPAD))
+    cols = ct.reshape(ct.arange(NPAD, dtype=ct.int32), (1, NPAD))
+    is_pre = (cols < NS).astype(ct.float32)
+    is_post = ((cols >= NS) & (cols < 2 * NS)).astype(ct.float32)
+    alpha = a_res + is_pre * (a_pre - a_res) + is_post * (a_post - a_res)
+    return ct.reshape(rr, (TM, 1)) * pj * alpha + b.astype(ct.float32), alpha
+
+
+def _col(t, c: ConstInt, TM: ConstInt):
+    """Column c of a [TM, W] tile as a [TM] tile."""
+    return ct.reshape(ct.extract(t, (0, c), shape=(TM, 1)), (TM,))
+
+
+def _cols(t, start: ConstInt, NS: ConstInt, NP: ConstInt, TM: ConstInt):
+    """Columns start .. start+NS-1 of a [TM, W] tile as a [TM, NP] tile (zero padded)."""
+    out = ct.zeros((TM, NP), dtype=ct.float32)
+    for i in ct.static_iter(range(NS)):
+        out = ct.insert(out, (0, i), ct.extract(t, (0, start + i), shape=(TM, 1)))
+    return out
+
+
+@ct.kernel
+def mhc_pre_fwd(x, w, bias, proj, r, hpre, hpost, hres, rms_eps: float, a_pre: float,
+                a_post: float, a_res: float, sk_eps: float, NS: ConstInt, NP: ConstInt,
+                NPAD: ConstInt, TM: ConstInt, TK: ConstInt, ITERS: ConstInt):
+    pid = ct.bid(0)
+    pj, rr = pr.proj_tile(x, w, pid, rms_eps, NPAD, TM, TK)
+    ct.store(proj, index=(pid, 0), tile=pj)
+    ct.store(r, index=(pid,), tile=rr)
+    h, _alpha = _mix(pj, rr, bias, a_pre, a_post, a_res, NS, NPAD, TM)
+    sg = 1.0 / (1.0 + ct.exp(-h))
+    ct.store(hpre, index=(pid, 0), tile=_cols(sg, 0, NS, NP, TM))
+    ct.store(hpost, index=(pid, 0), tile=(2.0 * _cols(sg, NS, NS, NP, TM)).astype(hpost.dtype))
+    lg = ()
+    for i in ct.static_iter(range(NS)):
+        row = ()
+        for j in ct.static_iter(range(NS)):
+            row += (_col(h, 2 * NS + i * NS + j, TM),)
+        lg += (row,)
+    M = sk_fwd_entries(lg, sk_eps, NS, ITERS)
+    ct.store(hres, index=(pid, 0, 0), tile=assemble(M, NS, NP, TM).astype(hres.dtype))
+
+
+@ct.kernel
+def mhc_pre_bwd_mix(dli, x, proj, r, bias, dhpost, dhres, dproj, dr, p_db, a_pre: float,
+                    a_post: float, a_res: float, sk_eps: float, NS: ConstInt, NP: ConstInt,
+                    NPAD: ConstInt, TT: ConstInt, TC: ConstInt, ITERS: ConstInt):
+    g0 = ct.bid(0)
+    ntt = ct.num_tiles(x, axis=0, shape=(TT, NP, TC))
+    nct = ct.num_tiles(dli, axis=1, shape=(TT, TC))
+    db = ct.zeros((1, NPAD), dtype=ct.float32)
+    for t in range(g0, ntt, ct.num_blocks(0)):
+        # the h_aggregate backward's dh_pre, reduced over C in registers
+        dpre = ct.zeros((TT, NP), dtype=ct.float32)
+        for j in range(nct):
+            gg = ct.load(dli, index=(t, j), shape=(TT, TC), padding_mode=PAD_ZERO).astype(ct.float32)
+            xt = ct.load(x, index=(t, 0, j), shape=(TT, NP, TC), padding_mode=PAD_ZERO).astype(ct.float32)
+            dpre += ct.sum(xt * ct.reshape(gg, (TT, 1, TC)), axis=2)
+        pj = ct.load(proj, index=(t, 0), shape=(TT, NPAD), padding_mode=PAD_ZERO)
+        rr = ct.load(r, index=(t,), shape=(TT,), padding_mode=PAD_ZERO)
+        h, alpha = _mix(pj, rr, bias, a_pre, a_post, a_res, NS, NPAD, TT)
+        sg = 1.0 / (1.0 + ct.exp(-h))
+        dhp = ct.load(dhpost, index=(t, 0), shape=(TT, NP), padding_mode=PAD_ZERO).astype(ct.float32)
+        # incoming gradient of the pre | post activations, then through the sigmoids
+        up = ct.zeros((TT, NPAD), dtype=ct.float32)
+        lg = ct.zeros((TT, NP, NP), dtype=ct.float32)
+        for i in ct.static_iter(range(NS)):
+            up = ct.insert(up, (0, i), ct.extract(dpre, (0, i), shape=(TT, 1)))
+            up = ct.insert(up, (0, NS + i), 2.0 * ct.extract(dhp, (0, i), shape=(TT, 1)))
+            for j in ct.static_iter(range(NS)):
+                lg = ct.insert(lg, (0, i, j), ct.reshape(_col(h, 2 * NS + i * NS + j, TT), (TT, 1, 1)))
+        dh = up * sg * (1.0 - sg)
+        gres = ct.load(dhres, index=(t, 0, 0), shape=(TT, NP, NP), padding_mode=PAD_ZERO).astype(ct.float32)
+        dl = sk_bwd_tile(gres, lg, sk_eps, NS, NP, ITERS)
+        for i in ct.static_iter(range(NS)):
+            for j in ct.static_iter(range(NS)):
+                dh = ct.insert(dh, (0, 2 * NS + i * NS + j),
+                               ct.reshape(ct.extract(dl, (0, i, j), shape=(TT, 1, 1)), (TT, 1)))
+        ct.store(dproj, index=(t, 0), tile=dh * ct.reshape(rr, (TT, 1)) * alpha)
+        ct.store(dr, index=(t,), tile=ct.sum(dh * pj * alpha, axis=1))
+        db += ct.sum(dh, axis=0, keepdims=True)
+    ct.store(p_db, index=(g0, 0), tile=db)
+
+
+@dataclasses.dataclass(frozen=True)
+class PreCfg:
+    """Launch config = compile key (with the dtypes) of the mhc_pre kernels."""
+    pr: pr.ProjRmsCfg   # proj tile loop (fwd) and the dx/dweight pass (bwd)
+    agg: agg.AggCfg     # layer_in pass (fwd)
+    NS: int             # n
+    NP: int             # n padded to a power of two
+    TT: int             # bwd mix: tokens per tile (also the Sinkhorn bwd tile)
+    TC: int             # bwd mix: channels per tile
+    G: int              # bwd mix: persistent blocks (= dbias partials)
+    ITERS: int
+    OCC_F: int = 0      # occupancy hints (0: compiler's choice)
+    OCC_M: int = 0
+
+    @classmethod
+    def heuristic(cls, T: int, n: int, C: int, iters: int) -> "PreCfg":
+        NP = next_pow2(n)
+        TT = max(1, 128 // (NP * NP))   # the Sinkhorn backward's tile (cutile_sinkhorn)
+        return cls(pr=pr.ProjRmsCfg.heuristic(T, n * n + 2 * n, C), agg=agg.AggCfg.heuristic(T, n, C),
+                   NS=n, NP=NP, TT=TT, TC=max(16, min(256, next_pow2(C), 8192 // (TT * NP))), G=512,
+                   ITERS=iters)
+
+
+def _cfg(x, iters, cfg):
+    T, n, C = x.shape
+    return cfg or PreCfg.heuristic(T, n, C, iters)
+
+
+def fwd_launches(x, weight, bias, layer_in, h_post, h_res, proj, r, alpha_pre, alpha_post,
+                 alpha_res, iters, rms_eps, sinkhorn_eps, cfg: PreCfg | None = None) -> list[Launch]:
+    T, n, C = x.shape
+    cfg = _cfg(x, iters, cfg)
+    p = cfg.pr
+    h_pre = torch.empty((T, n), dtype=torch.float32, device=x.device)
+    first = Launch(mhc_pre_fwd, (cdiv(T, p.TM),),
+                   (x.view(T, n * C), weight, bias, proj, r, h_pre, h_post, h_res, float(rms_eps),
+                    float(alpha_pre), float(alpha_post), float(alpha_res), float(sinkhorn_eps),
+                    n, cfg.NP, p.NPAD, p.TM, p.TK, cfg.ITERS), cfg, occ(cfg.OCC_F))
+    return [first, agg.fwd_launch(x, h_pre, layer_in, cfg.agg)]
+
+
+def bwd_launches(dlayer_in, dh_post, dh_res, x, weight, bias, proj, r, dx, dweight, dbias,
+                 alpha_pre, alpha_post, alpha_res, iters, rms_eps, sinkhorn_eps,
+                 cfg: PreCfg | None = None) -> list[Launch]:
+    T, n, C = x.shape
+    N = weight.shape[0]
+    cfg = _cfg(x, iters, cfg)
+    NPAD = cfg.pr.NPAD
+    dev = x.device
+    g = min(cfg.G, cdiv(T, cfg.TT))
+    dproj = torch.empty((T, N), dtype=torch.float32, device=dev)
+    dr = torch.empty((T,), dtype=torch.float32, device=dev)
+    p_db = torch.empty((g, 1, NPAD), dtype=torch.float32, device=dev)
+    mix = Launch(mhc_pre_bwd_mix, (g,),
+                 (dlayer_in, x, proj, r, bias, dh_post, dh_res, dproj, dr, p_db.view(g, NPAD),
+                  float(alpha_pre), float(alpha_post), float(alpha_res), float(sinkhorn_eps),
+                  n, cfg.NP, NPAD, cfg.TT, cfg.TC, cfg.ITERS), cfg, occ(cfg.OCC_M))
+    dxw = pr.bwd_launches(dproj, dr, x.view(T, n * C), weight, r, dx.view(T, n * C), dweight, rms_eps,
+                          cfg.pr, groups=n, agg=(dlayer_in, proj, bias, alpha_pre))
+    # dbias [N] = the g partials [g, 1, NPAD] summed in order (the dweight reduction kernel)
+    red_b = Launch(pr.mhc_pr_reduce, (1,), (p_db, dbias.view(1, N), 1, NPAD), cfg)
+    return [mix, *dxw, red_b]
