@@ -253,11 +253,12 @@ def phase_time(ops, copy_bw, peers):
 # defaults. Earlier rounds' variants and outcomes: benchmarks/results/nvidia-h200-mhc-cutile.md
 SWEEPS = {
     "mhc_h_aggregate": [("fwd", dict(OCC=4)), ("bwd", dict(OCC_B=2))],
-    "mhc_h_post_bda": [("bwd", dict(TT_D=2)), ("bwd", dict(G=128)), ("bwd", dict(TT_H=2, TC_H=256))],
+    "mhc_h_post_bda": [("bwd", dict(FUSED=True)), ("bwd", dict(FUSED=True, OCC_H=1)),
+                       ("bwd", dict(FUSED=True, OCC_H=0)), ("bwd", dict(FUSED=True, TT_H=2, TC_H=256)),
+                       ("bwd", dict(FUSED=True, TT_H=1, TC_H=256))],
     "mhc_sinkhorn": [("fwd", dict(TT_FWD=64)), ("bwd", dict(OCC_BWD=16))],
     "mhc_proj_rms": [("bwd", dict(GM=4)), ("bwd", dict(OCC_B=4))],
-    "mhc_pre": [("fwd", dict(OCC_F=2)), ("bwd", dict(G=256)), ("bwd", dict(G=1024)), ("bwd", dict(OCC_M=2)),
-                ("bwd", dict(OCC_M=4)), ("bwd", dict(TC=128))],
+    "mhc_pre": [("fwd", dict(OCC_F=2)), ("bwd", dict(OCC_M=4)), ("bwd", dict(OCC_M=0))],
 }
 
 

@@ -19,6 +19,7 @@ import cuda.tile as ct
 from tilekernels._cutile import PAD_ZERO, Launch, cdiv, next_pow2, occ
 
 ConstInt = ct.Constant[int]
+ConstBool = ct.Constant[bool]
 
 
 @ct.kernel
@@ -34,7 +35,7 @@ def mhc_agg_fwd(x, h, out, NP: ConstInt, TT: ConstInt, TC: ConstInt):
 
 
 @ct.kernel
-def mhc_agg_bwd(dout, x, h, dx, dh, NP: ConstInt, TT: ConstInt, TC: ConstInt):
+def mhc_agg_bwd(dout, x, h, dx, dh, NP: ConstInt, TT: ConstInt, TC: ConstInt, WRITE_DX: ConstBool):
     pid = ct.bid(0)
     nct = ct.num_tiles(dout, axis=1, shape=(TT, TC))
     hh = ct.load(h, index=(pid, 0), shape=(TT, NP), padding_mode=PAD_ZERO).astype(ct.float32)
@@ -44,7 +45,8 @@ def mhc_agg_bwd(dout, x, h, dx, dh, NP: ConstInt, TT: ConstInt, TC: ConstInt):
         g = ct.load(dout, index=(pid, j), shape=(TT, TC), padding_mode=PAD_ZERO).astype(ct.float32)
         g = ct.reshape(g, (TT, 1, TC))
         xt = ct.load(x, index=(pid, 0, j), shape=(TT, NP, TC), padding_mode=PAD_ZERO).astype(ct.float32)
-        ct.store(dx, index=(pid, 0, j), tile=(hh * g).astype(dx.dtype))
+        if WRITE_DX:  # (mhc_pre's bwd needs only dh_pre here: its dx pass adds h_pre * dout)
+            ct.store(dx, index=(pid, 0, j), tile=(hh * g).astype(dx.dtype))
         dh_acc += ct.sum(xt * g, axis=2)
     ct.store(dh, index=(pid, 0), tile=dh_acc.astype(dh.dtype))
 
@@ -80,7 +82,9 @@ def fwd_launch(x, h_pre, out, cfg: AggCfg | None = None) -> Launch:
 
 
 def bwd_launch(dout, x, h_pre, dx, dh_pre, cfg: AggCfg | None = None) -> Launch:
+    """dx None: only dh_pre (h_pre may then be None: dh_pre stands in for it, read but unused)."""
     T, n, C = x.shape
     cfg = cfg or AggCfg.heuristic(T, n, C)
     return Launch(mhc_agg_bwd, (cdiv(T, cfg.TT_B),),
-                  (dout, x, h_pre, dx, dh_pre, cfg.NP, cfg.TT_B, cfg.TC_B), cfg, occ(cfg.OCC_B))
+                  (dout, x, dh_pre if h_pre is None else h_pre, x if dx is None else dx, dh_pre, cfg.NP,
+                   cfg.TT_B, cfg.TC_B, dx is not None), cfg, occ(cfg.OCC_B))

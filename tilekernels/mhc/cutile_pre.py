@@ -12,16 +12,18 @@ fwd, two passes over x (h_pre needs the whole K reduction before x can be mixed)
                  h_res and an fp32 h_pre scratch [T, n].
   mhc_agg_fwd    (cutile_aggregate) layer_in from x and that h_pre.
 bwd, two passes over x (the parts one after another make three, plus an add):
-  mhc_pre_bwd_mix  persistent blocks over token tiles: dh_pre = sum_c dlayer_in * x
-                 in registers, then per token the sigmoid derivatives and the
-                 Sinkhorn backward (recomputed in-kernel, cutile_sinkhorn.sk_bwd_tile)
-                 give dh [T, N]; writes dproj = dh * r * alpha and
-                 dr = sum_N dh * proj * alpha (fp32 scratch) and one dbias partial
-                 per block.
+  mhc_agg_bwd    (cutile_aggregate, without dx) dh_pre = sum_c dlayer_in * x, fp32 [T, n].
+  mhc_pre_bwd_mix  per token tile, in registers: the sigmoid derivatives and the
+                 Sinkhorn backward (recomputed, cutile_sinkhorn.sk_bwd_tile) give
+                 dh [T, N]; writes dproj = dh * r * alpha, dr = sum_N dh * proj * alpha
+                 (fp32 scratch) and one dbias partial per tile. (Folding this into the
+                 dh_pre pass's blocks measured 3.4 vs 2.2 ms expected on H100: the
+                 latency-bound Sinkhorn chain stalls the stream.)
   mhc_pr_bwd     (cutile_proj_rms, AGG) dx = dproj @ weight + dr * dr/dx
                  + h_pre * dlayer_in in one pass over x, with x seen as [T, n, C];
                  fp32 dweight partials per row group.
-  mhc_pr_reduce  dweight and dbias from their partials in a fixed order (deterministic).
+  mhc_pr_reduce, mhc_pre_dbias  dweight and dbias from their partials in a fixed
+                 order (deterministic).
 """
 from __future__ import annotations
 
@@ -85,44 +87,46 @@ def mhc_pre_fwd(x, w, bias, proj, r, hpre, hpost, hres, rms_eps: float, a_pre: f
 
 
 @ct.kernel
-def mhc_pre_bwd_mix(dli, x, proj, r, bias, dhpost, dhres, dproj, dr, p_db, a_pre: float,
+def mhc_pre_bwd_mix(dpre, proj, r, bias, dhpost, dhres, dproj, dr, p_db, a_pre: float,
                     a_post: float, a_res: float, sk_eps: float, NS: ConstInt, NP: ConstInt,
-                    NPAD: ConstInt, TT: ConstInt, TC: ConstInt, ITERS: ConstInt):
-    g0 = ct.bid(0)
-    ntt = ct.num_tiles(x, axis=0, shape=(TT, NP, TC))
-    nct = ct.num_tiles(dli, axis=1, shape=(TT, TC))
-    db = ct.zeros((1, NPAD), dtype=ct.float32)
-    for t in range(g0, ntt, ct.num_blocks(0)):
-        # the h_aggregate backward's dh_pre, reduced over C in registers
-        dpre = ct.zeros((TT, NP), dtype=ct.float32)
-        for j in range(nct):
-            gg = ct.load(dli, index=(t, j), shape=(TT, TC), padding_mode=PAD_ZERO).astype(ct.float32)
-            xt = ct.load(x, index=(t, 0, j), shape=(TT, NP, TC), padding_mode=PAD_ZERO).astype(ct.float32)
-            dpre += ct.sum(xt * ct.reshape(gg, (TT, 1, TC)), axis=2)
-        pj = ct.load(proj, index=(t, 0), shape=(TT, NPAD), padding_mode=PAD_ZERO)
-        rr = ct.load(r, index=(t,), shape=(TT,), padding_mode=PAD_ZERO)
-        h, alpha = _mix(pj, rr, bias, a_pre, a_post, a_res, NS, NPAD, TT)
-        sg = 1.0 / (1.0 + ct.exp(-h))
-        dhp = ct.load(dhpost, index=(t, 0), shape=(TT, NP), padding_mode=PAD_ZERO).astype(ct.float32)
-        # incoming gradient of the pre | post activations, then through the sigmoids
-        up = ct.zeros((TT, NPAD), dtype=ct.float32)
-        lg = ct.zeros((TT, NP, NP), dtype=ct.float32)
-        for i in ct.static_iter(range(NS)):
-            up = ct.insert(up, (0, i), ct.extract(dpre, (0, i), shape=(TT, 1)))
-            up = ct.insert(up, (0, NS + i), 2.0 * ct.extract(dhp, (0, i), shape=(TT, 1)))
-            for j in ct.static_iter(range(NS)):
-                lg = ct.insert(lg, (0, i, j), ct.reshape(_col(h, 2 * NS + i * NS + j, TT), (TT, 1, 1)))
-        dh = up * sg * (1.0 - sg)
-        gres = ct.load(dhres, index=(t, 0, 0), shape=(TT, NP, NP), padding_mode=PAD_ZERO).astype(ct.float32)
-        dl = sk_bwd_tile(gres, lg, sk_eps, NS, NP, ITERS)
-        for i in ct.static_iter(range(NS)):
-            for j in ct.static_iter(range(NS)):
-                dh = ct.insert(dh, (0, 2 * NS + i * NS + j),
-                               ct.reshape(ct.extract(dl, (0, i, j), shape=(TT, 1, 1)), (TT, 1)))
-        ct.store(dproj, index=(t, 0), tile=dh * ct.reshape(rr, (TT, 1)) * alpha)
-        ct.store(dr, index=(t,), tile=ct.sum(dh * pj * alpha, axis=1))
-        db += ct.sum(dh, axis=0, keepdims=True)
-    ct.store(p_db, index=(g0, 0), tile=db)
+                    NPAD: ConstInt, TT: ConstInt, ITERS: ConstInt):
+    """dh [TT, N] of one token tile from dh_pre (the aggregation's), dh_post, dh_res."""
+    t = ct.bid(0)
+    pj = ct.load(proj, index=(t, 0), shape=(TT, NPAD), padding_mode=PAD_ZERO)
+    rr = ct.load(r, index=(t,), shape=(TT,), padding_mode=PAD_ZERO)
+    h, alpha = _mix(pj, rr, bias, a_pre, a_post, a_res, NS, NPAD, TT)
+    sg = 1.0 / (1.0 + ct.exp(-h))
+    dpt = ct.load(dpre, index=(t, 0), shape=(TT, NP), padding_mode=PAD_ZERO)
+    dhp = ct.load(dhpost, index=(t, 0), shape=(TT, NP), padding_mode=PAD_ZERO).astype(ct.float32)
+    # incoming gradient of the pre | post activations, then through the sigmoids
+    up = ct.zeros((TT, NPAD), dtype=ct.float32)
+    lg = ct.zeros((TT, NP, NP), dtype=ct.float32)
+    for i in ct.static_iter(range(NS)):
+        up = ct.insert(up, (0, i), ct.extract(dpt, (0, i), shape=(TT, 1)))
+        up = ct.insert(up, (0, NS + i), 2.0 * ct.extract(dhp, (0, i), shape=(TT, 1)))
+        for j in ct.static_iter(range(NS)):
+            lg = ct.insert(lg, (0, i, j), ct.reshape(_col(h, 2 * NS + i * NS + j, TT), (TT, 1, 1)))
+    dh = up * sg * (1.0 - sg)
+    gres = ct.load(dhres, index=(t, 0, 0), shape=(TT, NP, NP), padding_mode=PAD_ZERO).astype(ct.float32)
+    dl = sk_bwd_tile(gres, lg, sk_eps, NS, NP, ITERS)
+    for i in ct.static_iter(range(NS)):
+        for j in ct.static_iter(range(NS)):
+            dh = ct.insert(dh, (0, 2 * NS + i * NS + j),
+                           ct.reshape(ct.extract(dl, (0, i, j), shape=(TT, 1, 1)), (TT, 1)))
+    # rows past T: every load above is zero-padded, so their dh is 0 (and the stores drop them)
+    ct.store(dproj, index=(t, 0), tile=dh * ct.reshape(rr, (TT, 1)) * alpha)
+    ct.store(dr, index=(t,), tile=ct.sum(dh * pj * alpha, axis=1))
+    ct.store(p_db, index=(t, 0), tile=ct.sum(dh, axis=0, keepdims=True))
+
+
+@ct.kernel
+def mhc_pre_dbias(p_db, dbias, NPAD: ConstInt, TG: ConstInt):
+    """dbias = the per-tile partials [G, NPAD] summed in a fixed order (one block)."""
+    acc = ct.zeros((1, NPAD), dtype=ct.float32)
+    for g in range(ct.num_tiles(p_db, axis=0, shape=(TG, NPAD))):
+        acc += ct.sum(ct.load(p_db, index=(g, 0), shape=(TG, NPAD), padding_mode=PAD_ZERO), axis=0,
+                      keepdims=True)
+    ct.store(dbias, index=(0,), tile=ct.reshape(acc, (NPAD,)))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -132,20 +136,18 @@ class PreCfg:
     agg: agg.AggCfg     # layer_in pass (fwd)
     NS: int             # n
     NP: int             # n padded to a power of two
-    TT: int             # bwd mix: tokens per tile (also the Sinkhorn bwd tile)
-    TC: int             # bwd mix: channels per tile
-    G: int              # bwd mix: persistent blocks (= dbias partials)
+    TT: int             # bwd mix: tokens per block (the Sinkhorn bwd tile)
     ITERS: int
+    TG: int = 256       # dbias reduction: partial rows per step
     OCC_F: int = 0      # occupancy hints (0: compiler's choice)
-    OCC_M: int = 0
+    OCC_M: int = 8      # (the standalone Sinkhorn bwd's: a latency-bound chain)
 
     @classmethod
     def heuristic(cls, T: int, n: int, C: int, iters: int) -> "PreCfg":
         NP = next_pow2(n)
         TT = max(1, 128 // (NP * NP))   # the Sinkhorn backward's tile (cutile_sinkhorn)
         return cls(pr=pr.ProjRmsCfg.heuristic(T, n * n + 2 * n, C), agg=agg.AggCfg.heuristic(T, n, C),
-                   NS=n, NP=NP, TT=TT, TC=max(16, min(256, next_pow2(C), 8192 // (TT * NP))), G=512,
-                   ITERS=iters)
+                   NS=n, NP=NP, TT=TT, ITERS=iters)
 
 
 def _cfg(x, iters, cfg):
@@ -174,16 +176,17 @@ def bwd_launches(dlayer_in, dh_post, dh_res, x, weight, bias, proj, r, dx, dweig
     cfg = _cfg(x, iters, cfg)
     NPAD = cfg.pr.NPAD
     dev = x.device
-    g = min(cfg.G, cdiv(T, cfg.TT))
+    nt = cdiv(T, cfg.TT)
+    dpre = torch.empty((T, n), dtype=torch.float32, device=dev)
     dproj = torch.empty((T, N), dtype=torch.float32, device=dev)
     dr = torch.empty((T,), dtype=torch.float32, device=dev)
-    p_db = torch.empty((g, 1, NPAD), dtype=torch.float32, device=dev)
-    mix = Launch(mhc_pre_bwd_mix, (g,),
-                 (dlayer_in, x, proj, r, bias, dh_post, dh_res, dproj, dr, p_db.view(g, NPAD),
-                  float(alpha_pre), float(alpha_post), float(alpha_res), float(sinkhorn_eps),
-                  n, cfg.NP, NPAD, cfg.TT, cfg.TC, cfg.ITERS), cfg, occ(cfg.OCC_M))
+    p_db = torch.empty((nt, NPAD), dtype=torch.float32, device=dev)
+    dh_pre = agg.bwd_launch(dlayer_in, x, None, None, dpre, cfg.agg)
+    mix = Launch(mhc_pre_bwd_mix, (nt,),
+                 (dpre, proj, r, bias, dh_post, dh_res, dproj, dr, p_db, float(alpha_pre),
+                  float(alpha_post), float(alpha_res), float(sinkhorn_eps), n, cfg.NP, NPAD, cfg.TT,
+                  cfg.ITERS), cfg, occ(cfg.OCC_M))
     dxw = pr.bwd_launches(dproj, dr, x.view(T, n * C), weight, r, dx.view(T, n * C), dweight, rms_eps,
                           cfg.pr, groups=n, agg=(dlayer_in, proj, bias, alpha_pre))
-    # dbias [N] = the g partials [g, 1, NPAD] summed in order (the dweight reduction kernel)
-    red_b = Launch(pr.mhc_pr_reduce, (1,), (p_db, dbias.view(1, N), 1, NPAD), cfg)
-    return [mix, *dxw, red_b]
+    red_b = Launch(mhc_pre_dbias, (1,), (p_db, dbias, NPAD, cfg.TG), cfg)
+    return [dh_pre, mix, *dxw, red_b]
