@@ -208,9 +208,12 @@ def phase_time(ops, copy_bw, peers):
             torch.cuda.synchronize()
             tf, tb = bench(lambda: run(f)), bench(lambda: run(b))
             tfb = bench(lambda: (run(f), run(b)))
+            # each launch alone (which kernel of a pass the time goes to)
+            per = {f"{pas}[{i}] {ln.kernel._pyfunc.__name__}": bench(ln.run, rep=50)
+                   for pas, lst in (("fwd", f), ("bwd", b)) for i, ln in enumerate(lst)}
             rec = {"op": op, "backend": "cutile", "device": RESULTS["env"]["device"], "cfg": repr(P.cfg),
                    "shape": {"T": T, "n": n, "C": C}, "ms_fwd": tf, "ms_bwd": tb, "ms_fwd_bwd": tfb,
-                   "bytes_fwd": P.bytes_f, "bytes_bwd": P.bytes_b}
+                   "bytes_fwd": P.bytes_f, "bytes_bwd": P.bytes_b, "ms_per_launch": per}
             tot = P.bytes_f + P.bytes_b
             rec["gb_s_fwd_bwd"] = tot / tfb / 1e6
             rec["pct_of_copy"] = 100 * rec["gb_s_fwd_bwd"] / copy_bw
@@ -253,12 +256,12 @@ def phase_time(ops, copy_bw, peers):
 # defaults. Earlier rounds' variants and outcomes: benchmarks/results/nvidia-h200-mhc-cutile.md
 SWEEPS = {
     "mhc_h_aggregate": [("fwd", dict(OCC=4)), ("bwd", dict(OCC_B=2))],
-    "mhc_h_post_bda": [("bwd", dict(FUSED=True)), ("bwd", dict(FUSED=True, OCC_H=1)),
-                       ("bwd", dict(FUSED=True, OCC_H=0)), ("bwd", dict(FUSED=True, TT_H=2, TC_H=256)),
-                       ("bwd", dict(FUSED=True, TT_H=1, TC_H=256))],
+    "mhc_h_post_bda": [("bwd", dict(TT_D=2)), ("bwd", dict(G=128))],
     "mhc_sinkhorn": [("fwd", dict(TT_FWD=64)), ("bwd", dict(OCC_BWD=16))],
     "mhc_proj_rms": [("bwd", dict(GM=4)), ("bwd", dict(OCC_B=4))],
-    "mhc_pre": [("fwd", dict(OCC_F=2)), ("bwd", dict(OCC_M=4)), ("bwd", dict(OCC_M=0))],
+    "mhc_pre": [("fwd", dict(OCC_F=2)), ("bwd", dict(pr=dict(OCC_B=4))), ("bwd", dict(pr=dict(TK_BWD=64))),
+                ("bwd", dict(pr=dict(GM=16))), ("bwd", dict(pr=dict(TM=32))),
+                ("bwd", dict(agg=dict(TT_B=4, TC_B=512))), ("bwd", dict(agg=dict(OCC_B=2)))],
 }
 
 
@@ -284,7 +287,10 @@ def phase_sweep(ops, copy_bw, deadline):
             try:
                 mk = P.fwd if pas == "fwd" else P.bwd
                 outs = P.outs_f if pas == "fwd" else P.outs_b
-                lst = mk(dataclasses.replace(P.cfg, **kw))
+                # a dict value changes fields of a nested config (PreCfg.pr, PreCfg.agg)
+                lst = mk(dataclasses.replace(P.cfg, **{
+                    k: dataclasses.replace(getattr(P.cfg, k), **v) if isinstance(v, dict) else v
+                    for k, v in kw.items()}))
                 for t in outs:
                     t.fill_(float("nan"))
                 run(lst)

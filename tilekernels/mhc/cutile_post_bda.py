@@ -88,24 +88,16 @@ def mhc_pb_bwd_dres(dout, hres, hpost, dres, dx, p_bias, NP: ConstInt, TT: Const
 
 
 @ct.kernel
-def mhc_pb_bwd_dh(dout, res, x, bias, dhres, dhpost, hres, hpost, dres, dx,
-                  NP: ConstInt, TT: ConstInt, TC: ConstInt, HAS_BIAS: ConstBool, FUSED: ConstBool):
+def mhc_pb_bwd_dh(dout, res, x, bias, dhres, dhpost, NP: ConstInt, TT: ConstInt, TC: ConstInt,
+                  HAS_BIAS: ConstBool):
     """dh_res, dh_post of TT tokens: one block streams all of C into elementwise fp32
-    accumulators, reduced over C once at the end (no cross-block reduction).
-    FUSED: the same pass also writes dresidual and dx (one read of dout instead of two)."""
+    accumulators, reduced over C once at the end (no cross-block reduction)."""
     pid = ct.bid(0)
     nct = ct.num_tiles(x, axis=1, shape=(TT, TC))
     ah = ct.zeros((TT, NP, NP, TC), dtype=ct.float32)
     ap = ct.zeros((TT, NP, TC), dtype=ct.float32)
-    if FUSED:
-        hrt = _load_hres_t(hres, pid, NP, TT)
-        hp = ct.reshape(ct.load(hpost, index=(pid, 0), shape=(TT, NP), padding_mode=PAD_ZERO)
-                        .astype(ct.float32), (TT, NP, 1))
     for j in range(nct):
         go = ct.load(dout, index=(pid, 0, j), shape=(TT, NP, TC), padding_mode=PAD_ZERO).astype(ct.float32)
-        if FUSED:
-            ct.store(dx, index=(pid, j), tile=ct.sum(hp * go, axis=1).astype(dx.dtype))
-            ct.store(dres, index=(pid, 0, j), tile=_dres(hrt, go, NP, TT, TC).astype(dres.dtype))
         r = ct.load(res, index=(pid, 0, j), shape=(TT, NP, TC), padding_mode=PAD_ZERO).astype(ct.float32)
         xb = ct.load(x, index=(pid, j), shape=(TT, TC), padding_mode=PAD_ZERO).astype(ct.float32)
         if HAS_BIAS:
@@ -115,18 +107,6 @@ def mhc_pb_bwd_dh(dout, res, x, bias, dhres, dhpost, hres, hpost, dres, dx,
         ap = ap + go * ct.reshape(xb, (TT, 1, TC))
     ct.store(dhres, index=(pid, 0, 0), tile=ct.sum(ah, axis=3).astype(dhres.dtype))
     ct.store(dhpost, index=(pid, 0), tile=ct.sum(ap, axis=2).astype(dhpost.dtype))
-
-
-@ct.kernel
-def mhc_pb_colsum(dx, p_bias, TT: ConstInt, TC: ConstInt):
-    """p_bias[g, c-tile] = sum of dx over token tiles g, g+G, ... (fp32; the fused bwd's dbias partials)."""
-    g = ct.bid(0)
-    c = ct.bid(1)
-    acc = ct.zeros((1, TC), dtype=ct.float32)
-    for t in range(g, ct.num_tiles(dx, axis=0, shape=(TT, TC)), ct.num_blocks(0)):
-        acc += ct.sum(ct.load(dx, index=(t, c), shape=(TT, TC), padding_mode=PAD_ZERO).astype(ct.float32),
-                      axis=0, keepdims=True)
-    ct.store(p_bias, index=(g, c), tile=acc)
 
 
 @ct.kernel
@@ -155,7 +135,6 @@ class PostBdaCfg:
     OCC_D: int = 0
     OCC_H: int = 0
     TB: int = 1024  # dbias reduction: channels per block
-    FUSED: bool = False  # bwd: one pass (dh kernel also writes dresidual, dx; dbias from dx)
 
     @classmethod
     def heuristic(cls, T: int, n: int, C: int) -> "PostBdaCfg":
@@ -190,17 +169,12 @@ def bwd_launches(dout, h_res, residual, h_post, x, bias, dh_res, dresidual, dh_p
     ng = min(cfg.G, cdiv(T, cfg.TT_D))
     # fp32 dbias partials, one row per token group (every element written before it is read)
     p_bias = torch.empty((ng, C) if has_bias else (1, 1), dtype=torch.float32, device=x.device)
-    dh = Launch(mhc_pb_bwd_dh, (cdiv(T, cfg.TT_H),),
-                (dout, residual, x, bias if has_bias else x, dh_res, dh_post, h_res, h_post, dresidual, dx,
-                 cfg.NP, cfg.TT_H, cfg.TC_H, has_bias, cfg.FUSED), cfg, occ(cfg.OCC_H))
-    if cfg.FUSED:
-        out = [dh]
-        if has_bias:
-            out.append(Launch(mhc_pb_colsum, (ng, cdiv(C, cfg.TC_D)), (dx, p_bias, cfg.TT_D, cfg.TC_D), cfg))
-    else:
-        out = [Launch(mhc_pb_bwd_dres, (ng, cdiv(C, cfg.TC_D)),
-                      (dout, h_res, h_post, dresidual, dx, p_bias, cfg.NP, cfg.TT_D, cfg.TC_D, has_bias),
-                      cfg, occ(cfg.OCC_D)), dh]
+    out = [Launch(mhc_pb_bwd_dres, (ng, cdiv(C, cfg.TC_D)),
+                  (dout, h_res, h_post, dresidual, dx, p_bias, cfg.NP, cfg.TT_D, cfg.TC_D, has_bias),
+                  cfg, occ(cfg.OCC_D)),
+           Launch(mhc_pb_bwd_dh, (cdiv(T, cfg.TT_H),),
+                  (dout, residual, x, bias if has_bias else x, dh_res, dh_post,
+                   cfg.NP, cfg.TT_H, cfg.TC_H, has_bias), cfg, occ(cfg.OCC_H))]
     if has_bias:
         out.append(Launch(mhc_pb_dbias, (cdiv(C, cfg.TB),), (p_bias, dbias, cfg.TB), cfg))
     return out
