@@ -15,8 +15,8 @@ bwd, two passes over x (the parts one after another make three, plus an add):
   mhc_agg_bwd    (cutile_aggregate, without dx) dh_pre = sum_c dlayer_in * x, fp32 [T, n].
   mhc_pre_bwd_mix  per token tile, in registers: the sigmoid derivatives and the
                  Sinkhorn backward (recomputed, cutile_sinkhorn.sk_bwd_tile) give
-                 dh [T, N]; writes dproj = dh * r * alpha, dr = sum_N dh * proj * alpha
-                 (fp32 scratch) and one dbias partial per tile. (Folding this into the
+                 dh [T, N]; writes dproj = dh * r * alpha, dr = sum_N dh * proj * alpha,
+                 h_pre transposed [n, T] (fp32 scratch) and one dbias partial per tile. (Folding this into the
                  dh_pre pass's blocks measured 3.4 vs 2.2 ms expected on H100: the
                  latency-bound Sinkhorn chain stalls the stream.)
   mhc_pr_bwd     (cutile_proj_rms, AGG) dx = dproj @ weight + dr * dr/dx
@@ -87,10 +87,11 @@ def mhc_pre_fwd(x, w, bias, proj, r, hpre, hpost, hres, rms_eps: float, a_pre: f
 
 
 @ct.kernel
-def mhc_pre_bwd_mix(dpre, proj, r, bias, dhpost, dhres, dproj, dr, p_db, a_pre: float,
+def mhc_pre_bwd_mix(dpre, proj, r, bias, dhpost, dhres, dproj, dr, hpre_t, p_db, a_pre: float,
                     a_post: float, a_res: float, sk_eps: float, NS: ConstInt, NP: ConstInt,
                     NPAD: ConstInt, TT: ConstInt, ITERS: ConstInt):
-    """dh [TT, N] of one token tile from dh_pre (the aggregation's), dh_post, dh_res."""
+    """dh [TT, N] of one token tile from dh_pre (the aggregation's), dh_post, dh_res;
+    also h_pre, transposed ([n, T]), for the dx pass."""
     t = ct.bid(0)
     pj = ct.load(proj, index=(t, 0), shape=(TT, NPAD), padding_mode=PAD_ZERO)
     rr = ct.load(r, index=(t,), shape=(TT,), padding_mode=PAD_ZERO)
@@ -117,6 +118,7 @@ def mhc_pre_bwd_mix(dpre, proj, r, bias, dhpost, dhres, dproj, dr, p_db, a_pre: 
     ct.store(dproj, index=(t, 0), tile=dh * ct.reshape(rr, (TT, 1)) * alpha)
     ct.store(dr, index=(t,), tile=ct.sum(dh * pj * alpha, axis=1))
     ct.store(p_db, index=(t, 0), tile=ct.sum(dh, axis=0, keepdims=True))
+    ct.store(hpre_t, index=(0, t), tile=ct.transpose(_cols(sg, 0, NS, NP, TT)))
 
 
 @ct.kernel
@@ -181,12 +183,13 @@ def bwd_launches(dlayer_in, dh_post, dh_res, x, weight, bias, proj, r, dx, dweig
     dproj = torch.empty((T, N), dtype=torch.float32, device=dev)
     dr = torch.empty((T,), dtype=torch.float32, device=dev)
     p_db = torch.empty((nt, NPAD), dtype=torch.float32, device=dev)
+    hpre_t = torch.empty((n, T), dtype=torch.float32, device=dev)
     dh_pre = agg.bwd_launch(dlayer_in, x, None, None, dpre, cfg.agg)
     mix = Launch(mhc_pre_bwd_mix, (nt,),
-                 (dpre, proj, r, bias, dh_post, dh_res, dproj, dr, p_db, float(alpha_pre),
+                 (dpre, proj, r, bias, dh_post, dh_res, dproj, dr, hpre_t, p_db, float(alpha_pre),
                   float(alpha_post), float(alpha_res), float(sinkhorn_eps), n, cfg.NP, NPAD, cfg.TT,
                   cfg.ITERS), cfg, occ(cfg.OCC_M))
     dxw = pr.bwd_launches(dproj, dr, x.view(T, n * C), weight, r, dx.view(T, n * C), dweight, rms_eps,
-                          cfg.pr, groups=n, agg=(dlayer_in, proj, bias, alpha_pre))
+                          cfg.pr, groups=n, agg=(dlayer_in, hpre_t))
     red_b = Launch(mhc_pre_dbias, (1,), (p_db, dbias, NPAD, cfg.TG), cfg)
     return [dh_pre, mix, *dxw, red_b]

@@ -61,14 +61,14 @@ def mhc_pr_fwd(x, w, proj, r, eps: float, NPAD: ConstInt, TM: ConstInt, TK: Cons
 
 
 @ct.kernel
-def mhc_pr_bwd(dproj, dr, x, w, r, dx, p_dw, dagg, proj, bias, eps: float, alpha_pre: float,
+def mhc_pr_bwd(dproj, dr, x, w, r, dx, p_dw, dagg, hpre_t, eps: float,
                NPAD: ConstInt, TM: ConstInt, TK: ConstInt, AGG: ConstBool):
     """x, w, dx as [rows, G, Cg] views (proj_rms: G = 1, Cg = K; mhc_pre: G = n,
     Cg = C), p_dw [GM, NPAD, G, Cg]. Block (b, gm), b = g * (Cg/TK) + c, does
     column tile c of group g for row tiles gm, gm + GM, ...
-    AGG (mhc_pre): dx also gets h_pre[:, g] * dagg[:, c-tile], with
-    h_pre = sigmoid(r * proj[:, g] * alpha_pre + bias[g]) recomputed from the
-    forward's proj and r (dagg: dlayer_in [rows, Cg])."""
+    AGG (mhc_pre): dx also gets h_pre[:, g] * dagg[:, c-tile] (dagg: dlayer_in
+    [rows, Cg]; hpre_t: h_pre transposed, [G, rows] fp32, so a row tile's h_pre
+    is one contiguous load)."""
     nct = ct.num_tiles(x, axis=2, shape=(TM, 1, TK))
     grp = ct.bid(0) // nct
     cj = ct.bid(0) % nct
@@ -89,9 +89,7 @@ def mhc_pr_bwd(dproj, dr, x, w, r, dx, p_dw, dagg, proj, bias, eps: float, alpha
         gx = ct.mma(hi, wt, ct.zeros((TM, TK), dtype=ct.float32))
         gx = ct.mma(lo, wt, gx) + coef * xt.astype(ct.float32)
         if AGG:
-            pg = ct.load(proj, index=(m, grp), shape=(TM, 1), padding_mode=PAD_ZERO)
-            bg = ct.reshape(ct.load(bias, index=(grp,), shape=(1,), padding_mode=PAD_ZERO), (1, 1))
-            hpre = 1.0 / (1.0 + ct.exp(-(rr * pg * alpha_pre + bg)))
+            hpre = ct.reshape(ct.load(hpre_t, index=(grp, m), shape=(1, TM), padding_mode=PAD_ZERO), (TM, 1))
             ga = ct.load(dagg, index=(m, cj), shape=(TM, TK), padding_mode=PAD_ZERO)
             gx = gx + hpre * ga.astype(ct.float32)
         ct.store(dx, index=(m, grp, cj), tile=ct.reshape(gx.astype(dx.dtype), (TM, 1, TK)))
@@ -139,16 +137,16 @@ def fwd_launch(x, weight, proj, r, eps: float, cfg: ProjRmsCfg | None = None) ->
 def bwd_launches(dproj, dr, x, weight, r, dx, dweight, eps: float,
                  cfg: ProjRmsCfg | None = None, groups: int = 1, agg=None) -> list[Launch]:
     """proj_rms bwd (groups = 1), or mhc_pre's dx/dweight pass: groups = n (x [M, n*C]
-    seen as [M, n, C]) and agg = (dlayer_in [M, C], proj [M, N], bias [N], alpha_pre)."""
+    seen as [M, n, C]) and agg = (dlayer_in [M, C], h_pre transposed [n, M] fp32)."""
     M, K = x.shape
     G, Cg = groups, K // groups
     cfg = cfg or ProjRmsCfg.heuristic(M, weight.shape[0], K if G == 1 else Cg)
     gm = min(cfg.GM, cdiv(M, cfg.TM))
     p_dw = torch.empty((gm, cfg.NPAD, G, Cg), dtype=torch.float32, device=x.device)
-    dagg, proj, bias, alpha = agg if agg is not None else (dr, dproj, dr, 0.0)
+    dagg, hpre_t = agg if agg is not None else (dr, dproj)
     bwd = Launch(mhc_pr_bwd, (G * cdiv(Cg, cfg.TK_BWD), gm),
                  (dproj, dr, x.view(M, G, Cg), weight.view(-1, G, Cg), r, dx.view(M, G, Cg), p_dw,
-                  dagg, proj, bias, float(eps), float(alpha), cfg.NPAD, cfg.TM, cfg.TK_BWD,
+                  dagg, hpre_t, float(eps), cfg.NPAD, cfg.TM, cfg.TK_BWD,
                   agg is not None),
                  cfg, occ(cfg.OCC_B))
     red = Launch(mhc_pr_reduce, (cdiv(K, cfg.TK_RED),), (p_dw.view(gm, cfg.NPAD, K), dweight, cfg.NPAD,
