@@ -258,9 +258,9 @@ SWEEPS = {
     "mhc_h_aggregate": [("fwd", dict(OCC=4)), ("bwd", dict(OCC_B=2))],
     "mhc_h_post_bda": [("bwd", dict(TT_D=2)), ("bwd", dict(G=128))],
     "mhc_sinkhorn": [("fwd", dict(TT_FWD=64)), ("bwd", dict(OCC_BWD=16))],
-    "mhc_proj_rms": [("bwd", dict(GM=4)), ("bwd", dict(OCC_B=4))],
-    "mhc_pre": [("fwd", dict(OCC_F=2)), ("bwd", dict(pr=dict(OCC_B=1))), ("bwd", dict(pr=dict(OCC_B=0))),
-                ("bwd", dict(pr=dict(TM=128))), ("bwd", dict(pr=dict(TK_BWD=256)))],
+    "mhc_proj_rms": [("bwd", dict(TK_BWD=256)), ("bwd", dict(OCC_B=4)), ("bwd", dict(GM=16)),
+                     ("fwd", dict(OCC=2))],
+    "mhc_pre": [("fwd", dict(OCC_F=2)), ("bwd", dict(pr=dict(TK_BWD=256))), ("bwd", dict(pr=dict(OCC_B=4)))],
 }
 
 

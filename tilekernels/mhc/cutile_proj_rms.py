@@ -64,14 +64,14 @@ def mhc_pr_fwd(x, w, proj, r, eps: float, NPAD: ConstInt, TM: ConstInt, TK: Cons
 def mhc_pr_bwd(dproj, dr, x, w, r, dx, p_dw, dagg, hpre_t, eps: float,
                NPAD: ConstInt, TM: ConstInt, TK: ConstInt, AGG: ConstBool):
     """x, w, dx as [rows, G, Cg] views (proj_rms: G = 1, Cg = K; mhc_pre: G = n,
-    Cg = C), p_dw [GM, NPAD, G, Cg]. Block (b, gm), b = g * (Cg/TK) + c, does
+    Cg = C), p_dw [GM, NPAD, G, Cg]. Block (b, gm), b = c * G + g, does
     column tile c of group g for row tiles gm, gm + GM, ...
     AGG (mhc_pre): dx also gets h_pre[:, g] * dagg[:, c-tile] (dagg: dlayer_in
     [rows, Cg]; hpre_t: h_pre transposed, [G, rows] fp32, so a row tile's h_pre
     is one contiguous load)."""
-    nct = ct.num_tiles(x, axis=2, shape=(TM, 1, TK))
-    grp = ct.bid(0) // nct
-    cj = ct.bid(0) % nct
+    # the G groups of one column tile are neighbouring blocks: they read the same dagg tiles
+    grp = ct.bid(0) % x.shape[1]
+    cj = ct.bid(0) // x.shape[1]
     gm = ct.bid(1)
     kf = ct.astype(x.shape[1] * x.shape[2], ct.float32)
     ntm = ct.num_tiles(x, axis=0, shape=(TM, 1, TK))
