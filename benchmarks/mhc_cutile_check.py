@@ -82,8 +82,9 @@ class Problem:
             self.eager_b = lambda: ref.h_aggregate_bwd(dout, x, h)
             self.bytes_f = 2 * T * n * C + 4 * T * n + 2 * T * C
             self.bytes_b = 2 * T * C + 2 * (2 * T * n * C) + 2 * 4 * T * n
-        elif op == "mhc_h_post_bda":
-            hr, hp = r(T, n, n, dtype=F32, scale=0.5), r(T, n, dtype=F32)
+        elif op.startswith("mhc_h_post_bda"):  # "mhc_h_post_bda_bf16h": h_res / h_post in bf16
+            hd = BF if op.endswith("bf16h") else F32
+            hr, hp = r(T, n, n, dtype=hd, scale=0.5), r(T, n, dtype=hd)
             res, x, b = r(T, n, C), r(T, C), r(C)
             out, dout = e(T, n, C), r(T, n, C)
             g = (e(T, n, n, dtype=F32), e(T, n, C), e(T, n, dtype=F32), e(T, C), e(C))
@@ -256,7 +257,10 @@ def phase_time(ops, copy_bw, peers):
 # defaults. Earlier rounds' variants and outcomes: benchmarks/results/nvidia-h200-mhc-cutile.md
 SWEEPS = {
     "mhc_h_aggregate": [("fwd", dict(OCC=4)), ("bwd", dict(OCC_B=2))],
-    "mhc_h_post_bda": [("bwd", dict(TT_D=2)), ("bwd", dict(G=128))],
+    "mhc_h_post_bda": [("bwd", dict(ROWS=True)), ("bwd", dict(ROWS=True, OCC_D=2)),
+                       ("bwd", dict(ROWS=True, OCC_D=4))],
+    "mhc_h_post_bda_bf16h": [("bwd", dict(ROWS=True)), ("bwd", dict(ROWS=True, OCC_D=2)),
+                             ("bwd", dict(ROWS=True, OCC_D=4)), ("bwd", dict(OCC_D=4))],
     "mhc_sinkhorn": [("fwd", dict(TT_FWD=64)), ("bwd", dict(OCC_BWD=16))],
     "mhc_proj_rms": [("bwd", dict(TK_BWD=256)), ("bwd", dict(OCC_B=4)), ("bwd", dict(GM=16)),
                      ("fwd", dict(OCC=2))],

@@ -66,9 +66,19 @@ def _dres(hrt, go, NP: ConstInt, TT: ConstInt, TC: ConstInt):
     return gr
 
 
+def _dres_rows(hr, go, NP: ConstInt, TT: ConstInt, TC: ConstInt):
+    """The same from h_res as stored: row i of h_res, [TT, 1, NP] reshaped to [TT, NP, 1],
+    is the coefficient column of dout's stream i (no transposed load)."""
+    gr = ct.zeros((TT, NP, TC), dtype=ct.float32)
+    for i in ct.static_iter(range(NP)):
+        hi = ct.reshape(ct.extract(hr, (0, i, 0), shape=(TT, 1, NP)), (TT, NP, 1))
+        gr = gr + hi * ct.extract(go, (0, i, 0), shape=(TT, 1, TC))
+    return gr
+
+
 @ct.kernel
 def mhc_pb_bwd_dres(dout, hres, hpost, dres, dx, p_bias, NP: ConstInt, TT: ConstInt, TC: ConstInt,
-                    HAS_BIAS: ConstBool):
+                    HAS_BIAS: ConstBool, ROWS: ConstBool):
     """dres, dx; one fp32 dbias partial per token group (block (g, c) walks token tiles g, g+G, ...)."""
     g = ct.bid(0)
     c = ct.bid(1)
@@ -76,13 +86,17 @@ def mhc_pb_bwd_dres(dout, hres, hpost, dres, dx, p_bias, NP: ConstInt, TT: Const
     dbias = ct.zeros((1, TC), dtype=ct.float32)
     for t in range(g, ntt, ct.num_blocks(0)):
         go = ct.load(dout, index=(t, 0, c), shape=(TT, NP, TC), padding_mode=PAD_ZERO).astype(ct.float32)
-        hrt = _load_hres_t(hres, t, NP, TT)
         hp = ct.load(hpost, index=(t, 0), shape=(TT, NP), padding_mode=PAD_ZERO).astype(ct.float32)
         gx = ct.sum(ct.reshape(hp, (TT, NP, 1)) * go, axis=1)
         ct.store(dx, index=(t, c), tile=gx.astype(dx.dtype))
         if HAS_BIAS:
             dbias = dbias + ct.sum(gx, axis=0, keepdims=True)
-        ct.store(dres, index=(t, 0, c), tile=_dres(hrt, go, NP, TT, TC).astype(dres.dtype))
+        if ROWS:
+            hr = ct.load(hres, index=(t, 0, 0), shape=(TT, NP, NP), padding_mode=PAD_ZERO).astype(ct.float32)
+            gr = _dres_rows(hr, go, NP, TT, TC)
+        else:
+            gr = _dres(_load_hres_t(hres, t, NP, TT), go, NP, TT, TC)
+        ct.store(dres, index=(t, 0, c), tile=gr.astype(dres.dtype))
     if HAS_BIAS:
         ct.store(p_bias, index=(g, c), tile=dbias)
 
@@ -135,6 +149,7 @@ class PostBdaCfg:
     OCC_D: int = 0
     OCC_H: int = 0
     TB: int = 1024  # dbias reduction: channels per block
+    ROWS: bool = False  # dres/dx kernel: h_res rows as loaded instead of a transposed load
 
     @classmethod
     def heuristic(cls, T: int, n: int, C: int) -> "PostBdaCfg":
@@ -170,7 +185,7 @@ def bwd_launches(dout, h_res, residual, h_post, x, bias, dh_res, dresidual, dh_p
     # fp32 dbias partials, one row per token group (every element written before it is read)
     p_bias = torch.empty((ng, C) if has_bias else (1, 1), dtype=torch.float32, device=x.device)
     out = [Launch(mhc_pb_bwd_dres, (ng, cdiv(C, cfg.TC_D)),
-                  (dout, h_res, h_post, dresidual, dx, p_bias, cfg.NP, cfg.TT_D, cfg.TC_D, has_bias),
+                  (dout, h_res, h_post, dresidual, dx, p_bias, cfg.NP, cfg.TT_D, cfg.TC_D, has_bias, cfg.ROWS),
                   cfg, occ(cfg.OCC_D)),
            Launch(mhc_pb_bwd_dh, (cdiv(T, cfg.TT_H),),
                   (dout, residual, x, bias if has_bias else x, dh_res, dh_post,
