@@ -257,10 +257,8 @@ def phase_time(ops, copy_bw, peers):
 # defaults. Earlier rounds' variants and outcomes: benchmarks/results/nvidia-h200-mhc-cutile.md
 SWEEPS = {
     "mhc_h_aggregate": [("fwd", dict(OCC=4)), ("bwd", dict(OCC_B=2))],
-    "mhc_h_post_bda": [("bwd", dict(ROWS=True)), ("bwd", dict(ROWS=True, OCC_D=2)),
-                       ("bwd", dict(ROWS=True, OCC_D=4))],
-    "mhc_h_post_bda_bf16h": [("bwd", dict(ROWS=True)), ("bwd", dict(ROWS=True, OCC_D=2)),
-                             ("bwd", dict(ROWS=True, OCC_D=4)), ("bwd", dict(OCC_D=4))],
+    "mhc_h_post_bda": [("bwd", dict(ROWS=False, OCC_D=0)), ("bwd", dict(TT_D=8, TC_D=512))],
+    "mhc_h_post_bda_bf16h": [("bwd", dict(ROWS=False, OCC_D=0))],
     "mhc_sinkhorn": [("fwd", dict(TT_FWD=64)), ("bwd", dict(OCC_BWD=16))],
     "mhc_proj_rms": [("bwd", dict(TK_BWD=256)), ("bwd", dict(OCC_B=4)), ("bwd", dict(GM=16)),
                      ("fwd", dict(OCC=2))],
@@ -322,6 +320,7 @@ def memcheck():
         c = dict(T=37, n=3, C=100, h=F32, bias=True, act=BF)
         print("h_aggregate", G.run_h_aggregate(c))
         print("h_post_bda", G.run_h_post_bda(c))
+        print("h_post_bda bf16 h", G.run_h_post_bda(dict(c, h=BF)))
         print("h_post_bda nobias", G.run_h_post_bda(dict(c, bias=False, T=5, n=4, C=256)))
         print("sinkhorn", G.run_sinkhorn(dict(T=37, n=3, iters=20)))
         print("sinkhorn n4", G.run_sinkhorn(dict(T=37, n=4, iters=20)))

@@ -15,8 +15,10 @@ bwd: two streaming kernels (deterministic; no atomics) and a small reduction.
      fp32 dbias partial per token group; mhc_pb_bwd_dh, grid (T/TT_H,): one block
      per token tile streams all of C (like the h_aggregate bwd) and writes dh_res
      and dh_post from fp32 register accumulators; mhc_pb_dbias sums the dbias
-     partials in a fixed order. H200 (T=32768, n=4, C=7168): 2.41 ms = 1.26 (dres/dx)
-     + 1.14 (dh) + 0.01; was 5.7 ms fused in one kernel with tensor-core dh partials.
+     partials in a fixed order. H200 (T=32768, n=4, C=7168): 2.27 ms (2.41 = 1.26
+     dres/dx + 1.14 dh + 0.01 before the row-form h_res at occupancy 2); was 5.7 ms
+     fused in one kernel with tensor-core dh partials; a one-pass variant (the dh
+     kernel also writing dresidual and dx) measured 5.4-7.9 ms.
 """
 from __future__ import annotations
 
@@ -149,22 +151,23 @@ class PostBdaCfg:
     OCC_D: int = 0
     OCC_H: int = 0
     TB: int = 1024  # dbias reduction: channels per block
-    ROWS: bool = False  # dres/dx kernel: h_res rows as loaded instead of a transposed load
+    ROWS: bool = True  # dres/dx kernel: h_res rows as loaded (False: a transposed load)
 
     @classmethod
     def heuristic(cls, T: int, n: int, C: int) -> "PostBdaCfg":
         # H200, T=32768, n=4, C=7168: fwd at 2x1024, dres/dx at 4x1024 (2x1024: 1.60 ms,
-        # 4x1024: 1.26 ms, 2x512: 3x slower; occupancy hints 2/4 were faster but gave NaN
-        # dresidual for bf16 h -- avoid them here); dh at 4x128 (NP*NP*TT*TC = 8K fp32
-        # accumulators), occupancy 2.
+        # 4x1024: 1.26 ms, 2x512: 3x slower); dh at 4x128 (NP*NP*TT*TC = 8K fp32
+        # accumulators), occupancy 2. dres/dx reads h_res in row form at occupancy 2
+        # (bwd 2.41 -> 2.27 ms with fp32 h, 2.96 -> 2.52 with bf16 h); occupancy hints with
+        # the transposed h_res load once gave NaN dresidual for bf16 h.
         NP = next_pow2(n)
         TC = min(1024, next_pow2(C))
         TT = max(1, min(16, 8192 // (NP * TC)))
         TC_H = min(128, next_pow2(C))
         return cls(NP=NP, TT=TT, TC=TC, CSPLIT=1,
                    TT_D=max(1, min(16, 16384 // (NP * TC))), TC_D=TC, G=64,
-                   TT_H=max(1, min(16, 8192 // (NP * NP * TC_H))), TC_H=TC_H, OCC=4, OCC_H=2,
-                   TB=min(1024, next_pow2(C)))
+                   TT_H=max(1, min(16, 8192 // (NP * NP * TC_H))), TC_H=TC_H, OCC=4, OCC_D=2, OCC_H=2,
+                   TB=min(1024, next_pow2(C)), ROWS=True)
 
 
 def fwd_launch(h_res, residual, h_post, x, bias, out, cfg: PostBdaCfg | None = None) -> Launch:
