@@ -29,9 +29,12 @@ REPO_ROOT = Path(__file__).resolve().parent.parent
 
 
 def git_commit(cwd: Optional[Path] = None) -> str:
-    """``git rev-parse HEAD`` of the checkout holding this code; else $TILEKERNELS_COMMIT
-    (set it where the code travels without .git, e.g. a GPU host); else "unknown"."""
+    """$TILEKERNELS_COMMIT if set (where the code travels without its own .git, e.g. a
+    GPU host, whose copy may hold a stale one); else ``git rev-parse HEAD`` of the
+    checkout holding this code; else "unknown"."""
     env = os.environ.get("TILEKERNELS_COMMIT")
+    if env:
+        return env
     try:
         out = subprocess.run(["git", "rev-parse", "HEAD"], cwd=str(cwd or REPO_ROOT),
                              capture_output=True, text=True, timeout=10)
