@@ -10,6 +10,7 @@ the same call. Usage (GPU host): python3 benchmarks/host_overhead.py [--json PAT
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import time
 
@@ -51,6 +52,19 @@ def main() -> None:
         "entry (autograd.Function + alloc)": lambda: ops.sinkhorn(logits, iters=20, eps=1e-6, backend="cutile"),
         "registry op (validate + choose + entry)": lambda: op(logits, iters=20, eps=1e-6),
     }
+    # the backward: its launch carries an occupancy hint (a separate cuTile kernel object)
+    dout, dl = torch.randn_like(logits), torch.empty_like(logits)
+    blaunch = sk.bwd_launch(dout, logits, dl, 20, 1e-6)
+    blaunch0 = sk.bwd_launch(dout, logits, dl, 20, 1e-6, cfg=dataclasses.replace(blaunch.cfg, OCC_BWD=0))
+    kb = get_kernel("mhc_sinkhorn", "cutile", "bwd")
+    lg = logits.clone().requires_grad_()
+    steps.update({
+        "bwd Launch.run (prebuilt, occupancy hint)": blaunch.run,
+        "bwd Launch.run (prebuilt, no hint)": blaunch0.run,
+        "bwd kernel-table fn": lambda: kb(dout, logits, dl, 20, 1e-6),
+        "bwd custom op": lambda: ops._sinkhorn_bwd(dout, logits, dl, 20, 1e-6, "cutile"),
+        "registry op fwd + autograd bwd": lambda: torch.autograd.backward(op(lg, iters=20, eps=1e-6), dout),
+    })
     rows = []
     for name, fn in steps.items():
         host = per_call_us(fn)

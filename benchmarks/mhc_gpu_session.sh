@@ -2,7 +2,7 @@
 # One GPU-host session for the cuTile mHC kernels (issue 3), in parts that each fit one
 # device call (<= 10 min). From the repository root on the GPU host:
 #   source .gpu-cutile/env.sh && bash benchmarks/mhc_gpu_session.sh tests,memcheck,bench
-#   source .gpu-cutile/env.sh && bash benchmarks/mhc_gpu_session.sh check,peer
+#   source .gpu-cutile/env.sh && bash benchmarks/mhc_gpu_session.sh check,host,peer
 # Everything lands in $OUT (logs, JSON); a short summary is printed last.
 set -u
 OUT=${OUT:-.}
@@ -29,6 +29,11 @@ if has check; then
     > "$OUT/check.txt" 2>&1
   summary+=("check: rc=$?")
   tail -9 "$OUT/check.txt"
+fi
+if has host; then
+  timeout 120 python3 benchmarks/host_overhead.py --json "$OUT/host-overhead.json" > "$OUT/host-overhead.txt" 2>&1
+  summary+=("host: rc=$?")
+  cat "$OUT/host-overhead.txt"
 fi
 if has peer && [ -f benchmarks/peer_megatron_mhc.py ]; then
   timeout 240 python3 benchmarks/peer_megatron_mhc.py --out "$OUT" > "$OUT/peer.txt" 2>&1
