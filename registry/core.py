@@ -13,6 +13,8 @@ import logging
 import os
 from typing import Any, Callable
 
+import torch
+
 from specs import all_specs
 from specs.schema import Backend, OpSpec
 
@@ -144,9 +146,72 @@ class Op:
             log.warning("%s: falling back to the torch reference: %s", self.name, why)
 
     def __call__(self, *args, backend: str = "auto", **kwargs) -> Any:
-        bound = self.bind(*args, **kwargs)
-        chosen = self.choose(bound, backend)
-        return self.entry(*bound.args(), backend=chosen, **bound.params)
+        key = _call_key(args, kwargs, backend) if self._cacheable else None
+        hit = self._checked.get(key) if key is not None else None
+        if hit is None:
+            bound = self.bind(*args, **kwargs)
+            chosen = self.choose(bound, backend)
+            if key is not None:
+                if len(self._checked) >= _CHECKED_MAX:
+                    self._checked.clear()
+                self._checked[key] = (chosen, bound.params)
+            return self.entry(*bound.args(), backend=chosen, **bound.params)
+        chosen, params = hit
+        return self.entry(*self._in_order(args, kwargs), backend=chosen, **params)
+
+    # ---- the validated-call cache: a call whose every input has the same metadata
+    # (shape, strides, dtype, device, requires_grad) and params as one validated
+    # before, under the same grad mode and TILEKERNELS_STRICT, passes the same
+    # checks and gets the same backend, so it skips bind + choose. Specs with a
+    # rule on tensor *values* (values(...), seqlens(...)) never use it.
+    @functools.cached_property
+    def _checked(self) -> dict:
+        return {}
+
+    @functools.cached_property
+    def _cacheable(self) -> bool:
+        s = self.spec
+        cs = list(s.constraints) + [c for b in s.backends for c in b.constraints]
+        exprs = [c.expr for c in cs] + [c.when for c in cs if c.when] + list(s.layouts.values())
+        return not any(("values(" in e or "seqlens(" in e) for e in exprs)
+
+    @functools.cached_property
+    def _in_names(self) -> list[str]:
+        return [t.name for t in self.spec.inputs]
+
+    def _in_order(self, args, kwargs) -> list:
+        tensors = dict(zip(self._in_names, args))
+        for k, v in kwargs.items():
+            if k not in tensors and k in self._in_names:
+                tensors[k] = v
+        return [tensors.get(n) for n in self._in_names]
+
+
+_CHECKED_MAX = 1024
+_PLAIN = (int, float, bool, str, type(None))
+
+
+class _NoKey(Exception):
+    pass
+
+
+def _sig(v) -> tuple:
+    if isinstance(v, torch.Tensor):
+        return (tuple(v.shape), v.stride(), v.dtype, v.device, v.requires_grad)
+    if isinstance(v, _PLAIN):
+        return (type(v), v)
+    if isinstance(v, (list, tuple)) and all(isinstance(e, _PLAIN) for e in v):
+        return (type(v), tuple((type(e), e) for e in v))
+    raise _NoKey
+
+
+def _call_key(args, kwargs, backend) -> tuple | None:
+    """What decides validation and dispatch of a call (None: not cacheable)."""
+    try:
+        return (tuple(_sig(a) for a in args), tuple(sorted((k, _sig(v)) for k, v in kwargs.items())),
+                backend, torch.is_grad_enabled(), strict())
+    except _NoKey:
+        return None
 
 
 @functools.lru_cache(maxsize=None)

@@ -50,6 +50,30 @@ def test_torch_compile_fullgraph():
     assert x.grad is not None and h.grad is not None
 
 
+def test_compiled_graph_holds_the_custom_ops_eager_runs_the_kernel(monkeypatch):
+    """Under torch.compile the fwd/bwd are opaque custom-op nodes; in eager mode
+    ``_glue.run_pass`` calls the registered kernel without the dispatcher."""
+    from tilekernels import _glue
+    from tilekernels.mhc import h_aggregate
+
+    graphs = []
+
+    def keep(gm, _inputs):
+        graphs.append(gm.print_readable(print_output=False))
+        return gm.forward
+
+    x = torch.randn(6, 4, 32, requires_grad=True)
+    h = torch.randn(6, 4, requires_grad=True)
+    torch.compile(h_aggregate, fullgraph=True, backend=keep)(x, h).sum().backward()
+    assert any("tilekernels.mhc_h_aggregate_fwd" in g and "tilekernels.mhc_h_aggregate_bwd" in g
+               for g in graphs)
+    calls = []
+    real = _glue.get_kernel
+    monkeypatch.setattr(_glue, "get_kernel", lambda *k: calls.append(k) or real(*k))
+    h_aggregate(x, h).sum().backward()
+    assert calls == [("mhc_h_aggregate", "torch", "fwd"), ("mhc_h_aggregate", "torch", "bwd")]
+
+
 def test_float64_x_needs_float64_h():
     x = torch.randn(3, 2, 8, dtype=torch.float64)
     with pytest.raises(registry.SpecError, match="mhc_h_aggregate: constraint .*float64 h_pre"):

@@ -206,3 +206,39 @@ def test_expressions_reach_no_builtins():
         ex.evaluate("len(x) > 0", {"x": (1,)})
     with pytest.raises(ex.ExprError, match="unknown name"):
         ex.evaluate("__import__('os') is None", {})
+
+
+def test_validated_calls_are_cached_by_metadata(op, monkeypatch):
+    """A call whose inputs have the metadata of an earlier validated call (shape, strides,
+    dtype, device, requires_grad), the same params, grad mode and strictness skips
+    bind + choose; anything else is validated again, and still refused when bad."""
+    import _tk_fake_backend
+
+    binds = []
+    real = registry.core.bind
+    monkeypatch.setattr(registry.core, "bind", lambda *a: binds.append(1) or real(*a))
+    x, x2 = torch.randn(2, 2, 4), torch.randn(2, 2, 4)
+    op(x, scale=2.0)
+    op(x2, scale=2.0)  # new data, same metadata: cached
+    assert len(binds) == 1 and _tk_fake_backend.CALLS == ["torch", "torch"]
+    op(x, scale=3.0)
+    op(x.requires_grad_())
+    with torch.no_grad():
+        op(x)
+    assert "a contiguous tensor" in err(op, torch.randn(2, 4, 2).transpose(1, 2))  # other strides
+    assert len(binds) == 5
+    assert "dtype in ['float32', 'bfloat16']" in err(op, x.detach().double())
+    assert "C must split over n" in err(op, torch.randn(2, 4, 6))
+    assert "expected one of ['a', 'b']" in err(op, x, mode="z")
+    op(x2, scale=2.0)
+    monkeypatch.setenv("TILEKERNELS_STRICT", "1")
+    with pytest.raises(BackendUnavailable, match="TILEKERNELS_STRICT"):
+        op(x2, scale=2.0)  # strictness is part of the key: validated again, refused
+
+
+def test_value_rules_are_never_cached():
+    """Specs with rules on tensor values (cu_seqlens) validate every call."""
+    cp = registry.get("thd_cp_to_hp")
+    assert not cp._cacheable and registry.get("mhc_sinkhorn")._cacheable
+    gdn = registry.get("gdn_pre_gated")
+    assert not gdn._cacheable

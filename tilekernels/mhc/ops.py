@@ -5,7 +5,9 @@ Pattern for every op here (and in the other families):
     ``mutates_args`` naming the outputs and a ``backend`` string; the body
     calls the registered kernel of that backend (``_glue.get_kernel``);
   * an allocating wrapper that makes the outputs (``_glue.empty``) and calls it;
-  * an ``autograd.Function`` whose backward calls the ``_bwd`` custom op;
+  * an ``autograd.Function`` whose forward / backward run the ``_fwd`` / ``_bwd``
+    custom op while torch.compile traces, and the same kernel directly in eager
+    mode (``_glue.run_pass``: no dispatcher cost per call);
   * the public functional (the spec's ``entry``), which the registry calls with
     validated inputs and the chosen backend.
 The torch backend's kernels (below, ``@kernel(..., "torch", ...)``) write the
@@ -39,9 +41,11 @@ from typing import Optional
 import torch
 from torch import Tensor
 
-from tilekernels._glue import acc_dtype, empty, get_kernel, kernel
+from tilekernels._glue import acc_dtype, empty, get_kernel, kernel, run_pass
 
 from . import reference as ref
+
+OPS = ("mhc_h_aggregate", "mhc_sinkhorn", "mhc_h_post_bda", "mhc_proj_rms", "mhc_pre")
 
 
 def _write(dsts, srcs) -> None:
@@ -88,7 +92,7 @@ class _HAggregate(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x, h_pre, backend):
         out = empty((x.shape[0], x.shape[2]), x.dtype, x.device)
-        _h_aggregate_fwd(x, h_pre, out, backend)
+        run_pass(_h_aggregate_fwd, OPS[0], "fwd", x, h_pre, out, backend=backend)
         ctx.save_for_backward(x, h_pre)
         ctx.backend = backend
         return out
@@ -97,7 +101,7 @@ class _HAggregate(torch.autograd.Function):
     def backward(ctx, dout):
         x, h_pre = ctx.saved_tensors
         dx, dh = _like(x, h_pre)
-        _h_aggregate_bwd(*_grads(dout), x, h_pre, dx, dh, ctx.backend)
+        run_pass(_h_aggregate_bwd, OPS[0], "bwd", *_grads(dout), x, h_pre, dx, dh, backend=ctx.backend)
         return dx, dh, None
 
 
@@ -139,7 +143,7 @@ class _Sinkhorn(torch.autograd.Function):
     @staticmethod
     def forward(ctx, logits, iters, eps, backend):
         out = empty(logits.shape, acc_dtype(logits), logits.device)
-        _sinkhorn_fwd(logits, out, iters, eps, backend)
+        run_pass(_sinkhorn_fwd, OPS[1], "fwd", logits, out, iters, eps, backend=backend)
         ctx.save_for_backward(logits)
         ctx.args = (iters, eps, backend)
         return out
@@ -148,7 +152,8 @@ class _Sinkhorn(torch.autograd.Function):
     def backward(ctx, dout):
         (logits,) = ctx.saved_tensors
         (dl,) = _like(logits)
-        _sinkhorn_bwd(*_grads(dout), logits, dl, *ctx.args)
+        iters, eps, backend = ctx.args
+        run_pass(_sinkhorn_bwd, OPS[1], "bwd", *_grads(dout), logits, dl, iters, eps, backend=backend)
         return dl, None, None, None
 
 
@@ -194,7 +199,7 @@ class _HPostBda(torch.autograd.Function):
     @staticmethod
     def forward(ctx, h_res, residual, h_post, x, bias, backend):
         out = empty(residual.shape, residual.dtype, residual.device)
-        _h_post_bda_fwd(h_res, residual, h_post, x, bias, out, backend)
+        run_pass(_h_post_bda_fwd, OPS[2], "fwd", h_res, residual, h_post, x, bias, out, backend=backend)
         ctx.save_for_backward(h_res, residual, h_post, x, bias)
         ctx.backend = backend
         return out
@@ -203,7 +208,7 @@ class _HPostBda(torch.autograd.Function):
     def backward(ctx, dout):
         saved = ctx.saved_tensors
         grads = _like(*saved)
-        _h_post_bda_bwd(*_grads(dout), *saved, *grads, ctx.backend)
+        run_pass(_h_post_bda_bwd, OPS[2], "bwd", *_grads(dout), *saved, *grads, backend=ctx.backend)
         return (*grads, None)
 
 
@@ -250,7 +255,7 @@ class _ProjRms(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x, weight, eps, backend):
         proj, r = _proj_rms_outputs(x.shape[0], weight.shape[0], acc_dtype(x, weight), x.device)
-        _proj_rms_fwd(x, weight, proj, r, eps, backend)
+        run_pass(_proj_rms_fwd, OPS[3], "fwd", x, weight, proj, r, eps, backend=backend)
         ctx.save_for_backward(x, weight, r)
         ctx.args = (eps, backend)
         return proj, r
@@ -260,7 +265,8 @@ class _ProjRms(torch.autograd.Function):
         # autograd materializes an unused output's grad as zeros, so dr is never None here
         x, weight, r = ctx.saved_tensors
         dx, dw = _like(x, weight)
-        _proj_rms_bwd(*_grads(dproj, dr), x, weight, r, dx, dw, *ctx.args)
+        eps, backend = ctx.args
+        run_pass(_proj_rms_bwd, OPS[3], "bwd", *_grads(dproj, dr), x, weight, r, dx, dw, eps, backend=backend)
         return dx, dw, None, None
 
 
@@ -322,7 +328,8 @@ class _Pre(torch.autograd.Function):
         h_res = empty((T, n, n), acc, x.device)
         proj, r = _proj_rms_outputs(T, weight.shape[0], acc, x.device)
         params = (alpha_pre, alpha_post, alpha_res, iters, rms_eps, sinkhorn_eps)
-        _pre_fwd(x, weight, bias, layer_in, h_post, h_res, proj, r, *params, backend)
+        run_pass(_pre_fwd, OPS[4], "fwd", x, weight, bias, layer_in, h_post, h_res, proj, r, *params,
+                 backend=backend)
         ctx.save_for_backward(x, weight, bias, proj, r)
         ctx.args = (*params, backend)
         return layer_in, h_post, h_res
@@ -331,7 +338,9 @@ class _Pre(torch.autograd.Function):
     def backward(ctx, dlayer_in, dh_post, dh_res):
         x, weight, bias, proj, r = ctx.saved_tensors
         dx, dw, db = _like(x, weight, bias)
-        _pre_bwd(*_grads(dlayer_in, dh_post, dh_res), x, weight, bias, proj, r, dx, dw, db, *ctx.args)
+        *params, backend = ctx.args
+        run_pass(_pre_bwd, OPS[4], "bwd", *_grads(dlayer_in, dh_post, dh_res), x, weight, bias, proj, r,
+                 dx, dw, db, *params, backend=backend)
         return dx, dw, db, *([None] * 7)
 
 
