@@ -88,7 +88,7 @@ class Problem:
             res, x, b = r(T, n, C), r(T, C), r(C)
             out, dout = e(T, n, C), r(T, n, C)
             g = (e(T, n, n, dtype=F32), e(T, n, C), e(T, n, dtype=F32), e(T, C), e(C))
-            self.fwd = lambda cfg=None: [pb.fwd_launch(hr, res, hp, x, b, out, cfg)]
+            self.fwd = lambda cfg=None: pb.fwd_launches(hr, res, hp, x, b, out, cfg)
             self.bwd = lambda cfg=None: pb.bwd_launches(dout, hr, res, hp, x, b, *g, cfg=cfg)
             self.cfg = pb.PostBdaCfg.heuristic(T, n, C)
             self.outs_f, self.outs_b = (out,), g
@@ -257,8 +257,8 @@ def phase_time(ops, copy_bw, peers):
 # defaults. Earlier rounds' variants and outcomes: benchmarks/results/nvidia-h200-mhc-cutile.md
 SWEEPS = {
     "mhc_h_aggregate": [("fwd", dict(OCC=4)), ("bwd", dict(OCC_B=2))],
-    "mhc_h_post_bda": [("bwd", dict(ROWS=False, OCC_D=0)), ("bwd", dict(TT_D=8, TC_D=512))],
-    "mhc_h_post_bda_bf16h": [("bwd", dict(ROWS=False, OCC_D=0))],
+    "mhc_h_post_bda": [("bwd", dict(ROWS=False, OCC_D=0))],
+    "mhc_h_post_bda_bf16h": [("fwd", dict(H32=False)), ("bwd", dict(H32=False))],
     "mhc_sinkhorn": [("fwd", dict(TT_FWD=64)), ("bwd", dict(OCC_BWD=16))],
     "mhc_proj_rms": [("bwd", dict(TK_BWD=256)), ("bwd", dict(OCC_B=4)), ("bwd", dict(GM=16)),
                      ("fwd", dict(OCC=2))],

@@ -36,7 +36,7 @@ if has host; then
   cat "$OUT/host-overhead.txt"
 fi
 if has peer && [ -f benchmarks/peer_megatron_mhc.py ]; then
-  timeout 240 python3 benchmarks/peer_megatron_mhc.py --out "$OUT" > "$OUT/peer.txt" 2>&1
+  timeout 420 python3 benchmarks/peer_megatron_mhc.py --out "$OUT" > "$OUT/peer.txt" 2>&1
   summary+=("peer: rc=$?")
   tail -12 "$OUT/peer.txt"
 fi

@@ -46,7 +46,7 @@ def h_aggregate_bwd(dout, x, h_pre, dx, dh_pre):
 
 @kernel("mhc_h_post_bda", BACKEND, "fwd")
 def h_post_bda_fwd(h_res, residual, h_post, x, bias, out):
-    pb.fwd_launch(h_res, residual, h_post, x, bias, out).run()
+    run_all(pb.fwd_launches(h_res, residual, h_post, x, bias, out))
 
 
 @kernel("mhc_h_post_bda", BACKEND, "bwd")
@@ -113,8 +113,8 @@ def representative_launches(n: int = 4, C: int = 7168, T: int = 32768, hdtype=No
     out = {
         "mhc_h_aggregate.fwd": [agg.fwd_launch(x3, hn, x2)],
         "mhc_h_aggregate.bwd": [agg.bwd_launch(x2, x3, hn, x3, hn)],
-        "mhc_h_post_bda.fwd": [pb.fwd_launch(hnn, x3, hn, x2, b, x3)],
-        "mhc_h_post_bda.fwd.nobias": [pb.fwd_launch(hnn, x3, hn, x2, None, x3)],
+        "mhc_h_post_bda.fwd": pb.fwd_launches(hnn, x3, hn, x2, b, x3),
+        "mhc_h_post_bda.fwd.nobias": pb.fwd_launches(hnn, x3, hn, x2, None, x3),
         "mhc_h_post_bda.bwd": pb.bwd_launches(x3, hnn, x3, hn, x2, b, hnn, x3, hn, x2, b),
         "mhc_h_post_bda.bwd.nobias": pb.bwd_launches(x3, hnn, x3, hn, x2, None, hnn, x3, hn, x2, None),
         "mhc_sinkhorn.fwd": [sk.fwd_launch(lg, lg, 20, 1e-6)],

@@ -135,6 +135,26 @@ def mhc_pb_dbias(p_bias, dbias, TB: ConstInt):
     ct.store(dbias, index=(cb,), tile=ct.reshape(ab, (TB,)).astype(dbias.dtype))
 
 
+@ct.kernel
+def mhc_pb_h32(hres, hpost, hres32, hpost32, NP: ConstInt, TT: ConstInt):
+    """h_res, h_post -> fp32 copies (bf16 h: the streaming kernels run faster on fp32 h)."""
+    t = ct.bid(0)
+    ct.store(hres32, index=(t, 0, 0), tile=ct.load(hres, index=(t, 0, 0), shape=(TT, NP, NP),
+                                                    padding_mode=PAD_ZERO).astype(ct.float32))
+    ct.store(hpost32, index=(t, 0), tile=ct.load(hpost, index=(t, 0), shape=(TT, NP),
+                                                 padding_mode=PAD_ZERO).astype(ct.float32))
+
+
+def _h32(h_res, h_post, cfg) -> tuple:
+    """([staging launch] or [], h_res, h_post as the streaming kernels read them)."""
+    if not cfg.H32 or (h_res.dtype == torch.float32 and h_post.dtype == torch.float32):
+        return [], h_res, h_post
+    T = h_res.shape[0]
+    r32 = torch.empty(h_res.shape, dtype=torch.float32, device=h_res.device)
+    p32 = torch.empty(h_post.shape, dtype=torch.float32, device=h_post.device)
+    return [Launch(mhc_pb_h32, (cdiv(T, 256),), (h_res, h_post, r32, p32, cfg.NP, 256), cfg)], r32, p32
+
+
 @dataclasses.dataclass(frozen=True)
 class PostBdaCfg:
     """Launch config = compile key (with the dtypes and HAS_BIAS)."""
@@ -152,6 +172,7 @@ class PostBdaCfg:
     OCC_H: int = 0
     TB: int = 1024  # dbias reduction: channels per block
     ROWS: bool = True  # dres/dx kernel: h_res rows as loaded (False: a transposed load)
+    H32: bool = True   # bf16 h: stage fp32 copies of h_res / h_post first (mhc_pb_h32)
 
     @classmethod
     def heuristic(cls, T: int, n: int, C: int) -> "PostBdaCfg":
@@ -170,13 +191,14 @@ class PostBdaCfg:
                    TB=min(1024, next_pow2(C)), ROWS=True)
 
 
-def fwd_launch(h_res, residual, h_post, x, bias, out, cfg: PostBdaCfg | None = None) -> Launch:
+def fwd_launches(h_res, residual, h_post, x, bias, out, cfg: PostBdaCfg | None = None) -> list[Launch]:
     T, n, C = residual.shape
     cfg = cfg or PostBdaCfg.heuristic(T, n, C)
     has_bias = bias is not None
-    return Launch(mhc_pb_fwd, (cdiv(T, cfg.TT), min(cfg.CSPLIT, cdiv(C, cfg.TC))),
-                  (h_res, residual, h_post, x, bias if has_bias else x, out,
-                   cfg.NP, cfg.TT, cfg.TC, has_bias), cfg, occ(cfg.OCC))
+    stage, h_res, h_post = _h32(h_res, h_post, cfg)
+    return stage + [Launch(mhc_pb_fwd, (cdiv(T, cfg.TT), min(cfg.CSPLIT, cdiv(C, cfg.TC))),
+                           (h_res, residual, h_post, x, bias if has_bias else x, out,
+                            cfg.NP, cfg.TT, cfg.TC, has_bias), cfg, occ(cfg.OCC))]
 
 
 def bwd_launches(dout, h_res, residual, h_post, x, bias, dh_res, dresidual, dh_post, dx, dbias,
@@ -184,10 +206,11 @@ def bwd_launches(dout, h_res, residual, h_post, x, bias, dh_res, dresidual, dh_p
     T, n, C = residual.shape
     cfg = cfg or PostBdaCfg.heuristic(T, n, C)
     has_bias = bias is not None
+    stage, h_res, h_post = _h32(h_res, h_post, cfg)
     ng = min(cfg.G, cdiv(T, cfg.TT_D))
     # fp32 dbias partials, one row per token group (every element written before it is read)
     p_bias = torch.empty((ng, C) if has_bias else (1, 1), dtype=torch.float32, device=x.device)
-    out = [Launch(mhc_pb_bwd_dres, (ng, cdiv(C, cfg.TC_D)),
+    out = stage + [Launch(mhc_pb_bwd_dres, (ng, cdiv(C, cfg.TC_D)),
                   (dout, h_res, h_post, dresidual, dx, p_bias, cfg.NP, cfg.TT_D, cfg.TC_D, has_bias, cfg.ROWS),
                   cfg, occ(cfg.OCC_D)),
            Launch(mhc_pb_bwd_dh, (cdiv(T, cfg.TT_H),),
