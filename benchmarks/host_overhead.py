@@ -74,6 +74,9 @@ def main() -> None:
     print(f"{'layer':<{w}}  host us/call  graph us  (H200? {torch.cuda.get_device_name()})")
     for r in rows:
         print(f"{r['layer']:<{w}}  {r['host_us_per_call']:>12}  {r['graph_us']:>8}")
+    for r in thread_probe():
+        rows.append(r)
+        print(f"{r['layer']:<{w}}  {r['host_us_per_call']:>12}")
     if a.json:
         with open(a.json, "w") as f:
             json.dump({"device": torch.cuda.get_device_name(), "T": T, "n": n, "rows": rows}, f, indent=1)
@@ -81,3 +84,51 @@ def main() -> None:
 
 if __name__ == "__main__":
     main()
+
+
+def thread_probe() -> list[dict]:
+    """Is a cuTile launch slower from a thread that has no current CUDA context (as
+    autograd's device thread may be)? Per-call host us of the Sinkhorn bwd launch in
+    the main thread, in a fresh thread, and in a fresh thread after cuCtxSetCurrent;
+    and the autograd engine's own cost on CUDA (an identity autograd.Function)."""
+    import threading
+
+    from cuda.bindings import driver as cu
+
+    T, n = 32768, 4
+    logits = torch.randn(T, n, n, device="cuda")
+    dout, dl = torch.randn_like(logits), torch.empty_like(logits)
+    ln = sk.bwd_launch(dout, logits, dl, 20, 1e-6)
+    _, ctx = cu.cuCtxGetCurrent()
+    rows = [{"layer": "bwd launch, main thread", "host_us_per_call": round(per_call_us(ln.run, 300), 1)}]
+
+    def in_thread(name, set_ctx):
+        res = {}
+
+        def body():
+            if set_ctx:
+                cu.cuCtxSetCurrent(ctx)
+            res["us"] = per_call_us(ln.run, 300)
+
+        th = threading.Thread(target=body)
+        th.start()
+        th.join()
+        rows.append({"layer": name, "host_us_per_call": round(res["us"], 1)})
+
+    in_thread("bwd launch, fresh thread", False)
+    in_thread("bwd launch, fresh thread + cuCtxSetCurrent", True)
+
+    class Id(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx_, x):
+            return x.clone()
+
+        @staticmethod
+        def backward(ctx_, g):
+            return g
+
+    x = torch.randn(16, device="cuda", requires_grad=True)
+    g = torch.randn(16, device="cuda")
+    rows.append({"layer": "identity autograd.Function fwd+bwd (CUDA)",
+                 "host_us_per_call": round(per_call_us(lambda: torch.autograd.backward(Id.apply(x), g), 500), 1)})
+    return rows
