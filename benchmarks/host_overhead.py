@@ -82,9 +82,6 @@ def main() -> None:
             json.dump({"device": torch.cuda.get_device_name(), "T": T, "n": n, "rows": rows}, f, indent=1)
 
 
-if __name__ == "__main__":
-    main()
-
 
 def thread_probe() -> list[dict]:
     """Is a cuTile launch slower from a thread that has no current CUDA context (as
@@ -132,3 +129,7 @@ def thread_probe() -> list[dict]:
     rows.append({"layer": "identity autograd.Function fwd+bwd (CUDA)",
                  "host_us_per_call": round(per_call_us(lambda: torch.autograd.backward(Id.apply(x), g), 500), 1)})
     return rows
+
+
+if __name__ == "__main__":
+    main()
