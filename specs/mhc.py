@@ -19,6 +19,8 @@ _TORCH = Backend(name="torch", module="tilekernels.mhc.ops")
 
 _BF_F32 = ["bfloat16", "float32"]
 _INT32_INDEX = "every tensor has < 2**31 elements (the kernels index with int32)"
+_ITERS_UNROLLED = Constraint(expr="iters <= 64", message="iters is a compile-time constant the "
+                             "backward unrolls; each value compiles its own kernel")
 
 
 def _cutile(*constraints: Constraint, doc: str = "", **dtypes: list) -> Backend:
@@ -91,8 +93,7 @@ SINKHORN = OpSpec(
     reference="tilekernels.mhc.reference:sinkhorn",
     entry="tilekernels.mhc.ops:sinkhorn",
     backends=[_cutile(Constraint(expr="T * n * n < 2**31", message=_INT32_INDEX),
-                      Constraint(expr="iters <= 64", message="iters is a compile-time constant the "
-                                 "backward unrolls; each value compiles its own kernel"),
+                      _ITERS_UNROLLED,
                       logits=["float32"]), _TORCH],
 )
 
@@ -187,8 +188,7 @@ PRE = OpSpec(
     reference="tilekernels.mhc.reference:mhc_pre",
     entry="tilekernels.mhc.ops:mhc_pre",
     backends=[_cutile(Constraint(expr="T * n * C < 2**31", message=_INT32_INDEX),
-                      Constraint(expr="iters <= 64", message="iters is a compile-time constant the "
-                                 "backward unrolls; each value compiles its own kernel"),
+                      _ITERS_UNROLLED,
                       x=["bfloat16"], weight=["bfloat16"], bias=["float32"]), _TORCH],
 )
 
