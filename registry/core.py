@@ -116,7 +116,9 @@ class Op:
         bound = self.bind(*args, **kwargs)
         return [(b.name, *backend_status(bound, b)) for b in self.spec.backends]
 
-    def choose(self, bound: Bound, backend: str = "auto") -> str:
+    def choose(self, bound: Bound, backend: str = "auto", fell_back: list | None = None) -> str:
+        """The backend for a validated call; ``fell_back`` collects the reasons when
+        ``auto`` falls back to torch."""
         names = [b.name for b in self.spec.backends]
         if backend != "auto":
             if backend not in names:
@@ -131,6 +133,8 @@ class Op:
             if ok:
                 if b.name == "torch" and reasons:
                     self._fallback(reasons)
+                    if fell_back is not None:
+                        fell_back.extend(reasons)
                 return b.name
             reasons.append(f"{b.name}: {why}")
         raise BackendUnavailable(self.name, "backend", "a usable backend", "; ".join(reasons))  # pragma: no cover
@@ -150,20 +154,26 @@ class Op:
         hit = self._checked.get(key) if key is not None else None
         if hit is None:
             bound = self.bind(*args, **kwargs)
-            chosen = self.choose(bound, backend)
+            reasons: list[str] = []
+            chosen = self.choose(bound, backend, reasons)
             if key is not None:
                 if len(self._checked) >= _CHECKED_MAX:
                     self._checked.clear()
-                self._checked[key] = (chosen, bound.params)
+                self._checked[key] = (chosen, reasons)
             return self.entry(*bound.args(), backend=chosen, **bound.params)
-        chosen, params = hit
-        return self.entry(*self._in_order(args, kwargs), backend=chosen, **params)
+        chosen, reasons = hit
+        if reasons:  # the same fallback as when it was validated: logged once, as then
+            self._fallback(reasons)
+        return self.entry(*self._in_order(args, kwargs), backend=chosen, **self._params(kwargs))
 
     # ---- the validated-call cache: a call whose every input has the same metadata
-    # (shape, strides, dtype, device, requires_grad) and params as one validated
-    # before, under the same grad mode and TILEKERNELS_STRICT, passes the same
-    # checks and gets the same backend, so it skips bind + choose. Specs with a
-    # rule on tensor *values* (values(...), seqlens(...)) never use it.
+    # (shape, strides, dtype, device, requires_grad) and the same plain params as
+    # one validated before, under the same grad mode and TILEKERNELS_STRICT, passes
+    # the same checks and gets the same backend, so it skips bind + choose (the
+    # params it is given are its own, normalised as bind does). Specs with a rule
+    # that reads tensor values never use it (see _reads_values). Machine facts
+    # (toolchains, SM, registered kernels) are taken as fixed for the process:
+    # ``clear_caches()`` forgets every cached call.
     @functools.cached_property
     def _checked(self) -> dict:
         return {}
@@ -173,11 +183,16 @@ class Op:
         s = self.spec
         cs = list(s.constraints) + [c for b in s.backends for c in b.constraints]
         exprs = [c.expr for c in cs] + [c.when for c in cs if c.when] + list(s.layouts.values())
-        return not any(("values(" in e or "seqlens(" in e) for e in exprs)
+        tensors = {t.name for t in s.inputs}
+        return not any(_reads_values(e, tensors) for e in exprs)
 
     @functools.cached_property
     def _in_names(self) -> list[str]:
         return [t.name for t in self.spec.inputs]
+
+    @functools.cached_property
+    def _param_specs(self) -> dict:
+        return {p.name: p for p in self.spec.params}
 
     def _in_order(self, args, kwargs) -> list:
         tensors = dict(zip(self._in_names, args))
@@ -185,6 +200,45 @@ class Op:
             if k not in tensors and k in self._in_names:
                 tensors[k] = v
         return [tensors.get(n) for n in self._in_names]
+
+    def _params(self, kwargs) -> dict:
+        """This call's params with defaults, normalised as bind does (float, tuple)."""
+        out = {}
+        for name, p in self._param_specs.items():
+            v = kwargs.get(name, p.default)
+            if v is not None and p.type == "float":
+                v = float(v)
+            elif v is not None and p.type == "ints":
+                v = tuple(int(e) for e in v)
+            out[name] = v
+        return out
+
+
+def clear_caches() -> None:
+    """Forget every op's validated calls (after changing what the machine offers)."""
+    for op in _ops().values():
+        op._checked.clear()
+
+
+_VALUE_HELPERS = {"values", "seqlens"}
+_TENSOR_SAFE = {"present", "ndim", "dtype", "requires_grad"}
+
+
+def _reads_values(expr: str, tensors: set[str]) -> bool:
+    """Whether a spec expression reads tensor data: values()/seqlens(), or any other
+    helper (sum, max, any, ...) applied to a tensor itself."""
+    import ast
+
+    from specs import expr as _expr
+
+    for node in ast.walk(_expr.parse(expr).body):
+        if isinstance(node, ast.Call) and isinstance(node.func, ast.Name):
+            if node.func.id in _VALUE_HELPERS:
+                return True
+            if node.func.id not in _TENSOR_SAFE and any(
+                    isinstance(a, ast.Name) and a.id in tensors for a in node.args):
+                return True
+    return False
 
 
 _CHECKED_MAX = 1024
@@ -202,7 +256,7 @@ def _sig(v) -> tuple:
         return (type(v), v)
     if isinstance(v, (list, tuple)) and all(isinstance(e, _PLAIN) for e in v):
         return (type(v), tuple((type(e), e) for e in v))
-    raise _NoKey
+    raise _NoKey  # other objects: validated on every call
 
 
 def _call_key(args, kwargs, backend) -> tuple | None:

@@ -41,7 +41,8 @@ _BASE = dict(T=1000, n=4, C=2560, h=F32, bias=True, act=BF)
 CASES = _grid(_BASE, n=[1, 2, 3, 8], C=[64, 4096, 7168, 100], T=[1, 3], h=[BF], bias=[False],
               act=[F32]) + [dict(_BASE, T=32768, C=7168, h=BF), dict(_BASE, T=32768, C=7168),
                             # odd T and n with bf16 h: where occupancy hints on the h_post_bda
-                            # dres/dx kernel produced NaN (those hints are now off)
+                            # dres/dx kernel once produced NaN with a transposed bf16 h_res load
+                            # (now: h_res rows, staged to fp32, at occupancy 2)
                             dict(_BASE, T=37, n=3, h=BF)]
 SK_CASES = _grid(dict(T=1000, n=4, iters=20), n=[1, 2, 3, 8], T=[1, 3, 32768], iters=[3])
 PR_CASES = _grid(dict(M=1000, n=4, C=512), n=[1, 2, 3, 8], C=[100, 7168], M=[1, 3]) + \

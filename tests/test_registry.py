@@ -242,3 +242,28 @@ def test_value_rules_are_never_cached():
     assert not cp._cacheable and registry.get("mhc_sinkhorn")._cacheable
     gdn = registry.get("gdn_pre_gated")
     assert not gdn._cacheable
+
+
+def test_cache_hit_uses_this_calls_params_and_relogs_fallback(op, caplog, monkeypatch):
+    """A hit gets its own params (normalised like bind: int -> float), and the fallback
+    warning logic still runs (a reset of the once-only log shows it again)."""
+    x = torch.randn(2, 2, 4)
+    op(x, scale=0.0)
+    out = op(x, scale=-0.0)  # same key (0.0 == -0.0): its own value is passed
+    assert torch.equal(torch.signbit(out), ~torch.signbit(x))
+    assert torch.equal(op(x, scale=2), 2 * x)
+    monkeypatch.setattr(registry.core, "_warned", set())
+    with caplog.at_level(logging.WARNING, logger="tilekernels"):
+        op(x, scale=-0.0)
+    assert any("falling back to the torch reference" in r.getMessage() for r in caplog.records)
+
+
+def test_value_reading_rules_are_detected():
+    from registry.core import _reads_values
+
+    t = {"x", "cu"}
+    assert _reads_values("max(values(cu)) == T", t) and _reads_values("sum(cu) > 0", t)
+    assert _reads_values("any(x)", t)
+    assert not _reads_values("dtype(x) == 'float32' and ndim(cu) == 1 and present(x)", t)
+    assert not _reads_values("max(T, n) < 2**31", t)
+    registry.clear_caches()

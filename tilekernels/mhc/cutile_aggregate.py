@@ -82,9 +82,10 @@ def fwd_launch(x, h_pre, out, cfg: AggCfg | None = None) -> Launch:
 
 
 def bwd_launch(dout, x, h_pre, dx, dh_pre, cfg: AggCfg | None = None) -> Launch:
-    """dx None: only dh_pre (h_pre may then be None: dh_pre stands in for it, read but unused)."""
+    """dx None: only dh_pre (h_pre may then be None: dout, an initialised [T, C], stands
+    in for it; its load is dead code without dx)."""
     T, n, C = x.shape
     cfg = cfg or AggCfg.heuristic(T, n, C)
     return Launch(mhc_agg_bwd, (cdiv(T, cfg.TT_B),),
-                  (dout, x, dh_pre if h_pre is None else h_pre, x if dx is None else dx, dh_pre, cfg.NP,
+                  (dout, x, dout if h_pre is None else h_pre, x if dx is None else dx, dh_pre, cfg.NP,
                    cfg.TT_B, cfg.TC_B, dx is not None), cfg, occ(cfg.OCC_B))

@@ -2,7 +2,7 @@
 
 Destination-passing implementations (outputs are given, every element is
 written). Shapes, dtypes and the launch configs live in the per-op modules:
-cutile_aggregate, cutile_post_bda, cutile_sinkhorn, cutile_proj_rms.
+cutile_aggregate, cutile_post_bda, cutile_sinkhorn, cutile_proj_rms, cutile_pre.
 Importing this module needs ``cuda.tile`` but no GPU; launching needs CUDA.
 
 Backend limits (for the specs): SM 9.0 (run and tested on H200) and 10.x

@@ -8,7 +8,7 @@ fwd, two passes over x (h_pre needs the whole K reduction before x can be mixed;
 H200, T=32768, n=4, C=7168: fwd 1.00 ms, bwd 2.11 ms, 1.68x its parts run in turn):
   mhc_pre_fwd    proj_rms's row-tile loop (cutile_proj_rms.proj_tile) and, in the
                  same block, the epilogue on the [TM, N] tile in registers: the
-                 mix, both sigmoids and the 20 Sinkhorn rounds (entries layout,
+                 mix, both sigmoids and the ``iters`` Sinkhorn rounds (entries layout,
                  cutile_sinkhorn). Writes proj, r (saved for the bwd), h_post,
                  h_res and an fp32 h_pre scratch [T, n].
   mhc_agg_fwd    (cutile_aggregate) layer_in from x and that h_pre.
@@ -48,7 +48,7 @@ def _mix(pj, rr, bias, a_pre, a_post, a_res, NS: ConstInt, NPAD: ConstInt, TM: C
     cols = ct.reshape(ct.arange(NPAD, dtype=ct.int32), (1, NPAD))
     is_pre = (cols < NS).astype(ct.float32)
     is_post = ((cols >= NS) & (cols < 2 * NS)).astype(ct.float32)
-    alpha = a_res + is_pre * (a_pre - a_res) + is_post * (a_post - a_res)
+    alpha = is_pre * a_pre + is_post * a_post + (1.0 - is_pre - is_post) * a_res  # exact per section
     return ct.reshape(rr, (TM, 1)) * pj * alpha + b.astype(ct.float32), alpha
 
 
@@ -155,7 +155,11 @@ class PreCfg:
 
 def _cfg(x, iters, cfg):
     T, n, C = x.shape
-    return cfg or PreCfg.heuristic(T, n, C, iters)
+    cfg = cfg or PreCfg.heuristic(T, n, C, iters)
+    if cfg.ITERS != iters or cfg.NS != n:
+        raise ValueError(f"mhc_pre: launch config for iters={cfg.ITERS}, n={cfg.NS}; the call has "
+                         f"iters={iters}, n={n}")
+    return cfg
 
 
 def fwd_launches(x, weight, bias, layer_in, h_post, h_res, proj, r, alpha_pre, alpha_post,

@@ -6,8 +6,9 @@ Pattern for every op here (and in the other families):
     calls the registered kernel of that backend (``_glue.get_kernel``);
   * an allocating wrapper that makes the outputs (``_glue.empty``) and calls it;
   * an ``autograd.Function`` whose forward / backward run the ``_fwd`` / ``_bwd``
-    custom op while torch.compile traces, and the same kernel directly in eager
-    mode (``_glue.run_pass``: no dispatcher cost per call);
+    custom op while torch.compile traces (or a dispatch mode is active), and the
+    same kernel directly in eager mode (``_glue.run_pass``: no dispatcher cost per
+    call); backwards are once-differentiable (a double backward raises);
   * the public functional (the spec's ``entry``), which the registry calls with
     validated inputs and the chosen backend.
 The torch backend's kernels (below, ``@kernel(..., "torch", ...)``) write the
@@ -40,6 +41,7 @@ from typing import Optional
 
 import torch
 from torch import Tensor
+from torch.autograd.function import once_differentiable
 
 from tilekernels._glue import acc_dtype, empty, get_kernel, kernel, run_pass
 
@@ -98,6 +100,7 @@ class _HAggregate(torch.autograd.Function):
         return out
 
     @staticmethod
+    @once_differentiable
     def backward(ctx, dout):
         x, h_pre = ctx.saved_tensors
         dx, dh = _like(x, h_pre)
@@ -149,6 +152,7 @@ class _Sinkhorn(torch.autograd.Function):
         return out
 
     @staticmethod
+    @once_differentiable
     def backward(ctx, dout):
         (logits,) = ctx.saved_tensors
         (dl,) = _like(logits)
@@ -205,6 +209,7 @@ class _HPostBda(torch.autograd.Function):
         return out
 
     @staticmethod
+    @once_differentiable
     def backward(ctx, dout):
         saved = ctx.saved_tensors
         grads = _like(*saved)
@@ -261,6 +266,7 @@ class _ProjRms(torch.autograd.Function):
         return proj, r
 
     @staticmethod
+    @once_differentiable
     def backward(ctx, dproj, dr):
         # autograd materializes an unused output's grad as zeros, so dr is never None here
         x, weight, r = ctx.saved_tensors
@@ -335,6 +341,7 @@ class _Pre(torch.autograd.Function):
         return layer_in, h_post, h_res
 
     @staticmethod
+    @once_differentiable
     def backward(ctx, dlayer_in, dh_post, dh_res):
         x, weight, bias, proj, r = ctx.saved_tensors
         dx, dw, db = _like(x, weight, bias)
