@@ -24,3 +24,14 @@ with P.profile(activities=[P.ProfilerActivity.CPU]) as prof:
     for _ in range(50): f()
     torch.cuda.synchronize()
 print(prof.key_averages().table(sort_by="cpu_time_total", row_limit=14))
+
+import cProfile  # noqa: E402
+import pstats  # noqa: E402
+
+pr = cProfile.Profile()
+pr.enable()
+for _ in range(200):
+    f()
+torch.cuda.synchronize()
+pr.disable()
+pstats.Stats(pr).sort_stats("tottime").print_stats(22)
