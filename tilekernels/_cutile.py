@@ -83,10 +83,13 @@ class Launch:
         return (self.kernel._pyfunc.__name__, dts, self.cfg, self.hints)
 
     def run(self) -> None:
+        """Launch on the current stream of the arguments' device (not of the current
+        device: the two differ when a caller's tensors live on another GPU)."""
         if any(g == 0 for g in self.grid):
             return
         COMPILE_KEYS.add(self.key())
-        ct.launch(torch.cuda.current_stream(), self.grid, self.compiled_kernel(), self.args)
+        dev = next((a.device for a in self.args if isinstance(a, torch.Tensor)), None)
+        ct.launch(torch.cuda.current_stream(dev), self.grid, self.compiled_kernel(), self.args)
 
     # ---- ahead-of-time compilation (CI: no GPU needed) ----
     def signature(self) -> KernelSignature:
