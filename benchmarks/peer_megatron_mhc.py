@@ -308,6 +308,25 @@ def print_table():
           f"errors: {len(RESULTS['errors'])}")
 
 
+def run_ops(ops, run_one, path, t_start, best_configs=None) -> None:
+    """Run each op (its own try/except), saving RESULTS to ``path`` after every op
+    (shared with peer_te_mhc.py)."""
+    torch.manual_seed(0)
+    for op in ops:
+        t0 = time.time()
+        try:
+            rec = run_one(op)
+            rec["wall_s"] = round(time.time() - t0, 1)
+            RESULTS["records"].append(rec)
+        except Exception:
+            log_err(f"{op} setup")
+        if best_configs is not None:
+            RESULTS["peer_triton_best_configs"] = best_configs()
+        RESULTS["wall_s"] = round(time.time() - t_start, 1)
+        with open(path, "w") as f:
+            json.dump(RESULTS, f, indent=1, default=str)
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--out", default=os.environ.get("OUT", "."))
@@ -333,21 +352,9 @@ def main():
     RESULTS["env"] = env_info()
     RESULTS["args"] = vars(a)
     print(json.dumps(RESULTS["env"]), flush=True)
-    torch.manual_seed(0)
-    for op in a.ops.split(","):
-        t0 = time.time()
-        try:
-            rec = run_op(op, fm, a)
-            rec["wall_s"] = round(time.time() - t0, 1)
-            RESULTS["records"].append(rec)
-        except Exception:
-            log_err(f"{op} setup")
-        if tm is not None:
-            RESULTS["peer_triton_best_configs"] = {
-                k: str(getattr(getattr(tm, k), "best_config", None)) for k in _TRITON_KERNELS}
-        RESULTS["wall_s"] = round(time.time() - t_start, 1)
-        with open(path, "w") as f:
-            json.dump(RESULTS, f, indent=1, default=str)
+    best = (lambda: {k: str(getattr(getattr(tm, k), "best_config", None)) for k in _TRITON_KERNELS}) \
+        if tm is not None else None
+    run_ops(a.ops.split(","), lambda op: run_op(op, fm, a), path, t_start, best)
     print_table()
     print(f"wall {RESULTS['wall_s']} s; JSON: {path}")
 

@@ -378,20 +378,9 @@ def main():
     RESULTS["args"] = vars(a)
     RESULTS["h_dtype"], RESULTS["h_dtype_note"] = a.h_dtype, H_DTYPE_NOTE
     print(json.dumps(RESULTS["env"]), flush=True)
-    torch.manual_seed(0)
-    for op in a.ops.split(","):
-        t0 = time.time()
-        try:
-            rec = run_op(op, tm, a)
-            rec["wall_s"] = round(time.time() - t0, 1)
-            RESULTS["records"].append(rec)
-        except Exception:
-            log_err(f"{op} setup")
-        RESULTS["peer_triton_best_configs"] = {
-            k: str(getattr(getattr(km, k), "best_config", None)) for k in SINKHORN_KERNELS + LOOP_FREE_KERNELS}
-        RESULTS["wall_s"] = round(time.time() - t_start, 1)
-        with open(path, "w") as f:
-            json.dump(RESULTS, f, indent=1, default=str)
+    pm.run_ops(a.ops.split(","), lambda op: run_op(op, tm, a), path, t_start,
+               lambda: {k: str(getattr(getattr(km, k), "best_config", None))
+                        for k in SINKHORN_KERNELS + LOOP_FREE_KERNELS})
     pm.print_table()
     for r in RESULTS["records"]:
         for v, vr in r["variants"].items():
