@@ -232,6 +232,27 @@ def rel_errs(outs, refs):
             for o, r in zip(outs, refs)]
 
 
+def compare(vr, o_p, g_p, o_ours, g_ours, refs, grefs=None) -> None:
+    """Peer outputs / grads (in our layout) against ours and the float64 reference."""
+    if o_ours is not None:
+        vr["rel_err_fwd_vs_ours"] = rel_errs(o_p, o_ours)
+        vr["rel_err_grads_vs_ours"] = rel_errs(g_p, g_ours)
+    if refs is not None:
+        vr["rel_err_fwd_vs_ref64"] = rel_errs(o_p, refs)
+    if grefs is not None:
+        vr["rel_err_grads_vs_ref64"] = rel_errs(g_p, grefs)
+
+
+def finish_variant(vr, rec) -> None:
+    """peer / ours time ratios, and a note when the forwards disagree beyond bf16."""
+    for k in ("fwd", "fwd_bwd", "fwd_graph", "fwd_bwd_graph"):
+        if f"peer_ms_{k}" in vr and f"ours_ms_{k}" in rec:
+            vr[f"ratio_peer_over_ours_{k}"] = vr[f"peer_ms_{k}"] / rec[f"ours_ms_{k}"]
+    big = [e for e in vr.get("rel_err_fwd_vs_ours", []) if e is not None and e > 1e-2]
+    if big:
+        vr["note"] = "forward differs from ours by > 1e-2: see 'semantics' and rel_err_fwd_vs_ref64"
+
+
 def run_op(op, fm, a):
     P = Case(op, fm, getattr(torch, a.h_dtype))
     rec = {"op": op, "shape": {"s": S, "b": B, "T": T, "n": n, "C": C, "K": K, "N": N},
@@ -258,20 +279,11 @@ def run_op(op, fm, a):
         try:
             o_p, g_p = run_side(fn, P.ins, P.gouts, vr, "peer", a.rep, a.graphs, f"{op} peer {v}")
             vr["out_dtypes"] = [str(o.dtype) for o in o_p]
-            if o_ours is not None:
-                vr["rel_err_fwd_vs_ours"] = rel_errs(o_p, o_ours)
-                vr["rel_err_grads_vs_ours"] = rel_errs(g_p, g_ours)
-            if refs is not None:
-                vr["rel_err_fwd_vs_ref64"] = rel_errs(o_p, refs)
-            for k in ("fwd", "fwd_bwd", "fwd_graph", "fwd_bwd_graph"):
-                if f"peer_ms_{k}" in vr and f"ours_ms_{k}" in rec:
-                    vr[f"ratio_peer_over_ours_{k}"] = vr[f"peer_ms_{k}"] / rec[f"ours_ms_{k}"]
-            big = [e for e in vr.get("rel_err_fwd_vs_ours", []) if e is not None and e > 1e-2]
-            if big:
-                vr["note"] = "forward differs from ours by > 1e-2: see 'semantics' and rel_err_fwd_vs_ref64"
+            compare(vr, o_p, g_p, o_ours, g_ours, refs)
             del o_p, g_p
         except Exception:
             vr["error"] = log_err(f"{op} peer {v}")[-800:]
+        finish_variant(vr, rec)
         rec["variants"][v] = vr
         print(json.dumps({"op": op, "variant": v, **vr}, default=str), flush=True)
     del P, o_ours, g_ours, refs

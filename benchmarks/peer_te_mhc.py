@@ -323,12 +323,7 @@ def run_op(op, tm, a):
             vr["out_dtypes"] = [str(o.dtype) for o in o_p]
             vr["grad_dtypes"] = [None if d is None else str(d.dtype) for d in g_p]
             o_p, g_p = P.outs_back(o_p), P.grads_back(g_p)  # to our layout, outside any timing
-            if o_ours is not None:
-                vr["rel_err_fwd_vs_ours"] = rel_errs(o_p, o_ours)
-                vr["rel_err_grads_vs_ours"] = rel_errs(g_p, g_ours)
-            if refs is not None:
-                vr["rel_err_fwd_vs_ref64"] = rel_errs(o_p, refs)
-                vr["rel_err_grads_vs_ref64"] = rel_errs(g_p, grefs)
+            pm.compare(vr, o_p, g_p, o_ours, g_ours, refs, grefs)
             del o_p, g_p
         except Exception:
             vr["error"] = log_err(f"{op} peer {v}")[-800:]
@@ -336,12 +331,7 @@ def run_op(op, tm, a):
                 peer_fwd_only(fn, P, vr, a, o_ours, refs)
             except Exception:
                 vr["fwd_only_error"] = log_err(f"{op} peer {v} fwd only")[-800:]
-        for k in ("fwd", "fwd_bwd", "fwd_graph", "fwd_bwd_graph"):
-            if f"peer_ms_{k}" in vr and f"ours_ms_{k}" in rec:
-                vr[f"ratio_peer_over_ours_{k}"] = vr[f"peer_ms_{k}"] / rec[f"ours_ms_{k}"]
-        big = [e for e in vr.get("rel_err_fwd_vs_ours", []) if e is not None and e > 1e-2]
-        if big:
-            vr["note"] = "forward differs from ours by > 1e-2: see 'semantics' and rel_err_fwd_vs_ref64"
+        pm.finish_variant(vr, rec)
         rec["variants"][v] = vr
         print(json.dumps({"op": op, "variant": v, **vr}, default=str), flush=True)
     del P, o_ours, g_ours, refs, grefs

@@ -20,7 +20,7 @@ from specs.schema import Backend, OpSpec
 
 from . import capabilities as caps
 from .errors import BackendUnavailable, SpecError
-from .validate import Bound, bind, dtype_name, failing_constraint
+from .validate import Bound, _check_param, bind, dtype_name, failing_constraint
 
 log = logging.getLogger("tilekernels")
 _warned: set[tuple[str, str]] = set()
@@ -202,16 +202,9 @@ class Op:
         return [tensors.get(n) for n in self._in_names]
 
     def _params(self, kwargs) -> dict:
-        """This call's params with defaults, normalised as bind does (float, tuple)."""
-        out = {}
-        for name, p in self._param_specs.items():
-            v = kwargs.get(name, p.default)
-            if v is not None and p.type == "float":
-                v = float(v)
-            elif v is not None and p.type == "ints":
-                v = tuple(int(e) for e in v)
-            out[name] = v
-        return out
+        """This call's params with defaults, normalised by bind's own param check."""
+        return {name: _check_param(self.name, p, kwargs.get(name, p.default))
+                for name, p in self._param_specs.items()}
 
 
 def clear_caches() -> None:
