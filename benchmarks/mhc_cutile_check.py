@@ -257,8 +257,9 @@ def phase_time(ops, copy_bw, peers):
 # defaults. Earlier rounds' variants and outcomes: benchmarks/results/nvidia-h200-mhc-cutile.md
 SWEEPS = {
     "mhc_h_aggregate": [("fwd", dict(OCC=4)), ("bwd", dict(OCC_B=2))],
-    "mhc_h_post_bda": [("bwd", dict(ROWS=False, OCC_D=0))],
-    "mhc_h_post_bda_bf16h": [("fwd", dict(H32=False)), ("bwd", dict(H32=False))],
+    "mhc_h_post_bda": [("bwd", dict(ONE=False, TT_D=4, G=64)), ("bwd", dict(ONE=False, TT_D=4, G=64, ROWS=False,
+                                                                             OCC_D=0))],
+    "mhc_h_post_bda_bf16h": [("fwd", dict(H32=False)), ("bwd", dict(ONE=False, TT_D=4, G=64, H32=False))],
     "mhc_sinkhorn": [("fwd", dict(TT_FWD=64)), ("bwd", dict(OCC_BWD=16))],
     "mhc_proj_rms": [("bwd", dict(TK_BWD=256)), ("bwd", dict(OCC_B=4)), ("bwd", dict(GM=16)),
                      ("fwd", dict(OCC=2))],

@@ -74,54 +74,72 @@ def bench(fn):
     return do_bench(fn, warmup=25, rep=100, return_mode="median")
 
 
-def timing():
+TWO_PASS = dict(ONE=False, TT_D=4, G=64)  # the n = 8 design, as the heuristic sets it with one=False
+VARIANTS = [dict(), TWO_PASS, dict(PW=16), dict(G=96), dict(G=160), dict(PW=8, OCC_D=0)]
+
+
+def timing(h=F32, variants=VARIANTS):
+    """fwd and every bwd variant at the headline shape; bytes counted by hand."""
     T, n, C = 32768, 4, 7168
-    dout, ins, grads = problem(T, n, C, F32, True)
+    dout, ins, grads = problem(T, n, C, h, True)
     cfg = pb.PostBdaCfg.heuristic(T, n, C)
     src = torch.empty(T * n * C * 2, dtype=torch.uint8, device="cuda")
     dst = torch.empty_like(src)
     ms = bench(lambda: dst.copy_(src))
-    print(f"copy 1.88 GB: {ms:.3f} ms = {2 * src.numel() / ms / 1e6:.0f} GB/s", flush=True)
+    copy_bw = 2 * src.numel() / ms / 1e6
+    print(f"copy 1.88 GB: {ms:.3f} ms = {copy_bw:.0f} GB/s  (h {h})", flush=True)
+    big, hb = 2 * T * n * C, T * (n * n + n) * h.itemsize
+    bytes_f = hb + big + 2 * T * C + 2 * C + big
+    bytes_b = big + hb + big + 2 * T * C + 2 * C + 4 * T * (n * n + n) + big + 2 * T * C + 2 * C
     fwd = pb.fwd_launches(ins[0], ins[1], ins[2], ins[3], ins[4], torch.empty_like(ins[1]))
-    print(f"fwd: {bench(lambda: run_all(fwd)):.3f} ms", flush=True)
-    print("bwd fused (old design, deleted; measured on H200 before the switch): 5.687 ms", flush=True)
-    new = pb.bwd_launches(dout, *ins, *grads)
-    print(f"bwd split (new): {bench(lambda: run_all(new)):.3f} ms  cfg={cfg}", flush=True)
-    for ln in new:
-        print(f"  {ln.kernel._pyfunc.__name__} grid={ln.grid}: {bench(ln.run):.3f} ms", flush=True)
-    base = [g.clone() for g in grads]
-    variants = [dict(OCC_D=2), dict(TT_D=4), dict(TT_D=4, OCC_D=2), dict(OCC_D=4)]
+    f_ms = bench(lambda: run_all(fwd))
+    print(f"fwd: {f_ms:.3f} ms ({100 * bytes_f / f_ms / 1e6 / copy_bw:.1f}% of copy)", flush=True)
+    want = ref.h_post_bda_bwd(upcast(dout), *[upcast(t) for t in ins])
+    rows = []
     for v in variants:
         try:
-            c2 = dataclasses.replace(cfg, **v)
-            ls = pb.bwd_launches(dout, *ins, *grads, cfg=c2)
+            ls = pb.bwd_launches(dout, *ins, *grads, cfg=dataclasses.replace(cfg, **v))
+            for g in grads:
+                g.fill_(float("nan"))
             run_all(ls)
-            err = max(rel_err(g.float(), b.float()) for g, b in zip(grads, base))
-            which = ls[0] if any(k.endswith("_D") or k == "G" for k in v) else ls[1]
-            print(f"  variant {v}: total {bench(lambda: run_all(ls)):.3f} ms, "
-                  f"{which.kernel._pyfunc.__name__} {bench(which.run):.3f} ms, err vs default {err:.2e}",
-                  flush=True)
+            err = max(rel_err(g, w) for g, w in zip(grads, want))
+            b_ms = bench(lambda: run_all(ls))
+            parts = " ".join(f"{ln.kernel._pyfunc.__name__}={bench(ln.run):.3f}" for ln in ls)
+            rows.append((v, b_ms, f_ms + b_ms, 100 * bytes_b / b_ms / 1e6 / copy_bw, err))
+            print(f"  bwd {v}: {b_ms:.3f} ms, f+b {f_ms + b_ms:.3f}, {rows[-1][3]:.1f}% of copy, "
+                  f"max rel err {err:.1e} | {parts}", flush=True)
         except Exception:
             print("  variant", v, "FAILED", traceback.format_exc(limit=3), flush=True)
+    print(f"\n| bwd variant (h {h}) | bwd ms | f+b ms | % copy | rel err |\n|---|---:|---:|---:|---:|")
+    for v, b, fb, pc, err in rows:
+        print(f"| {v} | {b:.3f} | {fb:.3f} | {pc:.1f} | {err:.1e} |")
+    return rows
 
 
 def variant_correctness(**v):
-    """bf16/fp32 h at a few shapes with heuristic fields replaced by v."""
+    """edge shapes, bf16/fp32 h and activations, with heuristic fields replaced by v."""
     def launches(*a):
         T, n, C = a[2].shape
         return pb.bwd_launches(*a, cfg=dataclasses.replace(pb.PostBdaCfg.heuristic(T, n, C), **v))
-    bad = []
+    bad, ok = [], 0
     for c in [(37, 3, 2560, BF, False), (32768, 4, 7168, BF, True), (1000, 8, 7168, BF, True),
-              (32768, 4, 7168, F32, False), (37, 1, 100, BF, True)]:
+              (32768, 4, 7168, F32, False), (37, 1, 100, BF, True), (1, 4, 100, F32, True),
+              (3, 2, 64, BF, True, F32), (1000, 4, 4096, F32, True), (0, 4, 100, F32, True), (1000, 8, 100, BF, False)]:
         try:
             check(*c, launches=launches)
+            ok += 1
         except Exception as e:
-            bad.append((c, str(e)[:80]))
-    print(f"variant {v}: {'ok' if not bad else bad}", flush=True)
+            bad.append((c, str(e)[:120]))
+    print(f"variant {v}: {ok} ok {'' if not bad else bad}", flush=True)
 
 
 if __name__ == "__main__":
-    timing()
-    correctness()
-    for v in ({}, dict(OCC_D=2), dict(TT_D=4), dict(TT_D=4, OCC_D=2), dict(OCC_D=4)):
-        variant_correctness(**v)
+    import sys
+    which = sys.argv[1] if len(sys.argv) > 1 else "all"
+    if which in ("all", "time"):
+        timing(F32)
+        timing(BF, [dict(), TWO_PASS])
+    if which in ("all", "check"):
+        correctness()
+        for v in (TWO_PASS, dict(PW=16)):
+            variant_correctness(**v)

@@ -190,6 +190,22 @@ def test_h_post_bda(c):
     run_h_post_bda(c)
 
 
+# the two-pass backward (what n = 8 uses) at the n <= 4 shapes where the one-pass one is the default
+TWO_PASS_CASES = [dict(_BASE, T=37, n=3, h=BF), dict(_BASE, C=100, bias=False), dict(_BASE, T=1, n=1),
+                  dict(_BASE, T=32768, C=7168, h=BF)]
+
+
+@pytest.mark.parametrize("one", [False, True], ids=["two_pass", "one_pass"])
+@pytest.mark.parametrize("c", _params(TWO_PASS_CASES))
+def test_h_post_bda_backward_either_design(c, one, monkeypatch):
+    from tilekernels.mhc import cutile_post_bda as pb
+
+    orig = pb.PostBdaCfg.heuristic
+    monkeypatch.setattr(pb.PostBdaCfg, "heuristic",
+                        classmethod(lambda cls, T, n, C, one_=None: orig(T, n, C, one=one)))
+    run_h_post_bda(c)
+
+
 @pytest.mark.parametrize("c", _params(SK_CASES))
 def test_sinkhorn(c):
     run_sinkhorn(c)

@@ -90,10 +90,10 @@ def pre_bwd(dlayer_in, dh_post, dh_res, x, weight, bias, proj, r, dx, dweight, d
                              alpha_pre, alpha_post, alpha_res, iters, rms_eps, sinkhorn_eps))
 
 
-def _pb_cfg(T, n, C, **changes):
+def _pb_cfg(T, n, C, one=None, **changes):
     import dataclasses
 
-    return dataclasses.replace(pb.PostBdaCfg.heuristic(T, n, C), **changes)
+    return dataclasses.replace(pb.PostBdaCfg.heuristic(T, n, C, one=one), **changes)
 
 
 def representative_launches(n: int = 4, C: int = 7168, T: int = 32768, hdtype=None):
@@ -127,11 +127,13 @@ def representative_launches(n: int = 4, C: int = 7168, T: int = 32768, hdtype=No
         "mhc_sinkhorn.bwd": [sk.bwd_launch(lg, lg, lg, 20, 1e-6)],
         "mhc_proj_rms.fwd": [pr.fwd_launch(xm, w, p, r, 1e-6)],
         "mhc_proj_rms.bwd": pr.bwd_launches(p, r, xm, w, r, xm, w, 1e-6),
-        # non-default h_post_bda configs the sweeps measure (transposed h_res load; bf16 h
-        # read directly): compiled too, so they cannot rot
+        # non-default h_post_bda configs the sweeps measure (the two-pass backward that n = 8
+        # uses; transposed h_res load; bf16 h read directly): compiled too, so they cannot rot
         "mhc_h_post_bda.variants": [
             *pb.fwd_launches(hnn, x3, hn, x2, b, x3, cfg=_pb_cfg(T, n, C, H32=False)),
-            pb.bwd_launches(x3, hnn, x3, hn, x2, b, hnn, x3, hn, x2, b, cfg=_pb_cfg(T, n, C, ROWS=False, H32=False))[0]],
+            *pb.bwd_launches(x3, hnn, x3, hn, x2, b, hnn, x3, hn, x2, b, cfg=_pb_cfg(T, n, C, one=False)),
+            pb.bwd_launches(x3, hnn, x3, hn, x2, b, hnn, x3, hn, x2, b,
+                            cfg=_pb_cfg(T, n, C, one=False, ROWS=False, H32=False))[0]],
         "mhc_pre.fwd": pre.fwd_launches(x3, w, pb_, x2, hp, hr, p, r, *pre_args),
         "mhc_pre.bwd": pre.bwd_launches(x2, hp, hr, x3, w, pb_, p, r, x3, w, pb_, *pre_args),
     }

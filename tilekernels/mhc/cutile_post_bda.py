@@ -9,16 +9,21 @@ registers, C tails are masked.
 
 fwd: grid (T/TT, CSPLIT), block (b, s) does C tiles s, s+CSPLIT, ... (CSPLIT=1:
      one block per token tile streams all of C; H200: 1.05 ms, 94% of copy).
-bwd: two streaming kernels (deterministic; no atomics) and a small reduction.
-     mhc_pb_bwd_dres, grid (G, C/TC_D): block (g, c) walks token tiles g, g+G, ...
-     at one C tile, writes dresidual and dx, and sums dx over its tokens into one
-     fp32 dbias partial per token group; mhc_pb_bwd_dh, grid (T/TT_H,): one block
-     per token tile streams all of C (like the h_aggregate bwd) and writes dh_res
-     and dh_post from fp32 register accumulators; mhc_pb_dbias sums the dbias
-     partials in a fixed order. H200 (T=32768, n=4, C=7168): 2.27 ms (2.41 = 1.26
-     dres/dx + 1.14 dh + 0.01 before the row-form h_res at occupancy 2); was 5.7 ms
-     fused in one kernel with tensor-core dh partials; a one-pass variant (the dh
-     kernel also writing dresidual and dx) measured 5.4-7.9 ms.
+bwd (deterministic; no atomics), n <= 4: one streaming pass, mhc_pb_bwd_one, grid
+     (G, C chunks of KC tiles of TC_D): block (g, s) walks token tiles g, g+G, ... over
+     its chunk, reads dout, residual and x once, writes dresidual and dx, sums dx into
+     its fp32 dbias partial, and writes dh partials (each over TC_D / PW adjacent
+     channels of the chunk, so no block-wide reduction); mhc_pb_dh_reduce and
+     mhc_pb_dbias sum the partials in a fixed order. H200 (T=32768, n=4, C=7168):
+     1.85-1.91 ms, 81-83% of copy for the one-pass bytes.
+     n = 8 (and ONE=False): two streaming kernels. mhc_pb_bwd_dres, grid (G, C/TC_D):
+     block (g, c) walks token tiles g, g+G, ... at one C tile, writes dresidual and
+     dx and one fp32 dbias partial per token group; mhc_pb_bwd_dh, grid (T/TT_H,):
+     one block per token tile streams all of C and writes dh_res and dh_post from
+     fp32 register accumulators (H200, n=4: 2.26 ms). Tried and dropped: one fused
+     kernel with tensor-core dh partials (5.7 ms; cuTile 1.7 lowers such small mma
+     without tensor cores), the dh kernel also writing dresidual / dx (5.4-7.9 ms),
+     one-pass tiles under 1024 channels (2-4x slower).
 """
 from __future__ import annotations
 
@@ -104,6 +109,64 @@ def mhc_pb_bwd_dres(dout, hres, hpost, dres, dx, p_bias, NP: ConstInt, TT: Const
 
 
 @ct.kernel
+def mhc_pb_bwd_one(dout, hres, hpost, res, x, bias, dres, dx, p_bias, p_dhr, p_dhp,
+                   NP: ConstInt, TT: ConstInt, TC: ConstInt, KC: ConstInt, KCP: ConstInt, PW: ConstInt,
+                   HAS_BIAS: ConstBool):
+    """The whole backward in one streaming pass (dout, residual, x read once). Block (g, s)
+    walks token tiles g, g+G, ... over the KC C tiles of chunk s (unrolled): writes dres and
+    dx, accumulates dout * residual and dout * (x + bias) elementwise over the chunk and
+    reduces them once per token tile into chunk s's dh partials p_dhr [chunks, T, n, n],
+    p_dhp [chunks, T, n]; sums dx over its tokens into its dbias partial p_bias[g, chunk]."""
+    g = ct.bid(0)
+    s = ct.bid(1)
+    ntt = ct.num_tiles(dx, axis=0, shape=(TT, TC))
+    kid = ct.reshape(ct.arange(KCP, dtype=ct.int32), (KCP, 1))  # KCP = next_pow2(KC)
+    dbias = ct.zeros((KCP, TC), dtype=ct.float32)
+    for t in range(g, ntt, ct.num_blocks(0)):
+        hr = ct.load(hres, index=(t, 0, 0), shape=(TT, NP, NP), padding_mode=PAD_ZERO).astype(ct.float32)
+        hp = ct.reshape(ct.load(hpost, index=(t, 0), shape=(TT, NP), padding_mode=PAD_ZERO).astype(ct.float32),
+                        (TT, NP, 1))
+        ah = ct.zeros((TT, NP, NP, TC), dtype=ct.float32)
+        ap = ct.zeros((TT, NP, TC), dtype=ct.float32)
+        for k in ct.static_iter(range(KC)):
+            c = s * KC + k
+            go = ct.load(dout, index=(t, 0, c), shape=(TT, NP, TC), padding_mode=PAD_ZERO).astype(ct.float32)
+            gx = ct.sum(hp * go, axis=1)
+            ct.store(dx, index=(t, c), tile=gx.astype(dx.dtype))
+            ct.store(dres, index=(t, 0, c), tile=_dres_rows(hr, go, NP, TT, TC).astype(dres.dtype))
+            r = ct.load(res, index=(t, 0, c), shape=(TT, NP, TC), padding_mode=PAD_ZERO).astype(ct.float32)
+            xb = ct.load(x, index=(t, c), shape=(TT, TC), padding_mode=PAD_ZERO).astype(ct.float32)
+            if HAS_BIAS:
+                xb = xb + ct.reshape(ct.load(bias, index=(c,), shape=(TC,), padding_mode=PAD_ZERO)
+                                     .astype(ct.float32), (1, TC))
+                dbias = dbias + ct.where(kid == k, ct.sum(gx, axis=0, keepdims=True), 0.0)
+            ah = ah + ct.reshape(go, (TT, NP, 1, TC)) * ct.reshape(r, (TT, 1, NP, TC))
+            ap = ap + go * ct.reshape(xb, (TT, 1, TC))
+        # reduced over runs of TC / PW adjacent channels only (one warp's share: no block-wide
+        # reduction); the PW partials are summed by mhc_pb_dh_reduce
+        ct.store(p_dhr, index=(s, t, 0, 0, 0), tile=ct.reshape(
+            ct.sum(ct.reshape(ah, (TT, NP, NP, PW, TC // PW)), axis=4), (1, TT, NP, NP, PW)))
+        ct.store(p_dhp, index=(s, t, 0, 0), tile=ct.reshape(
+            ct.sum(ct.reshape(ap, (TT, NP, PW, TC // PW)), axis=3), (1, TT, NP, PW)))
+    if HAS_BIAS:
+        for k in ct.static_iter(range(KC)):
+            ct.store(p_bias, index=(g, s * KC + k), tile=ct.extract(dbias, (k, 0), shape=(1, TC)))
+
+
+@ct.kernel
+def mhc_pb_dh_reduce(p_dhr, p_dhp, dhres, dhpost, NP: ConstInt, TT: ConstInt, PW: ConstInt):
+    """dh_res, dh_post = sums of the one-pass backward's per-C-tile partials (fixed order)."""
+    t = ct.bid(0)
+    ar = ct.zeros((1, TT, NP, NP, PW), dtype=ct.float32)
+    ap = ct.zeros((1, TT, NP, PW), dtype=ct.float32)
+    for k in range(p_dhr.shape[0]):
+        ar += ct.load(p_dhr, index=(k, t, 0, 0, 0), shape=(1, TT, NP, NP, PW), padding_mode=PAD_ZERO)
+        ap += ct.load(p_dhp, index=(k, t, 0, 0), shape=(1, TT, NP, PW), padding_mode=PAD_ZERO)
+    ct.store(dhres, index=(t, 0, 0), tile=ct.reshape(ct.sum(ar, axis=4), (TT, NP, NP)).astype(dhres.dtype))
+    ct.store(dhpost, index=(t, 0), tile=ct.reshape(ct.sum(ap, axis=3), (TT, NP)).astype(dhpost.dtype))
+
+
+@ct.kernel
 def mhc_pb_bwd_dh(dout, res, x, bias, dhres, dhpost, NP: ConstInt, TT: ConstInt, TC: ConstInt,
                   HAS_BIAS: ConstBool):
     """dh_res, dh_post of TT tokens: one block streams all of C into elementwise fp32
@@ -145,9 +208,9 @@ def mhc_pb_h32(hres, hpost, hres32, hpost32, NP: ConstInt, TT: ConstInt):
                                                  padding_mode=PAD_ZERO).astype(ct.float32))
 
 
-def _h32(h_res, h_post, cfg) -> tuple:
+def _h32(h_res, h_post, cfg, force: bool = False) -> tuple:
     """([staging launch] or [], h_res, h_post as the streaming kernels read them)."""
-    if not cfg.H32 or (h_res.dtype == torch.float32 and h_post.dtype == torch.float32):
+    if not (cfg.H32 or force) or (h_res.dtype == torch.float32 and h_post.dtype == torch.float32):
         return [], h_res, h_post
     T = h_res.shape[0]
     r32 = torch.empty(h_res.shape, dtype=torch.float32, device=h_res.device)
@@ -162,9 +225,9 @@ class PostBdaCfg:
     TT: int        # fwd: tokens per tile
     TC: int        # fwd: channels per tile
     CSPLIT: int    # fwd: blocks along C, each strides over C tiles (grid only)
-    TT_D: int      # bwd dres/dx kernel: tokens per tile
-    TC_D: int      # bwd dres/dx kernel: channels per tile
-    G: int         # bwd dres/dx kernel: token-tile groups (grid only; one dbias partial each)
+    TT_D: int      # bwd dres/dx kernel (or the one-pass kernel): tokens per tile
+    TC_D: int      # bwd dres/dx kernel (or the one-pass kernel): channels per tile
+    G: int         # bwd dres/dx / one-pass kernel: token-tile groups (grid only; one dbias partial each)
     TT_H: int      # bwd dh kernel: tokens per tile
     TC_H: int      # bwd dh kernel: channels per tile
     OCC: int = 0   # occupancy hints (0: compiler's choice): fwd, dres/dx, dh
@@ -173,22 +236,30 @@ class PostBdaCfg:
     TB: int = 1024  # dbias reduction: channels per block
     ROWS: bool = True  # dres/dx kernel: h_res rows as loaded (False: a transposed load)
     H32: bool = True   # bf16 h: stage fp32 copies of h_res / h_post first (mhc_pb_h32)
+    ONE: bool = False  # bwd in one streaming pass (mhc_pb_bwd_one with TT_D, TC_D, G, OCC_D and KC)
+    KC: int = 2        # one-pass bwd: C tiles per block (dh reduced once per KC tiles)
+    TT_R: int = 64     # one-pass dh partial reduction: tokens per block times PW
+    PW: int = 8        # one-pass: dh partials per C tile (each sums TC_D / PW adjacent channels)
 
     @classmethod
-    def heuristic(cls, T: int, n: int, C: int) -> "PostBdaCfg":
-        # H200, T=32768, n=4, C=7168: fwd at 2x1024, dres/dx at 4x1024 (2x1024: 1.60 ms,
-        # 4x1024: 1.26 ms, 2x512: 3x slower); dh at 4x128 (NP*NP*TT*TC = 8K fp32
-        # accumulators), occupancy 2. dres/dx reads h_res in row form at occupancy 2
-        # (bwd 2.41 -> 2.27 ms with fp32 h, 2.96 -> 2.52 with bf16 h); occupancy hints with
-        # the transposed h_res load once gave NaN dresidual for bf16 h.
+    def heuristic(cls, T: int, n: int, C: int, one: bool | None = None) -> "PostBdaCfg":
+        """one: force the one-pass (True) or two-pass (False) backward; None: by n."""
+        # H200, T=32768, n=4, C=7168: fwd at 2x1024. bwd in one pass for n <= 4 (1.85-1.91 ms;
+        # two passes 2.26): one token x 1024 channels per tile (TC 512 or 256: 2-4x slower), two C
+        # tiles per block before the dh reduction (1: 2.2 ms, 4: register spills, 5 ms), G=128
+        # (64: 1.89, 256: 1.94), dh partials per 128 channels (PW=8; 1: 2.10 ms, 32: 1.90).
+        # n = 8 would need 64K fp32 dh accumulators per 1024-channel tile: two passes, dres/dx
+        # at 4x1024 (2x1024: 1.60 ms, 4x1024: 1.26 ms, 2x512: 3x slower), h_res in row form at
+        # occupancy 2; dh at 4x128 (NP*NP*TT*TC = 8K fp32 accumulators), occupancy 2.
         NP = next_pow2(n)
         TC = min(1024, next_pow2(C))
         TT = max(1, min(16, 8192 // (NP * TC)))
         TC_H = min(128, next_pow2(C))
+        one = NP <= 4 if one is None else one
         return cls(NP=NP, TT=TT, TC=TC, CSPLIT=1,
-                   TT_D=max(1, min(16, 16384 // (NP * TC))), TC_D=TC, G=64,
+                   TT_D=1 if one else max(1, min(16, 16384 // (NP * TC))), TC_D=TC, G=128 if one else 64,
                    TT_H=max(1, min(16, 8192 // (NP * NP * TC_H))), TC_H=TC_H, OCC=4, OCC_D=2, OCC_H=2,
-                   TB=min(1024, next_pow2(C)), ROWS=True)
+                   TB=min(1024, next_pow2(C)), ROWS=True, ONE=one, KC=2, PW=8 if TC >= 8 else 1)
 
 
 def fwd_launches(h_res, residual, h_post, x, bias, out, cfg: PostBdaCfg | None = None) -> list[Launch]:
@@ -206,16 +277,36 @@ def bwd_launches(dout, h_res, residual, h_post, x, bias, dh_res, dresidual, dh_p
     T, n, C = residual.shape
     cfg = cfg or PostBdaCfg.heuristic(T, n, C)
     has_bias = bias is not None
-    stage, h_res, h_post = _h32(h_res, h_post, cfg)
+    # the one-pass kernel always reads fp32 h: on the H200 it computed wrong dresidual from bf16
+    # h tiles of one token ([1, 4, 4] bf16, 32 bytes), rel. error 0.6 at T=32768, n=4
+    stage, h_res, h_post = _h32(h_res, h_post, cfg, force=cfg.ONE)
     ng = min(cfg.G, cdiv(T, cfg.TT_D))
-    # fp32 dbias partials, one row per token group (every element written before it is read)
-    p_bias = torch.empty((ng, C) if has_bias else (1, 1), dtype=torch.float32, device=x.device)
-    out = stage + [Launch(mhc_pb_bwd_dres, (ng, cdiv(C, cfg.TC_D)),
-                  (dout, h_res, h_post, dresidual, dx, p_bias, cfg.NP, cfg.TT_D, cfg.TC_D, has_bias, cfg.ROWS),
-                  cfg, occ(cfg.OCC_D)),
-           Launch(mhc_pb_bwd_dh, (cdiv(T, cfg.TT_H),),
-                  (dout, residual, x, bias if has_bias else x, dh_res, dh_post,
-                   cfg.NP, cfg.TT_H, cfg.TC_H, has_bias), cfg, occ(cfg.OCC_H))]
+    dev = x.device
+    if cfg.ONE:
+        if cfg.PW not in (1, 8) or cfg.TC_D % cfg.PW:
+            # PW=16 gave wrong dh_post (rel. error 1e-2..4e-2) on the H200 with cuTile 1.7 at
+            # n=4, C >= 4096, for a reason not found; 1 and 8 pass every GPU test
+            raise ValueError(f"mhc_h_post_bda cutile bwd: PW must be 1 or 8 and divide TC_D, got PW={cfg.PW}, "
+                             f"TC_D={cfg.TC_D}")
+        nch = cdiv(C, cfg.TC_D * cfg.KC)
+        p_bias = torch.empty((ng, nch * cfg.KC * cfg.TC_D) if has_bias else (1, 1), dtype=torch.float32, device=dev)
+        # dh partials per C chunk (every element written before it is read)
+        p_dhr = torch.empty((nch, T, n, n, cfg.PW), dtype=torch.float32, device=dev)
+        p_dhp = torch.empty((nch, T, n, cfg.PW), dtype=torch.float32, device=dev)
+        out = stage + [Launch(mhc_pb_bwd_one, (ng, nch),
+                              (dout, h_res, h_post, residual, x, bias if has_bias else x, dresidual, dx, p_bias,
+                               p_dhr, p_dhp, cfg.NP, cfg.TT_D, cfg.TC_D, cfg.KC, next_pow2(cfg.KC), cfg.PW, has_bias), cfg, occ(cfg.OCC_D)),
+                       Launch(mhc_pb_dh_reduce, (cdiv(T, cfg.TT_R // cfg.PW),), (p_dhr, p_dhp, dh_res, dh_post, cfg.NP,
+                                                                       cfg.TT_R // cfg.PW, cfg.PW), cfg)]
+    else:
+        # fp32 dbias partials, one row per token group (every element written before it is read)
+        p_bias = torch.empty((ng, C) if has_bias else (1, 1), dtype=torch.float32, device=dev)
+        out = stage + [Launch(mhc_pb_bwd_dres, (ng, cdiv(C, cfg.TC_D)),
+                              (dout, h_res, h_post, dresidual, dx, p_bias, cfg.NP, cfg.TT_D, cfg.TC_D, has_bias,
+                               cfg.ROWS), cfg, occ(cfg.OCC_D)),
+                       Launch(mhc_pb_bwd_dh, (cdiv(T, cfg.TT_H),),
+                              (dout, residual, x, bias if has_bias else x, dh_res, dh_post,
+                               cfg.NP, cfg.TT_H, cfg.TC_H, has_bias), cfg, occ(cfg.OCC_H))]
     if has_bias:
         out.append(Launch(mhc_pb_dbias, (cdiv(C, cfg.TB),), (p_bias, dbias, cfg.TB), cfg))
     return out
