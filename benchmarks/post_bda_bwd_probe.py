@@ -75,7 +75,7 @@ def bench(fn):
 
 
 TWO_PASS = dict(ONE=False, TT_D=4, G=64)  # the n = 8 design, as the heuristic sets it with one=False
-VARIANTS = [dict(), TWO_PASS, dict(PW=16), dict(G=96), dict(G=160), dict(PW=8, OCC_D=0)]
+VARIANTS = [dict(), TWO_PASS, dict(G=64), dict(G=256), dict(KC=1, G=64), dict(PW=1)]
 
 
 def timing(h=F32, variants=VARIANTS):
@@ -141,5 +141,5 @@ if __name__ == "__main__":
         timing(BF, [dict(), TWO_PASS])
     if which in ("all", "check"):
         correctness()
-        for v in (TWO_PASS, dict(PW=16)):
+        for v in (TWO_PASS, dict(PW=1), dict(KC=1)):
             variant_correctness(**v)
