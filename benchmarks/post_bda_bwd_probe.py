@@ -75,7 +75,8 @@ def bench(fn):
 
 
 TWO_PASS = dict(ONE=False, TT_D=4, G=64)  # the n = 8 design, as the heuristic sets it with one=False
-VARIANTS = [dict(), TWO_PASS, dict(G=64), dict(G=256), dict(KC=1, G=64), dict(PW=1)]
+VARIANTS = [dict(), TWO_PASS, dict(G=64), dict(OCC_D=3, G=96), dict(OCC_D=3, G=192), dict(OCC_D=4, G=256),
+            dict(OCC_D=3, G=96, KC=1)]
 
 
 def timing(h=F32, variants=VARIANTS):
@@ -136,10 +137,11 @@ def variant_correctness(**v):
 if __name__ == "__main__":
     import sys
     which = sys.argv[1] if len(sys.argv) > 1 else "all"
-    if which in ("all", "time"):
+    if which in ("all", "time", "time32"):
         timing(F32)
+    if which in ("all", "time"):
         timing(BF, [dict(), TWO_PASS])
     if which in ("all", "check"):
         correctness()
-        for v in (TWO_PASS, dict(PW=1), dict(KC=1)):
+        for v in VARIANTS[1:3]:
             variant_correctness(**v)
