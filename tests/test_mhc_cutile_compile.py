@@ -79,3 +79,28 @@ def test_meta_launch_grids_cover_the_problem():
     cfg = ln.cfg
     assert ln.grid[0] * cfg.TT >= 1001 and (ln.grid[0] - 1) * cfg.TT < 1001
     assert cfg.NP == 4 and cfg.TC >= 100
+
+
+def test_one_pass_post_bda_refuses_unverified_partial_widths():
+    """PW (dh partials per C tile) other than 1 or 8 computed wrong dh_post on the H200
+    (cuTile 1.7): the launch builder refuses them before anything is allocated on a GPU."""
+    from tilekernels.mhc import cutile_post_bda as pb
+
+    meta = torch.device("meta")
+
+    def e(*shape, dtype=torch.bfloat16):
+        return torch.empty(*shape, dtype=dtype, device=meta)
+
+    T, n, C = 64, 4, 2048
+    args = (e(T, n, C), e(T, n, n, dtype=torch.float32), e(T, n, C), e(T, n, dtype=torch.float32), e(T, C), e(C),
+            e(T, n, n, dtype=torch.float32), e(T, n, C), e(T, n, dtype=torch.float32), e(T, C), e(C))
+    cfg = pb.PostBdaCfg.heuristic(T, n, C)
+    assert cfg.ONE and cfg.PW == 8
+    names = [ln.kernel._pyfunc.__name__ for ln in pb.bwd_launches(*args, cfg=cfg)]
+    assert names == ["mhc_pb_bwd_one", "mhc_pb_dh_reduce", "mhc_pb_dbias"]
+    with pytest.raises(ValueError, match="PW must be 1 or 8"):
+        pb.bwd_launches(*args, cfg=dataclasses.replace(cfg, PW=16))
+    two = pb.PostBdaCfg.heuristic(T, n, C, one=False)
+    assert [ln.kernel._pyfunc.__name__ for ln in pb.bwd_launches(*args, cfg=two)] == \
+        ["mhc_pb_bwd_dres", "mhc_pb_bwd_dh", "mhc_pb_dbias"]
+    assert not pb.PostBdaCfg.heuristic(T, 8, C).ONE  # n = 8: two passes
