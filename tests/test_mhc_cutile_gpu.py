@@ -244,9 +244,28 @@ def test_empty_batch_writes_zero_dbias_and_dweight():
 
 def test_new_batch_size_reuses_the_compile_key():
     """T is a dynamic dim: a second T gives the same (kernel, dtypes, config) keys."""
-    from tilekernels._cutile import COMPILE_KEYS
+    from tilekernels._cutile import record_compile_keys
 
-    run_h_aggregate(dict(_BASE, T=517))
-    before = set(COMPILE_KEYS)
-    run_h_aggregate(dict(_BASE, T=1029))
-    assert COMPILE_KEYS == before
+    with record_compile_keys() as keys:
+        run_h_aggregate(dict(_BASE, T=517))
+        before = set(keys)
+        run_h_aggregate(dict(_BASE, T=1029))
+        assert keys == before and before
+
+
+def test_launches_go_to_the_current_torch_stream():
+    """Kernels are queued on torch's current stream: on a side stream held back by a
+    sleep and a NaN fill, the aggregate must come after the fill (a launch on another
+    stream would run first and be overwritten by the fill)."""
+    from tilekernels.mhc import reference as ref
+
+    x, h = _rand(1000, 4, 2560), _rand(1000, 4, dtype=F32)
+    out = torch.empty(1000, 2560, dtype=BF, device="cuda")
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        torch.cuda._sleep(50_000_000)  # ~25 ms: long enough for a wrongly placed launch to finish first
+        out.fill_(float("nan"))
+        _k("mhc_h_aggregate", "fwd")(x, h, out)
+    side.synchronize()
+    assert_close(out, ref.h_aggregate(upcast(x), upcast(h)), kind=BF, what="out")

@@ -10,17 +10,20 @@ Every cuTile backend module builds its launches the same way:
   batch dims (T, M) stay dynamic array shapes. cuTile's own dispatcher caches
   the compiled kernels; besides this key it specializes only on what it infers
   from the arguments (seen on the H200: 16-byte base alignment, strides, and
-  the innermost dim's divisibility by 16 -- C, not T). ``Launch.run`` records
-  each key in ``COMPILE_KEYS`` so tests can check that a new T reuses it;
+  the innermost dim's divisibility by 16 -- C, not T). Inside
+  ``record_compile_keys()``, ``Launch.run`` records each key in ``COMPILE_KEYS``
+  so tests can check that a new T reuses it;
 * a ``Launch`` record (kernel, grid, args) that ``run()`` sends to the current
-  torch stream, and that ``export_cubin()`` compiles ahead of time with the
-  same arguments given as ``torch.device("meta")`` tensors. CI (no GPU)
-  compiles every kernel through that path for sm_90 and sm_100.
+  torch stream of its tensors' device (a raw stream handle), and that
+  ``export_cubin()`` compiles ahead of time with the same arguments given as
+  ``torch.device("meta")`` tensors. CI (no GPU) compiles every kernel through
+  that path for sm_90 and sm_100.
 
 Importing this module needs ``cuda.tile`` but no GPU and no driver.
 """
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import io
 import math
@@ -41,8 +44,25 @@ _DTYPES = {
     torch.float64: ct.float64,
 }
 
-# (kernel name, argument dtypes, config) of every launch so far (see module doc).
+# (kernel name, argument dtypes, config) of every launch inside record_compile_keys()
+# (see module doc; off by default: building a key costs ~15 us per launch).
 COMPILE_KEYS: set[tuple] = set()
+_RECORD_KEYS = [False]
+
+
+@contextlib.contextmanager
+def record_compile_keys():
+    """Within the block, every ``Launch.run`` adds its key to ``COMPILE_KEYS``."""
+    old, _RECORD_KEYS[0] = _RECORD_KEYS[0], True
+    try:
+        yield COMPILE_KEYS
+    finally:
+        _RECORD_KEYS[0] = old
+
+
+def _raw_stream(index: int) -> int:
+    """cudaStream_t of torch's current stream on device ``index`` (what cuTile's launch takes)."""
+    return torch._C._cuda_getCurrentRawStream(index)
 
 
 def next_pow2(n: int) -> int:
@@ -84,12 +104,15 @@ class Launch:
 
     def run(self) -> None:
         """Launch on the current stream of the arguments' device (not of the current
-        device: the two differ when a caller's tensors live on another GPU)."""
+        device: the two differ when a caller's tensors live on another GPU), passed to
+        cuTile as the raw stream handle (``torch.cuda.current_stream(device)`` cost
+        ~19 us per launch on the H200 host)."""
         if any(g == 0 for g in self.grid):
             return
-        COMPILE_KEYS.add(self.key())
-        dev = next((a.device for a in self.args if isinstance(a, torch.Tensor)), None)
-        ct.launch(torch.cuda.current_stream(dev), self.grid, self.compiled_kernel(), self.args)
+        if _RECORD_KEYS[0]:
+            COMPILE_KEYS.add(self.key())
+        dev = next(a.device for a in self.args if isinstance(a, torch.Tensor))
+        ct.launch(_raw_stream(dev.index), self.grid, self.compiled_kernel(), self.args)
 
     # ---- ahead-of-time compilation (CI: no GPU needed) ----
     def signature(self) -> KernelSignature:

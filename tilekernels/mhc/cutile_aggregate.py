@@ -13,6 +13,7 @@ over C stays in registers (no cross-block reduction, no atomics).
 from __future__ import annotations
 
 import dataclasses
+import functools
 
 import cuda.tile as ct
 
@@ -64,6 +65,7 @@ class AggCfg:
     OCC_B: int = 0
 
     @classmethod
+    @functools.lru_cache(maxsize=1024)  # pure in its arguments; saves ~10-25 us per call
     def heuristic(cls, T: int, n: int, C: int) -> "AggCfg":
         NP = next_pow2(n)
         TC = min(1024, next_pow2(C))

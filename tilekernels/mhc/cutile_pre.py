@@ -29,6 +29,7 @@ bwd, two passes over x (the parts one after another make three, plus an add):
 from __future__ import annotations
 
 import dataclasses
+import functools
 
 import cuda.tile as ct
 import torch
@@ -146,6 +147,7 @@ class PreCfg:
     OCC_M: int = 8      # (the standalone Sinkhorn bwd's: a latency-bound chain)
 
     @classmethod
+    @functools.lru_cache(maxsize=1024)  # pure in its arguments; saves ~10-25 us per call
     def heuristic(cls, T: int, n: int, C: int, iters: int) -> "PreCfg":
         NP = next_pow2(n)
         TT = max(1, 128 // (NP * NP))   # the Sinkhorn backward's tile (cutile_sinkhorn)

@@ -1,0 +1,74 @@
+#!/usr/bin/env python3
+"""Device host: where the host time of one eager mHC call goes (registry op forward +
+autograd backward) at a small T, where the GPU work is tiny and the host sets the pace.
+Prints per-call host microseconds of each layer, then cProfile's top functions.
+    source .gpu-cutile/env.sh && python3 benchmarks/host_profile.py [--op mhc_h_post_bda] [--T 1024]
+"""
+from __future__ import annotations
+
+import argparse
+import cProfile
+import io
+import pstats
+import time
+
+import torch
+
+import registry
+from tilekernels._cutile import run_all
+from tilekernels._glue import get_kernel
+from tilekernels.mhc import cutile_post_bda as pb
+
+
+def per_call_us(fn, n=500) -> float:
+    for _ in range(20):
+        fn()
+    torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    for _ in range(n):
+        fn()
+    torch.cuda.synchronize()
+    return (time.perf_counter() - t0) / n * 1e6
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--T", type=int, default=1024)
+    a = ap.parse_args()
+    T, n, C = a.T, 4, 7168
+    r = lambda *s, dt=torch.bfloat16: torch.randn(*s, device="cuda").to(dt)  # noqa: E731
+    hr, res, hp, x, b = r(T, n, n, dt=torch.float32), r(T, n, C), r(T, n, dt=torch.float32), r(T, C), r(C)
+    dout = r(T, n, C)
+    grads = [torch.empty_like(t) for t in (hr, res, hp, x, b)]
+    op = registry.get("mhc_h_post_bda")
+    leaves = [t.clone().requires_grad_() for t in (hr, res, hp, x, b)]
+    fl, bl = pb.fwd_launches(hr, res, hp, x, b, torch.empty_like(res)), pb.bwd_launches(dout, hr, res, hp, x, b, *grads)
+    kf, kb = get_kernel("mhc_h_post_bda", "cutile", "fwd"), get_kernel("mhc_h_post_bda", "cutile", "bwd")
+    out = torch.empty_like(res)
+    steps = {
+        f"fwd prebuilt launches ({len(fl)})": lambda: run_all(fl),
+        f"bwd prebuilt launches ({len(bl)})": lambda: run_all(bl),
+        "fwd kernel fn (builds launches)": lambda: kf(hr, res, hp, x, b, out),
+        "bwd kernel fn (builds launches, allocates partials)": lambda: kb(dout, hr, res, hp, x, b, *grads),
+        "registry fwd (no grad)": lambda: op(hr, res, hp, x, b),
+        "registry fwd + autograd bwd": lambda: torch.autograd.backward(op(*leaves), dout),
+        "torch.empty x3 (partials)": lambda: [torch.empty((1024, 7168), device="cuda") for _ in range(3)],
+    }
+    for name, fn in steps.items():
+        with torch.no_grad() if "no grad" in name else torch.enable_grad():
+            print(f"{name:<55} {per_call_us(fn):8.1f} us/call", flush=True)
+    fn = steps["registry fwd + autograd bwd"]
+    pr = cProfile.Profile()
+    pr.enable()
+    for _ in range(300):
+        fn()
+    torch.cuda.synchronize()
+    pr.disable()
+    for key in ("tottime", "cumulative"):
+        s = io.StringIO()
+        pstats.Stats(pr, stream=s).sort_stats(key).print_stats(28)
+        print(s.getvalue()[-9000:])
+
+
+if __name__ == "__main__":
+    main()
