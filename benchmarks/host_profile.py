@@ -31,9 +31,16 @@ def per_call_us(fn, n=500) -> float:
     return (time.perf_counter() - t0) / n * 1e6
 
 
+def fwd_bwd(op, leaves, dout):
+    for t in leaves:
+        t.grad = None
+    torch.autograd.backward(op(*leaves), dout)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--T", type=int, default=1024)
+    ap.add_argument("--gap", action="store_true", help="do_bench vs CUDA-graph times of each layer (T=32768)")
     a = ap.parse_args()
     T, n, C = a.T, 4, 7168
     r = lambda *s, dt=torch.bfloat16: torch.randn(*s, device="cuda").to(dt)  # noqa: E731
@@ -51,9 +58,18 @@ def main() -> None:
         "fwd kernel fn (builds launches)": lambda: kf(hr, res, hp, x, b, out),
         "bwd kernel fn (builds launches, allocates partials)": lambda: kb(dout, hr, res, hp, x, b, *grads),
         "registry fwd (no grad)": lambda: op(hr, res, hp, x, b),
-        "registry fwd + autograd bwd": lambda: torch.autograd.backward(op(*leaves), dout),
+        "registry fwd + autograd bwd": lambda: fwd_bwd(op, leaves, dout),
         "torch.empty x3 (partials)": lambda: [torch.empty((1024, 7168), device="cuda") for _ in range(3)],
     }
+    if a.gap:
+        from triton.testing import do_bench, do_bench_cudagraph
+        steps.pop("torch.empty x3 (partials)")
+        for name, fn in steps.items():
+            with torch.no_grad() if "no grad" in name else torch.enable_grad():
+                e = do_bench(fn, warmup=25, rep=100, return_mode="median")
+                g = do_bench_cudagraph(fn, rep=100, return_mode="median")
+                print(f"{name:<55} do_bench {e:.3f} ms, graph {g:.3f} ms", flush=True)
+        return
     for name, fn in steps.items():
         with torch.no_grad() if "no grad" in name else torch.enable_grad():
             print(f"{name:<55} {per_call_us(fn):8.1f} us/call", flush=True)
