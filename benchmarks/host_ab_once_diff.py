@@ -2,15 +2,14 @@
 backward wrapped by once_differentiable (as shipped) and without it, alternating in
 one process (host noise differs between GPU hosts); then a CPU profile of 50 calls.
 GPU host: python3 benchmarks/host_ab_once_diff.py"""
-import time, torch, registry
+import os, sys, torch, registry
 from tilekernels.mhc import ops
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from _host import cprofile_top, per_call_us
 op = registry.get("mhc_sinkhorn")
 lg = torch.randn(32768, 4, 4, device="cuda", requires_grad=True); d = torch.randn_like(lg)
-def per(fn, n=1000):
-    for _ in range(30): fn()
-    torch.cuda.synchronize(); t = time.perf_counter()
-    for _ in range(n): fn()
-    torch.cuda.synchronize(); return (time.perf_counter() - t) / n * 1e6
+def per(fn):
+    return per_call_us(fn, n=1000, warmup=30)
 f = lambda: torch.autograd.backward(op(lg, iters=20, eps=1e-6), d)
 wrapped = ops._Sinkhorn.backward
 plain = wrapped.__wrapped__
@@ -25,13 +24,4 @@ with P.profile(activities=[P.ProfilerActivity.CPU]) as prof:
     torch.cuda.synchronize()
 print(prof.key_averages().table(sort_by="cpu_time_total", row_limit=14))
 
-import cProfile  # noqa: E402
-import pstats  # noqa: E402
-
-pr = cProfile.Profile()
-pr.enable()
-for _ in range(200):
-    f()
-torch.cuda.synchronize()
-pr.disable()
-pstats.Stats(pr).sort_stats("tottime").print_stats(22)
+print(cprofile_top(f, 200, top=22))

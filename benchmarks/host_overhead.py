@@ -12,7 +12,8 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
-import time
+import os
+import sys
 
 import torch
 
@@ -21,16 +22,8 @@ from tilekernels._glue import get_kernel
 from tilekernels.mhc import ops
 from tilekernels.mhc import cutile_sinkhorn as sk
 
-
-def per_call_us(fn, n=2000) -> float:
-    for _ in range(20):
-        fn()
-    torch.cuda.synchronize()
-    t0 = time.perf_counter()
-    for _ in range(n):
-        fn()
-    torch.cuda.synchronize()
-    return (time.perf_counter() - t0) / n * 1e6
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from _host import per_call_us  # noqa: E402
 
 
 def main() -> None:

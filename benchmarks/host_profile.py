@@ -7,10 +7,8 @@ Prints per-call host microseconds of each layer, then cProfile's top functions.
 from __future__ import annotations
 
 import argparse
-import cProfile
-import io
-import pstats
-import time
+import os
+import sys
 
 import torch
 
@@ -19,16 +17,8 @@ from tilekernels._cutile import run_all
 from tilekernels._glue import get_kernel
 from tilekernels.mhc import cutile_post_bda as pb
 
-
-def per_call_us(fn, n=500) -> float:
-    for _ in range(20):
-        fn()
-    torch.cuda.synchronize()
-    t0 = time.perf_counter()
-    for _ in range(n):
-        fn()
-    torch.cuda.synchronize()
-    return (time.perf_counter() - t0) / n * 1e6
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from _host import cprofile_top, per_call_us  # noqa: E402
 
 
 def fwd_bwd(op, leaves, dout):
@@ -72,18 +62,8 @@ def main() -> None:
         return
     for name, fn in steps.items():
         with torch.no_grad() if "no grad" in name else torch.enable_grad():
-            print(f"{name:<55} {per_call_us(fn):8.1f} us/call", flush=True)
-    fn = steps["registry fwd + autograd bwd"]
-    pr = cProfile.Profile()
-    pr.enable()
-    for _ in range(300):
-        fn()
-    torch.cuda.synchronize()
-    pr.disable()
-    for key in ("tottime", "cumulative"):
-        s = io.StringIO()
-        pstats.Stats(pr, stream=s).sort_stats(key).print_stats(28)
-        print(s.getvalue()[-9000:])
+            print(f"{name:<55} {per_call_us(fn, n=500):8.1f} us/call", flush=True)
+    print(cprofile_top(steps["registry fwd + autograd bwd"], 300, keys=("tottime", "cumulative")))
 
 
 if __name__ == "__main__":
