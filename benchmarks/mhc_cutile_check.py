@@ -261,9 +261,8 @@ SWEEPS = {
                                                                              OCC_D=0))],
     "mhc_h_post_bda_bf16h": [("fwd", dict(H32=False)), ("bwd", dict(ONE=False, TT_D=4, G=64, H32=False))],
     "mhc_sinkhorn": [("fwd", dict(TT_FWD=64)), ("bwd", dict(OCC_BWD=16))],
-    "mhc_proj_rms": [("bwd", dict(TM=128)), ("bwd", dict(TM=32, OCC_B=3)), ("bwd", dict(TK_BWD=256)),
-                     ("fwd", dict(OCC=2))],
-    "mhc_pre": [("fwd", dict(OCC_F=2)), ("bwd", dict(pr=dict(TK_BWD=256))), ("bwd", dict(pr=dict(TM=32, OCC_B=3)))],
+    "mhc_proj_rms": [("bwd", dict(TK_BWD=256)), ("bwd", dict(TM=128)), ("bwd", dict(GM=16)), ("fwd", dict(OCC=2))],
+    "mhc_pre": [("fwd", dict(OCC_F=2)), ("bwd", dict(pr=dict(TK_BWD=256)))],
 }
 
 
