@@ -253,40 +253,66 @@ def finish_variant(vr, rec) -> None:
         vr["note"] = "forward differs from ours by > 1e-2: see 'semantics' and rel_err_fwd_vs_ref64"
 
 
-def run_op(op, fm, a):
-    P = Case(op, fm, getattr(torch, a.h_dtype))
-    rec = {"op": op, "shape": {"s": S, "b": B, "T": T, "n": n, "C": C, "K": K, "N": N},
-           "params": {"iters": ITERS, "eps": EPS} if op == "mhc_sinkhorn" else {"eps": EPS},
-           "dtypes": [str(t.dtype) for t in P.ins], "semantics": SEMANTICS[op], "variants": {}}
+def run_ours(P, op, rec, a, ref64):
+    """Time our side of a case and take the float64 references (ref64() -> (outputs,
+    grads or None)); returns (our outputs, our grads, refs, grad refs), None where it failed."""
     try:
         o_ours, g_ours = run_side(P.ours, P.ins, P.gouts, rec, "ours", a.rep, a.graphs, f"{op} ours")
     except Exception:
         rec["ours_error"] = log_err(f"{op} ours")[-800:]
         o_ours = g_ours = None
-    refs = None
+    refs = grefs = None
     if a.ref64:
         try:
-            refs = P.ref64()
+            with torch.no_grad():
+                refs, grefs = ref64()
+            torch.cuda.empty_cache()
             if o_ours is not None:
                 rec["ours_rel_err_vs_ref64"] = rel_errs(o_ours, refs)
+                if grefs is not None:
+                    rec["ours_rel_err_grads_vs_ref64"] = rel_errs(g_ours, grefs)
         except Exception:
             log_err(f"{op} ref64")
+    return o_ours, g_ours, refs, grefs
+
+
+def run_variants(P, op, rec, a, ours, peer_side, on_error=None) -> None:
+    """Every requested peer variant of a case: peer_side(fn, vr, label) times it and returns
+    its (outputs, grads) in our layout; compared with ours and the references, recorded in
+    rec["variants"]. on_error(fn, vr, label), if given, runs after a failure."""
+    o_ours, g_ours, refs, grefs = ours
     for v in a.variants.split(","):
         fn = P.peer.get(v)
         if fn is None:
             continue
-        vr = {}
+        vr, label = {}, f"{op} peer {v}"
         try:
-            o_p, g_p = run_side(fn, P.ins, P.gouts, vr, "peer", a.rep, a.graphs, f"{op} peer {v}")
-            vr["out_dtypes"] = [str(o.dtype) for o in o_p]
-            compare(vr, o_p, g_p, o_ours, g_ours, refs)
+            o_p, g_p = peer_side(fn, vr, label)
+            compare(vr, o_p, g_p, o_ours, g_ours, refs, grefs)
             del o_p, g_p
         except Exception:
-            vr["error"] = log_err(f"{op} peer {v}")[-800:]
+            vr["error"] = log_err(label)[-800:]
+            if on_error is not None:
+                on_error(fn, vr, label)
         finish_variant(vr, rec)
         rec["variants"][v] = vr
         print(json.dumps({"op": op, "variant": v, **vr}, default=str), flush=True)
-    del P, o_ours, g_ours, refs
+
+
+def run_op(op, fm, a):
+    P = Case(op, fm, getattr(torch, a.h_dtype))
+    rec = {"op": op, "shape": {"s": S, "b": B, "T": T, "n": n, "C": C, "K": K, "N": N},
+           "params": {"iters": ITERS, "eps": EPS} if op == "mhc_sinkhorn" else {"eps": EPS},
+           "dtypes": [str(t.dtype) for t in P.ins], "semantics": SEMANTICS[op], "variants": {}}
+    ours = run_ours(P, op, rec, a, lambda f=P.ref64: (f(), None))
+
+    def peer_side(fn, vr, label):
+        o_p, g_p = run_side(fn, P.ins, P.gouts, vr, "peer", a.rep, a.graphs, label)
+        vr["out_dtypes"] = [str(o.dtype) for o in o_p]
+        return o_p, g_p
+
+    run_variants(P, op, rec, a, ours, peer_side)
+    P = ours = None  # free the case before empty_cache (the closures hold the same cells)
     torch.cuda.empty_cache()
     return rec
 

@@ -297,44 +297,22 @@ def run_op(op, tm, a):
            "params": {"iters": ITERS, "eps": EPS} if op == "mhc_sinkhorn" else {},
            "dtypes": [str(t.dtype) for t in P.ins], "peer_call": P.call, "peer_layout": P.layout,
            "semantics": SEMANTICS[op], "variants": {}}
-    try:
-        o_ours, g_ours = pm.run_side(P.ours, P.ins, P.gouts, rec, "ours", a.rep, a.graphs, f"{op} ours")
-    except Exception:
-        rec["ours_error"] = log_err(f"{op} ours")[-800:]
-        o_ours = g_ours = None
-    refs = grefs = None
-    if a.ref64:
+    ours = pm.run_ours(P, op, rec, a, P.ref64)
+
+    def peer_side(fn, vr, label):
+        o_p, g_p = pm.run_side(fn, P.te_ins, P.te_gouts, vr, "peer", a.rep, a.graphs, label)
+        vr["out_dtypes"] = [str(o.dtype) for o in o_p]
+        vr["grad_dtypes"] = [None if d is None else str(d.dtype) for d in g_p]
+        return P.outs_back(o_p), P.grads_back(g_p)  # to our layout, outside any timing
+
+    def fwd_only(fn, vr, label):  # keep the forward numbers when only the backward (or a graph) fails
         try:
-            with torch.no_grad():
-                refs, grefs = P.ref64()
-            torch.cuda.empty_cache()
-            if o_ours is not None:
-                rec["ours_rel_err_vs_ref64"] = rel_errs(o_ours, refs)
-                rec["ours_rel_err_grads_vs_ref64"] = rel_errs(g_ours, grefs)
+            peer_fwd_only(fn, P, vr, a, ours[0], ours[2])
         except Exception:
-            log_err(f"{op} ref64")
-    for v in a.variants.split(","):
-        fn = P.peer.get(v)
-        if fn is None:
-            continue
-        vr = {}
-        try:
-            o_p, g_p = pm.run_side(fn, P.te_ins, P.te_gouts, vr, "peer", a.rep, a.graphs, f"{op} peer {v}")
-            vr["out_dtypes"] = [str(o.dtype) for o in o_p]
-            vr["grad_dtypes"] = [None if d is None else str(d.dtype) for d in g_p]
-            o_p, g_p = P.outs_back(o_p), P.grads_back(g_p)  # to our layout, outside any timing
-            pm.compare(vr, o_p, g_p, o_ours, g_ours, refs, grefs)
-            del o_p, g_p
-        except Exception:
-            vr["error"] = log_err(f"{op} peer {v}")[-800:]
-            try:  # keep the forward numbers when only the backward (or a graph) fails
-                peer_fwd_only(fn, P, vr, a, o_ours, refs)
-            except Exception:
-                vr["fwd_only_error"] = log_err(f"{op} peer {v} fwd only")[-800:]
-        pm.finish_variant(vr, rec)
-        rec["variants"][v] = vr
-        print(json.dumps({"op": op, "variant": v, **vr}, default=str), flush=True)
-    del P, o_ours, g_ours, refs, grefs
+            vr["fwd_only_error"] = log_err(f"{label} fwd only")[-800:]
+
+    pm.run_variants(P, op, rec, a, ours, peer_side, fwd_only)
+    P = ours = None  # free the case before empty_cache (the closures hold the same cells)
     torch.cuda.empty_cache()
     return rec
 
