@@ -279,8 +279,8 @@ def bwd_launches(dout, h_res, residual, h_post, x, bias, dh_res, dresidual, dh_p
     T, n, C = residual.shape
     cfg = cfg or PostBdaCfg.heuristic(T, n, C)
     has_bias = bias is not None
-    # the one-pass kernel always reads fp32 h: on the H200 it computed wrong dresidual from bf16
-    # h tiles of one token ([1, 4, 4] bf16, 32 bytes), rel. error 0.6 at T=32768, n=4
+    # the one-pass kernel always reads fp32 h: reading bf16 h tiles of one token ([1, 4, 4] bf16,
+    # 32 bytes) it gave wrong gradients on the H200 (max rel. error 0.6 over the five at T=32768, n=4)
     stage, h_res, h_post = _h32(h_res, h_post, cfg, force=cfg.ONE)
     ng = min(cfg.G, cdiv(T, cfg.TT_D))
     dev = x.device
@@ -295,11 +295,13 @@ def bwd_launches(dout, h_res, residual, h_post, x, bias, dh_res, dresidual, dh_p
         # dh partials per C chunk (every element written before it is read)
         p_dhr = torch.empty((nch, T, n, n, cfg.PW), dtype=torch.float32, device=dev)
         p_dhp = torch.empty((nch, T, n, cfg.PW), dtype=torch.float32, device=dev)
+        tr = cfg.TT_R // cfg.PW  # tokens per reduction block
         out = stage + [Launch(mhc_pb_bwd_one, (ng, nch),
                               (dout, h_res, h_post, residual, x, bias if has_bias else x, dresidual, dx, p_bias,
-                               p_dhr, p_dhp, cfg.NP, cfg.TT_D, cfg.TC_D, cfg.KC, next_pow2(cfg.KC), cfg.PW, has_bias), cfg, occ(cfg.OCC_D)),
-                       Launch(mhc_pb_dh_reduce, (cdiv(T, cfg.TT_R // cfg.PW),), (p_dhr, p_dhp, dh_res, dh_post, cfg.NP,
-                                                                       cfg.TT_R // cfg.PW, cfg.PW), cfg)]
+                               p_dhr, p_dhp, cfg.NP, cfg.TT_D, cfg.TC_D, cfg.KC, next_pow2(cfg.KC), cfg.PW,
+                               has_bias), cfg, occ(cfg.OCC_D)),
+                       Launch(mhc_pb_dh_reduce, (cdiv(T, tr),),
+                              (p_dhr, p_dhp, dh_res, dh_post, cfg.NP, tr, cfg.PW), cfg)]
     else:
         # fp32 dbias partials, one row per token group (every element written before it is read)
         p_bias = torch.empty((ng, C) if has_bias else (1, 1), dtype=torch.float32, device=dev)
