@@ -93,6 +93,9 @@ SINKHORN = OpSpec(
     reference="tilekernels.mhc.reference:sinkhorn",
     entry="tilekernels.mhc.ops:sinkhorn",
     backends=[_cutile(Constraint(expr="T * n * n < 2**31", message=_INT32_INDEX),
+                      Constraint(expr="2 * iters * n * T < 2**31",
+                                 message="the backward's scratch [iters, 2n, T] fp32 (n <= 4) is "
+                                         "indexed with int32"),
                       _ITERS_UNROLLED,
                       logits=["float32"]), _TORCH],
 )

@@ -211,6 +211,22 @@ def test_sinkhorn(c):
     run_sinkhorn(c)
 
 
+# the padded-tile backward (what n > 4 uses) where the entries one is the default, and back
+SK_DESIGN_CASES = [dict(T=1000, n=4, iters=20), dict(T=3, n=3, iters=3), dict(T=1, n=1, iters=20),
+                   dict(T=32768, n=4, iters=20), dict(T=37, n=8, iters=3)]
+
+
+@pytest.mark.parametrize("entries", [False, True], ids=["tile", "entries"])
+@pytest.mark.parametrize("c", _params(SK_DESIGN_CASES))
+def test_sinkhorn_backward_either_design(c, entries, monkeypatch):
+    from tilekernels.mhc import cutile_sinkhorn as sk
+
+    orig = sk.SinkhornCfg.heuristic
+    monkeypatch.setattr(sk.SinkhornCfg, "heuristic",
+                        classmethod(lambda cls, T, n, iters, entries_=None: orig(T, n, iters, entries=entries)))
+    run_sinkhorn(c)
+
+
 @pytest.mark.parametrize("c", _params(PR_CASES))
 def test_proj_rms(c):
     run_proj_rms(c)

@@ -64,6 +64,9 @@ def test_declared_limits_are_explained():
     # int32 indexing and one-tile projection width: sizes only meta tensors can afford here
     x = torch.empty(2**20, 8, 256, dtype=BF, device=meta)
     assert "2**31" in _why("mhc_h_aggregate", x, torch.empty(2**20, 8, device=meta))
+    # the Sinkhorn backward's scratch [iters, 2n, T]: 2**24 tokens fit T*n*n, not 40*n*T
+    lg = torch.empty(2**24, 4, 4, device=meta)
+    assert "the backward's scratch" in _why("mhc_sinkhorn", lg, iters=20)
     w = torch.empty(200, 64, dtype=BF, device=meta)
     assert "'N <= 128' fails with N=200" in _why("mhc_proj_rms", torch.empty(4, 64, dtype=BF, device=meta), w)
     # mhc_pre: bf16 activations only (the projection runs on bf16 tensor cores), iters unrolled

@@ -8,15 +8,22 @@ fwd: "entries" layout -- each of the n*n matrix entries is its own [TT] tile
      over tokens, so a token's whole matrix sits in one thread and the row /
      column sums are plain adds (no cross-thread reductions); only the n*n
      real entries exist, no padding.
-bwd: one block holds TT tokens' [NP, NP] matrices (n padded to NP = next_pow2(n),
-     padded entries forced to 0). It recomputes the forward in the same kernel,
-     keeping every iterate on chip (the loop is unrolled at compile time:
-     ``iters`` is a compile-time constant), then walks the steps back:
+bwd (two designs; SinkhornCfg.heuristic picks by n). Both recompute the forward
+     in the kernel and walk the steps back:
          y = x / (s + eps), s = sum(x)  =>  dx = (dy - sum(dy * y)) / (s + eps)
-     and finally through exp(logits - rowmax): dlogits = g*M0, minus sum(g*M0)
-     at each row's first maximal entry (the max's subgradient, as the
-     reference). Nothing but dlogits is written to global memory. (The entries
-     layout for the backward, unrolled, took tileiras > 10 minutes to compile.)
+     then go through exp(logits - rowmax): dlogits = g*M0, minus sum(g*M0) at
+     each row's first maximal entry (the max's subgradient, as the reference).
+  * entries (n <= 4, mhc_sk_bwd_entries): the forward's layout, the steps as a
+     loop. Each step's rowsum + eps and colsum + eps (2n values per token) go
+     to a global scratch [iters, 2n, T] fp32 that the same block reads back
+     (L2-resident); walking back, each earlier iterate is rebuilt from the later
+     one by multiplying those sums back in. At n = 8 the 4 x 64 live entries per
+     thread spill, hence:
+  * tile (n > 4, mhc_sk_bwd): one block holds TT tokens' [NP, NP] matrices (n
+     padded to NP = next_pow2(n), padded entries forced to 0), keeps every
+     iterate on chip (the loop is unrolled at compile time: ``iters`` is a
+     compile-time constant) and writes nothing but dlogits. (The entries layout
+     unrolled the same way took tileiras > 10 minutes to compile.)
 """
 from __future__ import annotations
 
@@ -24,6 +31,7 @@ import dataclasses
 import functools
 
 import cuda.tile as ct
+import torch
 
 from tilekernels._cutile import PAD_ZERO, Launch, cdiv, next_pow2, occ
 
@@ -180,24 +188,140 @@ def mhc_sk_fwd(logits, out, eps: float, N: ConstInt, NP: ConstInt, TT: ConstInt,
     ct.store(out, index=(pid, 0, 0), tile=assemble(M, N, NP, TT).astype(out.dtype))
 
 
+# ---- backward, "entries" layout with the step sums in a global scratch (see the module doc)
+
+def _store_vec(scratch, v, k, base, N: ConstInt, TT: ConstInt):
+    """scratch[k, base + i, tokens of this block] = v[i] (fp32 [TT] tiles)."""
+    pid = ct.bid(0)
+    for i in ct.static_iter(range(N)):
+        ct.store(scratch, index=(k, base + i, pid), tile=ct.reshape(v[i], (1, 1, TT)))
+
+
+def _load_vec(scratch, k, base, N: ConstInt, TT: ConstInt):
+    pid = ct.bid(0)
+    out = ()
+    for i in ct.static_iter(range(N)):
+        out += (ct.reshape(ct.load(scratch, index=(k, base + i, pid), shape=(1, 1, TT),
+                                   padding_mode=PAD_ZERO), (TT,)),)
+    return out
+
+
+def _add_eps(v, eps, N: ConstInt):
+    out = ()
+    for i in ct.static_iter(range(N)):
+        out += (v[i] + eps,)
+    return out
+
+
+def _sub_sums_rows(g, M, N: ConstInt):
+    """g[i][j] - sum_j g[i][j] * M[i][j]"""
+    s = _row_sums(_mul(g, M, N), N)
+    return _scale_sub(g, s, N, True)
+
+
+def _sub_sums_cols(g, M, N: ConstInt):
+    """g[i][j] - sum_i g[i][j] * M[i][j]"""
+    s = _col_sums(_mul(g, M, N), N)
+    return _scale_sub(g, s, N, False)
+
+
+def _mul(a, b, N: ConstInt):
+    out = ()
+    for i in ct.static_iter(range(N)):
+        row = ()
+        for j in ct.static_iter(range(N)):
+            row += (a[i][j] * b[i][j],)
+        out += (row,)
+    return out
+
+
+def _scale_sub(g, s, N: ConstInt, by_row: bool):
+    out = ()
+    for i in ct.static_iter(range(N)):
+        row = ()
+        for j in ct.static_iter(range(N)):
+            row += (g[i][j] - (s[i] if by_row else s[j]),)
+        out += (row,)
+    return out
+
+
+@ct.kernel
+def mhc_sk_bwd_entries(dout, logits, dlogits, scratch, eps: float, N: ConstInt, NP: ConstInt,
+                       TT: ConstInt, ITERS: ConstInt):
+    """Entries layout: one token's whole matrix per thread (no cross-thread sums).
+    The forward runs as a loop and leaves each step's rowsum + eps and colsum + eps in
+    ``scratch`` [ITERS, 2N, T] fp32 (this block's tokens only; read back by the same
+    block, so the traffic stays in L2). The backward walks the steps back and rebuilds
+    each earlier iterate from the later one by multiplying the sums back in (M_{k-1} =
+    R_k * (rowsum + eps), R_k = M_k * (colsum + eps)); on the CPU simulation this moved
+    the gradient's relative error from 1.8e-7 to 2.6e-7 (n=4, fp32)."""
+    pid = ct.bid(0)
+    lg = _entries(ct.load(logits, index=(pid, 0, 0), shape=(TT, NP, NP), padding_mode=PAD_ZERO), N, TT)
+    M0, m = _init_entries(lg, N)
+    M = M0
+    for k in range(ITERS):
+        rs = _add_eps(_row_sums(M, N), eps, N)
+        M = _scale_rows(M, _recip(rs, 0.0, N), N)
+        cs = _add_eps(_col_sums(M, N), eps, N)
+        M = _scale_cols(M, _recip(cs, 0.0, N), N)
+        _store_vec(scratch, rs, k, 0, N, TT)
+        _store_vec(scratch, cs, k, N, N, TT)
+    g = _entries(ct.load(dout, index=(pid, 0, 0), shape=(TT, NP, NP), padding_mode=PAD_ZERO), N, TT)
+    for kk in range(ITERS):
+        k = ITERS - 1 - kk
+        rs = _load_vec(scratch, k, 0, N, TT)
+        cs = _load_vec(scratch, k, N, N, TT)
+        # column step M_k = R_k / cs:  dR = (dM - sum_i dM * M_k) / cs
+        g = _scale_cols(_sub_sums_cols(g, M, N), _recip(cs, 0.0, N), N)
+        M = _scale_cols(M, cs, N)                       # R_k
+        # row step R_k = M_{k-1} / rs:  dM_{k-1} = (dR - sum_j dR * R_k) / rs
+        g = _scale_rows(_sub_sums_rows(g, M, N), _recip(rs, 0.0, N), N)
+        M = _scale_rows(M, rs, N)                       # M_{k-1}
+    # through exp(lg - rowmax): dl = g * M0, minus the row's sum at its first maximal entry
+    out = ()
+    for i in ct.static_iter(range(N)):
+        gm = ()
+        for j in ct.static_iter(range(N)):
+            gm += (g[i][j] * M0[i][j],)
+        srow = gm[0]
+        for j in ct.static_iter(range(1, N)):
+            srow = srow + gm[j]
+        taken = ct.zeros((TT,), dtype=ct.int32)   # 1 once the row's first max is passed
+        row = ()
+        for j in ct.static_iter(range(N)):
+            first = (lg[i][j] == m[i]) & (taken == 0)
+            taken = ct.where(first, 1, taken)
+            row += (ct.where(first, gm[j] - srow, gm[j]),)
+        out += (row,)
+    ct.store(dlogits, index=(pid, 0, 0), tile=assemble(out, N, NP, TT).astype(dlogits.dtype))
+
+
 @dataclasses.dataclass(frozen=True)
 class SinkhornCfg:
     """Launch config = compile key (with the dtypes)."""
     N: int       # n (static: the valid-entry mask)
     NP: int      # n padded to a power of two
     TT_FWD: int  # tokens per block, forward
-    TT_BWD: int  # tokens per block, backward (every iterate lives in registers)
+    TT_BWD: int  # tokens per block, backward
     ITERS: int
     OCC_FWD: int = 0  # occupancy hints (0: compiler's choice); the kernels are
     OCC_BWD: int = 0  # latency-bound chains, so resident blocks matter
+    BWD_ENTRIES: bool = False  # backward in the entries layout (mhc_sk_bwd_entries)
 
     @classmethod
     @functools.lru_cache(maxsize=1024)  # pure in its arguments; saves ~10-25 us per call
-    def heuristic(cls, T: int, n: int, iters: int) -> "SinkhornCfg":
+    def heuristic(cls, T: int, n: int, iters: int, entries: bool | None = None) -> "SinkhornCfg":
+        """``entries``: the backward's design (None: entries for n <= 4, tile for n > 4)."""
         NP = next_pow2(n)
         # measured on H200 (T=32768, n=4): fwd 128 tokens/block at the compiler's
-        # occupancy (0.014 ms); bwd 8 tokens/block at occupancy 8 (0.043 ms; the
-        # iterates then live in 32 registers + smem)
+        # occupancy (0.014 ms). bwd for n <= 4: entries layout, 128 tokens/block
+        # (139 registers, no spills); for n = 8 its 4 x 64 live entries per thread
+        # spill (255 registers + 80 B stack), so n > 4 keeps the padded-tile
+        # backward: 8 tokens/block at occupancy 8 (0.043 ms at n=4; the iterates
+        # then live in 32 registers + smem).
+        if entries if entries is not None else n <= 4:
+            return cls(N=n, NP=NP, TT_FWD=128, TT_BWD=128, ITERS=iters, OCC_FWD=0, OCC_BWD=0,
+                       BWD_ENTRIES=True)
         return cls(N=n, NP=NP, TT_FWD=128, TT_BWD=max(1, 128 // (NP * NP)),
                    ITERS=iters, OCC_FWD=0, OCC_BWD=8)
 
@@ -210,8 +334,17 @@ def fwd_launch(logits, out, iters: int, eps: float, cfg: SinkhornCfg | None = No
 
 
 def bwd_launch(dout, logits, dlogits, iters: int, eps: float, cfg: SinkhornCfg | None = None) -> Launch:
+    """The entries backward allocates its scratch [max(iters, 1), 2n, T] fp32 here
+    (the launch keeps it alive)."""
     T, n, _ = logits.shape
     cfg = cfg or SinkhornCfg.heuristic(T, n, iters)
-    return Launch(mhc_sk_bwd, (cdiv(T, cfg.TT_BWD),),
+    grid = (cdiv(T, cfg.TT_BWD),)
+    if cfg.BWD_ENTRIES:
+        scratch = torch.empty((max(cfg.ITERS, 1), 2 * cfg.N, T), dtype=torch.float32,
+                              device=logits.device)
+        return Launch(mhc_sk_bwd_entries, grid,
+                      (dout, logits, dlogits, scratch, float(eps), cfg.N, cfg.NP, cfg.TT_BWD,
+                       cfg.ITERS), cfg, occ(cfg.OCC_BWD))
+    return Launch(mhc_sk_bwd, grid,
                   (dout, logits, dlogits, float(eps), cfg.N, cfg.NP, cfg.TT_BWD, cfg.ITERS), cfg,
                   occ(cfg.OCC_BWD))

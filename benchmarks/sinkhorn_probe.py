@@ -1,0 +1,126 @@
+#!/usr/bin/env python3
+"""Probe (device host): the two mhc_sinkhorn backward designs.
+
+Checks both backward designs (entries + scratch, padded tile) against the
+float64 reference at edge shapes (outputs poisoned first), then times the
+forward and each backward variant at T=32768, n=4, iters=20 with
+triton.testing.do_bench (median), and the registry op forward + autograd
+backward eager and as a CUDA graph.
+    source .gpu-cutile/env.sh && python3 benchmarks/sinkhorn_probe.py [check|time|all]
+"""
+from __future__ import annotations
+
+import dataclasses
+import os
+import sys
+import traceback
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+import torch  # noqa: E402
+
+from tilekernels.mhc import cutile_sinkhorn as sk  # noqa: E402
+from tilekernels.mhc import reference as ref  # noqa: E402
+from tilekernels.testing import assert_close, upcast  # noqa: E402
+
+F32 = torch.float32
+EPS = 1e-6
+
+
+def bench(fn):
+    from triton.testing import do_bench
+    return do_bench(fn, warmup=25, rep=200, return_mode="median")
+
+
+def check(T, n, iters, entries, scale=2.0):
+    lg = torch.randn(T, n, n, device="cuda") * scale
+    dout = torch.randn(T, n, n, device="cuda")
+    out = torch.full_like(lg, float("nan"))
+    dl = torch.full_like(lg, float("nan"))
+    cfg = sk.SinkhornCfg.heuristic(T, n, iters, entries=entries)
+    sk.fwd_launch(lg, out, iters, EPS, cfg).run()
+    sk.bwd_launch(dout, lg, dl, iters, EPS, cfg).run()
+    l64 = upcast(lg)
+    e_out = assert_close(out, ref.sinkhorn(l64, iters, EPS), what="out")
+    want = ref.sinkhorn_bwd(upcast(dout), l64, iters, EPS)
+    if n == 1:  # the exact gradient is 0 (a 1x1 Sinkhorn is constant): compare absolutely
+        assert torch.isfinite(dl).all() and dl.abs().max().item() < 1e-6, dl.abs().max().item()
+        return e_out, 0.0
+    return e_out, assert_close(dl, want, what="dlogits")
+
+
+def correctness():
+    cases = [(T, n, it) for n in (1, 2, 3, 4, 8) for T in (1, 3, 1000) for it in (1, 3, 20)]
+    cases += [(32768, 4, 20), (32768, 8, 20), (0, 4, 20), (129, 4, 64)]
+    ok, bad, worst = 0, 0, {}
+    for c in cases:
+        # n = 8 in the entries design spills (and compiles for ~30 s per iters): iters 3 only
+        for entries in ((True, False) if c[1] < 8 or c[2] == 3 else (False,)):
+            try:
+                eo, eb = check(*c, entries)
+                ok += 1
+                k = "entries" if entries else "tile"
+                worst[k] = max(worst.get(k, 0.0), eb)
+            except Exception:
+                bad += 1
+                print("FAIL", c, "entries" if entries else "tile", traceback.format_exc(limit=3), flush=True)
+    print(f"correctness: {ok} ok, {bad} failed; worst dlogits rel err {worst}", flush=True)
+
+
+BWD_VARIANTS = [dict(), dict(TT_BWD=64), dict(TT_BWD=256), dict(OCC_BWD=2), dict(OCC_BWD=4),
+                dict(TT_BWD=64, OCC_BWD=4), dict(BWD_ENTRIES=False, TT_BWD=8, OCC_BWD=8)]
+
+
+def timing(T=32768, n=4, iters=20, variants=BWD_VARIANTS):
+    lg = torch.randn(T, n, n, device="cuda") * 2.0
+    dout = torch.randn(T, n, n, device="cuda")
+    out, dl = torch.empty_like(lg), torch.empty_like(lg)
+    cfg = sk.SinkhornCfg.heuristic(T, n, iters)
+    print(f"T={T} n={n} iters={iters}; default {cfg}", flush=True)
+    fwd = sk.fwd_launch(lg, out, iters, EPS, cfg)
+    f_ms = bench(fwd.run)
+    want = ref.sinkhorn_bwd(upcast(dout), upcast(lg), iters, EPS)
+    rows = [("fwd", f_ms, float("nan"))]
+    for v in variants:
+        try:
+            ln = sk.bwd_launch(dout, lg, dl, iters, EPS, dataclasses.replace(cfg, **v))
+            dl.fill_(float("nan"))
+            ln.run()
+            err = assert_close(dl, want, what="dlogits")
+            rows.append((f"bwd {v}", bench(ln.run), err))
+        except Exception:
+            print("variant", v, "FAILED", traceback.format_exc(limit=3), flush=True)
+    # the op as users call it: registry forward + autograd backward, eager and as a CUDA graph
+    from tilekernels.mhc import ops
+    x = lg.clone().requires_grad_(True)
+
+    def step():
+        y = ops.sinkhorn(x, iters=iters, eps=EPS, backend="cutile")
+        (g,) = torch.autograd.grad(y, x, dout)
+        return g
+
+    step()
+    rows.append(("registry f+b eager", bench(step), float("nan")))
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        for _ in range(3):
+            step()
+    torch.cuda.current_stream().wait_stream(s)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        step()
+    rows.append(("registry f+b CUDA graph", bench(graph.replay), float("nan")))
+    print("\n| launch | ms | dlogits rel err |\n|---|---:|---:|")
+    for name, ms, err in rows:
+        print(f"| {name} | {ms:.4f} | {err:.1e} |")
+    return rows
+
+
+if __name__ == "__main__":
+    which = sys.argv[1] if len(sys.argv) > 1 else "all"
+    print(torch.cuda.get_device_name(), "commit", os.environ.get("TILEKERNELS_COMMIT", "?"), flush=True)
+    if which in ("all", "check"):
+        correctness()
+    if which in ("all", "time"):
+        timing()
+        timing(n=8, variants=[dict()])
