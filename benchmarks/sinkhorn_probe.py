@@ -31,12 +31,12 @@ def bench(fn):
     return do_bench(fn, warmup=25, rep=200, return_mode="median")
 
 
-def check(T, n, iters, entries, scale=2.0):
+def check(T, n, iters, entries, scale=2.0, **v):
     lg = torch.randn(T, n, n, device="cuda") * scale
     dout = torch.randn(T, n, n, device="cuda")
     out = torch.full_like(lg, float("nan"))
     dl = torch.full_like(lg, float("nan"))
-    cfg = sk.SinkhornCfg.heuristic(T, n, iters, entries=entries)
+    cfg = dataclasses.replace(sk.SinkhornCfg.heuristic(T, n, iters, entries=entries), **v)
     sk.fwd_launch(lg, out, iters, EPS, cfg).run()
     sk.bwd_launch(dout, lg, dl, iters, EPS, cfg).run()
     l64 = upcast(lg)
@@ -48,7 +48,7 @@ def check(T, n, iters, entries, scale=2.0):
     return e_out, assert_close(dl, want, what="dlogits")
 
 
-def correctness():
+def correctness(**v):
     cases = [(T, n, it) for n in (1, 2, 3, 4, 8) for T in (1, 3, 1000) for it in (1, 3, 20)]
     cases += [(32768, 4, 20), (32768, 8, 20), (0, 4, 20), (129, 4, 64)]
     ok, bad, worst = 0, 0, {}
@@ -56,37 +56,62 @@ def correctness():
         # n = 8 in the entries design spills (and compiles for ~30 s per iters): iters 3 only
         for entries in ((True, False) if c[1] < 8 or c[2] == 3 else (False,)):
             try:
-                eo, eb = check(*c, entries)
+                eo, eb = check(*c, entries, **v)
                 ok += 1
                 k = "entries" if entries else "tile"
                 worst[k] = max(worst.get(k, 0.0), eb)
             except Exception:
                 bad += 1
                 print("FAIL", c, "entries" if entries else "tile", traceback.format_exc(limit=3), flush=True)
-    print(f"correctness: {ok} ok, {bad} failed; worst dlogits rel err {worst}", flush=True)
+    print(f"correctness {v}: {ok} ok, {bad} failed; worst dlogits rel err {worst}", flush=True)
 
 
-BWD_VARIANTS = [dict(), dict(TT_BWD=64), dict(TT_BWD=256), dict(OCC_BWD=2), dict(OCC_BWD=4),
-                dict(TT_BWD=64, OCC_BWD=4), dict(BWD_ENTRIES=False, TT_BWD=8, OCC_BWD=8)]
+BWD_VARIANTS = [dict(), dict(APPROX=1), dict(PF=1), dict(APPROX=1, PF=1), dict(APPROX=1, TT_BWD=64),
+                dict(APPROX=1, OCC_BWD=4), dict(BWD_ENTRIES=False, TT_BWD=8, OCC_BWD=8)]
+FWD_VARIANTS = [dict(), dict(APPROX=1), dict(APPROX=1, TT_FWD=64), dict(APPROX=1, TT_FWD=32),
+                dict(TT_FWD=64)]
 
 
-def timing(T=32768, n=4, iters=20, variants=BWD_VARIANTS):
+def per_launch_in_graph(fn, reps=20):
+    """ms per launch of ``fn`` captured ``reps`` times back to back in one CUDA graph
+    (no per-launch host gap; inputs stay in L2 between launches)."""
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        fn()
+    torch.cuda.current_stream().wait_stream(s)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        for _ in range(reps):
+            fn()
+    return bench(graph.replay) / reps
+
+
+def timing(T=32768, n=4, iters=20, variants=BWD_VARIANTS, fwd_variants=FWD_VARIANTS):
     lg = torch.randn(T, n, n, device="cuda") * 2.0
     dout = torch.randn(T, n, n, device="cuda")
     out, dl = torch.empty_like(lg), torch.empty_like(lg)
     cfg = sk.SinkhornCfg.heuristic(T, n, iters)
     print(f"T={T} n={n} iters={iters}; default {cfg}", flush=True)
-    fwd = sk.fwd_launch(lg, out, iters, EPS, cfg)
-    f_ms = bench(fwd.run)
+    want_f = ref.sinkhorn(upcast(lg), iters, EPS)
     want = ref.sinkhorn_bwd(upcast(dout), upcast(lg), iters, EPS)
-    rows = [("fwd", f_ms, float("nan"))]
+    rows = []
+    for v in fwd_variants:
+        try:
+            ln = sk.fwd_launch(lg, out, iters, EPS, dataclasses.replace(cfg, **v))
+            out.fill_(float("nan"))
+            ln.run()
+            err = assert_close(out, want_f, what="out")
+            rows.append((f"fwd {v}", bench(ln.run), per_launch_in_graph(ln.run), err))
+        except Exception:
+            print("fwd variant", v, "FAILED", traceback.format_exc(limit=3), flush=True)
     for v in variants:
         try:
             ln = sk.bwd_launch(dout, lg, dl, iters, EPS, dataclasses.replace(cfg, **v))
             dl.fill_(float("nan"))
             ln.run()
             err = assert_close(dl, want, what="dlogits")
-            rows.append((f"bwd {v}", bench(ln.run), err))
+            rows.append((f"bwd {v}", bench(ln.run), per_launch_in_graph(ln.run), err))
         except Exception:
             print("variant", v, "FAILED", traceback.format_exc(limit=3), flush=True)
     # the op as users call it: registry forward + autograd backward, eager and as a CUDA graph
@@ -99,7 +124,7 @@ def timing(T=32768, n=4, iters=20, variants=BWD_VARIANTS):
         return g
 
     step()
-    rows.append(("registry f+b eager", bench(step), float("nan")))
+    rows.append(("registry f+b eager", bench(step), float("nan"), float("nan")))
     s = torch.cuda.Stream()
     s.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(s):
@@ -109,10 +134,10 @@ def timing(T=32768, n=4, iters=20, variants=BWD_VARIANTS):
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
         step()
-    rows.append(("registry f+b CUDA graph", bench(graph.replay), float("nan")))
-    print("\n| launch | ms | dlogits rel err |\n|---|---:|---:|")
-    for name, ms, err in rows:
-        print(f"| {name} | {ms:.4f} | {err:.1e} |")
+    rows.append(("registry f+b CUDA graph", bench(graph.replay), float("nan"), float("nan")))
+    print("\n| launch | do_bench ms | ms per launch, 20 in a graph | rel err |\n|---|---:|---:|---:|")
+    for name, ms, gms, err in rows:
+        print(f"| {name} | {ms:.4f} | {gms:.4f} | {err:.1e} |")
     return rows
 
 
@@ -121,6 +146,19 @@ if __name__ == "__main__":
     print(torch.cuda.get_device_name(), "commit", os.environ.get("TILEKERNELS_COMMIT", "?"), flush=True)
     if which in ("all", "check"):
         correctness()
+        correctness(APPROX=1, PF=1)
     if which in ("all", "time"):
         timing()
-        timing(n=8, variants=[dict()])
+        timing(n=8, variants=[dict()], fwd_variants=[dict()])
+    if which == "ncu":  # each variant twice, for Nsight Compute's kernel durations
+        T, n, iters = 32768, 4, 20
+        lg, dout = torch.randn(T, n, n, device="cuda"), torch.randn(T, n, n, device="cuda")
+        out = torch.empty_like(lg)
+        cfg = sk.SinkhornCfg.heuristic(T, n, iters)
+        for v in FWD_VARIANTS:
+            for _ in range(2):
+                sk.fwd_launch(lg, out, iters, EPS, dataclasses.replace(cfg, **v)).run()
+        for v in BWD_VARIANTS:
+            for _ in range(2):
+                sk.bwd_launch(dout, lg, out, iters, EPS, dataclasses.replace(cfg, **v)).run()
+        torch.cuda.synchronize()

@@ -146,10 +146,14 @@ def _col_sums(M, N: ConstInt):
     return out
 
 
-def _recip(v, eps, N: ConstInt):
+def _recip(v, eps, N: ConstInt, APPROX: ConstInt = 0):
+    """1 / (v[i] + eps), IEEE-rounded or (APPROX) the hardware's approximate divide."""
     out = ()
     for i in ct.static_iter(range(N)):
-        out += (1.0 / (v[i] + eps),)
+        if APPROX:
+            out += (ct.truediv(1.0, v[i] + eps, rounding_mode=ct.RoundingMode.APPROX),)
+        else:
+            out += (1.0 / (v[i] + eps),)
     return out
 
 
@@ -170,21 +174,21 @@ def _init_entries(lg, N: ConstInt):
     return M0, m
 
 
-def sk_fwd_entries(lg, eps, N: ConstInt, ITERS: ConstInt):
+def sk_fwd_entries(lg, eps, N: ConstInt, ITERS: ConstInt, APPROX: ConstInt = 0):
     """Sinkhorn of logits given as entries (nested tuples lg[i][j] of [TT] tiles)."""
     M, _m = _init_entries(lg, N)
     for _ in range(ITERS):
-        M = _scale_rows(M, _recip(_row_sums(M, N), eps, N), N)
-        M = _scale_cols(M, _recip(_col_sums(M, N), eps, N), N)
+        M = _scale_rows(M, _recip(_row_sums(M, N), eps, N, APPROX), N)
+        M = _scale_cols(M, _recip(_col_sums(M, N), eps, N, APPROX), N)
     return M
 
 
 @ct.kernel
 def mhc_sk_fwd(logits, out, eps: float, N: ConstInt, NP: ConstInt, TT: ConstInt,
-                       ITERS: ConstInt):
+               ITERS: ConstInt, APPROX: ConstInt):
     pid = ct.bid(0)
     lg = _entries(ct.load(logits, index=(pid, 0, 0), shape=(TT, NP, NP), padding_mode=PAD_ZERO), N, TT)
-    M = sk_fwd_entries(lg, eps, N, ITERS)
+    M = sk_fwd_entries(lg, eps, N, ITERS, APPROX)
     ct.store(out, index=(pid, 0, 0), tile=assemble(M, N, NP, TT).astype(out.dtype))
 
 
@@ -247,7 +251,7 @@ def _scale_sub(g, s, N: ConstInt, by_row: bool):
 
 @ct.kernel
 def mhc_sk_bwd_entries(dout, logits, dlogits, scratch, eps: float, N: ConstInt, NP: ConstInt,
-                       TT: ConstInt, ITERS: ConstInt):
+                       TT: ConstInt, ITERS: ConstInt, APPROX: ConstInt, PF: ConstInt):
     """Entries layout: one token's whole matrix per thread (no cross-thread sums).
     The forward runs as a loop and leaves each step's rowsum + eps and colsum + eps in
     ``scratch`` [ITERS, 2N, T] fp32 (this block's tokens only; read back by the same
@@ -261,21 +265,27 @@ def mhc_sk_bwd_entries(dout, logits, dlogits, scratch, eps: float, N: ConstInt, 
     M = M0
     for k in range(ITERS):
         rs = _add_eps(_row_sums(M, N), eps, N)
-        M = _scale_rows(M, _recip(rs, 0.0, N), N)
+        M = _scale_rows(M, _recip(rs, 0.0, N, APPROX), N)
         cs = _add_eps(_col_sums(M, N), eps, N)
-        M = _scale_cols(M, _recip(cs, 0.0, N), N)
+        M = _scale_cols(M, _recip(cs, 0.0, N, APPROX), N)
         _store_vec(scratch, rs, k, 0, N, TT)
         _store_vec(scratch, cs, k, N, N, TT)
     g = _entries(ct.load(dout, index=(pid, 0, 0), shape=(TT, NP, NP), padding_mode=PAD_ZERO), N, TT)
+    nxt = (_load_vec(scratch, ITERS - 1, 0, N, TT), _load_vec(scratch, ITERS - 1, N, N, TT))
     for kk in range(ITERS):
         k = ITERS - 1 - kk
-        rs = _load_vec(scratch, k, 0, N, TT)
-        cs = _load_vec(scratch, k, N, N, TT)
+        if PF:  # the step before's sums are loaded one step ahead
+            rs, cs = nxt
+            kn = ct.maximum(k - 1, 0)
+            nxt = (_load_vec(scratch, kn, 0, N, TT), _load_vec(scratch, kn, N, N, TT))
+        else:
+            rs = _load_vec(scratch, k, 0, N, TT)
+            cs = _load_vec(scratch, k, N, N, TT)
         # column step M_k = R_k / cs:  dR = (dM - sum_i dM * M_k) / cs
-        g = _scale_cols(_sub_sums_cols(g, M, N), _recip(cs, 0.0, N), N)
+        g = _scale_cols(_sub_sums_cols(g, M, N), _recip(cs, 0.0, N, APPROX), N)
         M = _scale_cols(M, cs, N)                       # R_k
         # row step R_k = M_{k-1} / rs:  dM_{k-1} = (dR - sum_j dR * R_k) / rs
-        g = _scale_rows(_sub_sums_rows(g, M, N), _recip(rs, 0.0, N), N)
+        g = _scale_rows(_sub_sums_rows(g, M, N), _recip(rs, 0.0, N, APPROX), N)
         M = _scale_rows(M, rs, N)                       # M_{k-1}
     # through exp(lg - rowmax): dl = g * M0, minus the row's sum at its first maximal entry
     out = ()
@@ -307,6 +317,8 @@ class SinkhornCfg:
     OCC_FWD: int = 0  # occupancy hints (0: compiler's choice); the kernels are
     OCC_BWD: int = 0  # latency-bound chains, so resident blocks matter
     BWD_ENTRIES: bool = False  # backward in the entries layout (mhc_sk_bwd_entries)
+    APPROX: int = 0   # 1: approximate divides (div.approx) in the entries kernels
+    PF: int = 0       # 1: entries backward loads each step's sums one step ahead
 
     @classmethod
     @functools.lru_cache(maxsize=1024)  # pure in its arguments; saves ~10-25 us per call
@@ -330,7 +342,8 @@ def fwd_launch(logits, out, iters: int, eps: float, cfg: SinkhornCfg | None = No
     T, n, _ = logits.shape
     cfg = cfg or SinkhornCfg.heuristic(T, n, iters)
     return Launch(mhc_sk_fwd, (cdiv(T, cfg.TT_FWD),),
-                  (logits, out, float(eps), cfg.N, cfg.NP, cfg.TT_FWD, cfg.ITERS), cfg, occ(cfg.OCC_FWD))
+                  (logits, out, float(eps), cfg.N, cfg.NP, cfg.TT_FWD, cfg.ITERS, cfg.APPROX), cfg,
+                  occ(cfg.OCC_FWD))
 
 
 def bwd_launch(dout, logits, dlogits, iters: int, eps: float, cfg: SinkhornCfg | None = None) -> Launch:
@@ -344,7 +357,7 @@ def bwd_launch(dout, logits, dlogits, iters: int, eps: float, cfg: SinkhornCfg |
                               device=logits.device)
         return Launch(mhc_sk_bwd_entries, grid,
                       (dout, logits, dlogits, scratch, float(eps), cfg.N, cfg.NP, cfg.TT_BWD,
-                       cfg.ITERS), cfg, occ(cfg.OCC_BWD))
+                       cfg.ITERS, cfg.APPROX, cfg.PF), cfg, occ(cfg.OCC_BWD))
     return Launch(mhc_sk_bwd, grid,
                   (dout, logits, dlogits, float(eps), cfg.N, cfg.NP, cfg.TT_BWD, cfg.ITERS), cfg,
                   occ(cfg.OCC_BWD))
