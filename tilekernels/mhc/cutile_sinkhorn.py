@@ -17,13 +17,17 @@ bwd (two designs; SinkhornCfg.heuristic picks by n). Both recompute the forward
      loop. Each step's rowsum + eps and colsum + eps (2n values per token) go
      to a global scratch [iters, 2n, T] fp32 that the same block reads back
      (L2-resident); walking back, each earlier iterate is rebuilt from the later
-     one by multiplying those sums back in. At n = 8 the 4 x 64 live entries per
-     thread spill, hence:
+     one by multiplying those sums back in. The next step's sums are loaded one
+     step ahead. At n = 8 the 4 x 64 live entries per thread spill, hence:
   * tile (n > 4, mhc_sk_bwd): one block holds TT tokens' [NP, NP] matrices (n
      padded to NP = next_pow2(n), padded entries forced to 0), keeps every
      iterate on chip (the loop is unrolled at compile time: ``iters`` is a
      compile-time constant) and writes nothing but dlogits. (The entries layout
      unrolled the same way took tileiras > 10 minutes to compile.)
+Divides: the entries kernels use the hardware's approximate divide (div.approx.f32,
+within 2 ulp; SinkhornCfg.APPROX) -- the IEEE-rounded one adds a range check and a
+slow-path call per divide and made both kernels ~1.5x slower; the outputs' errors
+against float64 did not move (H200: out 9e-8, dlogits 3e-7 at n=4).
 """
 from __future__ import annotations
 
@@ -325,18 +329,20 @@ class SinkhornCfg:
     def heuristic(cls, T: int, n: int, iters: int, entries: bool | None = None) -> "SinkhornCfg":
         """``entries``: the backward's design (None: entries for n <= 4, tile for n > 4)."""
         NP = next_pow2(n)
-        # measured on H200 (T=32768, n=4): fwd 128 tokens/block at the compiler's
-        # occupancy (0.014 ms). bwd for n <= 4: entries layout, 128 tokens/block
-        # (139 registers, no spills); for n = 8 its 4 x 64 live entries per thread
-        # spill (255 registers + 80 B stack), so n > 4 keeps the padded-tile
-        # backward: 8 tokens/block at occupancy 8 (0.043 ms at n=4; the iterates
-        # then live in 32 registers + smem).
+        # measured on H200 (T=32768, n=4, iters=20; benchmarks/results/h200-sinkhorn-probe.txt):
+        # fwd 128 tokens/block at the compiler's occupancy, approximate divides
+        # (div.approx: 0.0089 ms vs 0.0138 IEEE-rounded; dlogits' error unchanged, 3e-7).
+        # bwd for n <= 4: entries layout, 128 tokens/block (135 registers, no spills),
+        # approximate divides and each step's sums loaded one step ahead: 0.0221 ms
+        # (IEEE divides, no prefetch: 0.0342; the tile design: 0.0421). For n = 8 the
+        # entries backward's 4 x 64 live entries per thread spill (255 registers +
+        # 80 B stack), so n > 4 keeps the padded-tile backward: 8 tokens/block at
+        # occupancy 8 (the iterates live in 32 registers + smem).
         if entries if entries is not None else n <= 4:
             return cls(N=n, NP=NP, TT_FWD=128, TT_BWD=128, ITERS=iters, OCC_FWD=0, OCC_BWD=0,
-                       BWD_ENTRIES=True)
+                       BWD_ENTRIES=True, APPROX=1, PF=1)
         return cls(N=n, NP=NP, TT_FWD=128, TT_BWD=max(1, 128 // (NP * NP)),
-                   ITERS=iters, OCC_FWD=0, OCC_BWD=8)
-
+                   ITERS=iters, OCC_FWD=0, OCC_BWD=8, APPROX=1)
 
 def fwd_launch(logits, out, iters: int, eps: float, cfg: SinkhornCfg | None = None) -> Launch:
     T, n, _ = logits.shape
