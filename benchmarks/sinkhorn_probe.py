@@ -53,8 +53,7 @@ def correctness(**v):
     cases += [(32768, 4, 20), (32768, 8, 20), (0, 4, 20), (129, 4, 64)]
     ok, bad, worst = 0, 0, {}
     for c in cases:
-        # n = 8 in the entries design spills (and compiles for ~30 s per iters): iters 3 only
-        for entries in ((True, False) if c[1] < 8 or c[2] == 3 else (False,)):
+        for entries in (True, False):
             try:
                 eo, eb = check(*c, entries, **v)
                 ok += 1
@@ -148,7 +147,9 @@ if __name__ == "__main__":
         correctness()
     if which in ("all", "time"):
         timing()
-        timing(n=8, variants=[dict()], fwd_variants=[dict()])
+        e8 = dict(BWD_ENTRIES=True, OCC_BWD=0, PF=1)
+        timing(n=8, variants=[dict(), dict(e8, TT_BWD=128), dict(e8, TT_BWD=64), dict(e8, TT_BWD=32)],
+               fwd_variants=[dict()])
     if which == "ncu":  # each variant twice, for Nsight Compute's kernel durations
         T, n, iters = 32768, 4, 20
         lg, dout = torch.randn(T, n, n, device="cuda"), torch.randn(T, n, n, device="cuda")

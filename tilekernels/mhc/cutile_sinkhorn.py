@@ -253,6 +253,10 @@ def _scale_sub(g, s, N: ConstInt, by_row: bool):
     return out
 
 
+def _load_entries(a, N: ConstInt, NP: ConstInt, TT: ConstInt):
+    return _entries(ct.load(a, index=(ct.bid(0), 0, 0), shape=(TT, NP, NP), padding_mode=PAD_ZERO), N, TT)
+
+
 @ct.kernel
 def mhc_sk_bwd_entries(dout, logits, dlogits, scratch, eps: float, N: ConstInt, NP: ConstInt,
                        TT: ConstInt, ITERS: ConstInt, APPROX: ConstInt, PF: ConstInt):
@@ -264,9 +268,7 @@ def mhc_sk_bwd_entries(dout, logits, dlogits, scratch, eps: float, N: ConstInt, 
     R_k * (rowsum + eps), R_k = M_k * (colsum + eps)); on the CPU simulation this moved
     the gradient's relative error from 1.8e-7 to 2.6e-7 (n=4, fp32)."""
     pid = ct.bid(0)
-    lg = _entries(ct.load(logits, index=(pid, 0, 0), shape=(TT, NP, NP), padding_mode=PAD_ZERO), N, TT)
-    M0, m = _init_entries(lg, N)
-    M = M0
+    M, _m = _init_entries(_load_entries(logits, N, NP, TT), N)
     for k in range(ITERS):
         rs = _add_eps(_row_sums(M, N), eps, N)
         M = _scale_rows(M, _recip(rs, 0.0, N, APPROX), N)
@@ -274,7 +276,7 @@ def mhc_sk_bwd_entries(dout, logits, dlogits, scratch, eps: float, N: ConstInt, 
         M = _scale_cols(M, _recip(cs, 0.0, N, APPROX), N)
         _store_vec(scratch, rs, k, 0, N, TT)
         _store_vec(scratch, cs, k, N, N, TT)
-    g = _entries(ct.load(dout, index=(pid, 0, 0), shape=(TT, NP, NP), padding_mode=PAD_ZERO), N, TT)
+    g = _load_entries(dout, N, NP, TT)
     nxt = (_load_vec(scratch, ITERS - 1, 0, N, TT), _load_vec(scratch, ITERS - 1, N, N, TT))
     for kk in range(ITERS):
         k = ITERS - 1 - kk
@@ -292,6 +294,9 @@ def mhc_sk_bwd_entries(dout, logits, dlogits, scratch, eps: float, N: ConstInt, 
         g = _scale_rows(_sub_sums_rows(g, M, N), _recip(rs, 0.0, N, APPROX), N)
         M = _scale_rows(M, rs, N)                       # M_{k-1}
     # through exp(lg - rowmax): dl = g * M0, minus the row's sum at its first maximal entry
+    # (logits read again: keeping them and M0 live through both loops cost 2 n^2 registers)
+    lg = _load_entries(logits, N, NP, TT)
+    M0, m = _init_entries(lg, N)
     out = ()
     for i in ct.static_iter(range(N)):
         gm = ()
