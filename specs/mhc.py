@@ -19,8 +19,10 @@ _TORCH = Backend(name="torch", module="tilekernels.mhc.ops")
 
 _BF_F32 = ["bfloat16", "float32"]
 _INT32_INDEX = "every tensor has < 2**31 elements (the kernels index with int32)"
-_ITERS_UNROLLED = Constraint(expr="iters <= 64", message="iters is a compile-time constant the "
-                             "backward unrolls; each value compiles its own kernel")
+_SK_SCRATCH = Constraint(expr="2 * iters * n * T < 2**31", message="the Sinkhorn backward's scratch "
+                         "[iters, 2n, T] fp32 is indexed with int32")
+_ITERS_CONST = Constraint(expr="iters <= 64", message="iters is a compile-time constant (each value "
+                          "compiles its own kernels) and sizes the backward's scratch")
 
 
 def _cutile(*constraints: Constraint, doc: str = "", **dtypes: list) -> Backend:
@@ -93,10 +95,7 @@ SINKHORN = OpSpec(
     reference="tilekernels.mhc.reference:sinkhorn",
     entry="tilekernels.mhc.ops:sinkhorn",
     backends=[_cutile(Constraint(expr="T * n * n < 2**31", message=_INT32_INDEX),
-                      Constraint(expr="2 * iters * n * T < 2**31",
-                                 message="the backward's scratch [iters, 2n, T] fp32 (n <= 4) is "
-                                         "indexed with int32"),
-                      _ITERS_UNROLLED,
+                      _SK_SCRATCH, _ITERS_CONST,
                       logits=["float32"]), _TORCH],
 )
 
@@ -191,7 +190,7 @@ PRE = OpSpec(
     reference="tilekernels.mhc.reference:mhc_pre",
     entry="tilekernels.mhc.ops:mhc_pre",
     backends=[_cutile(Constraint(expr="T * n * C < 2**31", message=_INT32_INDEX),
-                      _ITERS_UNROLLED,
+                      _SK_SCRATCH, _ITERS_CONST,
                       x=["bfloat16"], weight=["bfloat16"], bias=["float32"]), _TORCH],
 )
 

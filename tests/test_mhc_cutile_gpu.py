@@ -211,7 +211,7 @@ def test_sinkhorn(c):
     run_sinkhorn(c)
 
 
-# the padded-tile backward (what n > 4 uses) where the entries one is the default, and back
+# both Sinkhorn backward designs (entries: the default; the padded tile: an option)
 SK_DESIGN_CASES = [dict(T=1000, n=4, iters=20), dict(T=3, n=3, iters=3), dict(T=1, n=1, iters=20),
                    dict(T=32768, n=4, iters=20), dict(T=37, n=8, iters=3)]
 

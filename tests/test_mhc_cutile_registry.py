@@ -66,14 +66,19 @@ def test_declared_limits_are_explained():
     assert "2**31" in _why("mhc_h_aggregate", x, torch.empty(2**20, 8, device=meta))
     # the Sinkhorn backward's scratch [iters, 2n, T]: 2**24 tokens fit T*n*n, not 40*n*T
     lg = torch.empty(2**24, 4, 4, device=meta)
-    assert "the backward's scratch" in _why("mhc_sinkhorn", lg, iters=20)
+    assert "the Sinkhorn backward's scratch" in _why("mhc_sinkhorn", lg, iters=20)
     w = torch.empty(200, 64, dtype=BF, device=meta)
     assert "'N <= 128' fails with N=200" in _why("mhc_proj_rms", torch.empty(4, 64, dtype=BF, device=meta), w)
-    # mhc_pre: bf16 activations only (the projection runs on bf16 tensor cores), iters unrolled
+    # mhc_pre: bf16 activations only (the projection runs on bf16 tensor cores), iters <= 64
     a, p = _inputs("mhc_pre", 3, 4, 8, "cpu", act=F32)
     assert "cutile supports x in ['bfloat16'], got float32" in _why("mhc_pre", *a, **p)
     a, p = _inputs("mhc_pre", 3, 4, 8, "cpu")
     assert "'iters <= 64' fails with iters=65" in _why("mhc_pre", *a, **dict(p, iters=65))
+    # its Sinkhorn backward's scratch: 2**21 tokens of [8, 64] fit T*n*C, not 2*64*n*T
+    x = torch.empty(2**21, 8, 64, dtype=BF, device=meta)
+    w = torch.empty(80, 512, dtype=BF, device=meta)
+    b = torch.empty(80, device=meta)
+    assert "the Sinkhorn backward's scratch" in _why("mhc_pre", x, w, b, **dict(p, iters=64))
     # and on this machine the device itself
     a, _ = _inputs("mhc_h_aggregate", 3, 4, 8, "cpu")
     assert "needs a CUDA device" in _why("mhc_h_aggregate", *a)

@@ -134,10 +134,13 @@ def representative_launches(n: int = 4, C: int = 7168, T: int = 32768, hdtype=No
             *pb.bwd_launches(x3, hnn, x3, hn, x2, b, hnn, x3, hn, x2, b, cfg=_pb_cfg(T, n, C, one=False)),
             pb.bwd_launches(x3, hnn, x3, hn, x2, b, hnn, x3, hn, x2, b,
                             cfg=_pb_cfg(T, n, C, one=False, ROWS=False, H32=False))[0]],
-        # the padded-tile Sinkhorn backward (what n > 4 uses) at this n
+        # the padded-tile Sinkhorn backward (an option; mhc_pre's mix kernel uses its tile code)
         "mhc_sinkhorn.variants": [sk.bwd_launch(lg, lg, lg, 20, 1e-6,
                                                 cfg=sk.SinkhornCfg.heuristic(T, n, 20, entries=False))],
         "mhc_pre.fwd": pre.fwd_launches(x3, w, pb_, x2, hp, hr, p, r, *pre_args),
         "mhc_pre.bwd": pre.bwd_launches(x2, hp, hr, x3, w, pb_, p, r, x3, w, pb_, *pre_args),
+        # the bwd mix kernel with the padded-tile Sinkhorn backward (an option)
+        "mhc_pre.variants": [pre.bwd_launches(x2, hp, hr, x3, w, pb_, p, r, x3, w, pb_, *pre_args,
+                                              cfg=pre.PreCfg.heuristic(T, n, C, 20, mix_entries=False))[1]],
     }
     return out

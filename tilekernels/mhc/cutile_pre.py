@@ -9,13 +9,15 @@ H200, T=32768, n=4, C=7168: fwd 1.00 ms, bwd 2.11 ms, 1.68x its parts run in tur
   mhc_pre_fwd    proj_rms's row-tile loop (cutile_proj_rms.proj_tile) and, in the
                  same block, the epilogue on the [TM, N] tile in registers: the
                  mix, both sigmoids and the ``iters`` Sinkhorn rounds (entries layout,
-                 cutile_sinkhorn). Writes proj, r (saved for the bwd), h_post,
+                 approximate divides as cutile_sinkhorn's). Writes proj, r (saved for the bwd), h_post,
                  h_res and an fp32 h_pre scratch [T, n].
   mhc_agg_fwd    (cutile_aggregate) layer_in from x and that h_pre.
 bwd, two passes over x (the parts one after another make three, plus an add):
   mhc_agg_bwd    (cutile_aggregate, without dx) dh_pre = sum_c dlayer_in * x, fp32 [T, n].
-  mhc_pre_bwd_mix  per token tile, in registers: the sigmoid derivatives and the
-                 Sinkhorn backward (recomputed, cutile_sinkhorn.sk_bwd_tile) give
+  mhc_pre_bwd_mix_e  per 128-token tile, in registers: the sigmoid derivatives and
+                 the Sinkhorn backward (recomputed in the entries layout,
+                 cutile_sinkhorn.sk_bwd_walk, with its [iters, 2n, T] fp32 scratch;
+                 mhc_pre_bwd_mix: the padded-tile one, sk_bwd_tile, on request) give
                  dh [T, N]; writes dproj = dh * r * alpha, dr = sum_N dh * proj * alpha,
                  h_pre transposed [n, T] (fp32 scratch) and one dbias partial per
                  tile. (Folded into the dh_pre pass's blocks, the bwd took 2.86 ms
@@ -38,7 +40,8 @@ from tilekernels._cutile import PAD_ZERO, Launch, cdiv, next_pow2, occ
 
 from . import cutile_aggregate as agg
 from . import cutile_proj_rms as pr
-from .cutile_sinkhorn import assemble, sk_bwd_tile, sk_fwd_entries
+from .cutile_sinkhorn import (assemble, init_entries, sk_bwd_through_exp, sk_bwd_tile, sk_bwd_walk,
+                              sk_fwd_entries, to_entries)
 
 ConstInt = ct.Constant[int]
 
@@ -69,7 +72,7 @@ def _cols(t, start: ConstInt, NS: ConstInt, NP: ConstInt, TM: ConstInt):
 @ct.kernel
 def mhc_pre_fwd(x, w, bias, proj, r, hpre, hpost, hres, rms_eps: float, a_pre: float,
                 a_post: float, a_res: float, sk_eps: float, NS: ConstInt, NP: ConstInt,
-                NPAD: ConstInt, TM: ConstInt, TK: ConstInt, ITERS: ConstInt):
+                NPAD: ConstInt, TM: ConstInt, TK: ConstInt, ITERS: ConstInt, APPROX: ConstInt):
     pid = ct.bid(0)
     pj, rr = pr.proj_tile(x, w, pid, rms_eps, NPAD, TM, TK)
     ct.store(proj, index=(pid, 0), tile=pj)
@@ -78,14 +81,47 @@ def mhc_pre_fwd(x, w, bias, proj, r, hpre, hpost, hres, rms_eps: float, a_pre: f
     sg = 1.0 / (1.0 + ct.exp(-h))
     ct.store(hpre, index=(pid, 0), tile=_cols(sg, 0, NS, NP, TM))
     ct.store(hpost, index=(pid, 0), tile=(2.0 * _cols(sg, NS, NS, NP, TM)).astype(hpost.dtype))
+    M = sk_fwd_entries(_res_entries(h, NS, TM), sk_eps, NS, ITERS, APPROX)
+    ct.store(hres, index=(pid, 0, 0), tile=assemble(M, NS, NP, TM).astype(hres.dtype))
+
+
+def _up(dpre, dhpost, t, NS: ConstInt, NP: ConstInt, NPAD: ConstInt, TT: ConstInt):
+    """[TT, NPAD] incoming gradient of the pre | post activations (res columns 0)."""
+    dpt = ct.load(dpre, index=(t, 0), shape=(TT, NP), padding_mode=PAD_ZERO)
+    dhp = ct.load(dhpost, index=(t, 0), shape=(TT, NP), padding_mode=PAD_ZERO).astype(ct.float32)
+    up = ct.zeros((TT, NPAD), dtype=ct.float32)
+    for i in ct.static_iter(range(NS)):
+        up = ct.insert(up, (0, i), ct.extract(dpt, (0, i), shape=(TT, 1)))
+        up = ct.insert(up, (0, NS + i), 2.0 * ct.extract(dhp, (0, i), shape=(TT, 1)))
+    return up
+
+
+def _res_entries(h, NS: ConstInt, TM: ConstInt):
+    """The Sinkhorn logits (res columns of h [TM, W]) as entries lg[i][j] of [TM] tiles."""
     lg = ()
     for i in ct.static_iter(range(NS)):
         row = ()
         for j in ct.static_iter(range(NS)):
             row += (_col(h, 2 * NS + i * NS + j, TM),)
         lg += (row,)
-    M = sk_fwd_entries(lg, sk_eps, NS, ITERS)
-    ct.store(hres, index=(pid, 0, 0), tile=assemble(M, NS, NP, TM).astype(hres.dtype))
+    return lg
+
+
+def _mix_store(dh, pj, rr, alpha, sg, t, dproj, dr, p_db, hpre_t, NS: ConstInt, NP: ConstInt,
+               TT: ConstInt):
+    # rows past T: every load is zero-padded, so their dh is 0 (and the stores drop them)
+    ct.store(dproj, index=(t, 0), tile=dh * ct.reshape(rr, (TT, 1)) * alpha)
+    ct.store(dr, index=(t,), tile=ct.sum(dh * pj * alpha, axis=1))
+    ct.store(p_db, index=(t, 0), tile=ct.sum(dh, axis=0, keepdims=True))
+    ct.store(hpre_t, index=(0, t), tile=ct.transpose(_cols(sg, 0, NS, NP, TT)))
+
+
+def _h(proj, r, bias, t, a_pre, a_post, a_res, NS: ConstInt, NPAD: ConstInt, TT: ConstInt):
+    """(proj tile, r tile, h, alpha) of token tile t."""
+    pj = ct.load(proj, index=(t, 0), shape=(TT, NPAD), padding_mode=PAD_ZERO)
+    rr = ct.load(r, index=(t,), shape=(TT,), padding_mode=PAD_ZERO)
+    h, alpha = _mix(pj, rr, bias, a_pre, a_post, a_res, NS, NPAD, TT)
+    return pj, rr, h, alpha
 
 
 @ct.kernel
@@ -93,34 +129,47 @@ def mhc_pre_bwd_mix(dpre, proj, r, bias, dhpost, dhres, dproj, dr, hpre_t, p_db,
                     a_post: float, a_res: float, sk_eps: float, NS: ConstInt, NP: ConstInt,
                     NPAD: ConstInt, TT: ConstInt, ITERS: ConstInt):
     """dh [TT, N] of one token tile from dh_pre (the aggregation's), dh_post, dh_res;
-    also h_pre, transposed ([n, T]), for the dx pass."""
+    also h_pre, transposed ([n, T]), for the dx pass. Sinkhorn backward: the padded
+    tile (cutile_sinkhorn.sk_bwd_tile)."""
     t = ct.bid(0)
-    pj = ct.load(proj, index=(t, 0), shape=(TT, NPAD), padding_mode=PAD_ZERO)
-    rr = ct.load(r, index=(t,), shape=(TT,), padding_mode=PAD_ZERO)
-    h, alpha = _mix(pj, rr, bias, a_pre, a_post, a_res, NS, NPAD, TT)
+    pj, rr, h, alpha = _h(proj, r, bias, t, a_pre, a_post, a_res, NS, NPAD, TT)
     sg = 1.0 / (1.0 + ct.exp(-h))
-    dpt = ct.load(dpre, index=(t, 0), shape=(TT, NP), padding_mode=PAD_ZERO)
-    dhp = ct.load(dhpost, index=(t, 0), shape=(TT, NP), padding_mode=PAD_ZERO).astype(ct.float32)
-    # incoming gradient of the pre | post activations, then through the sigmoids
-    up = ct.zeros((TT, NPAD), dtype=ct.float32)
     lg = ct.zeros((TT, NP, NP), dtype=ct.float32)
     for i in ct.static_iter(range(NS)):
-        up = ct.insert(up, (0, i), ct.extract(dpt, (0, i), shape=(TT, 1)))
-        up = ct.insert(up, (0, NS + i), 2.0 * ct.extract(dhp, (0, i), shape=(TT, 1)))
         for j in ct.static_iter(range(NS)):
             lg = ct.insert(lg, (0, i, j), ct.reshape(_col(h, 2 * NS + i * NS + j, TT), (TT, 1, 1)))
-    dh = up * sg * (1.0 - sg)
+    dh = _up(dpre, dhpost, t, NS, NP, NPAD, TT) * sg * (1.0 - sg)
     gres = ct.load(dhres, index=(t, 0, 0), shape=(TT, NP, NP), padding_mode=PAD_ZERO).astype(ct.float32)
     dl = sk_bwd_tile(gres, lg, sk_eps, NS, NP, ITERS)
     for i in ct.static_iter(range(NS)):
         for j in ct.static_iter(range(NS)):
             dh = ct.insert(dh, (0, 2 * NS + i * NS + j),
                            ct.reshape(ct.extract(dl, (0, i, j), shape=(TT, 1, 1)), (TT, 1)))
-    # rows past T: every load above is zero-padded, so their dh is 0 (and the stores drop them)
-    ct.store(dproj, index=(t, 0), tile=dh * ct.reshape(rr, (TT, 1)) * alpha)
-    ct.store(dr, index=(t,), tile=ct.sum(dh * pj * alpha, axis=1))
-    ct.store(p_db, index=(t, 0), tile=ct.sum(dh, axis=0, keepdims=True))
-    ct.store(hpre_t, index=(0, t), tile=ct.transpose(_cols(sg, 0, NS, NP, TT)))
+    _mix_store(dh, pj, rr, alpha, sg, t, dproj, dr, p_db, hpre_t, NS, NP, TT)
+
+
+@ct.kernel
+def mhc_pre_bwd_mix_e(dpre, proj, r, bias, dhpost, dhres, dproj, dr, hpre_t, p_db, scratch,
+                      a_pre: float, a_post: float, a_res: float, sk_eps: float, NS: ConstInt,
+                      NP: ConstInt, NPAD: ConstInt, TT: ConstInt, ITERS: ConstInt,
+                      APPROX: ConstInt, PF: ConstInt):
+    """mhc_pre_bwd_mix with the entries-layout Sinkhorn backward (cutile_sinkhorn
+    sk_bwd_walk; ``scratch`` [ITERS, 2n, T] fp32). The walk runs first, from the
+    res columns of h only; proj and r are read again after it, so h is not live
+    through the loops."""
+    t = ct.bid(0)
+    _pj, _rr, h, _alpha = _h(proj, r, bias, t, a_pre, a_post, a_res, NS, NPAD, TT)
+    M0, _m = init_entries(_res_entries(h, NS, TT), NS)
+    gres = ct.load(dhres, index=(t, 0, 0), shape=(TT, NP, NP), padding_mode=PAD_ZERO).astype(ct.float32)
+    g = sk_bwd_walk(M0, to_entries(gres, NS, TT), scratch, sk_eps, NS, TT, ITERS, APPROX, PF)
+    pj, rr, h, alpha = _h(proj, r, bias, t, a_pre, a_post, a_res, NS, NPAD, TT)
+    sg = 1.0 / (1.0 + ct.exp(-h))
+    dh = _up(dpre, dhpost, t, NS, NP, NPAD, TT) * sg * (1.0 - sg)
+    dl = sk_bwd_through_exp(g, _res_entries(h, NS, TT), NS, TT)
+    for i in ct.static_iter(range(NS)):
+        for j in ct.static_iter(range(NS)):
+            dh = ct.insert(dh, (0, 2 * NS + i * NS + j), ct.reshape(dl[i][j], (TT, 1)))
+    _mix_store(dh, pj, rr, alpha, sg, t, dproj, dr, p_db, hpre_t, NS, NP, TT)
 
 
 @ct.kernel
@@ -140,19 +189,25 @@ class PreCfg:
     agg: agg.AggCfg     # layer_in pass (fwd)
     NS: int             # n
     NP: int             # n padded to a power of two
-    TT: int             # bwd mix: tokens per block (the Sinkhorn bwd tile)
+    TT: int             # bwd mix: tokens per block
     ITERS: int
     TG: int = 256       # dbias reduction: partial rows per step
     OCC_F: int = 0      # occupancy hints (0: compiler's choice)
-    OCC_M: int = 8      # (the standalone Sinkhorn bwd's: a latency-bound chain)
+    OCC_M: int = 0
+    MIX_ENTRIES: bool = True  # bwd mix: the entries Sinkhorn backward (else the padded tile)
+    APPROX: int = 1     # approximate divides in the Sinkhorn steps (cutile_sinkhorn)
+    PF: int = 1         # entries backward: each step's sums loaded one step ahead
 
     @classmethod
     @functools.lru_cache(maxsize=1024)  # pure in its arguments; saves ~10-25 us per call
-    def heuristic(cls, T: int, n: int, C: int, iters: int) -> "PreCfg":
+    def heuristic(cls, T: int, n: int, C: int, iters: int, mix_entries: bool = True) -> "PreCfg":
         NP = next_pow2(n)
-        TT = max(1, 128 // (NP * NP))   # the Sinkhorn backward's tile (cutile_sinkhorn)
-        return cls(pr=pr.ProjRmsCfg.heuristic(T, n * n + 2 * n, C), agg=agg.AggCfg.heuristic(T, n, C),
-                   NS=n, NP=NP, TT=TT, ITERS=iters)
+        base = dict(pr=pr.ProjRmsCfg.heuristic(T, n * n + 2 * n, C), agg=agg.AggCfg.heuristic(T, n, C),
+                    NS=n, NP=NP, ITERS=iters)
+        if mix_entries:  # the standalone Sinkhorn backward's tile (cutile_sinkhorn)
+            return cls(**base, TT=128)
+        # the padded-tile Sinkhorn backward's: 8 tokens at n = 4, occupancy 8
+        return cls(**base, TT=max(1, 128 // (NP * NP)), OCC_M=8, MIX_ENTRIES=False)
 
 
 def _cfg(x, iters, cfg):
@@ -173,7 +228,7 @@ def fwd_launches(x, weight, bias, layer_in, h_post, h_res, proj, r, alpha_pre, a
     first = Launch(mhc_pre_fwd, (cdiv(T, p.TM),),
                    (x.view(T, n * C), weight, bias, proj, r, h_pre, h_post, h_res, float(rms_eps),
                     float(alpha_pre), float(alpha_post), float(alpha_res), float(sinkhorn_eps),
-                    n, cfg.NP, p.NPAD, p.TM, p.TK, cfg.ITERS), cfg, occ(cfg.OCC_F))
+                    n, cfg.NP, p.NPAD, p.TM, p.TK, cfg.ITERS, cfg.APPROX), cfg, occ(cfg.OCC_F))
     return [first, agg.fwd_launch(x, h_pre, layer_in, cfg.agg)]
 
 
@@ -192,10 +247,15 @@ def bwd_launches(dlayer_in, dh_post, dh_res, x, weight, bias, proj, r, dx, dweig
     p_db = torch.empty((nt, NPAD), dtype=torch.float32, device=dev)
     hpre_t = torch.empty((n, T), dtype=torch.float32, device=dev)
     dh_pre = agg.bwd_launch(dlayer_in, x, None, None, dpre, cfg.agg)
-    mix = Launch(mhc_pre_bwd_mix, (nt,),
-                 (dpre, proj, r, bias, dh_post, dh_res, dproj, dr, hpre_t, p_db, float(alpha_pre),
-                  float(alpha_post), float(alpha_res), float(sinkhorn_eps), n, cfg.NP, NPAD, cfg.TT,
-                  cfg.ITERS), cfg, occ(cfg.OCC_M))
+    head = (dpre, proj, r, bias, dh_post, dh_res, dproj, dr, hpre_t, p_db)
+    scal = (float(alpha_pre), float(alpha_post), float(alpha_res), float(sinkhorn_eps), n, cfg.NP, NPAD,
+            cfg.TT, cfg.ITERS)
+    if cfg.MIX_ENTRIES:
+        scratch = torch.empty((cfg.ITERS, 2 * n, T), dtype=torch.float32, device=dev)
+        mix = Launch(mhc_pre_bwd_mix_e, (nt,), (*head, scratch, *scal, cfg.APPROX, cfg.PF), cfg,
+                     occ(cfg.OCC_M))
+    else:
+        mix = Launch(mhc_pre_bwd_mix, (nt,), (*head, *scal), cfg, occ(cfg.OCC_M))
     dxw = pr.bwd_launches(dproj, dr, x.view(T, n * C), weight, r, dx.view(T, n * C), dweight, rms_eps,
                           cfg.pr, groups=n, agg=(dlayer_in, hpre_t))
     red_b = Launch(mhc_pre_dbias, (1,), (p_db, dbias, NPAD, cfg.TG), cfg)

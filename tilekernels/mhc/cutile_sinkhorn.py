@@ -8,22 +8,24 @@ fwd: "entries" layout -- each of the n*n matrix entries is its own [TT] tile
      over tokens, so a token's whole matrix sits in one thread and the row /
      column sums are plain adds (no cross-thread reductions); only the n*n
      real entries exist, no padding.
-bwd (two designs; SinkhornCfg.heuristic picks by n). Both recompute the forward
-     in the kernel and walk the steps back:
+bwd (two designs; SinkhornCfg.heuristic(entries=...) picks, entries by default).
+     Both recompute the forward in the kernel and walk the steps back:
          y = x / (s + eps), s = sum(x)  =>  dx = (dy - sum(dy * y)) / (s + eps)
      then go through exp(logits - rowmax): dlogits = g*M0, minus sum(g*M0) at
      each row's first maximal entry (the max's subgradient, as the reference).
-  * entries (n <= 4, mhc_sk_bwd_entries): the forward's layout, the steps as a
-     loop. Each step's rowsum + eps and colsum + eps (2n values per token) go
-     to a global scratch [iters, 2n, T] fp32 that the same block reads back
-     (L2-resident); walking back, each earlier iterate is rebuilt from the later
-     one by multiplying those sums back in. The next step's sums are loaded one
-     step ahead. At n = 8 the 4 x 64 live entries per thread spill, hence:
-  * tile (n > 4, mhc_sk_bwd): one block holds TT tokens' [NP, NP] matrices (n
-     padded to NP = next_pow2(n), padded entries forced to 0), keeps every
-     iterate on chip (the loop is unrolled at compile time: ``iters`` is a
-     compile-time constant) and writes nothing but dlogits. (The entries layout
-     unrolled the same way took tileiras > 10 minutes to compile.)
+  * entries (mhc_sk_bwd_entries): the forward's layout, the steps as a loop.
+     Each step's rowsum + eps and colsum + eps (2n values per token) go to a
+     global scratch [iters, 2n, T] fp32 that the same block reads back
+     (L2-resident), one step ahead of their use; walking back, each earlier
+     iterate is rebuilt from the later one by multiplying those sums back in.
+     Only the iterate and its gradient stay live (2 n^2 values per thread; the
+     logits are read again at the end), so n = 8 fits in registers too.
+  * tile (mhc_sk_bwd, kept as an option and for comparison): one block holds TT
+     tokens' [NP, NP] matrices (n padded to NP = next_pow2(n), padded entries
+     forced to 0), keeps every iterate on chip (the loop is unrolled at compile
+     time: ``iters`` is a compile-time constant) and writes nothing but dlogits.
+     (The entries layout unrolled the same way took tileiras > 10 minutes to
+     compile.) H200, T=32768, iters=20: 1.8x (n=4) to 3.9x (n=8) slower.
 Divides: the entries kernels use the hardware's approximate divide (div.approx.f32,
 within 2 ulp; SinkhornCfg.APPROX) -- the IEEE-rounded one adds a range check and a
 slow-path call per divide and made both kernels ~1.5x slower; the outputs' errors
@@ -90,7 +92,7 @@ def mhc_sk_bwd(dout, logits, dlogits, eps: float, N: ConstInt, NP: ConstInt, TT:
 
 # ---- forward, "entries" layout: nested tuples M[i][j] of [TT] tiles (see the module doc)
 
-def _entries(tile, N: ConstInt, TT: ConstInt):
+def to_entries(tile, N: ConstInt, TT: ConstInt):
     rows = ()
     for i in ct.static_iter(range(N)):
         row = ()
@@ -161,7 +163,7 @@ def _recip(v, eps, N: ConstInt, APPROX: ConstInt = 0):
     return out
 
 
-def _init_entries(lg, N: ConstInt):
+def init_entries(lg, N: ConstInt):
     """(M0, per-row max) from the logits entries."""
     m = ()
     for i in ct.static_iter(range(N)):
@@ -180,7 +182,7 @@ def _init_entries(lg, N: ConstInt):
 
 def sk_fwd_entries(lg, eps, N: ConstInt, ITERS: ConstInt, APPROX: ConstInt = 0):
     """Sinkhorn of logits given as entries (nested tuples lg[i][j] of [TT] tiles)."""
-    M, _m = _init_entries(lg, N)
+    M, _m = init_entries(lg, N)
     for _ in range(ITERS):
         M = _scale_rows(M, _recip(_row_sums(M, N), eps, N, APPROX), N)
         M = _scale_cols(M, _recip(_col_sums(M, N), eps, N, APPROX), N)
@@ -191,7 +193,7 @@ def sk_fwd_entries(lg, eps, N: ConstInt, ITERS: ConstInt, APPROX: ConstInt = 0):
 def mhc_sk_fwd(logits, out, eps: float, N: ConstInt, NP: ConstInt, TT: ConstInt,
                ITERS: ConstInt, APPROX: ConstInt):
     pid = ct.bid(0)
-    lg = _entries(ct.load(logits, index=(pid, 0, 0), shape=(TT, NP, NP), padding_mode=PAD_ZERO), N, TT)
+    lg = to_entries(ct.load(logits, index=(pid, 0, 0), shape=(TT, NP, NP), padding_mode=PAD_ZERO), N, TT)
     M = sk_fwd_entries(lg, eps, N, ITERS, APPROX)
     ct.store(out, index=(pid, 0, 0), tile=assemble(M, N, NP, TT).astype(out.dtype))
 
@@ -254,21 +256,19 @@ def _scale_sub(g, s, N: ConstInt, by_row: bool):
 
 
 def _load_entries(a, N: ConstInt, NP: ConstInt, TT: ConstInt):
-    return _entries(ct.load(a, index=(ct.bid(0), 0, 0), shape=(TT, NP, NP), padding_mode=PAD_ZERO), N, TT)
+    return to_entries(ct.load(a, index=(ct.bid(0), 0, 0), shape=(TT, NP, NP), padding_mode=PAD_ZERO), N, TT)
 
 
-@ct.kernel
-def mhc_sk_bwd_entries(dout, logits, dlogits, scratch, eps: float, N: ConstInt, NP: ConstInt,
-                       TT: ConstInt, ITERS: ConstInt, APPROX: ConstInt, PF: ConstInt):
-    """Entries layout: one token's whole matrix per thread (no cross-thread sums).
+def sk_bwd_walk(M, g, scratch, eps, N: ConstInt, TT: ConstInt, ITERS: ConstInt,
+                APPROX: ConstInt, PF: ConstInt):
+    """The gradient with respect to M0 (entries) of the ``ITERS`` Sinkhorn steps
+    started from ``M`` = M0, given ``g`` = the gradient of their result (entries).
     The forward runs as a loop and leaves each step's rowsum + eps and colsum + eps in
-    ``scratch`` [ITERS, 2N, T] fp32 (this block's tokens only; read back by the same
+    ``scratch`` [ITERS, 2N, T] fp32 (this block's tokens only, read back by the same
     block, so the traffic stays in L2). The backward walks the steps back and rebuilds
     each earlier iterate from the later one by multiplying the sums back in (M_{k-1} =
     R_k * (rowsum + eps), R_k = M_k * (colsum + eps)); on the CPU simulation this moved
     the gradient's relative error from 1.8e-7 to 2.6e-7 (n=4, fp32)."""
-    pid = ct.bid(0)
-    M, _m = _init_entries(_load_entries(logits, N, NP, TT), N)
     for k in range(ITERS):
         rs = _add_eps(_row_sums(M, N), eps, N)
         M = _scale_rows(M, _recip(rs, 0.0, N, APPROX), N)
@@ -276,7 +276,6 @@ def mhc_sk_bwd_entries(dout, logits, dlogits, scratch, eps: float, N: ConstInt, 
         M = _scale_cols(M, _recip(cs, 0.0, N, APPROX), N)
         _store_vec(scratch, rs, k, 0, N, TT)
         _store_vec(scratch, cs, k, N, N, TT)
-    g = _load_entries(dout, N, NP, TT)
     nxt = (_load_vec(scratch, ITERS - 1, 0, N, TT), _load_vec(scratch, ITERS - 1, N, N, TT))
     for kk in range(ITERS):
         k = ITERS - 1 - kk
@@ -293,10 +292,13 @@ def mhc_sk_bwd_entries(dout, logits, dlogits, scratch, eps: float, N: ConstInt, 
         # row step R_k = M_{k-1} / rs:  dM_{k-1} = (dR - sum_j dR * R_k) / rs
         g = _scale_rows(_sub_sums_rows(g, M, N), _recip(rs, 0.0, N, APPROX), N)
         M = _scale_rows(M, rs, N)                       # M_{k-1}
-    # through exp(lg - rowmax): dl = g * M0, minus the row's sum at its first maximal entry
-    # (logits read again: keeping them and M0 live through both loops cost 2 n^2 registers)
-    lg = _load_entries(logits, N, NP, TT)
-    M0, m = _init_entries(lg, N)
+    return g
+
+
+def sk_bwd_through_exp(g, lg, N: ConstInt, TT: ConstInt):
+    """dlogits (entries) from g = dM0 through M0 = exp(lg - rowmax): g * M0, minus the
+    row's sum at its first maximal entry (the max's subgradient, as the reference)."""
+    M0, m = init_entries(lg, N)
     out = ()
     for i in ct.static_iter(range(N)):
         gm = ()
@@ -312,8 +314,19 @@ def mhc_sk_bwd_entries(dout, logits, dlogits, scratch, eps: float, N: ConstInt, 
             taken = ct.where(first, 1, taken)
             row += (ct.where(first, gm[j] - srow, gm[j]),)
         out += (row,)
-    ct.store(dlogits, index=(pid, 0, 0), tile=assemble(out, N, NP, TT).astype(dlogits.dtype))
+    return out
 
+
+@ct.kernel
+def mhc_sk_bwd_entries(dout, logits, dlogits, scratch, eps: float, N: ConstInt, NP: ConstInt,
+                       TT: ConstInt, ITERS: ConstInt, APPROX: ConstInt, PF: ConstInt):
+    """Entries layout: one token's whole matrix per thread (no cross-thread sums);
+    see sk_bwd_walk."""
+    M0, _m = init_entries(_load_entries(logits, N, NP, TT), N)
+    g = sk_bwd_walk(M0, _load_entries(dout, N, NP, TT), scratch, eps, N, TT, ITERS, APPROX, PF)
+    # logits read again: keeping them and M0 live through both loops cost 2 n^2 registers
+    dl = sk_bwd_through_exp(g, _load_entries(logits, N, NP, TT), N, TT)
+    ct.store(dlogits, index=(ct.bid(0), 0, 0), tile=assemble(dl, N, NP, TT).astype(dlogits.dtype))
 
 @dataclasses.dataclass(frozen=True)
 class SinkhornCfg:
@@ -332,20 +345,19 @@ class SinkhornCfg:
     @classmethod
     @functools.lru_cache(maxsize=1024)  # pure in its arguments; saves ~10-25 us per call
     def heuristic(cls, T: int, n: int, iters: int, entries: bool | None = None) -> "SinkhornCfg":
-        """``entries``: the backward's design (None: entries for n <= 4, tile for n > 4)."""
+        """``entries``: the backward's design (None: entries; False: the padded tile)."""
         NP = next_pow2(n)
-        # measured on H200 (T=32768, n=4, iters=20; benchmarks/results/h200-sinkhorn-probe.txt):
+        # measured on H200 (iters=20; benchmarks/results/h200-sinkhorn-probe.txt):
         # fwd 128 tokens/block at the compiler's occupancy, approximate divides
-        # (div.approx: 0.0089 ms vs 0.0138 IEEE-rounded; dlogits' error unchanged, 3e-7).
-        # bwd for n <= 4: entries layout, 128 tokens/block (135 registers, no spills),
-        # approximate divides and each step's sums loaded one step ahead: 0.0221 ms
-        # (IEEE divides, no prefetch: 0.0342; the tile design: 0.0421). For n = 8 the
-        # entries backward's 4 x 64 live entries per thread spill (255 registers +
-        # 80 B stack), so n > 4 keeps the padded-tile backward: 8 tokens/block at
-        # occupancy 8 (the iterates live in 32 registers + smem).
-        if entries if entries is not None else n <= 4:
+        # (T=32768, n=4: 0.0089-0.0095 ms vs 0.0144 IEEE-rounded; errors unchanged).
+        # bwd: entries layout, 128 tokens/block, approximate divides, each step's sums
+        # loaded one step ahead. T=32768, n=4: 0.0229-0.0236 ms (118 registers; IEEE
+        # divides, no prefetch: 0.0348-0.0366; 64 tokens/block 0.034; the tile design
+        # 0.042). n=8: 0.064 ms (237 registers, no spills; the tile design 0.249).
+        if entries is None or entries:
             return cls(N=n, NP=NP, TT_FWD=128, TT_BWD=128, ITERS=iters, OCC_FWD=0, OCC_BWD=0,
                        BWD_ENTRIES=True, APPROX=1, PF=1)
+        # the padded-tile backward: 8 / NP^2 * 16 tokens per block at occupancy 8
         return cls(N=n, NP=NP, TT_FWD=128, TT_BWD=max(1, 128 // (NP * NP)),
                    ITERS=iters, OCC_FWD=0, OCC_BWD=8, APPROX=1)
 
