@@ -166,9 +166,12 @@ def mhc_pre_bwd_mix_e(dpre, proj, r, bias, dhpost, dhres, dproj, dr, hpre_t, p_d
     sg = 1.0 / (1.0 + ct.exp(-h))
     dh = _up(dpre, dhpost, t, NS, NP, NPAD, TT) * sg * (1.0 - sg)
     dl = sk_bwd_through_exp(g, _res_entries(h, NS, TT), NS, TT)
+    # rows past T read zero sums from the scratch (its loads pad with 0), so their dl is
+    # NaN: zero it, or the dbias partial (a sum over the tile's rows) takes it in
+    live = (t * TT + ct.arange(TT, dtype=ct.int32)) < proj.shape[0]
     for i in ct.static_iter(range(NS)):
         for j in ct.static_iter(range(NS)):
-            dh = ct.insert(dh, (0, 2 * NS + i * NS + j), ct.reshape(dl[i][j], (TT, 1)))
+            dh = ct.insert(dh, (0, 2 * NS + i * NS + j), ct.reshape(ct.where(live, dl[i][j], 0.0), (TT, 1)))
     _mix_store(dh, pj, rr, alpha, sg, t, dproj, dr, p_db, hpre_t, NS, NP, TT)
 
 
