@@ -237,6 +237,22 @@ def test_pre(c):
     run_pre(c)
 
 
+# mhc_pre's bwd mix with either Sinkhorn backward (the padded tile: n <= 4; entries: n > 4)
+PRE_MIX_CASES = [dict(T=37, n=3, C=100, iters=3), dict(T=1000, n=4, C=256, iters=20),
+                 dict(T=1, n=1, C=64, iters=20), dict(T=300, n=8, C=64, iters=3)]
+
+
+@pytest.mark.parametrize("entries", [False, True], ids=["tile", "entries"])
+@pytest.mark.parametrize("c", _params(PRE_MIX_CASES))
+def test_pre_backward_either_mix(c, entries, monkeypatch):
+    from tilekernels.mhc import cutile_pre as pre
+
+    orig = pre.PreCfg.heuristic
+    monkeypatch.setattr(pre.PreCfg, "heuristic", classmethod(
+        lambda cls, T, n, C, iters, mix_entries=None: orig(T, n, C, iters, mix_entries=entries)))
+    run_pre(c)
+
+
 def test_empty_batch_writes_zero_dbias_and_dweight():
     """T = 0: nothing to launch for the token kernels, but dbias / dweight (reduced
     over T) must still be written (as zeros)."""

@@ -14,11 +14,11 @@ H200, T=32768, n=4, C=7168: fwd 1.00 ms, bwd 2.11 ms, 1.68x its parts run in tur
   mhc_agg_fwd    (cutile_aggregate) layer_in from x and that h_pre.
 bwd, two passes over x (the parts one after another make three, plus an add):
   mhc_agg_bwd    (cutile_aggregate, without dx) dh_pre = sum_c dlayer_in * x, fp32 [T, n].
-  mhc_pre_bwd_mix_e  per 128-token tile, in registers: the sigmoid derivatives and
-                 the Sinkhorn backward (recomputed in the entries layout,
-                 cutile_sinkhorn.sk_bwd_walk, with its [iters, 2n, T] fp32 scratch;
-                 mhc_pre_bwd_mix: the padded-tile one, sk_bwd_tile, on request) give
-                 dh [T, N]; writes dproj = dh * r * alpha, dr = sum_N dh * proj * alpha,
+  mhc_pre_bwd_mix  per token tile, in registers: the sigmoid derivatives and the
+                 Sinkhorn backward (recomputed: for n <= 4 the padded-tile one,
+                 cutile_sinkhorn.sk_bwd_tile; for n > 4, mhc_pre_bwd_mix_e, the
+                 entries layout, sk_bwd_walk, 128 tokens per block, with its
+                 [iters, 2n, T] fp32 scratch; see PreCfg.heuristic) give dh [T, N]; writes dproj = dh * r * alpha, dr = sum_N dh * proj * alpha,
                  h_pre transposed [n, T] (fp32 scratch) and one dbias partial per
                  tile. (Folded into the dh_pre pass's blocks, the bwd took 2.86 ms
                  instead of 2.11 on the H200: the Sinkhorn chain stalls the stream.)
@@ -203,11 +203,16 @@ class PreCfg:
 
     @classmethod
     @functools.lru_cache(maxsize=1024)  # pure in its arguments; saves ~10-25 us per call
-    def heuristic(cls, T: int, n: int, C: int, iters: int, mix_entries: bool = True) -> "PreCfg":
+    def heuristic(cls, T: int, n: int, C: int, iters: int, mix_entries: bool | None = None) -> "PreCfg":
+        """``mix_entries``: the bwd mix kernel's Sinkhorn backward (None: by n). Measured
+        on the H200 (benchmarks/results/h200-pre-mix-probe.txt), mix launch alone:
+        T=32768, n=4: padded tile 0.086 ms, entries 0.131 (its 128-token tile needs
+        210 KB of shared memory, so one 4-warp block per SM); T=8192, n=8: padded tile
+        0.404 ms, entries 0.080."""
         NP = next_pow2(n)
         base = dict(pr=pr.ProjRmsCfg.heuristic(T, n * n + 2 * n, C), agg=agg.AggCfg.heuristic(T, n, C),
                     NS=n, NP=NP, ITERS=iters)
-        if mix_entries:  # the standalone Sinkhorn backward's tile (cutile_sinkhorn)
+        if mix_entries if mix_entries is not None else n > 4:
             return cls(**base, TT=128)
         # the padded-tile Sinkhorn backward's: 8 tokens at n = 4, occupancy 8
         return cls(**base, TT=max(1, 128 // (NP * NP)), OCC_M=8, MIX_ENTRIES=False)
