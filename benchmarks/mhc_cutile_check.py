@@ -260,9 +260,12 @@ SWEEPS = {
     "mhc_h_post_bda": [("bwd", dict(ONE=False, TT_D=4, G=64)), ("bwd", dict(ONE=False, TT_D=4, G=64, ROWS=False,
                                                                              OCC_D=0))],
     "mhc_h_post_bda_bf16h": [("fwd", dict(H32=False)), ("bwd", dict(ONE=False, TT_D=4, G=64, H32=False))],
-    "mhc_sinkhorn": [("fwd", dict(TT_FWD=64)), ("bwd", dict(OCC_BWD=16))],
-    "mhc_proj_rms": [("bwd", dict(TK_BWD=256)), ("bwd", dict(TM=128)), ("bwd", dict(GM=16)), ("fwd", dict(OCC=2))],
-    "mhc_pre": [("fwd", dict(OCC_F=2)), ("bwd", dict(pr=dict(TK_BWD=256)))],
+    "mhc_sinkhorn": [("fwd", dict(APPROX=0)), ("bwd", dict(PF=0))],
+    # the dweight reduction's K tile (112 blocks at 256) and the row-group count
+    # (GM=8: 896 bwd blocks, 6.8 waves of one block per SM; GM=7: 784, 5.9)
+    "mhc_proj_rms": [("bwd", dict(TK_RED=128)), ("bwd", dict(TK_RED=64)), ("bwd", dict(TK_RED=32)),
+                     ("bwd", dict(GM=7)), ("bwd", dict(GM=7, TK_RED=64)), ("bwd", dict(GM=14, TK_RED=64))],
+    "mhc_pre": [("bwd", dict(pr=dict(TK_RED=64))), ("bwd", dict(pr=dict(TK_RED=128)))],
 }
 
 
