@@ -116,7 +116,7 @@ class ProjRmsCfg:
     TK: int     # K per tile (fwd loop step, bwd block width)
     TK_BWD: int
     GM: int     # bwd: row groups (dweight partials)
-    TK_RED: int = 256
+    TK_RED: int = 64  # dweight reduction K tile (448 blocks at K=28672; 256: 112 blocks)
     OCC: int = 0     # occupancy hints (0: compiler's choice)
     OCC_B: int = 2
 
@@ -127,8 +127,11 @@ class ProjRmsCfg:
         TK = min(128, max(16, next_pow2(K)))
         # bwd K tile 256: one 168-register block per SM, 1.117 ms vs 1.129 at 128 on the H200
         # (K=28672; mhc_pre's dx pass 2.096 vs 2.126 ms); 64: 1.15-1.5
+        # row groups: at most 7 (K=28672: 112 x 7 = 784 bwd blocks of one per SM, 5.9 waves on
+        # 132 SMs; 8 made 896, 6.8 waves). H200 sweep (h200-mhc-sweep-proj-rms-ebe30f2.txt),
+        # bwd + reduction: GM=8, TK_RED=256 1.115 ms; GM=7, TK_RED=64 1.105; GM=14 1.123
         return cls(NPAD=NPAD, TM=64, TK=TK, TK_BWD=min(256, max(16, next_pow2(K))),
-                   GM=max(1, min(8, cdiv(M, 64 * 16))))
+                   GM=max(1, min(7, cdiv(M, 64 * 16))))
 
 
 def fwd_launch(x, weight, proj, r, eps: float, cfg: ProjRmsCfg | None = None) -> Launch:
