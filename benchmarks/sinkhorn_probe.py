@@ -71,19 +71,13 @@ BWD_VARIANTS = [dict(), dict(PF=0), dict(APPROX=0, PF=0), dict(TT_BWD=64), dict(
 FWD_VARIANTS = [dict(), dict(APPROX=0), dict(TT_FWD=64)]
 
 
-def per_launch_in_graph(fn, reps=20):
-    """ms per launch of ``fn`` captured ``reps`` times back to back in one CUDA graph
+def per_launch_in_graph(fn):
+    """ms per call of ``fn`` with many calls captured back to back in one CUDA graph
     (no per-launch host gap; inputs stay in L2 between launches)."""
-    s = torch.cuda.Stream()
-    s.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(s):
-        fn()
-    torch.cuda.current_stream().wait_stream(s)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        for _ in range(reps):
-            fn()
-    return bench(graph.replay) / reps
+    from triton.testing import do_bench_cudagraph
+    fn()
+    torch.cuda.synchronize()
+    return do_bench_cudagraph(fn, rep=100, return_mode="median")
 
 
 def timing(T=32768, n=4, iters=20, variants=BWD_VARIANTS, fwd_variants=FWD_VARIANTS):
@@ -95,24 +89,17 @@ def timing(T=32768, n=4, iters=20, variants=BWD_VARIANTS, fwd_variants=FWD_VARIA
     want_f = ref.sinkhorn(upcast(lg), iters, EPS)
     want = ref.sinkhorn_bwd(upcast(dout), upcast(lg), iters, EPS)
     rows = []
-    for v in fwd_variants:
+    jobs = [("fwd", v, out, want_f, sk.fwd_launch, (lg, out)) for v in fwd_variants] + \
+        [("bwd", v, dl, want, sk.bwd_launch, (dout, lg, dl)) for v in variants]
+    for pas, v, res, ref_, make, args in jobs:
         try:
-            ln = sk.fwd_launch(lg, out, iters, EPS, dataclasses.replace(cfg, **v))
-            out.fill_(float("nan"))
+            ln = make(*args, iters, EPS, dataclasses.replace(cfg, **v))
+            res.fill_(float("nan"))
             ln.run()
-            err = assert_close(out, want_f, what="out")
-            rows.append((f"fwd {v}", bench(ln.run), per_launch_in_graph(ln.run), err))
+            err = assert_close(res, ref_, what=pas)
+            rows.append((f"{pas} {v}", bench(ln.run), per_launch_in_graph(ln.run), err))
         except Exception:
-            print("fwd variant", v, "FAILED", traceback.format_exc(limit=3), flush=True)
-    for v in variants:
-        try:
-            ln = sk.bwd_launch(dout, lg, dl, iters, EPS, dataclasses.replace(cfg, **v))
-            dl.fill_(float("nan"))
-            ln.run()
-            err = assert_close(dl, want, what="dlogits")
-            rows.append((f"bwd {v}", bench(ln.run), per_launch_in_graph(ln.run), err))
-        except Exception:
-            print("variant", v, "FAILED", traceback.format_exc(limit=3), flush=True)
+            print(pas, "variant", v, "FAILED", traceback.format_exc(limit=3), flush=True)
     # the op as users call it: registry forward + autograd backward, eager and as a CUDA graph
     from tilekernels.mhc import ops
     x = lg.clone().requires_grad_(True)
@@ -124,17 +111,8 @@ def timing(T=32768, n=4, iters=20, variants=BWD_VARIANTS, fwd_variants=FWD_VARIA
 
     step()
     rows.append(("registry f+b eager", bench(step), float("nan"), float("nan")))
-    s = torch.cuda.Stream()
-    s.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(s):
-        for _ in range(3):
-            step()
-    torch.cuda.current_stream().wait_stream(s)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        step()
-    rows.append(("registry f+b CUDA graph", bench(graph.replay), float("nan"), float("nan")))
-    print("\n| launch | do_bench ms | ms per launch, 20 in a graph | rel err |\n|---|---:|---:|---:|")
+    rows.append(("registry f+b CUDA graph", per_launch_in_graph(step), float("nan"), float("nan")))
+    print("\n| launch | do_bench ms | ms per call, many in a CUDA graph | rel err |\n|---|---:|---:|---:|")
     for name, ms, gms, err in rows:
         print(f"| {name} | {ms:.4f} | {gms:.4f} | {err:.1e} |")
     return rows

@@ -190,6 +190,12 @@ def test_h_post_bda(c):
     run_h_post_bda(c)
 
 
+def _pin_heuristic(monkeypatch, cfg_cls, **design):
+    """Make ``cfg_cls.heuristic`` pick the given design keyword(s) for every launch."""
+    orig = cfg_cls.heuristic
+    monkeypatch.setattr(cfg_cls, "heuristic", classmethod(lambda cls, *a, **k: orig(*a, **{**k, **design})))
+
+
 # the two-pass backward (what n = 8 uses) at the n <= 4 shapes where the one-pass one is the default
 TWO_PASS_CASES = [dict(_BASE, T=37, n=3, h=BF), dict(_BASE, C=100, bias=False), dict(_BASE, T=1, n=1),
                   dict(_BASE, T=32768, C=7168, h=BF)]
@@ -200,9 +206,7 @@ TWO_PASS_CASES = [dict(_BASE, T=37, n=3, h=BF), dict(_BASE, C=100, bias=False), 
 def test_h_post_bda_backward_either_design(c, one, monkeypatch):
     from tilekernels.mhc import cutile_post_bda as pb
 
-    orig = pb.PostBdaCfg.heuristic
-    monkeypatch.setattr(pb.PostBdaCfg, "heuristic",
-                        classmethod(lambda cls, T, n, C, one_=None: orig(T, n, C, one=one)))
+    _pin_heuristic(monkeypatch, pb.PostBdaCfg, one=one)
     run_h_post_bda(c)
 
 
@@ -221,9 +225,7 @@ SK_DESIGN_CASES = [dict(T=1000, n=4, iters=20), dict(T=3, n=3, iters=3), dict(T=
 def test_sinkhorn_backward_either_design(c, entries, monkeypatch):
     from tilekernels.mhc import cutile_sinkhorn as sk
 
-    orig = sk.SinkhornCfg.heuristic
-    monkeypatch.setattr(sk.SinkhornCfg, "heuristic",
-                        classmethod(lambda cls, T, n, iters, entries_=None: orig(T, n, iters, entries=entries)))
+    _pin_heuristic(monkeypatch, sk.SinkhornCfg, entries=entries)
     run_sinkhorn(c)
 
 
@@ -247,9 +249,7 @@ PRE_MIX_CASES = [dict(T=37, n=3, C=100, iters=3), dict(T=1000, n=4, C=256, iters
 def test_pre_backward_either_mix(c, entries, monkeypatch):
     from tilekernels.mhc import cutile_pre as pre
 
-    orig = pre.PreCfg.heuristic
-    monkeypatch.setattr(pre.PreCfg, "heuristic", classmethod(
-        lambda cls, T, n, C, iters, mix_entries=None: orig(T, n, C, iters, mix_entries=entries)))
+    _pin_heuristic(monkeypatch, pre.PreCfg, mix_entries=entries)
     run_pre(c)
 
 
