@@ -5,12 +5,12 @@ h = r * proj * alpha + bias (columns pre | post | res), h_pre = sigmoid(pre),
 h_post = 2 sigmoid(post), h_res = sinkhorn(res), layer_in = sum_i h_pre[:, i] x[:, i].
 
 fwd, two passes over x (h_pre needs the whole K reduction before x can be mixed;
-H200, T=32768, n=4, C=7168: fwd 1.00 ms, bwd 2.11 ms, 1.68x its parts run in turn):
+H200, T=32768, n=4, C=7168: fwd 0.99 ms, bwd 2.06-2.09 ms, 1.53x its parts run in turn):
   mhc_pre_fwd    proj_rms's row-tile loop (cutile_proj_rms.proj_tile) and, in the
                  same block, the epilogue on the [TM, N] tile in registers: the
                  mix, both sigmoids and the ``iters`` Sinkhorn rounds (entries layout,
-                 approximate divides as cutile_sinkhorn's). Writes proj, r (saved for the bwd), h_post,
-                 h_res and an fp32 h_pre scratch [T, n].
+                 approximate divides as cutile_sinkhorn's). Writes proj, r (saved for
+                 the bwd), h_post, h_res and an fp32 h_pre scratch [T, n].
   mhc_agg_fwd    (cutile_aggregate) layer_in from x and that h_pre.
 bwd, two passes over x (the parts one after another make three, plus an add):
   mhc_agg_bwd    (cutile_aggregate, without dx) dh_pre = sum_c dlayer_in * x, fp32 [T, n].
@@ -18,7 +18,8 @@ bwd, two passes over x (the parts one after another make three, plus an add):
                  Sinkhorn backward (recomputed: for n <= 4 the padded-tile one,
                  cutile_sinkhorn.sk_bwd_tile; for n > 4, mhc_pre_bwd_mix_e, the
                  entries layout, sk_bwd_walk, 128 tokens per block, with its
-                 [iters, 2n, T] fp32 scratch; see PreCfg.heuristic) give dh [T, N]; writes dproj = dh * r * alpha, dr = sum_N dh * proj * alpha,
+                 [iters, 2n, T] fp32 scratch; see PreCfg.heuristic) give dh [T, N];
+                 writes dproj = dh * r * alpha, dr = sum_N dh * proj * alpha,
                  h_pre transposed [n, T] (fp32 scratch) and one dbias partial per
                  tile. (Folded into the dh_pre pass's blocks, the bwd took 2.86 ms
                  instead of 2.11 on the H200: the Sinkhorn chain stalls the stream.)
