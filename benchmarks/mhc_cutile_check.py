@@ -252,7 +252,6 @@ def phase_time(ops, copy_bw, peers):
             log_err(f"time {op}")
 
 
-# (pass, config fields to change) tried at the headline shape; the defaults are the heuristics'
 # (pass, config fields to change) tried at the headline shape next to the heuristic
 # defaults. Earlier rounds' variants and outcomes: benchmarks/results/nvidia-h200-mhc-cutile.md
 SWEEPS = {
@@ -261,11 +260,13 @@ SWEEPS = {
                                                                              OCC_D=0))],
     "mhc_h_post_bda_bf16h": [("fwd", dict(H32=False)), ("bwd", dict(ONE=False, TT_D=4, G=64, H32=False))],
     "mhc_sinkhorn": [("fwd", dict(APPROX=0)), ("bwd", dict(PF=0))],
-    # the dweight reduction's K tile (112 blocks at 256) and the row-group count
-    # (GM=8: 896 bwd blocks, 6.8 waves of one block per SM; GM=7: 784, 5.9)
-    "mhc_proj_rms": [("bwd", dict(TK_RED=128)), ("bwd", dict(TK_RED=64)), ("bwd", dict(TK_RED=32)),
-                     ("bwd", dict(GM=7)), ("bwd", dict(GM=7, TK_RED=64)), ("bwd", dict(GM=14, TK_RED=64))],
-    "mhc_pre": [("bwd", dict(pr=dict(TK_RED=64))), ("bwd", dict(pr=dict(TK_RED=128)))],
+    # bwd: x load latency hint (10: fewer smem stages), TMA off for the x load / dx store,
+    # row tiles of 32 (128 registers, 72 KB smem: 2 blocks per SM) and 128
+    "mhc_proj_rms": [("bwd", dict(LAT=10)), ("bwd", dict(TMA_ST=False)), ("bwd", dict(TMA_LD=False)),
+                     ("bwd", dict(TM=32)), ("bwd", dict(TM=32, GM=14)), ("bwd", dict(TM=32, TK_BWD=512)),
+                     ("bwd", dict(TM=128, TK_BWD=128)), ("bwd", dict(TM=128, TK_BWD=128, GM=4)),
+                     ("bwd", dict(TM=32, OCC_B=3)), ("bwd", dict(LAT=10, TM=32))],
+    "mhc_pre": [("bwd", dict(pr=dict(LAT=10))), ("bwd", dict(pr=dict(TM=32))), ("bwd", dict(pr=dict(TMA_ST=False)))],
 }
 
 
@@ -283,6 +284,11 @@ def phase_sweep(ops, copy_bw, deadline):
             torch.cuda.synchronize()
             base[pas] = [t.clone() for t in (P.outs_f if pas == "fwd" else P.outs_b)]
             base[pas + "_ms"] = bench(lambda: run(lst0), rep=100)
+            if len(lst0) > 1:  # each launch of the default on its own
+                split = {"op": op, "pass": pas, "split_ms": [
+                    (ln.kernel._pyfunc.__name__, bench(ln.run, rep=100)) for ln in lst0]}
+                RESULTS["sweeps"].append(split)
+                print(json.dumps(split), flush=True)
         for pas, kw in SWEEPS.get(op, []):
             if time.time() > deadline:
                 print("sweep: out of time", flush=True)
@@ -329,6 +335,7 @@ def memcheck():
         print("sinkhorn n4", G.run_sinkhorn(dict(T=37, n=4, iters=20)))
         print("proj_rms", G.run_proj_rms(dict(M=37, n=3, C=100)))
         print("pre", G.run_pre(dict(T=37, n=3, C=100, iters=20)))
+        print("pre n8 (entries mix)", G.run_pre(dict(T=37, n=8, C=64, iters=20)))
     torch.cuda.synchronize()
     print("memcheck run done")
 

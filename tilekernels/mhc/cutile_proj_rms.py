@@ -61,9 +61,19 @@ def mhc_pr_fwd(x, w, proj, r, eps: float, NPAD: ConstInt, TM: ConstInt, TK: Cons
     ct.store(r, index=(pid,), tile=rr)
 
 
+def _ld_x(x, m, grp, cj, TM: ConstInt, TK: ConstInt, LAT: ConstInt, TMA: ConstBool):
+    """x tile [TM, TK] (LAT: the load's latency hint, 0 = the compiler's; TMA: allow TMA)."""
+    if LAT > 0:
+        t = ct.load(x, index=(m, grp, cj), shape=(TM, 1, TK), padding_mode=PAD_ZERO, latency=LAT, allow_tma=TMA)
+    else:
+        t = ct.load(x, index=(m, grp, cj), shape=(TM, 1, TK), padding_mode=PAD_ZERO, allow_tma=TMA)
+    return ct.reshape(t, (TM, TK))
+
+
 @ct.kernel
 def mhc_pr_bwd(dproj, dr, x, w, r, dx, p_dw, dagg, hpre_t, eps: float,
-               NPAD: ConstInt, TM: ConstInt, TK: ConstInt, AGG: ConstBool):
+               NPAD: ConstInt, TM: ConstInt, TK: ConstInt, AGG: ConstBool,
+               LAT: ConstInt, TMA_LD: ConstBool, TMA_ST: ConstBool):
     """x, w, dx as [rows, G, Cg] views (proj_rms: G = 1, Cg = K; mhc_pre: G = n,
     Cg = C), p_dw [GM, NPAD, G, Cg]. Block (b, gm), b = c * G + g, does
     column tile c of group g for row tiles gm, gm + GM, ...
@@ -82,7 +92,7 @@ def mhc_pr_bwd(dproj, dr, x, w, r, dx, p_dw, dagg, hpre_t, eps: float,
         gp = ct.load(dproj, index=(m, 0), shape=(TM, NPAD), padding_mode=PAD_ZERO)
         hi = gp.astype(ct.bfloat16)
         lo = (gp - hi.astype(ct.float32)).astype(ct.bfloat16)
-        xt = ct.reshape(ct.load(x, index=(m, grp, cj), shape=(TM, 1, TK), padding_mode=PAD_ZERO), (TM, TK))
+        xt = _ld_x(x, m, grp, cj, TM, TK, LAT, TMA_LD)
         rr = ct.reshape(ct.load(r, index=(m,), shape=(TM,), padding_mode=PAD_ZERO), (TM, 1))
         gr = ct.reshape(ct.load(dr, index=(m,), shape=(TM,), padding_mode=PAD_ZERO), (TM, 1))
         rms = 1.0 / rr - eps
@@ -93,7 +103,7 @@ def mhc_pr_bwd(dproj, dr, x, w, r, dx, p_dw, dagg, hpre_t, eps: float,
             hpre = ct.reshape(ct.load(hpre_t, index=(grp, m), shape=(1, TM), padding_mode=PAD_ZERO), (TM, 1))
             ga = ct.load(dagg, index=(m, cj), shape=(TM, TK), padding_mode=PAD_ZERO)
             gx = gx + hpre * ga.astype(ct.float32)
-        ct.store(dx, index=(m, grp, cj), tile=ct.reshape(gx.astype(dx.dtype), (TM, 1, TK)))
+        ct.store(dx, index=(m, grp, cj), tile=ct.reshape(gx.astype(dx.dtype), (TM, 1, TK)), allow_tma=TMA_ST)
         dw = ct.mma(ct.transpose(hi), xt, dw)
         dw = ct.mma(ct.transpose(lo), xt, dw)
     ct.store(p_dw, index=(gm, 0, grp, cj), tile=ct.reshape(dw, (1, NPAD, 1, TK)))
@@ -119,6 +129,9 @@ class ProjRmsCfg:
     TK_RED: int = 64  # dweight reduction K tile (448 blocks at K=28672; 256: 112 blocks)
     OCC: int = 0     # occupancy hints (0: compiler's choice)
     OCC_B: int = 2
+    LAT: int = 0     # bwd x load latency hint (1-10; 0: the compiler's)
+    TMA_LD: bool = True  # bwd x load / dx store may use TMA
+    TMA_ST: bool = True
 
     @classmethod
     @functools.lru_cache(maxsize=1024)  # pure in its arguments; saves ~10-25 us per call
@@ -154,7 +167,7 @@ def bwd_launches(dproj, dr, x, weight, r, dx, dweight, eps: float,
     bwd = Launch(mhc_pr_bwd, (G * cdiv(Cg, cfg.TK_BWD), gm),
                  (dproj, dr, x.view(M, G, Cg), weight.view(-1, G, Cg), r, dx.view(M, G, Cg), p_dw,
                   dagg, hpre_t, float(eps), cfg.NPAD, cfg.TM, cfg.TK_BWD,
-                  agg is not None),
+                  agg is not None, cfg.LAT, cfg.TMA_LD, cfg.TMA_ST),
                  cfg, occ(cfg.OCC_B))
     red = Launch(mhc_pr_reduce, (cdiv(K, cfg.TK_RED),), (p_dw.view(gm, cfg.NPAD, K), dweight, cfg.NPAD,
                                                          cfg.TK_RED), cfg)
