@@ -256,17 +256,16 @@ def phase_time(ops, copy_bw, peers):
 # defaults. Earlier rounds' variants and outcomes: benchmarks/results/nvidia-h200-mhc-cutile.md
 SWEEPS = {
     "mhc_h_aggregate": [("fwd", dict(OCC=4)), ("bwd", dict(OCC_B=2))],
-    "mhc_h_post_bda": [("bwd", dict(ONE=False, TT_D=4, G=64)), ("bwd", dict(ONE=False, TT_D=4, G=64, ROWS=False,
-                                                                             OCC_D=0))],
     "mhc_h_post_bda_bf16h": [("fwd", dict(H32=False)), ("bwd", dict(ONE=False, TT_D=4, G=64, H32=False))],
     "mhc_sinkhorn": [("fwd", dict(APPROX=0)), ("bwd", dict(PF=0))],
-    # bwd: x load latency hint (10: fewer smem stages), TMA off for the x load / dx store,
-    # row tiles of 32 (128 registers, 72 KB smem: 2 blocks per SM) and 128
-    "mhc_proj_rms": [("bwd", dict(LAT=10)), ("bwd", dict(TMA_ST=False)), ("bwd", dict(TMA_LD=False)),
-                     ("bwd", dict(TM=32)), ("bwd", dict(TM=32, GM=14)), ("bwd", dict(TM=32, TK_BWD=512)),
-                     ("bwd", dict(TM=128, TK_BWD=128)), ("bwd", dict(TM=128, TK_BWD=128, GM=4)),
-                     ("bwd", dict(TM=32, OCC_B=3)), ("bwd", dict(LAT=10, TM=32))],
-    "mhc_pre": [("bwd", dict(pr=dict(LAT=10))), ("bwd", dict(pr=dict(TM=32))), ("bwd", dict(pr=dict(TMA_ST=False)))],
+    "mhc_h_post_bda": [("bwd", dict(PDL=False))],
+    # at b5330c8 every x load / dx store / row tile variant was slower than the default
+    # (h200-mhc-sweep-proj-rms-b5330c8.txt); now the dweight reduction: without the
+    # programmatic dependent launch, and with a runtime loop over the row groups
+    "mhc_proj_rms": [("bwd", dict(PDL=False)), ("bwd", dict(RED_STATIC=False)),
+                     ("bwd", dict(PDL=False, RED_STATIC=False))],
+    "mhc_pre": [("bwd", dict(PDL=False, pr=dict(PDL=False))), ("bwd", dict(TG=128)), ("bwd", dict(TG=512)),
+                ("bwd", dict(TG=1024))],
 }
 
 

@@ -104,3 +104,25 @@ def test_one_pass_post_bda_refuses_unverified_partial_widths():
     assert [ln.kernel._pyfunc.__name__ for ln in pb.bwd_launches(*args, cfg=two)] == \
         ["mhc_pb_bwd_dres", "mhc_pb_bwd_dh", "mhc_pb_dbias"]
     assert not pb.PostBdaCfg.heuristic(T, 8, C).ONE  # n = 8: two passes
+
+
+def test_dependent_launches_wait_before_they_read():
+    """A programmatic dependent launch (``Launch.pdl``) may start while the kernel before it
+    still runs: its kernel must get PDL=True and call ``ct.grid_dependency_control_wait()``
+    before its first load. Every launch list at n = 4 and 8, default and alternative designs."""
+    import inspect
+
+    seen = 0
+    for n, C in ((4, 7168), (8, 4096)):
+        for name, launches in representative_launches(n=n, C=C).items():
+            for ln in launches:
+                if not ln.pdl:
+                    continue
+                seen += 1
+                fn = ln.kernel._pyfunc
+                params = list(inspect.signature(fn).parameters)
+                assert "PDL" in params and ln.args[params.index("PDL")] is True, f"{name}: {fn.__name__}"
+                body = inspect.getsource(fn)
+                wait = body.find("ct.grid_dependency_control_wait()")
+                assert 0 < wait < body.find("ct.load("), f"{name}: {fn.__name__} reads before it waits"
+    assert seen >= 4  # proj_rms / mhc_pre dweight, mhc_pre dbias, h_post_bda dh and dbias reductions

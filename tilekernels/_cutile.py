@@ -92,6 +92,9 @@ class Launch:
     args: tuple
     cfg: Any = None
     hints: tuple = ()  # compiler hints, e.g. (("occupancy", 4),): part of the key
+    # programmatic dependent launch: the kernel may be scheduled while the one before it in
+    # the stream finishes, so it must start with ``ct.grid_dependency_control_wait()``
+    pdl: bool = False
 
     def compiled_kernel(self):
         return hinted(self.kernel, self.hints)
@@ -112,7 +115,8 @@ class Launch:
         if _RECORD_KEYS[0]:
             COMPILE_KEYS.add(self.key())
         dev = next(a.device for a in self.args if isinstance(a, torch.Tensor))
-        ct.launch(_raw_stream(dev.index), self.grid, self.compiled_kernel(), self.args)
+        ct.launch(_raw_stream(dev.index), self.grid, self.compiled_kernel(), self.args,
+                  programmatic_dependent_launch=self.pdl)
 
     # ---- ahead-of-time compilation (CI: no GPU needed) ----
     def signature(self) -> KernelSignature:

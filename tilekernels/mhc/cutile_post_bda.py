@@ -155,8 +155,10 @@ def mhc_pb_bwd_one(dout, hres, hpost, res, x, bias, dres, dx, p_bias, p_dhr, p_d
 
 
 @ct.kernel
-def mhc_pb_dh_reduce(p_dhr, p_dhp, dhres, dhpost, NP: ConstInt, TT: ConstInt, PW: ConstInt):
+def mhc_pb_dh_reduce(p_dhr, p_dhp, dhres, dhpost, NP: ConstInt, TT: ConstInt, PW: ConstInt, PDL: ConstBool):
     """dh_res, dh_post = sums of the one-pass backward's per-C-tile partials (fixed order)."""
+    if PDL:  # launched while the kernel before finishes: its writes are visible after this
+        ct.grid_dependency_control_wait()
     t = ct.bid(0)
     ar = ct.zeros((1, TT, NP, NP, PW), dtype=ct.float32)
     ap = ct.zeros((1, TT, NP, PW), dtype=ct.float32)
@@ -190,8 +192,10 @@ def mhc_pb_bwd_dh(dout, res, x, bias, dhres, dhpost, NP: ConstInt, TT: ConstInt,
 
 
 @ct.kernel
-def mhc_pb_dbias(p_bias, dbias, TB: ConstInt):
+def mhc_pb_dbias(p_bias, dbias, TB: ConstInt, PDL: ConstBool):
     """dbias[c] = sum over the token groups of the fp32 partials (fixed order)."""
+    if PDL:
+        ct.grid_dependency_control_wait()
     cb = ct.bid(0)
     ab = ct.zeros((1, TB), dtype=ct.float32)
     for gi in range(p_bias.shape[0]):
@@ -241,6 +245,7 @@ class PostBdaCfg:
     KC: int = 2        # one-pass bwd: C tiles per block (dh reduced once per KC tiles)
     TT_R: int = 64     # one-pass dh partial reduction: tokens per block times PW
     PW: int = 8        # one-pass: dh partials per C tile (each sums TC_D / PW adjacent channels)
+    PDL: bool = True   # the partial reductions as programmatic dependent launches
 
     @classmethod
     @functools.lru_cache(maxsize=1024)  # pure in its arguments; saves ~10-25 us per call
@@ -301,7 +306,7 @@ def bwd_launches(dout, h_res, residual, h_post, x, bias, dh_res, dresidual, dh_p
                                p_dhr, p_dhp, cfg.NP, cfg.TT_D, cfg.TC_D, cfg.KC, next_pow2(cfg.KC), cfg.PW,
                                has_bias), cfg, occ(cfg.OCC_D)),
                        Launch(mhc_pb_dh_reduce, (cdiv(T, tr),),
-                              (p_dhr, p_dhp, dh_res, dh_post, cfg.NP, tr, cfg.PW), cfg)]
+                              (p_dhr, p_dhp, dh_res, dh_post, cfg.NP, tr, cfg.PW, cfg.PDL), cfg, pdl=cfg.PDL)]
     else:
         # fp32 dbias partials, one row per token group (every element written before it is read)
         p_bias = torch.empty((ng, C) if has_bias else (1, 1), dtype=torch.float32, device=dev)
@@ -312,5 +317,5 @@ def bwd_launches(dout, h_res, residual, h_post, x, bias, dh_res, dresidual, dh_p
                               (dout, residual, x, bias if has_bias else x, dh_res, dh_post,
                                cfg.NP, cfg.TT_H, cfg.TC_H, has_bias), cfg, occ(cfg.OCC_H))]
     if has_bias:
-        out.append(Launch(mhc_pb_dbias, (cdiv(C, cfg.TB),), (p_bias, dbias, cfg.TB), cfg))
+        out.append(Launch(mhc_pb_dbias, (cdiv(C, cfg.TB),), (p_bias, dbias, cfg.TB, cfg.PDL), cfg, pdl=cfg.PDL))
     return out

@@ -45,6 +45,7 @@ from .cutile_sinkhorn import (assemble, init_entries, sk_bwd_through_exp, sk_bwd
                               sk_fwd_entries, to_entries)
 
 ConstInt = ct.Constant[int]
+ConstBool = ct.Constant[bool]
 
 
 def _mix(pj, rr, bias, a_pre, a_post, a_res, NS: ConstInt, NPAD: ConstInt, TM: ConstInt):
@@ -177,8 +178,10 @@ def mhc_pre_bwd_mix_e(dpre, proj, r, bias, dhpost, dhres, dproj, dr, hpre_t, p_d
 
 
 @ct.kernel
-def mhc_pre_dbias(p_db, dbias, NPAD: ConstInt, TG: ConstInt):
+def mhc_pre_dbias(p_db, dbias, NPAD: ConstInt, TG: ConstInt, PDL: ConstBool):
     """dbias = the per-tile partials [G, NPAD] summed in a fixed order (one block)."""
+    if PDL:  # launched while the kernel before finishes: its writes are visible after this
+        ct.grid_dependency_control_wait()
     acc = ct.zeros((1, NPAD), dtype=ct.float32)
     for g in range(ct.num_tiles(p_db, axis=0, shape=(TG, NPAD))):
         acc += ct.sum(ct.load(p_db, index=(g, 0), shape=(TG, NPAD), padding_mode=PAD_ZERO), axis=0,
@@ -201,6 +204,7 @@ class PreCfg:
     MIX_ENTRIES: bool = True  # bwd mix: the entries Sinkhorn backward (else the padded tile)
     APPROX: int = 1     # approximate divides in the Sinkhorn steps (cutile_sinkhorn)
     PF: int = 1         # entries backward: each step's sums loaded one step ahead
+    PDL: bool = True    # the dbias reduction as a programmatic dependent launch
 
     @classmethod
     @functools.lru_cache(maxsize=1024)  # pure in its arguments; saves ~10-25 us per call
@@ -267,5 +271,5 @@ def bwd_launches(dlayer_in, dh_post, dh_res, x, weight, bias, proj, r, dx, dweig
         mix = Launch(mhc_pre_bwd_mix, (nt,), (*head, *scal), cfg, occ(cfg.OCC_M))
     dxw = pr.bwd_launches(dproj, dr, x.view(T, n * C), weight, r, dx.view(T, n * C), dweight, rms_eps,
                           cfg.pr, groups=n, agg=(dlayer_in, hpre_t))
-    red_b = Launch(mhc_pre_dbias, (1,), (p_db, dbias, NPAD, cfg.TG), cfg)
+    red_b = Launch(mhc_pre_dbias, (1,), (p_db, dbias, NPAD, cfg.TG, cfg.PDL), cfg, pdl=cfg.PDL)
     return [dh_pre, mix, *dxw, red_b]

@@ -110,11 +110,19 @@ def mhc_pr_bwd(dproj, dr, x, w, r, dx, p_dw, dagg, hpre_t, eps: float,
 
 
 @ct.kernel
-def mhc_pr_reduce(p_dw, dw, NPAD: ConstInt, TK: ConstInt):
+def mhc_pr_reduce(p_dw, dw, NPAD: ConstInt, TK: ConstInt, GM: ConstInt, PDL: ConstBool):
+    """dw = sum of the GM partials p_dw [GM, NPAD, K] in order (GM > 0: a compile-time count,
+    every load issued at once; 0: a runtime loop over p_dw.shape[0])."""
+    if PDL:  # launched while mhc_pr_bwd finishes: its partials are visible after this
+        ct.grid_dependency_control_wait()
     kt = ct.bid(0)
     acc = ct.zeros((1, NPAD, TK), dtype=ct.float32)
-    for g in range(p_dw.shape[0]):
-        acc += ct.load(p_dw, index=(g, 0, kt), shape=(1, NPAD, TK), padding_mode=PAD_ZERO)
+    if GM > 0:
+        for g in ct.static_iter(range(GM)):
+            acc += ct.load(p_dw, index=(g, 0, kt), shape=(1, NPAD, TK), padding_mode=PAD_ZERO)
+    else:
+        for g in range(p_dw.shape[0]):
+            acc += ct.load(p_dw, index=(g, 0, kt), shape=(1, NPAD, TK), padding_mode=PAD_ZERO)
     ct.store(dw, index=(0, kt), tile=ct.reshape(acc, (NPAD, TK)).astype(dw.dtype))
 
 
@@ -132,6 +140,8 @@ class ProjRmsCfg:
     LAT: int = 0     # bwd x load latency hint (1-10; 0: the compiler's)
     TMA_LD: bool = True  # bwd x load / dx store may use TMA
     TMA_ST: bool = True
+    RED_STATIC: bool = True  # dweight reduction: the row-group count as a constant (unrolled)
+    PDL: bool = True         # dweight reduction launched as a programmatic dependent launch
 
     @classmethod
     @functools.lru_cache(maxsize=1024)  # pure in its arguments; saves ~10-25 us per call
@@ -169,6 +179,7 @@ def bwd_launches(dproj, dr, x, weight, r, dx, dweight, eps: float,
                   dagg, hpre_t, float(eps), cfg.NPAD, cfg.TM, cfg.TK_BWD,
                   agg is not None, cfg.LAT, cfg.TMA_LD, cfg.TMA_ST),
                  cfg, occ(cfg.OCC_B))
-    red = Launch(mhc_pr_reduce, (cdiv(K, cfg.TK_RED),), (p_dw.view(gm, cfg.NPAD, K), dweight, cfg.NPAD,
-                                                         cfg.TK_RED), cfg)
+    red = Launch(mhc_pr_reduce, (cdiv(K, cfg.TK_RED),),
+                 (p_dw.view(gm, cfg.NPAD, K), dweight, cfg.NPAD, cfg.TK_RED, gm if cfg.RED_STATIC else 0,
+                  cfg.PDL), cfg, pdl=cfg.PDL)
     return [bwd, red]
