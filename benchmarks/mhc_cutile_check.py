@@ -258,12 +258,15 @@ SWEEPS = {
     "mhc_h_aggregate": [("fwd", dict(OCC=4)), ("bwd", dict(OCC_B=2))],
     "mhc_h_post_bda_bf16h": [("fwd", dict(H32=False)), ("bwd", dict(ONE=False, TT_D=4, G=64, H32=False))],
     "mhc_sinkhorn": [("fwd", dict(APPROX=0)), ("bwd", dict(PF=0))],
-    "mhc_h_post_bda": [("bwd", dict(PDL=False))],
+    # the one-pass backward's reductions: outputs per dh block, dbias tile, no PDL
+    "mhc_h_post_bda": [("bwd", dict(PDL=False)), ("bwd", dict(TR=128)), ("bwd", dict(TR=512)),
+                       ("bwd", dict(TR=1024)), ("bwd", dict(TB=128, RB=32)), ("bwd", dict(TB=512, RB=8)),
+                       ("bwd", dict(TB=1024, RB=4))],
     # at b5330c8 every x load / dx store / row tile variant was slower than the default
     # (h200-mhc-sweep-proj-rms-b5330c8.txt); now the dweight reduction: without the
     # programmatic dependent launch, and with a runtime loop over the row groups
-    "mhc_proj_rms": [("bwd", dict(PDL=False)), ("bwd", dict(RED_STATIC=False)),
-                     ("bwd", dict(PDL=False, RED_STATIC=False))],
+    "mhc_proj_rms": [("bwd", dict(PDL=False)), ("bwd", dict(RED_STATIC=False)), ("bwd", dict(TK_RED=128)),
+                     ("bwd", dict(TK_RED=32))],
     "mhc_pre": [("bwd", dict(PDL=False, pr=dict(PDL=False))), ("bwd", dict(TG=128)), ("bwd", dict(TG=512)),
                 ("bwd", dict(TG=1024))],
 }

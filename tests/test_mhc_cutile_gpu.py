@@ -253,6 +253,58 @@ def test_pre_backward_either_mix(c, entries, monkeypatch):
     run_pre(c)
 
 
+def _bwd_args(op, T, n, C):
+    """(inputs, outputs) of ``op``'s destination-passing backward on fresh random data."""
+    N = n * n + 2 * n
+    if op == "mhc_h_post_bda":
+        ins = (_rand(T, n, C), _rand(T, n, n, dtype=F32), _rand(T, n, C), _rand(T, n, dtype=F32), _rand(T, C),
+               _rand(C))
+        outs = [empty(t.shape, t.dtype, t.device) for t in ins[1:]]
+        return ins, outs
+    if op == "mhc_proj_rms":
+        x, w = _rand(T, n * C), _rand(N, n * C, scale=0.05)
+        ins = (_rand(T, N, dtype=F32), _rand(T, dtype=F32), x, w, _rand(T, dtype=F32).abs() + 0.5)
+        return ins, [empty(x.shape, x.dtype, x.device), empty(w.shape, w.dtype, w.device), 1e-6]
+    x, w, b = _rand(T, n, C), _rand(N, n * C, scale=(n * C) ** -0.5), _rand(N, dtype=F32)
+    ins = (_rand(T, C), _rand(T, n, dtype=F32), _rand(T, n, n, dtype=F32), x, w, b, _rand(T, N, dtype=F32),
+           _rand(T, dtype=F32).abs() + 0.5)
+    return ins, [empty(t.shape, t.dtype, t.device) for t in (x, w, b)] + [0.7, 1.3, 0.4, 20, 1e-6, 1e-6]
+
+
+@pytest.mark.parametrize("op", ["mhc_h_post_bda", "mhc_proj_rms", "mhc_pre"])
+def test_backward_is_deterministic_and_graph_safe(op):
+    """The backwards reduce fp32 partials in a fixed order (no atomics), with the reductions
+    launched as programmatic dependent launches: two eager calls and one CUDA-graph replay
+    on the same inputs give bitwise-equal gradients (a reduction that read its partials
+    before the kernel writing them finished would differ, or be NaN: outputs are poisoned)."""
+    ins, outs = _bwd_args(op, 4096, 4, 7168 if op != "mhc_pre" else 2560)
+    grads = [t for t in outs if isinstance(t, torch.Tensor)]
+    fn = _k(op, "bwd")
+    runs = []
+    for _ in range(2):
+        for t in grads:
+            t.fill_(float("nan"))
+        fn(*ins, *outs)
+        runs.append([t.clone() for t in grads])
+    g = torch.cuda.CUDAGraph()
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        fn(*ins, *outs)  # warm-up on the capture stream
+        with torch.cuda.graph(g, stream=side):
+            fn(*ins, *outs)
+    torch.cuda.current_stream().wait_stream(side)
+    for t in grads:
+        t.fill_(float("nan"))
+    g.replay()
+    torch.cuda.synchronize()
+    runs.append([t.clone() for t in grads])
+    for i, first in enumerate(runs[0]):
+        assert torch.isfinite(first.float()).all(), f"{op}: gradient {i} not finite"
+        for r in runs[1:]:
+            assert torch.equal(first, r[i]), f"{op}: gradient {i} differs between runs"
+
+
 def test_empty_batch_writes_zero_dbias_and_dweight():
     """T = 0: nothing to launch for the token kernels, but dbias / dweight (reduced
     over T) must still be written (as zeros)."""

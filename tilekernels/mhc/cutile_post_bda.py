@@ -154,19 +154,28 @@ def mhc_pb_bwd_one(dout, hres, hpost, res, x, bias, dres, dx, p_bias, p_dhr, p_d
             ct.store(p_bias, index=(g, s * KC + k), tile=ct.extract(dbias, (k, 0), shape=(1, TC)))
 
 
+def _sum_parts(p, out, b, TR: ConstInt, PW: ConstInt, NCH: ConstInt):
+    """out[b*TR : (b+1)*TR] = sum over k < NCH (in order), then over the PW partials, of
+    p [NCH, rows, PW] (the NCH loads unrolled: all in flight at once)."""
+    acc = ct.zeros((1, TR, PW), dtype=ct.float32)
+    for k in ct.static_iter(range(NCH)):
+        acc += ct.load(p, index=(k, b, 0), shape=(1, TR, PW), padding_mode=PAD_ZERO)
+    ct.store(out, index=(b,), tile=ct.reshape(ct.sum(acc, axis=2), (TR,)).astype(out.dtype))
+
+
 @ct.kernel
-def mhc_pb_dh_reduce(p_dhr, p_dhp, dhres, dhpost, NP: ConstInt, TT: ConstInt, PW: ConstInt, PDL: ConstBool):
-    """dh_res, dh_post = sums of the one-pass backward's per-C-tile partials (fixed order)."""
+def mhc_pb_dh_reduce(p_dhr, p_dhp, dhres, dhpost, TR: ConstInt, PW: ConstInt, NCH: ConstInt, PDL: ConstBool):
+    """dh_res, dh_post (flat: [T*n*n], [T*n]) = sums of the one-pass backward's chunk partials
+    p_dhr [chunks, T*n*n, PW], p_dhp [chunks, T*n, PW] (fixed order). The first blocks do
+    dh_res, the rest dh_post, TR outputs each."""
     if PDL:  # launched while the kernel before finishes: its writes are visible after this
         ct.grid_dependency_control_wait()
-    t = ct.bid(0)
-    ar = ct.zeros((1, TT, NP, NP, PW), dtype=ct.float32)
-    ap = ct.zeros((1, TT, NP, PW), dtype=ct.float32)
-    for k in range(p_dhr.shape[0]):
-        ar += ct.load(p_dhr, index=(k, t, 0, 0, 0), shape=(1, TT, NP, NP, PW), padding_mode=PAD_ZERO)
-        ap += ct.load(p_dhp, index=(k, t, 0, 0), shape=(1, TT, NP, PW), padding_mode=PAD_ZERO)
-    ct.store(dhres, index=(t, 0, 0), tile=ct.reshape(ct.sum(ar, axis=4), (TT, NP, NP)).astype(dhres.dtype))
-    ct.store(dhpost, index=(t, 0), tile=ct.reshape(ct.sum(ap, axis=3), (TT, NP)).astype(dhpost.dtype))
+    b = ct.bid(0)
+    nbr = ct.num_tiles(dhres, axis=0, shape=(TR,))
+    if b < nbr:
+        _sum_parts(p_dhr, dhres, b, TR, PW, NCH)
+    else:
+        _sum_parts(p_dhp, dhpost, b - nbr, TR, PW, NCH)
 
 
 @ct.kernel
@@ -192,15 +201,16 @@ def mhc_pb_bwd_dh(dout, res, x, bias, dhres, dhpost, NP: ConstInt, TT: ConstInt,
 
 
 @ct.kernel
-def mhc_pb_dbias(p_bias, dbias, TB: ConstInt, PDL: ConstBool):
-    """dbias[c] = sum over the token groups of the fp32 partials (fixed order)."""
+def mhc_pb_dbias(p_bias, dbias, RB: ConstInt, TB: ConstInt, PDL: ConstBool):
+    """dbias[c] = sum over the token groups of the fp32 partials p_bias [groups, >= C] (fixed
+    order: group g into row g % RB of an accumulator, those RB rows summed at the end)."""
     if PDL:
         ct.grid_dependency_control_wait()
     cb = ct.bid(0)
-    ab = ct.zeros((1, TB), dtype=ct.float32)
-    for gi in range(p_bias.shape[0]):
-        ab += ct.load(p_bias, index=(gi, cb), shape=(1, TB), padding_mode=PAD_ZERO)
-    ct.store(dbias, index=(cb,), tile=ct.reshape(ab, (TB,)).astype(dbias.dtype))
+    ab = ct.zeros((RB, TB), dtype=ct.float32)
+    for gi in range(ct.num_tiles(p_bias, axis=0, shape=(RB, TB))):
+        ab += ct.load(p_bias, index=(gi, cb), shape=(RB, TB), padding_mode=PAD_ZERO)
+    ct.store(dbias, index=(cb,), tile=ct.sum(ab, axis=0).astype(dbias.dtype))
 
 
 @ct.kernel
@@ -238,12 +248,13 @@ class PostBdaCfg:
     OCC: int = 0   # occupancy hints (0: compiler's choice): fwd, dres/dx, dh
     OCC_D: int = 0
     OCC_H: int = 0
-    TB: int = 1024  # dbias reduction: channels per block
+    TB: int = 256   # dbias reduction: channels per block (x RB token groups per load)
+    RB: int = 16
     ROWS: bool = True  # dres/dx kernel: h_res rows as loaded (False: a transposed load)
     H32: bool = True   # bf16 h: stage fp32 copies of h_res / h_post first (mhc_pb_h32)
     ONE: bool = False  # bwd in one streaming pass (mhc_pb_bwd_one with TT_D, TC_D, G, OCC_D and KC)
     KC: int = 2        # one-pass bwd: C tiles per block (dh reduced once per KC tiles)
-    TT_R: int = 64     # one-pass dh partial reduction: tokens per block times PW
+    TR: int = 256      # one-pass dh partial reduction: outputs (token x entry) per block
     PW: int = 8        # one-pass: dh partials per C tile (each sums TC_D / PW adjacent channels)
     PDL: bool = True   # the partial reductions as programmatic dependent launches
 
@@ -266,7 +277,7 @@ class PostBdaCfg:
         return cls(NP=NP, TT=TT, TC=TC, CSPLIT=1,
                    TT_D=1 if one else max(1, min(16, 16384 // (NP * TC))), TC_D=TC, G=128 if one else 64,
                    TT_H=max(1, min(16, 8192 // (NP * NP * TC_H))), TC_H=TC_H, OCC=4, OCC_D=2, OCC_H=2,
-                   TB=min(1024, next_pow2(C)), ROWS=True, ONE=one, KC=2, PW=8 if TC >= 8 else 1)
+                   TB=min(256, next_pow2(C)), ROWS=True, ONE=one, KC=2, PW=8 if TC >= 8 else 1)
 
 
 def fwd_launches(h_res, residual, h_post, x, bias, out, cfg: PostBdaCfg | None = None) -> list[Launch]:
@@ -300,13 +311,14 @@ def bwd_launches(dout, h_res, residual, h_post, x, bias, dh_res, dresidual, dh_p
         # dh partials per C chunk (every element written before it is read)
         p_dhr = torch.empty((nch, T, n, n, cfg.PW), dtype=torch.float32, device=dev)
         p_dhp = torch.empty((nch, T, n, cfg.PW), dtype=torch.float32, device=dev)
-        tr = cfg.TT_R // cfg.PW  # tokens per reduction block
         out = stage + [Launch(mhc_pb_bwd_one, (ng, nch),
                               (dout, h_res, h_post, residual, x, bias if has_bias else x, dresidual, dx, p_bias,
                                p_dhr, p_dhp, cfg.NP, cfg.TT_D, cfg.TC_D, cfg.KC, next_pow2(cfg.KC), cfg.PW,
                                has_bias), cfg, occ(cfg.OCC_D)),
-                       Launch(mhc_pb_dh_reduce, (cdiv(T, tr),),
-                              (p_dhr, p_dhp, dh_res, dh_post, cfg.NP, tr, cfg.PW, cfg.PDL), cfg, pdl=cfg.PDL)]
+                       Launch(mhc_pb_dh_reduce, (cdiv(T * n * n, cfg.TR) + cdiv(T * n, cfg.TR),),
+                              (p_dhr.view(nch, T * n * n, cfg.PW), p_dhp.view(nch, T * n, cfg.PW),
+                               dh_res.view(T * n * n), dh_post.view(T * n), cfg.TR, cfg.PW, nch, cfg.PDL),
+                              cfg, pdl=cfg.PDL)]
     else:
         # fp32 dbias partials, one row per token group (every element written before it is read)
         p_bias = torch.empty((ng, C) if has_bias else (1, 1), dtype=torch.float32, device=dev)
@@ -317,5 +329,6 @@ def bwd_launches(dout, h_res, residual, h_post, x, bias, dh_res, dresidual, dh_p
                               (dout, residual, x, bias if has_bias else x, dh_res, dh_post,
                                cfg.NP, cfg.TT_H, cfg.TC_H, has_bias), cfg, occ(cfg.OCC_H))]
     if has_bias:
-        out.append(Launch(mhc_pb_dbias, (cdiv(C, cfg.TB),), (p_bias, dbias, cfg.TB, cfg.PDL), cfg, pdl=cfg.PDL))
+        out.append(Launch(mhc_pb_dbias, (cdiv(C, cfg.TB),), (p_bias, dbias, cfg.RB, cfg.TB, cfg.PDL), cfg,
+                          pdl=cfg.PDL))
     return out

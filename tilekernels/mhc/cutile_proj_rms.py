@@ -75,7 +75,7 @@ def mhc_pr_bwd(dproj, dr, x, w, r, dx, p_dw, dagg, hpre_t, eps: float,
                NPAD: ConstInt, TM: ConstInt, TK: ConstInt, AGG: ConstBool,
                LAT: ConstInt, TMA_LD: ConstBool, TMA_ST: ConstBool):
     """x, w, dx as [rows, G, Cg] views (proj_rms: G = 1, Cg = K; mhc_pre: G = n,
-    Cg = C), p_dw [GM, NPAD, G, Cg]. Block (b, gm), b = c * G + g, does
+    Cg = C), p_dw [GM, N, G, Cg]. Block (b, gm), b = c * G + g, does
     column tile c of group g for row tiles gm, gm + GM, ...
     AGG (mhc_pre): dx also gets h_pre[:, g] * dagg[:, c-tile] (dagg: dlayer_in
     [rows, Cg]; hpre_t: h_pre transposed, [G, rows] fp32, so a row tile's h_pre
@@ -111,7 +111,7 @@ def mhc_pr_bwd(dproj, dr, x, w, r, dx, p_dw, dagg, hpre_t, eps: float,
 
 @ct.kernel
 def mhc_pr_reduce(p_dw, dw, NPAD: ConstInt, TK: ConstInt, GM: ConstInt, PDL: ConstBool):
-    """dw = sum of the GM partials p_dw [GM, NPAD, K] in order (GM > 0: a compile-time count,
+    """dw = sum of the GM partials p_dw [GM, N, K] in order (GM > 0: a compile-time count,
     every load issued at once; 0: a runtime loop over p_dw.shape[0])."""
     if PDL:  # launched while mhc_pr_bwd finishes: its partials are visible after this
         ct.grid_dependency_control_wait()
@@ -172,7 +172,9 @@ def bwd_launches(dproj, dr, x, weight, r, dx, dweight, eps: float,
     G, Cg = groups, K // groups
     cfg = cfg or ProjRmsCfg.heuristic(M, weight.shape[0], K if G == 1 else Cg)
     gm = min(cfg.GM, cdiv(M, cfg.TM))
-    p_dw = torch.empty((gm, cfg.NPAD, G, Cg), dtype=torch.float32, device=x.device)
+    # N rows, not NPAD: the padded rows of the dweight tiles are clipped by the store
+    N = weight.shape[0]
+    p_dw = torch.empty((gm, N, G, Cg), dtype=torch.float32, device=x.device)
     dagg, hpre_t = agg if agg is not None else (dr, dproj)
     bwd = Launch(mhc_pr_bwd, (G * cdiv(Cg, cfg.TK_BWD), gm),
                  (dproj, dr, x.view(M, G, Cg), weight.view(-1, G, Cg), r, dx.view(M, G, Cg), p_dw,
@@ -180,6 +182,6 @@ def bwd_launches(dproj, dr, x, weight, r, dx, dweight, eps: float,
                   agg is not None, cfg.LAT, cfg.TMA_LD, cfg.TMA_ST),
                  cfg, occ(cfg.OCC_B))
     red = Launch(mhc_pr_reduce, (cdiv(K, cfg.TK_RED),),
-                 (p_dw.view(gm, cfg.NPAD, K), dweight, cfg.NPAD, cfg.TK_RED, gm if cfg.RED_STATIC else 0,
+                 (p_dw.view(gm, N, K), dweight, cfg.NPAD, cfg.TK_RED, gm if cfg.RED_STATIC else 0,
                   cfg.PDL), cfg, pdl=cfg.PDL)
     return [bwd, red]
