@@ -258,17 +258,13 @@ SWEEPS = {
     "mhc_h_aggregate": [("fwd", dict(OCC=4)), ("bwd", dict(OCC_B=2))],
     "mhc_h_post_bda_bf16h": [("fwd", dict(H32=False)), ("bwd", dict(ONE=False, TT_D=4, G=64, H32=False))],
     "mhc_sinkhorn": [("fwd", dict(APPROX=0)), ("bwd", dict(PF=0))],
-    # the one-pass backward's reductions: outputs per dh block, dbias tile, no PDL
-    "mhc_h_post_bda": [("bwd", dict(PDL=False)), ("bwd", dict(TR=128)), ("bwd", dict(TR=512)),
-                       ("bwd", dict(TR=1024)), ("bwd", dict(TB=128, RB=32)), ("bwd", dict(TB=512, RB=8)),
-                       ("bwd", dict(TB=1024, RB=4))],
-    # at b5330c8 every x load / dx store / row tile variant was slower than the default
-    # (h200-mhc-sweep-proj-rms-b5330c8.txt); now the dweight reduction: without the
-    # programmatic dependent launch, and with a runtime loop over the row groups
-    "mhc_proj_rms": [("bwd", dict(PDL=False)), ("bwd", dict(RED_STATIC=False)), ("bwd", dict(TK_RED=128)),
-                     ("bwd", dict(TK_RED=32))],
-    "mhc_pre": [("bwd", dict(PDL=False, pr=dict(PDL=False))), ("bwd", dict(TG=128)), ("bwd", dict(TG=512)),
-                ("bwd", dict(TG=1024))],
+    # at dc465c5 (h200-mhc-sweep-reductions-dc465c5.txt): PDL -6 us, TR 1024 best of 128-1024,
+    # dbias TB=256 x RB=16 = the best; now: 8 worker warps, TR=2048 / 512
+    "mhc_h_post_bda": [("bwd", dict(NW_D=8)), ("bwd", dict(TR=2048)), ("bwd", dict(TR=512))],
+    # at dc465c5 the dweight reduction variants were within 2 us; 8 worker warps (the compiler
+    # picks 4) with and without the occupancy hint
+    "mhc_proj_rms": [("bwd", dict(NW_B=8)), ("bwd", dict(NW_B=8, OCC_B=1)), ("bwd", dict(NW_B=8, OCC_B=0))],
+    "mhc_pre": [("bwd", dict(pr=dict(NW_B=8)))],
 }
 
 

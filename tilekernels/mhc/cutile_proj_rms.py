@@ -137,6 +137,7 @@ class ProjRmsCfg:
     TK_RED: int = 64  # dweight reduction K tile (448 blocks at K=28672; 256: 112 blocks)
     OCC: int = 0     # occupancy hints (0: compiler's choice)
     OCC_B: int = 2
+    NW_B: int = 0    # bwd: worker warps hint (0: the compiler's, 4 here)
     LAT: int = 0     # bwd x load latency hint (1-10; 0: the compiler's)
     TMA_LD: bool = True  # bwd x load / dx store may use TMA
     TMA_ST: bool = True
@@ -180,7 +181,7 @@ def bwd_launches(dproj, dr, x, weight, r, dx, dweight, eps: float,
                  (dproj, dr, x.view(M, G, Cg), weight.view(-1, G, Cg), r, dx.view(M, G, Cg), p_dw,
                   dagg, hpre_t, float(eps), cfg.NPAD, cfg.TM, cfg.TK_BWD,
                   agg is not None, cfg.LAT, cfg.TMA_LD, cfg.TMA_ST),
-                 cfg, occ(cfg.OCC_B))
+                 cfg, occ(cfg.OCC_B, cfg.NW_B))
     red = Launch(mhc_pr_reduce, (cdiv(K, cfg.TK_RED),),
                  (p_dw.view(gm, N, K), dweight, cfg.NPAD, cfg.TK_RED, gm if cfg.RED_STATIC else 0,
                   cfg.PDL), cfg, pdl=cfg.PDL)
