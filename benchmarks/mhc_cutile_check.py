@@ -259,12 +259,11 @@ SWEEPS = {
     "mhc_h_post_bda_bf16h": [("fwd", dict(H32=False)), ("bwd", dict(ONE=False, TT_D=4, G=64, H32=False))],
     "mhc_sinkhorn": [("fwd", dict(APPROX=0)), ("bwd", dict(PF=0))],
     # at dc465c5 (h200-mhc-sweep-reductions-dc465c5.txt): PDL -6 us, TR 1024 best of 128-1024,
-    # dbias TB=256 x RB=16 = the best; now: 8 worker warps, TR=2048 / 512
-    "mhc_h_post_bda": [("bwd", dict(NW_D=8)), ("bwd", dict(TR=2048)), ("bwd", dict(TR=512))],
-    # at dc465c5 the dweight reduction variants were within 2 us; 8 worker warps (the compiler
-    # picks 4) with and without the occupancy hint
-    "mhc_proj_rms": [("bwd", dict(NW_B=8)), ("bwd", dict(NW_B=8, OCC_B=1)), ("bwd", dict(NW_B=8, OCC_B=0))],
-    "mhc_pre": [("bwd", dict(pr=dict(NW_B=8)))],
+    # dbias TB=256 x RB=16 the best; at af74025 (h200-mhc-sweep-af74025.txt) TR=2048 the same
+    # as 1024, 8 worker warps 2.4x slower (proj_rms bwd: 1.25x slower)
+    # proj_rms bwd: the next row tile's inputs loaded one step ahead (dproj/r/dr; and x)
+    "mhc_proj_rms": [("bwd", dict(PF_B=1)), ("bwd", dict(PF_B=2))],
+    "mhc_pre": [("bwd", dict(pr=dict(PF_B=1))), ("bwd", dict(pr=dict(PF_B=2)))],
 }
 
 
