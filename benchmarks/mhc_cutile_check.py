@@ -261,9 +261,10 @@ SWEEPS = {
     # at dc465c5 (h200-mhc-sweep-reductions-dc465c5.txt): PDL -6 us, TR 1024 best of 128-1024,
     # dbias TB=256 x RB=16 the best; at af74025 (h200-mhc-sweep-af74025.txt) TR=2048 the same
     # as 1024, 8 worker warps 2.4x slower (proj_rms bwd: 1.25x slower)
-    # proj_rms bwd: the next row tile's inputs loaded one step ahead (dproj/r/dr; and x)
-    "mhc_proj_rms": [("bwd", dict(PF_B=1)), ("bwd", dict(PF_B=2))],
-    "mhc_pre": [("bwd", dict(pr=dict(PF_B=1))), ("bwd", dict(pr=dict(PF_B=2)))],
+    # at 1e265ce (h200-mhc-sweep-pf-1e265ce.txt) the proj_rms bwd loading the next row tile's
+    # dproj/r/dr (and x) one step ahead was 1.4-2.2x slower and wrong (rel. diff 1.4; not
+    # investigated): removed. Each x load / dx store / tile / warp variant so far was slower.
+    "mhc_proj_rms": [("bwd", dict(GM=6)), ("bwd", dict(GM=8))],
 }
 
 

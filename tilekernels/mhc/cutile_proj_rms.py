@@ -70,50 +70,31 @@ def _ld_x(x, m, grp, cj, TM: ConstInt, TK: ConstInt, LAT: ConstInt, TMA: ConstBo
     return ct.reshape(t, (TM, TK))
 
 
-def _row_in(dproj, r, dr, m, NPAD: ConstInt, TM: ConstInt):
-    """Row tile m's dproj [TM, NPAD], r and dr [TM, 1] (fp32)."""
-    return (ct.load(dproj, index=(m, 0), shape=(TM, NPAD), padding_mode=PAD_ZERO),
-            ct.reshape(ct.load(r, index=(m,), shape=(TM,), padding_mode=PAD_ZERO), (TM, 1)),
-            ct.reshape(ct.load(dr, index=(m,), shape=(TM,), padding_mode=PAD_ZERO), (TM, 1)))
-
-
 @ct.kernel
 def mhc_pr_bwd(dproj, dr, x, w, r, dx, p_dw, dagg, hpre_t, eps: float,
                NPAD: ConstInt, TM: ConstInt, TK: ConstInt, AGG: ConstBool,
-               LAT: ConstInt, TMA_LD: ConstBool, TMA_ST: ConstBool, PF: ConstInt):
+               LAT: ConstInt, TMA_LD: ConstBool, TMA_ST: ConstBool):
     """x, w, dx as [rows, G, Cg] views (proj_rms: G = 1, Cg = K; mhc_pre: G = n,
     Cg = C), p_dw [GM, N, G, Cg]. Block (b, gm), b = c * G + g, does
     column tile c of group g for row tiles gm, gm + GM, ...
     AGG (mhc_pre): dx also gets h_pre[:, g] * dagg[:, c-tile] (dagg: dlayer_in
     [rows, Cg]; hpre_t: h_pre transposed, [G, rows] fp32, so a row tile's h_pre
-    is one contiguous load).
-    PF: the next row tile's dproj, r, dr (1), and x (2) are loaded one step ahead (the
-    last step reloads its own tile)."""
+    is one contiguous load)."""
     # the G groups of one column tile are neighbouring blocks: they read the same dagg tiles
     grp = ct.bid(0) % x.shape[1]
     cj = ct.bid(0) // x.shape[1]
     gm = ct.bid(1)
-    nb = ct.num_blocks(1)
     kf = ct.astype(x.shape[1] * x.shape[2], ct.float32)
     ntm = ct.num_tiles(x, axis=0, shape=(TM, 1, TK))
     wt = ct.reshape(ct.load(w, index=(0, grp, cj), shape=(NPAD, 1, TK), padding_mode=PAD_ZERO), (NPAD, TK))
     dw = ct.zeros((NPAD, TK), dtype=ct.float32)
-    nxt = _row_in(dproj, r, dr, gm, NPAD, TM)
-    xn = _ld_x(x, gm, grp, cj, TM, TK, LAT, TMA_LD)
-    for m in range(gm, ntm, nb):
-        mn = ct.where(m + nb < ntm, m + nb, m)
-        if PF >= 1:
-            gp, rr, gr = nxt
-            nxt = _row_in(dproj, r, dr, mn, NPAD, TM)
-        else:
-            gp, rr, gr = _row_in(dproj, r, dr, m, NPAD, TM)
-        if PF >= 2:
-            xt = xn
-            xn = _ld_x(x, mn, grp, cj, TM, TK, LAT, TMA_LD)
-        else:
-            xt = _ld_x(x, m, grp, cj, TM, TK, LAT, TMA_LD)
+    for m in range(gm, ntm, ct.num_blocks(1)):
+        gp = ct.load(dproj, index=(m, 0), shape=(TM, NPAD), padding_mode=PAD_ZERO)
         hi = gp.astype(ct.bfloat16)
         lo = (gp - hi.astype(ct.float32)).astype(ct.bfloat16)
+        xt = _ld_x(x, m, grp, cj, TM, TK, LAT, TMA_LD)
+        rr = ct.reshape(ct.load(r, index=(m,), shape=(TM,), padding_mode=PAD_ZERO), (TM, 1))
+        gr = ct.reshape(ct.load(dr, index=(m,), shape=(TM,), padding_mode=PAD_ZERO), (TM, 1))
         rms = 1.0 / rr - eps
         coef = ct.where(rms > 0.0, -gr * rr * rr / (kf * rms), 0.0)
         gx = ct.mma(hi, wt, ct.zeros((TM, TK), dtype=ct.float32))
@@ -157,7 +138,6 @@ class ProjRmsCfg:
     OCC: int = 0     # occupancy hints (0: compiler's choice)
     OCC_B: int = 2
     NW_B: int = 0    # bwd: worker warps hint (0: the compiler's, 4 here)
-    PF_B: int = 0    # bwd: next row tile's dproj / r / dr (1), and x (2), loaded one step ahead
     LAT: int = 0     # bwd x load latency hint (1-10; 0: the compiler's)
     TMA_LD: bool = True  # bwd x load / dx store may use TMA
     TMA_ST: bool = True
@@ -200,7 +180,7 @@ def bwd_launches(dproj, dr, x, weight, r, dx, dweight, eps: float,
     bwd = Launch(mhc_pr_bwd, (G * cdiv(Cg, cfg.TK_BWD), gm),
                  (dproj, dr, x.view(M, G, Cg), weight.view(-1, G, Cg), r, dx.view(M, G, Cg), p_dw,
                   dagg, hpre_t, float(eps), cfg.NPAD, cfg.TM, cfg.TK_BWD,
-                  agg is not None, cfg.LAT, cfg.TMA_LD, cfg.TMA_ST, cfg.PF_B),
+                  agg is not None, cfg.LAT, cfg.TMA_LD, cfg.TMA_ST),
                  cfg, occ(cfg.OCC_B, cfg.NW_B))
     red = Launch(mhc_pr_reduce, (cdiv(K, cfg.TK_RED),),
                  (p_dw.view(gm, N, K), dweight, cfg.NPAD, cfg.TK_RED, gm if cfg.RED_STATIC else 0,
