@@ -264,7 +264,7 @@ SWEEPS = {
     # at 1e265ce (h200-mhc-sweep-pf-1e265ce.txt) the proj_rms bwd loading the next row tile's
     # dproj/r/dr (and x) one step ahead was 1.4-2.2x slower and wrong (rel. diff 1.4; not
     # investigated): removed. Each x load / dx store / tile / warp variant so far was slower.
-    "mhc_proj_rms": [("bwd", dict(GM=6)), ("bwd", dict(GM=8))],
+    "mhc_proj_rms": [("bwd", dict(GM=6)), ("bwd", dict(GM=8)), ("bwd", dict(OCC_B=1)), ("bwd", dict(OCC_B=0))],
 }
 
 
