@@ -77,7 +77,7 @@ def _ld_x(x, m, grp, cj, TM: ConstInt, TK: ConstInt, LAT: ConstInt, TMA: ConstBo
 @ct.kernel
 def mhc_pr_bwd(dproj, dr, x, w, r, dx, p_dw, dagg, hpre_t, eps: float,
                NPAD: ConstInt, TM: ConstInt, TK: ConstInt, AGG: ConstBool,
-               LAT: ConstInt, TMA_LD: ConstBool, TMA_ST: ConstBool):
+               LAT: ConstInt, TMA_LD: ConstBool, TMA_ST: ConstBool, DWT: ConstBool):
     """x, w, dx as [rows, G, Cg] views (proj_rms: G = 1, Cg = K; mhc_pre: G = n,
     Cg = C), p_dw [GM, N, G, Cg]. Block (b, gm), b = c * G + g, does
     column tile c of group g for row tiles gm, gm + GM, ...
@@ -91,7 +91,9 @@ def mhc_pr_bwd(dproj, dr, x, w, r, dx, p_dw, dagg, hpre_t, eps: float,
     kf = ct.astype(x.shape[1] * x.shape[2], ct.float32)
     ntm = ct.num_tiles(x, axis=0, shape=(TM, 1, TK))
     wt = ct.reshape(ct.load(w, index=(0, grp, cj), shape=(NPAD, 1, TK), padding_mode=PAD_ZERO), (NPAD, TK))
-    dw = ct.zeros((NPAD, TK), dtype=ct.float32)
+    # dweight tile accumulated as [NPAD, TK] (DWT: transposed, [TK, NPAD]: M = TK rows for the
+    # tensor cores' warpgroup MMA instead of M = NPAD)
+    dw = ct.zeros((TK, NPAD) if DWT else (NPAD, TK), dtype=ct.float32)
     for m in range(gm, ntm, ct.num_blocks(1)):
         gp = ct.load(dproj, index=(m, 0), shape=(TM, NPAD), padding_mode=PAD_ZERO)
         hi = gp.astype(ct.bfloat16)
@@ -108,8 +110,14 @@ def mhc_pr_bwd(dproj, dr, x, w, r, dx, p_dw, dagg, hpre_t, eps: float,
             ga = ct.load(dagg, index=(m, cj), shape=(TM, TK), padding_mode=PAD_ZERO)
             gx = gx + hpre * ga.astype(ct.float32)
         ct.store(dx, index=(m, grp, cj), tile=ct.reshape(gx.astype(dx.dtype), (TM, 1, TK)), allow_tma=TMA_ST)
-        dw = ct.mma(ct.transpose(hi), xt, dw)
-        dw = ct.mma(ct.transpose(lo), xt, dw)
+        if DWT:
+            dw = ct.mma(ct.transpose(xt), hi, dw)
+            dw = ct.mma(ct.transpose(xt), lo, dw)
+        else:
+            dw = ct.mma(ct.transpose(hi), xt, dw)
+            dw = ct.mma(ct.transpose(lo), xt, dw)
+    if DWT:
+        dw = ct.transpose(dw)
     ct.store(p_dw, index=(gm, 0, grp, cj), tile=ct.reshape(dw, (1, NPAD, 1, TK)))
 
 
@@ -142,6 +150,7 @@ class ProjRmsCfg:
     OCC: int = 0     # occupancy hints (0: compiler's choice)
     OCC_B: int = 2
     NW_B: int = 0    # bwd: worker warps hint (0: the compiler's, 4 here)
+    DWT: bool = False  # bwd: the dweight tile accumulated transposed (x^T @ dproj)
     LAT: int = 0     # bwd x load latency hint (1-10; 0: the compiler's)
     TMA_LD: bool = True  # bwd x load / dx store may use TMA
     TMA_ST: bool = True
@@ -184,7 +193,7 @@ def bwd_launches(dproj, dr, x, weight, r, dx, dweight, eps: float,
     bwd = Launch(mhc_pr_bwd, (G * cdiv(Cg, cfg.TK_BWD), gm),
                  (dproj, dr, x.view(M, G, Cg), weight.view(-1, G, Cg), r, dx.view(M, G, Cg), p_dw,
                   dagg, hpre_t, float(eps), cfg.NPAD, cfg.TM, cfg.TK_BWD,
-                  agg is not None, cfg.LAT, cfg.TMA_LD, cfg.TMA_ST),
+                  agg is not None, cfg.LAT, cfg.TMA_LD, cfg.TMA_ST, cfg.DWT),
                  cfg, occ(cfg.OCC_B, cfg.NW_B))
     red = Launch(mhc_pr_reduce, (cdiv(K, cfg.TK_RED),),
                  (p_dw.view(gm, N, K), dweight, cfg.NPAD, cfg.TK_RED, gm if cfg.RED_STATIC else 0,
