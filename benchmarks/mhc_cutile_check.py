@@ -264,14 +264,10 @@ SWEEPS = {
     # at 1e265ce (h200-mhc-sweep-pf-1e265ce.txt) the proj_rms bwd loading the next row tile's
     # dproj/r/dr (and x) one step ahead was 1.4-2.2x slower and wrong (rel. diff 1.4; not
     # investigated): removed. Each x load / dx store / tile / warp variant so far was slower.
-    # at 03eaeb2 (h200-mhc-check-03eaeb2.txt): GM=6 / 8 slower, no occupancy hint 9 us faster.
-    # DWT: the dweight tile accumulated transposed (warpgroup MMA instead of 128 mma.sync per
-    # step); with 128-wide K tiles it fits 2 blocks per SM (128 registers, 76 KB smem)
-    "mhc_proj_rms": [("bwd", dict(OCC_B=0)), ("bwd", dict(DWT=True)), ("bwd", dict(DWT=True, OCC_B=0)),
-                     ("bwd", dict(DWT=True, TK_BWD=128)), ("bwd", dict(DWT=True, TK_BWD=128, GM=14)),
-                     ("bwd", dict(DWT=True, TK_BWD=128, OCC_B=0)), ("bwd", dict(DWT=True, NW_B=8))],
-    "mhc_pre": [("bwd", dict(pr=dict(OCC_B=0))), ("bwd", dict(pr=dict(DWT=True))),
-                ("bwd", dict(pr=dict(DWT=True, TK_BWD=128)))],
+    # at 3da38b9 (h200-mhc-sweep-dwt-3da38b9.txt): the transposed dweight accumulation at
+    # TK_BWD=128 (now the default) 1.066 ms vs 1.100; around it: row groups, row tile, hints
+    "mhc_proj_rms": [("bwd", dict(GM=10)), ("bwd", dict(GM=5)), ("bwd", dict(LAT=10)), ("bwd", dict(OCC_B=3)),
+                     ("bwd", dict(TM=128)), ("bwd", dict(DWT=False, TK_BWD=256))],
 }
 
 

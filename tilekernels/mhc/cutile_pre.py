@@ -215,7 +215,7 @@ class PreCfg:
         210 KB of shared memory, so one 4-warp block per SM); T=8192, n=8: padded tile
         0.404 ms, entries 0.080."""
         NP = next_pow2(n)
-        base = dict(pr=pr.ProjRmsCfg.heuristic(T, n * n + 2 * n, C), agg=agg.AggCfg.heuristic(T, n, C),
+        base = dict(pr=pr.ProjRmsCfg.heuristic(T, n * n + 2 * n, C, pre=True), agg=agg.AggCfg.heuristic(T, n, C),
                     NS=n, NP=NP, ITERS=iters)
         if mix_entries if mix_entries is not None else n > 4:
             return cls(**base, TT=128)

@@ -159,16 +159,22 @@ class ProjRmsCfg:
 
     @classmethod
     @functools.lru_cache(maxsize=1024)  # pure in its arguments; saves ~10-25 us per call
-    def heuristic(cls, M: int, N: int, K: int) -> "ProjRmsCfg":
+    def heuristic(cls, M: int, N: int, K: int, pre: bool = False) -> "ProjRmsCfg":
+        """``pre``: the config of mhc_pre's dx pass (the same bwd kernel with the
+        h_aggregate term; K is then C, the per-stream width)."""
         NPAD = max(16, next_pow2(N))
         TK = min(128, max(16, next_pow2(K)))
-        # bwd K tile 256: one 168-register block per SM, 1.117 ms vs 1.129 at 128 on the H200
-        # (K=28672; mhc_pre's dx pass 2.096 vs 2.126 ms); 64: 1.15-1.5
-        # row groups: at most 7 (K=28672: 112 x 7 = 784 bwd blocks of one per SM, 5.9 waves on
-        # 132 SMs; 8 made 896, 6.8 waves). H200 sweep (h200-mhc-sweep-proj-rms-ebe30f2.txt),
-        # bwd + reduction: GM=8, TK_RED=256 1.115 ms; GM=7, TK_RED=64 1.105; GM=14 1.123
-        return cls(NPAD=NPAD, TM=64, TK=TK, TK_BWD=min(256, max(16, next_pow2(K))),
-                   GM=max(1, min(7, cdiv(M, 64 * 16))))
+        # bwd (H200, M=32768, K=28672, h200-mhc-sweep-dwt-3da38b9.txt): the dweight tile
+        # accumulated transposed (warpgroup MMA) with 128-wide K tiles, 2 blocks per SM of
+        # 128 registers and 76 KB smem: 1.066 ms; before, [NPAD, TK] with 128 mma.sync per
+        # step at TK=256 (one 168-register block per SM): 1.100; transposed at TK=256: 3.2
+        # (spills). mhc_pre's dx pass (two more loads per step) stays at the latter: 2.055 vs
+        # 2.144 ms for its bwd.
+        # row groups: at most 7 (K=28672: 5.9 waves of blocks; GM=8 at TK 256: 6.8 waves;
+        # sweeps h200-mhc-sweep-proj-rms-ebe30f2.txt, h200-mhc-check-03eaeb2.txt)
+        tk_b = 256 if pre else 128
+        return cls(NPAD=NPAD, TM=64, TK=TK, TK_BWD=min(tk_b, max(16, next_pow2(K))),
+                   GM=max(1, min(7, cdiv(M, 64 * 16))), DWT=not pre)
 
 
 def fwd_launch(x, weight, proj, r, eps: float, cfg: ProjRmsCfg | None = None) -> Launch:
@@ -184,7 +190,7 @@ def bwd_launches(dproj, dr, x, weight, r, dx, dweight, eps: float,
     seen as [M, n, C]) and agg = (dlayer_in [M, C], h_pre transposed [n, M] fp32)."""
     M, K = x.shape
     G, Cg = groups, K // groups
-    cfg = cfg or ProjRmsCfg.heuristic(M, weight.shape[0], K if G == 1 else Cg)
+    cfg = cfg or ProjRmsCfg.heuristic(M, weight.shape[0], K if G == 1 else Cg, pre=G > 1)
     gm = min(cfg.GM, cdiv(M, cfg.TM))
     # N rows, not NPAD: the padded rows of the dweight tiles are clipped by the store
     N = weight.shape[0]
