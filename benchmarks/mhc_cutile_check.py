@@ -348,9 +348,19 @@ def main():
     ap.add_argument("--ops", default="mhc_h_aggregate,mhc_h_post_bda,mhc_sinkhorn,mhc_proj_rms,mhc_pre")
     ap.add_argument("--sweep-seconds", type=float, default=200)
     ap.add_argument("--memcheck", action="store_true")
+    ap.add_argument("--shape", default=None, help="T,n,C instead of the headline 32768,4,7168")
+    ap.add_argument("--sweep", default=None,
+                    help='JSON {op: [[pass, {field: value}], ...]} to sweep instead of SWEEPS')
     a = ap.parse_args()
     if a.memcheck:
         return memcheck()
+    global T, n, C
+    if a.shape:
+        T, n, C = (int(v) for v in a.shape.split(","))
+        RESULTS["shape"] = {"T": T, "n": n, "C": C}
+    if a.sweep:
+        SWEEPS.clear()
+        SWEEPS.update({op: [(ps, kw) for ps, kw in v] for op, v in json.loads(a.sweep).items()})
     torch.manual_seed(0)
     ops = a.ops.split(",")
     phases = a.phases.split(",")
