@@ -164,17 +164,29 @@ class ProjRmsCfg:
         h_aggregate term; K is then C, the per-stream width)."""
         NPAD = max(16, next_pow2(N))
         TK = min(128, max(16, next_pow2(K)))
-        # bwd (H200, M=32768, K=28672, h200-mhc-sweep-dwt-3da38b9.txt): the dweight tile
-        # accumulated transposed (warpgroup MMA) with 128-wide K tiles, 2 blocks per SM of
-        # 128 registers and 76 KB smem: 1.066 ms; before, [NPAD, TK] with 128 mma.sync per
-        # step at TK=256 (one 168-register block per SM): 1.100; transposed at TK=256: 3.2
-        # (spills). mhc_pre's dx pass (two more loads per step) stays at the latter: 2.055 vs
-        # 2.144 ms for its bwd.
+        # bwd tile (H200, M=32768; h200-mhc-sweep-dwt-3da38b9.txt, h200-mhc-sweep-n8-n2-c608748.txt):
+        #  NPAD 32 (n=4, K=28672): the dweight tile accumulated transposed (warpgroup MMA) at
+        #    TK 128, 2 blocks per SM of 128 registers: 1.066 ms; [NPAD, TK] with mma.sync at
+        #    TK 256: 1.100; transposed at 256: 3.2 (spills). mhc_pre's dx pass (two more
+        #    loads per step) keeps the latter: its bwd 2.055 vs 2.144 ms.
+        #  NPAD 128 (n=8, K=32768): transposed at TK 64: 2.73 ms; at 128: 2.95 (spills);
+        #    [NPAD, TK] at 256: 22.6 (spills 4 KB), at 128: 8.6. mhc_pre n=8 bwd 24.5 -> 4.84.
+        #  NPAD 16 (n=2, K=14336): [NPAD, TK] at 256: 0.542 ms; transposed at 64: 0.817, at
+        #    128: 3.27 (spills).
+        #  NPAD 64 (n=5, 6): not measured; as NPAD 128 (no spills in its SASS).
         # row groups: at most 7 (K=28672: 5.9 waves of blocks; GM=8 at TK 256: 6.8 waves;
-        # sweeps h200-mhc-sweep-proj-rms-ebe30f2.txt, h200-mhc-check-03eaeb2.txt)
-        tk_b = 256 if pre else 128
-        return cls(NPAD=NPAD, TM=64, TK=TK, TK_BWD=min(tk_b, max(16, next_pow2(K))),
-                   GM=max(1, min(7, cdiv(M, 64 * 16))), DWT=not pre)
+        # h200-mhc-sweep-proj-rms-ebe30f2.txt, h200-mhc-check-17b371f.txt: 5 and 10 slower)
+        if NPAD >= 64:
+            dwt, tk_b = True, 64
+        elif NPAD == 32 and not pre:
+            dwt, tk_b = True, 128
+        else:
+            dwt, tk_b = False, 256
+        tk_b = min(tk_b, max(16, next_pow2(K)))
+        # few column tiles (small K: n = 1, 2): more row groups, for ~2 waves of blocks on
+        # a 132-SM GPU; each group keeps >= 16 row tiles
+        gm = max(7, cdiv(264, cdiv(K, tk_b))) if not pre else 7
+        return cls(NPAD=NPAD, TM=64, TK=TK, TK_BWD=tk_b, GM=max(1, min(gm, 32, cdiv(M, 64 * 16))), DWT=dwt)
 
 
 def fwd_launch(x, weight, proj, r, eps: float, cfg: ProjRmsCfg | None = None) -> Launch:
