@@ -142,7 +142,7 @@ def mhc_pr_reduce(p_dw, dw, NPAD: ConstInt, TK: ConstInt, GM: ConstInt, PDL: Con
 class ProjRmsCfg:
     """Launch config = compile key (with the dtypes)."""
     NPAD: int   # N padded (>= 16 for the tensor cores)
-    TM: int     # rows per tile
+    TM: int     # rows per tile (bwd; fwd too unless TM_F)
     TK: int     # K per tile (fwd loop step, bwd block width)
     TK_BWD: int
     GM: int     # bwd: row groups (dweight partials)
@@ -151,6 +151,7 @@ class ProjRmsCfg:
     OCC_B: int = 2
     NW_B: int = 0    # bwd: worker warps hint (0: the compiler's, 4 here)
     DWT: bool = False  # bwd: the dweight tile accumulated transposed (x^T @ dproj)
+    TM_F: int = 0    # fwd rows per tile (0: TM)
     LAT: int = 0     # bwd x load latency hint (1-10; 0: the compiler's)
     TMA_LD: bool = True  # bwd x load / dx store may use TMA
     TMA_ST: bool = True
@@ -190,8 +191,9 @@ class ProjRmsCfg:
 def fwd_launch(x, weight, proj, r, eps: float, cfg: ProjRmsCfg | None = None) -> Launch:
     M, K = x.shape
     cfg = cfg or ProjRmsCfg.heuristic(M, weight.shape[0], K)
-    return Launch(mhc_pr_fwd, (cdiv(M, cfg.TM),),
-                  (x, weight, proj, r, float(eps), cfg.NPAD, cfg.TM, cfg.TK), cfg, occ(cfg.OCC))
+    tm = cfg.TM_F or cfg.TM
+    return Launch(mhc_pr_fwd, (cdiv(M, tm),),
+                  (x, weight, proj, r, float(eps), cfg.NPAD, tm, cfg.TK), cfg, occ(cfg.OCC))
 
 
 def bwd_launches(dproj, dr, x, weight, r, dx, dweight, eps: float,
