@@ -164,7 +164,11 @@ class ProjRmsCfg:
         """``pre``: the config of mhc_pre's dx pass (the same bwd kernel with the
         h_aggregate term; K is then C, the per-stream width)."""
         NPAD = max(16, next_pow2(N))
-        TK = min(128, max(16, next_pow2(K)))
+        # fwd (H200, M=32768; h200-mhc-sweep-fwd-2bc1177.txt): n=8 (NPAD 128, K=32768) at
+        # TK 64: 1.080 ms, at 128: 1.501; n=4 (K=28672) with 128-row tiles: 0.441 ms, 64
+        # rows: 0.452, 32 rows: 0.695. mhc_pre's fwd (same TK, its own kernel) is unchanged.
+        TK = min(64 if NPAD >= 64 and not pre else 128, max(16, next_pow2(K)))
+        tm_f = 128 if NPAD == 32 and not pre else 0
         # bwd tile (H200, M=32768; h200-mhc-sweep-dwt-3da38b9.txt, h200-mhc-sweep-n8-n2-c608748.txt):
         #  NPAD 32 (n=4, K=28672): the dweight tile accumulated transposed (warpgroup MMA) at
         #    TK 128, 2 blocks per SM of 128 registers: 1.066 ms; [NPAD, TK] with mma.sync at
@@ -185,7 +189,7 @@ class ProjRmsCfg:
             dwt, tk_b = False, 256
         # (n=1, C=7168: 7 row groups 0.417 ms, 10 groups 0.432: h200-mhc-n1-n8-447a71f.txt)
         return cls(NPAD=NPAD, TM=64, TK=TK, TK_BWD=min(tk_b, max(16, next_pow2(K))),
-                   GM=max(1, min(7, cdiv(M, 64 * 16))), DWT=dwt)
+                   GM=max(1, min(7, cdiv(M, 64 * 16))), DWT=dwt, TM_F=tm_f)
 
 
 def fwd_launch(x, weight, proj, r, eps: float, cfg: ProjRmsCfg | None = None) -> Launch:
