@@ -174,6 +174,19 @@ class Runner:
             return
         rec["compile_ms"] = self._peer("torch.compile(reference)", step)
 
+    def _time(self, step, notes: list) -> float:
+        """``self.timer(step)``; on CUDA it also counts the caching allocator's device
+        allocations (cudaMalloc) made while timing: a steady-state step should make none,
+        and each one can stall the host and so the measurement (noted in the record)."""
+        cuda = self.device.type == "cuda"
+        before = torch.cuda.memory_stats(self.device).get("num_device_alloc", 0) if cuda else 0
+        ms = self.timer(step)
+        if cuda:
+            n = torch.cuda.memory_stats(self.device).get("num_device_alloc", 0) - before
+            if n:
+                notes.append(f"{n} cudaMalloc while timing")
+        return ms
+
     def _graph(self, backend: str, step) -> Optional[float]:
         """CUDA-graph replay time of our step (GPU backends only; see Timer.graph)."""
         return None if backend == "torch" else self.timer.graph(step)
@@ -187,7 +200,7 @@ class Runner:
         def run(b):
             return lambda: op.entry(*bound.args(), backend=b, **bound.params)
 
-        ms = self.timer(run(backend))
+        ms = self._time(run(backend), notes)
         rec = {"backend": backend, "ms": ms, "graph_ms": self._graph(backend, run(backend)),
                "rel_err": err, "ok": ok, "notes": notes}
         self._peers(rec, op, ms, lambda: run("torch"), lambda cref: lambda: cref(*args, **params))
@@ -222,7 +235,7 @@ class Runner:
             return run(lambda: op.entry(*bound.args(), backend=b, **bound.params))
 
         with torch.enable_grad():
-            ms = self.timer(entry(backend))
+            ms = self._time(entry(backend), notes)
             rec = {"backend": backend, "ms": ms, "graph_ms": self._graph(backend, entry(backend)),
                    "rel_err": err, "ok": ok, "notes": notes}
             self._peers(rec, op, ms, lambda: entry("torch"), lambda cref: run(lambda: cref(*largs, **lparams)))
