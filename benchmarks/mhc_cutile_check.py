@@ -335,6 +335,8 @@ def memcheck():
         print("sinkhorn", G.run_sinkhorn(dict(T=37, n=3, iters=20)))
         print("sinkhorn n4", G.run_sinkhorn(dict(T=37, n=4, iters=20)))
         print("proj_rms", G.run_proj_rms(dict(M=37, n=3, C=100)))
+        print("proj_rms n4 (transposed dweight, 128-row fwd)", G.run_proj_rms(dict(M=37, n=4, C=100)))
+        print("proj_rms n8", G.run_proj_rms(dict(M=37, n=8, C=64)))
         print("pre", G.run_pre(dict(T=37, n=3, C=100, iters=20)))
         print("pre n8 (entries mix)", G.run_pre(dict(T=37, n=8, C=64, iters=20)))
     torch.cuda.synchronize()
