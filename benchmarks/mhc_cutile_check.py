@@ -258,16 +258,14 @@ SWEEPS = {
     "mhc_h_aggregate": [("fwd", dict(OCC=4)), ("bwd", dict(OCC_B=2))],
     "mhc_h_post_bda_bf16h": [("fwd", dict(H32=False)), ("bwd", dict(ONE=False, TT_D=4, G=64, H32=False))],
     "mhc_sinkhorn": [("fwd", dict(APPROX=0)), ("bwd", dict(PF=0))],
-    # at dc465c5 (h200-mhc-sweep-reductions-dc465c5.txt): PDL -6 us, TR 1024 best of 128-1024,
-    # dbias TB=256 x RB=16 the best; at af74025 (h200-mhc-sweep-af74025.txt) TR=2048 the same
-    # as 1024, 8 worker warps 2.4x slower (proj_rms bwd: 1.25x slower)
-    # at 1e265ce (h200-mhc-sweep-pf-1e265ce.txt) the proj_rms bwd loading the next row tile's
-    # dproj/r/dr (and x) one step ahead was 1.4-2.2x slower and wrong (rel. diff 1.4; not
-    # investigated): removed. Each x load / dx store / tile / warp variant so far was slower.
-    # at 3da38b9 (h200-mhc-sweep-dwt-3da38b9.txt): the transposed dweight accumulation at
-    # TK_BWD=128 (now the default) 1.066 ms vs 1.100; around it: row groups, row tile, hints
-    "mhc_proj_rms": [("bwd", dict(GM=10)), ("bwd", dict(GM=5)), ("bwd", dict(LAT=10)), ("bwd", dict(OCC_B=3)),
-                     ("bwd", dict(TM=128)), ("bwd", dict(DWT=False, TK_BWD=256))],
+    # at dc465c5 / af74025 (h200-mhc-sweep-reductions-dc465c5.txt, h200-mhc-sweep-af74025.txt):
+    # TR 1024 = 2048 > 512 > 256 > 128, dbias TB=256 x RB=16 the best, no PDL +6 us
+    "mhc_h_post_bda": [("bwd", dict(TR=512)), ("bwd", dict(PDL=False))],
+    # x load latency hints, TMA off, worker-warp hints, one-step-ahead loads: all slower
+    # (b5330c8, af74025, 1e265ce; their code is removed). DWT at TK 128 the default since 17b371f
+    "mhc_proj_rms": [("bwd", dict(DWT=False, TK_BWD=256)), ("bwd", dict(GM=10)), ("bwd", dict(OCC_B=3)),
+                     ("fwd", dict(TM_F=64))],
+    "mhc_pre": [("bwd", dict(pr=dict(DWT=True, TK_BWD=128)))],
 }
 
 

@@ -144,10 +144,9 @@ def hinted(kernel, hints: tuple):
     return _HINTED[key]
 
 
-def occ(n: int | None, worker_warps: int = 0) -> tuple:
-    """Launch hints: an occupancy target and the number of worker warps of a
-    warp-specialized kernel (0 / None: the compiler's choice)."""
-    return ((("occupancy", n),) if n else ()) + ((("num_worker_warps", worker_warps),) if worker_warps else ())
+def occ(n: int | None) -> tuple:
+    """Launch hints for an occupancy target (None: the compiler's choice)."""
+    return (("occupancy", n),) if n else ()
 
 
 def run_all(launches: Sequence[Launch]) -> None:

@@ -250,7 +250,6 @@ class PostBdaCfg:
     OCC: int = 0   # occupancy hints (0: compiler's choice): fwd, dres/dx, dh
     OCC_D: int = 0
     OCC_H: int = 0
-    NW_D: int = 0  # dres/dx or one-pass kernel: worker warps hint (0: the compiler's)
     TB: int = 256   # dbias reduction: channels per block (x RB token groups per load)
     RB: int = 16
     ROWS: bool = True  # dres/dx kernel: h_res rows as loaded (False: a transposed load)
@@ -317,7 +316,7 @@ def bwd_launches(dout, h_res, residual, h_post, x, bias, dh_res, dresidual, dh_p
         out = stage + [Launch(mhc_pb_bwd_one, (ng, nch),
                               (dout, h_res, h_post, residual, x, bias if has_bias else x, dresidual, dx, p_bias,
                                p_dhr, p_dhp, cfg.NP, cfg.TT_D, cfg.TC_D, cfg.KC, next_pow2(cfg.KC), cfg.PW,
-                               has_bias), cfg, occ(cfg.OCC_D, cfg.NW_D)),
+                               has_bias), cfg, occ(cfg.OCC_D)),
                        Launch(mhc_pb_dh_reduce, (cdiv(T * n * n, cfg.TR) + cdiv(T * n, cfg.TR),),
                               (p_dhr.view(nch, T * n * n, cfg.PW), p_dhp.view(nch, T * n, cfg.PW),
                                dh_res.view(T * n * n), dh_post.view(T * n), cfg.TR, cfg.PW, nch, cfg.PDL),

@@ -10,16 +10,17 @@ N is padded to NPAD = max(16, next_pow2(N)) for the tensor-core products. The
 fp32 dproj enters them as a bf16 pair (hi + lo, hi = bf16(dproj),
 lo = bf16(dproj - hi)): ~16 mantissa bits, the products exact, fp32 sums.
 
-fwd: grid (M/TM,), each block loops over K.
+fwd: grid (M/TM_F,), each block loops over K.
 bwd: grid (K/TK, GM); block (k, g) loops over row tiles g, g+GM, ... at one
      K tile, writes dx, and leaves a fp32 dweight partial per group (the same
      kernel, with x seen as [M, n, C] and the h_aggregate term added, is
      mhc_pre's dx pass: cutile_pre);
      ``mhc_pr_reduce`` sums the GM partials in order (deterministic), launched as a
-     programmatic dependent launch. H200 (M=32768, K=28672): bwd 1.098 ms (80% of copy for
-     its bytes) + reduction 0.011. Slower there (sweeps in benchmarks/results/): x load
-     latency hints, loads or stores without TMA, row tiles of 32 or 128, 8 worker warps,
-     next-row-tile loads one step ahead.
+     programmatic dependent launch. H200 (M=32768, n=4, K=28672), with the dweight tile
+     accumulated transposed (DWT, see ProjRmsCfg.heuristic): bwd + reduction 1.05-1.07 ms,
+     fwd 0.44 (128-row tiles). Slower there (sweeps in benchmarks/results/, code removed):
+     x load latency hints, loads or stores without TMA, row tiles of 32 or 128 in the bwd,
+     8 worker warps, next-row-tile loads one step ahead.
 """
 from __future__ import annotations
 
@@ -65,19 +66,9 @@ def mhc_pr_fwd(x, w, proj, r, eps: float, NPAD: ConstInt, TM: ConstInt, TK: Cons
     ct.store(r, index=(pid,), tile=rr)
 
 
-def _ld_x(x, m, grp, cj, TM: ConstInt, TK: ConstInt, LAT: ConstInt, TMA: ConstBool):
-    """x tile [TM, TK] (LAT: the load's latency hint, 0 = the compiler's; TMA: allow TMA)."""
-    if LAT > 0:
-        t = ct.load(x, index=(m, grp, cj), shape=(TM, 1, TK), padding_mode=PAD_ZERO, latency=LAT, allow_tma=TMA)
-    else:
-        t = ct.load(x, index=(m, grp, cj), shape=(TM, 1, TK), padding_mode=PAD_ZERO, allow_tma=TMA)
-    return ct.reshape(t, (TM, TK))
-
-
 @ct.kernel
 def mhc_pr_bwd(dproj, dr, x, w, r, dx, p_dw, dagg, hpre_t, eps: float,
-               NPAD: ConstInt, TM: ConstInt, TK: ConstInt, AGG: ConstBool,
-               LAT: ConstInt, TMA_LD: ConstBool, TMA_ST: ConstBool, DWT: ConstBool):
+               NPAD: ConstInt, TM: ConstInt, TK: ConstInt, AGG: ConstBool, DWT: ConstBool):
     """x, w, dx as [rows, G, Cg] views (proj_rms: G = 1, Cg = K; mhc_pre: G = n,
     Cg = C), p_dw [GM, N, G, Cg]. Block (b, gm), b = c * G + g, does
     column tile c of group g for row tiles gm, gm + GM, ...
@@ -98,7 +89,7 @@ def mhc_pr_bwd(dproj, dr, x, w, r, dx, p_dw, dagg, hpre_t, eps: float,
         gp = ct.load(dproj, index=(m, 0), shape=(TM, NPAD), padding_mode=PAD_ZERO)
         hi = gp.astype(ct.bfloat16)
         lo = (gp - hi.astype(ct.float32)).astype(ct.bfloat16)
-        xt = _ld_x(x, m, grp, cj, TM, TK, LAT, TMA_LD)
+        xt = ct.reshape(ct.load(x, index=(m, grp, cj), shape=(TM, 1, TK), padding_mode=PAD_ZERO), (TM, TK))
         rr = ct.reshape(ct.load(r, index=(m,), shape=(TM,), padding_mode=PAD_ZERO), (TM, 1))
         gr = ct.reshape(ct.load(dr, index=(m,), shape=(TM,), padding_mode=PAD_ZERO), (TM, 1))
         rms = 1.0 / rr - eps
@@ -109,7 +100,7 @@ def mhc_pr_bwd(dproj, dr, x, w, r, dx, p_dw, dagg, hpre_t, eps: float,
             hpre = ct.reshape(ct.load(hpre_t, index=(grp, m), shape=(1, TM), padding_mode=PAD_ZERO), (TM, 1))
             ga = ct.load(dagg, index=(m, cj), shape=(TM, TK), padding_mode=PAD_ZERO)
             gx = gx + hpre * ga.astype(ct.float32)
-        ct.store(dx, index=(m, grp, cj), tile=ct.reshape(gx.astype(dx.dtype), (TM, 1, TK)), allow_tma=TMA_ST)
+        ct.store(dx, index=(m, grp, cj), tile=ct.reshape(gx.astype(dx.dtype), (TM, 1, TK)))
         if DWT:
             dw = ct.mma(ct.transpose(xt), hi, dw)
             dw = ct.mma(ct.transpose(xt), lo, dw)
@@ -123,18 +114,14 @@ def mhc_pr_bwd(dproj, dr, x, w, r, dx, p_dw, dagg, hpre_t, eps: float,
 
 @ct.kernel
 def mhc_pr_reduce(p_dw, dw, NPAD: ConstInt, TK: ConstInt, GM: ConstInt, PDL: ConstBool):
-    """dw = sum of the GM partials p_dw [GM, N, K] in order (GM > 0: a compile-time count,
-    every load issued at once; 0: a runtime loop over p_dw.shape[0])."""
+    """dw = sum of the GM partials p_dw [GM, N, K] in order (GM, a compile-time count <= 7:
+    every load issued at once; a runtime loop measured 2 us slower on the H200)."""
     if PDL:  # launched while mhc_pr_bwd finishes: its partials are visible after this
         ct.grid_dependency_control_wait()
     kt = ct.bid(0)
     acc = ct.zeros((1, NPAD, TK), dtype=ct.float32)
-    if GM > 0:
-        for g in ct.static_iter(range(GM)):
-            acc += ct.load(p_dw, index=(g, 0, kt), shape=(1, NPAD, TK), padding_mode=PAD_ZERO)
-    else:
-        for g in range(p_dw.shape[0]):
-            acc += ct.load(p_dw, index=(g, 0, kt), shape=(1, NPAD, TK), padding_mode=PAD_ZERO)
+    for g in ct.static_iter(range(GM)):
+        acc += ct.load(p_dw, index=(g, 0, kt), shape=(1, NPAD, TK), padding_mode=PAD_ZERO)
     ct.store(dw, index=(0, kt), tile=ct.reshape(acc, (NPAD, TK)).astype(dw.dtype))
 
 
@@ -149,13 +136,8 @@ class ProjRmsCfg:
     TK_RED: int = 64  # dweight reduction K tile (448 blocks at K=28672; 256: 112 blocks)
     OCC: int = 0     # occupancy hints (0: compiler's choice)
     OCC_B: int = 2
-    NW_B: int = 0    # bwd: worker warps hint (0: the compiler's, 4 here)
     DWT: bool = False  # bwd: the dweight tile accumulated transposed (x^T @ dproj)
     TM_F: int = 0    # fwd rows per tile (0: TM)
-    LAT: int = 0     # bwd x load latency hint (1-10; 0: the compiler's)
-    TMA_LD: bool = True  # bwd x load / dx store may use TMA
-    TMA_ST: bool = True
-    RED_STATIC: bool = True  # dweight reduction: the row-group count as a constant (unrolled)
     PDL: bool = True         # dweight reduction launched as a programmatic dependent launch
 
     @classmethod
@@ -215,9 +197,9 @@ def bwd_launches(dproj, dr, x, weight, r, dx, dweight, eps: float,
     bwd = Launch(mhc_pr_bwd, (G * cdiv(Cg, cfg.TK_BWD), gm),
                  (dproj, dr, x.view(M, G, Cg), weight.view(-1, G, Cg), r, dx.view(M, G, Cg), p_dw,
                   dagg, hpre_t, float(eps), cfg.NPAD, cfg.TM, cfg.TK_BWD,
-                  agg is not None, cfg.LAT, cfg.TMA_LD, cfg.TMA_ST, cfg.DWT),
-                 cfg, occ(cfg.OCC_B, cfg.NW_B))
+                  agg is not None, cfg.DWT),
+                 cfg, occ(cfg.OCC_B))
     red = Launch(mhc_pr_reduce, (cdiv(K, cfg.TK_RED),),
-                 (p_dw.view(gm, N, K), dweight, cfg.NPAD, cfg.TK_RED, gm if cfg.RED_STATIC else 0,
+                 (p_dw.view(gm, N, K), dweight, cfg.NPAD, cfg.TK_RED, gm,
                   cfg.PDL), cfg, pdl=cfg.PDL)
     return [bwd, red]
