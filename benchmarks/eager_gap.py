@@ -1,9 +1,9 @@
 #!/usr/bin/env python3
 """Device host: why an eager fwd+bwd step can be slower than its CUDA-graph replay.
 
-Runs tk-bench's fwd+bwd step for one mHC op (registry entry, fixed upstream grads, leaf
-grads cleared each step) at the headline shape: do_bench (eager) vs do_bench_cudagraph,
-then 20 eager steps under torch.profiler: GPU busy time (sum of kernel durations) against
+Runs tk-bench's fwd+bwd step for one mHC op (its tk-bench inputs, registry entry, fixed
+upstream grads, leaf grads cleared each step) at the headline shape: do_bench (eager) vs
+do_bench_cudagraph, then 20 eager steps under torch.profiler: GPU busy time (sum of kernel durations) against
 the span from the first kernel's start to the last one's end, the kernels by total time,
 and the CUDA runtime calls that can stall the host or the device (malloc/free/sync).
     source .gpu-cutile/env.sh && python3 benchmarks/eager_gap.py [--op mhc_h_post_bda]
@@ -18,17 +18,16 @@ from torch.profiler import ProfilerActivity, profile
 from triton.testing import do_bench, do_bench_cudagraph
 
 import registry
+from tilekernels.mhc import bench as mhc_bench
 
 
-def inputs(op: str, T=32768, n=4, C=7168):
-    r = lambda *s, dt=torch.bfloat16: torch.randn(*s, device="cuda").to(dt)  # noqa: E731
-    if op == "mhc_h_post_bda":
-        hr = torch.softmax(r(T, n, n, dt=torch.float32), dim=-1)
-        return [hr, r(T, n, C), r(T, n, dt=torch.float32), r(T, C), r(C)], {}
-    if op == "mhc_proj_rms":
-        K = n * C
-        return [r(T, K), r(n * n + 2 * n, K) * K ** -0.5], {"eps": 1e-6}
-    raise SystemExit(f"op {op}: not set up here")
+def inputs(op: str):
+    """The op's tk-bench inputs at tk-bench's CUDA shape (tilekernels.mhc.bench)."""
+    case = next((c for c in mhc_bench.cases("cuda") if c.op == op), None)
+    if case is None:
+        raise SystemExit(f"op {op}: not an mHC tk-bench case")
+    args, params = case.make(case.dims, torch.device("cuda"))
+    return list(args), params
 
 
 def main() -> None:
