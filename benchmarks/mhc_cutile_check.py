@@ -5,7 +5,7 @@ On the GPU host, from the repository root (as the results in
 benchmarks/results/nvidia-h200-mhc-cutile.md were made):
 
     source .gpu-cutile/env.sh
-    python3 -m pytest tests/test_mhc_cutile_gpu.py -n 12 --dist loadgroup   # correctness
+    python3 -m pytest tests/mhc/test_mhc_cutile_gpu.py -n 12 --dist loadgroup   # correctness
     python3 benchmarks/mhc_cutile_check.py --out DIR --phases env,sweep,compile
     compute-sanitizer --tool memcheck python3 benchmarks/mhc_cutile_check.py --memcheck
 
@@ -28,7 +28,7 @@ import time
 import traceback
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path[:0] = [ROOT, os.path.join(ROOT, "tests")]
+sys.path[:0] = [ROOT, os.path.join(ROOT, "tests", "mhc")]
 
 import torch  # noqa: E402
 

@@ -4,14 +4,36 @@
 **params)`` binds and checks everything against the spec first, then runs the
 first backend (in spec order) whose requirements hold; ``backend=`` forces one.
 ``op.explain(...)`` gives, per backend, ``(ok, reason)``.
+
+The hot path (design):
+
+* **No host sync.** Validation reads tensor metadata only. Rules on tensor
+  values run on the host for CPU tensors and as device-side tensor ops feeding
+  an async assert otherwise (see :mod:`registry.validate`); an op whose spec
+  names ``host_values`` (the CP collectives: their send sizes come from
+  cu_seqlens by design) copies those tensors to the host once per call and
+  hands the kernels that copy.
+* **Validated-call cache.** A call whose tensors have the same metadata (shape,
+  strides, dtype, device, requires_grad) and the same plain params as one
+  validated before, under the same grad mode and TILEKERNELS_STRICT, passes the
+  same metadata checks and gets the same backend; it skips bind + choose and
+  re-runs only the value rules (every call: values can change under the same
+  metadata). Machine facts (toolchains, SM, registered kernels) are taken as
+  fixed for the process: ``clear_caches()`` forgets them.
+* **torch.compile.** While TorchDynamo traces, the call skips the cache and runs
+  the whole validation as traced Python: metadata rules become guards, value
+  rules become graph ops, machine facts are trace-time constants
+  (``_machine``), and the entry's custom ops land in the graph.
+* **CUDA graphs.** Nothing on the path allocates per call beyond the outputs or
+  reads the device, so capture through ``registry.get(name)`` works; the value
+  checks are captured too and run again at every replay.
 """
 from __future__ import annotations
 
-import functools
 import importlib
 import logging
 import os
-from typing import Any, Callable
+from typing import Any, Callable, Optional
 
 import torch
 
@@ -20,7 +42,8 @@ from specs.schema import Backend, OpSpec
 
 from . import capabilities as caps
 from .errors import BackendUnavailable, SpecError
-from .validate import Bound, _check_param, bind, dtype_name, failing_constraint
+from .kernels import has_kernel
+from .validate import Bound, _check_param, bind, check_values, dtype_name, failing_constraint, precompile
 
 log = logging.getLogger("tilekernels")
 _warned: set[tuple[str, str]] = set()
@@ -35,35 +58,71 @@ def strict() -> bool:
     return os.environ.get("TILEKERNELS_STRICT", "0") not in ("", "0", "false", "False")
 
 
+def _requirement(req: str) -> Optional[str]:
+    """Why a runtime requirement of a backend does not hold (None: it holds)."""
+    if req == "distributed":
+        import torch.distributed as dist
+
+        if not (dist.is_available() and dist.is_initialized()):
+            return "torch.distributed is not initialized (a collective needs a process group)"
+        return None
+    return f"unknown requirement {req!r}"  # pragma: no cover - the schema lists the known ones
+
+
 def machine_reasons(b: Backend, device, sm: int | None = None) -> tuple[list[str], int | None]:
-    """What this machine lacks for GPU backend ``b`` on ``device`` (a CUDA device,
-    the SM range, the toolchains), and the device's SM (``sm`` overrides it)."""
+    """What this machine lacks for backend ``b`` on ``device`` (a CUDA device and
+    the SM range for GPU backends, the toolchains, runtime requirements such as an
+    initialised process group), and the device's SM (``sm`` overrides it)."""
     why: list[str] = []
-    if device.type != "cuda":
-        why.append(f"inputs are on {device.type}; {b.name} needs a CUDA device")
-    else:
-        sm = sm if sm is not None else caps.sm_of(device)
-        if b.sm is not None and not (b.sm[0] <= sm <= b.sm[1]):
-            why.append(f"device is sm_{sm}; {b.name} kernels need sm_{b.sm[0]}..sm_{b.sm[1]}")
+    if b.name != "torch":
+        if device.type != "cuda":
+            why.append(f"inputs are on {device.type}; {b.name} needs a CUDA device")
+        else:
+            sm = sm if sm is not None else caps.sm_of(device)
+            if b.sm is not None and not (b.sm[0] <= sm <= b.sm[1]):
+                why.append(f"device is sm_{sm}; {b.name} kernels need sm_{b.sm[0]}..sm_{b.sm[1]}")
     for tc in b.toolchain:
         t = caps.toolchain(tc)
         if not t.ok:
             why.append(f"toolchain {tc} unavailable: {t.reason}")
+    for req in getattr(b, "requires", ()):
+        r = _requirement(req)
+        if r:
+            why.append(r)
     return why, sm
+
+
+_BACKENDS: dict[int, Backend] = {}  # id -> Backend (the specs live for the process)
+
+
+@torch.compiler.assume_constant_result
+def _machine(op: str, backend_id: int, device: str, need: tuple) -> tuple:
+    """(reasons, sm) for the machine part of ``backend_status``: device, SM,
+    toolchains, runtime requirements, the backend module and its kernels. Under
+    torch.compile this runs once at trace time and its result is a constant."""
+    b = _BACKENDS[backend_id]
+    why, sm = machine_reasons(b, torch.device(device))
+    if why or b.name == "torch":  # the torch backend is the spec's own entry: nothing to import
+        return tuple(why), sm
+    try:
+        importlib.import_module(b.module)
+    except Exception as e:  # noqa: BLE001
+        return (f"cannot import {b.module} ({type(e).__name__}: {e})",), sm
+    for p in need:
+        if not has_kernel(op, b.name, p):
+            return (f"{b.module} registers no {p} kernel for {op}",), sm
+    return (), sm
 
 
 def backend_status(bound: Bound, b: Backend) -> tuple[bool, str]:
     """Whether backend ``b`` can run this validated call, and why (not).
 
-    Every unmet requirement is listed (device, SM, toolchain, dtypes, the
-    backend's own limits, passes), so ``explain`` tells the whole story.
+    Every unmet requirement is listed (dtypes, the backend's own limits, passes,
+    device, SM, toolchain, runtime requirements), for the torch backend too, so
+    ``explain`` tells the whole story.
     """
-    from tilekernels._glue import has_kernel
-
     op = bound.spec.name
-    need = ["fwd", "bwd"] if bound.requires_grad else ["fwd"]
-    if b.name == "torch":
-        return True, "torch reference: runs on any device" + (" (fwd+bwd)" if bound.requires_grad else "")
+    need = ("fwd", "bwd") if bound.spec.differentiable and bound.requires_grad else ("fwd",)
     why: list[str] = []
     for tname, allowed in b.dtypes.items():
         v = bound.tensors.get(tname)
@@ -75,18 +134,27 @@ def backend_status(bound: Bound, b: Backend) -> tuple[bool, str]:
     missing = [p for p in need if p not in b.passes]
     if missing:
         why.append(f"{b.name} has no {'/'.join(missing)} kernel and a gradient is needed")
-    machine, sm = machine_reasons(b, bound.device)
-    why += machine
+    if not torch.compiler.is_compiling():
+        _BACKENDS.setdefault(id(b), b)
+    machine, sm = _machine(op, id(b), str(bound.device), need)
+    why += list(machine)
     if why:
         return False, "; ".join(why)
-    try:
-        importlib.import_module(b.module)
-    except Exception as e:  # noqa: BLE001
-        return False, f"cannot import {b.module} ({type(e).__name__}: {e})"
-    for p in need:
-        if not has_kernel(op, b.name, p):
-            return False, f"{b.module} registers no {p} kernel for {op}"
+    if b.name == "torch":
+        return True, "torch reference: runs on any device" + (" (fwd+bwd)" if bound.requires_grad else "")
     return True, f"{b.name}: requirements hold (sm_{sm}, passes {'+'.join(need)})"
+
+
+@torch.compiler.assume_constant_result
+def _fallback(op: str, why: str, strict_mode: bool) -> bool:
+    """Log (once per reason) or, in strict mode, refuse a fallback to torch."""
+    if strict_mode:
+        raise BackendUnavailable(op, "backend", "a GPU backend (TILEKERNELS_STRICT=1)",
+                                 f"fallback to torch because {why}")
+    if (op, why) not in _warned:
+        _warned.add((op, why))
+        log.warning("%s: falling back to the torch reference: %s", op, why)
+    return True
 
 
 class Op:
@@ -95,20 +163,35 @@ class Op:
     def __init__(self, spec: OpSpec):
         self.spec = spec
         self.name = spec.name
+        self._entry: Optional[Callable] = None
+        self._reference: Optional[Callable] = None
+        self._checked: dict = {}
+        self._in_names = [t.name for t in spec.inputs]
+        self._n_in = len(self._in_names)
+        self._param_specs = {p.name: p for p in spec.params}
+        self._rules = precompile(spec)
+        for b in spec.backends:
+            _BACKENDS[id(b)] = b
+        self._has_values = bool(self._rules[1])
+        self._host_values = tuple(getattr(spec, "host_values", ()) or ())
 
     def __repr__(self) -> str:
         return f"Op({self.name!r}, backends={[b.name for b in self.spec.backends]})"
 
-    @functools.cached_property
+    @property
     def entry(self) -> Callable:
-        return _import_attr(self.spec.entry)
+        if self._entry is None:
+            self._entry = _import_attr(self.spec.entry)
+        return self._entry
 
-    @functools.cached_property
+    @property
     def reference(self) -> Callable:
-        return _import_attr(self.spec.reference)
+        if self._reference is None:
+            self._reference = _import_attr(self.spec.reference)
+        return self._reference
 
     def bind(self, *args, **kwargs) -> Bound:
-        return bind(self.spec, args, kwargs)
+        return bind(self.spec, *self._prepare(args, kwargs), self._rules)
 
     def explain(self, *args, **kwargs) -> list[tuple[str, bool, str]]:
         """Per backend in preference order: (name, ok, reason)."""
@@ -132,67 +215,56 @@ class Op:
             ok, why = backend_status(bound, b)
             if ok:
                 if b.name == "torch" and reasons:
-                    self._fallback(reasons)
+                    _fallback(self.name, "; ".join(reasons), strict())
                     if fell_back is not None:
                         fell_back.extend(reasons)
                 return b.name
             reasons.append(f"{b.name}: {why}")
-        raise BackendUnavailable(self.name, "backend", "a usable backend", "; ".join(reasons))  # pragma: no cover
+        raise BackendUnavailable(self.name, "backend", "a usable backend", "; ".join(reasons))
 
-    def _fallback(self, reasons: list[str]) -> None:
-        why = "; ".join(reasons)
-        if strict():
-            raise BackendUnavailable(self.name, "backend", "a GPU backend (TILEKERNELS_STRICT=1)",
-                                     f"fallback to torch because {why}")
-        key = (self.name, why)
-        if key not in _warned:
-            _warned.add(key)
-            log.warning("%s: falling back to the torch reference: %s", self.name, why)
+    # ---- the call path
+
+    def _prepare(self, args: tuple, kwargs: dict) -> tuple[tuple, dict]:
+        """Tensors the spec reads on the host by design (``host_values``) become
+        host copies, once per call; everything else is passed through."""
+        if not self._host_values:
+            return args, kwargs
+        args = list(args)
+        for name in self._host_values:
+            i = self._in_names.index(name)
+            if i < len(args):
+                if isinstance(args[i], torch.Tensor) and args[i].device.type != "cpu":
+                    args[i] = args[i].cpu()
+            elif isinstance(kwargs.get(name), torch.Tensor) and kwargs[name].device.type != "cpu":
+                kwargs = dict(kwargs, **{name: kwargs[name].cpu()})
+        return tuple(args), kwargs
 
     def __call__(self, *args, backend: str = "auto", **kwargs) -> Any:
-        key = _call_key(args, kwargs, backend) if self._cacheable else None
+        args, kwargs = self._prepare(args, kwargs)
+        if torch.compiler.is_compiling():  # traced: validation becomes guards and graph ops
+            bound = bind(self.spec, args, kwargs, self._rules)
+            return self.entry(*bound.args(), backend=self.choose(bound, backend), **bound.params)
+        key = _call_key(args, kwargs, backend)
         hit = self._checked.get(key) if key is not None else None
         if hit is None:
-            bound = self.bind(*args, **kwargs)
+            bound = bind(self.spec, args, kwargs, self._rules)
             reasons: list[str] = []
             chosen = self.choose(bound, backend, reasons)
             if key is not None:
                 if len(self._checked) >= _CHECKED_MAX:
                     self._checked.clear()
-                self._checked[key] = (chosen, reasons)
+                self._checked[key] = (chosen, "; ".join(reasons), bound.params, bound.dims,
+                                      len(args) == self._n_in and not kwargs.keys() - self._param_specs.keys())
             return self.entry(*bound.args(), backend=chosen, **bound.params)
-        chosen, reasons = hit
-        if reasons:  # the same fallback as when it was validated: logged once, as then
-            self._fallback(reasons)
-        return self.entry(*self._in_order(args, kwargs), backend=chosen, **self._params(kwargs))
-
-    # ---- the validated-call cache: a call whose every input has the same metadata
-    # (shape, strides, dtype, device, requires_grad) and the same plain params as
-    # one validated before, under the same grad mode and TILEKERNELS_STRICT, passes
-    # the same checks and gets the same backend, so it skips bind + choose (the
-    # params it is given are its own, normalised as bind does). Specs with a rule
-    # that reads tensor values never use it (see _reads_values). Machine facts
-    # (toolchains, SM, registered kernels) are taken as fixed for the process:
-    # ``clear_caches()`` forgets every cached call.
-    @functools.cached_property
-    def _checked(self) -> dict:
-        return {}
-
-    @functools.cached_property
-    def _cacheable(self) -> bool:
-        s = self.spec
-        cs = list(s.constraints) + [c for b in s.backends for c in b.constraints]
-        exprs = [c.expr for c in cs] + [c.when for c in cs if c.when] + list(s.layouts.values())
-        tensors = {t.name for t in s.inputs}
-        return not any(_reads_values(e, tensors) for e in exprs)
-
-    @functools.cached_property
-    def _in_names(self) -> list[str]:
-        return [t.name for t in self.spec.inputs]
-
-    @functools.cached_property
-    def _param_specs(self) -> dict:
-        return {p.name: p for p in self.spec.params}
+        chosen, why, params, dims, positional = hit
+        if why:  # the same fallback as when it was validated: logged once, as then
+            _fallback(self.name, why, strict())
+        tensors = args if positional else self._in_order(args, kwargs)
+        if self._has_values:
+            check_values(self.spec, dict(zip(self._in_names, tensors)), params, dims,
+                         torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in tensors),
+                         self._rules[1])
+        return self.entry(*tensors, backend=chosen, **params)
 
     def _in_order(self, args, kwargs) -> list:
         tensors = dict(zip(self._in_names, args))
@@ -213,27 +285,6 @@ def clear_caches() -> None:
         op._checked.clear()
 
 
-_VALUE_HELPERS = {"values", "seqlens"}
-_TENSOR_SAFE = {"present", "ndim", "dtype", "requires_grad"}
-
-
-def _reads_values(expr: str, tensors: set[str]) -> bool:
-    """Whether a spec expression reads tensor data: values()/seqlens(), or any other
-    helper (sum, max, any, ...) applied to a tensor itself."""
-    import ast
-
-    from specs import expr as _expr
-
-    for node in ast.walk(_expr.parse(expr).body):
-        if isinstance(node, ast.Call) and isinstance(node.func, ast.Name):
-            if node.func.id in _VALUE_HELPERS:
-                return True
-            if node.func.id not in _TENSOR_SAFE and any(
-                    isinstance(a, ast.Name) and a.id in tensors for a in node.args):
-                return True
-    return False
-
-
 _CHECKED_MAX = 1024
 _PLAIN = (int, float, bool, str, type(None))
 
@@ -244,38 +295,49 @@ class _NoKey(Exception):
 
 def _sig(v) -> tuple:
     if isinstance(v, torch.Tensor):
-        return (tuple(v.shape), v.stride(), v.dtype, v.device, v.requires_grad)
+        return (v.shape, v.stride(), v.dtype, v.device, v.requires_grad)
+    if isinstance(v, float):
+        return (float, v.hex())  # 0.0 and -0.0 are different params (the key holds their normal form)
     if isinstance(v, _PLAIN):
         return (type(v), v)
     if isinstance(v, (list, tuple)) and all(isinstance(e, _PLAIN) for e in v):
-        return (type(v), tuple((type(e), e) for e in v))
+        return (type(v), tuple(_sig(e) for e in v))
     raise _NoKey  # other objects: validated on every call
 
 
 def _call_key(args, kwargs, backend) -> tuple | None:
-    """What decides validation and dispatch of a call (None: not cacheable)."""
+    """What decides metadata validation and dispatch of a call (None: not cacheable)."""
     try:
-        return (tuple(_sig(a) for a in args), tuple(sorted((k, _sig(v)) for k, v in kwargs.items())),
+        return (tuple(_sig(a) for a in args),
+                tuple((k, _sig(v)) for k, v in sorted(kwargs.items())) if kwargs else (),
                 backend, torch.is_grad_enabled(), strict())
     except _NoKey:
         return None
 
 
-@functools.lru_cache(maxsize=None)
+_OPS: dict[str, Op] = {}
+
+
 def _ops() -> dict[str, Op]:
-    out: dict[str, Op] = {}
-    for s in all_specs():
-        if s.name in out:
-            raise RuntimeError(f"two specs named {s.name!r}")
-        out[s.name] = Op(s)
-    return out
+    if not _OPS:
+        out: dict[str, Op] = {}
+        for s in all_specs():
+            if s.name in out:
+                raise RuntimeError(f"two specs named {s.name!r}")
+            out[s.name] = Op(s)
+        _OPS.update(out)
+    return _OPS
 
 
 def get(name: str) -> Op:
-    try:
-        return _ops()[name]
-    except KeyError:
-        raise SpecError("registry", "op name", f"one of {sorted(_ops())}", repr(name)) from None
+    """The op called ``name`` (its entry module is imported here, so that a call
+    traced by torch.compile finds everything loaded)."""
+    op = _ops().get(name)
+    if op is None:
+        raise SpecError("registry", "op name", f"one of {sorted(_ops())}", repr(name))
+    if op._entry is None:
+        op.entry  # noqa: B018 - load it now
+    return op
 
 
 def names() -> list[str]:

@@ -16,7 +16,11 @@ class SpecError(ValueError):
         msg = f"{op}: {item}: expected {expected}, got {got}"
         if hint:
             msg += f" ({hint})"
-        super().__init__(msg)
+        self.hint = hint
+        self.args = (msg,)  # (not super().__init__: TorchDynamo traces this when a compiled call is refused)
+
+    def __reduce__(self):
+        return type(self), (self.op, self.item, self.expected, self.got, self.hint)
 
 
 class BackendUnavailable(SpecError):

@@ -3,11 +3,34 @@
 ``bind(spec, args, kwargs)`` returns a :class:`Bound` (tensors by name, params
 with defaults, the layout, every dim's value) or raises :class:`SpecError`
 naming op, tensor/param, expected and got.
+
+Rules come in two kinds (:func:`split_rules` tells them apart statically):
+
+* **metadata rules** (dtypes, ranks, shapes, strides, devices, params, and
+  constraints over dims and params) are plain Python over tensor metadata. The
+  registry remembers a call that passed them (``core``); under torch.compile
+  they are traced, so each becomes a guard.
+* **value rules** read tensor data (``values(t)``, ``seqlens(t)``). They never
+  copy a GPU tensor to the host: where every tensor such a rule reads is a CPU
+  tensor (m_splits, cu_seqlens passed on the CPU, as Megatron and Transformer
+  Engine take them) it is evaluated on the host and raises SpecError; otherwise
+  (a GPU tensor, or any tensor while torch.compile traces) the same expression
+  is evaluated as tensor ops on the tensor's device and all of a call's value
+  rules feed one ``torch._assert_async`` whose message names op, tensor and
+  rules, so the call never waits for the GPU and can be captured in a CUDA
+  graph (the check is then replayed with the graph). A ``meta`` tensor has no
+  values: a rule that reads one raises SpecError.
+
+Expressions are compiled once into Python functions (``_fn``), which keeps
+per-call validation cheap and lets TorchDynamo trace it.
 """
 from __future__ import annotations
 
+import ast
+import math
+import operator
 from dataclasses import dataclass, field
-from typing import Any, Optional
+from typing import Any, Callable, Optional
 
 import torch
 
@@ -16,9 +39,343 @@ from specs.schema import Constraint, OpSpec, TensorSpec
 
 from .errors import SpecError
 
+_DTYPE_NAMES = {getattr(torch, n): n for n in (
+    "bfloat16", "float16", "float32", "float64", "int8", "int16", "int32", "int64", "uint8",
+    "float8_e4m3fn", "float8_e5m2", "bool", "complex64", "complex128")}
+
 
 def dtype_name(dt: torch.dtype) -> str:
-    return str(dt).removeprefix("torch.")
+    name = _DTYPE_NAMES.get(dt)
+    return name if name is not None else str(dt).removeprefix("torch.")
+
+
+def _compiling() -> bool:
+    return torch.compiler.is_compiling()
+
+
+# ---------------------------------------------------------------- compiled expressions
+
+class _Bounded(ast.NodeTransformer):
+    """``a ** b`` / ``a * b`` -> bounded helper calls (specs.expr bounds them, so no
+    spec expression can build a huge integer); everything else stays native."""
+
+    def visit_BinOp(self, node):
+        self.generic_visit(node)
+        name = {ast.Pow: "_tk_pow", ast.Mult: "_tk_mul"}.get(type(node.op))
+        if name is None:
+            return node
+        return ast.copy_location(ast.Call(ast.Name(name, ast.Load()), [node.left, node.right], []), node)
+
+
+class _Device(_Bounded):
+    """Value rules as tensor code: ``and``/``or``/``not``, chained comparisons and
+    ``x if c else y`` become helper calls that also accept 0-dim bool tensors
+    (Python's own would call ``bool()`` on them: a host sync)."""
+
+    def visit_BoolOp(self, node):
+        self.generic_visit(node)
+        fn = "_tk_and" if isinstance(node.op, ast.And) else "_tk_or"
+        out = node.values[0]
+        for v in node.values[1:]:
+            out = ast.Call(ast.Name(fn, ast.Load()), [out, v], [])
+        return ast.copy_location(out, node)
+
+    def visit_UnaryOp(self, node):
+        self.generic_visit(node)
+        if isinstance(node.op, ast.Not):
+            return ast.copy_location(ast.Call(ast.Name("_tk_not", ast.Load()), [node.operand], []), node)
+        return node
+
+    def visit_Compare(self, node):
+        self.generic_visit(node)
+        if len(node.ops) == 1:
+            return node
+        parts, left = [], node.left
+        for op, right in zip(node.ops, node.comparators):
+            parts.append(ast.Compare(left, [op], [right]))
+            left = right
+        out = parts[0]
+        for p in parts[1:]:
+            out = ast.Call(ast.Name("_tk_and", ast.Load()), [out, p], [])
+        return ast.copy_location(out, node)
+
+    def visit_IfExp(self, node):
+        self.generic_visit(node)
+        return ast.copy_location(
+            ast.Call(ast.Name("_tk_if", ast.Load()), [node.test, node.body, node.orelse], []), node)
+
+
+def _is_t(x) -> bool:
+    return isinstance(x, torch.Tensor)
+
+
+def _tk_and(a, b):
+    if not _is_t(a) and not _is_t(b):
+        return a and b
+    if not _is_t(a):
+        return b if a else False
+    if not _is_t(b):
+        return a if b else False
+    return torch.logical_and(a, b)
+
+
+def _tk_or(a, b):
+    if not _is_t(a) and not _is_t(b):
+        return a or b
+    if not _is_t(a):
+        return True if a else b
+    if not _is_t(b):
+        return True if b else a
+    return torch.logical_or(a, b)
+
+
+def _tk_not(a):
+    return torch.logical_not(a) if _is_t(a) else not a
+
+
+def _tk_if(c, a, b):
+    if not _is_t(c):
+        return a if c else b
+    return torch.where(c, a, b)
+
+
+_GLOBALS = {
+    "__builtins__": {},
+    "_tk_pow": getattr(_expr, "bounded_pow", operator.pow),
+    "_tk_mul": getattr(_expr, "bounded_mul", operator.mul),
+    "_tk_and": _tk_and, "_tk_or": _tk_or, "_tk_not": _tk_not, "_tk_if": _tk_if,
+}
+_FNS: dict[tuple[str, bool], tuple[Callable, tuple[str, ...]]] = {}
+
+
+def _fn(expr: str, device: bool = False) -> tuple[Callable, tuple[str, ...]]:
+    """``expr`` as a Python function of the names it reads (compiled once)."""
+    hit = _FNS.get((expr, device))
+    if hit is not None:
+        return hit
+    tree = _expr.parse(expr)
+    names = tuple(sorted(_expr.names(expr)))
+    body = (_Device() if device else _Bounded()).visit(
+        ast.parse(ast.unparse(tree.body), mode="eval")).body  # a fresh tree: parse() caches its own
+    lam = ast.Expression(ast.Lambda(
+        ast.arguments(posonlyargs=[], args=[ast.arg(n) for n in names], kwonlyargs=[], kw_defaults=[],
+                      defaults=[]), body))
+    ast.fix_missing_locations(lam)
+    fn = eval(compile(lam, f"<spec expression {expr!r}>", "eval"), _GLOBALS)  # noqa: S307 - checked AST
+    _FNS[(expr, device)] = (fn, names)
+    return fn, names
+
+
+def evaluate(expr: str, env: dict, device: bool = False) -> Any:
+    fn, names = _fn(expr, device)
+    try:
+        args = [env[n] for n in names]
+    except KeyError as e:
+        raise _expr.ExprError(f"{expr!r}: unknown name {e.args[0]!r}") from None
+    return fn(*args)
+
+
+# ---------------------------------------------------------------- value rules
+
+_VALUE_HELPERS = frozenset({"values", "seqlens"})
+_TENSOR_SAFE = frozenset({"present", "ndim", "dtype", "requires_grad"})
+
+
+def reads_values(expr: str, tensors) -> bool:
+    """Whether an expression reads tensor data: values()/seqlens(), or any other
+    helper (sum, max, any, ...) applied to a tensor itself."""
+    key = (expr, tuple(sorted(tensors)))
+    hit = _READS.get(key)
+    if hit is None:
+        hit = _READS[key] = _reads(expr, tensors)
+    return hit
+
+
+_READS: dict[tuple, bool] = {}
+_VTS: dict[tuple, tuple] = {}
+
+
+def _reads(expr: str, tensors) -> bool:
+    for node in ast.walk(_expr.parse(expr).body):
+        if isinstance(node, ast.Call) and isinstance(node.func, ast.Name):
+            if node.func.id in _VALUE_HELPERS:
+                return True
+            if node.func.id not in _TENSOR_SAFE and any(
+                    isinstance(a, ast.Name) and a.id in tensors for a in node.args):
+                return True
+    return False
+
+
+def value_tensors(expr: str, tensors) -> tuple[str, ...]:
+    """The tensors whose values an expression reads (in order of appearance)."""
+    key = (expr, tuple(sorted(tensors)))
+    hit = _VTS.get(key)
+    if hit is not None:
+        return hit
+    out = []
+    for node in ast.walk(_expr.parse(expr).body):
+        if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id not in _TENSOR_SAFE:
+            out += [a.id for a in node.args if isinstance(a, ast.Name) and a.id in tensors and a.id not in out]
+    _VTS[key] = tuple(out)
+    return _VTS[key]
+
+
+def _split(spec: OpSpec) -> tuple[list[Constraint], list[Constraint]]:
+    tensors = {t.name for t in spec.inputs}
+    meta, vals = [], []
+    for c in spec.constraints:
+        reads = reads_values(c.expr, tensors) or (c.when is not None and reads_values(c.when, tensors))
+        (vals if reads else meta).append(c)
+    return meta, vals
+
+
+def split_rules(spec: OpSpec) -> tuple[list[Constraint], list[Constraint]]:
+    """(metadata constraints, value constraints) of an op."""
+    return _split(spec)
+
+
+def precompile(spec: OpSpec) -> tuple[list[Constraint], list[Constraint]]:
+    """Compile every expression of ``spec`` (shapes, layouts, constraints in host and
+    device form, backend limits) and return its rule split, so that a call, and
+    TorchDynamo tracing one, only looks compiled functions up."""
+    meta, vals = _split(spec)
+    names = {t.name for t in spec.inputs}
+    for t in spec.inputs + spec.outputs:
+        for shape in t.all_shapes():
+            for d in shape:
+                if isinstance(d, str):
+                    _fn(d)
+    exprs = list(spec.layouts.values())
+    for c in list(spec.constraints) + [c for b in spec.backends for c in b.constraints]:
+        exprs += [c.expr] + ([c.when] if c.when else [])
+    for e in exprs:
+        _fn(e)
+    for c in vals:
+        for e in (c.expr, c.when):
+            if e:
+                _fn(e, device=True)
+                value_tensors(e, names)
+                reads_values(e, names)
+    return meta, vals
+
+
+def _host_values(t: Optional[torch.Tensor]) -> tuple:
+    """A CPU tensor's integer values (the only host read of tensor data)."""
+    if t is None:
+        return ()
+    return tuple(int(v) for v in t.detach().reshape(-1).tolist())
+
+
+def _dev_values(t):
+    return None if t is None else t.detach().reshape(-1)
+
+
+def _dev_seqlens(t):
+    v = _dev_values(t)
+    return v[1:] - v[:-1] if v is not None and v.numel() else v
+
+
+def _reduce(name: str, builtin, tensor_fn):
+    def f(xs, *more):
+        if more or not _is_t(xs):
+            return builtin(xs, *more)
+        if xs.numel() == 0 and name in ("min", "max"):
+            raise ValueError(f"{name}() of an empty tensor")
+        return tensor_fn(xs)
+    return f
+
+
+def _dev_all_div(xs, k):
+    if not _is_t(xs):
+        return all(int(x) % int(k) == 0 for x in xs)
+    return (xs % k == 0).all()
+
+
+def _dev_nondecreasing(xs):
+    if not _is_t(xs):
+        return all(a <= b for a, b in zip(xs[:-1], xs[1:]))
+    return (xs[1:] >= xs[:-1]).all()
+
+
+def _dev_distinct(xs, *ignore):
+    if not _is_t(xs):
+        kept = [x for x in xs if x not in ignore]
+        return len(set(kept)) == len(kept)
+    v = xs.to(torch.int64)
+    if ignore:  # ignored entries become distinct sentinels below every real value
+        skip = torch.zeros_like(v, dtype=torch.bool)
+        for i in ignore:
+            skip = skip | (v == i)
+        v = torch.where(skip, -(2 ** 62) + torch.arange(v.numel(), device=v.device), v)
+    s = torch.sort(v).values
+    return (s[1:] != s[:-1]).all()
+
+
+def _first(xs):
+    return xs[0] if len(xs) else None
+
+
+def _last(xs):
+    return xs[-1] if len(xs) else None
+
+
+_BASE_ENV: dict[str, Any] = {
+    "present": lambda t: t is not None,
+    "ndim": lambda t: -1 if t is None else t.dim(),
+    "dtype": lambda t: None if t is None else dtype_name(t.dtype),
+    "all_div": lambda xs, k: all(int(x) % int(k) == 0 for x in xs),
+    "nondecreasing": lambda xs: all(a <= b for a, b in zip(xs[:-1], xs[1:])),
+    "distinct": lambda xs, *ignore: len(set(x for x in xs if x not in ignore))
+    == len([x for x in xs if x not in ignore]),
+    "first": _first, "last": _last,
+    "len": len, "sum": sum, "min": min, "max": max, "all": all, "any": any, "abs": abs,
+}
+
+_DEVICE_ENV: dict[str, Any] = dict(
+    _BASE_ENV,
+    values=_dev_values, seqlens=_dev_seqlens,
+    all_div=_dev_all_div, nondecreasing=_dev_nondecreasing, distinct=_dev_distinct,
+    len=lambda xs: xs.numel() if _is_t(xs) else len(xs),
+    sum=_reduce("sum", sum, lambda t: t.sum()),
+    min=_reduce("min", min, lambda t: t.amin()),
+    max=_reduce("max", max, lambda t: t.amax()),
+    all=_reduce("all", all, lambda t: t.all()),
+    any=_reduce("any", any, lambda t: t.any()),
+    abs=lambda x: x.abs() if _is_t(x) else abs(x),
+)
+
+
+def _host_env_values():
+    memo: dict[int, tuple] = {}
+
+    def values(t):
+        if t is None:
+            return ()
+        v = memo.get(id(t))
+        if v is None:
+            v = memo[id(t)] = _host_values(t)
+        return v
+
+    def seqlens(t):
+        v = values(t)
+        return tuple(b - a for a, b in zip(v[:-1], v[1:]))
+
+    return values, seqlens
+
+
+def constraint_env(tensors, params, dims, requires_grad) -> dict[str, Any]:
+    """Names metadata rules (and host-evaluated value rules) see. ``values`` here
+    reads CPU tensors only: value rules on other tensors go to :func:`check_values`."""
+    values, seqlens = _host_env_values()
+    env = dict(_BASE_ENV)
+    env["values"], env["seqlens"], env["requires_grad"] = values, seqlens, requires_grad
+    env.update(tensors)
+    env.update(params)
+    env.update(dims)
+    return env
+
+
+# ---------------------------------------------------------------- Bound
 
 
 @dataclass
@@ -35,8 +392,7 @@ class Bound:
     @property
     def requires_grad(self) -> bool:
         return torch.is_grad_enabled() and any(
-            t is not None and t.requires_grad for t in self.tensors.values()
-        )
+            t is not None and t.requires_grad for t in self.tensors.values())
 
     def args(self) -> list[Any]:
         """Positional tensors in spec order (inputs only)."""
@@ -50,43 +406,18 @@ class Bound:
         return self._env
 
 
-def _values(t: Optional[torch.Tensor]) -> tuple:
-    if t is None:
-        return ()
-    return tuple(int(v) for v in t.detach().cpu().reshape(-1).tolist())
-
-
-def constraint_env(tensors, params, dims, requires_grad) -> dict[str, Any]:
-    def seqlens(t):
-        v = _values(t)
-        return tuple(b - a for a, b in zip(v[:-1], v[1:]))
-
-    env: dict[str, Any] = {
-        "present": lambda t: t is not None,
-        "ndim": lambda t: -1 if t is None else t.dim(),
-        "dtype": lambda t: None if t is None else dtype_name(t.dtype),
-        "values": _values,
-        "seqlens": seqlens,
-        "all_div": lambda xs, k: all(int(x) % int(k) == 0 for x in xs),
-        "nondecreasing": lambda xs: all(a <= b for a, b in zip(xs[:-1], xs[1:])),
-        "distinct": lambda xs, *ignore: len(set(x for x in xs if x not in ignore))
-        == len([x for x in xs if x not in ignore]),
-        "first": lambda xs: xs[0] if len(xs) else None,
-        "last": lambda xs: xs[-1] if len(xs) else None,
-        "requires_grad": requires_grad,
-        "len": len, "sum": sum, "min": min, "max": max, "all": all, "any": any, "abs": abs,
-    }
-    env.update(tensors)
-    env.update(params)
-    env.update(dims)
-    return env
-
-
 def _fmt_shape(shape) -> str:
     return "[" + ", ".join(str(d) for d in shape) + "]"
 
 
-def bind(spec: OpSpec, args: tuple, kwargs: dict[str, Any]) -> Bound:
+def _named_params(spec: OpSpec, entry: str, params: dict, given: set) -> str:
+    """'Hk=16 (default), dk=128 (default)' for the params a shape entry names."""
+    used = [p for p in spec.params if p.name in _expr.names(entry)]
+    return ", ".join(f"{p.name}={params.get(p.name)!r}" + ("" if p.name in given else " (default)") for p in used)
+
+
+def bind(spec: OpSpec, args: tuple, kwargs: dict[str, Any], rules=None) -> Bound:
+    """Validate a call; ``rules`` is the op's precompiled (metadata, value) rule split."""
     op = spec.name
     in_names = [t.name for t in spec.inputs]
     if len(args) > len(in_names):
@@ -105,6 +436,7 @@ def bind(spec: OpSpec, args: tuple, kwargs: dict[str, Any]) -> Bound:
         else:
             raise SpecError(op, k, f"one of tensors {in_names} or params {sorted(pnames)}",
                             "an unknown argument")
+    given = set(params)
 
     # presence and type
     for t in spec.inputs:
@@ -128,7 +460,7 @@ def bind(spec: OpSpec, args: tuple, kwargs: dict[str, Any]) -> Bound:
     layout = None
     if spec.layouts:
         base = constraint_env(tensors, params, {}, False)
-        matches = [name for name, cond in spec.layouts.items() if _expr.evaluate(cond, base)]
+        matches = [name for name, cond in spec.layouts.items() if evaluate(cond, base)]
         if len(matches) != 1:
             raise SpecError(op, "layout", f"exactly one of {dict(spec.layouts)} to hold",
                             f"{matches or 'none'}")
@@ -161,21 +493,25 @@ def bind(spec: OpSpec, args: tuple, kwargs: dict[str, Any]) -> Bound:
                             f"{v.dim()} dims {list(v.shape)}")
         for d, size in zip(shape, v.shape):
             if isinstance(d, str) and d in dimspec and d not in dims:
-                dims[d] = int(size)
+                dims[d] = size
+    scalars = dict(dims)
+    scalars.update({k: val for k, val in params.items() if isinstance(val, (int, float, bool))})
     for t in present:
         v = tensors[t.name]
         shape = t.shape_for(layout)
         for axis, (d, size) in enumerate(zip(shape, v.shape)):
-            env = dict(dims)
-            env.update({k: val for k, val in params.items() if isinstance(val, (int, float, bool))})
-            try:
-                want = d if isinstance(d, int) else _expr.evaluate(d, env)
-            except _expr.ExprError:
-                continue  # names a dim no present tensor binds: nothing to check it against
-            if int(size) != want:
+            if isinstance(d, int):
+                want = d
+            else:
+                try:
+                    want = evaluate(d, scalars)
+                except _expr.ExprError:
+                    continue  # names a dim no present tensor binds: nothing to check it against
+            if size != want:
+                named = "" if isinstance(d, int) or _compiling() else _named_params(spec, d, params, given)
                 raise SpecError(op, f"tensor {t.name}",
-                                f"shape {_fmt_shape(shape)} with dim {axis} ({d}) = {want}",
-                                f"{list(v.shape)}")
+                                f"shape {_fmt_shape(shape)} with dim {axis} ({d}) = {want}"
+                                + (f" for {named}" if named else ""), f"{list(v.shape)}")
     for name, size in dims.items():
         d = dimspec.get(name)
         if d is None:
@@ -193,39 +529,99 @@ def bind(spec: OpSpec, args: tuple, kwargs: dict[str, Any]) -> Bound:
                             f"strides {tuple(v.stride())} for shape {tuple(v.shape)}")
 
     bound = Bound(spec, tensors, params, dims, layout, device)
-    check_constraints(op, spec.constraints, bound.env(), "constraint")
+    meta, vals = rules if rules is not None else split_rules(spec)
+    check_constraints(op, meta, bound.env(), "constraint")
+    if vals:
+        check_values(spec, tensors, params, dims, bound.requires_grad, vals)
     return bound
+
+
+# ---------------------------------------------------------------- checks
 
 
 def check_constraints(op: str, constraints: list[Constraint], env: dict, what: str) -> None:
     for c in constraints:
-        if c.when is not None and not _expr.evaluate(c.when, env):
+        if c.when is not None and not evaluate(c.when, env):
             continue
-        ok = _expr.evaluate(c.expr, env)
+        ok = evaluate(c.expr, env)
         if not ok:
-            raise SpecError(op, f"{what} {c.expr!r}", "it to hold", _describe(c.expr, env),
-                            c.message or None)
+            raise SpecError(op, f"{what} {c.expr!r}", "it to hold",
+                            "false" if _compiling() else _describe(c.expr, env), c.message or None)
+
+
+def _on_host(t) -> bool:
+    """Whether a tensor's values may be read on the host without a device sync."""
+    return t is None or (t.device.type == "cpu" and not _compiling())
+
+
+def check_values(spec: OpSpec, tensors: dict, params: dict, dims: dict, requires_grad: bool,
+                 rules: Optional[list[Constraint]] = None) -> None:
+    """Check an op's value rules: on the host where every tensor a rule reads is a
+    CPU tensor, else as tensor ops on the device, all feeding one async assert."""
+    op = spec.name
+    rules = split_rules(spec)[1] if rules is None else rules
+    names = tuple(tensors)
+    host, dev = [], []
+    for c in rules:
+        used = value_tensors(c.expr, names) + (value_tensors(c.when, names) if c.when else ())
+        for n in used:
+            t = tensors.get(n)
+            if t is not None and t.device.type == "meta":
+                raise SpecError(op, f"tensor {n}", "a tensor with data (the rule "
+                                f"{c.expr!r} reads its values)", "a meta tensor")
+        (host if all(_on_host(tensors.get(n)) for n in used) else dev).append((c, used))
+    env = constraint_env(tensors, params, dims, requires_grad)
+    if host:
+        check_constraints(op, [c for c, _ in host], env, "constraint")
+    if not dev:
+        return
+    denv = dict(env)
+    denv.update(_DEVICE_ENV)
+    oks, what, seen = [], [], []
+    for c, used in dev:
+        if c.when is not None and not reads_values(c.when, names):
+            if not evaluate(c.when, env):
+                continue
+            ok = evaluate(c.expr, denv, device=True)
+        elif c.when is not None:
+            ok = _tk_or(_tk_not(evaluate(c.when, denv, device=True)), evaluate(c.expr, denv, device=True))
+        else:
+            ok = evaluate(c.expr, denv, device=True)
+        if not _is_t(ok):
+            if not ok:  # decided without the values after all
+                raise SpecError(op, f"constraint {c.expr!r}", "it to hold", "false", c.message or None)
+            continue
+        oks.append(ok)
+        what.append(f"{c.expr!r}" + (f" ({c.message})" if c.message else ""))
+        seen += [n for n in used if n not in seen]
+    if not oks:
+        return
+    ok = oks[0]
+    for o in oks[1:]:
+        ok = torch.logical_and(ok, o)
+    msg = (f"{op}: tensor {', '.join(seen)}: expected (checked on the device) " + "; ".join(what)
+           + ", got values that break one of these")
+    torch._assert_async(ok, msg)
 
 
 def failing_constraint(constraints: list[Constraint], env: dict) -> Optional[str]:
     for c in constraints:
-        if c.when is not None and not _expr.evaluate(c.when, env):
+        if c.when is not None and not evaluate(c.when, env):
             continue
-        if not _expr.evaluate(c.expr, env):
-            return f"{c.expr!r} fails with {_describe(c.expr, env)}" + (f" ({c.message})" if c.message else "")
+        if not evaluate(c.expr, env):
+            desc = "false" if _compiling() else _describe(c.expr, env)
+            return f"{c.expr!r} fails with {desc}" + (f" ({c.message})" if c.message else "")
     return None
 
 
 def _describe(e: str, env: dict) -> str:
     """The values an expression saw: its names, and its helper calls (e.g. dtype(x)='float64')."""
-    import ast
-
     vals = []
     for node in ast.walk(_expr.parse(e).body):
         if isinstance(node, ast.Call) or isinstance(node, ast.Name) and not callable(env.get(node.id)):
             src = ast.unparse(node)
             try:
-                v = _expr.evaluate(src, env)
+                v = evaluate(src, env)
             except Exception:  # noqa: BLE001 - description only
                 continue
             if isinstance(v, (int, float, bool, str, type(None))):
@@ -262,6 +658,8 @@ def _check_param(op: str, p, v):
             raise SpecError(op, f"param {p.name}", f"a {p.type}", f"{type(v).__name__} {v!r}")
         if p.type == "float":
             v = float(v)
+            if getattr(p, "finite", True) and not math.isfinite(v):
+                raise SpecError(op, f"param {p.name}", "a finite float", repr(v))
     if p.type == "ints":
         if not isinstance(v, (list, tuple)) or not all(isinstance(e, int) and not isinstance(e, bool) for e in v):
             raise SpecError(op, f"param {p.name}", "a list of ints", repr(v))

@@ -1,57 +1,12 @@
-"""Shared launch glue: the kernel table every backend registers into.
-
-A backend module registers destination-passing implementations with
-``@kernel(op, backend, "fwd"|"bwd")``; the op's ``torch.library.custom_op``
-(which takes the backend name as a string argument) calls
-``get_kernel(op, backend, pass_)(...)``. Modules are imported lazily from the
-spec (``Backend.module``), so a missing toolchain never breaks ``import
-tilekernels``.
-"""
+"""Launch glue the families share: the eager/traced pass runner and output
+allocation (with test poisoning). The kernel table itself lives in
+:mod:`registry.kernels` (re-exported here); imports run one way, specs <-
+registry <- families, so nothing here is imported by the registry."""
 from __future__ import annotations
 
-import importlib
 from typing import Callable
 
-_KERNELS: dict[tuple[str, str, str], Callable] = {}
-
-
-def kernel(op: str, backend: str, pass_: str = "fwd") -> Callable[[Callable], Callable]:
-    """Register ``fn`` as ``op``'s ``pass_`` implementation for ``backend``."""
-    if pass_ not in ("fwd", "bwd"):
-        raise ValueError(f"pass must be 'fwd' or 'bwd', got {pass_!r}")
-
-    def deco(fn: Callable) -> Callable:
-        key = (op, backend, pass_)
-        if key in _KERNELS and _KERNELS[key] is not fn:
-            raise RuntimeError(f"kernel {key} registered twice")
-        _KERNELS[key] = fn
-        return fn
-
-    return deco
-
-
-def _load(op: str, backend: str) -> None:
-    from registry import get  # late: registry imports specs, specs name modules here
-
-    importlib.import_module(get(op).spec.backend(backend).module)
-
-
-def has_kernel(op: str, backend: str, pass_: str) -> bool:
-    if (op, backend, pass_) not in _KERNELS:
-        try:
-            _load(op, backend)
-        except (KeyError, ImportError):
-            return False
-    return (op, backend, pass_) in _KERNELS
-
-
-def get_kernel(op: str, backend: str, pass_: str) -> Callable:
-    if (op, backend, pass_) not in _KERNELS:
-        _load(op, backend)
-    try:
-        return _KERNELS[(op, backend, pass_)]
-    except KeyError:
-        raise NotImplementedError(f"{op}: backend {backend!r} has no {pass_} kernel") from None
+from registry.kernels import get_kernel, has_kernel, kernel  # noqa: F401 (families import them from here)
 
 
 def run_pass(custom_op: Callable, op: str, pass_: str, *args, backend: str) -> None:

@@ -236,12 +236,23 @@ def test_validated_calls_are_cached_by_metadata(op, monkeypatch):
         op(x2, scale=2.0)  # strictness is part of the key: validated again, refused
 
 
-def test_value_rules_are_never_cached():
-    """Specs with rules on tensor values (cu_seqlens) validate every call."""
-    cp = registry.get("thd_cp_to_hp")
-    assert not cp._cacheable and registry.get("mhc_sinkhorn")._cacheable
-    gdn = registry.get("gdn_pre_gated")
-    assert not gdn._cacheable
+def test_value_rule_specs_are_cached_but_values_checked_every_call(monkeypatch):
+    """Specs with rules on tensor values use the metadata cache too (bind runs once),
+    but the value rules run on every call: a bad value under cached metadata is refused."""
+    op = registry.get("grouped_linear")
+    registry.clear_caches()
+    binds = []
+    real = registry.core.bind
+    monkeypatch.setattr(registry.core, "bind", lambda *a: binds.append(1) or real(*a))
+    x, w = torch.randn(6, 32), torch.randn(2, 8, 32)
+    op(x, w, torch.tensor([4, 2]))
+    op(x, w, torch.tensor([1, 5]))
+    assert len(binds) == 1
+    with pytest.raises(SpecError, match="m_splits must add up to the token count M"):
+        op(x, w, torch.tensor([4, 4]))
+    with pytest.raises(SpecError, match="m_splits entries must be >= 0"):
+        op(x, w, torch.tensor([7, -1]))
+    assert len(binds) == 1
 
 
 def test_cache_hit_uses_this_calls_params_and_relogs_fallback(op, caplog, monkeypatch):
@@ -259,7 +270,7 @@ def test_cache_hit_uses_this_calls_params_and_relogs_fallback(op, caplog, monkey
 
 
 def test_value_reading_rules_are_detected():
-    from registry.core import _reads_values
+    from registry.validate import reads_values as _reads_values
 
     t = {"x", "cu"}
     assert _reads_values("max(values(cu)) == T", t) and _reads_values("sum(cu) > 0", t)

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 import registry
-from test_mhc_common import BF16, F32, F64, grads_vs_float64, rand
+from mhc_helpers import BF16, F32, F64, grads_vs_float64, rand
 from tilekernels.mhc import proj_rms
 from tilekernels.mhc import reference as ref
 from tilekernels.testing import assert_close, upcast

@@ -8,8 +8,8 @@ import pytest
 import torch
 
 import registry
-from test_mhc_common import BF16, F32, F64, grads_vs_float64, rand
-from test_mhc_sinkhorn import loop64
+from mhc_helpers import BF16, F32, F64, grads_vs_float64, rand
+from mhc_helpers import loop64
 from tilekernels.testing import assert_close
 
 PRE, BDA = registry.get("mhc_pre"), registry.get("mhc_h_post_bda")

@@ -7,8 +7,8 @@ import pytest
 import torch
 
 import registry
-from test_mhc_common import BF16, F32, F64, grads_vs_float64, rand
-from test_mhc_sinkhorn import loop64
+from mhc_helpers import BF16, F32, F64, grads_vs_float64, rand
+from mhc_helpers import loop64
 from tilekernels.mhc import mhc_pre
 from tilekernels.mhc import reference as ref
 from tilekernels.testing import assert_close, upcast

@@ -4,7 +4,7 @@ import pytest
 import torch
 
 import registry
-from test_mhc_common import F32, F64, grads_vs_float64, rand
+from mhc_helpers import F32, F64, grads_vs_float64, rand
 from tilekernels.mhc import reference as ref
 from tilekernels.mhc import sinkhorn
 from tilekernels.testing import assert_close, upcast
@@ -12,18 +12,6 @@ from tilekernels.testing import assert_close, upcast
 OP = registry.get("mhc_sinkhorn")
 
 
-def loop64(logits, iters=20, eps=1e-6):
-    """Independent formulation: per matrix, element-wise Python sums, float64 (differentiable)."""
-    mats = []
-    for t in range(logits.shape[0]):
-        m = logits[t].double()
-        n = m.shape[0]
-        m = torch.stack([torch.exp(m[i] - m[i].max()) for i in range(n)])
-        for _ in range(iters):
-            m = torch.stack([m[i] / (sum(m[i, j] for j in range(n)) + eps) for i in range(n)])
-            m = torch.stack([m[:, j] / (sum(m[i, j] for i in range(n)) + eps) for j in range(n)], dim=1)
-        mats.append(m)
-    return torch.stack(mats) if mats else logits.double() * 0  # T = 0: empty, still in the graph
 
 
 @pytest.mark.parametrize("T,n", [(1, 1), (5, 2), (3, 4), (7, 8), (0, 4)])

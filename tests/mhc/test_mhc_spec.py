@@ -1,5 +1,4 @@
-"""mHC family: spec wiring, every constraint's refusal, and the gradient helper the
-other test_mhc_* files import (``from test_mhc_common import ...``)."""
+"""mHC family: spec wiring and every constraint's refusal."""
 import pytest
 import torch
 
@@ -7,34 +6,8 @@ import registry
 from registry import SpecError
 from specs.mhc import SPECS
 from tilekernels._glue import has_kernel
-from tilekernels.testing import assert_close, upcast
 
-BF16, F32, F64 = torch.bfloat16, torch.float32, torch.float64
-
-
-def rand(*shape, dtype=F32, scale=1.0):
-    return (torch.randn(*shape) * scale).to(dtype)
-
-
-def grads_vs_float64(fn, ref64, inputs, names, **params):
-    """Backprop random cotangents through ``fn(*inputs, **params)`` (every floating input
-    requires grad) and compare each input's gradient, in its own dtype, with float64
-    autograd through ``ref64`` on upcast copies. Returns the op's outputs."""
-    ins = [None if t is None else t.detach().clone().requires_grad_() for t in inputs]
-    outs = fn(*ins, **params)
-    outs = outs if isinstance(outs, tuple) else (outs,)
-    cots = [rand(*o.shape, dtype=o.dtype) for o in outs]
-    torch.autograd.backward(outs, cots)
-    ins64 = [None if t is None else upcast(t).requires_grad_() for t in inputs]
-    outs64 = ref64(*ins64, **params)
-    outs64 = outs64 if isinstance(outs64, tuple) else (outs64,)
-    torch.autograd.backward(outs64, [upcast(c) for c in cots])
-    for name, a, b in zip(names, ins, ins64):
-        if a is None:
-            continue
-        assert a.grad is not None and a.grad.dtype == a.dtype, f"d{name}: {a.grad!r}"
-        assert_close(a.grad, b.grad, what=f"d{name}")
-    return outs
+from mhc_helpers import BF16, F32, F64, rand  # noqa: F401
 
 
 def test_specs_wired():

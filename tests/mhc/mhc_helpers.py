@@ -1,0 +1,45 @@
+"""Helpers the mHC tests share (not a test module): random inputs, the float64
+gradient comparison and an independent loop formulation of Sinkhorn."""
+import torch
+
+from tilekernels.testing import assert_close, upcast
+
+BF16, F32, F64 = torch.bfloat16, torch.float32, torch.float64
+
+
+def rand(*shape, dtype=F32, scale=1.0):
+    return (torch.randn(*shape) * scale).to(dtype)
+
+
+def grads_vs_float64(fn, ref64, inputs, names, **params):
+    """Backprop random cotangents through ``fn(*inputs, **params)`` (every floating input
+    requires grad) and compare each input's gradient, in its own dtype, with float64
+    autograd through ``ref64`` on upcast copies. Returns the op's outputs."""
+    ins = [None if t is None else t.detach().clone().requires_grad_() for t in inputs]
+    outs = fn(*ins, **params)
+    outs = outs if isinstance(outs, tuple) else (outs,)
+    cots = [rand(*o.shape, dtype=o.dtype) for o in outs]
+    torch.autograd.backward(outs, cots)
+    ins64 = [None if t is None else upcast(t).requires_grad_() for t in inputs]
+    outs64 = ref64(*ins64, **params)
+    outs64 = outs64 if isinstance(outs64, tuple) else (outs64,)
+    torch.autograd.backward(outs64, [upcast(c) for c in cots])
+    for name, a, b in zip(names, ins, ins64):
+        if a is None:
+            continue
+        assert a.grad is not None and a.grad.dtype == a.dtype, f"d{name}: {a.grad!r}"
+        assert_close(a.grad, b.grad, what=f"d{name}")
+    return outs
+
+def loop64(logits, iters=20, eps=1e-6):
+    """Independent formulation: per matrix, element-wise Python sums, float64 (differentiable)."""
+    mats = []
+    for t in range(logits.shape[0]):
+        m = logits[t].double()
+        n = m.shape[0]
+        m = torch.stack([torch.exp(m[i] - m[i].max()) for i in range(n)])
+        for _ in range(iters):
+            m = torch.stack([m[i] / (sum(m[i, j] for j in range(n)) + eps) for i in range(n)])
+            m = torch.stack([m[:, j] / (sum(m[i, j] for i in range(n)) + eps) for j in range(n)], dim=1)
+        mats.append(m)
+    return torch.stack(mats) if mats else logits.double() * 0  # T = 0: empty, still in the graph
