@@ -448,12 +448,15 @@ def bind(spec: OpSpec, args: tuple, kwargs: dict[str, Any], rules=None) -> Bound
         elif not isinstance(v, torch.Tensor):
             raise SpecError(op, f"tensor {t.name}", "a torch.Tensor", type(v).__name__)
 
-    # params: type, range, choices, defaults
+    # params: type, range, choices, defaults (a resolver fills a None from the others, e.g. cp
+    # from the process group's size, so every rule sees it)
     for p in spec.params:
         if p.name not in params:
             if p.required:
                 raise SpecError(op, f"param {p.name}", f"a {p.type}", "nothing (it is required)")
             params[p.name] = p.default
+        if params[p.name] is None and getattr(p, "resolve", None):
+            params[p.name] = _resolver(p.resolve)(params)
         params[p.name] = _check_param(op, p, params[p.name])
 
     # layout
@@ -645,6 +648,19 @@ def _allowed_dtypes(spec: OpSpec, t: TensorSpec, tensors) -> Optional[list[str]]
 
 
 _PY_TYPES = {"int": (int,), "float": (int, float), "bool": (bool,), "str": (str,)}
+
+
+_RESOLVERS: dict[str, Callable] = {}
+
+
+def _resolver(path: str) -> Callable:
+    fn = _RESOLVERS.get(path)
+    if fn is None:
+        import importlib
+
+        mod, _, attr = path.partition(":")
+        fn = _RESOLVERS[path] = getattr(importlib.import_module(mod), attr)
+    return fn
 
 
 def _check_param(op: str, p, v):

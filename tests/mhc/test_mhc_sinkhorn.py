@@ -4,7 +4,7 @@ import pytest
 import torch
 
 import registry
-from mhc_helpers import F32, F64, grads_vs_float64, rand
+from mhc_helpers import F32, F64, grads_vs_float64, loop64, rand
 from tilekernels.mhc import reference as ref
 from tilekernels.mhc import sinkhorn
 from tilekernels.testing import assert_close, upcast

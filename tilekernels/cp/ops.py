@@ -168,31 +168,39 @@ def _sections(op: str, split_sections) -> Optional[tuple[int, ...]]:
     return out
 
 
-def _resolve_cp(op: str, x: Tensor, cu_seqlens: Tensor, split_sections, group, cp) -> int:
-    """cp = the group's size; checks a given cp against it, and re-validates the
-    call with it when the caller left cp out (the registry could not check the
-    cp-dependent constraints then)."""
-    import registry
+def group_size(group) -> Optional[int]:
+    """The cp process group's size, None while torch.distributed is not initialized
+    (the spec's resolver of ``cp=None``: the registry then leaves the cp rules to the
+    backend requirement that refuses the call)."""
+    if not (dist.is_available() and dist.is_initialized()):
+        return None
+    return dist.get_world_size(group)
+
+
+def resolve_cp(params: dict) -> Optional[int]:
+    """Resolver of the specs' ``cp`` param: None -> the group's size (see group_size)."""
+    return group_size(params.get("group"))
+
+
+def _check_group(op: str, group, cp) -> int:
+    """cp, checked against the group's size (the registry resolved ``cp=None`` to it
+    and checked every cp rule; a direct call of the entry is checked here)."""
     from registry import SpecError
 
-    if not (dist.is_available() and dist.is_initialized()):
+    world = group_size(group)
+    if world is None:
         raise SpecError(op, "param group", "an initialized torch.distributed process group "
                         "(None = the default group)", "torch.distributed is not initialized")
-    world = dist.get_world_size(group)
-    if world < 1:
-        raise SpecError(op, "param group", "a process group this rank belongs to", repr(group))
-    if cp is None:
-        registry.get(op).bind(x, cu_seqlens, split_sections=split_sections, group=group, cp=world)
-    elif cp != world:
+    if cp is not None and cp != world:
         raise SpecError(op, "param cp", f"the process group's size {world}", cp)
     return world
 
 
 def _a2a(op: str, x: Tensor, cu_seqlens: Tensor, split_sections, group, cp, backend: str) -> Tensor:
     sections = _sections(op, split_sections)
-    cp = _resolve_cp(op, x, cu_seqlens, sections, group, cp)
+    cp = _check_group(op, group, cp)
     full_width = x.shape[1] * (cp if op == "thd_hp_to_cp" else 1)
-    cu = tuple(int(v) for v in cu_seqlens.detach().cpu().tolist())
+    cu = tuple(int(v) for v in cu_seqlens.tolist())  # the one host read (a CPU copy via the registry)
     plan = _plan(cu, cp, sections if sections is not None else (full_width,), x.device)
     return _CpA2A.apply(x, plan, group, op, backend)
 

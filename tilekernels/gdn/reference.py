@@ -249,22 +249,37 @@ def decode(mixed: Tensor, conv_state: Tensor, conv_weight: Tensor, A_log: Tensor
     scale = dk ** -0.5 if scale is None else scale
     acc = acc_dtype(mixed, conv_weight, A_log, dt_bias, ssm_state)
     C = conv_dim(Hk, Hv, dk, dv)
-    slots = (torch.arange(B, device=mixed.device) if state_indices is None
-             else state_indices.to(device=mixed.device, dtype=torch.int64))
-    rows = (slots >= 0).nonzero().squeeze(1)
-    sl = slots[rows]
-    x = mixed[rows]
-    _, _, _, _, bs, as_ = x.split(sections(Hk, Hv, dk, dv), -1)
+    if state_indices is None:  # row b -> slot b: every row is real
+        sl = torch.arange(B, device=mixed.device)
+        valid = owner = None
+    else:  # no host read of the slots (no nonzero()): every row is computed, padded rows on slot 0
+        slots = state_indices.to(device=mixed.device, dtype=torch.int64)
+        valid = slots >= 0
+        sl = torch.where(valid, slots, 0)
+        # owner[s] = the real row that updates slot s (-1: none); padded rows scatter to a spare entry
+        N = ssm_state.shape[0]
+        owner = torch.full((N + 1,), -1, dtype=torch.int64, device=mixed.device)
+        owner.scatter_(0, torch.where(valid, slots, N), torch.arange(B, device=mixed.device))
+        owner = owner[sl]
+    _, _, _, _, bs, as_ = mixed.split(sections(Hk, Hv, dk, dv), -1)
 
-    window = torch.cat([conv_state[sl], x[:, :C, None].to(conv_state.dtype)], -1)  # [b, C, W]
-    conv_state.index_copy_(0, sl, window[:, :, 1:])
+    def write(state, old, new):
+        """state[sl[b]] = new row of the slot's owner (old value if none): rows that share a
+        slot (padded rows on slot 0) all write the same value, so the duplicates are benign."""
+        if owner is not None:
+            new = torch.where((owner >= 0).view(-1, *[1] * (new.dim() - 1)), new[owner.clamp(min=0)], old)
+        state.index_copy_(0, sl, new.to(state.dtype))
+
+    old_conv = conv_state[sl]
+    window = torch.cat([old_conv, mixed[:, :C, None].to(conv_state.dtype)], -1)  # [B, C, W]
     y = F.silu((window.to(acc) * conv_weight.to(acc)).sum(-1))
+    write(conv_state, old_conv, window[:, :, 1:])
     q, k, v = heads(y, Hk, Hv, dk, dv, eps)
     r = Hv // Hk
     beta, g = gates(bs, as_, A_log, dt_bias, acc)
-    o_rows, S = delta_rule_step(ssm_state[sl].to(acc), q.repeat_interleave(r, 1), k.repeat_interleave(r, 1),
-                                v, g, beta, scale)
-    ssm_state.index_copy_(0, sl, S.to(ssm_state.dtype))
-    o = torch.zeros(B, Hv, dv, dtype=mixed.dtype, device=mixed.device)
-    o[rows] = o_rows.to(mixed.dtype)
-    return o
+    old_S = ssm_state[sl]
+    o, S = delta_rule_step(old_S.to(acc), q.repeat_interleave(r, 1), k.repeat_interleave(r, 1),
+                           v, g, beta, scale)
+    write(ssm_state, old_S, S)
+    o = o.to(mixed.dtype)
+    return o if valid is None else torch.where(valid[:, None, None], o, torch.zeros((), dtype=o.dtype, device=o.device))

@@ -1,0 +1,284 @@
+"""Ops generated from their specs: custom ops, output allocation, autograd, entry.
+
+An op is its spec (``specs/<family>.py``), its torch reference and its kernels.
+Everything around them comes from :func:`define`, given the spec and a short
+declaration (what the backward saves, scratch outputs the backward needs):
+
+* ``tilekernels::<op>_fwd`` / ``_bwd``: destination-passing
+  ``torch.library.custom_op``s whose ``mutates_args`` are the spec's outputs
+  (and ``inout`` inputs); their bodies call the kernel the chosen backend
+  registered (``registry.kernels``), so torch.compile(fullgraph=True) and
+  torch.export see one op per pass;
+* output allocation from the spec's shape expressions and dtypes (poisoned in
+  tests, ``_glue.empty``);
+* an ``autograd.Function`` (once-differentiable) whose forward runs the fwd
+  pass and saves what the declaration names, and whose backward allocates one
+  gradient per differentiable input and runs the bwd pass;
+* the functional entry, ``entry(*inputs, <params as keywords>, backend="torch")``,
+  which the registry calls with validated inputs (it trusts its inputs).
+
+Kernel signatures (what every backend registers, destination-passing, params
+positional in spec order):
+
+  fwd (*inputs, *outputs, *scratch, *params)
+  bwd (*grads of the differentiable outputs, *saved, *grads of the differentiable
+       inputs, *params)
+
+Absent optional tensors are passed as None. Eager calls run the kernel directly
+(``_glue.run_pass``: no dispatcher cost); traced calls go through the custom op.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Callable, Optional
+
+import torch
+from torch import Tensor
+from torch.autograd.function import once_differentiable
+
+from registry.kernels import get_kernel
+from registry.validate import evaluate
+from specs.schema import OpSpec, TensorSpec
+
+from ._glue import empty, run_pass
+
+_DTYPES = {n: getattr(torch, n) for n in (
+    "bfloat16", "float16", "float32", "float64", "int32", "int64", "uint8", "float8_e4m3fn", "bool")}
+_PY = {"int": "int", "float": "float", "bool": "bool", "str": "str", "ints": "list[int]"}
+
+
+@dataclass(frozen=True)
+class Scratch:
+    """A tensor the fwd pass writes for the bwd pass only (not returned): shape as
+    dim expressions, dtype as in a TensorSpec (a list: float64 in reference mode)."""
+    name: str
+    shape: tuple
+    dtypes: tuple = ("float32", "float64")
+
+
+@dataclass(frozen=True)
+class Decl:
+    """What a spec does not say: what the bwd pass gets besides the gradients.
+
+    ``saves``: names of inputs, outputs or scratch tensors, in the bwd kernel's
+    order. ``scratch``: fwd-written tensors only the bwd reads. ``present``: an
+    optional output exists when this expression over params holds.
+    ``dtype_param``: an output whose dtype is named by a str param.
+    """
+    saves: tuple = ()
+    scratch: tuple = ()
+    present: dict = field(default_factory=dict)
+    dtype_param: dict = field(default_factory=dict)
+
+
+class _Gen:
+    """Everything generated for one op (see the module doc)."""
+
+    def __init__(self, spec: OpSpec, decl: Decl, lib: str = "tilekernels"):
+        self.spec, self.decl, self.name = spec, decl, spec.name
+        self.ins = [t.name for t in spec.inputs]
+        self.outs = [t.name for t in spec.outputs]
+        self.params = [p.name for p in spec.params]
+        self.inout = [t.name for t in spec.inputs if t.role == "inout"]
+        self.diff_in = [t.name for t in spec.inputs if t.differentiable and t.role == "in"]
+        self.diff_out = [t.name for t in spec.outputs if t.differentiable]
+        self.first_in = spec.inputs[0].name
+        self.fwd_op = self._custom_op(f"{lib}::{self.name}_fwd", "fwd", self._fwd_sig())
+        self.bwd_op = self._custom_op(f"{lib}::{self.name}_bwd", "bwd", self._bwd_sig()) \
+            if spec.differentiable else None
+        self.fn = self._autograd() if spec.differentiable else None
+        self._alloc_cache: dict = {}
+
+    # ---- signatures: (name, annotation, mutated) in kernel order, params last
+    def _t(self, t: TensorSpec, mutated: bool = False):
+        return (t.name, "Optional[Tensor]" if t.optional else "Tensor", mutated)
+
+    def _param_args(self):
+        out = []
+        for p in self.spec.params:
+            ann = _PY[p.type]
+            out.append((p.name, f"Optional[{ann}]" if p.nullable or p.default is None else ann, False))
+        return out
+
+    def _fwd_sig(self):
+        ins = [self._t(t, t.role == "inout") for t in self.spec.inputs]
+        outs = [self._t(t, True) for t in self.spec.outputs]
+        scratch = [(s.name, "Tensor", True) for s in self.decl.scratch]
+        return ins + outs + scratch + self._param_args()
+
+    def _saved_spec(self, name: str):
+        for t in self.spec.inputs + self.spec.outputs:
+            if t.name == name:
+                return t.optional
+        return False
+
+    def _bwd_sig(self):
+        grads = [(f"grad_{n}", "Tensor", False) for n in self.diff_out]  # (dk would clash with a param)
+        saved = [(n, "Optional[Tensor]" if self._saved_spec(n) else "Tensor", False) for n in self.decl.saves]
+        dins = [(f"d_{t.name}", "Optional[Tensor]" if t.optional else "Tensor", True)
+                for t in self.spec.inputs if t.name in self.diff_in]
+        return grads + saved + dins + self._param_args()
+
+    def _custom_op(self, qualname: str, pass_: str, sig) -> Callable:
+        names = [n for n, _, _ in sig]
+        args = ", ".join(f"{n}: {a}" for n, a, _ in sig)
+        src = (f"def {self.name}_{pass_}({args}, backend: str) -> None:\n"
+               f"    get_kernel({self.name!r}, backend, {pass_!r})({', '.join(names)})\n")
+        g = {"Tensor": Tensor, "Optional": Optional, "get_kernel": get_kernel}
+        exec(compile(src, f"<generated {qualname}>", "exec"), g)  # noqa: S102 - our own source
+        return torch.library.custom_op(qualname, g[f"{self.name}_{pass_}"],
+                                       mutates_args=tuple(n for n, _, m in sig if m))
+
+    # ---- allocation
+    def _dtype(self, t, tensors: dict, params: dict) -> torch.dtype:
+        if t.name in self.decl.dtype_param:
+            return _DTYPES[params[self.decl.dtype_param[t.name]]]
+        dts = t.dtypes
+        if isinstance(dts, str):
+            return tensors[dts[5:]].dtype
+        if len(dts) > 1 and "float64" in dts and tensors[self.first_in].dtype == torch.float64:
+            return torch.float64
+        return _DTYPES[dts[0]]
+
+    def _layout(self, tensors: dict, params: dict) -> Optional[str]:
+        if not self.spec.layouts:
+            return None
+        env = {"present": lambda t: t is not None, **tensors, **params}
+        for name, cond in self.spec.layouts.items():
+            if evaluate(cond, env):
+                return name
+        raise ValueError(f"{self.name}: no layout matches")  # the registry refuses this first
+
+    def _dims(self, tensors: dict, params: dict, layout) -> dict:
+        env = {k: v for k, v in params.items() if isinstance(v, (int, float, bool))}
+        dimnames = {d.name for d in self.spec.dims}
+        for t in self.spec.inputs:
+            v = tensors[t.name]
+            if v is None:
+                continue
+            for d, size in zip(t.shape_for(layout), v.shape):
+                if isinstance(d, str) and d in dimnames and d not in env:
+                    env[d] = size
+        return env
+
+    def _plan(self, tensors: dict, params: dict) -> list:
+        """[(name, shape, dtype) or (name, None, None) for an absent output]: outputs then scratch."""
+        layout = self._layout(tensors, params)
+        env = self._dims(tensors, params, layout)
+        plan = []
+        for t in self.spec.outputs:
+            cond = self.decl.present.get(t.name)
+            if cond is not None and not evaluate(cond, params):
+                plan.append((t.name, None, None))
+                continue
+            shape = tuple(d if isinstance(d, int) else evaluate(d, env) for d in t.shape_for(layout))
+            plan.append((t.name, shape, self._dtype(t, tensors, params)))
+        for s in self.decl.scratch:
+            shape = tuple(d if isinstance(d, int) else evaluate(d, env) for d in s.shape)
+            plan.append((s.name, shape, self._dtype(s, tensors, params)))
+        return plan
+
+    def allocate(self, tensors: dict, params: dict, device) -> list:
+        if torch.compiler.is_compiling():
+            plan = self._plan(tensors, params)
+        else:
+            key = (tuple(None if v is None else (v.shape, v.dtype) for v in tensors.values()),
+                   tuple(params.values()))
+            plan = self._alloc_cache.get(key)
+            if plan is None:
+                if len(self._alloc_cache) > 256:
+                    self._alloc_cache.clear()
+                plan = self._alloc_cache[key] = self._plan(tensors, params)
+        return [None if shape is None else empty(shape, dt, device) for _, shape, dt in plan]
+
+    # ---- passes
+    def forward(self, tensors: list, params: list, backend: str) -> list:
+        """Allocate and run the fwd pass; returns outputs + scratch."""
+        td = dict(zip(self.ins, tensors))
+        pd = dict(zip(self.params, params))
+        dev = tensors[0].device
+        made = self.allocate(td, pd, dev)
+        run_pass(self.fwd_op, self.name, "fwd", *tensors, *made, *params, backend=backend)
+        return made
+
+    def _autograd(self):
+        gen = self
+        n_in, n_out = len(self.ins), len(self.outs)
+
+        class Fn(torch.autograd.Function):
+            @staticmethod
+            def forward(ctx, *args):
+                tensors, params, backend = list(args[:n_in]), list(args[n_in:-1]), args[-1]
+                made = gen.forward(tensors, params, backend)
+                named = dict(zip(gen.ins, tensors))
+                named.update(zip(gen.outs + [s.name for s in gen.decl.scratch], made))
+                ctx.save_for_backward(*[named[n] for n in gen.decl.saves])
+                ctx.params, ctx.backend = params, backend
+                ctx.in_meta = [None if named[n] is None else (named[n].shape, named[n].dtype, named[n].device)
+                               for n in gen.diff_in]
+                ctx.out_names = [n for n, o in zip(gen.outs, made[:n_out]) if o is not None]
+                outs = [o for o in made[:n_out] if o is not None]
+                nondiff = [named[t.name] for t in gen.spec.outputs
+                           if not t.differentiable and named[t.name] is not None]
+                if nondiff:
+                    ctx.mark_non_differentiable(*nondiff)
+                return outs[0] if len(outs) == 1 else tuple(outs)
+
+            @staticmethod
+            @once_differentiable
+            def backward(ctx, *grads):
+                by_name = dict(zip(ctx.out_names, grads))
+                gout = [by_name[n].contiguous() for n in gen.diff_out]
+                saved = list(ctx.saved_tensors)
+                dins = [None if m is None else empty(*m) for m in ctx.in_meta]
+                run_pass(gen.bwd_op, gen.name, "bwd", *gout, *saved, *dins, *ctx.params, backend=ctx.backend)
+                it = iter(dins)
+                grads_in = [next(it) if t.name in gen.diff_in else None for t in gen.spec.inputs]
+                return (*grads_in, *([None] * len(ctx.params)), None)
+
+        Fn.__name__ = Fn.__qualname__ = "".join(w.title() for w in self.name.split("_"))
+        return Fn
+
+    def call(self, tensors: list, params: list, backend: str):
+        if self.fn is not None:
+            return self.fn.apply(*tensors, *params, backend)
+        with torch.no_grad():
+            made = self.forward(tensors, params, backend)
+        outs = [o for o in made[:len(self.outs)] if o is not None]
+        return outs[0] if len(outs) == 1 else tuple(outs)
+
+
+def define(spec: OpSpec, decl: Decl = Decl(), doc: str = "") -> Callable:
+    """The functional entry of ``spec``: ``entry(*inputs, <params>, backend="torch")``.
+
+    Builds the custom ops, allocation and autograd (see the module doc). The entry
+    trusts its inputs: call it through ``registry.get(spec.name)`` to validate.
+    """
+    gen = _Gen(spec, decl)
+    req = [t.name for t in spec.inputs if not t.optional]
+    opt = [t.name for t in spec.inputs if t.optional]
+    pnames = [p.name for p in spec.params]
+    sig = ", ".join(req + [f"{n}=None" for n in opt])
+    kw = ", ".join([f"{p.name}=_D[{p.name!r}]" for p in spec.params] + ["backend='torch'"])
+    src = (f"def {spec.name}({sig}{', ' if sig else ''}*, {kw}):\n"
+           f"    return _GEN.call([{', '.join(t.name for t in spec.inputs)}], [{', '.join(pnames)}], backend)\n")
+    g = {"_GEN": gen, "_D": {p.name: p.default for p in spec.params}}
+    exec(compile(src, f"<generated entry {spec.name}>", "exec"), g)  # noqa: S102 - our own source
+    fn = g[spec.name]
+    fn.__doc__ = doc or _doc(spec)
+    fn.gen = gen
+    return fn
+
+
+def _doc(spec: OpSpec) -> str:
+    def shape(t):
+        s = t.shape if isinstance(t.shape, list) else " | ".join(f"{k}: {v}" for k, v in t.shape.items())
+        return f"{t.name} {s} {t.dtypes}" + (" (optional)" if t.optional else "") + (f": {t.doc}" if t.doc else "")
+    lines = [spec.doc, "", "Inputs:"] + [f"  {shape(t)}" for t in spec.inputs]
+    lines += ["Outputs:"] + [f"  {shape(t)}" for t in spec.outputs]
+    if spec.params:
+        lines += ["Params:"] + [f"  {p.name}={p.default!r} ({p.type}){': ' + p.doc if p.doc else ''}"
+                                for p in spec.params]
+    lines += ["", f"Call through registry.get({spec.name!r}) to validate inputs and pick the backend; "
+                  "this function trusts its inputs."]
+    return "\n".join(lines)
