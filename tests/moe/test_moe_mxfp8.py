@@ -223,3 +223,149 @@ def test_outputs_fully_written_under_poison():
             assert not torch.isnan(t.float()).any()
         else:
             assert (t != 0xFF).all()
+
+
+# ---------------------------------------------------------------- non-finite blocks
+# OPS.md: a block holding NaN or +-Inf gets scale 0xFF (E8M0 NaN) and dequantizes to NaN
+# as a whole; our quantize also writes e4m3 NaN (0x7F) into every byte of such a block.
+
+_BAD = {"nan": [math.nan], "inf": [math.inf], "-inf": [-math.inf], "mixed": [math.nan, math.inf, -math.inf]}
+_OUT = ["bfloat16", "float32", "float64"]
+
+
+def _finite(R, K, dtype):
+    """Fresh random values, one magnitude per row (never zeros)."""
+    return (torch.randn(R, K, dtype=torch.float64) * torch.exp2(torch.randint(-30, 30, (R, 1)).double())).to(dtype)
+
+
+def _with_bad_block(x, axis, bad):
+    """Copy of x with 1..3 elements of one random block set to the values of ``bad``; returns
+    (copy, block mask [R, K], block index into the scales)."""
+    R, K = x.shape
+    r, c = int(torch.randint(R, ())), int(torch.randint(K, ()))
+    mask = torch.zeros(R, K, dtype=torch.bool)
+    if axis == "rowwise":
+        idx, sl = (r, c // 32), (r, slice(c // 32 * 32, c // 32 * 32 + 32))
+    else:
+        idx, sl = (r // 32, c), (slice(r // 32 * 32, r // 32 * 32 + 32), c)
+    mask[sl] = True
+    y = x.clone()
+    pos = torch.randperm(32)[: int(torch.randint(1, 4, ()))]
+    vals = torch.tensor([bad[i % len(bad)] for i in range(len(pos))], dtype=x.dtype)
+    y[sl][pos] = vals                                             # y[sl] is a view (row or column)
+    return y, mask, idx
+
+
+def _check_nan_block(x, bad_x, mask, idx, axis):
+    """quantize(bad_x): scale 0xFF and data 0x7F exactly in the block, everything else bit-equal to
+    quantize(x); dequantize: NaN exactly in the block, bit-equal elsewhere, in every out dtype."""
+    d, s = QUANT(x, axis=axis)
+    bd, bs = QUANT(bad_x, axis=axis)
+    assert bs[idx].item() == 0xFF and (bs == 0xFF).sum().item() == 1
+    want_s = s.clone()
+    want_s[idx] = 0xFF
+    assert_close(bs, want_s, kind="exact", what="scales")
+    want_d = torch.where(mask, torch.tensor(0x7F, dtype=torch.uint8), _bits(d))
+    assert_close(_bits(bd), want_d, kind="exact", what="data")
+    for out in _OUT:
+        got, clean = DEQUANT(bd, bs, axis=axis, out_dtype=out), DEQUANT(d, s, axis=axis, out_dtype=out)
+        assert torch.equal(torch.isnan(got), mask), out
+        assert torch.equal(got[~mask], clean[~mask]), out
+
+
+@pytest.mark.parametrize("bad", list(_BAD))
+@pytest.mark.parametrize("axis", ["rowwise", "columnwise"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float64])
+def test_nonfinite_block_is_nan(dtype, axis, bad):
+    x = _finite(64, 96, dtype)
+    bad_x, mask, idx = _with_bad_block(x, axis, _BAD[bad])
+    _check_nan_block(x, bad_x, mask, idx, axis)
+
+
+def test_nonfinite_block_both_axes():
+    """axis='both': the row block and the column block through the bad element are NaN."""
+    x = _finite(96, 64, torch.bfloat16)
+    r, c = int(torch.randint(96, ())), int(torch.randint(64, ()))
+    bad_x = x.clone()
+    bad_x[r, c] = math.nan
+    rd, rs, cd, cs = QUANT(bad_x, axis="both")
+    for got, want in zip((rd, rs, cd, cs), (*QUANT(bad_x, axis="rowwise"), *QUANT(bad_x, axis="columnwise"))):
+        assert torch.equal(_bits(got), _bits(want))
+    assert rs[r, c // 32].item() == 0xFF and (rs == 0xFF).sum().item() == 1
+    assert cs[r // 32, c].item() == 0xFF and (cs == 0xFF).sum().item() == 1
+    row_nan = torch.isnan(DEQUANT(rd, rs, axis="rowwise", out_dtype="float32"))
+    col_nan = torch.isnan(DEQUANT(cd, cs, axis="columnwise", out_dtype="float32"))
+    assert row_nan.sum().item() == 32 and row_nan[r, c // 32 * 32: c // 32 * 32 + 32].all()
+    assert col_nan.sum().item() == 32 and col_nan[r // 32 * 32: r // 32 * 32 + 32, c].all()
+
+
+@pytest.mark.parametrize("axis", ["rowwise", "columnwise"])
+def test_dequantize_nan_scale_whatever_the_data(axis):
+    """A 0xFF scale makes its block NaN even over finite (and zero) data, in every out dtype."""
+    x = _finite(64, 64, torch.float32)
+    x[torch.rand(64, 64) < 0.1] = 0.0
+    d, s = QUANT(x, axis=axis)
+    i, j = int(torch.randint(s.shape[0], ())), int(torch.randint(s.shape[1], ()))
+    bs = s.clone()
+    bs[i, j] = 0xFF
+    mask = torch.zeros(s.shape, dtype=torch.bool)
+    mask[i, j] = True
+    mask = mask.repeat_interleave(32, dim=1 if axis == "rowwise" else 0)
+    for out in _OUT:
+        got, clean = DEQUANT(d, bs, axis=axis, out_dtype=out), DEQUANT(d, s, axis=axis, out_dtype=out)
+        assert torch.equal(torch.isnan(got), mask), out
+        assert torch.equal(got[~mask], clean[~mask]), out
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_dequantize_overflows_only_at_2_128(dtype):
+    """amax >= 31/32 * 2^128 (e4m3 data 256 at scale 2^120) dequantizes to +-Inf in fp32/bf16 and
+    to 2^128 in float64; the value just below gives data 240 and stays finite; so does the rest."""
+    top = torch.tensor(31 / 32 * 2.0 ** 128, dtype=dtype)
+    below = torch.nextafter(top, torch.tensor(0.0, dtype=dtype))
+    fmax = torch.tensor(torch.finfo(dtype).max, dtype=dtype)
+    x = _finite(3, 32, torch.float64).clamp(-1e30, 1e30).to(dtype)
+    sign = torch.where(torch.rand(3) < 0.5, -1.0, 1.0).to(dtype)
+    pos = torch.randint(32, (3,))
+    x[torch.arange(3), pos] = torch.stack([top, below, fmax]) * sign
+    d, s = QUANT(x)
+    assert s[:, 0].tolist() == [247, 247, 247]
+    assert (d.float()[torch.arange(3), pos] * sign.float()).tolist() == [256.0, 240.0, 256.0]
+    want = d.double() * 2.0 ** 120
+    assert torch.equal(DEQUANT(d, s, out_dtype="float64"), want)
+    inf = want.abs() == 2.0 ** 128
+    assert inf.sum().item() == 2 and not inf[1].any()
+    for out in ("float32", "bfloat16"):
+        y = DEQUANT(d, s, out_dtype=out)
+        assert torch.equal(torch.isinf(y), inf) and not torch.isnan(y).any()
+        assert torch.equal(y[inf].double(), want[inf].sign() * math.inf)
+        assert torch.equal(y[~inf].double(), want[~inf])
+
+
+def test_reference_gemms_propagate_nan():
+    """The grouped-GEMM references (fwd, dgrad, wgrad) and the MLP turn a NaN/Inf block into NaN
+    exactly where the block feeds in, and leave everything else bit-equal to the clean run."""
+    from tilekernels.moe import reference as ref
+    M, H, F, splits = 96, 64, 64, torch.tensor([64, 32])
+    x, dy = _finite(M, H, torch.bfloat16), _finite(M, H, torch.bfloat16)
+    w = _finite(2 * H, H, torch.bfloat16).view(2, H, H)
+    r, n = int(torch.randint(M, ())), int(torch.randint(H, ()))
+    bx, bdy = x.clone(), dy.clone()
+    bx[r, int(torch.randint(H, ()))] = math.inf
+    bdy[r, n] = math.nan
+    row = torch.zeros(M, H, dtype=torch.bool)
+    row[r] = True
+
+    y, by = (ref.grouped_linear(t, w, splits, "mxfp8") for t in (x, bx))
+    assert torch.equal(torch.isnan(by), row) and torch.equal(by[~row], y[~row])
+
+    (dx, dw), (bdx, bdw) = (ref.grouped_linear_bwd(t, x, w, splits, "mxfp8") for t in (dy, bdy))
+    assert torch.equal(torch.isnan(bdx), row) and torch.equal(bdx[~row], dx[~row])
+    dw_nan = torch.zeros(2, H, H, dtype=torch.bool)
+    dw_nan[int(r >= 64), n] = True               # dy's column block through (r, n) feeds row n of dW_g
+    assert torch.equal(torch.isnan(bdw), dw_nan) and torch.equal(bdw[~dw_nan], dw[~dw_nan])
+
+    w1, w2 = _finite(4 * F, H, torch.bfloat16).view(2, 2 * F, H), _finite(2 * H, F, torch.bfloat16).view(2, H, F)
+    probs = torch.rand(M) + 0.1
+    ym, bym = (ref.grouped_mlp_mxfp8(t, probs, splits, w1, w2) for t in (x, bx))
+    assert torch.equal(torch.isnan(bym), row) and torch.equal(bym[~row], ym[~row])

@@ -97,6 +97,10 @@ def mhc_pr_bwd(dproj, dr, x, w, r, dx, p_dw, dagg, hpre_t, eps: float,
         gx = ct.mma(hi, wt, ct.zeros((TM, TK), dtype=ct.float32))
         gx = ct.mma(lo, wt, gx) + coef * xt.astype(ct.float32)
         if AGG:
+            # racecheck reports write-write hazards here when T % 4 != 0 (no TMA: the row stride
+            # is not 16-byte aligned): the [1, TM] tile goes to shared memory by cp.async in a
+            # layout the 128 threads hold twice, so threads t and t + 64 write the same bytes with
+            # the same value (racecheck prints equal current / incoming values). Benign.
             hpre = ct.reshape(ct.load(hpre_t, index=(grp, m), shape=(1, TM), padding_mode=PAD_ZERO), (TM, 1))
             ga = ct.load(dagg, index=(m, cj), shape=(TM, TK), padding_mode=PAD_ZERO)
             gx = gx + hpre * ga.astype(ct.float32)
@@ -109,13 +113,18 @@ def mhc_pr_bwd(dproj, dr, x, w, r, dx, p_dw, dagg, hpre_t, eps: float,
             dw = ct.mma(ct.transpose(lo), xt, dw)
     if DWT:
         dw = ct.transpose(dw)
+    # Every block (GM <= row tiles) stores its whole clipped tile, so p_dw [GM, N, G, Cg] is
+    # fully written. The store is TMA, which compute-sanitizer initcheck does not count as
+    # initialization: its reports on mhc_pr_reduce's loads are false (allow_tma=False silences
+    # them but cost 0.5% at n=4 on the H100; tests/mhc/test_mhc_cutile_sanitize.py checks coverage).
     ct.store(p_dw, index=(gm, 0, grp, cj), tile=ct.reshape(dw, (1, NPAD, 1, TK)))
 
 
 @ct.kernel
 def mhc_pr_reduce(p_dw, dw, NPAD: ConstInt, TK: ConstInt, GM: ConstInt, PDL: ConstBool):
     """dw = sum of the GM partials p_dw [GM, N, K] in order (GM, a compile-time count <= 7:
-    every load issued at once; a runtime loop measured 2 us slower on the H200)."""
+    every load issued at once; a runtime loop measured 2 us slower on the H200). The loads are
+    bounds-checked (rows N..NPAD-1, columns past K: zero padding), so only written partials are read."""
     if PDL:  # launched while mhc_pr_bwd finishes: its partials are visible after this
         ct.grid_dependency_control_wait()
     kt = ct.bid(0)

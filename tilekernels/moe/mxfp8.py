@@ -14,10 +14,19 @@ the reduction dim. The scale is a uint8 biased exponent ``e`` with value
 * data = e4m3(x / 2^k), round-to-nearest-even, saturating to +-448. Since
   ``|x| <= amax <= 448 * 2^k`` the saturation only matters when the clamp at
   2^127 binds (float64 inputs above 448 * 2^127).
+* A block holding NaN or +-Inf gets ``e = 0xFF`` (E8M0's NaN, OCP MX spec) and every
+  data byte 0x7F (e4m3fn's NaN): the spec makes the whole block NaN whatever its
+  data, and NaN data also keeps it NaN for a consumer that reads the data without
+  the scale, or takes 0xFF as the exponent 2^128 (Inf * finite data would give
+  +-Inf, Inf * 0 NaN: a mixed block); one fixed byte also makes the output
+  deterministic. Dequantize turns a 0xFF scale into NaN for the whole block.
+* Dequantize is exact except that a block whose amax rounds up to 2^128 (data
+  256 at k = 120: amax >= 31/32 * 2^128, within a factor 32/31 ~ 1.032 of FLT_MAX)
+  overflows to +-Inf in fp32/bf16 (float64 holds 2^128).
 
 Rowwise: blocks along the last dim, scales [R, K/32]. Columnwise: blocks along
 the first dim, scales [R/32, K] (the rowwise quantization of the transpose,
-transposed back). Inputs must be finite (NaN/Inf are not defined here).
+transposed back).
 
 Everything is pure torch, exact on any device: powers of two are built from
 bits, never through exp2/pow, and the e4m3 rounding is done by hand (the
@@ -36,6 +45,8 @@ E4M3_MAX = 448.0
 E8M0_BIAS = 127
 E4M3_MIN_NORMAL_EXP = -6   # smallest normal e4m3 is 2^-6
 E4M3_MANT_BITS = 3
+E8M0_NAN = 0xFF
+E4M3_NAN = 0x7F
 
 
 def compute_dtype(x: Tensor) -> torch.dtype:
@@ -59,17 +70,20 @@ def pow2(n: Tensor, dtype: torch.dtype) -> Tensor:
 
 
 def e8m0_from_amax(amax: Tensor) -> Tensor:
-    """Biased E8M0 exponent (uint8) of the scale 2^ceil(log2(amax/448)), clamped; 0 for amax == 0."""
+    """Biased E8M0 exponent (uint8) of the scale 2^ceil(log2(amax/448)), clamped; 0 for amax == 0,
+    0xFF (NaN) for a NaN or Inf amax."""
     m, E = torch.frexp(amax)
     k = torch.where(m <= 0.875, E - 9, E - 8).to(torch.int64)
     e = (k.clamp(-E8M0_BIAS, E8M0_BIAS) + E8M0_BIAS)
     e = torch.where(amax == 0, torch.zeros_like(e), e)
+    e = torch.where(torch.isfinite(amax), e, E8M0_NAN)
     return e.to(torch.uint8)
 
 
 def e8m0_to_float(e: Tensor, dtype: torch.dtype = torch.float32) -> Tensor:
-    """The scale value 2^(e-127), exact (fp32 holds 2^-127 as a subnormal)."""
-    return pow2(e.to(torch.int64) - E8M0_BIAS, dtype)
+    """The scale value 2^(e-127), exact (fp32 holds 2^-127 as a subnormal); NaN for e = 0xFF."""
+    v = pow2(e.to(torch.int64) - E8M0_BIAS, dtype)
+    return torch.where(e == E8M0_NAN, torch.nan, v)
 
 
 def _pow2_normal(n: Tensor, dtype: torch.dtype) -> Tensor:
@@ -108,10 +122,11 @@ def quantize_rowwise(x: Tensor) -> tuple[Tensor, Tensor]:
     """x [R, K] (K % 32 == 0) -> (data e4m3 [R, K], scales uint8 [R, K/32]); blocks along K."""
     R, K = x.shape
     xc = _blocks_last(x.to(compute_dtype(x)))
-    e = e8m0_from_amax(xc.abs().amax(dim=-1))
+    e = e8m0_from_amax(xc.abs().amax(dim=-1))                  # amax propagates NaN
     inv = pow2(E8M0_BIAS - e.to(torch.int64), xc.dtype)        # 1/scale, exact
-    data = round_e4m3(xc * inv[..., None]).reshape(R, K).to(torch.float8_e4m3fn)
-    return data, e
+    data = round_e4m3(xc * inv[..., None]).to(torch.float8_e4m3fn).view(torch.uint8)
+    data = torch.where((e == E8M0_NAN)[..., None], E4M3_NAN, data)  # non-finite block: all NaN
+    return data.reshape(R, K).view(torch.float8_e4m3fn), e
 
 
 def quantize_columnwise(x: Tensor) -> tuple[Tensor, Tensor]:
@@ -121,7 +136,8 @@ def quantize_columnwise(x: Tensor) -> tuple[Tensor, Tensor]:
 
 
 def dequantize_rowwise(data: Tensor, scales: Tensor, dtype: torch.dtype = torch.float32) -> Tensor:
-    """data e4m3 [R, K], scales uint8 [R, K/32] -> [R, K] in ``dtype`` (exact in fp32/float64)."""
+    """data e4m3 [R, K], scales uint8 [R, K/32] -> [R, K] in ``dtype`` (exact in fp32/float64
+    but for the 2^128 overflow above); a 0xFF scale gives NaN for its whole block."""
     R, K = data.shape
     cd = torch.float64 if dtype == torch.float64 else torch.float32
     v = _blocks_last(data.to(cd)) * e8m0_to_float(scales, cd)[..., None]

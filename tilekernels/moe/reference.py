@@ -16,6 +16,9 @@ Conventions (see ../shared/OPS.md, "Grouped MoE MLP (MXFP8)"):
                                                group's tokens; needs m_g % 32 == 0)
   With every m_g % 32 == 0 the groups start on block boundaries, so quantizing
   the whole [M, *] tensor columnwise gives exactly the per-group blocks.
+* A NaN/Inf anywhere in an MXFP8 block makes the whole operand block NaN (scale
+  0xFF, mxfp8.py); the GEMMs below are plain matmuls with no clamping, so that NaN
+  reaches every output it feeds and nothing turns it finite.
 """
 from __future__ import annotations
 
@@ -54,7 +57,8 @@ def mxfp8_dequantize(data: Tensor, scales: Tensor, axis: str = "rowwise",
     """data e4m3 [R, K] with rowwise scales [R, K/32] or columnwise [R/32, K] -> [R, K] in out_dtype.
 
     data * 2^(e-127), exact in fp32/float64; exact in bf16 unless the value falls
-    below bf16's normal range (|v| < 2^-126), where it is rounded.
+    below bf16's normal range (|v| < 2^-126), where it is rounded; 2^128 overflows to
+    Inf in fp32/bf16. A scale of 0xFF (E8M0 NaN) gives NaN for its whole block.
     """
     return mx.dequantize(data, scales, axis, _DTYPES[out_dtype])
 
