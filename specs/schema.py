@@ -17,6 +17,7 @@ gradient), plus ``len``, ``sum``, ``min``, ``max``, ``all``, ``any``, ``abs``.
 """
 from __future__ import annotations
 
+import math
 import re
 from typing import Any, Literal, Optional, Union
 
@@ -41,7 +42,10 @@ class _Model(BaseModel):
 
 
 class Dim(_Model):
-    """A symbolic dim, bound from the first tensor whose shape names it bare."""
+    """A symbolic dim, bound from the first tensor whose shape names it bare.
+
+    Its size must lie in [min, max] (0 <= min <= max) and be a multiple of
+    ``multiple_of`` (>= 1)."""
     name: str
     min: int = 0
     max: Optional[int] = None
@@ -54,6 +58,19 @@ class Dim(_Model):
         if not _IDENT.match(v):
             raise ValueError(f"dim name {v!r} is not an identifier")
         return v
+
+    @model_validator(mode="after")
+    def _range(self):
+        problems = []
+        if self.min < 0:
+            problems.append(f"dim {self.name}: min {self.min} is negative")
+        if self.max is not None and self.min > self.max:
+            problems.append(f"dim {self.name}: min {self.min} > max {self.max}")
+        if self.multiple_of <= 0:
+            problems.append(f"dim {self.name}: multiple_of {self.multiple_of} must be >= 1")
+        if problems:
+            raise ValueError("; ".join(problems))
+        return self
 
 
 Shape = list[Union[str, int]]
@@ -103,11 +120,18 @@ class TensorSpec(_Model):
         return list(self.shape.values()) if isinstance(self.shape, dict) else [self.shape]
 
 
+_PARAM_TYPES = {"int": int, "float": (int, float), "bool": bool, "str": str}
+
+
 class Param(_Model):
     """A typed parameter with default and range.
 
     ``ints`` is a list/tuple of ints (min/max bound every element); ``object``
-    is passed through unchecked (e.g. a process group).
+    is passed through unchecked (e.g. a process group). A float param must be
+    finite (no NaN / inf) unless the spec says ``finite=False``. The default of
+    a param that is not required must pass the same checks as a passed value
+    (registry.validate's ``_check_param``): its type (a bool is not an int, an
+    int is a float), [min, max], choices, finiteness, None only if nullable.
     """
     name: str
     type: Literal["int", "float", "bool", "str", "ints", "object"]
@@ -117,16 +141,51 @@ class Param(_Model):
     choices: Optional[list[Any]] = None
     min: Optional[float] = None
     max: Optional[float] = None
+    finite: bool = True
     doc: str = ""
 
     @model_validator(mode="after")
     def _default_fits(self):
         if not _IDENT.match(self.name):
             raise ValueError(f"param name {self.name!r} is not an identifier")
-        if self.choices is not None and not self.required and self.default not in self.choices \
-                and not (self.nullable and self.default is None):
-            raise ValueError(f"param {self.name}: default {self.default!r} not in choices {self.choices}")
+        problems = [f"param {self.name}: {b} {v} is NaN" for b, v in (("min", self.min), ("max", self.max))
+                    if v is not None and math.isnan(v)]
+        if self.min is not None and self.max is not None and self.min > self.max:
+            problems.append(f"param {self.name}: min {self.min} > max {self.max}")
+        if (self.min is not None or self.max is not None) and self.type not in ("int", "float", "ints"):
+            problems.append(f"param {self.name}: min/max apply to int, float and ints params, not {self.type}")
+        if not self.required and self.type != "object":
+            problems += self._default_problems()
+        if problems:
+            raise ValueError("; ".join(problems))
         return self
+
+    def _default_problems(self) -> list[str]:
+        """What the registry would refuse about the default, were it passed (mirrors
+        registry.validate._check_param)."""
+        d, what = self.default, f"param {self.name}: default {self.default!r}"
+        if d is None:
+            return [] if self.nullable else [f"{what} is not of type {self.type} (nullable=True allows None)"]
+        if self.type == "ints":
+            if not isinstance(d, (list, tuple)) or any(not isinstance(e, int) or isinstance(e, bool) for e in d):
+                return [f"{what} is not a list of ints"]
+            values = list(d)
+        else:
+            if isinstance(d, bool) and self.type in ("int", "float"):
+                return [f"{what} is not of type {self.type} (a bool is not a number)"]
+            if not isinstance(d, _PARAM_TYPES[self.type]):
+                return [f"{what} is not of type {self.type}"]
+            if self.type == "float" and self.finite and isinstance(d, float) and not math.isfinite(d):
+                return [f"{what} is not finite (set finite=False to allow NaN / inf)"]
+            if self.choices is not None and d not in self.choices:
+                return [f"{what} not in choices {self.choices}"]
+            values = [d] if self.type in ("int", "float") else []
+        out = []
+        if self.min is not None and any(v < self.min for v in values):
+            out.append(f"{what} is below min {self.min}")
+        if self.max is not None and any(v > self.max for v in values):
+            out.append(f"{what} is above max {self.max}")
+        return out
 
 
 class Constraint(_Model):
@@ -230,7 +289,9 @@ CONSTRAINT_HELPERS = frozenset({
 
 
 def consistency_problems(spec: OpSpec) -> list[str]:
-    """Static checks: unique names, every referenced dim/param/tensor exists."""
+    """Static checks: unique names, every dim/param/tensor an expression (shape entry,
+    constraint and its ``when``, the op's and every backend's; layout) names exists, no
+    negative shape entry."""
     out: list[str] = []
     dim_names = [d.name for d in spec.dims]
     tensor_names = [t.name for t in spec.inputs] + [t.name for t in spec.outputs]
@@ -252,14 +313,18 @@ def consistency_problems(spec: OpSpec) -> list[str]:
         for shape in t.all_shapes():
             for d in shape:
                 if isinstance(d, int):
+                    if d < 0:
+                        out.append(f"tensor {t.name}: shape entry {d} is negative")
                     continue
-                try:
-                    unknown = _expr.names(d) - known_scalars
+                try:  # parse refuses a division by a constant zero ("C // 0") and unbounded constants
+                    named = _expr.names(d)
                 except _expr.ExprError as e:
                     out.append(f"tensor {t.name}: {e}")
                     continue
-                if unknown:
-                    out.append(f"tensor {t.name}: shape entry {d!r} names unknown dims {sorted(unknown)}")
+                if not named and not (isinstance(v := _expr.evaluate(d, {}), int) and v >= 0):
+                    out.append(f"tensor {t.name}: shape entry {d!r} evaluates to {v!r}, not a size >= 0")
+                if unknown := sorted(named - known_scalars):
+                    out.append(f"tensor {t.name}: shape entry {d!r} names unknown dims {unknown}")
         if isinstance(t.dtypes, str) and t.dtypes[5:] not in tensor_names:
             out.append(f"tensor {t.name}: dtypes {t.dtypes!r} names an unknown tensor")
     for t in spec.inputs:
@@ -270,6 +335,7 @@ def consistency_problems(spec: OpSpec) -> list[str]:
     exprs += [(f"layout {k!r}", v) for k, v in spec.layouts.items()]
     for b in spec.backends:
         exprs += [(f"backend {b.name} constraint {c.expr!r}", c.expr) for c in b.constraints]
+        exprs += [(f"backend {b.name} constraint {c.expr!r} (when)", c.when) for c in b.constraints if c.when]
         for tname in b.dtypes:
             if tname not in tensor_names:
                 out.append(f"backend {b.name}: dtypes restrict unknown tensor {tname!r}")

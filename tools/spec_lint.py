@@ -4,9 +4,16 @@
     tk-spec-lint my_specs.py a.json    a Python module exposing SPECS (OpSpec objects
                                        or dicts), or a JSON file (one spec object or a list)
 
+A ``.py`` file runs as ``specs.<stem>``, so its relative imports (``from .schema
+import ...``) resolve as in the shipped modules; one that raises anything at
+import (``SystemExit`` included) is reported, and the other files still linted.
+
 Checks, per spec: the pydantic schema (``OpSpec.model_validate``, which runs
-``specs.schema.consistency_problems``: referenced dims/params/tensors exist,
-expressions parse, a torch backend exists, ...); op names unique across
+``specs.schema.consistency_problems``: referenced dims/params/tensors exist, in
+backend constraints' ``when`` too; expressions parse and stay in the language's
+bounds; param defaults have their param's type, range and finiteness; dims have
+0 <= min <= max and multiple_of >= 1; no negative or divide-by-zero shape entry;
+a torch backend exists, ...); op names unique across
 everything checked; every expression parses in ``specs.expr``; declared dims
 are used; ``reference`` and ``entry`` import, are callable and accept the op's
 inputs (entry also ``backend=``); every backend module imports, and every
@@ -17,7 +24,7 @@ Severity: problems are errors (exit 1). Warnings (exit 0 unless ``--strict``):
 a GPU backend whose module cannot be imported because its toolchain is not
 installed here; a user file's op that reuses a shipped op's name (the file
 may be proposing a replacement; two specs with one name in the shipped set is
-an error); a dim no tensor shape names; a reference whose signature does not
+an error; linting a shipped module by its path is no reuse); a dim no tensor shape names; a reference whose signature does not
 take the inputs. Every message reads ``<file>: <op>: <what>``.
 """
 from __future__ import annotations
@@ -76,6 +83,28 @@ def _item_name(item: Any, i: int) -> str:
     return name if isinstance(name, str) and name else f"<spec #{i}>"
 
 
+def _import_spec_module(path: Path):
+    """Run a spec module as ``specs.<stem>``, so that its relative imports (``from .schema
+    import ...``) resolve like the shipped modules' do. The name is borrowed only while the
+    module runs: a shipped module of that name is put back after."""
+    import specs  # noqa: F401 - the parent package must be imported for relative imports
+
+    name = f"specs.{path.stem}"
+    spec = importlib.util.spec_from_file_location(name, path, submodule_search_locations=None)
+    mod = importlib.util.module_from_spec(spec)
+    mod.__package__ = "specs"
+    shipped = sys.modules.get(name)
+    sys.modules[name] = mod
+    try:
+        spec.loader.exec_module(mod)
+    finally:
+        if shipped is None:
+            sys.modules.pop(name, None)
+        else:
+            sys.modules[name] = shipped
+    return mod
+
+
 def _load_items(path: Path, rep: Report) -> Optional[list]:
     """Raw spec items (OpSpec or dict) from a .py or .json file, or None after reporting why."""
     src = _rel(path)
@@ -90,16 +119,11 @@ def _load_items(path: Path, rep: Report) -> Optional[list]:
             return None
         items = data if isinstance(data, list) else [data]
     elif path.suffix == ".py":
-        modname = f"_tk_spec_lint_{abs(hash(str(path.resolve())))}"
         try:
-            spec = importlib.util.spec_from_file_location(modname, path)
-            mod = importlib.util.module_from_spec(spec)
-            sys.modules[modname] = mod
-            try:
-                spec.loader.exec_module(mod)
-            finally:
-                sys.modules.pop(modname, None)
-        except Exception as e:  # noqa: BLE001 - a broken OpSpec(...) raises at import
+            mod = _import_spec_module(path)
+        except KeyboardInterrupt:
+            raise
+        except BaseException as e:  # noqa: BLE001 - a broken OpSpec(...) raises at import, a script may exit
             rep.add(src, "-", f"importing the module failed: {_exc(e)}")
             return None
         if not hasattr(mod, "SPECS"):
@@ -119,6 +143,8 @@ def _load_items(path: Path, rep: Report) -> Optional[list]:
 def _exc(e: BaseException) -> str:
     if isinstance(e, ValidationError):
         return "; ".join(_validation_lines(e))
+    if isinstance(e, SystemExit):
+        return f"SystemExit: the module exits (status {e.code!r})"
     return f"{type(e).__name__}: {e}"
 
 
@@ -127,8 +153,8 @@ def _validation_lines(e: ValidationError) -> list[str]:
     for err in e.errors():
         loc = ".".join(str(x) for x in err.get("loc", ())) or "spec"
         msg = err.get("msg", "").removeprefix("Value error, ")
-        if err.get("type") == "value_error" and loc == "spec" and "; " in msg:
-            out += [f"{loc}: {m}" for m in msg.split("; ")]  # consistency_problems, one per line
+        if err.get("type") == "value_error" and not isinstance(err.get("input"), str) and "; " in msg:
+            out += [f"{loc}: {m}" for m in msg.split("; ")]  # a model's problems, one per line
         else:
             got = err.get("input")
             got = "" if isinstance(got, (dict, list)) or got is None or repr(got) in msg else f" (got {got!r})"
@@ -262,7 +288,9 @@ def lint(paths: list[str]) -> Report:
             rep.sources += 1
             try:
                 items = list(importlib.import_module(f"specs.{fam}").SPECS)
-            except Exception as e:  # noqa: BLE001
+            except KeyboardInterrupt:
+                raise
+            except BaseException as e:  # noqa: BLE001 - SystemExit too: report it, do not end silently
                 rep.add(src, "-", f"importing the module failed: {_exc(e)}")
                 continue
             batches.append((src, items))
@@ -289,7 +317,7 @@ def lint(paths: list[str]) -> Report:
                     rep.add(src, name, f"duplicate op name (also defined in {seen[name]})")
                 else:
                     seen[name] = src
-                if name in shipped_names:
+                if name in shipped_names and shipped_names[name] != src:  # not the shipped file itself
                     rep.add(src, name, f"shadows the shipped op of the same name ({shipped_names[name]})",
                             "warning")
             if spec is None:

@@ -4,6 +4,8 @@ import os
 import subprocess
 import sys
 
+import pytest
+from pydantic import ValidationError
 
 import registry
 from registry import capabilities as caps
@@ -198,3 +200,135 @@ def test_cli_subprocess(tmp_path):
     p = run(write_json(tmp_path, [base("fine"), base("x", backends=[])]))
     assert p.returncode == 1 and "x: error:" in p.stdout and "fine:" not in p.stdout
     assert "2 spec(s) from 1 source(s): 1 error(s)" in p.stdout
+
+
+# ------------------------------------------------- what the schema refuses, so the linter does
+
+
+def test_backend_constraint_when_naming_unknown(tmp_path, capsys):
+    """Was only parsed: the unknown name surfaced as an ExprError at call time."""
+    d = base("bad_when")
+    d["backends"][0]["constraints"] = [{"expr": "T > 0", "when": "foo > 1"}]
+    rc, out = lint(capsys, write_json(tmp_path, d))
+    assert rc == 1
+    assert "bad_when: error: spec: backend torch constraint 'T > 0' (when) names unknown ['foo']" in out
+
+
+@pytest.mark.parametrize("param, problem", [
+    ({"type": "int", "default": 0, "min": 1}, "param k: default 0 is below min 1.0"),
+    ({"type": "int", "default": 9, "max": 8}, "param k: default 9 is above max 8.0"),
+    ({"type": "int", "default": True}, "param k: default True is not of type int (a bool is not a number)"),
+    ({"type": "float", "default": False}, "param k: default False is not of type float (a bool is not a number)"),
+    ({"type": "int", "default": 1.5}, "param k: default 1.5 is not of type int"),
+    ({"type": "str", "default": 3}, "param k: default 3 is not of type str"),
+    ({"type": "bool", "default": 1}, "param k: default 1 is not of type bool"),
+    ({"type": "ints", "default": [1, True]}, "param k: default [1, True] is not a list of ints"),
+    ({"type": "ints", "default": [1, 50], "max": 10}, "param k: default [1, 50] is above max 10.0"),
+    ({"type": "float", "default": None}, "param k: default None is not of type float (nullable=True allows None)"),
+    ({"type": "float", "default": 1.5, "min": 2, "max": 1}, "param k: min 2.0 > max 1.0"),
+    ({"type": "float", "default": float("nan")}, "param k: default nan is not finite (set finite=False to allow"),
+    ({"type": "float", "default": float("-inf")}, "param k: default -inf is not finite"),
+    ({"type": "str", "default": "a", "min": 1}, "param k: min/max apply to int, float and ints params, not str"),
+])
+def test_param_default_type_range_and_finiteness(tmp_path, capsys, param, problem):
+    """Every call that leaves such a param out would be refused (or get NaN): the spec is wrong."""
+    d = base("bad_param_default")
+    d["params"] = [{"name": "k", **param}]
+    rc, out = lint(capsys, write_json(tmp_path, d))
+    assert rc == 1 and f"bad_param_default: error: params.0: {problem}" in out, out
+
+
+@pytest.mark.parametrize("param", [
+    dict(type="float", default=2),  # an int is acceptable for a float
+    dict(type="float", default=float("inf"), finite=False),
+    dict(type="float", default=None, nullable=True, min=0.0),
+    dict(type="int", required=True, min=1),  # a required param's default is never used
+    dict(type="ints", default=(1, 2), min=1, max=2),
+    dict(type="str", default="a", choices=["a", "b"]),
+    dict(type="object", default=None),
+])
+def test_param_defaults_the_registry_accepts(param):
+    from specs.schema import Param
+
+    p = Param(name="k", **param)
+    assert p.finite is param.get("finite", True)
+
+
+def test_param_finite_field_defaults_to_true():
+    from specs.schema import Param
+
+    assert Param(name="alpha", type="float", default=1.0).finite is True
+    assert Param(name="alpha", type="float", default=float("nan"), finite=False).finite is False
+    with pytest.raises(ValidationError, match="param alpha: default nan is not finite"):
+        Param(name="alpha", type="float", default=float("nan"))
+
+
+@pytest.mark.parametrize("dim, problem", [
+    ({"multiple_of": 0}, "dims.2: dim C: multiple_of 0 must be >= 1"),
+    ({"multiple_of": -4}, "dims.2: dim C: multiple_of -4 must be >= 1"),
+    ({"min": -1}, "dims.2: dim C: min -1 is negative"),
+    ({"min": 5, "max": 2}, "dims.2: dim C: min 5 > max 2"),
+])
+def test_dim_range_and_multiple_of(tmp_path, capsys, dim, problem):
+    d = base("bad_dim_range")
+    d["dims"][2].update(dim)
+    rc, out = lint(capsys, write_json(tmp_path, d))
+    assert rc == 1 and f"bad_dim_range: error: {problem}" in out, out
+
+
+@pytest.mark.parametrize("shape, problem", [
+    ([-1, "n", "C"], "tensor x: shape entry -1 is negative"),
+    (["T", "n", "C//0"], "tensor x: 'C//0': 'C // 0' divides by zero"),
+    (["T", "n", "C % 0"], "tensor x: 'C % 0': 'C % 0' divides by zero"),
+    (["T", "n", "1 - 3"], "tensor x: shape entry '1 - 3' evaluates to -2, not a size >= 0"),
+])
+def test_negative_and_zero_division_shape_entries(tmp_path, capsys, shape, problem):
+    d = base("bad_shape")
+    d["inputs"][0]["shape"] = shape
+    rc, out = lint(capsys, write_json(tmp_path, d))
+    assert rc == 1 and f"bad_shape: error: spec: {problem}" in out, out
+
+
+def test_unbounded_constant_expressions(tmp_path, capsys):
+    """`9 ** 9 ** 9 > 1` passed the linter and then hung every call."""
+    d = base("huge_const")
+    d["constraints"] = [{"expr": "9 ** 9 ** 9 > 1"}]
+    d["backends"][0]["constraints"] = [{"expr": "T * n < 16 ** 60 * 16 ** 60"}]
+    rc, out = lint(capsys, write_json(tmp_path, d))
+    assert rc == 1
+    assert ("huge_const: error: constraints.0.expr: '9 ** 9 ** 9 > 1': constant sub-expression '9 ** 9 ** 9 > 1' "
+            "cannot be evaluated: 9 ** 387420489: an int exponent must be in [0, 64]") in out
+    assert ("huge_const: error: backends.0.constraints.0.expr: 'T * n < 16 ** 60 * 16 ** 60': constant "
+            "sub-expression '16 ** 60 * 16 ** 60' cannot be evaluated:") in out and "|result| exceeds 2**256" in out
+
+
+# ------------------------------------------------------------------------- loading modules
+
+
+@pytest.mark.parametrize("family", ["mhc", "moe", "gdn", "cp"])
+def test_shipped_module_paths_lint_clean(capsys, family):
+    """`tk-spec-lint specs/mhc.py` failed: the module's `from .schema import ...` had no package."""
+    shipped = sys.modules[f"specs.{family}"]
+    rc, out = lint(capsys, str(C.REPO_ROOT / "specs" / f"{family}.py"))
+    n = len(shipped.SPECS)
+    assert rc == 0 and f"{n} spec(s) from 1 source(s): 0 error(s), 0 warning(s) -> ok" in out, out
+    assert sys.modules[f"specs.{family}"] is shipped  # the shipped module is put back
+
+
+def test_user_module_with_relative_imports(tmp_path, capsys):
+    path = write_py(tmp_path, "from .schema import OpSpec\nfrom .mhc import SPECS as _S\n"
+                              "SPECS = [OpSpec(**{**_S[0].model_dump(), 'name': 'rel_op'})]\n", "rel_specs.py")
+    rc, out = lint(capsys, path)
+    assert "rel_specs.py: -: error" not in out and "1 spec(s) from 1 source(s)" in out, out
+    assert "specs.rel_specs" not in sys.modules
+
+
+@pytest.mark.parametrize("body, what", [("raise SystemExit(3)\n", "SystemExit: the module exits (status 3)"),
+                                        ("import sys\nsys.exit()\n", "SystemExit: the module exits (status None)"),
+                                        ("raise GeneratorExit('gone')\n", "GeneratorExit: gone")])
+def test_module_that_exits_at_import_is_a_problem(tmp_path, capsys, body, what):
+    """SystemExit at import ended the linter silently (exit status of the module, no report)."""
+    rc, out = lint(capsys, write_py(tmp_path, body, "exits.py"), write_json(tmp_path, base("after_exit")))
+    assert rc == 1
+    assert f"exits.py: -: error: importing the module failed: {what}" in out
+    assert "1 spec(s) from 2 source(s): 1 error(s)" in out  # the next file was still linted
