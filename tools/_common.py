@@ -111,12 +111,19 @@ def gpu_info(index: int) -> dict[str, Any]:
 
 
 def device_info(device: torch.device) -> dict[str, Any]:
-    """What a result was measured on: {"type", "name", and for GPUs "sm", "memory_gib"}."""
+    """What a result was measured on: {"type", "name", and for GPUs "sm", "memory_gib"; for
+    the CPU its torch threads, CPU count and 1-minute load average}."""
     if device.type == "cuda":
         info = gpu_info(device.index if device.index is not None else torch.cuda.current_device())
         info["type"] = "cuda"
         return info
-    return {"type": device.type, "name": f"{device.type} ({cpu_model()})", "threads": torch.get_num_threads()}
+    info = {"type": device.type, "name": f"{device.type} ({cpu_model()})", "threads": torch.get_num_threads(),
+            "cpu_count": os.cpu_count()}
+    try:  # what else the host ran at the start (busy cores stall torch's intra-op threads)
+        info["load_avg_1min"] = round(os.getloadavg()[0], 2)
+    except (AttributeError, OSError):
+        pass
+    return info
 
 
 def device_label(device: torch.device) -> str:

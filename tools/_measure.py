@@ -1,9 +1,13 @@
 """tk-bench's measuring pieces: timers, per-device ceilings, output comparison.
 
-Timing: on CUDA ``triton.testing.do_bench`` (median) when triton imports, else
-CUDA events (warm-up, then the median of ``reps`` event-timed calls); on CPU a
-warm-up and the median of ``reps`` ``time.perf_counter`` intervals (default 10,
-down to 3 for calls slower than 30 ms).
+Timing: first a warm-up that runs until the call's time is stable (``warm_up``:
+the first call, where compiles, lazy initialisation and first allocations happen,
+then short windows of calls until two consecutive windows' median per-call times
+agree within 15%, for at most about 2 s; a call that never settles is timed anyway
+and its record says so). Then on CUDA ``triton.testing.do_bench`` (median) when
+triton imports, else the median of ``reps`` CUDA-event-timed calls; on CPU the
+median of ``reps`` ``time.perf_counter`` intervals (default 10, down to 3 for
+calls slower than 30 ms, judged by the settled per-call time).
 
 Ceilings (what %-of-ceiling divides by), per device:
   * H200: copy 4.27 TB/s, dense bf16 773 TFLOP/s, measured on the project's H200;
@@ -11,7 +15,8 @@ Ceilings (what %-of-ceiling divides by), per device:
   * any other GPU: measured once here, a large device-to-device copy (read +
     write bytes) and a bf16 8192^3 matmul;
   * CPU: measured once, a copy of a 256 MiB tensor into a preallocated one
-    (read + write bytes; a fresh clone would time page faults); no
+    (read + write bytes; a fresh clone would time page faults) with the run's
+    intra-op threads (tk-bench: one unless --threads); no
     compute ceiling, so compute-bound CPU rows have no percentage.
 A case is compute-bound when it counts flops and flops/bytes > 100.
 """
@@ -29,6 +34,9 @@ from tilekernels.testing import rel_err, tolerance
 
 COMPUTE_BOUND_INTENSITY = 100.0  # flops per byte above which the TFLOP/s ceiling applies
 CPU_BUDGET_S = 0.3  # CPU timing: default reps shrink (10 -> 3) so one measurement takes about this
+WARMUP_TOL = 0.15  # warm-up ends when two consecutive windows' median per-call times agree this well
+WARMUP_WINDOW_S = 0.02  # one warm-up window: as many calls as take about this long (3 to 100)
+WARMUP_MAX_S = 2.0  # warm-up budget after the first call (at least two windows run)
 
 # name test -> (copy GB/s, bf16 TFLOP/s, source)
 _TABLE = [
@@ -40,13 +48,64 @@ _TABLE = [
 # ------------------------------------------------------------------ timing
 
 
-class Timer:
-    """``timer(fn) -> ms`` (median), as described in the module docstring."""
+@dataclass(frozen=True)
+class WarmUp:
+    """What ``warm_up`` did: calls made (the first included), seconds spent, the first
+    call's and the last window's median per-call ms, and whether two windows agreed."""
+    calls: int
+    seconds: float
+    first_ms: float
+    per_call_ms: float
+    settled: bool
 
-    def __init__(self, device: torch.device, reps: Optional[int] = None, warmup: int = 2):
+
+def warm_up(fn: Callable[[], Any], sync: Callable[[], Any] = lambda: None, *,
+            clock: Callable[[], float] = time.perf_counter, tol: float = WARMUP_TOL,
+            window_s: float = WARMUP_WINDOW_S, max_s: float = WARMUP_MAX_S,
+            max_windows: int = 50) -> WarmUp:
+    """Call ``fn`` until its time per call is stable: once (compiles, lazy initialisation,
+    first allocations), then windows of calls sized to about ``window_s`` (at least 3 calls,
+    sized from the last estimate), until the median per-call times of two consecutive windows agree within
+    ``tol`` (relative), or until ``max_s`` seconds (but at least two windows) or
+    ``max_windows`` windows have passed (then ``settled`` is False). ``sync()`` runs after every call (CUDA: the device finishes
+    the call's work before the clock is read)."""
+    t0 = clock()
+    fn()
+    sync()
+    first = clock() - t0
+    calls, per, prev, windows = 1, first, None, 0
+    start = clock()
+    while True:
+        n = max(3, min(100, int(window_s / per) if per > 0 else 100))
+        ts = []
+        for _ in range(n):
+            a = clock()
+            fn()
+            sync()
+            ts.append(clock() - a)
+        calls, windows = calls + n, windows + 1
+        per = statistics.median(ts)
+        if prev is not None and abs(per - prev) <= tol * min(per, prev):
+            settled = True
+            break
+        if windows >= max_windows or (windows >= 2 and clock() - start >= max_s):
+            settled = False
+            break
+        prev = per
+    return WarmUp(calls, clock() - t0, first * 1e3, per * 1e3, settled)
+
+
+class Timer:
+    """``timer(fn) -> ms`` (median), as described in the module docstring. ``last_warmup``
+    holds the warm-up of the last call (``Runner`` notes a timing that never settled)."""
+
+    def __init__(self, device: torch.device, reps: Optional[int] = None,
+                 warmup_max_s: float = WARMUP_MAX_S, clock: Callable[[], float] = time.perf_counter):
         self.device = device
         self.reps = reps
-        self.warmup = warmup
+        self.warmup_max_s = warmup_max_s
+        self.clock = clock  # CPU timing's clock (tests pass a fake one)
+        self.last_warmup: Optional[WarmUp] = None
         self.method = "perf_counter"
         self._do_bench = None
         if device.type == "cuda":
@@ -60,24 +119,30 @@ class Timer:
         else:
             self.method = "time.perf_counter (median)"
 
+    def warm_up(self, fn: Callable[[], Any]) -> WarmUp:
+        sync = torch.cuda.synchronize if self.device.type == "cuda" else (lambda: None)
+        self.last_warmup = warm_up(fn, sync, clock=self.clock, max_s=self.warmup_max_s)
+        return self.last_warmup
+
     def __call__(self, fn: Callable[[], Any]) -> float:
+        self.warm_up(fn)
+        return self.measure(fn)
+
+    def measure(self, fn: Callable[[], Any]) -> float:
+        """The timed part alone (call ``warm_up`` first; ``__call__`` does both)."""
         if self.device.type != "cuda":
-            t0 = time.perf_counter()
-            for _ in range(max(self.warmup, 1)):
-                fn()
-            per_call = (time.perf_counter() - t0) / max(self.warmup, 1)
             # default: 10 reps, fewer (>= 3) for slow calls so a CPU run stays short
-            reps = self.reps or max(3, min(10, int(CPU_BUDGET_S / max(per_call, 1e-9))))
+            w = self.last_warmup
+            per_call = max(w.per_call_ms / 1e3 if w else 0.0, 1e-9)
+            reps = self.reps or max(3, min(10, int(CPU_BUDGET_S / per_call)))
             ts = []
             for _ in range(reps):
-                t0 = time.perf_counter()
+                t0 = self.clock()
                 fn()
-                ts.append(time.perf_counter() - t0)
+                ts.append(self.clock() - t0)
             return statistics.median(ts) * 1e3
         if self._do_bench is not None:
             return float(self._do_bench(fn, warmup=25, rep=100, return_mode="median"))
-        for _ in range(max(self.warmup, 5)):
-            fn()
         torch.cuda.synchronize()
         ts = []
         for _ in range(self.reps or 50):
@@ -88,7 +153,6 @@ class Timer:
             b.synchronize()
             ts.append(a.elapsed_time(b))
         return statistics.median(ts)
-
 
     def graph(self, fn: Callable[[], Any]) -> Optional[float]:
         """Median ms of ``fn`` captured once in a CUDA graph and replayed: the GPU time
@@ -151,8 +215,9 @@ class Ceilings:
         n = 256 << 20
         src = torch.ones(n // 4, dtype=torch.float32)
         dst = torch.zeros_like(src)  # touched once, so page faults stay out of the timing
-        ms = Timer(self.device, reps=5, warmup=1)(lambda: dst.copy_(src))
-        return Ceiling("bandwidth", 2 * n / ms / 1e6, "GB/s", "measured (CPU copy of 256 MiB, read+write)")
+        ms = Timer(self.device, reps=5)(lambda: dst.copy_(src))
+        return Ceiling("bandwidth", 2 * n / ms / 1e6, "GB/s",
+                       f"measured (CPU copy of 256 MiB, read+write, {torch.get_num_threads()} thread(s))")
 
     def _compute(self) -> Optional[Ceiling]:
         if self._row:

@@ -10,7 +10,12 @@ shapes on CPU, the OPS.md headline shapes on a GPU) and each pass:
   random upstream gradient, the reference differentiated by autograd in float64.
   In-place (``inout``) inputs are compared after the call too.
 * time: the spec's entry with the chosen backend (validation done once,
-  outside the timed region); see ``tools._measure`` for the timers.
+  outside the timed region), warmed up until its time per call is stable (the
+  first call's compile and lazy initialisation never reach the timed region);
+  see ``tools._measure`` for the timers. A CPU run uses one intra-op thread
+  unless ``--threads`` says otherwise: on a shared host, torch's default (one
+  thread per core) makes small ops wait on threads whose cores other processes
+  hold, and rows read tens of times slow.
   fwd+bwd = forward + backward with a fixed upstream gradient (grads cleared
   between reps); "bwd" rows are derived as fwd+bwd - fwd.
 * throughput from the case's hand-counted bytes/flops: GB/s, TFLOP/s and the
@@ -40,6 +45,7 @@ from . import _common as C
 from ._measure import Ceilings, Timer, compare, flatten, throughput
 
 log = logging.getLogger("tools.bench")
+CPU_THREADS = 1  # intra-op threads of a CPU run unless --threads says otherwise (see --help)
 PASSES = {"fwd": ["fwd"], "fwdbwd": ["fwd+bwd"], "fwd+bwd": ["fwd+bwd"], "all": ["fwd", "fwd+bwd"]}
 
 
@@ -175,12 +181,17 @@ class Runner:
         rec["compile_ms"] = self._peer("torch.compile(reference)", step)
 
     def _time(self, step, notes: list) -> float:
-        """``self.timer(step)``; on CUDA it also counts the caching allocator's device
-        allocations (cudaMalloc) made while timing: a steady-state step should make none,
-        and each one can stall the host and so the measurement (noted in the record)."""
+        """``self.timer(step)``: a warm-up until the time per call is stable (a step that
+        never settles is noted in the record), then the timed calls. On CUDA it also counts
+        the caching allocator's device allocations (cudaMalloc) made while timing (after
+        the warm-up): a steady-state step should make none, and each one can stall the
+        host and so the measurement (noted in the record)."""
         cuda = self.device.type == "cuda"
+        w = self.timer.warm_up(step)
+        if not w.settled:
+            notes.append(f"time per call not settled after {w.calls} warm-up calls ({w.seconds:.1f} s)")
         before = torch.cuda.memory_stats(self.device).get("num_device_alloc", 0) if cuda else 0
-        ms = self.timer(step)
+        ms = self.timer.measure(step)
         if cuda:
             n = torch.cuda.memory_stats(self.device).get("num_device_alloc", 0) - before
             if n:
@@ -413,8 +424,13 @@ def _argparser() -> argparse.ArgumentParser:
                     help="fwd, fwdbwd (forward+backward) or all (default; bwd rows derived)")
     ap.add_argument("--backend", default="auto", choices=["auto", "torch", "cutile", "cute"],
                     help="force one backend (cases it cannot run are SKIP rows)")
-    ap.add_argument("--reps", type=int, default=None, help="timed repetitions (CPU: 10; CUDA events: 50; "
-                                                           "triton do_bench picks its own)")
+    ap.add_argument("--threads", type=int, default=None, metavar="N",
+                    help="torch's intra-op CPU threads for the run; 0: torch's default (one per core). "
+                         "Default: 1 on a CPU run (multi-threaded small ops on a shared host stall on "
+                         "preempted threads and read tens of times slow), torch's on a GPU run")
+    ap.add_argument("--reps", type=int, default=None, help="timed repetitions after the warm-up (CPU: 10, "
+                                                           "3 for slow calls; CUDA events: 50; triton "
+                                                           "do_bench picks its own)")
     cmp = ap.add_mutually_exclusive_group()
     cmp.add_argument("--compare", dest="compare", action="store_true", default=None,
                      help="time torch eager and torch.compile(reference) peers for every row "
@@ -442,6 +458,8 @@ def main(argv: Optional[list[str]] = None) -> int:
         ap.error(f"unknown op(s) {unknown}; registered: {', '.join(registry.names())}")
     if args.reps is not None and args.reps < 1:
         ap.error("--reps must be >= 1")
+    if args.threads is not None and args.threads < 0:
+        ap.error("--threads must be >= 0")
     if args.plot:
         try:
             import matplotlib  # noqa: F401
@@ -452,6 +470,19 @@ def main(argv: Optional[list[str]] = None) -> int:
     if ops:
         families = [f for f in families if f in {registry.get(o).spec.family for o in ops}]
     device = C.default_device()
+    threads = args.threads if args.threads is not None else (CPU_THREADS if device.type == "cpu" else 0)
+    before = torch.get_num_threads()
+    if threads:
+        torch.set_num_threads(threads)
+    try:
+        return _run(args, ap, device, ops, overrides, families)
+    finally:  # an in-process caller (the tests) gets its own setting back
+        torch.set_num_threads(before)
+
+
+def _run(args, ap, device: torch.device, ops: list[str], overrides: dict[str, int], families: list[str]) -> int:
+    import registry
+
     runner = Runner(args, device)
     meta = {"device": C.device_label(device), "device_info": C.device_info(device),
             "torch": torch.__version__, "git_commit": C.git_commit(), "date": C.now_iso(),
@@ -459,6 +490,13 @@ def main(argv: Optional[list[str]] = None) -> int:
     log.info("tk-bench on %s (%s), torch %s, commit %s, timer %s, peers %s",
              meta["device"], device, meta["torch"], meta["git_commit"][:12], runner.timer.method,
              {True: "on", False: "off", None: "for non-torch backends"}[runner.compare])
+    info = meta["device_info"]
+    if (device.type == "cpu" and info["threads"] > 1
+            and info.get("load_avg_1min", 0) >= (info.get("cpu_count") or 1) - 0.5):
+        log.info("  note: the host is busy (load average %s on %s CPUs): with %s intra-op threads a CPU "
+                 "timing can read many times slow (each parallel op waits for a thread that another "
+                 "process holds the core of); an idle host or --threads 1 (the default) is steadier",
+                 info["load_avg_1min"], info["cpu_count"], info["threads"])
 
     records: list[dict] = []
     selected = []  # (family, case)

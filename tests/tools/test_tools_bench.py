@@ -1,5 +1,6 @@
 """tk-bench: JSON records, shape overrides, failing checks (wrong or unwritten kernel
-results, wrong gradients, a family whose cases() raises), peers, plot, comparison rules."""
+results, wrong gradients, a family whose cases() raises), peers, plot, comparison rules,
+the warm-up that keeps first-call costs out of the timings."""
 import json
 import os
 import subprocess
@@ -9,11 +10,11 @@ import pytest
 import torch
 
 import tilekernels.mhc.bench as mhc_bench
-from tilekernels import _glue
+from registry import kernels as kernel_table
 from tilekernels.mhc import reference as ref
 from tools import _common as C
 from tools import bench
-from tools._measure import compare
+from tools._measure import Timer, WarmUp, compare, warm_up
 
 OP = "mhc_h_aggregate"
 KEYS = {"op", "family", "variant", "pass", "backend", "shapes", "dtype", "ms", "gb_s", "tflop_s",
@@ -77,7 +78,7 @@ def test_wrong_forward_result_fails(tmp_path, capsys, monkeypatch):
     def wrong(x, h_pre, out):
         out.copy_(ref.h_aggregate(x, h_pre) * 1.05)
 
-    monkeypatch.setitem(_glue._KERNELS, (OP, "torch", "fwd"), wrong)
+    monkeypatch.setitem(kernel_table._KERNELS, (OP, "torch", "fwd"), wrong)
     rc, recs = run(tmp_path, "--op", OP, "--pass", "fwd")
     out = capsys.readouterr().out
     assert rc == 1
@@ -86,19 +87,19 @@ def test_wrong_forward_result_fails(tmp_path, capsys, monkeypatch):
 
 
 def test_unwritten_output_fails(tmp_path, capsys, monkeypatch):
-    monkeypatch.setitem(_glue._KERNELS, (OP, "torch", "fwd"), lambda x, h_pre, out: None)
+    monkeypatch.setitem(kernel_table._KERNELS, (OP, "torch", "fwd"), lambda x, h_pre, out: None)
     rc, recs = run(tmp_path, "--op", OP, "--pass", "fwd")
     assert rc == 1 and recs[0]["status"] == "FAIL" and recs[0]["rel_err"] is None  # inf -> null
 
 
 def test_wrong_gradient_fails_fwdbwd_only(tmp_path, capsys, monkeypatch):
-    good = _glue._KERNELS[(OP, "torch", "bwd")]
+    good = kernel_table._KERNELS[(OP, "torch", "bwd")]
 
     def wrong(dout, x, h_pre, dx, dh_pre):
         good(dout, x, h_pre, dx, dh_pre)
         dh_pre.mul_(-1)
 
-    monkeypatch.setitem(_glue._KERNELS, (OP, "torch", "bwd"), wrong)
+    monkeypatch.setitem(kernel_table._KERNELS, (OP, "torch", "bwd"), wrong)
     rc, recs = run(tmp_path, "--op", OP)
     assert rc == 1
     status = {r["pass"]: r["status"] for r in recs}
@@ -215,3 +216,94 @@ def test_cli_subprocess():
                        cwd=C.REPO_ROOT, env=env, capture_output=True, text=True, timeout=300)
     assert p.returncode == 0, p.stdout + p.stderr
     assert "PASS" in p.stdout.splitlines()[-2] and "tk-bench on" in p.stderr
+
+
+# ------------------------------------------------------------------ warm-up
+
+
+class FakeClock:
+    """A clock that only the timed callables move: timings become exact."""
+
+    def __init__(self):
+        self.t = 0.0
+
+    def __call__(self) -> float:
+        return self.t
+
+
+def costly(clock: FakeClock, costs_s):
+    """A callable whose k-th call takes ``costs_s(k)`` seconds (k from 1) on ``clock``."""
+    calls = [0]
+
+    def fn():
+        calls[0] += 1
+        clock.t += costs_s(calls[0])
+
+    return fn, calls
+
+
+@pytest.mark.parametrize("slow_calls", [1, 3, 5])
+def test_slow_first_calls_stay_out_of_the_timing(slow_calls):
+    # a compile / lazy initialisation that lasts several calls: 50 ms each, then 1 ms.
+    # (Two fixed warm-up calls timed 5 slow calls at ~25 ms: the reps were sized from them.)
+    clock = FakeClock()
+    fn, calls = costly(clock, lambda k: 0.05 if k <= slow_calls else 0.001)
+    timer = Timer(torch.device("cpu"), clock=clock)
+    assert timer(fn) == pytest.approx(1.0)
+    w = timer.last_warmup
+    assert w.settled and w.first_ms == pytest.approx(50.0) and w.per_call_ms == pytest.approx(1.0)
+    assert w.calls > slow_calls and calls[0] > w.calls  # timed calls came after the warm-up
+
+
+def test_warm_up_waits_for_a_decaying_time():
+    clock = FakeClock()
+    fn, _ = costly(clock, lambda k: 0.001 + 0.2 * 0.5 ** k)  # 100 ms, 50 ms, ... -> 1 ms
+    timer = Timer(torch.device("cpu"), reps=5, clock=clock)
+    assert timer(fn) == pytest.approx(1.0, rel=0.05)
+    assert timer.last_warmup.settled
+
+
+def test_warm_up_that_never_settles_is_capped_and_reported():
+    clock = FakeClock()
+    fn, calls = costly(clock, lambda k: 0.001 * 1.3 ** min(k, 60))  # keeps getting slower
+    w = warm_up(fn, clock=clock, max_s=2.0)
+    assert not w.settled and w.seconds < 20 and w.calls == calls[0]
+
+
+def test_warm_up_syncs_after_every_call():
+    # on CUDA the sync is torch.cuda.synchronize: the first launch (and its compile) is
+    # finished inside the warm-up, before do_bench or the CUDA events start
+    clock, syncs = FakeClock(), []
+    fn, calls = costly(clock, lambda k: 0.5 if k == 1 else 0.002)
+    w = warm_up(fn, lambda: syncs.append(calls[0]), clock=clock)
+    assert w.settled and syncs == list(range(1, w.calls + 1))
+
+
+def test_unsettled_timing_is_noted_in_the_record(tmp_path, capsys, monkeypatch):
+    def unsettled(self, fn):
+        fn()
+        self.last_warmup = WarmUp(calls=1, seconds=0.1, first_ms=100.0, per_call_ms=100.0, settled=False)
+        return self.last_warmup
+
+    monkeypatch.setattr(Timer, "warm_up", unsettled)
+    rc, recs = run(tmp_path, "--op", OP, "--pass", "fwd")
+    assert rc == 0 and recs[0]["status"] == "PASS"
+    assert any("not settled" in n for n in recs[0]["notes"])
+
+
+def test_threads_option(tmp_path, capsys):
+    # a CPU run defaults to one intra-op thread, --threads N sets N; either way main() gives the
+    # caller its own setting back
+    before = torch.get_num_threads()
+    cpu = C.default_device().type == "cpu"
+    rc, recs = run(tmp_path, "--op", OP, "--pass", "fwd")
+    assert rc == 0 and torch.get_num_threads() == before
+    if cpu:
+        assert recs[0]["device_info"]["threads"] == 1
+    rc, recs = run(tmp_path, "--op", OP, "--pass", "fwd", "--threads", "2")
+    assert rc == 0 and torch.get_num_threads() == before
+    if cpu:
+        assert recs[0]["device_info"]["threads"] == 2
+    with pytest.raises(SystemExit) as e:
+        bench.main(["--threads", "-1"])
+    assert e.value.code == 2

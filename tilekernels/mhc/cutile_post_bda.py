@@ -8,24 +8,23 @@ contiguous; fp32 accumulation. n is padded to NP = next_pow2(n) in
 registers, C tails are masked.
 
 fwd: grid (T/TT, CSPLIT), block (b, s) does C tiles s, s+CSPLIT, ... (CSPLIT=1:
-     one block per token tile streams all of C; H200: 1.05 ms, 94% of copy).
+     one block per token tile streams all of C).
 bwd (deterministic; no atomics), n <= 4: one streaming pass, mhc_pb_bwd_one, grid
      (G, C chunks of KC tiles of TC_D): block (g, s) walks token tiles g, g+G, ... over
      its chunk, reads dout, residual and x once, writes dresidual and dx, sums dx into
      its fp32 dbias partial, and writes dh partials (each over TC_D / PW adjacent
      channels of the chunk, so no block-wide reduction); mhc_pb_dh_reduce and
      mhc_pb_dbias sum the partials in a fixed order, as programmatic dependent launches
-     (each waits for the kernel before it first). H200 (T=32768, n=4, C=7168): main
-     kernel 1.83 ms, dh reduction 0.042, dbias 0.0075 (was 0.072 and 0.024 before the
-     flat [chunks, rows, PW] partial sums and the 16 x 256 dbias tiles).
+     (each waits for the kernel before it first); the dh partials are summed as flat
+     [chunks, rows, PW] and dbias over 16 x 256 tiles, the fastest layouts measured.
      n = 8 (and ONE=False): two streaming kernels. mhc_pb_bwd_dres, grid (G, C/TC_D):
      block (g, c) walks token tiles g, g+G, ... at one C tile, writes dresidual and
      dx and one fp32 dbias partial per token group; mhc_pb_bwd_dh, grid (T/TT_H,):
      one block per token tile streams all of C and writes dh_res and dh_post from
-     fp32 register accumulators (H200, n=4: 2.26 ms). Tried and dropped: one fused
-     kernel with tensor-core dh partials (5.7 ms; cuTile 1.7 lowers such small mma
-     without tensor cores), the dh kernel also writing dresidual / dx (5.4-7.9 ms),
-     one-pass tiles under 1024 channels (2-4x slower).
+     fp32 register accumulators. Tried and dropped as slower: one fused kernel with
+     tensor-core dh partials (cuTile 1.7 lowers such small mma without tensor cores),
+     the dh kernel also writing dresidual / dx, one-pass tiles under 1024 channels.
+Measured times and the sweeps behind these choices: benchmarks/results/nvidia-h200-mhc-cutile.md.
 """
 from __future__ import annotations
 
@@ -261,16 +260,16 @@ class PostBdaCfg:
     PDL: bool = True   # the partial reductions as programmatic dependent launches
 
     @classmethod
-    @functools.lru_cache(maxsize=1024)  # pure in its arguments; saves ~10-25 us per call
+    @functools.lru_cache(maxsize=1024)  # pure in its arguments; runs on every call's host path
     def heuristic(cls, T: int, n: int, C: int, one: bool | None = None) -> "PostBdaCfg":
         """one: force the one-pass (True) or two-pass (False) backward; None: by n."""
-        # H200, T=32768, n=4, C=7168: fwd at 2x1024. bwd in one pass for n <= 4 (1.85-1.91 ms;
-        # two passes 2.26): one token x 1024 channels per tile (TC 512 or 256: 2-4x slower), two C
-        # tiles per block before the dh reduction (1: 2.2 ms, 4: register spills, 5 ms), G=128
-        # (64: 1.89, 256: 1.94), dh partials per 128 channels (PW=8; 1: 2.10 ms, 32: 1.90).
+        # The fastest configs of the H200 sweeps at T=32768, n=4, C=7168 (numbers in
+        # benchmarks/results/nvidia-h200-mhc-cutile.md): fwd at 2x1024. bwd in one pass for
+        # n <= 4: one token x 1024 channels per tile, two C tiles per block before the dh
+        # reduction (with four, registers spill), G=128, dh partials per 128 channels (PW=8).
         # n = 8 would need 64K fp32 dh accumulators per 1024-channel tile: two passes, dres/dx
-        # at 4x1024 (2x1024: 1.60 ms, 4x1024: 1.26 ms, 2x512: 3x slower), h_res in row form at
-        # occupancy 2; dh at 4x128 (NP*NP*TT*TC = 8K fp32 accumulators), occupancy 2.
+        # at 4x1024, h_res in row form at occupancy 2; dh at 4x128 (NP*NP*TT*TC = 8K fp32
+        # accumulators), occupancy 2.
         NP = next_pow2(n)
         TC = min(1024, next_pow2(C))
         TT = max(1, min(16, 8192 // (NP * TC)))

@@ -4,8 +4,7 @@ x [T, n, C] bf16, weight [N = n*n + 2n, n*C] bf16, bias [N] fp32, contiguous.
 h = r * proj * alpha + bias (columns pre | post | res), h_pre = sigmoid(pre),
 h_post = 2 sigmoid(post), h_res = sinkhorn(res), layer_in = sum_i h_pre[:, i] x[:, i].
 
-fwd, two passes over x (h_pre needs the whole K reduction before x can be mixed;
-H200, T=32768, n=4, C=7168: fwd 0.99 ms, bwd 2.06-2.09 ms, 1.53x its parts run in turn):
+fwd, two passes over x (h_pre needs the whole K reduction before x can be mixed):
   mhc_pre_fwd    proj_rms's row-tile loop (cutile_proj_rms.proj_tile) and, in the
                  same block, the epilogue on the [TM, N] tile in registers: the
                  mix, both sigmoids and the ``iters`` Sinkhorn rounds (entries layout,
@@ -21,13 +20,15 @@ bwd, two passes over x (the parts one after another make three, plus an add):
                  [iters, 2n, T] fp32 scratch; see PreCfg.heuristic) give dh [T, N];
                  writes dproj = dh * r * alpha, dr = sum_N dh * proj * alpha,
                  h_pre transposed [n, T] (fp32 scratch) and one dbias partial per
-                 tile. (Folded into the dh_pre pass's blocks, the bwd took 2.86 ms
-                 instead of 2.11 on the H200: the Sinkhorn chain stalls the stream.)
+                 tile. (A kernel of its own: folded into the dh_pre pass's blocks,
+                 the latency-bound Sinkhorn chain stalled the stream.)
   mhc_pr_bwd     (cutile_proj_rms, AGG) dx = dproj @ weight + dr * dr/dx
                  + h_pre * dlayer_in in one pass over x, with x seen as [T, n, C];
                  fp32 dweight partials per row group.
   mhc_pr_reduce, mhc_pre_dbias  dweight and dbias from their partials in a fixed
                  order (deterministic).
+Measured times (H200) against the parts run in turn, and the sweeps behind these
+choices: benchmarks/results/nvidia-h200-mhc-cutile.md.
 """
 from __future__ import annotations
 
@@ -207,13 +208,13 @@ class PreCfg:
     PDL: bool = True    # the dbias reduction as a programmatic dependent launch
 
     @classmethod
-    @functools.lru_cache(maxsize=1024)  # pure in its arguments; saves ~10-25 us per call
+    @functools.lru_cache(maxsize=1024)  # pure in its arguments; runs on every call's host path
     def heuristic(cls, T: int, n: int, C: int, iters: int, mix_entries: bool | None = None) -> "PreCfg":
-        """``mix_entries``: the bwd mix kernel's Sinkhorn backward (None: by n). Measured
-        on the H200 (benchmarks/results/h200-pre-mix-probe.txt), mix launch alone:
-        T=32768, n=4: padded tile 0.086 ms, entries 0.131 (its 128-token tile needs
-        210 KB of shared memory, so one 4-warp block per SM); T=8192, n=8: padded tile
-        0.404 ms, entries 0.080."""
+        """``mix_entries``: the bwd mix kernel's Sinkhorn backward (None: by n): the padded
+        tile for n <= 4, where the entries one is slower (its 128-token tile needs 210 KB of
+        shared memory, so one 4-warp block per SM), the entries one for n > 4, where it is
+        several times faster (benchmarks/probes/pre_mix_probe.py; numbers in
+        benchmarks/results/nvidia-h200-mhc-cutile.md)."""
         NP = next_pow2(n)
         base = dict(pr=pr.ProjRmsCfg.heuristic(T, n * n + 2 * n, C, pre=True), agg=agg.AggCfg.heuristic(T, n, C),
                     NS=n, NP=NP, ITERS=iters)

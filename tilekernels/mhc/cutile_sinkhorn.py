@@ -25,11 +25,13 @@ bwd (two designs; SinkhornCfg.heuristic(entries=...) picks, entries by default).
      forced to 0), keeps every iterate on chip (the loop is unrolled at compile
      time: ``iters`` is a compile-time constant) and writes nothing but dlogits.
      (The entries layout unrolled the same way took tileiras > 10 minutes to
-     compile.) H200, T=32768, iters=20: 1.8x (n=4) to 3.9x (n=8) slower.
+     compile.) Slower than the entries backward at every n measured.
 Divides: the entries kernels use the hardware's approximate divide (div.approx.f32,
 within 2 ulp; SinkhornCfg.APPROX) -- the IEEE-rounded one adds a range check and a
-slow-path call per divide and made both kernels ~1.5x slower; the outputs' errors
-against float64 did not move (H200: out 9e-8, dlogits 3e-7 at n=4).
+slow-path call per divide, which made both kernels slower, while the outputs' errors
+against float64 stay where they were.
+Measured times (H200) and the sweeps behind these choices:
+benchmarks/results/nvidia-h200-mhc-cutile.md (probe: benchmarks/probes/sinkhorn_probe.py).
 """
 from __future__ import annotations
 
@@ -348,17 +350,14 @@ class SinkhornCfg:
     PF: int = 0       # 1: entries backward loads each step's sums one step ahead
 
     @classmethod
-    @functools.lru_cache(maxsize=1024)  # pure in its arguments; saves ~10-25 us per call
+    @functools.lru_cache(maxsize=1024)  # pure in its arguments; runs on every call's host path
     def heuristic(cls, T: int, n: int, iters: int, entries: bool | None = None) -> "SinkhornCfg":
         """``entries``: the backward's design (None: entries; False: the padded tile)."""
         NP = next_pow2(n)
-        # measured on H200 (iters=20; benchmarks/results/h200-sinkhorn-probe.txt):
-        # fwd 128 tokens/block at the compiler's occupancy, approximate divides
-        # (T=32768, n=4: 0.0089-0.0095 ms vs 0.0144 IEEE-rounded; errors unchanged).
-        # bwd: entries layout, 128 tokens/block, approximate divides, each step's sums
-        # loaded one step ahead. T=32768, n=4: 0.0229-0.0236 ms (118 registers; IEEE
-        # divides, no prefetch: 0.0348-0.0366; 64 tokens/block 0.034; the tile design
-        # 0.042). n=8: 0.064 ms (237 registers, no spills; the tile design 0.249).
+        # the fastest configs of the H200 sweeps (iters=20; numbers in
+        # benchmarks/results/nvidia-h200-mhc-cutile.md): fwd 128 tokens/block at the compiler's occupancy,
+        # approximate divides. bwd: entries layout, 128 tokens/block, approximate
+        # divides, each step's sums loaded one step ahead (no spills at n = 8 either).
         if entries is None or entries:
             return cls(N=n, NP=NP, TT_FWD=128, TT_BWD=128, ITERS=iters, OCC_FWD=0, OCC_BWD=0,
                        BWD_ENTRIES=True, APPROX=1, PF=1)
