@@ -10,8 +10,10 @@ of every section.
 
 ``thd_cp_to_hp`` / ``thd_hp_to_cp`` are collectives: autograd.Functions, not
 custom ops. Their ``cp`` param is optional: None means "the group's size",
-and then the entry re-runs these constraints with it once the group is known
-(the cp-dependent ones below are gated on ``cp is not None``).
+resolved before any rule runs (``Param.resolve``); without an initialised
+process group it stays None, the cp rules are skipped and the backend's
+``requires=["distributed"]`` refuses the call. cu_seqlens is read on the host
+by design (``host_values``: the send sizes come from it), once per call.
 """
 from __future__ import annotations
 
@@ -98,14 +100,16 @@ def _a2a_spec(name: str, to_hp: bool) -> OpSpec:
             Param(name="group", type="object", default=None,
                   doc="the cp torch.distributed process group (None = the default group)"),
             Param(name="cp", type="int", nullable=True, default=None, min=1,
-                  doc="cp size; None = the group's size, else it must equal it"),
+                  resolve="tilekernels.cp.ops:resolve_cp",
+                  doc="cp size; None = the group's size (resolved before any rule runs), else it must equal it"),
         ],
         constraints=_CU_RULES + _cp_rules(_HAS_CP) + shape_rules,
         differentiable=True,
         reference=f"tilekernels.cp.reference:{name}",
         entry=f"tilekernels.cp.ops:{name}",
-        backends=[Backend(name="torch", module="tilekernels.cp.ops",
+        backends=[Backend(name="torch", module="tilekernels.cp.ops", requires=["distributed"],
                           doc="torch gathers around one torch.distributed.all_to_all_single")],
+        host_values=["cu_seqlens"],
     )
 
 

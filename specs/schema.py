@@ -142,6 +142,7 @@ class Param(_Model):
     min: Optional[float] = None
     max: Optional[float] = None
     finite: bool = True
+    resolve: Optional[str] = None  # "module:function" (params dict -> value) filling a None before the checks
     doc: str = ""
 
     @model_validator(mode="after")
@@ -221,6 +222,7 @@ class Backend(_Model):
     constraints: list[Constraint] = Field(default_factory=list)
     dtypes: dict[str, list[DType]] = Field(default_factory=dict)
     tiling: dict[str, int] = Field(default_factory=dict)
+    requires: list[Literal["distributed"]] = Field(default_factory=list)
     doc: str = ""
 
     @field_validator("module")
@@ -232,7 +234,13 @@ class Backend(_Model):
 
 
 class OpSpec(_Model):
-    """The full contract of one op (see ../shared/OPS.md)."""
+    """The full contract of one op (see ../shared/OPS.md).
+
+    ``host_values`` names input tensors the op reads on the host by design (the CP
+    collectives' send sizes come from cu_seqlens): the registry copies them to the
+    host once per call and hands the kernels that copy. Every other op's rules on
+    tensor values run on the device (no host sync; see registry.validate).
+    """
     name: str
     family: Family
     doc: str
@@ -246,6 +254,7 @@ class OpSpec(_Model):
     reference: str
     entry: str
     backends: list[Backend]
+    host_values: list[str] = Field(default_factory=list)
 
     @field_validator("reference", "entry")
     @classmethod
@@ -288,6 +297,23 @@ CONSTRAINT_HELPERS = frozenset({
 })
 
 
+def _reads_tensor_values(e: str, tensors: set) -> bool:
+    import ast
+
+    try:
+        tree = _expr.parse(e)
+    except _expr.ExprError:
+        return False
+    for node in ast.walk(tree.body):
+        if isinstance(node, ast.Call) and isinstance(node.func, ast.Name):
+            if node.func.id in ("values", "seqlens"):
+                return True
+            if node.func.id not in ("present", "ndim", "dtype") and any(
+                    isinstance(a, ast.Name) and a.id in tensors for a in node.args):
+                return True
+    return False
+
+
 def consistency_problems(spec: OpSpec) -> list[str]:
     """Static checks: unique names, every dim/param/tensor an expression (shape entry,
     constraint and its ``when``, the op's and every backend's; layout) names exists, no
@@ -305,6 +331,12 @@ def consistency_problems(spec: OpSpec) -> list[str]:
         out.append(f"names used for more than one of dim/tensor/param: {sorted(clash)}")
     known_scalars = set(dim_names) | set(param_names)
     known = known_scalars | set(tensor_names) | CONSTRAINT_HELPERS
+    for name in spec.host_values:
+        if name not in {t.name for t in spec.inputs}:
+            out.append(f"host_values names {name!r}, which is not an input tensor")
+    for p in spec.params:
+        if p.resolve is not None and not (_ENTRY.match(p.resolve) and ":" in p.resolve):
+            out.append(f"param {p.name}: resolve {p.resolve!r} is not of the form 'package.module:function'")
     layouts = set(spec.layouts)
     for t in spec.inputs + spec.outputs:
         if isinstance(t.shape, dict):
@@ -341,6 +373,11 @@ def consistency_problems(spec: OpSpec) -> list[str]:
                 out.append(f"backend {b.name}: dtypes restrict unknown tensor {tname!r}")
         if b.sm is not None and b.sm[0] > b.sm[1]:
             out.append(f"backend {b.name}: sm range {b.sm} is empty")
+        tensors_in = {t.name for t in spec.inputs}
+        for c in b.constraints:
+            if any(_reads_tensor_values(e, tensors_in) for e in (c.expr, c.when) if e):
+                out.append(f"backend {b.name} constraint {c.expr!r} reads tensor values: a backend's choice "
+                           "may not depend on data (it would need a host sync)")
         if b.name != "torch" and not b.toolchain:
             out.append(f"backend {b.name}: a GPU backend must name its toolchain")
     for what, e in exprs:

@@ -1,0 +1,107 @@
+"""Defects a new user found in the registry (issue 10), one test each."""
+from __future__ import annotations
+
+import math
+import socket
+
+import pytest
+import torch
+
+import registry
+import registry.validate as V
+from registry import BackendUnavailable, Op, SpecError
+from specs.schema import Backend, Constraint, Dim, OpSpec, Param, TensorSpec
+
+
+def _spec(torch_backend: Backend) -> OpSpec:
+    return OpSpec(
+        name="fake_op", family="mhc", doc="test op", dims=[Dim(name="T"), Dim(name="C")],
+        inputs=[TensorSpec(name="x", shape=["T", "C"], dtypes=["float32", "float64"])],
+        outputs=[TensorSpec(name="out", role="out", shape=["T", "C"], dtypes="like:x")],
+        params=[Param(name="scale", type="float", default=1.0)],
+        reference="_tk_fake_backend:reference", entry="_tk_fake_backend:entry", backends=[torch_backend])
+
+
+def test_torch_backend_limits_are_checked():
+    """Constraints and dtypes declared on the torch backend count (they were skipped)."""
+    op = Op(_spec(Backend(name="torch", module="_tk_fake_backend", dtypes={"x": ["float32"]},
+                          constraints=[Constraint(expr="C % 2 == 0", message="pairs")])))
+    assert torch.equal(op(torch.ones(2, 4)), torch.ones(2, 4))
+    ok, why = {b: (o, w) for b, o, w in op.explain(torch.ones(2, 3))}["torch"]
+    assert not ok and "C % 2 == 0" in why and "pairs" in why
+    with pytest.raises(BackendUnavailable, match="torch supports x in \\['float32'\\], got float64"):
+        op(torch.ones(2, 4, dtype=torch.float64))
+
+
+@pytest.mark.parametrize("bad", [math.nan, math.inf, -math.inf])
+def test_non_finite_float_params_are_refused(bad):
+    with pytest.raises(SpecError, match=r"mhc_sinkhorn: param eps: expected a finite float"):
+        registry.get("mhc_sinkhorn")(torch.randn(2, 4, 4), eps=bad)
+    with pytest.raises(SpecError, match=r"mhc_pre: param alpha_res: expected a finite float"):
+        registry.get("mhc_pre")(torch.randn(2, 2, 4), torch.randn(8, 8), torch.randn(8), alpha_res=bad)
+    with pytest.raises(SpecError, match=r"gdn_decode: param scale: expected a finite float"):
+        registry.get("gdn_decode")(torch.randn(1, 12), torch.randn(1, 8, 3), torch.randn(8, 4), torch.randn(1),
+                                   torch.randn(1), torch.randn(1, 1, 2, 2), Hk=1, scale=bad)
+
+
+def test_spec_may_allow_non_finite_params():
+    op = Op(_spec(Backend(name="torch", module="_tk_fake_backend")).model_copy(
+        update={"params": [Param(name="scale", type="float", default=1.0, finite=False)]}))
+    assert torch.isinf(op(torch.ones(1, 1), scale=math.inf)).all()
+
+
+def test_forgotten_head_params_are_named_with_their_defaults():
+    """A forgotten Hk/dk/dv: the shape error names the params and says which are defaults."""
+    from tilekernels.gdn import bench as gb
+
+    Hk, Hv, dk, dv, W = 2, 4, 8, 16, 4
+    w, A, dt = gb.weights(Hk, Hv, dk, dv, W)
+    mixed = gb.mixed((2, 5), Hk, Hv, dk, dv)
+    op = registry.get("gdn_pre_gated")
+    op(mixed, w, A, dt, Hk=Hk, dk=dk, dv=dv)
+    with pytest.raises(SpecError) as e:
+        op(mixed, w, A, dt, Hk=Hk)
+    msg = str(e.value)
+    assert "Hk=2, dk=128 (default), dv=128 (default)" in msg, msg
+    assert f"got [2, 5, {mixed.shape[-1]}]" in msg
+
+
+def test_backend_constraints_may_not_read_values():
+    with pytest.raises(ValueError, match="reads tensor values"):
+        _spec(Backend(name="torch", module="_tk_fake_backend",
+                      constraints=[Constraint(expr="max(values(x)) < 3")]))
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_cp_explain_without_process_group_and_one_bind(monkeypatch):
+    """Without torch.distributed, explain says the torch backend cannot run (it said ok);
+    with a group, a call binds once and reads cu_seqlens on the host once."""
+    import torch.distributed as dist
+
+    op = registry.get("thd_cp_to_hp")
+    x, cu = torch.randn(8, 6), torch.tensor([0, 4, 8])
+    if dist.is_initialized():  # pragma: no cover - another test left one up
+        pytest.skip("a process group is already initialised")
+    (_, ok, why), = op.explain(x, cu)
+    assert not ok and "torch.distributed is not initialized" in why
+    with pytest.raises(BackendUnavailable, match="torch.distributed is not initialized"):
+        op(x, cu)
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{_free_port()}", rank=0, world_size=1)
+    try:
+        registry.clear_caches()
+        binds, reads = [], []
+        real_bind, real_vals = registry.core.bind, V._host_values
+        monkeypatch.setattr(registry.core, "bind", lambda *a: binds.append(1) or real_bind(*a))
+        monkeypatch.setattr(V, "_host_values", lambda t: reads.append(1) or real_vals(t))
+        assert torch.equal(op(x, cu), x)  # cp = 1: the identity
+        assert len(binds) == 1 and len(reads) == 1
+        with pytest.raises(SpecError, match="2\\*cp"):  # cp resolved from the group before the rules
+            op(torch.randn(3, 6), torch.tensor([0, 3]))
+    finally:
+        dist.destroy_process_group()
+        registry.clear_caches()
