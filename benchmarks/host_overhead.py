@@ -1,127 +1,186 @@
-"""Host-side cost of one mHC sinkhorn forward through each layer of the stack.
+"""Registry overhead per op: host microseconds per call through ``registry.get(name)(...)``
+against the same call of the op's functional entry (the backend the registry picks,
+every param given), without and with gradients, on the small tk-bench shapes (so
+the host cost, not the kernels, is what differs).
 
-Sinkhorn's kernel runs ~14 us at T=32768, n=4, so eager timings of the op are
-set by Python: this splits that cost into its layers (cuTile launch, the
-kernel-table lookup, the custom op, the autograd.Function, the registry's
-validation). Each row: mean host microseconds per call over N calls (queued
-back to back, one synchronize at the end), then the CUDA-graph replay time of
-the same call. Usage (GPU host): python3 benchmarks/host_overhead.py [--json PATH]
+Each row times both sides interleaved (median of rounds of N calls; on CUDA one
+synchronize per round). fwd+bwd steps set the leaves' grads to None and
+backpropagate the same pre-made grad outputs. On CUDA it also reports what the
+device-side value checks cost on the GPU: CUDA-graph replay time of the registry
+call minus the entry call, for ops with value rules on GPU tensors.
+
+    python3 benchmarks/host_overhead.py [--device cuda] [--json PATH] [--src DIR]
+
+``--src DIR`` imports registry/specs/tilekernels from another checkout (e.g. an
+older commit's ``git archive``) so before and after run on one machine.
 """
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import json
-import os
+import statistics
 import sys
-
-import torch
-
-import registry
-from tilekernels._glue import get_kernel
-from tilekernels.mhc import ops
-from tilekernels.mhc import cutile_sinkhorn as sk
-
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from _host import per_call_us  # noqa: E402
+import time
 
 
-def main() -> None:
+def _args():
     ap = argparse.ArgumentParser()
+    ap.add_argument("--device", default="cpu")
     ap.add_argument("--json")
-    a = ap.parse_args()
-    from triton.testing import do_bench_cudagraph
+    ap.add_argument("--src", help="import the library from this directory instead")
+    ap.add_argument("--calls", type=int, default=200)
+    ap.add_argument("--rounds", type=int, default=15)
+    ap.add_argument("--label", default="")
+    return ap.parse_args()
 
-    T, n = 32768, 4
-    logits = torch.randn(T, n, n, device="cuda")
-    out = torch.empty_like(logits)
-    launch = sk.fwd_launch(logits, out, 20, 1e-6)
-    kern = get_kernel("mhc_sinkhorn", "cutile", "fwd")
-    op = registry.get("mhc_sinkhorn")
-    steps = {
-        "Launch.run (prebuilt)": launch.run,
-        "kernel-table fn (builds the launch)": lambda: kern(logits, out, 20, 1e-6),
-        "custom op tilekernels::mhc_sinkhorn_fwd": lambda: ops._sinkhorn_fwd(logits, out, 20, 1e-6, "cutile"),
-        "entry (autograd.Function + alloc)": lambda: ops.sinkhorn(logits, iters=20, eps=1e-6, backend="cutile"),
-        "registry op (validate + choose + entry)": lambda: op(logits, iters=20, eps=1e-6),
-    }
-    # the backward: its launch carries an occupancy hint (a separate cuTile kernel object)
-    dout, dl = torch.randn_like(logits), torch.empty_like(logits)
-    blaunch = sk.bwd_launch(dout, logits, dl, 20, 1e-6)
-    blaunch0 = sk.bwd_launch(dout, logits, dl, 20, 1e-6, cfg=dataclasses.replace(blaunch.cfg, OCC_BWD=0))
-    kb = get_kernel("mhc_sinkhorn", "cutile", "bwd")
-    lg = logits.clone().requires_grad_()
-    steps.update({
-        "bwd Launch.run (prebuilt, occupancy hint)": blaunch.run,
-        "bwd Launch.run (prebuilt, no hint)": blaunch0.run,
-        "bwd kernel-table fn": lambda: kb(dout, logits, dl, 20, 1e-6),
-        "bwd custom op": lambda: ops._sinkhorn_bwd(dout, logits, dl, 20, 1e-6, "cutile"),
-        "registry op fwd + autograd bwd": lambda: torch.autograd.backward(op(lg, iters=20, eps=1e-6), dout),
-    })
+
+A = _args()
+if A.src:
+    sys.path.insert(0, A.src)
+
+import torch  # noqa: E402
+
+import registry  # noqa: E402
+
+COLLECTIVES = {"thd_cp_to_hp", "thd_hp_to_cp", "thd_cp_a2a_perm"}
+
+
+# tiny shapes: the op's own work is small, so the host cost is what the rows compare
+TINY = {"T": 8, "C": 64, "M": 64, "K": 64, "N": 32, "R": 32, "F": 256, "H": 256, "G": 2, "B": 2,
+        "dk": 16, "dv": 16}
+
+
+def cases():
+    import dataclasses
+
+    from tilekernels.gdn import bench as gdnb
+    from tilekernels.mhc import bench as mhcb
+    from tilekernels.moe import bench as moeb
+
+    out = []
+    for c in (c for m in (mhcb, moeb, gdnb) for c in m.cases("cpu") if c.op not in COLLECTIVES):
+        d = {k: TINY.get(k, v) for k, v in c.dims.items()}
+        if c.op == "mhc_proj_rms":
+            d.update(M=8, K=4 * 64, N=24)
+        if c.op.startswith("gdn"):
+            d["T"] = 16 if c.variant.startswith("thd") else 8
+            d.update(B=2, N=4) if c.op == "gdn_decode" else None
+        out.append(dataclasses.replace(c, dims=d))
+    return out
+
+
+def _sync(dev):
+    if dev.type == "cuda":
+        torch.cuda.synchronize()
+
+
+def paired_us(fa, fb, dev, calls, rounds):
+    """Median host us per call of fa and fb, measured in alternating rounds."""
+    for f in (fa, fb):
+        for _ in range(20):
+            f()
+    _sync(dev)
+    ta, tb = [], []
+    for _ in range(rounds):
+        for f, out in ((fa, ta), (fb, tb)):
+            t0 = time.perf_counter()
+            for _ in range(calls):
+                f()
+            _sync(dev)
+            out.append((time.perf_counter() - t0) / calls * 1e6)
+    return statistics.median(ta), statistics.median(tb)
+
+
+def graph_us(fn, reps=200):
+    """GPU time per replay of fn captured in a CUDA graph (events around the replays)."""
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        for _ in range(3):
+            fn()
+    torch.cuda.current_stream().wait_stream(s)
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        fn()
+    for _ in range(10):
+        g.replay()
+    e0, e1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    e0.record()
+    for _ in range(reps):
+        g.replay()
+    e1.record()
+    torch.cuda.synchronize()
+    return e0.elapsed_time(e1) / reps * 1e3
+
+
+def main():
+    dev = torch.device(A.device)
     rows = []
-    for name, fn in steps.items():
-        host = per_call_us(fn)
-        graph = float(do_bench_cudagraph(fn, rep=100, return_mode="median")) * 1e3
-        rows.append({"layer": name, "host_us_per_call": round(host, 1), "graph_us": round(graph, 1)})
-    w = max(len(r["layer"]) for r in rows)
-    print(f"{'layer':<{w}}  host us/call  graph us  (H200? {torch.cuda.get_device_name()})")
+    for case in cases():
+        op = registry.get(case.op)
+        args, params = case.make(case.dims, dev)
+        names = [t.name for t in op.spec.inputs]
+        bound = op.bind(*args, **params)
+        with torch.no_grad():
+            chosen = op.choose(op.bind(*args, **params))
+        full = dict(bound.params)
+        tensors = bound.args()
+        name = f"{case.op}" + (f"[{case.variant}]" if case.variant else "")
+        row = {"op": name, "backend": chosen}
+        with torch.no_grad():
+            reg, ent = paired_us(lambda: op(*args, **params), lambda: op.entry(*tensors, backend=chosen, **full),
+                                 dev, A.calls, A.rounds)
+        row.update(nograd_registry_us=round(reg, 1), nograd_entry_us=round(ent, 1), nograd_extra_us=round(reg - ent, 1))
+        leaves = [a for n, a in zip(names, args) if n in case.grad_inputs and isinstance(a, torch.Tensor)]
+        if leaves and op.spec.differentiable:
+            for t in leaves:
+                t.requires_grad_(True)
+            first = op(*args, **params)
+            outs = list(first) if isinstance(first, tuple) else [first]
+            gos = [torch.randn_like(o) for o in outs]
+
+            def step(f):
+                def run():
+                    for t in leaves:
+                        t.grad = None
+                    o = f()
+                    o = list(o) if isinstance(o, tuple) else [o]
+                    torch.autograd.backward(o, gos)
+                return run
+            reg, ent = paired_us(step(lambda: op(*args, **params)),
+                                 step(lambda: op.entry(*tensors, backend=chosen, **full)), dev,
+                                 max(A.calls // 4, 20), A.rounds)
+            row.update(fwdbwd_registry_us=round(reg, 1), fwdbwd_entry_us=round(ent, 1),
+                       fwdbwd_extra_us=round(reg - ent, 1))
+            for t in leaves:
+                t.requires_grad_(False)
+                t.grad = None
+        if dev.type == "cuda" and case.op in ("grouped_linear", "grouped_mlp_mxfp8", "gdn_pre_gated", "gdn_decode"):
+            # the same call with its value-rule tensors on the GPU: the rules run as device checks
+            gargs = [a.to(dev) if isinstance(a, torch.Tensor) and a.device.type == "cpu" else a for a in args]
+            gt = [a.to(dev) if isinstance(a, torch.Tensor) and a.device.type == "cpu" else a for a in tensors]
+            moved = any(a is not b for a, b in zip(gargs, args))
+            if moved and case.op not in ("grouped_linear", "grouped_mlp_mxfp8"):  # MoE's reference reads m_splits on the host
+                with torch.no_grad():
+                    reg, ent = paired_us(lambda: op(*gargs, **params), lambda: op.entry(*gt, backend=chosen, **full),
+                                         dev, A.calls, A.rounds)
+                    row.update(gpu_values_registry_us=round(reg, 1), gpu_values_entry_us=round(ent, 1))
+                    gr = graph_us(lambda: op(*gargs, **params))
+                    ge = graph_us(lambda: op.entry(*gt, backend=chosen, **full))
+                row.update(device_checks_gpu_us=round(gr - ge, 2), graph_registry_us=round(gr, 2),
+                           graph_entry_us=round(ge, 2))
+        rows.append(row)
+        print(json.dumps(row), flush=True)
+    keys = ["op", "backend", "nograd_extra_us", "fwdbwd_extra_us", "nograd_registry_us", "nograd_entry_us",
+            "device_checks_gpu_us"]
+    print("\n" + "  ".join(f"{k:>22}" if i else f"{k:<34}" for i, k in enumerate(keys)))
     for r in rows:
-        print(f"{r['layer']:<{w}}  {r['host_us_per_call']:>12}  {r['graph_us']:>8}")
-    for r in thread_probe():
-        rows.append(r)
-        print(f"{r['layer']:<{w}}  {r['host_us_per_call']:>12}")
-    if a.json:
-        with open(a.json, "w") as f:
-            json.dump({"device": torch.cuda.get_device_name(), "T": T, "n": n, "rows": rows}, f, indent=1)
-
-
-
-def thread_probe() -> list[dict]:
-    """Is a cuTile launch slower from a thread that has no current CUDA context (as
-    autograd's device thread may be)? Per-call host us of the Sinkhorn bwd launch in
-    the main thread, in a fresh thread, and in a fresh thread after cuCtxSetCurrent;
-    and the autograd engine's own cost on CUDA (an identity autograd.Function)."""
-    import threading
-
-    from cuda.bindings import driver as cu
-
-    T, n = 32768, 4
-    logits = torch.randn(T, n, n, device="cuda")
-    dout, dl = torch.randn_like(logits), torch.empty_like(logits)
-    ln = sk.bwd_launch(dout, logits, dl, 20, 1e-6)
-    _, ctx = cu.cuCtxGetCurrent()
-    rows = [{"layer": "bwd launch, main thread", "host_us_per_call": round(per_call_us(ln.run, 300), 1)}]
-
-    def in_thread(name, set_ctx):
-        res = {}
-
-        def body():
-            if set_ctx:
-                cu.cuCtxSetCurrent(ctx)
-            res["us"] = per_call_us(ln.run, 300)
-
-        th = threading.Thread(target=body)
-        th.start()
-        th.join()
-        rows.append({"layer": name, "host_us_per_call": round(res["us"], 1)})
-
-    in_thread("bwd launch, fresh thread", False)
-    in_thread("bwd launch, fresh thread + cuCtxSetCurrent", True)
-
-    class Id(torch.autograd.Function):
-        @staticmethod
-        def forward(ctx_, x):
-            return x.clone()
-
-        @staticmethod
-        def backward(ctx_, g):
-            return g
-
-    x = torch.randn(16, device="cuda", requires_grad=True)
-    g = torch.randn(16, device="cuda")
-    rows.append({"layer": "identity autograd.Function fwd+bwd (CUDA)",
-                 "host_us_per_call": round(per_call_us(lambda: torch.autograd.backward(Id.apply(x), g), 500), 1)})
-    return rows
+        print("  ".join(f"{str(r.get(k, '-')):>22}" if i else f"{str(r.get(k, '-')):<34}" for i, k in enumerate(keys)))
+    if A.json:
+        meta = {"device": torch.cuda.get_device_name() if dev.type == "cuda" else "cpu", "torch": torch.__version__,
+                "label": A.label, "src": A.src, "calls": A.calls, "rounds": A.rounds}
+        with open(A.json, "w") as f:
+            json.dump({"meta": meta, "rows": rows}, f, indent=1)
 
 
 if __name__ == "__main__":

@@ -244,7 +244,8 @@ class Op:
         if torch.compiler.is_compiling():  # traced: validation becomes guards and graph ops
             bound = bind(self.spec, args, kwargs, self._rules)
             return self.entry(*bound.args(), backend=self.choose(bound, backend), **bound.params)
-        key = _call_key(args, kwargs, backend)
+        strict_mode = strict()
+        key = _call_key(args, kwargs, backend, strict_mode)
         hit = self._checked.get(key) if key is not None else None
         if hit is None:
             bound = bind(self.spec, args, kwargs, self._rules)
@@ -257,8 +258,8 @@ class Op:
                                       len(args) == self._n_in and not kwargs.keys() - self._param_specs.keys())
             return self.entry(*bound.args(), backend=chosen, **bound.params)
         chosen, why, params, dims, positional = hit
-        if why:  # the same fallback as when it was validated: logged once, as then
-            _fallback(self.name, why, strict())
+        if why and (self.name, why) not in _warned:  # the same fallback as when validated: logged once
+            _fallback(self.name, why, strict_mode)
         tensors = args if positional else self._in_order(args, kwargs)
         if self._has_values:
             check_values(self.spec, dict(zip(self._in_names, tensors)), params, dims,
@@ -296,6 +297,8 @@ class _NoKey(Exception):
 def _sig(v) -> tuple:
     if isinstance(v, torch.Tensor):
         return (v.shape, v.stride(), v.dtype, v.device, v.requires_grad)
+    if v is None:
+        return None
     if isinstance(v, float):
         return (float, v.hex())  # 0.0 and -0.0 are different params (the key holds their normal form)
     if isinstance(v, _PLAIN):
@@ -305,12 +308,13 @@ def _sig(v) -> tuple:
     raise _NoKey  # other objects: validated on every call
 
 
-def _call_key(args, kwargs, backend) -> tuple | None:
-    """What decides metadata validation and dispatch of a call (None: not cacheable)."""
+def _call_key(args, kwargs, backend, strict_mode) -> tuple | None:
+    """What decides metadata validation and dispatch of a call (None: not cacheable).
+    kwargs in call order: another order is another entry, validated once."""
     try:
-        return (tuple(_sig(a) for a in args),
-                tuple((k, _sig(v)) for k, v in sorted(kwargs.items())) if kwargs else (),
-                backend, torch.is_grad_enabled(), strict())
+        return (tuple([_sig(a) for a in args]),
+                tuple([(k, _sig(v)) for k, v in kwargs.items()]) if kwargs else (),
+                backend, torch.is_grad_enabled(), strict_mode)
     except _NoKey:
         return None
 

@@ -251,6 +251,7 @@ def precompile(spec: OpSpec) -> tuple[list[Constraint], list[Constraint]]:
     for e in exprs:
         _fn(e)
     for c in vals:
+        _plan(c, tuple(names))
         for e in (c.expr, c.when):
             if e:
                 _fn(e, device=True)
@@ -263,7 +264,7 @@ def _host_values(t: Optional[torch.Tensor]) -> tuple:
     """A CPU tensor's integer values (the only host read of tensor data)."""
     if t is None:
         return ()
-    return tuple(int(v) for v in t.detach().reshape(-1).tolist())
+    return tuple(t.tolist() if t.dim() == 1 else t.reshape(-1).tolist())  # int tensors: Python ints
 
 
 def _dev_values(t):
@@ -554,7 +555,18 @@ def check_constraints(op: str, constraints: list[Constraint], env: dict, what: s
 
 def _on_host(t) -> bool:
     """Whether a tensor's values may be read on the host without a device sync."""
-    return t is None or (t.device.type == "cpu" and not _compiling())
+    return t is None or (t.is_cpu and not _compiling())
+
+
+_PLANS: dict[int, tuple] = {}  # id(constraint) -> (constraint, tensors it reads, when reads values)
+
+
+def _plan(c: Constraint, names: tuple) -> tuple:
+    hit = _PLANS.get(id(c))
+    if hit is None or hit[0] is not c:
+        used = value_tensors(c.expr, names) + (value_tensors(c.when, names) if c.when else ())
+        hit = _PLANS[id(c)] = (c, tuple(dict.fromkeys(used)), c.when is not None and reads_values(c.when, names))
+    return hit
 
 
 def check_values(spec: OpSpec, tensors: dict, params: dict, dims: dict, requires_grad: bool,
@@ -566,23 +578,26 @@ def check_values(spec: OpSpec, tensors: dict, params: dict, dims: dict, requires
     names = tuple(tensors)
     host, dev = [], []
     for c in rules:
-        used = value_tensors(c.expr, names) + (value_tensors(c.when, names) if c.when else ())
+        _, used, when_reads = _plan(c, names)
+        on_host = True
         for n in used:
             t = tensors.get(n)
-            if t is not None and t.device.type == "meta":
-                raise SpecError(op, f"tensor {n}", "a tensor with data (the rule "
-                                f"{c.expr!r} reads its values)", "a meta tensor")
-        (host if all(_on_host(tensors.get(n)) for n in used) else dev).append((c, used))
+            if t is not None and not _on_host(t):
+                if t.is_meta:
+                    raise SpecError(op, f"tensor {n}", "a tensor with data (the rule "
+                                    f"{c.expr!r} reads its values)", "a meta tensor")
+                on_host = False
+        (host if on_host else dev).append((c, used, when_reads))
     env = constraint_env(tensors, params, dims, requires_grad)
     if host:
-        check_constraints(op, [c for c, _ in host], env, "constraint")
+        check_constraints(op, [c for c, _, _ in host], env, "constraint")
     if not dev:
         return
     denv = dict(env)
     denv.update(_DEVICE_ENV)
     oks, what, seen = [], [], []
-    for c, used in dev:
-        if c.when is not None and not reads_values(c.when, names):
+    for c, used, when_reads in dev:
+        if c.when is not None and not when_reads:
             if not evaluate(c.when, env):
                 continue
             ok = evaluate(c.expr, denv, device=True)
