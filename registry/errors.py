@@ -16,11 +16,12 @@ class SpecError(ValueError):
         msg = f"{op}: {item}: expected {expected}, got {got}"
         if hint:
             msg += f" ({hint})"
-        self.hint = hint
-        self.args = (msg,)  # (not super().__init__: TorchDynamo traces this when a compiled call is refused)
+        self.hint, self.msg = hint, msg
+        # no super().__init__(msg): args stay the constructor's (op, item, ...), which is what
+        # TorchDynamo shows when a traced call is refused; __str__ gives the message
 
-    def __reduce__(self):
-        return type(self), (self.op, self.item, self.expected, self.got, self.hint)
+    def __str__(self) -> str:
+        return self.msg
 
 
 class BackendUnavailable(SpecError):

@@ -617,9 +617,8 @@ def check_values(spec: OpSpec, tensors: dict, params: dict, dims: dict, requires
     ok = oks[0]
     for o in oks[1:]:
         ok = torch.logical_and(ok, o)
-    msg = (f"{op}: tensor {', '.join(seen)}: expected (checked on the device) " + "; ".join(what)
-           + ", got values that break one of these")
-    torch._assert_async(ok, msg)
+    msg = f"{op}: tensor {', '.join(seen)}: a value rule failed on the device: " + "; ".join(what)
+    torch._assert_async(ok, msg if len(msg) < 255 else msg[:251] + "...")  # CUDA takes < 255 chars
 
 
 def failing_constraint(constraints: list[Constraint], env: dict) -> Optional[str]:

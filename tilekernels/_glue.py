@@ -49,10 +49,7 @@ def poisoned(on: bool = True):
 
 def poison_(t: torch.Tensor) -> torch.Tensor:
     if t.is_floating_point():
-        if t.dtype == torch.float8_e4m3fn:
-            t.view(torch.uint8).fill_(0x7F)  # e4m3fn's NaN encoding
-            return t
-        return t.fill_(float("nan"))
+        return t.fill_(float("nan"))  # e4m3fn: 0x7F (its NaN); no uint8 view, which Inductor miscompiles
     if t.dtype == torch.bool:
         return t.fill_(True)
     return t.fill_(torch.iinfo(t.dtype).max if t.dtype != torch.uint8 else 0xFF)

@@ -37,7 +37,7 @@ from torch import Tensor
 from torch.autograd.function import once_differentiable
 
 from registry.kernels import get_kernel
-from registry.validate import evaluate
+from registry.validate import _fn, evaluate
 from specs.schema import OpSpec, TensorSpec
 
 from ._glue import empty, run_pass
@@ -88,6 +88,8 @@ class _Gen:
             if spec.differentiable else None
         self.fn = self._autograd() if spec.differentiable else None
         self._alloc_cache: dict = {}
+        for e in list(decl.present.values()) + [d for sc in decl.scratch for d in sc.shape if isinstance(d, str)]:
+            _fn(e)  # compiled now: a call traced by torch.compile only looks them up
 
     # ---- signatures: (name, annotation, mutated) in kernel order, params last
     def _t(self, t: TensorSpec, mutated: bool = False):
