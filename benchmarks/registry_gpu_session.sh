@@ -36,7 +36,7 @@ for op in runs["new1"]:
 PY
 fi
 if has overhead; then
-  for side in new old; do
+  for side in ${OVERHEAD_SIDES:-new old}; do
     src=(); [ "$side" = old ] && { [ -d .old ] || continue; src=(--src .old); }
     timeout 150 python3 benchmarks/host_overhead.py --device cuda "${src[@]}" --label "$side" --calls 100 --rounds 9 \
       --json "$OUT/overhead-$side.json" 2>&1 | tail -15
