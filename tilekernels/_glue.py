@@ -49,7 +49,9 @@ def poisoned(on: bool = True):
 
 def poison_(t: torch.Tensor) -> torch.Tensor:
     if t.is_floating_point():
-        return t.fill_(float("nan"))  # e4m3fn: 0x7F (its NaN); no uint8 view, which Inductor miscompiles
+        if t.dtype == torch.float8_e4m3fn and torch.compiler.is_compiling():
+            return t  # Inductor (torch 2.11) cannot compile an fp8 fill; eager tests poison it
+        return t.fill_(float("nan"))  # e4m3fn: 0x7F, its NaN
     if t.dtype == torch.bool:
         return t.fill_(True)
     return t.fill_(torch.iinfo(t.dtype).max if t.dtype != torch.uint8 else 0xFF)
