@@ -1,0 +1,110 @@
+"""Helpers of tests/registry/test_registry_hot_path.py (not a test module): the cases
+(every op but the CP collectives, on tk-bench's small shapes) and the CUDA-graph check,
+which the test runs in a child process per case (a failed capture leaves CUDA's RNG in
+capture state for the whole process)."""
+from __future__ import annotations
+
+import torch
+
+import registry
+
+COLLECTIVES = {"thd_cp_to_hp", "thd_hp_to_cp", "thd_cp_a2a_perm"}  # host cu_seqlens by design
+
+
+def _cases(device_type="cpu"):
+    from tilekernels.cp import bench as cpb  # noqa: F401 - (CP cases are excluded below)
+    from tilekernels.gdn import bench as gdnb
+    from tilekernels.mhc import bench as mhcb
+    from tilekernels.moe import bench as moeb
+
+    out = []
+    for mod in (mhcb, moeb, gdnb):
+        out += [c for c in mod.cases(device_type) if c.op not in COLLECTIVES]
+    return out
+
+
+CASES = _cases()
+IDS = [f"{c.op}-{c.variant}" if c.variant else c.op for c in CASES]
+
+
+def _leaves(case, args):
+    names = [t.name for t in registry.get(case.op).spec.inputs]
+    return [a for n, a in zip(names, args) if n in case.grad_inputs and isinstance(a, torch.Tensor)]
+
+
+def _outs(out):
+    return list(out) if isinstance(out, (tuple, list)) else [out]
+
+
+def _same(a, b) -> bool:
+    """Bitwise equality (1-byte dtypes such as e4m3 compared as bytes)."""
+    if a.element_size() == 1 and a.dtype != torch.uint8:
+        a, b = a.view(torch.uint8), b.view(torch.uint8)
+    return a.dtype == b.dtype and torch.equal(a, b)
+
+
+def _refill(args):
+    """Fresh random values in place (same metadata); integer inputs keep their values."""
+    with torch.no_grad():
+        for a in args:
+            if isinstance(a, torch.Tensor) and a.is_floating_point() and a.dtype != torch.float8_e4m3fn:
+                a.copy_(torch.randn_like(a, dtype=torch.float32).to(a.dtype) * 0.5 + a * 0.5)
+
+
+def graph_check(case):
+    """Capture fwd (+bwd) of one case and compare replays with eager calls (run in a child
+    process: a failed capture leaves CUDA's RNG in capture state for the whole process)."""
+    dev = torch.device("cuda")
+    op = registry.get(case.op)
+    args, params = case.make(case.dims, dev)
+    # value-rule tensors on the GPU where the op's reference reads them on the device
+    for name in ("state_indices", "cu_seqlens"):
+        names = [t.name for t in op.spec.inputs]
+        if name in names and names.index(name) < len(args) and args[names.index(name)] is not None:
+            i = names.index(name)
+            args = (*args[:i], args[i].to(dev), *args[i + 1:])
+    leaves = _leaves(case, args)
+    for t in leaves:
+        t.requires_grad_(True)
+
+    def step():
+        out = _outs(op(*args, **params))
+        if leaves:  # the same pre-made grad outputs; autograd.grad (no AccumulateGrad into leaves that
+            # were made on the legacy stream, which a capture may not wait on)
+            loss = sum((o.float() * gos[i].float()).sum() for i, o in enumerate(out) if o.requires_grad)
+            out += list(torch.autograd.grad(loss, leaves))
+        return out
+
+    first = _outs(op(*args, **params))
+    gos = [torch.randn_like(o, dtype=torch.float32).to(o.dtype) if o.is_floating_point() else None
+           for o in first]
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):  # warm-up off the capture stream (kernel compile, allocator)
+        for _ in range(2):
+            step()
+    torch.cuda.current_stream().wait_stream(s)
+    torch.cuda.synchronize()
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):  # a capture fails by itself on any host sync
+        static = step()
+    torch.cuda.set_sync_debug_mode("error")  # the eager hot path and the replays: no sync either
+    try:
+        for _ in range(2):
+            _refill(args)
+            snap = [a.clone() if isinstance(a, torch.Tensor) else a for a in args]
+            g.replay()
+            got = [o.clone() for o in static]
+            after = [a.clone() if isinstance(a, torch.Tensor) else a for a in args]  # in-place states
+            with torch.no_grad():
+                for a, b in zip(args, snap):
+                    if isinstance(a, torch.Tensor):
+                        a.copy_(b)
+            want = step()
+            for i, (a, b) in enumerate(zip(got, want)):
+                assert _same(a, b), f"{case.op}: output/grad {i} differs between replay and eager"
+            for a, b in zip(after, args):
+                if isinstance(a, torch.Tensor):
+                    assert _same(a, b), f"{case.op}: in-place input differs between replay and eager"
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
