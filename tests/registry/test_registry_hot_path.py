@@ -119,29 +119,21 @@ def test_compiled_registry_call_validates_at_trace_time():
         g(x, w, torch.tensor([16, 32]))
 
 
-def test_registry_overhead_is_small():
-    """A repeated registry call costs little more than the functional entry (CPU, no-grad,
-    a tiny op so the difference is the registry's): the cached path skips bind + choose."""
-    import time
-
-    op = registry.get("mhc_sinkhorn")
-    x = torch.randn(2, 4, 4)
-
-    def per_call(fn, n=400):
-        for _ in range(50):
-            fn()
-        best = float("inf")
-        for _ in range(5):
-            t0 = time.perf_counter()
-            for _ in range(n):
-                fn()
-            best = min(best, (time.perf_counter() - t0) / n)
-        return best
-
-    with torch.no_grad():
-        reg = per_call(lambda: op(x, iters=2))
-        ent = per_call(lambda: op.entry(x, iters=2, eps=1e-6, backend="torch"))
-    assert reg - ent < 25e-6, (reg, ent)  # generous for a loaded CI box; measured numbers go to results
+def test_cache_hit_does_no_validation_work(monkeypatch):
+    """A repeated call evaluates no spec expression, binds nothing and asks no backend
+    (its cost is measured by benchmarks/host_overhead.py; timing asserts flake on CI)."""
+    op = registry.get("mhc_h_post_bda")
+    args = (torch.softmax(torch.randn(3, 4, 4), -1), torch.randn(3, 4, 8), torch.rand(3, 4), torch.randn(3, 8),
+            torch.randn(8))
+    op(*args)
+    work = []
+    for mod, name in ((V, "evaluate"), (registry.core, "bind"), (registry.core, "backend_status")):
+        real = getattr(mod, name)
+        monkeypatch.setattr(mod, name, lambda *a, _r=real, _n=name, **k: work.append(_n) or _r(*a, **k))
+    out = op(*args)
+    assert work == [] and torch.equal(out, op.entry(*args, backend="torch"))
+    op(*args[:4], args[4].clone())
+    assert work == []  # new data, same metadata: still a hit
 
 
 # ---------------------------------------------------------------- GPU: sync-free, graphs, compile
