@@ -282,8 +282,11 @@ class Op:
 
 def clear_caches() -> None:
     """Forget every op's validated calls (after changing what the machine offers)."""
+    from .validate import _CHECKED_VALUES
+
     for op in _ops().values():
         op._checked.clear()
+    _CHECKED_VALUES.clear()
 
 
 _CHECKED_MAX = 1024

@@ -593,6 +593,9 @@ def check_values(spec: OpSpec, tensors: dict, params: dict, dims: dict, requires
         check_constraints(op, [c for c, _, _ in host], env, "constraint")
     if not dev:
         return
+    key = _checked_key(op, dev, tensors, params, dims, requires_grad)
+    if key is not None and _seen_checked(key, dev, tensors):
+        return
     denv = dict(env)
     denv.update(_DEVICE_ENV)
     oks, what, seen = [], [], []
@@ -619,6 +622,48 @@ def check_values(spec: OpSpec, tensors: dict, params: dict, dims: dict, requires
         ok = torch.logical_and(ok, o)
     msg = f"{op}: tensor {', '.join(seen)}: a value rule failed on the device: " + "; ".join(what)
     torch._assert_async(ok, msg if len(msg) < 255 else msg[:251] + "...")  # CUDA takes < 255 chars
+    if key is not None:
+        _remember_checked(key, dev, tensors)
+
+
+# Device checks already queued for the very same, unmodified tensors (same objects, same
+# version counters, same dims and params) are not queued again: a model passes one
+# cu_seqlens / m_splits to every layer of a step. A write through torch (in place, out=,
+# a custom op's mutates_args) bumps the version and brings the check back; a write that
+# bypasses torch's version counter (a raw pointer) is not seen. Graph captures and traces
+# always emit the checks (a replay must check its own values).
+_CHECKED_VALUES: dict[tuple, list] = {}
+_CHECKED_VALUES_MAX = 256
+
+
+def _checked_key(op: str, dev: list, tensors: dict, params: dict, dims: dict, requires_grad: bool) -> Optional[tuple]:
+    if _compiling() or torch.cuda.is_available() and torch.cuda.is_current_stream_capturing():
+        return None
+    names = sorted({n for _, used, _ in dev for n in used if tensors.get(n) is not None})
+    try:
+        plain = tuple((k, v) for k, v in params.items() if isinstance(v, (int, float, bool, str, type(None))))
+        return (op, tuple((n, id(tensors[n]), tensors[n]._version) for n in names),
+                tuple(dims.items()), plain, requires_grad, tuple(id(c) for c, _, _ in dev))
+    except (AttributeError, RuntimeError):  # a tensor subclass without a version counter
+        return None
+
+
+def _seen_checked(key: tuple, dev: list, tensors: dict) -> bool:
+    refs = _CHECKED_VALUES.get(key)
+    if refs is None:
+        return False
+    return all(r() is tensors[n] for n, r in refs)
+
+
+def _remember_checked(key: tuple, dev: list, tensors: dict) -> None:
+    import weakref
+
+    if len(_CHECKED_VALUES) >= _CHECKED_VALUES_MAX:
+        _CHECKED_VALUES.clear()
+    try:
+        _CHECKED_VALUES[key] = [(n, weakref.ref(tensors[n])) for n, _, _ in key[1]]
+    except TypeError:
+        pass
 
 
 def failing_constraint(constraints: list[Constraint], env: dict) -> Optional[str]:
