@@ -286,19 +286,19 @@ def _reduce(name: str, builtin, tensor_fn):
     return f
 
 
-def _dev_all_div(xs, k):
+def _all_div(xs, k):
     if not _is_t(xs):
         return all(int(x) % int(k) == 0 for x in xs)
     return (xs % k == 0).all()
 
 
-def _dev_nondecreasing(xs):
+def _nondecreasing(xs):
     if not _is_t(xs):
         return all(a <= b for a, b in zip(xs[:-1], xs[1:]))
     return (xs[1:] >= xs[:-1]).all()
 
 
-def _dev_distinct(xs, *ignore):
+def _distinct(xs, *ignore):
     if not _is_t(xs):
         kept = [x for x in xs if x not in ignore]
         return len(set(kept)) == len(kept)
@@ -324,10 +324,8 @@ _BASE_ENV: dict[str, Any] = {
     "present": lambda t: t is not None,
     "ndim": lambda t: -1 if t is None else t.dim(),
     "dtype": lambda t: None if t is None else dtype_name(t.dtype),
-    "all_div": lambda xs, k: all(int(x) % int(k) == 0 for x in xs),
-    "nondecreasing": lambda xs: all(a <= b for a, b in zip(xs[:-1], xs[1:])),
-    "distinct": lambda xs, *ignore: len(set(x for x in xs if x not in ignore))
-    == len([x for x in xs if x not in ignore]),
+    # these three take host tuples (host rules) or device tensors (device rules) alike
+    "all_div": _all_div, "nondecreasing": _nondecreasing, "distinct": _distinct,
     "first": _first, "last": _last,
     "len": len, "sum": sum, "min": min, "max": max, "all": all, "any": any, "abs": abs,
 }
@@ -335,7 +333,6 @@ _BASE_ENV: dict[str, Any] = {
 _DEVICE_ENV: dict[str, Any] = dict(
     _BASE_ENV,
     values=_dev_values, seqlens=_dev_seqlens,
-    all_div=_dev_all_div, nondecreasing=_dev_nondecreasing, distinct=_dev_distinct,
     len=lambda xs: xs.numel() if _is_t(xs) else len(xs),
     sum=_reduce("sum", sum, lambda t: t.sum()),
     min=_reduce("min", min, lambda t: t.amin()),

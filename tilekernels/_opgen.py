@@ -42,8 +42,6 @@ from specs.schema import OpSpec, TensorSpec
 
 from ._glue import empty, run_pass
 
-_DTYPES = {n: getattr(torch, n) for n in (
-    "bfloat16", "float16", "float32", "float64", "int32", "int64", "uint8", "float8_e4m3fn", "bool")}
 _PY = {"int": "int", "float": "float", "bool": "bool", "str": "str", "ints": "list[int]"}
 
 
@@ -134,13 +132,13 @@ class _Gen:
     # ---- allocation
     def _dtype(self, t, tensors: dict, params: dict) -> torch.dtype:
         if t.name in self.decl.dtype_param:
-            return _DTYPES[params[self.decl.dtype_param[t.name]]]
+            return getattr(torch, params[self.decl.dtype_param[t.name]])  # a spec DType name
         dts = t.dtypes
         if isinstance(dts, str):
             return tensors[dts[5:]].dtype
         if len(dts) > 1 and "float64" in dts and tensors[self.first_in].dtype == torch.float64:
             return torch.float64
-        return _DTYPES[dts[0]]
+        return getattr(torch, dts[0])
 
     def _layout(self, tensors: dict, params: dict) -> Optional[str]:
         if not self.spec.layouts:
@@ -180,26 +178,24 @@ class _Gen:
             plan.append((s.name, shape, self._dtype(s, tensors, params)))
         return plan
 
-    def allocate(self, tensors: dict, params: dict, device) -> list:
+    def allocate(self, tensors: list, params: list, device) -> list:
+        """Outputs + scratch for these inputs (the plan is cached by shapes, dtypes and params)."""
         if torch.compiler.is_compiling():
-            plan = self._plan(tensors, params)
+            plan = self._plan(dict(zip(self.ins, tensors)), dict(zip(self.params, params)))
         else:
-            key = (tuple(None if v is None else (v.shape, v.dtype) for v in tensors.values()),
-                   tuple(params.values()))
+            key = (tuple(None if v is None else (v.shape, v.dtype) for v in tensors), tuple(params))
             plan = self._alloc_cache.get(key)
             if plan is None:
                 if len(self._alloc_cache) > 256:
                     self._alloc_cache.clear()
-                plan = self._alloc_cache[key] = self._plan(tensors, params)
+                plan = self._alloc_cache[key] = self._plan(dict(zip(self.ins, tensors)),
+                                                           dict(zip(self.params, params)))
         return [None if shape is None else empty(shape, dt, device) for _, shape, dt in plan]
 
     # ---- passes
     def forward(self, tensors: list, params: list, backend: str) -> list:
         """Allocate and run the fwd pass; returns outputs + scratch."""
-        td = dict(zip(self.ins, tensors))
-        pd = dict(zip(self.params, params))
-        dev = tensors[0].device
-        made = self.allocate(td, pd, dev)
+        made = self.allocate(tensors, params, tensors[0].device)
         run_pass(self.fwd_op, self.name, "fwd", *tensors, *made, *params, backend=backend)
         return made
 
