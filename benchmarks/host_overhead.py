@@ -91,26 +91,11 @@ def paired_us(fa, fb, dev, calls, rounds):
     return statistics.median(ta), statistics.median(tb)
 
 
-def graph_us(fn, reps=200):
-    """GPU time per replay of fn captured in a CUDA graph (events around the replays)."""
-    s = torch.cuda.Stream()
-    s.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(s):
-        for _ in range(3):
-            fn()
-    torch.cuda.current_stream().wait_stream(s)
-    g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g):
-        fn()
-    for _ in range(10):
-        g.replay()
-    e0, e1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    e0.record()
-    for _ in range(reps):
-        g.replay()
-    e1.record()
-    torch.cuda.synchronize()
-    return e0.elapsed_time(e1) / reps * 1e3
+def graph_us(fn):
+    """GPU time per replay of fn captured in a CUDA graph (median, us)."""
+    from triton.testing import do_bench_cudagraph
+
+    return do_bench_cudagraph(fn, rep=100, return_mode="median") * 1e3
 
 
 def main():
@@ -121,8 +106,8 @@ def main():
         args, params = case.make(case.dims, dev)
         names = [t.name for t in op.spec.inputs]
         bound = op.bind(*args, **params)
-        with torch.no_grad():
-            chosen = op.choose(op.bind(*args, **params))
+        with torch.no_grad():  # the backend of the no-grad rows (choose reads the grad mode)
+            chosen = op.choose(bound)
         full = dict(bound.params)
         tensors = bound.args()
         name = f"{case.op}" + (f"[{case.variant}]" if case.variant else "")

@@ -7,6 +7,7 @@ from __future__ import annotations
 import torch
 
 import registry
+from tilekernels.testing import assert_close
 
 COLLECTIVES = {"thd_cp_to_hp", "thd_hp_to_cp", "thd_cp_a2a_perm"}  # host cu_seqlens by design
 
@@ -34,13 +35,6 @@ def _leaves(case, args):
 
 def _outs(out):
     return list(out) if isinstance(out, (tuple, list)) else [out]
-
-
-def _same(a, b) -> bool:
-    """Bitwise equality (1-byte dtypes such as e4m3 compared as bytes)."""
-    if a.element_size() == 1 and a.dtype != torch.uint8:
-        a, b = a.view(torch.uint8), b.view(torch.uint8)
-    return a.dtype == b.dtype and torch.equal(a, b)
 
 
 def _refill(args):
@@ -102,9 +96,9 @@ def graph_check(case):
                         a.copy_(b)
             want = step()
             for i, (a, b) in enumerate(zip(got, want)):
-                assert _same(a, b), f"{case.op}: output/grad {i} differs between replay and eager"
+                assert_close(a, b, "exact", what=f"{case.op}: output/grad {i}, replay vs eager")
             for a, b in zip(after, args):
                 if isinstance(a, torch.Tensor):
-                    assert _same(a, b), f"{case.op}: in-place input differs between replay and eager"
+                    assert_close(a, b, "exact", what=f"{case.op}: in-place input, replay vs eager")
     finally:
         torch.cuda.set_sync_debug_mode("default")

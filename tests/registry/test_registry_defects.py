@@ -2,7 +2,6 @@
 from __future__ import annotations
 
 import math
-import socket
 
 import pytest
 import torch
@@ -72,13 +71,7 @@ def test_backend_constraints_may_not_read_values():
                       constraints=[Constraint(expr="max(values(x)) < 3")]))
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def test_cp_explain_without_process_group_and_one_bind(monkeypatch):
+def test_cp_explain_without_process_group_and_one_bind(monkeypatch, tmp_path):
     """Without torch.distributed, explain says the torch backend cannot run (it said ok);
     with a group, a call binds once and reads cu_seqlens on the host once."""
     import torch.distributed as dist
@@ -91,7 +84,7 @@ def test_cp_explain_without_process_group_and_one_bind(monkeypatch):
     assert not ok and "torch.distributed is not initialized" in why
     with pytest.raises(BackendUnavailable, match="torch.distributed is not initialized"):
         op(x, cu)
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{_free_port()}", rank=0, world_size=1)
+    dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'init'}", rank=0, world_size=1)
     try:
         registry.clear_caches()
         binds, reads = [], []
