@@ -1,18 +1,21 @@
 #!/usr/bin/env bash
-# One GPU-host session for the cuTile mHC kernels (issue 3), in parts that each fit one
-# device call (<= 10 min). From the repository root on the GPU host:
+# The GPU-host session: the cuTile mHC kernels and the registry's hot path, in parts that each
+# fit one device call (<= 10 min). From the repository root on the GPU host:
 #   source .gpu-cutile/env.sh && bash benchmarks/mhc_gpu_session.sh tests,memcheck,bench
 #   source .gpu-cutile/env.sh && bash benchmarks/mhc_gpu_session.sh initcheck,racecheck
-#   source .gpu-cutile/env.sh && bash benchmarks/mhc_gpu_session.sh check,host,peer
+#   source .gpu-cutile/env.sh && bash benchmarks/mhc_gpu_session.sh check,host,ab,peer
+# `host` and `ab` also time an older checkout unpacked in .old/ when it exists
+# (git archive <commit> registry specs tilekernels tools | tar x -C .old): registry overhead
+# per op (host_overhead.py) and tk-bench's mHC rows without peers, new and old interleaved twice.
 # Everything lands in $OUT (logs, JSON); a short summary is printed last.
 set -u
-OUT=${OUT:-.}
+OUT=$(cd "${OUT:-.}" && pwd)  # absolute: the `ab` part runs the old checkout from .old/
 parts=",${1:-tests,memcheck,initcheck,racecheck,bench,check,peer},"
 has() { [[ "$parts" == *",$1,"* ]]; }
 summary=()
 if has tests; then
-  timeout 240 python3 -m pytest -q tests/mhc/test_mhc_cutile_gpu.py tests/mhc/test_mhc_cutile_registry.py \
-    -n 8 --dist loadgroup -p no:cacheprovider > "$OUT/gpu-tests.txt" 2>&1
+  timeout 330 python3 -m pytest -q tests/mhc/test_mhc_cutile_gpu.py tests/mhc/test_mhc_cutile_registry.py \
+    tests/registry/test_registry_hot_path.py -n 8 --dist loadgroup -p no:cacheprovider > "$OUT/gpu-tests.txt" 2>&1
   summary+=("tests: $(grep -E 'passed|failed' "$OUT/gpu-tests.txt" | tail -1)")
 fi
 if has memcheck; then
@@ -57,9 +60,20 @@ if has check; then
   tail -9 "$OUT/check.txt"
 fi
 if has host; then
-  timeout 120 python3 benchmarks/host_overhead.py --json "$OUT/host-overhead.json" > "$OUT/host-overhead.txt" 2>&1
-  summary+=("host: rc=$?")
-  cat "$OUT/host-overhead.txt"
+  for side in new old; do
+    src=(); [ "$side" = old ] && { [ -d .old ] || continue; src=(--src .old); }
+    timeout 150 python3 benchmarks/host_overhead.py --device cuda "${src[@]}" --label "$side" \
+      --json "$OUT/host-overhead-$side.json" > "$OUT/host-overhead-$side.txt" 2>&1
+    summary+=("host $side: rc=$?")
+    tail -15 "$OUT/host-overhead-$side.txt"
+  done
+fi
+if has ab && [ -d .old ]; then
+  for rep in 1 2; do
+    timeout 200 python3 -m tools.bench --family mhc --no-compare --json "$OUT/ab-new$rep.json" > /dev/null 2>&1
+    (cd .old && timeout 200 python3 -m tools.bench --family mhc --no-compare --json "$OUT/ab-old$rep.json" > /dev/null 2>&1)
+  done
+  summary+=("ab: $(ls "$OUT"/ab-*.json 2>/dev/null | wc -l) tk-bench runs (new1 old1 new2 old2)")
 fi
 if has peer && [ -f benchmarks/peer_megatron_mhc.py ]; then
   timeout 420 python3 benchmarks/peer_megatron_mhc.py --out "$OUT" > "$OUT/peer.txt" 2>&1
