@@ -43,7 +43,7 @@ from specs.schema import Backend, OpSpec
 from . import capabilities as caps
 from .errors import BackendUnavailable, SpecError
 from .kernels import has_kernel
-from .validate import Bound, _check_param, bind, check_values, dtype_name, failing_constraint, precompile
+from .validate import Bound, bind, check_values, dtype_name, failing_constraint, precompile
 
 log = logging.getLogger("tilekernels")
 _warned: set[tuple[str, str]] = set()
@@ -273,11 +273,6 @@ class Op:
             if k not in tensors and k in self._in_names:
                 tensors[k] = v
         return [tensors.get(n) for n in self._in_names]
-
-    def _params(self, kwargs) -> dict:
-        """This call's params with defaults, normalised by bind's own param check."""
-        return {name: _check_param(self.name, p, kwargs.get(name, p.default))
-                for name, p in self._param_specs.items()}
 
 
 def clear_caches() -> None:

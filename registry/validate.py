@@ -585,14 +585,15 @@ def check_values(spec: OpSpec, tensors: dict, params: dict, dims: dict, requires
                                     f"{c.expr!r} reads its values)", "a meta tensor")
                 on_host = False
         (host if on_host else dev).append((c, used, when_reads))
-    env = constraint_env(tensors, params, dims, requires_grad)
     if host:
-        check_constraints(op, [c for c, _, _ in host], env, "constraint")
+        check_constraints(op, [c for c, _, _ in host], constraint_env(tensors, params, dims, requires_grad),
+                          "constraint")
     if not dev:
         return
     key = _checked_key(op, dev, tensors, params, dims, requires_grad)
     if key is not None and _seen_checked(key, dev, tensors):
         return
+    env = constraint_env(tensors, params, dims, requires_grad)
     denv = dict(env)
     denv.update(_DEVICE_ENV)
     oks, what, seen = [], [], []

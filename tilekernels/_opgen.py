@@ -30,7 +30,7 @@ Absent optional tensors are passed as None. Eager calls run the kernel directly
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Callable, Optional
+from typing import Callable, Optional
 
 import torch
 from torch import Tensor

@@ -13,7 +13,6 @@ COLLECTIVES = {"thd_cp_to_hp", "thd_hp_to_cp", "thd_cp_a2a_perm"}  # host cu_seq
 
 
 def _cases(device_type="cpu"):
-    from tilekernels.cp import bench as cpb  # noqa: F401 - (CP cases are excluded below)
     from tilekernels.gdn import bench as gdnb
     from tilekernels.mhc import bench as mhcb
     from tilekernels.moe import bench as moeb
