@@ -302,14 +302,13 @@ def _distinct(xs, *ignore):
     if not _is_t(xs):
         kept = [x for x in xs if x not in ignore]
         return len(set(kept)) == len(kept)
-    v = xs.to(torch.int64)
-    if ignore:  # ignored entries become distinct sentinels below every real value
-        skip = torch.zeros_like(v, dtype=torch.bool)
-        for i in ignore:
-            skip = skip | (v == i)
-        v = torch.where(skip, -(2 ** 62) + torch.arange(v.numel(), device=v.device), v)
-    s = torch.sort(v).values
-    return (s[1:] != s[:-1]).all()
+    # device: sort, then equal neighbours are duplicates unless their value is ignored
+    # (no sentinel constants: Inductor cannot fold a 2^62 offset into its int32 indexing)
+    s = torch.sort(xs.to(torch.int64)).values
+    dup = s[1:] == s[:-1]
+    for i in ignore:
+        dup = dup & (s[1:] != i)
+    return ~dup.any()
 
 
 def _first(xs):

@@ -68,7 +68,10 @@ def graph_check(case):
             out += list(torch.autograd.grad(loss, leaves))
         return out
 
-    first = _outs(op(*args, **params))
+    with torch.no_grad():  # shapes of the grad outputs only: a grad-mode call here would create the
+        # leaves' AccumulateGrad nodes on the legacy stream, and a later capture of the backward then
+        # has to wait on that stream (cudaErrorStreamCaptureImplicit); warm up on a side stream instead
+        first = _outs(op(*args, **params))
     gos = [torch.randn_like(o, dtype=torch.float32).to(o.dtype) if o.is_floating_point() else None
            for o in first]
     s = torch.cuda.Stream()
@@ -81,11 +84,11 @@ def graph_check(case):
     g = torch.cuda.CUDAGraph()
     with torch.cuda.graph(g):  # a capture fails by itself on any host sync
         static = step()
-    torch.cuda.set_sync_debug_mode("error")  # the eager hot path and the replays: no sync either
-    try:
-        for _ in range(2):
-            _refill(args)
-            snap = [a.clone() if isinstance(a, torch.Tensor) else a for a in args]
+    for _ in range(2):
+        _refill(args)
+        snap = [a.clone() if isinstance(a, torch.Tensor) else a for a in args]
+        torch.cuda.set_sync_debug_mode("error")  # the replay and the eager hot path: no sync either
+        try:
             g.replay()
             got = [o.clone() for o in static]
             after = [a.clone() if isinstance(a, torch.Tensor) else a for a in args]  # in-place states
@@ -94,10 +97,10 @@ def graph_check(case):
                     if isinstance(a, torch.Tensor):
                         a.copy_(b)
             want = step()
-            for i, (a, b) in enumerate(zip(got, want)):
-                assert_close(a, b, "exact", what=f"{case.op}: output/grad {i}, replay vs eager")
-            for a, b in zip(after, args):
-                if isinstance(a, torch.Tensor):
-                    assert_close(a, b, "exact", what=f"{case.op}: in-place input, replay vs eager")
-    finally:
-        torch.cuda.set_sync_debug_mode("default")
+        finally:
+            torch.cuda.set_sync_debug_mode("default")
+        for i, (a, b) in enumerate(zip(got, want)):  # comparing reads the results on the host
+            assert_close(a, b, "exact", what=f"{case.op}: output/grad {i}, replay vs eager")
+        for a, b in zip(after, args):
+            if isinstance(a, torch.Tensor):
+                assert_close(a, b, "exact", what=f"{case.op}: in-place input, replay vs eager")
