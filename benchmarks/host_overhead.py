@@ -3,7 +3,9 @@ against the same call of the op's functional entry (the backend the registry pic
 every param given), without and with gradients, on the small tk-bench shapes (so
 the host cost, not the kernels, is what differs).
 
-Each row times both sides interleaved (median of rounds of N calls; on CUDA one
+``validate_us`` is the registry alone: the same call with the entry stubbed out (best
+of the rounds), which the noise of the op's own host time does not blur. Each row
+times both sides interleaved (median of rounds of N calls; on CUDA one
 synchronize per round). fwd+bwd steps set the leaves' grads to None and
 backpropagate the same pre-made grad outputs. On CUDA it also reports what the
 device-side value checks cost on the GPU: CUDA-graph replay time of the registry
@@ -91,6 +93,37 @@ def paired_us(fa, fb, dev, calls, rounds):
     return statistics.median(ta), statistics.median(tb)
 
 
+def _stubbed_us(op, args, params, dev):
+    """Host us of ``op(*args, **params)`` with the op's entry replaced by a no-op: what the
+    registry itself costs per call (key, cache lookup, value checks), best of the rounds."""
+    stub = lambda *a, **k: None  # noqa: E731
+    old_style = not hasattr(op, "_entry")  # older checkouts cache `entry` in the instance dict
+    saved = op.__dict__.get("entry") if old_style else op._entry
+    if old_style:
+        op.__dict__["entry"] = stub
+    else:
+        op._entry = stub
+    try:
+        for _ in range(50):
+            op(*args, **params)
+        _sync(dev)
+        best = float("inf")
+        for _ in range(A.rounds):
+            t0 = time.perf_counter()
+            for _ in range(A.calls):
+                op(*args, **params)
+            best = min(best, (time.perf_counter() - t0) / A.calls * 1e6)
+        _sync(dev)
+        return best
+    finally:
+        if old_style:
+            op.__dict__.pop("entry", None)
+            if saved is not None:
+                op.__dict__["entry"] = saved
+        else:
+            op._entry = saved
+
+
 def graph_us(fn):
     """GPU time per replay of fn captured in a CUDA graph (median, us)."""
     from triton.testing import do_bench_cudagraph
@@ -116,6 +149,8 @@ def main():
             reg, ent = paired_us(lambda: op(*args, **params), lambda: op.entry(*tensors, backend=chosen, **full),
                                  dev, A.calls, A.rounds)
         row.update(nograd_registry_us=round(reg, 1), nograd_entry_us=round(ent, 1), nograd_extra_us=round(reg - ent, 1))
+        with torch.no_grad():  # the registry alone: the same call with the entry stubbed out (no noise from the op)
+            row.update(validate_us=round(_stubbed_us(op, args, params, dev), 2))
         leaves = [a for n, a in zip(names, args) if n in case.grad_inputs and isinstance(a, torch.Tensor)]
         if leaves and op.spec.differentiable:
             for t in leaves:
@@ -156,7 +191,7 @@ def main():
                            graph_entry_us=round(ge, 2))
         rows.append(row)
         print(json.dumps(row), flush=True)
-    keys = ["op", "backend", "nograd_extra_us", "fwdbwd_extra_us", "nograd_registry_us", "nograd_entry_us",
+    keys = ["op", "backend", "validate_us", "nograd_extra_us", "fwdbwd_extra_us", "nograd_registry_us", "nograd_entry_us",
             "device_checks_gpu_us"]
     print("\n" + "  ".join(f"{k:>22}" if i else f"{k:<34}" for i, k in enumerate(keys)))
     for r in rows:
