@@ -264,12 +264,15 @@ class Op:
                 if len(self._checked) >= _CHECKED_MAX:
                     self._checked.clear()
                 self._checked[key] = (chosen, "; ".join(reasons), bound.params, bound.dims,
-                                      len(args) == self._n_in and not kwargs.keys() - self._param_specs.keys())
+                                      len(args) <= self._n_in and not kwargs.keys() - self._param_specs.keys())
             return self.entry(*bound.args(), backend=chosen, **bound.params)
         chosen, why, params, dims, positional = hit
         if why and (self.name, why) not in _warned:  # the same fallback as when validated: logged once
             _fallback(self.name, why, strict_mode)
-        tensors = args if positional else self._in_order(args, kwargs)
+        if positional:  # inputs all positional (trailing optional ones left out: None)
+            tensors = args if len(args) == self._n_in else (*args, *(None,) * (self._n_in - len(args)))
+        else:
+            tensors = self._in_order(args, kwargs)
         if self._has_values:
             check_values(self.spec, dict(zip(self._in_names, tensors)), params, dims,
                          torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in tensors),

@@ -572,9 +572,17 @@ def check_values(spec: OpSpec, tensors: dict, params: dict, dims: dict, requires
     op = spec.name
     rules = split_rules(spec)[1] if rules is None else rules
     names = tuple(tensors)
+    pk = (id(rules), names)
+    got = _PLANS.get(pk)
+    if got is None or got[0] is not rules:
+        plans = [(c, *_plan(c, names)[1:]) for c in rules]
+        got = _PLANS[pk] = (rules, plans, tuple(sorted({n for _, used, _ in plans for n in used})))
+    _, plans, read = got
+    key = _checked_key(op, read, tensors, params, dims, requires_grad)
+    if key is not None and _seen_checked(key, read, tensors):
+        return
     host, dev = [], []
-    for c in rules:
-        _, used, when_reads = _plan(c, names)
+    for c, used, when_reads in plans:
         on_host = True
         for n in used:
             t = tensors.get(n)
@@ -588,9 +596,8 @@ def check_values(spec: OpSpec, tensors: dict, params: dict, dims: dict, requires
         check_constraints(op, [c for c, _, _ in host], constraint_env(tensors, params, dims, requires_grad),
                           "constraint")
     if not dev:
-        return
-    key = _checked_key(op, dev, tensors, params, dims, requires_grad)
-    if key is not None and _seen_checked(key, dev, tensors):
+        if key is not None:
+            _remember_checked(key, read, tensors)
         return
     env = constraint_env(tensors, params, dims, requires_grad)
     denv = dict(env)
@@ -613,6 +620,8 @@ def check_values(spec: OpSpec, tensors: dict, params: dict, dims: dict, requires
         what.append(f"{c.expr!r}" + (f" ({c.message})" if c.message else ""))
         seen += [n for n in used if n not in seen]
     if not oks:
+        if key is not None:
+            _remember_checked(key, read, tensors)
         return
     ok = oks[0]
     for o in oks[1:]:
@@ -620,45 +629,60 @@ def check_values(spec: OpSpec, tensors: dict, params: dict, dims: dict, requires
     msg = f"{op}: tensor {', '.join(seen)}: a value rule failed on the device: " + "; ".join(what)
     torch._assert_async(ok, msg if len(msg) < 255 else msg[:251] + "...")  # CUDA takes < 255 chars
     if key is not None:
-        _remember_checked(key, dev, tensors)
+        _remember_checked(key, read, tensors)
 
 
-# Device checks already queued for the very same, unmodified tensors (same objects, same
-# version counters, same dims and params) are not queued again: a model passes one
-# cu_seqlens / m_splits to every layer of a step. A write through torch (in place, out=,
-# a custom op's mutates_args) bumps the version and brings the check back; a write that
-# bypasses torch's version counter (a raw pointer) is not seen. Graph captures and traces
-# always emit the checks (a replay must check its own values).
+# Value rules already checked (host) or queued (device) for the very same, unmodified
+# tensors (same objects, same version counters, same dims and params) are not checked
+# again: a model passes one cu_seqlens / m_splits to every layer of a step. A write through
+# torch (in place, out=, a custom op's mutates_args) bumps the version and brings the check
+# back; a write that bypasses torch's version counter (a raw pointer, a numpy view of a CPU
+# tensor) is not seen. Graph captures and traces always emit the checks (a replay must check
+# its own values).
 _CHECKED_VALUES: dict[tuple, list] = {}
 _CHECKED_VALUES_MAX = 256
 
 
-def _checked_key(op: str, dev: list, tensors: dict, params: dict, dims: dict, requires_grad: bool) -> Optional[tuple]:
-    if _compiling() or torch.cuda.is_available() and torch.cuda.is_current_stream_capturing():
+_PLANS: dict[tuple, tuple] = {}  # (id(rules), input names) -> (rules, plans, names the rules read)
+
+
+def _checked_key(op: str, read: tuple, tensors: dict, params: dict, dims: dict,
+                 requires_grad: bool) -> Optional[tuple]:
+    """What makes two calls' value checks the same (None: always check)."""
+    if _compiling():
         return None
-    names = sorted({n for _, used, _ in dev for n in used if tensors.get(n) is not None})
+    key = [op, requires_grad, tuple(dims.values()), tuple(params.values())]
     try:
-        plain = tuple((k, v) for k, v in params.items() if isinstance(v, (int, float, bool, str, type(None))))
-        return (op, tuple((n, id(tensors[n]), tensors[n]._version) for n in names),
-                tuple(dims.items()), plain, requires_grad, tuple(id(c) for c, _, _ in dev))
+        for n in read:
+            t = tensors.get(n)
+            if t is None:
+                key.append(None)
+                continue
+            if t.is_cuda and torch.cuda.is_current_stream_capturing():
+                return None
+            key += (id(t), t._version)
     except (AttributeError, RuntimeError):  # a tensor subclass without a version counter
         return None
+    return tuple(key)
 
 
-def _seen_checked(key: tuple, dev: list, tensors: dict) -> bool:
-    refs = _CHECKED_VALUES.get(key)
+def _seen_checked(key: tuple, read: tuple, tensors: dict) -> bool:
+    try:
+        refs = _CHECKED_VALUES.get(key)
+    except TypeError:  # an unhashable param
+        return False
     if refs is None:
         return False
-    return all(r() is tensors[n] for n, r in refs)
+    return all(r() is tensors.get(n) for n, r in refs)
 
 
-def _remember_checked(key: tuple, dev: list, tensors: dict) -> None:
+def _remember_checked(key: tuple, read: tuple, tensors: dict) -> None:
     import weakref
 
     if len(_CHECKED_VALUES) >= _CHECKED_VALUES_MAX:
         _CHECKED_VALUES.clear()
     try:
-        _CHECKED_VALUES[key] = [(n, weakref.ref(tensors[n])) for n, _, _ in key[1]]
+        _CHECKED_VALUES[key] = [(n, weakref.ref(tensors[n])) for n in read if tensors.get(n) is not None]
     except TypeError:
         pass
 

@@ -147,6 +147,27 @@ def test_cache_hit_does_no_validation_work(monkeypatch):
     assert work == []  # new data, same metadata: still a hit
 
 
+def test_host_value_rules_are_not_rechecked_for_the_same_tensor(monkeypatch):
+    """A CPU m_splits passed again unmodified is not re-read (one per step for every layer);
+    an in-place write (version bump) or another tensor is checked again, and refused if bad."""
+    registry.clear_caches()
+    op = registry.get("grouped_linear")
+    x, w, m = torch.randn(64, 32), torch.randn(2, 8, 32), torch.tensor([32, 32])
+    op(x, w, m)
+    reads = []
+    real = V._host_values
+    monkeypatch.setattr(V, "_host_values", lambda t: reads.append(1) or real(t))
+    op(x, w, m)
+    assert reads == []
+    m[1] = 40  # in place: version bump
+    with pytest.raises(SpecError, match="m_splits must add up to the token count M"):
+        op(x, w, m)
+    assert reads
+    with pytest.raises(SpecError, match="m_splits must add up to the token count M"):
+        op(x, w, m)  # a refused tensor is never remembered as checked
+    registry.clear_caches()
+
+
 # ---------------------------------------------------------------- GPU: sync-free, graphs, compile
 
 
