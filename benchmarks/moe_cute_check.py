@@ -1,0 +1,170 @@
+#!/usr/bin/env python3
+"""GPU timing of the CuTe DSL MXFP8 quantize / dequantize kernels (run on the device host).
+
+From the repository root:
+
+    python3 -m pytest -q tests/moe/test_mxfp8_cute.py          # correctness first
+    python3 benchmarks/moe_cute_check.py [--R 32768 --K 7168] [--sweep] [--no-compile] [--json FILE]
+
+For x [R, K] bf16 and fp32 and each axis (rowwise, columnwise, both), times
+(triton.testing.do_bench, median ms) the CuTe kernel, torch's own path
+(tilekernels.moe.mxfp8.quantize, eager) and torch.compile of it, and prints GB/s
+and % of the copy bandwidth (--copy-gbps, default the H200's 4270; a measured
+clone bandwidth is printed beside it). Bytes are counted by hand: x read once,
+each axis' data (R*K bytes) and scales (R*K/32 bytes) written once. Dequantize:
+data and scales read, out written. --sweep also times config variants (columns per
+thread, CTA threads) of each quantize kernel, each checked bit for bit against
+the default config first. Compile times (first call) are printed too.
+"""
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import os
+import sys
+import time
+import traceback
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path[:0] = [ROOT]
+
+import torch  # noqa: E402
+
+from tilekernels import _cute as C  # noqa: E402
+from tilekernels.moe import cute_quantize as Q  # noqa: E402
+from tilekernels.moe import mxfp8 as mx  # noqa: E402
+
+BF, F32 = torch.bfloat16, torch.float32
+AXES = {"rowwise": (True, False), "columnwise": (False, True), "both": (True, True)}
+
+
+def bench(fn, rep=200):
+    from triton.testing import do_bench
+
+    return do_bench(fn, warmup=25, rep=rep, return_mode="median")
+
+
+def outs(R, K, row, col, dev="cuda"):
+    e = torch.float8_e4m3fn
+    return (torch.empty(R, K, dtype=e, device=dev) if row else None,
+            torch.empty(R, K // 32, dtype=torch.uint8, device=dev) if row else None,
+            torch.empty(R, K, dtype=e, device=dev) if col else None,
+            torch.empty(R // 32, K, dtype=torch.uint8, device=dev) if col else None)
+
+
+def quant_bytes(R, K, dtype, row, col):
+    per_axis = R * K + R * K // 32
+    return R * K * torch.empty((), dtype=dtype).element_size() + per_axis * (int(row) + int(col))
+
+
+def line(rec, copy_gbps):
+    gbps = rec["bytes"] / rec["ms"] / 1e6
+    rec["gbps"], rec["pct_copy"] = gbps, 100 * gbps / copy_gbps
+    print(f"  {rec['what']:<44} {rec['ms']*1e3:9.1f} us {gbps:8.0f} GB/s {rec['pct_copy']:5.1f}%", flush=True)
+    return rec
+
+
+def run(args):
+    R, K = args.R, args.K
+    dev = torch.cuda.get_device_name()
+    print(f"device {dev}, arch {C.device_arch()}, R={R} K={K}", flush=True)
+    recs = []
+    x0 = torch.randn(R, K, device="cuda")
+    ms = bench(lambda: x0.clone())
+    print(f"  clone fp32 (read+write {2*x0.numel()*4/1e9:.2f} GB): {2*x0.numel()*4/ms/1e6:.0f} GB/s "
+          f"(copy reference {args.copy_gbps:.0f})", flush=True)
+    for dtype in (BF, F32):
+        x = (torch.randn(R, K, device="cuda") * 3).to(dtype)
+        for axis, (row, col) in AXES.items():
+            o = outs(R, K, row, col)
+            nbytes = quant_bytes(R, K, dtype, row, col)
+            tag = f"quantize {axis} {str(dtype)[6:]}"
+            t0 = time.perf_counter()
+            Q.quantize_into(x, *o)
+            torch.cuda.synchronize()
+            print(f"{tag}: first call (compile) {time.perf_counter()-t0:.1f} s", flush=True)
+            recs.append(line(dict(what=f"{tag} cute", ms=bench(lambda: Q.quantize_into(x, *o)),
+                                  bytes=nbytes), args.copy_gbps))
+            recs.append(line(dict(what=f"{tag} torch eager", ms=bench(lambda: mx.quantize(x, axis), rep=50),
+                                  bytes=nbytes), args.copy_gbps))
+            if not args.no_compile:
+                try:
+                    f = torch.compile(lambda t: mx.quantize(t, axis), dynamic=False)
+                    f(x)
+                    recs.append(line(dict(what=f"{tag} torch.compile", ms=bench(lambda: f(x)), bytes=nbytes),
+                                     args.copy_gbps))
+                except Exception:
+                    print("  torch.compile failed:", traceback.format_exc(limit=3), flush=True)
+            if args.sweep:
+                recs += sweep(x, row, col, o, nbytes, tag, args.copy_gbps)
+        for axis in ("rowwise", "columnwise"):
+            d, s = mx.quantize(x0, axis)
+            out = torch.empty(R, K, dtype=dtype, device="cuda")
+            nbytes = R * K + s.numel() + R * K * out.element_size()
+            Q.dequantize_into(d, s, out, axis)
+            recs.append(line(dict(what=f"dequantize {axis} -> {str(dtype)[6:]} cute",
+                                  ms=bench(lambda: Q.dequantize_into(d, s, out, axis)), bytes=nbytes),
+                             args.copy_gbps))
+            recs.append(line(dict(what=f"dequantize {axis} -> {str(dtype)[6:]} torch eager",
+                                  ms=bench(lambda: mx.dequantize(d, s, axis, dtype), rep=50), bytes=nbytes),
+                             args.copy_gbps))
+    return recs
+
+
+def sweep(x, row, col, o, nbytes, tag, copy_gbps):
+    """Config variants of one quantize kernel (shared-memory and register kernels, tile
+    widths, CTA sizes), each checked against the default's outputs, then timed."""
+    R, K = x.shape
+    base = Q.quant_launch(x.dtype, K, row, col, True)
+    Q.quantize_into(x, *o)
+    want = [t.view(torch.uint8).clone() if t is not None else None for t in o]
+    recs = []
+    elt = x.element_size()
+    cfgs = []
+    for threads in (64, 128, 256):      # shared-memory kernel: tile 32 x (threads * vec), <= 48 KB
+        for vec in (1, 2, 4):
+            bk = threads * vec
+            if K % (16 // elt) == 0 and bk % 32 == 0 and 32 * (bk + 16 // elt) * elt <= 48 * 1024:
+                cfgs.append(dataclasses.replace(base.cfg, vec=vec, threads=threads, smem=True))
+    for threads in (64, 128):           # register kernel
+        for vec in (v for v in (1, 2, 4, 8) if v * elt <= 16 and K % v == 0):
+            cfgs.append(dataclasses.replace(base.cfg, vec=vec, threads=threads, smem=False))
+    for cfg in cfgs:
+        if cfg == base.cfg:
+            continue
+        what = f"{tag} {'smem' if cfg.smem else 'regs'} vec={cfg.vec} threads={cfg.threads}"
+        ln = C.Launch(base.name, base.fn, cfg, Q.quant_sig(cfg, x.dtype))
+        try:
+            got = outs(R, K, row, col)
+            ln.run(x, *got, R)
+            torch.cuda.synchronize()
+            ok = all(w is None or torch.equal(g.view(torch.uint8), w) for g, w in zip(got, want))
+            regs = list(C.cubin_resources(ln.export(C.device_arch()).cubin).values())[0]["regs"]
+            rec = dict(what=f"{what} regs={regs}", ms=bench(lambda: ln.run(x, *got, R)), bytes=nbytes, exact=ok)
+            line(rec, copy_gbps)
+            if not ok:
+                print("    ^ MISMATCH against the default config", flush=True)
+            recs.append(rec)
+        except Exception:
+            print(f"  {what} failed:", traceback.format_exc(limit=3), flush=True)
+    return recs
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--R", type=int, default=32768)
+    ap.add_argument("--K", type=int, default=7168)
+    ap.add_argument("--copy-gbps", type=float, default=4270.0)
+    ap.add_argument("--sweep", action="store_true")
+    ap.add_argument("--no-compile", action="store_true")
+    ap.add_argument("--json")
+    args = ap.parse_args()
+    recs = run(args)
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(dict(device=torch.cuda.get_device_name(), R=args.R, K=args.K, records=recs), f, indent=1)
+
+
+if __name__ == "__main__":
+    main()

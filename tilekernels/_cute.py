@@ -1,0 +1,425 @@
+"""Shared CuTe DSL (``nvidia-cutlass-dsl`` 4.8.1, ``import cutlass.cute``) launch and compile helpers.
+
+The CuTe DSL counterpart of ``_cutile.py``. Every CuTe DSL backend module builds
+its launches the same way:
+
+* A ``@cute.jit`` **host function** ``fn(cfg, *args, stream)`` whose first
+  parameter is ``cfg: cutlass.Constexpr`` (the launch config) and whose last is
+  ``stream: cuda.CUstream``; in between come the runtime arguments described by
+  **arg specs** (:class:`Ptr`, :class:`Tensor`, :class:`Scalar`). The host
+  function builds layouts, picks the grid and launches its ``@cute.kernel``.
+* A frozen dataclass **launch config** per kernel family (tile sizes, static
+  dims such as K, thread counts) with a ``heuristic(...)`` classmethod taking
+  the problem's static dims only (never M, R or T). It reaches the host function
+  as a ``Constexpr``, so it is traced into the kernel and is part of the key.
+* A :class:`Launch` ``(name, fn, cfg, sig)``: ``sig`` is the tuple of arg specs,
+  which fixes dtypes, static dims and alignments. The **compile key** is
+  ``(name, sig, cfg, ptxas options, arch)`` (:meth:`Launch.key`). Batch dims (M, R, T) are
+  runtime scalars (:class:`Scalar`) or dynamic tensor modes (``None`` in
+  :class:`Tensor`), so a new M reuses the compiled kernel. Compiled kernels live
+  in ``_COMPILED`` (this module's cache, not CuTe's); inside
+  ``record_compile_keys()`` each :meth:`Launch.run` adds its key to
+  ``COMPILE_KEYS`` so tests can check reuse.
+* One compile path for both uses: :meth:`Launch.compile` always compiles from
+  **fake** arguments built from ``sig`` (``make_ptr(dtype, 0)``,
+  ``make_fake_compact_tensor`` with ``cute.sym_int`` dynamic modes,
+  ``make_fake_stream``) with an explicit ``cute.GPUArch``; no GPU or driver is
+  touched. On a GPU, :meth:`Launch.run` compiles for the tensors' device arch
+  (``sm_90a`` on an H100/H200) and calls the result with the **real** arguments
+  built from the same specs; :meth:`Launch.export` compiles for any arch
+  (``sm_90a``, ``sm_100a``) and returns the PTX text and cubin bytes (CI).
+
+How 4.8.1 picks the target arch: ``cute.compile[cute.GPUArch("sm_90a")](...)``
+sets it per compile (what this module always does); without it CuTe falls back
+to ``CUTE_DSL_ARCH`` (read when ``cutlass`` is imported) and then to probing the
+driver. So ``CUTE_DSL_ARCH`` is not needed here; :func:`device_arch` honours it
+only as an override of the detected GPU's arch.
+
+Runtime arguments: :class:`Ptr` (``make_ptr`` of ``data_ptr()``, ~1 us; the host
+function builds the layout from static dims and :class:`Scalar` batch dims) is
+the cheap default for contiguous tensors; :class:`Tensor` (``from_dlpack`` with
+``assumed_align`` and ``mark_compact_shape_dynamic`` on its ``None`` modes, ~6 us)
+gives the host function a ready ``cute.Tensor`` (e.g. for TMA descriptors).
+fp8 tensors: torch ``float8_e4m3fn`` maps to ``cutlass.Float8E4M3FN``; a
+:class:`Ptr` only takes the address, so dtype views are free either way
+(``from_dlpack`` of ``float8_e4m3fn`` also works in 4.8.1).
+
+The stream is torch's current stream on the tensors' device. 4.8.1 loads a
+compiled kernel as a context-free ``cudaLibrary`` and launches it in the current
+context, so :meth:`Launch.run` makes the tensors' device current when it is not.
+Per call, :meth:`Launch.run` writes the argument values into per-thread ctypes
+slots and calls the executor directly (~2 us instead of the DSL's ~30 us of
+per-call marshalling); :meth:`Launch.fast_path` checks, per compiled kernel, that
+the DSL marshals those arguments as one C pointer each.
+
+Importing this module needs ``cutlass`` and ``cuda.bindings`` but no GPU and no
+driver.
+"""
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import dataclasses
+import os
+import tempfile
+import threading
+from typing import Any, Callable
+
+import torch
+
+import cutlass
+import cutlass.cute as cute
+from cuda.bindings import driver as cuda  # noqa: F401  (re-exported: host functions annotate `stream: cuda.CUstream`)
+from cutlass.base_dsl.compiler import DumpDir, PtxasOptions
+from cutlass.cute.runtime import from_dlpack, make_fake_compact_tensor, make_fake_stream, make_ptr
+
+__all__ = [
+    "COMPILE_KEYS", "record_compile_keys", "cute_dtype", "device_arch", "cdiv",
+    "Ptr", "Tensor", "Scalar", "Launch", "Artifacts", "clear_cache", "cuda", "cubin_resources",
+]
+
+_DTYPES = {
+    torch.bfloat16: cutlass.BFloat16,
+    torch.float16: cutlass.Float16,
+    torch.float32: cutlass.Float32,
+    torch.float64: cutlass.Float64,
+    torch.float8_e4m3fn: cutlass.Float8E4M3FN,
+    torch.float8_e5m2: cutlass.Float8E5M2,
+    torch.uint8: cutlass.Uint8,
+    torch.int8: cutlass.Int8,
+    torch.int16: cutlass.Int16,
+    torch.int32: cutlass.Int32,
+    torch.int64: cutlass.Int64,
+}
+
+# Keys (Launch.key) of every Launch.run inside record_compile_keys() (off by default).
+COMPILE_KEYS: set[tuple] = set()
+_RECORD_KEYS = [False]
+# Launch.key -> compiled function (CuTe's JitCompiledFunction)
+_COMPILED: dict[tuple, Any] = {}
+# (Launch.key, device index) -> executor (compiled.to(index): the loaded library)
+_EXECUTORS: dict[tuple, Any] = {}
+_LOCK = threading.RLock()  # one compile at a time (the DSL's MLIR context is process-global)
+
+
+@contextlib.contextmanager
+def record_compile_keys():
+    """Within the block, every :meth:`Launch.run` adds its compile key to ``COMPILE_KEYS``."""
+    old, _RECORD_KEYS[0] = _RECORD_KEYS[0], True
+    try:
+        yield COMPILE_KEYS
+    finally:
+        _RECORD_KEYS[0] = old
+
+
+def clear_cache() -> None:
+    """Forget every compiled kernel and the recorded keys (Launch objects that already ran
+    keep their own executors)."""
+    with _LOCK:
+        _COMPILED.clear()
+        _EXECUTORS.clear()
+        COMPILE_KEYS.clear()
+
+
+def cdiv(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+def cute_dtype(dtype: torch.dtype):
+    """The ``cutlass`` numeric type of a torch dtype (``float8_e4m3fn`` -> ``Float8E4M3FN``)."""
+    return _DTYPES[dtype]
+
+
+_ARCH_OF_DEVICE: dict[int, str] = {}
+
+
+def device_arch(device: torch.device | int | None = None) -> str:
+    """Compile target for a CUDA device: ``sm_<major><minor>a`` from its compute
+    capability (``sm_90a`` on H100/H200: wgmma, TMA and setmaxnreg need the ``a``
+    target), unless ``CUTE_DSL_ARCH`` is set, which wins. Needs a GPU unless the
+    variable is set."""
+    env = os.environ.get("CUTE_DSL_ARCH")
+    if env:
+        return env
+    idx = device.index if isinstance(device, torch.device) else device
+    idx = torch.cuda.current_device() if idx is None else idx
+    arch = _ARCH_OF_DEVICE.get(idx)
+    if arch is None:
+        major, minor = torch.cuda.get_device_capability(idx)
+        arch = _ARCH_OF_DEVICE[idx] = f"sm_{major}{minor}a"
+    return arch
+
+
+_CTYPES = {
+    cutlass.Int32: ctypes.c_int32, cutlass.Int64: ctypes.c_int64, cutlass.Uint32: ctypes.c_uint32,
+    cutlass.Uint64: ctypes.c_uint64, cutlass.Float32: ctypes.c_float, cutlass.Float64: ctypes.c_double,
+}
+
+# ------------------------------------------------------------------ argument specs
+# Each spec is a frozen (hashable) dataclass: part of the compile key. ``fake()``
+# gives the compile-time stand-in, ``real(value)`` the runtime argument.
+
+@dataclasses.dataclass(frozen=True)
+class Ptr:
+    """A contiguous tensor passed as a typed global-memory pointer (its address only).
+
+    The host function receives a ``cute.Pointer`` and builds the layout itself,
+    e.g. ``cute.make_tensor(p, cute.make_layout((R, K), stride=(K, 1)))`` with
+    ``K`` static (from cfg) and ``R`` a :class:`Scalar`. ``align`` is the byte
+    alignment the compiler may assume (16 enables 128-bit accesses; torch's
+    allocations are 256-byte aligned, a view's offset may not be: the caller
+    checks). ``dtype`` is the element type the kernel sees, whatever the torch
+    tensor's dtype is (e.g. ``torch.uint8`` for fp8 data read as bytes)."""
+
+    dtype: torch.dtype
+    align: int = 16
+
+    def fake(self):
+        return make_ptr(cute_dtype(self.dtype), 0, cute.AddressSpace.gmem, assumed_align=self.align)
+
+    def real(self, t: torch.Tensor | None):
+        """``None`` gives a null pointer: for an output the config switches off."""
+        return make_ptr(cute_dtype(self.dtype), 0 if t is None else t.data_ptr(),
+                        cute.AddressSpace.gmem, assumed_align=self.align)
+
+    # fast path (Launch.run): the value the compiled function reads for this argument
+    ctype = ctypes.c_void_p
+
+    @staticmethod
+    def raw(t: torch.Tensor | None) -> int:
+        return 0 if t is None else t.data_ptr()
+
+
+@dataclasses.dataclass(frozen=True)
+class Tensor:
+    """A row-major contiguous tensor passed as a ``cute.Tensor`` (via DLPack).
+
+    ``shape`` has an int per static mode and ``None`` per dynamic (batch) mode;
+    static modes must match the runtime tensor. The runtime tensor's dtype must
+    be ``dtype`` (DLPack carries it)."""
+
+    dtype: torch.dtype
+    shape: tuple
+    align: int = 16
+
+    def fake(self):
+        shape = tuple(cute.sym_int() if d is None else d for d in self.shape)
+        order = tuple(range(len(shape) - 1, -1, -1))  # mode 0 outermost (0 = innermost here)
+        return make_fake_compact_tensor(cute_dtype(self.dtype), shape, stride_order=order,
+                                        assumed_align=self.align)
+
+    ctype = None  # no fast path: DLPack descriptors go through the DSL's own marshalling
+
+    def real(self, t: torch.Tensor):
+        ct = from_dlpack(t, assumed_align=self.align)
+        order = tuple(range(t.dim()))  # torch's dim_order of a row-major tensor
+        for mode, d in enumerate(self.shape):
+            if d is None:
+                ct = ct.mark_compact_shape_dynamic(mode=mode, stride_order=order)
+        return ct
+
+
+@dataclasses.dataclass(frozen=True)
+class Scalar:
+    """A runtime scalar (batch dim, offset, fp32 factor) of ``type`` (``cutlass.Int32``,
+    ``Int64``, ``Float32``, ...). Pass a Python number at run time."""
+
+    type: Any = cutlass.Int32
+
+    def fake(self):
+        return self.type(0)
+
+    def real(self, v):
+        return v
+
+    @property
+    def ctype(self):
+        return _CTYPES.get(self.type)
+
+    @staticmethod
+    def raw(v):
+        return v
+
+
+# ------------------------------------------------------------------ launches
+
+@dataclasses.dataclass
+class Artifacts:
+    """What :meth:`Launch.export` returns: the compiled object and its PTX / cubin."""
+
+    arch: str
+    compiled: Any
+    ptx: str
+    cubin: bytes
+
+
+@dataclasses.dataclass(frozen=True)
+class Launch:
+    """One CuTe DSL kernel at one config: ``fn(cfg, *args, stream)`` with ``args``
+    described by ``sig``.
+
+    Build it once per static problem (e.g. behind ``functools.lru_cache`` on the
+    static dims): :meth:`run` then costs a few dict lookups, one ctypes store per
+    argument and the launch (~4 us of host time measured on CPU for six arguments,
+    without the launch itself). ``name`` names the kernel in the key (use
+    ``"<module>.<kernel>"``).
+
+    Example (a host function over a [R, K] tensor with K static)::
+
+        @cute.jit
+        def _host(cfg: cutlass.Constexpr, x: cute.Pointer, y: cute.Pointer,
+                  R: cutlass.Int32, stream: cuda.CUstream):
+            lay = cute.make_layout((R, cfg.K), stride=(cfg.K, 1))
+            _kernel(cfg, cute.make_tensor(x, lay), cute.make_tensor(y, lay)).launch(
+                grid=(cute.ceil_div(R, 32), 1, 1), block=(128, 1, 1), stream=stream)
+
+        ln = Launch("moe.mine.kernel", _host, MyCfg.heuristic(K),
+                    (Ptr(torch.bfloat16), Ptr(torch.uint8), Scalar(cutlass.Int32)))
+        ln.run(x, y, x.shape[0])        # GPU; ln.export("sm_90a") on a CPU
+    """
+
+    name: str
+    fn: Callable
+    cfg: Any
+    sig: tuple
+    # extra ptxas options (e.g. "-O3"); part of the key. Note: ptxas ignores --maxrregcount
+    # for CuTe kernels (they carry .reqntid), and launch(min_blocks_per_mp=...) queries the
+    # driver at compile time, so neither caps registers in a CPU compile
+    ptxas: str = ""
+    # per-device executors and per-thread argument slots of this instance (not copied by
+    # dataclasses.replace: a replaced cfg is another kernel)
+    _executors: dict = dataclasses.field(default_factory=dict, init=False, compare=False, hash=False,
+                                         repr=False)
+
+    def key(self, arch: str) -> tuple:
+        return (self.name, self.sig, self.cfg, self.ptxas, arch)
+
+    def fake_args(self) -> tuple:
+        return tuple(s.fake() for s in self.sig)
+
+    def compile(self, arch: str, *options) -> Any:
+        """The compiled function for ``arch`` (cached on the key; ``options`` such as
+        ``cute.KeepPTX()`` bypass the cache). Needs no GPU."""
+        key = self.key(arch)
+        if not options:
+            c = _COMPILED.get(key)
+            if c is not None:
+                return c
+        with _LOCK:
+            if not options and key in _COMPILED:
+                return _COMPILED[key]
+            opts = (cute.GPUArch(arch), *options)
+            if self.ptxas:
+                opts = (*opts, PtxasOptions(self.ptxas))
+            c = cute.compile[opts](self.fn, self.cfg, *self.fake_args(), make_fake_stream())
+            if not options:
+                _COMPILED[key] = c
+            return c
+
+    def export(self, arch: str) -> Artifacts:
+        """Compile for ``arch`` ahead of time (no GPU) and return PTX and cubin."""
+        with tempfile.TemporaryDirectory(prefix="tk_cute_") as d:
+            c = self.compile(arch, cute.KeepPTX(), cute.KeepCUBIN(), DumpDir(d))
+            art = c.artifacts
+            return Artifacts(arch, c, art.PTX, art.CUBIN)
+
+    def _executor(self, index: int):
+        ex = self._executors.get(index)
+        if ex is None:
+            k = (self.key(device_arch(index)), index)
+            ex = _EXECUTORS.get(k)
+            if ex is None:
+                ex = _EXECUTORS[k] = self.compile(k[0][-1]).to(index)
+            self._executors[index] = ex
+        return ex
+
+    def fast_path(self, compiled) -> bool:
+        """Whether :meth:`run` may marshal the arguments itself: every spec has a ctype and
+        the compiled function takes exactly one C pointer per argument (checked on the
+        fake arguments, so a DSL that marshals differently falls back to its own path)."""
+        if any(s.ctype is None for s in self.sig):
+            return False
+        exe, _ = compiled.generate_execution_args(*self.fake_args(), make_fake_stream())
+        return len(exe) == len(self.sig) + 1
+
+    def _slots(self, index: int):
+        """Per thread: ctypes storage for each argument and the stream, and their addresses
+        (the argument list the compiled function reads), or None without the fast path."""
+        tls = self._executors.get("tls")
+        if tls is None:
+            tls = self._executors.setdefault("tls", threading.local())
+        slots = getattr(tls, "slots", None)
+        if slots is None:
+            slots = tls.slots = {}
+        sl = slots.get(index, False)
+        if sl is False:
+            sl = None
+            if self.fast_path(self.compile(device_arch(index))):
+                objs = [s.ctype() for s in self.sig] + [ctypes.c_void_p()]
+                sl = (objs, [ctypes.addressof(o) for o in objs])
+            slots[index] = sl
+        return sl
+
+    def run(self, *values) -> None:
+        """Launch on the current torch stream of the first tensor argument's device.
+        ``values`` line up with ``sig``. No checks: the registry validated the call.
+
+        Fast path (all specs :class:`Ptr` / :class:`Scalar`): the argument values go
+        straight into per-thread ctypes slots handed to the executor (~2 us), instead of
+        the DSL's per-call marshalling (~30 us for six arguments)."""
+        dev = next(v.device for v in values if isinstance(v, torch.Tensor))
+        index = dev.index
+        if _RECORD_KEYS[0]:
+            COMPILE_KEYS.add(self.key(device_arch(index)))
+        if index != torch.cuda.current_device():
+            with torch.cuda.device(index):  # the launch goes to the current context
+                return self.run(*values)
+        ex = self._executor(index)
+        stream = torch._C._cuda_getCurrentRawStream(index)
+        sl = self._slots(index)
+        if sl is not None:
+            objs, addrs = sl
+            for o, s, v in zip(objs, self.sig, values):
+                o.value = s.raw(v)
+            objs[-1].value = stream
+            ex.run_compiled_program(addrs)
+        else:
+            ex(*[s.real(v) for s, v in zip(self.sig, values)], cuda.CUstream(stream))
+
+
+
+def cubin_resources(cubin: bytes) -> dict[str, dict[str, int]]:
+    """Per kernel in a cubin: ``{"regs": registers per thread, "frame": stack frame bytes}``
+    (the EIATTR_REGCOUNT / EIATTR_FRAME_SIZE records of its ``.nv.info`` section, what
+    cuobjdump -res-usage prints; a non-zero frame means spills or a local array). Lets a
+    CPU test watch register pressure without CUDA tools."""
+    import struct
+
+    if cubin[:4] != b"\x7fELF" or cubin[4] != 2:
+        raise ValueError("not a 64-bit ELF cubin")
+    shoff, = struct.unpack_from("<Q", cubin, 0x28)
+    shentsize, shnum, shstrndx = struct.unpack_from("<HHH", cubin, 0x3A)
+    secs = [struct.unpack_from("<IIQQQQIIQQ", cubin, shoff + i * shentsize) for i in range(shnum)]
+
+    def cstr(off):
+        return cubin[off:cubin.index(b"\0", off)].decode()
+
+    names = {cstr(secs[shstrndx][4] + s[0]): s for s in secs}
+    strtab, symtab = names[".strtab"][4], names[".symtab"]
+    sym = [cstr(strtab + struct.unpack_from("<I", cubin, symtab[4] + 24 * j)[0])
+           for j in range(symtab[5] // 24)]
+    out: dict[str, dict[str, int]] = {}
+    info = names.get(".nv.info")
+    data = cubin[info[4]:info[4] + info[5]] if info else b""
+    j = 0
+    while j + 4 <= len(data):
+        fmt, attr = data[j], data[j + 1]
+        if fmt == 4:  # EIFMT_SVAL: u16 size, then the value
+            size, = struct.unpack_from("<H", data, j + 2)
+            if attr in (0x2F, 0x11) and size == 8:  # REGCOUNT, FRAME_SIZE: (symbol, value)
+                idx, val = struct.unpack_from("<II", data, j + 4)
+                out.setdefault(sym[idx], {})["regs" if attr == 0x2F else "frame"] = val
+            j += 4 + size
+        else:
+            j += 4
+    return out

@@ -1,0 +1,802 @@
+"""CuTe DSL SwiGLU kernels for the MXFP8 MoE MLP (Hopper, sm_90a): memory-bound, one launch each.
+
+Four kernels, all destination-passing (the caller allocates every output):
+
+* :func:`swiglu_fwd_into` -- ``scaled_swiglu`` forward: ``out [M, F] = silu(gate) * linear *
+  probs[:, None]`` from ``h [M, 2F]`` (bf16 or fp32), any ``glu_interleave_size`` (``None``:
+  halves ``[gate | linear]``; ``s``: alternating ``[gate s | linear s]`` blocks).
+* :func:`swiglu_bwd_into` -- its backward: ``dh [M, 2F]`` (dtype of ``h``) and ``dprobs [M]``
+  fp32 (a per-row sum over F, reduced in a fixed order inside one CTA: deterministic).
+* :func:`swiglu_quant_fwd_into` -- the fused MLP's forward piece between FC1 and FC2: from the FC1
+  accumulators ``h [M, 2F]`` fp32 (``[gate 32 | linear 32]`` interleave) computes
+  ``a = silu(gate) * linear * probs`` in fp32 and writes it as MXFP8 rowwise (blocks of 32 along F,
+  FC2's forward operand) and optionally columnwise (blocks of 32 along tokens, FC2's wgrad operand)
+  in the same pass; ``a`` itself never reaches memory.
+* :func:`swiglu_quant_bwd_into` -- the backward piece between FC2 dgrad and FC1: from ``dA [M, F]``
+  fp32 (FC2 dgrad accumulators), ``h`` and ``probs`` computes ``dh`` and ``dprobs`` in fp32, writes
+  ``dh`` as MXFP8 rowwise (blocks along 2F, FC1 dgrad) and columnwise (blocks along tokens, FC1
+  wgrad), ``dprobs`` fp32, and optionally ``a`` (recomputed from ``h``) as MXFP8 columnwise for
+  FC2's wgrad. Recomputing ``a`` here costs no extra reads (``h`` is read anyway) and ~F bytes of
+  writes per row, against a separate pass that would read ``h`` again (8F bytes per row) or a
+  forward that stores ``a``'s columnwise copy for the whole step; so it is done here.
+
+Numerics (bit-exact with the torch reference on the GPU, ``tilekernels/moe/reference.py``):
+every operation is the fp32 operation torch performs, in torch's order, with explicit ``.rn``
+PTX instructions so that nothing is contracted into an FMA that torch does not contract:
+``a = ((g * sigmoid(g)) * linear) * probs`` and, for the backward,
+``dg = ((dp * linear) * sig) * (1 + g * (1 - sig))``, ``dl = dp * (g * sig)`` with
+``dp = dout * probs``. ``sigmoid`` is the instruction sequence nvcc 13 emits for torch's CUDA
+sigmoid ``1 / (1 + expf(-x))`` (libdevice ``expf``: range reduction with ``fma``, ``ex2.approx``,
+the ``+ 1`` fused with the final scaling, a correctly rounded reciprocal), written out as inline
+PTX so it does not depend on how the DSL lowers ``exp``. bf16 inputs are widened exactly and bf16
+outputs rounded once (round-to-nearest-even). ``dprobs`` sums in a fixed order that differs from
+torch's (fp32 reassociation only).
+
+MXFP8 (``tilekernels/moe/mxfp8.py``, bit-exact): per block of 32, ``amax`` is the integer max of
+the fp32 magnitudes' bit patterns (so NaN > Inf > finite, and NaN propagates); the E8M0 byte is
+``max(exp_field(amax) - 8 + (mantissa(amax) > 0x600000), 0)`` -- which is ``ceil(log2(amax /
+448)) + 127`` clamped at 0, i.e. ``mxfp8.e8m0_from_amax`` -- and 0xFF when the block holds a NaN
+or Inf, whose data bytes are then all 0x7F. Data = ``cvt.rn.satfinite.e4m3x2.f32(x * 2^(127-e))``
+(the product is the same fp32 multiply the reference does; the conversion rounds to nearest
+even).
+
+Layouts: every tensor is row-major contiguous and 16-byte aligned (the quantized kernels require
+it; the plain ones narrow their vector width otherwise). ``[M, 2F]`` means M rows of 2F elements.
+MXFP8 data ``[M, K]`` (``float8_e4m3fn`` or ``uint8``) is row-major in both orientations; rowwise
+scales are ``[M, K/32]`` and columnwise scales ``[M/32, K]`` (uint8 E8M0 bytes).
+
+Thread mapping of the quantized kernels: ``rsplit`` warps own a tile of 32 rows x one 32-column
+output block (rsplit = 1 in the forward, 2 in the backward, to stay at 128 registers); lane
+8 * rg + t of the tile's warp rsi holds output columns 4t..4t+3 of rows rsi * 32/rsplit + 4i + rg.
+Loads are 16-byte vectors (gate, linear and dA quads; a warp instruction reads 4 rows x 128
+contiguous bytes), rowwise amax is a 3-step butterfly over the 8 lanes of a row, columnwise amax a
+thread-local max over i, a 2-step butterfly over rg and (rsplit > 1) a max over the tile's warps
+through shared memory; every data store is a 4-byte word (a warp instruction writes 4 rows x 32
+contiguous bytes) and the columnwise scale bytes of a block go out as 8 lanes x 4 bytes. Each
+warp issues all loads of its tile before any store. Rows past M are clamped for loads and masked
+for stores.
+
+M is a runtime argument (a new M reuses the compiled kernel); F, s, dtypes and the config are the
+compile key. M = 0 launches nothing. No host sync, one kernel launch per call.
+"""
+from __future__ import annotations
+
+import dataclasses
+import functools
+from typing import Optional
+
+import torch
+
+import cutlass
+import cutlass.cute as cute
+from cutlass import Float32, Int32, Int64, Uint8, Uint32
+from cutlass._mlir.dialects import llvm
+from cutlass._mlir.extras import types as T
+from cutlass.cutlass_dsl import dsl_user_op
+from cutlass.memory.smem import SmemAllocator
+
+from tilekernels._cute import Launch, Ptr, Scalar, cdiv, cuda
+
+BLOCK = 32  # MXFP8 block
+_ELT = {"bfloat16": 2, "float32": 4}
+_TORCH = {"bfloat16": torch.bfloat16, "float32": torch.float32}
+_CUTE = {"bfloat16": cutlass.BFloat16, "float32": cutlass.Float32}
+
+# ============================================================================ device helpers
+# Straight-line trace-time helpers (no dynamic control flow), inlined into the kernels.
+
+# torch's CUDA sigmoid for fp32, ``1.f / (1.f + expf(-x))``, as nvcc 13 compiles it (libdevice
+# expf inlined; the final ``ex2 * 2^j`` is contracted with ``+ 1`` into one fma; 1/x is the
+# correctly rounded reciprocal). The negation of x is folded into the constants (exact).
+_SIGMOID_PTX = """{
+.reg .f32 t, j, f, e, s;
+.reg .b32 sc;
+fma.rn.f32 t, $1, 0fBBBB989D, 0f3F000000;
+cvt.sat.f32.f32 t, t;
+fma.rm.f32 j, t, 0f437C0000, 0f4B400001;
+add.f32 f, j, 0fCB40007F;
+neg.f32 f, f;
+fma.rn.f32 f, $1, 0fBFB8AA3B, f;
+fma.rn.f32 f, $1, 0fB2A57060, f;
+mov.b32 sc, j;
+shl.b32 sc, sc, 23;
+mov.b32 s, sc;
+ex2.approx.ftz.f32 e, f;
+fma.rn.f32 e, e, s, 0f3F800000;
+rcp.rn.f32 $0, e;
+}"""
+
+
+@dsl_user_op
+def _asm_f32(asm: str, *args, loc=None, ip=None) -> Float32:
+    """One fp32 result of inline PTX over fp32 operands ($0 = result, $1.. = operands)."""
+    vals = [Float32(a).ir_value(loc=loc, ip=ip) for a in args]
+    cons = "=f" + "".join(",f" for _ in args)
+    return Float32(llvm.inline_asm(T.f32(), vals, asm, cons, loc=loc, ip=ip))
+
+
+@dsl_user_op
+def _f32_bits(x, *, loc=None, ip=None) -> Int32:
+    return Int32(llvm.bitcast(T.i32(), Float32(x).ir_value(loc=loc, ip=ip), loc=loc, ip=ip))
+
+
+@dsl_user_op
+def _bits_f32(i, *, loc=None, ip=None) -> Float32:
+    return Float32(llvm.bitcast(T.f32(), Int32(i).ir_value(loc=loc, ip=ip), loc=loc, ip=ip))
+
+
+@dsl_user_op
+def e4m3x4(x0, x1, x2, x3, *, loc=None, ip=None) -> Uint32:
+    """Four fp32 -> four e4m3 bytes (round to nearest even, saturating), x0 in the low byte."""
+    vals = [Float32(a).ir_value(loc=loc, ip=ip) for a in (x0, x1, x2, x3)]
+    asm = ("{\n.reg .b16 lo, hi;\n"
+           "cvt.rn.satfinite.e4m3x2.f32 lo, $2, $1;\n"
+           "cvt.rn.satfinite.e4m3x2.f32 hi, $4, $3;\n"
+           "mov.b32 $0, {lo, hi};\n}")
+    return Uint32(llvm.inline_asm(T.i32(), vals, asm, "=r,f,f,f,f", loc=loc, ip=ip))
+
+
+def fmul(a, b) -> Float32:
+    """a * b, fp32, round to nearest, never contracted."""
+    return _asm_f32("mul.rn.f32 $0, $1, $2;", a, b)
+
+
+def sigmoid(x) -> Float32:
+    """torch.sigmoid(x) for fp32 x, bit for bit (see _SIGMOID_PTX)."""
+    return _asm_f32(_SIGMOID_PTX, x)
+
+
+def swiglu_fwd_elem(g, lin, p) -> Float32:
+    """a = ((g * sigmoid(g)) * lin) * p: reference.swiglu_fwd's fp32 operations in its order."""
+    return fmul(fmul(fmul(g, sigmoid(g)), lin), p)
+
+
+def swiglu_bwd_elem(d, g, lin, p):
+    """(dg, dl, dprobs term, a) of reference.swiglu_bwd / swiglu_fwd for one element, fp32.
+
+    dg = ((dp * lin) * sig) * (1 + g * (1 - sig)); dl = dp * silu; term = (d * silu) * lin;
+    a = (silu * lin) * p, with dp = d * p and silu = g * sig."""
+    sig = sigmoid(g)
+    silu = fmul(g, sig)
+    dp = fmul(d, p)
+    one_m = _asm_f32("sub.rn.f32 $0, 0f3F800000, $1;", sig)
+    t = _asm_f32("add.rn.f32 $0, 0f3F800000, $1;", fmul(g, one_m))
+    dg = fmul(fmul(fmul(dp, lin), sig), t)
+    dl = fmul(dp, silu)
+    term = fmul(fmul(d, silu), lin)
+    a = fmul(fmul(silu, lin), p)
+    return dg, dl, term, a
+
+
+def absbits(x) -> Int32:
+    """|x| as its fp32 bit pattern: ordered like the magnitude, NaN above Inf above finite."""
+    return _f32_bits(x) & 0x7FFFFFFF
+
+
+def e8m0_from_absbits(m) -> Int32:
+    """E8M0 byte of mxfp8.e8m0_from_amax for amax given by its bit pattern ``m``.
+
+    amax = 1.f * 2^(b-127) has frexp exponent E = b - 126 and mantissa 1.f / 2, which is <= 0.875
+    iff f <= 0x600000, so k = E - 9 (or E - 8) = b - 135 (+1) and e = k + 127 = b - 8 (+1); the
+    lower clamp covers zero and subnormal amax (b = 0), the upper one cannot bind for fp32
+    (b <= 254 gives e <= 247); b = 255 (Inf/NaN) gives 0xFF."""
+    b = m >> 23
+    e = b - 8 + cutlass.select_((m & 0x7FFFFF) > 0x600000, Int32(1), Int32(0))
+    e = cutlass.max(e, Int32(0))
+    return cutlass.select_(b == 255, Int32(255), e)
+
+
+def inv_scale(e) -> Float32:
+    """2^(127 - e) exactly (a normal fp32 for e in [0, 247]); garbage for e = 0xFF (masked)."""
+    return _bits_f32((Int32(254) - e) << 23)
+
+
+def quant_word(x0, x1, x2, x3, inv) -> Uint32:
+    """Four values of one block (scale 1/inv) -> four e4m3 bytes."""
+    return e4m3x4(fmul(x0, inv), fmul(x1, inv), fmul(x2, inv), fmul(x3, inv))
+
+
+def _bfly_max(v, offsets):
+    for o in offsets:
+        v = cutlass.max(v, cute.arch.shuffle_sync_bfly(v, offset=o))
+    return v
+
+
+def _bfly_sum(v, offsets):
+    for o in offsets:
+        v = v + cute.arch.shuffle_sync_bfly(v, offset=o)
+    return v
+
+
+def _halvings(n: int) -> tuple:
+    """(n/2, n/4, ..., 1): butterfly offsets reducing over n consecutive lanes."""
+    out = []
+    while n > 1:
+        n //= 2
+        out.append(n)
+    return tuple(out)
+
+
+def _rows(ptr, row0, ncols: int, nrows: int, divby: int):
+    """Row-major [nrows, ncols] view starting at row ``row0`` (64-bit offset; ``divby`` is the
+    element divisibility of the offset, which keeps the pointer's alignment known)."""
+    off = cute.assume(Int64(row0) * ncols, divby=divby)
+    return cute.make_tensor(ptr + off, cute.make_layout((nrows, ncols), stride=(ncols, 1)))
+
+
+# ============================================================================ configs
+
+
+@dataclasses.dataclass(frozen=True)
+class SwigluCfg:
+    """Launch config of the plain scaled_swiglu kernels (fwd and bwd); the compile key with
+    the pass. ``F`` output width, ``s`` interleave (0 = halves), ``dtype`` of h/out/dout/dh,
+    ``vec`` elements per vector access, ``lanes`` lanes per row (power of two), ``warps`` per CTA,
+    ``unroll`` vectors per lane loaded before any is stored."""
+
+    F: int
+    s: int
+    dtype: str
+    vec: int
+    lanes: int
+    warps: int
+    unroll: int
+
+    @property
+    def rows_per_cta(self) -> int:
+        return self.warps * (32 // self.lanes)
+
+    @classmethod
+    def heuristic(cls, F: int, s: Optional[int], dtype: str, align: int = 16, bwd: bool = False) -> "SwigluCfg":
+        """Static dims only: 16-byte vectors narrowed until they divide F, s and the pointers'
+        alignment; enough lanes per row to cover a row in one pass (up to 32)."""
+        s = int(s or 0)
+        elt = _ELT[dtype]
+        vec = 16 // elt
+        while vec > 1 and (F % vec or (s and s % vec) or align % (vec * elt)):
+            vec //= 2
+        nvec = F // vec
+        lanes = 1
+        while lanes < 32 and lanes < nvec:
+            lanes *= 2
+        per_lane = cdiv(nvec, lanes)
+        unroll = min(per_lane, 4 if bwd else 8)
+        return cls(F=F, s=s, dtype=dtype, vec=vec, lanes=lanes, warps=4, unroll=unroll)
+
+
+@dataclasses.dataclass(frozen=True)
+class QuantCfg:
+    """Launch config of the fused SwiGLU + MXFP8 kernels (s = 32, fp32 inputs). ``F`` output width
+    (F % 32 == 0), ``bwd`` which pass, ``col`` whether the optional columnwise output is written
+    (fwd: ``a`` columnwise; bwd: recomputed ``a`` columnwise), ``warps`` per CTA, ``rsplit`` warps
+    sharing one 32 x 32 tile by rows (1, 2 or 4: fewer values per thread, hence fewer registers
+    and more resident warps, for one named barrier per tile), ``grid_x`` CTAs along F (fwd; the
+    bwd reduces dprobs over the whole row inside one CTA, so 1), ``min_blocks`` resident CTAs per
+    SM asked of ptxas (0: no bound)."""
+
+    F: int
+    bwd: bool
+    col: bool
+    warps: int
+    rsplit: int
+    grid_x: int
+    min_blocks: int = 0
+
+    def __post_init__(self):
+        if self.F % BLOCK or self.rsplit not in (1, 2, 4) or self.warps % self.rsplit:
+            raise ValueError(f"QuantCfg: F % 32, rsplit in (1, 2, 4) and warps % rsplit: {self}")
+        if self.rsplit > 1 and self.warps // self.rsplit > 15:
+            raise ValueError(f"QuantCfg: at most 15 row-split groups (named barriers 1..15): {self}")
+        if self.bwd and self.grid_x != 1:
+            raise ValueError(f"QuantCfg: the backward reduces dprobs inside one CTA (grid_x = 1): {self}")
+
+    @classmethod
+    def heuristic(cls, F: int, bwd: bool, col: bool) -> "QuantCfg":
+        """fwd: one warp per tile (~100 registers); bwd: dg, dl (and a) for 32 rows x 4 columns
+        per thread would need ~200 registers, so two warps share a tile (127 registers: 4 CTAs of
+        4 warps per SM)."""
+        nblk = F // BLOCK
+        rsplit = 2 if bwd else 1
+        groups = min(4 // rsplit, nblk)
+        return cls(F=F, bwd=bwd, col=col, warps=groups * rsplit, rsplit=rsplit,
+                   grid_x=1 if bwd else cdiv(nblk, groups))
+
+
+# ============================================================================ plain kernels
+
+
+def _glu_vec_index(cfg: SwigluCfg, c):
+    """Vector index (in units of cfg.vec along the 2F row) of output vector c's gate and linear."""
+    nv = cfg.F // cfg.vec
+    if cfg.s == 0:
+        return c, c + nv
+    sv = cfg.s // cfg.vec
+    g = (c // sv) * (2 * sv) + c % sv
+    return g, g + sv
+
+
+@cute.kernel
+def _swiglu_kernel(cfg: cutlass.Constexpr, bwd: cutlass.Constexpr, d_ptr: cute.Pointer,
+                   h_ptr: cute.Pointer, p_ptr: cute.Pointer, o_ptr: cute.Pointer,
+                   dp_ptr: cute.Pointer, M: Int32):
+    """fwd: o = swiglu(h) [M, F]; bwd: o = dh [M, 2F] from d = dout [M, F], dp = dprobs [M]."""
+    F, V, TC = cfg.F, cfg.vec, cfg.lanes
+    RPW = 32 // TC
+    nvec = F // V
+    per_lane = (nvec + TC - 1) // TC
+    nbatch = (per_lane + cfg.unroll - 1) // cfg.unroll
+    dt = _CUTE[cfg.dtype]
+
+    tidx, _, _ = cute.arch.thread_idx()
+    bidx, _, _ = cute.arch.block_idx()
+    warp = tidx // 32
+    lane = tidx % 32
+    tc = lane % TC
+    row = bidx * cfg.rows_per_cta + warp * RPW + lane // TC
+    rr = cutlass.min(row, M - 1)  # loads of rows past M read row M-1; their stores are masked
+    hv = cute.zipped_divide(_rows(h_ptr, rr, 2 * F, 1, V), (1, V))
+    ov = cute.zipped_divide(_rows(o_ptr, rr, 2 * F if bwd else F, 1, V), (1, V))
+    p = cute.make_tensor(p_ptr + Int64(rr), cute.make_layout(1))[0]
+    if cutlass.const_expr(bwd):
+        dv = cute.zipped_divide(_rows(d_ptr, rr, F, 1, V), (1, V))
+    acc = Float32(0.0)
+    for kb in cutlass.range(nbatch):
+        gs, ls, ds, cs = [], [], [], []
+        for k in cutlass.range_constexpr(cfg.unroll):
+            c = tc + TC * (kb * cfg.unroll + k)
+            cc = cutlass.min(c, nvec - 1)
+            gi, li = _glu_vec_index(cfg, cc)
+            cs.append(c)
+            gs.append(hv[(None, (0, gi))].load().to(Float32))
+            ls.append(hv[(None, (0, li))].load().to(Float32))
+            if cutlass.const_expr(bwd):
+                ds.append(dv[(None, (0, cc))].load().to(Float32))
+        for k in cutlass.range_constexpr(cfg.unroll):
+            c = cs[k]
+            if cutlass.const_expr(not bwd):
+                o = cute.make_rmem_tensor((1, V), dt)
+                for j in cutlass.range_constexpr(V):
+                    o[0, j] = dt(swiglu_fwd_elem(gs[k][j], ls[k][j], p))
+                if row < M:
+                    if c < nvec:
+                        ov[(None, (0, c))].store(o.load())
+            else:
+                og = cute.make_rmem_tensor((1, V), dt)
+                ol = cute.make_rmem_tensor((1, V), dt)
+                part = Float32(0.0)
+                for j in cutlass.range_constexpr(V):
+                    dg, dl, term, _a = swiglu_bwd_elem(ds[k][j], gs[k][j], ls[k][j], p)
+                    og[0, j] = dt(dg)
+                    ol[0, j] = dt(dl)
+                    part = part + term
+                acc = acc + cutlass.select_(c < nvec, part, Float32(0.0))
+                if row < M:
+                    if c < nvec:
+                        gi, li = _glu_vec_index(cfg, c)
+                        ov[(None, (0, gi))].store(og.load())
+                        ov[(None, (0, li))].store(ol.load())
+    if cutlass.const_expr(bwd):
+        acc = _bfly_sum(acc, _halvings(TC))
+        if row < M:
+            if tc == 0:
+                cute.make_tensor(dp_ptr + Int64(row), cute.make_layout(1))[0] = acc
+
+
+@cute.jit
+def _swiglu_fwd_host(cfg: cutlass.Constexpr, h: cute.Pointer, probs: cute.Pointer, out: cute.Pointer,
+                     M: Int32, stream: cuda.CUstream):
+    _swiglu_kernel(cfg, False, h, h, probs, out, probs, M).launch(
+        grid=[cute.ceil_div(M, cfg.rows_per_cta), 1, 1], block=[32 * cfg.warps, 1, 1], stream=stream)
+
+
+@cute.jit
+def _swiglu_bwd_host(cfg: cutlass.Constexpr, dout: cute.Pointer, h: cute.Pointer, probs: cute.Pointer,
+                     dh: cute.Pointer, dprobs: cute.Pointer, M: Int32, stream: cuda.CUstream):
+    _swiglu_kernel(cfg, True, dout, h, probs, dh, dprobs, M).launch(
+        grid=[cute.ceil_div(M, cfg.rows_per_cta), 1, 1], block=[32 * cfg.warps, 1, 1], stream=stream)
+
+
+# ============================================================================ fused SwiGLU + MXFP8
+
+
+@cute.kernel
+def _quant_kernel(cfg: cutlass.Constexpr, da_ptr: cute.Pointer, h_ptr: cute.Pointer, p_ptr: cute.Pointer,
+                  rd_ptr: cute.Pointer, rs_ptr: cute.Pointer, cd_ptr: cute.Pointer, cs_ptr: cute.Pointer,
+                  dprobs_ptr: cute.Pointer, ad_ptr: cute.Pointer, as_ptr: cute.Pointer, M: Int32):
+    """One CTA = 32 rows x (a grid_x-th share of) the F/32 column blocks. Its warps form
+    ``warps / rsplit`` groups; group gi takes blocks x*groups + gi, stepping by grid_x*groups, and
+    the ``rsplit`` warps of a group split each 32 x 32 tile by rows (32/rsplit rows each), joining
+    their columnwise amax through shared memory (double-buffered, one named barrier per tile).
+
+    fwd: a -> rd/rs (rowwise data/scales of a [M, F]) and, if cfg.col, cd/cs (columnwise).
+    bwd: dh -> rd/rs (rowwise, [M, 2F]) and cd/cs (columnwise), dprobs; if cfg.col, a -> ad/as
+    (columnwise of a [M, F])."""
+    F = cfg.F
+    NB = F // BLOCK
+    RS = cfg.rsplit
+    G = cfg.warps // RS
+    STEPS = 8 // RS  # row steps per thread: rows rsi * (32 / RS) + 4 i + rg
+    bwd = cfg.bwd
+    KD = 2 * F if bwd else F  # width of the quantized output (dh or a)
+    want_col = bwd or cfg.col
+    NQC = (2 if bwd else 1) + (1 if bwd and cfg.col else 0)  # columnwise-quantized quantities
+
+    tidx, _, _ = cute.arch.thread_idx()
+    by, bx, _ = cute.arch.block_idx()  # x: 32-row tile (up to 2^31 - 1 of them), y: share of F
+    warp = tidx // 32
+    lane = tidx % 32
+    gi = warp // RS
+    rsi = warp % RS
+    t = lane % 8
+    rg = lane // 8
+    row0 = by * BLOCK
+    valid = cutlass.min(M - row0, Int32(BLOCK))
+
+    hv = cute.zipped_divide(_rows(h_ptr, row0, 2 * F, BLOCK, 4 * F), (1, 4))
+    p_t = cute.make_tensor(p_ptr + Int64(row0), cute.make_layout(BLOCK))
+    rd_t = _rows(cute.recast_ptr(rd_ptr, dtype=Uint32), row0, KD // 4, BLOCK, KD // 4)
+    rs_t = _rows(rs_ptr, row0, KD // BLOCK, BLOCK, KD // BLOCK)
+    smem = SmemAllocator()
+    if cutlass.const_expr(want_col):
+        cd_t = _rows(cute.recast_ptr(cd_ptr, dtype=Uint32), row0, KD // 4, BLOCK, KD // 4)
+        cs_t = _rows(cute.recast_ptr(cs_ptr, dtype=Uint32), by, KD // 4, 1, KD // 4)
+        if cutlass.const_expr(RS > 1):
+            # [buffer, group, quantity, row split, column of the block] partial column amax bits
+            # (row-major: the 8 writing lanes hit 8 different banks)
+            xch = smem.allocate_tensor(Int32, cute.make_layout(
+                (2, G, NQC, RS, BLOCK), stride=(G * NQC * RS * BLOCK, NQC * RS * BLOCK, RS * BLOCK, BLOCK, 1)), 16)
+    if cutlass.const_expr(bwd):
+        dav = cute.zipped_divide(_rows(da_ptr, row0, F, BLOCK, F), (1, 4))
+        acc = cute.make_rmem_tensor(STEPS, Float32)
+        for i in cutlass.range_constexpr(STEPS):
+            acc[i] = Float32(0.0)
+        if cutlass.const_expr(cfg.col):
+            ad_t = _rows(cute.recast_ptr(ad_ptr, dtype=Uint32), row0, F // 4, BLOCK, F // 4)
+            as_t = _rows(cute.recast_ptr(as_ptr, dtype=Uint32), by, F // 4, 1, F // 4)
+
+    it = Int32(0)
+    for blk in cutlass.range(bx * G + gi, NB, cute.arch.grid_dim()[1] * G):
+        gvi = blk * 16 + t  # gate quad of output columns 32 blk + 4t .. +3 (linear: 8 quads on)
+        # ---- loads + fp32 math for this warp's rows of the tile (all loads before any store)
+        vals = []   # per step: [a] (fwd) or [dg, dl] (bwd), 4 values each
+        avals = []  # per step: a (bwd with cfg.col)
+        for i in cutlass.range_constexpr(STEPS):
+            rr = cutlass.min(rsi * (BLOCK // RS) + i * 4 + rg, valid - 1)
+            p = p_t[rr]
+            g = hv[(None, (rr, gvi))].load()
+            lin = hv[(None, (rr, gvi + 8))].load()
+            if cutlass.const_expr(not bwd):
+                vals.append([[swiglu_fwd_elem(g[j], lin[j], p) for j in range(4)]])
+            else:
+                d = dav[(None, (rr, blk * 8 + t))].load()
+                dg, dl, av = [], [], []
+                part = Float32(0.0)
+                for j in cutlass.range_constexpr(4):
+                    e_dg, e_dl, e_term, e_a = swiglu_bwd_elem(d[j], g[j], lin[j], p)
+                    dg.append(e_dg)
+                    dl.append(e_dl)
+                    av.append(e_a)
+                    part = part + e_term
+                acc[i] = acc[i] + part
+                vals.append([dg, dl])
+                avals.append(av)
+        nq = len(vals[0])  # 32-column blocks of the rowwise output per tile: 1 (a) or 2 (dg, dl)
+        # ---- rowwise: block amax over the 8 lanes of a row
+        for i in cutlass.range_constexpr(STEPS):
+            r = rsi * (BLOCK // RS) + i * 4 + rg
+            es = []
+            for q in cutlass.range_constexpr(nq):
+                x = vals[i][q]
+                m = _bfly_max(cutlass.max(*[absbits(x[j]) for j in range(4)]), (1, 2, 4))
+                e = e8m0_from_absbits(m)
+                w = quant_word(x[0], x[1], x[2], x[3], inv_scale(e))
+                w = cutlass.select_(e == 255, Uint32(0x7F7F7F7F), w)
+                es.append(e)
+                if r < valid:
+                    rd_t[r, (nq * blk + q) * 8 + t] = w
+            if r < valid:
+                if t == 0:
+                    for q in cutlass.range_constexpr(nq):
+                        rs_t[r, nq * blk + q] = Uint8(es[q])
+        # ---- columnwise: amax over 32 rows (steps in-thread, rg by butterfly, row split via smem)
+        if cutlass.const_expr(want_col):
+            cols = []  # (values per step, data view, scale view, word index in the row)
+            for q in cutlass.range_constexpr(nq):
+                cols.append(([vals[i][q] for i in range(STEPS)], cd_t, cs_t, (nq * blk + q) * 8 + t))
+            if cutlass.const_expr(bwd and cfg.col):
+                cols.append((avals, ad_t, as_t, blk * 8 + t))
+            ms = []
+            for qc in cutlass.range_constexpr(NQC):
+                xs = cols[qc][0]
+                for j in cutlass.range_constexpr(4):
+                    m = cutlass.max(*[absbits(xs[i][j]) for i in range(STEPS)])
+                    ms.append(_bfly_max(m, (8, 16)))
+            if cutlass.const_expr(RS > 1):
+                buf = it % 2
+                if rg == 0:
+                    for qc in cutlass.range_constexpr(NQC):
+                        for j in cutlass.range_constexpr(4):
+                            xch[buf, gi, qc, rsi, 4 * t + j] = ms[qc * 4 + j]
+                for k in cutlass.range_constexpr(G):  # a static barrier id per group
+                    if gi == k:
+                        cute.arch.barrier(barrier_id=1 + k, number_of_threads=32 * RS)
+                for qc in cutlass.range_constexpr(NQC):
+                    for j in cutlass.range_constexpr(4):
+                        m = xch[buf, gi, qc, 0, 4 * t + j]
+                        for k in cutlass.range_constexpr(1, RS):
+                            m = cutlass.max(m, xch[buf, gi, qc, k, 4 * t + j])
+                        ms[qc * 4 + j] = m
+            for qc in cutlass.range_constexpr(NQC):
+                xs, d_t, s_t, wi = cols[qc]
+                ecs = [e8m0_from_absbits(ms[qc * 4 + j]) for j in range(4)]
+                invs = [inv_scale(e) for e in ecs]
+                nanmask = Uint32(0)
+                for j in cutlass.range_constexpr(4):
+                    nanmask = nanmask | cutlass.select_(ecs[j] == 255, Uint32(0xFF << (8 * j)), Uint32(0))
+                for i in cutlass.range_constexpr(STEPS):
+                    r = rsi * (BLOCK // RS) + i * 4 + rg
+                    w = e4m3x4(*[fmul(xs[i][j], invs[j]) for j in range(4)])
+                    w = (w & ~nanmask) | (Uint32(0x7F7F7F7F) & nanmask)
+                    if r < valid:
+                        d_t[r, wi] = w
+                if rg == 0:
+                    if rsi == 0:
+                        s_t[0, wi] = (Uint32(ecs[0]) | (Uint32(ecs[1]) << 8) | (Uint32(ecs[2]) << 16)
+                                      | (Uint32(ecs[3]) << 24))
+        it = it + 1
+
+    if cutlass.const_expr(bwd):
+        # dprobs: per-row partials (thread: its blocks in order; lanes: butterfly; groups: in order)
+        red = smem.allocate_tensor(Float32, cute.make_layout((BLOCK, G), stride=(1, BLOCK)), 16)
+        for i in cutlass.range_constexpr(STEPS):
+            v = _bfly_sum(acc[i], (1, 2, 4))
+            if t == 0:
+                red[rsi * (BLOCK // RS) + i * 4 + rg, gi] = v
+        cute.arch.sync_threads()
+        if tidx < BLOCK:
+            tot = red[tidx, 0]
+            for k in cutlass.range_constexpr(1, G):
+                tot = tot + red[tidx, k]
+            if tidx < valid:
+                cute.make_tensor(dprobs_ptr + Int64(row0), cute.make_layout(BLOCK))[tidx] = tot
+
+
+def _quant_launch(cfg, kernel, M, stream):
+    """Launch the fused kernel: grid (M/32, grid_x). A ``min_blocks`` bound becomes the kernel's
+    .minnctapersm; the carveout (-1: the driver's default) is given with it because the DSL
+    otherwise asks the driver for the SM's shared memory at compile time (no CPU compile)."""
+    grid = [cute.ceil_div(M, BLOCK), cfg.grid_x, 1]
+    if cutlass.const_expr(cfg.min_blocks > 0):
+        kernel.launch(grid=grid, block=[32 * cfg.warps, 1, 1], stream=stream, min_blocks_per_mp=cfg.min_blocks,
+                      preferred_smem_carveout=-1)
+    else:
+        kernel.launch(grid=grid, block=[32 * cfg.warps, 1, 1], stream=stream)
+
+
+@cute.jit
+def _quant_fwd_host(cfg: cutlass.Constexpr, h: cute.Pointer, probs: cute.Pointer, rd: cute.Pointer,
+                    rs: cute.Pointer, cd: cute.Pointer, cs: cute.Pointer, M: Int32, stream: cuda.CUstream):
+    _quant_launch(cfg, _quant_kernel(cfg, h, h, probs, rd, rs, cd, cs, probs, rd, rs, M), M, stream)
+
+
+@cute.jit
+def _quant_bwd_host(cfg: cutlass.Constexpr, da: cute.Pointer, h: cute.Pointer, probs: cute.Pointer,
+                    rd: cute.Pointer, rs: cute.Pointer, cd: cute.Pointer, cs: cute.Pointer,
+                    dprobs: cute.Pointer, ad: cute.Pointer, as_: cute.Pointer, M: Int32,
+                    stream: cuda.CUstream):
+    _quant_launch(cfg, _quant_kernel(cfg, da, h, probs, rd, rs, cd, cs, dprobs, ad, as_, M), M, stream)
+
+
+# ============================================================================ launches
+
+
+_F32 = Ptr(torch.float32)            # 16-byte aligned fp32 tensors (h, da)
+_VEC = Ptr(torch.float32, align=4)   # probs / dprobs: scalar accesses, any fp32 view
+_U8 = Ptr(torch.uint8)
+_M = Scalar(cutlass.Int32)
+
+
+@functools.lru_cache(maxsize=None)
+def swiglu_launch(cfg: SwigluCfg, bwd: bool) -> Launch:
+    """The Launch of the plain kernel at ``cfg`` (args: fwd (h, probs, out, M); bwd (dout, h, probs,
+    dh, dprobs, M))."""
+    x = Ptr(_TORCH[cfg.dtype], align=cfg.vec * _ELT[cfg.dtype])
+    if bwd:
+        return Launch("moe.cute_swiglu.swiglu_bwd", _swiglu_bwd_host, cfg, (x, x, _VEC, x, _VEC, _M))
+    return Launch("moe.cute_swiglu.swiglu_fwd", _swiglu_fwd_host, cfg, (x, _VEC, x, _M))
+
+
+@functools.lru_cache(maxsize=None)
+def quant_launch(cfg: QuantCfg) -> Launch:
+    """The Launch of the fused kernel at ``cfg`` (args: fwd (h, probs, rd, rs, cd, cs, M); bwd (da, h,
+    probs, dh_rd, dh_rs, dh_cd, dh_cs, dprobs, a_cd, a_cs, M)); absent optional outputs are passed
+    as another output's pointer and never touched (cfg.col is False)."""
+    if cfg.bwd:
+        return Launch("moe.cute_swiglu.swiglu_quant_bwd", _quant_bwd_host, cfg,
+                      (_F32, _F32, _VEC, _U8, _U8, _U8, _U8, _VEC, _U8, _U8, _M))
+    return Launch("moe.cute_swiglu.swiglu_quant_fwd", _quant_fwd_host, cfg,
+                  (_F32, _VEC, _U8, _U8, _U8, _U8, _M))
+
+
+@functools.lru_cache(maxsize=None)
+def _plain(F: int, s: Optional[int], dtype: torch.dtype, align: int, bwd: bool) -> Launch:
+    return swiglu_launch(SwigluCfg.heuristic(F, s, str(dtype).removeprefix("torch."), align, bwd), bwd)
+
+
+@functools.lru_cache(maxsize=None)
+def _quant(F: int, bwd: bool, col: bool) -> Launch:
+    return quant_launch(QuantCfg.heuristic(F, bwd, col))
+
+
+# ============================================================================ public API
+
+
+def _align(*ts) -> int:
+    a = 16
+    for t in ts:
+        while a > 1 and t.data_ptr() % a:
+            a //= 2
+    return a
+
+
+def _check(name: str, t: torch.Tensor, shape: tuple, dtypes: tuple, device) -> None:
+    if tuple(t.shape) != shape or t.dtype not in dtypes or not t.is_contiguous() or t.device != device:
+        raise ValueError(f"{name}: expected a contiguous {shape} tensor of {'/'.join(map(str, dtypes))} on "
+                         f"{device}, got {tuple(t.shape)} {t.dtype} on {t.device} (contiguous={t.is_contiguous()})")
+
+
+def _glu_dims(h: torch.Tensor, s: Optional[int]) -> tuple[int, int]:
+    if h.dim() != 2 or h.shape[1] % 2:
+        raise ValueError(f"h: expected [M, 2F], got {tuple(h.shape)}")
+    M, F2 = h.shape
+    if s is not None and (s < 1 or F2 % (2 * s)):
+        raise ValueError(f"glu_interleave_size {s} must divide F = {F2 // 2}")
+    return M, F2 // 2
+
+
+def swiglu_fwd_into(h: torch.Tensor, probs: torch.Tensor, out: torch.Tensor, s: Optional[int] = None) -> None:
+    """out [M, F] = silu(gate) * linear * probs[:, None] (fp32 math, one rounding into out's dtype).
+
+    h [M, 2F] bf16 or fp32, contiguous (gate/linear: halves for s None, [gate s | linear s] blocks
+    for s); probs [M] fp32; out [M, F] like h. CUDA tensors on one device."""
+    M, F = _glu_dims(h, s)
+    dt = h.dtype
+    if dt not in (torch.bfloat16, torch.float32):
+        raise ValueError(f"h: bfloat16 or float32, got {dt}")
+    _check("probs", probs, (M,), (torch.float32,), h.device)
+    _check("h", h, (M, 2 * F), (dt,), h.device)
+    _check("out", out, (M, F), (dt,), h.device)
+    if M == 0 or F == 0:
+        return
+    _plain(F, s, dt, _align(h, out), False).run(h, probs, out, M)
+
+
+def swiglu_bwd_into(dout: torch.Tensor, h: torch.Tensor, probs: torch.Tensor, dh: torch.Tensor,
+                    dprobs: torch.Tensor, s: Optional[int] = None) -> None:
+    """dh [M, 2F] (dtype of h) and dprobs [M] fp32 of :func:`swiglu_fwd_into` (reference.swiglu_bwd).
+
+    dout [M, F] like h; dprobs[r] = sum_f dout * silu(gate) * linear, reduced in a fixed order
+    (deterministic)."""
+    M, F = _glu_dims(h, s)
+    dt = h.dtype
+    if dt not in (torch.bfloat16, torch.float32):
+        raise ValueError(f"h: bfloat16 or float32, got {dt}")
+    _check("h", h, (M, 2 * F), (dt,), h.device)
+    _check("dout", dout, (M, F), (dt,), h.device)
+    _check("probs", probs, (M,), (torch.float32,), h.device)
+    _check("dh", dh, (M, 2 * F), (dt,), h.device)
+    _check("dprobs", dprobs, (M,), (torch.float32,), h.device)
+    if M == 0:
+        return
+    if F == 0:  # an empty sum (the spec has F >= 1; kept for completeness)
+        dprobs.zero_()
+        return
+    _plain(F, s, dt, _align(h, dout, dh), True).run(dout, h, probs, dh, dprobs, M)
+
+
+_FP8 = (torch.float8_e4m3fn, torch.uint8)
+
+
+def _quant_dims(h: torch.Tensor) -> tuple[int, int]:
+    """(M, F) of h [M, 2F] with s = 32, which also makes F a multiple of the MXFP8 block."""
+    return _glu_dims(h, BLOCK)
+
+
+def _check_aligned(**ts) -> None:
+    for name, t in ts.items():
+        if t.data_ptr() % 16:
+            raise ValueError(f"{name}: the fused SwiGLU kernels need 16-byte aligned tensors")
+
+
+def swiglu_quant_fwd_into(h: torch.Tensor, probs: torch.Tensor, row_data: torch.Tensor,
+                          row_scales: torch.Tensor, col_data: Optional[torch.Tensor] = None,
+                          col_scales: Optional[torch.Tensor] = None) -> None:
+    """MXFP8 of a = silu(gate) * linear * probs (fp32) with s = 32, in one pass over h.
+
+    h [M, 2F] fp32 (FC1 accumulators, [gate 32 | linear 32]); probs [M] fp32;
+    row_data [M, F] e4m3 (or uint8), row_scales [M, F/32] uint8: blocks along F (FC2 forward);
+    col_data [M, F], col_scales [M/32, F] (optional, both or neither; needs M % 32 == 0): blocks
+    of 32 tokens (FC2 wgrad). Bit-exact with mxfp8.quantize of this module's fp32 ``a`` (what
+    :func:`swiglu_fwd_into` returns for fp32 h, s = 32), hence with mxfp8.quantize(
+    reference.swiglu_fwd(h, probs, 32)) wherever the sigmoid matches torch's bit for bit.
+    """
+    M, F = _quant_dims(h)
+    dev = h.device
+    _check("h", h, (M, 2 * F), (torch.float32,), dev)
+    _check("probs", probs, (M,), (torch.float32,), dev)
+    _check("row_data", row_data, (M, F), _FP8, dev)
+    _check("row_scales", row_scales, (M, F // BLOCK), (torch.uint8,), dev)
+    col = col_data is not None
+    if col != (col_scales is not None):
+        raise ValueError("col_data and col_scales come together")
+    if col:
+        if M % BLOCK:
+            raise ValueError(f"columnwise MXFP8 needs M % 32 == 0, got M = {M}")
+        _check("col_data", col_data, (M, F), _FP8, dev)
+        _check("col_scales", col_scales, (M // BLOCK, F), (torch.uint8,), dev)
+    else:
+        col_data, col_scales = row_data, row_scales
+    _check_aligned(h=h, row_data=row_data, row_scales=row_scales, col_data=col_data, col_scales=col_scales)
+    if M == 0:
+        return
+    _quant(F, False, col).run(h, probs, row_data, row_scales, col_data, col_scales, M)
+
+
+def swiglu_quant_bwd_into(da: torch.Tensor, h: torch.Tensor, probs: torch.Tensor,
+                          dh_row_data: torch.Tensor, dh_row_scales: torch.Tensor,
+                          dh_col_data: torch.Tensor, dh_col_scales: torch.Tensor, dprobs: torch.Tensor,
+                          a_col_data: Optional[torch.Tensor] = None,
+                          a_col_scales: Optional[torch.Tensor] = None) -> None:
+    """dSwiGLU of the fused MLP in one pass: dh quantized both ways, dprobs, optionally a columnwise.
+
+    da [M, F] fp32 (FC2 dgrad accumulators); h [M, 2F] fp32 (saved FC1 output, s = 32); probs [M]
+    fp32; M % 32 == 0 (columnwise blocks). Writes dh_row_data [M, 2F] + dh_row_scales [M, 2F/32]
+    (blocks along 2F: FC1 dgrad), dh_col_data [M, 2F] + dh_col_scales [M/32, 2F] (blocks of 32
+    tokens: FC1 wgrad), dprobs [M] fp32 (deterministic), and if given a_col_data [M, F] +
+    a_col_scales [M/32, F]: a = swiglu(h) recomputed and quantized columnwise (FC2 wgrad).
+    dh/dprobs/a are reference.swiglu_bwd / swiglu_fwd in fp32."""
+    M, F = _quant_dims(h)
+    dev = h.device
+    if M % BLOCK:
+        raise ValueError(f"columnwise MXFP8 needs M % 32 == 0, got M = {M}")
+    _check("h", h, (M, 2 * F), (torch.float32,), dev)
+    _check("da", da, (M, F), (torch.float32,), dev)
+    _check("probs", probs, (M,), (torch.float32,), dev)
+    _check("dh_row_data", dh_row_data, (M, 2 * F), _FP8, dev)
+    _check("dh_row_scales", dh_row_scales, (M, 2 * F // BLOCK), (torch.uint8,), dev)
+    _check("dh_col_data", dh_col_data, (M, 2 * F), _FP8, dev)
+    _check("dh_col_scales", dh_col_scales, (M // BLOCK, 2 * F), (torch.uint8,), dev)
+    _check("dprobs", dprobs, (M,), (torch.float32,), dev)
+    col = a_col_data is not None
+    if col != (a_col_scales is not None):
+        raise ValueError("a_col_data and a_col_scales come together")
+    if col:
+        _check("a_col_data", a_col_data, (M, F), _FP8, dev)
+        _check("a_col_scales", a_col_scales, (M // BLOCK, F), (torch.uint8,), dev)
+    else:
+        a_col_data, a_col_scales = dh_col_data, dh_col_scales
+    _check_aligned(h=h, da=da, dh_row_data=dh_row_data, dh_row_scales=dh_row_scales, dh_col_data=dh_col_data,
+                   dh_col_scales=dh_col_scales, a_col_data=a_col_data, a_col_scales=a_col_scales)
+    if M == 0:
+        return
+    _quant(F, True, col).run(da, h, probs, dh_row_data, dh_row_scales, dh_col_data, dh_col_scales, dprobs,
+                          a_col_data, a_col_scales, M)
+
+
+# ============================================================================ for CI
+
+
+def representative_launches(F: int = 2048) -> dict[str, Launch]:
+    """Every kernel variant at width F (plain: bf16/fp32 x halves/s=32, fwd and bwd; fused: fwd with
+    and without the columnwise output, bwd with and without a's columnwise output), for the
+    ahead-of-time compile test."""
+    out = {}
+    for dtype in ("bfloat16", "float32"):
+        for s in (None, 32):
+            for bwd in (False, True):
+                cfg = SwigluCfg.heuristic(F, s, dtype, bwd=bwd)
+                out[f"swiglu_{'bwd' if bwd else 'fwd'}/{dtype}/s={s}"] = swiglu_launch(cfg, bwd)
+    for bwd in (False, True):
+        for col in (False, True):
+            out[f"swiglu_quant_{'bwd' if bwd else 'fwd'}/col={col}"] = quant_launch(QuantCfg.heuristic(F, bwd, col))
+    return out
