@@ -24,6 +24,17 @@ _TORCH_FWD = Backend(name="torch", module="tilekernels.moe.ops", passes=["fwd"])
 _FLOAT = ["bfloat16", "float32", "float64"]
 _PROBS = ["float32", "float64"]
 
+_INT32 = Constraint(expr="M < 2**31", message="the CuTe DSL kernels index rows with int32")
+
+
+def _cute(*constraints: Constraint, passes=("fwd", "bwd"), doc: str = "", **dtypes: list) -> Backend:
+    """The CuTe DSL backend (tilekernels.moe.cute_kernels): Hopper sm_90a (the grouped GEMM
+    issues wgmma), run and tested on the H200. No float64 (the torch backend covers reference
+    mode). Tails of M, K and N are masked in every kernel, so no tile size reaches the user."""
+    return Backend(name="cute", module="tilekernels.moe.cute_kernels", sm=(90, 90), toolchain=["cute"],
+                   passes=list(passes), constraints=list(constraints), dtypes=dtypes, doc=doc)
+
+
 _M = Dim(name="M", doc="tokens, sorted by expert")
 _G = Dim(name="G", min=1, doc="experts (groups)")
 
@@ -78,7 +89,8 @@ QUANTIZE = OpSpec(
     differentiable=False,
     reference="tilekernels.moe.reference:mxfp8_quantize",
     entry="tilekernels.moe.ops:mxfp8_quantize",
-    backends=[_TORCH_FWD],
+    backends=[_cute(Constraint(expr="R < 2**31"), passes=("fwd",), x=["bfloat16", "float32"],
+                    doc="one pass over x for 'both'"), _TORCH_FWD],
 )
 
 DEQUANTIZE = OpSpec(
@@ -106,7 +118,7 @@ DEQUANTIZE = OpSpec(
     differentiable=False,
     reference="tilekernels.moe.reference:mxfp8_dequantize",
     entry="tilekernels.moe.ops:mxfp8_dequantize",
-    backends=[_TORCH_FWD],
+    backends=[_cute(Constraint(expr="R < 2**31"), passes=("fwd",), out=["bfloat16", "float32"]), _TORCH_FWD],
 )
 
 GROUPED_LINEAR = OpSpec(
@@ -158,7 +170,7 @@ SCALED_SWIGLU = OpSpec(
     differentiable=True,
     reference="tilekernels.moe.reference:scaled_swiglu",
     entry="tilekernels.moe.ops:scaled_swiglu",
-    backends=[_TORCH],
+    backends=[_cute(_INT32, h=["bfloat16", "float32"], probs=["float32"]), _TORCH],
 )
 
 GROUPED_MLP = OpSpec(

@@ -1,0 +1,145 @@
+"""The fused MXFP8 grouped MLP (cute backend, through the registry) beside its peers, in one run.
+
+Issue 11's shapes (H200): G=8 experts x 4096 tokens, H=7168, F=2048; and G=32 x 1024, H=4096,
+F=1536. One harness for everyone: ``triton.testing.do_bench`` median; every fwd+bwd step sets
+the leaves' grads to None and backpropagates the same pre-made grad output.
+
+Rows:
+  cute     registry.get("grouped_mlp_mxfp8") (MXFP8: quantize, FC1 grouped GEMM, SwiGLU +
+           quantize, FC2 grouped GEMM; backward likewise), m_splits on the GPU
+  bf16     torch: torch._grouped_mm + SwiGLU (s = 32) + torch._grouped_mm, autograd
+  fp8row   torch._scaled_grouped_mm (fp8 e4m3, per-row scales, not MXFP8): the two forward
+           GEMMs only, operands pre-quantized (the issue's fp8 reference point)
+TFLOP/s counts the GEMMs only: fwd 6*M*H*F (FC1 2*M*2F*H + FC2 2*M*H*F), bwd twice that.
+Also checks the cute forward against the torch reference (bf16 tolerance) once per shape.
+
+    python3 benchmarks/moe_mlp_check.py [--out DIR] [--shapes g8,g32]
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+
+import torch
+
+import registry
+from tilekernels.moe import reference as ref
+from tilekernels.testing import rel_err
+
+SHAPES = {"g8": dict(G=8, per=4096, H=7168, F=2048), "g32": dict(G=32, per=1024, H=4096, F=1536)}
+
+
+def _inputs(G, per, H, F):
+    M = G * per
+    dev = "cuda"
+    x = torch.randn(M, H, device=dev).to(torch.bfloat16).requires_grad_()
+    probs = torch.rand(M, device=dev).requires_grad_()
+    w1 = (torch.randn(G, 2 * F, H, device=dev) / H ** 0.5).to(torch.bfloat16).requires_grad_()
+    w2 = (torch.randn(G, H, F, device=dev) / F ** 0.5).to(torch.bfloat16).requires_grad_()
+    m = torch.full((G,), per, dtype=torch.int64, device=dev)
+    return x, probs, m, w1, w2
+
+
+def _swiglu32(h, probs):
+    M, F2 = h.shape
+    hv = h.view(M, F2 // 64, 2, 32)
+    return (torch.nn.functional.silu(hv[:, :, 0].float()) * hv[:, :, 1].float() * probs[:, None, None]
+            ).reshape(M, F2 // 2).to(h.dtype)
+
+
+def bf16_mlp(x, probs, m, w1, w2):
+    offs = torch.cumsum(m, 0).to(torch.int32)
+    h = torch._grouped_mm(x, w1.transpose(-2, -1), offs=offs)
+    return torch._grouped_mm(_swiglu32(h, probs), w2.transpose(-2, -1), offs=offs)
+
+
+def _fp8_rowwise(t):
+    s = t.float().abs().amax(dim=-1).clamp(min=1e-12) / 448.0
+    return (t.float() / s[..., None]).to(torch.float8_e4m3fn), s
+
+
+def fp8row_gemms(x, m, w1, w2, F):
+    """The two forward GEMMs with torch's fp8 rowwise grouped GEMM (operands pre-quantized)."""
+    offs = torch.cumsum(m, 0).to(torch.int32)
+    xq, xs = _fp8_rowwise(x.detach())
+    w1q, w1s = _fp8_rowwise(w1.detach())
+    aq, as_ = _fp8_rowwise(torch.randn(x.shape[0], F, device="cuda"))
+    w2q, w2s = _fp8_rowwise(w2.detach())
+
+    def run():
+        torch._scaled_grouped_mm(xq, w1q.transpose(-2, -1), xs, w1s, offs=offs, out_dtype=torch.bfloat16)
+        torch._scaled_grouped_mm(aq, w2q.transpose(-2, -1), as_, w2s, offs=offs, out_dtype=torch.bfloat16)
+    return run
+
+
+def _fwd_bwd(f, leaves, dy):
+    def step():
+        for t in leaves:
+            t.grad = None
+        f().backward(dy)
+    return step
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--out", default=os.environ.get("OUT", "."))
+    ap.add_argument("--shapes", default="g8,g32")
+    a = ap.parse_args()
+    from triton.testing import do_bench
+
+    op = registry.get("grouped_mlp_mxfp8")
+    rows = []
+    for name in a.shapes.split(","):
+        s = SHAPES[name]
+        G, per, H, F = s["G"], s["per"], s["H"], s["F"]
+        M = G * per
+        x, probs, m, w1, w2 = _inputs(G, per, H, F)
+        leaves = (x, probs, w1, w2)
+        fl = 6 * M * H * F
+        backend = op.choose(op.bind(x, probs, m, w1, w2))
+        with torch.no_grad():
+            y = op(x, probs, m, w1, w2)
+            xs = slice(0, 2 * per)  # two experts of the reference (the float64 reference is slow)
+            yr = ref.grouped_mlp_mxfp8(x[xs].double(), probs[xs].double(), m[:2].cpu(),
+                                       w1[:2].double(), w2[:2].double())
+            err = rel_err(y[xs], yr)
+        dy = torch.randn(M, H, device="cuda").to(torch.bfloat16)
+        res = {"shape": name, **s, "M": M, "backend": backend, "fwd_rel_err_2experts": err}
+        runs = {
+            "cute": (lambda: op(x, probs, m, w1, w2)),
+            "bf16": (lambda: bf16_mlp(x, probs, m, w1, w2)),
+        }
+        for k, f in runs.items():
+            try:
+                with torch.no_grad():
+                    res[f"{k}_fwd_ms"] = do_bench(f, warmup=50, rep=300, return_mode="median")
+                res[f"{k}_fwdbwd_ms"] = do_bench(_fwd_bwd(f, leaves, dy), warmup=30, rep=300,
+                                                 return_mode="median")
+                res[f"{k}_bwd_ms"] = res[f"{k}_fwdbwd_ms"] - res[f"{k}_fwd_ms"]
+                res[f"{k}_fwd_tflops"] = fl / res[f"{k}_fwd_ms"] / 1e9
+                res[f"{k}_bwd_tflops"] = 2 * fl / res[f"{k}_bwd_ms"] / 1e9
+            except Exception as e:  # noqa: BLE001
+                res[f"{k}_error"] = f"{type(e).__name__}: {str(e)[:200]}"
+        try:
+            res["fp8row_fwd_gemms_ms"] = do_bench(fp8row_gemms(x, m, w1, w2, F), warmup=50, rep=300,
+                                                  return_mode="median")
+            res["fp8row_fwd_tflops"] = fl / res["fp8row_fwd_gemms_ms"] / 1e9
+        except Exception as e:  # noqa: BLE001
+            res["fp8row_error"] = f"{type(e).__name__}: {str(e)[:200]}"
+        rows.append(res)
+        print(json.dumps(res), flush=True)
+    meta = {"device": torch.cuda.get_device_name(), "torch": torch.__version__}
+    with open(os.path.join(a.out, "moe-mlp-check.json"), "w") as f:
+        json.dump({"meta": meta, "rows": rows}, f, indent=1)
+    print(f"\n{'shape':6} {'backend':8} {'fwd ms':>8} {'TF/s':>6} {'bwd ms':>8} {'TF/s':>6}   "
+          f"{'bf16 fwd':>8} {'bwd':>8}   {'fp8row fwd':>10}  rel_err")
+    for r in rows:
+        g = lambda k: r.get(k, float("nan"))  # noqa: E731
+        print(f"{r['shape']:6} {r['backend']:8} {g('cute_fwd_ms'):8.3f} {g('cute_fwd_tflops'):6.0f} "
+              f"{g('cute_bwd_ms'):8.3f} {g('cute_bwd_tflops'):6.0f}   {g('bf16_fwd_ms'):8.3f} {g('bf16_bwd_ms'):8.3f}"
+              f"   {g('fp8row_fwd_gemms_ms'):10.3f}  {r['fwd_rel_err_2experts']:.2e}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,247 @@
+"""The CuTe DSL MoE backend as users reach it: through ``registry.get(op)(...)`` and autograd.
+
+CPU part: the cute backend's declared limits show up, with reasons, in ``explain``.
+GPU part (H100/H200): ``auto`` picks cute for bf16 MXFP8 calls; grouped_linear and
+grouped_mlp_mxfp8 forward and backward match the float64 reference of the same MXFP8
+recipe (outputs poisoned with NaN first, fresh random inputs, ragged m_splits with zeros
+and sizes that are not tile multiples); m_splits on the GPU: the whole MLP fwd+bwd is
+captured in a CUDA graph under ``set_sync_debug_mode("error")`` and replays equal eager.
+
+Tolerances (tilekernels.testing): bf16 outputs < 1e-2. The MXFP8 operands are identical
+in both paths (quantizing a bf16 tensor in fp32 or float64 gives the same bytes), products
+are exact, so the GEMMs differ only by fp32 summation order and the final bf16 rounding;
+in the MLP, h / dA are fp32 here and float64 in the reference, so a few quantized
+intermediates may round to the neighbouring e4m3 value (one e4m3 step, 2^-3 relative, on
+rare elements), far inside the bf16 tolerance norm-wise.
+"""
+from __future__ import annotations
+
+import pytest
+import torch
+
+import registry
+from tilekernels._glue import poisoned
+from tilekernels.moe import reference as ref
+from tilekernels.testing import assert_close
+
+BF = torch.bfloat16
+cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+
+
+def _why(op, *args, **kw) -> str:
+    rows = {b: (ok, why) for b, ok, why in registry.get(op).explain(*args, **kw)}
+    ok, why = rows["cute"]
+    assert not ok
+    return why
+
+
+def test_cute_limits_are_explained():
+    meta = torch.device("meta")
+    x, w = torch.empty(64, 64, device=meta), torch.empty(2, 64, 64, device=meta)
+    m = torch.tensor([32, 32])
+    if _declared("grouped_linear"):
+        assert "the cute kernels are the MXFP8 GEMMs" in _why("grouped_linear", x.to(BF), w.to(BF), m)
+        assert "cute supports x in ['bfloat16'], got float32" in _why("grouped_linear", x, w, m, precision="mxfp8")
+    assert "cute supports x in ['bfloat16', 'float32'], got float64" in _why(
+        "mxfp8_quantize", torch.empty(64, 64, dtype=torch.float64, device=meta))
+    h, p = torch.empty(64, 512, device=meta, dtype=torch.float64), torch.empty(64, device=meta, dtype=torch.float64)
+    assert "cute supports h in ['bfloat16', 'float32'], got float64" in _why("scaled_swiglu", h, p)
+
+
+@cuda
+@pytest.mark.gpu
+@pytest.mark.parametrize("shape", [(32, 32), (96, 160), (4128, 7168), (0, 64)])
+@pytest.mark.parametrize("dtype", [BF, torch.float32])
+@pytest.mark.parametrize("axis", ["rowwise", "columnwise", "both"])
+def test_quantize_dequantize_through_registry(shape, dtype, axis):
+    """auto picks cute; bytes equal the torch path's (bitwise), outputs poisoned first; the
+    dequantized values equal the torch dequantization bitwise."""
+    _skip_without_gpu()
+    x = (torch.randn(*shape, device="cuda") * torch.exp2(torch.randint(-20, 20, (shape[0], 1), device="cuda"))
+         ).to(dtype)
+    q, dq = registry.get("mxfp8_quantize"), registry.get("mxfp8_dequantize")
+    assert q.choose(q.bind(x, axis=axis)) == "cute"
+    with poisoned():
+        got = q(x, axis=axis)
+    want = ref.mxfp8_quantize(x, axis)
+    for i, (a, b) in enumerate(zip(got, want)):
+        assert_close(a, b, "exact", what=f"mxfp8_quantize[{axis}] output {i}")
+    one = "rowwise" if axis == "both" else axis
+    d, sc = got[:2]
+    for out_dtype in ("bfloat16", "float32"):
+        assert dq.choose(dq.bind(d, sc, axis=one, out_dtype=out_dtype)) == "cute"
+        with poisoned():
+            v = dq(d, sc, axis=one, out_dtype=out_dtype)
+        assert_close(v, ref.mxfp8_dequantize(d, sc, one, out_dtype), "exact", what=f"dequantize[{one}]")
+
+
+@cuda
+@pytest.mark.gpu
+@pytest.mark.parametrize("s", [None, 32])
+@pytest.mark.parametrize("dtype", [BF, torch.float32])
+@pytest.mark.parametrize("MF", [(1, 32), (37, 96), (4096, 2048)])
+def test_scaled_swiglu_through_registry(s, dtype, MF):
+    """fwd and autograd bwd against the float64 reference (bf16: < 1e-2, one rounding of the
+    output; fp32: < 1e-5, fp32 math of the same formula), outputs poisoned first."""
+    _skip_without_gpu()
+    M, F = MF
+    h = torch.randn(M, 2 * F, device="cuda").to(dtype).requires_grad_()
+    p = torch.rand(M, device="cuda").requires_grad_()
+    op = registry.get("scaled_swiglu")
+    assert op.choose(op.bind(h, p, glu_interleave_size=s)) == "cute"
+    with poisoned():
+        out = op(h, p, glu_interleave_size=s)
+        dout = torch.randn_like(out)
+        dh, dp = torch.autograd.grad(out, (h, p), dout)
+    hd, pd = h.detach().double().requires_grad_(), p.detach().double().requires_grad_()
+    want = ref.scaled_swiglu(hd, pd, s)
+    dhr, dpr = torch.autograd.grad(want, (hd, pd), dout.double())
+    assert_close(out, want, dtype, what="out")
+    assert_close(dh, dhr, dtype, what="dh")
+    assert_close(dp, dpr, torch.float32 if dtype == torch.float32 else BF, what="dprobs")
+
+
+def _make(splits, K, N, device, grad=False):
+    M, G = sum(splits), len(splits)
+    x = torch.randn(M, K, device=device).to(BF).requires_grad_(grad)
+    w = (torch.randn(G, N, K, device=device) / K ** 0.5).to(BF).requires_grad_(grad)
+    return x, w, torch.tensor(splits, dtype=torch.int64, device=device)
+
+
+def _f64(*ts):
+    return [t.detach().double().requires_grad_(t.requires_grad) for t in ts]
+
+
+@cuda
+@pytest.mark.gpu
+@pytest.mark.parametrize("splits", [[0, 1, 31, 130, 0], [200], [0, 0], [7, 0, 300, 33]])
+@pytest.mark.parametrize("KN", [(256, 96), (160, 512)])
+@pytest.mark.parametrize("m_device", ["cpu", "cuda"])
+def test_grouped_linear_forward(splits, KN, m_device):
+    _skip_without_gemm()
+    K, N = KN
+    x, w, m = _make(splits, K, N, "cuda")
+    m = m.to(m_device)
+    op = registry.get("grouped_linear")
+    assert op.choose(op.bind(x, w, m, precision="mxfp8")) == "cute"
+    with torch.no_grad(), poisoned():
+        y = op(x, w, m, precision="mxfp8")
+    want = ref.grouped_linear(*_f64(x, w), m.cpu(), "mxfp8")
+    assert_close(y, want, BF, what="grouped_linear[cute] y")
+
+
+@cuda
+@pytest.mark.gpu
+@pytest.mark.parametrize("splits", [[0, 32, 96, 0, 160], [64], [32, 0]])
+def test_grouped_linear_backward(splits):
+    _skip_without_gemm()
+    x, w, m = _make(splits, 256, 96, "cuda", grad=True)
+    op = registry.get("grouped_linear")
+    with poisoned():
+        y = op(x, w, m, precision="mxfp8")
+        dy = torch.randn_like(y)
+        dx, dw = torch.autograd.grad(y, (x, w), dy)
+    xd, wd = _f64(x, w)
+    yr = ref.grouped_linear(xd, wd, m.cpu(), "mxfp8")
+    dxr, dwr = torch.autograd.grad(yr, (xd, wd), dy.double())
+    assert_close(y, yr, BF, what="y")
+    assert_close(dx, dxr, BF, what="dx")
+    assert_close(dw, dwr, BF, what="dweight")
+
+
+def _mlp_inputs(splits, H, F, device, grad):
+    M, G = sum(splits), len(splits)
+    x = torch.randn(M, H, device=device).to(BF).requires_grad_(grad)
+    probs = torch.rand(M, device=device).requires_grad_(grad)
+    w1 = (torch.randn(G, 2 * F, H, device=device) / H ** 0.5).to(BF).requires_grad_(grad)
+    w2 = (torch.randn(G, H, F, device=device) / F ** 0.5).to(BF).requires_grad_(grad)
+    return x, probs, torch.tensor(splits, dtype=torch.int64, device=device), w1, w2
+
+
+@cuda
+@pytest.mark.gpu
+@pytest.mark.parametrize("splits", [[0, 32, 224, 0, 96], [256], [64, 0, 32]])
+@pytest.mark.parametrize("HF", [(256, 256), (512, 768)])
+def test_grouped_mlp_forward_backward(splits, HF):
+    _skip_without_gemm()
+    H, F = HF
+    x, probs, m, w1, w2 = _mlp_inputs(splits, H, F, "cuda", grad=True)
+    op = registry.get("grouped_mlp_mxfp8")
+    assert op.choose(op.bind(x, probs, m, w1, w2)) == "cute"
+    with poisoned():
+        y = op(x, probs, m, w1, w2)
+        dy = torch.randn_like(y)
+        grads = torch.autograd.grad(y, (x, probs, w1, w2), dy)
+    xd, pd, w1d, w2d = _f64(x, probs, w1, w2)
+    yr = ref.grouped_mlp_mxfp8(xd, pd, m.cpu(), w1d, w2d)
+    want = torch.autograd.grad(yr, (xd, pd, w1d, w2d), dy.double())
+    assert_close(y, yr, BF, what="y")
+    for name, g, r in zip(("dx", "dprobs", "dfc1", "dfc2"), grads, want):
+        # dprobs is fp32 but a sum over F of products of quantized (bf16-level) operands: bf16 tolerance
+        assert_close(g, r, BF, what=name)
+
+
+@cuda
+@pytest.mark.gpu
+def test_mlp_forward_ragged_without_grad():
+    """No gradients: group sizes need not be multiples of 32 (no columnwise blocks)."""
+    _skip_without_gemm()
+    x, probs, m, w1, w2 = _mlp_inputs([5, 0, 77, 130], 256, 256, "cuda", grad=False)
+    with torch.no_grad(), poisoned():
+        y = registry.get("grouped_mlp_mxfp8")(x, probs, m, w1, w2)
+    yr = ref.grouped_mlp_mxfp8(*_f64(x, probs), m.cpu(), *_f64(w1, w2))
+    assert_close(y, yr, BF, what="y")
+
+
+@cuda
+@pytest.mark.gpu
+def test_mlp_cuda_graph_with_gpu_m_splits():
+    """fwd+bwd through the registry with m_splits on the GPU: captured, replayed, no host sync."""
+    _skip_without_gemm()
+    x, probs, m, w1, w2 = _mlp_inputs([64, 0, 96, 32], 256, 256, "cuda", grad=True)
+    op = registry.get("grouped_mlp_mxfp8")
+    leaves = (x, probs, w1, w2)
+    dy = torch.randn(x.shape[0], 256, device="cuda").to(BF)
+
+    def step():
+        y = op(x, probs, m, w1, w2)
+        return [y, *torch.autograd.grad(y, leaves, dy)]
+
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        for _ in range(2):
+            step()
+    torch.cuda.current_stream().wait_stream(s)
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        static = step()
+    with torch.no_grad():
+        x.copy_(torch.randn_like(x))
+        m.copy_(torch.tensor([32, 96, 0, 64], device="cuda"))  # new group sizes, same total
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        g.replay()
+        got = [t.clone() for t in static]
+        want = step()
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+    for i, (a, b) in enumerate(zip(got, want)):
+        assert_close(a, b, "exact", what=f"replay vs eager, output {i}")
+
+
+def _declared(op: str) -> bool:
+    return any(b.name == "cute" for b in registry.get(op).spec.backends)
+
+
+def _skip_without_gemm():
+    _skip_without_gpu()
+    if not _declared("grouped_linear"):
+        pytest.skip("the cute grouped GEMM backend is not declared yet (issue 11)")
+
+
+def _skip_without_gpu():
+    if not torch.cuda.is_available():
+        pytest.skip("needs a CUDA device")
+    if torch.cuda.get_device_capability() != (9, 0):
+        pytest.skip("the cute MoE kernels are sm_90a")

@@ -1,0 +1,164 @@
+"""The ``cute`` backend of the MoE ops: CuTe DSL kernels (Hopper, sm_90a) behind the registry.
+
+Registers destination-passing kernels with the signatures of ``tilekernels/moe/ops.py``
+(inputs, outputs, scratch, params; bwd: grads, saved, input grads, params). The CuTe DSL
+building blocks:
+
+* ``cute_quantize``: MXFP8 quantize (rowwise / columnwise / both in one pass) and dequantize;
+* ``cute_swiglu``: scaled SwiGLU fwd/bwd, and the MLP's fused SwiGLU + MXFP8 passes;
+* ``cute_grouped_gemm``: the MXFP8 grouped GEMM (e4m3 tiles dequantized to bf16 in the
+  mainloop, bf16 wgmma, fp32 accumulation) in its three variants fwd / dgrad / wgrad.
+
+The MXFP8 GEMMs follow the recipe of ``reference.py``: every operand quantized along that
+GEMM's own reduction dim (weights per call: rowwise for the forward, columnwise along N for
+dgrad). ``m_splits`` may live on the CPU or the GPU: the kernels read cumulative offsets on
+the device (one ``cumsum`` launch), so with a GPU ``m_splits`` the whole MLP, forward and
+backward, runs without a host sync and can be captured in a CUDA graph.
+
+Intermediates of grouped_mlp_mxfp8 (OPS.md): h = the FC1 accumulators in fp32 (the saved
+scratch), the SwiGLU output quantized from fp32, and in backward dA (FC2 dgrad) in fp32,
+quantized after the dSwiGLU; dprobs in fp32.
+"""
+from __future__ import annotations
+
+import torch
+
+from tilekernels._glue import kernel
+
+from . import cute_quantize as cq
+from . import cute_swiglu as cs
+
+_E4M3 = torch.float8_e4m3fn
+_GG = []
+
+
+def _gemm():
+    """The grouped GEMM module, imported on first use (the element-wise backends do not need it)."""
+    if not _GG:
+        from . import cute_grouped_gemm
+        _GG.append(cute_grouped_gemm)
+    return _GG[0]
+_U8 = torch.uint8
+BLOCK = 32
+
+
+def _offsets(m_splits: torch.Tensor, device: torch.device) -> torch.Tensor:
+    """[G+1] int64 cumulative group offsets on ``device`` (no host sync for a GPU m_splits;
+    a CPU m_splits is copied without waiting for the GPU)."""
+    m = m_splits.to(device, non_blocking=True)
+    off = torch.zeros(m.numel() + 1, dtype=torch.int64, device=device)
+    torch.cumsum(m, 0, out=off[1:])
+    return off
+
+
+def _quant(x: torch.Tensor, row: bool, col: bool) -> tuple:
+    """MXFP8 of x [R, K] (one pass): (row_data, row_scales) and/or (col_data, col_scales)."""
+    R, K = x.shape
+    rd = rs = cd = cs_ = None
+    if row:
+        rd = torch.empty(R, K, dtype=_E4M3, device=x.device)
+        rs = torch.empty(R, K // BLOCK, dtype=_U8, device=x.device)
+    if col:
+        cd = torch.empty(R, K, dtype=_E4M3, device=x.device)
+        cs_ = torch.empty(R // BLOCK, K, dtype=_U8, device=x.device)
+    cq.quantize_into(x, rd, rs, cd, cs_)
+    return tuple(t for t in (rd, rs, cd, cs_) if t is not None)
+
+
+def _quant_weight(w: torch.Tensor, columnwise: bool) -> tuple:
+    """w [G, N, K] -> (data [G, N, K], scales [G, N, K/32]) rowwise, or scales [G, N/32, K]
+    columnwise along N (N % 32 == 0, so no block straddles two experts)."""
+    G, N, K = w.shape
+    d, s = _quant(w.reshape(G * N, K), not columnwise, columnwise)
+    shape = (G, N // BLOCK, K) if columnwise else (G, N, K // BLOCK)
+    return d.view(G, N, K), s.view(shape)
+
+
+# ---------------------------------------------------------------- mxfp8_quantize / dequantize
+
+
+@kernel("mxfp8_quantize", "cute", "fwd")
+def _quantize_fwd(x, row_data, row_scales, col_data, col_scales, axis):
+    cq.quantize_into(x, row_data, row_scales, col_data, col_scales)
+
+
+@kernel("mxfp8_dequantize", "cute", "fwd")
+def _dequantize_fwd(data, scales, out, axis, out_dtype):
+    cq.dequantize_into(data, scales, out, axis)
+
+
+# ---------------------------------------------------------------- scaled_swiglu
+
+
+@kernel("scaled_swiglu", "cute", "fwd")
+def _swiglu_fwd(h, probs, out, s):
+    cs.swiglu_fwd_into(h, probs, out, s)
+
+
+@kernel("scaled_swiglu", "cute", "bwd")
+def _swiglu_bwd(dout, h, probs, dh, dprobs, s):
+    cs.swiglu_bwd_into(dout, h, probs, dh, dprobs, s)
+
+
+# ---------------------------------------------------------------- grouped_linear (mxfp8)
+
+
+def linear_fwd(x, weight, off, y) -> None:
+    """y [M, N] = MX_K(x) . MX_K(W_g)^T per group."""
+    xd, xs = _quant(x, True, False)
+    wd, ws = _quant_weight(weight, columnwise=False)
+    _gemm().gemm_fwd_into(xd, xs, wd, ws, off, y)
+
+
+def linear_bwd(dy_row, dy_col, x_col, weight, off, dx, dweight) -> None:
+    """dx = MX_N(dY) . MX_N(W_g); dW_g = MX_tok(dY_g)^T . MX_tok(X_g) (quantized operands given)."""
+    wd, ws = _quant_weight(weight, columnwise=True)
+    _gemm().gemm_dgrad_into(*dy_row, wd, ws, off, dx)
+    _gemm().gemm_wgrad_into(*dy_col, *x_col, off, dweight)
+
+
+@kernel("grouped_linear", "cute", "fwd")
+def _grouped_linear_fwd(x, weight, m_splits, y, precision):
+    linear_fwd(x, weight, _offsets(m_splits, x.device), y)
+
+
+@kernel("grouped_linear", "cute", "bwd")
+def _grouped_linear_bwd(dy, x, weight, m_splits, dx, dweight, precision):
+    off = _offsets(m_splits, dy.device)
+    q = _quant(dy, True, True)
+    linear_bwd(q[:2], q[2:], _quant(x, False, True), weight, off, dx, dweight)
+
+
+# ---------------------------------------------------------------- grouped_mlp_mxfp8
+
+
+@kernel("grouped_mlp_mxfp8", "cute", "fwd")
+def _mlp_fwd(x, probs, m_splits, fc1_weight, fc2_weight, y, h, quantize):
+    M = x.shape[0]
+    F = fc2_weight.shape[2]
+    off = _offsets(m_splits, x.device)
+    linear_fwd(x, fc1_weight, off, h)                         # h [M, 2F] fp32: FC1 accumulators
+    ad = torch.empty(M, F, dtype=_E4M3, device=x.device)
+    as_ = torch.empty(M, F // BLOCK, dtype=_U8, device=x.device)
+    cs.swiglu_quant_fwd_into(h, probs, ad, as_)               # MXFP8(silu(gate) * linear * probs)
+    wd, ws = _quant_weight(fc2_weight, columnwise=False)
+    _gemm().gemm_fwd_into(ad, as_, wd, ws, off, y)
+
+
+@kernel("grouped_mlp_mxfp8", "cute", "bwd")
+def _mlp_bwd(dy, x, probs, m_splits, fc1_weight, fc2_weight, h, dx, dprobs, dfc1, dfc2, quantize):
+    M = x.shape[0]
+    F = fc2_weight.shape[2]
+    dev = dy.device
+    off = _offsets(m_splits, dev)
+    dyq = _quant(dy, True, True)
+    w2d, w2s = _quant_weight(fc2_weight, columnwise=True)
+    da = torch.empty(M, F, dtype=torch.float32, device=dev)
+    _gemm().gemm_dgrad_into(*dyq[:2], w2d, w2s, off, da)          # dA: FC2 dgrad accumulators, fp32
+    e = dict(device=dev)
+    dh = (torch.empty(M, 2 * F, dtype=_E4M3, **e), torch.empty(M, 2 * F // BLOCK, dtype=_U8, **e),
+          torch.empty(M, 2 * F, dtype=_E4M3, **e), torch.empty(M // BLOCK, 2 * F, dtype=_U8, **e))
+    a_col = (torch.empty(M, F, dtype=_E4M3, **e), torch.empty(M // BLOCK, F, dtype=_U8, **e))
+    cs.swiglu_quant_bwd_into(da, h, probs, *dh, dprobs, *a_col)
+    _gemm().gemm_wgrad_into(*dyq[2:], *a_col, off, dfc2)
+    linear_bwd(dh[:2], dh[2:], _quant(x, False, True), fc1_weight, off, dx, dfc1)
