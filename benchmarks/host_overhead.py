@@ -167,6 +167,7 @@ def main():
                     o = list(o) if isinstance(o, tuple) else [o]
                     torch.autograd.backward(o, gos)
                 return run
+            row.update(validate_grad_us=round(_stubbed_us(op, args, params, dev), 2))  # grad mode, leaves requiring grad
             reg, ent = paired_us(step(lambda: op(*args, **params)),
                                  step(lambda: op.entry(*tensors, backend=chosen, **full)), dev,
                                  max(A.calls // 4, 20), A.rounds)
@@ -191,7 +192,7 @@ def main():
                            graph_entry_us=round(ge, 2))
         rows.append(row)
         print(json.dumps(row), flush=True)
-    keys = ["op", "backend", "validate_us", "nograd_extra_us", "fwdbwd_extra_us", "nograd_registry_us", "nograd_entry_us",
+    keys = ["op", "backend", "validate_us", "validate_grad_us", "nograd_extra_us", "fwdbwd_extra_us", "nograd_registry_us", "nograd_entry_us",
             "device_checks_gpu_us"]
     print("\n" + "  ".join(f"{k:>22}" if i else f"{k:<34}" for i, k in enumerate(keys)))
     for r in rows:
