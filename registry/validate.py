@@ -572,15 +572,18 @@ def check_values(spec: OpSpec, tensors: dict, params: dict, dims: dict, requires
     op = spec.name
     rules = split_rules(spec)[1] if rules is None else rules
     names = tuple(tensors)
-    pk = (id(rules), names)
-    got = _PLANS.get(pk)
-    if got is None or got[0] is not rules:
-        plans = [(c, *_plan(c, names)[1:]) for c in rules]
-        got = _PLANS[pk] = (rules, plans, tuple(sorted({n for _, used, _ in plans for n in used})))
-    _, plans, read = got
-    key = _checked_key(op, read, tensors, params, dims, requires_grad)
-    if key is not None and _seen_checked(key, read, tensors):
-        return
+    if _compiling():  # traced: plain code (no id()-keyed caches); the checks become graph ops
+        plans, read, key = [(c, *_plan(c, names)[1:]) for c in rules], (), None
+    else:
+        pk = (id(rules), names)
+        got = _PLANS.get(pk)
+        if got is None or got[0] is not rules:
+            plans = [(c, *_plan(c, names)[1:]) for c in rules]
+            got = _PLANS[pk] = (rules, plans, tuple(sorted({n for _, used, _ in plans for n in used})))
+        _, plans, read = got
+        key = _checked_key(op, read, tensors, params, dims, requires_grad)
+        if key is not None and _seen_checked(key, read, tensors):
+            return
     host, dev = [], []
     for c, used, when_reads in plans:
         on_host = True

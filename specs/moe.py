@@ -146,7 +146,9 @@ GROUPED_LINEAR = OpSpec(
     differentiable=True,
     reference="tilekernels.moe.reference:grouped_linear",
     entry="tilekernels.moe.ops:grouped_linear",
-    backends=[_TORCH],
+    backends=[_cute(Constraint(expr="precision == 'mxfp8'", message="the cute kernels are the MXFP8 GEMMs"),
+                    Constraint(expr="N % 32 == 0", message="the dgrad's columnwise weight blocks run along N"),
+                    _INT32, x=["bfloat16"]), _TORCH],
 )
 
 SCALED_SWIGLU = OpSpec(
@@ -202,7 +204,8 @@ GROUPED_MLP = OpSpec(
     differentiable=True,
     reference="tilekernels.moe.reference:grouped_mlp_mxfp8",
     entry="tilekernels.moe.ops:grouped_mlp_mxfp8",
-    backends=[_TORCH],
+    backends=[_cute(Constraint(expr="quantize", message="the cute kernels are the MXFP8 path"), _INT32,
+                    x=["bfloat16"], probs=["float32"]), _TORCH],
 )
 
 SPECS = [QUANTIZE, DEQUANTIZE, GROUPED_LINEAR, SCALED_SWIGLU, GROUPED_MLP]

@@ -196,8 +196,15 @@ def proj_rms_bwd(dproj: Tensor, dr: Optional[Tensor], x: Tensor, weight: Tensor,
 
 
 def pre_alpha(n: int, alpha_pre: float, alpha_post: float, alpha_res: float, dtype, device) -> Tensor:
-    """The per-column scale of h: [alpha_pre]*n | [alpha_post]*n | [alpha_res]*n*n."""
-    return torch.tensor([alpha_pre] * n + [alpha_post] * n + [alpha_res] * (n * n), dtype=dtype, device=device)
+    """The per-column scale of h: [alpha_pre]*n | [alpha_post]*n | [alpha_res]*n*n.
+
+    Built with fills on the device (no host-to-device copy: the torch path stays capturable
+    in a CUDA graph)."""
+    a = torch.empty(2 * n + n * n, dtype=dtype, device=device)
+    a[:n].fill_(alpha_pre)
+    a[n:2 * n].fill_(alpha_post)
+    a[2 * n:].fill_(alpha_res)
+    return a
 
 
 def _pre_mix(proj: Tensor, r: Tensor, bias: Tensor, n: int, alphas):
