@@ -182,7 +182,19 @@ DECODE = OpSpec(
     differentiable=False,
     reference="tilekernels.gdn.reference:decode",
     entry="tilekernels.gdn.ops:decode",
-    backends=[_TORCH_FWD],
+    backends=[Backend(
+        name="cutile", module="tilekernels.gdn.cutile_decode", sm=(90, 100), toolchain=["cutile"], passes=["fwd"],
+        constraints=[
+            Constraint(expr="W >= 2", message="the kernel keeps a conv window of W-1 >= 1 inputs"),
+            Constraint(expr="N * Hv * dk * dv < 2**31 and N * (2*Hk*dk + Hv*dv) * (W - 1) < 2**31 "
+                            "and B * (2*Hk*dk + 2*Hv*dv + 2*Hv) < 2**31",
+                       message="the kernel indexes with int32 (every tensor < 2**31 elements)"),
+        ],
+        dtypes={"mixed": ["bfloat16", "float32"], "conv_weight": ["bfloat16", "float32"],
+                "A_log": ["float32"], "dt_bias": ["float32"], "ssm_state": ["float32", "bfloat16"]},
+        doc="one launch per step, grid (B, Hk): a block owns one key head's conv window and its Hv/Hk "
+            "value heads' state tiles (run and tested on the H200; compiled for sm_100 in CI)"),
+        _TORCH_FWD],
 )
 
 SPECS = [PRE_GATED, DECODE]

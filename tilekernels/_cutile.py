@@ -42,6 +42,7 @@ _DTYPES = {
     torch.float16: ct.float16,
     torch.float32: ct.float32,
     torch.float64: ct.float64,
+    torch.int32: ct.int32,
 }
 
 # (kernel name, argument dtypes, config) of every launch inside record_compile_keys()

@@ -1,0 +1,239 @@
+"""cuTile gdn_decode (tilekernels/gdn/cutile_decode.py).
+
+CPU (CI): every variant compiles to a cubin for sm_90 and sm_100 through the same launch
+builder the GPU path uses (``meta`` tensors, ``export_cubin``); the launch config is the
+compile key (built from Hk, Hv, dk, dv, W only, never from B or N).
+
+GPU (marked ``gpu``, skipped without CUDA): against ``reference.decode`` run in float64 on
+upcasts of the same inputs, o NaN-poisoned first, fresh random inputs each run (conftest).
+Tolerances (tilekernels.testing, by the dtype of the checked output):
+  o bf16 1e-2: one bf16 rounding of o (2^-9 per element) on top of fp32 arithmetic;
+  ssm_state fp32 1e-5: the kernel does the reference's math in fp32 from the same inputs
+    (fp32 reassociation ~ sqrt(dk) * 2^-24, orders of magnitude below);
+  ssm_state bf16 1e-2: one bf16 rounding of the updated state per step;
+  conv_state exact: it is a copy of inputs (shift + append), no arithmetic.
+"""
+from __future__ import annotations
+
+import dataclasses
+from concurrent.futures import ThreadPoolExecutor
+
+import pytest
+import torch
+
+ct = pytest.importorskip("cuda.tile")
+
+from tilekernels.gdn import bench as mk  # noqa: E402
+from tilekernels.gdn import cutile_decode as cd  # noqa: E402
+from tilekernels.gdn import reference as ref  # noqa: E402
+from tilekernels.testing import assert_close  # noqa: E402
+
+BF, F32, F64 = torch.bfloat16, torch.float32, torch.float64
+ARCHS = ("sm_90", "sm_100")
+QWEN = dict(Hk=16, Hv=32, dk=128, dv=128, W=4)
+
+# (shape, state dtype, with state_indices, mixed dtype): Qwen3-Next in every state/indices
+# variant; Hv/Hk in {1, 2, 4}, dk != dv, W in {2, 3, 4}, non-power-of-two dk and dv
+COMPILE_VARIANTS = [
+    (QWEN, F32, True, BF), (QWEN, BF, True, BF), (QWEN, F32, False, BF),
+    (dict(Hk=2, Hv=4, dk=64, dv=32, W=3), F32, True, BF),
+    (dict(Hk=4, Hv=4, dk=32, dv=64, W=2), BF, False, BF),
+    (dict(Hk=1, Hv=4, dk=48, dv=40, W=4), F32, True, F32),
+]
+
+
+def _vid(v):
+    s, sd, idx, dt = v
+    return "Hk{Hk}-Hv{Hv}-dk{dk}-dv{dv}-W{W}".format(**s) + \
+        f"-{str(sd)[6:]}state-{'idx' if idx else 'noidx'}-{str(dt)[6:]}"
+
+
+def _launch(v, B=8, N=16, cfg=None):
+    s, sd, idx, dt = v
+    return cd.representative_launches(**s, B=B, N=N, dtype=dt, state_dtype=sd, with_indices=idx,
+                                      cfg=cfg)["gdn_decode.fwd"][0]
+
+
+# ------------------------------------------------------------------ CPU (CI)
+
+
+def test_every_variant_compiles_for_sm90_and_sm100():
+    jobs = [(_vid(v), _launch(v), arch) for v in COMPILE_VARIANTS for arch in ARCHS]
+    with ThreadPoolExecutor(max_workers=4) as pool:
+        cubins = list(pool.map(lambda j: j[1].export_cubin(j[2]), jobs))
+    for (name, _, arch), cubin in zip(jobs, cubins):
+        assert cubin[:4] == b"\x7fELF", f"{name} for {arch}: not an ELF cubin"
+        assert len(cubin) > 1000, f"{name} for {arch}: empty cubin"
+
+
+def test_launch_config_is_the_compile_key():
+    """The config comes from (Hk, Hv, dk, dv, W); B and N are dynamic shapes: one key."""
+    v = COMPILE_VARIANTS[0]
+    small, big = _launch(v, B=1, N=1), _launch(v, B=256, N=4096)
+    assert small.key() == big.key() and small.cfg == big.cfg
+    assert small.grid == (1, 16, 1) and big.grid == (256, 16, 1)
+    cfg = cd.DecodeCfg.heuristic(16, 32, 128, 128, 4)
+    assert cfg is cd.DecodeCfg.heuristic(16, 32, 128, 128, 4)  # cached, hashable
+    assert (cfg.R, cfg.W, cfg.DK, cfg.BV * cfg.NV) == (2, 4, 128, 128)
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        cfg.BV = 32
+    # each compile-time choice is in the key: state dtype, indices, shape, config
+    keys = {_launch(v).key() for v in COMPILE_VARIANTS}
+    assert len(keys) == len(COMPILE_VARIANTS)
+    assert _launch(v, cfg=cfg.with_tile(128, 32)).key() != small.key()
+    odd = cd.DecodeCfg.heuristic(1, 4, 48, 40, 4)
+    assert odd.DK == 64 and odd.BV * odd.NV >= 40 and odd.WP == 4 and odd.WW == 4
+
+
+def test_refuses_what_it_cannot_run():
+    with pytest.raises(ValueError, match="W=1"):
+        cd.DecodeCfg.heuristic(16, 32, 128, 128, 1)
+    v = COMPILE_VARIANTS[0]
+    with pytest.raises(ValueError, match="does not fit"):
+        _launch(v, cfg=cd.DecodeCfg.heuristic(16, 32, 64, 128, 4))  # dk 128 > DK 64
+
+
+# ------------------------------------------------------------------ GPU
+
+needs_gpu = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+
+
+def _inputs(B, N, Hk, Hv, dk, dv, W, dtype=BF, state_dtype=F32):
+    w, A, dt = mk.weights(Hk, Hv, dk, dv, W, dtype=dtype, device="cuda")
+    conv, ssm = mk.decode_states(N, Hk, Hv, dk, dv, W, dtype=dtype, state_dtype=state_dtype, device="cuda")
+    return mk.mixed((B,), Hk, Hv, dk, dv, dtype=dtype, device="cuda"), conv, w, A, dt, ssm
+
+
+def _indices(B, N, mode):
+    """None, or [B] int32: a random permutation of distinct slots with every third row -1."""
+    if mode is None:
+        return None
+    idx = torch.randperm(N)[:B].to(torch.int32)
+    if mode == "pad":
+        idx[::3] = -1
+    return idx.cuda()
+
+
+def _run(x, conv, w, A, dt, ssm, idx, Hk, scale=None, eps=1e-6):
+    B, Hv, dv = x.shape[0], A.shape[0], ssm.shape[3]
+    o = torch.full((B, Hv, dv), float("nan"), dtype=x.dtype, device=x.device)
+    cd.decode_into(x, conv, w, A, dt, ssm, idx, o, Hk, eps, scale)
+    return o
+
+
+def _ref64(x, conv, w, A, dt, ssm, idx, Hk, scale=None):
+    """reference.decode in float64 on copies; returns (o, conv_state, ssm_state) in float64."""
+    c64, s64 = conv.double(), ssm.double()
+    o = ref.decode(x.double(), c64, w.double(), A.double(), dt.double(), s64, idx, Hk=Hk, scale=scale)
+    return o, c64, s64
+
+
+GPU_CASES = [
+    # (B, N, shape, state dtype, indices mode)
+    (1, 4, QWEN, F32, None),
+    (33, 40, QWEN, F32, "pad"),
+    (5, 9, QWEN, BF, "perm"),
+    (33, 33, QWEN, BF, None),
+    (5, 8, dict(Hk=2, Hv=4, dk=64, dv=32, W=3), F32, "pad"),
+    (33, 50, dict(Hk=4, Hv=4, dk=32, dv=64, W=2), BF, "pad"),
+    (5, 5, dict(Hk=1, Hv=4, dk=48, dv=40, W=4), F32, None),
+    (1, 3, dict(Hk=1, Hv=4, dk=48, dv=40, W=4), F32, "pad"),  # B=1, its only row padded
+]
+
+
+@pytest.mark.gpu
+@needs_gpu
+@pytest.mark.parametrize("B,N,shape,sd,mode", GPU_CASES,
+                         ids=[f"B{c[0]}-N{c[1]}-" + "Hk{Hk}-Hv{Hv}-dk{dk}-dv{dv}-W{W}".format(**c[2]) +
+                              f"-{str(c[3])[6:]}-{c[4]}" for c in GPU_CASES])
+def test_decode_matches_float64_reference(B, N, shape, sd, mode):
+    Hk = shape["Hk"]
+    x, conv, w, A, dt, ssm = _inputs(B, N, **shape, state_dtype=sd)
+    idx = _indices(B, N, mode)
+    conv0, ssm0 = conv.clone(), ssm.clone()
+    o64, c64, s64 = _ref64(x, conv, w, A, dt, ssm, idx, Hk)
+    o = _run(x, conv, w, A, dt, ssm, idx, Hk)
+    assert_close(o, o64, what="o")
+    assert_close(ssm, s64, kind=sd, what="ssm_state")
+    assert_close(conv, c64.to(conv.dtype), kind="exact", what="conv_state")
+    # slots no real row names are bit-identical; padded rows are zero
+    slots = torch.arange(B) if idx is None else idx.cpu().long()
+    named = set(slots[slots >= 0].tolist())
+    other = [s for s in range(N) if s not in named]
+    assert torch.equal(ssm[other], ssm0[other]) and torch.equal(conv[other], conv0[other]), "unnamed slot touched"
+    if idx is not None:
+        pad = (idx < 0).nonzero().flatten()
+        assert torch.equal(o[pad], torch.zeros_like(o[pad])), "padded rows must be zero"
+
+
+def _recurrence(q, k, v, g, beta, scale):
+    """Plain gated delta rule over T (float64), all rows and value heads at once; q, k already
+    repeated to Hv heads. q, k [B, T, Hv, dk]; v [B, T, Hv, dv]; g, beta [B, T, Hv].
+    Returns (o [B, T, Hv, dv], the state after every step: list of [B, Hv, dk, dv])."""
+    B, T, Hv, dk = k.shape
+    S = torch.zeros(B, Hv, dk, v.shape[-1], dtype=F64, device=k.device)
+    outs, states = [], []
+    for t in range(T):
+        S = S * torch.exp(g[:, t])[..., None, None]
+        u = beta[:, t, :, None] * (v[:, t] - torch.einsum("bhkv,bhk->bhv", S, k[:, t]))
+        S = S + k[:, t, :, :, None] * u[:, :, None, :]
+        outs.append(torch.einsum("bhkv,bhk->bhv", S, scale * q[:, t]))
+        states.append(S)
+    return torch.stack(outs, 1), states
+
+
+@pytest.mark.gpu
+@needs_gpu
+@pytest.mark.parametrize("sd", [F32, BF], ids=["fp32state", "bf16state"])
+@pytest.mark.parametrize("T0", [1, 6])
+def test_steps_continue_a_prefill(sd, T0):
+    """k decode steps from a prefill (gdn_pre_gated's final conv state, the float64
+    recurrence's state) equal the reference over the concatenated tokens."""
+    Hk, Hv, dk, dv, W, steps, B, N = 2, 4, 64, 32, 4, 4, 5, 9
+    scale = 0.3
+    w, A, dt = mk.weights(Hk, Hv, dk, dv, W, device="cuda")
+    full = mk.mixed((B, T0 + steps), Hk, Hv, dk, dv, device="cuda")
+    q, k, v, _, g, beta = ref.pre_gated(full.double(), w.double(), A.double(), dt.double(), Hk=Hk, dk=dk,
+                                        dv=dv, repeat_qk=True)
+    o_all, states = _recurrence(q, k, v, g, beta, scale)
+    conv_pre = ref.pre_gated(full[:, :T0], w, A, dt, Hk=Hk, dk=dk, dv=dv, return_conv_state=True)[-1]
+    conv_end = ref.pre_gated(full, w, A, dt, Hk=Hk, dk=dk, dv=dv, return_conv_state=True)[-1]
+
+    conv, ssm = mk.decode_states(N, Hk, Hv, dk, dv, W, state_dtype=sd, device="cuda")
+    idx = torch.randperm(N)[:B].to(torch.int32).cuda()
+    conv[idx.long()] = conv_pre
+    ssm[idx.long()] = states[T0 - 1].to(sd)
+    for j in range(steps):
+        o = _run(full[:, T0 + j].contiguous(), conv, w, A, dt, ssm, idx, Hk, scale=scale)
+        assert_close(o, o_all[:, T0 + j], what=f"o of step {j}")
+    assert_close(conv[idx.long()], conv_end, kind="exact", what="conv_state")
+    assert_close(ssm[idx.long()], states[-1], kind=sd, what="ssm_state")
+
+
+@pytest.mark.gpu
+@needs_gpu
+@pytest.mark.parametrize("with_idx", [True, False], ids=["idx", "noidx"])
+def test_cuda_graph_replay_equals_eager(with_idx):
+    B, N = 6, 8
+    x, conv, w, A, dt, ssm = _inputs(B, N, **QWEN)
+    idx = _indices(B, N, "pad") if with_idx else None
+    xs = [mk.mixed((B,), 16, 32, 128, 128, device="cuda") for _ in range(3)]
+    # eager, three steps
+    ce, se = conv.clone(), ssm.clone()
+    eager = [_run(xi, ce, w, A, dt, se, idx, 16).clone() for xi in xs]
+    # warm-up (compiles) on throwaway copies, then capture one step and replay it three times
+    _run(xs[0], conv.clone(), w, A, dt, ssm.clone(), idx, 16)
+    torch.cuda.synchronize()
+    cg, sg = conv.clone(), ssm.clone()
+    x_static = xs[0].clone()
+    o_static = torch.full((B, 32, 128), float("nan"), dtype=BF, device="cuda")
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        cd.decode_into(x_static, cg, w, A, dt, sg, idx, o_static, 16, 1e-6, None)
+    assert torch.equal(cg, conv) and torch.equal(sg, ssm), "capture must not run the kernel"
+    for xi, want in zip(xs, eager):
+        x_static.copy_(xi)
+        graph.replay()
+        assert_close(o_static, want, kind="exact", what="o")
+    torch.cuda.synchronize()
+    assert torch.equal(cg, ce) and torch.equal(sg, se), "replayed states differ from eager"
