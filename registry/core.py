@@ -298,6 +298,7 @@ def clear_caches() -> None:
 
 _CHECKED_MAX = 1024
 _PLAIN = (int, float, bool, str, type(None))
+_SCALARS = frozenset(_PLAIN)
 
 
 class _NoKey(Exception):
@@ -333,8 +334,14 @@ def _call_key(args, kwargs, backend, strict_mode) -> tuple | None:
                 key.append(_sig(a))
         if kwargs:
             key.append(None)  # separates positional from keyword signatures
-            for k, v in kwargs.items():
-                key += (k, _sig(v))
+            vals = tuple(kwargs.values())
+            types = tuple(map(type, vals))
+            if _SCALARS.issuperset(types) and not (float in types and any(
+                    t is float and not v for v, t in zip(vals, types))):
+                key += (tuple(kwargs), vals, types)  # plain params: their values and types as they are
+            else:  # tensors, sequences, or a float zero (0.0 and -0.0 are different params)
+                for k, v in kwargs.items():
+                    key += (k, _sig(v))
     except _NoKey:
         return None
     return tuple(key)
