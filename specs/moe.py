@@ -1,8 +1,10 @@
 """Grouped MoE MLP (MXFP8) op specs. See ../shared/OPS.md, "Grouped MoE MLP (MXFP8)".
 
 G experts, tokens M sorted by expert, ``m_splits`` [G] int64 tokens per expert
-(sum M, zeros allowed). ``m_splits`` is metadata read on the host, so it may stay
-on the CPU while the activations are on the GPU (``same_device=False``).
+(sum M, zeros allowed), on any device (``same_device=False``): the torch reference
+reads it on the host (pass it on the CPU there, as Megatron and Transformer Engine do);
+the cute kernels read it on the device (keep it on the GPU: no host sync, and the
+call can be captured in a CUDA graph). Its value rules run where it lives.
 
 MXFP8: e4m3 data + one E8M0 scale (uint8 biased exponent e, value 2^(e-127)) per
 32 consecutive elements along the reduction dim; scale = 2^ceil(log2(amax/448))
@@ -41,7 +43,8 @@ _G = Dim(name="G", min=1, doc="experts (groups)")
 
 def _m_splits() -> TensorSpec:
     return TensorSpec(name="m_splits", shape=["G"], dtypes=["int64"], same_device=False, differentiable=False,
-                      doc="[G] int64 tokens per expert (sum M, zeros allowed); any device, read on the host")
+                      doc="[G] int64 tokens per expert (sum M, zeros allowed); any device (torch reads it on "
+                          "the host, the cute kernels on the device)")
 
 
 def _split_rules(grad_when: str) -> list[Constraint]:

@@ -20,7 +20,8 @@ Kernel signatures (params positional in spec order; see _opgen):
 
 ``m_splits`` [G] int64 is metadata; the torch reference reads it on the host (a
 GPU m_splits costs it a device sync; pass it on the CPU, as Megatron and
-Transformer Engine take it).
+Transformer Engine take it). The cute backend (``cute_kernels.py``) reads it on
+the device instead.
 """
 from __future__ import annotations
 
