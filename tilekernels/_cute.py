@@ -57,7 +57,6 @@ driver.
 """
 from __future__ import annotations
 
-import contextlib
 import ctypes
 import dataclasses
 import os
@@ -66,6 +65,8 @@ import threading
 from typing import Any, Callable
 
 import torch
+
+from tilekernels._glue import COMPILE_KEYS, _RECORD_KEYS, record_compile_keys  # noqa: F401 (re-exported)
 
 import cutlass
 import cutlass.cute as cute
@@ -92,24 +93,12 @@ _DTYPES = {
     torch.int64: cutlass.Int64,
 }
 
-# Keys (Launch.key) of every Launch.run inside record_compile_keys() (off by default).
-COMPILE_KEYS: set[tuple] = set()
-_RECORD_KEYS = [False]
+# the recorded compile keys are shared with every GPU launcher (tilekernels/_glue.py)
 # Launch.key -> compiled function (CuTe's JitCompiledFunction)
 _COMPILED: dict[tuple, Any] = {}
 # (Launch.key, device index) -> executor (compiled.to(index): the loaded library)
 _EXECUTORS: dict[tuple, Any] = {}
 _LOCK = threading.RLock()  # one compile at a time (the DSL's MLIR context is process-global)
-
-
-@contextlib.contextmanager
-def record_compile_keys():
-    """Within the block, every :meth:`Launch.run` adds its compile key to ``COMPILE_KEYS``."""
-    old, _RECORD_KEYS[0] = _RECORD_KEYS[0], True
-    try:
-        yield COMPILE_KEYS
-    finally:
-        _RECORD_KEYS[0] = old
 
 
 def clear_cache() -> None:

@@ -23,13 +23,14 @@ Importing this module needs ``cuda.tile`` but no GPU and no driver.
 """
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import io
 import math
 from typing import Any, Sequence
 
 import torch
+
+from tilekernels._glue import COMPILE_KEYS, _RECORD_KEYS, record_compile_keys  # noqa: F401 (re-exported)
 
 import cuda.tile as ct
 from cuda.tile.compilation import (ArrayConstraint, CallingConvention, KernelSignature,
@@ -45,20 +46,7 @@ _DTYPES = {
     torch.int32: ct.int32,
 }
 
-# (kernel name, argument dtypes, config) of every launch inside record_compile_keys()
-# (see module doc; off by default: building a key costs ~15 us per launch).
-COMPILE_KEYS: set[tuple] = set()
-_RECORD_KEYS = [False]
-
-
-@contextlib.contextmanager
-def record_compile_keys():
-    """Within the block, every ``Launch.run`` adds its key to ``COMPILE_KEYS``."""
-    old, _RECORD_KEYS[0] = _RECORD_KEYS[0], True
-    try:
-        yield COMPILE_KEYS
-    finally:
-        _RECORD_KEYS[0] = old
+# the recorded compile keys are shared with every GPU launcher (tilekernels/_glue.py)
 
 
 def _raw_stream(index: int) -> int:

@@ -72,3 +72,20 @@ def empty_like(t: torch.Tensor, dtype: torch.dtype | None = None) -> torch.Tenso
 def acc_dtype(*ts) -> torch.dtype:
     """The reference's accumulation dtype: float64 if any input is, else float32."""
     return torch.float64 if any(t is not None and t.dtype == torch.float64 for t in ts) else torch.float32
+
+
+# Compile keys of GPU launches (tilekernels/_cutile.py and _cute.py record into the same set):
+# inside record_compile_keys(), every Launch.run adds its key to COMPILE_KEYS (off by default:
+# building a key costs ~15 us a launch), so tests can check that a new batch size reuses a kernel.
+COMPILE_KEYS: set[tuple] = set()
+_RECORD_KEYS = [False]
+
+
+@contextlib.contextmanager
+def record_compile_keys():
+    """Within the block, every ``Launch.run`` adds its compile key to ``COMPILE_KEYS``."""
+    old, _RECORD_KEYS[0] = _RECORD_KEYS[0], True
+    try:
+        yield COMPILE_KEYS
+    finally:
+        _RECORD_KEYS[0] = old
