@@ -19,7 +19,10 @@ The hot path (design):
   same metadata checks and gets the same backend; it skips bind + choose and
   re-runs only the value rules (every call: values can change under the same
   metadata). Machine facts (toolchains, SM, registered kernels) are taken as
-  fixed for the process: ``clear_caches()`` forgets them.
+  fixed for the process: ``clear_caches()`` forgets them. In front of it, a
+  per-op inline cache of recent call patterns checks the tensors' metadata in
+  C++ (torch's TensorGuards, :mod:`registry.guards`) instead of building the
+  Python key: a repeated call costs a few microseconds, not one per tensor.
 * **torch.compile.** While TorchDynamo traces, the call skips the cache and runs
   the whole validation as traced Python: metadata rules become guards, value
   rules become graph ops, machine facts are trace-time constants
@@ -42,8 +45,9 @@ from specs.schema import Backend, OpSpec
 
 from . import capabilities as caps
 from .errors import BackendUnavailable, SpecError
+from .guards import HIT, MEMO, CallGuards, value_memo, values_unchanged
 from .kernels import has_kernel
-from .validate import Bound, bind, check_values, dtype_name, failing_constraint, precompile
+from .validate import Bound, bind, check_values, dtype_name, failing_constraint, precompile, values_read
 
 log = logging.getLogger("tilekernels")
 _warned: set[tuple[str, str]] = set()
@@ -175,6 +179,7 @@ class Op:
         self._entry: Optional[Callable] = None
         self._reference: Optional[Callable] = None
         self._checked: dict = {}
+        self._guards = CallGuards()  # C-level inline cache in front of _checked (registry/guards.py)
         self._in_names = [t.name for t in spec.inputs]
         self._n_in = len(self._in_names)
         self._param_specs = {p.name: p for p in spec.params}
@@ -182,6 +187,8 @@ class Op:
         for b in spec.backends:
             _BACKENDS[id(b)] = b
         self._has_values = bool(self._rules[1])
+        read = values_read(self._rules[1], tuple(self._in_names)) if self._has_values else ()
+        self._value_idx = tuple(self._in_names.index(n) for n in read)  # inputs the value rules read
         self._host_values = tuple(getattr(spec, "host_values", ()) or ())
 
     def __repr__(self) -> str:
@@ -234,12 +241,20 @@ class Op:
     # ---- the call path
 
     def _prepare(self, args: tuple, kwargs: dict) -> tuple[tuple, dict]:
-        """Tensors the spec reads on the host by design (``host_values``) become
-        host copies, once per call; everything else is passed through."""
-        if not self._host_values:
+        """Tensors every backend reads on the host by design (``OpSpec.host_values``, or a
+        name in every backend's ``Backend.host_values``) become host copies, once per call;
+        everything else is passed through (a tensor only some backends read on the host
+        stays on its device: its value rules run there, and the backend that needs it on
+        the host reads it in its entry)."""
+        names = self.__dict__.get("_prepare_names")
+        if names is None:
+            per_backend = [set(getattr(b, "host_values", ()) or ()) for b in self.spec.backends]
+            every = set.intersection(*per_backend) if per_backend else set()
+            names = self._prepare_names = self._host_values + tuple(sorted(every - set(self._host_values)))
+        if not names:
             return args, kwargs
         args = list(args)
-        for name in self._host_values:
+        for name in names:
             i = self._in_names.index(name)
             if i < len(args):
                 if isinstance(args[i], torch.Tensor) and args[i].device.type != "cpu":
@@ -254,18 +269,24 @@ class Op:
             bound = bind(self.spec, args, kwargs, self._rules)
             return self.entry(*bound.args(), backend=self.choose(bound, backend), **bound.params)
         strict_mode = strict()
-        key = _call_key(args, kwargs, backend, strict_mode)
-        hit = self._checked.get(key) if key is not None else None
-        if hit is None:
-            bound = bind(self.spec, args, kwargs, self._rules)
-            reasons: list[str] = []
-            chosen = self.choose(bound, backend, reasons)
-            if key is not None:
-                if len(self._checked) >= _CHECKED_MAX:
-                    self._checked.clear()
-                self._checked[key] = (chosen, "; ".join(reasons), bound.params, bound.dims,
-                                      len(args) <= self._n_in and not kwargs.keys() - self._param_specs.keys())
-            return self.entry(*bound.args(), backend=chosen, **bound.params)
+        mode = (backend, torch.is_grad_enabled(), strict_mode)
+        pattern = self._guards.lookup(args, kwargs, mode)
+        if pattern is not None:
+            hit = pattern[HIT]
+        else:
+            key = _call_key(args, kwargs, backend, strict_mode)
+            hit = self._checked.get(key) if key is not None else None
+            if hit is None:
+                bound = bind(self.spec, args, kwargs, self._rules)
+                reasons: list[str] = []
+                chosen = self.choose(bound, backend, reasons)
+                if key is not None:
+                    if len(self._checked) >= _CHECKED_MAX:
+                        self._checked.clear()
+                    self._checked[key] = (chosen, "; ".join(reasons), bound.params, bound.dims,
+                                          len(args) <= self._n_in and not kwargs.keys() - self._param_specs.keys())
+                return self.entry(*bound.args(), backend=chosen, **bound.params)
+            self._guards.add(args, kwargs, mode, hit)  # seen twice: the C-level guard takes it from now on
         chosen, why, params, dims, positional = hit
         if why and (self.name, why) not in _warned:  # the same fallback as when validated: logged once
             _fallback(self.name, why, strict_mode)
@@ -273,10 +294,12 @@ class Op:
             tensors = args if len(args) == self._n_in else (*args, *(None,) * (self._n_in - len(args)))
         else:
             tensors = self._in_order(args, kwargs)
-        if self._has_values:
+        if self._has_values and not (pattern is not None and values_unchanged(pattern[MEMO], tensors)):
             check_values(self.spec, dict(zip(self._in_names, tensors)), params, dims,
-                         torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in tensors),
+                         mode[1] and any(t is not None and t.requires_grad for t in tensors),
                          self._rules[1])
+            if pattern is not None:  # checked (or queued on the device) for these tensors
+                pattern[MEMO] = value_memo(tensors, self._value_idx)
         return self.entry(*tensors, backend=chosen, **params)
 
     def _in_order(self, args, kwargs) -> list:
@@ -293,6 +316,7 @@ def clear_caches() -> None:
 
     for op in _ops().values():
         op._checked.clear()
+        op._guards.clear()
     _CHECKED_VALUES.clear()
 
 

@@ -565,6 +565,21 @@ def _plan(c: Constraint, names: tuple) -> tuple:
     return hit
 
 
+def _rule_plans(rules: list[Constraint], names: tuple) -> tuple:
+    """(rules, [(rule, tensors it reads, whether its `when` reads values)], every tensor read)."""
+    pk = (id(rules), names)
+    got = _PLANS.get(pk)
+    if got is None or got[0] is not rules:
+        plans = [(c, *_plan(c, names)[1:]) for c in rules]
+        got = _PLANS[pk] = (rules, plans, tuple(sorted({n for _, used, _ in plans for n in used})))
+    return got
+
+
+def values_read(rules: list[Constraint], names: tuple) -> tuple:
+    """The input tensors whose values ``rules`` read (sorted names)."""
+    return _rule_plans(rules, tuple(names))[2]
+
+
 def check_values(spec: OpSpec, tensors: dict, params: dict, dims: dict, requires_grad: bool,
                  rules: Optional[list[Constraint]] = None) -> None:
     """Check an op's value rules: on the host where every tensor a rule reads is a
@@ -575,12 +590,7 @@ def check_values(spec: OpSpec, tensors: dict, params: dict, dims: dict, requires
     if _compiling():  # traced: plain code (no id()-keyed caches); the checks become graph ops
         plans, read, key = [(c, *_plan(c, names)[1:]) for c in rules], (), None
     else:
-        pk = (id(rules), names)
-        got = _PLANS.get(pk)
-        if got is None or got[0] is not rules:
-            plans = [(c, *_plan(c, names)[1:]) for c in rules]
-            got = _PLANS[pk] = (rules, plans, tuple(sorted({n for _, used, _ in plans for n in used})))
-        _, plans, read = got
+        _, plans, read = _rule_plans(rules, names)
         key = _checked_key(op, read, tensors, params, dims, requires_grad)
         if key is not None and _seen_checked(key, read, tensors):
             return

@@ -1,0 +1,156 @@
+"""The C-level call guards in front of the validated-call cache (registry/guards.py).
+
+A repeated call is answered by a per-op pattern whose tensor metadata torch's
+TensorGuards checks in C++. These tests pin what that shortcut must never change:
+a call that differs in any tensor's shape, strides, dtype or requires_grad, in a
+param's value or type, in grad mode or in the backend asked for is validated again
+(and refused when it is bad); value rules are skipped only for the very same,
+unmodified tensors; a float zero param never takes the shortcut (0.0 and -0.0 are
+different params); and with the guards unavailable the registry behaves the same.
+"""
+from __future__ import annotations
+
+import pytest
+import torch
+
+import registry
+import registry.core as C
+import registry.guards as G
+from registry import SpecError
+
+
+def _agg_args(T=5, n=4, c=24):
+    return torch.randn(T, n, c), torch.softmax(torch.randn(T, n), -1)
+
+
+@pytest.fixture
+def counted(monkeypatch):
+    """Counts full validations (bind calls) made by the registry."""
+    registry.clear_caches()
+    calls = []
+    real = C.bind
+    monkeypatch.setattr(C, "bind", lambda *a, **k: calls.append(1) or real(*a, **k))
+    yield calls
+    registry.clear_caches()
+
+
+def _pattern_hits(op, args, kwargs=None, backend="auto"):
+    mode = (backend, torch.is_grad_enabled(), C.strict())
+    return op._guards.lookup(tuple(args), kwargs or {}, mode) is not None
+
+
+def test_probe_accepts_this_torch():
+    """CI's torch has a TensorGuards that refuses every changed property the probe tries."""
+    assert G.available()
+
+
+def test_repeated_call_is_answered_by_the_guard(counted):
+    op = registry.get("mhc_h_aggregate")
+    x, h = _agg_args()
+    ref = op(x, h)
+    op(x, h)  # the slow key's second hit installs the pattern
+    assert _pattern_hits(op, (x, h))
+    n = len(counted)
+    out = op(torch.randn_like(x), h.clone())  # new data, same metadata
+    assert len(counted) == n and out.shape == ref.shape
+
+
+@pytest.mark.parametrize("change", ["shape", "stride", "dtype", "requires_grad", "ndim"])
+def test_changed_metadata_misses_the_guard_and_is_validated(counted, change):
+    op = registry.get("mhc_h_aggregate")
+    x, h = _agg_args()
+    op(x, h)
+    op(x, h)
+    n = len(counted)
+    if change == "shape":  # h's n no longer matches x's: refused
+        bad, err = (x, torch.softmax(torch.randn(5, 3), -1)), "h_pre"
+    elif change == "stride":  # x not contiguous: refused
+        bad, err = (torch.randn(24, 4, 5).permute(2, 1, 0), h), "x"
+    elif change == "dtype":
+        bad, err = (x.to(torch.int32), h), "x"
+    elif change == "ndim":
+        bad, err = (x.reshape(5, -1), h), "x"
+    else:  # a good call, but another cache entry (the grad path): validated once
+        bad, err = (x.clone().requires_grad_(), h), None
+    assert not _pattern_hits(op, bad)
+    if err is None:
+        op(*bad)
+        assert len(counted) == n + 1
+    else:
+        with pytest.raises(SpecError, match=err):
+            op(*bad)
+
+
+def test_param_value_type_grad_mode_and_backend_are_part_of_the_pattern(counted):
+    op = registry.get("mhc_sinkhorn")
+    logits = torch.randn(6, 4, 4)
+    op(logits, iters=5)
+    op(logits, iters=5)
+    assert _pattern_hits(op, (logits,), {"iters": 5})
+    assert not _pattern_hits(op, (logits,), {"iters": 6})
+    assert not _pattern_hits(op, (logits,), {"iters": 5.0})  # float 5.0 is not the int param 5
+    assert not _pattern_hits(op, (logits,), {"iters": True})
+    assert not _pattern_hits(op, (logits,), {"iters": 5}, backend="torch")
+    with torch.no_grad():
+        assert not _pattern_hits(op, (logits,), {"iters": 5})
+    with pytest.raises(SpecError, match="iters"):
+        op(logits, iters=0)  # out of range: validated, refused
+    with pytest.raises(SpecError, match="iters"):
+        op(logits, iters=5.5)
+
+
+def test_float_zero_params_never_take_the_guard():
+    """0.0 == -0.0 in Python, so a pattern holding a float zero could answer the other one."""
+    name = "alpha_pre"
+    pattern = G.CallGuards()
+    x = torch.randn(2, 3)
+    mode = ("auto", True, False)
+    pattern.add((x,), {name: 0.0}, mode, "hit")
+    assert pattern.lookup((x,), {name: 0.0}, mode) is None and pattern.lookup((x,), {name: -0.0}, mode) is None
+    pattern.add((x,), {name: 0.5}, mode, "hit")
+    assert pattern.lookup((x,), {name: 0.5}, mode)[G.HIT] == "hit"
+    assert pattern.lookup((x,), {name: -0.5}, mode) is None
+    assert pattern.lookup((x,), {name: float("nan")}, mode) is None
+
+
+def test_non_plain_arguments_never_take_the_guard():
+    pattern = G.CallGuards()
+    x = torch.randn(2, 3)
+    mode = ("auto", True, False)
+    pattern.add((x, 3), {}, mode, "hit")  # a positional non-tensor
+    pattern.add((x,), {"sections": [1, 2]}, mode, "hit")  # a sequence param
+    pattern.add((x,), {"w": x}, mode, "hit")  # a tensor passed by keyword
+    pattern.add((x.to_sparse(),), {}, mode, "hit")
+    assert pattern._entries == []
+    pattern.add((x, None), {}, mode, "hit")  # trailing optional input left None: fine
+    assert pattern.lookup((x, None), {}, mode)[G.HIT] == "hit"
+    assert pattern.lookup((x, x), {}, mode) is None
+
+
+def test_value_rules_skipped_only_for_the_same_unmodified_tensors(counted):
+    op = registry.get("grouped_linear")
+    x, w, m = torch.randn(64, 32), torch.randn(2, 8, 32), torch.tensor([32, 32])
+    op(x, w, m)
+    op(x, w, m)
+    op(x, w, m)
+    assert _pattern_hits(op, (x, w, m))
+    with pytest.raises(SpecError, match="m_splits must add up"):
+        op(x, w, torch.tensor([32, 31]))  # another tensor, same metadata: checked
+    m[0] = 10  # the same tensor written in place: version bump, checked
+    with pytest.raises(SpecError, match="m_splits must add up"):
+        op(x, w, m)
+    with pytest.raises(SpecError, match="m_splits must add up"):
+        op(x, w, m)  # a refused call is never remembered as checked
+    m[0] = 32
+    op(x, w, m)
+
+
+def test_without_guards_the_registry_behaves_the_same(monkeypatch, counted):
+    monkeypatch.setattr(G, "_STATE", [False])
+    op = registry.get("mhc_h_aggregate")
+    x, h = _agg_args()
+    a = op(x, h)
+    b = op(x, h)
+    assert torch.equal(a, b) and op._guards._entries == []
+    with pytest.raises(SpecError, match="h_pre"):
+        op(x, torch.softmax(torch.randn(5, 3), -1))
