@@ -3,6 +3,7 @@
 autograd backward) at a small T, where the GPU work is tiny and the host sets the pace.
 Prints per-call host microseconds of each layer, then cProfile's top functions.
     source .gpu-cutile/env.sh && python3 benchmarks/probes/host_profile.py [--T 1024] [--gap]
+    ... host_profile.py --sinkhorn [--T 32768]   (issue 15: where eager sinkhorn fwd+bwd's time goes)
 """
 from __future__ import annotations
 
@@ -33,7 +34,10 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--T", type=int, default=1024)
     ap.add_argument("--gap", action="store_true", help="do_bench vs CUDA-graph times of each layer (T=32768)")
+    ap.add_argument("--sinkhorn", action="store_true", help="mhc_sinkhorn's layers instead (n=4)")
     a = ap.parse_args()
+    if a.sinkhorn:
+        return sinkhorn(a.T)
     T, n, C = a.T, 4, 7168
     r = lambda *s, dt=torch.bfloat16: torch.randn(*s, device="cuda").to(dt)  # noqa: E731
     hr, res, hp, x, b = r(T, n, n, dt=torch.float32), r(T, n, C), r(T, n, dt=torch.float32), r(T, C), r(C)
@@ -66,6 +70,63 @@ def main() -> None:
         with torch.no_grad() if "no grad" in name else torch.enable_grad():
             print(f"{name:<55} {per_call_us(fn, n=500):8.1f} us/call", flush=True)
     print(cprofile_top(steps["registry fwd + autograd bwd"], 300, keys=("tottime", "cumulative")))
+
+
+def sinkhorn(T: int, n: int = 4, iters: int = 20, eps: float = 1e-6) -> None:
+    """mhc_sinkhorn eager fwd+bwd (the issue's <= 0.08 ms target): host us per call of each
+    layer (queued back to back, one sync), do_bench / CUDA-graph ms of the full step, and
+    cProfile of the registry step. Every fwd+bwd step sets grads to None and backpropagates
+    the same pre-made dout."""
+    from triton.testing import do_bench, do_bench_cudagraph
+
+    logits = torch.randn(T, n, n, device="cuda")
+    dout = torch.randn(T, n, n, device="cuda")
+    out, dl = torch.empty_like(logits), torch.empty_like(logits)
+    op = registry.get("mhc_sinkhorn")
+    leaf = logits.clone().requires_grad_()
+    kf, kb = get_kernel("mhc_sinkhorn", "cutile", "fwd"), get_kernel("mhc_sinkhorn", "cutile", "bwd")
+    params = dict(iters=iters, eps=eps)
+    with torch.no_grad():
+        chosen = op.choose(op.bind(logits, **params))
+    assert chosen == "cutile", chosen
+
+    def step(f):
+        def run():
+            leaf.grad = None
+            torch.autograd.backward(f(leaf), dout)
+        return run
+
+    stub = lambda *a, **k: None  # noqa: E731
+    real_entry = op.entry
+
+    def registry_only():
+        op._entry = stub
+        try:
+            op(leaf, **params)
+        finally:
+            op._entry = real_entry
+
+    steps = {
+        "fwd kernel fn (launch)": (False, lambda: kf(logits, out, iters, eps)),
+        "bwd kernel fn (launch)": (False, lambda: kb(dout, logits, dl, iters, eps)),
+        "torch.empty_like": (False, lambda: torch.empty_like(logits)),
+        "registry alone (entry stubbed, grad mode)": (True, registry_only),
+        "entry fwd (no grad)": (False, lambda: real_entry(logits, backend="cutile", **params)),
+        "registry fwd (no grad)": (False, lambda: op(logits, **params)),
+        "entry fwd (grad: autograd.Function)": (True, lambda: real_entry(leaf, backend="cutile", **params)),
+        "entry fwd + autograd bwd": (True, step(lambda x: real_entry(x, backend="cutile", **params))),
+        "registry fwd + autograd bwd": (True, step(lambda x: op(x, **params))),
+    }
+    for name, (grad, fn) in steps.items():
+        with torch.enable_grad() if grad else torch.no_grad():
+            print(f"{name:<45} {per_call_us(fn, n=2000):8.1f} us/call (host)", flush=True)
+    for name in ("entry fwd + autograd bwd", "registry fwd + autograd bwd"):
+        fn = steps[name][1]
+        e = do_bench(fn, warmup=25, rep=200, return_mode="median")
+        g = do_bench_cudagraph(fn, rep=100, return_mode="median")
+        print(f"{name:<45} do_bench {e * 1e3:.1f} us, graph {g * 1e3:.1f} us (T={T} n={n} iters={iters})",
+              flush=True)
+    print(cprofile_top(steps["registry fwd + autograd bwd"][1], 2000, keys=("tottime",)))
 
 
 if __name__ == "__main__":

@@ -1,0 +1,42 @@
+#!/usr/bin/env bash
+# The lead's GPU-host session parts that are not one family's: the registry's hot path,
+# host cost, and the compute-sanitizer runs of the GDN and MoE kernels. From the repo root:
+#   source .gpu-cutile/env.sh && bash benchmarks/gpu_session.sh registry,host,sinkhorn,gdn-memcheck
+#   source .gpu-cute/env.sh   && bash benchmarks/gpu_session.sh moe-memcheck,moe-racecheck,moe-initcheck
+# Logs land in $OUT; a short summary is printed last.
+set -u
+OUT=$(cd "${OUT:-.}" && pwd)
+parts=",${1:-registry,host},"
+has() { [[ "$parts" == *",$1,"* ]]; }
+summary=()
+san() {  # san TOOL LOG TIMEOUT ARGS...: compute-sanitizer TOOL over a pytest selection
+  local tool=$1 log=$2 t=$3; shift 3
+  timeout "$t" compute-sanitizer --tool "$tool" --print-limit 50 python3 -m pytest -q -x -p no:cacheprovider "$@" \
+    > "$OUT/$log" 2>&1
+  summary+=("$log: rc=$? $(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY' "$OUT/$log" | tail -1); $(grep -E ' passed| failed' "$OUT/$log" | tail -1)")
+}
+if has registry; then
+  timeout 240 python3 -m pytest -q tests/registry/test_registry_hot_path.py tests/registry/test_registry_guards.py \
+    -n 8 -p no:cacheprovider > "$OUT/registry-tests.txt" 2>&1
+  summary+=("registry tests: $(grep -E 'passed|failed' "$OUT/registry-tests.txt" | tail -1)")
+fi
+if has host; then
+  timeout 200 python3 benchmarks/host_overhead.py --device cuda --json "$OUT/host-overhead.json" \
+    > "$OUT/host-overhead.txt" 2>&1
+  summary+=("host_overhead: rc=$? (table in host-overhead.txt)")
+fi
+if has sinkhorn; then
+  timeout 120 python3 benchmarks/probes/host_profile.py --sinkhorn --T 32768 > "$OUT/sinkhorn-host.txt" 2>&1
+  summary+=("sinkhorn host profile: rc=$?")
+fi
+if has gdn-memcheck; then
+  san memcheck gdn-memcheck.txt 200 tests/gdn/test_gdn_cutile_decode.py -m gpu
+fi
+MOE_SMALL=(tests/moe/test_moe_cute_registry.py -m gpu -k "not shape2 and not MF2 and not graph and not cpu-KN")
+MOE_ONE=(tests/moe/test_moe_cute_registry.py -m gpu -k "grouped_mlp_forward_backward and splits0 and HF0")
+if has moe-memcheck; then san memcheck moe-memcheck.txt 300 "${MOE_SMALL[@]}"; fi
+if has moe-racecheck; then san racecheck moe-racecheck.txt 150 "${MOE_ONE[@]}"; fi
+if has moe-initcheck; then san initcheck moe-initcheck.txt 150 "${MOE_ONE[@]}"; fi
+printf '%s\n' "${summary[@]}"
+if has host; then tail -20 "$OUT/host-overhead.txt"; fi
+if has sinkhorn; then grep -E "us/call|do_bench" "$OUT/sinkhorn-host.txt"; fi
