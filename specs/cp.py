@@ -12,8 +12,16 @@ of every section.
 custom ops. Their ``cp`` param is optional: None means "the group's size",
 resolved before any rule runs (``Param.resolve``); without an initialised
 process group it stays None, the cp rules are skipped and the backend's
-``requires=["distributed"]`` refuses the call. cu_seqlens is read on the host
-by design (``host_values``: the send sizes come from it), once per call.
+``requires=["distributed"]`` refuses the call.
+
+Backends of the collectives: ``cutile`` (pack/unpack kernels that compute every row's
+source row from cu_seqlens on the device: a GPU cu_seqlens is never read on the host, the
+value rules run on the device as async checks) before ``torch`` (index-map gathers cached
+per cu_seqlens value: it reads cu_seqlens on the host once per call, the Backend's
+``host_values``; for a GPU cu_seqlens that is one sync). The collective's send sizes do not
+depend on cu_seqlens (every rank sends Tl x D/cp to every rank): only the token order does.
+``thd_cp_a2a_perm``'s output length T = cu_seqlens[-1] is a host fact: ``total_tokens``
+passes it (then a GPU cu_seqlens is not read on the host), else it is read (one sync).
 """
 from __future__ import annotations
 
@@ -107,9 +115,18 @@ def _a2a_spec(name: str, to_hp: bool) -> OpSpec:
         differentiable=True,
         reference=f"tilekernels.cp.reference:{name}",
         entry=f"tilekernels.cp.ops:{name}",
-        backends=[Backend(name="torch", module="tilekernels.cp.ops", requires=["distributed"],
-                          doc="torch gathers around one torch.distributed.all_to_all_single")],
-        host_values=["cu_seqlens"],
+        backends=[
+            Backend(name="cutile", module="tilekernels.cp.cutile_pack", requires=["distributed"], sm=(90, 100),
+                    toolchain=["cutile"], dtypes={"x": ["bfloat16", "float16", "float32"]},
+                    constraints=[Constraint(expr=f"{rows} * {cols} < 2**31",
+                                            message="the kernels index with int32 (every tensor < 2**31 elements)")],
+                    doc="cuTile pack (section split / rank-major rows) and unpack kernels around one "
+                        "all_to_all_single; source rows computed from cu_seqlens on the device (no host "
+                        "read); float64 runs on torch"),
+            Backend(name="torch", module="tilekernels.cp.ops", requires=["distributed"], host_values=["cu_seqlens"],
+                    doc="torch gathers through cached index maps around one torch.distributed.all_to_all_single; "
+                        "reads cu_seqlens on the host once per call"),
+        ],
     )
 
 
@@ -135,8 +152,14 @@ A2A_PERM = OpSpec(
         TensorSpec(name="feature_inv", role="out", shape=["D"], dtypes=["int64"], optional=True,
                    differentiable=False, doc="[D] rank-major position of each section-major column"),
     ],
-    params=[Param(name="cp", type="int", required=True, min=1, doc="context-parallel size"), _SECTIONS],
-    constraints=_CU_RULES + _cp_rules(None),
+    params=[Param(name="cp", type="int", required=True, min=1, doc="context-parallel size"), _SECTIONS,
+            Param(name="total_tokens", type="int", nullable=True, default=None, min=0,
+                  doc="T = cu_seqlens[-1] when the caller knows it: a GPU cu_seqlens is then not read on "
+                      "the host (sync-free); None reads it (one sync for a GPU cu_seqlens)")],
+    constraints=_CU_RULES + _cp_rules(None) + [
+        Constraint(expr="total_tokens == max(values(cu_seqlens))", when="total_tokens is not None",
+                   message="total_tokens is cu_seqlens[-1]"),
+    ],
     differentiable=False,
     reference="tilekernels.cp.reference:thd_cp_a2a_perm",
     entry="tilekernels.cp.ops:thd_cp_a2a_perm",

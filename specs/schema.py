@@ -223,6 +223,9 @@ class Backend(_Model):
     dtypes: dict[str, list[DType]] = Field(default_factory=dict)
     tiling: dict[str, int] = Field(default_factory=dict)
     requires: list[Literal["distributed"]] = Field(default_factory=list)
+    # input tensors this backend reads on the host by design (its entry reads them itself,
+    # once per call; see OpSpec.host_values for tensors every backend reads there)
+    host_values: list[str] = Field(default_factory=list)
     doc: str = ""
 
     @field_validator("module")
@@ -236,9 +239,13 @@ class Backend(_Model):
 class OpSpec(_Model):
     """The full contract of one op (see ../shared/OPS.md).
 
-    ``host_values`` names input tensors the op reads on the host by design (the CP
-    collectives' send sizes come from cu_seqlens): the registry copies them to the
-    host once per call and hands the kernels that copy. Every other op's rules on
+    ``host_values`` names input tensors the op reads on the host by design: the
+    registry copies them to the host once per call and hands the kernels that copy.
+    A tensor only some backends read on the host is named in those backends'
+    ``Backend.host_values`` instead (the CP collectives' torch backend: cu_seqlens):
+    the registry leaves it where it is (its value rules run on the device for a GPU
+    tensor) and that backend's entry reads it; the registry copies it up front only
+    when every backend of the op names it. Every other op's rules on
     tensor values run on the device (no host sync; see registry.validate).
     """
     name: str
@@ -334,6 +341,10 @@ def consistency_problems(spec: OpSpec) -> list[str]:
     for name in spec.host_values:
         if name not in {t.name for t in spec.inputs}:
             out.append(f"host_values names {name!r}, which is not an input tensor")
+    for b in spec.backends:
+        for name in b.host_values:
+            if name not in {t.name for t in spec.inputs}:
+                out.append(f"backend {b.name}: host_values names {name!r}, which is not an input tensor")
     for p in spec.params:
         if p.resolve is not None and not (_ENTRY.match(p.resolve) and ":" in p.resolve):
             out.append(f"param {p.name}: resolve {p.resolve!r} is not of the form 'package.module:function'")

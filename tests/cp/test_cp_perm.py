@@ -171,6 +171,18 @@ def test_bad_dtype_rank_stride_refused():
 
 
 def test_collective_without_process_group_refused():
-    assert not torch.distributed.is_initialized()
+    if torch.distributed.is_initialized():  # tk-bench's cp rows (tests/tools) leave a world-1 group up
+        pytest.skip("a process group is already initialised in this process")
     _refused(TO_HP, _x(4, 2), torch.tensor([0, 8]), cp=2, match="not initialized")
     _refused(TO_CP, _x(8, 1), torch.tensor([0, 8]), match="not initialized")
+
+
+def test_total_tokens_skips_the_host_read_and_is_checked():
+    """total_tokens = cu_seqlens[-1] (the sync-free form for a GPU cu_seqlens) gives the same
+    maps; a wrong one is refused (a host rule here: cu_seqlens on the CPU)."""
+    cu = random_cu(2)
+    t = int(cu[-1])
+    got, want = PERM(cu, cp=2, split_sections=[2, 4], total_tokens=t), PERM(cu, cp=2, split_sections=[2, 4])
+    for name in got._fields:
+        assert_close(getattr(got, name), getattr(want, name), kind="exact", what=name)
+    _refused(PERM, cu, cp=2, total_tokens=t + 4, match="total_tokens")

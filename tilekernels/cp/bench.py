@@ -8,7 +8,9 @@
   CUDA), which ``make`` initializes as the default group if none exists (a
   FileStore in a temp dir; nothing leaves the machine). At cp = 1 the
   all_to_all is a local copy, so these rows measure the fused packing and
-  unpacking (two gathers around it), not the network; the multi-rank path is
+  unpacking (two copies around it: the cutile pack/unpack kernels on a GPU, the
+  torch gathers on a CPU) plus that copy, not the network; the per-kernel
+  numbers at cp = 2, 4, 8 are benchmarks/cp_pack_check.py; the multi-rank path is
   covered by tests/test_cp_a2a.py. Headline on CUDA: Qwen3-Next GDN in_proj
   output, D = 12352 (q,k = 2048, v,z = 4096, b,a = 32), 8 sequences of 4096
   tokens (T = 32768), bf16.
@@ -71,7 +73,7 @@ def _a2a_inputs(d, device):
 
 
 def _a2a_bytes(d) -> int:
-    # read x (bf16), write out (bf16), read the int64 token map (cp = 1: both sides [T, D])
+    # read x (bf16), write out (bf16), read the int64 token map (torch backend; cp = 1: both sides [T, D])
     return 2 * 2 * d["T"] * sum(sections(d)) + 8 * d["T"]
 
 

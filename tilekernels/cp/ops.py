@@ -5,15 +5,19 @@ families they are NOT ``torch.library.custom_op``s (a custom op must not run a
 collective behind the compiler's back): each is an ``autograd.Function`` whose
 backward is the other direction. The registry contract is unchanged: the spec
 entry is called as ``entry(*inputs, backend=..., **params)`` and the chosen
-backend's kernels come from ``_glue.get_kernel``; the torch backend's kernels
-are registered below with ``@kernel``.
+backend's kernels come from ``_glue.get_kernel`` (called as ``kernel(x, plan,
+group, out)``); the torch backend's kernels are registered below with
+``@kernel``, the cutile backend's in :mod:`tilekernels.cp.cutile_pack`.
 
 The fused path does exactly ONE ``torch.distributed.all_to_all_single`` per
 direction, with the feature-section split and the zigzag token reordering
-folded into one gather before it and one gather after it (index maps from
-:mod:`tilekernels.cp.perm`, cached per (cu_seqlens, cp, sections, device)).
+folded into one copy before it and one copy after it. torch backend: two
+gathers through index maps (:mod:`tilekernels.cp.perm`, cached per
+(cu_seqlens values, cp, sections, device); cu_seqlens is read on the host once
+per call). cutile backend: pack/unpack kernels that compute every row's source
+from cu_seqlens on the device (a GPU cu_seqlens is never read on the host).
 Pure copies: the result is bitwise what the per-sequence, per-section
-reference (:mod:`tilekernels.cp.reference`) gives.
+reference (:mod:`tilekernels.cp.reference`) gives, on either backend.
 """
 from __future__ import annotations
 
@@ -36,7 +40,8 @@ from .perm import A2APerm
 
 @kernel("thd_cp_a2a_perm", "torch", "fwd")
 def _a2a_perm_torch(cu_seqlens, cp, split_sections, token_perm, token_inv, feature_perm, feature_inv):
-    tp, ti = _perm.token_perm(cu_seqlens, cp)
+    # tensor ops on cu_seqlens' device; T is the outputs' length (no host read of cu_seqlens)
+    tp, ti = _perm.token_perm(cu_seqlens, cp, total=token_perm.shape[0])
     token_perm.copy_(tp)
     token_inv.copy_(ti)
     if split_sections is not None:
@@ -46,7 +51,7 @@ def _a2a_perm_torch(cu_seqlens, cp, split_sections, token_perm, token_inv, featu
 
 
 def thd_cp_a2a_perm(cu_seqlens: Tensor, *, cp: int, split_sections: Optional[Sequence[int]] = None,
-                    backend: str = "torch") -> A2APerm:
+                    total_tokens: Optional[int] = None, backend: str = "torch") -> A2APerm:
     """Index maps between rank-major zigzag and natural packed token order, and
     between section-major and rank-major feature order (not differentiable).
 
@@ -57,11 +62,18 @@ def thd_cp_a2a_perm(cu_seqlens: Tensor, *, cp: int, split_sections: Optional[Seq
     index of the j-th rank-major token (rank 0's local tokens, then rank 1's, ...);
     ``feature_perm[k]`` the section-major column of the k-th rank-major column.
     See :mod:`tilekernels.cp.perm` for the full conventions.
+
+    Host reads: the maps are built with tensor ops on cu_seqlens' device; only their
+    length T = cu_seqlens[-1] is a host fact. ``total_tokens`` (optional) is that T
+    given by the caller (through the registry it is checked against cu_seqlens on the
+    device, asynchronously): then a GPU cu_seqlens is never read on the host and the
+    call is sync-free (graph-capturable). Without it T is read from cu_seqlens: for a
+    GPU cu_seqlens that is one device sync per call, by design.
     """
     op = "thd_cp_a2a_perm"
     sections = _sections(op, split_sections)
     dev = cu_seqlens.device
-    total = int(cu_seqlens[-1])
+    total = int(cu_seqlens[-1]) if total_tokens is None else operator.index(total_tokens)
     tp, ti = empty((total,), torch.int64, dev), empty((total,), torch.int64, dev)
     fp = fi = None
     if sections is not None:
@@ -73,38 +85,39 @@ def thd_cp_a2a_perm(cu_seqlens: Tensor, *, cp: int, split_sections: Optional[Seq
 # ---------------------------------------------------------------- the fused all_to_all
 
 
-def _to_hp_torch(x: Tensor, token_inv: Tensor, feature_perm: Tensor, cp: int, group: Any,
-                 out: Tensor) -> None:
+def _to_hp_torch(x: Tensor, plan: "_Plan", group: Any, out: Tensor) -> None:
     """x [Tl, D] (cp side) -> out [cp*Tl, D/cp] (hp side). One gather, one
     all_to_all_single, one gather."""
+    cp = plan.cp
     t_local, d = x.shape
     dc = d // cp
     rows = torch.arange(t_local, device=x.device)
     # send[q, t, :] = x[t, columns rank q owns] (section split and rank split in one gather)
-    send = x[rows[None, :, None], feature_perm.view(cp, 1, dc)]
+    send = x[rows[None, :, None], plan.feature_perm.view(cp, 1, dc)]
     recv = torch.empty_like(send)  # fully written by the collective
     dist.all_to_all_single(recv, send, group=group)
     # recv is every rank's tokens in rank-major order: put them in natural order
-    torch.index_select(recv.view(cp * t_local, dc), 0, token_inv, out=out)
+    torch.index_select(recv.view(cp * t_local, dc), 0, plan.token_inv, out=out)
 
 
-def _to_cp_torch(x: Tensor, token_perm: Tensor, feature_inv: Tensor, cp: int, group: Any,
-                 out: Tensor) -> None:
+def _to_cp_torch(x: Tensor, plan: "_Plan", group: Any, out: Tensor) -> None:
     """x [T, D/cp] (hp side) -> out [T/cp, D] (cp side). One gather, one
     all_to_all_single, one gather."""
+    cp = plan.cp
     total, dc = x.shape
     t_local = total // cp
-    send = x.index_select(0, token_perm)  # rank-major: block q = rank q's zigzag tokens
+    send = x.index_select(0, plan.token_perm)  # rank-major: block q = rank q's zigzag tokens
     recv = torch.empty_like(send)
     dist.all_to_all_single(recv, send, group=group)
     # recv[q, t, :] = my token t, rank q's columns; out[t, c] = recv[rank, t, col] of column c
     rows = torch.arange(t_local, device=x.device)
+    fi = plan.feature_inv
     torch.ops.aten.index.Tensor_out(
-        recv.view(cp, t_local, dc),
-        [(feature_inv // dc)[None, :], rows[:, None], (feature_inv % dc)[None, :]], out=out)
+        recv.view(cp, t_local, dc), [(fi // dc)[None, :], rows[:, None], (fi % dc)[None, :]], out=out)
 
 
-# each direction's backward is the other direction's forward
+# each direction's backward is the other direction's forward; every a2a kernel (torch and
+# cutile) is called as kernel(x, plan, group, out)
 kernel("thd_cp_to_hp", "torch", "fwd")(_to_hp_torch)
 kernel("thd_cp_to_hp", "torch", "bwd")(_to_cp_torch)
 kernel("thd_hp_to_cp", "torch", "fwd")(_to_cp_torch)
@@ -113,19 +126,42 @@ kernel("thd_hp_to_cp", "torch", "bwd")(_to_hp_torch)
 
 @dataclass(frozen=True)
 class _Plan:
-    """Everything both directions need: cp and the four index maps on x's device."""
+    """What both directions need. cp and the full (cp-side) section widths; the torch
+    backend's four index maps (None for cutile); the cutile backend's cu_seqlens, int32
+    on x's device (None for torch: its kernels compute every row's source from it)."""
     cp: int
-    token_perm: Tensor
-    token_inv: Tensor
-    feature_perm: Tensor
-    feature_inv: Tensor
+    sections: tuple[int, ...]
+    token_perm: Optional[Tensor] = None
+    token_inv: Optional[Tensor] = None
+    feature_perm: Optional[Tensor] = None
+    feature_inv: Optional[Tensor] = None
+    cu: Optional[Tensor] = None
 
 
 @functools.lru_cache(maxsize=16)
 def _plan(cu: tuple[int, ...], cp: int, sections: tuple[int, ...], device: torch.device) -> _Plan:
+    """torch backend: the index maps, cached per (cu_seqlens values, cp, sections, device)."""
     tp, ti = _perm.token_perm(torch.tensor(cu, dtype=torch.int64), cp)
     fp, fi = _perm.feature_perm(sections, cp)
-    return _Plan(cp, tp.to(device), ti.to(device), fp.to(device), fi.to(device))
+    return _Plan(cp, sections, tp.to(device), ti.to(device), fp.to(device), fi.to(device))
+
+
+@functools.lru_cache(maxsize=16)
+def _host_cu_on(cu: tuple[int, ...], device: torch.device) -> Tensor:
+    """A CPU cu_seqlens' int32 copy on ``device``, cached per (values, device)."""
+    return torch.tensor(cu, dtype=torch.int32).to(device)
+
+
+def _device_plan(cu_seqlens: Tensor, cp: int, sections: tuple[int, ...], device: torch.device) -> _Plan:
+    """cutile backend: no index maps, only cu_seqlens as int32 on x's device. A CPU
+    cu_seqlens is read on the host (no sync) and its device copy cached per value; a GPU
+    one is never read on the host: it is used as it is (int32 on x's device: nothing to
+    build, nothing to cache) or converted on the device (int64, or another GPU), async."""
+    if cu_seqlens.device.type == "cpu":
+        cu = _host_cu_on(tuple(int(v) for v in cu_seqlens.tolist()), device)
+    else:
+        cu = cu_seqlens.to(device=device, dtype=torch.int32)
+    return _Plan(cp, sections, cu=cu)
 
 
 def _run(op: str, pass_: str, x: Tensor, plan: _Plan, group: Any, backend: str) -> Tensor:
@@ -134,10 +170,9 @@ def _run(op: str, pass_: str, x: Tensor, plan: _Plan, group: Any, backend: str) 
     cp = plan.cp
     if to_hp:
         out = empty((x.shape[0] * cp, x.shape[1] // cp), x.dtype, x.device)
-        get_kernel(op, backend, pass_)(x, plan.token_inv, plan.feature_perm, cp, group, out)
     else:
         out = empty((x.shape[0] // cp, x.shape[1] * cp), x.dtype, x.device)
-        get_kernel(op, backend, pass_)(x, plan.token_perm, plan.feature_inv, cp, group, out)
+    get_kernel(op, backend, pass_)(x, plan, group, out)
     return out
 
 
@@ -200,8 +235,14 @@ def _a2a(op: str, x: Tensor, cu_seqlens: Tensor, split_sections, group, cp, back
     sections = _sections(op, split_sections)
     cp = _check_group(op, group, cp)
     full_width = x.shape[1] * (cp if op == "thd_hp_to_cp" else 1)
-    cu = tuple(int(v) for v in cu_seqlens.tolist())  # the one host read (a CPU copy via the registry)
-    plan = _plan(cu, cp, sections if sections is not None else (full_width,), x.device)
+    sections = sections if sections is not None else (full_width,)
+    if backend == "torch":
+        # the torch backend's one host read of cu_seqlens per call (its maps are cached per
+        # value); a GPU cu_seqlens costs one device sync here (pass it on the CPU to avoid it)
+        cu = tuple(int(v) for v in cu_seqlens.tolist())
+        plan = _plan(cu, cp, sections, x.device)
+    else:  # cutile: the kernels compute every row's source from cu_seqlens on the device
+        plan = _device_plan(cu_seqlens, cp, sections, x.device)
     return _CpA2A.apply(x, plan, group, op, backend)
 
 

@@ -46,15 +46,17 @@ def inverse(perm: Tensor) -> Tensor:
     return inv
 
 
-def token_perm(cu_seqlens: Tensor, cp: int) -> tuple[Tensor, Tensor]:
+def token_perm(cu_seqlens: Tensor, cp: int, total: Optional[int] = None) -> tuple[Tensor, Tensor]:
     """(token_perm, token_inv) [T_global] int64 on cu_seqlens' device.
 
     cu_seqlens [N+1] int32/int64, starts at 0, nondecreasing, every length a
-    multiple of 2*cp (not re-checked here: the spec does that).
+    multiple of 2*cp (not re-checked here: the spec does that). ``total`` =
+    cu_seqlens[-1] when the caller knows it: then nothing is read on the host (tensor
+    ops on cu_seqlens' device only); None reads it (one sync for a GPU cu_seqlens).
     """
     cu = cu_seqlens.to(torch.int64)
     dev = cu.device
-    total = int(cu[-1])
+    total = int(cu[-1]) if total is None else int(total)
     if total == 0:
         empty = torch.empty(0, dtype=torch.int64, device=dev)
         return empty, empty.clone()
@@ -87,7 +89,9 @@ def feature_perm(split_sections: Sequence[int], cp: int,
     base = torch.repeat_interleave(starts, parts) + _ranges(parts)
     step = torch.repeat_interleave(parts, parts)
     perm = (base[None, :] + torch.arange(cp, dtype=torch.int64)[:, None] * step[None, :]).reshape(-1)
-    perm = perm.to(device)
+    # non_blocking: a pageable host->device copy without torch's stream sync (the sections are
+    # host facts; the copy is staged before it returns)
+    perm = perm.to(device, non_blocking=True)
     return perm, inverse(perm)
 
 

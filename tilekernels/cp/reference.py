@@ -28,11 +28,12 @@ def _cu(cu_seqlens: Tensor) -> list[int]:
     return [int(v) for v in cu_seqlens.detach().cpu().tolist()]
 
 
-def thd_cp_a2a_perm(cu_seqlens: Tensor, *, cp: int,
-                    split_sections: Optional[Sequence[int]] = None) -> A2APerm:
+def thd_cp_a2a_perm(cu_seqlens: Tensor, *, cp: int, split_sections: Optional[Sequence[int]] = None,
+                    total_tokens: Optional[int] = None) -> A2APerm:
     """Loop formulation of the maps (conventions in :mod:`tilekernels.cp.perm`).
 
     cu_seqlens [N+1] int32/int64 -> A2APerm of int64 tensors on cu_seqlens' device.
+    ``total_tokens`` (= cu_seqlens[-1], the fused op's sync-free hint) changes nothing here.
     """
     cu = _cu(cu_seqlens)
     rank_major: list[int] = []

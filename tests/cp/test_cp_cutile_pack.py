@@ -1,0 +1,282 @@
+"""cuTile pack/unpack of the THD cp all_to_all (tilekernels/cp/cutile_pack.py).
+
+CPU (CI): all four kernels (section split, section merge, to rank-major, to natural)
+compile to cubins for sm_90 and sm_100 through the launch builder the GPU path uses
+(``meta`` tensors, ``export_cubin``), for the Qwen3-Next sections at cp 2 and 8, odd
+per-rank widths, cp = 1 and every dtype; the config is the compile key (built from the
+sections, cp and element size, never from T or N).
+
+GPU (marked ``gpu``, skipped without CUDA): pure copies, so every check is bitwise
+(``kind="exact"``): each kernel against the torch index path of ops.py (maps from
+perm.py) over many length mixes (random with zero-length sequences, all equal, one
+dominant, a single sequence, empty) at cp 1, 2, 4, 8 with odd per-rank section widths,
+outputs NaN-poisoned first; round trips are the identity; through the registry on a
+world-1 NCCL group the cutile backend equals the torch backend forward and backward
+(each direction's gradient is the other direction), with cu_seqlens on the GPU and
+``torch.cuda.set_sync_debug_mode("error")`` (no host sync anywhere on the path).
+"""
+from __future__ import annotations
+
+import os
+import tempfile
+from concurrent.futures import ThreadPoolExecutor
+
+import pytest
+import torch
+
+ct = pytest.importorskip("cuda.tile")
+
+import registry  # noqa: E402
+from tilekernels.cp import cutile_pack as ck  # noqa: E402
+from tilekernels.cp import perm  # noqa: E402
+from tilekernels.testing import assert_close  # noqa: E402
+
+ARCHS = ("sm_90", "sm_100")
+QWEN = (2048, 2048, 4096, 4096, 32, 32)
+BF, F16, F32 = torch.bfloat16, torch.float16, torch.float32
+
+# (sections, cp, dtype): Qwen3-Next at cp 2 and 8, odd per-rank widths, cp = 1, fp32/fp16
+COMPILE_VARIANTS = [
+    (QWEN, 2, BF), (QWEN, 8, BF), ((9, 15, 3, 21), 3, F32), ((6, 10), 1, F16), ((64, 8), 4, F16),
+]
+
+
+def _vid(v):
+    s, cp, dt = v
+    return f"{'-'.join(map(str, s))}-cp{cp}-{str(dt)[6:]}"
+
+
+# ------------------------------------------------------------------ CPU (CI)
+
+
+def _variant_launches():
+    """Every (layout, kernel) plus the non-default code paths at Qwen3-Next cp 8: the
+    row-by-row and element-wise (no int32 words) token kernels, tiles (with TMA) for the
+    narrow b|a pieces."""
+    out = [(f"{_vid(v)}-{k}", ln[0]) for v in COMPILE_VARIANTS
+           for k, ln in ck.representative_launches(v[0], v[1], T=64 * v[1], dtype=v[2]).items()]
+    for name, flags, kernels in (("rowwise", dict(ROWWISE=True), ("to_rank_major", "to_natural")),
+                                 ("elements", dict(WORDS=False), ("to_rank_major", "to_natural")),
+                                 ("narrow-tiles", dict(NARROW=False, SMALL_TMA=True), ("split", "merge"))):
+        cfg = ck.PackCfg.heuristic(QWEN, 8, 2, **flags)
+        out += [(f"{name}-{k}", ck.representative_launches(QWEN, 8, T=512, cfg=cfg)[k][0]) for k in kernels]
+    return out
+
+
+def test_every_kernel_compiles_for_sm90_and_sm100():
+    jobs = [(name, ln, arch) for name, ln in _variant_launches() for arch in ARCHS]
+    with ThreadPoolExecutor(max_workers=4) as pool:
+        cubins = list(pool.map(lambda j: j[1].export_cubin(j[2]), jobs))
+    for (name, _, arch), cubin in zip(jobs, cubins):
+        assert cubin[:4] == b"\x7fELF", f"{name} for {arch}: not an ELF cubin"
+        assert len(cubin) > 1000, f"{name} for {arch}: empty cubin"
+
+
+def test_launch_config_is_the_compile_key():
+    """The config comes from (sections, cp, element size); T and N are dynamic shapes."""
+    small = ck.representative_launches(QWEN, 4, T=8, N=1)
+    big = ck.representative_launches(QWEN, 4, T=65536, N=300)
+    for k in small:
+        assert small[k][0].key() == big[k][0].key()
+    assert big["split"][0].grid == (65536 // 4 // 16, 1, 1) and big["to_natural"][0].grid == (65536 // 32, 1, 1)
+    cfg = ck.PackCfg.heuristic(QWEN, 8, 2)
+    assert cfg is ck.PackCfg.heuristic(QWEN, 8, 2)  # cached, hashable
+    # q|k|v|z pieces tile at 256 columns, b|a pieces (4 columns per rank at cp 8) at 4
+    assert cfg.parts == (256, 256, 512, 512, 4, 4) and cfg.bds == (256, 256, 256, 256, 4, 4)
+    assert cfg.dc == 1544 and cfg.width == 12352
+    assert ck.PackCfg.heuristic((9, 15), 3, 4).bds == (1, 1)  # odd widths: one column at a time
+    keys = {ln[0].key() for v in COMPILE_VARIANTS for ln in ck.representative_launches(v[0], v[1], dtype=v[2],
+                                                                                        T=8 * v[1]).values()}
+    assert len(keys) == 4 * len(COMPILE_VARIANTS)
+
+
+def test_refuses_what_it_cannot_run():
+    with pytest.raises(ValueError, match="multiples of cp"):
+        ck.PackCfg.heuristic((4, 3), 2)
+    cfg = ck.PackCfg.heuristic((4, 4), 2)
+    meta = torch.device("meta")
+    x = torch.empty(4, 10, device=meta)
+    with pytest.raises(ValueError, match="width"):
+        ck.section_launch(x, torch.empty(2, 4, 5, device=meta), cfg, True)
+
+
+def test_spec_declares_the_cutile_backend():
+    for name in ("thd_cp_to_hp", "thd_hp_to_cp"):
+        spec = registry.get(name).spec
+        cut, tor = spec.backend("cutile"), spec.backend("torch")
+        assert [b.name for b in spec.backends] == ["cutile", "torch"]
+        assert cut.sm == (90, 100) and cut.toolchain == ["cutile"] and cut.host_values == []
+        assert cut.dtypes == {"x": ["bfloat16", "float16", "float32"]}  # float64: torch
+        assert tor.host_values == ["cu_seqlens"] and spec.host_values == []
+
+
+# ------------------------------------------------------------------ GPU
+
+needs_gpu = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+
+
+def _mixes(cp: int, g: torch.Generator) -> dict:
+    """Sequence lengths (multiples of 2*cp) by kind."""
+    def r(lo, hi, n):
+        return (2 * cp * torch.randint(lo, hi, (n,), generator=g)).tolist()
+    return {
+        "random+zeros": r(0, 6, 13),
+        "all-equal": [2 * cp * 7] * 5,
+        "one-dominant": r(0, 2, 6) + [2 * cp * 150] + r(0, 2, 3),
+        "single": [2 * cp * 33],
+        "zeros-around": [0, 0, 2 * cp * 3, 0, 2 * cp, 0],
+        "empty": [0, 0],
+    }
+
+
+def _torch_path(x_cp, x_hp, recv3, cu, cp, sections):
+    """What ops.py's torch backend computes around the collective, from perm.py's maps."""
+    t = x_hp.shape[0]
+    tp, ti = perm.token_perm(cu, cp, total=t)
+    fp, fi = perm.feature_perm(sections, cp, x_cp.device)
+    tl, dc = t // cp, x_hp.shape[1]
+    rows = torch.arange(tl, device=x_cp.device)
+    split = x_cp[rows[None, :, None], fp.view(cp, 1, dc)]
+    merge = recv3[(fi // dc)[None, :], rows[:, None], (fi % dc)[None, :]]
+    return split, x_hp[ti], x_hp[tp], merge
+
+
+def _rand(*shape, dtype):
+    return torch.randn(*shape, device="cuda").to(dtype)
+
+
+def _nan(*shape, dtype):
+    return torch.full(shape, float("nan"), device="cuda", dtype=dtype)
+
+
+# (cp, per-rank section widths, dtype): odd per-rank widths everywhere, Qwen-like ratios once
+GPU_LAYOUTS = [
+    (1, (3, 5, 1), BF), (2, (3, 5, 1, 7), BF), (4, (3, 5, 1, 7), BF), (8, (3, 5, 1, 7), BF),
+    (4, (32, 32, 64, 64, 1, 1), BF), (2, (16, 8, 1), F16), (2, (16, 8, 1), F32), (8, (64, 2), F32),
+]
+
+
+@pytest.mark.gpu
+@needs_gpu
+@pytest.mark.parametrize("cp,parts,dtype", GPU_LAYOUTS,
+                         ids=[f"cp{c}-{'-'.join(map(str, p))}-{str(d)[6:]}" for c, p, d in GPU_LAYOUTS])
+@pytest.mark.parametrize("cu_dtype", [torch.int32, torch.int64])
+def test_kernels_equal_torch_path_bitwise(cp, parts, dtype, cu_dtype):
+    g = torch.Generator().manual_seed(int(torch.randint(0, 2**31 - 1, ())))
+    sections = tuple(cp * p for p in parts)
+    d, dc = sum(sections), sum(parts)
+    for kind, lens in _mixes(cp, g).items():
+        cu64 = torch.tensor([0] + lens, dtype=torch.int64).cumsum(0)
+        t = int(cu64[-1])
+        cu = cu64.to(cu_dtype).cuda()
+        cu32 = cu.to(torch.int32)  # what ops.py hands the kernels
+        x_cp, x_hp, recv3 = _rand(t // cp, d, dtype=dtype), _rand(t, dc, dtype=dtype), _rand(cp, t // cp, dc,
+                                                                                             dtype=dtype)
+        split, natural, rank_major, merge = _torch_path(x_cp, x_hp, recv3, cu, cp, sections)
+        got = _nan(cp, t // cp, dc, dtype=dtype)
+        ck.split_sections_into(x_cp, got, sections)
+        assert_close(got, split, kind="exact", what=f"split {kind}")
+        got = _nan(t, dc, dtype=dtype)
+        ck.to_natural_into(x_hp, cu32, cp, got, sections)
+        assert_close(got, natural, kind="exact", what=f"to_natural {kind}")
+        got = _nan(t, dc, dtype=dtype)
+        ck.to_rank_major_into(x_hp, cu32, cp, got, sections)
+        assert_close(got, rank_major, kind="exact", what=f"to_rank_major {kind}")
+        got = _nan(t // cp, d, dtype=dtype)
+        ck.merge_sections_into(recv3, got, sections)
+        assert_close(got, merge, kind="exact", what=f"merge {kind}")
+        # round trips: each kernel is the other's inverse (and so its adjoint)
+        s3 = torch.empty(cp, t // cp, dc, device="cuda", dtype=dtype)
+        ck.split_sections_into(x_cp, s3, sections)
+        back = _nan(t // cp, d, dtype=dtype)
+        ck.merge_sections_into(s3, back, sections)
+        assert_close(back, x_cp, kind="exact", what=f"merge(split(x)) {kind}")
+        rm = torch.empty_like(x_hp)
+        ck.to_rank_major_into(x_hp, cu32, cp, rm, sections)
+        nat = _nan(t, dc, dtype=dtype)
+        ck.to_natural_into(rm, cu32, cp, nat, sections)
+        assert_close(nat, x_hp, kind="exact", what=f"to_natural(to_rank_major(x)) {kind}")
+
+
+@pytest.fixture(scope="module")
+def world1_nccl():
+    """A world-size-1 NCCL default group (reuses one a test left up)."""
+    import torch.distributed as dist
+
+    if dist.is_initialized():
+        if dist.get_world_size() != 1:
+            pytest.skip("a process group of another size is up")
+        yield
+        return
+    store = os.path.join(tempfile.mkdtemp(prefix="tk-cp-test-"), "store")
+    dist.init_process_group("nccl", init_method=f"file://{store}", rank=0, world_size=1,
+                            device_id=torch.device("cuda", torch.cuda.current_device()))
+    try:
+        yield
+    finally:
+        dist.destroy_process_group()
+
+
+@pytest.mark.gpu
+@needs_gpu
+@pytest.mark.parametrize("dtype", [BF, F32])
+def test_registry_world1_cutile_equals_torch_without_host_sync(world1_nccl, dtype):
+    to_hp, to_cp = registry.get("thd_cp_to_hp"), registry.get("thd_hp_to_cp")
+    sections = [6, 10, 2, 14, 1, 1]
+    cu = torch.tensor([0, 6, 6, 40, 42, 142], dtype=torch.int32, device="cuda")
+    t, d = 142, sum(sections)
+    kw = dict(split_sections=sections)
+    assert to_hp.explain(_rand(t, d, dtype=dtype), cu, **kw)[0][1]     # cutile usable
+    x = _rand(t, d, dtype=dtype).requires_grad_()
+    dy = _rand(t, d, dtype=dtype)
+    # the torch backend (it reads cu_seqlens on the host: one sync) as the truth
+    xt = x.detach().clone().requires_grad_()
+    yt = to_hp(xt, cu, backend="torch", **kw)
+    yt.backward(dy)
+    zt = to_cp(yt.detach(), cu, backend="torch", **kw)
+    # warm-up outside the sync check (compiles, NCCL communicator)
+    to_hp(x.detach(), cu, backend="cutile", **kw)
+    to_cp(yt.detach(), cu, backend="cutile", **kw)
+    torch.cuda.synchronize()
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        y = to_hp(x, cu, **kw)                                       # auto: cutile
+        y.backward(dy)
+        z = to_cp(y.detach(), cu, **kw)
+        p = registry.get("thd_cp_a2a_perm")(cu, cp=1, split_sections=sections, total_tokens=t)
+    finally:
+        torch.cuda.set_sync_debug_mode(0)
+    assert_close(y, yt, kind="exact", what="to_hp cutile vs torch")
+    assert_close(x.grad, xt.grad, kind="exact", what="to_hp grad cutile vs torch")
+    assert_close(z, zt, kind="exact", what="to_cp cutile vs torch")
+    assert_close(z, x.detach(), kind="exact", what="round trip")
+    assert torch.equal(p.token_perm, torch.arange(t, device="cuda"))
+    # float64 falls back to torch, saying why
+    why = dict((b, r) for b, _, r in to_hp.explain(x.detach().double(), cu, **kw))["cutile"]
+    assert "float64" in why or "dtype" in why, why
+
+
+@pytest.mark.gpu
+@needs_gpu
+@pytest.mark.parametrize("flags", [dict(ROWWISE=True), dict(WORDS=False), dict(NARROW=False, SMALL_TMA=True, BT=32)],
+                         ids=["rowwise", "elements", "narrow-tiles"])
+def test_non_default_variants_equal_torch_path_bitwise(flags):
+    """The bench sweep's variants: row-by-row / element token kernels, tiles for narrow pieces."""
+    cp, parts, dtype = 8, (32, 32, 64, 64, 2, 2), BF
+    sections = tuple(cp * p for p in parts)
+    cfg = ck.PackCfg.heuristic(sections, cp, 2, **flags)
+    g = torch.Generator().manual_seed(int(torch.randint(0, 2**31 - 1, ())))
+    lens = _mixes(cp, g)["random+zeros"]
+    cu = torch.tensor([0] + lens, dtype=torch.int64).cumsum(0).to(torch.int32).cuda()
+    t, d, dc = int(cu[-1]), sum(sections), sum(parts)
+    x_cp, x_hp, recv3 = _rand(t // cp, d, dtype=dtype), _rand(t, dc, dtype=dtype), _rand(cp, t // cp, dc, dtype=dtype)
+    split, natural, rank_major, merge = _torch_path(x_cp, x_hp, recv3, cu, cp, sections)
+    for what, want, got, fn in (
+        ("split", split, _nan(cp, t // cp, dc, dtype=dtype), lambda o: ck.split_sections_into(x_cp, o, sections, cfg)),
+        ("to_natural", natural, _nan(t, dc, dtype=dtype), lambda o: ck.to_natural_into(x_hp, cu, cp, o, sections, cfg)),
+        ("to_rank_major", rank_major, _nan(t, dc, dtype=dtype),
+         lambda o: ck.to_rank_major_into(x_hp, cu, cp, o, sections, cfg)),
+        ("merge", merge, _nan(t // cp, d, dtype=dtype), lambda o: ck.merge_sections_into(recv3, o, sections, cfg)),
+    ):
+        fn(got)
+        assert_close(got, want, kind="exact", what=what)

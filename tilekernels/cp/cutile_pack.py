@@ -1,0 +1,378 @@
+"""cuTile pack / unpack kernels of the THD context-parallel all_to_all.
+
+Both directions of the a2a (``ops.py``) are one copy before ``all_to_all_single`` and
+one after. Each copy changes exactly one of the two orders, so each is a pure
+bandwidth kernel (every element read once, written once):
+
+* **section split** ``split_sections_into``: x [Tl, D] (cp side, section-major columns)
+  -> send [cp, Tl, D/cp] (block q = the columns head-parallel rank q owns: the q-th 1/cp
+  of every section, in section order). Token order unchanged. Pack of cp->hp.
+* **section merge** ``merge_sections_into``: its inverse, recv [cp, Tl, D/cp] ->
+  out [Tl, D]. Unpack of hp->cp (and the backward of the split).
+* **to rank-major** ``to_rank_major_into``: x [T, D/cp] natural packed order ->
+  send [T, D/cp] rank-major zigzag order (rank 0's local tokens, then rank 1's, ...).
+  Pack of hp->cp.
+* **to natural** ``to_natural_into``: its inverse, recv [T, D/cp] rank-major -> out
+  [T, D/cp] natural. Unpack of cp->hp (and the backward of to-rank-major).
+
+Sections: a block owns BT consecutive rows; for every rank q and section s the piece
+[BT, w_s/cp] is moved in column tiles of BDs columns, BDs the largest power of two
+<= BD dividing the piece's source start, destination start and width (so every
+tile lies inside its piece, loads and stores are plain tile-space accesses: 16-byte
+vectors / TMA where the widths allow; Qwen3-Next's q|k|v|z pieces tile at BD). A section
+whose per-rank piece is narrower than 16 bytes a row (b|a: 8 bytes at cp 8) is moved
+whole instead, [BT, w_s] at once, by an element gather and scatter (NARROW): narrow
+tiles ran the cp 8 merge at 12% of the copy ceiling on the H200. The section widths are
+compile-time constants of a kernel made per layout (``_section_kernel``); Tl is a
+dynamic shape.
+
+Tokens: a block owns TBT consecutive destination rows and computes each row's source
+row from cu_seqlens on the device (no index map in memory, no host read): the
+sequence a position falls in is the count of cu_seqlens[1..N] entries <= it (tiles of
+BK entries, any N), then the zigzag arithmetic of ``perm.py``. The rows are gathered as
+[TBT, TBD] tiles (``load_advanced_indexing``: row-index tile x column slice) and stored
+as contiguous tiles; 2-byte rows of even length move as int32 words (WORDS: half the
+accesses). ROWWISE (one [1, TBD] load + store per row) is the slower variant kept for
+the sweep. Zero-length sequences are never selected (their end equals their start).
+
+Backend limits (the spec's cutile Backend): SM 9.0 / 10.x; bf16, fp16, fp32 (fp64:
+the torch backend); contiguous tensors; int32 indexing (every tensor < 2**31
+elements, T < 2**31 / cp); cu_seqlens int32 on x's device (ops.py converts an int64
+one on the device and moves a CPU one there, once per distinct value). Compile key: PackCfg (cp, the per-rank section
+widths, tile sizes; never T or N) + dtypes. Importing this module needs ``cuda.tile``
+but no GPU.
+"""
+from __future__ import annotations
+
+import dataclasses
+import functools
+import math
+
+import cuda.tile as ct
+import torch
+import torch.distributed as dist
+
+from tilekernels._cutile import PAD_ZERO, Launch, cdiv, next_pow2, occ, pow2_floor
+from tilekernels._glue import empty, kernel
+
+ConstInt = ct.Constant[int]
+ConstBool = ct.Constant[bool]
+
+
+# ------------------------------------------------------------------ launch config
+
+
+@dataclasses.dataclass(frozen=True)
+class PackCfg:
+    """Launch config = compile key (with the argument dtypes) of all four kernels.
+
+    cp; parts[s] = w_s / cp (columns of section s one hp rank owns); src[s] = section s's
+    first cp-side column; dst[s] = its first column inside a rank's D/cp block; bds[s] =
+    the section kernels' column tile of section s (<= BD); BT their rows per block; the
+    token kernels' tile is ``token_tile``; BK cu_seqlens entries per search step.
+    Measured on the H200 (benchmarks/cp_pack_check.py, Qwen3-Next sections, T = 65536):
+    BT 32 for the section kernels and TBD 128 words for the token kernels won at cp 8 and
+    lost at cp 2 (a few %); TMA on or off, ROWWISE, 64-row token tiles: no gain or slower.
+    """
+    cp: int
+    parts: tuple[int, ...]
+    src: tuple[int, ...]
+    dst: tuple[int, ...]
+    bds: tuple[int, ...]
+    BT: int = 16
+    BD: int = 256
+    BK: int = 64
+    ELT: int = 2             # element size (bytes)
+    TMA: bool = True         # section tiles of >= 16 bytes a row may move through TMA
+    SMALL_TMA: bool = False  # ... and the narrower ones (b|a pieces at cp 8: 8 bytes a row)
+    NARROW: bool = True      # sections whose per-rank piece is < 16 bytes a row: element gather/scatter
+    WORDS: bool = True       # token kernels move 4-byte words (rows of an even number of 2-byte elements)
+    ROWWISE: bool = False    # token kernel: per-row [1, BD] tile load + store (else a [BT, BD] row gather)
+    TBT: int = 0             # token kernels' rows per block (0: token_tile's default)
+    TBD: int = 0             # token kernels' column tile (0: token_tile's default)
+    OCC: int = 0
+
+    @property
+    def token_tile(self) -> tuple[int, int]:
+        """(rows, columns) of the token kernels' tile: columns in the moved unit (4-byte words
+        with WORDS, else elements); 256 bytes of a row, 32 rows (H200 sweep, cp_pack_check)."""
+        return (self.TBT or 32, self.TBD or max(1, 256 // (4 if self.WORDS else self.ELT)))
+
+    @property
+    def dc(self) -> int:
+        return sum(self.parts)
+
+    @property
+    def width(self) -> int:
+        return self.dc * self.cp
+
+    @classmethod
+    @functools.lru_cache(maxsize=256)  # pure in its arguments; runs on every call's host path
+    def heuristic(cls, sections: tuple[int, ...], cp: int, elt: int = 2, BT: int = 0,
+                  BD: int = 0, **flags) -> "PackCfg":
+        """From the section widths (full, cp side), cp and the element size only.
+
+        BD: 512 bytes of a row per column tile (256 bf16 / 128 fp32 columns): a [BT, BD]
+        tile is 8 KiB at BT = 16, a few in flight per SM cover the copy's latency. ``flags``
+        set the other fields (sweeps and tests).
+        """
+        if cp < 1 or any(w <= 0 or w % cp for w in sections) or not sections:
+            raise ValueError(f"cp pack cutile: sections {sections} are not positive multiples of cp={cp}")
+        BD = BD or max(1, 512 // elt)
+        BT = BT or 16
+        parts = tuple(w // cp for w in sections)
+        src = tuple(sum(sections[:s]) for s in range(len(sections)))
+        dst = tuple(sum(parts[:s]) for s in range(len(sections)))
+        bds = tuple(min(BD, pow2_floor(_pow2_divisor(math.gcd(math.gcd(a, b), p))))
+                    for a, b, p in zip(src, dst, parts))
+        return cls(cp=cp, parts=parts, src=src, dst=dst, bds=bds, BT=BT, BD=BD, ELT=elt, **flags)
+
+
+def _pow2_divisor(x: int) -> int:
+    """Largest power of two dividing x (x = 0: 2**30)."""
+    return 1 << 30 if x == 0 else x & -x
+
+
+# ------------------------------------------------------------------ section kernels
+
+
+@functools.lru_cache(maxsize=64)
+def _section_kernel(cfg: PackCfg, split: bool):
+    """The section split (split=True: [Tl, D] -> [cp, Tl, D/cp]) or merge kernel of one
+    layout. Sections are static (closure constants, unrolled); ranks and column tiles
+    within a piece are loops."""
+    CP, NS = cfg.cp, len(cfg.parts)
+    parts, src, dst, bds, BT = cfg.parts, cfg.src, cfg.dst, cfg.bds, cfg.BT
+    # TMA boxes need >= 16 bytes along the contiguous dim: narrower pieces use plain loads
+    tma = tuple(cfg.TMA and (b * cfg.ELT >= 16 or cfg.SMALL_TMA) for b in bds)
+
+    W = tuple(cfg.cp * p for p in parts)
+    WP = tuple(next_pow2(w) for w in W)
+    narrow = tuple(cfg.NARROW and p * cfg.ELT < 16 for p in parts)
+
+    def body(a, b):
+        """split: a = x [Tl, D], b = send [cp, Tl, dc]; merge: a = out, b = recv."""
+        bt = ct.bid(0)
+        for s in ct.static_iter(range(NS)):
+            if narrow[s]:
+                # the whole section at once, element-wise: [BT, w_s] of x <-> cp pieces of
+                # p_s columns (rows past Tl fail the bounds checks: nothing moves)
+                col = ct.arange(WP[s], dtype=ct.int32)
+                rank = col // parts[s]
+                r2 = ct.reshape(bt * BT + ct.arange(BT, dtype=ct.int32), (BT, 1))
+                live = ct.reshape(col < W[s], (1, WP[s]))
+                xc = ct.reshape(src[s] + col, (1, WP[s]))
+                bq = ct.reshape(rank, (1, WP[s]))
+                bc = ct.reshape(dst[s] + col - rank * parts[s], (1, WP[s]))
+                if split:
+                    ct.scatter(b, (bq, r2, bc), ct.gather(a, (r2, xc), mask=live), mask=live)
+                else:
+                    ct.scatter(a, (r2, xc), ct.gather(b, (bq, r2, bc), mask=live), mask=live)
+            else:
+                B = bds[s]
+                n = parts[s] // B
+                M = tma[s]
+                for q in range(CP):
+                    c0 = src[s] // B + q * n          # column tile of x / out (tile-space)
+                    d0 = dst[s] // B                  # column tile of send / recv
+                    for j in range(n):
+                        if split:
+                            t = ct.load(a, index=(bt, c0 + j), shape=(BT, B), padding_mode=PAD_ZERO,
+                                        allow_tma=M)
+                            ct.store(b, index=(q, bt, d0 + j), tile=ct.reshape(t, (1, BT, B)), allow_tma=M)
+                        else:
+                            t = ct.load(b, index=(q, bt, d0 + j), shape=(1, BT, B), padding_mode=PAD_ZERO,
+                                        allow_tma=M)
+                            ct.store(a, index=(bt, c0 + j), tile=ct.reshape(t, (BT, B)), allow_tma=M)
+
+    def cp_split_sections(x, send):
+        body(x, send)
+
+    def cp_merge_sections(out, recv):
+        body(out, recv)
+
+    return ct.kernel(cp_split_sections if split else cp_merge_sections)
+
+
+# ------------------------------------------------------------------ token kernel
+
+
+def _seq_of(pos, cu, N1, SCALE: ConstInt, BT: ConstInt, BK: ConstInt):
+    """Per position [BT] int32: the index i of the sequence with cu[i] <= pos*SCALE <
+    cu[i+1] (the count of cu[1..N] entries <= pos*SCALE; zero-length sequences are
+    skipped because their end equals their start)."""
+    key = ct.reshape(pos * SCALE, (BT, 1))
+    count = ct.zeros((BT,), dtype=ct.int32)
+    for kt in range(ct.cdiv(N1, BK)):
+        k = kt * BK + ct.arange(BK, dtype=ct.int32)
+        v = ct.load(cu, index=(kt,), shape=(BK,), padding_mode=PAD_ZERO)
+        live = ct.reshape((k >= 1) & (k < N1), (1, BK))
+        hit = live & (ct.reshape(v, (1, BK)) <= key)
+        count = count + ct.sum(ct.where(hit, 1, 0), axis=1).astype(ct.int32)
+    return count
+
+
+def _source_rows(rows, cu, T, CP: ConstInt, TO_RANK_MAJOR: ConstBool, BT: ConstInt, BK: ConstInt):
+    """[BT] int32 source row of each destination row (see the module doc; perm.py's maps)."""
+    N1 = cu.shape[0]
+    TL = T // CP
+    if TO_RANK_MAJOR:  # dst row j rank-major, source natural: token_perm[j]
+        rank = rows // TL
+        local = rows - rank * TL
+        i = _seq_of(local, cu, N1, CP, BT, BK)
+        ci = ct.gather(cu, i)
+        h = (ct.gather(cu, i + 1) - ci) // (2 * CP)
+        off = local - ci // CP
+        second = off >= h
+        chunk = ct.where(second, 2 * CP - 1 - rank, rank)
+        srow = ci + chunk * h + off - ct.where(second, h, 0)
+    else:  # dst row p natural, source rank-major: token_inv[p]
+        i = _seq_of(rows, cu, N1, 1, BT, BK)
+        ci = ct.gather(cu, i)
+        h = ct.maximum((ct.gather(cu, i + 1) - ci) // (2 * CP), 1)
+        off = rows - ci
+        c = off // h
+        first = c < CP
+        rank = ct.where(first, c, 2 * CP - 1 - c)
+        srow = rank * TL + ci // CP + ct.where(first, 0, h) + (off - c * h)
+    return srow
+
+
+@ct.kernel
+def cp_token_gather(src, dst, cu, CP: ConstInt, TO_RANK_MAJOR: ConstBool, BT: ConstInt, BD: ConstInt,
+                    BK: ConstInt):
+    """dst [T, dc] rows bid*BT.. = src rows by the zigzag map, gathered as [BT, BD] tiles
+    (``load_advanced_indexing``: row-index tile x column slice)."""
+    bt = ct.bid(0)
+    T = dst.shape[0]
+    rows = ct.minimum(bt * BT + ct.arange(BT, dtype=ct.int32), T - 1)
+    srow = _source_rows(rows, cu, T, CP, TO_RANK_MAJOR, BT, BK)
+    for cj in range(ct.cdiv(dst.shape[1], BD)):
+        t = ct.load_advanced_indexing(src, (srow, ct.Slice(cj * BD, BD)), padding_mode=PAD_ZERO)
+        ct.store(dst, index=(bt, cj), tile=t)
+
+
+@ct.kernel
+def cp_token_rows(src, dst, cu, CP: ConstInt, TO_RANK_MAJOR: ConstBool, BT: ConstInt, BD: ConstInt,
+                  BK: ConstInt):
+    """The same copy row by row: one plain [1, BD] tile load at the source row (a scalar
+    tile index) and one store at the destination row per row and column tile (rows past T
+    are clamped to the last row: it is written again with its own value)."""
+    bt = ct.bid(0)
+    T = dst.shape[0]
+    rows = ct.minimum(bt * BT + ct.arange(BT, dtype=ct.int32), T - 1)
+    srow = _source_rows(rows, cu, T, CP, TO_RANK_MAJOR, BT, BK)
+    for cj in range(ct.cdiv(dst.shape[1], BD)):
+        for r in ct.static_iter(range(BT)):
+            s = ct.reshape(ct.extract(srow, (r,), shape=(1,)), ())
+            d = ct.reshape(ct.extract(rows, (r,), shape=(1,)), ())
+            ct.store(dst, index=(d, cj), tile=ct.load(src, index=(s, cj), shape=(1, BD), padding_mode=PAD_ZERO))
+
+
+# ------------------------------------------------------------------ launches
+
+
+def _check(cfg: PackCfg, what: str, **shapes) -> None:
+    for name, (got, want) in shapes.items():
+        if got != want:
+            raise ValueError(f"cp pack cutile ({what}): {name} is {got}, the config {cfg} needs {want}")
+
+
+def section_launch(a, b, cfg: PackCfg, split: bool) -> Launch:
+    """split: a = x [Tl, D], b = send [cp, Tl, D/cp]; merge: a = out [Tl, D], b = recv."""
+    _check(cfg, "sections", width=(a.shape[1], cfg.width), cp=(b.shape[0], cfg.cp), dc=(b.shape[2], cfg.dc),
+           rows=(b.shape[1], a.shape[0]))
+    return Launch(_section_kernel(cfg, split), (cdiv(a.shape[0], cfg.BT), 1, 1), (a, b), cfg, occ(cfg.OCC))
+
+
+def token_launch(src, dst, cu, cfg: PackCfg, to_rank_major: bool) -> Launch:
+    """src, dst [T, D/cp]; cu [N+1] int32 on their device. With WORDS, 2-byte rows of an even
+    length move as int32 words (a bit-exact copy in half the accesses)."""
+    _check(cfg, "tokens", dc=(dst.shape[1], cfg.dc), src=(tuple(src.shape), tuple(dst.shape)))
+    if cfg.WORDS and src.element_size() == 2 and src.shape[1] % 2 == 0:
+        src, dst = src.view(torch.int32), dst.view(torch.int32)
+    bt, bd = cfg.token_tile
+    return Launch(cp_token_rows if cfg.ROWWISE else cp_token_gather, (cdiv(dst.shape[0], bt), 1, 1),
+                  (src, dst, cu, cfg.cp, bool(to_rank_major), bt, bd, cfg.BK), cfg, occ(cfg.OCC))
+
+
+def _cfg(sections, cp, x, cfg):
+    return cfg or PackCfg.heuristic(tuple(int(w) for w in sections), int(cp), x.element_size())
+
+
+def split_sections_into(x, send, sections, cfg: PackCfg | None = None) -> None:
+    """Pack of cp->hp: x [Tl, D] contiguous -> send [cp, Tl, D/cp] contiguous (written)."""
+    if x.shape[0]:
+        section_launch(x, send, _cfg(sections, send.shape[0], x, cfg), True).run()
+
+
+def merge_sections_into(recv, out, sections, cfg: PackCfg | None = None) -> None:
+    """Unpack of hp->cp: recv [cp, Tl, D/cp] contiguous -> out [Tl, D] contiguous (written)."""
+    if out.shape[0]:
+        section_launch(out, recv, _cfg(sections, recv.shape[0], out, cfg), False).run()
+
+
+def to_rank_major_into(x, cu, cp, send, sections=None, cfg: PackCfg | None = None) -> None:
+    """Pack of hp->cp: x [T, D/cp] natural -> send [T, D/cp] rank-major (written).
+    ``sections`` only picks the config (None: one section of width cp * D/cp)."""
+    if x.shape[0]:
+        token_launch(x, send, cu, _cfg(sections or (x.shape[1] * cp,), cp, x, cfg), True).run()
+
+
+def to_natural_into(recv, cu, cp, out, sections=None, cfg: PackCfg | None = None) -> None:
+    """Unpack of cp->hp: recv [T, D/cp] rank-major -> out [T, D/cp] natural (written)."""
+    if out.shape[0]:
+        token_launch(recv, out, cu, _cfg(sections or (out.shape[1] * cp,), cp, out, cfg), False).run()
+
+
+# ------------------------------------------------------------------ the a2a (registry kernels)
+
+
+def _to_hp_cutile(x, plan, group, out) -> None:
+    """cp -> hp: x [Tl, D] -> out [cp*Tl, D/cp] (ops._Plan: cp, sections, cu int32 on x's
+    device). Split kernel, one all_to_all_single, to-natural kernel."""
+    cp = plan.cp
+    t_local, d = x.shape
+    send = empty((cp, t_local, d // cp), x.dtype, x.device)
+    split_sections_into(x, send, plan.sections)
+    recv = torch.empty_like(send)  # fully written by the collective
+    dist.all_to_all_single(recv, send, group=group)
+    to_natural_into(recv.view(cp * t_local, d // cp), plan.cu, cp, out, plan.sections)
+
+
+def _to_cp_cutile(x, plan, group, out) -> None:
+    """hp -> cp: x [T, D/cp] -> out [T/cp, D]. To-rank-major kernel, one
+    all_to_all_single, merge kernel."""
+    cp = plan.cp
+    total, dc = x.shape
+    send = empty((total, dc), x.dtype, x.device)
+    to_rank_major_into(x, plan.cu, cp, send, plan.sections)
+    recv = torch.empty_like(send)
+    dist.all_to_all_single(recv, send, group=group)
+    merge_sections_into(recv.view(cp, total // cp, dc), out, plan.sections)
+
+
+kernel("thd_cp_to_hp", "cutile", "fwd")(_to_hp_cutile)
+kernel("thd_cp_to_hp", "cutile", "bwd")(_to_cp_cutile)
+kernel("thd_hp_to_cp", "cutile", "fwd")(_to_cp_cutile)
+kernel("thd_hp_to_cp", "cutile", "bwd")(_to_hp_cutile)
+
+
+def representative_launches(sections=(2048, 2048, 4096, 4096, 32, 32), cp: int = 4, T: int = 4096,
+                            N: int = 8, dtype=torch.bfloat16, cfg: PackCfg | None = None) -> dict:
+    """The four launches at one problem size, on ``meta`` tensors: what the CI compile
+    test exports to cubins (sm_90, sm_100) without a GPU."""
+    meta = torch.device("meta")
+    cfg = cfg or PackCfg.heuristic(tuple(sections), cp, torch.empty((), dtype=dtype).element_size())
+    tl, d, dc = T // cp, cfg.width, cfg.dc
+    x = torch.empty(tl, d, dtype=dtype, device=meta)
+    buf = torch.empty(cp, tl, dc, dtype=dtype, device=meta)
+    hp = torch.empty(T, dc, dtype=dtype, device=meta)
+    hp2 = torch.empty(T, dc, dtype=dtype, device=meta)
+    cu = torch.empty(N + 1, dtype=torch.int32, device=meta)
+    return {
+        "split": [section_launch(x, buf, cfg, True)],
+        "merge": [section_launch(x, buf, cfg, False)],
+        "to_rank_major": [token_launch(hp, hp2, cu, cfg, True)],
+        "to_natural": [token_launch(hp, hp2, cu, cfg, False)],
+    }
