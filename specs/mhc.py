@@ -194,4 +194,53 @@ PRE = OpSpec(
                       x=["bfloat16"], weight=["bfloat16"], bias=["float32"]), _TORCH],
 )
 
-SPECS = [H_AGGREGATE, SINKHORN, H_POST_BDA, PROJ_RMS, PRE]
+# The layer boundary: h_post_bda of layer l, then mhc_pre of layer l+1 on its output. Inputs,
+# params and constraints are the two ops' own (reused, not restated); only the pre step's
+# bias is renamed hbias (h_post_bda already has a bias), its outputs get a _next suffix, and
+# h_post_bda's optional bias moves last.
+_PB_IN = {t.name: t for t in H_POST_BDA.inputs}
+_PRE_IN = {t.name: t for t in PRE.inputs}
+POST_PRE = OpSpec(
+    name="mhc_post_pre",
+    family="mhc",
+    doc="The mHC layer boundary in one op: out = mhc_h_post_bda(h_res, residual, h_post, x, bias), then "
+        "(layer_in, h_post_next, h_res_next) = mhc_pre(out, weight, hbias, alpha_pre, alpha_post, "
+        "alpha_res, iters, rms_eps, sinkhorn_eps). Equal to the two ops called in sequence; the "
+        "fused backends read the new streams once for the projection and the RMS norm.",
+    dims=[_T, _n, _C],
+    inputs=[*H_POST_BDA.inputs[:4],  # h_res, residual, h_post, x
+            _PRE_IN["weight"].model_copy(update={"dtypes": "like:residual",
+                                                 "doc": "[n*n+2n, n*C] next layer's mhc_pre weight, "
+                                                        "residual's dtype; rows pre | post | res"}),
+            _PRE_IN["bias"].model_copy(update={"name": "hbias", "doc": "[n*n+2n] fp32 next layer's "
+                                               "mhc_pre bias (fp64 with fp64 residual)"}),
+            _PB_IN["bias"]],  # optional inputs go last (the generated entry takes them as keywords)
+    outputs=[
+        H_POST_BDA.outputs[0].model_copy(update={"doc": "[T, n, C] the new streams, residual's dtype"}),
+        PRE.outputs[0].model_copy(update={"dtypes": "like:residual", "doc": "[T, C] next layer's input"}),
+        PRE.outputs[1].model_copy(update={"name": "h_post_next", "doc": "[T, n] fp32 next layer's h_post"}),
+        PRE.outputs[2].model_copy(update={"name": "h_res_next", "doc": "[T, n, n] fp32 next layer's h_res"}),
+    ],
+    params=list(PRE.params),
+    constraints=[
+        *H_POST_BDA.constraints, *PRE.constraints[:2],
+        Constraint(expr="(dtype(residual) == 'float64') == (dtype(hbias) == 'float64')",
+                   message="hbias is float32, or float64 together with float64 residual (reference mode)"),
+        Constraint(expr="dtype(h_res) != 'float64' or dtype(residual) == 'float64'",
+                   message="float64 h_res (reference mode) needs float64 residual"),
+    ],
+    differentiable=True,
+    reference="tilekernels.mhc.reference:mhc_post_pre",
+    entry="tilekernels.mhc.ops:mhc_post_pre",
+    backends=[_cutile(Constraint(expr="T * n * C < 2**31", message=_INT32_INDEX),
+                      _SK_SCRATCH, _ITERS_CONST,
+                      Constraint(expr="not present(bias) or dtype(bias) == dtype(x)",
+                                 message="the kernel reads bias in x's dtype"),
+                      h_res=_BF_F32, residual=["bfloat16"], h_post=_BF_F32, x=["bfloat16"],
+                      bias=["bfloat16"], weight=["bfloat16"], hbias=["float32"],
+                      doc="the parts' forward kernels (a fused forward exists, slower on the H200); "
+                          "backward: mhc_pre's d(out) and the incoming d(out) summed in fp32 in one "
+                          "pass, then h_post_bda's backward (tilekernels/mhc/cutile_post_pre.py)"), _TORCH],
+)
+
+SPECS = [H_AGGREGATE, SINKHORN, H_POST_BDA, PROJ_RMS, PRE, POST_PRE]

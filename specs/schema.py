@@ -329,6 +329,10 @@ def consistency_problems(spec: OpSpec) -> list[str]:
     dim_names = [d.name for d in spec.dims]
     tensor_names = [t.name for t in spec.inputs] + [t.name for t in spec.outputs]
     param_names = [p.name for p in spec.params]
+    first_opt = next((i for i, t in enumerate(spec.inputs) if t.optional), len(spec.inputs))
+    late = [t.name for t in spec.inputs[first_opt:] if not t.optional]
+    if late:  # the generated entry takes required inputs first, the registry passes spec order
+        out.append(f"required inputs {late} follow an optional input; optional inputs go last")
     for kind, seq in (("dim", dim_names), ("tensor", tensor_names), ("param", param_names)):
         dup = {x for x in seq if seq.count(x) > 1}
         if dup:

@@ -94,6 +94,24 @@ REFUSALS = [
     ("mhc_pre", "unknown param", lambda: (_pre(), {"eps": 1e-6}), "eps"),
 ]
 
+def _pp(T=3, n=2, C=4, h=F32, d=BF16, hb=F32, bias=BF16):
+    """mhc_post_pre inputs: h_res, residual, h_post, x, weight, hbias, bias."""
+    N = n * n + 2 * n
+    return [rand(T, n, n, dtype=h), rand(T, n, C, dtype=d), rand(T, n, dtype=h), rand(T, C, dtype=d),
+            rand(N, n * C, dtype=d), rand(N, dtype=hb), None if bias is None else rand(C, dtype=bias)]
+
+
+REFUSALS += [
+    ("mhc_post_pre", "bias f64 with bf16 x", lambda: (_pp(bias=F64), {}), "bias must have"),
+    ("mhc_post_pre", "f64 residual, f32 h", lambda: (_pp(d=F64, hb=F64, bias=None), {}), "float64"),
+    ("mhc_post_pre", "bf16 residual, f64 hbias", lambda: (_pp(hb=F64), {}), "float64"),
+    ("mhc_post_pre", "f64 h_res, bf16 residual", lambda: (_pp(h=F64), {}), "float64"),
+    ("mhc_post_pre", "weight cols != n*C", lambda: (_swap(_pp(), 4, rand(8, 7, dtype=BF16)), {}), "n*C"),
+    ("mhc_post_pre", "iters=0", lambda: (_pp(), {"iters": 0}), "param iters"),
+    ("mhc_post_pre", "rms_eps=0", lambda: (_pp(), {"rms_eps": 0.0}), "rms_eps > 0"),
+    ("mhc_post_pre", "sinkhorn_eps=0", lambda: (_pp(), {"sinkhorn_eps": 0.0}), "sinkhorn_eps > 0"),
+]
+
 
 @pytest.mark.parametrize("name,case,build,needle", REFUSALS, ids=[f"{r[0]}:{r[1]}" for r in REFUSALS])
 def test_refusals(name, case, build, needle):

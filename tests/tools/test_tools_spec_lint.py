@@ -75,6 +75,16 @@ def test_unknown_dim_in_a_shape(tmp_path, capsys):
     assert "bad_dim: error:" in out and "names unknown dims ['Q']" in out and "tensor x" in out
 
 
+def test_optional_input_before_a_required_one(tmp_path, capsys):
+    """The generated entry takes required inputs first while the registry passes spec order,
+    so an optional input in the middle would be misbound: the linter refuses such a spec."""
+    d = base("opt_first")
+    d["inputs"][0]["optional"] = True
+    rc, out = lint(capsys, write_json(tmp_path, d))
+    assert rc == 1
+    assert "opt_first: error:" in out and "required inputs ['h_pre'] follow an optional input" in out
+
+
 def test_unparseable_constraint(tmp_path, capsys):
     d = base("bad_expr")
     d["constraints"] = [{"expr": "T % 2 ==", "message": "broken"}]

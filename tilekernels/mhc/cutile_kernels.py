@@ -18,6 +18,8 @@ n in [1, 8] (padded to a power of two in registers), any C >= 1 and any T >= 0
                tested 3 and 20).
   proj_rms:    x and weight bf16; N = n*n + 2n <= 128.
   mhc_pre:     x and weight bf16, bias fp32 (n <= 8, so N <= 80); iters as sinkhorn.
+  mhc_post_pre: residual, x, weight (and bias) bf16, hbias fp32, h_res / h_post bf16 or fp32;
+               iters as sinkhorn (cutile_post_pre).
 No tile-size constraint reaches the user (tile sizes are internal powers of two).
 """
 from __future__ import annotations
@@ -27,6 +29,7 @@ from tilekernels._glue import kernel
 
 from . import cutile_aggregate as agg
 from . import cutile_post_bda as pb
+from . import cutile_post_pre as pp
 from . import cutile_pre as pre
 from . import cutile_proj_rms as pr
 from . import cutile_sinkhorn as sk
@@ -88,6 +91,23 @@ def pre_bwd(dlayer_in, dh_post, dh_res, x, weight, bias, proj, r, dx, dweight, d
             sinkhorn_eps: float):
     run_all(pre.bwd_launches(dlayer_in, dh_post, dh_res, x, weight, bias, proj, r, dx, dweight, dbias,
                              alpha_pre, alpha_post, alpha_res, iters, rms_eps, sinkhorn_eps))
+
+
+@kernel("mhc_post_pre", BACKEND, "fwd")
+def post_pre_fwd(h_res, residual, h_post, x, weight, hbias, bias, out, layer_in, h_post_next, h_res_next, proj, r,
+                 alpha_pre: float, alpha_post: float, alpha_res: float, iters: int, rms_eps: float,
+                 sinkhorn_eps: float):
+    pp.run(pp.fwd_launches(h_res, residual, h_post, x, weight, hbias, bias, out, layer_in, h_post_next, h_res_next,
+                           proj, r, alpha_pre, alpha_post, alpha_res, iters, rms_eps, sinkhorn_eps))
+
+
+@kernel("mhc_post_pre", BACKEND, "bwd")
+def post_pre_bwd(dout, dlayer_in, dh_post_next, dh_res_next, h_res, residual, h_post, x, weight, hbias, bias, out,
+                 proj, r, dh_res, dresidual, dh_post, dx, dweight, dhbias, dbias, alpha_pre: float,
+                 alpha_post: float, alpha_res: float, iters: int, rms_eps: float, sinkhorn_eps: float):
+    pp.run(pp.bwd_launches(dout, dlayer_in, dh_post_next, dh_res_next, h_res, residual, h_post, x, weight, hbias,
+                           bias, out, proj, r, dh_res, dresidual, dh_post, dx, dweight, dhbias, dbias, alpha_pre,
+                           alpha_post, alpha_res, iters, rms_eps, sinkhorn_eps))
 
 
 def _pb_cfg(T, n, C, one=None, **changes):

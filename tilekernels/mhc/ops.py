@@ -25,6 +25,12 @@ Kernel signatures (every backend registers these; see _opgen):
                        alpha_pre, alpha_post, alpha_res, iters, rms_eps, sinkhorn_eps)
                       proj [T, n*n+2n] and r [T] (fp32) are proj_rms's results, written by the
                       fwd as scratch and saved for the bwd (no second GEMM over x first).
+  mhc_post_pre    fwd (h_res, residual, h_post, x, weight, hbias, bias|None,
+                       out, layer_in, h_post_next, h_res_next, proj, r, *mhc_pre's params)
+                  bwd (dout, dlayer_in, dh_post_next, dh_res_next,
+                       h_res, residual, h_post, x, weight, hbias, bias|None, out, proj, r,
+                       dh_res, dresidual, dh_post, dx, dweight, dhbias, dbias|None, *params)
+                      proj, r: proj_rms's results on out (scratch, as mhc_pre's).
 
 Gradients come back in their input's dtype; incoming grads are made contiguous.
 """
@@ -101,9 +107,28 @@ def _pre_bwd_torch(dlayer_in, dh_post, dh_res, x, weight, bias, proj, r, dx, dwe
            ref.mhc_pre_bwd(dlayer_in, dh_post, dh_res, x, weight, bias, proj, r, *params))
 
 
+@kernel("mhc_post_pre", "torch", "fwd")
+def _post_pre_fwd_torch(h_res, residual, h_post, x, weight, hbias, bias, out, layer_in, h_post_next,
+                        h_res_next, proj, r, alpha_pre, alpha_post, alpha_res, iters, rms_eps, sinkhorn_eps):
+    out.copy_(ref.h_post_bda(h_res, residual, h_post, x, bias))
+    _pre_fwd_torch(out, weight, hbias, layer_in, h_post_next, h_res_next, proj, r, alpha_pre, alpha_post,
+                   alpha_res, iters, rms_eps, sinkhorn_eps)
+
+
+@kernel("mhc_post_pre", "torch", "bwd")
+def _post_pre_bwd_torch(dout, dlayer_in, dh_post_next, dh_res_next, h_res, residual, h_post, x, weight, hbias,
+                        bias, out, proj, r, dh_res, dresidual, dh_post, dx, dweight, dhbias, dbias, *params):
+    _write((dh_res, dresidual, dh_post, dx, dweight, dhbias, dbias),
+           ref.mhc_post_pre_bwd(dout, dlayer_in, dh_post_next, dh_res_next, h_res, residual, h_post, x, weight,
+                                hbias, bias, out, proj, r, *params))
+
+
 h_aggregate = define(S.H_AGGREGATE, Decl(saves=("x", "h_pre")))
 sinkhorn = define(S.SINKHORN, Decl(saves=("logits",)))
 h_post_bda = define(S.H_POST_BDA, Decl(saves=("h_res", "residual", "h_post", "x", "bias")))
 proj_rms = define(S.PROJ_RMS, Decl(saves=("x", "weight", "r")))
 mhc_pre = define(S.PRE, Decl(saves=("x", "weight", "bias", "proj", "r"),
                              scratch=(Scratch("proj", ("T", "n*n+2*n")), Scratch("r", ("T",)))))
+mhc_post_pre = define(S.POST_PRE, Decl(saves=("h_res", "residual", "h_post", "x", "weight", "hbias", "bias",
+                                             "out", "proj", "r"),
+                                      scratch=(Scratch("proj", ("T", "n*n+2*n")), Scratch("r", ("T",)))))

@@ -265,3 +265,44 @@ def mhc_pre_bwd(dlayer_in: Tensor, dh_post: Tensor, dh_res: Tensor, x: Tensor, w
     dx_proj, dweight = _proj_rms_bwd_acc(dproj, dr, x.reshape(T, n * C), weight, r, rms_eps)
     dx = dx_agg + dx_proj.reshape(T, n, C).to(dx_agg.dtype)
     return _cast((dx, dweight, dh.sum(dim=0)), (x, weight, bias))
+
+
+# ---------------------------------------------------------------- mhc_post_pre (layer boundary)
+
+
+def mhc_post_pre(h_res: Tensor, residual: Tensor, h_post: Tensor, x: Tensor, weight: Tensor, hbias: Tensor,
+                 bias: Optional[Tensor] = None, alpha_pre: float = 1.0, alpha_post: float = 1.0,
+                 alpha_res: float = 1.0, iters: int = 20, rms_eps: float = 1e-6, sinkhorn_eps: float = 1e-6):
+    """The layer boundary: out = h_post_bda(h_res, residual, h_post, x, bias), then
+    (layer_in, h_post_next, h_res_next) = mhc_pre(out, weight, hbias, ...).
+
+    h_res [T, n, n], residual [T, n, C], h_post [T, n], x [T, C], bias [C] or None (last: it
+    is optional) as :func:`h_post_bda`; weight [n*n+2n, n*C] (residual's dtype), hbias [n*n+2n] fp32 as
+    :func:`mhc_pre`'s weight and bias. mhc_pre reads ``out`` as returned (rounded to
+    residual's dtype), exactly as the two ops called in turn do.
+    -> (out [T, n, C], layer_in [T, C], both residual's dtype; h_post_next [T, n],
+    h_res_next [T, n, n], fp32; fp64 throughout in reference mode).
+    """
+    out = h_post_bda(h_res, residual, h_post, x, bias)
+    return (out, *mhc_pre(out, weight, hbias, alpha_pre, alpha_post, alpha_res, iters, rms_eps,
+                          sinkhorn_eps))
+
+
+def mhc_post_pre_bwd(dout: Tensor, dlayer_in: Tensor, dh_post_next: Tensor, dh_res_next: Tensor,
+                     h_res: Tensor, residual: Tensor, h_post: Tensor, x: Tensor, weight: Tensor, hbias: Tensor,
+                     bias: Optional[Tensor], out: Tensor, proj: Tensor, r: Tensor, *params):
+    """Gradients of :func:`mhc_post_pre` from its parts' backward formulas.
+
+    dout [T, n, C] (the gradient of ``out`` from outside) plus mhc_pre's d(out), summed
+    unrounded in the accumulation dtype, is the gradient that enters h_post_bda's backward.
+    proj [T, n*n+2n], r [T] are the forward's proj_rms results on ``out``.
+    -> (dh_res, dresidual, dh_post, dx, dweight, dhbias, dbias or None), each in its
+    input's dtype (spec order: h_res, residual, h_post, x, weight, hbias, bias). ``params``: alpha_pre, alpha_post, alpha_res, iters, rms_eps, sinkhorn_eps.
+    """
+    acc = acc_dtype(out, dout, proj)
+    # out upcast: mhc_pre_bwd then returns d(out) unrounded (its math upcasts anyway)
+    d_pre, dweight, dhbias = mhc_pre_bwd(dlayer_in, dh_post_next, dh_res_next, out.to(acc), weight, hbias,
+                                         proj, r, *params)
+    d_total = dout.to(acc) + d_pre
+    dh_res, dresidual, dh_post, dx, dbias = h_post_bda_bwd(d_total, h_res, residual, h_post, x, bias)
+    return dh_res, dresidual, dh_post, dx, dweight, dhbias, dbias
