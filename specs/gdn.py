@@ -122,7 +122,21 @@ PRE_GATED = OpSpec(
     differentiable=True,
     reference="tilekernels.gdn.reference:pre_gated",
     entry="tilekernels.gdn.ops:pre_gated",
-    backends=[_TORCH_FWD_BWD],
+    backends=[Backend(
+        name="cutile", module="tilekernels.gdn.cutile_pre_gated", sm=(90, 100), toolchain=["cutile"],
+        passes=["fwd", "bwd"],
+        constraints=[
+            Constraint(expr="B * T * (2*Hk*dk + 2*Hv*dv + 2*Hv + Hv*dk) < 2**31", when="not present(cu_seqlens)",
+                       message="the kernels index with int32 (mixed and q, k < 2**31 elements)"),
+            Constraint(expr="T * (2*Hk*dk + 2*Hv*dv + 2*Hv + Hv*dk) < 2**31", when="present(cu_seqlens)",
+                       message="the kernels index with int32 (mixed and q, k < 2**31 elements)"),
+        ],
+        dtypes={"mixed": ["bfloat16", "float32"], "conv_weight": ["bfloat16", "float32"],
+                "A_log": ["float32"], "dt_bias": ["float32"]},
+        doc="fwd: one launch, grid (token tiles [+ N conv-state rows], 2*Hk + 2*Hv + 1 units); bwd: three "
+            "launches (dpre + dconv_weight partials, dx, fixed-order reduction); cu_seqlens read on the "
+            "device (tilekernels/gdn/cutile_pre_gated.py)"),
+        _TORCH_FWD_BWD],
 )
 
 DECODE = OpSpec(

@@ -1,0 +1,370 @@
+#!/usr/bin/env python3
+"""GPU check and timing of the cuTile gdn_pre_gated kernels beside their peers (run on the device host).
+
+From the repository root, on the GPU host (triton, fla are imported lazily: they exist only there):
+
+    python3 benchmarks/gdn_pre_check.py --out "$OUT" [--tests 8] [--memcheck] [--no-compile-peer]
+
+--tests P first runs tests/gdn/test_gdn_cutile_pre_gated.py (GPU and CPU tests) split into P
+pytest processes at once (the kernels' JIT compiles dominate; cuTile's disk cache shares them),
+logs in $OUT/tests_*.log; --memcheck then runs a few of those tests (cached by then) under
+compute-sanitizer memcheck.
+
+Timings (Qwen3-Next: Hk=16, Hv=32, dk=dv=128, W=4, bf16, 32768 tokens): BSHD B=4, T=8192 and
+THD with one sequence of 16384 tokens plus many short ones (1..256 tokens, fixed seed) adding up
+to the same total, repeat_qk on and off. Per case, triton's do_bench median (ms) of: ours
+(registry, backend="cutile"), torch eager (backend="torch"), torch.compile of
+reference.pre_gated (repeat_qk on only; compiles cost device time), and FLA's Triton
+causal_conv1d (SiLU fused) + l2norm + torch glue for the rest (the issue's peer; the package
+fla-core 0.6.0 on PYTHONPATH, outside the project's dependencies). Ours is first checked against
+the torch backend in fp32 (rel. error at the bf16 tolerance).
+
+Ideal bytes, by hand, per token (bf16 = 2 bytes): forward reads mixed once (D = 12352 -> 24704 B)
+and writes q, k (2 * Hq * dk * 2: 16384 B with repeat_qk, Hq = Hv = 32; 8192 B without, Hq = Hk),
+v, z (2 * Hv * dv * 2 = 16384 B), g (fp32, 128 B), beta (64 B): 57664 B with repeat, 49472 B
+without (1.89 / 1.62 GB at 32768 tokens; the weights, ~66 KB, are noise). Backward reads the
+six output grads (the forward's output bytes) and mixed, and writes dmixed: 82368 B a token with
+repeat_qk (2.70 GB). %-of-copy is against 4.27 TB/s (H200 device-to-device copy).
+Prints a table last; writes gdn_pre_check.json to --out.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import subprocess
+import sys
+import time
+import traceback
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path[:0] = [ROOT]
+
+import torch  # noqa: E402
+import torch.nn.functional as F  # noqa: E402
+
+import registry  # noqa: E402
+from tilekernels.gdn import bench as mk  # noqa: E402
+from tilekernels.gdn import reference as ref  # noqa: E402
+from tilekernels.testing import rel_err, tolerance  # noqa: E402
+
+SHAPE = dict(Hk=16, Hv=32, dk=128, dv=128, W=4)
+TOKENS = 4 * 8192
+COPY_TBS = 4.27
+TEST_FILE = "tests/gdn/test_gdn_cutile_pre_gated.py"
+T_START = time.time()
+COMPILE_PEER_BEFORE_S = 200  # torch.compile of the reference (~a minute of compiling) only before this
+RESULTS: dict = {"records": [], "errors": [], "env": {}, "tests": {}}
+
+
+def fwd_bytes(repeat_qk: bool, n: int = TOKENS) -> int:
+    Hk, Hv, dk, dv = SHAPE["Hk"], SHAPE["Hv"], SHAPE["dk"], SHAPE["dv"]
+    Hq = Hv if repeat_qk else Hk
+    return n * (2 * mk.d_model(Hk, Hv, dk, dv) + 2 * 2 * Hq * dk + 2 * 2 * Hv * dv + 4 * Hv + 2 * Hv)
+
+
+def bwd_bytes(repeat_qk: bool, n: int = TOKENS) -> int:
+    return fwd_bytes(repeat_qk, n) + n * 2 * mk.d_model(SHAPE["Hk"], SHAPE["Hv"], SHAPE["dk"], SHAPE["dv"])
+
+
+def thd_lengths() -> list[int]:
+    g = torch.Generator().manual_seed(12)
+    out, left = [TOKENS // 2], TOKENS // 2
+    while left > 0:
+        n = min(left, int(torch.randint(1, 257, (1,), generator=g)))
+        out.append(n)
+        left -= n
+    perm = torch.randperm(len(out), generator=g).tolist()
+    return [out[i] for i in perm]
+
+
+def bench(fn, rep=100) -> float:
+    from triton.testing import do_bench
+
+    fn()
+    torch.cuda.synchronize()
+    return do_bench(fn, warmup=25, rep=rep, return_mode="median")
+
+
+# ------------------------------------------------------------------ tests (parallel processes)
+
+
+def run_tests(out: str, procs: int, memcheck: bool) -> None:
+    ids = subprocess.run([sys.executable, "-m", "pytest", "-q", "--co", "-m", "gpu", "-p", "no:cacheprovider",
+                          TEST_FILE], capture_output=True, text=True, cwd=ROOT).stdout.split()
+    ids = [i for i in ids if "::" in i]
+    # tests that share a compile key (same test, shape, layout kind, switches) go to one process
+    groups: dict = {}
+    for i in ids:
+        groups.setdefault(re.sub(r"(bshd|thd)-[^-\]]*", r"\1", i), []).append(i)
+    chunks = [[] for _ in range(procs)]
+    for g in sorted(groups.values(), key=len, reverse=True):
+        min(chunks, key=len).extend(g)
+    t0 = time.time()
+    # the benchmark's own compile keys, warmed at a few tokens beside the tests (cuTile's disk cache)
+    warm = open(os.path.join(out, "warm.log"), "w")
+    ps = [("warm", subprocess.Popen([sys.executable, os.path.abspath(__file__), "--warm", "--out", out],
+                                    stdout=warm, stderr=subprocess.STDOUT, cwd=ROOT), warm)]
+    for k, ch in enumerate(chunks):
+        if ch:
+            log = open(os.path.join(out, f"tests_{k}.log"), "w")
+            ps.append((k, subprocess.Popen([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
+                                            *ch], stdout=log, stderr=subprocess.STDOUT, cwd=ROOT), log))
+    summary = {}
+    for k, p, log in ps:
+        p.wait()
+        log.close()
+        tail = open(log.name).read().strip().splitlines()[-1:]
+        summary[k] = dict(rc=p.returncode, tail=tail)
+    RESULTS["tests"] = dict(n=len(ids), procs=procs, seconds=time.time() - t0, parts=summary)
+    print(f"tests: {len(ids)} in {procs} processes, {time.time() - t0:.0f} s; "
+          + "; ".join(f"[{k}] rc={s['rc']} {s['tail']}" for k, s in summary.items()), flush=True)
+    if memcheck:
+        sel = [i for i in ids if ("thd-mixed" in i and "Hk2-Hv4" in i and ("bwd" in i or "-rep-state" in i))][:3]
+        t0 = time.time()
+        r = subprocess.run(["compute-sanitizer", "--tool", "memcheck", sys.executable, "-m", "pytest", "-q",
+                            "-p", "no:cacheprovider", *sel], capture_output=True, text=True, cwd=ROOT, timeout=240)
+        txt = r.stdout + r.stderr
+        with open(os.path.join(out, "memcheck.log"), "w") as f:
+            f.write(txt)
+        summ = [ln for ln in txt.splitlines() if "ERROR SUMMARY" in ln or " passed" in ln or " failed" in ln]
+        RESULTS["tests"]["memcheck"] = dict(selected=sel, summary=summ, seconds=time.time() - t0)
+        print("memcheck:", sel, summ, flush=True)
+
+
+# ------------------------------------------------------------------ timing
+
+
+def problem(thd: bool):
+    h = (SHAPE["Hk"], SHAPE["Hv"], SHAPE["dk"], SHAPE["dv"])
+    w, A, dt = mk.weights(*h, SHAPE["W"], device="cuda")
+    if thd:
+        cu = mk.cu_seqlens(thd_lengths(), device="cuda")
+        return mk.mixed((TOKENS,), *h, device="cuda"), w, A, dt, cu
+    return mk.mixed((4, TOKENS // 4), *h, device="cuda"), w, A, dt, None
+
+
+def fla_prep(mixed, w, A, dt, cu, repeat_qk):
+    """The issue's peer: FLA's Triton causal_conv1d (SiLU fused) over q|k|v, FLA's l2norm of
+    q and k, torch for the repeat, z, beta and g (what a Megatron/FLA GDN layer runs)."""
+    from fla.modules.norm.l2norm import l2norm
+    from fla.modules.causal_conv1d import causal_conv1d
+
+    Hk, Hv, dk, dv = SHAPE["Hk"], SHAPE["Hv"], SHAPE["dk"], SHAPE["dv"]
+    C = ref.conv_dim(Hk, Hv, dk, dv)
+    x3 = mixed if cu is None else mixed.unsqueeze(0)
+    y, _ = causal_conv1d(x3[..., :C], weight=w, activation="silu",
+                         cu_seqlens=None if cu is None else cu.long())
+    lead = mixed.shape[:-1]
+    yq, yk, yv = y.reshape(*lead, C).split([Hk * dk, Hk * dk, Hv * dv], -1)
+    q = l2norm(yq.reshape(*lead, Hk, dk))
+    k = l2norm(yk.reshape(*lead, Hk, dk))
+    if repeat_qk:
+        q = q.repeat_interleave(Hv // Hk, dim=-2)
+        k = k.repeat_interleave(Hv // Hk, dim=-2)
+    _, _, _, zs, bs, as_ = mixed.split(ref.sections(Hk, Hv, dk, dv), -1)
+    z = zs.reshape(*lead, Hv, dv).contiguous()
+    beta = bs.sigmoid()
+    g = -A.exp() * F.softplus(as_.float() + dt)
+    return q, k, yv.reshape(*lead, Hv, dv), z, g, beta
+
+
+def record(case, impl, ms, nbytes, **extra):
+    tbs = nbytes / (ms * 1e-3) / 1e12
+    rec = dict(case=case, impl=impl, ms=ms, bytes=nbytes, tbs=tbs, pct_copy=100 * tbs / COPY_TBS, **extra)
+    RESULTS["records"].append(rec)
+    print(f"{case:<22}{impl:<16}{ms:>9.3f}{nbytes / 1e9:>7.2f}{tbs:>7.2f}{rec['pct_copy']:>7.1f}  "
+          f"{extra.get('err', '')}", flush=True)
+
+
+def time_case(thd: bool, repeat_qk: bool, peers: bool, compiled: bool):
+    case = f"{'thd' if thd else 'bshd'}-{'rep' if repeat_qk else 'norep'}"
+    op = registry.get("gdn_pre_gated")
+    x, w, A, dt, cu = problem(thd)
+    p = dict(Hk=SHAPE["Hk"], dk=SHAPE["dk"], dv=SHAPE["dv"], repeat_qk=repeat_qk)
+    nb = fwd_bytes(repeat_qk)
+    try:
+        ours = op(x, w, A, dt, cu_seqlens=cu, backend="cutile", **p)
+        want = op(x, w, A, dt, cu_seqlens=cu, backend="torch", **p)
+        err = max(rel_err(o, r) for o, r in zip(ours, want))
+        ok = err <= tolerance(torch.bfloat16)
+        del ours, want
+        record(case, "cutile fwd", bench(lambda: op(x, w, A, dt, cu_seqlens=cu, backend="cutile", **p)), nb,
+               err=f"max rel err vs torch {err:.2e} ok={ok}", ok=ok)
+    except Exception:
+        RESULTS["errors"].append(f"{case} cutile fwd: {traceback.format_exc(limit=8)}")
+        print("ERROR", RESULTS["errors"][-1], flush=True)
+    if peers:
+        record(case, "torch eager fwd", bench(lambda: op(x, w, A, dt, cu_seqlens=cu, backend="torch", **p), rep=20),
+               nb)
+        try:
+            outs = fla_prep(x, w, A, dt, cu, repeat_qk)
+            want = ref.pre_gated(x, w, A, dt, cu, **p)
+            err = max(rel_err(o, r) for o, r in zip(outs, want))
+            del outs, want
+            record(case, "fla+torch fwd", bench(lambda: fla_prep(x, w, A, dt, cu, repeat_qk)), nb,
+                   err=f"max rel err vs torch {err:.2e}")
+        except Exception:
+            RESULTS["errors"].append(f"{case} fla: {traceback.format_exc(limit=8)}")
+            print("ERROR", RESULTS["errors"][-1], flush=True)
+    if compiled and time.time() - T_START > COMPILE_PEER_BEFORE_S:
+        RESULTS["errors"].append(f"{case} torch.compile: skipped, {time.time() - T_START:.0f} s into the run")
+        print("torch.compile skipped (time)", flush=True)
+    elif compiled:
+        try:
+            fn = torch.compile(lambda *a: ref.pre_gated(*a, **p))
+            t0 = time.time()
+            fn(x, w, A, dt, cu)
+            record(case, "torch.compile fwd", bench(lambda: fn(x, w, A, dt, cu), rep=50), nb,
+                   err=f"compile {time.time() - t0:.0f} s")
+        except Exception:
+            RESULTS["errors"].append(f"{case} torch.compile: {traceback.format_exc(limit=8)}")
+            print("ERROR", RESULTS["errors"][-1], flush=True)
+    if repeat_qk:  # backward: ours and the torch backend, fp32-checked
+        try:
+            leaves = [t.clone().requires_grad_() for t in (x, w, A, dt)]
+            outs = op(*leaves, cu_seqlens=cu, backend="cutile", **p)
+            grads = [torch.randn_like(o, dtype=torch.float32).to(o.dtype) for o in outs]
+            from tilekernels.gdn import cutile_pre_gated_bwd as cb
+
+            dx, dw = torch.empty_like(x), torch.empty_like(w)
+            dA, ddt = torch.empty_like(A), torch.empty_like(dt)
+            args = (*grads, x, w, A, dt, cu, dx, dw, dA, ddt, p["Hk"], p["dk"], p["dv"], repeat_qk, 1e-6, False)
+            cb.pre_gated_bwd_into(*args)
+            want = ref.pre_gated_bwd(*grads, x, w, A, dt, cu, **p)
+            errs = [rel_err(o, r) for o, r in zip((dx, dw, dA, ddt), want)]
+            ok = errs[0] <= 1e-2 and errs[1] <= 1e-2 and errs[2] <= 1e-5 and errs[3] <= 1e-5
+            del want, outs, leaves
+            record(case, "cutile bwd", bench(lambda: cb.pre_gated_bwd_into(*args)), bwd_bytes(True),
+                   err="rel errs " + ", ".join(f"{e:.1e}" for e in errs) + f" ok={ok}", ok=ok)
+            from tilekernels._glue import get_kernel
+
+            tb = get_kernel("gdn_pre_gated", "torch", "bwd")
+            if peers:
+                record(case, "torch eager bwd", bench(lambda: tb(*args), rep=20), bwd_bytes(True))
+        except Exception:
+            RESULTS["errors"].append(f"{case} bwd: {traceback.format_exc(limit=8)}")
+            print("ERROR", RESULTS["errors"][-1], flush=True)
+    torch.cuda.empty_cache()
+
+
+FWD_SWEEP = [(64, 0), (64, 2), (32, 0), (32, 2), (32, 4), (16, 0), (16, 4)]  # (TT, occupancy)
+BWD_SWEEP = [(64, 0), (32, 0), (32, 2), (16, 0), (16, 4)]
+
+
+def sweep() -> None:
+    """Launch-config variants (TT, occupancy hint) of ours, BSHD and THD with repeat_qk: fwd and
+    bwd timed on the kernels directly (compiled first, in threads, at 64 tokens)."""
+    import dataclasses
+    from concurrent.futures import ThreadPoolExecutor
+
+    from tilekernels.gdn import cutile_pre_gated as cp
+    from tilekernels.gdn import cutile_pre_gated_bwd as cb
+
+    base = cp.PreGatedCfg.heuristic(SHAPE["Hk"], SHAPE["Hv"], SHAPE["dk"], SHAPE["dv"], SHAPE["W"], True)
+    p = (SHAPE["Hk"], SHAPE["dk"], SHAPE["dv"], True, 1e-6)
+
+    def lns(prob, tt, oc, bwd):
+        x, w, A, dt, cu = prob
+        cfg = dataclasses.replace(base, TT=tt, OCC=oc, OCC_B=oc)
+        outs = [torch.empty(o.shape, dtype=o.dtype, device="cuda") for o in ref_outs(prob)]
+        if not bwd:
+            return [cp.fwd_launch(x, w, A, dt, cu, *outs, None, *p, cfg=cfg)], outs
+        grads = [torch.randn_like(o, dtype=torch.float32).to(o.dtype) for o in outs]
+        dst = (torch.empty_like(x), torch.empty_like(w), torch.empty_like(A), torch.empty_like(dt))
+        return cb.bwd_launches(*grads, x, w, A, dt, cu, *dst, *p, cfg=cfg), (grads, dst)
+
+    global TOKENS
+    full, TOKENS = TOKENS, 64
+    small = [problem(False), problem(True)]
+    TOKENS = full
+    jobs = [(pr, tt, oc, False) for pr in small for tt, oc in FWD_SWEEP] + \
+        [(pr, tt, oc, True) for pr in small for tt, oc in BWD_SWEEP]
+    t0 = time.time()
+    with ThreadPoolExecutor(8) as pool:
+        list(pool.map(lambda j: [ln.run() for ln in lns(*j)[0]], jobs))
+    torch.cuda.synchronize()
+    print(f"sweep: compiled {len(jobs)} variants in {time.time() - t0:.0f} s", flush=True)
+    for thd in (False, True):
+        prob = problem(thd)
+        case = f"{'thd' if thd else 'bshd'}-rep"
+        want = ref_outs(prob)
+        for tt, oc in FWD_SWEEP:
+            ls, outs = lns(prob, tt, oc, False)
+            ls[0].run()
+            err = max(rel_err(o, r) for o, r in zip(outs, want))
+            record(case, f"sw fwd TT{tt} o{oc}", bench(ls[0].run), fwd_bytes(True), err=f"err {err:.1e}",
+                   sweep=True)
+        del want
+        for tt, oc in BWD_SWEEP:
+            ls, _ = lns(prob, tt, oc, True)
+            record(case, f"sw bwd TT{tt} o{oc}", bench(lambda: [ln.run() for ln in ls]), bwd_bytes(True), sweep=True)
+        torch.cuda.empty_cache()
+
+
+def ref_outs(prob):
+    x, w, A, dt, cu = prob
+    return ref.pre_gated(x, w, A, dt, cu, Hk=SHAPE["Hk"], dk=SHAPE["dk"], dv=SHAPE["dv"], repeat_qk=True)
+
+
+def warm() -> None:
+    """Compile the timed cases' kernels at 64 tokens (same compile keys: token counts are dynamic)."""
+    global TOKENS
+    TOKENS = 64
+    op = registry.get("gdn_pre_gated")
+    from tilekernels.gdn import cutile_pre_gated_bwd as cb
+
+    for thd in (False, True):
+        for rep in (True, False):
+            x, w, A, dt, cu = problem(thd)
+            p = dict(Hk=SHAPE["Hk"], dk=SHAPE["dk"], dv=SHAPE["dv"], repeat_qk=rep)
+            outs = op(x, w, A, dt, cu_seqlens=cu, backend="cutile", **p)
+            if rep:
+                cb.pre_gated_bwd_into(*outs, x, w, A, dt, cu, torch.empty_like(x), torch.empty_like(w),
+                                      torch.empty_like(A), torch.empty_like(dt), *p.values(), 1e-6, False)
+    torch.cuda.synchronize()
+    print("warm: done", flush=True)
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--out", default=os.environ.get("OUT", "."))
+    ap.add_argument("--tests", type=int, default=0, help="run the test file in this many processes first")
+    ap.add_argument("--memcheck", action="store_true")
+    ap.add_argument("--no-compile-peer", action="store_true", help="skip torch.compile of the reference")
+    ap.add_argument("--no-peers", action="store_true", help="time ours only")
+    ap.add_argument("--warm", action="store_true", help="only compile the timed cases (at 64 tokens)")
+    ap.add_argument("--sweep", action="store_true", help="time launch-config variants first")
+    a = ap.parse_args()
+    os.makedirs(a.out, exist_ok=True)
+    if a.warm:
+        return warm()
+    if a.tests:
+        run_tests(a.out, a.tests, a.memcheck)
+    RESULTS["env"] = dict(device=torch.cuda.get_device_name(), torch=torch.__version__, tokens=TOKENS,
+                          thd_sequences=len(thd_lengths()), shape=SHAPE)
+    print(json.dumps(RESULTS["env"]), flush=True)
+    print(f"{'case':<22}{'impl':<16}{'ms':>9}{'GB':>7}{'TB/s':>7}{'%4.27':>7}  note", flush=True)
+    if a.sweep:
+        sweep()
+    if a.sweep:
+        sweep()
+    for thd in (False, True):
+        for rep in (True, False):
+            time_case(thd, rep, peers=not a.no_peers,
+                      compiled=rep and not thd and not a.no_compile_peer and not a.no_peers)
+    path = os.path.join(a.out, "gdn_pre_check.json")
+    with open(path, "w") as f:
+        json.dump(RESULTS, f, indent=1, default=str)
+    print("\n== summary ==", flush=True)
+    for r in RESULTS["records"]:
+        print(f"{r['case']:<12}{r['impl']:<18}{r['ms']:>8.3f} ms {r['tbs']:>6.2f} TB/s {r['pct_copy']:>6.1f}%  "
+              f"{r.get('err', '')}", flush=True)
+    print("errors:", len(RESULTS["errors"]), "| tests:", {k: v["rc"] for k, v in RESULTS["tests"].get("parts", {}).items()},
+          "| wrote", path, flush=True)
+    return 1 if RESULTS["errors"] else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

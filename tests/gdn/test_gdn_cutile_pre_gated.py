@@ -1,0 +1,256 @@
+"""cuTile gdn_pre_gated (tilekernels/gdn/cutile_pre_gated.py, cutile_pre_gated_bwd.py).
+
+CPU (CI): every variant (BSHD/THD, repeat_qk on/off, conv state on/off, bf16/fp32, odd dk,
+dv, W) compiles to a cubin for sm_90 and sm_100 through the same launch builders the GPU
+path uses (``meta`` tensors, ``export_cubin``); the launch config is the compile key (built
+from Hk, Hv, dk, dv, W, repeat_qk only, never from B, T or N).
+
+GPU (marked ``gpu``, skipped without CUDA): the kernels called directly against
+``reference.pre_gated`` / ``pre_gated_bwd`` run in float64 on upcasts of the same inputs,
+outputs NaN-poisoned first, fresh random inputs each run (conftest). Tolerances
+(tilekernels.testing, by the dtype of the checked output):
+  bf16 outputs and grads 1e-2: fp32 math from the same bf16 inputs, rounded once (2^-9 per
+    element); the grads of conv_weight are fp32 sums over tokens, rounded once;
+  fp32 outputs (g; everything with fp32 mixed) and dA_log, ddt_bias 1e-5: the reference's
+    math in fp32 (a W-tap conv, a dk-long norm, sums over <= a few thousand tokens, each
+    term exact to ~1e-7 relative: reassociation stays far below 1e-5);
+  conv_state exact: it is a copy of inputs.
+"""
+from __future__ import annotations
+
+import dataclasses
+from concurrent.futures import ThreadPoolExecutor
+
+import pytest
+import torch
+
+ct = pytest.importorskip("cuda.tile")
+
+from tilekernels.gdn import bench as mk  # noqa: E402
+from tilekernels.gdn import cutile_pre_gated as cp  # noqa: E402
+from tilekernels.gdn import cutile_pre_gated_bwd as cb  # noqa: E402
+from tilekernels.gdn import reference as ref  # noqa: E402
+from tilekernels.testing import assert_close  # noqa: E402
+
+BF, F32, F64 = torch.bfloat16, torch.float32, torch.float64
+ARCHS = ("sm_90", "sm_100")
+QWEN = dict(Hk=16, Hv=32, dk=128, dv=128, W=4)
+NAMES = ("q", "k", "v", "z", "g", "beta")
+
+# (shape, thd, repeat_qk, conv state, mixed dtype): every compile-time switch at least once
+COMPILE_VARIANTS = [
+    (QWEN, False, True, True, BF),
+    (QWEN, True, False, False, BF),
+    (dict(Hk=1, Hv=4, dk=48, dv=40, W=3), True, True, True, F32),
+]
+
+
+def _vid(v):
+    s, thd, rep, state, dt = v
+    return "Hk{Hk}-Hv{Hv}-dk{dk}-dv{dv}-W{W}".format(**s) + \
+        f"-{'thd' if thd else 'bshd'}-{'rep' if rep else 'norep'}-{'state' if state else 'nostate'}-{str(dt)[6:]}"
+
+
+def _launches(v, B=2, T=256, cfg=None):
+    s, thd, rep, state, dt = v
+    return cp.representative_launches(**s, B=B, T=T, dtype=dt, thd=thd, repeat_qk=rep, state=state, cfg=cfg)
+
+
+# ------------------------------------------------------------------ CPU (CI)
+
+
+def test_every_variant_compiles_for_sm90_and_sm100():
+    jobs = []
+    for v in COMPILE_VARIANTS:
+        for name, lns in _launches(v).items():
+            for j, ln in enumerate(lns):
+                jobs += [(f"{_vid(v)}/{name}[{j}]", ln, arch) for arch in ARCHS]
+    with ThreadPoolExecutor(max_workers=4) as pool:
+        cubins = list(pool.map(lambda j: j[1].export_cubin(j[2]), jobs))
+    for (name, _, arch), cubin in zip(jobs, cubins):
+        assert cubin[:4] == b"\x7fELF", f"{name} for {arch}: not an ELF cubin"
+        assert len(cubin) > 1000, f"{name} for {arch}: empty cubin"
+
+
+def test_launch_config_is_the_compile_key():
+    """The config comes from (Hk, Hv, dk, dv, W, repeat_qk); B, T, N are dynamic: one key."""
+    v = COMPILE_VARIANTS[0]
+    small, big = _launches(v, B=1, T=1), _launches(v, B=4, T=8192)
+    for name in small:
+        assert [a.key() for a in small[name]] == [b.key() for b in big[name]], name
+    fwd_s, fwd_b = small["gdn_pre_gated.fwd"][0], big["gdn_pre_gated.fwd"][0]
+    cfg = cp.PreGatedCfg.heuristic(16, 32, 128, 128, 4, True)
+    assert fwd_s.cfg is cfg and cfg is cp.PreGatedCfg.heuristic(16, 32, 128, 128, 4, True)  # cached
+    # grid: token tiles + one row per sequence (conv state), 2*Hk + 2*Hv + 1 units
+    assert fwd_s.grid == (1 + 1, 97, 1) and fwd_b.grid == (4 * 8192 // cfg.TT + 4, 97, 1)
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        cfg.TT = 8
+    keys = {_launches(v)["gdn_pre_gated.fwd"][0].key() for v in COMPILE_VARIANTS}
+    assert len(keys) == len(COMPILE_VARIANTS)
+    odd = cp.PreGatedCfg.heuristic(1, 4, 48, 40, 3, True)
+    assert (odd.DK, odd.DV, odd.WP, odd.WW, odd.R) == (64, 64, 2, 4, 4) and odd.TT >= 3
+
+
+def test_refuses_what_it_cannot_run():
+    with pytest.raises(ValueError, match="Hv=6 is not a multiple of Hk=4"):
+        cp.PreGatedCfg.heuristic(4, 6, 16, 16, 4, True)
+    with pytest.raises(ValueError, match="does not fit"):
+        _launches(COMPILE_VARIANTS[0], cfg=cp.PreGatedCfg.heuristic(16, 32, 64, 128, 4, True))  # dk > DK
+
+
+def test_spec_declares_the_backend():
+    from specs.gdn import PRE_GATED
+
+    b = next(b for b in PRE_GATED.backends if b.name == "cutile")
+    assert b.module == cp.__name__ and b.passes == ["fwd", "bwd"] and b.sm == (90, 100)
+    assert b.dtypes["mixed"] == ["bfloat16", "float32"]
+    assert cp.BWD_MODULE == cb.__name__
+
+
+# ------------------------------------------------------------------ GPU
+
+needs_gpu = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+
+
+def _nan(*shape, dtype):
+    return torch.full(shape, float("nan"), dtype=dtype, device="cuda")
+
+
+def _problem(shape, lengths, dtype=BF):
+    """(mixed, conv_weight, A_log, dt_bias, cu_seqlens|None): BSHD when lengths is (B, T),
+    THD when it is a list of sequence lengths."""
+    h = (shape["Hk"], shape["Hv"], shape["dk"], shape["dv"])
+    w, A, dt = mk.weights(*h, shape["W"], dtype=dtype, device="cuda")
+    if isinstance(lengths, tuple):
+        return mk.mixed(lengths, *h, dtype=dtype, device="cuda"), w, A, dt, None
+    cu = mk.cu_seqlens(lengths, device="cuda")
+    return mk.mixed((int(sum(lengths)),), *h, dtype=dtype, device="cuda"), w, A, dt, cu
+
+
+def run_fwd(x, w, A, dt, cu, shape, repeat_qk, state):
+    """The cutile fwd into NaN-filled outputs: (q, k, v, z, g, beta, conv_state|None)."""
+    Hk, Hv, dk, dv, W = (shape[n] for n in ("Hk", "Hv", "dk", "dv", "W"))
+    lead = x.shape[:-1]
+    Hq = Hv if repeat_qk else Hk
+    N = lead[0] if cu is None else cu.shape[0] - 1
+    outs = (_nan(*lead, Hq, dk, dtype=x.dtype), _nan(*lead, Hq, dk, dtype=x.dtype),
+            _nan(*lead, Hv, dv, dtype=x.dtype), _nan(*lead, Hv, dv, dtype=x.dtype),
+            _nan(*lead, Hv, dtype=F32), _nan(*lead, Hv, dtype=x.dtype))
+    cs = _nan(N, ref.conv_dim(Hk, Hv, dk, dv), W - 1, dtype=x.dtype) if state else None
+    cp.pre_gated_fwd_into(x, w, A, dt, cu, *outs, cs, Hk, dk, dv, repeat_qk, 1e-6, state)
+    return (*outs, cs)
+
+
+def _ref64(x, w, A, dt, cu, shape, repeat_qk, state):
+    return ref.pre_gated(x.double(), w.double(), A.double(), dt.double(), cu, Hk=shape["Hk"], dk=shape["dk"],
+                         dv=shape["dv"], repeat_qk=repeat_qk, return_conv_state=state)
+
+
+def check_fwd(x, w, A, dt, cu, shape, repeat_qk, state):
+    got = run_fwd(x, w, A, dt, cu, shape, repeat_qk, state)
+    want = _ref64(x, w, A, dt, cu, shape, repeat_qk, state)
+    for name, o, r in zip(NAMES, got, want):
+        assert_close(o, r, kind=o.dtype, what=name)
+    if state:
+        assert_close(got[6], want[6].to(x.dtype), kind="exact", what="conv_state")
+    return got
+
+
+THD_LENGTHS = [0, 1, 3, 4, 7, 0, 130, 2, 5]  # empty, 1, W-1, W, odd, one long (over a token tile)
+SHAPES = [
+    QWEN,
+    dict(Hk=2, Hv=4, dk=64, dv=32, W=3),   # R=2, dk != dv
+    dict(Hk=4, Hv=4, dk=32, dv=64, W=2),   # R=1
+    dict(Hk=1, Hv=4, dk=48, dv=40, W=4),   # R=4, non-power-of-two dk, dv
+]
+_SID = ["Hk{Hk}-Hv{Hv}-dk{dk}-dv{dv}-W{W}".format(**s) for s in SHAPES]
+
+
+@pytest.mark.gpu
+@needs_gpu
+@pytest.mark.parametrize("repeat_qk,state", [(True, True), (False, False)], ids=["rep-state", "norep-nostate"])
+@pytest.mark.parametrize("layout", [(2, 70), (1, 1), (3, 5), THD_LENGTHS, [1], [0, 2, 0]],
+                         ids=["bshd-2x70", "bshd-T1", "bshd-3x5", "thd-mixed", "thd-1", "thd-empties"])
+@pytest.mark.parametrize("shape", SHAPES, ids=_SID)
+def test_fwd_matches_float64_reference(shape, layout, repeat_qk, state):
+    check_fwd(*_problem(shape, layout), shape, repeat_qk, state)
+
+
+@pytest.mark.gpu
+@needs_gpu
+@pytest.mark.parametrize("layout", [(2, 33), THD_LENGTHS], ids=["bshd", "thd"])
+def test_fwd_fp32_and_width_one(layout):
+    """fp32 I/O (1e-5), and W=1 (no history: conv state of width 0)."""
+    check_fwd(*_problem(dict(Hk=2, Hv=4, dk=64, dv=32, W=3), layout, dtype=F32),
+              dict(Hk=2, Hv=4, dk=64, dv=32, W=3), True, True)
+    s1 = dict(Hk=2, Hv=2, dk=16, dv=24, W=1)
+    check_fwd(*_problem(s1, layout), s1, False, True)
+
+
+@pytest.mark.gpu
+@needs_gpu
+def test_thd_with_many_sequences_spanning_chunks():
+    """More cu_seqlens entries than one scan chunk (CH=128): 300 sequences of 0..9 tokens."""
+    s = dict(Hk=2, Hv=4, dk=32, dv=32, W=4)
+    lengths = torch.randint(0, 10, (300,)).tolist()
+    check_fwd(*_problem(s, lengths), s, True, True)
+
+
+def run_bwd(grads, x, w, A, dt, cu, shape, repeat_qk):
+    Hk, dk, dv = shape["Hk"], shape["dk"], shape["dv"]
+    dx, dw = _nan(*x.shape, dtype=x.dtype), _nan(*w.shape, dtype=w.dtype)
+    dA, ddt = _nan(*A.shape, dtype=A.dtype), _nan(*dt.shape, dtype=dt.dtype)
+    cb.pre_gated_bwd_into(*grads, x, w, A, dt, cu, dx, dw, dA, ddt, Hk, dk, dv, repeat_qk, 1e-6, False)
+    return dx, dw, dA, ddt
+
+
+def _grads(outs):
+    return [torch.randn(o.shape, device="cuda").to(o.dtype) for o in outs[:6]]
+
+
+BWD_CASES = [(s, True) for s in SHAPES] + [(QWEN, False), (SHAPES[1], False)]
+
+
+@pytest.mark.gpu
+@needs_gpu
+@pytest.mark.parametrize("layout", [(2, 70), (1, 1), THD_LENGTHS, [0, 2, 0]],
+                         ids=["bshd-2x70", "bshd-T1", "thd-mixed", "thd-empties"])
+@pytest.mark.parametrize("shape,repeat_qk", BWD_CASES,
+                         ids=[_SID[SHAPES.index(s)] + ("-rep" if r else "-norep") for s, r in BWD_CASES])
+def test_bwd_matches_float64_reference(shape, layout, repeat_qk):
+    x, w, A, dt, cu = _problem(shape, layout)
+    grads = _grads(run_fwd(x, w, A, dt, cu, shape, repeat_qk, False))
+    got = run_bwd(grads, x, w, A, dt, cu, shape, repeat_qk)
+    want = ref.pre_gated_bwd(*[g.double() for g in grads], x.double(), w.double(), A.double(), dt.double(), cu,
+                             Hk=shape["Hk"], dk=shape["dk"], dv=shape["dv"], repeat_qk=repeat_qk)
+    for name, o, r in zip(("dmixed", "dconv_weight", "dA_log", "ddt_bias"), got, want):
+        assert_close(o, r, kind=o.dtype, what=name)
+    again = run_bwd(grads, x, w, A, dt, cu, shape, repeat_qk)
+    for name, a, b in zip(("dmixed", "dconv_weight", "dA_log", "ddt_bias"), got, again):
+        assert torch.equal(a, b), f"{name}: two runs differ (the reductions must be deterministic)"
+
+
+@pytest.mark.gpu
+@needs_gpu
+@pytest.mark.parametrize("layout", [(2, 37), [3, 0, 40, 1]], ids=["bshd", "thd"])
+def test_registry_autograd_matches_torch_backend(layout):
+    """registry.get(...)(..., backend="cutile") fwd + autograd bwd (fp32, so 1e-5) equals the
+    float64 torch backend's outputs and gradients; auto picks cutile on the GPU."""
+    import registry
+
+    op = registry.get("gdn_pre_gated")
+    s = dict(Hk=2, Hv=4, dk=64, dv=32, W=3)
+    x, w, A, dt, cu = _problem(s, layout, dtype=F32)
+    p = dict(Hk=2, dk=64, dv=32, repeat_qk=True)
+    assert op.explain(x, w, A, dt, cu_seqlens=cu, **p)[0][:2] == ("cutile", True)
+    leaves = [t.clone().requires_grad_() for t in (x, w, A, dt)]
+    outs = op(*leaves, cu_seqlens=cu, backend="cutile", **p)
+    grads = _grads(outs)
+    torch.autograd.backward(outs, grads)
+    leaves64 = [t.detach().double().requires_grad_() for t in (x, w, A, dt)]
+    outs64 = op(*leaves64, cu_seqlens=cu, backend="torch", **p)
+    torch.autograd.backward(outs64, [g.double() for g in grads])
+    for name, o, r in zip(NAMES, outs, outs64):
+        assert_close(o, r, what=name)
+    for name, a, b in zip(("dmixed", "dconv_weight", "dA_log", "ddt_bias"), leaves, leaves64):
+        assert_close(a.grad, b.grad, what=name)
