@@ -90,3 +90,19 @@ def upcast(x):
     if isinstance(x, torch.Tensor) and x.is_floating_point() and x.dtype != torch.float8_e4m3fn:
         return x.detach().to(torch.float64)
     return x
+
+
+def assert_cubins(jobs, workers: int = 4) -> list:
+    """Compile every ``(name, launch, arch)`` job to a cubin (``launch.export_cubin(arch)``, a
+    cuTile :class:`tilekernels._cutile.Launch` built from ``meta`` tensors: no GPU needed) in
+    a thread pool, and check that each is a non-empty ELF; returns the cubins in job order.
+    The CPU compile test every cuTile family runs in CI."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    jobs = list(jobs)
+    with ThreadPoolExecutor(max_workers=workers) as pool:
+        cubins = list(pool.map(lambda j: j[1].export_cubin(j[2]), jobs))
+    for (name, _, arch), cubin in zip(jobs, cubins):
+        assert cubin[:4] == b"\x7fELF", f"{name} for {arch}: not an ELF cubin"
+        assert len(cubin) > 1000, f"{name} for {arch}: empty cubin"
+    return cubins

@@ -169,35 +169,15 @@ def mhc_pp_bwd_dx(dproj, dr, x, w, r, dx, p_dw, dout, dagg, hpre_t, eps: float,
     """cutile_proj_rms.mhc_pr_bwd's mhc_pre pass (same grid, views, partials and DWT choice;
     AGG must be True) with the incoming dout [rows, G, Cg] added to dx before the store:
     dx = d_total = dout + mhc_pre's d(out)."""
-    grp = ct.bid(0) % x.shape[1]
-    cj = ct.bid(0) // x.shape[1]
-    gm = ct.bid(1)
-    kf = ct.astype(x.shape[1] * x.shape[2], ct.float32)
-    ntm = ct.num_tiles(x, axis=0, shape=(TM, 1, TK))
-    wt = ct.reshape(ct.load(w, index=(0, grp, cj), shape=(NPAD, 1, TK), padding_mode=PAD_ZERO), (NPAD, TK))
-    dw = ct.zeros((TK, NPAD) if DWT else (NPAD, TK), dtype=ct.float32)
+    grp, cj, gm, kf, ntm, wt, dw = pr.bwd_dx_setup(x, w, NPAD, TM, TK, DWT)
     for m in range(gm, ntm, ct.num_blocks(1)):
-        gp = ct.load(dproj, index=(m, 0), shape=(TM, NPAD), padding_mode=PAD_ZERO)
-        hi = gp.astype(ct.bfloat16)
-        lo = (gp - hi.astype(ct.float32)).astype(ct.bfloat16)
-        xt = ct.reshape(ct.load(x, index=(m, grp, cj), shape=(TM, 1, TK), padding_mode=PAD_ZERO), (TM, TK))
-        rr = ct.reshape(ct.load(r, index=(m,), shape=(TM,), padding_mode=PAD_ZERO), (TM, 1))
-        gr = ct.reshape(ct.load(dr, index=(m,), shape=(TM,), padding_mode=PAD_ZERO), (TM, 1))
-        rms = 1.0 / rr - eps
-        coef = ct.where(rms > 0.0, -gr * rr * rr / (kf * rms), 0.0)
-        gx = ct.mma(hi, wt, ct.zeros((TM, TK), dtype=ct.float32))
-        gx = ct.mma(lo, wt, gx) + coef * xt.astype(ct.float32)
+        gx, hi, lo, xt = pr.bwd_dx_tile(dproj, dr, x, r, wt, grp, cj, m, kf, eps, NPAD, TM, TK)
         hpre = ct.reshape(ct.load(hpre_t, index=(grp, m), shape=(1, TM), padding_mode=PAD_ZERO), (TM, 1))
         ga = ct.load(dagg, index=(m, cj), shape=(TM, TK), padding_mode=PAD_ZERO)
         go = ct.reshape(ct.load(dout, index=(m, grp, cj), shape=(TM, 1, TK), padding_mode=PAD_ZERO), (TM, TK))
         gx = gx + hpre * ga.astype(ct.float32) + go.astype(ct.float32)
         ct.store(dx, index=(m, grp, cj), tile=ct.reshape(gx.astype(dx.dtype), (TM, 1, TK)))
-        if DWT:
-            dw = ct.mma(ct.transpose(xt), hi, dw)
-            dw = ct.mma(ct.transpose(xt), lo, dw)
-        else:
-            dw = ct.mma(ct.transpose(hi), xt, dw)
-            dw = ct.mma(ct.transpose(lo), xt, dw)
+        dw = pr.bwd_dw_acc(dw, xt, hi, lo, DWT)
     if DWT:
         dw = ct.transpose(dw)
     ct.store(p_dw, index=(gm, 0, grp, cj), tile=ct.reshape(dw, (1, NPAD, 1, TK)))

@@ -66,6 +66,48 @@ def mhc_pr_fwd(x, w, proj, r, eps: float, NPAD: ConstInt, TM: ConstInt, TK: Cons
     ct.store(r, index=(pid,), tile=rr)
 
 
+def bwd_dx_setup(x, w, NPAD: ConstInt, TM: ConstInt, TK: ConstInt, DWT: ConstBool):
+    """mhc_pr_bwd's block setup (shared with mhc_post_pre's dx kernel): block (b, gm), b = c * G
+    + g, its group g, column tile c, first row tile gm, K as fp32, the row-tile count, its weight
+    tile [NPAD, TK] and the zeroed dweight accumulator ([NPAD, TK]; DWT: transposed, [TK, NPAD]:
+    M = TK rows for the tensor cores' warpgroup MMA instead of M = NPAD)."""
+    grp = ct.bid(0) % x.shape[1]
+    cj = ct.bid(0) // x.shape[1]
+    gm = ct.bid(1)
+    kf = ct.astype(x.shape[1] * x.shape[2], ct.float32)
+    ntm = ct.num_tiles(x, axis=0, shape=(TM, 1, TK))
+    wt = ct.reshape(ct.load(w, index=(0, grp, cj), shape=(NPAD, 1, TK), padding_mode=PAD_ZERO), (NPAD, TK))
+    dw = ct.zeros((TK, NPAD) if DWT else (NPAD, TK), dtype=ct.float32)
+    return grp, cj, gm, kf, ntm, wt, dw
+
+
+def bwd_dx_tile(dproj, dr, x, r, wt, grp, cj, m, kf, eps, NPAD: ConstInt, TM: ConstInt, TK: ConstInt):
+    """Row tile m of proj_rms's dx in fp32: dproj @ w (dproj split into bf16 hi + lo for the
+    tensor cores) + the rms term; also returns hi, lo and the x tile for the dweight update."""
+    gp = ct.load(dproj, index=(m, 0), shape=(TM, NPAD), padding_mode=PAD_ZERO)
+    hi = gp.astype(ct.bfloat16)
+    lo = (gp - hi.astype(ct.float32)).astype(ct.bfloat16)
+    xt = ct.reshape(ct.load(x, index=(m, grp, cj), shape=(TM, 1, TK), padding_mode=PAD_ZERO), (TM, TK))
+    rr = ct.reshape(ct.load(r, index=(m,), shape=(TM,), padding_mode=PAD_ZERO), (TM, 1))
+    gr = ct.reshape(ct.load(dr, index=(m,), shape=(TM,), padding_mode=PAD_ZERO), (TM, 1))
+    rms = 1.0 / rr - eps
+    coef = ct.where(rms > 0.0, -gr * rr * rr / (kf * rms), 0.0)
+    gx = ct.mma(hi, wt, ct.zeros((TM, TK), dtype=ct.float32))
+    gx = ct.mma(lo, wt, gx) + coef * xt.astype(ct.float32)
+    return gx, hi, lo, xt
+
+
+def bwd_dw_acc(dw, xt, hi, lo, DWT: ConstBool):
+    """dweight += dproj^T @ x for one row tile (hi and lo parts), in the accumulator's layout."""
+    if DWT:
+        dw = ct.mma(ct.transpose(xt), hi, dw)
+        dw = ct.mma(ct.transpose(xt), lo, dw)
+    else:
+        dw = ct.mma(ct.transpose(hi), xt, dw)
+        dw = ct.mma(ct.transpose(lo), xt, dw)
+    return dw
+
+
 @ct.kernel
 def mhc_pr_bwd(dproj, dr, x, w, r, dx, p_dw, dagg, hpre_t, eps: float,
                NPAD: ConstInt, TM: ConstInt, TK: ConstInt, AGG: ConstBool, DWT: ConstBool):
@@ -76,26 +118,9 @@ def mhc_pr_bwd(dproj, dr, x, w, r, dx, p_dw, dagg, hpre_t, eps: float,
     [rows, Cg]; hpre_t: h_pre transposed, [G, rows] fp32, so a row tile's h_pre
     is one contiguous load)."""
     # the G groups of one column tile are neighbouring blocks: they read the same dagg tiles
-    grp = ct.bid(0) % x.shape[1]
-    cj = ct.bid(0) // x.shape[1]
-    gm = ct.bid(1)
-    kf = ct.astype(x.shape[1] * x.shape[2], ct.float32)
-    ntm = ct.num_tiles(x, axis=0, shape=(TM, 1, TK))
-    wt = ct.reshape(ct.load(w, index=(0, grp, cj), shape=(NPAD, 1, TK), padding_mode=PAD_ZERO), (NPAD, TK))
-    # dweight tile accumulated as [NPAD, TK] (DWT: transposed, [TK, NPAD]: M = TK rows for the
-    # tensor cores' warpgroup MMA instead of M = NPAD)
-    dw = ct.zeros((TK, NPAD) if DWT else (NPAD, TK), dtype=ct.float32)
+    grp, cj, gm, kf, ntm, wt, dw = bwd_dx_setup(x, w, NPAD, TM, TK, DWT)
     for m in range(gm, ntm, ct.num_blocks(1)):
-        gp = ct.load(dproj, index=(m, 0), shape=(TM, NPAD), padding_mode=PAD_ZERO)
-        hi = gp.astype(ct.bfloat16)
-        lo = (gp - hi.astype(ct.float32)).astype(ct.bfloat16)
-        xt = ct.reshape(ct.load(x, index=(m, grp, cj), shape=(TM, 1, TK), padding_mode=PAD_ZERO), (TM, TK))
-        rr = ct.reshape(ct.load(r, index=(m,), shape=(TM,), padding_mode=PAD_ZERO), (TM, 1))
-        gr = ct.reshape(ct.load(dr, index=(m,), shape=(TM,), padding_mode=PAD_ZERO), (TM, 1))
-        rms = 1.0 / rr - eps
-        coef = ct.where(rms > 0.0, -gr * rr * rr / (kf * rms), 0.0)
-        gx = ct.mma(hi, wt, ct.zeros((TM, TK), dtype=ct.float32))
-        gx = ct.mma(lo, wt, gx) + coef * xt.astype(ct.float32)
+        gx, hi, lo, xt = bwd_dx_tile(dproj, dr, x, r, wt, grp, cj, m, kf, eps, NPAD, TM, TK)
         if AGG:
             # racecheck reports write-write hazards here when T % 4 != 0 (no TMA: the row stride
             # is not 16-byte aligned): the [1, TM] tile goes to shared memory by cp.async in a
@@ -105,12 +130,7 @@ def mhc_pr_bwd(dproj, dr, x, w, r, dx, p_dw, dagg, hpre_t, eps: float,
             ga = ct.load(dagg, index=(m, cj), shape=(TM, TK), padding_mode=PAD_ZERO)
             gx = gx + hpre * ga.astype(ct.float32)
         ct.store(dx, index=(m, grp, cj), tile=ct.reshape(gx.astype(dx.dtype), (TM, 1, TK)))
-        if DWT:
-            dw = ct.mma(ct.transpose(xt), hi, dw)
-            dw = ct.mma(ct.transpose(xt), lo, dw)
-        else:
-            dw = ct.mma(ct.transpose(hi), xt, dw)
-            dw = ct.mma(ct.transpose(lo), xt, dw)
+        dw = bwd_dw_acc(dw, xt, hi, lo, DWT)
     if DWT:
         dw = ct.transpose(dw)
     # Every block (GM <= row tiles) stores its whole clipped tile, so p_dw [GM, N, G, Cg] is
