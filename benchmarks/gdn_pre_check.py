@@ -30,6 +30,7 @@ Prints a table last; writes gdn_pre_check.json to --out.
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import os
 import re
@@ -42,7 +43,10 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path[:0] = [ROOT]
 
 import torch  # noqa: E402
+
 import torch.nn.functional as F  # noqa: E402
+
+from _gpu import bench as _bench  # noqa: E402
 
 import registry  # noqa: E402
 from tilekernels.gdn import bench as mk  # noqa: E402
@@ -79,12 +83,9 @@ def thd_lengths() -> list[int]:
     return [out[i] for i in perm]
 
 
-def bench(fn, rep=100) -> float:
-    from triton.testing import do_bench
 
-    fn()
-    torch.cuda.synchronize()
-    return do_bench(fn, warmup=25, rep=rep, return_mode="median")
+
+bench = functools.partial(_bench, rep=100)  # do_bench median ms
 
 
 # ------------------------------------------------------------------ tests (parallel processes)

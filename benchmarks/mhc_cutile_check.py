@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import functools
 import json
 import os
 import sys
@@ -31,6 +32,8 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path[:0] = [ROOT, os.path.join(ROOT, "tests", "mhc")]
 
 import torch  # noqa: E402
+
+from _gpu import bench, copy_gb_s, device_env, log_error  # noqa: E402
 
 from tilekernels.mhc import cutile_aggregate as agg  # noqa: E402
 from tilekernels.mhc import cutile_post_bda as pb  # noqa: E402
@@ -44,16 +47,9 @@ T, n, C = 32768, 4, 7168
 RESULTS: dict = {"records": [], "sweeps": [], "errors": []}
 
 
-def bench(fn, rep=200):
-    from triton.testing import do_bench
-
-    return do_bench(fn, warmup=25, rep=rep, return_mode="median")
 
 
-def log_err(what):
-    msg = f"{what}: {traceback.format_exc(limit=6)}"
-    print("ERROR", msg, flush=True)
-    RESULTS["errors"].append(msg)
+log_err = functools.partial(log_error, RESULTS["errors"], limit=6)
 
 
 # ------------------------------------------------------------------ problems
@@ -170,16 +166,8 @@ def run(launches):
 
 # ------------------------------------------------------------------ phases
 def phase_env(copy_bw_holder):
-    p = torch.cuda.get_device_properties(0)
-    import cuda.tile as ct
-    import triton
-
-    env = {"device": p.name, "sms": p.multi_processor_count, "torch": torch.__version__,
-           "triton": triton.__version__, "cuda_tile": ct.__version__, "l2_mb": p.L2_cache_size / 2**20}
-    a = torch.empty(2 * 2**30, dtype=torch.uint8, device="cuda").random_()
-    b = torch.empty_like(a)
-    ms = bench(lambda: b.copy_(a))
-    env["copy_gb_s"] = 2 * a.numel() / ms / 1e6
+    env = device_env()
+    env["copy_gb_s"] = copy_gb_s()
     copy_bw_holder.append(env["copy_gb_s"])
     try:  # what cuTile's JIT assumes about real arguments
         from cuda.tile.compilation import CallingConvention, KernelSignature

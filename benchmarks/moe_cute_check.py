@@ -31,6 +31,8 @@ sys.path[:0] = [ROOT]
 
 import torch  # noqa: E402
 
+from _gpu import bench  # noqa: E402
+
 from tilekernels import _cute as C  # noqa: E402
 from tilekernels.moe import cute_quantize as Q  # noqa: E402
 from tilekernels.moe import mxfp8 as mx  # noqa: E402
@@ -39,10 +41,6 @@ BF, F32 = torch.bfloat16, torch.float32
 AXES = {"rowwise": (True, False), "columnwise": (False, True), "both": (True, True)}
 
 
-def bench(fn, rep=200):
-    from triton.testing import do_bench
-
-    return do_bench(fn, warmup=25, rep=rep, return_mode="median")
 
 
 def outs(R, K, row, col, dev="cuda"):

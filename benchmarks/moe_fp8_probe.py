@@ -38,6 +38,8 @@ sys.path.insert(0, ROOT)
 
 import torch  # noqa: E402
 
+from _gpu import bench  # noqa: E402
+
 from tilekernels.moe import cute_gemm_fp8 as f8  # noqa: E402
 from tilekernels.moe import cute_grouped_gemm as gg  # noqa: E402
 from tilekernels.moe import mxfp8 as mx  # noqa: E402
@@ -67,10 +69,6 @@ def parse_cfg(name: str) -> dict:
     return kw
 
 
-def bench(fn, rep):
-    from triton.testing import do_bench
-
-    return do_bench(fn, warmup=25, rep=rep, return_mode="median")
 
 
 def make_operands(G, tokens, N, K):

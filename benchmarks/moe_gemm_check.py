@@ -29,16 +29,18 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import functools
 import json
 import os
 import sys
 import time
-import traceback
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
 import torch  # noqa: E402
+
+from _gpu import bench, device_env, log_error  # noqa: E402
 
 from tilekernels.moe import cute_grouped_gemm as gg  # noqa: E402
 from tilekernels.moe import mxfp8 as mx  # noqa: E402
@@ -56,16 +58,7 @@ SWEEP = [dict(persistent=True), dict(epi_smem=True), dict(epi_smem=False), dict(
 SWEEP_MORE = [dict(tile_n=128), dict(raster=1), dict(raster=16), dict(bufs=4)]
 
 
-def bench(fn, rep):
-    from triton.testing import do_bench  # triton exists on the GPU host only
-
-    return do_bench(fn, warmup=25, rep=rep, return_mode="median")
-
-
-def log_err(what):
-    msg = f"{what}: {traceback.format_exc(limit=12)}"
-    print("ERROR", msg, flush=True)
-    RESULTS["errors"].append(msg)
+log_err = functools.partial(log_error, RESULTS["errors"], limit=12)
 
 
 def check(what, ok, detail=""):
@@ -173,16 +166,7 @@ def gemms(s):
 
 
 def phase_env():
-    import triton
-
-    pr = torch.cuda.get_device_properties(0)
-    env = {"device": pr.name, "sms": pr.multi_processor_count, "torch": torch.__version__,
-           "triton": triton.__version__, "l2_mb": pr.L2_cache_size / 2**20}
-    try:
-        import cutlass
-        env["cutlass_dsl"] = getattr(cutlass, "__version__", "?")
-    except Exception:
-        pass
+    env = device_env()
     # dense bf16 matmul TFLOP/s on this device (a ceiling for the grouped bf16 GEMMs)
     a = torch.randn(8192, 8192, device="cuda", dtype=BF)
     ms = bench(lambda: a @ a, 200)

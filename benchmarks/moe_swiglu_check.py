@@ -23,16 +23,18 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import functools
 import json
 import os
 import sys
 import time
-import traceback
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
 import torch  # noqa: E402
+
+from _gpu import bench, copy_gb_s, device_env, log_error  # noqa: E402
 
 from tilekernels.moe import cute_swiglu as cs  # noqa: E402
 from tilekernels.moe import mxfp8 as mx  # noqa: E402
@@ -42,16 +44,7 @@ BF, F32, U8 = torch.bfloat16, torch.float32, torch.uint8
 RESULTS: dict = {"env": {}, "records": [], "sweeps": [], "errors": [], "checks": []}
 
 
-def bench(fn, rep=200):
-    from triton.testing import do_bench  # triton exists on the GPU host only
-
-    return do_bench(fn, warmup=25, rep=rep, return_mode="median")
-
-
-def log_err(what):
-    msg = f"{what}: {traceback.format_exc(limit=8)}"
-    print("ERROR", msg, flush=True)
-    RESULTS["errors"].append(msg)
+log_err = functools.partial(log_error, RESULTS["errors"])
 
 
 def u8(*s):
@@ -145,26 +138,9 @@ def quant_bwd_problem(M, F, a_col):
 # ------------------------------------------------------------------ phases
 
 
-def copy_bandwidth(nbytes=2 * 2**30):
-    """GB/s of a device-to-device copy of ``nbytes`` (read + write counted)."""
-    a = torch.empty(nbytes, dtype=U8, device="cuda").random_()
-    b = torch.empty_like(a)
-    ms = bench(lambda: b.copy_(a))
-    return 2 * nbytes / ms / 1e6
-
-
 def phase_env():
-    import triton
-
-    pr = torch.cuda.get_device_properties(0)
-    env = {"device": pr.name, "sms": pr.multi_processor_count, "torch": torch.__version__,
-           "triton": triton.__version__, "l2_mb": pr.L2_cache_size / 2**20}
-    try:
-        import cutlass
-        env["cutlass_dsl"] = getattr(cutlass, "__version__", "?")
-    except Exception:
-        pass
-    env["copy_gb_s"] = copy_bandwidth()
+    env = device_env()
+    env["copy_gb_s"] = copy_gb_s()
     RESULTS["env"] = env
     print(json.dumps(env, indent=1), flush=True)
     return env["copy_gb_s"]

@@ -29,17 +29,19 @@ On any machine (no GPU): python3 benchmarks/peer_megatron_mhc.py --check-import
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import os
 import sys
 import time
-import traceback
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 PEERS = os.path.join(ROOT, ".peers")
 sys.path[:0] = [ROOT, os.path.join(PEERS, "stubs"), os.path.join(PEERS, "megatron")]
 
 import torch  # noqa: E402
+
+from _gpu import bench, log_error  # noqa: E402
 
 S, B, n, C = 8192, 4, 4, 7168
 T, K, N = S * B, n * C, n * n + 2 * n
@@ -67,10 +69,6 @@ SEMANTICS = {
 }
 
 
-def bench(fn, rep):
-    from triton.testing import do_bench
-
-    return do_bench(fn, warmup=25, rep=rep, return_mode="median")
 
 
 def graph_bench(fn, rep):
@@ -88,11 +86,7 @@ def graph_bench(fn, rep):
     return ms
 
 
-def log_err(what):
-    msg = f"{what}: {traceback.format_exc(limit=8)}"
-    print("ERROR", msg, flush=True)
-    RESULTS["errors"].append(msg)
-    return msg
+log_err = functools.partial(log_error, RESULTS["errors"])
 
 
 def _tup(x):

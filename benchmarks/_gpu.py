@@ -1,0 +1,56 @@
+"""What the GPU check scripts in benchmarks/ share (GPU host: triton is there, not in CI).
+
+``bench``: median ms of ``triton.testing.do_bench`` (25 ms warm-up; do_bench's own first
+call primes compiles). ``log_error``: an exception's traceback printed and kept in a
+script's error list (the scripts go on after a failed case and report it in their JSON).
+``device_env``: what a record says about the machine. ``copy_gb_s``: the measured
+device-to-device copy bandwidth (read + write bytes), beside the 4.27 TB/s H200 ceiling.
+"""
+from __future__ import annotations
+
+import traceback
+
+import torch
+
+
+def bench(fn, rep: int = 200) -> float:
+    """Median milliseconds of ``fn`` over about ``rep`` ms of calls."""
+    from triton.testing import do_bench
+
+    return do_bench(fn, warmup=25, rep=rep, return_mode="median")
+
+
+def log_error(errors: list, what: str, limit: int = 8) -> str:
+    """Print and append ``what: <traceback of the exception being handled>``; returns it."""
+    msg = f"{what}: {traceback.format_exc(limit=limit)}"
+    print("ERROR", msg, flush=True)
+    errors.append(msg)
+    return msg
+
+
+def device_env() -> dict:
+    """Device name, SMs, L2 size and the versions of torch, triton and the DSLs present."""
+    import triton
+
+    p = torch.cuda.get_device_properties(0)
+    env = {"device": p.name, "sms": p.multi_processor_count, "torch": torch.__version__,
+           "triton": triton.__version__, "l2_mb": p.L2_cache_size / 2**20}
+    try:
+        import cutlass
+        env["cutlass_dsl"] = getattr(cutlass, "__version__", "?")
+    except Exception:  # noqa: BLE001 - the cuTile bundle has no CuTe DSL
+        pass
+    try:
+        import cuda.tile as ct
+        env["cuda_tile"] = ct.__version__
+    except Exception:  # noqa: BLE001 - the CuTe DSL bundle has no cuTile
+        pass
+    return env
+
+
+def copy_gb_s(nbytes: int = 2 * 2**30) -> float:
+    """Device-to-device copy of ``nbytes`` (uint8), read + write bytes per second, in GB/s."""
+    a = torch.empty(nbytes, dtype=torch.uint8, device="cuda").random_()
+    b = torch.empty_like(a)
+    ms = bench(lambda: b.copy_(a))
+    return 2 * nbytes / ms / 1e6
