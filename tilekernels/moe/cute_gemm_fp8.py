@@ -71,6 +71,7 @@ from cutlass.tensor_utils import LayoutEnum
 
 from tilekernels import _cute as C
 
+from . import cute_grouped_gemm as gg
 from .cute_gemm_sched import schedule, views
 
 BLOCK = 32            # MX block (elements per scale)
@@ -399,13 +400,7 @@ def _fp8_kernel(cfg: cutlass.Constexpr, mA: cute.Tensor, mAS: cute.Tensor, mB: c
         d_a = cute.logical_divide(acc, cute.make_layout(2))
         d_c = cute.logical_divide(tCcC, cute.make_layout(2))
         pair = cute.make_rmem_tensor((2,), mC.element_type)
-        tCgC = thr_mma_c.partition_C(cute.local_tile(gC, (BM, BN), (0, 0)))
-        d_g = cute.logical_divide(tCgC, cute.make_layout(2))
-        for i in cutlass.range_constexpr(cute.size(acc) // 2):
-            crd = d_c[0, i]
-            if crd[0] < m_lim and crd[1] < n_lim:
-                pair.store(d_a[None, i].load().to(mC.element_type))
-                cute.copy(atom_st, pair, d_g[None, i])
+        gg.epilogue_regs(thr_mma_c, d_a, d_c, pair, atom_st, gC, BM, BN, m_lim, n_lim)
 
 
 # ------------------------------------------------------------------ host function

@@ -234,6 +234,21 @@ EPI_PAD = 8   # staged epilogue row padding (elements): conflict-free pair store
 
 
 @cute.jit
+def epilogue_regs(thr_mma, d_a: cute.Tensor, d_c: cute.Tensor, pair: cute.Tensor, atom_st, gC: cute.Tensor,
+                  BM: cutlass.Constexpr, BN: cutlass.Constexpr, m_lim: Int32, n_lim: Int32):
+    """Accumulators (``d_a``: the fp32 accumulator split in pairs, ``d_c``: their coordinates)
+    -> global straight from registers, 2-element vectors in gC's dtype, masked by rows (group
+    end) and columns (N tail). Shared with the fp8 GEMM (cute_gemm_fp8.py)."""
+    tCgC = thr_mma.partition_C(cute.local_tile(gC, (BM, BN), (0, 0)))
+    d_g = cute.logical_divide(tCgC, cute.make_layout(2))
+    for i in cutlass.range_constexpr(cute.size(d_a, mode=[1])):
+        crd = d_c[0, i]
+        if crd[0] < m_lim and crd[1] < n_lim:
+            pair.store(d_a[None, i].load().to(gC.element_type))
+            cute.copy(atom_st, pair, d_g[None, i])
+
+
+@cute.jit
 def _epilogue_smem(cfg: cutlass.Constexpr, thr_mma, d_a: cute.Tensor, pair: cute.Tensor, atom_st,
                    sbuf: cute.Tensor, gC: cute.Tensor, m_lim: Int32, n_lim: Int32, tidx: Int32):
     """Accumulators -> a padded row-major tile in shared memory (over the operand buffers) ->
@@ -427,14 +442,7 @@ def _gemm_kernel(cfg: cutlass.Constexpr, mA: cute.Tensor, mAS: cute.Tensor, mB: 
             if const_expr(cfg.epi_smem):
                 _epilogue_smem(cfg, thr_mma_c, d_a, pair, atom_st, sbuf, gC, m_lim_c, n_lim_c, tidx)
             else:
-                # registers -> global, 2-element vectors, masked
-                tCgC = thr_mma_c.partition_C(cute.local_tile(gC, (BM, BN), (0, 0)))
-                d_g = cute.logical_divide(tCgC, cute.make_layout(2))
-                for i in cutlass.range_constexpr(cute.size(acc) // 2):
-                    crd = d_c[0, i]
-                    if crd[0] < m_lim_c and crd[1] < n_lim_c:
-                        pair.store(d_a[None, i].load().to(mC.element_type))
-                        cute.copy(atom_st, pair, d_g[None, i])
+                epilogue_regs(thr_mma_c, d_a, d_c, pair, atom_st, gC, BM, BN, m_lim_c, n_lim_c)
 
 
 # ------------------------------------------------------------------ host function
