@@ -182,6 +182,34 @@ def _abs_bits_max(xrow: cute.Tensor, V: cutlass.Constexpr) -> Int32:
 
 
 @cute.jit
+def _col_amax(am: cute.Tensor, xrow: cute.Tensor, V: cutlass.Constexpr):
+    """am[c] = max(am[c], |xrow[c]| as fp32 bits), c < V: one row of the columnwise amax
+    (integer max on the native bits, ordered like |x|, NaN above Inf)."""
+    if cutlass.const_expr(xrow.element_type.width == 16):
+        bits = xrow.load().bitcast(Uint16)
+        for c in cutlass.range_constexpr(V):
+            am[c] = cutlass.max(am[c], (Int32(bits[c]) & 0x7FFF) << 16)
+    else:
+        bits = xrow.load().bitcast(Int32)
+        for c in cutlass.range_constexpr(V):
+            am[c] = cutlass.max(am[c], bits[c] & 0x7FFFFFFF)
+
+
+@cute.jit
+def _col_scales(am: cute.Tensor, es: cute.Tensor, cinv: cute.Tensor, cmask: cute.Tensor,
+                V: cutlass.Constexpr, NP: cutlass.Constexpr):
+    """From the V columns' amax: their E8M0 bytes es, the inverse scales cinv, and cmask
+    (per byte pair, 0xFF where the column's block holds NaN/Inf: its data bytes become 0x7F)."""
+    for c in cutlass.range_constexpr(NP):
+        cmask[c] = Int32(0)
+    for c in cutlass.range_constexpr(V):
+        ec = _e8m0(am[c])
+        es[c] = Uint8(ec)
+        cinv[c] = _inv_scale(ec)
+        cmask[c // 2] = cmask[c // 2] | Int32(cutlass.select_(ec == 255, 0xFF << (8 * (c % 2)), 0))
+
+
+@cute.jit
 def _pack(vc, inv: cute.Tensor, ob: cute.Tensor, V: cutlass.Constexpr):
     """ob (Uint16 pairs) = e4m3 bytes of vc[c] * inv[c], c < V."""
     if cutlass.const_expr(V == 1):
@@ -221,22 +249,9 @@ def _quant_kernel(cfg: cutlass.Constexpr, mX: cute.Tensor, mRD: cute.Tensor, mRS
         for c in cutlass.range_constexpr(V):
             am[c] = Int32(0)
         for r in cutlass.range_constexpr(BLOCK):
-            if cutlass.const_expr(mX.element_type.width == 16):
-                bits = xr[r, None].load().bitcast(Uint16)
-                for c in cutlass.range_constexpr(V):
-                    am[c] = cutlass.max(am[c], (Int32(bits[c]) & 0x7FFF) << 16)
-            else:
-                bits = xr[r, None].load().bitcast(Int32)
-                for c in cutlass.range_constexpr(V):
-                    am[c] = cutlass.max(am[c], bits[c] & 0x7FFFFFFF)
+            _col_amax(am, xr[r, None], V)
         es = cute.make_rmem_tensor((V,), Uint8)
-        for c in cutlass.range_constexpr(NP):
-            cmask[c] = Int32(0)
-        for c in cutlass.range_constexpr(V):
-            ec = _e8m0(am[c])
-            es[c] = Uint8(ec)
-            cinv[c] = _inv_scale(ec)
-            cmask[c // 2] = cmask[c // 2] | Int32(cutlass.select_(ec == 255, 0xFF << (8 * (c % 2)), 0))
+        _col_scales(am, es, cinv, cmask, V, NP)
         if col_ok:
             tCS = cute.local_tile(cute.domain_offset((Int64(by), 0), mCS), (1, V), (0, cidx))
             cute.autovec_copy(es, tCS[0, None])
@@ -349,26 +364,12 @@ def _quant_smem_kernel(cfg: cutlass.Constexpr, mX: cute.Tensor, mRD: cute.Tensor
         for c in cutlass.range_constexpr(CPT):
             am[c] = Int32(0)
         for r in cutlass.range_constexpr(BLOCK):
-            xv = cute.local_tile(sX, (1, CPT), (r, tidx))[0, None]
-            if cutlass.const_expr(dt.width == 16):
-                bits = xv.load().bitcast(Uint16)
-                for c in cutlass.range_constexpr(CPT):
-                    am[c] = cutlass.max(am[c], (Int32(bits[c]) & 0x7FFF) << 16)
-            else:
-                bits = xv.load().bitcast(Int32)
-                for c in cutlass.range_constexpr(CPT):
-                    am[c] = cutlass.max(am[c], bits[c] & 0x7FFFFFFF)
+            _col_amax(am, cute.local_tile(sX, (1, CPT), (r, tidx))[0, None], CPT)
         es = cute.make_rmem_tensor(cute.make_layout((CPT,), stride=(1,)), Uint8)
         cinv = cute.make_rmem_tensor(cute.make_layout((CPT,), stride=(1,)), Float32)
         NPc = cutlass.max(CPT // 2, 1)
         cmask = cute.make_rmem_tensor(cute.make_layout((NPc,), stride=(1,)), Int32)
-        for c in cutlass.range_constexpr(NPc):
-            cmask[c] = Int32(0)
-        for c in cutlass.range_constexpr(CPT):
-            ec = _e8m0(am[c])
-            es[c] = Uint8(ec)
-            cinv[c] = _inv_scale(ec)
-            cmask[c // 2] = cmask[c // 2] | Int32(cutlass.select_(ec == 255, 0xFF << (8 * (c % 2)), 0))
+        _col_scales(am, es, cinv, cmask, CPT, NPc)
         gCD = cute.domain_offset((Int64(row0), 0), mCD)
         cg = bx * NT + tidx
         oc = cute.make_rmem_tensor(cute.make_layout((NPc,), stride=(1,)), Uint16)
