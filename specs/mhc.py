@@ -154,6 +154,9 @@ PROJ_RMS = OpSpec(
                       x=["bfloat16"], weight=["bfloat16"]), _TORCH],
 )
 
+# the cuTile mhc_pre kernels' limits (also those of mhc_post_pre, which runs them)
+_PRE_LIMITS = (Constraint(expr="T * n * C < 2**31", message=_INT32_INDEX), _SK_SCRATCH, _ITERS_CONST)
+
 PRE = OpSpec(
     name="mhc_pre",
     family="mhc",
@@ -189,9 +192,7 @@ PRE = OpSpec(
     differentiable=True,
     reference="tilekernels.mhc.reference:mhc_pre",
     entry="tilekernels.mhc.ops:mhc_pre",
-    backends=[_cutile(Constraint(expr="T * n * C < 2**31", message=_INT32_INDEX),
-                      _SK_SCRATCH, _ITERS_CONST,
-                      x=["bfloat16"], weight=["bfloat16"], bias=["float32"]), _TORCH],
+    backends=[_cutile(*_PRE_LIMITS, x=["bfloat16"], weight=["bfloat16"], bias=["float32"]), _TORCH],
 )
 
 # The layer boundary: h_post_bda of layer l, then mhc_pre of layer l+1 on its output. Inputs,
@@ -232,8 +233,7 @@ POST_PRE = OpSpec(
     differentiable=True,
     reference="tilekernels.mhc.reference:mhc_post_pre",
     entry="tilekernels.mhc.ops:mhc_post_pre",
-    backends=[_cutile(Constraint(expr="T * n * C < 2**31", message=_INT32_INDEX),
-                      _SK_SCRATCH, _ITERS_CONST,
+    backends=[_cutile(*_PRE_LIMITS,
                       Constraint(expr="not present(bias) or dtype(bias) == dtype(x)",
                                  message="the kernel reads bias in x's dtype"),
                       h_res=_BF_F32, residual=["bfloat16"], h_post=_BF_F32, x=["bfloat16"],
