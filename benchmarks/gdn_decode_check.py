@@ -23,12 +23,13 @@ import dataclasses
 import json
 import os
 import sys
-import traceback
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path[:0] = [ROOT]
 
 import torch  # noqa: E402
+
+from _gpu import log_error  # noqa: E402
 
 from tilekernels.gdn import bench as mk  # noqa: E402
 from tilekernels.gdn import cutile_decode as cd  # noqa: E402
@@ -131,7 +132,7 @@ def main():
         RESULTS["env"]["copy_tbs_measured"] = copy_meas = copy_tbs()
     except Exception:
         copy_meas = COPY_TBS
-        RESULTS["errors"].append(f"copy: {traceback.format_exc(limit=4)}")
+        log_error(RESULTS["errors"], "copy", limit=4)
     print(json.dumps(RESULTS["env"]), flush=True)
     print(f"{'tag':<10}{'B':>5} {'state':<9}{'us':>9}{'TB/s':>7}{'%4.27':>7}{'%copy':>7}{'torch us':>10}"
           f"{'target':>8}  ok", flush=True)
@@ -145,8 +146,7 @@ def main():
                       f"{rec['pct_copy_4.27']:>7.1f}{rec['pct_copy_measured']:>7.1f}{rec['torch_ref_us']:>10.1f}"
                       f"{str(rec.get('target_us') or ''):>8}  {rec['ok']}", flush=True)
             except Exception:
-                RESULTS["errors"].append(f"B={B} {sd}: {traceback.format_exc(limit=6)}")
-                print("ERROR", RESULTS["errors"][-1], flush=True)
+                log_error(RESULTS["errors"], f"B={B} {sd}", limit=6)
     if a.sweep:
         for cfg in sweep_cfgs():
             for B in (1, 256):
@@ -158,8 +158,7 @@ def main():
                           f"{rec['pct_copy_4.27']:>7.1f}{rec['pct_copy_measured']:>7.1f}{'':>10}{'':>8}  "
                           f"{rec['ok']}", flush=True)
                 except Exception:
-                    RESULTS["errors"].append(f"sweep {cfg} B={B}: {traceback.format_exc(limit=6)}")
-                    print("ERROR", RESULTS["errors"][-1], flush=True)
+                    log_error(RESULTS["errors"], f"sweep {cfg} B={B}", limit=6)
     os.makedirs(a.out, exist_ok=True)
     path = os.path.join(a.out, "gdn_decode_check.json")
     with open(path, "w") as f:
