@@ -304,7 +304,7 @@ def _distinct(xs, *ignore):
         return len(set(kept)) == len(kept)
     # device: sort, then equal neighbours are duplicates unless their value is ignored
     # (no sentinel constants: Inductor cannot fold a 2^62 offset into its int32 indexing)
-    s = torch.sort(xs.to(torch.int64)).values
+    s = torch.sort(xs).values  # the index dtype as it is (no int64 copy first)
     dup = s[1:] == s[:-1]
     for i in ignore:
         dup = dup & (s[1:] != i)
