@@ -16,6 +16,20 @@ from tools import _common as C
 from tools import bench
 from tools._measure import Timer, WarmUp, compare, warm_up
 
+
+@pytest.fixture(autouse=True)
+def _no_process_group_left_behind():
+    """tk-bench runs the CP collectives' rows in this process on a world-size-1 default
+    process group it creates and keeps (tilekernels/cp/bench.py, so repeated rows reuse it);
+    a test here must not hand that group to the tests after it (they check the no-group
+    refusals), so each test tears down a default group it brought up."""
+    import torch.distributed as dist
+
+    was_up = dist.is_available() and dist.is_initialized()
+    yield
+    if not was_up and dist.is_available() and dist.is_initialized():
+        dist.destroy_process_group()
+
 OP = "mhc_h_aggregate"
 KEYS = {"op", "family", "variant", "pass", "backend", "shapes", "dtype", "ms", "gb_s", "tflop_s",
         "pct_of_ceiling", "ceiling", "rel_err", "ok", "status", "device", "torch", "git_commit", "date",
