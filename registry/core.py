@@ -189,7 +189,9 @@ class Op:
         self._has_values = bool(self._rules[1])
         read = values_read(self._rules[1], tuple(self._in_names)) if self._has_values else ()
         self._value_idx = tuple(self._in_names.index(n) for n in read)  # inputs the value rules read
-        self._host_values = tuple(getattr(spec, "host_values", ()) or ())
+        # tensors every backend reads on the host: the spec's own, plus any every backend names
+        every = set.intersection(*[set(b.host_values) for b in spec.backends]) if spec.backends else set()
+        self._host_values = tuple(spec.host_values) + tuple(sorted(every - set(spec.host_values)))
 
     def __repr__(self) -> str:
         return f"Op({self.name!r}, backends={[b.name for b in self.spec.backends]})"
@@ -246,15 +248,10 @@ class Op:
         everything else is passed through (a tensor only some backends read on the host
         stays on its device: its value rules run there, and the backend that needs it on
         the host reads it in its entry)."""
-        names = self.__dict__.get("_prepare_names")
-        if names is None:
-            per_backend = [set(getattr(b, "host_values", ()) or ()) for b in self.spec.backends]
-            every = set.intersection(*per_backend) if per_backend else set()
-            names = self._prepare_names = self._host_values + tuple(sorted(every - set(self._host_values)))
-        if not names:
+        if not self._host_values:
             return args, kwargs
         args = list(args)
-        for name in names:
+        for name in self._host_values:
             i = self._in_names.index(name)
             if i < len(args):
                 if isinstance(args[i], torch.Tensor) and args[i].device.type != "cpu":
