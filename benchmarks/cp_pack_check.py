@@ -15,11 +15,14 @@ token kernels also read cu_seqlens, 36 B: not counted; torch's maps, 8 B per row
 column: not counted either). Time: triton.testing.do_bench median (ms). % of the H200
 copy ceiling 4.27 TB/s, and of a device-to-device copy of the same bytes measured here.
 Bit identity: every kernel output equals the torch path's (torch.equal), outputs poisoned
-(NaN) before each checked call. A small config sweep at cp 2 and 8 (TMA on
-narrow pieces or none, rows per block, column tile, the row-gather token kernel). JSON
-under $OUT (or ./cp_pack_check.json), a short table last.
+(NaN) before each checked call. Beside the default config, the first design ("old": section
+kernels one block per 16 rows over all ranks, token kernels a row gather for every block) at
+every cp; with --sweep a config sweep around the default (rows per block of each kernel,
+occupancy hints, send / recv as 2-D rank slices, the token kernels' fallback gather and
+slice vs tiled view). JSON under $OUT
+(or ./cp_pack_check.json), a short table last.
 
-    python3 benchmarks/cp_pack_check.py [--quick]    # --quick: T = 4096 (a smoke run)
+    python3 benchmarks/cp_pack_check.py [--quick] [--sweep] [--cps 8,4,2]    # --quick: T = 4096
 """
 from __future__ import annotations
 
@@ -81,14 +84,17 @@ def one_cp(cp: int, T: int, dev, sweep: bool) -> list[dict]:
         "merge": (lambda cfg: ck.merge_sections_into(recv3, out_cp, SECTIONS, cfg), out_cp,
                   lambda: torch_merge(torch.empty_like(out_cp))),
     }
-    base = ck.PackCfg.heuristic(SECTIONS, cp, 2)
     H = ck.PackCfg.heuristic
-    # sweep: section kernels with tiles (+TMA) for the narrow b|a pieces / no TMA / 32 rows;
-    # token kernels at other tiles, row by row, element-wise (no int32 words)
-    sweeps = {"section": [H(SECTIONS, cp, 2, NARROW=False), H(SECTIONS, cp, 2, NARROW=False, SMALL_TMA=True),
-                          H(SECTIONS, cp, 2, TMA=False), H(SECTIONS, cp, 2, BT=32)],
-              "token": [H(SECTIONS, cp, 2, TBT=32, TBD=128), H(SECTIONS, cp, 2, TBT=64, TBD=64),
-                        H(SECTIONS, cp, 2, ROWWISE=True, TBT=16, TBD=128), H(SECTIONS, cp, 2, WORDS=False)]}
+    base = H(SECTIONS, cp, 2)
+    # "old": the first design (ledger 2026-11-24): section kernels one block per 16 rows over
+    # all ranks, token kernels a [32 rows, 64 words] row gather for every block
+    old = H(SECTIONS, cp, 2, QGRID=False, RUNS=False, BT=16, MBT=16, TBT=32, TBD=64, TOCC=0)
+    sweeps = {"section": [old], "token": [old]}
+    if sweep:  # around the default: rows per block (split BT, merge MBT, token TBT), occupancy, paths
+        sweeps["section"] += [H(SECTIONS, cp, 2, BT=16, MBT=16), H(SECTIONS, cp, 2, MBT=8), H(SECTIONS, cp, 2, MBT=2),
+                              H(SECTIONS, cp, 2, MBT=4, FLAT=True), H(SECTIONS, cp, 2, MBT=4, OCC=8)]
+        sweeps["token"] += [H(SECTIONS, cp, 2, TBT=16), H(SECTIONS, cp, 2, TBT=64), H(SECTIONS, cp, 2, TOCC=0, OCC=0),
+                            H(SECTIONS, cp, 2, TOCC=4), H(SECTIONS, cp, 2, EGATHER=True), H(SECTIONS, cp, 2, VIEW=False)]
     src_copy = torch.empty(nbytes // 4, dtype=torch.bfloat16, device=dev).normal_()
     dst_copy = torch.empty_like(src_copy)
     copy_ms = bench_ms(lambda: dst_copy.copy_(src_copy))
@@ -96,16 +102,20 @@ def one_cp(cp: int, T: int, dev, sweep: bool) -> list[dict]:
     for name, (run, out, ref) in cases.items():
         want = ref()
         torch_ms = bench_ms(ref)
-        cfgs = [base] + (sweeps["section" if name in ("split", "merge") else "token"] if sweep else [])
+        cfgs = [base] + sweeps["section" if name in ("split", "merge") else "token"]
         for cfg in cfgs:
             poison(out)
             run(cfg)
             torch.cuda.synchronize()
             same = bool(torch.equal(out, want))
-            ms = bench_ms(lambda: run(cfg))
-            bt, bd = (cfg.BT, cfg.BD) if name in ("split", "merge") else cfg.token_tile
+            ms = bench_ms(lambda: run(cfg), rep=200 if cfg in (base, old) else 100)
+            bt, bd = ((cfg.BT if name == "split" else cfg.MBT or cfg.BT, cfg.BD) if name in ("split", "merge")
+                      else cfg.token_tile)
             rec = dict(cp=cp, kernel=name, T=T, D=D, BT=bt, BD=bd, bds=list(cfg.bds), TMA=cfg.TMA,
                        SMALL_TMA=cfg.SMALL_TMA, NARROW=cfg.NARROW, WORDS=cfg.WORDS, ROWWISE=cfg.ROWWISE,
+                       QGRID=cfg.QGRID, RUNS=cfg.RUNS, VIEW=cfg.VIEW, FLAT=cfg.FLAT, EGATHER=cfg.EGATHER,
+                       OCC=cfg.OCC if name in ("split", "merge") else cfg.TOCC or cfg.OCC,
+                       old=cfg == old,
                        bytes=nbytes,
                        ms=ms, tbs=nbytes / ms / 1e9, torch_ms=torch_ms, torch_tbs=nbytes / torch_ms / 1e9,
                        copy_ms=copy_ms, copy_tbs=nbytes / copy_ms / 1e9, bitwise=same, default=cfg == base)
@@ -121,12 +131,13 @@ def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--cps", default="2,4,8")
+    ap.add_argument("--sweep", action="store_true", help="the config sweep beside default and old")
     a = ap.parse_args()
     dev = torch.device("cuda")
     T = 4096 if a.quick else 65536
     recs = []
     for cp in [int(c) for c in a.cps.split(",")]:
-        recs += one_cp(cp, T, dev, sweep=(cp in (2, 8) and not a.quick))
+        recs += one_cp(cp, T, dev, sweep=a.sweep and not a.quick)
     out_dir = os.environ.get("OUT", ".")
     with open(os.path.join(out_dir, "cp_pack_check.json"), "w") as f:
         json.dump(dict(device=torch.cuda.get_device_name(), torch=torch.__version__, sections=SECTIONS,
@@ -137,11 +148,15 @@ def main() -> int:
     for r in recs:
         if r["kernel"] in ("split", "merge"):
             var = ("" if r["TMA"] else "noT") + ("sT" if r["SMALL_TMA"] else "") + ("" if r["NARROW"] else "nt")
+            var += "fl" if r["FLAT"] else ""
         else:
-            var = ("rw" if r["ROWWISE"] else "") + ("" if r["WORDS"] else "el")
+            var = ("rw" if r["ROWWISE"] else "") + ("" if r["WORDS"] else "el") + ("" if r["VIEW"] else "sl")
+            var += "eg" if r["EGATHER"] else ""
+        var += f"o{r['OCC']}" if r["OCC"] else ""
+        var = "OLD" if r["old"] else var
         print(f"{r['cp']:>2} {r['kernel']:<14}{r['BT']:>4}{r['BD']:>5}{var or '-':>5}{r['ms']:>8.3f}{r['tbs']:>7.2f}"
               f"{r['pct_ceiling']:>7.1f}{r['pct_copy_measured']:>7.1f}{r['torch_ms']:>10.3f}"
-              f"{r['torch_pct_ceiling']:>7.1f}  {r['bitwise']}{'' if r['default'] else '  (sweep)'}")
+              f"{r['torch_pct_ceiling']:>7.1f}  {r['bitwise']}{'' if r['default'] else '  (old)' if r['old'] else '  (sweep)'}")
     return 0 if all(r["bitwise"] for r in recs) else 1
 
 

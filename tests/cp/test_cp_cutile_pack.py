@@ -54,9 +54,15 @@ def _variant_launches():
     narrow b|a pieces."""
     out = [(f"{_vid(v)}-{k}", ln[0]) for v in COMPILE_VARIANTS
            for k, ln in ck.representative_launches(v[0], v[1], T=64 * v[1], dtype=v[2]).items()]
-    for name, flags, kernels in (("rowwise", dict(ROWWISE=True), ("to_rank_major", "to_natural")),
-                                 ("elements", dict(WORDS=False), ("to_rank_major", "to_natural")),
-                                 ("narrow-tiles", dict(NARROW=False, SMALL_TMA=True), ("split", "merge"))):
+    tok, sec = ("to_rank_major", "to_natural"), ("split", "merge")
+    for name, flags, kernels in (("rowwise", dict(ROWWISE=True), tok),
+                                 ("elements", dict(WORDS=False), tok),
+                                 ("gather", dict(RUNS=False), tok),
+                                 ("slice", dict(VIEW=False), tok),
+                                 ("narrow-tiles", dict(NARROW=False, SMALL_TMA=True), sec),
+                                 ("row-blocks", dict(QGRID=False), sec),
+                                 ("flat", dict(FLAT=True), sec),
+                                 ("element-gather", dict(EGATHER=True), tok)):
         cfg = ck.PackCfg.heuristic(QWEN, 8, 2, **flags)
         out += [(f"{name}-{k}", ck.representative_launches(QWEN, 8, T=512, cfg=cfg)[k][0]) for k in kernels]
     return out
@@ -73,12 +79,19 @@ def test_launch_config_is_the_compile_key():
     big = ck.representative_launches(QWEN, 4, T=65536, N=300)
     for k in small:
         assert small[k][0].key() == big[k][0].key()
-    assert big["split"][0].grid == (65536 // 4 // 16, 1, 1) and big["to_natural"][0].grid == (65536 // 32, 1, 1)
+    # section kernels: one block per (rows, rank), 8 rows split / 16 merge (6176-byte rows:
+    # sector aligned); token kernels: one per 32 rows (rows <= 8 KiB)
+    assert big["split"][0].grid == (65536 // 4 // 8, 4, 1) and big["merge"][0].grid == (65536 // 4 // 16, 4, 1)
+    assert big["to_natural"][0].grid == (65536 // 32, 1, 1)
     cfg = ck.PackCfg.heuristic(QWEN, 8, 2)
     assert cfg is ck.PackCfg.heuristic(QWEN, 8, 2)  # cached, hashable
     # q|k|v|z pieces tile at 256 columns, b|a pieces (4 columns per rank at cp 8) at 4
     assert cfg.parts == (256, 256, 512, 512, 4, 4) and cfg.bds == (256, 256, 256, 256, 4, 4)
     assert cfg.dc == 1544 and cfg.width == 12352
+    # 3088-byte rows (not 32-byte aligned): 4-row merge tiles, token occupancy hint 2
+    assert (cfg.BT, cfg.MBT, cfg.token_tile, cfg.TOCC) == (8, 4, (32, 128), 2)
+    c2 = ck.PackCfg.heuristic(QWEN, 2, 2)  # 12352-byte rows
+    assert (c2.BT, c2.MBT, c2.token_tile, c2.TOCC) == (8, 16, (16, 128), 0)
     assert ck.PackCfg.heuristic((9, 15), 3, 4).bds == (1, 1)  # odd widths: one column at a time
     keys = {ln[0].key() for v in COMPILE_VARIANTS for ln in ck.representative_launches(v[0], v[1], dtype=v[2],
                                                                                         T=8 * v[1]).values()}
@@ -253,15 +266,19 @@ def test_registry_world1_cutile_equals_torch_without_host_sync(world1_nccl, dtyp
 
 @pytest.mark.gpu
 @needs_gpu
-@pytest.mark.parametrize("flags", [dict(ROWWISE=True), dict(WORDS=False), dict(NARROW=False, SMALL_TMA=True, BT=32)],
-                         ids=["rowwise", "elements", "narrow-tiles"])
+@pytest.mark.parametrize("flags", [dict(ROWWISE=True), dict(WORDS=False), dict(NARROW=False, SMALL_TMA=True, BT=32),
+                                   dict(RUNS=False), dict(VIEW=False, TBT=8), dict(QGRID=False),
+                                   dict(TBT=32, TBD=64), dict(QGRID=False, RUNS=False, WORDS=False),
+                                   dict(FLAT=True), dict(FLAT=True, BT=8, NARROW=False), dict(EGATHER=True, TBT=32)],
+                         ids=["rowwise", "elements", "narrow-tiles", "gather", "slice-8rows", "row-blocks",
+                              "runs-32rows", "old-design-elements", "flat", "flat-8rows-tiles", "element-gather"])
 def test_non_default_variants_equal_torch_path_bitwise(flags):
     """The bench sweep's variants: row-by-row / element token kernels, tiles for narrow pieces."""
     cp, parts, dtype = 8, (32, 32, 64, 64, 2, 2), BF
     sections = tuple(cp * p for p in parts)
     cfg = ck.PackCfg.heuristic(sections, cp, 2, **flags)
     g = torch.Generator().manual_seed(int(torch.randint(0, 2**31 - 1, ())))
-    lens = _mixes(cp, g)["random+zeros"]
+    lens = _mixes(cp, g)["random+zeros"] + [2 * cp * 150]  # short chunks (gathers) and long runs
     cu = torch.tensor([0] + lens, dtype=torch.int64).cumsum(0).to(torch.int32).cuda()
     t, d, dc = int(cu[-1]), sum(sections), sum(parts)
     x_cp, x_hp, recv3 = _rand(t // cp, d, dtype=dtype), _rand(t, dc, dtype=dtype), _rand(cp, t // cp, dc, dtype=dtype)

@@ -15,25 +15,36 @@ bandwidth kernel (every element read once, written once):
 * **to natural** ``to_natural_into``: its inverse, recv [T, D/cp] rank-major -> out
   [T, D/cp] natural. Unpack of cp->hp (and the backward of to-rank-major).
 
-Sections: a block owns BT consecutive rows; for every rank q and section s the piece
-[BT, w_s/cp] is moved in column tiles of BDs columns, BDs the largest power of two
-<= BD dividing the piece's source start, destination start and width (so every
+Sections: a block owns BT consecutive rows (MBT in the merge) and one rank q (QGRID: grid
+[row blocks, cp], so cp 8's few rows still make thousands of blocks); for every section s
+it moves rank q's piece [BT, w_s/cp] in column tiles of BDs columns, BDs the largest power
+of two <= BD dividing the piece's source start, destination start and width (so every
 tile lies inside its piece, loads and stores are plain tile-space accesses: 16-byte
-vectors / TMA where the widths allow; Qwen3-Next's q|k|v|z pieces tile at BD). A section
-whose per-rank piece is narrower than 16 bytes a row (b|a: 8 bytes at cp 8) is moved
-whole instead, [BT, w_s] at once, by an element gather and scatter (NARROW): narrow
-tiles ran the cp 8 merge at 12% of the copy ceiling on the H200. The section widths are
-compile-time constants of a kernel made per layout (``_section_kernel``); Tl is a
-dynamic shape.
+vectors / TMA where the widths allow; Qwen3-Next's q|k|v|z pieces tile at BD). A piece
+narrower than 16 bytes a row (b|a: 8 bytes at cp 8) moves by an element gather and
+scatter (NARROW). The section widths are compile-time constants of a kernel made per
+layout (``_section_kernel``); Tl is a dynamic shape.
+
+Why cp 8 was slow (H200, benchmarks/probes/cp_merge_align.py): at Qwen3-Next widths the
+per-rank row is D/cp = 1544 bf16 = 3088 bytes, 16-byte but not 32-byte (sector) aligned.
+Reading [16, 256] tiles from such rows (the merge reads recv, the token kernels read
+their source) ran at 22-27% of the copy ceiling whatever the narrow pieces, TMA or the
+grid; the same kernel on 3104- or 3072-byte rows ran at 82-88%. Fewer rows per load
+tile recover most of it: the merge reads 4-row tiles where D/cp * elt % 32 != 0 (71% at
+cp 8 instead of 22% at 16 rows), 16 rows elsewhere.
 
 Tokens: a block owns TBT consecutive destination rows and computes each row's source
 row from cu_seqlens on the device (no index map in memory, no host read): the
 sequence a position falls in is the count of cu_seqlens[1..N] entries <= it (tiles of
-BK entries, any N), then the zigzag arithmetic of ``perm.py``. The rows are gathered as
-[TBT, TBD] tiles (``load_advanced_indexing``: row-index tile x column slice) and stored
-as contiguous tiles; 2-byte rows of even length move as int32 words (WORDS: half the
-accesses). ROWWISE (one [1, TBD] load + store per row) is the slower variant kept for
-the sweep. Zero-length sequences are never selected (their end equals their start).
+BK entries, any N), then the zigzag arithmetic of ``perm.py``. Each zigzag chunk is a
+contiguous run of rows in both orders, so where the block's TBT source rows are one
+run (RUNS: every block but the few that straddle a chunk boundary or the end) it moves
+plain [TBT, TBD] tiles from row srow[0] (a tiled view whose row step is 1, VIEW; or an
+array slice) to its own rows; the other blocks gather rows as [TBT, TBD] tiles
+(``load_advanced_indexing``: row-index tile x column slice; EGATHER: element gather). 2-byte
+rows of even length move as int32 words (WORDS: half the accesses). ROWWISE (one [1, TBD]
+load + store per row) is a slower variant kept for the sweep. Zero-length sequences are
+never selected (their end equals their start).
 
 Backend limits (the spec's cutile Backend): SM 9.0 / 10.x; bf16, fp16, fp32 (fp64:
 the torch backend); contiguous tensors; int32 indexing (every tensor < 2**31
@@ -68,18 +79,19 @@ class PackCfg:
 
     cp; parts[s] = w_s / cp (columns of section s one hp rank owns); src[s] = section s's
     first cp-side column; dst[s] = its first column inside a rank's D/cp block; bds[s] =
-    the section kernels' column tile of section s (<= BD); BT their rows per block; the
-    token kernels' tile is ``token_tile``; BK cu_seqlens entries per search step.
-    Measured on the H200 (benchmarks/cp_pack_check.py, Qwen3-Next sections, T = 65536):
-    BT 32 for the section kernels and TBD 128 words for the token kernels won at cp 8 and
-    lost at cp 2 (a few %); TMA on or off, ROWWISE, 64-row token tiles: no gain or slower.
+    the section kernels' column tile of section s (<= BD); BT the split's rows per block,
+    MBT the merge's (0: BT); the token kernels' tile is ``token_tile``, TOCC their
+    occupancy hint; BK cu_seqlens entries per search step. The defaults come from
+    ``heuristic`` (H200 sweep in its doc); the other flags are the variants the sweep and
+    the tests run.
     """
     cp: int
     parts: tuple[int, ...]
     src: tuple[int, ...]
     dst: tuple[int, ...]
     bds: tuple[int, ...]
-    BT: int = 16
+    BT: int = 8
+    MBT: int = 0             # merge's rows per block (0: BT)
     BD: int = 256
     BK: int = 64
     ELT: int = 2             # element size (bytes)
@@ -88,15 +100,25 @@ class PackCfg:
     NARROW: bool = True      # sections whose per-rank piece is < 16 bytes a row: element gather/scatter
     WORDS: bool = True       # token kernels move 4-byte words (rows of an even number of 2-byte elements)
     ROWWISE: bool = False    # token kernel: per-row [1, BD] tile load + store (else a [BT, BD] row gather)
+    QGRID: bool = True       # section kernels: one block per (row block, rank) (else per row block)
+    RUNS: bool = True        # token kernels: contiguous source runs as plain [TBT, TBD] tiles (else gather)
+    VIEW: bool = True        # ... through an overlapping tiled view (row step 1; else an array slice)
+    FLAT: bool = False       # QGRID: send / recv as [cp*Tl, dc], rank q's rows an array slice (else 3-D tiles)
+    EGATHER: bool = False    # RUNS: the other blocks gather elements (ct.gather; else load_advanced_indexing)
     TBT: int = 0             # token kernels' rows per block (0: token_tile's default)
     TBD: int = 0             # token kernels' column tile (0: token_tile's default)
-    OCC: int = 0
+    TOCC: int = 0            # token kernels' occupancy hint (0: OCC)
+    OCC: int = 0             # occupancy hint (section kernels; token kernels unless TOCC)
 
     @property
     def token_tile(self) -> tuple[int, int]:
         """(rows, columns) of the token kernels' tile: columns in the moved unit (4-byte words
-        with WORDS, else elements); 256 bytes of a row, 32 rows (H200 sweep, cp_pack_check)."""
-        return (self.TBT or 32, self.TBD or max(1, 256 // (4 if self.WORDS else self.ELT)))
+        with WORDS, else elements). RUNS: TBT rows (``heuristic``: 16 or 32) of 512 bytes;
+        gather only: 32 rows of 256 bytes (the first design's tile)."""
+        unit = 4 if self.WORDS else self.ELT
+        if self.RUNS:
+            return (self.TBT or 16, self.TBD or max(1, 512 // unit))
+        return (self.TBT or 32, self.TBD or max(1, 256 // unit))
 
     @property
     def dc(self) -> int:
@@ -110,17 +132,29 @@ class PackCfg:
     @functools.lru_cache(maxsize=256)  # pure in its arguments; runs on every call's host path
     def heuristic(cls, sections: tuple[int, ...], cp: int, elt: int = 2, BT: int = 0,
                   BD: int = 0, **flags) -> "PackCfg":
-        """From the section widths (full, cp side), cp and the element size only.
+        """From the section widths (full, cp side), cp and the element size only (never T or N).
 
-        BD: 512 bytes of a row per column tile (256 bf16 / 128 fp32 columns): a [BT, BD]
-        tile is 8 KiB at BT = 16, a few in flight per SM cover the copy's latency. ``flags``
-        set the other fields (sweeps and tests).
+        BD: 512 bytes of a row per column tile (256 bf16 / 128 fp32 columns). Rows per block,
+        from the H200 sweep (benchmarks/cp_pack_check.py, Qwen3-Next sections, T = 65536,
+        bf16; % of the 4.27 TB/s copy ceiling):
+
+        * split BT = 8: 86.6 / 85.9 / 80.4% at cp 2 / 4 / 8 (16 rows: 85.6 / 84.2 / 74.9);
+        * merge MBT = 4 where a per-rank row (D/cp * elt bytes) is not 32-byte aligned (cp 8:
+          70.7%; 8 rows 30.8, 16 rows 22.4), else 16 (83.0 / 80.8% at cp 2 / 4);
+        * token kernels 32 rows of 512 bytes where a row is <= 8 KiB (cp 4: 87.9 / 88.9% for
+          to-natural / to-rank-major; cp 8: 74.4 / 73.0), 16 rows above (cp 2: 84.3 / 87.5%),
+          and occupancy hint 2 where rows are not 32-byte aligned (cp 8: 78.5 / 79.0%).
+
+        ``flags`` set any field (sweeps and tests).
         """
         if cp < 1 or any(w <= 0 or w % cp for w in sections) or not sections:
             raise ValueError(f"cp pack cutile: sections {sections} are not positive multiples of cp={cp}")
         BD = BD or max(1, 512 // elt)
-        BT = BT or 16
+        BT = BT or 8
         parts = tuple(w // cp for w in sections)
+        row = sum(parts) * elt  # bytes of one per-rank row (send / recv / the hp side)
+        odd = row % 32 != 0
+        flags = {"MBT": 4 if odd else 16, "TBT": 32 if row <= 8192 else 16, "TOCC": 2 if odd else 0, **flags}
         src = tuple(sum(sections[:s]) for s in range(len(sections)))
         dst = tuple(sum(parts[:s]) for s in range(len(sections)))
         bds = tuple(min(BD, pow2_floor(_pow2_divisor(math.gcd(math.gcd(a, b), p))))
@@ -142,7 +176,8 @@ def _section_kernel(cfg: PackCfg, split: bool):
     layout. Sections are static (closure constants, unrolled); ranks and column tiles
     within a piece are loops."""
     CP, NS = cfg.cp, len(cfg.parts)
-    parts, src, dst, bds, BT = cfg.parts, cfg.src, cfg.dst, cfg.bds, cfg.BT
+    parts, src, dst, bds = cfg.parts, cfg.src, cfg.dst, cfg.bds
+    BT = cfg.BT if split else (cfg.MBT or cfg.BT)
     # TMA boxes need >= 16 bytes along the contiguous dim: narrower pieces use plain loads
     tma = tuple(cfg.TMA and (b * cfg.ELT >= 16 or cfg.SMALL_TMA) for b in bds)
 
@@ -150,11 +185,60 @@ def _section_kernel(cfg: PackCfg, split: bool):
     WP = tuple(next_pow2(w) for w in W)
     narrow = tuple(cfg.NARROW and p * cfg.ELT < 16 for p in parts)
 
+    QG = cfg.QGRID
+    FL = cfg.QGRID and cfg.FLAT
+    PP = tuple(next_pow2(p) for p in parts)
+
+    def narrow_piece(a, b, bt, q, s, pp):
+        """Rank q's piece of section s ([BT, p_s] columns, p_s padded to pp), element-wise."""
+        col = ct.arange(pp, dtype=ct.int32)
+        r2 = ct.reshape(bt * BT + ct.arange(BT, dtype=ct.int32), (BT, 1))
+        live = ct.reshape(col < parts[s], (1, pp))
+        xc = ct.reshape(src[s] + q * parts[s] + col, (1, pp))
+        bc = ct.reshape(dst[s] + col, (1, pp))
+        bi = (r2, bc) if FL else (q, r2, bc)
+        if split:
+            ct.scatter(b, bi, ct.gather(a, (r2, xc), mask=live), mask=live)
+        else:
+            ct.scatter(a, (r2, xc), ct.gather(b, bi, mask=live), mask=live)
+
+    def tiles(a, b, bt, q, s):
+        """Rank q's piece of section s in [BT, bds[s]] tiles."""
+        B = bds[s]
+        n = parts[s] // B
+        M = tma[s]
+        c0 = src[s] // B + q * n          # column tile of x / out (tile-space)
+        d0 = dst[s] // B                  # column tile of send / recv
+        for j in range(n):
+            if FL:  # b is rank q's [Tl, dc] slice
+                if split:
+                    t = ct.load(a, index=(bt, c0 + j), shape=(BT, B), padding_mode=PAD_ZERO, allow_tma=M)
+                    ct.store(b, index=(bt, d0 + j), tile=t, allow_tma=M)
+                else:
+                    t = ct.load(b, index=(bt, d0 + j), shape=(BT, B), padding_mode=PAD_ZERO, allow_tma=M)
+                    ct.store(a, index=(bt, c0 + j), tile=t, allow_tma=M)
+            elif split:
+                t = ct.load(a, index=(bt, c0 + j), shape=(BT, B), padding_mode=PAD_ZERO, allow_tma=M)
+                ct.store(b, index=(q, bt, d0 + j), tile=ct.reshape(t, (1, BT, B)), allow_tma=M)
+            else:
+                t = ct.load(b, index=(q, bt, d0 + j), shape=(1, BT, B), padding_mode=PAD_ZERO, allow_tma=M)
+                ct.store(a, index=(bt, c0 + j), tile=ct.reshape(t, (BT, B)), allow_tma=M)
+
     def body(a, b):
         """split: a = x [Tl, D], b = send [cp, Tl, dc]; merge: a = out, b = recv."""
         bt = ct.bid(0)
         for s in ct.static_iter(range(NS)):
-            if narrow[s]:
+            if QG:
+                q = ct.bid(1)
+                bq = b
+                if FL:
+                    TL = a.shape[0]
+                    bq = b.slice(axis=0, start=q * TL, stop=q * TL + TL)
+                if narrow[s]:
+                    narrow_piece(a, bq, bt, q, s, PP[s])
+                else:
+                    tiles(a, bq, bt, q, s)
+            elif narrow[s]:
                 # the whole section at once, element-wise: [BT, w_s] of x <-> cp pieces of
                 # p_s columns (rows past Tl fail the bounds checks: nothing moves)
                 col = ct.arange(WP[s], dtype=ct.int32)
@@ -169,21 +253,8 @@ def _section_kernel(cfg: PackCfg, split: bool):
                 else:
                     ct.scatter(a, (r2, xc), ct.gather(b, (bq, r2, bc), mask=live), mask=live)
             else:
-                B = bds[s]
-                n = parts[s] // B
-                M = tma[s]
                 for q in range(CP):
-                    c0 = src[s] // B + q * n          # column tile of x / out (tile-space)
-                    d0 = dst[s] // B                  # column tile of send / recv
-                    for j in range(n):
-                        if split:
-                            t = ct.load(a, index=(bt, c0 + j), shape=(BT, B), padding_mode=PAD_ZERO,
-                                        allow_tma=M)
-                            ct.store(b, index=(q, bt, d0 + j), tile=ct.reshape(t, (1, BT, B)), allow_tma=M)
-                        else:
-                            t = ct.load(b, index=(q, bt, d0 + j), shape=(1, BT, B), padding_mode=PAD_ZERO,
-                                        allow_tma=M)
-                            ct.store(a, index=(bt, c0 + j), tile=ct.reshape(t, (BT, B)), allow_tma=M)
+                    tiles(a, b, bt, q, s)
 
     def cp_split_sections(x, send):
         body(x, send)
@@ -253,6 +324,42 @@ def cp_token_gather(src, dst, cu, CP: ConstInt, TO_RANK_MAJOR: ConstBool, BT: Co
 
 
 @ct.kernel
+def cp_token_runs(src, dst, cu, CP: ConstInt, TO_RANK_MAJOR: ConstBool, BT: ConstInt, BD: ConstInt,
+                  BK: ConstInt, VIEW: ConstBool, EGATHER: ConstBool):
+    """dst [T, dc] rows bid*BT.. from src: where their BT source rows are one contiguous run
+    (every block but those that straddle a zigzag chunk boundary or the end), plain [BT, BD]
+    tile loads at row offset srow[0] (an overlapping tiled view with a row step of 1, or an
+    array slice) and tile stores; else the row gather of ``cp_token_gather``."""
+    bt = ct.bid(0)
+    T = dst.shape[0]
+    rows = ct.minimum(bt * BT + ct.arange(BT, dtype=ct.int32), T - 1)
+    srow = _source_rows(rows, cu, T, CP, TO_RANK_MAJOR, BT, BK)
+    s0 = ct.min(srow)
+    # clamped rows past T repeat the last row's source: never a run
+    miss = ct.sum(ct.where(srow == s0 + ct.arange(BT, dtype=ct.int32), 0, 1))
+    nc = ct.cdiv(dst.shape[1], BD)
+    if miss == 0:
+        if VIEW:
+            tv = src.tiled_view((BT, BD), padding_mode=PAD_ZERO, traversal_steps=(1, BD))
+            for cj in range(nc):
+                ct.store(dst, index=(bt, cj), tile=tv.load((s0, cj)))
+        else:
+            sub = src.slice(axis=0, start=s0, stop=s0 + BT)
+            for cj in range(nc):
+                ct.store(dst, index=(bt, cj), tile=ct.load(sub, index=(0, cj), shape=(BT, BD),
+                                                           padding_mode=PAD_ZERO))
+    elif EGATHER:
+        r2 = ct.reshape(srow, (BT, 1))
+        for cj in range(nc):
+            col = ct.reshape(cj * BD + ct.arange(BD, dtype=ct.int32), (1, BD))
+            ct.store(dst, index=(bt, cj), tile=ct.gather(src, (r2, col)))
+    else:
+        for cj in range(nc):
+            t = ct.load_advanced_indexing(src, (srow, ct.Slice(cj * BD, BD)), padding_mode=PAD_ZERO)
+            ct.store(dst, index=(bt, cj), tile=t)
+
+
+@ct.kernel
 def cp_token_rows(src, dst, cu, CP: ConstInt, TO_RANK_MAJOR: ConstBool, BT: ConstInt, BD: ConstInt,
                   BK: ConstInt):
     """The same copy row by row: one plain [1, BD] tile load at the source row (a scalar
@@ -282,7 +389,11 @@ def section_launch(a, b, cfg: PackCfg, split: bool) -> Launch:
     """split: a = x [Tl, D], b = send [cp, Tl, D/cp]; merge: a = out [Tl, D], b = recv."""
     _check(cfg, "sections", width=(a.shape[1], cfg.width), cp=(b.shape[0], cfg.cp), dc=(b.shape[2], cfg.dc),
            rows=(b.shape[1], a.shape[0]))
-    return Launch(_section_kernel(cfg, split), (cdiv(a.shape[0], cfg.BT), 1, 1), (a, b), cfg, occ(cfg.OCC))
+    rows = cfg.BT if split else (cfg.MBT or cfg.BT)
+    grid = (cdiv(a.shape[0], rows), cfg.cp if cfg.QGRID else 1, 1)
+    if cfg.QGRID and cfg.FLAT:
+        b = b.view(b.shape[0] * b.shape[1], b.shape[2])
+    return Launch(_section_kernel(cfg, split), grid, (a, b), cfg, occ(cfg.OCC))
 
 
 def token_launch(src, dst, cu, cfg: PackCfg, to_rank_major: bool) -> Launch:
@@ -292,8 +403,12 @@ def token_launch(src, dst, cu, cfg: PackCfg, to_rank_major: bool) -> Launch:
     if cfg.WORDS and src.element_size() == 2 and src.shape[1] % 2 == 0:
         src, dst = src.view(torch.int32), dst.view(torch.int32)
     bt, bd = cfg.token_tile
-    return Launch(cp_token_rows if cfg.ROWWISE else cp_token_gather, (cdiv(dst.shape[0], bt), 1, 1),
-                  (src, dst, cu, cfg.cp, bool(to_rank_major), bt, bd, cfg.BK), cfg, occ(cfg.OCC))
+    args = (src, dst, cu, cfg.cp, bool(to_rank_major), bt, bd, cfg.BK)
+    if cfg.RUNS and not cfg.ROWWISE:
+        kern, args = cp_token_runs, args + (cfg.VIEW, cfg.EGATHER)
+    else:
+        kern = cp_token_rows if cfg.ROWWISE else cp_token_gather
+    return Launch(kern, (cdiv(dst.shape[0], bt), 1, 1), args, cfg, occ(cfg.TOCC or cfg.OCC))
 
 
 def _cfg(sections, cp, x, cfg):
