@@ -3,7 +3,8 @@
 autograd backward) at a small T, where the GPU work is tiny and the host sets the pace.
 Prints per-call host microseconds of each layer, then cProfile's top functions.
     source .gpu-cutile/env.sh && python3 benchmarks/probes/host_profile.py [--T 1024] [--gap]
-    ... host_profile.py --sinkhorn [--T 32768]   (issue 15: where eager sinkhorn fwd+bwd's time goes)
+    ... host_profile.py --sinkhorn [--T 32768]   (issue 15: where eager sinkhorn fwd+bwd's time goes,
+        before / after the cuTile fast launch path of tilekernels/_cutile_fast.py)
 """
 from __future__ import annotations
 
@@ -73,13 +74,23 @@ def main() -> None:
 
 
 def sinkhorn(T: int, n: int = 4, iters: int = 20, eps: float = 1e-6) -> None:
-    """mhc_sinkhorn eager fwd+bwd (the issue's <= 0.08 ms target): host us per call of each
-    layer (queued back to back, one sync), do_bench / CUDA-graph ms of the full step, and
-    cProfile of the registry step. Every fwd+bwd step sets grads to None and backpropagates
-    the same pre-made dout."""
+    """mhc_sinkhorn eager fwd+bwd (issue 15's <= 0.08 ms target) in four modes of
+    tilekernels/_cutile_fast.py: ``before`` (``ct.launch``, a fresh backward scratch per call),
+    ``scratch`` (``ct.launch``, reused scratch: the default), ``fast`` (driver launches with
+    the cubin's block shape, reused scratch) and ``fast-b1`` (block (1, 1, 1) as ``ct.launch``
+    passes it). Host us per call of each layer (queued back to back, one sync; the launch
+    steps also at T=256, where the GPU work cannot set the pace), do_bench / CUDA-graph us of
+    the full step, the breakdown, and cProfile of the registry step. Every fwd+bwd step sets
+    grads to None and backpropagates the same pre-made dout."""
     from triton.testing import do_bench, do_bench_cudagraph
 
+    from tilekernels import _cutile_fast as fast
+    from tilekernels._glue import empty
+    from tilekernels.mhc import cutile_sinkhorn as sk
+
     logits = torch.randn(T, n, n, device="cuda")
+    small = torch.randn(256, n, n, device="cuda")
+    small_out = torch.empty_like(small)
     dout = torch.randn(T, n, n, device="cuda")
     out, dl = torch.empty_like(logits), torch.empty_like(logits)
     op = registry.get("mhc_sinkhorn")
@@ -106,27 +117,98 @@ def sinkhorn(T: int, n: int = 4, iters: int = 20, eps: float = 1e-6) -> None:
         finally:
             op._entry = real_entry
 
+    class Null(torch.autograd.Function):
+        """autograd's own floor: one node, no allocation, no kernel."""
+        @staticmethod
+        def forward(ctx, x):
+            return x.view_as(x)
+
+        @staticmethod
+        def backward(ctx, g):
+            return g
+
+    class NullAlloc(torch.autograd.Function):
+        """one node, allocating its output and its input grad (as the generated op does)."""
+        @staticmethod
+        def forward(ctx, x):
+            return torch.empty_like(x)
+
+        @staticmethod
+        def backward(ctx, g):
+            return torch.empty_like(g)
+
     steps = {
-        "fwd kernel fn (launch)": (False, lambda: kf(logits, out, iters, eps)),
-        "bwd kernel fn (launch)": (False, lambda: kb(dout, logits, dl, iters, eps)),
-        "torch.empty_like": (False, lambda: torch.empty_like(logits)),
         "registry alone (entry stubbed, grad mode)": (True, registry_only),
+        "fwd Launch build only (no run)": (False, lambda: sk.fwd_launch(logits, out, iters, eps)),
+        "bwd Launch build only (incl. scratch)": (False, lambda: sk.bwd_launch(dout, logits, dl, iters, eps)),
+        "fwd kernel fn (build + launch)": (False, lambda: kf(logits, out, iters, eps)),
+        "fwd kernel fn at T=256 (host-bound)": (False, lambda: kf(small, small_out, iters, eps)),
+        "bwd kernel fn at T=256 (host-bound)": (False, lambda: kb(small, small, small_out, iters, eps)),
+        "bwd kernel fn (build + scratch + launch)": (False, lambda: kb(dout, logits, dl, iters, eps)),
+        "alloc: _glue.empty x2 (out, dlogits)": (False, lambda: (empty(logits.shape, logits.dtype, logits.device),
+                                                                 empty(logits.shape, logits.dtype, logits.device))),
+        "autograd floor: Null Function fwd+bwd": (True, step(Null.apply)),
+        "autograd + 2 allocs: NullAlloc fwd+bwd": (True, step(NullAlloc.apply)),
         "entry fwd (no grad)": (False, lambda: real_entry(logits, backend="cutile", **params)),
-        "registry fwd (no grad)": (False, lambda: op(logits, **params)),
         "entry fwd (grad: autograd.Function)": (True, lambda: real_entry(leaf, backend="cutile", **params)),
         "entry fwd + autograd bwd": (True, step(lambda x: real_entry(x, backend="cutile", **params))),
         "registry fwd + autograd bwd": (True, step(lambda x: op(x, **params))),
     }
-    for name, (grad, fn) in steps.items():
-        with torch.enable_grad() if grad else torch.no_grad():
-            print(f"{name:<45} {per_call_us(fn, n=2000):8.1f} us/call (host)", flush=True)
-    for name in ("entry fwd + autograd bwd", "registry fwd + autograd bwd"):
-        fn = steps[name][1]
-        e = do_bench(fn, warmup=25, rep=200, return_mode="median")
-        g = do_bench_cudagraph(fn, rep=100, return_mode="median")
-        print(f"{name:<45} do_bench {e * 1e3:.1f} us, graph {g * 1e3:.1f} us (T={T} n={n} iters={iters})",
-              flush=True)
-    print(cprofile_top(steps["registry fwd + autograd bwd"][1], 2000, keys=("tottime",)))
+    # what ct.launch's JIT specializes the forward on vs the fast path's signature (same shape)
+    from cuda.tile.compilation import CallingConvention, KernelSignature
+    ln = sk.fwd_launch(logits, out, iters, eps)
+    jit = KernelSignature.from_kernel_args(ln.compiled_kernel(), ln.args, CallingConvention.cutile_python_v1())
+    print("ct.launch JIT signature:", jit.parameters[:3])
+    print("fast-path signature:   ", ln.signature().parameters[:3])
+    res: dict = {}
+    modes = ("before", "scratch", "fast", "fast-b1")
+    for mode in modes:
+        fast.BLOCK_FROM_CUBIN[0] = mode != "fast-b1"
+        with fast.enabled(mode.startswith("fast")), fast.scratch_reuse(mode != "before"):
+            fast.clear_caches()
+            with torch.no_grad():  # each mode's results against ct.launch's, bitwise
+                kf(logits, out, iters, eps)
+                kb(dout, logits, dl, iters, eps)
+                torch.cuda.synchronize()
+                got = (out.clone(), dl.clone())
+            ref_out = res.setdefault("ref", got)
+            same = all(torch.equal(g, r) for g, r in zip(got, ref_out))
+            print(f"[{mode}] fwd + bwd outputs bitwise equal to ct.launch's: {same}", flush=True)
+            for name, (grad, fn) in steps.items():
+                with torch.enable_grad() if grad else torch.no_grad():
+                    us = res[mode, name] = per_call_us(fn, n=2000)
+                print(f"[{mode}] {name:<45} {us:8.1f} us/call (host)", flush=True)
+            for name in ("entry fwd + autograd bwd", "registry fwd + autograd bwd"):
+                fn = steps[name][1]
+                e = res[mode, "do_bench " + name] = do_bench(fn, warmup=25, rep=200, return_mode="median") * 1e3
+                g = res[mode, "graph " + name] = do_bench_cudagraph(fn, rep=100, return_mode="median") * 1e3
+                print(f"[{mode}] {name:<45} do_bench {e:.1f} us, graph {g:.1f} us (T={T} n={n} iters={iters})",
+                      flush=True)
+    fast.BLOCK_FROM_CUBIN[0] = True
+    with fast.enabled(True):
+        print(cprofile_top(steps["registry fwd + autograd bwd"][1], 2000, keys=("tottime",)))
+    # the breakdown of one eager registry fwd+bwd (host us): launches = the two kernel fns;
+    # autograd + generated wrapper = the rest
+    print(f"\nsinkhorn eager fwd+bwd host breakdown (us/call; T={T} n={n} iters={iters})")
+    print(f"{'part':<52}" + "".join(f" {m:>8}" for m in modes))
+    for mode_rows in (
+        ("registry (validate + cached dispatch)", lambda m: res[m, "registry alone (entry stubbed, grad mode)"]),
+        ("fwd launch (Launch build + run)", lambda m: res[m, "fwd kernel fn (build + launch)"]),
+        ("  same at T=256 (host-bound)", lambda m: res[m, "fwd kernel fn at T=256 (host-bound)"]),
+        ("bwd launch (Launch build + scratch + run)", lambda m: res[m, "bwd kernel fn (build + scratch + launch)"]),
+        ("  same at T=256 (host-bound)", lambda m: res[m, "bwd kernel fn at T=256 (host-bound)"]),
+        ("alloc (out, dlogits)", lambda m: res[m, "alloc: _glue.empty x2 (out, dlogits)"]),
+        ("autograd + generated wrapper (rest)", lambda m: res[m, "registry fwd + autograd bwd"]
+         - res[m, "registry alone (entry stubbed, grad mode)"] - res[m, "fwd kernel fn (build + launch)"]
+         - res[m, "bwd kernel fn (build + scratch + launch)"] - res[m, "alloc: _glue.empty x2 (out, dlogits)"]),
+        ("  of which torch's floor (NullAlloc fwd+bwd)", lambda m: res[m, "autograd + 2 allocs: NullAlloc fwd+bwd"]
+         - res[m, "alloc: _glue.empty x2 (out, dlogits)"]),
+        ("total host: registry fwd + autograd bwd", lambda m: res[m, "registry fwd + autograd bwd"]),
+        ("do_bench median (GPU events)", lambda m: res[m, "do_bench registry fwd + autograd bwd"]),
+        ("CUDA-graph replay (the kernels)", lambda m: res[m, "graph registry fwd + autograd bwd"]),
+    ):
+        name, f = mode_rows
+        print(f"{name:<52}" + "".join(f" {f(m):8.1f}" for m in modes))
 
 
 if __name__ == "__main__":
