@@ -12,8 +12,11 @@ compute-sanitizer memcheck.
 
 Timings (Qwen3-Next: Hk=16, Hv=32, dk=dv=128, W=4, bf16, 32768 tokens): BSHD B=4, T=8192 and
 THD with one sequence of 16384 tokens plus many short ones (1..256 tokens, fixed seed) adding up
-to the same total, repeat_qk on and off. Per case, triton's do_bench median (ms) of: ours
-(registry, backend="cutile"), torch eager (backend="torch"), torch.compile of
+to the same total, repeat_qk on and off. --sweep first times forward launch-config variants
+(FWD_SWEEP, each checked against the reference; a W=1 row: the same launches without taps).
+Per case, triton's do_bench median (ms) of: ours (registry, backend="cutile"), the first
+forward (benchmarks/probes/gdn_pre_fwd_v0.py; --no-v0 skips it), torch eager (backend="torch";
+--no-eager), torch.compile of
 reference.pre_gated (repeat_qk on only; compiles cost device time), and FLA's Triton
 causal_conv1d (SiLU fused) + l2norm + torch glue for the rest (the issue's peer; the package
 fla-core 0.6.0 on PYTHONPATH, outside the project's dependencies). Ours is first checked against
@@ -91,7 +94,10 @@ bench = functools.partial(_bench, rep=100)  # do_bench median ms
 # ------------------------------------------------------------------ tests (parallel processes)
 
 
-def run_tests(out: str, procs: int, memcheck: bool) -> None:
+WARM_SWEEP_PROCS = 3
+
+
+def run_tests(out: str, procs: int, memcheck: bool, sweep_too: bool = False) -> None:
     ids = subprocess.run([sys.executable, "-m", "pytest", "-q", "--co", "-m", "gpu", "-p", "no:cacheprovider",
                           TEST_FILE], capture_output=True, text=True, cwd=ROOT).stdout.split()
     ids = [i for i in ids if "::" in i]
@@ -107,6 +113,11 @@ def run_tests(out: str, procs: int, memcheck: bool) -> None:
     warm = open(os.path.join(out, "warm.log"), "w")
     ps = [("warm", subprocess.Popen([sys.executable, os.path.abspath(__file__), "--warm", "--out", out],
                                     stdout=warm, stderr=subprocess.STDOUT, cwd=ROOT), warm)]
+    for j in range(WARM_SWEEP_PROCS if sweep_too else 0):
+        wl = open(os.path.join(out, f"warm_sweep{j}.log"), "w")
+        ps.append((f"warm-sweep{j}", subprocess.Popen(
+            [sys.executable, os.path.abspath(__file__), "--warm-sweep", str(j), "--out", out],
+            stdout=wl, stderr=subprocess.STDOUT, cwd=ROOT), wl))
     for k, ch in enumerate(chunks):
         if ch:
             log = open(os.path.join(out, f"tests_{k}.log"), "w")
@@ -116,7 +127,11 @@ def run_tests(out: str, procs: int, memcheck: bool) -> None:
     for k, p, log in ps:
         p.wait()
         log.close()
-        tail = open(log.name).read().strip().splitlines()[-1:]
+        lines = open(log.name).read().strip().splitlines()
+        tail = lines[-1:]
+        for ln in lines:  # failures into the run's own log (the per-process logs may not come back)
+            if ln.startswith(("FAILED", "ERROR")) or " Error" in ln[:80]:
+                print(f"[{k}] {ln[:300]}", flush=True)
         summary[k] = dict(rc=p.returncode, tail=tail)
     RESULTS["tests"] = dict(n=len(ids), procs=procs, seconds=time.time() - t0, parts=summary)
     print(f"tests: {len(ids)} in {procs} processes, {time.time() - t0:.0f} s; "
@@ -179,7 +194,8 @@ def record(case, impl, ms, nbytes, **extra):
           f"{extra.get('err', '')}", flush=True)
 
 
-def time_case(thd: bool, repeat_qk: bool, peers: bool, compiled: bool):
+def time_case(thd: bool, repeat_qk: bool, peers: bool, compiled: bool, v0: bool = True, eager: bool = True,
+              bwd: bool = True):
     case = f"{'thd' if thd else 'bshd'}-{'rep' if repeat_qk else 'norep'}"
     op = registry.get("gdn_pre_gated")
     x, w, A, dt, cu = problem(thd)
@@ -196,9 +212,24 @@ def time_case(thd: bool, repeat_qk: bool, peers: bool, compiled: bool):
     except Exception:
         RESULTS["errors"].append(f"{case} cutile fwd: {traceback.format_exc(limit=8)}")
         print("ERROR", RESULTS["errors"][-1], flush=True)
-    if peers:
+    try:  # the first forward (benchmarks/probes/gdn_pre_fwd_v0.py), same inputs
+        if not v0:
+            raise StopIteration
+        outs = [torch.empty(o.shape, dtype=o.dtype, device="cuda") for o in ref_outs((x, w, A, dt, cu), repeat_qk)]
+        ln = v0_launch(x, w, A, dt, cu, outs, repeat_qk)
+        ln.run()
+        err = max(rel_err(o, r) for o, r in zip(outs, ref_outs((x, w, A, dt, cu), repeat_qk)))
+        record(case, "cutile v0 fwd", bench(ln.run), nb, err=f"max rel err vs torch {err:.2e}")
+        del outs
+    except StopIteration:
+        pass
+    except Exception:
+        RESULTS["errors"].append(f"{case} cutile v0 fwd: {traceback.format_exc(limit=8)}")
+        print("ERROR", RESULTS["errors"][-1], flush=True)
+    if peers and eager:
         record(case, "torch eager fwd", bench(lambda: op(x, w, A, dt, cu_seqlens=cu, backend="torch", **p), rep=20),
                nb)
+    if peers:
         try:
             outs = fla_prep(x, w, A, dt, cu, repeat_qk)
             want = ref.pre_gated(x, w, A, dt, cu, **p)
@@ -222,7 +253,7 @@ def time_case(thd: bool, repeat_qk: bool, peers: bool, compiled: bool):
         except Exception:
             RESULTS["errors"].append(f"{case} torch.compile: {traceback.format_exc(limit=8)}")
             print("ERROR", RESULTS["errors"][-1], flush=True)
-    if repeat_qk:  # backward: ours and the torch backend, fp32-checked
+    if repeat_qk and bwd:  # backward: ours and the torch backend, fp32-checked
         try:
             leaves = [t.clone().requires_grad_() for t in (x, w, A, dt)]
             outs = op(*leaves, cu_seqlens=cu, backend="cutile", **p)
@@ -242,7 +273,7 @@ def time_case(thd: bool, repeat_qk: bool, peers: bool, compiled: bool):
             from tilekernels._glue import get_kernel
 
             tb = get_kernel("gdn_pre_gated", "torch", "bwd")
-            if peers:
+            if peers and eager:
                 record(case, "torch eager bwd", bench(lambda: tb(*args), rep=20), bwd_bytes(True))
         except Exception:
             RESULTS["errors"].append(f"{case} bwd: {traceback.format_exc(limit=8)}")
@@ -250,63 +281,88 @@ def time_case(thd: bool, repeat_qk: bool, peers: bool, compiled: bool):
     torch.cuda.empty_cache()
 
 
-FWD_SWEEP = [(64, 0), (64, 2), (32, 0), (32, 2), (32, 4), (16, 0), (16, 4)]  # (TT, occupancy)
-BWD_SWEEP = [(64, 0), (32, 0), (32, 2), (16, 0), (16, 4)]
+# fwd launch-config variants (PreGatedCfg fields over the heuristic's): the sweep's rows
+FWD_SWEEP = [dict(), dict(TF=True), dict(LT=True), dict(LT=True, TF=True), dict(OCC=16), dict(LT=True, OCC=16), dict(FT=32, OCC=4),
+             dict(FT=16, HB=2, HBV=2, HBZ=8, OCC=4), dict(FT=16, HB=2, HBV=2, HBZ=8, OCC=4, LT=True),
+             dict(HBZ=8), dict(HBZ=1)]
+W1_PROBE = [dict()]  # the same launches at W=1: no taps
 
 
-def sweep() -> None:
-    """Launch-config variants (TT, occupancy hint) of ours, BSHD and THD with repeat_qk: fwd and
-    bwd timed on the kernels directly (compiled first, in threads, at 64 tokens)."""
+def _tag(over, w1=False):
+    return ("W1 " if w1 else "") + (" ".join(f"{k}{int(v) if isinstance(v, bool) else v}" for k, v in over.items())
+                                   or "default")
+
+
+def sweep_launches(prob, over, w1=False, outs=None):
+    """The fwd launches of config variant ``over`` on problem ``prob`` (w1: the conv weight cut to its
+    last tap, W=1: no taps, same bytes), and their outputs."""
     import dataclasses
-    from concurrent.futures import ThreadPoolExecutor
 
     from tilekernels.gdn import cutile_pre_gated as cp
-    from tilekernels.gdn import cutile_pre_gated_bwd as cb
 
-    base = cp.PreGatedCfg.heuristic(SHAPE["Hk"], SHAPE["Hv"], SHAPE["dk"], SHAPE["dv"], SHAPE["W"], True)
-    p = (SHAPE["Hk"], SHAPE["dk"], SHAPE["dv"], True, 1e-6)
+    x, w, A, dt, cu = prob
+    if w1:
+        w = w[:, -1:].contiguous()
+    cfg = dataclasses.replace(cp.PreGatedCfg.heuristic(SHAPE["Hk"], SHAPE["Hv"], SHAPE["dk"], SHAPE["dv"],
+                                                       w.shape[1], True), **over)
+    outs = outs or [torch.empty(o.shape, dtype=o.dtype, device=x.device) for o in ref_outs(prob)]
+    return cp.fwd_launch(x, w, A, dt, cu, *outs, None, SHAPE["Hk"], SHAPE["dk"], SHAPE["dv"], True, 1e-6, cfg=cfg), outs
 
-    def lns(prob, tt, oc, bwd):
-        x, w, A, dt, cu = prob
-        cfg = dataclasses.replace(base, TT=tt, OCC=oc, OCC_B=oc)
-        outs = [torch.empty(o.shape, dtype=o.dtype, device="cuda") for o in ref_outs(prob)]
-        if not bwd:
-            return [cp.fwd_launch(x, w, A, dt, cu, *outs, None, *p, cfg=cfg)], outs
-        grads = [torch.randn_like(o, dtype=torch.float32).to(o.dtype) for o in outs]
-        dst = (torch.empty_like(x), torch.empty_like(w), torch.empty_like(A), torch.empty_like(dt))
-        return cb.bwd_launches(*grads, x, w, A, dt, cu, *dst, *p, cfg=cfg), (grads, dst)
 
-    global TOKENS
-    full, TOKENS = TOKENS, 64
-    small = [problem(False), problem(True)]
-    TOKENS = full
-    jobs = [(pr, tt, oc, False) for pr in small for tt, oc in FWD_SWEEP] + \
-        [(pr, tt, oc, True) for pr in small for tt, oc in BWD_SWEEP]
-    t0 = time.time()
-    with ThreadPoolExecutor(8) as pool:
-        list(pool.map(lambda j: [ln.run() for ln in lns(*j)[0]], jobs))
-    torch.cuda.synchronize()
-    print(f"sweep: compiled {len(jobs)} variants in {time.time() - t0:.0f} s", flush=True)
-    for thd in (False, True):
+def sweep_jobs():
+    return [(o, False) for o in FWD_SWEEP] + [(o, True) for o in W1_PROBE]
+
+
+def sweep(thd_all: bool = False) -> None:
+    """Launch-config variants of ours (BSHD with repeat_qk; THD too with thd_all): fwd timed on the
+    kernels directly, each checked against the torch reference first (W=1 rows: speed only)."""
+    for thd in ((False, True) if thd_all else (False,)):
         prob = problem(thd)
         case = f"{'thd' if thd else 'bshd'}-rep"
         want = ref_outs(prob)
-        for tt, oc in FWD_SWEEP:
-            ls, outs = lns(prob, tt, oc, False)
-            ls[0].run()
-            err = max(rel_err(o, r) for o, r in zip(outs, want))
-            record(case, f"sw fwd TT{tt} o{oc}", bench(ls[0].run), fwd_bytes(True), err=f"err {err:.1e}",
-                   sweep=True)
-        del want
-        for tt, oc in BWD_SWEEP:
-            ls, _ = lns(prob, tt, oc, True)
-            record(case, f"sw bwd TT{tt} o{oc}", bench(lambda: [ln.run() for ln in ls]), bwd_bytes(True), sweep=True)
+        outs = None
+        for over, w1 in sweep_jobs():
+            try:
+                ls, outs = sweep_launches(prob, over, w1, outs)
+                for o in outs:
+                    o.fill_(float("nan"))
+                for ln in ls:
+                    ln.run()
+                err = "" if w1 else f"err {max(rel_err(o, r) for o, r in zip(outs, want)):.1e}"
+                record(case, "sw " + _tag(over, w1), bench(lambda: [ln.run() for ln in ls]), fwd_bytes(True),
+                       err=err, sweep=True)
+            except Exception:
+                RESULTS["errors"].append(f"{case} sweep {over} w1={w1}: {traceback.format_exc(limit=8)}")
+                print("ERROR", RESULTS["errors"][-1], flush=True)
+        del want, outs
         torch.cuda.empty_cache()
 
 
-def ref_outs(prob):
+def ref_outs(prob, repeat_qk: bool = True):
     x, w, A, dt, cu = prob
-    return ref.pre_gated(x, w, A, dt, cu, Hk=SHAPE["Hk"], dk=SHAPE["dk"], dv=SHAPE["dv"], repeat_qk=True)
+    return ref.pre_gated(x, w, A, dt, cu, Hk=SHAPE["Hk"], dk=SHAPE["dk"], dv=SHAPE["dv"], repeat_qk=repeat_qk)
+
+
+def v0_launch(x, w, A, dt, cu, outs, repeat_qk):
+    """The first forward's launch (benchmarks/probes/gdn_pre_fwd_v0.py, its own config)."""
+    sys.path[:0] = [os.path.join(ROOT, "benchmarks", "probes")]
+    import gdn_pre_fwd_v0 as v0
+
+    return v0.fwd_launch(x, w, A, dt, cu, *outs, None, SHAPE["Hk"], SHAPE["dk"], SHAPE["dv"], repeat_qk, 1e-6)
+
+
+def warm_sweep(part: int, parts: int) -> None:
+    """Compile slice ``part`` of ``parts`` of the sweep's variants (BSHD and THD, at 256 tokens: a
+    body launch for every tile size)."""
+    global TOKENS
+    TOKENS = 256
+    for j, (over, w1) in enumerate(sweep_jobs()):
+        if j % parts == part:
+            for thd in (False, True):
+                for ln in sweep_launches(problem(thd), over, w1)[0]:
+                    ln.run()
+    torch.cuda.synchronize()
+    print(f"warm sweep {part}/{parts}: done", flush=True)
 
 
 def warm() -> None:
@@ -321,6 +377,7 @@ def warm() -> None:
             x, w, A, dt, cu = problem(thd)
             p = dict(Hk=SHAPE["Hk"], dk=SHAPE["dk"], dv=SHAPE["dv"], repeat_qk=rep)
             outs = op(x, w, A, dt, cu_seqlens=cu, backend="cutile", **p)
+            v0_launch(x, w, A, dt, cu, [torch.empty_like(o) for o in outs], rep).run()
             if rep:
                 cb.pre_gated_bwd_into(*outs, x, w, A, dt, cu, torch.empty_like(x), torch.empty_like(w),
                                       torch.empty_like(A), torch.empty_like(dt), *p.values(), 1e-6, False)
@@ -336,28 +393,39 @@ def main():
     ap.add_argument("--no-compile-peer", action="store_true", help="skip torch.compile of the reference")
     ap.add_argument("--no-peers", action="store_true", help="time ours only")
     ap.add_argument("--warm", action="store_true", help="only compile the timed cases (at 64 tokens)")
-    ap.add_argument("--sweep", action="store_true", help="time launch-config variants first")
+    ap.add_argument("--sweep", action="store_true", help="time fwd launch-config variants (BSHD) before the cases")
+    ap.add_argument("--sweep-thd", action="store_true", help="with --sweep: THD too")
+    ap.add_argument("--warm-sweep", type=int, default=-1, help=argparse.SUPPRESS)
+    ap.add_argument("--no-v0", action="store_true", help="skip the first forward (probes/gdn_pre_fwd_v0.py)")
+    ap.add_argument("--no-eager", action="store_true", help="skip the torch backend's timings")
+    ap.add_argument("--no-bwd", action="store_true", help="skip the backward's timing")
     a = ap.parse_args()
     os.makedirs(a.out, exist_ok=True)
     if a.warm:
         return warm()
+    if a.warm_sweep >= 0:
+        return warm_sweep(a.warm_sweep, WARM_SWEEP_PROCS)
     if a.tests:
-        run_tests(a.out, a.tests, a.memcheck)
+        run_tests(a.out, a.tests, a.memcheck, a.sweep)
     RESULTS["env"] = dict(device=torch.cuda.get_device_name(), torch=torch.__version__, tokens=TOKENS,
                           thd_sequences=len(thd_lengths()), shape=SHAPE)
     print(json.dumps(RESULTS["env"]), flush=True)
     print(f"{'case':<22}{'impl':<16}{'ms':>9}{'GB':>7}{'TB/s':>7}{'%4.27':>7}  note", flush=True)
-    if a.sweep:
-        sweep()
-    if a.sweep:
-        sweep()
+    path = os.path.join(a.out, "gdn_pre_check.json")
+
+    def dump():
+        with open(path, "w") as f:
+            json.dump(RESULTS, f, indent=1, default=str)
+
+    if a.sweep:  # first: the variants are what a short run is for
+        sweep(a.sweep_thd)
+        dump()
     for thd in (False, True):
         for rep in (True, False):
             time_case(thd, rep, peers=not a.no_peers,
-                      compiled=rep and not thd and not a.no_compile_peer and not a.no_peers)
-    path = os.path.join(a.out, "gdn_pre_check.json")
-    with open(path, "w") as f:
-        json.dump(RESULTS, f, indent=1, default=str)
+                      compiled=rep and not thd and not a.no_compile_peer and not a.no_peers, v0=not a.no_v0,
+                      eager=not a.no_eager, bwd=not a.no_bwd)
+            dump()
     print("\n== summary ==", flush=True)
     for r in RESULTS["records"]:
         print(f"{r['case']:<12}{r['impl']:<18}{r['ms']:>8.3f} ms {r['tbs']:>6.2f} TB/s {r['pct_copy']:>6.1f}%  "

@@ -41,6 +41,7 @@ COMPILE_VARIANTS = [
     (QWEN, False, True, True, BF),
     (QWEN, True, False, False, BF),
     (dict(Hk=1, Hv=4, dk=48, dv=40, W=3), True, True, True, F32),
+    (dict(Hk=2, Hv=4, dk=16, dv=24, W=6), False, True, True, BF),  # W > WMAX: every tile gathers
 ]
 
 
@@ -73,11 +74,18 @@ def test_launch_config_is_the_compile_key():
     small, big = _launches(v, B=1, T=1), _launches(v, B=4, T=8192)
     for name in small:
         assert [a.key() for a in small[name]] == [b.key() for b in big[name]], name
-    fwd_s, fwd_b = small["gdn_pre_gated.fwd"][0], big["gdn_pre_gated.fwd"][0]
+    fwd_s, fwd_b = small["gdn_pre_gated.fwd"], big["gdn_pre_gated.fwd"]
     cfg = cp.PreGatedCfg.heuristic(16, 32, 128, 128, 4, True)
-    assert fwd_s.cfg is cfg and cfg is cp.PreGatedCfg.heuristic(16, 32, 128, 128, 4, True)  # cached
-    # grid: token tiles + one row per sequence (conv state), 2*Hk + 2*Hv + 1 units
-    assert fwd_s.grid == (1 + 1, 97, 1) and fwd_b.grid == (4 * 8192 // cfg.TT + 4, 97, 1)
+    assert fwd_s[0].cfg is cfg and cfg is cp.PreGatedCfg.heuristic(16, 32, 128, 128, 4, True)  # cached
+    # 1-D grids of (row, unit) blocks, units = head groups of q|k, v, z + the gates; launch 0: token
+    # tile 0 + one row per sequence (conv state), launch 1: tiles 1.. (none when there is one tile)
+    units = 32 // cfg.HB + 32 // cfg.HBV + 32 // cfg.HBZ + 1
+    assert [ln.grid for ln in fwd_s] == [((1 + 1) * units, 1, 1), (0, 1, 1)]
+    assert [ln.grid for ln in fwd_b] == [((1 + 4) * units, 1, 1), ((4 * 8192 // cfg.FT - 1) * units, 1, 1)]
+    thd = _launches(COMPILE_VARIANTS[1], B=4, T=8192)["gdn_pre_gated.fwd"]  # THD: + sequence-start rows
+    c1 = thd[0].cfg
+    u1 = 32 // c1.HB + 32 // c1.HBV + 32 // c1.HBZ + 1
+    assert thd[0].grid == ((1 + -(-(4 * 8192 // c1.PT) // u1)) * u1, 1, 1)
     with pytest.raises(dataclasses.FrozenInstanceError):
         cfg.TT = 8
     keys = {_launches(v)["gdn_pre_gated.fwd"][0].key() for v in COMPILE_VARIANTS}
@@ -180,6 +188,39 @@ def test_fwd_fp32_and_width_one(layout):
               dict(Hk=2, Hv=4, dk=64, dv=32, W=3), True, True)
     s1 = dict(Hk=2, Hv=2, dk=16, dv=24, W=1)
     check_fwd(*_problem(s1, layout), s1, False, True)
+
+
+@pytest.mark.gpu
+@needs_gpu
+@pytest.mark.parametrize("layout", [(2, 70), THD_LENGTHS], ids=["bshd", "thd"])
+def test_fwd_wide_conv_gathers_every_tile(layout):
+    """W > WMAX: one launch, every token tile gathers its taps row by row."""
+    s = dict(Hk=2, Hv=4, dk=16, dv=24, W=cp.WMAX + 2)
+    check_fwd(*_problem(s, layout), s, True, True)
+
+
+FWD_CFGS = [dict(FT=16, HB=2, HBV=2, HBZ=8, OCC=4), dict(FT=16, HB=4, HBV=4, HBZ=8, OCC=2),
+            dict(FT=32, HB=1, HBV=1, HBZ=4, OCC=4), dict(FT=32, HB=2, HBV=2, HBZ=8, OCC=2),
+            dict(FT=16, HB=4, HBV=4, HBZ=8, OCC=2, LT=True, ST=True), dict(TF=True)]
+
+
+@pytest.mark.gpu
+@needs_gpu
+@pytest.mark.parametrize("over", FWD_CFGS, ids=lambda d: "-".join(f"{k}{v}" for k, v in d.items()))
+def test_fwd_launch_config_variants(over):
+    """Other head-group tilings (the benchmark's sweep), TMA loads and stores: same results."""
+    x, w, A, dt, cu = _problem(QWEN, THD_LENGTHS + [300])
+    cfg = dataclasses.replace(cp.PreGatedCfg.heuristic(16, 32, 128, 128, 4, True), **over)
+    want = _ref64(x, w, A, dt, cu, QWEN, True, True)
+    NT, N = x.shape[0], cu.shape[0] - 1
+    outs = (_nan(NT, 32, 128, dtype=BF), _nan(NT, 32, 128, dtype=BF), _nan(NT, 32, 128, dtype=BF),
+            _nan(NT, 32, 128, dtype=BF), _nan(NT, 32, dtype=F32), _nan(NT, 32, dtype=BF))
+    cs = _nan(N, ref.conv_dim(16, 32, 128, 128), 3, dtype=BF)
+    for ln in cp.fwd_launch(x, w, A, dt, cu, *outs, cs, 16, 128, 128, True, 1e-6, cfg=cfg):
+        ln.run()
+    for name, o, r in zip(NAMES, outs, want):
+        assert_close(o, r, kind=o.dtype, what=name)
+    assert_close(cs, want[6].to(BF), kind="exact", what="conv_state")
 
 
 @pytest.mark.gpu

@@ -1,5 +1,5 @@
-"""cuTile kernels for gdn_pre_gated: the fused pre-gated prep, forward (one launch) and the
-backward (three launches, in ``cutile_pre_gated_bwd``).
+"""cuTile kernels for gdn_pre_gated: the fused pre-gated prep, forward (one kernel, two launches)
+and the backward (three launches, in ``cutile_pre_gated_bwd``).
 
 What the forward computes (specs/gdn.py, ``PRE_GATED``; ``reference.pre_gated`` is the truth):
 y = silu(causal depthwise conv (width W) over the tokens of mixed's q|k|v channels), never
@@ -13,30 +13,46 @@ rounded once to its dtype.
 Layout: BSHD mixed [B, T, D] is seen as packed tokens [B*T, D] (NT = B*T); THD mixed is
 [NT, D] with cu_seqlens [N+1] int32 on the GPU. The kernels get strided views (no copies,
 contiguous last dim) of mixed's sections: q|k as [NT, 2*Hk, dk], v and z as [NT, Hv, dv],
-b|a as [NT, 2, Hv]; outputs q, k [NT, Hq, dk], v, z [NT, Hv, dv], g, beta [NT, Hv]; the
-conv weight as [2*Hk, dk, W] and [Hv, dv, W]; the conv state as [N, 2*Hk, dk, W-1] and
-[N, Hv, dv, W-1]. dk, dv, W are padded to powers of two in registers (zero-padded loads,
-stores drop the padding), so any dk, dv >= 1, W >= 1 work.
+b|a as [NT, 2, Hv]; outputs q, k [NT, Hk, R, dk] (R = Hq/Hk: the repeats of a key head are
+adjacent), v, z [NT, Hv, dv], g, beta [NT, Hv]; the conv weight as [2*Hk, dk, W] and
+[Hv, dv, W]; the conv state as [N, 2*Hk, dk, W-1] and [N, Hv, dv, W-1]. dk, dv, W, R are
+padded to powers of two in registers (zero-padded loads, stores drop the padding), so any
+dk, dv >= 1, W >= 1 work.
 
-Forward grid (cdiv(NT, TT) [+ N], 2*Hk + 2*Hv + 1): block (i, u) owns token tile i
-(TT packed tokens, which may span sequences) and unit u: a q or k head (u < 2*Hk: whole
-heads, so the l2norm over dk stays in the block), a v head, a z head (copy), or the gates
-(all Hv of b and a). Tap s of the conv reads rows t - s as one tile-aligned load: tile i-1 of
-the view mixed[TT - s:] (one view per s <= WMAX-1, passed as kernel arguments); tile 0, and
-widths W > WMAX, gather the rows instead (``load_advanced_indexing``, no TMA: a first
-version that let those gathers go through TMA, one row per copy, took 197 KB of shared
-memory and ran 10x slow). The re-reads of a row hit L1/L2, so DRAM sees mixed about once. A token's taps are masked
-by its sequence start st[t] = max{cu_j <= t} (BSHD: (t // T) * T): tap s is read iff
-t - s >= st[t]. For THD each block scans cu_seqlens in chunks of CH entries and looks only
-at chunks holding a boundary inside its window (no host sync, nothing read across a
-boundary). With return_conv_state the N extra rows of the grid write the conv state: block
-(cdiv(NT, TT) + n, u) copies the last W-1 rows of sequence n of unit u (rows before the
-sequence's start as zeros).
+Forward: one kernel, two launches, each a 1-D grid of blocks b = row * units + u (units
+fastest, meant to have the blocks running at once read whole rows of mixed; not yet shown to
+help: at FT16 HB2 occ4 a 2-D tile-fastest grid of the same kernel measured 1.23 ms BSHD, this
+order 1.41 ms, two runs apart), units = 2*Hk/HB + Hv/HBV + Hv/HBZ + 1. Block (row, u) owns a token tile i (FT packed tokens, which may span sequences)
+and unit u: a group of HB q or k heads (whole heads, so the l2norm over dk stays in the block;
+HB divides Hk, so a group never straddles q and k), a group of HBV v heads, a group of HBZ z
+heads (copy), or the gates (all Hv of b and a). Tiles are [FT, heads, c]: each token's group
+is one contiguous run of mixed's row; the R repeats of q/k go out as R strided stores.
+  main launch (rows = tiles 1 .. cdiv(NT, FT)-1): tap s of the conv reads rows t - s as one
+    tile-aligned load, tile i-1 of the view mixed[FT - s:] (one view per s <= WMAX-1, passed
+    as kernel arguments);
+  head launch (rows = tile 0, then N conv-state rows, then THD sequence-start rows): tile 0
+    gathers its tap rows (``load_advanced_indexing``, no TMA). Kept out of the main launch
+    because a gather's layout conversion costs ~17 KB of shared memory per tap site in every
+    block of the kernel it is compiled into; widths W > WMAX run the head launch over every
+    tile (no main launch).
+The re-reads of a row hit L1/L2, so DRAM sees mixed about once. Stores go straight from
+registers (``allow_tma=False``: the first forward's TMA-staged stores took ~50 KB of shared
+memory a block, one staging buffer per store site). A token's taps are masked by its sequence
+start st[t] = max{cu_j <= t} (BSHD: (t // T) * T): tap s is read iff t - s >= st[t]. THD: the
+head launch scans cu_seqlens (chunks of CH entries, only those holding a boundary near the
+rows do work; no host sync) for tile 0 and for every token (stt [NT] int32, PT tokens a block);
+the main launch loads its tile's [FT] starts in one load instead of scanning in every block
+(that scan, serialized chunk loads per block, cost the first forward ~0.5 ms at 116
+sequences). With return_conv_state, block (1 + n, u) of the head launch copies the last W-1
+rows of sequence n of head group u (rows before the sequence's start as zeros).
 
-Measured on the H200 (Qwen3-Next shapes, bf16, B=4, T=8192 BSHD, repeat_qk; triton do_bench
-median; benchmarks/gdn_pre_check.py --sweep): fwd 1.64 ms at TT=16, occupancy 4 (1.89 GB ideal:
-1.15 TB/s, 27% of the 4.27 TB/s copy ceiling), bwd 5.17 ms (2.70 GB ideal: 12%). Far from the
-issue's 0.52 ms: still to find (no profile taken yet) is where the rest goes.
+Measured on the H200 (Qwen3-Next shapes, bf16, 32768 tokens; triton do_bench median;
+benchmarks/gdn_pre_check.py --sweep): the first forward ([16 tokens x one head] blocks, a 2-D
+tile-fastest grid, TMA-staged stores, a cu_seqlens scan per block; kept as
+benchmarks/probes/gdn_pre_fwd_v0.py) 1.64 / 1.90 ms BSHD / THD with repeat_qk (1.89 GB ideal:
+27% / 23% of the 4.27 TB/s copy ceiling); this one, at the default config (FT16 HB1 HBZ4,
+occupancy 8), 0.93 / 0.96 ms (47.5% / 46%). Still short of the 0.52 ms target: see the sweep
+in PreGatedCfg.heuristic. bwd (unchanged) 5.15 ms (2.70 GB ideal: 12%).
 
 Backend limits (for the spec's cutile Backend entry): SM 9.0 / 10.x; mixed bf16 or fp32;
 conv_weight bf16 or fp32; A_log, dt_bias fp32 (no float64: the torch backend covers
@@ -48,6 +64,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import math
 
 import cuda.tile as ct
 import torch
@@ -161,12 +178,14 @@ def conv_pre(src, sh, wt, rows, st, i, u, NT, C: ConstInt, TT: ConstInt, W: Cons
     return pre
 
 
-def gate_tiles(mba, A_log, dt_bias, i, TT: ConstInt, HVP: ConstInt):
-    """(b, a + dt_bias, -exp(A_log)) of token tile i, [TT, HVP] / [1, HVP] fp32."""
-    b = ct.reshape(ct.load(mba, index=(i, 0, 0), shape=(TT, 1, HVP), padding_mode=PAD_ZERO), (TT, HVP))
-    a = ct.reshape(ct.load(mba, index=(i, 1, 0), shape=(TT, 1, HVP), padding_mode=PAD_ZERO), (TT, HVP))
-    al = ct.reshape(ct.load(A_log, index=(0,), shape=(HVP,), padding_mode=PAD_ZERO), (1, HVP))
-    dtb = ct.reshape(ct.load(dt_bias, index=(0,), shape=(HVP,), padding_mode=PAD_ZERO), (1, HVP))
+def gate_tiles(mba, A_log, dt_bias, i, TT: ConstInt, HVP: ConstInt, LT: ConstBool = True):
+    """(b, a + dt_bias, -exp(A_log)) of token tile i, [TT, HVP] / [1, HVP] fp32 (LT: loads may use TMA)."""
+    b = ct.reshape(ct.load(mba, index=(i, 0, 0), shape=(TT, 1, HVP), padding_mode=PAD_ZERO, allow_tma=LT),
+                   (TT, HVP))
+    a = ct.reshape(ct.load(mba, index=(i, 1, 0), shape=(TT, 1, HVP), padding_mode=PAD_ZERO, allow_tma=LT),
+                   (TT, HVP))
+    al = ct.reshape(ct.load(A_log, index=(0,), shape=(HVP,), padding_mode=PAD_ZERO, allow_tma=LT), (1, HVP))
+    dtb = ct.reshape(ct.load(dt_bias, index=(0,), shape=(HVP,), padding_mode=PAD_ZERO, allow_tma=LT), (1, HVP))
     return b.astype(ct.float32), a.astype(ct.float32) + dtb.astype(ct.float32), -ct.exp(al.astype(ct.float32))
 
 
@@ -175,12 +194,51 @@ def softplus(x):
     return ct.where(x > 20.0, x, ct.log(1.0 + ct.exp(ct.minimum(x, 20.0))))
 
 
-# ------------------------------------------------------------------ forward kernel
+# ------------------------------------------------------------------ forward kernel (head-group tiles)
 
 
-def _state_rows(seq, mqk, mv, cqk, cv, n, u, NT, HK2: ConstInt, HV: ConstInt, DK: ConstInt,
-                DV: ConstInt, W: ConstInt, WP: ConstInt, THD: ConstBool):
-    """Final conv state of sequence n, unit u (a q/k or v head): its last W-1 conv inputs."""
+def _gweight(w3, u, HB: ConstInt, C: ConstInt, WW: ConstInt):
+    """[HB, C, WW] fp32 taps of heads u*HB .. u*HB+HB-1 of w3 [heads, c, W] (padding 0)."""
+    return ct.load(w3, index=(u, 0, 0), shape=(HB, C, WW), padding_mode=PAD_ZERO, allow_tma=False).astype(ct.float32)
+
+
+def _gtap(wt, j: ConstInt, HB: ConstInt, C: ConstInt):
+    """Tap j of a [HB, C, WW] weight tile as [1, HB, C]."""
+    return ct.reshape(ct.extract(wt, (0, 0, j), shape=(HB, C, 1)), (1, HB, C))
+
+
+def _grows(src, sh, rows, i, u, NT, s: ConstInt, HB: ConstInt, C: ConstInt, TT: ConstInt, GA: ConstBool,
+           LT: ConstBool):
+    """[TT, HB, C] fp32: rows t - s of head group u (heads u*HB ..) for the tile's rows t (unmasked;
+    rows before 0 read 0). Tap 0 is tile i of src; tap s > 0 is tile i-1 of the view sh[s-1] =
+    src[TT - s:] (i > 0), or, in a gathering launch (GA: token tile 0, widths W > WMAX), the rows
+    gathered one by one."""
+    if s == 0:
+        t = ct.load(src, index=(i, u, 0), shape=(TT, HB, C), padding_mode=PAD_ZERO, allow_tma=LT)
+    elif GA:
+        rc = ct.minimum(ct.maximum(rows - s, 0), NT - 1)
+        t = ct.load_advanced_indexing(src, (rc, ct.Slice(u * HB, HB), ct.Slice(0, C)), padding_mode=PAD_ZERO,
+                                      allow_tma=False)
+    else:
+        t = ct.load(sh[s - 1], index=(i - 1, u, 0), shape=(TT, HB, C), padding_mode=PAD_ZERO, allow_tma=LT)
+    return t.astype(ct.float32)
+
+
+def _gconv(src, sh, wt, rows, st, i, u, NT, HB: ConstInt, C: ConstInt, TT: ConstInt, W: ConstInt,
+           GA: ConstBool, LT: ConstBool):
+    """[TT, HB, C] fp32 silu(conv(x)) of head group u: sum_s w[:, W-1-s] * x[t-s] over the taps at
+    or after the row's sequence start st[t], then the SiLU."""
+    pre = ct.zeros((TT, HB, C), dtype=ct.float32)
+    for s in ct.static_iter(range(W)):
+        ok = ct.reshape(rows - s >= st, (TT, 1, 1))
+        pre = pre + ct.where(ok, _grows(src, sh, rows, i, u, NT, s, HB, C, TT, GA, LT), 0.0) * \
+            _gtap(wt, W - 1 - s, HB, C)
+    return pre / (1.0 + ct.exp(-pre))
+
+
+def _gstate(seq, src, cs, n, u, NT, HB: ConstInt, C: ConstInt, W: ConstInt, WP: ConstInt, THD: ConstBool):
+    """Final conv state of sequence n, head group u of src [NT, heads, c] into cs [N, heads, c, W-1]:
+    the sequence's last W-1 conv inputs, oldest first, rows before its start as zeros."""
     if THD:
         start = ct.load(seq, index=(n,), shape=())
         end = ct.load(seq, index=(n + 1,), shape=())
@@ -189,73 +247,100 @@ def _state_rows(seq, mqk, mv, cqk, cv, n, u, NT, HK2: ConstInt, HV: ConstInt, DK
         end = start + seq.shape[1]
     j = ct.arange(WP, dtype=ct.int32)
     rows = end - (W - 1) + j
-    ok = ct.reshape((rows >= start) & (j < W - 1), (WP, 1))
-    if u < HK2:
-        x = ct.load_advanced_indexing(mqk, (ct.minimum(ct.maximum(rows, 0), NT - 1), ct.Slice(u, 1),
-                                            ct.Slice(0, DK)), padding_mode=PAD_ZERO)
-        x = ct.where(ok, ct.reshape(x, (WP, DK)), ct.zeros((WP, DK), dtype=x.dtype))
-        ct.store(cqk, index=(n, u, 0, 0), tile=ct.reshape(ct.transpose(x), (1, 1, DK, WP)))
-    elif u < HK2 + HV:
-        x = ct.load_advanced_indexing(mv, (ct.minimum(ct.maximum(rows, 0), NT - 1), ct.Slice(u - HK2, 1),
-                                           ct.Slice(0, DV)), padding_mode=PAD_ZERO)
-        x = ct.where(ok, ct.reshape(x, (WP, DV)), ct.zeros((WP, DV), dtype=x.dtype))
-        ct.store(cv, index=(n, u - HK2, 0, 0), tile=ct.reshape(ct.transpose(x), (1, 1, DV, WP)))
+    ok = ct.reshape((rows >= start) & (j < W - 1), (WP, 1, 1))
+    x = ct.load_advanced_indexing(src, (ct.minimum(ct.maximum(rows, 0), NT - 1), ct.Slice(u * HB, HB),
+                                        ct.Slice(0, C)), padding_mode=PAD_ZERO, allow_tma=False)
+    x = ct.where(ok, x, ct.zeros((WP, HB, C), dtype=x.dtype))
+    ct.store(cs, index=(n, u, 0, 0), tile=ct.reshape(ct.permute(x, (1, 2, 0)), (1, HB, C, WP)), allow_tma=False)
 
 
 @ct.kernel
-def gdn_pre_fwd(mqk, mqk1, mqk2, mqk3, mv, mv1, mv2, mv3, mz, mba, seq, wqk, wv, A_log, dt_bias, q, k, v, z, g, beta, cqk, cv,
-                eps: float, HK: ConstInt, HV: ConstInt, R: ConstInt, REP: ConstBool, W: ConstInt,
-                DK: ConstInt, DV: ConstInt, HVP: ConstInt, TT: ConstInt, WP: ConstInt, WW: ConstInt,
-                CH: ConstInt, THD: ConstBool, STATE: ConstBool, TAPV: ConstBool):
-    """Block (i, u): token tile i, unit u (see the module doc)."""
-    i = ct.bid(0)
-    u = ct.bid(1)
+def gdn_pre_fwd(mqk, mqk1, mqk2, mqk3, mv, mv1, mv2, mv3, mz, mba, seq, stt, wqk, wv, A_log, dt_bias, q4, k4, v,
+                z, g, beta, cqk, cv, eps: float, HK: ConstInt, HV: ConstInt, R: ConstInt, W: ConstInt,
+                DK: ConstInt, DV: ConstInt, HVP: ConstInt, TT: ConstInt, HB: ConstInt, HBV: ConstInt,
+                HBZ: ConstInt, WP: ConstInt, WW: ConstInt, CH: ConstInt, PT: ConstInt, THD: ConstBool,
+                STATE: ConstBool, GA: ConstBool, ONE: ConstBool, LT: ConstBool, ST: ConstBool, TF: ConstBool):
+    """Block b = r * NU + u (1-D grid, units fastest: blocks running together read whole rows of
+    mixed): unit u (a head group of q|k, of v, of z, or the gates; module doc) of token tile
+    i = r + 1 (the main launch: GA off), or, gathering taps (GA), of tile i = r < ntl (ntl = 1 with
+    ONE, else every tile); past those, the conv state of sequence r - ntl (STATE), then (THD) the
+    per-token sequence starts stt of PT-token chunks (read by the main launch). TF: rows fastest
+    instead (b = u * rows + row)."""
     NT = mqk.shape[0]
     ntiles = ct.cdiv(NT, TT)
-    HK2 = 2 * HK
-    if i < ntiles:
+    NQ = HK // HB
+    NQK = 2 * NQ
+    NV = HV // HBV
+    NZ = HV // HBZ
+    NU = NQK + NV + NZ + 1
+    if TF:
+        nrow = ct.num_blocks(0) // NU
+        u = ct.bid(0) // nrow
+        r = ct.bid(0) % nrow
+    else:
+        u = ct.bid(0) % NU
+        r = ct.bid(0) // NU
+    if GA:
+        i = r
+        ntl = 1 if ONE else ntiles
+    else:
+        i = r + 1
+        ntl = ntiles
+    if i < ntl:
         t0 = i * TT
         rows = t0 + ct.arange(TT, dtype=ct.int32)
-        if u < HK2:  # q or k head u % HK: conv, silu, l2norm, (repeat)
-            st = seq_start(seq, rows, t0, TT, W, CH, THD)
-            y = conv_pre(mqk, (mqk1, mqk2, mqk3), weight_tile(wqk, u, DK, WW), rows, st, i, u, NT, DK, TT, W,
-                         TAPV)
-            y = y / (1.0 + ct.exp(-y))
-            y = y * ct.rsqrt(ct.sum(y * y, axis=1, keepdims=True) + eps)
-            out = ct.reshape(y, (TT, 1, DK)).astype(q.dtype)
-            kh = u % HK
-            if u < HK:
-                if REP:
-                    for r in ct.static_iter(range(R)):
-                        ct.store(q, index=(i, kh * R + r, 0), tile=out)
-                else:
-                    ct.store(q, index=(i, kh, 0), tile=out)
+        if u < NQK + NV:
+            if THD and not GA:  # the head launch wrote every token's sequence start
+                st = ct.load(stt, index=(i,), shape=(TT,), padding_mode=PAD_ZERO, allow_tma=False)
             else:
-                if REP:
-                    for r in ct.static_iter(range(R)):
-                        ct.store(k, index=(i, kh * R + r, 0), tile=out)
-                else:
-                    ct.store(k, index=(i, kh, 0), tile=out)
-        elif u < HK2 + HV:  # v head: conv, silu
-            h = u - HK2
-            st = seq_start(seq, rows, t0, TT, W, CH, THD)
-            y = conv_pre(mv, (mv1, mv2, mv3), weight_tile(wv, h, DV, WW), rows, st, i, h, NT, DV, TT, W, TAPV)
-            y = y / (1.0 + ct.exp(-y))
-            ct.store(v, index=(i, h, 0), tile=ct.reshape(y, (TT, 1, DV)).astype(v.dtype))
-        elif u < HK2 + 2 * HV:  # z head: copy
-            h = u - HK2 - HV
-            ct.store(z, index=(i, h, 0), tile=ct.load(mz, index=(i, h, 0), shape=(TT, 1, DV),
-                                                      padding_mode=PAD_ZERO).astype(z.dtype))
+                st = seq_start(seq, rows, t0, TT, W, CH, THD)
+            if u < NQK:  # q or k heads: conv, silu, l2norm over dk, the R repeats
+                y = _gconv(mqk, (mqk1, mqk2, mqk3), _gweight(wqk, u, HB, DK, WW), rows, st, i, u, NT, HB, DK, TT,
+                           W, GA, LT)
+                y = y * ct.rsqrt(ct.sum(y * y, axis=2, keepdims=True) + eps)
+                out = ct.reshape(y.astype(q4.dtype), (TT, HB, 1, DK))
+                for rr in ct.static_iter(range(R)):
+                    if u < NQ:
+                        ct.store(q4, index=(i, u, rr, 0), tile=out, allow_tma=ST)
+                    else:
+                        ct.store(k4, index=(i, u - NQ, rr, 0), tile=out, allow_tma=ST)
+            else:  # v heads: conv, silu
+                h = u - NQK
+                y = _gconv(mv, (mv1, mv2, mv3), _gweight(wv, h, HBV, DV, WW), rows, st, i, h, NT, HBV, DV, TT, W,
+                           GA, LT)
+                ct.store(v, index=(i, h, 0), tile=y.astype(v.dtype), allow_tma=ST)
+        elif u < NQK + NV + NZ:  # z heads: copy
+            h = u - NQK - NV
+            ct.store(z, index=(i, h, 0), tile=ct.load(mz, index=(i, h, 0), shape=(TT, HBZ, DV), padding_mode=PAD_ZERO,
+                                                      allow_tma=LT).astype(z.dtype), allow_tma=ST)
         else:  # gates of all Hv heads
-            b, x, nA = gate_tiles(mba, A_log, dt_bias, i, TT, HVP)
-            ct.store(beta, index=(i, 0), tile=(1.0 / (1.0 + ct.exp(-b))).astype(beta.dtype))
-            ct.store(g, index=(i, 0), tile=(nA * softplus(x)).astype(g.dtype))
-    else:
+            b, x, nA = gate_tiles(mba, A_log, dt_bias, i, TT, HVP, LT)
+            ct.store(beta, index=(i, 0), tile=(1.0 / (1.0 + ct.exp(-b))).astype(beta.dtype), allow_tma=ST)
+            ct.store(g, index=(i, 0), tile=(nA * softplus(x)).astype(g.dtype), allow_tma=ST)
+    elif GA:  # (only the head launch has rows past its tiles)
+        n = i - ntl
+        ns = 0
         if STATE:
-            _state_rows(seq, mqk, mv, cqk, cv, i - ntiles, u, NT, HK2, HV, DK, DV, W, WP, THD)
+            ns = cqk.shape[0]
+        if n < ns:
+            if u < NQK:
+                _gstate(seq, mqk, cqk, n, u, NT, HB, DK, W, WP, THD)
+            elif u < NQK + NV:
+                _gstate(seq, mv, cv, n, u - NQK, NT, HBV, DV, W, WP, THD)
+        else:
+            if THD:  # per-token sequence starts of chunk p (PT tokens)
+                p = (n - ns) * NU + u
+                if p * PT < NT:
+                    st = seq_start(seq, p * PT + ct.arange(PT, dtype=ct.int32), p * PT, PT, W, CH, THD)
+                    ct.store(stt, index=(p,), tile=st, allow_tma=False)
 
 
 # ------------------------------------------------------------------ launch config
+
+
+def _p2div(n: int, cap: int) -> int:
+    """Largest power of two <= cap (a power of two) that divides n."""
+    return math.gcd(int(n), cap)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -269,11 +354,19 @@ class PreGatedCfg:
     DK: int       # dk padded to a power of two
     DV: int       # dv padded to a power of two
     HVP: int      # Hv padded to a power of two (the gates block)
-    TT: int       # tokens per block (power of two, >= W)
+    TT: int       # bwd: tokens per block (power of two, >= W)
     WP: int       # W - 1 padded to a power of two (conv-state rows)
     WW: int       # W padded to a power of two (taps in registers)
+    FT: int = 16  # fwd: tokens per block (power of two, >= W)
+    HB: int = 1   # fwd: q/k heads per block (a power of two dividing Hk)
+    HBV: int = 1  # fwd: v heads per block (a power of two dividing Hv)
+    HBZ: int = 1  # fwd: z heads per block (a power of two dividing Hv)
+    LT: bool = False  # fwd: tile loads may go through TMA
+    ST: bool = False  # fwd: stores may go through TMA (staged in shared memory)
+    TF: bool = False  # fwd: block order token tiles fastest (default: units fastest)
     TAPV: bool = True  # taps from tile-aligned loads of shifted views (W <= WMAX); else row gathers
     CH: int = 32   # THD: cu_seqlens entries scanned per step (only chunks near the tile do work)
+    PT: int = 256  # fwd THD: tokens per block of the sequence-start precompute
     TG: int = 64   # bwd reduction: partial rows per step
     BC: int = 64   # bwd reduction: channels per block
     OCC: int = 0   # fwd occupancy hint (0: compiler's choice)
@@ -287,20 +380,34 @@ class PreGatedCfg:
         if W < 1:
             raise ValueError(f"gdn_pre_gated cutile: conv width W={W} < 1")
         DK, DV = next_pow2(dk), next_pow2(dv)
-        # ~2K fp32 elements per [TT, head] tile (16 tokens of a 128-wide head) and occupancy 4,
-        # fwd and bwd. Swept on the H200 (Qwen3-Next, B=4, T=8192 BSHD, repeat_qk; ms):
-        #   fwd  TT64: 3.75 (occ 0), 2.43 (2); TT32: 3.56 (0), 2.20 (2), 1.87 (4); TT16: 4.18 (0), 1.64 (4)
-        #   bwd  TT64: 12.6 (0); TT32: 9.0 (0), 5.6 (2); TT16: 9.0 (0), 5.17 (4)
-        # (larger tiles spill or take ~200 KB of shared memory without the hint: one block per SM)
+        # bwd: ~2K fp32 elements per [TT, head] tile (16 tokens of a 128-wide head) and occupancy 4.
+        # Swept on the H200 (Qwen3-Next, B=4, T=8192 BSHD, repeat_qk; ms):
+        #   bwd  TT64: 12.6 (occ 0); TT32: 9.0 (0), 5.6 (2); TT16: 9.0 (0), 5.17 (4)
         TT = max(next_pow2(W), min(128, 2048 // max(DK, DV)))
-        return cls(Hk=Hk, Hv=Hv, R=Hv // Hk, REP=bool(repeat_qk), W=W, DK=DK, DV=DV, HVP=next_pow2(Hv),
-                   TT=TT, WP=next_pow2(max(W - 1, 1)), WW=next_pow2(W), TAPV=W <= WMAX, OCC=4, OCC_B=4)
+        # fwd: a block owns FT tokens x a group of heads (HB q/k heads, HBV v heads, HBZ z heads),
+        # ~FWD_EL elements a conv tile; stores straight from registers (no shared-memory staging).
+        # Swept on the H200 (Qwen3-Next, 32768 tokens, repeat_qk, 1-D unit-fastest grid; ms BSHD / THD):
+        #   FT16 HB1 HBZ4 occ8 0.931 / 0.959 (64 regs, 128 threads: 8 blocks an SM; the default)
+        #   FT16 HB2 HBZ8 occ4 1.405 / 1.436, the same with TMA loads (LT) 0.981 / 1.018, occ0 1.946
+        #   FT32 HB1 HBZ4 occ4 1.290 / 1.182; FT32 HB2 HBZ8 occ2 2.136; FT16 HB4 HBZ8 occ2 2.366
+        # (registers bound the bytes in flight: the W tap tiles and the fp32 sum live there, so small
+        # tiles at high occupancy win; the same launches at W=1, no taps, took 0.698 ms at FT16 HB2.)
+        HB, HBV, HBZ = _p2div(Hk, FWD_HB), _p2div(Hv, FWD_HB), _p2div(Hv, FWD_HBZ)
+        FT = max(next_pow2(W), min(128, FWD_EL // (max(HB, HBV) * max(DK, DV))))
+        R = Hv // Hk
+        return cls(Hk=Hk, Hv=Hv, R=R, REP=bool(repeat_qk), W=W, DK=DK, DV=DV, HVP=next_pow2(Hv),
+                   TT=TT, WP=next_pow2(max(W - 1, 1)), WW=next_pow2(W), FT=FT, HB=HB, HBV=HBV, HBZ=HBZ, TAPV=W <= WMAX, OCC=FWD_OCC, OCC_B=4)
+
+
+# fwd head-group defaults (see PreGatedCfg.heuristic)
+FWD_HB, FWD_HBZ, FWD_EL, FWD_OCC = 1, 4, 2048, 8
 
 
 def _cfg(Hk, Hv, dk, dv, W, repeat_qk, cfg):
     cfg = cfg or PreGatedCfg.heuristic(Hk, Hv, dk, dv, W, repeat_qk)
-    if (cfg.Hk, cfg.Hv, cfg.W, cfg.REP) != (Hk, Hv, W, bool(repeat_qk)) or cfg.DK < dk or cfg.DV < dv \
-            or cfg.TT < W:
+    ok = (cfg.Hk, cfg.Hv, cfg.W, cfg.REP) == (Hk, Hv, W, bool(repeat_qk)) and cfg.DK >= dk and cfg.DV >= dv \
+        and cfg.TT >= W and cfg.FT >= W and Hk % cfg.HB == 0 and Hv % cfg.HBV == 0 and Hv % cfg.HBZ == 0 
+    if not ok:
         raise ValueError(f"gdn_pre_gated cutile: config {cfg} does not fit Hk={Hk}, Hv={Hv}, dk={dk}, "
                          f"dv={dv}, W={W}, repeat_qk={repeat_qk}")
     return cfg
@@ -338,8 +445,9 @@ def seq_arg(mixed, cu_seqlens):
 
 def fwd_launch(mixed, conv_weight, A_log, dt_bias, cu_seqlens, q, k, v, z, g, beta, conv_state,
                Hk: int = 16, dk: int = 128, dv: int = 128, repeat_qk: bool = True, eps: float = 1e-6,
-               cfg: PreGatedCfg | None = None) -> Launch:
-    """The one forward launch (argument order as the registry's fwd kernel)."""
+               cfg: PreGatedCfg | None = None) -> list[Launch]:
+    """The forward launches (argument order as the registry's fwd kernel): one kernel, launched for
+    token tile 0 and the conv state (taps gathered) and for tiles 1.. (taps as tile loads)."""
     Hv, W = A_log.shape[0], conv_weight.shape[1]
     cfg = _cfg(Hk, Hv, dk, dv, W, repeat_qk, cfg)
     x, mqk, mv, mz, mba, wqk, wv = views(mixed, conv_weight, Hk, Hv, dk, dv)
@@ -353,13 +461,23 @@ def fwd_launch(mixed, conv_weight, A_log, dt_bias, cu_seqlens, q, k, v, z, g, be
         cv = conv_state[:, QK:].view(N, Hv, dv, W - 1)
     else:  # dead code in the kernel; stand-ins of the right rank
         N, cqk, cv = 0, q.view(NT, -1, 1, dk)[:0], v.view(NT, -1, 1, dv)[:0]
-    flat = [t.view(NT, *t.shape[-2:]) for t in (q, k, v, z)]
-    g2, b2 = g.view(NT, Hv), beta.view(NT, Hv)
-    grid = (cdiv(NT, cfg.TT) + N, 2 * Hk + 2 * Hv + 1, 1)
-    return Launch(gdn_pre_fwd, grid,
-                  (mqk, *shifted(mqk, cfg.TT), mv, *shifted(mv, cfg.TT), mz, mba, seq, wqk, wv, A_log, dt_bias, *flat, g2, b2, cqk, cv, float(eps),
-                   Hk, Hv, cfg.R, cfg.REP, W, cfg.DK, cfg.DV, cfg.HVP, cfg.TT, cfg.WP, cfg.WW, cfg.CH, thd,
-                   state, cfg.TAPV), cfg, occ(cfg.OCC))
+    R = q.shape[-2] // Hk  # q, k [.., Hk * R, dk] seen as [NT, Hk, R, dk]: repeat r of key head h at [:, h, r]
+    q4, k4 = q.view(NT, Hk, R, dk), k.view(NT, Hk, R, dk)
+    outs = (q4, k4, v.view(NT, Hv, dv), z.view(NT, Hv, dv), g.view(NT, Hv), beta.view(NT, Hv))
+    units = 2 * Hk // cfg.HB + Hv // cfg.HBV + Hv // cfg.HBZ + 1
+    nt = cdiv(NT, cfg.FT)
+    # THD: every token's sequence start, written by the head launch for the main launch's masks
+    stt = torch.empty((NT if thd and cfg.TAPV else 0,), dtype=torch.int32, device=x.device)
+    npre = cdiv(cdiv(NT, cfg.PT), units) if thd and cfg.TAPV else 0
+    args = (mqk, *shifted(mqk, cfg.FT), mv, *shifted(mv, cfg.FT), mz, mba, seq, stt, wqk, wv, A_log, dt_bias, *outs,
+            cqk, cv, float(eps), Hk, Hv, R, W, cfg.DK, cfg.DV, cfg.HVP, cfg.FT, cfg.HB, cfg.HBV, cfg.HBZ, cfg.WP,
+            cfg.WW, cfg.CH, cfg.PT, thd, state)
+    tail = (cfg.LT, cfg.ST, cfg.TF)
+    if not cfg.TAPV:  # every tile gathers its taps (and scans cu_seqlens)
+        return [Launch(gdn_pre_fwd, ((nt + N) * units, 1, 1), args + (True, False) + tail, cfg, occ(cfg.OCC))]
+    # token tile 0, the conv state and the sequence starts: taps gathered; tiles 1..: taps as tile loads
+    return [Launch(gdn_pre_fwd, ((1 + N + npre) * units, 1, 1), args + (True, True) + tail, cfg, occ(cfg.OCC)),
+            Launch(gdn_pre_fwd, ((nt - 1) * units, 1, 1), args + (False, False) + tail, cfg, occ(cfg.OCC))]
 
 
 def pre_gated_fwd_into(mixed, conv_weight, A_log, dt_bias, cu_seqlens, q, k, v, z, g, beta, conv_state,
@@ -371,8 +489,9 @@ def pre_gated_fwd_into(mixed, conv_weight, A_log, dt_bias, cu_seqlens, q, k, v, 
         if conv_state is not None:
             conv_state.zero_()
         return
-    fwd_launch(mixed, conv_weight, A_log, dt_bias, cu_seqlens, q, k, v, z, g, beta, conv_state,
-               Hk, dk, dv, repeat_qk, eps).run()
+    for ln in fwd_launch(mixed, conv_weight, A_log, dt_bias, cu_seqlens, q, k, v, z, g, beta, conv_state,
+                         Hk, dk, dv, repeat_qk, eps):
+        ln.run()
 
 
 kernel("gdn_pre_gated", "cutile", "fwd")(pre_gated_fwd_into)
@@ -405,7 +524,7 @@ def representative_launches(Hk: int = 16, Hv: int = 32, dk: int = 128, dv: int =
     fwd = fwd_launch(mixed, w, A, dt, cu, *outs, cs, Hk, dk, dv, repeat_qk, 1e-6, cfg=cfg)
     bwd = bw.bwd_launches(*outs, mixed, w, A, dt, cu, e(*lead, D), e(C, W), e(Hv, dt=torch.float32),
                           e(Hv, dt=torch.float32), Hk, dk, dv, repeat_qk, 1e-6, cfg=cfg)
-    return {"gdn_pre_gated.fwd": [fwd], "gdn_pre_gated.bwd": bwd}
+    return {"gdn_pre_gated.fwd": fwd, "gdn_pre_gated.bwd": bwd}
 
 
 # registers the bwd kernel (that module imports this one's helpers, so it comes last)
