@@ -2,7 +2,8 @@
 
 CPU (CI): every kernel variant (quantize rowwise / columnwise / both, dequantize
 rowwise / columnwise, x bf16 and fp32) compiles for sm_90a through the same
-launch code the GPU path uses (fake arguments, explicit arch), without spilling;
+launch code the GPU path uses (fake arguments, explicit arch), without spilling,
+with 16-byte loads and (shared-memory kernel) 8-byte rowwise data stores;
 launch configs depend on static dims only, and a new R reuses the compiled
 kernel. Skipped where ``cutlass`` is not installed.
 
@@ -36,7 +37,7 @@ AXES = {"rowwise": (True, False), "columnwise": (False, True), "both": (True, Tr
 
 def test_every_variant_compiles_for_sm90a():
     launches = Q.representative_launches(K=7168)
-    assert len(launches) == 10
+    assert len(launches) == 12
     for name, ln in launches.items():
         art = ln.export("sm_90a")
         assert art.cubin[:4] == b"\x7fELF", name
@@ -52,6 +53,8 @@ def test_every_variant_compiles_for_sm90a():
             want = {16: "ld.global.v4.b32", 8: "ld.global.v2.b32", 4: "ld.global.b32"}[width]
             loads = set(re.findall(r"ld\.global\.[a-z0-9.]+", art.ptx))
             assert loads == {want}, (name, loads)
+            if ln.cfg.smem and ln.cfg.row:  # rowwise data: 8 bytes per lane, lanes along the row
+                assert "st.global.v2.b32" in art.ptx and "st.global.v4.b32" not in art.ptx, name
 
 
 def test_compiles_for_sm100a():
@@ -206,27 +209,31 @@ def test_quantize_bit_exact(shape, axis, dtype):
     check_quantize(make_input(R, K, dtype, "cuda"), axis)
 
 
-CFGS = [(True, 2, 128), (True, 1, 64), (True, 4, 128), (True, 1, 256), (False, 1, 128), (False, 2, 128),
+CFGS = [(True, 2, 128), (True, 1, 64), (True, 2, 64), (True, 4, 64), (True, 4, 128), (True, 1, 256), (False, 1, 128), (False, 2, 128),
         (False, 4, 64), (False, 8, 128)]
 
 
 @pytest.mark.parametrize("dtype", [BF, F32])
-@pytest.mark.parametrize("axis", ["both"])   # both runs the rowwise and the columnwise code
+@pytest.mark.parametrize("axis,direct", [("both", False), ("rowwise", False), ("rowwise", True)])
 @pytest.mark.parametrize("smem,vec,threads", CFGS)
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
-def test_every_config_bit_exact(smem, vec, threads, axis, dtype):
+def test_every_config_bit_exact(smem, vec, threads, axis, direct, dtype):
     """Configs the heuristic does not pick (what benchmarks/moe_cute_check.py --sweep
-    times) are exact too, on a shape with a partial column tile."""
+    times) are exact too, on a shape with a partial column tile and a partial row tile;
+    rowwise only: the staged and the direct-load variants of the shared-memory mapping."""
     import dataclasses
 
     elt = 2 if dtype == BF else 4
     if vec * elt > 16 or (smem and 32 * (threads * vec + 16 // elt) * elt > 48 * 1024):
         pytest.skip("not a valid config")
-    R, K = 96, 800
+    if axis == "rowwise" and not smem:
+        pytest.skip("rowwise configs: the shared-memory mapping (the register kernel's run in 'both')")
+    R, K = 96 if axis == "both" else 77, 800
     row, col = AXES[axis]
     base = Q.quant_launch(dtype, K, row, col, True)
-    cfg = dataclasses.replace(base.cfg, smem=smem, vec=vec, threads=threads)
+    cfg = dataclasses.replace(base.cfg, smem=smem, vec=vec, threads=threads,
+                              direct=smem and not col and direct)
     ln = C.Launch(base.name, base.fn, cfg, Q.quant_sig(cfg, dtype))
     x = make_input(R, K, dtype, "cuda")
     want = {"rowwise": lambda q: (*q, None, None), "columnwise": lambda q: (None, None, *q),

@@ -20,6 +20,8 @@ GPU (marked ``gpu``, skipped without CUDA), fresh random inputs, outputs poisone
 """
 from __future__ import annotations
 
+import re
+
 import pytest
 import torch
 
@@ -66,6 +68,14 @@ def test_every_variant_compiles_for_sm90a():
         if isinstance(ln.cfg, cs.QuantCfg) and ln.cfg.min_blocks:  # the occupancy the config asks for
             assert res[0]["regs"] * 32 * ln.cfg.warps * ln.cfg.min_blocks <= 65536, f"{name}: {res}"
         cfg = ln.cfg
+        if isinstance(cfg, cs.QuantCfg) and cfg.stages:  # 16-byte cp.async into the warp's stages
+            # one 16-byte copy per input quad and row step at each of the `stages` issue sites (the
+            # prologue's stages - 1 and the loop's; ptxas may merge sites): not one per element
+            cps = re.findall(r"cp\.async\.cg\.shared\.global [^;]*, 16, 16;", art.ptx)
+            per_site = (8 // cfg.rsplit) * (3 if cfg.bwd else 2)
+            assert per_site <= len(cps) <= cfg.stages * per_site and len(cps) % per_site == 0, (name, len(cps))
+            assert "ld.global.v4" not in art.ptx, name
+            continue
         wide = isinstance(cfg, cs.QuantCfg) or cfg.vec * cs._ELT[cfg.dtype] == 16
         if wide:  # 16-byte vector loads where the layout allows them
             assert "ld.global.v4" in art.ptx, f"{name}: no 16-byte vector loads"
@@ -79,7 +89,11 @@ def test_heuristics():
     assert cs.SwigluCfg.heuristic(2048, 32, "float32", align=8).vec == 2  # an 8-byte aligned view
     assert cs.SwigluCfg.heuristic(32, None, "bfloat16").lanes == 4     # 4 vectors a row: 8 rows a warp
     q = cs.QuantCfg.heuristic(2048, bwd=True, col=True)
-    assert q.grid_x == 1 and q.warps % q.rsplit == 0
+    assert q.grid_x == 1 and q.warps % q.rsplit == 0 and q.stages == 2
+    q = cs.QuantCfg.heuristic(2048, bwd=False, col=True)   # each tile group pipelines over 4 blocks
+    assert q.grid_x * q.warps // q.rsplit * 4 == 2048 // 32 and q.smem_bytes() == 64 * 1024
+    with pytest.raises(ValueError):
+        cs.QuantCfg(2048, False, True, warps=4, rsplit=1, grid_x=4, stages=1)
     q = cs.QuantCfg.heuristic(96, bwd=False, col=False)
     assert q.grid_x * (q.warps // q.rsplit) >= 3
     with pytest.raises(Exception):
@@ -389,18 +403,23 @@ def test_quant_nan_and_inf_blocks():
 @gpu
 @pytest.mark.parametrize("bwd", [False, True])
 def test_quant_configs_agree(bwd):
-    """Other launch configs (row split 1/2/4, warps looping over several blocks) give the default
-    config's bytes (dprobs: to fp32 reassociation, the group count orders its sum)."""
+    """Other launch configs (row split 1/2/4, warps looping over several blocks, register loads
+    (stages 0) and 3 cp.async stages) give the default config's bytes (dprobs: to fp32
+    reassociation, the group count orders its sum)."""
     M, F = 96, 256
     h, p, da = _rand_h(M, 2 * F, F32, "cuda"), _rand_probs(M, "cuda"), _rand_h(M, F, F32, "cuda")
     base = cs.QuantCfg.heuristic(F, bwd, True)
     if bwd:
-        alts = [cs.QuantCfg(F, True, True, warps=w, rsplit=r, grid_x=1) for w, r in ((4, 1), (8, 4), (8, 2), (2, 2))]
+        alts = [cs.QuantCfg(F, True, True, warps=w, rsplit=r, grid_x=1, stages=st)
+                for w, r, st in ((4, 1, 2), (8, 4, 2), (8, 2, 3), (2, 2, 2), (4, 2, 0), (4, 1, 0), (4, 2, 2))]
         expect = _quant_bwd(da, h, p, True)
     else:
-        alts = [cs.QuantCfg(F, False, True, warps=w, rsplit=r, grid_x=g) for w, r, g in ((4, 2, 4), (4, 4, 8), (2, 1, 1))]
+        alts = [cs.QuantCfg(F, False, True, warps=w, rsplit=r, grid_x=g, stages=st)
+                for w, r, g, st in ((4, 2, 4, 2), (4, 4, 8, 2), (2, 1, 1, 3), (4, 1, 2, 0), (4, 1, 1, 2), (8, 2, 1, 3),
+                                    (8, 2, 2, 2))]
         expect = _quant_fwd(h, p, True)
-    assert base not in alts
+    alts = [c for c in alts if c != base]
+    assert len(alts) >= 5
     for cfg in alts:
         got = [torch.full_like(x, float("nan")) if x.dtype == F32 else torch.full_like(x, 0xA5) for x in expect]
         args = (da, h, p, *got) if bwd else (h, p, *got)

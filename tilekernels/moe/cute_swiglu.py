@@ -46,15 +46,23 @@ MXFP8 data ``[M, K]`` (``float8_e4m3fn`` or ``uint8``) is row-major in both orie
 scales are ``[M, K/32]`` and columnwise scales ``[M/32, K]`` (uint8 E8M0 bytes).
 
 Thread mapping of the quantized kernels: ``rsplit`` warps own a tile of 32 rows x one 32-column
-output block (rsplit = 1 in the forward, 2 in the backward, to stay at 128 registers); lane
+output block (rsplit = 2 by default: 63-122 registers, 8-warp CTAs of 4 tile groups); lane
 8 * rg + t of the tile's warp rsi holds output columns 4t..4t+3 of rows rsi * 32/rsplit + 4i + rg.
 Loads are 16-byte vectors (gate, linear and dA quads; a warp instruction reads 4 rows x 128
 contiguous bytes), rowwise amax is a 3-step butterfly over the 8 lanes of a row, columnwise amax a
 thread-local max over i, a 2-step butterfly over rg and (rsplit > 1) a max over the tile's warps
 through shared memory; every data store is a 4-byte word (a warp instruction writes 4 rows x 32
-contiguous bytes) and the columnwise scale bytes of a block go out as 8 lanes x 4 bytes. Each
-warp issues all loads of its tile before any store. Rows past M are clamped for loads and masked
-for stores.
+contiguous bytes) and the columnwise scale bytes of a block go out as 8 lanes x 4 bytes. Rows past
+M are clamped for loads and masked for stores.
+
+Loads (``QuantCfg.stages``): the first version loaded each tile straight into registers, all
+loads before any store, one tile per warp at a time. Its 128-168 registers (fwd: one warp per
+tile) allowed 3 CTAs of 4 warps per SM, and a warp had nothing in flight while it computed:
+43-53% of copy on the H200. Now each warp runs a cp.async pipeline over its tiles: it copies the inputs of tile k + stages - 1
+(16 bytes per lane, row step and input) into its own shared-memory stage while it computes tile k
+from another, and each lane reads back only the slots it copied itself, so
+``cp.async.wait_group`` orders them without a barrier. The probs of the thread's rows are loaded
+once per strip.
 
 M is a runtime argument (a new M reuses the compiled kernel); F, s, dtypes and the config are the
 compile key. M = 0 launches nothing. No host sync, one kernel launch per call.
@@ -70,6 +78,7 @@ import torch
 import cutlass
 import cutlass.cute as cute
 from cutlass import Float32, Int32, Int64, Uint8, Uint32
+from cutlass.cute.nvgpu import cpasync
 from cutlass.memory.smem import SmemAllocator
 
 from tilekernels._cute import Launch, Ptr, Scalar, cdiv, cuda
@@ -132,7 +141,10 @@ class QuantCfg:
     sharing one 32 x 32 tile by rows (1, 2 or 4: fewer values per thread, hence fewer registers
     and more resident warps, for one named barrier per tile), ``grid_x`` CTAs along F (fwd; the
     bwd reduces dprobs over the whole row inside one CTA, so 1), ``min_blocks`` resident CTAs per
-    SM asked of ptxas (0: no bound)."""
+    SM asked of ptxas (0: no bound), ``stages`` shared-memory buffers per warp for its tiles'
+    inputs (0: plain loads into registers, the first version; s >= 2: each warp copies the inputs
+    of its tile k + s - 1 with cp.async while it computes tile k, so the bytes in flight no longer
+    come out of the register file)."""
 
     F: int
     bwd: bool
@@ -141,6 +153,14 @@ class QuantCfg:
     rsplit: int
     grid_x: int
     min_blocks: int = 0
+    stages: int = 0
+
+    def smem_bytes(self) -> int:
+        """Shared memory of the cp.async buffers: per warp and stage, its rows of the tile's gate
+        and linear quads (and dA's) as 16 bytes per lane and row step."""
+        if self.stages == 0:
+            return 0
+        return self.warps * self.stages * (8 // self.rsplit) * (3 if self.bwd else 2) * 32 * 16
 
     def __post_init__(self):
         if self.F % BLOCK or self.rsplit not in (1, 2, 4) or self.warps % self.rsplit:
@@ -149,17 +169,24 @@ class QuantCfg:
             raise ValueError(f"QuantCfg: at most 15 row-split groups (named barriers 1..15): {self}")
         if self.bwd and self.grid_x != 1:
             raise ValueError(f"QuantCfg: the backward reduces dprobs inside one CTA (grid_x = 1): {self}")
+        if self.stages == 1 or self.smem_bytes() > 200 * 1024:
+            raise ValueError(f"QuantCfg: stages 0 or >= 2, at most 200 KB of buffers: {self}")
 
     @classmethod
     def heuristic(cls, F: int, bwd: bool, col: bool) -> "QuantCfg":
-        """fwd: one warp per tile (~100 registers); bwd: dg, dl (and a) for 32 rows x 4 columns
-        per thread would need ~200 registers, so two warps share a tile (127 registers: 4 CTAs of
-        4 warps per SM)."""
+        """Two warps share each 32 x 32 tile by rows (16 rows each: 63-122 registers), four such
+        groups per CTA, two cp.async stages per warp (one tile in flight while it computes the
+        previous one; 64 KB (fwd) / 96 KB (bwd) of buffers per 8-warp CTA). fwd: each group
+        loops over ~4 blocks of its strip (grid_x CTAs along F); bwd: one CTA per strip (dprobs
+        is reduced inside it). Measured on the H200 at M = 32768, F = 2048 (sweep of
+        benchmarks/moe_swiglu_check.py, do_bench median): fwd 88.0% / 87.4% of copy without /
+        with the columnwise output, bwd 88.1% / 85.0% without / with a's columnwise output; one
+        warp per tile with 4 warps reached 80-82%, the first version (register loads) 43-60%."""
         nblk = F // BLOCK
-        rsplit = 2 if bwd else 1
-        groups = min(4 // rsplit, nblk)
+        rsplit = 2
+        groups = min(4, nblk)
         return cls(F=F, bwd=bwd, col=col, warps=groups * rsplit, rsplit=rsplit,
-                   grid_x=1 if bwd else cdiv(nblk, groups))
+                   grid_x=1 if bwd else max(1, cdiv(nblk, groups * 4)), stages=2)
 
 
 # ============================================================================ plain kernels
@@ -259,6 +286,18 @@ def _swiglu_bwd_host(cfg: cutlass.Constexpr, dout: cute.Pointer, h: cute.Pointer
 # ============================================================================ fused SwiGLU + MXFP8
 
 
+def _issue(atom, sbuf, hv, dav, rows, b, st, t, lane, warp):
+    """cp.async (16 bytes each) of this thread's input quads of 32-column block b into stage st
+    of ``sbuf`` (no commit): per row step, the gate quad, the linear quad (8 quads on) and, in
+    the backward (``dav``), the dA quad. Trace-time helper (straight-line code)."""
+    for i, r in enumerate(rows):
+        srcs = [hv[(None, (r, b * 16 + t))], hv[(None, (r, b * 16 + t + 8))]]
+        if dav is not None:
+            srcs.append(dav[(None, (r, b * 8 + t))])
+        for k, src in enumerate(srcs):   # one 16-byte copy: the quad as the atom's value mode
+            cute.copy(atom, cute.make_tensor(src.iterator, cute.make_layout(4)), sbuf[(None, lane, k, i, st, warp)])
+
+
 @cute.kernel
 def _quant_kernel(cfg: cutlass.Constexpr, da_ptr: cute.Pointer, h_ptr: cute.Pointer, p_ptr: cute.Pointer,
                   rd_ptr: cute.Pointer, rs_ptr: cute.Pointer, cd_ptr: cute.Pointer, cs_ptr: cute.Pointer,
@@ -305,6 +344,18 @@ def _quant_kernel(cfg: cutlass.Constexpr, da_ptr: cute.Pointer, h_ptr: cute.Poin
             # (row-major: the 8 writing lanes hit 8 different banks)
             xch = smem.allocate_tensor(Int32, cute.make_layout(
                 (2, G, NQC, RS, BLOCK), stride=(G * NQC * RS * BLOCK, NQC * RS * BLOCK, RS * BLOCK, BLOCK, 1)), 16)
+    NK = 3 if bwd else 2   # input quads per row step: gate, linear (, dA)
+    dav = None
+    S = cfg.stages
+    if cutlass.const_expr(S > 0):
+        # [quad, lane, input, step, stage, warp]: each lane reads back only the 16-byte slots it
+        # copied itself (so cp.async.wait_group alone orders them, no barrier), consecutive
+        # lanes on consecutive slots (conflict-free)
+        sbuf = smem.allocate_tensor(Float32, cute.make_layout(
+            (4, 32, NK, STEPS, S, cfg.warps),
+            stride=(1, 4, 128, 128 * NK, 128 * NK * STEPS, 128 * NK * STEPS * S)), 16)
+        cp_atom = cute.make_copy_atom(cpasync.CopyG2SOp(cute.nvgpu.LoadCacheMode.GLOBAL), Float32,
+                                      num_bits_per_copy=128)
     if cutlass.const_expr(bwd):
         dav = cute.zipped_divide(_rows(da_ptr, row0, F, BLOCK, F), (1, 4))
         acc = cute.make_rmem_tensor(STEPS, Float32)
@@ -314,21 +365,48 @@ def _quant_kernel(cfg: cutlass.Constexpr, da_ptr: cute.Pointer, h_ptr: cute.Poin
             ad_t = _rows(cute.recast_ptr(ad_ptr, dtype=Uint32), row0, F // 4, BLOCK, F // 4)
             as_t = _rows(cute.recast_ptr(as_ptr, dtype=Uint32), by, F // 4, 1, F // 4)
 
+    # the rows this thread reads (rows past M read row M - 1; their stores are masked) and probs
+    rows = [cutlass.min(rsi * (BLOCK // RS) + i * 4 + rg, valid - 1) for i in range(STEPS)]
+    probs = [p_t[rows[i]] for i in range(STEPS)]
+    first = bx * G + gi
+    stride = cute.arch.grid_dim()[1] * G
+
+    if cutlass.const_expr(S > 0):
+        for st in cutlass.range_constexpr(S - 1):  # prologue: S - 1 tiles in flight
+            if first + st * stride < NB:
+                _issue(cp_atom, sbuf, hv, dav, rows, first + st * stride, st, t, lane, warp)
+            cute.arch.cp_async_commit_group()
+
     it = Int32(0)
-    for blk in cutlass.range(bx * G + gi, NB, cute.arch.grid_dim()[1] * G):
+    for blk in cutlass.range(first, NB, stride):
         gvi = blk * 16 + t  # gate quad of output columns 32 blk + 4t .. +3 (linear: 8 quads on)
+        if cutlass.const_expr(S > 0):
+            # refill the stage read in the previous iteration (by this thread only) with tile
+            # it + S - 1, then wait for tile it's copies (this thread's, all it reads)
+            if blk + (S - 1) * stride < NB:
+                _issue(cp_atom, sbuf, hv, dav, rows, blk + (S - 1) * stride,
+                       (it + S - 1) % S, t, lane, warp)
+            cute.arch.cp_async_commit_group()
+            cute.arch.cp_async_wait_group(S - 1)
         # ---- loads + fp32 math for this warp's rows of the tile (all loads before any store)
         vals = []   # per step: [a] (fwd) or [dg, dl] (bwd), 4 values each
         avals = []  # per step: a (bwd with cfg.col)
         for i in cutlass.range_constexpr(STEPS):
-            rr = cutlass.min(rsi * (BLOCK // RS) + i * 4 + rg, valid - 1)
-            p = p_t[rr]
-            g = hv[(None, (rr, gvi))].load()
-            lin = hv[(None, (rr, gvi + 8))].load()
+            rr = rows[i]
+            p = probs[i]
+            if cutlass.const_expr(S > 0):
+                g = sbuf[(None, lane, 0, i, it % S, warp)].load()
+                lin = sbuf[(None, lane, 1, i, it % S, warp)].load()
+            else:
+                g = hv[(None, (rr, gvi))].load()
+                lin = hv[(None, (rr, gvi + 8))].load()
             if cutlass.const_expr(not bwd):
                 vals.append([[swiglu_fwd_elem(g[j], lin[j], p) for j in range(4)]])
             else:
-                d = dav[(None, (rr, blk * 8 + t))].load()
+                if cutlass.const_expr(S > 0):
+                    d = sbuf[(None, lane, 2, i, it % S, warp)].load()
+                else:
+                    d = dav[(None, (rr, blk * 8 + t))].load()
                 dg, dl, av = [], [], []
                 part = Float32(0.0)
                 for j in cutlass.range_constexpr(4):
@@ -648,8 +726,8 @@ def swiglu_quant_bwd_into(da: torch.Tensor, h: torch.Tensor, probs: torch.Tensor
 
 def representative_launches(F: int = 2048) -> dict[str, Launch]:
     """Every kernel variant at width F (plain: bf16/fp32 x halves/s=32, fwd and bwd; fused: fwd with
-    and without the columnwise output, bwd with and without a's columnwise output), for the
-    ahead-of-time compile test."""
+    and without the columnwise output, bwd with and without a's columnwise output, each with the
+    cp.async pipeline and with plain register loads), for the ahead-of-time compile test."""
     out = {}
     for dtype in ("bfloat16", "float32"):
         for s in (None, 32):
@@ -658,5 +736,12 @@ def representative_launches(F: int = 2048) -> dict[str, Launch]:
                 out[f"swiglu_{'bwd' if bwd else 'fwd'}/{dtype}/s={s}"] = swiglu_launch(cfg, bwd)
     for bwd in (False, True):
         for col in (False, True):
-            out[f"swiglu_quant_{'bwd' if bwd else 'fwd'}/col={col}"] = quant_launch(QuantCfg.heuristic(F, bwd, col))
+            cfg = QuantCfg.heuristic(F, bwd, col)
+            out[f"swiglu_quant_{'bwd' if bwd else 'fwd'}/col={col}"] = quant_launch(cfg)
+            # the register-load path (stages = 0) and a deeper pipeline stay compiled in CI
+            out[f"swiglu_quant_{'bwd' if bwd else 'fwd'}/col={col}/stages=0"] = quant_launch(
+                dataclasses.replace(cfg, stages=0))
+            if col:
+                out[f"swiglu_quant_{'bwd' if bwd else 'fwd'}/col={col}/stages=3"] = quant_launch(
+                    dataclasses.replace(cfg, stages=3))
     return out
