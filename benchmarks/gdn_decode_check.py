@@ -1,17 +1,24 @@
 #!/usr/bin/env python3
 """GPU timing of the cuTile gdn_decode kernel under CUDA-graph replay (run on the device host).
 
-From the repository root, on the GPU host (triton is imported lazily: it only exists there):
+From the repository root, on the GPU host (triton and fla are imported lazily: they exist
+only there; fla-core 0.6.0 goes on PYTHONPATH from its carried wheel, outside the project's
+dependencies):
 
     python3 benchmarks/gdn_decode_check.py --out "$OUT"            # B in {1, 32, 256}, fp32 + bf16 state
-    python3 benchmarks/gdn_decode_check.py --out "$OUT" --sweep    # + config variants at B=1 and B=256
+    python3 benchmarks/gdn_decode_check.py --out "$OUT" --sweep    # + dv-tile/occupancy variants
 
 Qwen3-Next shapes (Hk=16, Hv=32, dk=dv=128, W=4), bf16 mixed / conv_state / o, state_indices
 a random permutation of N = B slots. Each case: one eager call checked against the torch
 reference (o bf16, state at its dtype's tolerance), then triton's do_bench_cudagraph median
 of the cuTile launch and of the torch reference path (``reference.decode`` + copy into o,
-graph-replayed too). Bytes are counted by hand: q|k|v|b|a of mixed read, conv_state rows read
-and written, ssm_state rows read and written, o written, weights and indices read once.
+graph-replayed too). Rows: ``default`` (the registry's kernel and heuristic config), ``v1``
+(the first kernel, grid (B, Hk), kept in benchmarks/probes/gdn_decode_v1.py: the A/B), and
+``fla`` (FLA's fused_recurrent_gated_delta_rule on the already-prepared q, k, v, g, beta with
+its in-kernel l2norm, fp32 initial and final state: no conv step, so it moves less).
+Bytes are counted by hand for our kernel: q|k|v|b|a of mixed read, conv_state rows read and
+written, ssm_state rows read and written, o written, weights and indices read once (FLA's
+row uses the same count: same state traffic, a little less of the rest).
 %-of-copy is against 4.27 TB/s (H200 device-to-device copy) and against a copy measured here
 the same way. Issue 12's targets (fp32 state): B=1 <= 5 us, B=32 <= 35 us, B=256 <= 280 us.
 Prints a table; writes gdn_decode_check.json to --out.
@@ -25,12 +32,14 @@ import os
 import sys
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path[:0] = [ROOT]
+sys.path[:0] = [ROOT, os.path.join(ROOT, "benchmarks", "probes")]
 
 import torch  # noqa: E402
+import torch.nn.functional as F  # noqa: E402
 
 from _gpu import log_error  # noqa: E402
 
+import gdn_decode_v1 as v1  # noqa: E402
 from tilekernels.gdn import bench as mk  # noqa: E402
 from tilekernels.gdn import cutile_decode as cd  # noqa: E402
 from tilekernels.gdn import reference as ref  # noqa: E402
@@ -88,19 +97,23 @@ def copy_tbs() -> float:
     return 2 * a.numel() * 4 / (us * 1e-6) / 1e12
 
 
-def run_case(B, sd, copy_meas, cfg=None, with_ref=True, tag="default"):
-    args = problem(B, sd)
-    x, conv, w, A, dt, ssm, idx, o = args
-    ln = cd.decode_launch(x, conv, w, A, dt, ssm, idx, o, SHAPE["Hk"], 1e-6, None, cfg=cfg)
-    errs, ok = check(args, ln)
-    us = bench_graph(ln.run)
+def _rec(tag, B, sd, us, cfg=None, **extra):
     nbytes = decode_bytes(B, **SHAPE, selt=torch.finfo(sd).bits // 8)
-    rec = dict(tag=tag, B=B, state=str(sd).removeprefix("torch."), cfg=dataclasses.asdict(ln.cfg), us=us,
-               bytes=nbytes, tbs=nbytes / (us * 1e-6) / 1e12, errs=errs, ok=ok)
+    rec = dict(tag=tag, B=B, state=str(sd).removeprefix("torch."), us=us, bytes=nbytes,
+               tbs=nbytes / (us * 1e-6) / 1e12, cfg=dataclasses.asdict(cfg) if cfg else None, **extra)
     rec["pct_copy_4.27"] = 100 * rec["tbs"] / COPY_TBS
-    rec["pct_copy_measured"] = 100 * rec["tbs"] / copy_meas
     if sd == torch.float32 and tag == "default":
         rec["target_us"] = TARGET_US.get(B)
+    return rec
+
+
+def run_case(B, sd, mod=cd, cfg=None, with_ref=True, tag="default", split=None, rep=200):
+    args = problem(B, sd)
+    x, conv, w, A, dt, ssm, idx, o = args
+    kw = {} if split is None else {"split": split}
+    ln = mod.decode_launch(x, conv, w, A, dt, ssm, idx, o, SHAPE["Hk"], 1e-6, None, cfg=cfg, **kw)
+    errs, ok = check(args, ln)
+    rec = _rec(tag, B, sd, bench_graph(ln.run, rep=rep), ln.cfg, errs=errs, ok=ok, grid=ln.grid)
     if with_ref:
         def torch_path():
             o.copy_(ref.decode(x, conv, w, A, dt, ssm, idx, Hk=SHAPE["Hk"]))
@@ -108,62 +121,113 @@ def run_case(B, sd, copy_meas, cfg=None, with_ref=True, tag="default"):
     return rec
 
 
-def sweep_cfgs():
-    base = cd.DecodeCfg.heuristic(SHAPE["Hk"], SHAPE["Hv"], SHAPE["dk"], SHAPE["dv"], SHAPE["W"])
+def fla_case(B):
+    """FLA's fused_recurrent_gated_delta_rule, one token per row, fp32 state [B, Hv, dk, dv]:
+    q, k post-conv (l2norm in its kernel), v, g, beta precomputed; its final state written to
+    its own buffer (same bytes as in place). Checked against the float64 recurrence."""
+    from fla.ops.gated_delta_rule import fused_recurrent_gated_delta_rule
+
+    Hk, Hv, dk, dv = SHAPE["Hk"], SHAPE["Hv"], SHAPE["dk"], SHAPE["dv"]
+    dev = "cuda"
+    q = torch.randn(B, 1, Hk, dk, device=dev, dtype=torch.bfloat16)
+    k = torch.randn(B, 1, Hk, dk, device=dev, dtype=torch.bfloat16)
+    v = torch.randn(B, 1, Hv, dv, device=dev, dtype=torch.bfloat16)
+    g = F.logsigmoid(torch.randn(B, 1, Hv, device=dev))
+    beta = torch.rand(B, 1, Hv, device=dev)
+    h0 = torch.randn(B, Hv, dk, dv, device=dev) * 0.1
+
+    def step():
+        return fused_recurrent_gated_delta_rule(q, k, v, g=g, beta=beta, scale=dk ** -0.5, initial_state=h0,
+                                                output_final_state=True, use_qk_l2norm_in_kernel=True)
+
+    with torch.no_grad():
+        o, hT = step()
+        qn = F.normalize(q.double(), dim=-1).repeat_interleave(Hv // Hk, 2)[:, 0]
+        kn = F.normalize(k.double(), dim=-1).repeat_interleave(Hv // Hk, 2)[:, 0]
+        S = h0.double() * g.double()[:, 0].exp()[..., None, None]
+        u = beta.double()[:, 0, :, None] * (v.double()[:, 0] - torch.einsum("bhkv,bhk->bhv", S, kn))
+        S = S + kn[..., None] * u[:, :, None, :]
+        o_ref = torch.einsum("bhkv,bhk->bhv", S, dk ** -0.5 * qn)
+        errs = {"o": rel_err(o[:, 0], o_ref), "ssm_state": rel_err(hT, S)}
+        us = bench_graph(step)
+    return _rec("fla", B, torch.float32, us, errs=errs, ok=errs["o"] <= tolerance(torch.bfloat16))
+
+
+def sweep_cases(sd, batches):
+    """(cfg, B, split) variants beside the default: dv tile x occupancy x blocks per key head."""
+    base = cd.DecodeCfg.heuristic(SHAPE["Hk"], SHAPE["Hv"], SHAPE["dk"], SHAPE["dv"], SHAPE["W"],
+                                  torch.finfo(sd).bits // 8)
     dv = SHAPE["dv"]
+    grid = [(32, 2), (32, 3), (64, 2), (64, 3), (128, 2)] if sd == torch.float32 else [(32, 2), (64, 2), (128, 2)]
     out = []
-    for BV, PF, TMA, OCC in [(64, True, True, 0), (64, True, True, 1), (64, True, True, 3),
-                             (64, False, True, 2), (64, True, False, 2), (32, True, True, 2),
-                             (32, True, True, 4), (32, False, False, 2), (128, False, True, 0),
-                             (128, False, True, 1), (128, True, True, 1), (16, True, True, 4)]:
-        out.append(base.with_tile(dv, BV, PF=PF, TMA=TMA, OCC=OCC))
+    for B in sorted(batches, reverse=True):
+        for BV, OCC in grid:
+            cfg = base.with_tile(dv, BV, OCC=OCC)
+            G = cfg.R * cfg.NV
+            splits = {1: (G, G // 2), 32: (1, 2, 4)}.get(B, (1, 2))
+            out += [(cfg, B, ns) for ns in splits if ns >= 1 and G % ns == 0]
     return out
+
+
+def _row(rec):
+    print(f"{rec['tag']:<12}{rec['B']:>5} {rec['state']:<9}{rec['us']:>9.2f}{rec['tbs']:>7.2f}"
+          f"{rec['pct_copy_4.27']:>7.1f}{rec.get('torch_ref_us', float('nan')):>10.1f}"
+          f"{str(rec.get('target_us') or ''):>8}  {rec['ok']}", flush=True)
 
 
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", default=os.environ.get("OUT", "."))
-    ap.add_argument("--sweep", action="store_true", help="also time config variants (fp32 state)")
+    ap.add_argument("--sweep", action="store_true", help="also time dv-tile / occupancy variants")
+    ap.add_argument("--no-peers", action="store_true", help="skip the v1 and FLA rows")
     ap.add_argument("--batches", default="1,32,256")
     a = ap.parse_args()
     RESULTS["env"] = dict(device=torch.cuda.get_device_name(), torch=torch.__version__,
-                          default_cfg=dataclasses.asdict(cd.DecodeCfg.heuristic(16, 32, 128, 128, 4)))
+                          default_cfg={str(sd): dataclasses.asdict(cd.DecodeCfg.heuristic(16, 32, 128, 128, 4, n))
+                                       for sd, n in (("fp32", 4), ("bf16", 2))})
     try:
-        RESULTS["env"]["copy_tbs_measured"] = copy_meas = copy_tbs()
+        RESULTS["env"]["copy_tbs_measured"] = copy_tbs()
     except Exception:
-        copy_meas = COPY_TBS
         log_error(RESULTS["errors"], "copy", limit=4)
     print(json.dumps(RESULTS["env"]), flush=True)
-    print(f"{'tag':<10}{'B':>5} {'state':<9}{'us':>9}{'TB/s':>7}{'%4.27':>7}{'%copy':>7}{'torch us':>10}"
-          f"{'target':>8}  ok", flush=True)
     batches = [int(b) for b in a.batches.split(",")]
+    lines = []
+
+    def keep(rec, where="records"):
+        RESULTS[where].append(rec)
+        _row(rec)
+        lines.append(rec)
+
     for sd in (torch.float32, torch.bfloat16):
         for B in batches:
-            try:
-                rec = run_case(B, sd, copy_meas)
-                RESULTS["records"].append(rec)
-                print(f"{rec['tag']:<10}{B:>5} {rec['state']:<9}{rec['us']:>9.2f}{rec['tbs']:>7.2f}"
-                      f"{rec['pct_copy_4.27']:>7.1f}{rec['pct_copy_measured']:>7.1f}{rec['torch_ref_us']:>10.1f}"
-                      f"{str(rec.get('target_us') or ''):>8}  {rec['ok']}", flush=True)
-            except Exception:
-                log_error(RESULTS["errors"], f"B={B} {sd}", limit=6)
-    if a.sweep:
-        for cfg in sweep_cfgs():
-            for B in (1, 256):
-                tag = f"BV{cfg.BV}{'p' if cfg.PF else ''}{'t' if cfg.TMA else ''}o{cfg.OCC}"
+            for tag, mod, peer in (("default", cd, False), ("v1", v1, True)):
+                if peer and a.no_peers:
+                    continue
                 try:
-                    rec = run_case(B, torch.float32, copy_meas, cfg=cfg, with_ref=False, tag=tag)
-                    RESULTS["sweeps"].append(rec)
-                    print(f"{tag:<10}{B:>5} {'float32':<9}{rec['us']:>9.2f}{rec['tbs']:>7.2f}"
-                          f"{rec['pct_copy_4.27']:>7.1f}{rec['pct_copy_measured']:>7.1f}{'':>10}{'':>8}  "
-                          f"{rec['ok']}", flush=True)
+                    keep(run_case(B, sd, mod, with_ref=not peer, tag=tag))
                 except Exception:
-                    log_error(RESULTS["errors"], f"sweep {cfg} B={B}", limit=6)
+                    log_error(RESULTS["errors"], f"{tag} B={B} {sd}", limit=6)
+            if sd == torch.float32 and not a.no_peers:
+                try:
+                    keep(fla_case(B))
+                except Exception:
+                    log_error(RESULTS["errors"], f"fla B={B}", limit=6)
+    if a.sweep:
+        for sd, bs in ((torch.float32, batches), (torch.bfloat16, [max(batches)])):
+            for cfg, B, ns in sweep_cases(sd, bs):
+                tag = f"BV{cfg.BV}o{cfg.OCC}s{ns}"
+                try:
+                    keep(run_case(B, sd, cd, cfg=cfg, with_ref=False, tag=tag, split=ns, rep=100), "sweeps")
+                except Exception:
+                    log_error(RESULTS["errors"], f"sweep {cfg} B={B} split={ns}", limit=6)
     os.makedirs(a.out, exist_ok=True)
     path = os.path.join(a.out, "gdn_decode_check.json")
     with open(path, "w") as f:
         json.dump(RESULTS, f, indent=1, default=str)
     print("wrote", path, flush=True)
+    print(f"\n{'tag':<12}{'B':>5} {'state':<9}{'us':>9}{'TB/s':>7}{'%4.27':>7}{'torch us':>10}{'target':>8}  ok")
+    for rec in sorted(lines, key=lambda r: (r["state"], r["B"], r["us"])):
+        _row(rec)
     return 1 if RESULTS["errors"] or not all(r["ok"] for r in RESULTS["records"] + RESULTS["sweeps"]) else 0
 
 

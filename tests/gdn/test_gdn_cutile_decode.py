@@ -2,7 +2,8 @@
 
 CPU (CI): every variant compiles to a cubin for sm_90 and sm_100 through the same launch
 builder the GPU path uses (``meta`` tensors, ``export_cubin``); the launch config is the
-compile key (built from Hk, Hv, dk, dv, W only, never from B or N).
+compile key (built from Hk, Hv, dk, dv, W and the state's element size, never from B or N);
+the split of a key head's state tiles over blocks follows B through the grid only.
 
 GPU (marked ``gpu``, skipped without CUDA): against ``reference.decode`` run in float64 on
 upcasts of the same inputs, o NaN-poisoned first, fresh random inputs each run (conftest).
@@ -47,10 +48,10 @@ def _vid(v):
         f"-{str(sd)[6:]}state-{'idx' if idx else 'noidx'}-{str(dt)[6:]}"
 
 
-def _launch(v, B=8, N=16, cfg=None):
+def _launch(v, B=8, N=16, cfg=None, split=None):
     s, sd, idx, dt = v
     return cd.representative_launches(**s, B=B, N=N, dtype=dt, state_dtype=sd, with_indices=idx,
-                                      cfg=cfg)["gdn_decode.fwd"][0]
+                                      cfg=cfg, split=split)["gdn_decode.fwd"][0]
 
 
 # ------------------------------------------------------------------ CPU (CI)
@@ -62,22 +63,54 @@ def test_every_variant_compiles_for_sm90_and_sm100():
 
 
 def test_launch_config_is_the_compile_key():
-    """The config comes from (Hk, Hv, dk, dv, W); B and N are dynamic shapes: one key."""
+    """The config comes from (Hk, Hv, dk, dv, W, state element size); B and N are dynamic
+    shapes: one key; only the grid (B, Hv * NV) follows B."""
     v = COMPILE_VARIANTS[0]
     small, big = _launch(v, B=1, N=1), _launch(v, B=256, N=4096)
     assert small.key() == big.key() and small.cfg == big.cfg
-    assert small.grid == (1, 16, 1) and big.grid == (256, 16, 1)
     cfg = cd.DecodeCfg.heuristic(16, 32, 128, 128, 4)
+    assert small.grid == (1, 16 * cfg.split(1, 132), 1) and big.grid == (256, 16 * cfg.split(256, 132), 1)
     assert cfg is cd.DecodeCfg.heuristic(16, 32, 128, 128, 4)  # cached, hashable
-    assert (cfg.R, cfg.W, cfg.DK, cfg.BV * cfg.NV) == (2, 4, 128, 128)
+    assert (cfg.Hk, cfg.R, cfg.W, cfg.DK, cfg.BV * cfg.NV) == (16, 2, 4, 128, 128)
     with pytest.raises(dataclasses.FrozenInstanceError):
         cfg.BV = 32
     # each compile-time choice is in the key: state dtype, indices, shape, config
     keys = {_launch(v).key() for v in COMPILE_VARIANTS}
     assert len(keys) == len(COMPILE_VARIANTS)
-    assert _launch(v, cfg=cfg.with_tile(128, 32)).key() != small.key()
+    assert _launch(v, cfg=cfg.with_tile(128, 64 if cfg.BV != 64 else 32)).key() != small.key()
     odd = cd.DecodeCfg.heuristic(1, 4, 48, 40, 4)
     assert odd.DK == 64 and odd.BV * odd.NV >= 40 and odd.WP == 4 and odd.WW == 4
+
+
+def test_split_follows_the_batch_not_the_key():
+    """Blocks per (row, key head): all G = R*NV tiles split while B*Hk*split stays within
+    about BLOCKS_PER_SM blocks per SM; one block per key head for large batches; always a
+    power of two dividing G; the compile key is the same for every split."""
+    cfg = cd.DecodeCfg.heuristic(16, 32, 128, 128, 4)
+    G = cfg.R * cfg.NV
+    splits = {B: cfg.split(B, 132) for B in (1, 2, 4, 8, 32, 256, 4096)}
+    assert splits[1] == G and splits[256] == splits[4096] == 1
+    assert all(G % ns == 0 and ns & (ns - 1) == 0 for ns in splits.values())
+    assert all(B * 16 * ns <= cd.BLOCKS_PER_SM * 132 or ns == 1 for B, ns in splits.items())
+    assert list(splits.values()) == sorted(splits.values(), reverse=True)
+    v = COMPILE_VARIANTS[0]
+    keys = {cd.representative_launches(B=B, N=8)["gdn_decode.fwd"][0].key() for B in (1, 8, 256)}
+    assert len(keys) == 1 and _launch(v, B=1).key() in keys
+    with pytest.raises(ValueError, match="split 3"):
+        _launch(v, cfg=cfg, split=3)
+
+
+def test_every_dv_tiling_compiles():
+    """dv tiles beside the heuristic's 32 (fp32) and 64 (bf16): BV = 16 and 128 (NV = 8 and 1
+    per value head), and a shape with G = R*NV = 1 tile per key head (split always 1), compile
+    for both archs."""
+    v = COMPILE_VARIANTS[0]
+    base = cd.DecodeCfg.heuristic(16, 32, 128, 128, 4)
+    jobs = [(f"BV{bv}", _launch(v, cfg=base.with_tile(128, bv)), arch) for bv in (16, 128) for arch in ARCHS]
+    one = (dict(Hk=4, Hv=4, dk=32, dv=32, W=2), F32, True, BF)  # R = 1, NV = 1: G = 1
+    jobs += [("G1", _launch(one), arch) for arch in ARCHS]
+    assert _launch(one).cfg.NV * _launch(one).cfg.R == 1
+    assert_cubins(jobs)
 
 
 def test_refuses_what_it_cannot_run():
@@ -232,3 +265,29 @@ def test_cuda_graph_replay_equals_eager(with_idx):
         assert_close(o_static, want, kind="exact", what="o")
     torch.cuda.synchronize()
     assert torch.equal(cg, ce) and torch.equal(sg, se), "replayed states differ from eager"
+
+
+@pytest.mark.gpu
+@needs_gpu
+@pytest.mark.parametrize("BV", [16, 32, 128])
+@pytest.mark.parametrize("sd", [F32, BF], ids=["fp32state", "bf16state"])
+def test_every_tiling_and_split_matches_reference(BV, sd):
+    """dv tiles BV = 16, 32, 128 (NV = 8, 4, 1 per value head: G = 16, 8, 2 tiles a key head)
+    at splits 1, 2 and G (blocks sharing a key head's q/k window; the counters' path from 2 on):
+    same results, the window shifted exactly once (conv_state exact), and the (b, kh) counters
+    back to zero after each launch."""
+    B, N = 7, 11
+    cfg = cd.DecodeCfg.heuristic(16, 32, 128, 128, 4, sd.itemsize).with_tile(128, BV)
+    G = cfg.R * cfg.NV
+    for ns in sorted({1, 2, G}):
+        x, conv, w, A, dt, ssm = _inputs(B, N, **QWEN, state_dtype=sd)
+        idx = _indices(B, N, "pad")
+        o64, c64, s64 = _ref64(x, conv, w, A, dt, ssm, idx, 16)
+        o = torch.full((B, 32, 128), float("nan"), dtype=x.dtype, device=x.device)
+        ln = cd.decode_launch(x, conv, w, A, dt, ssm, idx, o, 16, 1e-6, None, cfg=cfg, split=ns)
+        assert ln.grid == (B, 16 * ns, 1)
+        ln.run()
+        assert_close(o, o64, what=f"o (split {ns})")
+        assert_close(ssm, s64, kind=sd, what=f"ssm_state (split {ns})")
+        assert_close(conv, c64.to(conv.dtype), kind="exact", what=f"conv_state (split {ns})")
+        assert int(ln.args[12].abs().sum()) == 0, "counters must return to zero"
