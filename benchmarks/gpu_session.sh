@@ -60,6 +60,33 @@ for tool in memcheck racecheck initcheck; do
     done
   fi
 done
+# verify: every cuTile family's GPU tests plus the registry's hot path after a change
+# (two pytest pools at once: compiles are CPU-bound), then the default-config tables of the CP
+# pack kernels, gdn_decode and gdn_pre_gated (carry .gpu-fla too for the FLA rows) and the
+# sinkhorn host profile, on a quiet host. Logs in $OUT/verify/, packed into $OUT/verify.tar.gz
+# (a call brings back at most 8 files).
+if has verify; then
+  V="$OUT/verify"; mkdir -p "$V"
+  if ls .gpu-fla/*.whl >/dev/null 2>&1; then  # FLA (the GDN peer), off the project's dependencies
+    pip install -q --no-deps --no-index --target /tmp/fla .gpu-fla/*.whl > /dev/null 2>&1 && export PYTHONPATH=/tmp/fla:$PYTHONPATH
+  fi
+  P="python3 -m pytest -q -p no:cacheprovider -m gpu"
+  timeout 300 $P -n 8 tests/gdn tests/cp tests/test_cutile_fast.py tests/registry/test_registry_hot_path.py \
+    tests/registry/test_registry_guards.py > "$V/tests.txt" 2>&1 &
+  timeout 300 $P -n 4 tests/mhc -k sinkhorn > "$V/tests-sinkhorn.txt" 2>&1 &
+  wait
+  summary+=("verify tests: $(grep -E ' passed| failed' "$V/tests.txt" | tail -1)")
+  summary+=("verify sinkhorn tests: $(grep -E ' passed| failed' "$V/tests-sinkhorn.txt" | tail -1)")
+  OUT="$V" timeout 90 python3 benchmarks/cp_pack_check.py --cps 8,4,2 > "$V/cp-pack.txt" 2>&1
+  summary+=("cp_pack_check: rc=$?")
+  timeout 70 python3 benchmarks/gdn_decode_check.py --out "$V" > "$V/gdn-decode.txt" 2>&1
+  summary+=("gdn_decode_check: rc=$?")
+  timeout 100 python3 benchmarks/gdn_pre_check.py --out "$V" --no-compile-peer --no-eager > "$V/gdn-pre.txt" 2>&1
+  summary+=("gdn_pre_check: rc=$?")
+  timeout 60 python3 benchmarks/probes/host_profile.py --sinkhorn --T 32768 > "$V/sinkhorn-host.txt" 2>&1
+  summary+=("sinkhorn host profile: rc=$?")
+  tar czf "$OUT/verify.tar.gz" -C "$OUT" verify
+fi
 printf '%s\n' "${summary[@]}"
 if has host; then tail -20 "$OUT/host-overhead.txt"; fi
 if has sinkhorn; then grep -E "us/call|do_bench" "$OUT/sinkhorn-host.txt"; fi
