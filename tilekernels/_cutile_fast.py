@@ -37,19 +37,18 @@ the caller builds from what it knows of its arguments) and launched with the dri
   fresh tensor from the capture's pool, so a graph never holds a buffer this cache
   may drop.
 
-Status (H200, one run, tests/test_cutile_fast.py and benchmarks/probes/host_profile.py):
-the fast launches are correct -- bitwise equal to ``ct.launch``'s outputs for the Sinkhorn
-forward and the entries backward at (T, n) = (1, 1), (3, 3), (37, 8), (1000, 4), the tile
-backward at (1, 1), (3, 3); fast fwd + bwd at T = 32768 inside the registry's autograd path
--- but were not faster: ~18 us per launch against ~9 us for ``ct.launch`` (launch build
-subtracted) in that run, whose host was loaded (every host cost read 2-3x its earlier
-record). So the
-fast launch is **off by default** (``ENABLED``; ``TILEKERNELS_CUTILE_FAST=1`` turns it on)
-until a run explains that. Suspects, each measurable with the probe: the block shape
-(``ct.launch`` passes (1, 1, 1) and lets the driver take the kernel's own; here the cubin's
-REQNTID, ``BLOCK_FROM_CUBIN``), and the host load of that run. The scratch reuse is on
-by default (``SCRATCH_REUSE``, ``TILEKERNELS_SCRATCH_REUSE=0`` turns it off): it took the
-Sinkhorn backward's launch build from 8.9 to 4.9 us in the same run.
+Status (H200): the fast launches are correct -- bitwise equal to ``ct.launch``'s outputs
+for the Sinkhorn forward and the entries backward at (T, n) = (1, 1), (3, 3), (37, 8),
+(1000, 4), the tile backward at (1, 1), (3, 3); fast fwd + bwd at T = 32768 inside the
+registry's autograd path -- but not faster: on a quiet host after the GPU tests
+(benchmarks/results/h200-sinkhorn-host.txt) a forward launch took 15.5 us against 9.2 us
+through ``ct.launch``, and 19.3 us with block (1, 1, 1) as ``ct.launch`` passes it, so the
+block shape is not the reason; the packing itself is ~3 us in Python. Where the rest goes
+(ctypes' PyDLL call, the driver entry, argument checks) is not measured. So the fast
+launch is **off by default** (``ENABLED``; ``TILEKERNELS_CUTILE_FAST=1`` turns it on).
+The scratch reuse is on by default (``SCRATCH_REUSE``, ``TILEKERNELS_SCRATCH_REUSE=0``
+turns it off): the Sinkhorn fwd+bwd's do_bench read 165 us with a fresh scratch and 143
+with the reused one in that run.
 
 Kernels whose cubin describes its parameters with ``EIATTR`` 0x45 records instead of
 KPARAM_INFO (seen: the padded-tile Sinkhorn backward at n >= 4, parameter block 496
