@@ -12,8 +12,7 @@ Qwen3-Next shapes (Hk=16, Hv=32, dk=dv=128, W=4), bf16 mixed / conv_state / o, s
 a random permutation of N = B slots. Each case: one eager call checked against the torch
 reference (o bf16, state at its dtype's tolerance), then triton's do_bench_cudagraph median
 of the cuTile launch and of the torch reference path (``reference.decode`` + copy into o,
-graph-replayed too). Rows: ``default`` (the registry's kernel and heuristic config), ``v1``
-(the first kernel, grid (B, Hk), kept in benchmarks/probes/gdn_decode_v1.py: the A/B), and
+graph-replayed too). Rows: ``default`` (the registry's kernel and heuristic config) and
 ``fla`` (FLA's fused_recurrent_gated_delta_rule on the already-prepared q, k, v, g, beta with
 its in-kernel l2norm, fp32 initial and final state: no conv step, so it moves less).
 Bytes are counted by hand for our kernel: q|k|v|b|a of mixed read, conv_state rows read and
@@ -32,14 +31,13 @@ import os
 import sys
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path[:0] = [ROOT, os.path.join(ROOT, "benchmarks", "probes")]
+sys.path.insert(0, ROOT)
 
 import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 
 from _gpu import log_error  # noqa: E402
 
-import gdn_decode_v1 as v1  # noqa: E402
 from tilekernels.gdn import bench as mk  # noqa: E402
 from tilekernels.gdn import cutile_decode as cd  # noqa: E402
 from tilekernels.gdn import reference as ref  # noqa: E402
@@ -107,11 +105,11 @@ def _rec(tag, B, sd, us, cfg=None, **extra):
     return rec
 
 
-def run_case(B, sd, mod=cd, cfg=None, with_ref=True, tag="default", split=None, rep=200):
+def run_case(B, sd, cfg=None, with_ref=True, tag="default", split=None, rep=200):
     args = problem(B, sd)
     x, conv, w, A, dt, ssm, idx, o = args
     kw = {} if split is None else {"split": split}
-    ln = mod.decode_launch(x, conv, w, A, dt, ssm, idx, o, SHAPE["Hk"], 1e-6, None, cfg=cfg, **kw)
+    ln = cd.decode_launch(x, conv, w, A, dt, ssm, idx, o, SHAPE["Hk"], 1e-6, None, cfg=cfg, **kw)
     errs, ok = check(args, ln)
     rec = _rec(tag, B, sd, bench_graph(ln.run, rep=rep), ln.cfg, errs=errs, ok=ok, grid=ln.grid)
     if with_ref:
@@ -179,7 +177,7 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", default=os.environ.get("OUT", "."))
     ap.add_argument("--sweep", action="store_true", help="also time dv-tile / occupancy variants")
-    ap.add_argument("--no-peers", action="store_true", help="skip the v1 and FLA rows")
+    ap.add_argument("--no-peers", action="store_true", help="skip the FLA rows")
     ap.add_argument("--batches", default="1,32,256")
     a = ap.parse_args()
     RESULTS["env"] = dict(device=torch.cuda.get_device_name(), torch=torch.__version__,
@@ -200,13 +198,10 @@ def main():
 
     for sd in (torch.float32, torch.bfloat16):
         for B in batches:
-            for tag, mod, peer in (("default", cd, False), ("v1", v1, True)):
-                if peer and a.no_peers:
-                    continue
-                try:
-                    keep(run_case(B, sd, mod, with_ref=not peer, tag=tag))
-                except Exception:
-                    log_error(RESULTS["errors"], f"{tag} B={B} {sd}", limit=6)
+            try:
+                keep(run_case(B, sd))
+            except Exception:
+                log_error(RESULTS["errors"], f"default B={B} {sd}", limit=6)
             if sd == torch.float32 and not a.no_peers:
                 try:
                     keep(fla_case(B))
@@ -217,7 +212,7 @@ def main():
             for cfg, B, ns in sweep_cases(sd, bs):
                 tag = f"BV{cfg.BV}o{cfg.OCC}s{ns}"
                 try:
-                    keep(run_case(B, sd, cd, cfg=cfg, with_ref=False, tag=tag, split=ns, rep=100), "sweeps")
+                    keep(run_case(B, sd, cfg=cfg, with_ref=False, tag=tag, split=ns, rep=100), "sweeps")
                 except Exception:
                     log_error(RESULTS["errors"], f"sweep {cfg} B={B} split={ns}", limit=6)
     os.makedirs(a.out, exist_ok=True)

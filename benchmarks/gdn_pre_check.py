@@ -14,9 +14,8 @@ Timings (Qwen3-Next: Hk=16, Hv=32, dk=dv=128, W=4, bf16, 32768 tokens): BSHD B=4
 THD with one sequence of 16384 tokens plus many short ones (1..256 tokens, fixed seed) adding up
 to the same total, repeat_qk on and off. --sweep first times forward launch-config variants
 (FWD_SWEEP, each checked against the reference; a W=1 row: the same launches without taps).
-Per case, triton's do_bench median (ms) of: ours (registry, backend="cutile"), the first
-forward (benchmarks/probes/gdn_pre_fwd_v0.py; --no-v0 skips it), torch eager (backend="torch";
---no-eager), torch.compile of
+Per case, triton's do_bench median (ms) of: ours (registry, backend="cutile"), torch eager
+(backend="torch"; --no-eager), torch.compile of
 reference.pre_gated (repeat_qk on only; compiles cost device time), and FLA's Triton
 causal_conv1d (SiLU fused) + l2norm + torch glue for the rest (the issue's peer; the package
 fla-core 0.6.0 on PYTHONPATH, outside the project's dependencies). Ours is first checked against
@@ -194,8 +193,7 @@ def record(case, impl, ms, nbytes, **extra):
           f"{extra.get('err', '')}", flush=True)
 
 
-def time_case(thd: bool, repeat_qk: bool, peers: bool, compiled: bool, v0: bool = True, eager: bool = True,
-              bwd: bool = True):
+def time_case(thd: bool, repeat_qk: bool, peers: bool, compiled: bool, eager: bool = True, bwd: bool = True):
     case = f"{'thd' if thd else 'bshd'}-{'rep' if repeat_qk else 'norep'}"
     op = registry.get("gdn_pre_gated")
     x, w, A, dt, cu = problem(thd)
@@ -211,20 +209,6 @@ def time_case(thd: bool, repeat_qk: bool, peers: bool, compiled: bool, v0: bool 
                err=f"max rel err vs torch {err:.2e} ok={ok}", ok=ok)
     except Exception:
         RESULTS["errors"].append(f"{case} cutile fwd: {traceback.format_exc(limit=8)}")
-        print("ERROR", RESULTS["errors"][-1], flush=True)
-    try:  # the first forward (benchmarks/probes/gdn_pre_fwd_v0.py), same inputs
-        if not v0:
-            raise StopIteration
-        outs = [torch.empty(o.shape, dtype=o.dtype, device="cuda") for o in ref_outs((x, w, A, dt, cu), repeat_qk)]
-        ln = v0_launch(x, w, A, dt, cu, outs, repeat_qk)
-        ln.run()
-        err = max(rel_err(o, r) for o, r in zip(outs, ref_outs((x, w, A, dt, cu), repeat_qk)))
-        record(case, "cutile v0 fwd", bench(ln.run), nb, err=f"max rel err vs torch {err:.2e}")
-        del outs
-    except StopIteration:
-        pass
-    except Exception:
-        RESULTS["errors"].append(f"{case} cutile v0 fwd: {traceback.format_exc(limit=8)}")
         print("ERROR", RESULTS["errors"][-1], flush=True)
     if peers and eager:
         record(case, "torch eager fwd", bench(lambda: op(x, w, A, dt, cu_seqlens=cu, backend="torch", **p), rep=20),
@@ -343,14 +327,6 @@ def ref_outs(prob, repeat_qk: bool = True):
     return ref.pre_gated(x, w, A, dt, cu, Hk=SHAPE["Hk"], dk=SHAPE["dk"], dv=SHAPE["dv"], repeat_qk=repeat_qk)
 
 
-def v0_launch(x, w, A, dt, cu, outs, repeat_qk):
-    """The first forward's launch (benchmarks/probes/gdn_pre_fwd_v0.py, its own config)."""
-    sys.path[:0] = [os.path.join(ROOT, "benchmarks", "probes")]
-    import gdn_pre_fwd_v0 as v0
-
-    return v0.fwd_launch(x, w, A, dt, cu, *outs, None, SHAPE["Hk"], SHAPE["dk"], SHAPE["dv"], repeat_qk, 1e-6)
-
-
 def warm_sweep(part: int, parts: int) -> None:
     """Compile slice ``part`` of ``parts`` of the sweep's variants (BSHD and THD, at 256 tokens: a
     body launch for every tile size)."""
@@ -377,7 +353,6 @@ def warm() -> None:
             x, w, A, dt, cu = problem(thd)
             p = dict(Hk=SHAPE["Hk"], dk=SHAPE["dk"], dv=SHAPE["dv"], repeat_qk=rep)
             outs = op(x, w, A, dt, cu_seqlens=cu, backend="cutile", **p)
-            v0_launch(x, w, A, dt, cu, [torch.empty_like(o) for o in outs], rep).run()
             if rep:
                 cb.pre_gated_bwd_into(*outs, x, w, A, dt, cu, torch.empty_like(x), torch.empty_like(w),
                                       torch.empty_like(A), torch.empty_like(dt), *p.values(), 1e-6, False)
@@ -396,7 +371,6 @@ def main():
     ap.add_argument("--sweep", action="store_true", help="time fwd launch-config variants (BSHD) before the cases")
     ap.add_argument("--sweep-thd", action="store_true", help="with --sweep: THD too")
     ap.add_argument("--warm-sweep", type=int, default=-1, help=argparse.SUPPRESS)
-    ap.add_argument("--no-v0", action="store_true", help="skip the first forward (probes/gdn_pre_fwd_v0.py)")
     ap.add_argument("--no-eager", action="store_true", help="skip the torch backend's timings")
     ap.add_argument("--no-bwd", action="store_true", help="skip the backward's timing")
     a = ap.parse_args()
@@ -423,7 +397,7 @@ def main():
     for thd in (False, True):
         for rep in (True, False):
             time_case(thd, rep, peers=not a.no_peers,
-                      compiled=rep and not thd and not a.no_compile_peer and not a.no_peers, v0=not a.no_v0,
+                      compiled=rep and not thd and not a.no_compile_peer and not a.no_peers,
                       eager=not a.no_eager, bwd=not a.no_bwd)
             dump()
     print("\n== summary ==", flush=True)

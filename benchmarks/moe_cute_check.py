@@ -4,7 +4,7 @@
 From the repository root:
 
     python3 -m pytest -q tests/moe/test_mxfp8_cute.py          # correctness first
-    python3 benchmarks/moe_cute_check.py [--R 32768 --K 7168] [--sweep] [--no-compile] [--old] [--json FILE]
+    python3 benchmarks/moe_cute_check.py [--R 32768 --K 7168] [--sweep] [--no-compile] [--json FILE]
 
 For x [R, K] bf16 and fp32 and each axis (rowwise, columnwise, both), times
 (triton.testing.do_bench, median ms) the CuTe kernel, torch's own path
@@ -14,9 +14,7 @@ clone bandwidth is printed beside it). Bytes are counted by hand: x read once,
 each axis' data (R*K bytes) and scales (R*K/32 bytes) written once. Dequantize:
 data and scales read, out written. --sweep also times config variants (columns per
 thread, CTA threads) of each quantize kernel, each checked bit for bit against
-the default config first. --old also times the quantize kernels as committed before the
-coalesced rowwise phase (``benchmarks/probes/mxfp8_quant_v0.py``), after checking that the
-current kernel's bytes equal theirs. Compile times (first call) are printed too.
+the default config first. Compile times (first call) are printed too.
 """
 from __future__ import annotations
 
@@ -96,8 +94,6 @@ def run(args):
                                      args.copy_gbps))
                 except Exception:
                     print("  torch.compile failed:", traceback.format_exc(limit=3), flush=True)
-            if args.old:
-                recs.append(old_kernel(x, o, nbytes, tag, args.copy_gbps))
             if args.sweep and axis in args.sweep_axes.split(","):
                 recs += sweep(x, row, col, o, nbytes, tag, args.copy_gbps, args.sweep_smem_only)
         for axis in ("rowwise", "columnwise"):
@@ -112,24 +108,6 @@ def run(args):
                                   ms=bench(lambda: mx.dequantize(d, s, axis, dtype), rep=50), bytes=nbytes),
                              args.copy_gbps))
     return recs
-
-
-def old_kernel(x, o, nbytes, tag, copy_gbps):
-    """The committed-before version (probe copy) on the same x: bytes compared, then timed."""
-    sys.path.insert(0, os.path.join(ROOT, "benchmarks", "probes"))
-    import mxfp8_quant_v0 as Q0
-
-    Q.quantize_into(x, *o)
-    want = [t.view(torch.uint8).clone() if t is not None else None for t in o]
-    got = [torch.empty_like(t) if t is not None else None for t in o]
-    Q0.quantize_into(x, *got)
-    torch.cuda.synchronize()
-    same = all(w is None or torch.equal(g.view(torch.uint8), w) for g, w in zip(got, want))
-    rec = dict(what=f"{tag} old (v0)", ms=bench(lambda: Q0.quantize_into(x, *got)), bytes=nbytes, same_as_new=same)
-    line(rec, copy_gbps)
-    if not same:
-        print("    ^ MISMATCH between the old and the new kernel", flush=True)
-    return rec
 
 
 def sweep(x, row, col, o, nbytes, tag, copy_gbps, smem_only=False):
@@ -185,7 +163,6 @@ def main():
     ap.add_argument("--sweep-smem-only", action="store_true",
                     help="sweep the shared-memory kernel only, 64/128 threads x 2/4 columns")
     ap.add_argument("--no-compile", action="store_true")
-    ap.add_argument("--old", action="store_true", help="also time the probe copy of the old kernels")
     ap.add_argument("--json")
     args = ap.parse_args()
     recs = run(args)

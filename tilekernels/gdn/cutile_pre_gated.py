@@ -48,7 +48,7 @@ rows of sequence n of head group u (rows before the sequence's start as zeros).
 
 Measured on the H200 (Qwen3-Next shapes, bf16, 32768 tokens; triton do_bench median;
 benchmarks/gdn_pre_check.py --sweep): the first forward ([16 tokens x one head] blocks, a 2-D
-tile-fastest grid, TMA-staged stores, a cu_seqlens scan per block; kept as
+tile-fastest grid, TMA-staged stores, a cu_seqlens scan per block; in git history at 93c235f as
 benchmarks/probes/gdn_pre_fwd_v0.py) 1.64 / 1.90 ms BSHD / THD with repeat_qk (1.89 GB ideal:
 27% / 23% of the 4.27 TB/s copy ceiling); this one, at the default config (FT16 HB1 HBZ4,
 occupancy 8), 0.93 / 0.96 ms (47.5% / 46%). Still short of the 0.52 ms target: see the sweep
