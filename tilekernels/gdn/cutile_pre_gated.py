@@ -82,6 +82,14 @@ WMAX = 4  # conv widths up to this read their taps through shifted views (kernel
 # ------------------------------------------------------------------ device helpers (shared with the bwd)
 
 
+def _cu_chunk(seq, c, S, CH: ConstInt):
+    """Chunk c of cu_seqlens [S] as ([CH] int32 with BIG past the end, its min, its max over
+    the live entries): the step of seq_start's and seq_end's scans."""
+    live = (c * CH + ct.arange(CH, dtype=ct.int32)) < S
+    cu = ct.where(live, ct.load(seq, index=(c,), shape=(CH,), padding_mode=PAD_ZERO), BIG)
+    return cu, ct.min(cu), ct.max(ct.where(live, cu, -1))
+
+
 def seq_start(seq, rows, t0, TT: ConstInt, W: ConstInt, CH: ConstInt, THD: ConstBool):
     """[TT] int32: the packed index where each row's sequence starts, exact where it is
     within W-1 rows of the row (further back only "<= t - W + 1" is guaranteed, which is all
@@ -91,10 +99,7 @@ def seq_start(seq, rows, t0, TT: ConstInt, W: ConstInt, CH: ConstInt, THD: Const
         st = ct.zeros((TT,), dtype=ct.int32)  # cu_0 = 0 is always a start
         r2 = ct.reshape(rows, (TT, 1))
         for c in range(ct.cdiv(S, CH)):
-            live = (c * CH + ct.arange(CH, dtype=ct.int32)) < S
-            cu = ct.where(live, ct.load(seq, index=(c,), shape=(CH,), padding_mode=PAD_ZERO), BIG)
-            lo = ct.min(cu)
-            hi = ct.max(ct.where(live, cu, -1))
+            cu, lo, hi = _cu_chunk(seq, c, S, CH)
             if lo <= t0 + TT - 1:
                 if hi >= t0 - W + 2:
                     cand = ct.where(ct.reshape(cu, (1, CH)) <= r2, ct.reshape(cu, (1, CH)), 0)
@@ -113,10 +118,7 @@ def seq_end(seq, rows, t0, TT: ConstInt, W: ConstInt, CH: ConstInt, THD: ConstBo
         en = ct.full((TT,), BIG, dtype=ct.int32)
         r2 = ct.reshape(rows, (TT, 1))
         for c in range(ct.cdiv(S, CH)):
-            live = (c * CH + ct.arange(CH, dtype=ct.int32)) < S
-            cu = ct.where(live, ct.load(seq, index=(c,), shape=(CH,), padding_mode=PAD_ZERO), BIG)
-            lo = ct.min(cu)
-            hi = ct.max(ct.where(live, cu, -1))
+            cu, lo, hi = _cu_chunk(seq, c, S, CH)
             if lo <= t0 + TT + W - 2:
                 if hi >= t0 + 1:
                     cand = ct.where(ct.reshape(cu, (1, CH)) > r2, ct.reshape(cu, (1, CH)), BIG)
