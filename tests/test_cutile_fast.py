@@ -26,6 +26,7 @@ import torch
 ct = pytest.importorskip("cuda.tile")
 
 from tilekernels import _cutile_fast as fast  # noqa: E402
+from tilekernels._cutile import workspace, workspace_reuse  # noqa: E402
 from tilekernels.mhc import cutile_sinkhorn as sk  # noqa: E402
 from tilekernels.testing import assert_close, assert_cubins  # noqa: E402
 
@@ -128,8 +129,8 @@ def test_sinkhorn_fast_key_fixes_the_signature():
 
 def test_scratch_off_cuda_is_a_plain_allocation():
     """Off CUDA nothing is cached: the scratch is a plain allocation."""
-    a = fast.scratch((2, 3), torch.float32, META)
-    b = fast.scratch((2, 3), torch.float32, META)
+    a = workspace("test", (2, 3), torch.float32, META)
+    b = workspace("test", (2, 3), torch.float32, META)
     assert a is not b and a.device == META
 
 
@@ -146,7 +147,7 @@ def _run(c, on: bool, entries=None):
     dout = torch.randn(T, n, n, device="cuda")
     out, dl = torch.full_like(lg, float("nan")), torch.full_like(lg, float("nan"))
     cfg = sk.SinkhornCfg.heuristic(T, n, iters, entries=entries)
-    with fast.enabled(on), fast.scratch_reuse(on), fast.check_signatures(True):
+    with fast.enabled(on), workspace_reuse(on), fast.check_signatures(True):
         sk.fwd_launch(lg, out, iters, 1e-6, cfg=cfg).run()
         sk.bwd_launch(dout, lg, dl, iters, 1e-6, cfg=cfg).run()
     torch.cuda.synchronize()
@@ -203,3 +204,27 @@ def test_fast_graph_capture_replays_eager():
             assert_close(got[0], out, "exact", what="out graph vs eager")
             assert_close(got[1], dl, "exact", what="dlogits graph vs eager")
     assert {k[0][0] for k, v in fast._KERNELS.items() if v is not None} == {"fwd", "bwd_entries"}
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_workspace_reused_grown_and_fresh_under_capture():
+    """Eager calls on one stream share a tag's buffer (a view of its first elements), a bigger
+    request replaces it, a zero workspace starts zeroed, and a capture gets its own tensor."""
+    dev = torch.device("cuda")
+    a = workspace("t-reuse", (4, 8), torch.float32, dev)
+    b = workspace("t-reuse", (2, 8), torch.float32, dev)
+    assert b.data_ptr() == a.data_ptr() and b.shape == (2, 8) and b.is_contiguous()
+    c = workspace("t-reuse", (8, 8), torch.float32, dev)
+    assert c.shape == (8, 8) and workspace("t-reuse", (8, 8), torch.float32, dev).data_ptr() == c.data_ptr()
+    z = workspace("t-zero", (5,), torch.int32, dev, zero=True)
+    assert int(z.abs().sum()) == 0
+    with workspace_reuse(False):
+        assert workspace("t-reuse", (8, 8), torch.float32, dev).data_ptr() != c.data_ptr()
+    s = torch.cuda.Stream()
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.stream(s):
+        warm = workspace("t-reuse", (8, 8), torch.float32, dev)
+    with torch.cuda.graph(g, stream=s):
+        inside = workspace("t-reuse", (8, 8), torch.float32, dev)
+    assert inside.data_ptr() != warm.data_ptr()

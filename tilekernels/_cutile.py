@@ -23,9 +23,11 @@ Importing this module needs ``cuda.tile`` but no GPU and no driver.
 """
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import io
 import math
+import os
 from typing import Any, Sequence
 
 import torch
@@ -52,6 +54,46 @@ _DTYPES = {
 def _raw_stream(index: int) -> int:
     """cudaStream_t of torch's current stream on device ``index`` (what cuTile's launch takes)."""
     return torch._C._cuda_getCurrentRawStream(index)
+
+
+# Per-(tag, device, stream) kernel workspaces (``workspace``); TILEKERNELS_SCRATCH_REUSE=0 turns
+# the reuse off (every call allocates).
+WORKSPACE_REUSE = [os.environ.get("TILEKERNELS_SCRATCH_REUSE", "1") not in ("", "0")]
+_WORKSPACES: dict = {}
+_WORKSPACES_MAX = 16
+
+
+def workspace(tag: str, shape: tuple, dtype: torch.dtype, device: torch.device, zero: bool = False) -> torch.Tensor:
+    """A kernel's temporary buffer [shape] (contiguous), kept between eager calls per (tag,
+    device, current stream, dtype) so that a call does not allocate: grown (never shrunk) when
+    a call needs more, a view of its first elements otherwise. ``zero``: zero-filled when
+    allocated, and the kernels using it must leave it zero (e.g. counters reset by their last
+    user). Launches on one stream are ordered, so they never share it concurrently; a dropped
+    buffer goes back to torch's allocator on that stream. Inside a graph capture (and off CUDA,
+    e.g. ``meta`` for the compile tests, or with the reuse off) it is a new tensor from the
+    allocator -- the capture's pool -- so a graph never holds a buffer this cache may drop."""
+    alloc = torch.zeros if zero else torch.empty
+    if device.type != "cuda" or not WORKSPACE_REUSE[0] or torch.cuda.is_current_stream_capturing():
+        return alloc(shape, dtype=dtype, device=device)
+    n = math.prod(shape)
+    idx = device.index if device.index is not None else torch.cuda.current_device()
+    key = (tag, idx, _raw_stream(idx), dtype)
+    buf = _WORKSPACES.get(key)
+    if buf is None or buf.numel() < n:
+        if len(_WORKSPACES) >= _WORKSPACES_MAX:
+            _WORKSPACES.clear()
+        buf = _WORKSPACES[key] = alloc(max(n, 1), dtype=dtype, device=device)
+    return buf[:n].view(shape)
+
+
+@contextlib.contextmanager
+def workspace_reuse(on: bool = True):
+    """Within the block, ``workspace()`` reuses its buffers (on) or allocates each (off)."""
+    old, WORKSPACE_REUSE[0] = WORKSPACE_REUSE[0], on
+    try:
+        yield
+    finally:
+        WORKSPACE_REUSE[0] = old
 
 
 def next_pow2(n: int) -> int:

@@ -31,12 +31,6 @@ the caller builds from what it knows of its arguments) and launched with the dri
   then passes 0 too).
 * **Per call** (checked, else ``ct.launch`` runs the call): the tensors are on torch's
   current device and every base pointer is 16-byte aligned.
-* **Scratch.** ``scratch(shape, dtype, device)``: a kernel's temporary buffer reused
-  per (device, stream, shape, dtype) outside graph capture (stream-ordered reuse; a
-  dropped entry goes back to torch's allocator on the same stream); inside a capture a
-  fresh tensor from the capture's pool, so a graph never holds a buffer this cache
-  may drop.
-
 Status (H200): the fast launches are correct -- bitwise equal to ``ct.launch``'s outputs
 for the Sinkhorn forward and the entries backward at (T, n) = (1, 1), (3, 3), (37, 8),
 (1000, 4), the tile backward at (1, 1), (3, 3); fast fwd + bwd at T = 32768 inside the
@@ -46,9 +40,8 @@ through ``ct.launch``, and 19.3 us with block (1, 1, 1) as ``ct.launch`` passes 
 block shape is not the reason; the packing itself is ~3 us in Python. Where the rest goes
 (ctypes' PyDLL call, the driver entry, argument checks) is not measured. So the fast
 launch is **off by default** (``ENABLED``; ``TILEKERNELS_CUTILE_FAST=1`` turns it on).
-The scratch reuse is on by default (``SCRATCH_REUSE``, ``TILEKERNELS_SCRATCH_REUSE=0``
-turns it off): the Sinkhorn fwd+bwd's do_bench read 165 us with a fresh scratch and 143
-with the reused one in that run.
+(Kernel scratch buffers are ``tilekernels._cutile.workspace``: the Sinkhorn fwd+bwd's
+do_bench read 165 us with a fresh scratch and 143 with the reused one in that run.)
 
 Kernels whose cubin describes its parameters with ``EIATTR`` 0x45 records instead of
 KPARAM_INFO (seen: the padded-tile Sinkhorn backward at n >= 4, parameter block 496
@@ -76,7 +69,6 @@ from tilekernels._glue import _RECORD_KEYS, COMPILE_KEYS
 log = logging.getLogger("tilekernels")
 
 ENABLED = [os.environ.get("TILEKERNELS_CUTILE_FAST", "0") not in ("", "0")]
-SCRATCH_REUSE = [os.environ.get("TILEKERNELS_SCRATCH_REUSE", "1") not in ("", "0")]
 # launch with the cubin's REQNTID block (True) or (1, 1, 1) as ct.launch does (False)
 BLOCK_FROM_CUBIN = [True]
 _CHECK = [os.environ.get("TILEKERNELS_CUTILE_FAST_CHECK", "0") not in ("", "0")]
@@ -90,16 +82,6 @@ def enabled(on: bool = True):
         yield
     finally:
         ENABLED[0] = old
-
-
-@contextlib.contextmanager
-def scratch_reuse(on: bool = True):
-    """Within the block, ``scratch()`` reuses its buffers (on) or allocates each (off)."""
-    old, SCRATCH_REUSE[0] = SCRATCH_REUSE[0], on
-    try:
-        yield
-    finally:
-        SCRATCH_REUSE[0] = old
 
 
 @contextlib.contextmanager
@@ -396,28 +378,6 @@ class FastLaunch(Launch):
                                  f"signature {sig} onto a kernel compiled for {fk.signature}")
 
 
-# ------------------------------------------------------------------ scratch
-
-_SCRATCH: dict = {}
-
-
-def scratch(shape: tuple, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
-    """An uninitialized temporary buffer for a kernel (module doc): reused per
-    (device, stream, shape, dtype) outside graph capture, fresh inside one (and on
-    non-CUDA devices, e.g. ``meta`` for the compile tests, or with SCRATCH_REUSE off)."""
-    if device.type != "cuda" or not SCRATCH_REUSE[0] or torch.cuda.is_current_stream_capturing():
-        return torch.empty(shape, dtype=dtype, device=device)
-    idx = device.index if device.index is not None else torch.cuda.current_device()
-    key = (idx, _raw_stream(idx), shape, dtype)
-    t = _SCRATCH.get(key)
-    if t is None:
-        if len(_SCRATCH) >= 8:
-            _SCRATCH.clear()
-        t = _SCRATCH[key] = torch.empty(shape, dtype=dtype, device=device)
-    return t
-
-
 def clear_caches() -> None:
-    """Forget the compiled kernels and the scratch buffers."""
+    """Forget the compiled kernels."""
     _KERNELS.clear()
-    _SCRATCH.clear()

@@ -19,7 +19,7 @@ sys.path[:0] = [os.path.dirname(_BENCH), _BENCH]
 import torch  # noqa: E402
 
 import registry  # noqa: E402
-from tilekernels._cutile import run_all  # noqa: E402
+from tilekernels._cutile import run_all, workspace_reuse  # noqa: E402
 from tilekernels._glue import get_kernel  # noqa: E402
 from tilekernels.mhc import cutile_post_bda as pb  # noqa: E402
 from _host import cprofile_top, per_call_us  # noqa: E402
@@ -164,7 +164,7 @@ def sinkhorn(T: int, n: int = 4, iters: int = 20, eps: float = 1e-6) -> None:
     modes = ("before", "scratch", "fast", "fast-b1")
     for mode in modes:
         fast.BLOCK_FROM_CUBIN[0] = mode != "fast-b1"
-        with fast.enabled(mode.startswith("fast")), fast.scratch_reuse(mode != "before"):
+        with fast.enabled(mode.startswith("fast")), workspace_reuse(mode != "before"):
             fast.clear_caches()
             with torch.no_grad():  # each mode's results against ct.launch's, bitwise
                 kf(logits, out, iters, eps)

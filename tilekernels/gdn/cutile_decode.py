@@ -27,10 +27,10 @@ after its reads each block adds 1 to a counter of (b, kh) (acq_rel, device scope
 happen before), and the block that reads NS-1 back knows every sibling has read the old
 window; it writes the new one and resets the counter to 0 (so the counters are all 0 between
 launches: graph replay and the next launch need no reset). Nothing waits for anything (no
-spin, no inter-block order assumed). The counters are an int32 workspace kept per (device,
-stream), grown (only) when a launch needs more rows: allocated at the first call on a
-stream, normally outside a graph (a graph that captures the growth replays its zero-fill,
-harmless); launches on one stream are ordered, so they never share counters concurrently.
+spin, no inter-block order assumed). The counters are an int32
+``workspace`` (tilekernels/_cutile.py) kept per (device, stream) between eager calls and
+grown in 4096-row steps; inside a graph capture a fresh zeroed one from the capture's pool
+(its zero-fill replays with the graph, harmless).
 
 Continuous batching: with state_indices (HAS_IDX) row b uses slot state_indices[b]; a slot
 of -1 writes zeros to o's row (what the reference returns) and reads/writes no state nor
@@ -60,7 +60,7 @@ import cuda.tile as ct
 import torch
 
 from tilekernels._glue import kernel
-from tilekernels._cutile import PAD_ZERO, Launch, _raw_stream, cdiv, next_pow2, occ
+from tilekernels._cutile import PAD_ZERO, Launch, cdiv, next_pow2, occ, workspace
 
 ConstInt = ct.Constant[int]
 ConstBool = ct.Constant[bool]
@@ -254,7 +254,6 @@ class DecodeCfg:
 # 9.2-9.8 us against 10.6-11.4 at split 4; B=32 split 1 (512 blocks) 64-68 us against 70-78
 # at split 2 and 84-99 at split 4 (gdn_decode_check.py --sweep).
 BLOCKS_PER_SM = 2
-_COUNTERS: dict = {}
 _SMS: dict = {}
 
 
@@ -265,18 +264,6 @@ def _sm_count(device: torch.device) -> int:
     if device.index not in _SMS:
         _SMS[device.index] = torch.cuda.get_device_properties(device).multi_processor_count
     return _SMS[device.index]
-
-
-def _counters(device: torch.device, rows: int) -> torch.Tensor:
-    """The int32 counter workspace (module doc) for ``rows`` counters on ``device``'s current
-    stream: all zero between launches; grown to a multiple of 4096 rows when too small."""
-    if device.type != "cuda":
-        return torch.zeros(max(rows, 1), dtype=torch.int32, device=device)
-    key = (device.index, _raw_stream(device.index))
-    buf = _COUNTERS.get(key)
-    if buf is None or buf.numel() < rows:
-        buf = _COUNTERS[key] = torch.zeros(cdiv(max(rows, 1), 4096) * 4096, dtype=torch.int32, device=device)
-    return buf
 
 
 def _views(mixed, conv_state, conv_weight, Hk: int, Hv: int, dk: int, dv: int):
@@ -313,7 +300,8 @@ def decode_launch(mixed, conv_state, conv_weight, A_log, dt_bias, ssm_state, sta
     ns = split or cfg.split(B, _sm_count(mixed.device))
     if (cfg.R * cfg.NV) % ns:
         raise ValueError(f"gdn_decode cutile: split {ns} does not divide the {cfg.R * cfg.NV} tiles of a key head")
-    cnt = _counters(mixed.device, B * Hk)
+    # int32 counters, zero between launches; 4096-row steps keep the growth rare
+    cnt = workspace("gdn_decode.counters", (cdiv(max(B * Hk, 1), 4096) * 4096,), torch.int32, mixed.device, zero=True)
     return Launch(gdn_decode_fwd, (B, Hk * ns, 1),
                   (mqk, mv, mba, cqk, cv, wqk, wv, A_log, dt_bias, ssm_state, idx, o, cnt, float(eps), scale,
                    cfg.Hk, cfg.R, cfg.W, cfg.DK, cfg.BV, cfg.NV, cfg.WP, cfg.WW, cfg.TMA, has_idx),

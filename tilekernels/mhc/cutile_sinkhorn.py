@@ -31,8 +31,8 @@ within 2 ulp; SinkhornCfg.APPROX) -- the IEEE-rounded one adds a range check and
 slow-path call per divide, which made both kernels slower, while the outputs' errors
 against float64 stay where they were.
 Launches are FastLaunch records (tilekernels/_cutile_fast.py): ``ct.launch`` by default, the
-driver fast path when it is enabled; the entries backward's scratch is reused per stream
-outside graph captures (the fast path's ``scratch``).
+driver fast path when it is enabled; the entries backward's scratch is a per-stream
+``workspace`` (tilekernels/_cutile.py), reused between eager calls.
 Measured times (H200) and the sweeps behind these choices:
 benchmarks/results/nvidia-h200-mhc-cutile.md (probe: benchmarks/probes/sinkhorn_probe.py).
 """
@@ -45,8 +45,8 @@ import math
 import cuda.tile as ct
 import torch
 
-from tilekernels._cutile import PAD_ZERO, cdiv, next_pow2, occ
-from tilekernels._cutile_fast import FastLaunch, scratch
+from tilekernels._cutile import PAD_ZERO, cdiv, next_pow2, occ, workspace
+from tilekernels._cutile_fast import FastLaunch
 
 ConstInt = ct.Constant[int]
 
@@ -389,13 +389,13 @@ def fwd_launch(logits, out, iters: int, eps: float, cfg: SinkhornCfg | None = No
 
 def bwd_launch(dout, logits, dlogits, iters: int, eps: float, cfg: SinkhornCfg | None = None) -> FastLaunch:
     """dout, logits, dlogits: [T, n, n] fp32, contiguous. The entries backward's scratch
-    [max(iters, 1), 2n, T] fp32 comes from the fast path's per-stream scratch (reused
-    between eager calls, fresh inside a graph capture; the launch keeps it alive)."""
+    [max(iters, 1), 2n, T] fp32 is a per-stream ``workspace`` (reused between eager calls,
+    fresh inside a graph capture; the launch keeps it alive)."""
     T, n, _ = logits.shape
     cfg = cfg or SinkhornCfg.heuristic(T, n, iters)
     grid = (cdiv(T, cfg.TT_BWD),)
     if cfg.BWD_ENTRIES:
-        buf = scratch((max(cfg.ITERS, 1), 2 * cfg.N, T), torch.float32, logits.device)
+        buf = workspace("mhc_sinkhorn.bwd", (max(cfg.ITERS, 1), 2 * cfg.N, T), torch.float32, logits.device)
         return FastLaunch(mhc_sk_bwd_entries, grid,
                           (dout, logits, dlogits, buf, float(eps), cfg.N, cfg.NP, cfg.TT_BWD,
                            cfg.ITERS, cfg.APPROX, cfg.PF), cfg, occ(cfg.OCC_BWD),
