@@ -71,7 +71,7 @@ if has verify; then
     pip install -q --no-deps --no-index --target /tmp/fla .gpu-fla/*.whl > /dev/null 2>&1 && export PYTHONPATH=/tmp/fla:$PYTHONPATH
   fi
   P="python3 -m pytest -q -p no:cacheprovider -m gpu"
-  timeout 300 $P -n 8 tests/gdn tests/cp tests/test_cutile_fast.py tests/registry/test_registry_hot_path.py \
+  timeout 300 $P -n 8 tests/gdn tests/cp tests/test_cutile_workspace.py tests/registry/test_registry_hot_path.py \
     tests/registry/test_registry_guards.py > "$V/tests.txt" 2>&1 &
   timeout 300 $P -n 4 tests/mhc -k sinkhorn > "$V/tests-sinkhorn.txt" 2>&1 &
   wait

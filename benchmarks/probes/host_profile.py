@@ -4,7 +4,7 @@ autograd backward) at a small T, where the GPU work is tiny and the host sets th
 Prints per-call host microseconds of each layer, then cProfile's top functions.
     source .gpu-cutile/env.sh && python3 benchmarks/probes/host_profile.py [--T 1024] [--gap]
     ... host_profile.py --sinkhorn [--T 32768]   (issue 15: where eager sinkhorn fwd+bwd's time goes,
-        before / after the cuTile fast launch path of tilekernels/_cutile_fast.py)
+        with a fresh and with a reused backward scratch)
 """
 from __future__ import annotations
 
@@ -74,17 +74,14 @@ def main() -> None:
 
 
 def sinkhorn(T: int, n: int = 4, iters: int = 20, eps: float = 1e-6) -> None:
-    """mhc_sinkhorn eager fwd+bwd (issue 15's <= 0.08 ms target) in four modes of
-    tilekernels/_cutile_fast.py: ``before`` (``ct.launch``, a fresh backward scratch per call),
-    ``scratch`` (``ct.launch``, reused scratch: the default), ``fast`` (driver launches with
-    the cubin's block shape, reused scratch) and ``fast-b1`` (block (1, 1, 1) as ``ct.launch``
-    passes it). Host us per call of each layer (queued back to back, one sync; the launch
+    """mhc_sinkhorn eager fwd+bwd (issue 15's <= 0.08 ms target) in two modes: ``fresh`` (a
+    new backward scratch per call) and ``reused`` (the per-stream ``workspace``: the default).
+    Host us per call of each layer (queued back to back, one sync; the launch
     steps also at T=256, where the GPU work cannot set the pace), do_bench / CUDA-graph us of
     the full step, the breakdown, and cProfile of the registry step. Every fwd+bwd step sets
     grads to None and backpropagates the same pre-made dout."""
     from triton.testing import do_bench, do_bench_cudagraph
 
-    from tilekernels import _cutile_fast as fast
     from tilekernels._glue import empty
     from tilekernels.mhc import cutile_sinkhorn as sk
 
@@ -154,26 +151,18 @@ def sinkhorn(T: int, n: int = 4, iters: int = 20, eps: float = 1e-6) -> None:
         "entry fwd + autograd bwd": (True, step(lambda x: real_entry(x, backend="cutile", **params))),
         "registry fwd + autograd bwd": (True, step(lambda x: op(x, **params))),
     }
-    # what ct.launch's JIT specializes the forward on vs the fast path's signature (same shape)
-    from cuda.tile.compilation import CallingConvention, KernelSignature
-    ln = sk.fwd_launch(logits, out, iters, eps)
-    jit = KernelSignature.from_kernel_args(ln.compiled_kernel(), ln.args, CallingConvention.cutile_python_v1())
-    print("ct.launch JIT signature:", jit.parameters[:3])
-    print("fast-path signature:   ", ln.signature().parameters[:3])
     res: dict = {}
-    modes = ("before", "scratch", "fast", "fast-b1")
+    modes = ("fresh", "reused")
     for mode in modes:
-        fast.BLOCK_FROM_CUBIN[0] = mode != "fast-b1"
-        with fast.enabled(mode.startswith("fast")), workspace_reuse(mode != "before"):
-            fast.clear_caches()
-            with torch.no_grad():  # each mode's results against ct.launch's, bitwise
+        with workspace_reuse(mode == "reused"):
+            with torch.no_grad():  # each mode's results against the first mode's, bitwise
                 kf(logits, out, iters, eps)
                 kb(dout, logits, dl, iters, eps)
                 torch.cuda.synchronize()
                 got = (out.clone(), dl.clone())
             ref_out = res.setdefault("ref", got)
             same = all(torch.equal(g, r) for g, r in zip(got, ref_out))
-            print(f"[{mode}] fwd + bwd outputs bitwise equal to ct.launch's: {same}", flush=True)
+            print(f"[{mode}] fwd + bwd outputs bitwise equal to the fresh-scratch run's: {same}", flush=True)
             for name, (grad, fn) in steps.items():
                 with torch.enable_grad() if grad else torch.no_grad():
                     us = res[mode, name] = per_call_us(fn, n=2000)
@@ -184,9 +173,7 @@ def sinkhorn(T: int, n: int = 4, iters: int = 20, eps: float = 1e-6) -> None:
                 g = res[mode, "graph " + name] = do_bench_cudagraph(fn, rep=100, return_mode="median") * 1e3
                 print(f"[{mode}] {name:<45} do_bench {e:.1f} us, graph {g:.1f} us (T={T} n={n} iters={iters})",
                       flush=True)
-    fast.BLOCK_FROM_CUBIN[0] = True
-    with fast.enabled(True):
-        print(cprofile_top(steps["registry fwd + autograd bwd"][1], 2000, keys=("tottime",)))
+    print(cprofile_top(steps["registry fwd + autograd bwd"][1], 2000, keys=("tottime",)))
     # the breakdown of one eager registry fwd+bwd (host us): launches = the two kernel fns;
     # autograd + generated wrapper = the rest
     print(f"\nsinkhorn eager fwd+bwd host breakdown (us/call; T={T} n={n} iters={iters})")

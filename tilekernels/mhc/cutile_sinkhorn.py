@@ -30,9 +30,8 @@ Divides: the entries kernels use the hardware's approximate divide (div.approx.f
 within 2 ulp; SinkhornCfg.APPROX) -- the IEEE-rounded one adds a range check and a
 slow-path call per divide, which made both kernels slower, while the outputs' errors
 against float64 stay where they were.
-Launches are FastLaunch records (tilekernels/_cutile_fast.py): ``ct.launch`` by default, the
-driver fast path when it is enabled; the entries backward's scratch is a per-stream
-``workspace`` (tilekernels/_cutile.py), reused between eager calls.
+The entries backward's scratch is a per-stream ``workspace`` (tilekernels/_cutile.py),
+reused between eager calls.
 Measured times (H200) and the sweeps behind these choices:
 benchmarks/results/nvidia-h200-mhc-cutile.md (probe: benchmarks/probes/sinkhorn_probe.py).
 """
@@ -40,13 +39,11 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import math
 
 import cuda.tile as ct
 import torch
 
-from tilekernels._cutile import PAD_ZERO, cdiv, next_pow2, occ, workspace
-from tilekernels._cutile_fast import FastLaunch
+from tilekernels._cutile import PAD_ZERO, Launch, cdiv, next_pow2, occ, workspace
 
 ConstInt = ct.Constant[int]
 
@@ -370,24 +367,16 @@ class SinkhornCfg:
         return cls(N=n, NP=NP, TT_FWD=128, TT_BWD=max(1, 128 // (NP * NP)),
                    ITERS=iters, OCC_FWD=0, OCC_BWD=8, APPROX=1)
 
-def _fast_key(kind: str, cfg: SinkhornCfg, T: int, *tensors) -> tuple:
-    """The fast launch's key (tilekernels/_cutile_fast.py): every tensor here is a
-    contiguous [T, n, n] or the scratch [iters, 2n, T], so the config (n, iters, tiles,
-    hints), the dtypes and gcd(T, 16) fix every shape and stride divisibility the
-    kernel's signature records (tests/test_cutile_fast.py checks it over T)."""
-    return (kind, cfg, math.gcd(T, 16)) + tuple(t.dtype for t in tensors)
-
-
-def fwd_launch(logits, out, iters: int, eps: float, cfg: SinkhornCfg | None = None) -> FastLaunch:
-    """logits, out: [T, n, n] fp32, contiguous (run(): the fast launch path when enabled)."""
+def fwd_launch(logits, out, iters: int, eps: float, cfg: SinkhornCfg | None = None) -> Launch:
+    """logits, out: [T, n, n] fp32, contiguous."""
     T, n, _ = logits.shape
     cfg = cfg or SinkhornCfg.heuristic(T, n, iters)
-    return FastLaunch(mhc_sk_fwd, (cdiv(T, cfg.TT_FWD),),
-                      (logits, out, float(eps), cfg.N, cfg.NP, cfg.TT_FWD, cfg.ITERS, cfg.APPROX), cfg,
-                      occ(cfg.OCC_FWD), fast_key=_fast_key("fwd", cfg, T, logits, out))
+    return Launch(mhc_sk_fwd, (cdiv(T, cfg.TT_FWD),),
+                  (logits, out, float(eps), cfg.N, cfg.NP, cfg.TT_FWD, cfg.ITERS, cfg.APPROX), cfg,
+                  occ(cfg.OCC_FWD))
 
 
-def bwd_launch(dout, logits, dlogits, iters: int, eps: float, cfg: SinkhornCfg | None = None) -> FastLaunch:
+def bwd_launch(dout, logits, dlogits, iters: int, eps: float, cfg: SinkhornCfg | None = None) -> Launch:
     """dout, logits, dlogits: [T, n, n] fp32, contiguous. The entries backward's scratch
     [max(iters, 1), 2n, T] fp32 is a per-stream ``workspace`` (reused between eager calls,
     fresh inside a graph capture; the launch keeps it alive)."""
@@ -396,10 +385,9 @@ def bwd_launch(dout, logits, dlogits, iters: int, eps: float, cfg: SinkhornCfg |
     grid = (cdiv(T, cfg.TT_BWD),)
     if cfg.BWD_ENTRIES:
         buf = workspace("mhc_sinkhorn.bwd", (max(cfg.ITERS, 1), 2 * cfg.N, T), torch.float32, logits.device)
-        return FastLaunch(mhc_sk_bwd_entries, grid,
-                          (dout, logits, dlogits, buf, float(eps), cfg.N, cfg.NP, cfg.TT_BWD,
-                           cfg.ITERS, cfg.APPROX, cfg.PF), cfg, occ(cfg.OCC_BWD),
-                          fast_key=_fast_key("bwd_entries", cfg, T, dout, logits, dlogits))
-    return FastLaunch(mhc_sk_bwd, grid,
-                      (dout, logits, dlogits, float(eps), cfg.N, cfg.NP, cfg.TT_BWD, cfg.ITERS), cfg,
-                      occ(cfg.OCC_BWD), fast_key=_fast_key("bwd_tile", cfg, T, dout, logits, dlogits))
+        return Launch(mhc_sk_bwd_entries, grid,
+                      (dout, logits, dlogits, buf, float(eps), cfg.N, cfg.NP, cfg.TT_BWD,
+                       cfg.ITERS, cfg.APPROX, cfg.PF), cfg, occ(cfg.OCC_BWD))
+    return Launch(mhc_sk_bwd, grid,
+                  (dout, logits, dlogits, float(eps), cfg.N, cfg.NP, cfg.TT_BWD, cfg.ITERS), cfg,
+                  occ(cfg.OCC_BWD))

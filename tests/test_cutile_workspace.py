@@ -1,0 +1,41 @@
+"""tilekernels._cutile.workspace: the per-(tag, device, stream) kernel workspace cache
+(gdn_decode's counters, the Sinkhorn backward's scratch)."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from tilekernels._cutile import workspace, workspace_reuse
+
+META = torch.device("meta")
+
+
+def test_scratch_off_cuda_is_a_plain_allocation():
+    """Off CUDA nothing is cached: the scratch is a plain allocation."""
+    a = workspace("test", (2, 3), torch.float32, META)
+    b = workspace("test", (2, 3), torch.float32, META)
+    assert a is not b and a.device == META
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_workspace_reused_grown_and_fresh_under_capture():
+    """Eager calls on one stream share a tag's buffer (a view of its first elements), a bigger
+    request replaces it, a zero workspace starts zeroed, and a capture gets its own tensor."""
+    dev = torch.device("cuda")
+    a = workspace("t-reuse", (4, 8), torch.float32, dev)
+    b = workspace("t-reuse", (2, 8), torch.float32, dev)
+    assert b.data_ptr() == a.data_ptr() and b.shape == (2, 8) and b.is_contiguous()
+    c = workspace("t-reuse", (8, 8), torch.float32, dev)
+    assert c.shape == (8, 8) and workspace("t-reuse", (8, 8), torch.float32, dev).data_ptr() == c.data_ptr()
+    z = workspace("t-zero", (5,), torch.int32, dev, zero=True)
+    assert int(z.abs().sum()) == 0
+    with workspace_reuse(False):
+        assert workspace("t-reuse", (8, 8), torch.float32, dev).data_ptr() != c.data_ptr()
+    s = torch.cuda.Stream()
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.stream(s):
+        warm = workspace("t-reuse", (8, 8), torch.float32, dev)
+    with torch.cuda.graph(g, stream=s):
+        inside = workspace("t-reuse", (8, 8), torch.float32, dev)
+    assert inside.data_ptr() != warm.data_ptr()
