@@ -23,6 +23,7 @@ from tilekernels.moe import cute_gemm_dequant as dq  # noqa: E402
 from tilekernels.moe import cute_grouped_gemm as gg  # noqa: E402
 from tilekernels.moe import mxfp8 as mx  # noqa: E402
 from tilekernels.testing import rel_err, tolerance  # noqa: E402
+from mxfp8_gemm_helpers import _dq_cols, _dq_rows, _offsets, _q_cols, _q_rows, _rand_rows  # noqa: E402
 
 BF, F32 = torch.bfloat16, torch.float32
 OUTS = {"bf16": BF, "f32": F32}
@@ -130,42 +131,6 @@ def cutlass_int32():
 gpu = pytest.mark.gpu
 needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 DEV = "cuda"
-
-
-def _rand_rows(R, C, spread=12):
-    """[R, C] fp32 with a per-row power-of-two magnitude in 2^[-spread, spread], a few zero
-    32-blocks, so the E8M0 scales vary widely."""
-    x = torch.randn(R, C, device=DEV)
-    x = x * torch.exp2(torch.randint(-spread, spread + 1, (R, 1), device=DEV).float())
-    if C >= 64 and R > 0:
-        x[::7, 32:64] = 0.0
-    return x
-
-
-def _q_rows(x):
-    """rowwise MXFP8 (blocks along the last dim): (uint8 data, uint8 scales)."""
-    d, s = mx.quantize_rowwise(x)
-    return d.view(torch.uint8), s
-
-
-def _q_cols(x):
-    """columnwise MXFP8 (blocks along the first dim): (uint8 data, uint8 scales [R/32, C])."""
-    d, s = mx.quantize_columnwise(x)
-    return d.view(torch.uint8), s
-
-
-def _dq_rows(d, s):
-    return mx.dequantize_rowwise(d.view(torch.float8_e4m3fn), s, torch.float64)
-
-
-def _dq_cols(d, s):
-    return mx.dequantize_columnwise(d.view(torch.float8_e4m3fn), s, torch.float64)
-
-
-def _offsets(splits, dtype=torch.int64):
-    """Cumulative [G + 1] offsets computed on the device (torch.cumsum), as the op does."""
-    m = torch.tensor(splits, dtype=torch.int64, device=DEV)
-    return torch.cat([m.new_zeros(1), torch.cumsum(m, 0)]).to(dtype)
 
 
 def _groups(splits):

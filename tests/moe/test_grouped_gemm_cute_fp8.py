@@ -30,6 +30,7 @@ from tilekernels import _cute as C  # noqa: E402
 from tilekernels.moe import cute_gemm_fp8 as f8  # noqa: E402
 from tilekernels.moe import mxfp8 as mx  # noqa: E402
 from tilekernels.testing import rel_err, tolerance  # noqa: E402
+from mxfp8_gemm_helpers import _offsets, _q_rows, _rand_rows  # noqa: E402
 
 BF, F32 = torch.bfloat16, torch.float32
 
@@ -117,30 +118,10 @@ needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a C
 DEV = "cuda"
 
 
-def _rand_rows(R, C_, spread=12):
-    """[R, C] fp32, per-row power-of-two magnitudes in 2^[-spread, spread] and some zero
-    blocks, so the E8M0 scales vary widely."""
-    x = torch.randn(R, C_, device=DEV)
-    x = x * torch.exp2(torch.randint(-spread, spread + 1, (R, 1), device=DEV).float())
-    if C_ >= 64 and R > 0:
-        x[::7, 32:64] = 0.0
-    return x
-
-
-def _q(x):
-    d, s = mx.quantize_rowwise(x)
-    return d.view(torch.uint8), s
-
-
-def _offsets(splits, dtype=torch.int64):
-    m = torch.tensor(splits, dtype=torch.int64, device=DEV)
-    return torch.cat([m.new_zeros(1), torch.cumsum(m, 0)]).to(dtype)
-
-
 def make(splits, N, K):
     M, G = sum(splits), len(splits)
-    xd, xs = _q(_rand_rows(M, K))
-    wd, ws = _q(_rand_rows(G * N, K) / K ** 0.5)
+    xd, xs = _q_rows(_rand_rows(M, K))
+    wd, ws = _q_rows(_rand_rows(G * N, K) / K ** 0.5)
     return dict(a=(xd, xs), b=(wd.view(G, N, K), ws.view(G, N, K // 32)), M=M, N=N, K=K, G=G)
 
 
