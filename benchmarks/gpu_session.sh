@@ -71,9 +71,9 @@ if has verify; then
     pip install -q --no-deps --no-index --target /tmp/fla .gpu-fla/*.whl > /dev/null 2>&1 && export PYTHONPATH=/tmp/fla:$PYTHONPATH
   fi
   P="python3 -m pytest -q -p no:cacheprovider -m gpu"
-  timeout 300 $P -n 8 tests/gdn tests/cp tests/test_cutile_workspace.py tests/registry/test_registry_hot_path.py \
+  timeout ${VERIFY_T:-300} $P -n ${VERIFY_N:-8} tests/gdn tests/cp tests/test_cutile_workspace.py tests/registry/test_registry_hot_path.py \
     tests/registry/test_registry_guards.py > "$V/tests.txt" 2>&1 &
-  timeout 300 $P -n 4 tests/mhc -k sinkhorn > "$V/tests-sinkhorn.txt" 2>&1 &
+  timeout ${VERIFY_T:-300} $P -n 4 tests/mhc -k sinkhorn > "$V/tests-sinkhorn.txt" 2>&1 &
   wait
   summary+=("verify tests: $(grep -E ' passed| failed' "$V/tests.txt" | tail -1)")
   summary+=("verify sinkhorn tests: $(grep -E ' passed| failed' "$V/tests-sinkhorn.txt" | tail -1)")
