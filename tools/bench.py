@@ -126,17 +126,18 @@ class Runner:
             log.info("    %s: n/a (%s: %s)", what, type(e).__name__, str(e).splitlines()[0][:200] if str(e) else "")
             return None
 
-    def _check_fwd(self, op, args, params, backend: str) -> tuple[float, bool, list[str]]:
-        """Forward result (and in-place inputs) vs the float64 reference."""
+    def _check_fwd(self, op, args, params, backend: str, oracle=None) -> tuple[float, bool, list[str]]:
+        """Forward result (and in-place inputs) vs the float64 reference (``oracle``: the
+        case's own float64 oracle instead of ``op.reference``)."""
         spec = op.spec
         rargs, rparams = self._upcast_inputs(spec, args, params)
         with poisoned(True):  # an output element the kernel never writes is NaN, so it fails
             outs = flatten(op(*args, backend=backend, **params))
-        refs = flatten(op.reference(*rargs, **rparams))
+        refs = flatten((oracle or op.reference)(*rargs, **rparams))
         got, want, names = self._inout(spec, args, params, rargs, rparams)
         return compare(outs + got, refs + want, _out_names(spec, outs) + names)
 
-    def _check_fwdbwd(self, op, args, params, largs, lparams, leaves, backend: str):
+    def _check_fwdbwd(self, op, args, params, largs, lparams, leaves, backend: str, oracle=None):
         """Forward results and input gradients vs float64 reference autograd, under one
         random upstream gradient; returns (rel_err, ok, notes, differentiable result indices, grads)."""
         spec = op.spec
@@ -150,7 +151,7 @@ class Runner:
             with poisoned(True):
                 torch.autograd.backward([outs[i] for i in diff], grads)
             rargs, rparams = self._upcast_inputs(spec, args, params, [n for n, _ in leaves])
-            routs = flatten(op.reference(*rargs, **rparams))
+            routs = flatten((oracle or op.reference)(*rargs, **rparams))
             rleaves = [C.input_tensor(spec, rargs, rparams, n) for n, _ in leaves]
             bad = [i for i in diff if i >= len(routs) or not getattr(routs[i], "requires_grad", False)]
             if bad:
@@ -205,7 +206,7 @@ class Runner:
     def fwd(self, op, case, args, params) -> dict[str, Any]:
         bound = op.bind(*args, **params)
         backend = _choose(op, bound, self.args.backend)
-        err, ok, notes = self._check_fwd(op, args, params, backend)
+        err, ok, notes = self._check_fwd(op, args, params, backend, case.oracle)
         _drop()
 
         def run(b):
@@ -231,7 +232,7 @@ class Runner:
         with torch.enable_grad():
             bound = op.bind(*largs, **lparams)
             backend = _choose(op, bound, self.args.backend)
-        err, ok, notes, diff, grads = self._check_fwdbwd(op, args, params, largs, lparams, leaves, backend)
+        err, ok, notes, diff, grads = self._check_fwdbwd(op, args, params, largs, lparams, leaves, backend, case.oracle)
         _drop()
 
         def run(call):

@@ -321,3 +321,20 @@ def test_threads_option(tmp_path, capsys):
     with pytest.raises(SystemExit) as e:
         bench.main(["--threads", "-1"])
     assert e.value.code == 2
+
+
+def test_case_oracle_replaces_the_reference(tmp_path, capsys, monkeypatch):
+    """mhc_post_pre's case brings its own float64 oracle (its pre step reads ``out`` rounded to
+    bf16, by definition): with it every result and gradient passes at its dtype's tolerance;
+    with the plain float64 reference instead, the fp32 results derived from the rounded ``out``
+    fail the fp32 tolerance, so the oracle is what the check needs, not a loosening."""
+    import dataclasses
+
+    pp = next(c for c in mhc_bench.cases("cpu") if c.op == "mhc_post_pre")
+    assert pp.oracle is not None
+    rc, recs = run(tmp_path, "--op", "mhc_post_pre", "--shape", "T=9,C=40")
+    assert rc == 0 and {r["status"] for r in recs} == {"PASS"}
+    monkeypatch.setattr(mhc_bench, "cases", lambda dt: [dataclasses.replace(pp, oracle=None)])
+    rc, recs = run(tmp_path, "--op", "mhc_post_pre", "--shape", "T=9,C=40", "--pass", "fwd")
+    assert rc == 1 and recs[0]["status"] == "FAIL"
+    assert any(n.startswith(("h_post_next:", "h_res_next:")) for n in recs[0]["notes"])

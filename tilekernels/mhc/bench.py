@@ -50,6 +50,32 @@ def _pre_inputs(d, device):
     return (x, w, _randn(N, device=device)), params
 
 
+def _post_pre_inputs(d, device):
+    T, n, C = d["T"], d["n"], d["C"]
+    N, bf = n * n + 2 * n, torch.bfloat16
+    h_res = torch.softmax(_randn(T, n, n, device=device), dim=-1)
+    args = (h_res, _randn(T, n, C, device=device, dtype=bf), _randn(T, n, device=device).sigmoid() * 2,
+            _randn(T, C, device=device, dtype=bf), _randn(N, n * C, device=device, dtype=bf, scale=(n * C) ** -0.5),
+            _randn(N, device=device), _randn(C, device=device, dtype=bf))
+    return args, dict(alpha_pre=0.7, alpha_post=1.3, alpha_res=0.4, iters=20, rms_eps=1e-6, sinkhorn_eps=1e-6)
+
+
+def _post_pre_oracle(h_res, residual, h_post, x, weight, hbias, bias=None, alpha_pre=1.0, alpha_post=1.0,
+                     alpha_res=1.0, iters=20, rms_eps=1e-6, sinkhorn_eps=1e-6):
+    """mhc_post_pre's float64 oracle (float64 inputs): by definition the pre step reads ``out``
+    as the op returns it, rounded to the streams' dtype (bf16 in this case), so the oracle
+    rounds it too (value rounded, identity gradient: the op's backward sums d(out) unrounded).
+    Without that rounding the fp32 results (h_post_next, h_res_next, dhbias, dh_res, dh_post)
+    would differ from float64 by ~2^-9 relative, far over their fp32 tolerance, for a reason
+    that is the op's definition, not an error (tests/mhc/test_mhc_post_pre.py does the same)."""
+    from tilekernels.mhc import reference as ref
+
+    out = ref.h_post_bda(h_res, residual, h_post, x, bias)
+    seen = out + (out.to(torch.bfloat16).to(out.dtype) - out).detach()
+    return (out, *ref.mhc_pre(seen, weight, hbias, alpha_pre, alpha_post, alpha_res, iters, rms_eps,
+                              sinkhorn_eps))
+
+
 # ------------------------------------------------------------- byte counts
 
 
@@ -104,6 +130,18 @@ def _pre_bytes_bwd(d):
     return reads + BF * T * n * C + BF * N * n * C + F4 * N
 
 
+def _post_pre_bytes(d):
+    """(fwd, bwd) minimum bytes of mhc_post_pre: bf16 streams [T, n, C], x / layer_in [T, C],
+    fp32 h_res / h_post in and out, bf16 weight [N, n*C], biases."""
+    T, n, C = d["T"], d["n"], d["C"]
+    N = n * n + 2 * n
+    s, xc, h, w = BF * T * n * C, BF * T * C, F4 * T * (n * n + n), BF * N * n * C
+    fwd = (s + xc + h + w + BF * C + F4 * N) + (s + xc + h)       # read inputs; write out, layer_in, h_*_next
+    bwd = (s + xc + h) + (s + xc + h + s + w) + (s + xc + h + w + BF * C + F4 * N)
+    # bwd: read dout, dlayer_in, dh_*_next; residual, x, h, out, weight; write every input's grad
+    return fwd, bwd
+
+
 def cases(device_type: str) -> list[BenchCase]:
     big = device_type == "cuda"
     T, n, C = (32768, 4, 7168) if big else (256, 4, 512)
@@ -146,5 +184,16 @@ def cases(device_type: str) -> list[BenchCase]:
             flops_fwd=lambda d: 2 * d["T"] * _pre_sizes(d)[3] * d["n"] * d["C"] + 2 * d["T"] * d["n"] * d["C"],
             flops_bwd=lambda d: 4 * d["T"] * _pre_sizes(d)[3] * d["n"] * d["C"] + 4 * d["T"] * d["n"] * d["C"],
             grad_inputs=("x", "weight", "bias"),
+        ),
+        BenchCase(
+            op="mhc_post_pre", dims=base, make=_post_pre_inputs, variant="bias",
+            bytes_fwd=lambda d: _post_pre_bytes(d)[0], bytes_bwd=lambda d: _post_pre_bytes(d)[1],
+            # h_post_bda's mix and add, then mhc_pre's GEMM (2 T N nC) and aggregation (2 T n C)
+            flops_fwd=lambda d: d["T"] * (2 * d["n"] ** 2 * d["C"] + 3 * d["n"] * d["C"])
+            + 2 * d["T"] * _pre_sizes(d)[3] * d["n"] * d["C"] + 2 * d["T"] * d["n"] * d["C"],
+            flops_bwd=lambda d: d["T"] * (4 * d["n"] ** 2 * d["C"] + 4 * d["n"] * d["C"] + d["C"])
+            + 4 * d["T"] * _pre_sizes(d)[3] * d["n"] * d["C"] + 4 * d["T"] * d["n"] * d["C"],
+            grad_inputs=("h_res", "residual", "h_post", "x", "weight", "hbias", "bias"),
+            oracle=_post_pre_oracle,
         ),
     ]
