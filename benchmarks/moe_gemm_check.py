@@ -22,8 +22,11 @@ bf16 operands (same groups; int32 end offsets), and prints TFLOP/s with flops = 
 counted by hand. ``--sweep`` (default on) also times other launch configs of each GEMM
 (persistent CTAs, loads after the wgmma issue, tile 128 x 128 with one or two CTAs per SM,
 hardware e4m3 convert, raster bands, 4 buffers), each first compared bitwise with the
-default config's output (the k order of every output's sum is the same, so they must agree). Writes ``moe_gemm_check.json`` to --out (default
-$OUT or .). Exit status 1 if a check failed.
+default config's output (the k order of every output's sum is the same, so they must agree).
+``--sweep-set ws`` sweeps the warp-specialized kernel (tilekernels/moe/cute_gemm_ws.py,
+``kernel="ws"``) instead; ``--precompile`` compiles every config first (CPU only) and
+``--wait-for FILE`` then waits for FILE (other GPU work done) before timing. Writes
+``moe_gemm_check.json`` to --out (default $OUT or .). Exit status 1 if a check failed.
 """
 from __future__ import annotations
 
@@ -56,6 +59,13 @@ SWEEP = [dict(persistent=True), dict(epi_smem=True), dict(epi_smem=False), dict(
          dict(tile_n=128, ctas_per_sm=2), dict(tile_n=128, ctas_per_sm=2, epi_smem=True),
          dict(tile_n=128, ctas_per_sm=2, persistent=True, epi_smem=True), dict(cvt="hw")]
 SWEEP_MORE = [dict(tile_n=128), dict(raster=1), dict(raster=16), dict(bufs=4)]
+# --sweep-set ws: the warp-specialized kernel (cute_gemm_ws.py) beside the two-warpgroup one;
+# "dq" is this module's kernel with the heuristic's other fields (its default when kernel="ws"
+# becomes the default somewhere)
+WS = dict(kernel="ws", persistent=True, epi_smem=False, bufs=4)
+P2 = dict(WS, tile_n=128, producers=2, bufs=6)   # 2 producer warpgroups (128 registers a thread)
+SWEEP_WS = [dict(WS, bufs=3), dict(WS, bufs=3, early_loads=False), P2,
+            dict(kernel="dq")]
 
 
 log_err = functools.partial(log_error, RESULTS["errors"], limit=12)
@@ -231,6 +241,8 @@ def record(set_name, name, kind, G, T, N, K, do_check, sweep, rep):
                 kw = dict(kw)
                 if kw.get("persistent"):
                     kw["sms"] = RESULTS["env"]["sms"] * kw.get("ctas_per_sm", 1)
+                if kw.get("kernel") == "dq" and len(kw) == 1:
+                    kw.update(persistent=False, epi_smem=kind == "wgrad", bufs=3)   # the old default
                 c = gg.GemmCfg.heuristic(kind, G, N, K, BF, **kw)
                 if c == cfg:
                     continue
@@ -258,13 +270,47 @@ def main():
     ap.add_argument("--no-check", action="store_true")
     ap.add_argument("--no-sweep", action="store_true")
     ap.add_argument("--full-sweep", action="store_true", help="also raster bands, 4 buffers, tile 128 x 1 CTA")
+    ap.add_argument("--sweep-set", default="dq", choices=["dq", "ws"],
+                    help="dq: the two-warpgroup kernel's configs; ws: the warp-specialized kernel's")
     ap.add_argument("--rep", type=int, default=200, help="do_bench rep (ms)")
+    ap.add_argument("--precompile", action="store_true",
+                    help="compile every config of every GEMM first (no GPU work), then time")
+    ap.add_argument("--wait-for", default="", help="after compiling, wait (<= 150 s) until this file exists")
     args = ap.parse_args()
+
+    def sweep_of(kind):
+        sweep = [] if args.no_sweep else SWEEP + (SWEEP_MORE if args.full_sweep else [])
+        return SWEEP_WS if (args.sweep_set == "ws" and not args.no_sweep) else sweep
+
+    if args.precompile:
+        t0 = time.perf_counter()
+        n = 0
+        for set_name in args.sets.split(","):
+            lst, G, T = gemms(SETS[set_name])
+            for name, kind, N, K in lst:
+                for kw in [{}] + sweep_of(kind):
+                    kw = dict(kw)
+                    if kw.get("persistent"):
+                        kw["sms"] = torch.cuda.get_device_properties(0).multi_processor_count
+                    if kw.get("kernel") == "dq" and len(kw) == 1:
+                        continue
+                    try:
+                        cfg = gg.GemmCfg.heuristic(kind, G, N, K, BF, **kw)
+                        gg.gemm_launch(kind, G, N, K, BF, torch.int64, cfg).compile("sm_90a")
+                        n += 1
+                    except Exception:
+                        log_err(f"precompile {set_name} {name} {kw}")
+        print(f"precompiled {n} kernels in {time.perf_counter() - t0:.1f} s", flush=True)
+    if args.wait_for:
+        t0 = time.perf_counter()
+        while not os.path.exists(args.wait_for) and time.perf_counter() - t0 < 150:
+            time.sleep(0.5)
+        print(f"waited {time.perf_counter() - t0:.1f} s for {args.wait_for}", flush=True)
     phase_env()
     for set_name in args.sets.split(","):
         lst, G, T = gemms(SETS[set_name])
         for name, kind, N, K in lst:
-            sweep = [] if args.no_sweep else SWEEP + (SWEEP_MORE if args.full_sweep else [])
+            sweep = sweep_of(kind)
             record(set_name, name, kind, G, T, N, K, not args.no_check, sweep, args.rep)
     os.makedirs(args.out, exist_ok=True)
     path = os.path.join(args.out, "moe_gemm_check.json")
@@ -275,6 +321,12 @@ def main():
     for r in RESULTS["records"]:
         print(f"  {r['set']:9s} {r['gemm']:10s} {r.get('cute_tflops', float('nan')):7.1f} "
               f"{r.get('torch_bf16_tflops', float('nan')):7.1f}  rel_err {r.get('rel_err', float('nan')):.2e}")
+    if RESULTS["sweeps"]:
+        print("\nsweep (TFLOP/s, same = bitwise equal to the default config's output):")
+        for r in RESULTS["sweeps"]:
+            if "tflops" in r:
+                kw = ",".join(f"{k}={v}" for k, v in r["cfg"].items() if k != "sms")
+                print(f"  {r['set']:9s} {r['gemm']:10s} {r['tflops']:7.1f}  same={r.get('same_as_default')}  {kw}")
     bad = [c for c in RESULTS["checks"] if not c["ok"]]
     if bad or RESULTS["errors"]:
         print(f"{len(bad)} failed checks, {len(RESULTS['errors'])} errors")

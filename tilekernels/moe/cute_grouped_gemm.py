@@ -57,6 +57,9 @@ Design ("design (a)"; Hopper has no block-scaled MMA):
   (2-element vectors), masked by the group's rows and the N / K extents; ``epi_smem=True``
   stages the tile in shared memory (over the operand buffers) and writes 16-byte coalesced
   rows instead.
+* ``kernel="ws"`` selects the warp-specialized variant (cute_gemm_ws.py: a producer
+  warpgroup dequantizes into an mbarrier ring, two consumer warpgroups only issue wgmmas);
+  measured 6-18% slower than this kernel on the H200, so not a default.
 * Config defaults are the simplest structure (but wgrad uses the staged epilogue, measured
   faster there); ``benchmarks/moe_gemm_check.py`` sweeps the
   alternatives (persistent, staged epilogue, late loads, 128 x 128 tiles with two CTAs per
@@ -117,6 +120,12 @@ class GemmCfg:
     ctas_per_sm: int = 1    # launch bound: 2 caps registers at 128 (tile_n = 128 only)
     early_loads: bool = True
     epi_smem: bool = False  # staged epilogue: 16-byte coalesced stores
+    # "dq": this module's kernel (2 warpgroups load, dequantize and issue wgmmas);
+    # "ws": the warp-specialized one of cute_gemm_ws.py (a producer warpgroup loads and
+    # dequantizes into a ``bufs``-stage mbarrier ring, 2 consumer warpgroups issue wgmmas)
+    kernel: str = "dq"
+    ws_regs: tuple | None = None  # "ws": setmaxnreg (producer, consumer), p * producers + 2 c <= 512
+    producers: int = 1            # "ws": producer warpgroups (1: 168 registers a thread; 2: 128)
 
     def __post_init__(self):
         # what the kernel is written for (2 warpgroups of m64 wgmmas, 4 threads per 64-wide k row,
@@ -125,6 +134,18 @@ class GemmCfg:
         assert self.tile_m == 2 * 64 and self.tile_k == 64 and self.tile_n in (128, 256), self
         assert self.bufs >= 3 and self.cvt in ("bits", "hw") and self.ctas_per_sm in (1, 2), self
         assert self.G >= 1 and self.N % BLOCK == 0 and self.K % BLOCK == 0, self
+        assert self.kernel in ("dq", "ws"), self
+        if self.kernel == "ws":
+            # 3 warpgroups, bufs bf16 stages of 48 KiB (tile_n 256) in one SM's 227 KiB
+            assert self.ctas_per_sm == 1 and not self.epi_smem, self
+            assert (self.tile_m + self.tile_n) * self.tile_k * 2 * self.bufs <= 220 * 1024, self
+            # 2 producers: 512 threads, 128 registers a thread unless ws_regs (tile_n 128 fits)
+            assert self.producers in (1, 2), self
+            if self.ws_regs is not None:
+                p, c = self.ws_regs
+                cap = 512 // (self.producers + 2) // 8 * 8     # registers a thread at launch
+                assert p % 8 == 0 and c % 8 == 0 and 24 <= p <= cap <= c <= 256, self
+                assert p * self.producers + 2 * c <= 512, self
 
     @classmethod
     def heuristic(cls, variant: str, G: int, N: int, K: int, out_dtype: torch.dtype = torch.bfloat16,
@@ -449,11 +470,11 @@ def _gemm_kernel(cfg: cutlass.Constexpr, mA: cute.Tensor, mAS: cute.Tensor, mB: 
 
 
 @cute.jit
-def _gemm_host(cfg: cutlass.Constexpr, a: cute.Pointer, a_s: cute.Pointer, b: cute.Pointer,
-               b_s: cute.Pointer, offs: cute.Pointer, out: cute.Pointer, M: Int32,
-               stream: C.cuda.CUstream):
+def operand_tensors(cfg: cutlass.Constexpr, a: cute.Pointer, a_s: cute.Pointer, b: cute.Pointer,
+                    b_s: cute.Pointer, offs: cute.Pointer, out: cute.Pointer, M: Int32):
+    """The variant's global tensors (canonical A [m, k], B [n, k] views with their scales, C,
+    offsets) from the raw pointers; shared with the warp-specialized kernel's host."""
     G, N, K = cfg.G, cfg.N, cfg.K
-    BM, BN = cfg.tile_m, cfg.tile_n
     if const_expr(cfg.variant == "fwd"):
         mA = cute.make_tensor(a, cute.make_layout((M, K), stride=(K, 1)))
         mAS = cute.make_tensor(a_s, cute.make_layout((M, K // BLOCK), stride=(K // BLOCK, 1)))
@@ -473,15 +494,31 @@ def _gemm_host(cfg: cutlass.Constexpr, a: cute.Pointer, a_s: cute.Pointer, b: cu
         mBS = cute.make_tensor(b_s, cute.make_layout((K, M // BLOCK), stride=(1, K)))
         mC = cute.make_tensor(out, cute.make_layout((G * N, K), stride=(K, 1)))
     mOff = cute.make_tensor(offs, cute.make_layout(G + 1))
+    return mA, mAS, mB, mBS, mC, mOff
+
+
+@cute.jit
+def grid_size(cfg: cutlass.Constexpr, M: Int32):
+    """CTAs of a launch: the tile bound (ragged m: cdiv(M, tile_m) + G m-tiles), at most
+    ``sms`` if persistent."""
+    BM, BN = cfg.tile_m, cfg.tile_n
     n_tiles = (cfg.nc + BN - 1) // BN
     if const_expr(cfg.variant == "wgrad"):
-        grid_x = G * ((N + BM - 1) // BM) * n_tiles
+        grid_x = cfg.G * ((cfg.N + BM - 1) // BM) * n_tiles
     else:
-        grid_x = ((M + BM - 1) // BM + G) * n_tiles
+        grid_x = ((M + BM - 1) // BM + cfg.G) * n_tiles
     if const_expr(cfg.persistent):
         grid_x = cutlass.min(grid_x, cfg.sms)
+    return grid_x
+
+
+@cute.jit
+def _gemm_host(cfg: cutlass.Constexpr, a: cute.Pointer, a_s: cute.Pointer, b: cute.Pointer,
+               b_s: cute.Pointer, offs: cute.Pointer, out: cute.Pointer, M: Int32,
+               stream: C.cuda.CUstream):
+    mA, mAS, mB, mBS, mC, mOff = operand_tensors(cfg, a, a_s, b, b_s, offs, out, M)
     _gemm_kernel(cfg, mA, mAS, mB, mBS, mC, mOff, M).launch(
-        grid=(grid_x, 1, 1), block=(THREADS, 1, 1), stream=stream,
+        grid=(grid_size(cfg, M), 1, 1), block=(THREADS, 1, 1), stream=stream,
         min_blocks_per_mp=cfg.ctas_per_sm, preferred_smem_carveout=100)
 
 
@@ -496,6 +533,10 @@ def gemm_launch(variant: str, G: int, N: int, K: int, out_dtype: torch.dtype,
     u8 = C.Ptr(torch.uint8)
     sig = (u8, u8, u8, u8, C.Ptr(offs_dtype, align=offs_dtype.itemsize), C.Ptr(out_dtype),
            C.Scalar(Int32))
+    if cfg.kernel == "ws":
+        from .cute_gemm_ws import ws_host
+
+        return C.Launch(f"moe.cute_grouped_gemm.{variant}", ws_host, cfg, sig)
     return C.Launch(f"moe.cute_grouped_gemm.{variant}", _gemm_host, cfg, sig)
 
 
