@@ -15,14 +15,16 @@ token kernels also read cu_seqlens, 36 B: not counted; torch's maps, 8 B per row
 column: not counted either). Time: triton.testing.do_bench median (ms). % of the H200
 copy ceiling 4.27 TB/s, and of a device-to-device copy of the same bytes measured here.
 Bit identity: every kernel output equals the torch path's (torch.equal), outputs poisoned
-(NaN) before each checked call. Beside the default config, the first design ("old": section
-kernels one block per 16 rows over all ranks, token kernels a row gather for every block) at
-every cp; with --sweep a config sweep around the default (rows per block of each kernel,
-occupancy hints, send / recv as 2-D rank slices, the token kernels' fallback gather and
-slice vs tiled view). JSON under $OUT
-(or ./cp_pack_check.json), a short table last.
+(NaN) before each checked call.
 
-    python3 benchmarks/cp_pack_check.py [--quick] [--sweep] [--cps 8,4,2]    # --quick: T = 4096
+Configs per kernel: ``default`` (PackCfg.heuristic), ``prev`` (the defaults before the
+rank-table merge / exact token tiles, ledger 2026-11-24 later: ``prev_flags``), with --first
+the first design (section kernels one block per 16 rows over all ranks, token kernels a row
+gather everywhere), with --sweep the variants of ``SWEEP`` (named flag sets). Every config is
+compiled first in a thread pool (tileiras runs as a child process), then timed one by one.
+JSON under $OUT (or ./cp_pack_check.json), a short table last.
+
+    python3 benchmarks/cp_pack_check.py [--quick] [--sweep] [--first] [--cps 8,4,2]   # --quick: T = 4096
 """
 from __future__ import annotations
 
@@ -30,6 +32,7 @@ import argparse
 import json
 import os
 import sys
+from concurrent.futures import ThreadPoolExecutor
 
 import torch
 
@@ -41,13 +44,41 @@ from tilekernels.cp import perm
 
 CEIL_TBS = 4.27
 SECTIONS = (2048, 2048, 4096, 4096, 32, 32)
+SECTION_KERNELS = ("split", "merge")
+# named flag sets beside the default (--sweep), per kernel kind
+SWEEP = {
+    "section": {
+        "m32-256": dict(MBT=32, MBD=0), "m32-1k": dict(MBT=32, MBD=512), "m64-256": dict(MBT=64, MBD=0),
+        "m64-1k": dict(MBT=64, MBD=512), "m16-1k": dict(MBT=16, MBD=512), "m16-256": dict(MBT=16, MBD=0),
+    },
+    "token": {
+        "t32-512": dict(TBT=32, TBD=128), "t32-1k": dict(TBT=32, TBD=256), "t32-2k": dict(TBT=32, TBD=512),
+        "t16-1k": dict(TBT=16, TBD=256), "t32-1k-o3": dict(TBT=32, TBD=256, TOCC=3),
+        "t32-1k-o1": dict(TBT=32, TBD=256, TOCC=1),
+    },
+}
+SWEEP_SHORT = {"section": ("m32-256", "m16-1k"), "token": ("t32-1k", "t16-1k")}  # at the other cps
+
+
+def prev_flags(cp: int, elt: int = 2) -> dict:
+    """The heuristic's choices before the rank-table merge and exact 1 KiB token tiles (ledger
+    2026-11-24 later): per-thread merge loads of 4 rows (odd rows) / 16, padded 512-byte
+    (128-word) token tiles of 32 rows (16 above 8 KiB rows)."""
+    row = sum(w // cp for w in SECTIONS) * elt
+    odd = row % 32 != 0
+    return dict(BT=8, MBT=4 if odd else 16, MBD=0, DYNQ=False, TBT=32 if row <= 8192 else 16, TBD=128,
+                TOCC=2 if odd else 0, EXACT=False)
+
+
+FIRST = dict(QGRID=False, RUNS=False, BT=16, MBT=16, TBT=32, TBD=64, TOCC=0)
 
 
 def poison(t: torch.Tensor) -> torch.Tensor:
     return t.fill_(float("nan"))
 
 
-def one_cp(cp: int, T: int, dev, sweep: bool) -> list[dict]:
+def one_cp(cp: int, T: int, dev, sweep: str, first: bool) -> list[dict]:
+    """sweep: "" (none), "short" (SWEEP_SHORT) or "full" (SWEEP)."""
     D = sum(SECTIONS)
     dc, tl = D // cp, T // cp
     cu = cpb.cu_seqlens(T, 8, 16, dev)                      # int32 on the GPU
@@ -86,15 +117,27 @@ def one_cp(cp: int, T: int, dev, sweep: bool) -> list[dict]:
     }
     H = ck.PackCfg.heuristic
     base = H(SECTIONS, cp, 2)
-    # "old": the first design (ledger 2026-11-24): section kernels one block per 16 rows over
-    # all ranks, token kernels a [32 rows, 64 words] row gather for every block
-    old = H(SECTIONS, cp, 2, QGRID=False, RUNS=False, BT=16, MBT=16, TBT=32, TBD=64, TOCC=0)
-    sweeps = {"section": [old], "token": [old]}
-    if sweep:  # around the default: rows per block (split BT, merge MBT, token TBT), occupancy, paths
-        sweeps["section"] += [H(SECTIONS, cp, 2, BT=16, MBT=16), H(SECTIONS, cp, 2, MBT=8), H(SECTIONS, cp, 2, MBT=2),
-                              H(SECTIONS, cp, 2, MBT=4, FLAT=True), H(SECTIONS, cp, 2, MBT=4, OCC=8)]
-        sweeps["token"] += [H(SECTIONS, cp, 2, TBT=16), H(SECTIONS, cp, 2, TBT=64), H(SECTIONS, cp, 2, TOCC=0, OCC=0),
-                            H(SECTIONS, cp, 2, TOCC=4), H(SECTIONS, cp, 2, EGATHER=True), H(SECTIONS, cp, 2, VIEW=False)]
+    labelled = {}  # kernel -> [(label, cfg)], the default first, duplicates of it dropped
+    for name in cases:
+        kind = "section" if name in SECTION_KERNELS else "token"
+        cfgs = [("default", base), ("prev", H(SECTIONS, cp, 2, **prev_flags(cp)))]
+        if first:
+            cfgs.append(("first", H(SECTIONS, cp, 2, **FIRST)))
+        if sweep:
+            cfgs += [(lab, H(SECTIONS, cp, 2, **fl)) for lab, fl in SWEEP[kind].items()
+                     if sweep == "full" or lab in SWEEP_SHORT[kind]]
+        seen, keep = set(), []
+        for lab, cfg in cfgs:
+            key = _kernel_key(name, cfg)
+            if key not in seen:
+                seen.add(key)
+                keep.append((lab, cfg))
+        labelled[name] = keep
+    # compile every config first, in parallel (outputs are overwritten by the checked runs below)
+    with ThreadPoolExecutor(max_workers=12) as pool:
+        list(pool.map(lambda job: cases[job[0]][0](job[1]),
+                      [(name, cfg) for name, lst in labelled.items() for _, cfg in lst]))
+    torch.cuda.synchronize()
     src_copy = torch.empty(nbytes // 4, dtype=torch.bfloat16, device=dev).normal_()
     dst_copy = torch.empty_like(src_copy)
     copy_ms = bench_ms(lambda: dst_copy.copy_(src_copy))
@@ -102,23 +145,19 @@ def one_cp(cp: int, T: int, dev, sweep: bool) -> list[dict]:
     for name, (run, out, ref) in cases.items():
         want = ref()
         torch_ms = bench_ms(ref)
-        cfgs = [base] + sweeps["section" if name in ("split", "merge") else "token"]
-        for cfg in cfgs:
+        for label, cfg in labelled[name]:
             poison(out)
             run(cfg)
             torch.cuda.synchronize()
             same = bool(torch.equal(out, want))
-            ms = bench_ms(lambda: run(cfg), rep=200 if cfg in (base, old) else 100)
-            bt, bd = ((cfg.BT if name == "split" else cfg.MBT or cfg.BT, cfg.BD) if name in ("split", "merge")
+            ms = bench_ms(lambda: run(cfg), rep=200 if label in ("default", "prev") else 100)
+            bt, bd = ((cfg.BT if name == "split" else cfg.MBT or cfg.BT, cfg.BD) if name in SECTION_KERNELS
                       else cfg.token_tile)
-            rec = dict(cp=cp, kernel=name, T=T, D=D, BT=bt, BD=bd, bds=list(cfg.bds), TMA=cfg.TMA,
-                       SMALL_TMA=cfg.SMALL_TMA, NARROW=cfg.NARROW, WORDS=cfg.WORDS, ROWWISE=cfg.ROWWISE,
-                       QGRID=cfg.QGRID, RUNS=cfg.RUNS, VIEW=cfg.VIEW, FLAT=cfg.FLAT, EGATHER=cfg.EGATHER,
-                       OCC=cfg.OCC if name in ("split", "merge") else cfg.TOCC or cfg.OCC,
-                       old=cfg == old,
-                       bytes=nbytes,
-                       ms=ms, tbs=nbytes / ms / 1e9, torch_ms=torch_ms, torch_tbs=nbytes / torch_ms / 1e9,
-                       copy_ms=copy_ms, copy_tbs=nbytes / copy_ms / 1e9, bitwise=same, default=cfg == base)
+            rec = dict(cp=cp, kernel=name, label=label, T=T, D=D, BT=bt, BD=bd,
+                       OCC=cfg.OCC if name in SECTION_KERNELS else cfg.TOCC or cfg.OCC,
+                       cfg={k: v for k, v in vars(cfg).items() if k not in ("parts", "src", "dst")},
+                       bytes=nbytes, ms=ms, tbs=nbytes / ms / 1e9, torch_ms=torch_ms, torch_tbs=nbytes / torch_ms / 1e9,
+                       copy_ms=copy_ms, copy_tbs=nbytes / copy_ms / 1e9, bitwise=same, default=label == "default")
             rec["pct_ceiling"] = 100 * rec["tbs"] / CEIL_TBS
             rec["torch_pct_ceiling"] = 100 * rec["torch_tbs"] / CEIL_TBS
             rec["pct_copy_measured"] = 100 * copy_ms / ms
@@ -127,36 +166,42 @@ def one_cp(cp: int, T: int, dev, sweep: bool) -> list[dict]:
     return recs
 
 
+def _kernel_key(name: str, cfg) -> tuple:
+    """What one kernel's code and launch depend on (configs equal here time the same kernel)."""
+    sec = ("QGRID", "FLAT", "TMA", "SMALL_TMA", "NARROW", "OCC", "BD") + (("DYNQ", "MBD") if name == "merge" else ())
+    tok = ("WORDS", "ROWWISE", "RUNS", "VIEW", "EGATHER", "EXACT", "TOCC", "OCC", "BK")
+    if name in SECTION_KERNELS:
+        rows = cfg.BT if name == "split" else cfg.MBT or cfg.BT
+        return (rows,) + tuple(getattr(cfg, f) for f in sec)
+    return cfg.token_tile + tuple(getattr(cfg, f) for f in tok)
+
+
 def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--cps", default="2,4,8")
-    ap.add_argument("--sweep", action="store_true", help="the config sweep beside default and old")
+    ap.add_argument("--sweep", action="store_true", help="the SWEEP variants beside default and prev")
+    ap.add_argument("--sweep-cps", default="8", help="the cps that get the whole SWEEP (others: SWEEP_SHORT)")
+    ap.add_argument("--first", action="store_true", help="the first design beside default and prev")
     a = ap.parse_args()
     dev = torch.device("cuda")
     T = 4096 if a.quick else 65536
     recs = []
     for cp in [int(c) for c in a.cps.split(",")]:
-        recs += one_cp(cp, T, dev, sweep=a.sweep and not a.quick)
+        full = str(cp) in a.sweep_cps.split(",")
+        recs += one_cp(cp, T, dev, sweep=("full" if full else "short") if a.sweep and not a.quick else "",
+                       first=a.first)
     out_dir = os.environ.get("OUT", ".")
     with open(os.path.join(out_dir, "cp_pack_check.json"), "w") as f:
         json.dump(dict(device=torch.cuda.get_device_name(), torch=torch.__version__, sections=SECTIONS,
                        ceiling_tbs=CEIL_TBS, records=recs), f, indent=1)
     print(f"\n{torch.cuda.get_device_name()}  T={T} D={sum(SECTIONS)} bf16  ceiling {CEIL_TBS} TB/s")
-    print(f"{'cp':>2} {'kernel':<14}{'BT':>4}{'BD':>5}{'var':>5}{'ms':>8}{'TB/s':>7}{'%ceil':>7}{'%copy':>7}"
-          f"{'torch ms':>10}{'%ceil':>7}  bitwise")
+    print(f"{'cp':>2} {'kernel':<14}{'config':<15}{'BT':>4}{'BD':>5}{'occ':>4}{'ms':>8}{'TB/s':>7}{'%ceil':>7}"
+          f"{'%copy':>7}{'torch ms':>10}{'%ceil':>7}  bitwise")
     for r in recs:
-        if r["kernel"] in ("split", "merge"):
-            var = ("" if r["TMA"] else "noT") + ("sT" if r["SMALL_TMA"] else "") + ("" if r["NARROW"] else "nt")
-            var += "fl" if r["FLAT"] else ""
-        else:
-            var = ("rw" if r["ROWWISE"] else "") + ("" if r["WORDS"] else "el") + ("" if r["VIEW"] else "sl")
-            var += "eg" if r["EGATHER"] else ""
-        var += f"o{r['OCC']}" if r["OCC"] else ""
-        var = "OLD" if r["old"] else var
-        print(f"{r['cp']:>2} {r['kernel']:<14}{r['BT']:>4}{r['BD']:>5}{var or '-':>5}{r['ms']:>8.3f}{r['tbs']:>7.2f}"
-              f"{r['pct_ceiling']:>7.1f}{r['pct_copy_measured']:>7.1f}{r['torch_ms']:>10.3f}"
-              f"{r['torch_pct_ceiling']:>7.1f}  {r['bitwise']}{'' if r['default'] else '  (old)' if r['old'] else '  (sweep)'}")
+        print(f"{r['cp']:>2} {r['kernel']:<14}{r['label']:<15}{r['BT']:>4}{r['BD']:>5}{r['OCC'] or '-':>4}"
+              f"{r['ms']:>8.3f}{r['tbs']:>7.2f}{r['pct_ceiling']:>7.1f}{r['pct_copy_measured']:>7.1f}"
+              f"{r['torch_ms']:>10.3f}{r['torch_pct_ceiling']:>7.1f}  {r['bitwise']}")
     return 0 if all(r["bitwise"] for r in recs) else 1
 
 

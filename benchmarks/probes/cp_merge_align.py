@@ -3,7 +3,9 @@ for section layouts that change one thing at a time against Qwen3-Next's
 (2048, 2048, 4096, 4096, 32, 32): b|a pieces of 16 bytes (64, 64: dc = 1552, rows of 3104 B,
 32-B aligned), none (dc = 1536, rows of 3072 B, 1 KiB aligned), and per-rank rows of 3088 B
 without narrow pieces (2048, 2048, 4096, 4096, 64: dc = 1544). triton do_bench median ms,
-% of the 4.27 TB/s ceiling (bytes read + written). Prints one line per case.
+% of the 4.27 TB/s ceiling (bytes read + written). Prints one line per case. Configs: the
+heuristic's (the merge through the DYNQ TMA pipeline), and the merge with bid(1) ranks
+(per-thread 16-byte loads) of 16 and 4 rows, the previous designs.
 """
 from __future__ import annotations
 
@@ -30,7 +32,8 @@ def main(cp: int = 8, T: int = 65536) -> None:
         buf = torch.randn(cp, tl, dc, device=dev).to(torch.bfloat16)
         out = torch.empty_like(x)
         nbytes = 2 * tl * D * 2
-        for flags in (dict(), dict(BT=8), dict(BT=8, FLAT=True)):
+        for flags in (dict(), dict(DYNQ=False, MBT=16), dict(DYNQ=False, MBT=4),
+                      dict(DYNQ=False, MBT=4, FLAT=True)):
             cfg = ck.PackCfg.heuristic(secs, cp, 2, **flags)
             ms_s = bench(lambda: ck.split_sections_into(x, buf, secs, cfg), rep=100)
             ms_m = bench(lambda: ck.merge_sections_into(buf, out, secs, cfg), rep=100)

@@ -6,10 +6,12 @@ bit for bit and the independently sliced expectation; the round trip is the
 identity; exactly one all_to_all per direction and per backward; gradients
 equal the other direction and the reference's autograd; gradcheck (float64) in
 size-1 groups; a subgroup as ``group``; rules that need the group's size
-refused with SpecError naming the op.
+refused with SpecError naming the op. The worlds are joined under a deadline
+(``WORLD_TIMEOUT_S``): a hung rank fails the test instead of stalling the run.
 """
 import contextlib
 import multiprocessing
+import time
 
 import pytest
 import torch
@@ -168,5 +170,21 @@ def test_cp_hp_all_to_all_gloo(world, tmp_path):
     multiprocessing.get_context("forkserver").set_forkserver_preload(
         ["torch", "torch.distributed", "torch.fx.experimental.symbolic_shapes", "pytest", "registry",
          "tilekernels.cp.ops", "tilekernels.testing", __name__])
-    mp.start_processes(_worker, args=(world, str(tmp_path / "store"), seed), nprocs=world,
-                       join=True, start_method="forkserver")
+    ctx = mp.start_processes(_worker, args=(world, str(tmp_path / "store"), seed), nprocs=world,
+                             join=False, start_method="forkserver")
+    # join under a deadline: a worker that hangs (a collective waiting on a dead peer, a
+    # stuck teardown) fails the test with the ranks still running named, never stalls the pool
+    deadline = time.monotonic() + WORLD_TIMEOUT_S
+    while not ctx.join(timeout=2):  # raises ProcessRaisedException / ProcessExitedException on a failure
+        if time.monotonic() > deadline:
+            alive = [i for i, p in enumerate(ctx.processes) if p.is_alive()]
+            for p in ctx.processes:
+                if p.is_alive():
+                    p.kill()
+            for p in ctx.processes:
+                p.join(5)
+            pytest.fail(f"gloo world of {world} still running after {WORLD_TIMEOUT_S} s (ranks {alive} killed; "
+                        f"seed {seed})")
+
+
+WORLD_TIMEOUT_S = 240

@@ -27,11 +27,17 @@ layout (``_section_kernel``); Tl is a dynamic shape.
 
 Why cp 8 was slow (H200, benchmarks/probes/cp_merge_align.py): at Qwen3-Next widths the
 per-rank row is D/cp = 1544 bf16 = 3088 bytes, 16-byte but not 32-byte (sector) aligned.
-Reading [16, 256] tiles from such rows (the merge reads recv, the token kernels read
-their source) ran at 22-27% of the copy ceiling whatever the narrow pieces, TMA or the
-grid; the same kernel on 3104- or 3072-byte rows ran at 82-88%. Fewer rows per load
-tile recover most of it: the merge reads 4-row tiles where D/cp * elt % 32 != 0 (71% at
-cp 8 instead of 22% at 16 rows), 16 rows elsewhere.
+The section kernels compile to per-thread 16-byte loads and stores (128 threads, no TMA,
+whatever allow_tma says; the PTX shows it), and such loads from [16, 256] tiles of those
+rows (the merge reads recv) ran at 22-27% of the copy ceiling; the same kernel on 3104- or
+3072-byte rows at 82-88%; 4-row tiles 71%. The merge's fix (DYNQ): its rank q comes from a
+[cp] int32 tensor on the device (arange, ``_ranks``) instead of bid(1); with tile indices
+that depend on loaded data, tileiras builds the copy as a warp-specialized TMA pipeline
+(384 threads, cp.async.bulk.tensor), as it does for the token kernels (whose rows come from
+cu_seqlens). That reads the misaligned rows well (32-row merge tiles at cp 8) and is faster
+at cp 2 and 4 too; the split, whose misaligned side is its stores, is slower that way and
+keeps bid(1) (numbers in ``PackCfg.heuristic``). This relies on a compiler heuristic, not
+an API: a tileiras that changes it changes the speed (never the result); the bench shows it.
 
 Tokens: a block owns TBT consecutive destination rows and computes each row's source
 row from cu_seqlens on the device (no index map in memory, no host read): the
@@ -39,8 +45,10 @@ sequence a position falls in is the count of cu_seqlens[1..N] entries <= it (til
 BK entries, any N), then the zigzag arithmetic of ``perm.py``. Each zigzag chunk is a
 contiguous run of rows in both orders, so where the block's TBT source rows are one
 run (RUNS: every block but the few that straddle a chunk boundary or the end) it moves
-plain [TBT, TBD] tiles from row srow[0] (a tiled view whose row step is 1, VIEW; or an
-array slice) to its own rows; the other blocks gather rows as [TBT, TBD] tiles
+plain [TBT, TBD] tiles (default 32 rows of 1 KiB) from row srow[0] (a tiled view whose
+row step is 1, VIEW; or an array slice) to its own rows (EXACT: dc // TBD full tiles, then
+one tile per power of two of the remainder, e.g. 772 words = 3 x 256 + 4, not a last
+256-word tile that is mostly padding); the other blocks gather rows as [TBT, TBD] tiles
 (``load_advanced_indexing``: row-index tile x column slice; EGATHER: element gather). 2-byte
 rows of even length move as int32 words (WORDS: half the accesses). ROWWISE (one [1, TBD]
 load + store per row) is a slower variant kept for the sweep. Zero-length sequences are
@@ -49,9 +57,9 @@ never selected (their end equals their start).
 Backend limits (the spec's cutile Backend): SM 9.0 / 10.x; bf16, fp16, fp32 (fp64:
 the torch backend); contiguous tensors; int32 indexing (every tensor < 2**31
 elements, T < 2**31 / cp); cu_seqlens int32 on x's device (ops.py converts an int64
-one on the device and moves a CPU one there, once per distinct value). Compile key: PackCfg (cp, the per-rank section
-widths, tile sizes; never T or N) + dtypes. Importing this module needs ``cuda.tile``
-but no GPU.
+one on the device and moves a CPU one there, once per distinct value). Compile key:
+PackCfg (cp, the per-rank section widths, tile sizes; never T or N) + dtypes. Importing
+this module needs ``cuda.tile`` but no GPU.
 """
 from __future__ import annotations
 
@@ -80,8 +88,9 @@ class PackCfg:
     cp; parts[s] = w_s / cp (columns of section s one hp rank owns); src[s] = section s's
     first cp-side column; dst[s] = its first column inside a rank's D/cp block; bds[s] =
     the section kernels' column tile of section s (<= BD); BT the split's rows per block,
-    MBT the merge's (0: BT); the token kernels' tile is ``token_tile``, TOCC their
-    occupancy hint; BK cu_seqlens entries per search step. The defaults come from
+    MBT the merge's (0: BT), MBD its column tile cap (0: BD), DYNQ its rank table; the
+    token kernels' tile is ``token_tile``, EXACT its tail tiles, TOCC their occupancy hint;
+    BK cu_seqlens entries per search step. The defaults come from
     ``heuristic`` (H200 sweep in its doc); the other flags are the variants the sweep and
     the tests run.
     """
@@ -105,6 +114,9 @@ class PackCfg:
     VIEW: bool = True        # ... through an overlapping tiled view (row step 1; else an array slice)
     FLAT: bool = False       # QGRID: send / recv as [cp*Tl, dc], rank q's rows an array slice (else 3-D tiles)
     EGATHER: bool = False    # RUNS: the other blocks gather elements (ct.gather; else load_advanced_indexing)
+    EXACT: bool = False      # RUNS: columns in full TBD tiles plus power-of-two tail tiles (else padded TBD tiles)
+    DYNQ: bool = False       # QGRID merge: rank q read from a [cp] int32 device tensor (TMA pipeline; _section_kernel)
+    MBD: int = 0             # the merge's column tile (0: BD)
     TBT: int = 0             # token kernels' rows per block (0: token_tile's default)
     TBD: int = 0             # token kernels' column tile (0: token_tile's default)
     TOCC: int = 0            # token kernels' occupancy hint (0: OCC)
@@ -113,11 +125,11 @@ class PackCfg:
     @property
     def token_tile(self) -> tuple[int, int]:
         """(rows, columns) of the token kernels' tile: columns in the moved unit (4-byte words
-        with WORDS, else elements). RUNS: TBT rows (``heuristic``: 16 or 32) of 512 bytes;
+        with WORDS, else elements). RUNS: TBT rows (default 32) of TBD columns (default 1 KiB);
         gather only: 32 rows of 256 bytes (the first design's tile)."""
         unit = 4 if self.WORDS else self.ELT
         if self.RUNS:
-            return (self.TBT or 16, self.TBD or max(1, 512 // unit))
+            return (self.TBT or 32, self.TBD or max(1, 1024 // unit))
         return (self.TBT or 32, self.TBD or max(1, 256 // unit))
 
     @property
@@ -134,16 +146,20 @@ class PackCfg:
                   BD: int = 0, **flags) -> "PackCfg":
         """From the section widths (full, cp side), cp and the element size only (never T or N).
 
-        BD: 512 bytes of a row per column tile (256 bf16 / 128 fp32 columns). Rows per block,
-        from the H200 sweep (benchmarks/cp_pack_check.py, Qwen3-Next sections, T = 65536,
-        bf16; % of the 4.27 TB/s copy ceiling):
+        BD: 512 bytes of a row per column tile (256 bf16 / 128 fp32 columns). From the H200
+        runs of benchmarks/cp_pack_check.py --sweep (Qwen3-Next sections, T = 65536, bf16; % of
+        the 4.27 TB/s copy ceiling; "odd" rows: a per-rank row, D/cp * elt bytes, not 32-byte
+        aligned, as cp 8's 3088 bytes; cp 2 / 4 / 8):
 
-        * split BT = 8: 86.6 / 85.9 / 80.4% at cp 2 / 4 / 8 (16 rows: 85.6 / 84.2 / 74.9);
-        * merge MBT = 4 where a per-rank row (D/cp * elt bytes) is not 32-byte aligned (cp 8:
-          70.7%; 8 rows 30.8, 16 rows 22.4), else 16 (83.0 / 80.8% at cp 2 / 4);
-        * token kernels 32 rows of 512 bytes where a row is <= 8 KiB (cp 4: 87.9 / 88.9% for
-          to-natural / to-rank-major; cp 8: 74.4 / 73.0), 16 rows above (cp 2: 84.3 / 87.5%),
-          and occupancy hint 2 where rows are not 32-byte aligned (cp 8: 78.5 / 79.0%).
+        * split BT = 8, per-thread loads / stores: 86.4 / 85.7 / 81.1% (16 rows: 85.6 / 84.2 /
+          74.9; through the DYNQ TMA pipeline 68 / 81 / 46-61);
+        * merge DYNQ (TMA pipeline), 16 rows: 92.2 / 87.3% (per-thread loads: 83.0 / 80.9);
+          odd rows 32 rows, 1 KiB column tiles (MBD): 79.5% at cp 8 (512 B: 79.1; 64 rows 77.5;
+          16 rows 72.5; per-thread loads of 4 rows 70.4, 2 rows 69.2, 16 rows 22);
+        * token kernels 32 rows of 1 KiB (TBD) with EXACT tail tiles: 89.5 / 89.8 / 81.2% to
+          natural, 91.2 / 90.6 / 80.5% to rank-major (the previous 512-byte tiles, 16 rows at
+          cp 2: 84.3 / 87.9 / 78.2 and 87.5 / 88.7 / 78.8; 16 rows of 1 KiB: 87.7 / 77.5 /
+          76.4); odd rows occupancy hint 2 (no hint: 74-75, 1: 79-80, 3: 78 at cp 8).
 
         ``flags`` set any field (sweeps and tests).
         """
@@ -154,12 +170,18 @@ class PackCfg:
         parts = tuple(w // cp for w in sections)
         row = sum(parts) * elt  # bytes of one per-rank row (send / recv / the hp side)
         odd = row % 32 != 0
-        flags = {"MBT": 4 if odd else 16, "TBT": 32 if row <= 8192 else 16, "TOCC": 2 if odd else 0, **flags}
+        flags = {"MBT": 32 if odd else 16, "DYNQ": True, "MBD": 1024 // elt if odd else 0,
+                 "TOCC": 2 if odd else 0, "EXACT": True, **flags}
         src = tuple(sum(sections[:s]) for s in range(len(sections)))
         dst = tuple(sum(parts[:s]) for s in range(len(sections)))
-        bds = tuple(min(BD, pow2_floor(_pow2_divisor(math.gcd(math.gcd(a, b), p))))
-                    for a, b, p in zip(src, dst, parts))
+        bds = _col_tiles(src, dst, parts, BD)
         return cls(cp=cp, parts=parts, src=src, dst=dst, bds=bds, BT=BT, BD=BD, ELT=elt, **flags)
+
+
+def _col_tiles(src, dst, parts, BD) -> tuple[int, ...]:
+    """Per section: the largest power of two <= BD dividing the piece's source start, destination
+    start and width (its column tile in the section kernels)."""
+    return tuple(min(BD, pow2_floor(_pow2_divisor(math.gcd(math.gcd(a, b), p)))) for a, b, p in zip(src, dst, parts))
 
 
 def _pow2_divisor(x: int) -> int:
@@ -174,9 +196,20 @@ def _pow2_divisor(x: int) -> int:
 def _section_kernel(cfg: PackCfg, split: bool):
     """The section split (split=True: [Tl, D] -> [cp, Tl, D/cp]) or merge kernel of one
     layout. Sections are static (closure constants, unrolled); ranks and column tiles
-    within a piece are loops."""
+    within a piece are loops.
+
+    DYNQ (the merge): the block's rank q is read from a [cp] int32 device tensor (arange(cp),
+    ``_ranks``) instead of taken from bid(1). Same values, but with tile indices that depend
+    on loaded data tileiras (13.5) builds the copy as a warp-specialized TMA pipeline (384
+    threads, cp.async.bulk.tensor loads and stores) instead of per-thread 16-byte loads and
+    stores (128 threads; checked in the PTX of both). On the H200 that reads recv's
+    3088-byte (16- but not 32-byte aligned) rows at cp 8 far better (benchmarks/cp_pack_check.py:
+    see ``PackCfg.heuristic``) and is faster at cp 2 and 4 too; for the split (whose
+    misaligned rows are the stores) it is slower everywhere, so the split never uses it.
+    MBD: the merge's column tile (0: BD)."""
     CP, NS = cfg.cp, len(cfg.parts)
-    parts, src, dst, bds = cfg.parts, cfg.src, cfg.dst, cfg.bds
+    parts, src, dst = cfg.parts, cfg.src, cfg.dst
+    bds = cfg.bds if split or not cfg.MBD else _col_tiles(src, dst, parts, cfg.MBD)
     BT = cfg.BT if split else (cfg.MBT or cfg.BT)
     # TMA boxes need >= 16 bytes along the contiguous dim: narrower pieces use plain loads
     tma = tuple(cfg.TMA and (b * cfg.ELT >= 16 or cfg.SMALL_TMA) for b in bds)
@@ -187,6 +220,8 @@ def _section_kernel(cfg: PackCfg, split: bool):
 
     QG = cfg.QGRID
     FL = cfg.QGRID and cfg.FLAT
+    DQ = QG and cfg.DYNQ and not split
+    CPP = next_pow2(CP)
     PP = tuple(next_pow2(p) for p in parts)
 
     def narrow_piece(a, b, bt, q, s, pp):
@@ -224,12 +259,21 @@ def _section_kernel(cfg: PackCfg, split: bool):
                 t = ct.load(b, index=(q, bt, d0 + j), shape=(1, BT, B), padding_mode=PAD_ZERO, allow_tma=M)
                 ct.store(a, index=(bt, c0 + j), tile=ct.reshape(t, (BT, B)), allow_tma=M)
 
-    def body(a, b):
-        """split: a = x [Tl, D], b = send [cp, Tl, dc]; merge: a = out, b = recv."""
+    def rank_of(ranks):
+        """The block's rank: bid(1), or (DQ) ranks[bid(1)] loaded from the device."""
+        if DQ:
+            k = ct.arange(CPP, dtype=ct.int32)
+            v = ct.load(ranks, index=(0,), shape=(CPP,), padding_mode=PAD_ZERO)
+            return ct.sum(ct.where(k == ct.bid(1), v, 0))
+        return ct.bid(1)
+
+    def body(a, b, ranks):
+        """split: a = x [Tl, D], b = send [cp, Tl, dc]; merge: a = out, b = recv; ranks: DQ's
+        [cp] rank table (else None)."""
         bt = ct.bid(0)
         for s in ct.static_iter(range(NS)):
             if QG:
-                q = ct.bid(1)
+                q = rank_of(ranks)
                 bq = b
                 if FL:
                     TL = a.shape[0]
@@ -257,12 +301,15 @@ def _section_kernel(cfg: PackCfg, split: bool):
                     tiles(a, b, bt, q, s)
 
     def cp_split_sections(x, send):
-        body(x, send)
+        body(x, send, None)
 
     def cp_merge_sections(out, recv):
-        body(out, recv)
+        body(out, recv, None)
 
-    return ct.kernel(cp_split_sections if split else cp_merge_sections)
+    def cp_merge_sections_q(out, recv, ranks):
+        body(out, recv, ranks)
+
+    return ct.kernel(cp_split_sections if split else cp_merge_sections_q if DQ else cp_merge_sections)
 
 
 # ------------------------------------------------------------------ token kernel
@@ -323,40 +370,71 @@ def cp_token_gather(src, dst, cu, CP: ConstInt, TO_RANK_MAJOR: ConstBool, BT: Co
         ct.store(dst, index=(bt, cj), tile=t)
 
 
-@ct.kernel
-def cp_token_runs(src, dst, cu, CP: ConstInt, TO_RANK_MAJOR: ConstBool, BT: ConstInt, BD: ConstInt,
-                  BK: ConstInt, VIEW: ConstBool, EGATHER: ConstBool):
-    """dst [T, dc] rows bid*BT.. from src: where their BT source rows are one contiguous run
-    (every block but those that straddle a zigzag chunk boundary or the end), plain [BT, BD]
-    tile loads at row offset srow[0] (an overlapping tiled view with a row step of 1, or an
-    array slice) and tile stores; else the row gather of ``cp_token_gather``."""
-    bt = ct.bid(0)
-    T = dst.shape[0]
-    rows = ct.minimum(bt * BT + ct.arange(BT, dtype=ct.int32), T - 1)
-    srow = _source_rows(rows, cu, T, CP, TO_RANK_MAJOR, BT, BK)
-    s0 = ct.min(srow)
-    # clamped rows past T repeat the last row's source: never a run
-    miss = ct.sum(ct.where(srow == s0 + ct.arange(BT, dtype=ct.int32), 0, 1))
-    nc = ct.cdiv(dst.shape[1], BD)
-    if miss == 0:
-        if VIEW:
-            tv = src.tiled_view((BT, BD), padding_mode=PAD_ZERO, traversal_steps=(1, BD))
+def _tails(n: int) -> tuple[int, ...]:
+    """Powers of two summing to n, largest first: the tail tiles of a row (EXACT)."""
+    return tuple(1 << k for k in reversed(range(n.bit_length())) if n >> k & 1)
+
+
+@functools.lru_cache(maxsize=32)
+def _runs_kernel(tails: tuple[int, ...] = (), bd: int = 1):
+    """``cp_token_runs``; with ``tails`` (EXACT: the powers of two of dc % bd, in the moved
+    unit) a run block moves dc // bd full [BT, bd] tiles and then one [BT, w] tile per tail
+    width w (w divides its column start, so every tile is a plain tile-space access inside
+    the row) instead of a last [BT, bd] tile that is mostly padding (cp 8's 772-word rows:
+    3 full 256-word tiles and a 4-word one, not a 4th tile of 256)."""
+    pre = tuple(sum(tails[:k]) for k in range(len(tails)))
+    sub = tuple(bd // w for w in tails)          # tail-width tiles per full tile
+    lead = tuple(p // w for p, w in zip(pre, tails))  # tail k's tile index past the full tiles
+    NT = len(tails)
+    EX = NT > 0
+
+    def cp_token_runs(src, dst, cu, CP: ConstInt, TO_RANK_MAJOR: ConstBool, BT: ConstInt, BD: ConstInt,
+                      BK: ConstInt, VIEW: ConstBool, EGATHER: ConstBool):
+        """dst [T, dc] rows bid*BT.. from src: where their BT source rows are one contiguous run
+        (every block but those that straddle a zigzag chunk boundary or the end), plain [BT, BD]
+        tile loads at row offset srow[0] (an overlapping tiled view with a row step of 1, or an
+        array slice) and tile stores; else the row gather of ``cp_token_gather``."""
+        bt = ct.bid(0)
+        T = dst.shape[0]
+        rows = ct.minimum(bt * BT + ct.arange(BT, dtype=ct.int32), T - 1)
+        srow = _source_rows(rows, cu, T, CP, TO_RANK_MAJOR, BT, BK)
+        s0 = ct.min(srow)
+        # clamped rows past T repeat the last row's source: never a run
+        miss = ct.sum(ct.where(srow == s0 + ct.arange(BT, dtype=ct.int32), 0, 1))
+        nc = ct.cdiv(dst.shape[1], BD)
+        if miss == 0:
+            if VIEW:
+                tv = src.tiled_view((BT, BD), padding_mode=PAD_ZERO, traversal_steps=(1, BD))
+                if EX:
+                    nf = dst.shape[1] // BD
+                    for cj in range(nf):
+                        ct.store(dst, index=(bt, cj), tile=tv.load((s0, cj)))
+                    for k in ct.static_iter(range(NT)):
+                        tw = src.tiled_view((BT, tails[k]), padding_mode=PAD_ZERO, traversal_steps=(1, tails[k]))
+                        ci = nf * sub[k] + lead[k]
+                        ct.store(dst, index=(bt, ci), tile=tw.load((s0, ci)))
+                else:
+                    for cj in range(nc):
+                        ct.store(dst, index=(bt, cj), tile=tv.load((s0, cj)))
+            else:
+                sl = src.slice(axis=0, start=s0, stop=s0 + BT)
+                for cj in range(nc):
+                    ct.store(dst, index=(bt, cj), tile=ct.load(sl, index=(0, cj), shape=(BT, BD),
+                                                               padding_mode=PAD_ZERO))
+        elif EGATHER:
+            r2 = ct.reshape(srow, (BT, 1))
             for cj in range(nc):
-                ct.store(dst, index=(bt, cj), tile=tv.load((s0, cj)))
+                col = ct.reshape(cj * BD + ct.arange(BD, dtype=ct.int32), (1, BD))
+                ct.store(dst, index=(bt, cj), tile=ct.gather(src, (r2, col)))
         else:
-            sub = src.slice(axis=0, start=s0, stop=s0 + BT)
             for cj in range(nc):
-                ct.store(dst, index=(bt, cj), tile=ct.load(sub, index=(0, cj), shape=(BT, BD),
-                                                           padding_mode=PAD_ZERO))
-    elif EGATHER:
-        r2 = ct.reshape(srow, (BT, 1))
-        for cj in range(nc):
-            col = ct.reshape(cj * BD + ct.arange(BD, dtype=ct.int32), (1, BD))
-            ct.store(dst, index=(bt, cj), tile=ct.gather(src, (r2, col)))
-    else:
-        for cj in range(nc):
-            t = ct.load_advanced_indexing(src, (srow, ct.Slice(cj * BD, BD)), padding_mode=PAD_ZERO)
-            ct.store(dst, index=(bt, cj), tile=t)
+                t = ct.load_advanced_indexing(src, (srow, ct.Slice(cj * BD, BD)), padding_mode=PAD_ZERO)
+                ct.store(dst, index=(bt, cj), tile=t)
+
+    return ct.kernel(cp_token_runs)
+
+
+cp_token_runs = _runs_kernel()
 
 
 @ct.kernel
@@ -393,7 +471,24 @@ def section_launch(a, b, cfg: PackCfg, split: bool) -> Launch:
     grid = (cdiv(a.shape[0], rows), cfg.cp if cfg.QGRID else 1, 1)
     if cfg.QGRID and cfg.FLAT:
         b = b.view(b.shape[0] * b.shape[1], b.shape[2])
-    return Launch(_section_kernel(cfg, split), grid, (a, b), cfg, occ(cfg.OCC))
+    args = (a, b, _ranks(cfg.cp, a.device)) if cfg.QGRID and cfg.DYNQ and not split else (a, b)
+    return Launch(_section_kernel(cfg, split), grid, args, cfg, occ(cfg.OCC))
+
+
+_RANKS: dict = {}
+
+
+def _ranks(cp: int, device) -> torch.Tensor:
+    """arange(cp) int32 on ``device`` (DYNQ's rank table), made once per (cp, device) by a
+    device kernel (no host sync). Under CUDA graph capture a fresh one is captured with the
+    launch and not cached (the graph's replays write it; outside them it is not valid)."""
+    if device.type == "cuda" and torch.cuda.is_current_stream_capturing():
+        return torch.arange(cp, dtype=torch.int32, device=device)
+    key = (cp, str(device))
+    t = _RANKS.get(key)
+    if t is None:
+        t = _RANKS[key] = torch.arange(cp, dtype=torch.int32, device=device)
+    return t
 
 
 def token_launch(src, dst, cu, cfg: PackCfg, to_rank_major: bool) -> Launch:
@@ -405,7 +500,8 @@ def token_launch(src, dst, cu, cfg: PackCfg, to_rank_major: bool) -> Launch:
     bt, bd = cfg.token_tile
     args = (src, dst, cu, cfg.cp, bool(to_rank_major), bt, bd, cfg.BK)
     if cfg.RUNS and not cfg.ROWWISE:
-        kern, args = cp_token_runs, args + (cfg.VIEW, cfg.EGATHER)
+        tails = _tails(dst.shape[1] % bd) if cfg.EXACT and cfg.VIEW else ()
+        kern, args = _runs_kernel(tails, bd if tails else 1), args + (cfg.VIEW, cfg.EGATHER)
     else:
         kern = cp_token_rows if cfg.ROWWISE else cp_token_gather
     return Launch(kern, (cdiv(dst.shape[0], bt), 1, 1), args, cfg, occ(cfg.TOCC or cfg.OCC))
