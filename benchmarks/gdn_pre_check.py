@@ -7,8 +7,8 @@ From the repository root, on the GPU host (triton, fla are imported lazily: they
 
 --tests P first runs tests/gdn/test_gdn_cutile_pre_gated.py (GPU and CPU tests) split into P
 pytest processes at once (the kernels' JIT compiles dominate; cuTile's disk cache shares them),
-logs in $OUT/tests_*.log; --memcheck then runs a few of those tests (cached by then) under
-compute-sanitizer memcheck.
+logs in $OUT/tests_*.log; --memcheck runs a few forward tests under compute-sanitizer memcheck
+and racecheck beside them ($OUT/memcheck.log, racecheck.log).
 
 Timings (Qwen3-Next: Hk=16, Hv=32, dk=dv=128, W=4, bf16, 32768 tokens): BSHD B=4, T=8192 and
 THD with one sequence of 16384 tokens plus many short ones (1..256 tokens, fixed seed) adding up
@@ -94,6 +94,8 @@ bench = functools.partial(_bench, rep=100)  # do_bench median ms
 
 
 WARM_SWEEP_PROCS = 3
+SANITIZER_S = 120  # each sanitizer process's limit (they run beside the test processes)
+TEST_PROC_S = 150  # each test process's limit (rc 124: a hung or runaway test; the timings still run)
 
 
 def run_tests(out: str, procs: int, memcheck: bool, sweep_too: bool = False) -> None:
@@ -117,10 +119,21 @@ def run_tests(out: str, procs: int, memcheck: bool, sweep_too: bool = False) -> 
         ps.append((f"warm-sweep{j}", subprocess.Popen(
             [sys.executable, os.path.abspath(__file__), "--warm-sweep", str(j), "--out", out],
             stdout=wl, stderr=subprocess.STDOUT, cwd=ROOT), wl))
+    san = []
+    if memcheck:  # memcheck and racecheck on a few forward tests, beside the test processes
+        sel = [i for i in ids if "test_fwd_matches" in i and "rep-state" in i and
+               (("Hk2-Hv4" in i and ("thd-mixed" in i or "bshd-2x70" in i)) or ("Hk16" in i and "thd-mixed" in i))]
+        for tool in ("memcheck", "racecheck"):
+            log = open(os.path.join(out, f"{tool}.log"), "w")
+            cmd = ["timeout", str(SANITIZER_S), "compute-sanitizer", "--tool", tool, sys.executable, "-m", "pytest",
+                   "-q", "-p", "no:cacheprovider", *sel]
+            ps.append((tool, subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, cwd=ROOT), log))
+            san.append((tool, log.name))
     for k, ch in enumerate(chunks):
         if ch:
             log = open(os.path.join(out, f"tests_{k}.log"), "w")
-            ps.append((k, subprocess.Popen([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
+            ps.append((k, subprocess.Popen(["timeout", str(TEST_PROC_S), sys.executable, "-m", "pytest", "-q",
+                                            "-p", "no:cacheprovider",
                                             *ch], stdout=log, stderr=subprocess.STDOUT, cwd=ROOT), log))
     summary = {}
     for k, p, log in ps:
@@ -135,17 +148,12 @@ def run_tests(out: str, procs: int, memcheck: bool, sweep_too: bool = False) -> 
     RESULTS["tests"] = dict(n=len(ids), procs=procs, seconds=time.time() - t0, parts=summary)
     print(f"tests: {len(ids)} in {procs} processes, {time.time() - t0:.0f} s; "
           + "; ".join(f"[{k}] rc={s['rc']} {s['tail']}" for k, s in summary.items()), flush=True)
-    if memcheck:
-        sel = [i for i in ids if ("thd-mixed" in i and "Hk2-Hv4" in i and ("bwd" in i or "-rep-state" in i))][:3]
-        t0 = time.time()
-        r = subprocess.run(["compute-sanitizer", "--tool", "memcheck", sys.executable, "-m", "pytest", "-q",
-                            "-p", "no:cacheprovider", *sel], capture_output=True, text=True, cwd=ROOT, timeout=240)
-        txt = r.stdout + r.stderr
-        with open(os.path.join(out, "memcheck.log"), "w") as f:
-            f.write(txt)
-        summ = [ln for ln in txt.splitlines() if "ERROR SUMMARY" in ln or " passed" in ln or " failed" in ln]
-        RESULTS["tests"]["memcheck"] = dict(selected=sel, summary=summ, seconds=time.time() - t0)
-        print("memcheck:", sel, summ, flush=True)
+    for tool, name in san:
+        txt = open(name).read()
+        summ = [ln for ln in txt.splitlines() if "ERROR SUMMARY" in ln or "RACECHECK SUMMARY" in ln
+                or " passed" in ln or " failed" in ln]
+        RESULTS["tests"][tool] = dict(summary=summ)
+        print(f"{tool}:", summ, flush=True)
 
 
 # ------------------------------------------------------------------ timing
@@ -266,14 +274,14 @@ def time_case(thd: bool, repeat_qk: bool, peers: bool, compiled: bool, eager: bo
 
 
 # fwd launch-config variants (PreGatedCfg fields over the heuristic's): the sweep's rows
-FWD_SWEEP = [dict(), dict(TF=True), dict(LT=True), dict(LT=True, TF=True), dict(OCC=16), dict(LT=True, OCC=16), dict(FT=32, OCC=4),
-             dict(FT=16, HB=2, HBV=2, HBZ=8, OCC=4), dict(FT=16, HB=2, HBV=2, HBZ=8, OCC=4, LT=True),
-             dict(HBZ=8), dict(HBZ=1)]
+FWD_SWEEP = [dict(V1=True), dict(), dict(LT=False), dict(ST=True), dict(TF=True), dict(HBZ=2), dict(FT=32, OCC=4),
+             dict(FT=16, HB=2, HBV=2, HBZ=8, OCC=4)]
 W1_PROBE = [dict()]  # the same launches at W=1: no taps
 
 
 def _tag(over, w1=False):
-    return ("W1 " if w1 else "") + (" ".join(f"{k}{int(v) if isinstance(v, bool) else v}" for k, v in over.items())
+    return ("W1 " if w1 else "") + (" ".join("v1 (7b5141c)" if k == "V1" else f"{k}{int(v) if isinstance(v, bool) else v}"
+                                             for k, v in over.items())
                                    or "default")
 
 
@@ -282,11 +290,15 @@ def sweep_launches(prob, over, w1=False, outs=None):
     last tap, W=1: no taps, same bytes), and their outputs."""
     import dataclasses
 
-    from tilekernels.gdn import cutile_pre_gated as cp
-
     x, w, A, dt, cu = prob
     if w1:
         w = w[:, -1:].contiguous()
+    over = dict(over)
+    if over.pop("V1", False):  # the previous forward (benchmarks/probes/gdn_pre_fwd_v1.py) at its default
+        sys.path.insert(0, os.path.join(ROOT, "benchmarks", "probes"))
+        import gdn_pre_fwd_v1 as cp
+    else:
+        from tilekernels.gdn import cutile_pre_gated as cp
     cfg = dataclasses.replace(cp.PreGatedCfg.heuristic(SHAPE["Hk"], SHAPE["Hv"], SHAPE["dk"], SHAPE["dv"],
                                                        w.shape[1], True), **over)
     outs = outs or [torch.empty(o.shape, dtype=o.dtype, device=x.device) for o in ref_outs(prob)]
@@ -373,6 +385,7 @@ def main():
     ap.add_argument("--warm-sweep", type=int, default=-1, help=argparse.SUPPRESS)
     ap.add_argument("--no-eager", action="store_true", help="skip the torch backend's timings")
     ap.add_argument("--no-bwd", action="store_true", help="skip the backward's timing")
+    ap.add_argument("--cases-first", action="store_true", help="with --sweep: time the four cases before the sweep")
     a = ap.parse_args()
     os.makedirs(a.out, exist_ok=True)
     if a.warm:
@@ -391,7 +404,7 @@ def main():
         with open(path, "w") as f:
             json.dump(RESULTS, f, indent=1, default=str)
 
-    if a.sweep:  # first: the variants are what a short run is for
+    if a.sweep and not a.cases_first:  # first: the variants are what a short run is for
         sweep(a.sweep_thd)
         dump()
     for thd in (False, True):
@@ -400,6 +413,9 @@ def main():
                       compiled=rep and not thd and not a.no_compile_peer and not a.no_peers,
                       eager=not a.no_eager, bwd=not a.no_bwd)
             dump()
+    if a.sweep and a.cases_first:
+        sweep(a.sweep_thd)
+        dump()
     print("\n== summary ==", flush=True)
     for r in RESULTS["records"]:
         print(f"{r['case']:<12}{r['impl']:<18}{r['ms']:>8.3f} ms {r['tbs']:>6.2f} TB/s {r['pct_copy']:>6.1f}%  "

@@ -51,8 +51,14 @@ benchmarks/gdn_pre_check.py --sweep): the first forward ([16 tokens x one head] 
 tile-fastest grid, TMA-staged stores, a cu_seqlens scan per block; in git history at 93c235f as
 benchmarks/probes/gdn_pre_fwd_v0.py) 1.64 / 1.90 ms BSHD / THD with repeat_qk (1.89 GB ideal:
 27% / 23% of the 4.27 TB/s copy ceiling); this one, at the default config (FT16 HB1 HBZ4,
-occupancy 8), 0.93 / 0.96 ms (47.5% / 46%). Still short of the 0.52 ms target: see the sweep
-in PreGatedCfg.heuristic. bwd (unchanged) 5.15 ms (2.70 GB ideal: 12%).
+occupancy 8), 0.93 / 0.96 ms (47.5% / 46%). ncu of that main launch (BSHD): 924 us, DRAM 42%
+of peak but SM issue 67% busy (10.8 cycles between a warp's instructions at 8 warps a scheduler):
+issue-bound (~75 instructions a conv element, from issue rate x time), the IEEE divide of the SiLU (FCHK + slow-path
+CALL) the largest single item. Now: TMA tile loads (LT, fewer address/bounds instructions), the
+SiLU with the APPROX exp and reciprocal, no per-tap masks on tiles inside one sequence: main
+launch 683 us under the same ncu settings (DRAM 57%, SM 66%; ~65% of copy for its share of the
+bytes); not yet timed end to end with do_bench. Still short of the 0.52 ms target: see
+PreGatedCfg.heuristic. bwd (unchanged) 5.15 ms (2.70 GB ideal: 12%).
 
 Backend limits (for the spec's cutile Backend entry): SM 9.0 / 10.x; mixed bf16 or fp32;
 conv_weight bf16 or fp32; A_log, dt_bias fp32 (no float64: the torch backend covers
@@ -74,6 +80,7 @@ from tilekernels._glue import kernel
 
 ConstInt = ct.Constant[int]
 ConstBool = ct.Constant[bool]
+APPROX = ct.RoundingMode.APPROX
 
 BIG = 2 ** 31 - 1
 WMAX = 4  # conv widths up to this read their taps through shifted views (kernel arguments)
@@ -226,16 +233,33 @@ def _grows(src, sh, rows, i, u, NT, s: ConstInt, HB: ConstInt, C: ConstInt, TT: 
     return t.astype(ct.float32)
 
 
+def _silu(x):
+    """x * sigmoid(x) with the MUFU exp and reciprocal (APPROX: ~2 ulp each, far under the fp32
+    tolerance; the IEEE divide's Newton steps and slow-path checks cost more issue slots than the
+    conv itself -- the forward is issue-bound, ncu: SM 67% vs DRAM 42% at f502f3e)."""
+    return x * ct.truediv(1.0, 1.0 + ct.exp(-x, rounding_mode=APPROX), rounding_mode=APPROX)
+
+
 def _gconv(src, sh, wt, rows, st, i, u, NT, HB: ConstInt, C: ConstInt, TT: ConstInt, W: ConstInt,
            GA: ConstBool, LT: ConstBool):
     """[TT, HB, C] fp32 silu(conv(x)) of head group u: sum_s w[:, W-1-s] * x[t-s] over the taps at
-    or after the row's sequence start st[t], then the SiLU."""
+    or after the row's sequence start st[t], then the SiLU. A tile whose rows all have their W-1
+    predecessors in their own sequence (every tile but those at a sequence start) skips the
+    per-element masks (one select a tap and element fewer)."""
     pre = ct.zeros((TT, HB, C), dtype=ct.float32)
-    for s in ct.static_iter(range(W)):
-        ok = ct.reshape(rows - s >= st, (TT, 1, 1))
-        pre = pre + ct.where(ok, _grows(src, sh, rows, i, u, NT, s, HB, C, TT, GA, LT), 0.0) * \
-            _gtap(wt, W - 1 - s, HB, C)
-    return pre / (1.0 + ct.exp(-pre))
+    if GA:
+        inner = False
+    else:
+        inner = ct.min(rows - st) >= W - 1
+    if inner:
+        for s in ct.static_iter(range(W)):
+            pre = pre + _grows(src, sh, rows, i, u, NT, s, HB, C, TT, GA, LT) * _gtap(wt, W - 1 - s, HB, C)
+    else:
+        for s in ct.static_iter(range(W)):
+            ok = ct.reshape(rows - s >= st, (TT, 1, 1))
+            pre = pre + ct.where(ok, _grows(src, sh, rows, i, u, NT, s, HB, C, TT, GA, LT), 0.0) * \
+                _gtap(wt, W - 1 - s, HB, C)
+    return _silu(pre)
 
 
 def _gstate(seq, src, cs, n, u, NT, HB: ConstInt, C: ConstInt, W: ConstInt, WP: ConstInt, THD: ConstBool):
@@ -363,7 +387,7 @@ class PreGatedCfg:
     HB: int = 1   # fwd: q/k heads per block (a power of two dividing Hk)
     HBV: int = 1  # fwd: v heads per block (a power of two dividing Hv)
     HBZ: int = 1  # fwd: z heads per block (a power of two dividing Hv)
-    LT: bool = False  # fwd: tile loads may go through TMA
+    LT: bool = True  # fwd: tile loads may go through TMA (fewer address/bounds instructions)
     ST: bool = False  # fwd: stores may go through TMA (staged in shared memory)
     TF: bool = False  # fwd: block order token tiles fastest (default: units fastest)
     TAPV: bool = True  # taps from tile-aligned loads of shifted views (W <= WMAX); else row gathers
@@ -394,6 +418,13 @@ class PreGatedCfg:
         #   FT32 HB1 HBZ4 occ4 1.290 / 1.182; FT32 HB2 HBZ8 occ2 2.136; FT16 HB4 HBZ8 occ2 2.366
         # (registers bound the bytes in flight: the W tap tiles and the fp32 sum live there, so small
         # tiles at high occupancy win; the same launches at W=1, no taps, took 0.698 ms at FT16 HB2.)
+        # Later sweep (BSHD, the f502f3e kernel: IEEE-divide SiLU, masks on every tap): FT16 HB1 HBZ4
+        # occ8 0.933, + TMA loads (LT) 0.806 (now the default, with the APPROX SiLU and unmasked inner
+        # tiles), tile-fastest order (TF) 0.932, W=1 0.604. Tried and dropped: the q/k repeats as one
+        # broadcast store 1.005; two token tiles a block (a loop) 1.44 / 1.29 with LT (spills); the
+        # taps as exact 0/1 row-shift MMAs of two tile loads (tensor cores, bf16 only) 1.36 at occ8
+        # (spills), 1.15 occ4, 1.00 occ4 + LT, 1.51 FT32 occ2 (operand layouts cost shared memory
+        # and registers, and the kernel is issue-bound, not load-bound).
         HB, HBV, HBZ = _p2div(Hk, FWD_HB), _p2div(Hv, FWD_HB), _p2div(Hv, FWD_HBZ)
         FT = max(next_pow2(W), min(128, FWD_EL // (max(HB, HBV) * max(DK, DV))))
         R = Hv // Hk

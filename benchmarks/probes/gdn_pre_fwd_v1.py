@@ -1,0 +1,426 @@
+"""Verbatim copy of tilekernels/gdn/cutile_pre_gated.py's forward at 7b5141c (the default then: FT16 HB1
+HBZ4, occupancy 8, IEEE divide in the SiLU, masks on every tap, no TMA loads), for A/B timing in
+benchmarks/gdn_pre_check.py --sweep (row "V1"); the registry registration and the bwd import are cut.
+Remove once the ledger has the comparison (git history keeps it).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import math
+
+import cuda.tile as ct
+import torch
+
+from tilekernels._cutile import PAD_ZERO, Launch, cdiv, next_pow2, occ
+
+ConstInt = ct.Constant[int]
+ConstBool = ct.Constant[bool]
+
+BIG = 2 ** 31 - 1
+WMAX = 4  # conv widths up to this read their taps through shifted views (kernel arguments)
+
+
+# ------------------------------------------------------------------ device helpers (shared with the bwd)
+
+
+def _cu_chunk(seq, c, S, CH: ConstInt):
+    """Chunk c of cu_seqlens [S] as ([CH] int32 with BIG past the end, its min, its max over
+    the live entries): the step of seq_start's and seq_end's scans."""
+    live = (c * CH + ct.arange(CH, dtype=ct.int32)) < S
+    cu = ct.where(live, ct.load(seq, index=(c,), shape=(CH,), padding_mode=PAD_ZERO), BIG)
+    return cu, ct.min(cu), ct.max(ct.where(live, cu, -1))
+
+
+def seq_start(seq, rows, t0, TT: ConstInt, W: ConstInt, CH: ConstInt, THD: ConstBool):
+    """[TT] int32: the packed index where each row's sequence starts, exact where it is
+    within W-1 rows of the row (further back only "<= t - W + 1" is guaranteed, which is all
+    the conv's masks need). BSHD: seq is mixed [B, T, D]; THD: seq is cu_seqlens [S]."""
+    if THD:
+        S = seq.shape[0]
+        st = ct.zeros((TT,), dtype=ct.int32)  # cu_0 = 0 is always a start
+        r2 = ct.reshape(rows, (TT, 1))
+        for c in range(ct.cdiv(S, CH)):
+            cu, lo, hi = _cu_chunk(seq, c, S, CH)
+            if lo <= t0 + TT - 1:
+                if hi >= t0 - W + 2:
+                    cand = ct.where(ct.reshape(cu, (1, CH)) <= r2, ct.reshape(cu, (1, CH)), 0)
+                    st = ct.maximum(st, ct.max(cand, axis=1))
+        return st
+    else:
+        T = seq.shape[1]
+        return (rows // T) * T
+
+
+def seq_end(seq, rows, t0, TT: ConstInt, W: ConstInt, CH: ConstInt, THD: ConstBool):
+    """[TT] int32: the packed index one past each row's sequence, exact where it is within
+    W-1 rows after the row (further on only ">= t + W" is guaranteed)."""
+    if THD:
+        S = seq.shape[0]
+        en = ct.full((TT,), BIG, dtype=ct.int32)
+        r2 = ct.reshape(rows, (TT, 1))
+        for c in range(ct.cdiv(S, CH)):
+            cu, lo, hi = _cu_chunk(seq, c, S, CH)
+            if lo <= t0 + TT + W - 2:
+                if hi >= t0 + 1:
+                    cand = ct.where(ct.reshape(cu, (1, CH)) > r2, ct.reshape(cu, (1, CH)), BIG)
+                    en = ct.minimum(en, ct.min(cand, axis=1))
+        return en
+    else:
+        T = seq.shape[1]
+        return (rows // T + 1) * T
+
+
+def row_tile(src, rows, u, NT, C: ConstInt, TT: ConstInt):
+    """[TT, C] fp32: rows ``rows`` (clamped into [0, NT); callers mask) of head u of
+    src [NT, heads, c] (channels past c read 0)."""
+    rc = ct.minimum(ct.maximum(rows, 0), NT - 1)
+    t = ct.load_advanced_indexing(src, (rc, ct.Slice(u, 1), ct.Slice(0, C)), padding_mode=PAD_ZERO,
+                                  allow_tma=False)
+    return ct.reshape(t, (TT, C)).astype(ct.float32)
+
+
+def tap_rows(src, sh, rows, i, u, NT, s: ConstInt, C: ConstInt, TT: ConstInt, TAPV: ConstBool):
+    """[TT, C] fp32: rows t - s of head u for the tile's rows t = i*TT + r (unmasked; rows before
+    0 read as 0). Tap 0 is the tile-aligned load of tile i; tap s > 0 is tile i-1 of the view
+    sh[s-1] = src[TT - s:] (aligned there), for i > 0 and TAPV; tile 0 (and W > WMAX) gathers rows."""
+    if s == 0:
+        t = ct.reshape(ct.load(src, index=(i, u, 0), shape=(TT, 1, C), padding_mode=PAD_ZERO,
+                               allow_tma=False),
+                       (TT, C)).astype(ct.float32)
+    else:
+        if TAPV:
+            if i > 0:
+                t = ct.reshape(ct.load(sh[s - 1], index=(i - 1, u, 0), shape=(TT, 1, C), padding_mode=PAD_ZERO,
+                               allow_tma=False),
+                               (TT, C)).astype(ct.float32)
+            else:
+                t = row_tile(src, rows - s, u, NT, C, TT)
+        else:
+            t = row_tile(src, rows - s, u, NT, C, TT)
+    return t
+
+
+def tap(wt, j: ConstInt, C: ConstInt):
+    """Tap j of a [C, WW] weight tile as [1, C]."""
+    return ct.reshape(ct.extract(wt, (0, j), shape=(C, 1)), (1, C))
+
+
+def weight_tile(w3, u, C: ConstInt, WW: ConstInt):
+    """[C, WW] fp32 taps of head u of w3 [heads, c, W] (padding 0)."""
+    return ct.reshape(ct.load(w3, index=(u, 0, 0), shape=(1, C, WW), padding_mode=PAD_ZERO),
+                      (C, WW)).astype(ct.float32)
+
+
+def conv_pre(src, sh, wt, rows, st, i, u, NT, C: ConstInt, TT: ConstInt, W: ConstInt, TAPV: ConstBool):
+    """[TT, C] fp32 conv output before the SiLU: sum_s w[:, W-1-s] * x[t-s], taps before
+    the row's sequence start read as 0."""
+    pre = ct.zeros((TT, C), dtype=ct.float32)
+    for s in ct.static_iter(range(W)):
+        ok = ct.reshape(rows - s >= st, (TT, 1))
+        pre = pre + ct.where(ok, tap_rows(src, sh, rows, i, u, NT, s, C, TT, TAPV), 0.0) * tap(wt, W - 1 - s, C)
+    return pre
+
+
+def gate_tiles(mba, A_log, dt_bias, i, TT: ConstInt, HVP: ConstInt, LT: ConstBool = True):
+    """(b, a + dt_bias, -exp(A_log)) of token tile i, [TT, HVP] / [1, HVP] fp32 (LT: loads may use TMA)."""
+    b = ct.reshape(ct.load(mba, index=(i, 0, 0), shape=(TT, 1, HVP), padding_mode=PAD_ZERO, allow_tma=LT),
+                   (TT, HVP))
+    a = ct.reshape(ct.load(mba, index=(i, 1, 0), shape=(TT, 1, HVP), padding_mode=PAD_ZERO, allow_tma=LT),
+                   (TT, HVP))
+    al = ct.reshape(ct.load(A_log, index=(0,), shape=(HVP,), padding_mode=PAD_ZERO, allow_tma=LT), (1, HVP))
+    dtb = ct.reshape(ct.load(dt_bias, index=(0,), shape=(HVP,), padding_mode=PAD_ZERO, allow_tma=LT), (1, HVP))
+    return b.astype(ct.float32), a.astype(ct.float32) + dtb.astype(ct.float32), -ct.exp(al.astype(ct.float32))
+
+
+def softplus(x):
+    """torch's softplus (threshold 20: above it x passes through)."""
+    return ct.where(x > 20.0, x, ct.log(1.0 + ct.exp(ct.minimum(x, 20.0))))
+
+
+# ------------------------------------------------------------------ forward kernel (head-group tiles)
+
+
+def _gweight(w3, u, HB: ConstInt, C: ConstInt, WW: ConstInt):
+    """[HB, C, WW] fp32 taps of heads u*HB .. u*HB+HB-1 of w3 [heads, c, W] (padding 0)."""
+    return ct.load(w3, index=(u, 0, 0), shape=(HB, C, WW), padding_mode=PAD_ZERO, allow_tma=False).astype(ct.float32)
+
+
+def _gtap(wt, j: ConstInt, HB: ConstInt, C: ConstInt):
+    """Tap j of a [HB, C, WW] weight tile as [1, HB, C]."""
+    return ct.reshape(ct.extract(wt, (0, 0, j), shape=(HB, C, 1)), (1, HB, C))
+
+
+def _grows(src, sh, rows, i, u, NT, s: ConstInt, HB: ConstInt, C: ConstInt, TT: ConstInt, GA: ConstBool,
+           LT: ConstBool):
+    """[TT, HB, C] fp32: rows t - s of head group u (heads u*HB ..) for the tile's rows t (unmasked;
+    rows before 0 read 0). Tap 0 is tile i of src; tap s > 0 is tile i-1 of the view sh[s-1] =
+    src[TT - s:] (i > 0), or, in a gathering launch (GA: token tile 0, widths W > WMAX), the rows
+    gathered one by one."""
+    if s == 0:
+        t = ct.load(src, index=(i, u, 0), shape=(TT, HB, C), padding_mode=PAD_ZERO, allow_tma=LT)
+    elif GA:
+        rc = ct.minimum(ct.maximum(rows - s, 0), NT - 1)
+        t = ct.load_advanced_indexing(src, (rc, ct.Slice(u * HB, HB), ct.Slice(0, C)), padding_mode=PAD_ZERO,
+                                      allow_tma=False)
+    else:
+        t = ct.load(sh[s - 1], index=(i - 1, u, 0), shape=(TT, HB, C), padding_mode=PAD_ZERO, allow_tma=LT)
+    return t.astype(ct.float32)
+
+
+def _gconv(src, sh, wt, rows, st, i, u, NT, HB: ConstInt, C: ConstInt, TT: ConstInt, W: ConstInt,
+           GA: ConstBool, LT: ConstBool):
+    """[TT, HB, C] fp32 silu(conv(x)) of head group u: sum_s w[:, W-1-s] * x[t-s] over the taps at
+    or after the row's sequence start st[t], then the SiLU."""
+    pre = ct.zeros((TT, HB, C), dtype=ct.float32)
+    for s in ct.static_iter(range(W)):
+        ok = ct.reshape(rows - s >= st, (TT, 1, 1))
+        pre = pre + ct.where(ok, _grows(src, sh, rows, i, u, NT, s, HB, C, TT, GA, LT), 0.0) * \
+            _gtap(wt, W - 1 - s, HB, C)
+    return pre / (1.0 + ct.exp(-pre))
+
+
+def _gstate(seq, src, cs, n, u, NT, HB: ConstInt, C: ConstInt, W: ConstInt, WP: ConstInt, THD: ConstBool):
+    """Final conv state of sequence n, head group u of src [NT, heads, c] into cs [N, heads, c, W-1]:
+    the sequence's last W-1 conv inputs, oldest first, rows before its start as zeros."""
+    if THD:
+        start = ct.load(seq, index=(n,), shape=())
+        end = ct.load(seq, index=(n + 1,), shape=())
+    else:
+        start = n * seq.shape[1]
+        end = start + seq.shape[1]
+    j = ct.arange(WP, dtype=ct.int32)
+    rows = end - (W - 1) + j
+    ok = ct.reshape((rows >= start) & (j < W - 1), (WP, 1, 1))
+    x = ct.load_advanced_indexing(src, (ct.minimum(ct.maximum(rows, 0), NT - 1), ct.Slice(u * HB, HB),
+                                        ct.Slice(0, C)), padding_mode=PAD_ZERO, allow_tma=False)
+    x = ct.where(ok, x, ct.zeros((WP, HB, C), dtype=x.dtype))
+    ct.store(cs, index=(n, u, 0, 0), tile=ct.reshape(ct.permute(x, (1, 2, 0)), (1, HB, C, WP)), allow_tma=False)
+
+
+@ct.kernel
+def gdn_pre_fwd(mqk, mqk1, mqk2, mqk3, mv, mv1, mv2, mv3, mz, mba, seq, stt, wqk, wv, A_log, dt_bias, q4, k4, v,
+                z, g, beta, cqk, cv, eps: float, HK: ConstInt, HV: ConstInt, R: ConstInt, W: ConstInt,
+                DK: ConstInt, DV: ConstInt, HVP: ConstInt, TT: ConstInt, HB: ConstInt, HBV: ConstInt,
+                HBZ: ConstInt, WP: ConstInt, WW: ConstInt, CH: ConstInt, PT: ConstInt, THD: ConstBool,
+                STATE: ConstBool, GA: ConstBool, ONE: ConstBool, LT: ConstBool, ST: ConstBool, TF: ConstBool):
+    """Block b = r * NU + u (1-D grid, units fastest: blocks running together read whole rows of
+    mixed): unit u (a head group of q|k, of v, of z, or the gates; module doc) of token tile
+    i = r + 1 (the main launch: GA off), or, gathering taps (GA), of tile i = r < ntl (ntl = 1 with
+    ONE, else every tile); past those, the conv state of sequence r - ntl (STATE), then (THD) the
+    per-token sequence starts stt of PT-token chunks (read by the main launch). TF: rows fastest
+    instead (b = u * rows + row)."""
+    NT = mqk.shape[0]
+    ntiles = ct.cdiv(NT, TT)
+    NQ = HK // HB
+    NQK = 2 * NQ
+    NV = HV // HBV
+    NZ = HV // HBZ
+    NU = NQK + NV + NZ + 1
+    if TF:
+        nrow = ct.num_blocks(0) // NU
+        u = ct.bid(0) // nrow
+        r = ct.bid(0) % nrow
+    else:
+        u = ct.bid(0) % NU
+        r = ct.bid(0) // NU
+    if GA:
+        i = r
+        ntl = 1 if ONE else ntiles
+    else:
+        i = r + 1
+        ntl = ntiles
+    if i < ntl:
+        t0 = i * TT
+        rows = t0 + ct.arange(TT, dtype=ct.int32)
+        if u < NQK + NV:
+            if THD and not GA:  # the head launch wrote every token's sequence start
+                st = ct.load(stt, index=(i,), shape=(TT,), padding_mode=PAD_ZERO, allow_tma=False)
+            else:
+                st = seq_start(seq, rows, t0, TT, W, CH, THD)
+            if u < NQK:  # q or k heads: conv, silu, l2norm over dk, the R repeats
+                y = _gconv(mqk, (mqk1, mqk2, mqk3), _gweight(wqk, u, HB, DK, WW), rows, st, i, u, NT, HB, DK, TT,
+                           W, GA, LT)
+                y = y * ct.rsqrt(ct.sum(y * y, axis=2, keepdims=True) + eps)
+                out = ct.reshape(y.astype(q4.dtype), (TT, HB, 1, DK))
+                for rr in ct.static_iter(range(R)):
+                    if u < NQ:
+                        ct.store(q4, index=(i, u, rr, 0), tile=out, allow_tma=ST)
+                    else:
+                        ct.store(k4, index=(i, u - NQ, rr, 0), tile=out, allow_tma=ST)
+            else:  # v heads: conv, silu
+                h = u - NQK
+                y = _gconv(mv, (mv1, mv2, mv3), _gweight(wv, h, HBV, DV, WW), rows, st, i, h, NT, HBV, DV, TT, W,
+                           GA, LT)
+                ct.store(v, index=(i, h, 0), tile=y.astype(v.dtype), allow_tma=ST)
+        elif u < NQK + NV + NZ:  # z heads: copy
+            h = u - NQK - NV
+            ct.store(z, index=(i, h, 0), tile=ct.load(mz, index=(i, h, 0), shape=(TT, HBZ, DV), padding_mode=PAD_ZERO,
+                                                      allow_tma=LT).astype(z.dtype), allow_tma=ST)
+        else:  # gates of all Hv heads
+            b, x, nA = gate_tiles(mba, A_log, dt_bias, i, TT, HVP, LT)
+            ct.store(beta, index=(i, 0), tile=(1.0 / (1.0 + ct.exp(-b))).astype(beta.dtype), allow_tma=ST)
+            ct.store(g, index=(i, 0), tile=(nA * softplus(x)).astype(g.dtype), allow_tma=ST)
+    elif GA:  # (only the head launch has rows past its tiles)
+        n = i - ntl
+        ns = 0
+        if STATE:
+            ns = cqk.shape[0]
+        if n < ns:
+            if u < NQK:
+                _gstate(seq, mqk, cqk, n, u, NT, HB, DK, W, WP, THD)
+            elif u < NQK + NV:
+                _gstate(seq, mv, cv, n, u - NQK, NT, HBV, DV, W, WP, THD)
+        else:
+            if THD:  # per-token sequence starts of chunk p (PT tokens)
+                p = (n - ns) * NU + u
+                if p * PT < NT:
+                    st = seq_start(seq, p * PT + ct.arange(PT, dtype=ct.int32), p * PT, PT, W, CH, THD)
+                    ct.store(stt, index=(p,), tile=st, allow_tma=False)
+
+
+# ------------------------------------------------------------------ launch config
+
+
+def _p2div(n: int, cap: int) -> int:
+    """Largest power of two <= cap (a power of two) that divides n."""
+    return math.gcd(int(n), cap)
+
+
+@dataclasses.dataclass(frozen=True)
+class PreGatedCfg:
+    """Launch config = compile key (with the argument dtypes, THD and STATE)."""
+    Hk: int
+    Hv: int
+    R: int        # Hv // Hk
+    REP: bool     # repeat_qk
+    W: int        # conv width
+    DK: int       # dk padded to a power of two
+    DV: int       # dv padded to a power of two
+    HVP: int      # Hv padded to a power of two (the gates block)
+    TT: int       # bwd: tokens per block (power of two, >= W)
+    WP: int       # W - 1 padded to a power of two (conv-state rows)
+    WW: int       # W padded to a power of two (taps in registers)
+    FT: int = 16  # fwd: tokens per block (power of two, >= W)
+    HB: int = 1   # fwd: q/k heads per block (a power of two dividing Hk)
+    HBV: int = 1  # fwd: v heads per block (a power of two dividing Hv)
+    HBZ: int = 1  # fwd: z heads per block (a power of two dividing Hv)
+    LT: bool = False  # fwd: tile loads may go through TMA
+    ST: bool = False  # fwd: stores may go through TMA (staged in shared memory)
+    TF: bool = False  # fwd: block order token tiles fastest (default: units fastest)
+    TAPV: bool = True  # taps from tile-aligned loads of shifted views (W <= WMAX); else row gathers
+    CH: int = 32   # THD: cu_seqlens entries scanned per step (only chunks near the tile do work)
+    PT: int = 256  # fwd THD: tokens per block of the sequence-start precompute
+    TG: int = 64   # bwd reduction: partial rows per step
+    BC: int = 64   # bwd reduction: channels per block
+    OCC: int = 0   # fwd occupancy hint (0: compiler's choice)
+    OCC_B: int = 0  # bwd (dpre and dx kernels) occupancy hint
+
+    @classmethod
+    @functools.lru_cache(maxsize=1024)  # pure in its arguments; runs on every call's host path
+    def heuristic(cls, Hk: int, Hv: int, dk: int, dv: int, W: int, repeat_qk: bool) -> "PreGatedCfg":
+        if Hv % Hk:
+            raise ValueError(f"gdn_pre_gated cutile: Hv={Hv} is not a multiple of Hk={Hk}")
+        if W < 1:
+            raise ValueError(f"gdn_pre_gated cutile: conv width W={W} < 1")
+        DK, DV = next_pow2(dk), next_pow2(dv)
+        # bwd: ~2K fp32 elements per [TT, head] tile (16 tokens of a 128-wide head) and occupancy 4.
+        # Swept on the H200 (Qwen3-Next, B=4, T=8192 BSHD, repeat_qk; ms):
+        #   bwd  TT64: 12.6 (occ 0); TT32: 9.0 (0), 5.6 (2); TT16: 9.0 (0), 5.17 (4)
+        TT = max(next_pow2(W), min(128, 2048 // max(DK, DV)))
+        # fwd: a block owns FT tokens x a group of heads (HB q/k heads, HBV v heads, HBZ z heads),
+        # ~FWD_EL elements a conv tile; stores straight from registers (no shared-memory staging).
+        # Swept on the H200 (Qwen3-Next, 32768 tokens, repeat_qk, 1-D unit-fastest grid; ms BSHD / THD):
+        #   FT16 HB1 HBZ4 occ8 0.931 / 0.959 (64 regs, 128 threads: 8 blocks an SM; the default)
+        #   FT16 HB2 HBZ8 occ4 1.405 / 1.436, the same with TMA loads (LT) 0.981 / 1.018, occ0 1.946
+        #   FT32 HB1 HBZ4 occ4 1.290 / 1.182; FT32 HB2 HBZ8 occ2 2.136; FT16 HB4 HBZ8 occ2 2.366
+        # (registers bound the bytes in flight: the W tap tiles and the fp32 sum live there, so small
+        # tiles at high occupancy win; the same launches at W=1, no taps, took 0.698 ms at FT16 HB2.)
+        HB, HBV, HBZ = _p2div(Hk, FWD_HB), _p2div(Hv, FWD_HB), _p2div(Hv, FWD_HBZ)
+        FT = max(next_pow2(W), min(128, FWD_EL // (max(HB, HBV) * max(DK, DV))))
+        R = Hv // Hk
+        return cls(Hk=Hk, Hv=Hv, R=R, REP=bool(repeat_qk), W=W, DK=DK, DV=DV, HVP=next_pow2(Hv),
+                   TT=TT, WP=next_pow2(max(W - 1, 1)), WW=next_pow2(W), FT=FT, HB=HB, HBV=HBV, HBZ=HBZ, TAPV=W <= WMAX, OCC=FWD_OCC, OCC_B=4)
+
+
+# fwd head-group defaults (see PreGatedCfg.heuristic)
+FWD_HB, FWD_HBZ, FWD_EL, FWD_OCC = 1, 4, 2048, 8
+
+
+def _cfg(Hk, Hv, dk, dv, W, repeat_qk, cfg):
+    cfg = cfg or PreGatedCfg.heuristic(Hk, Hv, dk, dv, W, repeat_qk)
+    ok = (cfg.Hk, cfg.Hv, cfg.W, cfg.REP) == (Hk, Hv, W, bool(repeat_qk)) and cfg.DK >= dk and cfg.DV >= dv \
+        and cfg.TT >= W and cfg.FT >= W and Hk % cfg.HB == 0 and Hv % cfg.HBV == 0 and Hv % cfg.HBZ == 0 
+    if not ok:
+        raise ValueError(f"gdn_pre_gated cutile: config {cfg} does not fit Hk={Hk}, Hv={Hv}, dk={dk}, "
+                         f"dv={dv}, W={W}, repeat_qk={repeat_qk}")
+    return cfg
+
+
+def views(mixed, conv_weight, Hk: int, Hv: int, dk: int, dv: int):
+    """(mixed as [NT, D], q|k [NT, 2Hk, dk], v [NT, Hv, dv], z [NT, Hv, dv], b|a [NT, 2, Hv],
+    conv weight q|k [2Hk, dk, W], v [Hv, dv, W]): strided views, no copies."""
+    D = mixed.shape[-1]
+    x = mixed.reshape(-1, D)
+    NT, QK, V = x.shape[0], 2 * Hk * dk, Hv * dv
+    W = conv_weight.shape[1]
+    return (x, x[:, :QK].view(NT, 2 * Hk, dk), x[:, QK:QK + V].view(NT, Hv, dv),
+            x[:, QK + V:QK + 2 * V].view(NT, Hv, dv), x[:, QK + 2 * V:].view(NT, 2, Hv),
+            conv_weight[:QK].view(2 * Hk, dk, W), conv_weight[QK:].view(Hv, dv, W))
+
+
+def shifted(t3, by: int):
+    """WMAX - 1 views of t3 [NT, heads, c] shifted by s = 1 .. WMAX-1 rows: t3[by - s:] when
+    by > 0 (the fwd taps: tile i-1 of t3[TT - s:] is rows i*TT - s ..), t3[s:] when by == 0
+    (the bwd's look-ahead); empty where the shift runs past the end (never read then)."""
+    NT = t3.shape[0]
+    return tuple(t3[min(NT, by - s if by else s):] for s in range(1, WMAX))
+
+
+def seq_arg(mixed, cu_seqlens):
+    """What the kernels read sequence bounds from: cu_seqlens (THD, moved to mixed's device
+    if the caller kept it on the host) or mixed itself as [B, T, D] (BSHD: only its shape)."""
+    if cu_seqlens is None:
+        return mixed, False
+    if cu_seqlens.device != mixed.device:
+        cu_seqlens = cu_seqlens.to(mixed.device, non_blocking=True)
+    return cu_seqlens, True
+
+
+def fwd_launch(mixed, conv_weight, A_log, dt_bias, cu_seqlens, q, k, v, z, g, beta, conv_state,
+               Hk: int = 16, dk: int = 128, dv: int = 128, repeat_qk: bool = True, eps: float = 1e-6,
+               cfg: PreGatedCfg | None = None) -> list[Launch]:
+    """The forward launches (argument order as the registry's fwd kernel): one kernel, launched for
+    token tile 0 and the conv state (taps gathered) and for tiles 1.. (taps as tile loads)."""
+    Hv, W = A_log.shape[0], conv_weight.shape[1]
+    cfg = _cfg(Hk, Hv, dk, dv, W, repeat_qk, cfg)
+    x, mqk, mv, mz, mba, wqk, wv = views(mixed, conv_weight, Hk, Hv, dk, dv)
+    NT = x.shape[0]
+    seq, thd = seq_arg(mixed, cu_seqlens)
+    state = conv_state is not None and W > 1
+    if state:
+        N = conv_state.shape[0]
+        QK = 2 * Hk * dk
+        cqk = conv_state[:, :QK].view(N, 2 * Hk, dk, W - 1)
+        cv = conv_state[:, QK:].view(N, Hv, dv, W - 1)
+    else:  # dead code in the kernel; stand-ins of the right rank
+        N, cqk, cv = 0, q.view(NT, -1, 1, dk)[:0], v.view(NT, -1, 1, dv)[:0]
+    R = q.shape[-2] // Hk  # q, k [.., Hk * R, dk] seen as [NT, Hk, R, dk]: repeat r of key head h at [:, h, r]
+    q4, k4 = q.view(NT, Hk, R, dk), k.view(NT, Hk, R, dk)
+    outs = (q4, k4, v.view(NT, Hv, dv), z.view(NT, Hv, dv), g.view(NT, Hv), beta.view(NT, Hv))
+    units = 2 * Hk // cfg.HB + Hv // cfg.HBV + Hv // cfg.HBZ + 1
+    nt = cdiv(NT, cfg.FT)
+    # THD: every token's sequence start, written by the head launch for the main launch's masks
+    stt = torch.empty((NT if thd and cfg.TAPV else 0,), dtype=torch.int32, device=x.device)
+    npre = cdiv(cdiv(NT, cfg.PT), units) if thd and cfg.TAPV else 0
+    args = (mqk, *shifted(mqk, cfg.FT), mv, *shifted(mv, cfg.FT), mz, mba, seq, stt, wqk, wv, A_log, dt_bias, *outs,
+            cqk, cv, float(eps), Hk, Hv, R, W, cfg.DK, cfg.DV, cfg.HVP, cfg.FT, cfg.HB, cfg.HBV, cfg.HBZ, cfg.WP,
+            cfg.WW, cfg.CH, cfg.PT, thd, state)
+    tail = (cfg.LT, cfg.ST, cfg.TF)
+    if not cfg.TAPV:  # every tile gathers its taps (and scans cu_seqlens)
+        return [Launch(gdn_pre_fwd, ((nt + N) * units, 1, 1), args + (True, False) + tail, cfg, occ(cfg.OCC))]
+    # token tile 0, the conv state and the sequence starts: taps gathered; tiles 1..: taps as tile loads
+    return [Launch(gdn_pre_fwd, ((1 + N + npre) * units, 1, 1), args + (True, True) + tail, cfg, occ(cfg.OCC)),
+            Launch(gdn_pre_fwd, ((nt - 1) * units, 1, 1), args + (False, False) + tail, cfg, occ(cfg.OCC))]
+
