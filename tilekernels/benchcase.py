@@ -31,8 +31,10 @@ class BenchCase:
     # names of inputs that get gradients in the fwd+bwd measurement
     grad_inputs: tuple[str, ...] = field(default_factory=tuple)
     # The float64 oracle when the op's reference on float64 upcasts is not the op's own
-    # definition (None: ``op.reference``). Same signature as the reference, differentiable;
-    # e.g. an op that rounds an intermediate to the activation dtype by definition (mhc_post_pre
-    # feeds its bf16 ``out`` to the pre step) keeps that rounding in float64 here, so its fp32
-    # results stay under the fp32 tolerance. The case's docstring / comment says why.
+    # definition (None: ``op.reference``): ``oracle(results, *inputs, **params)``, with the
+    # op's own (detached) results first, then the reference's arguments; differentiable in the
+    # inputs. E.g. an op that rounds an intermediate to the activation dtype by definition
+    # (mhc_post_pre feeds its bf16 ``out`` to the pre step) takes that rounded value from the op
+    # (a float64 rounding can land one ulp off the kernel's fp32 one), so its fp32 results stay
+    # under the fp32 tolerance. The oracle's docstring says why.
     oracle: Optional[Callable[..., Any]] = None

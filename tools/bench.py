@@ -128,12 +128,12 @@ class Runner:
 
     def _check_fwd(self, op, args, params, backend: str, oracle=None) -> tuple[float, bool, list[str]]:
         """Forward result (and in-place inputs) vs the float64 reference (``oracle``: the
-        case's own float64 oracle instead of ``op.reference``)."""
+        case's own float64 oracle instead of ``op.reference``; it also gets the op's results)."""
         spec = op.spec
         rargs, rparams = self._upcast_inputs(spec, args, params)
         with poisoned(True):  # an output element the kernel never writes is NaN, so it fails
             outs = flatten(op(*args, backend=backend, **params))
-        refs = flatten((oracle or op.reference)(*rargs, **rparams))
+        refs = flatten(oracle(outs, *rargs, **rparams) if oracle else op.reference(*rargs, **rparams))
         got, want, names = self._inout(spec, args, params, rargs, rparams)
         return compare(outs + got, refs + want, _out_names(spec, outs) + names)
 
@@ -151,7 +151,8 @@ class Runner:
             with poisoned(True):
                 torch.autograd.backward([outs[i] for i in diff], grads)
             rargs, rparams = self._upcast_inputs(spec, args, params, [n for n, _ in leaves])
-            routs = flatten((oracle or op.reference)(*rargs, **rparams))
+            routs = flatten(oracle([o.detach() if isinstance(o, torch.Tensor) else o for o in outs], *rargs,
+                                   **rparams) if oracle else op.reference(*rargs, **rparams))
             rleaves = [C.input_tensor(spec, rargs, rparams, n) for n, _ in leaves]
             bad = [i for i in diff if i >= len(routs) or not getattr(routs[i], "requires_grad", False)]
             if bad:
