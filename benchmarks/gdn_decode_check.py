@@ -7,13 +7,18 @@ dependencies):
 
     python3 benchmarks/gdn_decode_check.py --out "$OUT"            # B in {1, 32, 256}, fp32 + bf16 state
     python3 benchmarks/gdn_decode_check.py --out "$OUT" --sweep    # + dv-tile/occupancy variants
+    python3 benchmarks/gdn_decode_check.py --out "$OUT" --ab --variants --warm 8
+        # + the previous kernels (v2, v1) and the named config variants (VARIANTS), their
+        #   compiles first in 8 processes (cuTile's disk cache keeps them for the timing loop)
 
 Qwen3-Next shapes (Hk=16, Hv=32, dk=dv=128, W=4), bf16 mixed / conv_state / o, state_indices
 a random permutation of N = B slots. Each case: one eager call checked against the torch
 reference (o bf16, state at its dtype's tolerance), then triton's do_bench_cudagraph median
 of the cuTile launch and of the torch reference path (``reference.decode`` + copy into o,
-graph-replayed too). Rows: ``default`` (the registry's kernel and heuristic config) and
-``fla`` (FLA's fused_recurrent_gated_delta_rule on the already-prepared q, k, v, g, beta with
+graph-replayed too). Rows: ``default`` (the registry's kernel and heuristic config),
+with ``--ab`` ``v2`` / ``v1`` (the previous kernels at their own defaults, verbatim copies in
+benchmarks/probes/gdn_decode_v2.py and gdn_decode_v1.py), with ``--variants`` the named
+configs of VARIANTS, and ``fla`` (FLA's fused_recurrent_gated_delta_rule on the already-prepared q, k, v, g, beta with
 its in-kernel l2norm, fp32 initial and final state: no conv step, so it moves less).
 Bytes are counted by hand for our kernel: q|k|v|b|a of mixed read, conv_state rows read and
 written, ssm_state rows read and written, o written, weights and indices read once (FLA's
@@ -32,6 +37,7 @@ import sys
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
+sys.path.insert(1, os.path.join(ROOT, "benchmarks", "probes"))  # the previous kernels (--ab)
 
 import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
@@ -105,11 +111,13 @@ def _rec(tag, B, sd, us, cfg=None, **extra):
     return rec
 
 
-def run_case(B, sd, cfg=None, with_ref=True, tag="default", split=None, rep=200):
+def run_case(B, sd, cfg=None, with_ref=True, tag="default", split=None, rep=200, mod=cd):
+    """One row: ``mod``'s launch (this kernel, or a previous one from benchmarks/probes) at
+    batch B, state dtype sd, config cfg (None: mod's heuristic) and split (None: default)."""
     args = problem(B, sd)
     x, conv, w, A, dt, ssm, idx, o = args
     kw = {} if split is None else {"split": split}
-    ln = cd.decode_launch(x, conv, w, A, dt, ssm, idx, o, SHAPE["Hk"], 1e-6, None, cfg=cfg, **kw)
+    ln = mod.decode_launch(x, conv, w, A, dt, ssm, idx, o, SHAPE["Hk"], 1e-6, None, cfg=cfg, **kw)
     errs, ok = check(args, ln)
     rec = _rec(tag, B, sd, bench_graph(ln.run, rep=rep), ln.cfg, errs=errs, ok=ok, grid=ln.grid)
     if with_ref:
@@ -119,7 +127,7 @@ def run_case(B, sd, cfg=None, with_ref=True, tag="default", split=None, rep=200)
     return rec
 
 
-def fla_case(B):
+def fla_case(B, rep=200):
     """FLA's fused_recurrent_gated_delta_rule, one token per row, fp32 state [B, Hv, dk, dv]:
     q, k post-conv (l2norm in its kernel), v, g, beta precomputed; its final state written to
     its own buffer (same bytes as in place). Checked against the float64 recurrence."""
@@ -147,7 +155,7 @@ def fla_case(B):
         S = S + kn[..., None] * u[:, :, None, :]
         o_ref = torch.einsum("bhkv,bhk->bhv", S, dk ** -0.5 * qn)
         errs = {"o": rel_err(o[:, 0], o_ref), "ssm_state": rel_err(hT, S)}
-        us = bench_graph(step)
+        us = bench_graph(step, rep=rep)
     return _rec("fla", B, torch.float32, us, errs=errs, ok=errs["o"] <= tolerance(torch.bfloat16))
 
 
@@ -167,6 +175,57 @@ def sweep_cases(sd, batches):
     return out
 
 
+# named config variants beside the default (--variants): state dtype, changes to the default
+# config (BV re-tiles), the batches, and an explicit split (None: the default's)
+VARIANTS = {
+    "f-STATIC": ("fp32", dict(STATIC=True), (32, 256), None),
+    "f-STATICv1": ("fp32", dict(STATIC=True, BV=64, OCC=2), (256,), None),
+    "f-MM-o2": ("fp32", dict(MM=True, OCC=2), (256,), None),
+    "f-U2": ("fp32", dict(U=2), (256,), None),
+    "f-F0": ("fp32", dict(FAST=False), (256,), None),
+    "f-s2": ("fp32", {}, (32,), 2),
+    "b-STATIC0": ("bf16", dict(STATIC=False), (32, 256), None),
+    "b-F0": ("bf16", dict(FAST=False), (256,), None),
+    "b-MM": ("bf16", dict(MM=True, STATIC=False), (256,), None),
+    "b-o3": ("bf16", dict(OCC=3), (256,), None),
+    "b-s2": ("bf16", {}, (32,), 2),
+}
+SDT = {"fp32": torch.float32, "bf16": torch.bfloat16}
+
+
+def variant_cfg(sd, changes):
+    cfg = cd.DecodeCfg.heuristic(SHAPE["Hk"], SHAPE["Hv"], SHAPE["dk"], SHAPE["dv"], SHAPE["W"],
+                                 torch.finfo(sd).bits // 8)
+    changes = dict(changes)
+    if "BV" in changes:
+        cfg = cfg.with_tile(SHAPE["dv"], changes.pop("BV"))
+    return dataclasses.replace(cfg, **changes)
+
+
+def _warm_one(job):
+    """Compile one (module, state dtype, cfg) by launching it once at B=2 (a child process:
+    cuTile compiles under one lock per process; its disk cache keeps the cubin)."""
+    mod_name, sd, changes = job
+    try:
+        mod = {"cd": cd}.get(mod_name) or __import__(mod_name)
+        cfg = variant_cfg(SDT[sd], changes) if mod_name == "cd" else None
+        x, conv, w, A, dt, ssm, idx, o = problem(2, SDT[sd])
+        mod.decode_launch(x, conv, w, A, dt, ssm, idx, o, SHAPE["Hk"], 1e-6, None, cfg=cfg).run()
+        torch.cuda.synchronize()
+        return None
+    except Exception as e:  # reported by the timing loop, which compiles it again
+        return f"{job}: {e!r}"[:300]
+
+
+def warm(jobs, procs):
+    import multiprocessing as mp
+
+    with mp.get_context("spawn").Pool(procs) as pool:
+        for err in pool.imap_unordered(_warm_one, jobs):
+            if err:
+                print("warm:", err, flush=True)
+
+
 def _row(rec):
     print(f"{rec['tag']:<12}{rec['B']:>5} {rec['state']:<9}{rec['us']:>9.2f}{rec['tbs']:>7.2f}"
           f"{rec['pct_copy_4.27']:>7.1f}{rec.get('torch_ref_us', float('nan')):>10.1f}"
@@ -179,7 +238,17 @@ def main():
     ap.add_argument("--sweep", action="store_true", help="also time dv-tile / occupancy variants")
     ap.add_argument("--no-peers", action="store_true", help="skip the FLA rows")
     ap.add_argument("--batches", default="1,32,256")
+    ap.add_argument("--ab", action="store_true", help="also time the previous kernels v2 and v1")
+    ap.add_argument("--variants", action="store_true", help="also time the named VARIANTS")
+    ap.add_argument("--no-ref", action="store_true", help="skip the torch reference timings")
+    ap.add_argument("--warm", type=int, default=0, help="compile the variants first in this many processes")
+    ap.add_argument("--rep", type=int, default=200, help="ms of graph replays per timing (x10 retries)")
     a = ap.parse_args()
+    if a.warm:
+        jobs = [("cd", sd, {}) for sd in SDT]
+        jobs += [(m, sd, {}) for m in ("gdn_decode_v2", "gdn_decode_v1") for sd in SDT] if a.ab else []
+        jobs += [("cd", sd, ch) for sd, ch, _, _ in VARIANTS.values()] if a.variants else []
+        warm(jobs, a.warm)
     RESULTS["env"] = dict(device=torch.cuda.get_device_name(), torch=torch.__version__,
                           default_cfg={str(sd): dataclasses.asdict(cd.DecodeCfg.heuristic(16, 32, 128, 128, 4, n))
                                        for sd, n in (("fp32", 4), ("bf16", 2))})
@@ -199,14 +268,27 @@ def main():
     for sd in (torch.float32, torch.bfloat16):
         for B in batches:
             try:
-                keep(run_case(B, sd))
+                keep(run_case(B, sd, with_ref=not a.no_ref, rep=a.rep))
             except Exception:
                 log_error(RESULTS["errors"], f"default B={B} {sd}", limit=6)
+            for tag in ("v2", "v1") if a.ab else ():
+                try:
+                    keep(run_case(B, sd, with_ref=False, tag=tag, mod=__import__(f"gdn_decode_{tag}"), rep=a.rep),
+                         "sweeps")
+                except Exception:
+                    log_error(RESULTS["errors"], f"{tag} B={B} {sd}", limit=6)
             if sd == torch.float32 and not a.no_peers:
                 try:
-                    keep(fla_case(B))
+                    keep(fla_case(B, rep=a.rep))
                 except Exception:
                     log_error(RESULTS["errors"], f"fla B={B}", limit=6)
+    for name, (sdn, changes, bs, ns) in VARIANTS.items() if a.variants else ():
+        for B in bs:
+            try:
+                keep(run_case(B, SDT[sdn], cfg=variant_cfg(SDT[sdn], changes), with_ref=False, tag=name,
+                              split=ns, rep=min(a.rep, 100)), "sweeps")
+            except Exception:
+                log_error(RESULTS["errors"], f"variant {name} B={B}", limit=6)
     if a.sweep:
         for sd, bs in ((torch.float32, batches), (torch.bfloat16, [max(batches)])):
             for cfg, B, ns in sweep_cases(sd, bs):

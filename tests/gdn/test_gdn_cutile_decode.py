@@ -10,8 +10,11 @@ upcasts of the same inputs, o NaN-poisoned first, fresh random inputs each run (
 Tolerances (tilekernels.testing, by the dtype of the checked output):
   o bf16 1e-2: one bf16 rounding of o (2^-9 per element) on top of fp32 arithmetic;
   ssm_state fp32 1e-5: the kernel does the reference's math in fp32 from the same inputs
-    (fp32 reassociation ~ sqrt(dk) * 2^-24, orders of magnitude below);
-  ssm_state bf16 1e-2: one bf16 rounding of the updated state per step;
+    (fp32 reassociation ~ sqrt(dk) * 2^-24; the tensor-core reductions (MM) see S and k, q
+    to ~22 significant bits (two tf32 parts each, products exact, fp32 accumulation): ~2^-21
+    relative on S^T k; the fast silu (FAST) a few ulp: all orders of magnitude below);
+  ssm_state bf16 1e-2: one bf16 rounding of the updated state per step (MM: the bf16 state
+    is exact on the tensor cores, k and q in two bf16 parts: ~2^-17 relative on S^T k);
   conv_state exact: it is a copy of inputs (shift + append), no arithmetic.
 """
 from __future__ import annotations
@@ -58,20 +61,30 @@ def _launch(v, B=8, N=16, cfg=None, split=None):
 
 
 def test_every_variant_compiles_for_sm90_and_sm100():
+    """Both kernels: gdn_decode_fwd at B=8 (split >= 1), gdn_decode_whole where the config
+    asks for it (STATIC: bf16 state) at split 1."""
     jobs = [(_vid(v), _launch(v), arch) for v in COMPILE_VARIANTS for arch in ARCHS]
-    assert_cubins(jobs)
+    whole = [(_vid(v) + "-whole", _launch(v, split=1), arch) for v in COMPILE_VARIANTS if _launch(v).cfg.STATIC
+             for arch in ARCHS]
+    assert whole and all(j[1].kernel is cd.gdn_decode_whole for j in whole)
+    assert_cubins(jobs + whole)
 
 
 def test_launch_config_is_the_compile_key():
     """The config comes from (Hk, Hv, dk, dv, W, state element size); B and N are dynamic
-    shapes: one key; only the grid (B, Hv * NV) follows B."""
+    shapes: one key per kernel; the grid (B, Hk * split) follows B, and with STATIC (bf16
+    state) split 1 runs gdn_decode_whole: two kernels at most, neither keyed on B."""
     v = COMPILE_VARIANTS[0]
     small, big = _launch(v, B=1, N=1), _launch(v, B=256, N=4096)
     assert small.key() == big.key() and small.cfg == big.cfg
     cfg = cd.DecodeCfg.heuristic(16, 32, 128, 128, 4)
     assert small.grid == (1, 16 * cfg.split(1, 132), 1) and big.grid == (256, 16 * cfg.split(256, 132), 1)
     assert cfg is cd.DecodeCfg.heuristic(16, 32, 128, 128, 4)  # cached, hashable
-    assert (cfg.Hk, cfg.R, cfg.W, cfg.DK, cfg.BV * cfg.NV) == (16, 2, 4, 128, 128)
+    assert (cfg.Hk, cfg.R, cfg.W, cfg.DK, cfg.BV * cfg.NV) == (16, 2, 4, 128, 128) and cfg.FAST and not cfg.MM
+    vb = COMPILE_VARIANTS[1]  # bf16 state: STATIC
+    one, many, more = _launch(vb, B=1, N=1), _launch(vb, B=256, N=256), _launch(vb, B=64, N=4096)
+    assert one.kernel is cd.gdn_decode_fwd and many.kernel is more.kernel is cd.gdn_decode_whole
+    assert many.key() == more.key() and many.grid == (256, 16, 1) and one.grid[1] > 16
     with pytest.raises(dataclasses.FrozenInstanceError):
         cfg.BV = 32
     # each compile-time choice is in the key: state dtype, indices, shape, config
@@ -113,12 +126,39 @@ def test_every_dv_tiling_compiles():
     assert_cubins(jobs)
 
 
+# kernel variants beside the heuristic's (sweeps, and what the default was before): CUDA-core
+# reductions, the exact silu, chunks of 2 and 4 state tiles, plain (non-TMA) state moves
+KERNEL_VARIANTS = {"MM": dict(MM=True), "FAST0": dict(FAST=False), "U2": dict(U=2), "U4": dict(U=4),
+                   "noTMA": dict(TMA=False), "STATIC1": dict(STATIC=True), "STATIC0": dict(STATIC=False)}
+
+
+def test_kernel_variants_compile():
+    """Every kernel variant of KERNEL_VARIANTS compiles for both archs, fp32 and bf16 state
+    (the STATIC ones at split 1: gdn_decode_whole; a variant equal to the default is skipped)."""
+    jobs = []
+    for v in COMPILE_VARIANTS[:2]:
+        base = _launch(v).cfg
+        for name, ch in KERNEL_VARIANTS.items():
+            cfg = dataclasses.replace(base, **ch)
+            if cfg != base:
+                jobs += [(f"{name}-{str(v[1])[6:]}", _launch(v, cfg=cfg, split=1 if cfg.STATIC else None), a)
+                         for a in ARCHS]
+    assert_cubins(jobs)
+
+
 def test_refuses_what_it_cannot_run():
     with pytest.raises(ValueError, match="W=1"):
         cd.DecodeCfg.heuristic(16, 32, 128, 128, 1)
     v = COMPILE_VARIANTS[0]
     with pytest.raises(ValueError, match="does not fit"):
         _launch(v, cfg=cd.DecodeCfg.heuristic(16, 32, 64, 128, 4))  # dk 128 > DK 64
+    cfg = cd.DecodeCfg.heuristic(16, 32, 128, 128, 4)
+    with pytest.raises(ValueError, match="does not fit"):
+        _launch(v, cfg=dataclasses.replace(cfg, U=3))  # chunks of 1, 2 or 4 tiles
+    with pytest.raises(ValueError, match="does not fit"):
+        _launch(v, cfg=cfg.with_tile(128, 4, MM=True))  # mma needs BV >= 8
+    tiny = cd.DecodeCfg.heuristic(4, 4, 8, 4, 2)
+    assert not tiny.MM and tiny.BV == 4  # no mma shape fits: CUDA-core reductions
 
 
 # ------------------------------------------------------------------ GPU
@@ -291,3 +331,29 @@ def test_every_tiling_and_split_matches_reference(BV, sd):
         assert_close(ssm, s64, kind=sd, what=f"ssm_state (split {ns})")
         assert_close(conv, c64.to(conv.dtype), kind="exact", what=f"conv_state (split {ns})")
         assert int(ln.args[12].abs().sum()) == 0, "counters must return to zero"
+
+
+@pytest.mark.gpu
+@needs_gpu
+@pytest.mark.parametrize("name", list(KERNEL_VARIANTS))
+@pytest.mark.parametrize("sd", [F32, BF], ids=["fp32state", "bf16state"])
+def test_every_kernel_variant_matches_reference(name, sd):
+    """Each variant of KERNEL_VARIANTS at Qwen3-Next shapes, splits 1, 2 and G (G = 8 tiles
+    per key head for fp32 state, 4 for bf16): with U = 4 that is two chunks, one chunk, and
+    the one-by-one path; with STATIC split 1 is gdn_decode_whole. Same results as the
+    reference, the window shifted exactly once."""
+    B, N = 7, 11
+    base = cd.DecodeCfg.heuristic(16, 32, 128, 128, 4, sd.itemsize)
+    cfg = dataclasses.replace(base, **KERNEL_VARIANTS[name])
+    if cfg == base:
+        pytest.skip("the default config: covered by the other tests")
+    G = cfg.R * cfg.NV
+    for ns in sorted({1, 2, G}):
+        x, conv, w, A, dt, ssm = _inputs(B, N, **QWEN, state_dtype=sd)
+        idx = _indices(B, N, "pad")
+        o64, c64, s64 = _ref64(x, conv, w, A, dt, ssm, idx, 16)
+        o = torch.full((B, 32, 128), float("nan"), dtype=x.dtype, device=x.device)
+        cd.decode_launch(x, conv, w, A, dt, ssm, idx, o, 16, 1e-6, None, cfg=cfg, split=ns).run()
+        assert_close(o, o64, what=f"o (split {ns})")
+        assert_close(ssm, s64, kind=sd, what=f"ssm_state (split {ns})")
+        assert_close(conv, c64.to(conv.dtype), kind="exact", what=f"conv_state (split {ns})")

@@ -16,8 +16,34 @@ value, the grid's second extent over Hk (not in the compile key), chosen per cal
 ``DecodeCfg.split(B, SMs)``: few rows split a key head's tiles over up to G blocks (B=1 at
 Qwen3-Next shapes: 128 blocks instead of 16), many rows keep one block per key head (NS=1:
 the q/k prologue once, the tiles in a loop). Each block issues its first state-tile load
-before the prologue. With the algebra o = g*(S^T q) + u*(k.q) both dk-reductions (S^T k and
-S^T q) read the loaded tile, independent of each other and of the update.
+before the prologue (U = 1; U = 2 or 4: chunks of U tiles whose loads go out together).
+With the algebra o = g*(S^T q) + u*(k.q) both dk-reductions (S^T k and S^T q) read the loaded
+tile, independent of each other and of the update.
+
+The reductions: a [dk, BV] tile sits one dk row per thread, so each sum over dk is a
+128-thread butterfly (5 shuffles + adds per element and reduction, then shared memory
+across warps): ~1900-2500 instructions per 4096-element fp32 tile in the cubin. MM puts
+them on the tensor cores instead: one [16, dk] x [dk, BV] mma, rows k_hi, k_lo, q_hi, q_lo
+of the left operand (k and q in two parts of the mma's input type), the state tile the
+right one (bf16 state: as stored, exact; fp32 state: two tf32 parts, two mmas), fp32
+accumulation (~22 significant bits of every product; the update stays fp32 on the CUDA
+cores). That cuts the instructions per tile 2-5x, yet measured slower (in the cubins the mma
+operands go through shared memory with barriers, and fp32 drops to occupancy 2; not
+profiled): off by default, kept for sweeps.
+FAST: silu with the approximate ex2 and rcp instead of exp's range reduction and the IEEE
+division (the [BV] vectors of v's conv step are computed in every thread of the tile's
+layout, so their cost is per state element): 2% on fp32, 6% on bf16 at B=256.
+
+Two kernels, the same arguments: gdn_decode_fwd (any split, as above) and gdn_decode_whole,
+the first kernel's loop (v1: grid (B, Hk), the block shifts its q/k windows itself, then
+the G tiles in a loop of static trip count, each in the order decay, S^T k, update, S^T q).
+With cfg.STATIC a split of 1 runs gdn_decode_whole: for a bf16 state its cubin is the first
+kernel's (128 registers, 108 KB shared memory, occupancy 2; the dynamic loop of the split
+kernel before it got 99 KB and ran 22% slower at B=256; why, not profiled). Which of the two runs follows B only through the
+split, as the grid does; each compile key is B-independent.
+Known fault (H200, 2026-11-24, not understood): gdn_decode_fwd with a bf16 state at Hk=Hv=4,
+dk=32, dv=64, W=2 (B=33, padded state_indices, split 1, TMA on) never finished (the same launch
+with TMA off did); the default runs gdn_decode_whole there (STATIC, split 1), which passes.
 
 Who writes the conv state: v's channels of a tile are read, shifted and written by the block
 that owns the tile. q's and k's channels of key head kh are needed by all NS blocks of
@@ -48,8 +74,9 @@ conv_state and o) bf16 or fp32; conv_weight bf16 or fp32; A_log, dt_bias fp32; s
 fp32 or bf16 (no float64: the torch backend covers reference mode); W >= 2; contiguous
 tensors (as the spec asks); int32 indexing: every tensor < 2**31 elements
 (N*Hv*dk*dv < 2**31: N < 4096 slots at Qwen3-Next shapes). Compile key: DecodeCfg (from
-Hk, Hv, dk, dv, W and the state dtype only) + dtypes + HAS_IDX; B and N are dynamic array
-shapes (the grid follows B). Importing this module needs ``cuda.tile`` but no GPU.
+Hk, Hv, dk, dv, W and the state dtype only) + kernel + dtypes + HAS_IDX; B and N are dynamic
+array shapes (the grid, and with STATIC the kernel, follow B through the split).
+Importing this module needs ``cuda.tile`` but no GPU.
 """
 from __future__ import annotations
 
@@ -74,13 +101,14 @@ def _col(t, j: ConstInt, C: ConstInt):
     return ct.reshape(ct.extract(t, (0, j), shape=(C, 1)), (C,))
 
 
-def _conv_step(x, old, w, C: ConstInt, W: ConstInt, WP: ConstInt):
+def _conv_step(x, old, w, C: ConstInt, W: ConstInt, WP: ConstInt, FAST: ConstBool):
     """One causal-conv step of C channels.
 
     x [C] the new input (conv_state's dtype), old [C, WP] the last W-1 inputs oldest first
     (columns >= W-1 are padding), w [C, WW] the taps (tap W-1 is the current token).
     Returns (silu(conv) [C] fp32, new window [C, WP] in old's dtype: old shifted left by one,
-    x appended at column W-2).
+    x appended at column W-2). FAST: silu as x * rcp(1 + 2^(-x log2 e)) with the approximate
+    ex2/rcp (a few ulp, ~1e-7 relative) instead of exp's range reduction and IEEE division.
     """
     xf = x.astype(ct.float32)
     wf = w.astype(ct.float32)
@@ -89,7 +117,11 @@ def _conv_step(x, old, w, C: ConstInt, W: ConstInt, WP: ConstInt):
     for j in ct.static_iter(range(1, W - 1)):
         pre = pre + _col(of, j, C) * _col(wf, j, C)
     pre = pre + xf * _col(wf, W - 1, C)
-    y = pre / (1.0 + ct.exp(-pre))
+    if FAST:
+        y = ct.truediv(pre, 1.0 + ct.exp2(pre * -1.4426950408889634, flush_to_zero=True),
+                       rounding_mode=ct.RoundingMode.APPROX, flush_to_zero=True)
+    else:
+        y = pre / (1.0 + ct.exp(-pre))
     new = ct.zeros((C, WP), dtype=old.dtype)
     for j in ct.static_iter(range(W - 2)):
         new = ct.insert(new, (0, j), ct.extract(old, (0, j + 1), shape=(C, 1)))
@@ -98,7 +130,7 @@ def _conv_step(x, old, w, C: ConstInt, W: ConstInt, WP: ConstInt):
 
 
 def _qk(mqk, cqk, wqk, b, slot, kh, which: ConstInt, eps, DK: ConstInt, W: ConstInt, WP: ConstInt,
-        WW: ConstInt):
+        WW: ConstInt, FAST: ConstBool):
     """(l2-normed q (which=0) or k (which=1) of key head kh [DK] fp32 (padding 0), its new
     conv window [DK, WP]); conv_state is only read here."""
     x = ct.reshape(ct.load(mqk, index=(b, which, kh, 0), shape=(1, 1, 1, DK), padding_mode=PAD_ZERO), (DK,))
@@ -106,7 +138,7 @@ def _qk(mqk, cqk, wqk, b, slot, kh, which: ConstInt, eps, DK: ConstInt, W: Const
                              padding_mode=PAD_ZERO), (DK, WP))
     w = ct.reshape(ct.load(wqk, index=(which, kh, 0, 0), shape=(1, 1, DK, WW), padding_mode=PAD_ZERO),
                    (DK, WW))
-    y, new = _conv_step(x, old, w, DK, W, WP)
+    y, new = _conv_step(x, old, w, DK, W, WP, FAST)
     return y * ct.rsqrt(ct.sum(y * y, axis=0, keepdims=True) + eps), new
 
 
@@ -123,30 +155,70 @@ def _gates(mba, A_log, dt_bias, b, h):
     return beta, ct.exp(-ct.exp(ct.reshape(al, (1, 1))) * sp)
 
 
-def _tile(St, mv, mba, cv, wv, A_log, dt_bias, S, o, b, slot, h, jv, k2, q2, kq,
-          BV: ConstInt, DK: ConstInt, W: ConstInt, WP: ConstInt, WW: ConstInt, TMA: ConstBool):
+def _kq_rows(k, q, DK: ConstInt, MT):
+    """The left operand of the tensor-core reductions: [16, DK] in MT (bf16 or tf32), rows
+    k_hi, k_lo, q_hi, q_lo (x_hi = x rounded to MT, x_lo = the rest rounded to MT: 16 (bf16)
+    or 22 (tf32) significant bits of k and q), rows 4.. zero. k, q [DK] fp32."""
+    r = ct.reshape(ct.arange(16, dtype=ct.int32), (16, 1))
+    kr, qr = ct.reshape(k, (1, DK)), ct.reshape(q, (1, DK))
+    khi, qhi = kr.astype(MT).astype(ct.float32), qr.astype(MT).astype(ct.float32)
+    A = ct.where(r == 0, khi, ct.where(r == 1, kr - khi, ct.where(r == 2, qhi, ct.where(r == 3, qr - qhi, 0.0))))
+    return A.astype(MT)
+
+
+def _reductions(Sraw, St, k2, q2, A, BV: ConstInt, MM: ConstBool):
+    """(S^T k, S^T q) as [1, BV] fp32 of the state tile (Sraw its stored dtype, St fp32).
+    MM: on the tensor cores, A [16, DK] from ``_kq_rows``: a bf16 state is exact in bf16 (one
+    mma), an fp32 state is split in two tf32 parts (two mmas, ~22 significant bits of S,
+    products exact, fp32 accumulation); else CUDA-core products and sums over dk."""
+    if MM:
+        acc = ct.zeros((16, BV), dtype=ct.float32)
+        if Sraw.dtype == ct.bfloat16:
+            acc = ct.mma(A, Sraw, acc)
+        else:
+            hi = St.astype(ct.tfloat32)
+            acc = ct.mma(A, hi, acc)
+            acc = ct.mma(A, (St - hi.astype(ct.float32)).astype(ct.tfloat32), acc)
+        kS = ct.sum(ct.extract(acc, (0, 0), shape=(2, BV)), axis=0, keepdims=True)
+        qS = ct.sum(ct.extract(acc, (1, 0), shape=(2, BV)), axis=0, keepdims=True)
+        return kS, qS
+    return ct.sum(St * k2, axis=0, keepdims=True), ct.sum(St * q2, axis=0, keepdims=True)
+
+
+def _tile(Sraw, mv, mba, cv, wv, A_log, dt_bias, S, o, b, slot, h, jv, k2, q2, kq, A,
+          BV: ConstInt, DK: ConstInt, W: ConstInt, WP: ConstInt, WW: ConstInt, TMA: ConstBool, MM: ConstBool,
+          FAST: ConstBool, SEQ: ConstBool = False):
     """Value head h, columns [jv*BV, (jv+1)*BV) of row b: v's conv step (its window written
-    here), the gates, the delta rule on the loaded state tile St [DK, BV] fp32, stores of S
-    and o. k2, q2 [DK, 1] (q2 scaled), kq [1, 1] = k . q2."""
+    here), the gates, the delta rule on the loaded state tile Sraw [DK, BV] (S's dtype),
+    stores of S and o. k2, q2 [DK, 1] fp32 (q2 scaled), kq [1, 1] = k . q2, A see _kq_rows.
+    SEQ (the first kernel's order, CUDA-core sums): decay, S^T k, update, then S^T q of the
+    updated tile."""
     xv = ct.reshape(ct.load(mv, index=(b, h, jv), shape=(1, 1, BV), padding_mode=PAD_ZERO), (BV,))
     oldv = ct.reshape(ct.load(cv, index=(slot, h, jv, 0), shape=(1, 1, BV, WP), padding_mode=PAD_ZERO),
                       (BV, WP))
     wvt = ct.reshape(ct.load(wv, index=(h, jv, 0), shape=(1, BV, WW), padding_mode=PAD_ZERO), (BV, WW))
-    v, newv = _conv_step(xv, oldv, wvt, BV, W, WP)
+    v, newv = _conv_step(xv, oldv, wvt, BV, W, WP, FAST)
     ct.store(cv, index=(slot, h, jv, 0), tile=ct.reshape(newv, (1, 1, BV, WP)))
     beta, decay = _gates(mba, A_log, dt_bias, b, h)
-    kS = ct.sum(St * k2, axis=0, keepdims=True)                   # [1, BV] = S^T k
-    qS = ct.sum(St * q2, axis=0, keepdims=True)                   # [1, BV] = S^T (scale q)
-    u = beta * (ct.reshape(v, (1, BV)) - decay * kS)              # beta (v - (gS)^T k)
-    St = St * decay + k2 * u                                      # gS + k u^T
-    ov = decay * qS + u * kq                                      # (gS + k u^T)^T (scale q)
+    if SEQ:
+        St = Sraw.astype(ct.float32) * decay                      # gS
+        u = beta * (ct.reshape(v, (1, BV)) - ct.sum(St * k2, axis=0, keepdims=True))
+        St = St + k2 * u                                          # gS + k u^T
+        ov = ct.sum(St * q2, axis=0, keepdims=True)
+    else:
+        St = Sraw.astype(ct.float32)
+        kS, qS = _reductions(Sraw, St, k2, q2, A, BV, MM)          # S^T k, S^T (scale q)
+        u = beta * (ct.reshape(v, (1, BV)) - decay * kS)          # beta (v - (gS)^T k)
+        St = St * decay + k2 * u                                  # gS + k u^T
+        ov = decay * qS + u * kq                                  # (gS + k u^T)^T (scale q)
     ct.store(S, index=(slot, h, 0, jv), tile=ct.reshape(St, (1, 1, DK, BV)).astype(S.dtype), allow_tma=TMA)
     ct.store(o, index=(b, h, jv), tile=ct.reshape(ov, (1, 1, BV)).astype(o.dtype))
 
 
 def _load_state(S, slot, h, jv, DK: ConstInt, BV: ConstInt, TMA: ConstBool):
+    """State tile [DK, BV] of value head h, columns jv*BV.., in S's dtype."""
     return ct.reshape(ct.load(S, index=(slot, h, 0, jv), shape=(1, 1, DK, BV), padding_mode=PAD_ZERO,
-                              allow_tma=TMA), (DK, BV)).astype(ct.float32)
+                              allow_tma=TMA), (DK, BV))
 
 
 def _store_qk_windows(cqk, slot, kh, newq, newk, DK: ConstInt, WP: ConstInt):
@@ -157,36 +229,65 @@ def _store_qk_windows(cqk, slot, kh, newq, newk, DK: ConstInt, WP: ConstInt):
 @ct.kernel
 def gdn_decode_fwd(mqk, mv, mba, cqk, cv, wqk, wv, A_log, dt_bias, S, idx, o, cnt, eps: float,
                    scale: float, Hk: ConstInt, R: ConstInt, W: ConstInt, DK: ConstInt, BV: ConstInt,
-                   NV: ConstInt, WP: ConstInt, WW: ConstInt, TMA: ConstBool, HAS_IDX: ConstBool):
+                   NV: ConstInt, WP: ConstInt, WW: ConstInt, TMA: ConstBool, HAS_IDX: ConstBool,
+                   MM: ConstBool, U: ConstInt, FAST: ConstBool, STATIC: ConstBool):
     """Block (b, kh*NS + s): row b, key head kh, its tiles [s*TPB, (s+1)*TPB) of the G = R*NV
     tiles [dk, BV] (tile t: value head kh*R + t // NV, columns (t % NV)*BV..); NS, the split,
-    is the grid's second extent over Hk (a runtime value: not in the compile key)."""
+    is the grid's second extent over Hk (a runtime value: not in the compile key). U = 1: the
+    first tile is loaded before the q/k prologue, the rest one by one; U > 1: after the
+    prologue, chunks of U (2 or 4) tiles whose U loads are issued together (static unroll),
+    then the TPB % U left one by one."""
     b = ct.bid(0)
     kh = ct.bid(1) // (ct.num_blocks(1) // Hk)
     s = ct.bid(1) % (ct.num_blocks(1) // Hk)
     NS = ct.num_blocks(1) // Hk
     G = R * NV
     TPB = G // NS
+    MT = ct.bfloat16 if S.dtype == ct.bfloat16 else ct.tfloat32
     if HAS_IDX:
         slot = ct.load(idx, index=(b,), shape=())
     else:
         slot = b
     if slot >= 0:
         t0 = s * TPB
-        # the first state tile first: its latency covers the q/k prologue
-        St = _load_state(S, slot, kh * R + t0 // NV, t0 % NV, DK, BV, TMA)
-        q, newq = _qk(mqk, cqk, wqk, b, slot, kh, 0, eps, DK, W, WP, WW)
-        k, newk = _qk(mqk, cqk, wqk, b, slot, kh, 1, eps, DK, W, WP, WW)
+        if U == 1:  # the first state tile first: its latency covers the q/k prologue
+            S0 = _load_state(S, slot, kh * R + t0 // NV, t0 % NV, DK, BV, TMA)
+        q, newq = _qk(mqk, cqk, wqk, b, slot, kh, 0, eps, DK, W, WP, WW, FAST)
+        k, newk = _qk(mqk, cqk, wqk, b, slot, kh, 1, eps, DK, W, WP, WW, FAST)
         k2 = ct.reshape(k, (DK, 1))
         q2 = ct.reshape(q * scale, (DK, 1))
         kq = ct.sum(k2 * q2, axis=0, keepdims=True)                   # [1, 1] = k . (scale q)
-        _tile(St, mv, mba, cv, wv, A_log, dt_bias, S, o, b, slot, kh * R + t0 // NV, t0 % NV, k2, q2, kq,
-              BV, DK, W, WP, WW, TMA)
-        for i in range(1, TPB):
-            t = t0 + i
-            h = kh * R + t // NV
-            _tile(_load_state(S, slot, h, t % NV, DK, BV, TMA), mv, mba, cv, wv, A_log, dt_bias, S, o, b,
-                  slot, h, t % NV, k2, q2, kq, BV, DK, W, WP, WW, TMA)
+        A = _kq_rows(k, q * scale, DK, MT) if MM else kq
+        if U == 1:
+            _tile(S0, mv, mba, cv, wv, A_log, dt_bias, S, o, b, slot, kh * R + t0 // NV, t0 % NV, k2, q2, kq, A,
+                  BV, DK, W, WP, WW, TMA, MM, FAST)
+            for i in range(1, TPB):
+                t = t0 + i
+                h = kh * R + t // NV
+                _tile(_load_state(S, slot, h, t % NV, DK, BV, TMA), mv, mba, cv, wv, A_log, dt_bias, S, o, b,
+                      slot, h, t % NV, k2, q2, kq, A, BV, DK, W, WP, WW, TMA, MM, FAST)
+        else:
+            for c in range(TPB // U):
+                tc = t0 + c * U
+                a0 = _load_state(S, slot, kh * R + tc // NV, tc % NV, DK, BV, TMA)
+                a1 = _load_state(S, slot, kh * R + (tc + 1) // NV, (tc + 1) % NV, DK, BV, TMA)
+                if U == 4:
+                    a2 = _load_state(S, slot, kh * R + (tc + 2) // NV, (tc + 2) % NV, DK, BV, TMA)
+                    a3 = _load_state(S, slot, kh * R + (tc + 3) // NV, (tc + 3) % NV, DK, BV, TMA)
+                _tile(a0, mv, mba, cv, wv, A_log, dt_bias, S, o, b, slot, kh * R + tc // NV, tc % NV,
+                      k2, q2, kq, A, BV, DK, W, WP, WW, TMA, MM, FAST)
+                _tile(a1, mv, mba, cv, wv, A_log, dt_bias, S, o, b, slot, kh * R + (tc + 1) // NV, (tc + 1) % NV,
+                      k2, q2, kq, A, BV, DK, W, WP, WW, TMA, MM, FAST)
+                if U == 4:
+                    _tile(a2, mv, mba, cv, wv, A_log, dt_bias, S, o, b, slot, kh * R + (tc + 2) // NV,
+                          (tc + 2) % NV, k2, q2, kq, A, BV, DK, W, WP, WW, TMA, MM, FAST)
+                    _tile(a3, mv, mba, cv, wv, A_log, dt_bias, S, o, b, slot, kh * R + (tc + 3) // NV,
+                          (tc + 3) % NV, k2, q2, kq, A, BV, DK, W, WP, WW, TMA, MM, FAST)
+            for i in range(TPB % U):
+                t = t0 + (TPB // U) * U + i
+                h = kh * R + t // NV
+                _tile(_load_state(S, slot, h, t % NV, DK, BV, TMA), mv, mba, cv, wv, A_log, dt_bias, S, o, b,
+                      slot, h, t % NV, k2, q2, kq, A, BV, DK, W, WP, WW, TMA, MM, FAST)
         # q/k windows of (b, kh): shifted by the last of its NS blocks to have read them
         if NS == 1:
             _store_qk_windows(cqk, slot, kh, newq, newk, DK, WP)
@@ -197,6 +298,38 @@ def gdn_decode_fwd(mqk, mv, mba, cqk, cv, wqk, wv, A_log, dt_bias, S, idx, o, cn
     else:  # padded row: o = 0, no state touched
         for i in range(TPB):
             t = s * TPB + i
+            ct.store(o, index=(b, kh * R + t // NV, t % NV), tile=ct.zeros((1, 1, BV), dtype=o.dtype))
+
+
+@ct.kernel
+def gdn_decode_whole(mqk, mv, mba, cqk, cv, wqk, wv, A_log, dt_bias, S, idx, o, cnt, eps: float,
+                     scale: float, Hk: ConstInt, R: ConstInt, W: ConstInt, DK: ConstInt, BV: ConstInt,
+                     NV: ConstInt, WP: ConstInt, WW: ConstInt, TMA: ConstBool, HAS_IDX: ConstBool,
+                     MM: ConstBool, U: ConstInt, FAST: ConstBool, STATIC: ConstBool):
+    """The split of one block per key head (NS = 1) as the first kernel (v1) ran it: grid
+    (B, Hk), block (b, kh) shifts its q/k windows itself, then all G = R*NV tiles in a loop of
+    static trip count G, each in the sequential order (``_tile``'s SEQ). Same arguments as
+    gdn_decode_fwd (cnt, MM, U, STATIC unused); chosen by ``decode_launch`` when cfg.STATIC
+    and the split is 1 (for a bf16 state it beat gdn_decode_fwd's loop, see DecodeCfg)."""
+    b = ct.bid(0)
+    kh = ct.bid(1)
+    if HAS_IDX:
+        slot = ct.load(idx, index=(b,), shape=())
+    else:
+        slot = b
+    if slot >= 0:
+        q, newq = _qk(mqk, cqk, wqk, b, slot, kh, 0, eps, DK, W, WP, WW, FAST)
+        ct.store(cqk, index=(slot, 0, kh, 0, 0), tile=ct.reshape(newq, (1, 1, 1, DK, WP)))
+        k, newk = _qk(mqk, cqk, wqk, b, slot, kh, 1, eps, DK, W, WP, WW, FAST)
+        ct.store(cqk, index=(slot, 1, kh, 0, 0), tile=ct.reshape(newk, (1, 1, 1, DK, WP)))
+        k2 = ct.reshape(k, (DK, 1))
+        q2 = ct.reshape(q * scale, (DK, 1))
+        for t in range(R * NV):
+            h = kh * R + t // NV
+            _tile(_load_state(S, slot, h, t % NV, DK, BV, TMA), mv, mba, cv, wv, A_log, dt_bias, S, o, b,
+                  slot, h, t % NV, k2, q2, q2, q2, BV, DK, W, WP, WW, TMA, False, FAST, True)
+    else:  # padded row: o = 0, no state touched
+        for t in range(R * NV):
             ct.store(o, index=(b, kh * R + t // NV, t % NV), tile=ct.zeros((1, 1, BV), dtype=o.dtype))
 
 
@@ -216,6 +349,10 @@ class DecodeCfg:
     WW: int       # W padded to a power of two (conv taps in registers)
     TMA: bool = True  # state tiles may move through TMA (False: plain loads/stores to registers)
     OCC: int = 0  # occupancy hint (0: compiler's choice)
+    MM: bool = False  # the two dk-reductions on the tensor cores (needs DK >= 16, BV >= 8)
+    U: int = 1    # state tiles loaded together: 1, 2 or 4 (1: the first before the prologue)
+    FAST: bool = False  # silu with approximate ex2 / rcp (see _conv_step)
+    STATIC: bool = False  # split 1 runs gdn_decode_whole (the first kernel's loop)
 
     @classmethod
     @functools.lru_cache(maxsize=1024)  # pure in its arguments; runs on every call's host path
@@ -227,13 +364,17 @@ class DecodeCfg:
         if Hv % Hk:
             raise ValueError(f"gdn_decode cutile: Hv={Hv} is not a multiple of Hk={Hk}")
         DK, DV = next_pow2(dk), next_pow2(dv)
-        # 16 KiB of state per tile (BV=32 fp32 / BV=64 bf16 at dk=128); occupancy 3 for fp32,
-        # 2 for bf16: the best of the sweep on the H200 at Qwen3-Next shapes, graph-replayed
-        # (benchmarks/gdn_decode_check.py --sweep; fp32 B=256: BV32/occ3 407 us, BV32/occ2 473,
-        # BV64/occ2 484, BV128/occ2 608; bf16 B=256: BV64/occ2 391, BV32/occ2 417, BV128 465).
+        # 16 KiB of state per tile (BV=32 fp32 / BV=64 bf16 at dk=128), CUDA-core reductions,
+        # the fast silu. H200, Qwen3-Next, graph-replayed, B = 1 / 32 / 256 (gdn.md, 2nd run):
+        # fp32: gdn_decode_fwd at occupancy 3 9.1 / 66.8 / 398.7 us (gdn_decode_whole at
+        # split 1: 60.2 us at B=32 but 429.9 at B=256); bf16: occupancy 2, gdn_decode_whole
+        # at split 1 (STATIC) 10.4 / 35.8 / 315.1 us against 11.3 / 46.9 / 391.0 without it
+        # (the first kernel: 15.7 / 38.1 / 319.8). The tensor-core reductions (MM) cut the
+        # cubin's instructions per tile 2-5x but ran slower (B=256: fp32 544 us, bf16 430).
         BV = min(DV, max(8, 4096 * (4 // state_bytes) // DK))
+        bf16 = state_bytes < 4
         return cls(Hk=Hk, R=Hv // Hk, W=W, DK=DK, BV=BV, NV=cdiv(dv, BV), WP=next_pow2(W - 1),
-                   WW=next_pow2(W), OCC=3 if state_bytes >= 4 else 2)
+                   WW=next_pow2(W), OCC=2 if bf16 else 3, FAST=True, STATIC=bf16)
 
     def split(self, B: int, sms: int) -> int:
         """Blocks per (row, key head) at batch B: the largest power of two dividing the
@@ -289,7 +430,8 @@ def decode_launch(mixed, conv_state, conv_weight, A_log, dt_bias, ssm_state, sta
     _, Hv, dk, dv = ssm_state.shape
     W = conv_weight.shape[1]
     cfg = cfg or DecodeCfg.heuristic(Hk, Hv, dk, dv, W, ssm_state.element_size())
-    if cfg.Hk != Hk or cfg.R * Hk != Hv or cfg.W != W or cfg.DK < dk or cfg.BV * cfg.NV < dv:
+    if (cfg.Hk != Hk or cfg.R * Hk != Hv or cfg.W != W or cfg.DK < dk or cfg.BV * cfg.NV < dv
+            or cfg.U not in (1, 2, 4) or (cfg.MM and (cfg.DK < 16 or cfg.BV < 8))):
         raise ValueError(f"gdn_decode cutile: config {cfg} does not fit Hk={Hk}, Hv={Hv}, dk={dk}, "
                          f"dv={dv}, W={W}")
     scale = float(dk ** -0.5 if scale is None else scale)
@@ -302,9 +444,11 @@ def decode_launch(mixed, conv_state, conv_weight, A_log, dt_bias, ssm_state, sta
         raise ValueError(f"gdn_decode cutile: split {ns} does not divide the {cfg.R * cfg.NV} tiles of a key head")
     # int32 counters, zero between launches; 4096-row steps keep the growth rare
     cnt = workspace("gdn_decode.counters", (cdiv(max(B * Hk, 1), 4096) * 4096,), torch.int32, mixed.device, zero=True)
-    return Launch(gdn_decode_fwd, (B, Hk * ns, 1),
+    whole = cfg.STATIC and ns == 1
+    return Launch(gdn_decode_whole if whole else gdn_decode_fwd, (B, Hk * ns, 1),
                   (mqk, mv, mba, cqk, cv, wqk, wv, A_log, dt_bias, ssm_state, idx, o, cnt, float(eps), scale,
-                   cfg.Hk, cfg.R, cfg.W, cfg.DK, cfg.BV, cfg.NV, cfg.WP, cfg.WW, cfg.TMA, has_idx),
+                   cfg.Hk, cfg.R, cfg.W, cfg.DK, cfg.BV, cfg.NV, cfg.WP, cfg.WW, cfg.TMA, has_idx, cfg.MM, cfg.U, cfg.FAST,
+                   cfg.STATIC),
                   cfg, occ(cfg.OCC))
 
 
