@@ -17,7 +17,8 @@ reference (o bf16, state at its dtype's tolerance), then triton's do_bench_cudag
 of the cuTile launch and of the torch reference path (``reference.decode`` + copy into o,
 graph-replayed too). Rows: ``default`` (the registry's kernel and heuristic config),
 with ``--ab`` ``v2`` / ``v1`` (the previous kernels at their own defaults, verbatim copies in
-benchmarks/probes/gdn_decode_v2.py and gdn_decode_v1.py), with ``--variants`` the named
+benchmarks/probes/gdn_decode_v2.py and gdn_decode_v1.py, removed after their A/B:
+``git show 2e8a94d:benchmarks/probes/<file>`` restores them; --ab needs them), with ``--variants`` the named
 configs of VARIANTS, and ``fla`` (FLA's fused_recurrent_gated_delta_rule on the already-prepared q, k, v, g, beta with
 its in-kernel l2norm, fp32 initial and final state: no conv step, so it moves less).
 Bytes are counted by hand for our kernel: q|k|v|b|a of mixed read, conv_state rows read and
@@ -244,6 +245,9 @@ def main():
     ap.add_argument("--warm", type=int, default=0, help="compile the variants first in this many processes")
     ap.add_argument("--rep", type=int, default=200, help="ms of graph replays per timing (x10 retries)")
     a = ap.parse_args()
+    if a.ab and not os.path.exists(os.path.join(os.path.dirname(os.path.abspath(__file__)), "probes", "gdn_decode_v1.py")):
+        ap.error("--ab needs benchmarks/probes/gdn_decode_v1.py and gdn_decode_v2.py: "
+                 "git show 2e8a94d:benchmarks/probes/<file> restores them")
     if a.warm:
         jobs = [("cd", sd, {}) for sd in SDT]
         jobs += [(m, sd, {}) for m in ("gdn_decode_v2", "gdn_decode_v1") for sd in SDT] if a.ab else []

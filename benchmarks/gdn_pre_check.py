@@ -274,7 +274,10 @@ def time_case(thd: bool, repeat_qk: bool, peers: bool, compiled: bool, eager: bo
 
 
 # fwd launch-config variants (PreGatedCfg fields over the heuristic's): the sweep's rows
-FWD_SWEEP = [dict(V1=True), dict(), dict(LT=False), dict(ST=True), dict(TF=True), dict(HBZ=2), dict(FT=32, OCC=4),
+# V1: the previous forward, a verbatim copy at benchmarks/probes/gdn_pre_fwd_v1.py when present
+# (removed after its A/B; `git show 2e8a94d:benchmarks/probes/gdn_pre_fwd_v1.py` restores it)
+_HAS_V1 = os.path.exists(os.path.join(os.path.dirname(os.path.abspath(__file__)), "probes", "gdn_pre_fwd_v1.py"))
+FWD_SWEEP = [dict(V1=True)] * _HAS_V1 + [dict(), dict(LT=False), dict(ST=True), dict(TF=True), dict(HBZ=2), dict(FT=32, OCC=4),
              dict(FT=16, HB=2, HBV=2, HBZ=8, OCC=4)]
 W1_PROBE = [dict()]  # the same launches at W=1: no taps
 
