@@ -70,7 +70,8 @@ if has verify; then
   if ls .gpu-fla/*.whl >/dev/null 2>&1; then  # FLA (the GDN peer), off the project's dependencies
     pip install -q --no-deps --no-index --target /tmp/fla .gpu-fla/*.whl > /dev/null 2>&1 && export PYTHONPATH=/tmp/fla:$PYTHONPATH
   fi
-  P="python3 -m pytest -q -p no:cacheprovider -m gpu"
+  # per-test limit (pytest-timeout is on the GPU host): a hung kernel fails its test, not the pool
+  P="python3 -m pytest -q -p no:cacheprovider -m gpu --timeout=${VERIFY_TEST_T:-240} --timeout-method=thread"
   timeout ${VERIFY_T:-300} $P -n ${VERIFY_N:-8} tests/gdn tests/cp tests/test_cutile_workspace.py tests/registry/test_registry_hot_path.py \
     tests/registry/test_registry_guards.py > "$V/tests.txt" 2>&1 &
   timeout ${VERIFY_T:-300} $P -n 4 tests/mhc -k sinkhorn > "$V/tests-sinkhorn.txt" 2>&1 &
