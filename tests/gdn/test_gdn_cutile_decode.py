@@ -307,19 +307,11 @@ def test_cuda_graph_replay_equals_eager(with_idx):
     assert torch.equal(cg, ce) and torch.equal(sg, se), "replayed states differ from eager"
 
 
-@pytest.mark.gpu
-@needs_gpu
-@pytest.mark.parametrize("BV", [16, 32, 128])
-@pytest.mark.parametrize("sd", [F32, BF], ids=["fp32state", "bf16state"])
-def test_every_tiling_and_split_matches_reference(BV, sd):
-    """dv tiles BV = 16, 32, 128 (NV = 8, 4, 1 per value head: G = 16, 8, 2 tiles a key head)
-    at splits 1, 2 and G (blocks sharing a key head's q/k window; the counters' path from 2 on):
-    same results, the window shifted exactly once (conv_state exact), and the (b, kh) counters
-    back to zero after each launch."""
-    B, N = 7, 11
-    cfg = cd.DecodeCfg.heuristic(16, 32, 128, 128, 4, sd.itemsize).with_tile(128, BV)
-    G = cfg.R * cfg.NV
-    for ns in sorted({1, 2, G}):
+def _check_splits(cfg, sd, B, N):
+    """cfg at Qwen3-Next shapes, splits 1, 2 and G (G = R*NV tiles a key head), padded
+    state_indices: same results as the float64 reference, the window shifted exactly once
+    (conv_state exact), the grid (B, Hk * split) and the (b, kh) counters back to zero."""
+    for ns in sorted({1, 2, cfg.R * cfg.NV}):
         x, conv, w, A, dt, ssm = _inputs(B, N, **QWEN, state_dtype=sd)
         idx = _indices(B, N, "pad")
         o64, c64, s64 = _ref64(x, conv, w, A, dt, ssm, idx, 16)
@@ -331,6 +323,20 @@ def test_every_tiling_and_split_matches_reference(BV, sd):
         assert_close(ssm, s64, kind=sd, what=f"ssm_state (split {ns})")
         assert_close(conv, c64.to(conv.dtype), kind="exact", what=f"conv_state (split {ns})")
         assert int(ln.args[12].abs().sum()) == 0, "counters must return to zero"
+
+
+@pytest.mark.gpu
+@needs_gpu
+@pytest.mark.parametrize("BV", [16, 32, 128])
+@pytest.mark.parametrize("sd", [F32, BF], ids=["fp32state", "bf16state"])
+def test_every_tiling_and_split_matches_reference(BV, sd):
+    """dv tiles BV = 16, 32, 128 (NV = 8, 4, 1 per value head: G = 16, 8, 2 tiles a key head)
+    at splits 1, 2 and G (blocks sharing a key head's q/k window; the counters' path from 2 on):
+    same results, the window shifted exactly once (conv_state exact), and the (b, kh) counters
+    back to zero after each launch."""
+    B, N = 7, 11
+    cfg = cd.DecodeCfg.heuristic(16, 32, 128, 128, 4, sd.itemsize).with_tile(128, BV)
+    _check_splits(cfg, sd, B, N)
 
 
 @pytest.mark.gpu
@@ -347,13 +353,4 @@ def test_every_kernel_variant_matches_reference(name, sd):
     cfg = dataclasses.replace(base, **KERNEL_VARIANTS[name])
     if cfg == base:
         pytest.skip("the default config: covered by the other tests")
-    G = cfg.R * cfg.NV
-    for ns in sorted({1, 2, G}):
-        x, conv, w, A, dt, ssm = _inputs(B, N, **QWEN, state_dtype=sd)
-        idx = _indices(B, N, "pad")
-        o64, c64, s64 = _ref64(x, conv, w, A, dt, ssm, idx, 16)
-        o = torch.full((B, 32, 128), float("nan"), dtype=x.dtype, device=x.device)
-        cd.decode_launch(x, conv, w, A, dt, ssm, idx, o, 16, 1e-6, None, cfg=cfg, split=ns).run()
-        assert_close(o, o64, what=f"o (split {ns})")
-        assert_close(ssm, s64, kind=sd, what=f"ssm_state (split {ns})")
-        assert_close(conv, c64.to(conv.dtype), kind="exact", what=f"conv_state (split {ns})")
+    _check_splits(cfg, sd, B, N)

@@ -389,6 +389,12 @@ def test_headline_like_shape(variant):
 def test_nan_scale_feeds_exactly_its_rows_or_cols(variant, operand):
     """One 0xFF scale (E8M0 NaN) makes its whole 32-block NaN: NaN must reach exactly the
     outputs that block feeds (zero data included) and nothing else."""
+    check_nan_scale(variant, operand)
+
+
+def check_nan_scale(variant, operand, cfg_of=None):
+    """The NaN-scale check for one kernel: ``cfg_of(G, N, K)`` gives its GemmCfg (None: the
+    heuristic's); tests/moe/test_grouped_gemm_cute_ws.py runs it for the ws kernel."""
     splits = [64, 96, 0, 160] if variant == "wgrad" else [40, 77, 0, 150]
     N, K = 288, 256
     p = MAKE[variant](splits, N, K)
@@ -414,7 +420,7 @@ def test_nan_scale_feeds_exactly_its_rows_or_cols(variant, operand):
     ref = REF[variant](p, splits)
     offsets = _offsets(splits)
     out = torch.full(out_shape(variant, p), 0.0, dtype=BF, device=DEV)
-    run_variant(variant, p, offsets, out)
+    run_variant(variant, p, offsets, out, cfg_of(len(splits), N, K) if cfg_of else None)
     torch.cuda.synchronize()
     want = torch.isnan(ref)
     got = torch.isnan(out)

@@ -27,7 +27,7 @@ from tilekernels.moe import cute_grouped_gemm as gg  # noqa: E402
 from tilekernels.testing import rel_err, tolerance  # noqa: E402
 from mxfp8_gemm_helpers import _offsets, _q_cols, _q_rows  # noqa: E402
 from test_grouped_gemm_cute import (  # noqa: E402
-    DEV, MAKE, REF, check_against_ref, diagnose, out_shape, run_variant)
+    DEV, MAKE, REF, check_against_ref, check_nan_scale, diagnose, out_shape, run_variant)
 
 BF, F32 = torch.bfloat16, torch.float32
 OUTS = {"bf16": BF, "f32": F32}
@@ -195,33 +195,8 @@ def test_ws_large_scales(variant):
 @pytest.mark.parametrize("variant", gg.VARIANTS)
 def test_ws_nan_scale_feeds_exactly_its_rows_or_cols(variant, operand):
     """One 0xFF scale makes its 32-block NaN (zero data included): NaN in exactly the outputs
-    that block feeds."""
-    splits = [64, 96, 0, 160] if variant == "wgrad" else [40, 77, 0, 150]
-    N, K = 288, 256
-    p = dict(MAKE[variant](splits, N, K))
-    d, s = (t.clone() for t in p[operand])
-    flat = s.view(-1)
-    if variant == "fwd":
-        idx = (splits[0] + 5) * (K // 32) + 3 if operand == "a" else (1 * N + 17) * (K // 32) + 2
-    elif variant == "dgrad":
-        idx = (splits[0] + 5) * (N // 32) + 2 if operand == "a" else (1 * (N // 32) + 2) * K + 33
-    else:
-        idx = (splits[0] // 32 + 1) * (N if operand == "a" else K) + 45
-    flat[idx] = 0xFF
-    if (variant, operand) in (("fwd", "a"), ("dgrad", "a"), ("fwd", "b")):
-        kb_per_row = (K if variant == "fwd" else N) // 32
-        row, kb = divmod(idx, kb_per_row)
-        d.view(-1, kb_per_row * 32)[row, kb * 32:(kb + 1) * 32] = 0
-    p[operand] = (d, s)
-    ref = REF[variant](p, splits)
-    out = torch.full(out_shape(variant, p), 0.0, dtype=BF, device=DEV)
-    run_variant(variant, p, _offsets(splits), out, ws_cfg(variant, len(splits), N, K))
-    torch.cuda.synchronize()
-    want, got = torch.isnan(ref), torch.isnan(out)
-    assert want.any()
-    assert torch.equal(got, want), (f"NaN pattern: got {int(got.sum())}, want {int(want.sum())}\n"
-                                   + diagnose(variant, out, ref, splits))
-    assert rel_err(out[~want].float(), ref[~want]) <= tolerance(BF)
+    that block feeds (the default kernel's check, run on the ws kernel)."""
+    check_nan_scale(variant, operand, lambda G, N, K: ws_cfg(variant, G, N, K))
 
 
 @gpu

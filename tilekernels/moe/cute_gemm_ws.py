@@ -63,16 +63,15 @@ from __future__ import annotations
 import cutlass
 import cutlass.cute as cute
 import cutlass.pipeline as pipeline
-import cutlass.utils.hopper_helpers as sm90_utils
 from cutlass import BFloat16, Float32, Int32, Int64, Uint8, Uint32, const_expr
 from cutlass.cute.nvgpu import warpgroup
-from cutlass.tensor_utils import LayoutEnum
 
 from tilekernels import _cute as C
 
 from .cute_gemm_dequant import BLOCK, chunks, dequant_operand
 from .cute_gemm_sched import find_group, schedule, views
-from .cute_grouped_gemm import _copy_tv, _load_operand, epilogue_regs, grid_size, operand_tensors
+from .cute_grouped_gemm import (_copy_tv, _load_operand, bf16_tiled_mma, epilogue_regs, grid_size, operand_smem,
+                                operand_tensors)
 
 CONSUMER_WGS = 2
 CONSUMER_WARPS = 8
@@ -91,7 +90,7 @@ def smem_bytes(tile_m: int, tile_n: int, tile_k: int, bufs: int) -> int:
 @cute.kernel
 def ws_kernel(cfg: cutlass.Constexpr, mA: cute.Tensor, mAS: cute.Tensor, mB: cute.Tensor,
               mBS: cute.Tensor, mC: cute.Tensor, mOff: cute.Tensor, M: Int32):
-    BM, BN, BK, NB = cfg.tile_m, cfg.tile_n, cfg.tile_k, cfg.bufs
+    BM, BN, NB = cfg.tile_m, cfg.tile_n, cfg.bufs
     tidx, _, _ = cute.arch.thread_idx()
     bidx, _, _ = cute.arch.block_idx()
     gdim, _, _ = cute.arch.grid_dim()
@@ -100,17 +99,9 @@ def ws_kernel(cfg: cutlass.Constexpr, mA: cute.Tensor, mAS: cute.Tensor, mB: cut
     n_tiles = (cfg.nc + BN - 1) // BN
 
     # ---------------- shared memory: NB bf16 stages per operand (wgmma layouts) + mbarriers
-    a_lay = LayoutEnum.ROW_MAJOR if const_expr(cfg.a_kmajor) else LayoutEnum.COL_MAJOR
-    b_lay = LayoutEnum.ROW_MAJOR if const_expr(cfg.b_kmajor) else LayoutEnum.COL_MAJOR
-    sA_l = sm90_utils.make_smem_layout_a(a_lay, (BM, BN, BK), BFloat16, NB)
-    sB_l = sm90_utils.make_smem_layout_b(b_lay, (BM, BN, BK), BFloat16, NB)
-    a_bytes = cute.cosize(sA_l) * 2
-    b_bytes = cute.cosize(sB_l) * 2
     smem = cutlass.memory.SmemAllocator()
-    sbuf = smem.allocate_tensor(Uint8, cute.make_layout(a_bytes + b_bytes), byte_alignment=1024)
+    _, sA, sB = operand_smem(cfg, smem)
     bars = smem.allocate_array(Int64, 2 * NB, byte_alignment=8)
-    sA = cute.make_tensor(cute.recast_ptr(sbuf.iterator, sA_l.inner, dtype=BFloat16), sA_l.outer)
-    sB = cute.make_tensor(cute.recast_ptr(sbuf.iterator + a_bytes, sB_l.inner, dtype=BFloat16), sB_l.outer)
     pipe = pipeline.PipelineAsync.create(
         num_stages=NB,
         producer_group=pipeline.CooperativeGroup(pipeline.Agent.Thread, 4 * cfg.producers),
@@ -231,17 +222,13 @@ def _consumer(cfg: cutlass.Constexpr, pipe, sA: cute.Tensor, sB: cute.Tensor, mA
               total: Int32, step: Int32, sched_m: Int32, tidx: Int32, lane: Int32):
     """Warpgroups 1, 2: wgmmas on full stages, stage release, register epilogue."""
     BM, BN, BK, NB = cfg.tile_m, cfg.tile_n, cfg.tile_k, cfg.bufs
-    a_lay = LayoutEnum.ROW_MAJOR if const_expr(cfg.a_kmajor) else LayoutEnum.COL_MAJOR
-    b_lay = LayoutEnum.ROW_MAJOR if const_expr(cfg.b_kmajor) else LayoutEnum.COL_MAJOR
     wg = cute.arch.make_warp_uniform(tidx // 128)
     # ================= consumers: wgmma on full stages, epilogue from registers
     if const_expr(cfg.ws_regs is not None):
         cute.arch.setmaxregister_increase(cfg.ws_regs[1])
     ct = tidx - 128 * cfg.producers
     wc = wg - cfg.producers
-    tiled_mma = sm90_utils.make_trivial_tiled_mma(
-        BFloat16, BFloat16, a_lay.sm90_mma_major_mode(), b_lay.sm90_mma_major_mode(),
-        Float32, (BM // 64, 1, 1), tiler_mn=(64, BN))
+    tiled_mma = bf16_tiled_mma(cfg)
     thr_mma = tiled_mma.get_slice(wc * 128)
     thr_mma_c = tiled_mma.get_slice(ct)
     tCrA = tiled_mma.make_fragment_A(thr_mma.partition_A(sA))

@@ -298,6 +298,36 @@ def _epilogue_smem(cfg: cutlass.Constexpr, thr_mma, d_a: cute.Tensor, pair: cute
             cute.copy(atom16, frag, cute.local_tile(gC[r, None], (vec,), (cc,)))
 
 
+def _majors(cfg):
+    """The A and B smem/wgmma major modes (k-major operands: ROW_MAJOR)."""
+    return (LayoutEnum.ROW_MAJOR if cfg.a_kmajor else LayoutEnum.COL_MAJOR,
+            LayoutEnum.ROW_MAJOR if cfg.b_kmajor else LayoutEnum.COL_MAJOR)
+
+
+def operand_smem(cfg, smem, min_bytes: int = 0):
+    """(sbuf, sA, sB): the bufs-deep 128B-swizzled bf16 operand buffers (wgmma layouts) in one
+    1024-aligned allocation of at least ``min_bytes`` (the staged epilogue reuses it); shared
+    with the warp-specialized kernel (cute_gemm_ws.py)."""
+    a_lay, b_lay = _majors(cfg)
+    tile = (cfg.tile_m, cfg.tile_n, cfg.tile_k)
+    sA_l = sm90_utils.make_smem_layout_a(a_lay, tile, BFloat16, cfg.bufs)
+    sB_l = sm90_utils.make_smem_layout_b(b_lay, tile, BFloat16, cfg.bufs)
+    a_bytes = cute.cosize(sA_l) * 2
+    b_bytes = cute.cosize(sB_l) * 2
+    sbuf = smem.allocate_tensor(Uint8, cute.make_layout(max(a_bytes + b_bytes, min_bytes)), byte_alignment=1024)
+    sA = cute.make_tensor(cute.recast_ptr(sbuf.iterator, sA_l.inner, dtype=BFloat16), sA_l.outer)
+    sB = cute.make_tensor(cute.recast_ptr(sbuf.iterator + a_bytes, sB_l.inner, dtype=BFloat16), sB_l.outer)
+    return sbuf, sA, sB
+
+
+def bf16_tiled_mma(cfg):
+    """2 warpgroups x (m64, n=tile_n, k16) bf16 wgmma with fp32 accumulators, operands from smem."""
+    a_lay, b_lay = _majors(cfg)
+    return sm90_utils.make_trivial_tiled_mma(
+        BFloat16, BFloat16, a_lay.sm90_mma_major_mode(), b_lay.sm90_mma_major_mode(),
+        Float32, (cfg.tile_m // 64, 1, 1), tiler_mn=(64, cfg.tile_n))
+
+
 @cute.kernel
 def _gemm_kernel(cfg: cutlass.Constexpr, mA: cute.Tensor, mAS: cute.Tensor, mB: cute.Tensor,
                  mBS: cute.Tensor, mC: cute.Tensor, mOff: cute.Tensor, M: Int32):
@@ -307,24 +337,14 @@ def _gemm_kernel(cfg: cutlass.Constexpr, mA: cute.Tensor, mAS: cute.Tensor, mB: 
     gdim, _, _ = cute.arch.grid_dim()
     n_tiles = (cfg.nc + BN - 1) // BN
 
-    # ---------------- shared memory: NB bf16 buffers per operand (wgmma layouts)
-    a_lay = LayoutEnum.ROW_MAJOR if const_expr(cfg.a_kmajor) else LayoutEnum.COL_MAJOR
-    b_lay = LayoutEnum.ROW_MAJOR if const_expr(cfg.b_kmajor) else LayoutEnum.COL_MAJOR
-    sA_l = sm90_utils.make_smem_layout_a(a_lay, (BM, BN, BK), BFloat16, NB)
-    sB_l = sm90_utils.make_smem_layout_b(b_lay, (BM, BN, BK), BFloat16, NB)
-    # one buffer: the operand tiles, reused by the staged epilogue (epi_smem)
-    a_bytes = cute.cosize(sA_l) * 2
-    b_bytes = cute.cosize(sB_l) * 2
+    # ---------------- shared memory: NB bf16 buffers per operand (wgmma layouts), one buffer
+    # that the staged epilogue (epi_smem) reuses
     c_bytes = BM * (BN + EPI_PAD) * (mC.element_type.width // 8) if const_expr(cfg.epi_smem) else 0
     smem = cutlass.memory.SmemAllocator()
-    sbuf = smem.allocate_tensor(Uint8, cute.make_layout(max(a_bytes + b_bytes, c_bytes)), byte_alignment=1024)
-    sA = cute.make_tensor(cute.recast_ptr(sbuf.iterator, sA_l.inner, dtype=BFloat16), sA_l.outer)
-    sB = cute.make_tensor(cute.recast_ptr(sbuf.iterator + a_bytes, sB_l.inner, dtype=BFloat16), sB_l.outer)
+    sbuf, sA, sB = operand_smem(cfg, smem, c_bytes)
 
     # ---------------- MMA: 2 warpgroups x (m64, n=BN, k16) bf16 wgmma, fp32 accumulators
-    tiled_mma = sm90_utils.make_trivial_tiled_mma(
-        BFloat16, BFloat16, a_lay.sm90_mma_major_mode(), b_lay.sm90_mma_major_mode(),
-        Float32, (BM // 64, 1, 1), tiler_mn=(64, BN))
+    tiled_mma = bf16_tiled_mma(cfg)
     wg = cute.arch.make_warp_uniform(tidx // 128)
     # operands: the warpgroup's slice (every thread of a warpgroup sees the same smem
     # descriptors); accumulators: the thread's own slice (partition_C depends on the thread
