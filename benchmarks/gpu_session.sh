@@ -42,7 +42,7 @@ if has moe-initcheck; then san initcheck moe-initcheck.txt 150 "${MOE_ONE[@]}"; 
 # racecheck, initcheck, e.g. `bash benchmarks/gpu_session.sh san-racecheck,san-initcheck`.
 CUTILE_SAN=(
   "gdn-pre:tests/gdn/test_gdn_cutile_pre_gated.py:Hk2-Hv4 and (thd-mixed or bshd-3x5)"
-  "gdn-decode:tests/gdn/test_gdn_cutile_decode.py:B5-N8 or B5-N9 or B1-N3"
+  "gdn-decode:tests/gdn/test_gdn_cutile_decode.py:B5-N8 or B5-N9 or B1-N3 or B33-N33"
   "cp-pack:tests/cp/test_cp_cutile_pack.py:cu_dtype0 and (cp8-3-5 or cp2-16-8-1-float16 or cp4-32)"
   "mhc-post-pre:tests/mhc/test_mhc_post_pre.py:cutile_matches_float64 and (T37 or T129 or T0) or deterministic"
 )
