@@ -564,23 +564,34 @@ def test_new_m_reuses_compiled_kernel():
 def test_cuda_graph_capture_with_new_group_sizes(variant):
     """The grid depends on M, N, K, G only: a captured call replays correctly after the
     group sizes (offsets on the device) change, with no host sync."""
+    check_graph_replay(variant)
+
+
+def check_graph_replay(variant, cfg_of=None):
+    """Captured with one set of group sizes, replayed after the device offsets changed: equal
+    to an eager call with the new sizes (bitwise: same k order) and to the reference.
+    ``cfg_of(G, N, K)``: the kernel's GemmCfg (None: the heuristic's)."""
     if variant == "wgrad":
         s1, s2 = [64, 0, 192, 256], [0, 320, 32, 160]
     else:
         s1, s2 = [50, 0, 200, 262], [300, 12, 0, 200]
     N, K = 288, 256
     p = MAKE[variant](s1, N, K)
+    cfg = cfg_of(len(s1), N, K) if cfg_of else None
     offsets = _offsets(s1)
     out = torch.full(out_shape(variant, p), float("nan"), dtype=BF, device=DEV)
-    run_variant(variant, p, offsets, out)      # compile + load outside the capture
+    run_variant(variant, p, offsets, out, cfg)      # compile + load outside the capture
     torch.cuda.synchronize()
     g = torch.cuda.CUDAGraph()
     with torch.cuda.graph(g):
-        run_variant(variant, p, offsets, out)
+        run_variant(variant, p, offsets, out, cfg)
     offsets.copy_(_offsets(s2))
     out.fill_(float("nan"))
     g.replay()
+    eager = torch.full_like(out, float("nan"))
+    run_variant(variant, p, _offsets(s2), eager, cfg)
     torch.cuda.synchronize()
+    assert torch.equal(out.view(torch.int16), eager.view(torch.int16)), "graph replay differs from eager"
     ref = REF[variant](p, s2)
     err = rel_err(out, ref)
     assert err <= tolerance(BF), f"rel err {err:.3e}\n" + diagnose(variant, out, ref, s2)

@@ -24,10 +24,9 @@ pytest.importorskip("cutlass")
 
 from tilekernels.moe import cute_gemm_dequant as dq  # noqa: E402
 from tilekernels.moe import cute_grouped_gemm as gg  # noqa: E402
-from tilekernels.testing import rel_err, tolerance  # noqa: E402
 from mxfp8_gemm_helpers import _offsets, _q_cols, _q_rows  # noqa: E402
 from test_grouped_gemm_cute import (  # noqa: E402
-    DEV, MAKE, REF, check_against_ref, check_nan_scale, diagnose, out_shape, run_variant)
+    DEV, MAKE, check_against_ref, check_graph_replay, check_nan_scale, out_shape, run_variant)
 
 BF, F32 = torch.bfloat16, torch.float32
 OUTS = {"bf16": BF, "f32": F32}
@@ -223,27 +222,4 @@ def test_ws_equals_two_warpgroup_kernel_bitwise(variant):
 def test_ws_cuda_graph_replay_equals_eager(variant):
     """Captured with one set of group sizes, replayed after the device offsets changed: equal
     to an eager call with the new sizes (bitwise) and to the reference."""
-    if variant == "wgrad":
-        s1, s2 = [64, 0, 192, 256], [0, 320, 32, 160]
-    else:
-        s1, s2 = [50, 0, 200, 262], [300, 12, 0, 200]
-    N, K = 288, 256
-    p = MAKE[variant](s1, N, K)
-    cfg = ws_cfg(variant, len(s1), N, K)
-    offsets = _offsets(s1)
-    out = torch.full(out_shape(variant, p), float("nan"), dtype=BF, device=DEV)
-    run_variant(variant, p, offsets, out, cfg)
-    torch.cuda.synchronize()
-    g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g):
-        run_variant(variant, p, offsets, out, cfg)
-    offsets.copy_(_offsets(s2))
-    out.fill_(float("nan"))
-    g.replay()
-    eager = torch.full_like(out, float("nan"))
-    run_variant(variant, p, _offsets(s2), eager, cfg)
-    torch.cuda.synchronize()
-    assert torch.equal(out.view(torch.int16), eager.view(torch.int16))
-    ref = REF[variant](p, s2)
-    err = rel_err(out, ref)
-    assert err <= tolerance(BF), f"rel err {err:.3e}\n" + diagnose(variant, out, ref, s2)
+    check_graph_replay(variant, lambda G, N, K: ws_cfg(variant, G, N, K))

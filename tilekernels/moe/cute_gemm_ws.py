@@ -63,15 +63,15 @@ from __future__ import annotations
 import cutlass
 import cutlass.cute as cute
 import cutlass.pipeline as pipeline
-from cutlass import BFloat16, Float32, Int32, Int64, Uint8, Uint32, const_expr
+from cutlass import BFloat16, Int32, Int64, Uint8, Uint32, const_expr
 from cutlass.cute.nvgpu import warpgroup
 
 from tilekernels import _cute as C
 
 from .cute_gemm_dequant import BLOCK, chunks, dequant_operand
-from .cute_gemm_sched import find_group, schedule, views
-from .cute_grouped_gemm import (_copy_tv, _load_operand, bf16_tiled_mma, epilogue_regs, grid_size, operand_smem,
-                                operand_tensors)
+from .cute_gemm_sched import schedule, views
+from .cute_grouped_gemm import (_copy_tv, _load_operand, bf16_mma, epilogue_regs, grid_size, m_tile_count,
+                                operand_smem, operand_tensors)
 
 CONSUMER_WGS = 2
 CONSUMER_WARPS = 8
@@ -90,7 +90,7 @@ def smem_bytes(tile_m: int, tile_n: int, tile_k: int, bufs: int) -> int:
 @cute.kernel
 def ws_kernel(cfg: cutlass.Constexpr, mA: cute.Tensor, mAS: cute.Tensor, mB: cute.Tensor,
               mBS: cute.Tensor, mC: cute.Tensor, mOff: cute.Tensor, M: Int32):
-    BM, BN, NB = cfg.tile_m, cfg.tile_n, cfg.bufs
+    BN, NB = cfg.tile_n, cfg.bufs
     tidx, _, _ = cute.arch.thread_idx()
     bidx, _, _ = cute.arch.block_idx()
     gdim, _, _ = cute.arch.grid_dim()
@@ -111,13 +111,7 @@ def ws_kernel(cfg: cutlass.Constexpr, mA: cute.Tensor, mAS: cute.Tensor, mB: cut
     # ---------------- the tiles of this CTA (only valid ones: no per-tile branch needed)
     # non-persistent: tile bidx of a bound (ragged m: cdiv(M, BM) + G m-tiles), skipped if
     # past the last tile; persistent: tiles bidx, bidx + grid, ... of the exact count
-    if const_expr(cfg.variant != "wgrad"):
-        if const_expr(cfg.persistent):
-            _, _, _, _, m_tiles = find_group(mOff, Int32(0), cfg.G, BM)
-        else:
-            m_tiles = (M + BM - 1) // BM + cfg.G
-    else:
-        m_tiles = Int32((cfg.N + BM - 1) // BM) * cfg.G
+    m_tiles = m_tile_count(cfg, mOff, M)
     sched_m = m_tiles if const_expr(cfg.variant != "wgrad") else Int32(0)
     if const_expr(cfg.persistent):
         total = m_tiles * n_tiles
@@ -228,14 +222,7 @@ def _consumer(cfg: cutlass.Constexpr, pipe, sA: cute.Tensor, sB: cute.Tensor, mA
         cute.arch.setmaxregister_increase(cfg.ws_regs[1])
     ct = tidx - 128 * cfg.producers
     wc = wg - cfg.producers
-    tiled_mma = bf16_tiled_mma(cfg)
-    thr_mma = tiled_mma.get_slice(wc * 128)
-    thr_mma_c = tiled_mma.get_slice(ct)
-    tCrA = tiled_mma.make_fragment_A(thr_mma.partition_A(sA))
-    tCrB = tiled_mma.make_fragment_B(thr_mma.partition_B(sB))
-    tCcC = thr_mma_c.partition_C(cute.make_identity_tensor((BM, BN)))
-    acc = cute.make_rmem_tensor(tCcC.shape, Float32)
-    tiled_mma.set(warpgroup.Field.ACCUMULATE, True)
+    tiled_mma, thr_mma_c, tCrA, tCrB, tCcC, acc = bf16_mma(cfg, sA, sB, wc, ct)
     atom_st = cute.make_copy_atom(cute.nvgpu.CopyUniversalOp(), mC.element_type,
                                   num_bits_per_copy=2 * mC.element_type.width)
     d_c = cute.logical_divide(tCcC, cute.make_layout(2))

@@ -320,12 +320,39 @@ def operand_smem(cfg, smem, min_bytes: int = 0):
     return sbuf, sA, sB
 
 
-def bf16_tiled_mma(cfg):
-    """2 warpgroups x (m64, n=tile_n, k16) bf16 wgmma with fp32 accumulators, operands from smem."""
+def bf16_mma(cfg, sA, sB, wg, t):
+    """The bf16 wgmma of both kernels: 2 warpgroups x (m64, n=tile_n, k16), operands from smem,
+    fp32 accumulators. wg: the warpgroup among the MMA ones, t: the thread among their 256.
+    Operands are sliced per warpgroup (every thread of a warpgroup sees the same smem
+    descriptors); accumulators per thread (partition_C depends on the thread index inside the
+    warpgroup: slicing it by the warpgroup would give all 128 threads thread 0's (m, n)
+    coordinates). -> (tiled_mma, thr_mma_c, tCrA, tCrB, tCcC, acc), ACCUMULATE set."""
     a_lay, b_lay = _majors(cfg)
-    return sm90_utils.make_trivial_tiled_mma(
+    tiled_mma = sm90_utils.make_trivial_tiled_mma(
         BFloat16, BFloat16, a_lay.sm90_mma_major_mode(), b_lay.sm90_mma_major_mode(),
         Float32, (cfg.tile_m // 64, 1, 1), tiler_mn=(64, cfg.tile_n))
+    thr_mma = tiled_mma.get_slice(wg * 128)
+    thr_mma_c = tiled_mma.get_slice(t)
+    tCrA = tiled_mma.make_fragment_A(thr_mma.partition_A(sA))
+    tCrB = tiled_mma.make_fragment_B(thr_mma.partition_B(sB))
+    tCcC = thr_mma_c.partition_C(cute.make_identity_tensor((cfg.tile_m, cfg.tile_n)))
+    acc = cute.make_rmem_tensor(tCcC.shape, Float32)
+    tiled_mma.set(warpgroup.Field.ACCUMULATE, True)
+    return tiled_mma, thr_mma_c, tCrA, tCrB, tCcC, acc
+
+
+def m_tile_count(cfg, mOff, M):
+    """m-tiles of a launch: persistent, the exact sum_g cdiv(m_g, tile_m) from the device
+    offsets; else the bound cdiv(M, tile_m) + G (ragged m); wgrad: G * cdiv(N, tile_m)."""
+    BM = cfg.tile_m
+    if const_expr(cfg.variant != "wgrad"):
+        if const_expr(cfg.persistent):
+            _, _, _, _, m_tiles = find_group(mOff, Int32(0), cfg.G, BM)
+        else:
+            m_tiles = (M + BM - 1) // BM + cfg.G
+    else:
+        m_tiles = Int32((cfg.N + BM - 1) // BM) * cfg.G
+    return m_tiles
 
 
 @cute.kernel
@@ -344,19 +371,8 @@ def _gemm_kernel(cfg: cutlass.Constexpr, mA: cute.Tensor, mAS: cute.Tensor, mB: 
     sbuf, sA, sB = operand_smem(cfg, smem, c_bytes)
 
     # ---------------- MMA: 2 warpgroups x (m64, n=BN, k16) bf16 wgmma, fp32 accumulators
-    tiled_mma = bf16_tiled_mma(cfg)
     wg = cute.arch.make_warp_uniform(tidx // 128)
-    # operands: the warpgroup's slice (every thread of a warpgroup sees the same smem
-    # descriptors); accumulators: the thread's own slice (partition_C depends on the thread
-    # index inside the warpgroup: slicing it by the warpgroup would give all 128 threads
-    # thread 0's (m, n) coordinates)
-    thr_mma = tiled_mma.get_slice(wg * 128)
-    thr_mma_c = tiled_mma.get_slice(tidx)
-    tCrA = tiled_mma.make_fragment_A(thr_mma.partition_A(sA))
-    tCrB = tiled_mma.make_fragment_B(thr_mma.partition_B(sB))
-    tCcC = thr_mma_c.partition_C(cute.make_identity_tensor((BM, BN)))
-    acc = cute.make_rmem_tensor(tCcC.shape, Float32)
-    tiled_mma.set(warpgroup.Field.ACCUMULATE, True)
+    tiled_mma, thr_mma_c, tCrA, tCrB, tCcC, acc = bf16_mma(cfg, sA, sB, wg, tidx)
 
     # ---------------- per-thread copies: gmem -> registers (e4m3), registers -> smem (bf16)
     atom_g2r = cute.make_copy_atom(cute.nvgpu.CopyUniversalOp(), Uint8, num_bits_per_copy=128)
@@ -396,13 +412,7 @@ def _gemm_kernel(cfg: cutlass.Constexpr, mA: cute.Tensor, mAS: cute.Tensor, mB: 
     # ---------------- the tiles of this CTA
     # non-persistent: tile = block id over a bound (ragged m: cdiv(M, BM) + G m-tiles), CTAs
     # without a tile exit; persistent: tiles bidx, bidx + grid, ... of the exact count
-    if const_expr(cfg.variant != "wgrad"):
-        if const_expr(cfg.persistent):
-            _, _, _, _, m_tiles = find_group(mOff, Int32(0), cfg.G, BM)
-        else:
-            m_tiles = (M + BM - 1) // BM + cfg.G
-    else:
-        m_tiles = Int32((cfg.N + BM - 1) // BM) * cfg.G
+    m_tiles = m_tile_count(cfg, mOff, M)
     if const_expr(cfg.persistent):
         total = m_tiles * n_tiles
         step = gdim
