@@ -56,7 +56,8 @@ def _vid(v):
 def _variant_launches():
     """Every (layout, kernel) plus the non-default code paths at Qwen3-Next cp 8: the
     row-by-row and element-wise (no int32 words) token kernels, tiles (with TMA) for the
-    narrow b|a pieces."""
+    narrow b|a pieces, the merge's persistent / bid-major grids, the b|a group tile, unchecked
+    token run tiles, latency hints."""
     out = [(f"{_vid(v)}-{k}", ln[0]) for v in COMPILE_VARIANTS
            for k, ln in ck.representative_launches(v[0], v[1], T=64 * v[1], dtype=v[2]).items()]
     tok, sec = ("to_rank_major", "to_natural"), ("split", "merge")
@@ -70,7 +71,12 @@ def _variant_launches():
                                  ("element-gather", dict(EGATHER=True), tok),
                                  ("padded-tiles", dict(EXACT=False, TBD=0), tok),
                                  ("merge-bid-rank", dict(DYNQ=False, MBT=4, MBD=0), sec),
-                                 ("merge-64-1k", dict(MBT=64, MBD=512), sec)):
+                                 ("merge-64-1k", dict(MBT=64, MBD=512), sec),
+                                 ("persistent", dict(PERSIST=2), sec), ("bid-major", dict(QFIRST=False), sec),
+                                 ("group", dict(GROUP=True), sec),
+                                 ("group-persistent", dict(GROUP=True, PERSIST=2), sec),
+                                 ("latency", dict(LAT=8), sec + tok),
+                                 ("nochk", dict(NOCHK=True), tok)):
         cfg = ck.PackCfg.heuristic(QWEN, 8, 2, **flags)
         out += [(f"{name}-{k}", ck.representative_launches(QWEN, 8, T=512, cfg=cfg)[k][0]) for k in kernels]
     # odd widths without the defaults' EXACT tail tiles and DYNQ rank table
@@ -92,10 +98,11 @@ def test_launch_config_is_the_compile_key():
     big = ck.representative_launches(QWEN, 4, T=65536, N=300)
     for k in small:
         assert small[k][0].key() == big[k][0].key()
-    # section kernels: one block per (rows, rank), 8 rows split / 16 merge (6176-byte rows:
-    # sector aligned); token kernels: one per 32 rows; the merge (only) gets
-    # DYNQ's [cp] rank table as a third argument
-    assert big["split"][0].grid == (65536 // 4 // 8, 4, 1) and big["merge"][0].grid == (65536 // 4 // 16, 4, 1)
+    # section kernels: one block per (rows, rank), the split's grid [row blocks, cp] of 8 rows,
+    # the merge's a 1-D grid, rank fastest, of 16 rows (6176-byte rows: sector aligned); token
+    # kernels: one per 32 rows; the merge (only) gets DYNQ's [cp] rank table as a third argument
+    assert big["split"][0].grid == (65536 // 4 // 8, 4, 1) and big["merge"][0].grid == (65536 // 4 // 16 * 4, 1, 1)
+    assert small["merge"][0].grid == (4, 1, 1)  # 2 rows: one row block, 4 ranks
     assert big["to_natural"][0].grid == (65536 // 32, 1, 1)
     assert len(big["split"][0].args) == 2 and len(big["merge"][0].args) == 3
     assert big["merge"][0].args[2].dtype == torch.int32 and tuple(big["merge"][0].args[2].shape) == (4,)
@@ -104,12 +111,17 @@ def test_launch_config_is_the_compile_key():
     # q|k|v|z pieces tile at 256 columns, b|a pieces (4 columns per rank at cp 8) at 4
     assert cfg.parts == (256, 256, 512, 512, 4, 4) and cfg.bds == (256, 256, 256, 256, 4, 4)
     assert cfg.dc == 1544 and cfg.width == 12352
-    # 3088-byte rows (not 32-byte aligned): 32-row merge tiles of 1 KiB, token occupancy hint
-    # 2; everywhere the TMA merge and 32-row token tiles of 1 KiB (256 words) with tail tiles
-    assert (cfg.BT, cfg.MBT, cfg.MBD, cfg.token_tile, cfg.TOCC) == (8, 32, 512, (32, 256), 2)
-    assert cfg.DYNQ and cfg.EXACT
+    # 3088-byte rows (not 32-byte aligned): 32-row merge tiles of 1 KiB in a rank-first 1-D
+    # grid, token occupancy hint 2 and latency hint 8; everywhere the TMA merge and 32-row
+    # token tiles of 1 KiB (256 words) with tail tiles
+    assert (cfg.BT, cfg.MBT, cfg.MBD, cfg.token_tile, cfg.TOCC, cfg.LAT) == (8, 32, 512, (32, 256), 2, 8)
+    assert cfg.DYNQ and cfg.EXACT and cfg.QFIRST and not cfg.PERSIST and cfg.group is None
+    assert ck.PackCfg.heuristic(QWEN, 8, 2, GROUP=True).group == (4, 2, 4)  # b|a: 2 sections of 4 columns
+    m8 = ck.representative_launches(QWEN, 8, T=65536)["merge"][0]
+    assert m8.grid == (65536 // 8 // 32 * 8, 1, 1)
     c2 = ck.PackCfg.heuristic(QWEN, 2, 2)  # 12352-byte rows
-    assert (c2.BT, c2.MBT, c2.MBD, c2.token_tile, c2.TOCC) == (8, 16, 0, (32, 256), 0)
+    assert (c2.BT, c2.MBT, c2.MBD, c2.token_tile, c2.TOCC, c2.LAT) == (8, 16, 0, (32, 256), 0, 0)
+    assert c2.QFIRST and not c2.PERSIST
     assert ck._tails(772 % 256) == (4,) and ck._tails(98) == (64, 32, 2) and ck._tails(0) == ()
     assert ck.PackCfg.heuristic((9, 15), 3, 4).bds == (1, 1)  # odd widths: one column at a time
     keys = {ln[0].key() for v in COMPILE_VARIANTS for ln in ck.representative_launches(v[0], v[1], dtype=v[2],
@@ -339,6 +351,18 @@ VARIANTS = {  # id: (flags, per-rank widths at cp 8)
     "merge-64-qwen": (dict(MBT=64), QWEN8), "merge-32-256-qwen": (dict(MBT=32, MBD=0), QWEN8),
     "merge-16-1k-qwen": (dict(MBT=16, MBD=512), QWEN8), "tokens-2k-16rows-qwen": (dict(TBD=512, TBT=16), QWEN8),
     "tokens-512-64rows-qwen": (dict(TBD=128, TBT=64), QWEN8),
+    # session 6: the merge's persistent grids (PERSIST=1 with 4-row blocks: each block loops over
+    # several (rows, rank) items), rank-first and bid-major grids, narrow pieces as one permuted
+    # tile (SMALL8's b|a: 2 columns a rank, QWEN8's: 4), unchecked token run tiles, latency hints
+    "persist": (dict(PERSIST=2), SMALL8), "persist1-4rows": (dict(PERSIST=1, BT=4, MBT=4), SMALL8),
+    "persist-qwen": (dict(PERSIST=2), QWEN8), "qfirst": (dict(QFIRST=True), SMALL8),
+    "group": (dict(GROUP=True), SMALL8), "group-qwen": (dict(GROUP=True), QWEN8),
+    "group-persist1-qwen": (dict(GROUP=True, PERSIST=1, BT=4, MBT=4), QWEN8),
+    "group-qfirst-qwen": (dict(GROUP=True, QFIRST=True), QWEN8),
+    "group-bid-rank": (dict(GROUP=True, DYNQ=False), SMALL8),
+    "nochk-qwen": (dict(NOCHK=True), QWEN8),
+    "lat8-qwen": (dict(LAT=8), QWEN8), "merge-bid-major-qwen": (dict(QFIRST=False), QWEN8),
+    "merge-bid-major": (dict(QFIRST=False), SMALL8),
 }
 
 

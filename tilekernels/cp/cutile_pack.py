@@ -16,14 +16,17 @@ bandwidth kernel (every element read once, written once):
   [T, D/cp] natural. Unpack of cp->hp (and the backward of to-rank-major).
 
 Sections: a block owns BT consecutive rows (MBT in the merge) and one rank q (QGRID: grid
-[row blocks, cp], so cp 8's few rows still make thousands of blocks); for every section s
+[row blocks, cp], so cp 8's few rows still make thousands of blocks; the merge's blocks
+run rank fastest, QFIRST: a 1-D grid of (row block, rank) items); for every section s
 it moves rank q's piece [BT, w_s/cp] in column tiles of BDs columns, BDs the largest power
 of two <= BD dividing the piece's source start, destination start and width (so every
 tile lies inside its piece, loads and stores are plain tile-space accesses: 16-byte
 vectors / TMA where the widths allow; Qwen3-Next's q|k|v|z pieces tile at BD). A piece
 narrower than 16 bytes a row (b|a: 8 bytes at cp 8) moves by an element gather and
-scatter (NARROW). The section widths are compile-time constants of a kernel made per
-layout (``_section_kernel``); Tl is a dynamic shape.
+scatter (NARROW), or (GROUP, a variant: slower for the split, no faster for the merge) all
+ranks' narrow pieces of a row block as one permuted dense tile. The section widths are
+compile-time constants of a kernel made per layout (``_section_kernel``); Tl is a dynamic
+shape.
 
 Why cp 8 was slow (H200, benchmarks/probes/cp_merge_align.py): at Qwen3-Next widths the
 per-rank row is D/cp = 1544 bf16 = 3088 bytes, 16-byte but not 32-byte (sector) aligned.
@@ -38,6 +41,10 @@ cu_seqlens). That reads the misaligned rows well (32-row merge tiles at cp 8) an
 at cp 2 and 4 too; the split, whose misaligned side is its stores, is slower that way and
 keeps bid(1) (numbers in ``PackCfg.heuristic``). This relies on a compiler heuristic, not
 an API: a tileiras that changes it changes the speed (never the result); the bench shows it.
+The merge's remaining loss was its block order: bid-major, the blocks in flight wrote one
+rank's 512-byte / 1 KiB pieces of many out rows (24 KiB apart at cp 8); rank first (QFIRST),
+the cp blocks of one row block run together and write its out rows whole (cp 8 79.0 ->
+86.8%, cp 4 87.3 -> 93.7, cp 2 92.3 -> 94.6).
 
 Tokens: a block owns TBT consecutive destination rows and computes each row's source
 row from cu_seqlens on the device (no index map in memory, no host read): the
@@ -121,6 +128,11 @@ class PackCfg:
     TBD: int = 0             # token kernels' column tile (0: token_tile's default)
     TOCC: int = 0            # token kernels' occupancy hint (0: OCC)
     OCC: int = 0             # occupancy hint (section kernels; token kernels unless TOCC)
+    PERSIST: int = 0         # QGRID merge: PERSIST blocks a SM, each looping over (row block, rank) items
+    QFIRST: bool = False     # QGRID merge: a 1-D grid of (row block, rank) items, rank fastest
+    GROUP: bool = False      # QGRID: narrow pieces of all ranks as one dense permuted tile (``group``), rank 0's block
+    NOCHK: bool = False      # token run tiles (in bounds by construction) without bounds checks
+    LAT: int = 0             # latency hint (1-10) of the token run tiles' loads and stores (0: none)
 
     @property
     def token_tile(self) -> tuple[int, int]:
@@ -137,6 +149,26 @@ class PackCfg:
         return sum(self.parts)
 
     @property
+    def group(self) -> tuple[int, int, int] | None:
+        """GROUP: (first section k, count g, per-rank width p) of the narrow sections moved as one
+        dense tile: the g sections k.. are consecutive, narrow (p * ELT < 16 bytes), of one width
+        p, g * p and cp powers of two, and their starts tile-aligned (dst[k] % (g*p) == 0,
+        src[k] % (g*cp*p) == 0). Then rank q's pieces [BT, g, p] of recv / send are columns
+        dst[k].. and the cp side's are [BT, g, cp, p] at src[k]..: a [cp, BT, g*p] tile and a
+        [BT, g*cp*p] tile, one a permute of the other (Qwen3-Next at cp 8: b|a, [8, BT, 8] <->
+        [BT, 64], 16 and 128 bytes a row instead of 8-byte element gathers). None otherwise."""
+        if not (self.GROUP and self.QGRID and not self.FLAT):
+            return None
+        nar = [s for s, p in enumerate(self.parts) if p * self.ELT < 16]
+        if not nar or nar != list(range(nar[0], nar[0] + len(nar))):
+            return None
+        k, g, p = nar[0], len(nar), self.parts[nar[0]]
+        ok = (all(self.parts[s] == p for s in nar) and _pow2_divisor(g * p) == g * p
+              and _pow2_divisor(self.cp) == self.cp and self.dst[k] % (g * p) == 0
+              and self.src[k] % (g * self.cp * p) == 0)
+        return (k, g, p) if ok else None
+
+    @property
     def width(self) -> int:
         return self.dc * self.cp
 
@@ -151,15 +183,24 @@ class PackCfg:
         the 4.27 TB/s copy ceiling; "odd" rows: a per-rank row, D/cp * elt bytes, not 32-byte
         aligned, as cp 8's 3088 bytes; cp 2 / 4 / 8):
 
-        * split BT = 8, per-thread loads / stores: 86.4 / 85.7 / 81.1% (16 rows: 85.6 / 84.2 /
-          74.9; through the DYNQ TMA pipeline 68 / 81 / 46-61);
-        * merge DYNQ (TMA pipeline), 16 rows: 92.2 / 87.3% (per-thread loads: 83.0 / 80.9);
-          odd rows 32 rows, 1 KiB column tiles (MBD): 79.5% at cp 8 (512 B: 79.1; 64 rows 77.5;
-          16 rows 72.5; per-thread loads of 4 rows 70.4, 2 rows 69.2, 16 rows 22);
-        * token kernels 32 rows of 1 KiB (TBD) with EXACT tail tiles: 89.5 / 89.8 / 81.2% to
-          natural, 91.2 / 90.6 / 80.5% to rank-major (the previous 512-byte tiles, 16 rows at
+        * split BT = 8, per-thread loads / stores: 86.4 / 85.7 / 80.8% (16 rows: 85.6 / 84.2 /
+          74.9; through the DYNQ TMA pipeline 68 / 81 / 46-61; session 6 at cp 8: rank-first
+          blocks 81.2, occupancy hint 4 / 8 80.7 / 81.2, the b|a group tile 71.1, persistent
+          2 a SM 51.8 and 54 at cp 2 / 4: the rank order and persistence are the merge's only);
+        * merge DYNQ (TMA pipeline) in rank-first blocks (QFIRST: the cp blocks of a row block
+          run together, so out's rows are written whole), 16 rows: 94.6 / 93.7% (bid-major grid
+          92.3 / 87.3; persistent, PERSIST 2 blocks a SM looping over the (rows, rank) items,
+          92.5 / 89.7-90.1; per-thread loads 83.0 / 80.9); odd rows 32 rows, 1 KiB column tiles
+          (MBD): 86.8% at cp 8 (bid-major 79.0-79.2; persistent 2 / 4 a SM 83.8-84.0 / 84.7; 16
+          rows 77.4; with the b|a group tile 86.5-86.9; the group tile alone 80.5; a latency
+          hint 79.4; before: 512 B 79.1, 64 rows 77.5, per-thread loads of 4 rows 70.4, 16 rows 22);
+        * token kernels 32 rows of 1 KiB (TBD) with EXACT tail tiles: 89.3 / 89.8 / 81.7% to
+          natural, 91.1 / 90.4 / 81.4% to rank-major (the previous 512-byte tiles, 16 rows at
           cp 2: 84.3 / 87.9 / 78.2 and 87.5 / 88.7 / 78.8; 16 rows of 1 KiB: 87.7 / 77.5 /
-          76.4); odd rows occupancy hint 2 (no hint: 74-75, 1: 79-80, 3: 78 at cp 8).
+          76.4); odd rows occupancy hint 2 (no hint: 74-75, 1: 79-80, 3: 78 at cp 8) and
+          latency hint 8 (LAT; cp 8 to natural / to rank-major 81.7-81.9 / 81.1-81.4, without
+          80.9 / 80.6-80.7, hint 4 80.9 / 80.7, 10 81.1 / 80.5, 8 with occupancy 1 78.1 / 77.2;
+          at cp 2 / 4 within 0.4 either way: not used there; unchecked tiles, NOCHK: no change).
 
         ``flags`` set any field (sweeps and tests).
         """
@@ -171,7 +212,7 @@ class PackCfg:
         row = sum(parts) * elt  # bytes of one per-rank row (send / recv / the hp side)
         odd = row % 32 != 0
         flags = {"MBT": 32 if odd else 16, "DYNQ": True, "MBD": 1024 // elt if odd else 0,
-                 "TOCC": 2 if odd else 0, "EXACT": True, **flags}
+                 "TOCC": 2 if odd else 0, "EXACT": True, "QFIRST": True, "LAT": 8 if odd else 0, **flags}
         src = tuple(sum(sections[:s]) for s in range(len(sections)))
         dst = tuple(sum(parts[:s]) for s in range(len(sections)))
         bds = _col_tiles(src, dst, parts, BD)
@@ -259,46 +300,86 @@ def _section_kernel(cfg: PackCfg, split: bool):
                 t = ct.load(b, index=(q, bt, d0 + j), shape=(1, BT, B), padding_mode=PAD_ZERO, allow_tma=M)
                 ct.store(a, index=(bt, c0 + j), tile=ct.reshape(t, (BT, B)), allow_tma=M)
 
-    def rank_of(ranks):
-        """The block's rank: bid(1), or (DQ) ranks[bid(1)] loaded from the device."""
+    GR = cfg.group if QG else None
+    PS = QG and cfg.PERSIST > 0 and not split
+    QF = QG and cfg.QFIRST and not PS and not split
+    # sections moved piece by piece (GROUP's narrow sections move in ``group_tile``)
+    SECS = tuple(s for s in range(NS) if GR is None or not GR[0] <= s < GR[0] + GR[1])
+
+    def rank_of(ranks, qi):
+        """The block's rank: qi (its grid index), or (DQ) ranks[qi] loaded from the device."""
         if DQ:
             k = ct.arange(CPP, dtype=ct.int32)
             v = ct.load(ranks, index=(0,), shape=(CPP,), padding_mode=PAD_ZERO)
-            return ct.sum(ct.where(k == ct.bid(1), v, 0))
-        return ct.bid(1)
+            return ct.sum(ct.where(k == qi, v, 0))
+        return qi
+
+    def group_tile(a, b, bt):
+        """GROUP: the narrow sections k..k+g-1 of every rank for rows bt*BT.. as one dense tile:
+        send / recv [cp, BT, g*p] at column dst[k] <-> x / out [BT, g*cp*p] at src[k] (a
+        reshape to [cp, BT, g, p] / [BT, g, cp, p] and a permute; PackCfg.group)."""
+        k, g, p = GR
+        GP, GW = g * p, g * CP * p
+        if split:
+            t = ct.load(a, index=(bt, src[k] // GW), shape=(BT, GW), padding_mode=PAD_ZERO)
+            t = ct.permute(ct.reshape(t, (BT, g, CP, p)), (2, 0, 1, 3))
+            ct.store(b, index=(0, bt, dst[k] // GP), tile=ct.reshape(t, (CP, BT, GP)))
+        else:
+            t = ct.load(b, index=(0, bt, dst[k] // GP), shape=(CP, BT, GP), padding_mode=PAD_ZERO)
+            t = ct.permute(ct.reshape(t, (CP, BT, g, p)), (1, 2, 0, 3))
+            ct.store(a, index=(bt, src[k] // GW), tile=ct.reshape(t, (BT, GW)))
+
+    def item(a, b, ranks, bt, qi):
+        """QGRID: rank qi's pieces of rows bt*BT.. (and with GROUP, for qi = 0, every rank's
+        narrow pieces of those rows)."""
+        for s in ct.static_iter(SECS):
+            q = rank_of(ranks, qi)
+            bq = b
+            if FL:
+                TL = a.shape[0]
+                bq = b.slice(axis=0, start=q * TL, stop=q * TL + TL)
+            if narrow[s]:
+                narrow_piece(a, bq, bt, q, s, PP[s])
+            else:
+                tiles(a, bq, bt, q, s)
+        if GR is not None:
+            if qi == 0:
+                group_tile(a, b, bt)
 
     def body(a, b, ranks):
         """split: a = x [Tl, D], b = send [cp, Tl, dc]; merge: a = out, b = recv; ranks: DQ's
-        [cp] rank table (else None)."""
-        bt = ct.bid(0)
-        for s in ct.static_iter(range(NS)):
-            if QG:
-                q = rank_of(ranks)
-                bq = b
-                if FL:
-                    TL = a.shape[0]
-                    bq = b.slice(axis=0, start=q * TL, stop=q * TL + TL)
+        [cp] rank table (else None). QGRID items (row block, rank): from the grid [row blocks,
+        cp]; the merge's QFIRST: a 1-D grid, rank fastest (the cp blocks of one row block run
+        together and write out's rows whole); its PERSIST: a loop over the items (rank fastest)
+        with the grid's stride."""
+        if PS:
+            nw = ct.cdiv(a.shape[0], BT) * CP
+            for w in range(ct.bid(0), nw, ct.num_blocks(0)):
+                item(a, b, ranks, w // CP, w % CP)
+        elif QF:
+            item(a, b, ranks, ct.bid(0) // CP, ct.bid(0) % CP)
+        elif QG:
+            item(a, b, ranks, ct.bid(0), ct.bid(1))
+        else:
+            bt = ct.bid(0)
+            for s in ct.static_iter(range(NS)):
                 if narrow[s]:
-                    narrow_piece(a, bq, bt, q, s, PP[s])
+                    # the whole section at once, element-wise: [BT, w_s] of x <-> cp pieces of
+                    # p_s columns (rows past Tl fail the bounds checks: nothing moves)
+                    col = ct.arange(WP[s], dtype=ct.int32)
+                    rank = col // parts[s]
+                    r2 = ct.reshape(bt * BT + ct.arange(BT, dtype=ct.int32), (BT, 1))
+                    live = ct.reshape(col < W[s], (1, WP[s]))
+                    xc = ct.reshape(src[s] + col, (1, WP[s]))
+                    bq = ct.reshape(rank, (1, WP[s]))
+                    bc = ct.reshape(dst[s] + col - rank * parts[s], (1, WP[s]))
+                    if split:
+                        ct.scatter(b, (bq, r2, bc), ct.gather(a, (r2, xc), mask=live), mask=live)
+                    else:
+                        ct.scatter(a, (r2, xc), ct.gather(b, (bq, r2, bc), mask=live), mask=live)
                 else:
-                    tiles(a, bq, bt, q, s)
-            elif narrow[s]:
-                # the whole section at once, element-wise: [BT, w_s] of x <-> cp pieces of
-                # p_s columns (rows past Tl fail the bounds checks: nothing moves)
-                col = ct.arange(WP[s], dtype=ct.int32)
-                rank = col // parts[s]
-                r2 = ct.reshape(bt * BT + ct.arange(BT, dtype=ct.int32), (BT, 1))
-                live = ct.reshape(col < W[s], (1, WP[s]))
-                xc = ct.reshape(src[s] + col, (1, WP[s]))
-                bq = ct.reshape(rank, (1, WP[s]))
-                bc = ct.reshape(dst[s] + col - rank * parts[s], (1, WP[s]))
-                if split:
-                    ct.scatter(b, (bq, r2, bc), ct.gather(a, (r2, xc), mask=live), mask=live)
-                else:
-                    ct.scatter(a, (r2, xc), ct.gather(b, (bq, r2, bc), mask=live), mask=live)
-            else:
-                for q in range(CP):
-                    tiles(a, b, bt, q, s)
+                    for q in range(CP):
+                        tiles(a, b, bt, q, s)
 
     def cp_split_sections(x, send):
         body(x, send, None)
@@ -376,17 +457,19 @@ def _tails(n: int) -> tuple[int, ...]:
 
 
 @functools.lru_cache(maxsize=32)
-def _runs_kernel(tails: tuple[int, ...] = (), bd: int = 1):
+def _runs_kernel(tails: tuple[int, ...] = (), bd: int = 1, chk: bool = True, lat: int = 0):
     """``cp_token_runs``; with ``tails`` (EXACT: the powers of two of dc % bd, in the moved
     unit) a run block moves dc // bd full [BT, bd] tiles and then one [BT, w] tile per tail
     width w (w divides its column start, so every tile is a plain tile-space access inside
     the row) instead of a last [BT, bd] tile that is mostly padding (cp 8's 772-word rows:
-    3 full 256-word tiles and a 4-word one, not a 4th tile of 256)."""
+    3 full 256-word tiles and a 4-word one, not a 4th tile of 256). ``chk`` / ``lat``: those
+    tiles' bounds checks (NOCHK: off, they lie inside both arrays) and latency hint (LAT)."""
     pre = tuple(sum(tails[:k]) for k in range(len(tails)))
     sub = tuple(bd // w for w in tails)          # tail-width tiles per full tile
     lead = tuple(p // w for p, w in zip(pre, tails))  # tail k's tile index past the full tiles
     NT = len(tails)
     EX = NT > 0
+    LT = lat or None
 
     def cp_token_runs(src, dst, cu, CP: ConstInt, TO_RANK_MAJOR: ConstBool, BT: ConstInt, BD: ConstInt,
                       BK: ConstInt, VIEW: ConstBool, EGATHER: ConstBool):
@@ -408,11 +491,13 @@ def _runs_kernel(tails: tuple[int, ...] = (), bd: int = 1):
                 if EX:
                     nf = dst.shape[1] // BD
                     for cj in range(nf):
-                        ct.store(dst, index=(bt, cj), tile=tv.load((s0, cj)))
+                        ct.store(dst, index=(bt, cj), tile=tv.load((s0, cj), check_bounds=chk, latency=LT),
+                                 check_bounds=chk, latency=LT)
                     for k in ct.static_iter(range(NT)):
                         tw = src.tiled_view((BT, tails[k]), padding_mode=PAD_ZERO, traversal_steps=(1, tails[k]))
                         ci = nf * sub[k] + lead[k]
-                        ct.store(dst, index=(bt, ci), tile=tw.load((s0, ci)))
+                        ct.store(dst, index=(bt, ci), tile=tw.load((s0, ci), check_bounds=chk, latency=LT),
+                                 check_bounds=chk, latency=LT)
                 else:
                     for cj in range(nc):
                         ct.store(dst, index=(bt, cj), tile=tv.load((s0, cj)))
@@ -468,11 +553,30 @@ def section_launch(a, b, cfg: PackCfg, split: bool) -> Launch:
     _check(cfg, "sections", width=(a.shape[1], cfg.width), cp=(b.shape[0], cfg.cp), dc=(b.shape[2], cfg.dc),
            rows=(b.shape[1], a.shape[0]))
     rows = cfg.BT if split else (cfg.MBT or cfg.BT)
-    grid = (cdiv(a.shape[0], rows), cfg.cp if cfg.QGRID else 1, 1)
+    nbt = cdiv(a.shape[0], rows)
+    if cfg.QGRID and cfg.PERSIST and not split:  # launch geometry only: the kernel loops over the items
+        grid = (min(nbt * cfg.cp, cfg.PERSIST * _sm_count(a.device)), 1, 1)
+    elif cfg.QGRID and cfg.QFIRST and not split:
+        grid = (nbt * cfg.cp, 1, 1)
+    else:
+        grid = (nbt, cfg.cp if cfg.QGRID else 1, 1)
     if cfg.QGRID and cfg.FLAT:
         b = b.view(b.shape[0] * b.shape[1], b.shape[2])
     args = (a, b, _ranks(cfg.cp, a.device)) if cfg.QGRID and cfg.DYNQ and not split else (a, b)
     return Launch(_section_kernel(cfg, split), grid, args, cfg, occ(cfg.OCC))
+
+
+_SMS: dict = {}
+
+
+def _sm_count(device: torch.device) -> int:
+    """Multiprocessors of ``device`` (132 for meta / CPU tensors: the H200's count)."""
+    if device.type != "cuda":
+        return 132
+    idx = device.index if device.index is not None else torch.cuda.current_device()
+    if idx not in _SMS:
+        _SMS[idx] = torch.cuda.get_device_properties(idx).multi_processor_count
+    return _SMS[idx]
 
 
 _RANKS: dict = {}
@@ -501,7 +605,8 @@ def token_launch(src, dst, cu, cfg: PackCfg, to_rank_major: bool) -> Launch:
     args = (src, dst, cu, cfg.cp, bool(to_rank_major), bt, bd, cfg.BK)
     if cfg.RUNS and not cfg.ROWWISE:
         tails = _tails(dst.shape[1] % bd) if cfg.EXACT and cfg.VIEW else ()
-        kern, args = _runs_kernel(tails, bd if tails else 1), args + (cfg.VIEW, cfg.EGATHER)
+        chk, lat = (not cfg.NOCHK, cfg.LAT) if tails else (True, 0)
+        kern, args = _runs_kernel(tails, bd if tails else 1, chk, lat), args + (cfg.VIEW, cfg.EGATHER)
     else:
         kern = cp_token_rows if cfg.ROWWISE else cp_token_gather
     return Launch(kern, (cdiv(dst.shape[0], bt), 1, 1), args, cfg, occ(cfg.TOCC or cfg.OCC))
