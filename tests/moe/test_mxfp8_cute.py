@@ -1,11 +1,12 @@
 """CuTe DSL MXFP8 quantize / dequantize kernels (tilekernels.moe.cute_quantize).
 
-CPU (CI): every kernel variant (quantize rowwise / columnwise / both, dequantize
-rowwise / columnwise, x bf16 and fp32) compiles for sm_90a through the same
-launch code the GPU path uses (fake arguments, explicit arch), without spilling,
-with 16-byte loads and (shared-memory kernel) 8-byte rowwise data stores;
-launch configs depend on static dims only, and a new R reuses the compiled
-kernel. Skipped where ``cutlass`` is not installed.
+CPU (CI): every kernel variant (quantize rowwise / columnwise / both on the
+shared-memory, register and pipelined kernels, dequantize rowwise / columnwise,
+x bf16 and fp32) compiles for sm_90a through the same launch code the GPU path
+uses (fake arguments, explicit arch), without spilling, with 16-byte loads
+(pipelined kernel: 16-byte cp.async only) and 8-byte (fp32 pipelined: 4-byte)
+rowwise data stores; launch configs depend on static dims only, and a new R
+reuses the compiled kernel. Skipped where ``cutlass`` is not installed.
 
 GPU (``-m gpu``; skipped without CUDA): bit-exact against the torch reference
 (tilekernels.moe.mxfp8) on fresh random inputs: randn scaled by random powers of
@@ -27,6 +28,7 @@ cutlass = pytest.importorskip("cutlass")
 
 from tilekernels import _cute as C  # noqa: E402
 from tilekernels.moe import cute_quantize as Q  # noqa: E402
+from tilekernels.moe.cute_quantize_pipe import PipeCfg  # noqa: E402
 from tilekernels.moe import mxfp8 as mx  # noqa: E402
 
 BF, F32 = torch.bfloat16, torch.float32
@@ -37,7 +39,7 @@ AXES = {"rowwise": (True, False), "columnwise": (False, True), "both": (True, Tr
 
 def test_every_variant_compiles_for_sm90a():
     launches = Q.representative_launches(K=7168)
-    assert len(launches) == 12
+    assert len(launches) == 24
     for name, ln in launches.items():
         art = ln.export("sm_90a")
         assert art.cubin[:4] == b"\x7fELF", name
@@ -47,14 +49,39 @@ def test_every_variant_compiles_for_sm90a():
         res = list(C.cubin_resources(art.cubin).values())
         assert len(res) == 1 and res[0]["regs"] <= 255, (name, res)
         assert res[0].get("frame", 0) == 0, f"{name}: spills ({res})"
-        # x is read in vec-element loads (16, 8 or 4 bytes), none narrower
-        if name.startswith("quantize"):
+        loads = set(re.findall(r"ld\.global\.[a-z0-9.]+", art.ptx))
+        if isinstance(ln.cfg, PipeCfg):
+            # x only through 16-byte cp.async (one per chunk and issue site: the prologue's
+            # stages - 1 and the loop's), data stores 8 (bf16) / 4 (fp32) bytes a lane
+            assert not loads, (name, loads)
+            cps = re.findall(r"cp\.async\.cg\.shared\.global(?:\.[a-z0-9]+)*\s*\[[^]]*\],\s*\[[^]]*\],\s*16", art.ptx)
+            per_site = 2 * ln.cfg.elt * ln.cfg.nbt    # 16-byte chunks a lane copies per tile
+            assert per_site <= len(cps) <= ln.cfg.stages * per_site and len(cps) % per_site == 0, (name, len(cps))
+            want = "st.global.v2.b32" if ln.cfg.elt == 2 else "st.global.b32"
+            assert want in art.ptx and "st.global.v4" not in art.ptx, name
+        elif name.startswith("quantize"):
+            # x is read in vec-element loads (16, 8 or 4 bytes), none narrower
             width = 16 if ln.cfg.smem else ln.cfg.vec * (2 if name.endswith("bfloat16") else 4)
             want = {16: "ld.global.v4.b32", 8: "ld.global.v2.b32", 4: "ld.global.b32"}[width]
-            loads = set(re.findall(r"ld\.global\.[a-z0-9.]+", art.ptx))
             assert loads == {want}, (name, loads)
             if ln.cfg.smem and ln.cfg.row:  # rowwise data: 8 bytes per lane, lanes along the row
                 assert "st.global.v2.b32" in art.ptx and "st.global.v4.b32" not in art.ptx, name
+
+
+def test_pipe_config_from_static_dims():
+    """The pipelined kernel serves the rowwise output at K % 32 == 0 and aligned pointers
+    (as _PIPE lists); its config depends on K, dtype and the axes only; bad configs raise."""
+    for dt in (BF, F32):
+        for row, col in ((True, False), (True, True)):
+            cfg = Q.quant_launch(dt, 7168, row, col).cfg
+            assert isinstance(cfg, PipeCfg) == ((dt, row, col) in Q._PIPE)
+            assert Q.quant_launch(dt, 7168, row, col, False).cfg.vec == 1       # unaligned
+    c = PipeCfg.heuristic(32, BF, True, True)
+    assert (c.warps, c.grid_x, c.nbt) == (1, 1, 1) and hash(c) == hash(PipeCfg.heuristic(32, BF, True, True))
+    for bad in (dict(K=48), dict(row=False), dict(stages=1), dict(elt=8), dict(warps=32, stages=8),
+                dict(nbt=3), dict(nbt=4), dict(K=96, nbt=2)):
+        with pytest.raises(ValueError):
+            PipeCfg(**{**dict(K=64, row=True, col=True, elt=4), **bad})
 
 
 def test_compiles_for_sm100a():
@@ -231,10 +258,38 @@ def test_every_config_bit_exact(smem, vec, threads, axis, direct, dtype):
         pytest.skip("rowwise configs: the shared-memory mapping (the register kernel's run in 'both')")
     R, K = 96 if axis == "both" else 77, 800
     row, col = AXES[axis]
-    base = Q.quant_launch(dtype, K, row, col, True)
-    cfg = dataclasses.replace(base.cfg, smem=smem, vec=vec, threads=threads,
+    cfg = dataclasses.replace(Q.QuantCfg.heuristic(K, dtype, row, col), smem=smem, vec=vec, threads=threads,
                               direct=smem and not col and direct)
-    ln = C.Launch(base.name, base.fn, cfg, Q.quant_sig(cfg, dtype))
+    check_launch(Q.launch_for(cfg, dtype), R, K, axis, dtype)
+
+
+PIPE_CFGS = [(1, 8, 2, 1, 0, 4), (1, 8, 3, 2, 0, 4), (1, 4, 2, 3, 8, 2), (1, 3, 2, 1, 0, 4), (1, 1, 3, 1, 0, 1),
+             (2, 8, 2, 1, 0, 4), (2, 4, 3, 2, 0, 8), (4, 4, 2, 1, 0, 4), (4, 8, 3, 2, 0, 2), (4, 3, 2, 1, 0, 16),
+             (4, 8, 2, 2, 0, 4), (4, 8, 2, 1, 0, 4), (8, 2, 2, 1, 0, 4)]
+
+
+@pytest.mark.parametrize("dtype", [BF, F32])
+@pytest.mark.parametrize("axis", ["rowwise", "both"])
+@pytest.mark.parametrize("nbt,warps,stages,grid_x,min_blocks,unroll", PIPE_CFGS)
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_pipe_config_bit_exact(nbt, warps, stages, grid_x, min_blocks, unroll, axis, dtype):
+    """Pipelined-kernel configs the heuristic does not pick (the sweep's), exact on K = 800
+    (nbt 1: 25 column blocks) or 768 (24 blocks: 24 / nbt tiles), so warps with 0..n tiles
+    and partial last strides, and a partial row strip (rowwise); K = 32 * nbt: one tile, idle
+    warps."""
+    row, col = AXES[axis]
+    elt = 2 if dtype == BF else 4
+    if nbt * elt * 2 > 32 or warps * stages * 32 * 32 * nbt * elt > 200 * 1024:
+        pytest.skip("not a valid config (over 32 lanes a tile row, or over 200 KB of buffers)")
+    for R, K in ((96 if col else 77, 800 if nbt == 1 else 768), (64 if col else 33, 32 * nbt)):
+        cfg = PipeCfg(K=K, row=row, col=col, elt=elt, warps=warps, stages=stages,
+                      grid_x=grid_x, min_blocks=min_blocks, nbt=nbt, unroll=unroll)
+        check_launch(Q.launch_for(cfg, dtype), R, K, axis, dtype)
+
+
+def check_launch(ln, R, K, axis, dtype):
+    """One launch on fresh inputs (with specials), poisoned outputs, against the torch path."""
     x = make_input(R, K, dtype, "cuda")
     want = {"rowwise": lambda q: (*q, None, None), "columnwise": lambda q: (None, None, *q),
             "both": lambda q: q}[axis](mx.quantize(x, axis))
@@ -244,7 +299,7 @@ def test_every_config_bit_exact(smem, vec, threads, axis, direct, dtype):
     for got, w in zip(outs, want):
         assert (got is None) == (w is None)
         if got is not None:
-            assert torch.equal(_u8(got).cpu(), _u8(w).cpu()), cfg
+            assert torch.equal(_u8(got).cpu(), _u8(w).cpu()), ln.cfg
 
 
 @pytest.mark.parametrize("dtype", [BF, F32])

@@ -21,7 +21,11 @@ with scales [R/32, K] (blocks of 32 along R, needs R % 32 == 0, any K). fp8
 outputs may be float8_e4m3fn or uint8 tensors: only their addresses are passed.
 One call writes one axis or both from a single read of x.
 
-Two quantize kernels, one launch config (:class:`QuantCfg`) choosing:
+Three quantize kernels. The rowwise output at K % 32 == 0 with 16-byte aligned pointers (the
+normal case, rowwise only or both axes) goes to the per-warp cp.async pipeline of
+:mod:`tilekernels.moe.cute_quantize_pipe` (:class:`PipeCfg`) where ``_PIPE`` says it was
+measured faster; the rest (columnwise only, other K, unaligned views) to one launch config
+(:class:`QuantCfg`) choosing:
 
 * shared memory (``smem``; K a multiple of 16 bytes of x and 16-byte aligned
   pointers, the normal case; rowwise only skips the staging, ``direct``, and loads each
@@ -55,6 +59,8 @@ import cutlass.cute as cute
 from cutlass import Float32, Int32, Int64, Uint8, Uint16
 
 from tilekernels import _cute as C
+
+from .cute_quantize_pipe import PipeCfg, _pipe_host, pipe_sig
 
 BLOCK = 32
 _NAME = "moe.cute_quantize"
@@ -519,19 +525,39 @@ def _dequant_host(cfg: cutlass.Constexpr, d: cute.Pointer, s: cute.Pointer, o: c
 _U8 = C.Ptr(torch.uint8)
 
 
+# (x dtype, row, col) served by the pipelined kernel when K % 32 == 0 and the pointers are
+# 16-byte aligned. H200, R = 32768, K = 7168, same inputs (benchmarks/moe_cute_check.py --sweep),
+# % of copy, shared-memory kernel -> pipelined: bf16 rowwise 84.2 -> 90.5, bf16 both 76.5 ->
+# 84.5, fp32 both 78.4 -> 84.9; fp32 rowwise 90.1 vs at best 90.2 (stays on the smem kernel)
+_PIPE = {(torch.bfloat16, True, False), (torch.bfloat16, True, True), (torch.float32, True, True)}
+
+
+def quant_cfg(dtype: torch.dtype, K: int, row: bool, col: bool, aligned: bool = True) -> QuantCfg | PipeCfg:
+    """The launch config quantize_into uses (static dims and pointer alignment only)."""
+    if aligned and K % BLOCK == 0 and (dtype, row, col) in _PIPE:
+        return PipeCfg.heuristic(K, dtype, row, col)
+    return QuantCfg.heuristic(K, dtype, row, col, aligned)
+
+
 @functools.lru_cache(maxsize=None)
 def quant_launch(dtype: torch.dtype, K: int, row: bool, col: bool, aligned: bool = True) -> C.Launch:
     """The quantize :class:`~tilekernels._cute.Launch` for x of ``dtype`` with K columns.
 
     Args of ``run``: (x, row_data, row_scales, col_data, col_scales, R); absent
     outputs are ``None`` (null pointers the config never touches)."""
-    cfg = QuantCfg.heuristic(K, dtype, row, col, aligned)
+    return launch_for(quant_cfg(dtype, K, row, col, aligned), dtype)
+
+
+def launch_for(cfg: QuantCfg | PipeCfg, dtype: torch.dtype) -> C.Launch:
+    """The quantize launch of an explicit config (either kernel; what sweeps and tests use)."""
+    if isinstance(cfg, PipeCfg):
+        return C.Launch(f"{_NAME}.quantize", _pipe_host, cfg, pipe_sig(dtype))
     return C.Launch(f"{_NAME}.quantize", _quant_host, cfg, quant_sig(cfg, dtype))
 
 
 def quant_sig(cfg: QuantCfg, dtype: torch.dtype) -> tuple:
-    """Arg specs of the quantize launch: x, row data, row scales, col data, col scales, R,
-    with the alignments the config's accesses need."""
+    """Arg specs of the :class:`QuantCfg` launch: x, row data, row scales, col data, col scales,
+    R, with the alignments the config's accesses need."""
     v = cfg.vec
     x_align, rd_align = (16, 16) if cfg.smem else (v * _elt(dtype), v)
     return (C.Ptr(dtype, x_align), C.Ptr(torch.uint8, rd_align), C.Ptr(torch.uint8, 1),
@@ -589,16 +615,23 @@ def dequantize_into(data: torch.Tensor, scales: torch.Tensor, out: torch.Tensor,
 
 
 def representative_launches(K: int = 7168) -> dict[str, C.Launch]:
-    """Every kernel variant at one K (what the CPU compile test exports)."""
+    """Every kernel variant at one K (what the CPU compile test exports): the defaults and,
+    for each axis with the rowwise output, the shared-memory kernel (direct loads for
+    rowwise, and the staged rowwise mapping) and the pipelined kernel at 2 and 3 stages,
+    whichever the default is."""
     out = {}
     for dt in (torch.bfloat16, torch.float32):
         n = str(dt).removeprefix("torch.")
         for axis, (row, col) in {"rowwise": (True, False), "columnwise": (False, True),
                                  "both": (True, True)}.items():
             out[f"quantize.{axis}.{n}"] = quant_launch(dt, K, row, col)
-        staged = dataclasses.replace(out[f"quantize.rowwise.{n}"].cfg, direct=False)
-        out[f"quantize.rowwise_staged.{n}"] = C.Launch(f"{_NAME}.quantize", _quant_host, staged,
-                                                       quant_sig(staged, dt))
+            if row:
+                pipe = PipeCfg.heuristic(K, dt, row, col)
+                out[f"quantize.{axis}_smem.{n}"] = launch_for(QuantCfg.heuristic(K, dt, row, col), dt)
+                out[f"quantize.{axis}_pipe.{n}"] = launch_for(pipe, dt)
+                out[f"quantize.{axis}_pipe3.{n}"] = launch_for(dataclasses.replace(pipe, stages=3), dt)
+        staged = dataclasses.replace(QuantCfg.heuristic(K, dt, True, False), direct=False)
+        out[f"quantize.rowwise_staged.{n}"] = launch_for(staged, dt)
         for axis in ("rowwise", "columnwise"):
             out[f"dequantize.{axis}.{n}"] = dequant_launch(dt, K, axis == "rowwise")
     return out
