@@ -93,14 +93,34 @@ bench = functools.partial(_bench, rep=100)  # do_bench median ms
 # ------------------------------------------------------------------ tests (parallel processes)
 
 
-WARM_SWEEP_PROCS = 3
+WARM_SWEEP_PROCS = 3  # --warm-procs
 SANITIZER_S = 120  # each sanitizer process's limit (they run beside the test processes)
 TEST_PROC_S = 150  # each test process's limit (rc 124: a hung or runaway test; the timings still run)
 
 
-def run_tests(out: str, procs: int, memcheck: bool, sweep_too: bool = False) -> None:
+def warm_sweep_procs(out: str) -> list:
+    """WARM_SWEEP_PROCS processes compiling the sweep's kernels (each under TEST_PROC_S: a hung variant
+    costs its process, not the run): [(name, Popen, log)]."""
+    ps = []
+    for j in range(WARM_SWEEP_PROCS):
+        wl = open(os.path.join(out, f"warm_sweep{j}.log"), "w")
+        ps.append((f"warm-sweep{j}", subprocess.Popen(
+            ["timeout", str(TEST_PROC_S), sys.executable, os.path.abspath(__file__), "--warm-sweep", str(j),
+             "--warm-procs", str(WARM_SWEEP_PROCS), "--out", out], stdout=wl, stderr=subprocess.STDOUT, cwd=ROOT), wl))
+    return ps
+
+
+def run_tests(out: str, procs: int, memcheck: bool, sweep_too: bool = False, kexpr: str = "",
+              hang: tuple = (), per_test_s: int = 0, bwd: bool = True) -> None:
+    """The test file's GPU tests (-k kexpr) in ``procs`` processes, the compiles of the timed kernels
+    (and of the sweep's), the sanitizers (memcheck) and the hang probe of configs ``hang``
+    (benchmarks/probes/gdn_pre_fwd_hang.py: each in a child killed 8 s after a launch that does not
+    finish; a hang stalls the other processes' kernels that long) at once; per_test_s: pytest-timeout's
+    per-test limit (thread method: a hung kernel fails its test)."""
+    kx = ["-k", kexpr] if kexpr else []
+    tmo = ["-v", f"--timeout={per_test_s}", "--timeout-method=thread"] if per_test_s else []
     ids = subprocess.run([sys.executable, "-m", "pytest", "-q", "--co", "-m", "gpu", "-p", "no:cacheprovider",
-                          TEST_FILE], capture_output=True, text=True, cwd=ROOT).stdout.split()
+                          *kx, TEST_FILE], capture_output=True, text=True, cwd=ROOT).stdout.split()
     ids = [i for i in ids if "::" in i]
     # tests that share a compile key (same test, shape, layout kind, switches) go to one process
     groups: dict = {}
@@ -112,20 +132,23 @@ def run_tests(out: str, procs: int, memcheck: bool, sweep_too: bool = False) -> 
     t0 = time.time()
     # the benchmark's own compile keys, warmed at a few tokens beside the tests (cuTile's disk cache)
     warm = open(os.path.join(out, "warm.log"), "w")
-    ps = [("warm", subprocess.Popen([sys.executable, os.path.abspath(__file__), "--warm", "--out", out],
+    ps = [("warm", subprocess.Popen(["timeout", str(TEST_PROC_S), sys.executable, os.path.abspath(__file__), "--warm",
+                                     "--out", out, *([] if bwd else ["--no-bwd"])],
                                     stdout=warm, stderr=subprocess.STDOUT, cwd=ROOT), warm)]
-    for j in range(WARM_SWEEP_PROCS if sweep_too else 0):
-        wl = open(os.path.join(out, f"warm_sweep{j}.log"), "w")
-        ps.append((f"warm-sweep{j}", subprocess.Popen(
-            [sys.executable, os.path.abspath(__file__), "--warm-sweep", str(j), "--out", out],
-            stdout=wl, stderr=subprocess.STDOUT, cwd=ROOT), wl))
+    ps += warm_sweep_procs(out) if sweep_too else []
+    if hang:
+        hl = open(os.path.join(out, "hang.log"), "w")
+        ps.append(("hang", subprocess.Popen(
+            [sys.executable, os.path.join(ROOT, "benchmarks", "probes", "gdn_pre_fwd_hang.py"), "--out", out,
+             "--budget-s", str(TEST_PROC_S - 40), *hang],
+            stdout=hl, stderr=subprocess.STDOUT, cwd=ROOT), hl))
     san = []
     if memcheck:  # memcheck and racecheck on a few forward tests, beside the test processes
         sel = [i for i in ids if "test_fwd_matches" in i and "rep-state" in i and
                (("Hk2-Hv4" in i and ("thd-mixed" in i or "bshd-2x70" in i)) or ("Hk16" in i and "thd-mixed" in i))]
         for tool in ("memcheck", "racecheck"):
             log = open(os.path.join(out, f"{tool}.log"), "w")
-            cmd = ["timeout", str(SANITIZER_S), "compute-sanitizer", "--tool", tool, sys.executable, "-m", "pytest",
+            cmd = ["timeout", str(min(SANITIZER_S, TEST_PROC_S)), "compute-sanitizer", "--tool", tool, sys.executable, "-m", "pytest",
                    "-q", "-p", "no:cacheprovider", *sel]
             ps.append((tool, subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, cwd=ROOT), log))
             san.append((tool, log.name))
@@ -133,7 +156,7 @@ def run_tests(out: str, procs: int, memcheck: bool, sweep_too: bool = False) -> 
         if ch:
             log = open(os.path.join(out, f"tests_{k}.log"), "w")
             ps.append((k, subprocess.Popen(["timeout", str(TEST_PROC_S), sys.executable, "-m", "pytest", "-q",
-                                            "-p", "no:cacheprovider",
+                                            "-p", "no:cacheprovider", *tmo,
                                             *ch], stdout=log, stderr=subprocess.STDOUT, cwd=ROOT), log))
     summary = {}
     for k, p, log in ps:
@@ -142,7 +165,7 @@ def run_tests(out: str, procs: int, memcheck: bool, sweep_too: bool = False) -> 
         lines = open(log.name).read().strip().splitlines()
         tail = lines[-1:]
         for ln in lines:  # failures into the run's own log (the per-process logs may not come back)
-            if ln.startswith(("FAILED", "ERROR")) or " Error" in ln[:80]:
+            if ln.startswith(("FAILED", "ERROR", "hang-probe")) or " Error" in ln[:80]:
                 print(f"[{k}] {ln[:300]}", flush=True)
         summary[k] = dict(rc=p.returncode, tail=tail)
     RESULTS["tests"] = dict(n=len(ids), procs=procs, seconds=time.time() - t0, parts=summary)
@@ -277,9 +300,16 @@ def time_case(thd: bool, repeat_qk: bool, peers: bool, compiled: bool, eager: bo
 # V1: the previous forward, a verbatim copy at benchmarks/probes/gdn_pre_fwd_v1.py when present
 # (removed after its A/B; `git show 2e8a94d:benchmarks/probes/gdn_pre_fwd_v1.py` restores it)
 _HAS_V1 = os.path.exists(os.path.join(os.path.dirname(os.path.abspath(__file__)), "probes", "gdn_pre_fwd_v1.py"))
-FWD_SWEEP = [dict(V1=True)] * _HAS_V1 + [dict(), dict(LT=False), dict(ST=True), dict(TF=True), dict(HBZ=2), dict(FT=32, OCC=4),
-             dict(FT=16, HB=2, HBV=2, HBZ=8, OCC=4)]
-W1_PROBE = [dict()]  # the same launches at W=1: no taps
+# NW8 (num_worker_warps 8): the compiler reads the tap tiles from shared memory as LDS.128 instead of
+# one LDS.U16 per element (static counts in the sm_90 SASS of the main launch at FT32 OCC4: 512 LDS.U16
+# and 6.8K instructions with the compiler's warps, no LDS.U16 and 3.5K instructions with NW8); not yet timed
+FWD_SWEEP = [dict(V1=True)] * _HAS_V1 + [
+    dict(FT=16, OCC=8), dict(FT=32, OCC=4), dict(FT=32, OCC=4, NW=8), dict(FT=32, OCC=8, NW=8),
+    dict(FT=32, OCC=4, NW=8, CB=True), dict(FT=16, OCC=4, NW=8), dict(FT=32, OCC=4, CB=True),
+    dict(FT=32, OCC=4, HBZ=16, ZC=2), dict(FT=64, OCC=2)]
+W1_PROBE = [dict(FT=32, OCC=4, NW=8)]  # the same launches at W=1: no taps
+SWEEP_OK: set | None = None  # with --warm-first: the sweep jobs whose compile-and-run process finished them
+CASES = [(False, True), (False, False), (True, True), (True, False)]  # (thd, repeat_qk)
 
 
 def _tag(over, w1=False):
@@ -288,7 +318,7 @@ def _tag(over, w1=False):
                                    or "default")
 
 
-def sweep_launches(prob, over, w1=False, outs=None):
+def sweep_launches(prob, over, w1=False, outs=None, repeat_qk=True):
     """The fwd launches of config variant ``over`` on problem ``prob`` (w1: the conv weight cut to its
     last tap, W=1: no taps, same bytes), and their outputs."""
     import dataclasses
@@ -303,38 +333,58 @@ def sweep_launches(prob, over, w1=False, outs=None):
     else:
         from tilekernels.gdn import cutile_pre_gated as cp
     cfg = dataclasses.replace(cp.PreGatedCfg.heuristic(SHAPE["Hk"], SHAPE["Hv"], SHAPE["dk"], SHAPE["dv"],
-                                                       w.shape[1], True), **over)
-    outs = outs or [torch.empty(o.shape, dtype=o.dtype, device=x.device) for o in ref_outs(prob)]
-    return cp.fwd_launch(x, w, A, dt, cu, *outs, None, SHAPE["Hk"], SHAPE["dk"], SHAPE["dv"], True, 1e-6, cfg=cfg), outs
+                                                       w.shape[1], repeat_qk), **over)
+    outs = outs or [torch.empty(o.shape, dtype=o.dtype, device=x.device) for o in ref_outs(prob, repeat_qk)]
+    return (cp.fwd_launch(x, w, A, dt, cu, *outs, None, SHAPE["Hk"], SHAPE["dk"], SHAPE["dv"], repeat_qk, 1e-6,
+                          cfg=cfg), outs)
 
 
 def sweep_jobs():
     return [(o, False) for o in FWD_SWEEP] + [(o, True) for o in W1_PROBE]
 
 
-def sweep(thd_all: bool = False) -> None:
-    """Launch-config variants of ours (BSHD with repeat_qk; THD too with thd_all): fwd timed on the
-    kernels directly, each checked against the torch reference first (W=1 rows: speed only)."""
-    for thd in ((False, True) if thd_all else (False,)):
+def sweep(thd_all: bool = False, all_cases: bool = False) -> None:
+    """Launch-config variants of ours (BSHD with repeat_qk; THD too with thd_all; all four cases
+    with all_cases): fwd timed on the kernels directly, each checked against the torch reference
+    first (W=1 rows: speed only)."""
+    cases = CASES if all_cases else [(thd, True) for thd in ((False, True) if thd_all else (False,))]
+    for thd, rep in cases:
         prob = problem(thd)
-        case = f"{'thd' if thd else 'bshd'}-rep"
-        want = ref_outs(prob)
+        case = f"{'thd' if thd else 'bshd'}-{'rep' if rep else 'norep'}"
+        want = ref_outs(prob, rep)
         outs = None
-        for over, w1 in sweep_jobs():
+        for j, (over, w1) in enumerate(sweep_jobs()):
+            if SWEEP_OK is not None and j not in SWEEP_OK:  # a hang or a runaway compile: not run here
+                RESULTS["errors"].append(f"{case} sweep {over} w1={w1}: skipped, its warm run did not finish")
+                print("SKIPPED", _tag(over, w1), "(its warm run did not finish)", flush=True)
+                continue
             try:
-                ls, outs = sweep_launches(prob, over, w1, outs)
+                ls, outs = sweep_launches(prob, over, w1, outs, rep)
                 for o in outs:
                     o.fill_(float("nan"))
                 for ln in ls:
                     ln.run()
                 err = "" if w1 else f"err {max(rel_err(o, r) for o, r in zip(outs, want)):.1e}"
-                record(case, "sw " + _tag(over, w1), bench(lambda: [ln.run() for ln in ls]), fwd_bytes(True),
-                       err=err, sweep=True)
+                record(case, "sw " + _tag(over, w1), bench(lambda: [ln.run() for ln in ls]), fwd_bytes(rep),
+                       err=err, sweep=True, over=over, w1=w1)
             except Exception:
                 RESULTS["errors"].append(f"{case} sweep {over} w1={w1}: {traceback.format_exc(limit=8)}")
                 print("ERROR", RESULTS["errors"][-1], flush=True)
         del want, outs
         torch.cuda.empty_cache()
+
+
+def side_by_side() -> None:
+    """The records as one table: a row per implementation / sweep variant, a column per case (ms, % of copy)."""
+    cases = [f"{'thd' if t else 'bshd'}-{'rep' if r else 'norep'}" for t, r in CASES]
+    rows: dict = {}
+    for r in RESULTS["records"]:
+        rows.setdefault(r["impl"], {})[r["case"]] = r
+    print("\n== side by side: ms (% of 4.27 TB/s) ==", flush=True)
+    print(f"{'impl':<34}" + "".join(f"{c:>17}" for c in cases), flush=True)
+    for impl, byc in rows.items():
+        print(f"{impl[:33]:<34}" + "".join(f"{byc[c]['ms']:>9.3f} ({byc[c]['pct_copy']:4.1f})" if c in byc
+                                           else f"{'-':>17}" for c in cases), flush=True)
 
 
 def ref_outs(prob, repeat_qk: bool = True):
@@ -349,14 +399,15 @@ def warm_sweep(part: int, parts: int) -> None:
     TOKENS = 256
     for j, (over, w1) in enumerate(sweep_jobs()):
         if j % parts == part:
-            for thd in (False, True):
-                for ln in sweep_launches(problem(thd), over, w1)[0]:
+            for thd, rep in CASES:
+                for ln in sweep_launches(problem(thd), over, w1, repeat_qk=rep)[0]:
                     ln.run()
-    torch.cuda.synchronize()
+            torch.cuda.synchronize()
+            print(f"warm ok {j}", flush=True)
     print(f"warm sweep {part}/{parts}: done", flush=True)
 
 
-def warm() -> None:
+def warm(bwd: bool = True) -> None:
     """Compile the timed cases' kernels at 64 tokens (same compile keys: token counts are dynamic)."""
     global TOKENS
     TOKENS = 64
@@ -368,7 +419,7 @@ def warm() -> None:
             x, w, A, dt, cu = problem(thd)
             p = dict(Hk=SHAPE["Hk"], dk=SHAPE["dk"], dv=SHAPE["dv"], repeat_qk=rep)
             outs = op(x, w, A, dt, cu_seqlens=cu, backend="cutile", **p)
-            if rep:
+            if rep and bwd:
                 cb.pre_gated_bwd_into(*outs, x, w, A, dt, cu, torch.empty_like(x), torch.empty_like(w),
                                       torch.empty_like(A), torch.empty_like(dt), *p.values(), 1e-6, False)
     torch.cuda.synchronize()
@@ -376,6 +427,7 @@ def warm() -> None:
 
 
 def main():
+    global WARM_SWEEP_PROCS, TEST_PROC_S
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", default=os.environ.get("OUT", "."))
     ap.add_argument("--tests", type=int, default=0, help="run the test file in this many processes first")
@@ -385,18 +437,37 @@ def main():
     ap.add_argument("--warm", action="store_true", help="only compile the timed cases (at 64 tokens)")
     ap.add_argument("--sweep", action="store_true", help="time fwd launch-config variants (BSHD) before the cases")
     ap.add_argument("--sweep-thd", action="store_true", help="with --sweep: THD too")
+    ap.add_argument("--sweep-all", action="store_true", help="with --sweep: all four cases (BSHD/THD, repeat on/off)")
+    ap.add_argument("--warm-procs", type=int, default=WARM_SWEEP_PROCS, help="processes compiling the sweep")
+    ap.add_argument("--test-k", default="", help="pytest -k expression for --tests")
+    ap.add_argument("--per-test-s", type=int, default=0, help="pytest-timeout per test (thread method)")
+    ap.add_argument("--test-proc-s", type=int, default=TEST_PROC_S, help="each test process's limit")
+    ap.add_argument("--warm-first", action="store_true", help="with --sweep and no --tests: compile the sweep first")
+    ap.add_argument("--no-cases", action="store_true", help="skip the four cases (ours at its default, peers)")
+    ap.add_argument("--hang", nargs="*", default=(), help="configs for benchmarks/probes/gdn_pre_fwd_hang.py")
     ap.add_argument("--warm-sweep", type=int, default=-1, help=argparse.SUPPRESS)
     ap.add_argument("--no-eager", action="store_true", help="skip the torch backend's timings")
     ap.add_argument("--no-bwd", action="store_true", help="skip the backward's timing")
     ap.add_argument("--cases-first", action="store_true", help="with --sweep: time the four cases before the sweep")
     a = ap.parse_args()
+    WARM_SWEEP_PROCS, TEST_PROC_S = a.warm_procs, a.test_proc_s
     os.makedirs(a.out, exist_ok=True)
     if a.warm:
-        return warm()
+        return warm(not a.no_bwd)
     if a.warm_sweep >= 0:
-        return warm_sweep(a.warm_sweep, WARM_SWEEP_PROCS)
+        return warm_sweep(a.warm_sweep, a.warm_procs)
+    if a.sweep and a.warm_first and not a.tests:
+        global SWEEP_OK
+        t0, SWEEP_OK = time.time(), set()
+        for k, p, log in warm_sweep_procs(a.out):
+            p.wait()
+            log.close()
+            lines = open(log.name).read().strip().splitlines()
+            SWEEP_OK |= {int(ln.split()[2]) for ln in lines if ln.startswith("warm ok ")}
+            print(f"{k}: rc={p.returncode} {lines[-1:]}", flush=True)
+        print(f"sweep compiled in {time.time() - t0:.0f} s; jobs ok: {sorted(SWEEP_OK)}", flush=True)
     if a.tests:
-        run_tests(a.out, a.tests, a.memcheck, a.sweep)
+        run_tests(a.out, a.tests, a.memcheck, a.sweep, a.test_k, tuple(a.hang), a.per_test_s, not a.no_bwd)
     RESULTS["env"] = dict(device=torch.cuda.get_device_name(), torch=torch.__version__, tokens=TOKENS,
                           thd_sequences=len(thd_lengths()), shape=SHAPE)
     print(json.dumps(RESULTS["env"]), flush=True)
@@ -408,21 +479,22 @@ def main():
             json.dump(RESULTS, f, indent=1, default=str)
 
     if a.sweep and not a.cases_first:  # first: the variants are what a short run is for
-        sweep(a.sweep_thd)
+        sweep(a.sweep_thd, a.sweep_all)
         dump()
-    for thd in (False, True):
+    for thd in (() if a.no_cases else (False, True)):
         for rep in (True, False):
             time_case(thd, rep, peers=not a.no_peers,
                       compiled=rep and not thd and not a.no_compile_peer and not a.no_peers,
                       eager=not a.no_eager, bwd=not a.no_bwd)
             dump()
     if a.sweep and a.cases_first:
-        sweep(a.sweep_thd)
+        sweep(a.sweep_thd, a.sweep_all)
         dump()
     print("\n== summary ==", flush=True)
     for r in RESULTS["records"]:
         print(f"{r['case']:<12}{r['impl']:<18}{r['ms']:>8.3f} ms {r['tbs']:>6.2f} TB/s {r['pct_copy']:>6.1f}%  "
               f"{r.get('err', '')}", flush=True)
+    side_by_side()
     print("errors:", len(RESULTS["errors"]), "| tests:", {k: v["rc"] for k, v in RESULTS["tests"].get("parts", {}).items()},
           "| wrote", path, flush=True)
     return 1 if RESULTS["errors"] else 0

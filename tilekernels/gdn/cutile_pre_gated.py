@@ -57,8 +57,14 @@ issue-bound (~75 instructions a conv element, from issue rate x time), the IEEE 
 CALL) the largest single item. Now: TMA tile loads (LT, fewer address/bounds instructions), the
 SiLU with the APPROX exp and reciprocal, no per-tap masks on tiles inside one sequence: main
 launch 683 us under the same ncu settings (DRAM 57%, SM 66%; ~65% of copy for its share of the
-bytes); not yet timed end to end with do_bench. Still short of the 0.52 ms target: see
-PreGatedCfg.heuristic. bwd (unchanged) 5.15 ms (2.70 GB ideal: 12%).
+bytes). End to end (do_bench, 46e1d99): 0.695 / 0.656 / 0.723 / 0.694 ms BSHD rep / norep / THD rep
+/ norep (63.7 / 57.9 / 61.2 / 54.7% of copy). Still short of the 0.52 ms target: see
+PreGatedCfg.heuristic (FT32 OCC4 measured 0.604 ms in BSHD rep; switches CB, NW, ZC not yet timed).
+bwd: ``cutile_pre_gated_bwd``.
+
+Configs refused (PreGatedCfg.__post_init__, ``hang_risk``): TMA stores (ST) or a num_worker_warps hint
+(NW) with conv tiles of >= HANG_CONV_EL elements never finished on the H200 (the kernel spins; a hung
+kernel stalls every process on the GPU), found by benchmarks/probes/gdn_pre_fwd_hang.py.
 
 Backend limits (for the spec's cutile Backend entry): SM 9.0 / 10.x; mixed bf16 or fp32;
 conv_weight bf16 or fp32; A_log, dt_bias fp32 (no float64: the torch backend covers
@@ -217,19 +223,20 @@ def _gtap(wt, j: ConstInt, HB: ConstInt, C: ConstInt):
 
 
 def _grows(src, sh, rows, i, u, NT, s: ConstInt, HB: ConstInt, C: ConstInt, TT: ConstInt, GA: ConstBool,
-           LT: ConstBool):
+           LT: ConstBool, UC: ConstBool = False):
     """[TT, HB, C] fp32: rows t - s of head group u (heads u*HB ..) for the tile's rows t (unmasked;
     rows before 0 read 0). Tap 0 is tile i of src; tap s > 0 is tile i-1 of the view sh[s-1] =
     src[TT - s:] (i > 0), or, in a gathering launch (GA: token tile 0, widths W > WMAX), the rows
-    gathered one by one."""
+    gathered one by one. UC: the tile lies inside every array (no bounds checks)."""
     if s == 0:
-        t = ct.load(src, index=(i, u, 0), shape=(TT, HB, C), padding_mode=PAD_ZERO, allow_tma=LT)
+        t = ct.load(src, index=(i, u, 0), shape=(TT, HB, C), padding_mode=PAD_ZERO, allow_tma=LT, check_bounds=not UC)
     elif GA:
         rc = ct.minimum(ct.maximum(rows - s, 0), NT - 1)
         t = ct.load_advanced_indexing(src, (rc, ct.Slice(u * HB, HB), ct.Slice(0, C)), padding_mode=PAD_ZERO,
                                       allow_tma=False)
     else:
-        t = ct.load(sh[s - 1], index=(i - 1, u, 0), shape=(TT, HB, C), padding_mode=PAD_ZERO, allow_tma=LT)
+        t = ct.load(sh[s - 1], index=(i - 1, u, 0), shape=(TT, HB, C), padding_mode=PAD_ZERO, allow_tma=LT,
+                    check_bounds=not UC)
     return t.astype(ct.float32)
 
 
@@ -241,7 +248,7 @@ def _silu(x):
 
 
 def _gconv(src, sh, wt, rows, st, i, u, NT, HB: ConstInt, C: ConstInt, TT: ConstInt, W: ConstInt,
-           GA: ConstBool, LT: ConstBool):
+           GA: ConstBool, LT: ConstBool, UC: ConstBool = False):
     """[TT, HB, C] fp32 silu(conv(x)) of head group u: sum_s w[:, W-1-s] * x[t-s] over the taps at
     or after the row's sequence start st[t], then the SiLU. A tile whose rows all have their W-1
     predecessors in their own sequence (every tile but those at a sequence start) skips the
@@ -253,11 +260,11 @@ def _gconv(src, sh, wt, rows, st, i, u, NT, HB: ConstInt, C: ConstInt, TT: Const
         inner = ct.min(rows - st) >= W - 1
     if inner:
         for s in ct.static_iter(range(W)):
-            pre = pre + _grows(src, sh, rows, i, u, NT, s, HB, C, TT, GA, LT) * _gtap(wt, W - 1 - s, HB, C)
+            pre = pre + _grows(src, sh, rows, i, u, NT, s, HB, C, TT, GA, LT, UC) * _gtap(wt, W - 1 - s, HB, C)
     else:
         for s in ct.static_iter(range(W)):
             ok = ct.reshape(rows - s >= st, (TT, 1, 1))
-            pre = pre + ct.where(ok, _grows(src, sh, rows, i, u, NT, s, HB, C, TT, GA, LT), 0.0) * \
+            pre = pre + ct.where(ok, _grows(src, sh, rows, i, u, NT, s, HB, C, TT, GA, LT, UC), 0.0) * \
                 _gtap(wt, W - 1 - s, HB, C)
     return _silu(pre)
 
@@ -280,18 +287,66 @@ def _gstate(seq, src, cs, n, u, NT, HB: ConstInt, C: ConstInt, W: ConstInt, WP: 
     ct.store(cs, index=(n, u, 0, 0), tile=ct.reshape(ct.permute(x, (1, 2, 0)), (1, HB, C, WP)), allow_tma=False)
 
 
+def _fwd_tile(mqk, mqk1, mqk2, mqk3, mv, mv1, mv2, mv3, mz, mba, seq, stt, wqk, wv, A_log, dt_bias, q4, k4, v,
+              z, g, beta, eps, i, u, NT, HK: ConstInt, HV: ConstInt, R: ConstInt, W: ConstInt, DK: ConstInt,
+              DV: ConstInt, HVP: ConstInt, TT: ConstInt, HB: ConstInt, HBV: ConstInt, HBZ: ConstInt, WW: ConstInt,
+              CH: ConstInt, THD: ConstBool, GA: ConstBool, LT: ConstBool, ST: ConstBool, UC: ConstBool,
+              ZC: ConstInt):
+    """Unit u of token tile i (gdn_pre_fwd's doc). UC: the tile lies inside every array, so its tile
+    loads and stores skip the bounds checks (only with unpadded dk, dv, Hv). ZC: z heads copied per
+    load/store pair (a z unit's HBZ heads in HBZ / ZC steps: fewer z blocks, registers of ZC heads)."""
+    NQ = HK // HB
+    NQK = 2 * NQ
+    NV = HV // HBV
+    NZ = HV // HBZ
+    t0 = i * TT
+    rows = t0 + ct.arange(TT, dtype=ct.int32)
+    if u < NQK + NV:
+        if THD and not GA:  # the head launch wrote every token's sequence start
+            st = ct.load(stt, index=(i,), shape=(TT,), padding_mode=PAD_ZERO, allow_tma=False, check_bounds=not UC)
+        else:
+            st = seq_start(seq, rows, t0, TT, W, CH, THD)
+        if u < NQK:  # q or k heads: conv, silu, l2norm over dk, the R repeats
+            y = _gconv(mqk, (mqk1, mqk2, mqk3), _gweight(wqk, u, HB, DK, WW), rows, st, i, u, NT, HB, DK, TT,
+                       W, GA, LT, UC)
+            y = y * ct.rsqrt(ct.sum(y * y, axis=2, keepdims=True) + eps)
+            out = ct.reshape(y.astype(q4.dtype), (TT, HB, 1, DK))
+            for rr in ct.static_iter(range(R)):
+                if u < NQ:
+                    ct.store(q4, index=(i, u, rr, 0), tile=out, allow_tma=ST, check_bounds=not UC)
+                else:
+                    ct.store(k4, index=(i, u - NQ, rr, 0), tile=out, allow_tma=ST, check_bounds=not UC)
+        else:  # v heads: conv, silu
+            h = u - NQK
+            y = _gconv(mv, (mv1, mv2, mv3), _gweight(wv, h, HBV, DV, WW), rows, st, i, h, NT, HBV, DV, TT, W,
+                       GA, LT, UC)
+            ct.store(v, index=(i, h, 0), tile=y.astype(v.dtype), allow_tma=ST, check_bounds=not UC)
+    elif u < NQK + NV + NZ:  # z heads: copy, ZC heads at a time
+        for zz in ct.static_iter(range(HBZ // ZC)):
+            h = (u - NQK - NV) * (HBZ // ZC) + zz
+            ct.store(z, index=(i, h, 0), tile=ct.load(mz, index=(i, h, 0), shape=(TT, ZC, DV), padding_mode=PAD_ZERO,
+                                                      allow_tma=LT, check_bounds=not UC).astype(z.dtype),
+                     allow_tma=ST, check_bounds=not UC)
+    else:  # gates of all Hv heads
+        b, x, nA = gate_tiles(mba, A_log, dt_bias, i, TT, HVP, LT)
+        ct.store(beta, index=(i, 0), tile=(1.0 / (1.0 + ct.exp(-b))).astype(beta.dtype), allow_tma=ST,
+                 check_bounds=not UC)
+        ct.store(g, index=(i, 0), tile=(nA * softplus(x)).astype(g.dtype), allow_tma=ST, check_bounds=not UC)
+
+
 @ct.kernel
 def gdn_pre_fwd(mqk, mqk1, mqk2, mqk3, mv, mv1, mv2, mv3, mz, mba, seq, stt, wqk, wv, A_log, dt_bias, q4, k4, v,
                 z, g, beta, cqk, cv, eps: float, HK: ConstInt, HV: ConstInt, R: ConstInt, W: ConstInt,
                 DK: ConstInt, DV: ConstInt, HVP: ConstInt, TT: ConstInt, HB: ConstInt, HBV: ConstInt,
                 HBZ: ConstInt, WP: ConstInt, WW: ConstInt, CH: ConstInt, PT: ConstInt, THD: ConstBool,
-                STATE: ConstBool, GA: ConstBool, ONE: ConstBool, LT: ConstBool, ST: ConstBool, TF: ConstBool):
+                STATE: ConstBool, GA: ConstBool, ONE: ConstBool, LT: ConstBool, ST: ConstBool, TF: ConstBool,
+                CB: ConstBool, ZC: ConstInt):
     """Block b = r * NU + u (1-D grid, units fastest: blocks running together read whole rows of
     mixed): unit u (a head group of q|k, of v, of z, or the gates; module doc) of token tile
     i = r + 1 (the main launch: GA off), or, gathering taps (GA), of tile i = r < ntl (ntl = 1 with
     ONE, else every tile); past those, the conv state of sequence r - ntl (STATE), then (THD) the
     per-token sequence starts stt of PT-token chunks (read by the main launch). TF: rows fastest
-    instead (b = u * rows + row)."""
+    instead (b = u * rows + row). CB: tiles inside the arrays skip bounds checks (``_fwd_tile``)."""
     NT = mqk.shape[0]
     ntiles = ct.cdiv(NT, TT)
     NQ = HK // HB
@@ -313,36 +368,19 @@ def gdn_pre_fwd(mqk, mqk1, mqk2, mqk3, mv, mv1, mv2, mv3, mz, mba, seq, stt, wqk
         i = r + 1
         ntl = ntiles
     if i < ntl:
-        t0 = i * TT
-        rows = t0 + ct.arange(TT, dtype=ct.int32)
-        if u < NQK + NV:
-            if THD and not GA:  # the head launch wrote every token's sequence start
-                st = ct.load(stt, index=(i,), shape=(TT,), padding_mode=PAD_ZERO, allow_tma=False)
+        if CB and not GA:  # tiles inside the arrays (all but the last): no bounds checks
+            if (i + 1) * TT <= NT:
+                _fwd_tile(mqk, mqk1, mqk2, mqk3, mv, mv1, mv2, mv3, mz, mba, seq, stt, wqk, wv, A_log, dt_bias,
+                          q4, k4, v, z, g, beta, eps, i, u, NT, HK, HV, R, W, DK, DV, HVP, TT, HB, HBV, HBZ, WW,
+                          CH, THD, GA, LT, ST, True, ZC)
             else:
-                st = seq_start(seq, rows, t0, TT, W, CH, THD)
-            if u < NQK:  # q or k heads: conv, silu, l2norm over dk, the R repeats
-                y = _gconv(mqk, (mqk1, mqk2, mqk3), _gweight(wqk, u, HB, DK, WW), rows, st, i, u, NT, HB, DK, TT,
-                           W, GA, LT)
-                y = y * ct.rsqrt(ct.sum(y * y, axis=2, keepdims=True) + eps)
-                out = ct.reshape(y.astype(q4.dtype), (TT, HB, 1, DK))
-                for rr in ct.static_iter(range(R)):
-                    if u < NQ:
-                        ct.store(q4, index=(i, u, rr, 0), tile=out, allow_tma=ST)
-                    else:
-                        ct.store(k4, index=(i, u - NQ, rr, 0), tile=out, allow_tma=ST)
-            else:  # v heads: conv, silu
-                h = u - NQK
-                y = _gconv(mv, (mv1, mv2, mv3), _gweight(wv, h, HBV, DV, WW), rows, st, i, h, NT, HBV, DV, TT, W,
-                           GA, LT)
-                ct.store(v, index=(i, h, 0), tile=y.astype(v.dtype), allow_tma=ST)
-        elif u < NQK + NV + NZ:  # z heads: copy
-            h = u - NQK - NV
-            ct.store(z, index=(i, h, 0), tile=ct.load(mz, index=(i, h, 0), shape=(TT, HBZ, DV), padding_mode=PAD_ZERO,
-                                                      allow_tma=LT).astype(z.dtype), allow_tma=ST)
-        else:  # gates of all Hv heads
-            b, x, nA = gate_tiles(mba, A_log, dt_bias, i, TT, HVP, LT)
-            ct.store(beta, index=(i, 0), tile=(1.0 / (1.0 + ct.exp(-b))).astype(beta.dtype), allow_tma=ST)
-            ct.store(g, index=(i, 0), tile=(nA * softplus(x)).astype(g.dtype), allow_tma=ST)
+                _fwd_tile(mqk, mqk1, mqk2, mqk3, mv, mv1, mv2, mv3, mz, mba, seq, stt, wqk, wv, A_log, dt_bias,
+                          q4, k4, v, z, g, beta, eps, i, u, NT, HK, HV, R, W, DK, DV, HVP, TT, HB, HBV, HBZ, WW,
+                          CH, THD, GA, LT, ST, False, ZC)
+        else:
+            _fwd_tile(mqk, mqk1, mqk2, mqk3, mv, mv1, mv2, mv3, mz, mba, seq, stt, wqk, wv, A_log, dt_bias,
+                      q4, k4, v, z, g, beta, eps, i, u, NT, HK, HV, R, W, DK, DV, HVP, TT, HB, HBV, HBZ, WW,
+                      CH, THD, GA, LT, ST, False, ZC)
     elif GA:  # (only the head launch has rows past its tiles)
         n = i - ntl
         ns = 0
@@ -396,7 +434,14 @@ class PreGatedCfg:
     TG: int = 64   # bwd reduction: partial rows per step
     BC: int = 64   # bwd reduction: channels per block
     OCC: int = 0   # fwd occupancy hint (0: compiler's choice)
+    NW: int = 0    # fwd num_worker_warps hint (0: compiler's choice)
+    CB: bool = False  # fwd: tiles inside the arrays skip bounds checks (used only with unpadded dk, dv, Hv)
+    ZC: int = 0    # fwd: z heads a copy step (a divisor of HBZ; 0: all HBZ at once)
     OCC_B: int = 0  # bwd (dpre and dx kernels) occupancy hint
+
+    def __post_init__(self):
+        if (self.ST or self.NW) and hang_risk(self):
+            raise ValueError(f"gdn_pre_gated cutile: config {self}: {hang_risk(self)}")
 
     @classmethod
     @functools.lru_cache(maxsize=1024)  # pure in its arguments; runs on every call's host path
@@ -425,21 +470,59 @@ class PreGatedCfg:
         # taps as exact 0/1 row-shift MMAs of two tile loads (tensor cores, bf16 only) 1.36 at occ8
         # (spills), 1.15 occ4, 1.00 occ4 + LT, 1.51 FT32 occ2 (operand layouts cost shared memory
         # and registers, and the kernel is issue-bound, not load-bound).
+        # Session 5 (46e1d99 kernel, BSHD repeat_qk): default 0.692, FT32 OCC4 0.604 (73.3% of copy),
+        # ST 0.682, LT0 0.744, TF 0.795, HBZ2 1.046, FT16 HB2 HBV2 HBZ8 OCC4 0.759, and W=1 (no taps) 0.698:
+        # at FT16 the taps seem not to be the limit (bytes in flight, per-block costs?). FT32 OCC4 is not
+        # the default until timed in the THD and no-repeat cases too. Switches since (correct on the
+        # H200 in test_fwd_launch_config_variants, not yet timed): CB (tiles inside the arrays without
+        # bounds checks; its unchecked body has ~3% fewer SASS instructions), NW (num_worker_warps), ZC
+        # (the z copy in ZC-head steps: fewer z blocks at the registers of ZC heads). The sm_90 SASS of the
+        # main launch (static counts) hints where the issue slots go: with the compiler's own warps the tap
+        # tiles come out of shared memory one bf16 at a time (256 LDS.U16 at FT16, 512 at FT32; 6.8K
+        # instructions at FT32 OCC4, 128 registers); with NW8 as LDS.128 (78 of them, no LDS.U16; 3.5K
+        # instructions, 62 registers): the first thing to time. Timing of all in the four cases, and the
+        # tests at the winner:
+        # benchmarks/probes/gdn_pre_fwd_session.sh final.
         HB, HBV, HBZ = _p2div(Hk, FWD_HB), _p2div(Hv, FWD_HB), _p2div(Hv, FWD_HBZ)
         FT = max(next_pow2(W), min(128, FWD_EL // (max(HB, HBV) * max(DK, DV))))
+        ZC = FWD_ZC if FWD_ZC and HBZ % FWD_ZC == 0 else 0
         R = Hv // Hk
-        return cls(Hk=Hk, Hv=Hv, R=R, REP=bool(repeat_qk), W=W, DK=DK, DV=DV, HVP=next_pow2(Hv),
-                   TT=TT, WP=next_pow2(max(W - 1, 1)), WW=next_pow2(W), FT=FT, HB=HB, HBV=HBV, HBZ=HBZ, TAPV=W <= WMAX, OCC=FWD_OCC, OCC_B=4)
+        return cls(Hk=Hk, Hv=Hv, R=R, REP=bool(repeat_qk), W=W, DK=DK, DV=DV, HVP=next_pow2(Hv), TT=TT,
+                   WP=next_pow2(max(W - 1, 1)), WW=next_pow2(W), FT=FT, HB=HB, HBV=HBV, HBZ=HBZ, TAPV=W <= WMAX,
+                   OCC=FWD_OCC, NW=FWD_NW, CB=FWD_CB, ZC=ZC, OCC_B=4)
 
 
-# fwd head-group defaults (see PreGatedCfg.heuristic)
-FWD_HB, FWD_HBZ, FWD_EL, FWD_OCC = 1, 4, 2048, 8
+# fwd defaults (see PreGatedCfg.heuristic): q/k heads a block, z heads a block, elements a conv tile
+# (FT = FWD_EL / (HB * DK) tokens), occupancy hint, num_worker_warps hint, unchecked inner tiles, z heads
+# a copy step. benchmarks/probes/gdn_pre_fwd_choose.py rewrites this line to a sweep's winner.
+FWD_HB, FWD_HBZ, FWD_EL, FWD_OCC, FWD_NW, FWD_CB, FWD_ZC = 1, 4, 2048, 8, 0, False, 0
+
+# Conv tiles of this many elements (FT * HB * DK or FT * HBV * DV) with TMA stores (ST) or a
+# num_worker_warps hint (NW) never finished on the H200 (tileiras 13.5; benchmarks/probes/
+# gdn_pre_fwd_hang.py): FT16 HB4 or HBV4 at OCC2 with ST hung in the main launch, FT64 HB1 OCC2 NW8
+# never finished its test; the same tiles without ST / NW, and smaller tiles with them, finish.
+HANG_CONV_EL = 8192
+HANG_ST_Z_EL = 8192  # TMA-stored z copies above this size never ran (FT16 HBZ4 ST did): refused too
+
+
+def hang_risk(cfg) -> str:
+    """Why a fwd config with TMA stores (ST) or num_worker_warps (NW) is refused ("" if it is not)."""
+    conv = cfg.FT * max(cfg.HB * cfg.DK, cfg.HBV * cfg.DV)
+    if conv >= HANG_CONV_EL:
+        return (f"conv tiles of {conv} >= {HANG_CONV_EL} elements (FT*HB*DK, FT*HBV*DV) with TMA stores (ST) or "
+                f"num_worker_warps (NW) hang on the H200 (tileiras 13.5): use smaller FT/HB/HBV, or ST=False, NW=0")
+    zel = cfg.FT * (cfg.ZC or cfg.HBZ) * cfg.DV
+    if cfg.ST and zel > HANG_ST_Z_EL:
+        return (f"TMA-stored z copies of {zel} > {HANG_ST_Z_EL} elements (FT*HBZ*DV) are not shown to finish "
+                f"on the H200: use a smaller FT/HBZ, ZC, or ST=False")
+    return ""
 
 
 def _cfg(Hk, Hv, dk, dv, W, repeat_qk, cfg):
     cfg = cfg or PreGatedCfg.heuristic(Hk, Hv, dk, dv, W, repeat_qk)
     ok = (cfg.Hk, cfg.Hv, cfg.W, cfg.REP) == (Hk, Hv, W, bool(repeat_qk)) and cfg.DK >= dk and cfg.DV >= dv \
-        and cfg.TT >= W and cfg.FT >= W and Hk % cfg.HB == 0 and Hv % cfg.HBV == 0 and Hv % cfg.HBZ == 0 
+        and cfg.TT >= W and cfg.FT >= W and Hk % cfg.HB == 0 and Hv % cfg.HBV == 0 and Hv % cfg.HBZ == 0 \
+        and (cfg.ZC == 0 or cfg.HBZ % cfg.ZC == 0)
     if not ok:
         raise ValueError(f"gdn_pre_gated cutile: config {cfg} does not fit Hk={Hk}, Hv={Hv}, dk={dk}, "
                          f"dv={dv}, W={W}, repeat_qk={repeat_qk}")
@@ -505,12 +588,14 @@ def fwd_launch(mixed, conv_weight, A_log, dt_bias, cu_seqlens, q, k, v, z, g, be
     args = (mqk, *shifted(mqk, cfg.FT), mv, *shifted(mv, cfg.FT), mz, mba, seq, stt, wqk, wv, A_log, dt_bias, *outs,
             cqk, cv, float(eps), Hk, Hv, R, W, cfg.DK, cfg.DV, cfg.HVP, cfg.FT, cfg.HB, cfg.HBV, cfg.HBZ, cfg.WP,
             cfg.WW, cfg.CH, cfg.PT, thd, state)
-    tail = (cfg.LT, cfg.ST, cfg.TF)
+    cb = cfg.CB and (cfg.DK, cfg.DV, cfg.HVP) == (dk, dv, Hv)  # padded dims: the tiles pass the arrays' ends
+    tail = (cfg.LT, cfg.ST, cfg.TF, cb, cfg.ZC or cfg.HBZ)
+    hints = occ(cfg.OCC) + ((("num_worker_warps", cfg.NW),) if cfg.NW else ())
     if not cfg.TAPV:  # every tile gathers its taps (and scans cu_seqlens)
-        return [Launch(gdn_pre_fwd, ((nt + N) * units, 1, 1), args + (True, False) + tail, cfg, occ(cfg.OCC))]
+        return [Launch(gdn_pre_fwd, ((nt + N) * units, 1, 1), args + (True, False) + tail, cfg, hints)]
     # token tile 0, the conv state and the sequence starts: taps gathered; tiles 1..: taps as tile loads
-    return [Launch(gdn_pre_fwd, ((1 + N + npre) * units, 1, 1), args + (True, True) + tail, cfg, occ(cfg.OCC)),
-            Launch(gdn_pre_fwd, ((nt - 1) * units, 1, 1), args + (False, False) + tail, cfg, occ(cfg.OCC))]
+    return [Launch(gdn_pre_fwd, ((1 + N + npre) * units, 1, 1), args + (True, True) + tail, cfg, hints),
+            Launch(gdn_pre_fwd, ((nt - 1) * units, 1, 1), args + (False, False) + tail, cfg, hints)]
 
 
 def pre_gated_fwd_into(mixed, conv_weight, A_log, dt_bias, cu_seqlens, q, k, v, z, g, beta, conv_state,
