@@ -1,242 +1,582 @@
-"""cuTile backward of gdn_pre_gated: dmixed, dconv_weight, dA_log, ddt_bias in three launches.
+"""cuTile backward of gdn_pre_gated: dmixed, dconv_weight, dA_log, ddt_bias.
 
-Layouts, views and the sequence-bound helpers are the forward's (``cutile_pre_gated``).
-The backward of the conv needs, for dx[t], dpre at rows t .. t+W-1, and dpre of a row needs
-the whole conv window of that row and the l2norm of its head: so dpre goes through an fp32
-scratch [NT, C] between two passes (8 bytes a channel more than the ideal traffic, which
-reads the output grads and mixed once and writes dmixed once).
+What it computes (``reference.pre_gated_bwd`` is the truth): the forward recomputed per token
+tile, pre = conv(x) over q|k|v, y = silu(pre); for q and k the grads of the R repeats summed
+and the l2norm backward dy = s*(dn - n*sum(dn*n)) (s = rsqrt(sum y^2 + eps), n = y*s), for v
+dy = gv; dpre = dy * silu'(pre); dx[t] = sum_s w[:, W-1-s] * dpre[t+s] over the taps inside t's
+sequence; dconv_weight[:, j] = sum_t dpre[t] * x[t - (W-1-j)]; dz = gz;
+db = gbeta * beta * (1 - beta); da = gg * (-exp(A_log)) * sigmoid(a + dt_bias);
+dA_log = sum_t gg * g; ddt_bias = sum_t da. fp32 math, each output rounded once (dx: see below).
 
-  gdn_pre_bwd_a   grid (cdiv(NT, TT), 2*Hk + 2*Hv + 1), the forward's units. q/k/v heads:
-                  recompute pre = conv(x) (row-gathered taps, masked by the sequence start),
-                  y = silu(pre); q/k: the grads of the R repeats summed, then the l2norm
-                  backward dy = s*(dn - n*sum(dn*n)); dpre = dy * silu'(pre) -> scratch; the
-                  tile's dconv_weight partial sum_t dpre[t] * x[t-s] (masked) -> fp32
-                  partials [tiles, C, WW]. z heads: dz = gz copied into dmixed. Gates:
-                  db = gbeta*beta*(1-beta), da = gg * (-exp(A_log)) * sigmoid(a + dt_bias)
-                  into dmixed; the tile's partial sums of gg*g (dA_log) and da (ddt_bias).
-  gdn_pre_bwd_dx  grid (cdiv(NT, TT), 2*Hk + Hv): dx[t] = sum_s w[:, W-1-s] * dpre[t+s] over
-                  the taps that stay inside t's sequence (t + s < end of t's sequence); tap s
-                  is tile i of the view dpre[s:] (tile-aligned there).
-  Taps of x in gdn_pre_bwd_a are the forward's (shifted views, row gathers in tile 0).
-  gdn_pre_bwd_red grid (cdiv(C, BC) + 1,): dconv_weight, dA_log, ddt_bias = the partials
-                  summed over the tiles in a fixed order (deterministic, no float atomics).
+Layouts and views are the forward's (``cutile_pre_gated``: mixed [B, T, D] or [NT, D] as packed
+tokens [NT, D] (contiguous last dim), q|k as [NT, 2*Hk, dk], v and z as [NT, Hv, dv], b|a as
+[NT, 2, Hv]; conv weight [C, W] as [2*Hk, dk, W] and [Hv, dv, W]); the grads of q, k
+[..., Hq, dk] are seen as [NT, Hk, R, dk] (R = Hv/Hk with repeat_qk, else 1: the repeats of a
+key head are adjacent); grads are made contiguous (a no-op for autograd's).
+
+Why two passes: dx[t] needs dpre at rows t .. t+W-1 and dpre of a row needs its whole conv
+window and its head's l2norm, so a block that owns rows [t0, t0+TT) would need its own dpre
+shifted by up to W-1 rows; cuTile has no register shift along a tile's rows (extracts are
+tile-aligned) and no intra-block barrier to read back its own stores. So dpre goes through a
+scratch [NT, C] in dmixed's dtype (bf16 at the headline shape: the W dx terms are products of
+bf16-rounded dpre, ~2^-9 relative each, under the bf16 output's own rounding; fp32 I/O keeps an
+fp32 scratch) and the second pass reads it through shifted views (tile-aligned loads of dpre[s:]).
+dconv_weight's partials come from the fp32 dpre in registers, never from the scratch.
+
+Launches (``bwd_launches``; PreGatedBwdCfg names the fields):
+  gdn_pre_bwd_seq  THD only, grid (cdiv(NT, PT),): every token's sequence start and end [NT]
+                   int32 (cu_seqlens scanned once per PT tokens, not once per block of the passes).
+  gdn_pre_bwd_dpre grid (row blocks, 2*Hk + Hv + Hv/HBZ + 1 units): block (r, u) does NTB token
+                   tiles of TT rows of unit u. q/k head u < 2*Hk, v head u - 2*Hk: dpre -> scratch,
+                   and the block's dconv_weight partial -> pw [P, C, WW] (DWS: the W tap products
+                   stacked [WW, TT, c] and reduced over the tokens at once); q/k grads: R [TT, dk]
+                   loads summed (GS); z unit: dz = gz for HBZ heads; gates unit: db, da -> dmixed
+                   and the block's sums of gg*g and da -> pg [P, 2, HVP]. As in the forward: token
+                   tile 0 is a launch of its own (GA: its taps gathered row by row) so that the
+                   main launch's taps are tile loads of shifted views (tile i-1 of x[TT-s:]; TMA
+                   with LT); tiles whose rows all have their W-1 predecessors in their sequence skip
+                   the per-tap masks; the sigmoid uses the APPROX exp and reciprocal; stores go from
+                   registers (the first backward's 16 TMA-staged store sites cost shared memory).
+  gdn_pre_bwd_dx   grid (cdiv(NT, TB), 2*Hk + Hv): dx of TB tokens of one head from W tile loads
+                   of the scratch (tap s: tile i of dpre[s:]), masked by the sequence end only in
+                   tiles that hold one.
+  gdn_pre_bwd_red  grid (cdiv(C, BC) + 1,): dconv_weight, dA_log, ddt_bias = the P partial rows
+                   summed TG at a time in row order: deterministic (no float atomics), the same
+                   order every call.
+Widths W > WMAX (no shifted views) gather every tap, in one dpre launch and in dx.
+
+Measured on the H200 (Qwen3-Next Hk=16, Hv=32, dk=dv=128, W=4, bf16, 32768 tokens; triton do_bench
+median; benchmarks/probes/gdn_pre_bwd_time.py; ideal traffic 82,368 B a token with repeat_qk =
+2.70 GB = 0.632 ms at 4.27 TB/s): the first backward (fp32 scratch, three launches; at 9601adc,
+benchmarks/probes/gdn_pre_bwd_v0.py) 5.15 ms BSHD / 5.97 ms THD (12% of ideal); this one at
+NTB1 GS DWS, no TMA, dx TB16: 3.71 / 3.78 ms with repeat_qk, 3.61 / 3.66 ms without; per launch
+(BSHD, repeat_qk) dpre 3.00, dx 0.51, reduction 0.19, tile 0 / THD bounds 0.013 each. The
+default then takes the faster setting of each launch from the sweep (PreGatedBwdCfg.heuristic):
+dpre with TMA loads 2.78 ms, dx TB32 0.42 ms, i.e. ~3.4 ms summed (18.6% of ideal; not yet timed
+end to end). Still 4.3x the 0.79 ms target: the dpre pass moves ~80 KB a token in 2.8 ms
+(~1 TB/s), so it is bound by instructions or latency, not bytes (no ncu profile yet); the scratch
+(32 KB a token) and the partials (8 KB a token at NTB1: 2 x 268 MB) come on top.
+
+Compile key: PreGatedBwdCfg (from Hk, Hv, dk, dv, W, repeat_qk only) + dtypes + THD; NT, B, T, N
+are dynamic. Importing this module needs ``cuda.tile`` but no GPU.
 """
 from __future__ import annotations
+
+import dataclasses
+import functools
+import math
 
 import cuda.tile as ct
 import torch
 
-from tilekernels._cutile import PAD_ZERO, Launch, cdiv, occ
+from tilekernels._cutile import PAD_ZERO, Launch, cdiv, next_pow2, occ, workspace
 from tilekernels._glue import kernel
 
-from .cutile_pre_gated import (PreGatedCfg, _cfg, conv_pre, gate_tiles, row_tile, seq_arg, seq_end,
-                               seq_start, shifted, softplus, tap, tap_rows, views, weight_tile)
+from .cutile_pre_gated import WMAX, seq_arg, seq_end, seq_start, shifted, views
 
 ConstInt = ct.Constant[int]
 ConstBool = ct.Constant[bool]
+APPROX = ct.RoundingMode.APPROX
 
 
-def _gsum(gx, i, kh, R: ConstInt, REP: ConstBool, C: ConstInt, TT: ConstInt):
-    """[TT, C] fp32: the gradient of key head kh, summed over its R repeats when REP."""
-    if REP:
-        acc = ct.zeros((TT, C), dtype=ct.float32)
-        for r in ct.static_iter(range(R)):
-            acc = acc + ct.reshape(ct.load(gx, index=(i, kh * R + r, 0), shape=(TT, 1, C),
-                                           padding_mode=PAD_ZERO), (TT, C)).astype(ct.float32)
-        return acc
+# ------------------------------------------------------------------ launch config
+
+
+@dataclasses.dataclass(frozen=True)
+class PreGatedBwdCfg:
+    """Launch config of the backward = compile key (with the argument dtypes and THD)."""
+    Hk: int
+    Hv: int
+    R: int        # Hv // Hk with repeat_qk, else 1 (the grads' repeats of a key head)
+    RP: int       # R padded to a power of two
+    W: int        # conv width
+    DK: int       # dk padded to a power of two
+    DV: int       # dv padded to a power of two
+    HVP: int      # Hv padded to a power of two (the gates unit)
+    WW: int       # W padded to a power of two (taps in registers)
+    TAPV: bool    # W <= WMAX: taps through shifted views; else every tap gathered
+    TT: int = 16  # dpre pass: tokens per tile (power of two, >= W)
+    NTB: int = 1  # dpre pass: token tiles per block (fewer partial rows; > 1 spills at TT16, see heuristic)
+    HBZ: int = 4  # dpre pass: z heads per block (a power of two dividing Hv)
+    TB: int = 32  # dx pass: tokens per block (power of two)
+    LT: bool = True   # dpre pass: tile loads may go through TMA
+    LB: bool = False  # dx pass: tile loads may go through TMA
+    GS: bool = True   # dpre pass: q/k grads as R loads of [TT, dk] summed (else one [TT, 1, RP, dk] load)
+    DWS: bool = True  # dpre pass: the W tap products stacked [WW, TT, c] and reduced at once (else per tap)
+    SD: bool = True   # dpre scratch in dmixed's dtype (False: fp32)
+    CH: int = 32      # THD: cu_seqlens entries scanned per step
+    PT: int = 256     # THD: tokens per block of the sequence-bound pass
+    TG: int = 16      # reduction: partial rows per step
+    BC: int = 32      # reduction: channels per block
+    OCC_A: int = 4    # dpre pass occupancy hint (0: the compiler's choice)
+    OCC_B: int = 4    # dx pass occupancy hint
+
+    @classmethod
+    @functools.lru_cache(maxsize=1024)  # pure in its arguments; runs on every call's host path
+    def heuristic(cls, Hk: int, Hv: int, dk: int, dv: int, W: int, repeat_qk: bool) -> "PreGatedBwdCfg":
+        if Hv % Hk:
+            raise ValueError(f"gdn_pre_gated cutile bwd: Hv={Hv} is not a multiple of Hk={Hk}")
+        if W < 1:
+            raise ValueError(f"gdn_pre_gated cutile bwd: conv width W={W} < 1")
+        R = Hv // Hk if repeat_qk else 1
+        DK, DV = next_pow2(dk), next_pow2(dv)
+        # dpre pass: ~2K fp32 elements a [tokens, head] tile (TT16 at dk=128), one tile a block (NTB1);
+        # dx pass: TB32 at occupancy 4. Swept on the H200 (Qwen3-Next, BSHD B=4 x T=8192, repeat_qk, bf16;
+        # do_bench median, ms of the dpre main launch / the dx launch / the whole backward; one run each):
+        #   first defaults (NTB4, TMA loads, per-tap partial, one [TT, 1, R, dk] grad load, dx occ 8):
+        #     4.72 / 2.46 / 7.24 (dx: 32 registers and spills at occupancy 8; dpre: spills at NTB4)
+        #   NTB1 GS DWS, no TMA, dx occ 4: 3.00 / 0.51 / 3.71; from there, one field changed:
+        #     LT (TMA loads in dpre) 2.78 / - / 3.49; DWS off 3.60; GS off 3.61; OCC_A2 3.51;
+        #     NTB2 3.28; SD off (fp32 scratch) 2.95 / 0.61 / 3.75; LB (TMA in dx) - / 0.64;
+        #     dx occ 2 0.55, occ 8 0.47, TB32 0.42 (the reduction: 0.19 at NTB1)
+        # Default = the best of each launch (LT, TB32): its launches were each timed above, the
+        # combination not yet end to end.
+        TT = max(next_pow2(W), min(128, 2048 // max(DK, DV)))
+        return cls(Hk=Hk, Hv=Hv, R=R, RP=next_pow2(R), W=W, DK=DK, DV=DV, HVP=next_pow2(Hv), WW=next_pow2(W),
+                   TAPV=W <= WMAX, TT=TT, HBZ=math.gcd(Hv, 4), TB=max(TT, 32))
+
+
+def bwd_cfg(Hk, Hv, dk, dv, W, repeat_qk, cfg=None) -> PreGatedBwdCfg:
+    """The heuristic's config, or ``cfg`` checked against the problem (anything that is not a
+    PreGatedBwdCfg, e.g. the forward's PreGatedCfg, means the heuristic's)."""
+    if not isinstance(cfg, PreGatedBwdCfg):
+        return PreGatedBwdCfg.heuristic(Hk, Hv, dk, dv, W, bool(repeat_qk))
+    R = Hv // Hk if repeat_qk else 1
+    ok = (cfg.Hk, cfg.Hv, cfg.W, cfg.R) == (Hk, Hv, W, R) and cfg.RP >= R and cfg.DK >= dk and cfg.DV >= dv \
+        and cfg.TT >= W and Hv % cfg.HBZ == 0 and cfg.WW >= W and cfg.HVP >= Hv and (cfg.TAPV <= (W <= WMAX))
+    if not ok:
+        raise ValueError(f"gdn_pre_gated cutile bwd: config {cfg} does not fit Hk={Hk}, Hv={Hv}, dk={dk}, "
+                         f"dv={dv}, W={W}, repeat_qk={repeat_qk}")
+    return cfg
+
+
+# ------------------------------------------------------------------ device helpers
+
+
+def _xtap(src, sh, rows, i, u, NT, s: ConstInt, C: ConstInt, TT: ConstInt, GA: ConstBool, LT: ConstBool):
+    """[TT, C] fp32 rows t - s of head u for the tile's rows t (unmasked; rows before 0 read row 0,
+    callers mask): tap 0 is tile i of src, tap s > 0 tile i-1 of the view sh[s-1] = src[TT-s:], or
+    (GA) the rows gathered."""
+    if s == 0:
+        t = ct.load(src, index=(i, u, 0), shape=(TT, 1, C), padding_mode=PAD_ZERO, allow_tma=LT)
+    elif GA:
+        rc = ct.minimum(ct.maximum(rows - s, 0), NT - 1)
+        t = ct.load_advanced_indexing(src, (rc, ct.Slice(u, 1), ct.Slice(0, C)), padding_mode=PAD_ZERO,
+                                      allow_tma=False)
     else:
-        return ct.reshape(ct.load(gx, index=(i, kh, 0), shape=(TT, 1, C), padding_mode=PAD_ZERO,
-                               allow_tma=False),
-                          (TT, C)).astype(ct.float32)
+        t = ct.load(sh[s - 1], index=(i - 1, u, 0), shape=(TT, 1, C), padding_mode=PAD_ZERO, allow_tma=LT)
+    return ct.reshape(t, (TT, C)).astype(ct.float32)
 
 
-def _dw_partial(src, sh, dpre, rows, st, i, u, NT, C: ConstInt, TT: ConstInt, W: ConstInt, WW: ConstInt,
-                TAPV: ConstBool):
-    """[C, WW] fp32: column j = sum over the tile's rows of dpre[t] * x[t - (W-1-j)] (masked)."""
+def _wtile(w3, u, C: ConstInt, WW: ConstInt):
+    """[C, WW] fp32 taps of head u of w3 [heads, c, W] (padding 0)."""
+    return ct.reshape(ct.load(w3, index=(u, 0, 0), shape=(1, C, WW), padding_mode=PAD_ZERO, allow_tma=False),
+                      (C, WW)).astype(ct.float32)
+
+
+def _wtap(wt, j: ConstInt, C: ConstInt):
+    """Tap j of a [C, WW] weight tile as [1, C]."""
+    return ct.reshape(ct.extract(wt, (0, j), shape=(C, 1)), (1, C))
+
+
+def _conv(src, sh, wt, rows, st, inner, i, u, NT, C: ConstInt, TT: ConstInt, W: ConstInt, GA: ConstBool,
+          LT: ConstBool):
+    """[TT, C] fp32 pre = sum_s w[:, W-1-s] * x[t-s] over the taps at or after st[t] (``inner``:
+    every row's taps are, no masks)."""
+    pre = ct.zeros((TT, C), dtype=ct.float32)
+    if inner:
+        for s in ct.static_iter(range(W)):
+            pre = pre + _xtap(src, sh, rows, i, u, NT, s, C, TT, GA, LT) * _wtap(wt, W - 1 - s, C)
+    else:
+        for s in ct.static_iter(range(W)):
+            ok = ct.reshape(rows - s >= st, (TT, 1))
+            pre = pre + ct.where(ok, _xtap(src, sh, rows, i, u, NT, s, C, TT, GA, LT), 0.0) * _wtap(wt, W - 1 - s, C)
+    return pre
+
+
+def _dw(src, sh, dpre, rows, st, inner, i, u, NT, C: ConstInt, TT: ConstInt, W: ConstInt, WW: ConstInt,
+        GA: ConstBool, LT: ConstBool):
+    """[C, WW] fp32 partial of dconv_weight: column j = sum over the tile's rows of dpre[t] * x[t-(W-1-j)]
+    (taps before st[t] masked; the taps are reloaded: L1/L2 hits)."""
     p = ct.zeros((C, WW), dtype=ct.float32)
     for s in ct.static_iter(range(W)):
-        ok = ct.reshape(rows - s >= st, (TT, 1))
-        xs = ct.where(ok, tap_rows(src, sh, rows, i, u, NT, s, C, TT, TAPV), 0.0)
+        xs = _xtap(src, sh, rows, i, u, NT, s, C, TT, GA, LT)
+        if not inner:
+            xs = ct.where(ct.reshape(rows - s >= st, (TT, 1)), xs, 0.0)
         p = ct.insert(p, (0, W - 1 - s), ct.reshape(ct.sum(dpre * xs, axis=0), (C, 1)))
     return p
 
 
-def _silu_bwd(dy, pre):
-    sg = 1.0 / (1.0 + ct.exp(-pre))
-    return dy * sg * (1.0 + pre * (1.0 - sg))
+def _dwrow(src, sh, dpre, rows, st, inner, i, u, NT, j: ConstInt, C: ConstInt, TT: ConstInt, W: ConstInt,
+           GA: ConstBool, LT: ConstBool):
+    """[1, TT, C] fp32 dpre * x[t - (W-1-j)] (masked before st; zeros for j >= W)."""
+    if j < W:
+        xs = _xtap(src, sh, rows, i, u, NT, W - 1 - j, C, TT, GA, LT)
+        if not inner:
+            xs = ct.where(ct.reshape(rows - (W - 1 - j) >= st, (TT, 1)), xs, 0.0)
+        return ct.reshape(dpre * xs, (1, TT, C))
+    return ct.zeros((1, TT, C), dtype=ct.float32)
+
+
+def _dw_stacked(src, sh, dpre, rows, st, inner, i, u, NT, C: ConstInt, TT: ConstInt, W: ConstInt, WW: ConstInt,
+                GA: ConstBool, LT: ConstBool):
+    """[WW, C] fp32: _dw transposed, the products of rows j = 0 .. WW-1 (tap W-1-j) stacked as [WW, TT, C]
+    and summed over the tokens in one reduction (WW <= 8)."""
+    a = (src, sh, dpre, rows, st, inner, i, u, NT)
+    t = _dwrow(*a, 0, C, TT, W, GA, LT)
+    if WW >= 2:
+        t = ct.cat((t, _dwrow(*a, 1, C, TT, W, GA, LT)), axis=0)
+    if WW >= 4:
+        t = ct.cat((t, ct.cat((_dwrow(*a, 2, C, TT, W, GA, LT), _dwrow(*a, 3, C, TT, W, GA, LT)), axis=0)), axis=0)
+    if WW >= 8:
+        t = ct.cat((t, ct.cat((ct.cat((_dwrow(*a, 4, C, TT, W, GA, LT), _dwrow(*a, 5, C, TT, W, GA, LT)), axis=0),
+                               ct.cat((_dwrow(*a, 6, C, TT, W, GA, LT), _dwrow(*a, 7, C, TT, W, GA, LT)), axis=0)),
+                              axis=0)), axis=0)
+    return ct.sum(t, axis=1)
+
+
+def _grad_sum(gx4, i, kh, R: ConstInt, RP: ConstInt, C: ConstInt, TT: ConstInt, GS: ConstBool, LT: ConstBool):
+    """[TT, C] fp32: the grads of key head kh's R repeats (gx4 [NT, Hk, R, c]) summed."""
+    if GS:
+        acc = ct.zeros((TT, C), dtype=ct.float32)
+        for rr in ct.static_iter(range(R)):
+            acc = acc + ct.reshape(ct.load(gx4, index=(i, kh, rr, 0), shape=(TT, 1, 1, C), padding_mode=PAD_ZERO,
+                                           allow_tma=LT), (TT, C)).astype(ct.float32)
+        return acc
+    g4 = ct.load(gx4, index=(i, kh, 0, 0), shape=(TT, 1, RP, C), padding_mode=PAD_ZERO, allow_tma=LT)
+    return ct.reshape(ct.sum(g4.astype(ct.float32), axis=2), (TT, C))
+
+
+def _pzero(C: ConstInt, WW: ConstInt, DWS: ConstBool):
+    """The block's zero dconv_weight partial: [WW, C] (DWS) or [C, WW]."""
+    if DWS:
+        return ct.zeros((WW, C), dtype=ct.float32)
+    return ct.zeros((C, WW), dtype=ct.float32)
+
+
+def _dwp(src, sh, dpre, rows, st, inner, i, u, NT, C: ConstInt, TT: ConstInt, W: ConstInt, WW: ConstInt,
+         GA: ConstBool, LT: ConstBool, DWS: ConstBool):
+    if DWS:
+        return _dw_stacked(src, sh, dpre, rows, st, inner, i, u, NT, C, TT, W, WW, GA, LT)
+    return _dw(src, sh, dpre, rows, st, inner, i, u, NT, C, TT, W, WW, GA, LT)
+
+
+def _pfinal(p, C: ConstInt, WW: ConstInt, DWS: ConstBool):
+    """The partial as the [1, 1, C, WW] tile of pw."""
+    if DWS:
+        p = ct.transpose(p)
+    return ct.reshape(p, (1, 1, C, WW))
+
+
+def _sigmoid(x):
+    """1 / (1 + exp(-x)) with the MUFU exp and reciprocal (APPROX, ~2 ulp each)."""
+    return ct.truediv(1.0, 1.0 + ct.exp(-x, rounding_mode=APPROX), rounding_mode=APPROX)
+
+
+def _softplus(x):
+    """torch's softplus (threshold 20)."""
+    return ct.where(x > 20.0, x, ct.log(1.0 + ct.exp(ct.minimum(x, 20.0))))
+
+
+def _starts(seq, sst, rows, i, t0, TT: ConstInt, W: ConstInt, CH: ConstInt, THD: ConstBool):
+    """[TT] int32 sequence start of each row (THD: precomputed by gdn_pre_bwd_seq)."""
+    if THD:
+        return ct.load(sst, index=(i,), shape=(TT,), padding_mode=PAD_ZERO, allow_tma=False)
+    return seq_start(seq, rows, t0, TT, W, CH, THD)
+
+
+# ------------------------------------------------------------------ kernels
 
 
 @ct.kernel
-def gdn_pre_bwd_a(mqk, mqk1, mqk2, mqk3, mv, mv1, mv2, mv3, mba, seq, wqk, wv, A_log, dt_bias, gq, gk, gv, gz, gg, gbeta, dz, dba, dpqk, dpv,
-                  pwqk, pwv, pg, eps: float, HK: ConstInt, HV: ConstInt, R: ConstInt, REP: ConstBool,
-                  W: ConstInt, DK: ConstInt, DV: ConstInt, HVP: ConstInt, TT: ConstInt, WW: ConstInt,
-                  CH: ConstInt, THD: ConstBool, TAPV: ConstBool):
-    """Block (i, u): token tile i, unit u (module doc)."""
-    i = ct.bid(0)
+def gdn_pre_bwd_seq(seq, sst, sen, W: ConstInt, CH: ConstInt, PT: ConstInt):
+    """Block p: the sequence start and end of tokens [p*PT, (p+1)*PT) (exact within W-1 rows)."""
+    p = ct.bid(0)
+    t0 = p * PT
+    rows = t0 + ct.arange(PT, dtype=ct.int32)
+    ct.store(sst, index=(p,), tile=seq_start(seq, rows, t0, PT, W, CH, True), allow_tma=False)
+    ct.store(sen, index=(p,), tile=seq_end(seq, rows, t0, PT, W, CH, True), allow_tma=False)
+
+
+@ct.kernel
+def gdn_pre_bwd_dpre(mqk, mqk1, mqk2, mqk3, mv, mv1, mv2, mv3, mba, seq, sst, wqk, wv, A_log, dt_bias,
+                     gq4, gk4, gv, gz, gg, gbeta, dz, dba, dpqk, dpv, pwqk, pwv, pg, eps: float,
+                     HK: ConstInt, HV: ConstInt, R: ConstInt, RP: ConstInt, W: ConstInt, DK: ConstInt,
+                     DV: ConstInt, HVP: ConstInt, WW: ConstInt, TT: ConstInt, NTB: ConstInt, HBZ: ConstInt,
+                     GS: ConstBool, DWS: ConstBool, I0: ConstInt, CH: ConstInt, THD: ConstBool, GA: ConstBool,
+                     ONE: ConstBool, LT: ConstBool):
+    """Block (r, u): token tiles I0 + r*NTB + j (j < NTB; ONE: tile 0 only) of unit u (module doc);
+    its partials go to row I0 + r."""
+    r = ct.bid(0)
     u = ct.bid(1)
     NT = mqk.shape[0]
+    ntl = 1 if ONE else ct.cdiv(NT, TT)
+    nj = 1 if ONE else NTB
     HK2 = 2 * HK
-    t0 = i * TT
-    rows = t0 + ct.arange(TT, dtype=ct.int32)
-    if u < HK2:
-        st = seq_start(seq, rows, t0, TT, W, CH, THD)
-        pre = conv_pre(mqk, (mqk1, mqk2, mqk3), weight_tile(wqk, u, DK, WW), rows, st, i, u, NT, DK, TT, W,
-                       TAPV)
-        y = pre / (1.0 + ct.exp(-pre))
-        s = ct.rsqrt(ct.sum(y * y, axis=1, keepdims=True) + eps)
-        n = y * s
+    pr = I0 + r
+    if u < HK2:  # q or k head u: conv, silu, l2norm bwd of the summed repeats
+        wt = _wtile(wqk, u, DK, WW)
         kh = u % HK
-        if u < HK:
-            dn = _gsum(gq, i, kh, R, REP, DK, TT)
-        else:
-            dn = _gsum(gk, i, kh, R, REP, DK, TT)
-        dy = s * (dn - n * ct.sum(dn * n, axis=1, keepdims=True))
-        dpre = _silu_bwd(dy, pre)
-        ct.store(dpqk, index=(i, u, 0), tile=ct.reshape(dpre, (TT, 1, DK)))
-        p = _dw_partial(mqk, (mqk1, mqk2, mqk3), dpre, rows, st, i, u, NT, DK, TT, W, WW, TAPV)
-        ct.store(pwqk, index=(i, u, 0, 0), tile=ct.reshape(p, (1, 1, DK, WW)))
-    elif u < HK2 + HV:
+        pacc = _pzero(DK, WW, DWS)
+        for j in range(nj):
+            i = I0 + r * NTB + j
+            if i < ntl:
+                t0 = i * TT
+                rows = t0 + ct.arange(TT, dtype=ct.int32)
+                st = _starts(seq, sst, rows, i, t0, TT, W, CH, THD)
+                if GA:
+                    inner = False
+                else:
+                    inner = ct.min(rows - st) >= W - 1
+                sh = (mqk1, mqk2, mqk3)
+                pre = _conv(mqk, sh, wt, rows, st, inner, i, u, NT, DK, TT, W, GA, LT)
+                sg = _sigmoid(pre)
+                y = pre * sg
+                s = ct.rsqrt(ct.sum(y * y, axis=1, keepdims=True) + eps)
+                n = y * s
+                if u < HK:
+                    dn = _grad_sum(gq4, i, kh, R, RP, DK, TT, GS, LT)
+                else:
+                    dn = _grad_sum(gk4, i, kh, R, RP, DK, TT, GS, LT)
+                dy = s * (dn - n * ct.sum(dn * n, axis=1, keepdims=True))
+                dpre = dy * sg * (1.0 + pre * (1.0 - sg))
+                ct.store(dpqk, index=(i, u, 0), tile=ct.reshape(dpre, (TT, 1, DK)).astype(dpqk.dtype),
+                         allow_tma=False)
+                pacc = pacc + _dwp(mqk, sh, dpre, rows, st, inner, i, u, NT, DK, TT, W, WW, GA, LT, DWS)
+        ct.store(pwqk, index=(pr, u, 0, 0), tile=_pfinal(pacc, DK, WW, DWS), allow_tma=False)
+    elif u < HK2 + HV:  # v head h: conv, silu
         h = u - HK2
-        st = seq_start(seq, rows, t0, TT, W, CH, THD)
-        pre = conv_pre(mv, (mv1, mv2, mv3), weight_tile(wv, h, DV, WW), rows, st, i, h, NT, DV, TT, W, TAPV)
-        dy = ct.reshape(ct.load(gv, index=(i, h, 0), shape=(TT, 1, DV), padding_mode=PAD_ZERO),
-                        (TT, DV)).astype(ct.float32)
-        dpre = _silu_bwd(dy, pre)
-        ct.store(dpv, index=(i, h, 0), tile=ct.reshape(dpre, (TT, 1, DV)))
-        p = _dw_partial(mv, (mv1, mv2, mv3), dpre, rows, st, i, h, NT, DV, TT, W, WW, TAPV)
-        ct.store(pwv, index=(i, h, 0, 0), tile=ct.reshape(p, (1, 1, DV, WW)))
-    elif u < HK2 + 2 * HV:
+        wt = _wtile(wv, h, DV, WW)
+        pacc = _pzero(DV, WW, DWS)
+        for j in range(nj):
+            i = I0 + r * NTB + j
+            if i < ntl:
+                t0 = i * TT
+                rows = t0 + ct.arange(TT, dtype=ct.int32)
+                st = _starts(seq, sst, rows, i, t0, TT, W, CH, THD)
+                if GA:
+                    inner = False
+                else:
+                    inner = ct.min(rows - st) >= W - 1
+                sh = (mv1, mv2, mv3)
+                pre = _conv(mv, sh, wt, rows, st, inner, i, h, NT, DV, TT, W, GA, LT)
+                sg = _sigmoid(pre)
+                dy = ct.reshape(ct.load(gv, index=(i, h, 0), shape=(TT, 1, DV), padding_mode=PAD_ZERO,
+                                        allow_tma=LT), (TT, DV)).astype(ct.float32)
+                dpre = dy * sg * (1.0 + pre * (1.0 - sg))
+                ct.store(dpv, index=(i, h, 0), tile=ct.reshape(dpre, (TT, 1, DV)).astype(dpv.dtype), allow_tma=False)
+                pacc = pacc + _dwp(mv, sh, dpre, rows, st, inner, i, h, NT, DV, TT, W, WW, GA, LT, DWS)
+        ct.store(pwv, index=(pr, h, 0, 0), tile=_pfinal(pacc, DV, WW, DWS), allow_tma=False)
+    elif u < HK2 + HV + HV // HBZ:  # z heads: dz = gz
         h = u - HK2 - HV
-        ct.store(dz, index=(i, h, 0), tile=ct.load(gz, index=(i, h, 0), shape=(TT, 1, DV),
-                                                   padding_mode=PAD_ZERO).astype(dz.dtype))
-    else:
-        b, x, nA = gate_tiles(mba, A_log, dt_bias, i, TT, HVP)
-        beta = 1.0 / (1.0 + ct.exp(-b))
-        gb = ct.load(gbeta, index=(i, 0), shape=(TT, HVP), padding_mode=PAD_ZERO).astype(ct.float32)
-        gt = ct.load(gg, index=(i, 0), shape=(TT, HVP), padding_mode=PAD_ZERO).astype(ct.float32)
-        db = gb * beta * (1.0 - beta)
-        da = gt * nA / (1.0 + ct.exp(-x))
-        ct.store(dba, index=(i, 0, 0), tile=ct.reshape(db, (TT, 1, HVP)).astype(dba.dtype))
-        ct.store(dba, index=(i, 1, 0), tile=ct.reshape(da, (TT, 1, HVP)).astype(dba.dtype))
-        # rows past NT read zero grads, so they add nothing to the partials
-        ct.store(pg, index=(i, 0, 0), tile=ct.reshape(ct.sum(gt * nA * softplus(x), axis=0), (1, 1, HVP)))
-        ct.store(pg, index=(i, 1, 0), tile=ct.reshape(ct.sum(da, axis=0), (1, 1, HVP)))
+        for j in range(nj):
+            i = I0 + r * NTB + j
+            if i < ntl:
+                ct.store(dz, index=(i, h, 0), tile=ct.load(gz, index=(i, h, 0), shape=(TT, HBZ, DV),
+                                                           padding_mode=PAD_ZERO, allow_tma=LT).astype(dz.dtype),
+                         allow_tma=False)
+    else:  # gates of all Hv heads
+        al = ct.reshape(ct.load(A_log, index=(0,), shape=(HVP,), padding_mode=PAD_ZERO, allow_tma=False), (1, HVP))
+        dtb = ct.reshape(ct.load(dt_bias, index=(0,), shape=(HVP,), padding_mode=PAD_ZERO, allow_tma=False),
+                         (1, HVP)).astype(ct.float32)
+        nA = -ct.exp(al.astype(ct.float32))
+        sA = ct.zeros((1, HVP), dtype=ct.float32)
+        sD = ct.zeros((1, HVP), dtype=ct.float32)
+        for j in range(nj):
+            i = I0 + r * NTB + j
+            if i < ntl:
+                b = ct.reshape(ct.load(mba, index=(i, 0, 0), shape=(TT, 1, HVP), padding_mode=PAD_ZERO,
+                                       allow_tma=LT), (TT, HVP)).astype(ct.float32)
+                x = ct.reshape(ct.load(mba, index=(i, 1, 0), shape=(TT, 1, HVP), padding_mode=PAD_ZERO,
+                                       allow_tma=LT), (TT, HVP)).astype(ct.float32) + dtb
+                gb = ct.load(gbeta, index=(i, 0), shape=(TT, HVP), padding_mode=PAD_ZERO, allow_tma=LT).astype(ct.float32)
+                gt = ct.load(gg, index=(i, 0), shape=(TT, HVP), padding_mode=PAD_ZERO, allow_tma=LT).astype(ct.float32)
+                beta = 1.0 / (1.0 + ct.exp(-b))
+                da = gt * nA / (1.0 + ct.exp(-x))
+                ct.store(dba, index=(i, 0, 0), tile=ct.reshape(gb * beta * (1.0 - beta), (TT, 1, HVP)).astype(dba.dtype),
+                         allow_tma=False)
+                ct.store(dba, index=(i, 1, 0), tile=ct.reshape(da, (TT, 1, HVP)).astype(dba.dtype), allow_tma=False)
+                # rows past NT read zero grads: they add nothing
+                sA = sA + ct.sum(gt * nA * _softplus(x), axis=0, keepdims=True)
+                sD = sD + ct.sum(da, axis=0, keepdims=True)
+        ct.store(pg, index=(pr, 0, 0), tile=ct.reshape(sA, (1, 1, HVP)), allow_tma=False)
+        ct.store(pg, index=(pr, 1, 0), tile=ct.reshape(sD, (1, 1, HVP)), allow_tma=False)
 
 
-def _ahead(dp, sh, rows, i, u, NT, s: ConstInt, C: ConstInt, TT: ConstInt, TAPV: ConstBool):
-    """[TT, C] fp32 rows t + s of dp's head u (rows past NT: 0): tile i of dp (s = 0) or of the
-    view sh[s-1] = dp[s:] (TAPV; a tile that would start past the view's end reads zeros),
-    else gathered."""
+def _ahead(dp, sh, rows, i, u, NT, s: ConstInt, C: ConstInt, TT: ConstInt, TAPV: ConstBool, LT: ConstBool):
+    """[TT, C] fp32 dpre rows t + s of head u (rows past NT: 0): tile i of dp (s = 0) or of the view
+    sh[s-1] = dp[s:] (TAPV; a tile starting past the view's end reads zeros), else gathered."""
     if s == 0:
-        t = ct.reshape(ct.load(dp, index=(i, u, 0), shape=(TT, 1, C), padding_mode=PAD_ZERO,
-                               allow_tma=False), (TT, C))
-    else:
-        if TAPV:
-            if i * TT + s < NT:
-                t = ct.reshape(ct.load(sh[s - 1], index=(i, u, 0), shape=(TT, 1, C), padding_mode=PAD_ZERO,
-                               allow_tma=False),
-                               (TT, C))
-            else:
-                t = ct.zeros((TT, C), dtype=ct.float32)
+        t = ct.reshape(ct.load(dp, index=(i, u, 0), shape=(TT, 1, C), padding_mode=PAD_ZERO, allow_tma=LT), (TT, C))
+    elif TAPV:
+        if i * TT + s < NT:
+            t = ct.reshape(ct.load(sh[s - 1], index=(i, u, 0), shape=(TT, 1, C), padding_mode=PAD_ZERO,
+                                   allow_tma=LT), (TT, C))
         else:
-            t = row_tile(dp, rows + s, u, NT, C, TT)
-    return t
+            t = ct.zeros((TT, C), dtype=dp.dtype)
+    else:
+        rc = ct.minimum(rows + s, NT - 1)
+        t = ct.reshape(ct.load_advanced_indexing(dp, (rc, ct.Slice(u, 1), ct.Slice(0, C)), padding_mode=PAD_ZERO,
+                                                 allow_tma=False), (TT, C))
+    return t.astype(ct.float32)
 
 
-def _dx_tile(dp, sh, wt, rows, en, i, u, NT, C: ConstInt, TT: ConstInt, W: ConstInt, TAPV: ConstBool):
+def _dx(dp, sh, wt, rows, en, i, u, NT, C: ConstInt, TT: ConstInt, W: ConstInt, TAPV: ConstBool, LT: ConstBool):
+    """[TT, C] fp32 dx[t] = sum_s w[:, W-1-s] * dpre[t+s] over t + s < en[t] (no masks in a tile whose
+    rows all have W-1 successors in their sequence)."""
     acc = ct.zeros((TT, C), dtype=ct.float32)
-    for s in ct.static_iter(range(W)):
-        ok = ct.reshape(rows + s < en, (TT, 1))
-        acc = acc + ct.where(ok, _ahead(dp, sh, rows, i, u, NT, s, C, TT, TAPV), 0.0) * tap(wt, W - 1 - s, C)
+    if ct.min(en - rows) >= W:
+        for s in ct.static_iter(range(W)):
+            acc = acc + _ahead(dp, sh, rows, i, u, NT, s, C, TT, TAPV, LT) * _wtap(wt, W - 1 - s, C)
+    else:
+        for s in ct.static_iter(range(W)):
+            ok = ct.reshape(rows + s < en, (TT, 1))
+            acc = acc + ct.where(ok, _ahead(dp, sh, rows, i, u, NT, s, C, TT, TAPV, LT), 0.0) * _wtap(wt, W - 1 - s, C)
     return acc
 
 
 @ct.kernel
-def gdn_pre_bwd_dx(dpqk, dpqk1, dpqk2, dpqk3, dpv, dpv1, dpv2, dpv3, seq, wqk, wv, dqk, dvv, HK: ConstInt,
+def gdn_pre_bwd_dx(dpqk, dpqk1, dpqk2, dpqk3, dpv, dpv1, dpv2, dpv3, seq, sen, wqk, wv, dqk, dvv, HK: ConstInt,
                    W: ConstInt, DK: ConstInt, DV: ConstInt, TT: ConstInt, WW: ConstInt, CH: ConstInt,
-                   THD: ConstBool, TAPV: ConstBool):
+                   THD: ConstBool, TAPV: ConstBool, LT: ConstBool):
     """Block (i, u): dx of token tile i, q/k head u < 2*HK or v head u - 2*HK."""
     i = ct.bid(0)
     u = ct.bid(1)
     NT = dpqk.shape[0]
     t0 = i * TT
     rows = t0 + ct.arange(TT, dtype=ct.int32)
-    en = seq_end(seq, rows, t0, TT, W, CH, THD)
+    if THD:  # precomputed by gdn_pre_bwd_seq (rows past NT: 0, so they are masked)
+        en = ct.load(sen, index=(i,), shape=(TT,), padding_mode=PAD_ZERO, allow_tma=False)
+    else:
+        en = seq_end(seq, rows, t0, TT, W, CH, THD)
     if u < 2 * HK:
-        dx = _dx_tile(dpqk, (dpqk1, dpqk2, dpqk3), weight_tile(wqk, u, DK, WW), rows, en, i, u, NT, DK, TT, W,
-                      TAPV)
-        ct.store(dqk, index=(i, u, 0), tile=ct.reshape(dx, (TT, 1, DK)).astype(dqk.dtype))
+        dx = _dx(dpqk, (dpqk1, dpqk2, dpqk3), _wtile(wqk, u, DK, WW), rows, en, i, u, NT, DK, TT, W, TAPV, LT)
+        ct.store(dqk, index=(i, u, 0), tile=ct.reshape(dx, (TT, 1, DK)).astype(dqk.dtype), allow_tma=False)
     else:
         h = u - 2 * HK
-        dx = _dx_tile(dpv, (dpv1, dpv2, dpv3), weight_tile(wv, h, DV, WW), rows, en, i, h, NT, DV, TT, W, TAPV)
-        ct.store(dvv, index=(i, h, 0), tile=ct.reshape(dx, (TT, 1, DV)).astype(dvv.dtype))
+        dx = _dx(dpv, (dpv1, dpv2, dpv3), _wtile(wv, h, DV, WW), rows, en, i, h, NT, DV, TT, W, TAPV, LT)
+        ct.store(dvv, index=(i, h, 0), tile=ct.reshape(dx, (TT, 1, DV)).astype(dvv.dtype), allow_tma=False)
 
 
 @ct.kernel
-def gdn_pre_bwd_red(pw, pg, dw, dA, ddt, NCB: ConstInt, BC: ConstInt, WW: ConstInt, HVP: ConstInt,
-                    TG: ConstInt):
-    """Block j < NCB: dconv_weight rows [j*BC, (j+1)*BC); block NCB: dA_log and ddt_bias.
-    Partials summed TG tiles at a time, in tile order (the same order every call)."""
+def gdn_pre_bwd_red(pw, pg, dw, dA, ddt, NCB: ConstInt, BC: ConstInt, WW: ConstInt, HVP: ConstInt, TG: ConstInt):
+    """Block j < NCB: dconv_weight rows [j*BC, (j+1)*BC); block NCB: dA_log and ddt_bias. The partial
+    rows summed TG at a time, in row order (the same order every call)."""
     j = ct.bid(0)
-    ntiles = pw.shape[0]
+    P = pw.shape[0]
     if j < NCB:
         acc = ct.zeros((BC, WW), dtype=ct.float32)
-        for c in range(ct.cdiv(ntiles, TG)):
-            acc = acc + ct.sum(ct.load(pw, index=(c, j, 0), shape=(TG, BC, WW), padding_mode=PAD_ZERO), axis=0)
-        ct.store(dw, index=(j, 0), tile=acc.astype(dw.dtype))
+        for c in range(ct.cdiv(P, TG)):
+            acc = acc + ct.sum(ct.load(pw, index=(c, j, 0), shape=(TG, BC, WW), padding_mode=PAD_ZERO,
+                                       allow_tma=False), axis=0)
+        ct.store(dw, index=(j, 0), tile=acc.astype(dw.dtype), allow_tma=False)
     else:
         acc = ct.zeros((2, HVP), dtype=ct.float32)
-        for c in range(ct.cdiv(ntiles, TG)):
-            acc = acc + ct.sum(ct.load(pg, index=(c, 0, 0), shape=(TG, 2, HVP), padding_mode=PAD_ZERO), axis=0)
-        ct.store(dA, index=(0,), tile=ct.reshape(ct.extract(acc, (0, 0), shape=(1, HVP)), (HVP,)).astype(dA.dtype))
-        ct.store(ddt, index=(0,), tile=ct.reshape(ct.extract(acc, (1, 0), shape=(1, HVP)), (HVP,)).astype(ddt.dtype))
+        for c in range(ct.cdiv(P, TG)):
+            acc = acc + ct.sum(ct.load(pg, index=(c, 0, 0), shape=(TG, 2, HVP), padding_mode=PAD_ZERO,
+                                       allow_tma=False), axis=0)
+        ct.store(dA, index=(0,), tile=ct.reshape(ct.extract(acc, (0, 0), shape=(1, HVP)), (HVP,)).astype(dA.dtype),
+                 allow_tma=False)
+        ct.store(ddt, index=(0,), tile=ct.reshape(ct.extract(acc, (1, 0), shape=(1, HVP)), (HVP,)).astype(ddt.dtype),
+                 allow_tma=False)
+
+
+# ------------------------------------------------------------------ launches
 
 
 def bwd_launches(gq, gk, gv, gz, gg, gbeta, mixed, conv_weight, A_log, dt_bias, cu_seqlens,
                  dmixed, dconv_weight, dA_log, ddt_bias, Hk: int = 16, dk: int = 128, dv: int = 128,
-                 repeat_qk: bool = True, eps: float = 1e-6, cfg: PreGatedCfg | None = None) -> list[Launch]:
-    """The three backward launches (argument order as the registry's bwd kernel); allocates
-    the fp32 dpre scratch [NT, C] and the partials [tiles, C, WW], [tiles, 2, HVP]."""
+                 repeat_qk: bool = True, eps: float = 1e-6, cfg: PreGatedBwdCfg | None = None) -> list[Launch]:
+    """The backward launches (argument order as the registry's bwd kernel; module doc): [THD
+    sequence bounds], dpre tile 0 (taps gathered), dpre tiles 1.. (none for W > WMAX: the first
+    launch gathers every tile), dx, reduction. Scratch (dpre [NT, C], partials [P, C, WW] and
+    [P, 2, HVP], THD bounds [NT] x 2) from the per-stream workspace cache."""
     Hv, W = A_log.shape[0], conv_weight.shape[1]
-    cfg = _cfg(Hk, Hv, dk, dv, W, repeat_qk, cfg)
+    cfg = bwd_cfg(Hk, Hv, dk, dv, W, repeat_qk, cfg)
     x, mqk, mv, _mz, mba, wqk, wv = views(mixed, conv_weight, Hk, Hv, dk, dv)
-    _dx, dqk, dvv, dz, dba, _, _ = views(dmixed, conv_weight, Hk, Hv, dk, dv)
+    _dx_, dqk, dvv, dz, dba, _, _ = views(dmixed, conv_weight, Hk, Hv, dk, dv)
     NT, dev = x.shape[0], x.device
     QK, C = 2 * Hk * dk, 2 * Hk * dk + Hv * dv
     seq, thd = seq_arg(mixed, cu_seqlens)
-    nt = cdiv(NT, cfg.TT)
-    dp = torch.empty((NT, C), dtype=torch.float32, device=dev)
-    pw = torch.empty((nt, C, cfg.WW), dtype=torch.float32, device=dev)
-    pg = torch.empty((nt, 2, cfg.HVP), dtype=torch.float32, device=dev)
+    TT = cfg.TT
+    nt = cdiv(NT, TT)
+    rows_main = cdiv(nt - 1, cfg.NTB) if cfg.TAPV else 0
+    P = 1 + rows_main if cfg.TAPV else cdiv(nt, cfg.NTB)
+    sdt = dmixed.dtype if cfg.SD else torch.float32
+    dp = workspace("gdn_pre_bwd.dpre", (NT, C), sdt, dev)
+    pw = workspace("gdn_pre_bwd.pw", (P, C, cfg.WW), torch.float32, dev)
+    pg = workspace("gdn_pre_bwd.pg", (P, 2, cfg.HVP), torch.float32, dev)
+    ntp = cdiv(NT, 4) * 4 if thd else 0  # each row 16-byte aligned
+    sb = workspace("gdn_pre_bwd.seq", (2, ntp), torch.int32, dev)
+    sst, sen = sb[0, :NT], sb[1, :NT]
     dpqk, dpv = dp[:, :QK].view(NT, 2 * Hk, dk), dp[:, QK:].view(NT, Hv, dv)
-    pwqk, pwv = pw[:, :QK].view(nt, 2 * Hk, dk, cfg.WW), pw[:, QK:].view(nt, Hv, dv, cfg.WW)
-    grads = [t.contiguous().view(NT, *t.shape[-2:]) for t in (gq, gk, gv, gz)]
+    pwqk, pwv = pw[:, :QK].view(P, 2 * Hk, dk, cfg.WW), pw[:, QK:].view(P, Hv, dv, cfg.WW)
+    gqk = [t.contiguous().view(NT, Hk, cfg.R, dk) for t in (gq, gk)]
+    grads = [*gqk] + [t.contiguous().view(NT, Hv, dv) for t in (gv, gz)]
     grads += [t.contiguous().view(NT, Hv) for t in (gg, gbeta)]
-    a = Launch(gdn_pre_bwd_a, (nt, 2 * Hk + 2 * Hv + 1, 1),
-               (mqk, *shifted(mqk, cfg.TT), mv, *shifted(mv, cfg.TT), mba, seq, wqk, wv, A_log, dt_bias, *grads, dz, dba, dpqk, dpv, pwqk, pwv, pg,
-                float(eps), Hk, Hv, cfg.R, cfg.REP, W, cfg.DK, cfg.DV, cfg.HVP, cfg.TT, cfg.WW, cfg.CH, thd,
-                cfg.TAPV), cfg, occ(cfg.OCC_B))
-    b = Launch(gdn_pre_bwd_dx, (nt, 2 * Hk + Hv, 1),
-               (dpqk, *shifted(dpqk, 0), dpv, *shifted(dpv, 0), seq, wqk, wv, dqk, dvv, Hk, W, cfg.DK, cfg.DV, cfg.TT,
-                cfg.WW, cfg.CH, thd, cfg.TAPV), cfg, occ(cfg.OCC_B))
+    units = 2 * Hk + Hv + Hv // cfg.HBZ + 1
+    args = (mqk, *shifted(mqk, TT), mv, *shifted(mv, TT), mba, seq, sst, wqk, wv, A_log, dt_bias, *grads,
+            dz, dba, dpqk, dpv, pwqk, pwv, pg, float(eps), Hk, Hv, cfg.R, cfg.RP, W, cfg.DK, cfg.DV, cfg.HVP, cfg.WW,
+            TT, cfg.NTB, cfg.HBZ, cfg.GS, cfg.DWS)
+    tail = (cfg.CH, thd)
+    out = []
+    if thd:
+        out.append(Launch(gdn_pre_bwd_seq, (cdiv(NT, cfg.PT), 1, 1), (seq, sst, sen, W, cfg.CH, cfg.PT), cfg, ()))
+    if cfg.TAPV:  # tile 0 (gathered taps), then tiles 1.. (tile loads of shifted views)
+        out.append(Launch(gdn_pre_bwd_dpre, (1, units, 1), args + (0,) + tail + (True, True, cfg.LT), cfg,
+                          occ(cfg.OCC_A)))
+        out.append(Launch(gdn_pre_bwd_dpre, (rows_main, units, 1), args + (1,) + tail + (False, False, cfg.LT), cfg,
+                          occ(cfg.OCC_A)))
+    else:
+        out.append(Launch(gdn_pre_bwd_dpre, (P, units, 1), args + (0,) + tail + (True, False, cfg.LT), cfg,
+                          occ(cfg.OCC_A)))
+    out.append(Launch(gdn_pre_bwd_dx, (cdiv(NT, cfg.TB), 2 * Hk + Hv, 1),
+                      (dpqk, *shifted(dpqk, 0), dpv, *shifted(dpv, 0), seq, sen, wqk, wv, dqk, dvv, Hk, W, cfg.DK,
+                       cfg.DV, cfg.TB, cfg.WW, cfg.CH, thd, cfg.TAPV, cfg.LB), cfg, occ(cfg.OCC_B)))
     ncb = cdiv(C, cfg.BC)
-    r = Launch(gdn_pre_bwd_red, (ncb + 1, 1, 1), (pw, pg, dconv_weight, dA_log, ddt_bias, ncb, cfg.BC, cfg.WW,
-                                                  cfg.HVP, cfg.TG), cfg, ())
-    return [a, b, r]
+    out.append(Launch(gdn_pre_bwd_red, (ncb + 1, 1, 1), (pw, pg, dconv_weight, dA_log, ddt_bias, ncb, cfg.BC,
+                                                          cfg.WW, cfg.HVP, cfg.TG), cfg, ()))
+    return out
 
 
 def pre_gated_bwd_into(gq, gk, gv, gz, gg, gbeta, mixed, conv_weight, A_log, dt_bias, cu_seqlens,
                        dmixed, dconv_weight, dA_log, ddt_bias, Hk: int, dk: int, dv: int, repeat_qk: bool,
-                       eps: float, return_conv_state: bool):
-    """gdn_pre_gated bwd, destination-passing (the registry's kernel signature)."""
+                       eps: float, return_conv_state: bool, cfg: PreGatedBwdCfg | None = None):
+    """gdn_pre_gated bwd, destination-passing (the registry's kernel signature): grads gq, gk
+    [..., Hq, dk], gv, gz [..., Hv, dv], gg, gbeta [..., Hv] (any strides: made contiguous), mixed
+    [B, T, D] or [NT, D] (+ cu_seqlens [N+1] int32) -> dmixed (mixed's shape and dtype),
+    dconv_weight [C, W], dA_log, ddt_bias [Hv]. ``cfg`` (tests, benchmarks): a PreGatedBwdCfg."""
     if mixed.numel() == 0:
         dconv_weight.zero_()
         dA_log.zero_()
         ddt_bias.zero_()
         return
     for ln in bwd_launches(gq, gk, gv, gz, gg, gbeta, mixed, conv_weight, A_log, dt_bias, cu_seqlens,
-                           dmixed, dconv_weight, dA_log, ddt_bias, Hk, dk, dv, repeat_qk, eps):
+                           dmixed, dconv_weight, dA_log, ddt_bias, Hk, dk, dv, repeat_qk, eps, cfg=cfg):
         ln.run()
 
 
 kernel("gdn_pre_gated", "cutile", "bwd")(pre_gated_bwd_into)
+
+
+def representative_launches(Hk: int = 16, Hv: int = 32, dk: int = 128, dv: int = 128, W: int = 4,
+                            B: int = 2, T: int = 256, dtype=torch.bfloat16, thd: bool = False,
+                            repeat_qk: bool = True, n_seqs: int = 5, cfg: PreGatedBwdCfg | None = None) -> dict:
+    """The backward launches at one problem size, on ``meta`` tensors: what the CI compile test
+    exports to cubins (sm_90, sm_100) without a GPU."""
+    meta = torch.device("meta")
+    D = 2 * Hk * dk + 2 * Hv * dv + 2 * Hv
+    C = 2 * Hk * dk + Hv * dv
+    Hq = Hv if repeat_qk else Hk
+    lead = (B * T,) if thd else (B, T)
+
+    def e(*s, dt=dtype):
+        return torch.empty(*s, dtype=dt, device=meta)
+
+    grads = (e(*lead, Hq, dk), e(*lead, Hq, dk), e(*lead, Hv, dv), e(*lead, Hv, dv),
+             e(*lead, Hv, dt=torch.float32), e(*lead, Hv))
+    cu = e(n_seqs + 1, dt=torch.int32) if thd else None
+    A, dt = e(Hv, dt=torch.float32), e(Hv, dt=torch.float32)
+    return {"gdn_pre_gated.bwd": bwd_launches(*grads, e(*lead, D), e(C, W), A, dt, cu, e(*lead, D), e(C, W),
+                                              e(Hv, dt=torch.float32), e(Hv, dt=torch.float32), Hk, dk, dv,
+                                              repeat_qk, 1e-6, cfg=cfg)}
