@@ -7,25 +7,25 @@ dependencies):
 
     python3 benchmarks/gdn_decode_check.py --out "$OUT"            # B in {1, 32, 256}, fp32 + bf16 state
     python3 benchmarks/gdn_decode_check.py --out "$OUT" --sweep    # + dv-tile/occupancy variants
-    python3 benchmarks/gdn_decode_check.py --out "$OUT" --ab --variants --warm 8
-        # + the previous kernels (v2, v1) and the named config variants (VARIANTS), their
-        #   compiles first in 8 processes (cuTile's disk cache keeps them for the timing loop)
+    python3 benchmarks/gdn_decode_check.py --out "$OUT" --variants --warm 8
+        # + the named config variants (VARIANTS), their compiles first in 8 processes
+        #   (cuTile's disk cache keeps them for the timing loop)
 
 Qwen3-Next shapes (Hk=16, Hv=32, dk=dv=128, W=4), bf16 mixed / conv_state / o, state_indices
 a random permutation of N = B slots. Each case: one eager call checked against the torch
 reference (o bf16, state at its dtype's tolerance), then triton's do_bench_cudagraph median
 of the cuTile launch and of the torch reference path (``reference.decode`` + copy into o,
 graph-replayed too). Rows: ``default`` (the registry's kernel and heuristic config),
-with ``--ab`` ``v2`` / ``v1`` (the previous kernels at their own defaults, verbatim copies in
-benchmarks/probes/gdn_decode_v2.py and gdn_decode_v1.py, removed after their A/B:
-``git show 2e8a94d:benchmarks/probes/<file>`` restores them; --ab needs them), with ``--variants`` the named
-configs of VARIANTS, and ``fla`` (FLA's fused_recurrent_gated_delta_rule on the already-prepared q, k, v, g, beta with
+with ``--variants`` the named configs of VARIANTS (each at its batches, its own split or the
+default's), and ``fla`` (FLA's fused_recurrent_gated_delta_rule on the already-prepared q, k, v, g, beta with
 its in-kernel l2norm, fp32 initial and final state: no conv step, so it moves less).
 Bytes are counted by hand for our kernel: q|k|v|b|a of mixed read, conv_state rows read and
 written, ssm_state rows read and written, o written, weights and indices read once (FLA's
 row uses the same count: same state traffic, a little less of the rest).
 %-of-copy is against 4.27 TB/s (H200 device-to-device copy) and against a copy measured here
 the same way. Issue 12's targets (fp32 state): B=1 <= 5 us, B=32 <= 35 us, B=256 <= 280 us.
+benchmarks/probes/gdn_decode_session.sh runs this with the GPU tests, sanitizers and an ncu
+profile in one device call.
 Prints a table; writes gdn_decode_check.json to --out.
 """
 from __future__ import annotations
@@ -38,7 +38,6 @@ import sys
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
-sys.path.insert(1, os.path.join(ROOT, "benchmarks", "probes"))  # the previous kernels (--ab)
 
 import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
@@ -113,8 +112,8 @@ def _rec(tag, B, sd, us, cfg=None, **extra):
 
 
 def run_case(B, sd, cfg=None, with_ref=True, tag="default", split=None, rep=200, mod=cd):
-    """One row: ``mod``'s launch (this kernel, or a previous one from benchmarks/probes) at
-    batch B, state dtype sd, config cfg (None: mod's heuristic) and split (None: default)."""
+    """One row: ``mod``'s launch at batch B, state dtype sd, config cfg (None: mod's
+    heuristic) and split (None: default)."""
     args = problem(B, sd)
     x, conv, w, A, dt, ssm, idx, o = args
     kw = {} if split is None else {"split": split}
@@ -177,19 +176,21 @@ def sweep_cases(sd, batches):
 
 
 # named config variants beside the default (--variants): state dtype, changes to the default
-# config (BV re-tiles), the batches, and an explicit split (None: the default's)
+# config (BV re-tiles), the batches, and an explicit split (None: the default's). oN: occupancy
+# hint N; PF1off: split 1 without PF (the default before session 6); W: gdn_decode_whole at
+# split 1 (STATIC); nT: plain (non-TMA) state loads/stores. Measured in session 6 (H200, us at
+# B = 1 / 32 / 64 / 256, default 9.4 / 61.0 / 103.7 / 386.4): PF1off 9.4 / 68.3 / 113.3 /
+# 408.6; W - / 59.7 / 115.1 / 423.3; o4 8.4 / 58.9 / - / 419.4; BV16 9.4-9.8 / 86-114 / - /
+# 628-667; BV8 o4 12.0 / - / - / 948; nT BV32 o2 9.5 / 83.5 / - / 627; LAT10 - / - / - / 402;
+# bf16: PF (fwd) - / 40.7 / - / 326.7, BV32 - / 42.7 / - / 340.7 (default 10.7 / 35.8 / 86.2 /
+# 315.3). Wrong results, not timed again: PF at occupancy 4 (B=256), nT BV8 o2 (B=32, 256).
 VARIANTS = {
-    "f-STATIC": ("fp32", dict(STATIC=True), (32, 256), None),
-    "f-STATICv1": ("fp32", dict(STATIC=True, BV=64, OCC=2), (256,), None),
-    "f-MM-o2": ("fp32", dict(MM=True, OCC=2), (256,), None),
-    "f-U2": ("fp32", dict(U=2), (256,), None),
-    "f-F0": ("fp32", dict(FAST=False), (256,), None),
-    "f-s2": ("fp32", {}, (32,), 2),
-    "b-STATIC0": ("bf16", dict(STATIC=False), (32, 256), None),
-    "b-F0": ("bf16", dict(FAST=False), (256,), None),
-    "b-MM": ("bf16", dict(MM=True, STATIC=False), (256,), None),
-    "b-o3": ("bf16", dict(OCC=3), (256,), None),
-    "b-s2": ("bf16", {}, (32,), 2),
+    "f-PF1off": ("fp32", dict(PF1=False), (1, 32, 256), None),
+    "f-o4": ("fp32", dict(OCC=4, PF1=False), (1, 32, 256), None),
+    "f-W": ("fp32", dict(STATIC=True), (32, 256), None),
+    "f-s4": ("fp32", {}, (1,), 4),
+    "b-PF": ("bf16", dict(PF=True, STATIC=False), (32, 256), None),
+    "b-o3": ("bf16", dict(OCC=3), (1, 256), None),
 }
 SDT = {"fp32": torch.float32, "bf16": torch.bfloat16}
 
@@ -204,14 +205,16 @@ def variant_cfg(sd, changes):
 
 
 def _warm_one(job):
-    """Compile one (module, state dtype, cfg) by launching it once at B=2 (a child process:
-    cuTile compiles under one lock per process; its disk cache keeps the cubin)."""
+    """Compile one (module, state dtype, cfg) by launching it at B=2, at its default split and
+    at split 1 (a child process: cuTile compiles under one lock per process; its disk cache
+    keeps the cubins)."""
     mod_name, sd, changes = job
     try:
         mod = {"cd": cd}.get(mod_name) or __import__(mod_name)
         cfg = variant_cfg(SDT[sd], changes) if mod_name == "cd" else None
         x, conv, w, A, dt, ssm, idx, o = problem(2, SDT[sd])
-        mod.decode_launch(x, conv, w, A, dt, ssm, idx, o, SHAPE["Hk"], 1e-6, None, cfg=cfg).run()
+        for split in (None, 1):  # both kernels where STATIC picks gdn_decode_whole at split 1
+            mod.decode_launch(x, conv, w, A, dt, ssm, idx, o, SHAPE["Hk"], 1e-6, None, cfg=cfg, split=split).run()
         torch.cuda.synchronize()
         return None
     except Exception as e:  # reported by the timing loop, which compiles it again
@@ -239,20 +242,18 @@ def main():
     ap.add_argument("--sweep", action="store_true", help="also time dv-tile / occupancy variants")
     ap.add_argument("--no-peers", action="store_true", help="skip the FLA rows")
     ap.add_argument("--batches", default="1,32,256")
-    ap.add_argument("--ab", action="store_true", help="also time the previous kernels v2 and v1")
     ap.add_argument("--variants", action="store_true", help="also time the named VARIANTS")
     ap.add_argument("--no-ref", action="store_true", help="skip the torch reference timings")
     ap.add_argument("--warm", type=int, default=0, help="compile the variants first in this many processes")
+    ap.add_argument("--warm-only", action="store_true", help="only compile (with --warm), then exit")
     ap.add_argument("--rep", type=int, default=200, help="ms of graph replays per timing (x10 retries)")
     a = ap.parse_args()
-    if a.ab and not os.path.exists(os.path.join(os.path.dirname(os.path.abspath(__file__)), "probes", "gdn_decode_v1.py")):
-        ap.error("--ab needs benchmarks/probes/gdn_decode_v1.py and gdn_decode_v2.py: "
-                 "git show 2e8a94d:benchmarks/probes/<file> restores them")
     if a.warm:
         jobs = [("cd", sd, {}) for sd in SDT]
-        jobs += [(m, sd, {}) for m in ("gdn_decode_v2", "gdn_decode_v1") for sd in SDT] if a.ab else []
         jobs += [("cd", sd, ch) for sd, ch, _, _ in VARIANTS.values()] if a.variants else []
         warm(jobs, a.warm)
+        if a.warm_only:
+            return 0
     RESULTS["env"] = dict(device=torch.cuda.get_device_name(), torch=torch.__version__,
                           default_cfg={str(sd): dataclasses.asdict(cd.DecodeCfg.heuristic(16, 32, 128, 128, 4, n))
                                        for sd, n in (("fp32", 4), ("bf16", 2))})
@@ -275,12 +276,6 @@ def main():
                 keep(run_case(B, sd, with_ref=not a.no_ref, rep=a.rep))
             except Exception:
                 log_error(RESULTS["errors"], f"default B={B} {sd}", limit=6)
-            for tag in ("v2", "v1") if a.ab else ():
-                try:
-                    keep(run_case(B, sd, with_ref=False, tag=tag, mod=__import__(f"gdn_decode_{tag}"), rep=a.rep),
-                         "sweeps")
-                except Exception:
-                    log_error(RESULTS["errors"], f"{tag} B={B} {sd}", limit=6)
             if sd == torch.float32 and not a.no_peers:
                 try:
                     keep(fla_case(B, rep=a.rep))

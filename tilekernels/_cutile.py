@@ -96,6 +96,20 @@ def workspace_reuse(on: bool = True):
         WORKSPACE_REUSE[0] = old
 
 
+_SMS: dict = {}
+
+
+def sm_count(device: torch.device) -> int:
+    """Multiprocessors of ``device``, cached per device (132 for meta / CPU tensors: the H200's
+    count, so CPU compile tests build the grids the H200 gets)."""
+    if device.type != "cuda":
+        return 132
+    idx = device.index if device.index is not None else torch.cuda.current_device()
+    if idx not in _SMS:
+        _SMS[idx] = torch.cuda.get_device_properties(idx).multi_processor_count
+    return _SMS[idx]
+
+
 def next_pow2(n: int) -> int:
     """Smallest power of two >= n (cuTile tile dims are powers of two)."""
     return 1 if n <= 1 else 1 << (int(n) - 1).bit_length()

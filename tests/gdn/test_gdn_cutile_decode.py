@@ -61,22 +61,33 @@ def _launch(v, B=8, N=16, cfg=None, split=None):
 
 
 def test_every_variant_compiles_for_sm90_and_sm100():
-    """Both kernels: gdn_decode_fwd at B=8 (split >= 1), gdn_decode_whole where the config
-    asks for it (STATIC: bf16 state) at split 1."""
+    """Every compiled kernel: gdn_decode_fwd at B=8 (split > 1 at Qwen3-Next shapes) and the
+    split-1 launch where it differs: gdn_decode_whole (STATIC: bf16 state), gdn_decode_fwd with
+    PF (PF1: fp32 state) for the Qwen3-Next and the odd fp32 shape."""
     jobs = [(_vid(v), _launch(v), arch) for v in COMPILE_VARIANTS for arch in ARCHS]
     whole = [(_vid(v) + "-whole", _launch(v, split=1), arch) for v in COMPILE_VARIANTS if _launch(v).cfg.STATIC
              for arch in ARCHS]
     assert whole and all(j[1].kernel is cd.gdn_decode_whole for j in whole)
-    assert_cubins(jobs + whole)
+    pf = [(_vid(v) + "-pf", _launch(v, split=1), arch) for v in (COMPILE_VARIANTS[0], COMPILE_VARIANTS[5])
+          for arch in ARCHS]
+    assert all(j[1].cfg.PF1 and _pf(j[1]) and not _pf(_launch(COMPILE_VARIANTS[0])) for j in pf)
+    assert_cubins(jobs + whole + pf)
+
+
+def _pf(ln):
+    """The PF constant a launch passes (PF1 turns it on where the split is 1)."""
+    return ln.args[26]
 
 
 def test_launch_config_is_the_compile_key():
     """The config comes from (Hk, Hv, dk, dv, W, state element size); B and N are dynamic
-    shapes: one key per kernel; the grid (B, Hk * split) follows B, and with STATIC (bf16
-    state) split 1 runs gdn_decode_whole: two kernels at most, neither keyed on B."""
+    shapes: the grid (B, Hk * split) follows B, and at split 1 STATIC (bf16 state) runs
+    gdn_decode_whole, PF1 (fp32 state) gdn_decode_fwd with PF: two compiled kernels at most,
+    one for split > 1 and one for split 1, neither keyed on B."""
     v = COMPILE_VARIANTS[0]
     small, big = _launch(v, B=1, N=1), _launch(v, B=256, N=4096)
-    assert small.key() == big.key() and small.cfg == big.cfg
+    assert small.cfg == big.cfg and small.key() == _launch(v, B=2, N=7).key()
+    assert big.key() == _launch(v, B=64, N=64).key() != small.key() and _pf(big) and not _pf(small)
     cfg = cd.DecodeCfg.heuristic(16, 32, 128, 128, 4)
     assert small.grid == (1, 16 * cfg.split(1, 132), 1) and big.grid == (256, 16 * cfg.split(256, 132), 1)
     assert cfg is cd.DecodeCfg.heuristic(16, 32, 128, 128, 4)  # cached, hashable
@@ -108,7 +119,7 @@ def test_split_follows_the_batch_not_the_key():
     assert list(splits.values()) == sorted(splits.values(), reverse=True)
     v = COMPILE_VARIANTS[0]
     keys = {cd.representative_launches(B=B, N=8)["gdn_decode.fwd"][0].key() for B in (1, 8, 256)}
-    assert len(keys) == 1 and _launch(v, B=1).key() in keys
+    assert len(keys) == 2 and _launch(v, B=1).key() in keys  # split > 1, split 1 (PF1)
     with pytest.raises(ValueError, match="split 3"):
         _launch(v, cfg=cfg, split=3)
 
@@ -126,23 +137,26 @@ def test_every_dv_tiling_compiles():
     assert_cubins(jobs)
 
 
-# kernel variants beside the heuristic's (sweeps, and what the default was before): CUDA-core
-# reductions, the exact silu, chunks of 2 and 4 state tiles, plain (non-TMA) state moves
-KERNEL_VARIANTS = {"MM": dict(MM=True), "FAST0": dict(FAST=False), "U2": dict(U=2), "U4": dict(U=4),
-                   "noTMA": dict(TMA=False), "STATIC1": dict(STATIC=True), "STATIC0": dict(STATIC=False)}
+# kernel variants beside the heuristic's (sweeps, and what the default was before): tensor-core
+# reductions, the exact silu, the next tile's inputs loaded before this tile's math (PF) at
+# every split or at none (PF1 off), plain or TMA state moves, either kernel at split 1
+KERNEL_VARIANTS = {"MM": dict(MM=True), "FAST0": dict(FAST=False), "PF": dict(PF=True), "PF1off": dict(PF1=False),
+                   "noTMA": dict(TMA=False), "TMA": dict(TMA=True), "STATIC1": dict(STATIC=True),
+                   "STATIC0": dict(STATIC=False)}
 
 
 def test_kernel_variants_compile():
     """Every kernel variant of KERNEL_VARIANTS compiles for both archs, fp32 and bf16 state
-    (the STATIC ones at split 1: gdn_decode_whole; a variant equal to the default is skipped)."""
+    (at split 1 where STATIC or PF1 makes it another kernel; a variant equal to the default is
+    skipped)."""
     jobs = []
     for v in COMPILE_VARIANTS[:2]:
         base = _launch(v).cfg
         for name, ch in KERNEL_VARIANTS.items():
             cfg = dataclasses.replace(base, **ch)
             if cfg != base:
-                jobs += [(f"{name}-{str(v[1])[6:]}", _launch(v, cfg=cfg, split=1 if cfg.STATIC else None), a)
-                         for a in ARCHS]
+                jobs += [(f"{name}-{str(v[1])[6:]}", _launch(v, cfg=cfg, split=1 if cfg.STATIC or cfg.PF1 else None),
+                          a) for a in ARCHS]
     assert_cubins(jobs)
 
 
@@ -154,11 +168,16 @@ def test_refuses_what_it_cannot_run():
         _launch(v, cfg=cd.DecodeCfg.heuristic(16, 32, 64, 128, 4))  # dk 128 > DK 64
     cfg = cd.DecodeCfg.heuristic(16, 32, 128, 128, 4)
     with pytest.raises(ValueError, match="does not fit"):
-        _launch(v, cfg=dataclasses.replace(cfg, U=3))  # chunks of 1, 2 or 4 tiles
-    with pytest.raises(ValueError, match="does not fit"):
         _launch(v, cfg=cfg.with_tile(128, 4, MM=True))  # mma needs BV >= 8
     tiny = cd.DecodeCfg.heuristic(4, 4, 8, 4, 2)
     assert not tiny.MM and tiny.BV == 4  # no mma shape fits: CUDA-core reductions
+    # settings that computed wrong results on the H200 (cutile_decode's "Known faults") are refused
+    with pytest.raises(ValueError, match="PF at occupancy"):
+        dataclasses.replace(cfg, OCC=4)  # the fp32 default has PF1
+    with pytest.raises(ValueError, match="TMA off"):
+        cfg.with_tile(128, 8, TMA=False, OCC=2)
+    assert dataclasses.replace(cfg, PF1=False, OCC=4).OCC == 4  # occupancy 4 without PF: correct
+    assert cfg.with_tile(128, 8, TMA=False, OCC=3).BV == 8
 
 
 # ------------------------------------------------------------------ GPU
@@ -327,13 +346,14 @@ def _check_splits(cfg, sd, B, N):
 
 @pytest.mark.gpu
 @needs_gpu
-@pytest.mark.parametrize("BV", [16, 32, 128])
+@pytest.mark.parametrize("BV", [8, 16, 32, 128])
 @pytest.mark.parametrize("sd", [F32, BF], ids=["fp32state", "bf16state"])
 def test_every_tiling_and_split_matches_reference(BV, sd):
-    """dv tiles BV = 16, 32, 128 (NV = 8, 4, 1 per value head: G = 16, 8, 2 tiles a key head)
-    at splits 1, 2 and G (blocks sharing a key head's q/k window; the counters' path from 2 on):
-    same results, the window shifted exactly once (conv_state exact), and the (b, kh) counters
-    back to zero after each launch."""
+    """dv tiles BV = 8, 16, 32, 128 (NV = 16, 8, 4, 1 per value head: G = 32, 16, 8, 2 tiles a
+    key head; BV = 8 is the heuristic's tile at dk = 512) at splits 1, 2 and G (blocks sharing
+    a key head's q/k window; the counters' path from 2 on; at split 1 the default's PF loop for
+    fp32, gdn_decode_whole for bf16): same results, the window shifted exactly once (conv_state
+    exact), and the (b, kh) counters back to zero after each launch."""
     B, N = 7, 11
     cfg = cd.DecodeCfg.heuristic(16, 32, 128, 128, 4, sd.itemsize).with_tile(128, BV)
     _check_splits(cfg, sd, B, N)
@@ -344,10 +364,9 @@ def test_every_tiling_and_split_matches_reference(BV, sd):
 @pytest.mark.parametrize("name", list(KERNEL_VARIANTS))
 @pytest.mark.parametrize("sd", [F32, BF], ids=["fp32state", "bf16state"])
 def test_every_kernel_variant_matches_reference(name, sd):
-    """Each variant of KERNEL_VARIANTS at Qwen3-Next shapes, splits 1, 2 and G (G = 8 tiles
-    per key head for fp32 state, 4 for bf16): with U = 4 that is two chunks, one chunk, and
-    the one-by-one path; with STATIC split 1 is gdn_decode_whole. Same results as the
-    reference, the window shifted exactly once."""
+    """Each variant of KERNEL_VARIANTS at Qwen3-Next shapes, splits 1, 2 and G (G = R*NV tiles
+    per key head): with PF a loop of G, G/2 and no later tile; with STATIC split 1 is
+    gdn_decode_whole. Same results as the reference, the window shifted exactly once."""
     B, N = 7, 11
     base = cd.DecodeCfg.heuristic(16, 32, 128, 128, 4, sd.itemsize)
     cfg = dataclasses.replace(base, **KERNEL_VARIANTS[name])

@@ -78,7 +78,7 @@ import cuda.tile as ct
 import torch
 import torch.distributed as dist
 
-from tilekernels._cutile import PAD_ZERO, Launch, cdiv, next_pow2, occ, pow2_floor
+from tilekernels._cutile import PAD_ZERO, Launch, cdiv, next_pow2, occ, pow2_floor, sm_count
 from tilekernels._glue import empty, kernel
 
 ConstInt = ct.Constant[int]
@@ -555,7 +555,7 @@ def section_launch(a, b, cfg: PackCfg, split: bool) -> Launch:
     rows = cfg.BT if split else (cfg.MBT or cfg.BT)
     nbt = cdiv(a.shape[0], rows)
     if cfg.QGRID and cfg.PERSIST and not split:  # launch geometry only: the kernel loops over the items
-        grid = (min(nbt * cfg.cp, cfg.PERSIST * _sm_count(a.device)), 1, 1)
+        grid = (min(nbt * cfg.cp, cfg.PERSIST * sm_count(a.device)), 1, 1)
     elif cfg.QGRID and cfg.QFIRST and not split:
         grid = (nbt * cfg.cp, 1, 1)
     else:
@@ -564,19 +564,6 @@ def section_launch(a, b, cfg: PackCfg, split: bool) -> Launch:
         b = b.view(b.shape[0] * b.shape[1], b.shape[2])
     args = (a, b, _ranks(cfg.cp, a.device)) if cfg.QGRID and cfg.DYNQ and not split else (a, b)
     return Launch(_section_kernel(cfg, split), grid, args, cfg, occ(cfg.OCC))
-
-
-_SMS: dict = {}
-
-
-def _sm_count(device: torch.device) -> int:
-    """Multiprocessors of ``device`` (132 for meta / CPU tensors: the H200's count)."""
-    if device.type != "cuda":
-        return 132
-    idx = device.index if device.index is not None else torch.cuda.current_device()
-    if idx not in _SMS:
-        _SMS[idx] = torch.cuda.get_device_properties(idx).multi_processor_count
-    return _SMS[idx]
 
 
 _RANKS: dict = {}

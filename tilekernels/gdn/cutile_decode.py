@@ -15,21 +15,28 @@ of column j need only column j of S and all of k, q), so any split works. NS is 
 value, the grid's second extent over Hk (not in the compile key), chosen per call by
 ``DecodeCfg.split(B, SMs)``: few rows split a key head's tiles over up to G blocks (B=1 at
 Qwen3-Next shapes: 128 blocks instead of 16), many rows keep one block per key head (NS=1:
-the q/k prologue once, the tiles in a loop). Each block issues its first state-tile load
-before the prologue (U = 1; U = 2 or 4: chunks of U tiles whose loads go out together).
+the q/k prologue once, the tiles in a loop). Each block issues its first tile's loads (state
+tile, v's token, window and taps, gate inputs: ``_tile_in``) before the prologue; with PF the
+loop issues tile i+1's loads before tile i's math (two tiles in flight per block).
 With the algebra o = g*(S^T q) + u*(k.q) both dk-reductions (S^T k and S^T q) read the loaded
 tile, independent of each other and of the update.
 
-The reductions: a [dk, BV] tile sits one dk row per thread, so each sum over dk is a
-128-thread butterfly (5 shuffles + adds per element and reduction, then shared memory
-across warps): ~1900-2500 instructions per 4096-element fp32 tile in the cubin. MM puts
-them on the tensor cores instead: one [16, dk] x [dk, BV] mma, rows k_hi, k_lo, q_hi, q_lo
-of the left operand (k and q in two parts of the mma's input type), the state tile the
+Where the time goes (H200, ncu of the split-1 launch at B=256 before PF, session 6): 393 us,
+DRAM 57% of peak (2.74 TB/s), SM issue 28%, 20.6 cycles between a warp's instructions of which
+11.3 waiting on global loads (L1TEX scoreboard): latency-bound, not issue-bound; the cubin the
+JIT builds there has 256 threads, 80 registers, 75 KB shared memory (occupancy 3), 68 SHFL
+(an AOT export on a CPU host builds another kernel, 128 threads and 800 SHFL: read resources
+on the device, benchmarks/probes/gdn_decode_cubins.py). Hence PF at split 1: 408.6 -> 386.4 us
+at B=256, 113.3 -> 103.7 at B=64, 68.3 -> 61.0 at B=32 (same run). At B=1 (split 8, one tile
+per block) a launch is 13 us under ncu, 26k cycles of one dependent chain (idx, loads,
+conv, l2norm, the tile's reductions, stores, counter): stalls on global loads (43%) and
+barriers (33%).
+MM puts the two dk-reductions on the tensor cores: one [16, dk] x [dk, BV] mma, rows k_hi,
+k_lo, q_hi, q_lo of the left operand (k and q in two parts of the mma's input type), the state tile the
 right one (bf16 state: as stored, exact; fp32 state: two tf32 parts, two mmas), fp32
 accumulation (~22 significant bits of every product; the update stays fp32 on the CUDA
-cores). That cuts the instructions per tile 2-5x, yet measured slower (in the cubins the mma
-operands go through shared memory with barriers, and fp32 drops to occupancy 2; not
-profiled): off by default, kept for sweeps.
+cores): measured slower (in the cubins the mma operands go through shared memory with
+barriers, and fp32 drops to occupancy 2): off by default, kept for sweeps.
 FAST: silu with the approximate ex2 and rcp instead of exp's range reduction and the IEEE
 division (the [BV] vectors of v's conv step are computed in every thread of the tile's
 layout, so their cost is per state element): 2% on fp32, 6% on bf16 at B=256.
@@ -37,13 +44,18 @@ layout, so their cost is per state element): 2% on fp32, 6% on bf16 at B=256.
 Two kernels, the same arguments: gdn_decode_fwd (any split, as above) and gdn_decode_whole,
 the first kernel's loop (v1: grid (B, Hk), the block shifts its q/k windows itself, then
 the G tiles in a loop of static trip count, each in the order decay, S^T k, update, S^T q).
-With cfg.STATIC a split of 1 runs gdn_decode_whole: for a bf16 state its cubin is the first
-kernel's (128 registers, 108 KB shared memory, occupancy 2; the dynamic loop of the split
-kernel before it got 99 KB and ran 22% slower at B=256; why, not profiled). Which of the two runs follows B only through the
-split, as the grid does; each compile key is B-independent.
-Known fault (H200, 2026-11-24, not understood): gdn_decode_fwd with a bf16 state at Hk=Hv=4,
-dk=32, dv=64, W=2 (B=33, padded state_indices, split 1, TMA on) never finished (the same launch
-with TMA off did); the default runs gdn_decode_whole there (STATIC, split 1), which passes.
+With cfg.STATIC a split of 1 runs gdn_decode_whole (the bf16 default: its cubin is the first
+kernel's, 128 registers, 108 KB shared memory, occupancy 2; gdn_decode_fwd's dynamic loop
+ran 22% slower at B=256, not profiled); with cfg.PF1 a split of 1 runs gdn_decode_fwd with
+PF (the fp32 default; cfg.PF: PF at every split). Which compiled kernel a launch runs
+follows B only through the split, as the grid does; each compile key is B-independent.
+Known faults (H200, not understood; none is a config the heuristic picks): gdn_decode_fwd with
+a bf16 state at Hk=Hv=4, dk=32, dv=64, W=2 (B=33, padded state_indices, split 1, TMA on)
+never finished (the same launch with TMA off did; the default runs gdn_decode_whole there,
+which passes); wrong results (o rel. error 0.59) from PF at occupancy 4 (fp32, B=256; PF at
+the default occupancy 3 passes its tests, memcheck and racecheck) and from plain loads
+(TMA off) at BV=8, occupancy 2, B=32 and 256: a race-free kernel computing garbage only at
+some compile settings points at the compiler; new configs must pass the GPU tests first.
 
 Who writes the conv state: v's channels of a tile are read, shifted and written by the block
 that owns the tile. q's and k's channels of key head kh are needed by all NS blocks of
@@ -75,7 +87,7 @@ fp32 or bf16 (no float64: the torch backend covers reference mode); W >= 2; cont
 tensors (as the spec asks); int32 indexing: every tensor < 2**31 elements
 (N*Hv*dk*dv < 2**31: N < 4096 slots at Qwen3-Next shapes). Compile key: DecodeCfg (from
 Hk, Hv, dk, dv, W and the state dtype only) + kernel + dtypes + HAS_IDX; B and N are dynamic
-array shapes (the grid, and with STATIC the kernel, follow B through the split).
+array shapes (the grid, and with STATIC or PF1 the compiled kernel, follow B through the split).
 Importing this module needs ``cuda.tile`` but no GPU.
 """
 from __future__ import annotations
@@ -87,7 +99,7 @@ import cuda.tile as ct
 import torch
 
 from tilekernels._glue import kernel
-from tilekernels._cutile import PAD_ZERO, Launch, cdiv, next_pow2, occ, workspace
+from tilekernels._cutile import PAD_ZERO, Launch, cdiv, next_pow2, occ, sm_count, workspace
 
 ConstInt = ct.Constant[int]
 ConstBool = ct.Constant[bool]
@@ -142,13 +154,11 @@ def _qk(mqk, cqk, wqk, b, slot, kh, which: ConstInt, eps, DK: ConstInt, W: Const
     return y * ct.rsqrt(ct.sum(y * y, axis=0, keepdims=True) + eps), new
 
 
-def _gates(mba, A_log, dt_bias, b, h):
-    """(beta, decay) of row b, value head h as [1, 1] fp32: beta = sigmoid(b),
-    decay = exp(-exp(A_log) * softplus(a + dt_bias)) (torch's softplus: x above 20 passes)."""
-    bt = ct.load(mba, index=(b, 0, h), shape=(1, 1, 1)).astype(ct.float32)
-    at = ct.load(mba, index=(b, 1, h), shape=(1, 1, 1)).astype(ct.float32)
-    al = ct.load(A_log, index=(h,), shape=(1,)).astype(ct.float32)
-    dtb = ct.load(dt_bias, index=(h,), shape=(1,)).astype(ct.float32)
+def _gates(bt, at, al, dtb):
+    """(beta, decay) as [1, 1] fp32 from b, a [1, 1, 1] (row b, value head h), A_log[h] and
+    dt_bias[h] [1]: beta = sigmoid(b), decay = exp(-exp(A_log) * softplus(a + dt_bias))
+    (torch's softplus: x above 20 passes)."""
+    bt, at, al, dtb = bt.astype(ct.float32), at.astype(ct.float32), al.astype(ct.float32), dtb.astype(ct.float32)
     beta = ct.reshape(1.0 / (1.0 + ct.exp(-bt)), (1, 1))
     xa = ct.reshape(at, (1, 1)) + ct.reshape(dtb, (1, 1))
     sp = ct.where(xa > 20.0, xa, ct.log(1.0 + ct.exp(ct.minimum(xa, 20.0))))
@@ -185,21 +195,36 @@ def _reductions(Sraw, St, k2, q2, A, BV: ConstInt, MM: ConstBool):
     return ct.sum(St * k2, axis=0, keepdims=True), ct.sum(St * q2, axis=0, keepdims=True)
 
 
-def _tile(Sraw, mv, mba, cv, wv, A_log, dt_bias, S, o, b, slot, h, jv, k2, q2, kq, A,
-          BV: ConstInt, DK: ConstInt, W: ConstInt, WP: ConstInt, WW: ConstInt, TMA: ConstBool, MM: ConstBool,
-          FAST: ConstBool, SEQ: ConstBool = False):
-    """Value head h, columns [jv*BV, (jv+1)*BV) of row b: v's conv step (its window written
-    here), the gates, the delta rule on the loaded state tile Sraw [DK, BV] (S's dtype),
-    stores of S and o. k2, q2 [DK, 1] fp32 (q2 scaled), kq [1, 1] = k . q2, A see _kq_rows.
-    SEQ (the first kernel's order, CUDA-core sums): decay, S^T k, update, then S^T q of the
-    updated tile."""
+def _tile_in(S, mv, mba, cv, wv, A_log, dt_bias, b, slot, h, jv, DK: ConstInt, BV: ConstInt, WP: ConstInt,
+             WW: ConstInt, TMA: ConstBool):
+    """Everything the tile of value head h, columns [jv*BV, (jv+1)*BV) of row b reads, as
+    loads issued together: (state tile [DK, BV] in S's dtype, v's new input [BV], its old
+    window [BV, WP], its taps [BV, WW], b and a [1, 1, 1], A_log[h] and dt_bias[h] [1]).
+    (A DRAM-latency hint on the state load, ``latency=10``, measured 402 against 398 us at
+    B=256: left off.)"""
+    Sraw = ct.reshape(ct.load(S, index=(slot, h, 0, jv), shape=(1, 1, DK, BV), padding_mode=PAD_ZERO,
+                              allow_tma=TMA), (DK, BV))
     xv = ct.reshape(ct.load(mv, index=(b, h, jv), shape=(1, 1, BV), padding_mode=PAD_ZERO), (BV,))
     oldv = ct.reshape(ct.load(cv, index=(slot, h, jv, 0), shape=(1, 1, BV, WP), padding_mode=PAD_ZERO),
                       (BV, WP))
     wvt = ct.reshape(ct.load(wv, index=(h, jv, 0), shape=(1, BV, WW), padding_mode=PAD_ZERO), (BV, WW))
+    bt = ct.load(mba, index=(b, 0, h), shape=(1, 1, 1))
+    at = ct.load(mba, index=(b, 1, h), shape=(1, 1, 1))
+    return Sraw, xv, oldv, wvt, bt, at, ct.load(A_log, index=(h,), shape=(1,)), ct.load(dt_bias, index=(h,), shape=(1,))
+
+
+def _tile(inp, cv, S, o, b, slot, h, jv, k2, q2, kq, A,
+          BV: ConstInt, DK: ConstInt, W: ConstInt, WP: ConstInt, WW: ConstInt, TMA: ConstBool, MM: ConstBool,
+          FAST: ConstBool, SEQ: ConstBool = False):
+    """Value head h, columns [jv*BV, (jv+1)*BV) of row b from its inputs ``inp`` (``_tile_in``):
+    v's conv step (its window written here), the gates, the delta rule on the state tile
+    (S's dtype), stores of S and o. k2, q2 [DK, 1] fp32 (q2 scaled), kq [1, 1] = k . q2, A see
+    _kq_rows. SEQ (the first kernel's order, CUDA-core sums): decay, S^T k, update, then S^T q
+    of the updated tile."""
+    Sraw, xv, oldv, wvt, bt, at, al, dtb = inp
     v, newv = _conv_step(xv, oldv, wvt, BV, W, WP, FAST)
     ct.store(cv, index=(slot, h, jv, 0), tile=ct.reshape(newv, (1, 1, BV, WP)))
-    beta, decay = _gates(mba, A_log, dt_bias, b, h)
+    beta, decay = _gates(bt, at, al, dtb)
     if SEQ:
         St = Sraw.astype(ct.float32) * decay                      # gS
         u = beta * (ct.reshape(v, (1, BV)) - ct.sum(St * k2, axis=0, keepdims=True))
@@ -215,34 +240,34 @@ def _tile(Sraw, mv, mba, cv, wv, A_log, dt_bias, S, o, b, slot, h, jv, k2, q2, k
     ct.store(o, index=(b, h, jv), tile=ct.reshape(ov, (1, 1, BV)).astype(o.dtype))
 
 
-def _load_state(S, slot, h, jv, DK: ConstInt, BV: ConstInt, TMA: ConstBool):
-    """State tile [DK, BV] of value head h, columns jv*BV.., in S's dtype."""
-    return ct.reshape(ct.load(S, index=(slot, h, 0, jv), shape=(1, 1, DK, BV), padding_mode=PAD_ZERO,
-                              allow_tma=TMA), (DK, BV))
-
-
 def _store_qk_windows(cqk, slot, kh, newq, newk, DK: ConstInt, WP: ConstInt):
     ct.store(cqk, index=(slot, 0, kh, 0, 0), tile=ct.reshape(newq, (1, 1, 1, DK, WP)))
     ct.store(cqk, index=(slot, 1, kh, 0, 0), tile=ct.reshape(newk, (1, 1, 1, DK, WP)))
+
+
+def _qk_cols(k, q, scale, DK: ConstInt):
+    """k and scale*q as [DK, 1] columns (the state tile's dk axis), kq [1, 1] = k . (scale q)."""
+    k2, q2 = ct.reshape(k, (DK, 1)), ct.reshape(q * scale, (DK, 1))
+    return k2, q2, ct.sum(k2 * q2, axis=0, keepdims=True)
 
 
 @ct.kernel
 def gdn_decode_fwd(mqk, mv, mba, cqk, cv, wqk, wv, A_log, dt_bias, S, idx, o, cnt, eps: float,
                    scale: float, Hk: ConstInt, R: ConstInt, W: ConstInt, DK: ConstInt, BV: ConstInt,
                    NV: ConstInt, WP: ConstInt, WW: ConstInt, TMA: ConstBool, HAS_IDX: ConstBool,
-                   MM: ConstBool, U: ConstInt, FAST: ConstBool, STATIC: ConstBool):
+                   MM: ConstBool, PF: ConstBool, FAST: ConstBool, STATIC: ConstBool):
     """Block (b, kh*NS + s): row b, key head kh, its tiles [s*TPB, (s+1)*TPB) of the G = R*NV
-    tiles [dk, BV] (tile t: value head kh*R + t // NV, columns (t % NV)*BV..); NS, the split,
-    is the grid's second extent over Hk (a runtime value: not in the compile key). U = 1: the
-    first tile is loaded before the q/k prologue, the rest one by one; U > 1: after the
-    prologue, chunks of U (2 or 4) tiles whose U loads are issued together (static unroll),
-    then the TPB % U left one by one."""
+    tiles (tile t: value head kh*R + t // NV, columns (t % NV)*BV..); NS, the split, is the
+    grid's second extent over Hk (a runtime value: not in the compile key). The first tile is
+    loaded before the q/k prologue (its latency covers it); PF: each later tile's load is
+    issued before the previous tile's math (one tile in flight behind the one computed),
+    with all of that tile's other inputs (v's token, window and taps, the gate inputs),
+    else each tile's inputs are loaded when its turn comes."""
     b = ct.bid(0)
     kh = ct.bid(1) // (ct.num_blocks(1) // Hk)
     s = ct.bid(1) % (ct.num_blocks(1) // Hk)
     NS = ct.num_blocks(1) // Hk
-    G = R * NV
-    TPB = G // NS
+    TPB = (R * NV) // NS
     MT = ct.bfloat16 if S.dtype == ct.bfloat16 else ct.tfloat32
     if HAS_IDX:
         slot = ct.load(idx, index=(b,), shape=())
@@ -250,44 +275,31 @@ def gdn_decode_fwd(mqk, mv, mba, cqk, cv, wqk, wv, A_log, dt_bias, S, idx, o, cn
         slot = b
     if slot >= 0:
         t0 = s * TPB
-        if U == 1:  # the first state tile first: its latency covers the q/k prologue
-            S0 = _load_state(S, slot, kh * R + t0 // NV, t0 % NV, DK, BV, TMA)
+        cur = _tile_in(S, mv, mba, cv, wv, A_log, dt_bias, b, slot, kh * R + t0 // NV, t0 % NV, DK, BV, WP, WW,
+                       TMA)
         q, newq = _qk(mqk, cqk, wqk, b, slot, kh, 0, eps, DK, W, WP, WW, FAST)
         k, newk = _qk(mqk, cqk, wqk, b, slot, kh, 1, eps, DK, W, WP, WW, FAST)
-        k2 = ct.reshape(k, (DK, 1))
-        q2 = ct.reshape(q * scale, (DK, 1))
-        kq = ct.sum(k2 * q2, axis=0, keepdims=True)                   # [1, 1] = k . (scale q)
+        k2, q2, kq = _qk_cols(k, q, scale, DK)
         A = _kq_rows(k, q * scale, DK, MT) if MM else kq
-        if U == 1:
-            _tile(S0, mv, mba, cv, wv, A_log, dt_bias, S, o, b, slot, kh * R + t0 // NV, t0 % NV, k2, q2, kq, A,
-                  BV, DK, W, WP, WW, TMA, MM, FAST)
+        if PF:
+            for i in range(1, TPB):
+                t = t0 + i
+                nxt = _tile_in(S, mv, mba, cv, wv, A_log, dt_bias, b, slot, kh * R + t // NV, t % NV, DK, BV, WP,
+                               WW, TMA)
+                _tile(cur, cv, S, o, b, slot, kh * R + (t - 1) // NV, (t - 1) % NV, k2, q2, kq, A, BV, DK, W, WP,
+                      WW, TMA, MM, FAST)
+                cur = nxt
+            t = t0 + TPB - 1
+            _tile(cur, cv, S, o, b, slot, kh * R + t // NV, t % NV, k2, q2, kq, A, BV, DK, W, WP, WW, TMA, MM,
+                  FAST)
+        else:
+            _tile(cur, cv, S, o, b, slot, kh * R + t0 // NV, t0 % NV, k2, q2, kq, A, BV, DK, W, WP, WW, TMA, MM,
+                  FAST)
             for i in range(1, TPB):
                 t = t0 + i
                 h = kh * R + t // NV
-                _tile(_load_state(S, slot, h, t % NV, DK, BV, TMA), mv, mba, cv, wv, A_log, dt_bias, S, o, b,
-                      slot, h, t % NV, k2, q2, kq, A, BV, DK, W, WP, WW, TMA, MM, FAST)
-        else:
-            for c in range(TPB // U):
-                tc = t0 + c * U
-                a0 = _load_state(S, slot, kh * R + tc // NV, tc % NV, DK, BV, TMA)
-                a1 = _load_state(S, slot, kh * R + (tc + 1) // NV, (tc + 1) % NV, DK, BV, TMA)
-                if U == 4:
-                    a2 = _load_state(S, slot, kh * R + (tc + 2) // NV, (tc + 2) % NV, DK, BV, TMA)
-                    a3 = _load_state(S, slot, kh * R + (tc + 3) // NV, (tc + 3) % NV, DK, BV, TMA)
-                _tile(a0, mv, mba, cv, wv, A_log, dt_bias, S, o, b, slot, kh * R + tc // NV, tc % NV,
-                      k2, q2, kq, A, BV, DK, W, WP, WW, TMA, MM, FAST)
-                _tile(a1, mv, mba, cv, wv, A_log, dt_bias, S, o, b, slot, kh * R + (tc + 1) // NV, (tc + 1) % NV,
-                      k2, q2, kq, A, BV, DK, W, WP, WW, TMA, MM, FAST)
-                if U == 4:
-                    _tile(a2, mv, mba, cv, wv, A_log, dt_bias, S, o, b, slot, kh * R + (tc + 2) // NV,
-                          (tc + 2) % NV, k2, q2, kq, A, BV, DK, W, WP, WW, TMA, MM, FAST)
-                    _tile(a3, mv, mba, cv, wv, A_log, dt_bias, S, o, b, slot, kh * R + (tc + 3) // NV,
-                          (tc + 3) % NV, k2, q2, kq, A, BV, DK, W, WP, WW, TMA, MM, FAST)
-            for i in range(TPB % U):
-                t = t0 + (TPB // U) * U + i
-                h = kh * R + t // NV
-                _tile(_load_state(S, slot, h, t % NV, DK, BV, TMA), mv, mba, cv, wv, A_log, dt_bias, S, o, b,
-                      slot, h, t % NV, k2, q2, kq, A, BV, DK, W, WP, WW, TMA, MM, FAST)
+                _tile(_tile_in(S, mv, mba, cv, wv, A_log, dt_bias, b, slot, h, t % NV, DK, BV, WP, WW, TMA),
+                      cv, S, o, b, slot, h, t % NV, k2, q2, kq, A, BV, DK, W, WP, WW, TMA, MM, FAST)
         # q/k windows of (b, kh): shifted by the last of its NS blocks to have read them
         if NS == 1:
             _store_qk_windows(cqk, slot, kh, newq, newk, DK, WP)
@@ -305,11 +317,11 @@ def gdn_decode_fwd(mqk, mv, mba, cqk, cv, wqk, wv, A_log, dt_bias, S, idx, o, cn
 def gdn_decode_whole(mqk, mv, mba, cqk, cv, wqk, wv, A_log, dt_bias, S, idx, o, cnt, eps: float,
                      scale: float, Hk: ConstInt, R: ConstInt, W: ConstInt, DK: ConstInt, BV: ConstInt,
                      NV: ConstInt, WP: ConstInt, WW: ConstInt, TMA: ConstBool, HAS_IDX: ConstBool,
-                     MM: ConstBool, U: ConstInt, FAST: ConstBool, STATIC: ConstBool):
+                     MM: ConstBool, PF: ConstBool, FAST: ConstBool, STATIC: ConstBool):
     """The split of one block per key head (NS = 1) as the first kernel (v1) ran it: grid
     (B, Hk), block (b, kh) shifts its q/k windows itself, then all G = R*NV tiles in a loop of
     static trip count G, each in the sequential order (``_tile``'s SEQ). Same arguments as
-    gdn_decode_fwd (cnt, MM, U, STATIC unused); chosen by ``decode_launch`` when cfg.STATIC
+    gdn_decode_fwd (cnt, MM, PF, STATIC unused); chosen by ``decode_launch`` when cfg.STATIC
     and the split is 1 (for a bf16 state it beat gdn_decode_fwd's loop, see DecodeCfg)."""
     b = ct.bid(0)
     kh = ct.bid(1)
@@ -322,18 +334,28 @@ def gdn_decode_whole(mqk, mv, mba, cqk, cv, wqk, wv, A_log, dt_bias, S, idx, o, 
         ct.store(cqk, index=(slot, 0, kh, 0, 0), tile=ct.reshape(newq, (1, 1, 1, DK, WP)))
         k, newk = _qk(mqk, cqk, wqk, b, slot, kh, 1, eps, DK, W, WP, WW, FAST)
         ct.store(cqk, index=(slot, 1, kh, 0, 0), tile=ct.reshape(newk, (1, 1, 1, DK, WP)))
-        k2 = ct.reshape(k, (DK, 1))
-        q2 = ct.reshape(q * scale, (DK, 1))
+        k2, q2, kq = _qk_cols(k, q, scale, DK)
         for t in range(R * NV):
             h = kh * R + t // NV
-            _tile(_load_state(S, slot, h, t % NV, DK, BV, TMA), mv, mba, cv, wv, A_log, dt_bias, S, o, b,
-                  slot, h, t % NV, k2, q2, q2, q2, BV, DK, W, WP, WW, TMA, False, FAST, True)
+            _tile(_tile_in(S, mv, mba, cv, wv, A_log, dt_bias, b, slot, h, t % NV, DK, BV, WP, WW, TMA),
+                  cv, S, o, b, slot, h, t % NV, k2, q2, kq, kq, BV, DK, W, WP, WW, TMA, False, FAST, True)
     else:  # padded row: o = 0, no state touched
         for t in range(R * NV):
             ct.store(o, index=(b, kh * R + t // NV, t % NV), tile=ct.zeros((1, 1, BV), dtype=o.dtype))
 
 
 # ------------------------------------------------------------------ launch config
+
+
+def wrong_result_risk(cfg) -> str:
+    """Why ``cfg`` is refused, or "": the settings that computed wrong results on the H200 (module
+    doc, "Known faults"): PF at occupancy >= 4, and plain state loads (TMA off) with BV <= 8 at
+    occupancy 2. A config the library accepts must be one whose results were seen correct."""
+    if (cfg.PF or cfg.PF1) and cfg.OCC >= 4:
+        return "PF at occupancy >= 4 gave wrong results on the H200 (o rel. error 0.59): use OCC <= 3"
+    if not cfg.TMA and cfg.BV <= 8 and cfg.OCC == 2:
+        return "plain state loads (TMA off) with BV <= 8 at occupancy 2 gave wrong results on the H200"
+    return ""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -350,9 +372,15 @@ class DecodeCfg:
     TMA: bool = True  # state tiles may move through TMA (False: plain loads/stores to registers)
     OCC: int = 0  # occupancy hint (0: compiler's choice)
     MM: bool = False  # the two dk-reductions on the tensor cores (needs DK >= 16, BV >= 8)
-    U: int = 1    # state tiles loaded together: 1, 2 or 4 (1: the first before the prologue)
+    PF: bool = False  # gdn_decode_fwd: the next tile's inputs loaded before this tile's math
+    PF1: bool = False  # PF where the split is 1 (the grid picks it: no compile-time B)
     FAST: bool = False  # silu with approximate ex2 / rcp (see _conv_step)
     STATIC: bool = False  # split 1 runs gdn_decode_whole (the first kernel's loop)
+
+    def __post_init__(self):
+        bad = wrong_result_risk(self)
+        if bad:
+            raise ValueError(f"gdn_decode cutile: config {self}: {bad}")
 
     @classmethod
     @functools.lru_cache(maxsize=1024)  # pure in its arguments; runs on every call's host path
@@ -365,16 +393,18 @@ class DecodeCfg:
             raise ValueError(f"gdn_decode cutile: Hv={Hv} is not a multiple of Hk={Hk}")
         DK, DV = next_pow2(dk), next_pow2(dv)
         # 16 KiB of state per tile (BV=32 fp32 / BV=64 bf16 at dk=128), CUDA-core reductions,
-        # the fast silu. H200, Qwen3-Next, graph-replayed, B = 1 / 32 / 256 (gdn.md, 2nd run):
-        # fp32: gdn_decode_fwd at occupancy 3 9.1 / 66.8 / 398.7 us (gdn_decode_whole at
-        # split 1: 60.2 us at B=32 but 429.9 at B=256); bf16: occupancy 2, gdn_decode_whole
+        # the fast silu. H200, Qwen3-Next, graph-replayed, B = 1 / 32 / 64 / 256 (session 6):
+        # fp32: gdn_decode_fwd at occupancy 3, PF at split 1 (B >= 16): 9.4 / 61.0 / 103.7 /
+        # 386.4 us against 9.4 / 68.3 / 113.3 / 408.6 without PF; gdn_decode_whole at split 1
+        # 59.7 / 115.1 / 423.3 (B = 32 / 64 / 256); occupancy 4 without PF 8.4 / 58.9 / - / 419.4
+        # (not in the GPU tests yet); BV 16 and 8 slower at every B. bf16: occupancy 2, gdn_decode_whole
         # at split 1 (STATIC) 10.4 / 35.8 / 315.1 us against 11.3 / 46.9 / 391.0 without it
         # (the first kernel: 15.7 / 38.1 / 319.8). The tensor-core reductions (MM) cut the
         # cubin's instructions per tile 2-5x but ran slower (B=256: fp32 544 us, bf16 430).
         BV = min(DV, max(8, 4096 * (4 // state_bytes) // DK))
         bf16 = state_bytes < 4
         return cls(Hk=Hk, R=Hv // Hk, W=W, DK=DK, BV=BV, NV=cdiv(dv, BV), WP=next_pow2(W - 1),
-                   WW=next_pow2(W), OCC=2 if bf16 else 3, FAST=True, STATIC=bf16)
+                   WW=next_pow2(W), OCC=2 if bf16 else 3, FAST=True, STATIC=bf16, PF1=not bf16)
 
     def split(self, B: int, sms: int) -> int:
         """Blocks per (row, key head) at batch B: the largest power of two dividing the
@@ -395,18 +425,6 @@ class DecodeCfg:
 # 9.2-9.8 us against 10.6-11.4 at split 4; B=32 split 1 (512 blocks) 64-68 us against 70-78
 # at split 2 and 84-99 at split 4 (gdn_decode_check.py --sweep).
 BLOCKS_PER_SM = 2
-_SMS: dict = {}
-
-
-def _sm_count(device: torch.device) -> int:
-    """Multiprocessors of ``device`` (132 for meta/CPU tensors: the H200's count)."""
-    if device.type != "cuda":
-        return 132
-    if device.index not in _SMS:
-        _SMS[device.index] = torch.cuda.get_device_properties(device).multi_processor_count
-    return _SMS[device.index]
-
-
 def _views(mixed, conv_state, conv_weight, Hk: int, Hv: int, dk: int, dv: int):
     """Strided views (no copies) of the sections the kernel reads (see the module doc)."""
     B, N, W = mixed.shape[0], conv_state.shape[0], conv_weight.shape[1]
@@ -431,7 +449,7 @@ def decode_launch(mixed, conv_state, conv_weight, A_log, dt_bias, ssm_state, sta
     W = conv_weight.shape[1]
     cfg = cfg or DecodeCfg.heuristic(Hk, Hv, dk, dv, W, ssm_state.element_size())
     if (cfg.Hk != Hk or cfg.R * Hk != Hv or cfg.W != W or cfg.DK < dk or cfg.BV * cfg.NV < dv
-            or cfg.U not in (1, 2, 4) or (cfg.MM and (cfg.DK < 16 or cfg.BV < 8))):
+            or (cfg.MM and (cfg.DK < 16 or cfg.BV < 8))):
         raise ValueError(f"gdn_decode cutile: config {cfg} does not fit Hk={Hk}, Hv={Hv}, dk={dk}, "
                          f"dv={dv}, W={W}")
     scale = float(dk ** -0.5 if scale is None else scale)
@@ -439,15 +457,16 @@ def decode_launch(mixed, conv_state, conv_weight, A_log, dt_bias, ssm_state, sta
     has_idx = state_indices is not None
     # without state_indices the load is dead code; A_log stands in for the argument
     idx = state_indices if has_idx else A_log
-    ns = split or cfg.split(B, _sm_count(mixed.device))
+    ns = split or cfg.split(B, sm_count(mixed.device))
     if (cfg.R * cfg.NV) % ns:
         raise ValueError(f"gdn_decode cutile: split {ns} does not divide the {cfg.R * cfg.NV} tiles of a key head")
     # int32 counters, zero between launches; 4096-row steps keep the growth rare
     cnt = workspace("gdn_decode.counters", (cdiv(max(B * Hk, 1), 4096) * 4096,), torch.int32, mixed.device, zero=True)
     whole = cfg.STATIC and ns == 1
+    pf = cfg.PF or (cfg.PF1 and ns == 1)
     return Launch(gdn_decode_whole if whole else gdn_decode_fwd, (B, Hk * ns, 1),
                   (mqk, mv, mba, cqk, cv, wqk, wv, A_log, dt_bias, ssm_state, idx, o, cnt, float(eps), scale,
-                   cfg.Hk, cfg.R, cfg.W, cfg.DK, cfg.BV, cfg.NV, cfg.WP, cfg.WW, cfg.TMA, has_idx, cfg.MM, cfg.U, cfg.FAST,
+                   cfg.Hk, cfg.R, cfg.W, cfg.DK, cfg.BV, cfg.NV, cfg.WP, cfg.WW, cfg.TMA, has_idx, cfg.MM, pf, cfg.FAST,
                    cfg.STATIC),
                   cfg, occ(cfg.OCC))
 

@@ -1,0 +1,30 @@
+#!/usr/bin/env python3
+"""Device host: gdn_decode launches for Nsight Compute (Qwen3-Next shapes, bf16 mixed, random
+state_indices), one per argument ``B:state:{DecodeCfg changes}`` (state fp32 or bf16; BV
+re-tiles), each run three times in argument order, e.g. the third launch of the first case:
+    ncu --clock-control none --kernel-name regex:gdn_decode --launch-skip 2 --launch-count 1 \\
+        --section SpeedOfLight --section Occupancy --section WarpStateStats \\
+        python3 benchmarks/probes/gdn_decode_ncu.py "256:fp32:{}" "1:fp32:{'TMA': False}"
+"""
+from __future__ import annotations
+
+import ast
+import os
+import sys
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+import torch  # noqa: E402
+
+import gdn_decode_check as gc  # noqa: E402
+
+if __name__ == "__main__":
+    for arg in sys.argv[1:] or ["256:fp32:{}"]:
+        B, sd, changes = arg.split(":", 2)
+        sdt = gc.SDT[sd]
+        x, conv, w, A, dt, ssm, idx, o = gc.problem(int(B), sdt)
+        ln = gc.cd.decode_launch(x, conv, w, A, dt, ssm, idx, o, gc.SHAPE["Hk"], 1e-6, None,
+                                 cfg=gc.variant_cfg(sdt, ast.literal_eval(changes)))
+        for _ in range(3):
+            ln.run()
+        torch.cuda.synchronize()
+        print("ran", arg, ln.cfg, ln.grid, flush=True)
