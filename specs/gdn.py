@@ -133,9 +133,9 @@ PRE_GATED = OpSpec(
         ],
         dtypes={"mixed": ["bfloat16", "float32"], "conv_weight": ["bfloat16", "float32"],
                 "A_log": ["float32"], "dt_bias": ["float32"]},
-        doc="fwd: one launch, grid (token tiles [+ N conv-state rows], 2*Hk + 2*Hv + 1 units); bwd: three "
-            "launches (dpre + dconv_weight partials, dx, fixed-order reduction); cu_seqlens read on the "
-            "device (tilekernels/gdn/cutile_pre_gated.py)"),
+        doc="fwd: one launch, grid (token tiles [+ N conv-state rows], 2*Hk + 2*Hv + 1 units); bwd: [THD "
+            "sequence bounds,] dpre + dconv_weight partials (tile 0, tiles 1..), dx, fixed-order reduction "
+            "(tilekernels/gdn/cutile_pre_gated_bwd.py); cu_seqlens read on the device"),
         _TORCH_FWD_BWD],
 )
 

@@ -1,9 +1,10 @@
 #!/usr/bin/env python3
-"""Device host: the gdn_pre_gated cuTile backward, new (tilekernels/gdn/cutile_pre_gated_bwd.py)
-against the first one (benchmarks/probes/gdn_pre_bwd_v0.py, the 9601adc kernels) on the same
-grads, with its GPU tests first. From the repository root:
+"""Device host: the gdn_pre_gated cuTile backward (tilekernels/gdn/cutile_pre_gated_bwd.py), each
+launch alone and its config variants, with its GPU tests first. From the repository root:
 
     python3 benchmarks/probes/gdn_pre_bwd_time.py --out "$OUT" [--tests 10] [--sanitize] [--sweep]
+
+(The first backward, timed beside this one in session 6: `git show 525096e:benchmarks/probes/gdn_pre_bwd_v0.py`.)
 
 --tests P: the backward GPU tests (tests/gdn/test_gdn_cutile_pre_gated_bwd.py and the bwd/registry
 tests of tests/gdn/test_gdn_cutile_pre_gated.py) under pytest-xdist with P workers and a per-test
@@ -37,42 +38,10 @@ sys.path[:0] = [ROOT, os.path.dirname(HERE), HERE]
 
 import torch  # noqa: E402
 
-import gdn_pre_bwd_v0 as v0  # noqa: E402
 
 
 
-def _gc_parts():
-    """The problem builders of benchmarks/gdn_pre_check.py (SHAPE, TOKENS, COPY_TBS, fwd_bytes,
-    bwd_bytes, thd_lengths, problem, bench) when that file as a whole does not import (it is edited
-    by others at the same time): its top-level definitions of those names, taken from its syntax
-    tree and run in a module of their own (no copy of the code here)."""
-    import ast
-    import functools
-    import types
-
-    from _gpu import bench as _bench
-    from tilekernels.gdn import bench as mk
-
-    path = os.path.join(os.path.dirname(HERE), "gdn_pre_check.py")
-    tree = ast.parse(open(path).read())
-    want = {"SHAPE", "TOKENS", "COPY_TBS", "fwd_bytes", "bwd_bytes", "thd_lengths", "problem"}
-    keep = [n for n in tree.body if (isinstance(n, ast.FunctionDef) and n.name in want) or
-            (isinstance(n, ast.Assign) and any(getattr(t, "id", "") in want for t in n.targets))]
-    mod = types.ModuleType("gdn_pre_check_parts")
-    mod.__dict__.update(torch=torch, mk=mk, bench=functools.partial(_bench, rep=100))
-    exec(compile(ast.Module(body=keep, type_ignores=[]), path, "exec"), mod.__dict__)
-    return mod
-
-
-try:  # the problem builders, by import
-    import gdn_pre_check as gc  # noqa: E402
-    GC_ERR = ""
-except Exception:  # noqa: BLE001
-    GC_ERR = traceback.format_exc(limit=3)
-    try:
-        gc = _gc_parts()
-    except Exception:  # noqa: BLE001
-        gc, GC_ERR = None, GC_ERR + traceback.format_exc(limit=3)
+import gdn_pre_check as gc  # noqa: E402  (the problem builders and bytes)
 from tilekernels.gdn import cutile_pre_gated_bwd as cb  # noqa: E402
 from tilekernels.gdn import reference as ref  # noqa: E402
 from tilekernels.testing import rel_err  # noqa: E402
@@ -95,12 +64,10 @@ def grads_for(x, repeat_qk):
             for j, s in enumerate(shapes)]
 
 
-def call(impl, grads, prob, repeat_qk, outs, cfg=None):
+def call(grads, prob, repeat_qk, outs, cfg=None):
     x, w, A, dt, cu = prob
     S = gc.SHAPE
     args = (*grads, x, w, A, dt, cu, *outs, S["Hk"], S["dk"], S["dv"], repeat_qk, 1e-6, False)
-    if impl == "old":
-        return lambda: v0.pre_gated_bwd_into(*args)
     return lambda: cb.pre_gated_bwd_into(*args, cfg=cfg)
 
 
@@ -119,30 +86,28 @@ def time_case(thd, repeat_qk, sweep=False):
     S = gc.SHAPE
     want = ref.pre_gated_bwd(*grads, x, w, A, dt, cu, Hk=S["Hk"], dk=S["dk"], dv=S["dv"], repeat_qk=repeat_qk)
     nb = gc.bwd_bytes(repeat_qk)
-    variants = [("old", None, "old (v0, 9601adc)")] if sweep or OLD_ALL else []
-    variants += [("new", None, "new")]
+    variants = [(None, "default")]
     if sweep:
         base = cb.PreGatedBwdCfg.heuristic(S["Hk"], S["Hv"], S["dk"], S["dv"], S["W"], repeat_qk)
-        variants += [("new", dataclasses.replace(base, **o), "new " + " ".join(f"{k}{v}" for k, v in o.items()))
-                     for o in SWEEP]
-    for impl, cfg, tag in variants:
+        variants += [(dataclasses.replace(base, **o), " ".join(f"{k}{v}" for k, v in o.items())) for o in SWEEP]
+    for cfg, tag in variants:
         if time.time() - T0 > LIMIT_S:
             OUT["errors"].append(f"{case} {tag}: skipped (time)")
             continue
         try:
             outs = [torch.full_like(t, float("nan")) for t in (x, w, A, dt)]
-            fn = call(impl, grads, prob, repeat_qk, outs, cfg)
+            fn = call(grads, prob, repeat_qk, outs, cfg)
             fn()
             errs = [rel_err(o, r) for o, r in zip(outs, want)]
             ok = errs[0] <= 1e-2 and errs[1] <= 1e-2 and errs[2] <= 1e-5 and errs[3] <= 1e-5
             record(case, tag, gc.bench(fn), nb, "errs " + " ".join(f"{e:.1e}" for e in errs) + f" ok={ok}")
-            if impl == "new":  # each launch alone (the sweep's variants: the dpre main and dx launches)
-                for j, ln in enumerate(cb.bwd_launches(*grads, x, w, A, dt, cu, *outs, S["Hk"], S["dk"], S["dv"],
-                                                       repeat_qk, 1e-6, cfg=cfg)):
-                    name = ln.kernel._pyfunc.__name__
-                    if all(g > 0 for g in ln.grid) and (cfg is None or name in ("gdn_pre_bwd_dx", "gdn_pre_bwd_dpre")
-                                                        and ln.grid[0] > 1):
-                        record(case, f"  [{j}] {name} {ln.grid[:2]}", gc.bench(ln.run), nb)
+            # each launch alone (the sweep's variants: the dpre main and dx launches)
+            for j, ln in enumerate(cb.bwd_launches(*grads, x, w, A, dt, cu, *outs, S["Hk"], S["dk"], S["dv"],
+                                                   repeat_qk, 1e-6, cfg=cfg)):
+                name = ln.kernel._pyfunc.__name__
+                if all(g > 0 for g in ln.grid) and (cfg is None or name in ("gdn_pre_bwd_dx", "gdn_pre_bwd_dpre")
+                                                    and ln.grid[0] > 1):
+                    record(case, f"  [{j}] {name} {ln.grid[:2]}", gc.bench(ln.run), nb)
         except Exception:
             OUT["errors"].append(f"{case} {tag}: {traceback.format_exc(limit=6)}")
             print("ERROR", OUT["errors"][-1], flush=True)
@@ -153,16 +118,15 @@ def time_case(thd, repeat_qk, sweep=False):
 def warm(part, parts):
     """Compile the timed keys (and the sweep's, BSHD repeat_qk) at 64 tokens, slice part of parts."""
     gc.TOKENS = 64
-    jobs = [(thd, rep, "new", None) for thd in (False, True) for rep in (True, False)]
-    jobs += [(thd, rep, "old", None) for thd in (False, True) for rep in (True, False) if OLD_ALL or (rep and not thd)]
+    jobs = [(thd, rep, None) for thd in (False, True) for rep in (True, False)]
     base = cb.PreGatedBwdCfg.heuristic(16, 32, 128, 128, 4, True)
-    jobs += [(False, True, "new", dataclasses.replace(base, **o)) for o in SWEEP]
-    for k, (thd, rep, impl, cfg) in enumerate(jobs):
+    jobs += [(False, True, dataclasses.replace(base, **o)) for o in SWEEP]
+    for k, (thd, rep, cfg) in enumerate(jobs):
         if k % parts == part:
             prob = gc.problem(thd)
             x, w, A, dt, cu = prob
             outs = [torch.empty_like(t) for t in (x, w, A, dt)]
-            call(impl, grads_for(x, rep), prob, rep, outs, cfg)()
+            call(grads_for(x, rep), prob, rep, outs, cfg)()
     torch.cuda.synchronize()
     print(f"warm {part}/{parts} done {time.time() - T0:.0f} s", flush=True)
 
@@ -200,11 +164,10 @@ def run_tests(out, procs, sanitize, nwarm, tests_s):
 
 
 LIMIT_S = 185
-OLD_ALL = False  # --old-all: the old kernels in every case (else only beside the sweep)
 
 
 def main():
-    global LIMIT_S, OLD_ALL
+    global LIMIT_S
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", default=os.environ.get("OUT", "."))
     ap.add_argument("--tests", type=int, default=0)
@@ -212,18 +175,14 @@ def main():
     ap.add_argument("--tests-s", type=int, default=110)
     ap.add_argument("--sanitize", action="store_true")
     ap.add_argument("--sweep", action="store_true")
-    ap.add_argument("--old-all", action="store_true")
     ap.add_argument("--limit-s", type=int, default=185)
     ap.add_argument("--warm", nargs=2, type=int, default=None, help=argparse.SUPPRESS)
     a = ap.parse_args()
     if a.warm:
         return warm(*a.warm)
-    LIMIT_S, OLD_ALL = a.limit_s, a.old_all
+    LIMIT_S = a.limit_s
     os.makedirs(a.out, exist_ok=True)
-    run_tests(a.out, a.tests, a.sanitize, a.warm_procs if gc else 0, a.tests_s)
-    if gc is None:
-        print("no timing: benchmarks/gdn_pre_check.py does not import:", GC_ERR, flush=True)
-        return 1
+    run_tests(a.out, a.tests, a.sanitize, a.warm_procs, a.tests_s)
     print(f"{'case':<12}{'impl':<34}{'ms':>9}    {'% ideal at 4.27 TB/s':>6}", flush=True)
     for thd in (False, True):
         for rep in (True, False):

@@ -98,11 +98,11 @@ def test_launch_config_is_the_compile_key():
     u1 = 32 // c1.HB + 32 // c1.HBV + 32 // c1.HBZ + 1
     assert thd[0].grid == ((1 + -(-(4 * 8192 // c1.PT) // u1)) * u1, 1, 1)
     with pytest.raises(dataclasses.FrozenInstanceError):
-        cfg.TT = 8
+        cfg.FT = 8
     keys = {_launches(v)["gdn_pre_gated.fwd"][0].key() for v in COMPILE_VARIANTS}
     assert len(keys) == len(COMPILE_VARIANTS)
     odd = cp.PreGatedCfg.heuristic(1, 4, 48, 40, 3, True)
-    assert (odd.DK, odd.DV, odd.WP, odd.WW, odd.R) == (64, 64, 2, 4, 4) and odd.TT >= 3
+    assert (odd.DK, odd.DV, odd.WP, odd.WW, odd.R) == (64, 64, 2, 4, 4) and odd.FT >= 3
 
 
 def test_refuses_what_it_cannot_run():

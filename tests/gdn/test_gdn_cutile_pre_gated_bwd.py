@@ -108,8 +108,10 @@ def test_launch_config_is_the_compile_key():
     assert (odd.DK, odd.DV, odd.WW, odd.R, odd.RP) == (64, 64, 4, 4, 4) and odd.TT >= 3
     wide = cb.PreGatedBwdCfg.heuristic(2, 4, 16, 24, 6, True)
     assert not wide.TAPV and len(_launches(COMPILE_VARIANTS[3])) == 3  # one gathering dpre launch
-    # the forward's representative launches (helper B's test) pass a PreGatedCfg: the bwd uses its own
+    # the forward module's representative launches include the backward at its own heuristic
     assert cp.representative_launches(B=1, T=1)["gdn_pre_gated.bwd"][0].cfg is cfg
+    with pytest.raises(TypeError, match="PreGatedBwdCfg"):
+        cb.bwd_cfg(16, 32, 128, 128, 4, True, cp.PreGatedCfg.heuristic(16, 32, 128, 128, 4, True))
 
 
 def test_refuses_what_it_cannot_run():

@@ -1,5 +1,5 @@
 """cuTile kernels for gdn_pre_gated: the fused pre-gated prep, forward (one kernel, two launches)
-and the backward (three launches, in ``cutile_pre_gated_bwd``).
+and the backward (``cutile_pre_gated_bwd``, its own launch config).
 
 What the forward computes (specs/gdn.py, ``PRE_GATED``; ``reference.pre_gated`` is the truth):
 y = silu(causal depthwise conv (width W) over the tokens of mixed's q|k|v channels), never
@@ -418,7 +418,6 @@ class PreGatedCfg:
     DK: int       # dk padded to a power of two
     DV: int       # dv padded to a power of two
     HVP: int      # Hv padded to a power of two (the gates block)
-    TT: int       # bwd: tokens per block (power of two, >= W)
     WP: int       # W - 1 padded to a power of two (conv-state rows)
     WW: int       # W padded to a power of two (taps in registers)
     FT: int = 16  # fwd: tokens per block (power of two, >= W)
@@ -431,13 +430,10 @@ class PreGatedCfg:
     TAPV: bool = True  # taps from tile-aligned loads of shifted views (W <= WMAX); else row gathers
     CH: int = 32   # THD: cu_seqlens entries scanned per step (only chunks near the tile do work)
     PT: int = 256  # fwd THD: tokens per block of the sequence-start precompute
-    TG: int = 64   # bwd reduction: partial rows per step
-    BC: int = 64   # bwd reduction: channels per block
     OCC: int = 0   # fwd occupancy hint (0: compiler's choice)
     NW: int = 0    # fwd num_worker_warps hint (0: compiler's choice)
     CB: bool = False  # fwd: tiles inside the arrays skip bounds checks (used only with unpadded dk, dv, Hv)
     ZC: int = 0    # fwd: z heads a copy step (a divisor of HBZ; 0: all HBZ at once)
-    OCC_B: int = 0  # bwd (dpre and dx kernels) occupancy hint
 
     def __post_init__(self):
         if (self.ST or self.NW) and hang_risk(self):
@@ -451,10 +447,6 @@ class PreGatedCfg:
         if W < 1:
             raise ValueError(f"gdn_pre_gated cutile: conv width W={W} < 1")
         DK, DV = next_pow2(dk), next_pow2(dv)
-        # bwd: ~2K fp32 elements per [TT, head] tile (16 tokens of a 128-wide head) and occupancy 4.
-        # Swept on the H200 (Qwen3-Next, B=4, T=8192 BSHD, repeat_qk; ms):
-        #   bwd  TT64: 12.6 (occ 0); TT32: 9.0 (0), 5.6 (2); TT16: 9.0 (0), 5.17 (4)
-        TT = max(next_pow2(W), min(128, 2048 // max(DK, DV)))
         # fwd: a block owns FT tokens x a group of heads (HB q/k heads, HBV v heads, HBZ z heads),
         # ~FWD_EL elements a conv tile; stores straight from registers (no shared-memory staging).
         # Swept on the H200 (Qwen3-Next, 32768 tokens, repeat_qk, 1-D unit-fastest grid; ms BSHD / THD):
@@ -487,9 +479,9 @@ class PreGatedCfg:
         FT = max(next_pow2(W), min(128, FWD_EL // (max(HB, HBV) * max(DK, DV))))
         ZC = FWD_ZC if FWD_ZC and HBZ % FWD_ZC == 0 else 0
         R = Hv // Hk
-        return cls(Hk=Hk, Hv=Hv, R=R, REP=bool(repeat_qk), W=W, DK=DK, DV=DV, HVP=next_pow2(Hv), TT=TT,
+        return cls(Hk=Hk, Hv=Hv, R=R, REP=bool(repeat_qk), W=W, DK=DK, DV=DV, HVP=next_pow2(Hv),
                    WP=next_pow2(max(W - 1, 1)), WW=next_pow2(W), FT=FT, HB=HB, HBV=HBV, HBZ=HBZ, TAPV=W <= WMAX,
-                   OCC=FWD_OCC, NW=FWD_NW, CB=FWD_CB, ZC=ZC, OCC_B=4)
+                   OCC=FWD_OCC, NW=FWD_NW, CB=FWD_CB, ZC=ZC)
 
 
 # fwd defaults (see PreGatedCfg.heuristic): q/k heads a block, z heads a block, elements a conv tile
@@ -521,7 +513,7 @@ def hang_risk(cfg) -> str:
 def _cfg(Hk, Hv, dk, dv, W, repeat_qk, cfg):
     cfg = cfg or PreGatedCfg.heuristic(Hk, Hv, dk, dv, W, repeat_qk)
     ok = (cfg.Hk, cfg.Hv, cfg.W, cfg.REP) == (Hk, Hv, W, bool(repeat_qk)) and cfg.DK >= dk and cfg.DV >= dv \
-        and cfg.TT >= W and cfg.FT >= W and Hk % cfg.HB == 0 and Hv % cfg.HBV == 0 and Hv % cfg.HBZ == 0 \
+        and cfg.FT >= W and Hk % cfg.HB == 0 and Hv % cfg.HBV == 0 and Hv % cfg.HBZ == 0 \
         and (cfg.ZC == 0 or cfg.HBZ % cfg.ZC == 0)
     if not ok:
         raise ValueError(f"gdn_pre_gated cutile: config {cfg} does not fit Hk={Hk}, Hv={Hv}, dk={dk}, "
@@ -641,7 +633,7 @@ def representative_launches(Hk: int = 16, Hv: int = 32, dk: int = 128, dv: int =
     cs = e(N, C, W - 1) if state else None
     fwd = fwd_launch(mixed, w, A, dt, cu, *outs, cs, Hk, dk, dv, repeat_qk, 1e-6, cfg=cfg)
     bwd = bw.bwd_launches(*outs, mixed, w, A, dt, cu, e(*lead, D), e(C, W), e(Hv, dt=torch.float32),
-                          e(Hv, dt=torch.float32), Hk, dk, dv, repeat_qk, 1e-6, cfg=cfg)
+                          e(Hv, dt=torch.float32), Hk, dk, dv, repeat_qk, 1e-6)
     return {"gdn_pre_gated.fwd": fwd, "gdn_pre_gated.bwd": bwd}
 
 

@@ -137,10 +137,11 @@ class PreGatedBwdCfg:
 
 
 def bwd_cfg(Hk, Hv, dk, dv, W, repeat_qk, cfg=None) -> PreGatedBwdCfg:
-    """The heuristic's config, or ``cfg`` checked against the problem (anything that is not a
-    PreGatedBwdCfg, e.g. the forward's PreGatedCfg, means the heuristic's)."""
-    if not isinstance(cfg, PreGatedBwdCfg):
+    """The heuristic's config (``cfg`` None), or ``cfg`` checked against the problem."""
+    if cfg is None:
         return PreGatedBwdCfg.heuristic(Hk, Hv, dk, dv, W, bool(repeat_qk))
+    if not isinstance(cfg, PreGatedBwdCfg):
+        raise TypeError(f"gdn_pre_gated cutile bwd: cfg must be a PreGatedBwdCfg, got {type(cfg).__name__}")
     R = Hv // Hk if repeat_qk else 1
     ok = (cfg.Hk, cfg.Hv, cfg.W, cfg.R) == (Hk, Hv, W, R) and cfg.RP >= R and cfg.DK >= dk and cfg.DV >= dv \
         and cfg.TT >= W and Hv % cfg.HBZ == 0 and cfg.WW >= W and cfg.HVP >= Hv and (cfg.TAPV <= (W <= WMAX))
