@@ -177,16 +177,16 @@ def sweep_cases(sd, batches):
 
 # named config variants beside the default (--variants): state dtype, changes to the default
 # config (BV re-tiles), the batches, and an explicit split (None: the default's). oN: occupancy
-# hint N; PF1off: split 1 without PF (the default before session 6); W: gdn_decode_whole at
+# hint N; PF1: PF at split 1 (off by default: PF computed wrong results at other settings); W: gdn_decode_whole at
 # split 1 (STATIC); nT: plain (non-TMA) state loads/stores. Measured in session 6 (H200, us at
-# B = 1 / 32 / 64 / 256, default 9.4 / 61.0 / 103.7 / 386.4): PF1off 9.4 / 68.3 / 113.3 /
-# 408.6; W - / 59.7 / 115.1 / 423.3; o4 8.4 / 58.9 / - / 419.4; BV16 9.4-9.8 / 86-114 / - /
+# B = 1 / 32 / 64 / 256, default 9.4 / 68.3 / 113.3 / 408.6): PF1 9.4 / 61.0 / 103.7 /
+# 386.4; W - / 59.7 / 115.1 / 423.3; o4 8.4 / 58.9 / - / 419.4; BV16 9.4-9.8 / 86-114 / - /
 # 628-667; BV8 o4 12.0 / - / - / 948; nT BV32 o2 9.5 / 83.5 / - / 627; LAT10 - / - / - / 402;
 # bf16: PF (fwd) - / 40.7 / - / 326.7, BV32 - / 42.7 / - / 340.7 (default 10.7 / 35.8 / 86.2 /
-# 315.3). Wrong results, not timed again: PF at occupancy 4 (B=256), nT BV8 o2 (B=32, 256).
+# 315.3). Wrong results, not timed again: PF at occupancy 4 (B=256), at BV 128 and with MM, nT BV8 o2.
 VARIANTS = {
-    "f-PF1off": ("fp32", dict(PF1=False), (1, 32, 256), None),
-    "f-o4": ("fp32", dict(OCC=4, PF1=False), (1, 32, 256), None),
+    "f-PF1": ("fp32", dict(PF1=True), (1, 32, 256), None),
+    "f-o4": ("fp32", dict(OCC=4), (1, 32, 256), None),
     "f-W": ("fp32", dict(STATIC=True), (32, 256), None),
     "f-s4": ("fp32", {}, (1,), 4),
     "b-PF": ("bf16", dict(PF=True, STATIC=False), (32, 256), None),

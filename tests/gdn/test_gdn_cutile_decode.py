@@ -62,14 +62,14 @@ def _launch(v, B=8, N=16, cfg=None, split=None):
 
 def test_every_variant_compiles_for_sm90_and_sm100():
     """Every compiled kernel: gdn_decode_fwd at B=8 (split > 1 at Qwen3-Next shapes) and the
-    split-1 launch where it differs: gdn_decode_whole (STATIC: bf16 state), gdn_decode_fwd with
-    PF (PF1: fp32 state) for the Qwen3-Next and the odd fp32 shape."""
+    split-1 launch where it differs: gdn_decode_whole (STATIC: bf16 state), and gdn_decode_fwd
+    with PF (the PF1 variant, fp32 state) for the Qwen3-Next and the odd fp32 shape."""
     jobs = [(_vid(v), _launch(v), arch) for v in COMPILE_VARIANTS for arch in ARCHS]
     whole = [(_vid(v) + "-whole", _launch(v, split=1), arch) for v in COMPILE_VARIANTS if _launch(v).cfg.STATIC
              for arch in ARCHS]
     assert whole and all(j[1].kernel is cd.gdn_decode_whole for j in whole)
-    pf = [(_vid(v) + "-pf", _launch(v, split=1), arch) for v in (COMPILE_VARIANTS[0], COMPILE_VARIANTS[5])
-          for arch in ARCHS]
+    pf = [(_vid(v) + "-pf", _launch(v, cfg=dataclasses.replace(_launch(v).cfg, PF1=True), split=1), arch)
+          for v in (COMPILE_VARIANTS[0], COMPILE_VARIANTS[5]) for arch in ARCHS]
     assert all(j[1].cfg.PF1 and _pf(j[1]) and not _pf(_launch(COMPILE_VARIANTS[0])) for j in pf)
     assert_cubins(jobs + whole + pf)
 
@@ -82,12 +82,14 @@ def _pf(ln):
 def test_launch_config_is_the_compile_key():
     """The config comes from (Hk, Hv, dk, dv, W, state element size); B and N are dynamic
     shapes: the grid (B, Hk * split) follows B, and at split 1 STATIC (bf16 state) runs
-    gdn_decode_whole, PF1 (fp32 state) gdn_decode_fwd with PF: two compiled kernels at most,
-    one for split > 1 and one for split 1, neither keyed on B."""
+    gdn_decode_whole (PF1, a variant, gdn_decode_fwd with PF): two compiled kernels at most, one
+    for split > 1 and one for split 1, neither keyed on B."""
     v = COMPILE_VARIANTS[0]
     small, big = _launch(v, B=1, N=1), _launch(v, B=256, N=4096)
     assert small.cfg == big.cfg and small.key() == _launch(v, B=2, N=7).key()
-    assert big.key() == _launch(v, B=64, N=64).key() != small.key() and _pf(big) and not _pf(small)
+    assert big.key() == _launch(v, B=64, N=64).key() == small.key() and not _pf(big) and not _pf(small)
+    pf1 = dataclasses.replace(small.cfg, PF1=True)
+    assert _pf(_launch(v, B=256, N=256, cfg=pf1)) and not _pf(_launch(v, B=1, N=1, cfg=pf1))
     cfg = cd.DecodeCfg.heuristic(16, 32, 128, 128, 4)
     assert small.grid == (1, 16 * cfg.split(1, 132), 1) and big.grid == (256, 16 * cfg.split(256, 132), 1)
     assert cfg is cd.DecodeCfg.heuristic(16, 32, 128, 128, 4)  # cached, hashable
@@ -119,7 +121,7 @@ def test_split_follows_the_batch_not_the_key():
     assert list(splits.values()) == sorted(splits.values(), reverse=True)
     v = COMPILE_VARIANTS[0]
     keys = {cd.representative_launches(B=B, N=8)["gdn_decode.fwd"][0].key() for B in (1, 8, 256)}
-    assert len(keys) == 2 and _launch(v, B=1).key() in keys  # split > 1, split 1 (PF1)
+    assert len(keys) == 1 and _launch(v, B=1).key() in keys  # fp32 state: one kernel at every split
     with pytest.raises(ValueError, match="split 3"):
         _launch(v, cfg=cfg, split=3)
 
@@ -139,8 +141,8 @@ def test_every_dv_tiling_compiles():
 
 # kernel variants beside the heuristic's (sweeps, and what the default was before): tensor-core
 # reductions, the exact silu, the next tile's inputs loaded before this tile's math (PF) at
-# every split or at none (PF1 off), plain or TMA state moves, either kernel at split 1
-KERNEL_VARIANTS = {"MM": dict(MM=True), "FAST0": dict(FAST=False), "PF": dict(PF=True), "PF1off": dict(PF1=False),
+# every split or at split 1 (PF1), plain or TMA state moves, either kernel at split 1
+KERNEL_VARIANTS = {"MM": dict(MM=True), "FAST0": dict(FAST=False), "PF": dict(PF=True), "PF1": dict(PF1=True),
                    "noTMA": dict(TMA=False), "TMA": dict(TMA=True), "STATIC1": dict(STATIC=True),
                    "STATIC0": dict(STATIC=False)}
 
@@ -173,10 +175,14 @@ def test_refuses_what_it_cannot_run():
     assert not tiny.MM and tiny.BV == 4  # no mma shape fits: CUDA-core reductions
     # settings that computed wrong results on the H200 (cutile_decode's "Known faults") are refused
     with pytest.raises(ValueError, match="PF at occupancy"):
-        dataclasses.replace(cfg, OCC=4)  # the fp32 default has PF1
+        dataclasses.replace(cfg, PF1=True, OCC=4)
+    with pytest.raises(ValueError, match="BV >= 128 or with MM"):
+        cfg.with_tile(128, 128, PF1=True)
+    with pytest.raises(ValueError, match="BV >= 128 or with MM"):
+        dataclasses.replace(cfg, PF=True, MM=True)
     with pytest.raises(ValueError, match="TMA off"):
         cfg.with_tile(128, 8, TMA=False, OCC=2)
-    assert dataclasses.replace(cfg, PF1=False, OCC=4).OCC == 4  # occupancy 4 without PF: correct
+    assert dataclasses.replace(cfg, OCC=4).OCC == 4 and not cfg.PF1  # occupancy 4 without PF: correct
     assert cfg.with_tile(128, 8, TMA=False, OCC=3).BV == 8
 
 

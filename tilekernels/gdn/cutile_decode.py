@@ -47,15 +47,17 @@ the G tiles in a loop of static trip count, each in the order decay, S^T k, upda
 With cfg.STATIC a split of 1 runs gdn_decode_whole (the bf16 default: its cubin is the first
 kernel's, 128 registers, 108 KB shared memory, occupancy 2; gdn_decode_fwd's dynamic loop
 ran 22% slower at B=256, not profiled); with cfg.PF1 a split of 1 runs gdn_decode_fwd with
-PF (the fp32 default; cfg.PF: PF at every split). Which compiled kernel a launch runs
+PF (cfg.PF: PF at every split; neither is a default, see below). Which compiled kernel a launch runs
 follows B only through the split, as the grid does; each compile key is B-independent.
 Known faults (H200, not understood; none is a config the heuristic picks): gdn_decode_fwd with
 a bf16 state at Hk=Hv=4, dk=32, dv=64, W=2 (B=33, padded state_indices, split 1, TMA on)
 never finished (the same launch with TMA off did; the default runs gdn_decode_whole there,
-which passes); wrong results (o rel. error 0.59) from PF at occupancy 4 (fp32, B=256; PF at
-the default occupancy 3 passes its tests, memcheck and racecheck) and from plain loads
-(TMA off) at BV=8, occupancy 2, B=32 and 256: a race-free kernel computing garbage only at
-some compile settings points at the compiler; new configs must pass the GPU tests first.
+which passes); wrong results from PF at occupancy 4 (o rel. error 0.59, fp32, B=256), at
+BV=128 (0.65, the tiling test at split 1) and with MM (0.47), while PF at BV=32, occupancy 3
+passed its tests, memcheck and racecheck and ran 5-11% faster at B >= 32; and from plain loads
+(TMA off) at BV=8, occupancy 2, B=32 and 256. A race-free kernel computing garbage only at some
+compile settings points at the compiler; since the heuristic's BV follows dk (BV=128 at dk=32),
+PF is off by default until that is understood, and DecodeCfg refuses every setting seen wrong.
 
 Who writes the conv state: v's channels of a tile are read, shifted and written by the block
 that owns the tile. q's and k's channels of key head kh are needed by all NS blocks of
@@ -349,10 +351,13 @@ def gdn_decode_whole(mqk, mv, mba, cqk, cv, wqk, wv, A_log, dt_bias, S, idx, o, 
 
 def wrong_result_risk(cfg) -> str:
     """Why ``cfg`` is refused, or "": the settings that computed wrong results on the H200 (module
-    doc, "Known faults"): PF at occupancy >= 4, and plain state loads (TMA off) with BV <= 8 at
-    occupancy 2. A config the library accepts must be one whose results were seen correct."""
+    doc, "Known faults"): PF at occupancy >= 4, at BV >= 128 or with MM, and plain state loads (TMA
+    off) with BV <= 8 at occupancy 2. A config the library accepts must be one whose results were
+    seen correct."""
     if (cfg.PF or cfg.PF1) and cfg.OCC >= 4:
         return "PF at occupancy >= 4 gave wrong results on the H200 (o rel. error 0.59): use OCC <= 3"
+    if (cfg.PF or cfg.PF1) and (cfg.BV >= 128 or cfg.MM):
+        return "PF at BV >= 128 or with MM gave wrong results on the H200 (o rel. error 0.47-0.65)"
     if not cfg.TMA and cfg.BV <= 8 and cfg.OCC == 2:
         return "plain state loads (TMA off) with BV <= 8 at occupancy 2 gave wrong results on the H200"
     return ""
@@ -394,8 +399,9 @@ class DecodeCfg:
         DK, DV = next_pow2(dk), next_pow2(dv)
         # 16 KiB of state per tile (BV=32 fp32 / BV=64 bf16 at dk=128), CUDA-core reductions,
         # the fast silu. H200, Qwen3-Next, graph-replayed, B = 1 / 32 / 64 / 256 (session 6):
-        # fp32: gdn_decode_fwd at occupancy 3, PF at split 1 (B >= 16): 9.4 / 61.0 / 103.7 /
-        # 386.4 us against 9.4 / 68.3 / 113.3 / 408.6 without PF; gdn_decode_whole at split 1
+        # fp32: gdn_decode_fwd at occupancy 3: 9.4 / 68.3 / 113.3 / 408.6 us; PF at split 1 (PF1,
+        # B >= 16) 9.4 / 61.0 / 103.7 / 386.4 but wrong at other settings (module doc: off by
+        # default); gdn_decode_whole at split 1
         # 59.7 / 115.1 / 423.3 (B = 32 / 64 / 256); occupancy 4 without PF 8.4 / 58.9 / - / 419.4
         # (not in the GPU tests yet); BV 16 and 8 slower at every B. bf16: occupancy 2, gdn_decode_whole
         # at split 1 (STATIC) 10.4 / 35.8 / 315.1 us against 11.3 / 46.9 / 391.0 without it
@@ -404,7 +410,7 @@ class DecodeCfg:
         BV = min(DV, max(8, 4096 * (4 // state_bytes) // DK))
         bf16 = state_bytes < 4
         return cls(Hk=Hk, R=Hv // Hk, W=W, DK=DK, BV=BV, NV=cdiv(dv, BV), WP=next_pow2(W - 1),
-                   WW=next_pow2(W), OCC=2 if bf16 else 3, FAST=True, STATIC=bf16, PF1=not bf16)
+                   WW=next_pow2(W), OCC=2 if bf16 else 3, FAST=True, STATIC=bf16)
 
     def split(self, B: int, sms: int) -> int:
         """Blocks per (row, key head) at batch B: the largest power of two dividing the

@@ -487,7 +487,9 @@ class PreGatedCfg:
 # fwd defaults (see PreGatedCfg.heuristic): q/k heads a block, z heads a block, elements a conv tile
 # (FT = FWD_EL / (HB * DK) tokens), occupancy hint, num_worker_warps hint, unchecked inner tiles, z heads
 # a copy step. benchmarks/probes/gdn_pre_fwd_choose.py rewrites this line to a sweep's winner.
-FWD_HB, FWD_HBZ, FWD_EL, FWD_OCC, FWD_NW, FWD_CB, FWD_ZC = 1, 4, 2048, 8, 0, False, 0
+# Session 6 (same run, ms, FT16 OCC8 -> FT32 OCC4): BSHD rep 0.691 -> 0.605, BSHD norep 0.656 -> 0.573,
+# THD rep 0.722 -> 0.662 (NW8 at FT32: 0.666-0.773, slower; gdn.md).
+FWD_HB, FWD_HBZ, FWD_EL, FWD_OCC, FWD_NW, FWD_CB, FWD_ZC = 1, 4, 4096, 4, 0, False, 0
 
 # Conv tiles of this many elements (FT * HB * DK or FT * HBV * DV) with TMA stores (ST) or a
 # num_worker_warps hint (NW) never finished on the H200 (tileiras 13.5; benchmarks/probes/
