@@ -299,6 +299,21 @@ def gdn_pre_bwd_seq(seq, sst, sen, W: ConstInt, CH: ConstInt, PT: ConstInt):
     ct.store(sen, index=(p,), tile=seq_end(seq, rows, t0, PT, W, CH, True), allow_tma=False)
 
 
+def _tile_pre(src, sh, wt, seq, sst, i, u, NT, C: ConstInt, TT: ConstInt, W: ConstInt, CH: ConstInt,
+              THD: ConstBool, GA: ConstBool, LT: ConstBool):
+    """Token tile i of head u: its rows, their sequence starts, whether every tap stays inside
+    the rows' sequences (``inner``: no masks), pre = conv(x) [TT, C] fp32 and sigmoid(pre)."""
+    t0 = i * TT
+    rows = t0 + ct.arange(TT, dtype=ct.int32)
+    st = _starts(seq, sst, rows, i, t0, TT, W, CH, THD)
+    if GA:
+        inner = False
+    else:
+        inner = ct.min(rows - st) >= W - 1
+    pre = _conv(src, sh, wt, rows, st, inner, i, u, NT, C, TT, W, GA, LT)
+    return rows, st, inner, pre, _sigmoid(pre)
+
+
 @ct.kernel
 def gdn_pre_bwd_dpre(mqk, mqk1, mqk2, mqk3, mv, mv1, mv2, mv3, mba, seq, sst, wqk, wv, A_log, dt_bias,
                      gq4, gk4, gv, gz, gg, gbeta, dz, dba, dpqk, dpv, pwqk, pwv, pg, eps: float,
@@ -322,16 +337,8 @@ def gdn_pre_bwd_dpre(mqk, mqk1, mqk2, mqk3, mv, mv1, mv2, mv3, mba, seq, sst, wq
         for j in range(nj):
             i = I0 + r * NTB + j
             if i < ntl:
-                t0 = i * TT
-                rows = t0 + ct.arange(TT, dtype=ct.int32)
-                st = _starts(seq, sst, rows, i, t0, TT, W, CH, THD)
-                if GA:
-                    inner = False
-                else:
-                    inner = ct.min(rows - st) >= W - 1
                 sh = (mqk1, mqk2, mqk3)
-                pre = _conv(mqk, sh, wt, rows, st, inner, i, u, NT, DK, TT, W, GA, LT)
-                sg = _sigmoid(pre)
+                rows, st, inner, pre, sg = _tile_pre(mqk, sh, wt, seq, sst, i, u, NT, DK, TT, W, CH, THD, GA, LT)
                 y = pre * sg
                 s = ct.rsqrt(ct.sum(y * y, axis=1, keepdims=True) + eps)
                 n = y * s
@@ -352,16 +359,8 @@ def gdn_pre_bwd_dpre(mqk, mqk1, mqk2, mqk3, mv, mv1, mv2, mv3, mba, seq, sst, wq
         for j in range(nj):
             i = I0 + r * NTB + j
             if i < ntl:
-                t0 = i * TT
-                rows = t0 + ct.arange(TT, dtype=ct.int32)
-                st = _starts(seq, sst, rows, i, t0, TT, W, CH, THD)
-                if GA:
-                    inner = False
-                else:
-                    inner = ct.min(rows - st) >= W - 1
                 sh = (mv1, mv2, mv3)
-                pre = _conv(mv, sh, wt, rows, st, inner, i, h, NT, DV, TT, W, GA, LT)
-                sg = _sigmoid(pre)
+                rows, st, inner, pre, sg = _tile_pre(mv, sh, wt, seq, sst, i, h, NT, DV, TT, W, CH, THD, GA, LT)
                 dy = ct.reshape(ct.load(gv, index=(i, h, 0), shape=(TT, 1, DV), padding_mode=PAD_ZERO,
                                         allow_tma=LT), (TT, DV)).astype(ct.float32)
                 dpre = dy * sg * (1.0 + pre * (1.0 - sg))
