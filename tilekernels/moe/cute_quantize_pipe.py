@@ -274,15 +274,7 @@ def _pipe_kernel(cfg: cutlass.Constexpr, x_ptr: cute.Pointer, rd_ptr: cute.Point
 @cute.jit
 def _pipe_host(cfg: cutlass.Constexpr, x: cute.Pointer, rd: cute.Pointer, rs: cute.Pointer,
                cd: cute.Pointer, cs: cute.Pointer, R: Int32, stream: C.cuda.CUstream):
-    kernel = _pipe_kernel(cfg, x, rd, rs, cd, cs, R)
-    grid = [cute.ceil_div(R, BLOCK), cfg.grid_x, 1]
-    if cutlass.const_expr(cfg.min_blocks > 0):
-        # .minnctapersm (ptxas caps the registers); the carveout is given with it because the DSL
-        # otherwise asks the driver for the SM's shared memory at compile time (no CPU compile)
-        kernel.launch(grid=grid, block=[32 * cfg.warps, 1, 1], stream=stream, min_blocks_per_mp=cfg.min_blocks,
-                      preferred_smem_carveout=-1)
-    else:
-        kernel.launch(grid=grid, block=[32 * cfg.warps, 1, 1], stream=stream)
+    C.launch_strips(cfg, _pipe_kernel(cfg, x, rd, rs, cd, cs, R), R, stream)
 
 
 def pipe_sig(dtype: torch.dtype) -> tuple:

@@ -81,7 +81,7 @@ from cutlass import Float32, Int32, Int64, Uint8, Uint32
 from cutlass.cute.nvgpu import cpasync
 from cutlass.memory.smem import SmemAllocator
 
-from tilekernels._cute import Launch, Ptr, Scalar, cdiv, cuda
+from tilekernels._cute import Launch, Ptr, Scalar, cdiv, cuda, launch_strips
 
 from .cute_swiglu_math import (  # exact fp32 / MXFP8 device arithmetic
     _bfly_max, _bfly_sum, _halvings, _rows, absbits, e4m3x4, e8m0_from_absbits, fmul, inv_scale, quant_word,
@@ -499,22 +499,12 @@ def _quant_kernel(cfg: cutlass.Constexpr, da_ptr: cute.Pointer, h_ptr: cute.Poin
                 cute.make_tensor(dprobs_ptr + Int64(row0), cute.make_layout(BLOCK))[tidx] = tot
 
 
-def _quant_launch(cfg, kernel, M, stream):
-    """Launch the fused kernel: grid (M/32, grid_x). A ``min_blocks`` bound becomes the kernel's
-    .minnctapersm; the carveout (-1: the driver's default) is given with it because the DSL
-    otherwise asks the driver for the SM's shared memory at compile time (no CPU compile)."""
-    grid = [cute.ceil_div(M, BLOCK), cfg.grid_x, 1]
-    if cutlass.const_expr(cfg.min_blocks > 0):
-        kernel.launch(grid=grid, block=[32 * cfg.warps, 1, 1], stream=stream, min_blocks_per_mp=cfg.min_blocks,
-                      preferred_smem_carveout=-1)
-    else:
-        kernel.launch(grid=grid, block=[32 * cfg.warps, 1, 1], stream=stream)
 
 
 @cute.jit
 def _quant_fwd_host(cfg: cutlass.Constexpr, h: cute.Pointer, probs: cute.Pointer, rd: cute.Pointer,
                     rs: cute.Pointer, cd: cute.Pointer, cs: cute.Pointer, M: Int32, stream: cuda.CUstream):
-    _quant_launch(cfg, _quant_kernel(cfg, h, h, probs, rd, rs, cd, cs, probs, rd, rs, M), M, stream)
+    launch_strips(cfg, _quant_kernel(cfg, h, h, probs, rd, rs, cd, cs, probs, rd, rs, M), M, stream)
 
 
 @cute.jit
@@ -522,7 +512,7 @@ def _quant_bwd_host(cfg: cutlass.Constexpr, da: cute.Pointer, h: cute.Pointer, p
                     rd: cute.Pointer, rs: cute.Pointer, cd: cute.Pointer, cs: cute.Pointer,
                     dprobs: cute.Pointer, ad: cute.Pointer, as_: cute.Pointer, M: Int32,
                     stream: cuda.CUstream):
-    _quant_launch(cfg, _quant_kernel(cfg, da, h, probs, rd, rs, cd, cs, dprobs, ad, as_, M), M, stream)
+    launch_strips(cfg, _quant_kernel(cfg, da, h, probs, rd, rs, cd, cs, dprobs, ad, as_, M), M, stream)
 
 
 # ============================================================================ launches
