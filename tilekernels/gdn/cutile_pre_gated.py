@@ -407,6 +407,14 @@ def _p2div(n: int, cap: int) -> int:
     return math.gcd(int(n), cap)
 
 
+def check_heads(Hk: int, Hv: int, W: int, who: str) -> None:
+    """What every gdn_pre_gated launch config (fwd and bwd) needs of the head shape."""
+    if Hv % Hk:
+        raise ValueError(f"{who}: Hv={Hv} is not a multiple of Hk={Hk}")
+    if W < 1:
+        raise ValueError(f"{who}: conv width W={W} < 1")
+
+
 @dataclasses.dataclass(frozen=True)
 class PreGatedCfg:
     """Launch config = compile key (with the argument dtypes, THD and STATE)."""
@@ -442,10 +450,7 @@ class PreGatedCfg:
     @classmethod
     @functools.lru_cache(maxsize=1024)  # pure in its arguments; runs on every call's host path
     def heuristic(cls, Hk: int, Hv: int, dk: int, dv: int, W: int, repeat_qk: bool) -> "PreGatedCfg":
-        if Hv % Hk:
-            raise ValueError(f"gdn_pre_gated cutile: Hv={Hv} is not a multiple of Hk={Hk}")
-        if W < 1:
-            raise ValueError(f"gdn_pre_gated cutile: conv width W={W} < 1")
+        check_heads(Hk, Hv, W, "gdn_pre_gated cutile")
         DK, DV = next_pow2(dk), next_pow2(dv)
         # fwd: a block owns FT tokens x a group of heads (HB q/k heads, HBV v heads, HBZ z heads),
         # ~FWD_EL elements a conv tile; stores straight from registers (no shared-memory staging).

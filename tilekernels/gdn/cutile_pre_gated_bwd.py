@@ -72,7 +72,7 @@ import torch
 from tilekernels._cutile import PAD_ZERO, Launch, cdiv, next_pow2, occ, workspace
 from tilekernels._glue import kernel
 
-from .cutile_pre_gated import WMAX, seq_arg, seq_end, seq_start, shifted, views
+from .cutile_pre_gated import WMAX, check_heads, seq_arg, seq_end, seq_start, shifted, views
 
 ConstInt = ct.Constant[int]
 ConstBool = ct.Constant[bool]
@@ -114,10 +114,7 @@ class PreGatedBwdCfg:
     @classmethod
     @functools.lru_cache(maxsize=1024)  # pure in its arguments; runs on every call's host path
     def heuristic(cls, Hk: int, Hv: int, dk: int, dv: int, W: int, repeat_qk: bool) -> "PreGatedBwdCfg":
-        if Hv % Hk:
-            raise ValueError(f"gdn_pre_gated cutile bwd: Hv={Hv} is not a multiple of Hk={Hk}")
-        if W < 1:
-            raise ValueError(f"gdn_pre_gated cutile bwd: conv width W={W} < 1")
+        check_heads(Hk, Hv, W, "gdn_pre_gated cutile bwd")
         R = Hv // Hk if repeat_qk else 1
         DK, DV = next_pow2(dk), next_pow2(dv)
         # dpre pass: ~2K fp32 elements a [tokens, head] tile (TT16 at dk=128), one tile a block (NTB1);
@@ -129,8 +126,8 @@ class PreGatedBwdCfg:
         #     LT (TMA loads in dpre) 2.78 / - / 3.49; DWS off 3.60; GS off 3.61; OCC_A2 3.51;
         #     NTB2 3.28; SD off (fp32 scratch) 2.95 / 0.61 / 3.75; LB (TMA in dx) - / 0.64;
         #     dx occ 2 0.55, occ 8 0.47, TB32 0.42 (the reduction: 0.19 at NTB1)
-        # Default = the best of each launch (LT, TB32): its launches were each timed above, the
-        # combination not yet end to end.
+        # Default = the best of each launch (LT, TB32), end to end 3.40-3.42 ms BSHD, 3.46 THD
+        # (session 6, gdn.md).
         TT = max(next_pow2(W), min(128, 2048 // max(DK, DV)))
         return cls(Hk=Hk, Hv=Hv, R=R, RP=next_pow2(R), W=W, DK=DK, DV=DV, HVP=next_pow2(Hv), WW=next_pow2(W),
                    TAPV=W <= WMAX, TT=TT, HBZ=math.gcd(Hv, 4), TB=max(TT, 32))
