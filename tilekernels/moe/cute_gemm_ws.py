@@ -70,8 +70,8 @@ from tilekernels import _cute as C
 
 from .cute_gemm_dequant import BLOCK, chunks, dequant_operand
 from .cute_gemm_sched import schedule, views
-from .cute_grouped_gemm import (_copy_tv, _load_operand, bf16_mma, epilogue_regs, grid_size, m_tile_count,
-                                operand_smem, operand_tensors)
+from .cute_grouped_gemm import (_copy_tv, _load_operand, bf16_mma, epilogue_regs, launch_gemm, m_tile_count,
+                                operand_smem)
 
 CONSUMER_WGS = 2
 CONSUMER_WARPS = 8
@@ -256,10 +256,7 @@ def _consumer(cfg: cutlass.Constexpr, pipe, sA: cute.Tensor, sB: cute.Tensor, mA
 def ws_host(cfg: cutlass.Constexpr, a: cute.Pointer, a_s: cute.Pointer, b: cute.Pointer,
             b_s: cute.Pointer, offs: cute.Pointer, out: cute.Pointer, M: Int32,
             stream: C.cuda.CUstream):
-    mA, mAS, mB, mBS, mC, mOff = operand_tensors(cfg, a, a_s, b, b_s, offs, out, M)
-    ws_kernel(cfg, mA, mAS, mB, mBS, mC, mOff, M).launch(
-        grid=(grid_size(cfg, M), 1, 1), block=(ws_threads(cfg), 1, 1), stream=stream,
-        min_blocks_per_mp=1, preferred_smem_carveout=100)
+    launch_gemm(ws_kernel, cfg, a, a_s, b, b_s, offs, out, M, stream, ws_threads(cfg), 1)
 
 
 __all__ = ["ws_kernel", "ws_host", "smem_bytes", "ws_threads", "BLOCK"]

@@ -542,14 +542,21 @@ def grid_size(cfg: cutlass.Constexpr, M: Int32):
     return grid_x
 
 
+def launch_gemm(kernel, cfg, a, a_s, b, b_s, offs, out, M, stream, threads: int, min_blocks: int) -> None:
+    """Launch a grouped-GEMM ``kernel`` (called from a ``@cute.jit`` host; every GEMM kernel
+    takes the operand_tensors views): grid_size CTAs of ``threads`` threads, .minnctapersm
+    ``min_blocks``, the whole carveout as shared memory."""
+    mA, mAS, mB, mBS, mC, mOff = operand_tensors(cfg, a, a_s, b, b_s, offs, out, M)
+    kernel(cfg, mA, mAS, mB, mBS, mC, mOff, M).launch(
+        grid=(grid_size(cfg, M), 1, 1), block=(threads, 1, 1), stream=stream,
+        min_blocks_per_mp=min_blocks, preferred_smem_carveout=100)
+
+
 @cute.jit
 def _gemm_host(cfg: cutlass.Constexpr, a: cute.Pointer, a_s: cute.Pointer, b: cute.Pointer,
                b_s: cute.Pointer, offs: cute.Pointer, out: cute.Pointer, M: Int32,
                stream: C.cuda.CUstream):
-    mA, mAS, mB, mBS, mC, mOff = operand_tensors(cfg, a, a_s, b, b_s, offs, out, M)
-    _gemm_kernel(cfg, mA, mAS, mB, mBS, mC, mOff, M).launch(
-        grid=(grid_size(cfg, M), 1, 1), block=(THREADS, 1, 1), stream=stream,
-        min_blocks_per_mp=cfg.ctas_per_sm, preferred_smem_carveout=100)
+    launch_gemm(_gemm_kernel, cfg, a, a_s, b, b_s, offs, out, M, stream, THREADS, cfg.ctas_per_sm)
 
 
 # ------------------------------------------------------------------ Python entry points
