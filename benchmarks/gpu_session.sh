@@ -42,15 +42,16 @@ if has moe-initcheck; then san initcheck moe-initcheck.txt 150 "${MOE_ONE[@]}"; 
 # racecheck, initcheck, e.g. `bash benchmarks/gpu_session.sh san-racecheck,san-initcheck`.
 CUTILE_SAN=(
   "gdn-pre:tests/gdn/test_gdn_cutile_pre_gated.py:Hk2-Hv4 and (thd-mixed or bshd-3x5)"
+  "gdn-pre-bwd:tests/gdn/test_gdn_cutile_pre_gated_bwd.py:test_bwd_matches_float64_reference and Hk2-Hv4-dk64-dv32-W3-rep and (thd-mixed or bshd-2x70)"
   "gdn-decode:tests/gdn/test_gdn_cutile_decode.py:B5-N8 or B5-N9 or B1-N3 or B33-N33"
   "cp-pack:tests/cp/test_cp_cutile_pack.py:cu_dtype0 and (cp8-3-5 or cp2-16-8-1-float16 or cp4-32)"
   "mhc-post-pre:tests/mhc/test_mhc_post_pre.py:cutile_matches_float64 and (T37 or T129 or T0) or deterministic"
 )
-# initcheck does not record TMA (UTMASTG) stores as initialization: the kernels whose only
-# inputs of that kind are another kernel's TMA-stored fp32 partials are left out of it
-# (mhc_pr_reduce, as in mhc_gpu_session.sh; gdn_pre_bwd_dx reads gdn_pre_bwd_a's dpre scratch,
-# stored with UTMASTG per its SASS) and their outputs are checked by the tests instead.
-INITCHECK_EXCLUDE="--kernel-name-exclude kns=mhc_pr_reduce --kernel-name-exclude kns=gdn_pre_bwd_dx"
+# initcheck does not record TMA (UTMASTG) stores as initialization: a kernel whose only inputs
+# of that kind are another kernel's TMA-stored fp32 partials is left out of it (mhc_pr_reduce, as
+# in mhc_gpu_session.sh) and its outputs are checked by the tests instead. The gdn_pre_gated
+# backward stores its dpre scratch and partials without TMA (allow_tma=False): nothing excluded.
+INITCHECK_EXCLUDE="--kernel-name-exclude kns=mhc_pr_reduce"
 for tool in memcheck racecheck initcheck; do
   if has "san-$tool"; then
     SAN_EXTRA=""; [[ $tool == initcheck ]] && SAN_EXTRA=$INITCHECK_EXCLUDE

@@ -263,38 +263,11 @@ def test_thd_with_many_sequences_spanning_chunks():
     check_fwd(*_problem(s, lengths), s, True, True)
 
 
-def run_bwd(grads, x, w, A, dt, cu, shape, repeat_qk):
-    Hk, dk, dv = shape["Hk"], shape["dk"], shape["dv"]
-    dx, dw = _nan(*x.shape, dtype=x.dtype), _nan(*w.shape, dtype=w.dtype)
-    dA, ddt = _nan(*A.shape, dtype=A.dtype), _nan(*dt.shape, dtype=dt.dtype)
-    cb.pre_gated_bwd_into(*grads, x, w, A, dt, cu, dx, dw, dA, ddt, Hk, dk, dv, repeat_qk, 1e-6, False)
-    return dx, dw, dA, ddt
-
-
 def _grads(outs):
     return [torch.randn(o.shape, device="cuda").to(o.dtype) for o in outs[:6]]
 
 
-BWD_CASES = [(s, True) for s in SHAPES] + [(QWEN, False), (SHAPES[1], False)]
-
-
-@pytest.mark.gpu
-@needs_gpu
-@pytest.mark.parametrize("layout", [(2, 70), (1, 1), THD_LENGTHS, [0, 2, 0]],
-                         ids=["bshd-2x70", "bshd-T1", "thd-mixed", "thd-empties"])
-@pytest.mark.parametrize("shape,repeat_qk", BWD_CASES,
-                         ids=[_SID[SHAPES.index(s)] + ("-rep" if r else "-norep") for s, r in BWD_CASES])
-def test_bwd_matches_float64_reference(shape, layout, repeat_qk):
-    x, w, A, dt, cu = _problem(shape, layout)
-    grads = _grads(run_fwd(x, w, A, dt, cu, shape, repeat_qk, False))
-    got = run_bwd(grads, x, w, A, dt, cu, shape, repeat_qk)
-    want = ref.pre_gated_bwd(*[g.double() for g in grads], x.double(), w.double(), A.double(), dt.double(), cu,
-                             Hk=shape["Hk"], dk=shape["dk"], dv=shape["dv"], repeat_qk=repeat_qk)
-    for name, o, r in zip(("dmixed", "dconv_weight", "dA_log", "ddt_bias"), got, want):
-        assert_close(o, r, kind=o.dtype, what=name)
-    again = run_bwd(grads, x, w, A, dt, cu, shape, repeat_qk)
-    for name, a, b in zip(("dmixed", "dconv_weight", "dA_log", "ddt_bias"), got, again):
-        assert torch.equal(a, b), f"{name}: two runs differ (the reductions must be deterministic)"
+# The backward against float64 (every shape here and more, every layout): test_gdn_cutile_pre_gated_bwd.py.
 
 
 @pytest.mark.gpu
