@@ -19,7 +19,9 @@ it checks the CuTe kernel (bf16 out) against a float64 reference of the same MXF
 (relative error ||out - ref|| / ||ref||, limit 1e-2), then times it with
 triton.testing.do_bench (median) beside torch's bf16 ``torch._grouped_mm`` on the dequantized
 bf16 operands (same groups; int32 end offsets), and prints TFLOP/s with flops = 2 * M * N * K
-counted by hand. ``--sweep`` (default on) also times other launch configs of each GEMM
+counted by hand, and the ``kernel="predq"`` path (tilekernels/moe/gemm_predq.py: one dequantize
+pass per operand, then torch._grouped_mm; its own error check and time, which include the
+dequant passes and the copy into ``out``; ``--no-predq`` skips it). ``--sweep`` (default on) also times other launch configs of each GEMM
 (persistent CTAs, loads after the wgmma issue, tile 128 x 128 with one or two CTAs per SM,
 hardware e4m3 convert, raster bands, 4 buffers), each first compared bitwise with the
 default config's output (the k order of every output's sum is the same, so they must agree).
@@ -46,6 +48,7 @@ import torch  # noqa: E402
 from _gpu import bench, device_env, log_error  # noqa: E402
 
 from tilekernels.moe import cute_grouped_gemm as gg  # noqa: E402
+from tilekernels.moe import gemm_predq as pq  # noqa: E402
 from tilekernels.moe import mxfp8 as mx  # noqa: E402
 
 BF, F32, U8 = torch.bfloat16, torch.float32, torch.uint8
@@ -120,6 +123,8 @@ def problem(kind: str, G: int, tokens: int, N: int, K: int):
         b = _q_rows(_rand(G * N, K, K ** -0.5))
         b3 = (b[0].view(G, N, K), b[1].view(G, N, K // 32))
 
+        args = (*a, *b3, offsets)
+
         def run(out, cfg=None):
             gg.gemm_fwd_into(*a, *b3, offsets, out, cfg=cfg)
 
@@ -136,6 +141,8 @@ def problem(kind: str, G: int, tokens: int, N: int, K: int):
         w = _q_cols(_rand(G * N, K, N ** -0.5))
         b3 = (w[0].view(G, N, K), w[1].view(G, N // 32, K))
 
+        args = (*a, *b3, offsets)
+
         def run(out, cfg=None):
             gg.gemm_dgrad_into(*a, *b3, offsets, out, cfg=cfg)
 
@@ -150,6 +157,8 @@ def problem(kind: str, G: int, tokens: int, N: int, K: int):
         a = _q_cols(_rand(M, N))
         b = _q_cols(_rand(M, K))
 
+        args = (*a, *b, offsets)
+
         def run(out, cfg=None):
             gg.gemm_wgrad_into(*a, *b, offsets, out, cfg=cfg)
 
@@ -161,7 +170,7 @@ def problem(kind: str, G: int, tokens: int, N: int, K: int):
         def peer_args():
             return _deq_cols(*a, BF).t(), _deq_cols(*b, BF)
         shape = (G, N, K)
-    return dict(run=run, shape=shape, flops=flops, ref=ref, peer_args=peer_args, ends32=ends32,
+    return dict(run=run, predq=lambda out: pq.INTO[kind](*args, out), shape=shape, flops=flops, ref=ref, peer_args=peer_args, ends32=ends32,
                 M=M, N=N, K=K, G=G)
 
 
@@ -186,7 +195,7 @@ def phase_env():
     print(json.dumps(env, indent=1), flush=True)
 
 
-def record(set_name, name, kind, G, T, N, K, do_check, sweep, rep):
+def record(set_name, name, kind, G, T, N, K, do_check, sweep, rep, predq=True):
     rec = {"set": set_name, "gemm": name, "variant": kind, "G": G, "tokens_per_group": T,
            "M": G * T, "N": N, "K": K}
     print(f"\n== {set_name} {name}: {kind} G={G} M={G * T} N={N} K={K}", flush=True)
@@ -209,6 +218,13 @@ def record(set_name, name, kind, G, T, N, K, do_check, sweep, rep):
             err = rel_err(out, ref)
             rec["rel_err"] = err
             check(f"{set_name} {name}", err <= 1e-2, f"rel err {err:.3e}")
+            if predq:
+                o2 = torch.full(p["shape"], float("nan"), dtype=BF, device="cuda")
+                p["predq"](o2)
+                e2 = rel_err(o2, ref)
+                rec["predq_rel_err"] = e2
+                check(f"{set_name} {name} predq", e2 <= 1e-2, f"rel err {e2:.3e}")
+                o2 = None
             ref = None
         ms = bench(lambda: p["run"](out), rep)
         rec.update(cute_ms=ms, cute_tflops=p["flops"] / ms / 1e9)
@@ -223,6 +239,13 @@ def record(set_name, name, kind, G, T, N, K, do_check, sweep, rep):
               flush=True)
     except Exception:
         log_err(f"{set_name} {name} cute")
+    if predq:
+        try:
+            ms = bench(lambda: p["predq"](out), rep)
+            rec.update(predq_ms=ms, predq_tflops=p["flops"] / ms / 1e9)
+            print(f"   predq  {ms:8.3f} ms  {rec['predq_tflops']:7.1f} TFLOP/s", flush=True)
+        except Exception:
+            log_err(f"{set_name} {name} predq")
     try:
         A, B = p["peer_args"]()
         ends = p["ends32"]
@@ -269,6 +292,7 @@ def main():
     ap.add_argument("--sets", default="headline,g32")
     ap.add_argument("--no-check", action="store_true")
     ap.add_argument("--no-sweep", action="store_true")
+    ap.add_argument("--no-predq", action="store_true", help="skip the dequantize + torch._grouped_mm path")
     ap.add_argument("--full-sweep", action="store_true", help="also raster bands, 4 buffers, tile 128 x 1 CTA")
     ap.add_argument("--sweep-set", default="dq", choices=["dq", "ws"],
                     help="dq: the two-warpgroup kernel's configs; ws: the warp-specialized kernel's")
@@ -311,16 +335,18 @@ def main():
         lst, G, T = gemms(SETS[set_name])
         for name, kind, N, K in lst:
             sweep = sweep_of(kind)
-            record(set_name, name, kind, G, T, N, K, not args.no_check, sweep, args.rep)
+            record(set_name, name, kind, G, T, N, K, not args.no_check, sweep, args.rep, not args.no_predq)
     os.makedirs(args.out, exist_ok=True)
     path = os.path.join(args.out, "moe_gemm_check.json")
     with open(path, "w") as f:
         json.dump(RESULTS, f, indent=1)
     print(f"\nwrote {path}")
-    print("\nsummary (TFLOP/s): set gemm cute torch_bf16")
+    print("\nsummary (ms / TFLOP/s): set gemm | cute dq | predq | torch bf16 | rel_err dq predq")
     for r in RESULTS["records"]:
-        print(f"  {r['set']:9s} {r['gemm']:10s} {r.get('cute_tflops', float('nan')):7.1f} "
-              f"{r.get('torch_bf16_tflops', float('nan')):7.1f}  rel_err {r.get('rel_err', float('nan')):.2e}")
+        g = lambda k: r.get(k, float("nan"))  # noqa: E731
+        print(f"  {r['set']:9s} {r['gemm']:10s} {g('cute_ms'):7.3f} {g('cute_tflops'):6.1f} | "
+              f"{g('predq_ms'):7.3f} {g('predq_tflops'):6.1f} | {g('torch_bf16_ms'):7.3f} "
+              f"{g('torch_bf16_tflops'):6.1f} | {g('rel_err'):.2e} {g('predq_rel_err'):.2e}")
     if RESULTS["sweeps"]:
         print("\nsweep (TFLOP/s, same = bitwise equal to the default config's output):")
         for r in RESULTS["sweeps"]:

@@ -8,6 +8,9 @@ Rows:
   cute     registry.get("grouped_mlp_mxfp8") (MXFP8: quantize, FC1 grouped GEMM, SwiGLU +
            quantize, FC2 grouped GEMM; backward likewise), m_splits on the GPU
   bf16     torch: torch._grouped_mm + SwiGLU (s = 32) + torch._grouped_mm, autograd
+  cute_K   the same with the cute backend's GEMM path forced to K (``--kernels predq,dq`` or
+           $MOE_MLP_KERNELS; cute_kernels.set_gemm_kernel), e.g. the predq default beside the
+           mainloop-dequant kernel in one run
   fp8row   torch._scaled_grouped_mm (fp8 e4m3, per-row scales, not MXFP8): the two forward
            GEMMs only, operands pre-quantized (the issue's fp8 reference point)
 TFLOP/s counts the GEMMs only: fwd 6*M*H*F (FC1 2*M*2F*H + FC2 2*M*H*F), bwd twice that.
@@ -24,6 +27,7 @@ import os
 import torch
 
 import registry
+from tilekernels.moe import cute_kernels as ck
 from tilekernels.moe import reference as ref
 from tilekernels.testing import rel_err
 
@@ -73,6 +77,13 @@ def fp8row_gemms(x, m, w1, w2, F):
     return run
 
 
+def _with_kernel(kern, f):
+    """f() with the cute GEMM path ``kern``; the backward (run later by autograd) reads the
+    path when it runs, so the switch stays set until the next call resets it."""
+    ck.set_gemm_kernel(kern)
+    return f()
+
+
 def _fwd_bwd(f, leaves, dy):
     def step():
         for t in leaves:
@@ -85,6 +96,8 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", default=os.environ.get("OUT", "."))
     ap.add_argument("--shapes", default="g8,g32")
+    ap.add_argument("--kernels", default=os.environ.get("MOE_MLP_KERNELS", ""),
+                    help="comma list of cute GEMM paths to time beside the default (predq, dq)")
     a = ap.parse_args()
     from triton.testing import do_bench
 
@@ -110,6 +123,8 @@ def main():
             "cute": (lambda: op(x, probs, m, w1, w2)),
             "bf16": (lambda: bf16_mlp(x, probs, m, w1, w2)),
         }
+        for kern in filter(None, a.kernels.split(",")):
+            runs[f"cute_{kern}"] = (lambda kern=kern: _with_kernel(kern, lambda: op(x, probs, m, w1, w2)))
         for k, f in runs.items():
             try:
                 with torch.no_grad():
@@ -139,6 +154,10 @@ def main():
         print(f"{r['shape']:6} {r['backend']:8} {g('cute_fwd_ms'):8.3f} {g('cute_fwd_tflops'):6.0f} "
               f"{g('cute_bwd_ms'):8.3f} {g('cute_bwd_tflops'):6.0f}   {g('bf16_fwd_ms'):8.3f} {g('bf16_bwd_ms'):8.3f}"
               f"   {g('fp8row_fwd_gemms_ms'):10.3f}  {r['fwd_rel_err_2experts']:.2e}")
+        for k in sorted(x for x in r if x.startswith("cute_") and x.endswith("_fwd_ms") and x != "cute_fwd_ms"):
+            n = k[:-len("_fwd_ms")]
+            print(f"{'':6} {n:8} {g(k):8.3f} {g(n + '_fwd_tflops'):6.0f} {g(n + '_bwd_ms'):8.3f} "
+                  f"{g(n + '_bwd_tflops'):6.0f}")
 
 
 if __name__ == "__main__":

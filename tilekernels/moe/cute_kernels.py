@@ -7,7 +7,15 @@ building blocks:
 * ``cute_quantize``: MXFP8 quantize (rowwise / columnwise / both in one pass) and dequantize;
 * ``cute_swiglu``: scaled SwiGLU fwd/bwd, and the MLP's fused SwiGLU + MXFP8 passes;
 * ``cute_grouped_gemm``: the MXFP8 grouped GEMM (e4m3 tiles dequantized to bf16 in the
-  mainloop, bf16 wgmma, fp32 accumulation) in its three variants fwd / dgrad / wgrad.
+  mainloop, bf16 wgmma, fp32 accumulation) in its three variants fwd / dgrad / wgrad
+  (``kernel="dq"``);
+* ``gemm_predq``: the same GEMMs as one dequantize pass per operand plus torch's bf16
+  grouped GEMM (``kernel="predq"``), for bf16 outputs on sm_90.
+
+GEMM path (``gemm_choice``): ``TILEKERNELS_MOE_GEMM`` / ``set_gemm_kernel`` = "auto" (the
+default: predq where ``PREDQ_DEFAULT`` and ``gemm_predq.supported``, else dq), "predq" (where
+supported, else dq) or "dq". An fp32 output (the fused MLP's h and dA, OPS.md) always takes
+dq: torch._grouped_mm writes bf16 only.
 
 The MXFP8 GEMMs follow the recipe of ``reference.py``: every operand quantized along that
 GEMM's own reduction dim (weights per call: rowwise for the forward, columnwise along N for
@@ -21,12 +29,15 @@ quantized after the dSwiGLU; dprobs in fp32.
 """
 from __future__ import annotations
 
+import os
+
 import torch
 
 from tilekernels._glue import kernel
 
 from . import cute_quantize as cq
 from . import cute_swiglu as cs
+from . import gemm_predq as pq
 
 _E4M3 = torch.float8_e4m3fn
 _GG = []
@@ -77,6 +88,50 @@ def _quant_weight(w: torch.Tensor, columnwise: bool) -> tuple:
     return d.view(G, N, K), s.view(shape)
 
 
+# ---------------------------------------------------------------- GEMM path
+
+GEMM_KERNELS = ("auto", "predq", "dq")
+# "auto" takes predq on sm_90 for bf16 outputs. H200, fused MLP through the registry, same run
+# (benchmarks/moe_mlp_check.py): G=8 x 4096, H=7168, F=2048 fwd 6.86 / bwd 10.69 ms against dq's
+# 7.49 / 13.54; G=32 x 1024, H=4096, F=1536 3.80 / 6.49 against 3.82 / 6.53 (a tie). False gives
+# back the mainloop-dequant kernel everywhere.
+PREDQ_DEFAULT = True
+_GEMM_KERNEL = [os.environ.get("TILEKERNELS_MOE_GEMM", "auto")]
+
+
+def set_gemm_kernel(name: str) -> str:
+    """Select the MXFP8 GEMM path ("auto", "predq" or "dq") for later calls; returns the old one."""
+    if name not in GEMM_KERNELS:
+        raise ValueError(f"grouped MXFP8 (cute): kernel must be one of {GEMM_KERNELS}, got {name!r}")
+    old, _GEMM_KERNEL[0] = _GEMM_KERNEL[0], name
+    return old
+
+
+def gemm_choice(out_dtype: torch.dtype, device: torch.device, variant: str = "fwd",
+                tokens_per_group: float = float("inf")) -> tuple[str, str]:
+    """(kernel, reason): the GEMM path of one call; ``tokens_per_group`` = M / G (host-known)."""
+    want = _GEMM_KERNEL[0]
+    if want == "dq":
+        return "dq", "kernel='dq' selected"
+    if want == "auto" and not PREDQ_DEFAULT:
+        return "dq", "auto: the mainloop-dequant kernel is the default"
+    ok, why = pq.supported(out_dtype, device)
+    if not ok:
+        return "dq", f"predq not possible ({why}): the mainloop-dequant kernel"
+    if want == "auto" and variant == "wgrad" and tokens_per_group < pq.WGRAD_MIN_TOKENS:
+        return "dq", (f"auto: wgrad with {tokens_per_group:.0f} < {pq.WGRAD_MIN_TOKENS} tokens per expert "
+                      "(copying the [G, N, K] output costs more than the faster GEMM saves)")
+    return "predq", why
+
+
+def _gemm_into(variant: str, a, a_s, b, b_s, off, out) -> None:
+    """One MXFP8 grouped GEMM (``cute_grouped_gemm``'s arguments) through ``gemm_choice``."""
+    if gemm_choice(out.dtype, out.device, variant, a.shape[0] / max(off.shape[0] - 1, 1))[0] == "predq":
+        pq.INTO[variant](a, a_s, b, b_s, off, out)
+    else:
+        getattr(_gemm(), f"gemm_{variant}_into")(a, a_s, b, b_s, off, out)
+
+
 # ---------------------------------------------------------------- mxfp8_quantize / dequantize
 
 
@@ -110,14 +165,14 @@ def linear_fwd(x, weight, off, y) -> None:
     """y [M, N] = MX_K(x) . MX_K(W_g)^T per group."""
     xd, xs = _quant(x, True, False)
     wd, ws = _quant_weight(weight, columnwise=False)
-    _gemm().gemm_fwd_into(xd, xs, wd, ws, off, y)
+    _gemm_into("fwd", xd, xs, wd, ws, off, y)
 
 
 def linear_bwd(dy_row, dy_col, x_col, weight, off, dx, dweight) -> None:
     """dx = MX_N(dY) . MX_N(W_g); dW_g = MX_tok(dY_g)^T . MX_tok(X_g) (quantized operands given)."""
     wd, ws = _quant_weight(weight, columnwise=True)
-    _gemm().gemm_dgrad_into(*dy_row, wd, ws, off, dx)
-    _gemm().gemm_wgrad_into(*dy_col, *x_col, off, dweight)
+    _gemm_into("dgrad", *dy_row, wd, ws, off, dx)
+    _gemm_into("wgrad", *dy_col, *x_col, off, dweight)
 
 
 @kernel("grouped_linear", "cute", "fwd")
@@ -145,7 +200,7 @@ def _mlp_fwd(x, probs, m_splits, fc1_weight, fc2_weight, y, h, quantize):
     as_ = torch.empty(M, F // BLOCK, dtype=_U8, device=x.device)
     cs.swiglu_quant_fwd_into(h, probs, ad, as_)               # MXFP8(silu(gate) * linear * probs)
     wd, ws = _quant_weight(fc2_weight, columnwise=False)
-    _gemm().gemm_fwd_into(ad, as_, wd, ws, off, y)
+    _gemm_into("fwd", ad, as_, wd, ws, off, y)
 
 
 @kernel("grouped_mlp_mxfp8", "cute", "bwd")
@@ -157,11 +212,11 @@ def _mlp_bwd(dy, x, probs, m_splits, fc1_weight, fc2_weight, h, dx, dprobs, dfc1
     dyq = _quant(dy, True, True)
     w2d, w2s = _quant_weight(fc2_weight, columnwise=True)
     da = torch.empty(M, F, dtype=torch.float32, device=dev)
-    _gemm().gemm_dgrad_into(*dyq[:2], w2d, w2s, off, da)          # dA: FC2 dgrad accumulators, fp32
+    _gemm_into("dgrad", *dyq[:2], w2d, w2s, off, da)          # dA: FC2 dgrad accumulators, fp32
     e = dict(device=dev)
     dh = (torch.empty(M, 2 * F, dtype=_E4M3, **e), torch.empty(M, 2 * F // BLOCK, dtype=_U8, **e),
           torch.empty(M, 2 * F, dtype=_E4M3, **e), torch.empty(M // BLOCK, 2 * F, dtype=_U8, **e))
     a_col = (torch.empty(M, F, dtype=_E4M3, **e), torch.empty(M // BLOCK, F, dtype=_U8, **e))
     cs.swiglu_quant_bwd_into(da, h, probs, *dh, dprobs, *a_col)
-    _gemm().gemm_wgrad_into(*dyq[2:], *a_col, off, dfc2)
+    _gemm_into("wgrad", *dyq[2:], *a_col, off, dfc2)
     linear_bwd(dh[:2], dh[2:], _quant(x, False, True), fc1_weight, off, dx, dfc1)

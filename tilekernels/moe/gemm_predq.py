@@ -1,0 +1,125 @@
+"""MXFP8 grouped GEMMs as "dequantize once, then a bf16 grouped GEMM" (``kernel="predq"``).
+
+Hopper has no block-scaled MMA. The mainloop-dequant kernel of ``cute_grouped_gemm.py``
+(``kernel="dq"``) spends its CUDA cores on the e4m3 -> bf16 conversion of every tile it
+reads (every operand tile is re-read ``cdiv(other dim, tile)`` times) and runs at 56-65% of
+torch's bf16 grouped GEMM. This path instead dequantizes each operand once, in a
+bandwidth pass (``cute_quantize.dequantize_into``: 1 byte + 1/32 scale byte read, 2 bytes
+written per element), and hands the bf16 operands to ``torch._grouped_mm`` (CUTLASS sm_90
+grouped GEMM, TMA + warp-specialized wgmma, fp32 accumulation, bf16 out).
+
+Exactness: e4m3 x 2^(e-127) is a bf16 value unless it falls below bf16's normal range
+(where the dequantize kernel rounds to nearest even, as the mainloop kernel does); a 0xFF
+scale makes its whole block NaN. The products of two bf16 values are exact in the tensor
+cores' fp32 accumulation, so this path computes the same math as ``kernel="dq"``: the two
+differ only in the fp32 summation order and the final bf16 rounding.
+
+Entry points mirror ``cute_grouped_gemm``'s (same arguments, ``offsets`` [G+1] int32/int64
+cumulative, on the device; nothing read on the host, so a call can be captured in a CUDA
+graph):
+
+=======  ============================  ===========================  ======================
+variant  out (bf16 only)               A                            B
+=======  ============================  ===========================  ======================
+fwd      y [M, N]                      x [M, K] rowwise             W [G, N, K] rowwise
+dgrad    dX [M, K]                     dY [M, N] rowwise            W [G, N, K] col. (N)
+wgrad    dW [G, N, K]                  dY [M, N] columnwise         X [M, K] columnwise
+=======  ============================  ===========================  ======================
+
+``torch._grouped_mm`` has no ``out=``: its result is copied into ``out`` (one read + one
+write of the output, at copy bandwidth). Transient memory per call (bf16): fwd
+2 (M K + G N K + M N) bytes, dgrad 2 (M N + G N K + M K), wgrad 2 (M N + M K + G N K).
+Empty groups: on sm_90 torch writes zeros for a wgrad group with no tokens (checked on the
+H200 with the allocator's blocks NaN-filled first: benchmarks/probes/grouped_mm_edges.py and
+the GPU tests) and never touches rows of an empty fwd/dgrad group (it has none).
+
+Cost model (H200, moe.md): the dequant passes and the copy move about 3 (M K + G N K) + 4 M N
+bytes (fwd) against the mainloop kernel's ~60% of torch's GEMM rate, so predq wins wherever
+the output is small beside the work. A wgrad's output [G, N, K] does not shrink with the
+tokens: at 1024 tokens per expert (G=32, H=4096, F=1536) the copy eats the gain and predq
+was slower, so ``cute_kernels.gemm_choice`` keeps wgrad on dq below ``WGRAD_MIN_TOKENS``
+tokens per expert (a host-known ratio M / G, no sync).
+
+Limits (``supported``): a bf16 output (``torch._grouped_mm`` writes bf16 only, so the fp32
+accumulators of the fused MLP, h and dA, stay on ``kernel="dq"``), a CUDA sm_90 device (the
+CUTLASS path; elsewhere torch may fall back to a per-group loop that reads the offsets on the
+host), and torch with ``_grouped_mm``. Operand strides are multiples of 16 bytes (N, K % 32
+== 0), A row-major in fwd/dgrad and column-major in wgrad, so torch's device-side alignment
+check on the ragged dimension never applies and groups of any size (zero included) work.
+"""
+from __future__ import annotations
+
+import torch
+
+from . import cute_quantize as cq
+
+BF = torch.bfloat16
+VARIANTS = ("fwd", "dgrad", "wgrad")
+# wgrad takes predq from this many tokens per expert (M / G) up: measured faster at 4096
+# (G=8, H=7168, F=2048), slower at 1024 (G=32, H=4096, F=1536)
+WGRAD_MIN_TOKENS = 2048
+
+
+def supported(out_dtype: torch.dtype, device: torch.device) -> tuple[bool, str]:
+    """Whether this path can compute a GEMM with output ``out_dtype`` on ``device``, and why not."""
+    if out_dtype != BF:
+        return False, f"torch._grouped_mm writes bf16 only, the output is {str(out_dtype).removeprefix('torch.')}"
+    if not hasattr(torch, "_grouped_mm"):
+        return False, f"torch {torch.__version__} has no _grouped_mm"
+    if device.type != "cuda":
+        return False, f"needs a CUDA device, got {device.type}"
+    cap = torch.cuda.get_device_capability(device)
+    if cap != (9, 0):
+        return False, f"the sm_90 CUTLASS grouped GEMM of torch; device is sm_{cap[0]}{cap[1]}"
+    return True, "bf16 output on sm_90: dequantize once + torch._grouped_mm"
+
+
+def dequant(data: torch.Tensor, scales: torch.Tensor, axis: str) -> torch.Tensor:
+    """bf16 [R, C] of MXFP8 data [R, C] (e4m3 or uint8) with scales [R, C/32] ('rowwise') or
+    [R/32, C] ('columnwise'): one bandwidth pass, the cute dequantize kernel's values."""
+    out = torch.empty(data.shape, dtype=BF, device=data.device)
+    cq.dequantize_into(data, scales, out, axis)
+    return out
+
+
+def ends32(offsets: torch.Tensor) -> torch.Tensor:
+    """torch._grouped_mm's offsets: the [G] int32 group ends of cumulative [G+1] ``offsets``."""
+    return offsets[1:].to(torch.int32)
+
+
+def gemm_fwd_into(a_data, a_scales, b_data, b_scales, offsets, out) -> None:
+    """out [M, N] bf16 = per group g MX(a) . MX(b[g])^T; a [M, K] rowwise, b [G, N, K] rowwise."""
+    M, K = a_data.shape
+    G, N, _ = b_data.shape
+    if M == 0:
+        return
+    a = dequant(a_data, a_scales, "rowwise")
+    b = dequant(b_data.view(G * N, K), b_scales.view(G * N, K // 32), "rowwise").view(G, N, K)
+    out.copy_(torch._grouped_mm(a, b.transpose(-2, -1), offs=ends32(offsets)))
+
+
+def gemm_dgrad_into(dy_data, dy_scales, w_data, w_scales, offsets, out) -> None:
+    """out [M, K] bf16 = per group MX(dy) . MX(w[g]); dy [M, N] rowwise, w [G, N, K]
+    columnwise along N (scales [G, N/32, K])."""
+    M, N = dy_data.shape
+    G, _, K = w_data.shape
+    if M == 0:
+        return
+    a = dequant(dy_data, dy_scales, "rowwise")
+    b = dequant(w_data.view(G * N, K), w_scales.view(G * N // 32, K), "columnwise").view(G, N, K)
+    out.copy_(torch._grouped_mm(a, b, offs=ends32(offsets)))
+
+
+def gemm_wgrad_into(dy_data, dy_scales, x_data, x_scales, offsets, out) -> None:
+    """out [G, N, K] bf16: out[g] = MX(dy_g)^T . MX(x_g) over the group's tokens, zeros for an
+    empty group; dy [M, N], x [M, K] columnwise (scales [M/32, .]), every group % 32 == 0."""
+    M, N = dy_data.shape
+    if M == 0:
+        out.zero_()
+        return
+    a = dequant(dy_data, dy_scales, "columnwise")
+    b = dequant(x_data, x_scales, "columnwise")
+    out.copy_(torch._grouped_mm(a.t(), b, offs=ends32(offsets)))
+
+
+INTO = {"fwd": gemm_fwd_into, "dgrad": gemm_dgrad_into, "wgrad": gemm_wgrad_into}
