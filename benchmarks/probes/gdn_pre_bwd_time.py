@@ -2,15 +2,17 @@
 """Device host: the gdn_pre_gated cuTile backward (tilekernels/gdn/cutile_pre_gated_bwd.py), each
 launch alone and its config variants, with its GPU tests first. From the repository root:
 
-    python3 benchmarks/probes/gdn_pre_bwd_time.py --out "$OUT" [--tests 10] [--sanitize] [--sweep]
+    python3 benchmarks/probes/gdn_pre_bwd_time.py --out "$OUT" [--tests 4] [--sanitize] [--old] [--sweep]
 
 (The first backward, timed beside this one in session 6: `git show 525096e:benchmarks/probes/gdn_pre_bwd_v0.py`.)
 
---tests P: the backward GPU tests (tests/gdn/test_gdn_cutile_pre_gated_bwd.py and the bwd/registry
-tests of tests/gdn/test_gdn_cutile_pre_gated.py) under pytest-xdist with P workers and a per-test
-thread timeout, beside processes that compile the timed kernels at 64 tokens (cuTile's disk cache
-then serves the timing process); --sanitize: compute-sanitizer memcheck and racecheck on two small
-backward tests beside them. Timing starts when those are done (nothing else on the GPU).
+--tests P: the backward GPU tests (tests/gdn/test_gdn_cutile_pre_gated_bwd.py -m gpu) under
+pytest-xdist with P workers and a per-test thread timeout, beside processes that compile the timed
+kernels at 64 tokens (cuTile's disk cache then serves the timing process); --sanitize:
+compute-sanitizer memcheck, racecheck and initcheck on two small backward tests beside them. Timing
+starts when those are done (nothing else on the GPU). --old: the session-6 default (OLD) timed beside
+the default in every case, per launch too. Variants new to the kernel are first run by
+gdn_pre_bwd_var.py (a child process each, under a limit).
 
 Cases (benchmarks/gdn_pre_check.py's problems: Qwen3-Next Hk=16, Hv=32, dk=dv=128, W=4, bf16,
 32768 tokens, BSHD B=4 x T=8192 and THD one 16384-token sequence plus many short ones), repeat_qk
@@ -47,11 +49,15 @@ from tilekernels.gdn import reference as ref  # noqa: E402
 from tilekernels.testing import rel_err  # noqa: E402
 
 T0 = time.time()
-TESTS = ["tests/gdn/test_gdn_cutile_pre_gated_bwd.py", "tests/gdn/test_gdn_cutile_pre_gated.py"]
-SWEEP = [dict(DWS=False), dict(LT=True), dict(GS=False), dict(OCC_A=2), dict(NTB=2), dict(SD=False),
-         dict(LB=True), dict(OCC_B=2), dict(OCC_B=8), dict(TB=32)]
-SAN = ["tests/gdn/test_gdn_cutile_pre_gated_bwd.py::test_bwd_matches_float64_reference[Hk2-Hv4-dk64-dv32-W3-rep-thd-mixed]",
-       "tests/gdn/test_gdn_cutile_pre_gated_bwd.py::test_bwd_matches_float64_reference[Hk2-Hv4-dk64-dv32-W3-rep-bshd-2x70]"]
+TESTS = ["tests/gdn/test_gdn_cutile_pre_gated_bwd.py"]
+# the session-6 default (dpre: taps loaded twice per tile, one tile a block, occupancy 4), timed beside
+# the default in every case (--old)
+OLD = dict(XS=False, DWA=False, NTB=1, OCC_A=4)
+# session 7: over the XS DWA NTB4 OCC_A2 default (session 6's sweep: git show 86ae02d:<this file>)
+SWEEP = [dict(XT=True, XS=False, DWA=False), dict(NTB=8), dict(NTB=2)]
+SAN = ["tests/gdn/test_gdn_cutile_pre_gated_bwd.py", "-m", "gpu", "-k",
+       "test_bwd_matches_float64_reference and Hk2-Hv4-dk64-dv32-W3-rep and (thd-mixed or bshd-2x70)"]
+TOOLS = ("memcheck", "racecheck", "initcheck")
 OUT: dict = {"records": [], "errors": []}
 
 
@@ -78,7 +84,7 @@ def record(case, impl, ms, nbytes, note=""):
     print(f"{case:<12}{impl:<34}{ms:>9.3f} ms {r['pct_ideal']:>6.1f}%  {note}", flush=True)
 
 
-def time_case(thd, repeat_qk, sweep=False):
+def time_case(thd, repeat_qk, sweep=False, old=False, default=True):
     case = f"{'thd' if thd else 'bshd'}-{'rep' if repeat_qk else 'norep'}"
     prob = gc.problem(thd)
     x, w, A, dt, cu = prob
@@ -86,10 +92,14 @@ def time_case(thd, repeat_qk, sweep=False):
     S = gc.SHAPE
     want = ref.pre_gated_bwd(*grads, x, w, A, dt, cu, Hk=S["Hk"], dk=S["dk"], dv=S["dv"], repeat_qk=repeat_qk)
     nb = gc.bwd_bytes(repeat_qk)
-    variants = [(None, "default")]
+    variants = [(None, "default")] if default else []
+    base = cb.PreGatedBwdCfg.heuristic(S["Hk"], S["Hv"], S["dk"], S["dv"], S["W"], repeat_qk)
+    if old:
+        variants.append((dataclasses.replace(base, **OLD), "old (session 6)"))
     if sweep:
-        base = cb.PreGatedBwdCfg.heuristic(S["Hk"], S["Hv"], S["dk"], S["dv"], S["W"], repeat_qk)
-        variants += [(dataclasses.replace(base, **o), " ".join(f"{k}{v}" for k, v in o.items())) for o in SWEEP]
+        ok = "CHECK PASSED" in open(XT_LOG).read() if XT_LOG and os.path.exists(XT_LOG) else not XT_LOG
+        variants += [(dataclasses.replace(base, **o), " ".join(f"{k}{v}" for k, v in o.items())) for o in SWEEP
+                     if ok or not o.get("XT")]
     for cfg, tag in variants:
         if time.time() - T0 > LIMIT_S:
             OUT["errors"].append(f"{case} {tag}: skipped (time)")
@@ -105,8 +115,8 @@ def time_case(thd, repeat_qk, sweep=False):
             for j, ln in enumerate(cb.bwd_launches(*grads, x, w, A, dt, cu, *outs, S["Hk"], S["dk"], S["dv"],
                                                    repeat_qk, 1e-6, cfg=cfg)):
                 name = ln.kernel._pyfunc.__name__
-                if all(g > 0 for g in ln.grid) and (cfg is None or name in ("gdn_pre_bwd_dx", "gdn_pre_bwd_dpre")
-                                                    and ln.grid[0] > 1):
+                if all(g > 0 for g in ln.grid) and (cfg is None or tag.startswith("old") or name in (
+                        "gdn_pre_bwd_dx", "gdn_pre_bwd_dpre") and ln.grid[0] > 1):
                     record(case, f"  [{j}] {name} {ln.grid[:2]}", gc.bench(ln.run), nb)
         except Exception:
             OUT["errors"].append(f"{case} {tag}: {traceback.format_exc(limit=6)}")
@@ -120,7 +130,9 @@ def warm(part, parts):
     gc.TOKENS = 64
     jobs = [(thd, rep, None) for thd in (False, True) for rep in (True, False)]
     base = cb.PreGatedBwdCfg.heuristic(16, 32, 128, 128, 4, True)
-    jobs += [(False, True, dataclasses.replace(base, **o)) for o in SWEEP]
+    jobs += [(thd, rep, dataclasses.replace(cb.PreGatedBwdCfg.heuristic(16, 32, 128, 128, 4, rep), **OLD))
+             for thd in (False, True) for rep in (True, False)]
+    jobs += [(False, True, dataclasses.replace(base, **o)) for o in SWEEP if not o.get("XT")]  # XT: checked first
     for k, (thd, rep, cfg) in enumerate(jobs):
         if k % parts == part:
             prob = gc.problem(thd)
@@ -131,14 +143,15 @@ def warm(part, parts):
     print(f"warm {part}/{parts} done {time.time() - T0:.0f} s", flush=True)
 
 
-def run_tests(out, procs, sanitize, nwarm, tests_s):
+def run_tests(out, procs, sanitize, nwarm, tests_s, kexpr=""):
     ps = []
     for k in range(nwarm):
         log = open(os.path.join(out, "warm.log"), "a")
-        ps.append(("warm", subprocess.Popen([sys.executable, os.path.abspath(__file__), "--warm", str(k), str(nwarm)],
+        ps.append(("warm", subprocess.Popen(["timeout", str(tests_s), sys.executable, os.path.abspath(__file__), "--warm",
+                                             str(k), str(nwarm)],
                                             stdout=log, stderr=subprocess.STDOUT, cwd=ROOT)))
     if sanitize:
-        for tool in ("memcheck", "racecheck"):
+        for tool in TOOLS:
             log = open(os.path.join(out, f"{tool}.log"), "w")
             ps.append((tool, subprocess.Popen(["timeout", str(tests_s), "compute-sanitizer", "--tool", tool,
                                                sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", *SAN],
@@ -147,7 +160,8 @@ def run_tests(out, procs, sanitize, nwarm, tests_s):
         log = open(os.path.join(out, "tests.log"), "w")
         ps.append(("tests", subprocess.Popen(
             ["timeout", str(tests_s), sys.executable, "-m", "pytest", "-v", "-p", "no:cacheprovider", "-n", str(procs),
-             "--timeout=120", "--timeout-method=thread", TESTS[0], TESTS[1], "-m", "gpu", "-k", "bwd or registry"],
+             "--timeout=240", "--timeout-method=thread", *TESTS, "-m", "gpu",
+             *(["-k", kexpr] if kexpr else [])],
             stdout=log, stderr=subprocess.STDOUT, cwd=ROOT)))
     for name, p in ps:
         p.wait()
@@ -158,16 +172,17 @@ def run_tests(out, procs, sanitize, nwarm, tests_s):
             if ln.startswith(("FAILED", "ERROR")) or "Timeout" in ln[:40]:
                 print(ln[:400], flush=True)
         print("tests:", lines[-1:] if lines else "no output", flush=True)
-    for tool in ("memcheck", "racecheck") if sanitize else ():
+    for tool in TOOLS if sanitize else ():
         txt = open(os.path.join(out, f"{tool}.log")).read().splitlines()
         print(tool, [ln for ln in txt if "SUMMARY" in ln or " passed" in ln or " failed" in ln][-3:], flush=True)
 
 
 LIMIT_S = 185
+XT_LOG = ""  # --xt-log: the sweep's XT variants run only if this gdn_pre_bwd_var.py check log passed
 
 
 def main():
-    global LIMIT_S
+    global LIMIT_S, XT_LOG
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", default=os.environ.get("OUT", "."))
     ap.add_argument("--tests", type=int, default=0)
@@ -175,20 +190,24 @@ def main():
     ap.add_argument("--tests-s", type=int, default=110)
     ap.add_argument("--sanitize", action="store_true")
     ap.add_argument("--sweep", action="store_true")
+    ap.add_argument("--xt-log", default="")
+    ap.add_argument("--kexpr", default="", help="pytest -k expression for the test pool")
+    ap.add_argument("--old", action="store_true", help="time the session-6 default (OLD) beside the default")
     ap.add_argument("--limit-s", type=int, default=185)
     ap.add_argument("--warm", nargs=2, type=int, default=None, help=argparse.SUPPRESS)
     a = ap.parse_args()
     if a.warm:
         return warm(*a.warm)
-    LIMIT_S = a.limit_s
+    LIMIT_S, XT_LOG = a.limit_s, a.xt_log
     os.makedirs(a.out, exist_ok=True)
-    run_tests(a.out, a.tests, a.sanitize, a.warm_procs, a.tests_s)
+    run_tests(a.out, a.tests, a.sanitize, a.warm_procs, a.tests_s, a.kexpr)
     print(f"{'case':<12}{'impl':<34}{'ms':>9}    {'% ideal at 4.27 TB/s':>6}", flush=True)
-    for thd in (False, True):
-        for rep in (True, False):
-            time_case(thd, rep, sweep=a.sweep and not thd and rep)
-            with open(os.path.join(a.out, "gdn_pre_bwd_time.json"), "w") as f:
-                json.dump(OUT, f, indent=1, default=str)
+    # repeat_qk first (the headline), then without, then the sweep (BSHD repeat_qk): what runs out of time is last
+    for thd, rep, sweep in [(False, True, False), (True, True, False), (False, False, False), (True, False, False),
+                            (False, True, True)][:5 if a.sweep else 4]:
+        time_case(thd, rep, sweep=sweep, old=a.old and not sweep, default=not sweep)
+        with open(os.path.join(a.out, "gdn_pre_bwd_time.json"), "w") as f:
+            json.dump(OUT, f, indent=1, default=str)
     print("\n== summary ==", flush=True)
     for r in OUT["records"]:
         if not r["impl"].startswith("  "):

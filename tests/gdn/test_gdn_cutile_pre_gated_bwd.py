@@ -11,7 +11,8 @@ float64 on upcasts of the same inputs; then the same call again must be bitwise 
 reductions are fixed-order). Tolerances (tilekernels.testing, by the checked output's dtype):
   bf16 dmixed 1e-2: fp32 math from bf16 inputs, rounded once; dx also goes through the dpre
     scratch in bf16 (one more 2^-9 rounding of each of the W terms: norm-wise ~2^-9, 5x under);
-  bf16 dconv_weight 1e-2: fp32 sums over tokens of fp32 dpre (registers, not the scratch), rounded once;
+  bf16 dconv_weight 1e-2: fp32 sums over tokens of fp32 dpre (registers, not the scratch; with DWA summed
+    per token over a block's tiles first, then over its tokens: another order of the same fp32 sums), rounded once;
   fp32 dmixed, dconv_weight (fp32 mixed: the scratch is fp32), dA_log, ddt_bias 1e-5: the
     reference's math in fp32 (W-tap conv, dk-long norm, sums over <= a few thousand tokens:
     reassociation ~1e-7); the sigmoid's APPROX exp and reciprocal are ~2 ulp each, far below.
@@ -44,8 +45,12 @@ COMPILE_VARIANTS = [
     (dict(Hk=2, Hv=4, dk=16, dv=24, W=6), False, True, BF),  # W > WMAX: every tap gathered
 ]
 # launch-config variants over the heuristic's (QWEN, THD, repeat_qk): compiled in CI, run on the GPU
-CFG_VARIANTS = [dict(SD=False), dict(NTB=3, TT=32, TB=32), dict(LT=True, LB=True, OCC_B=8), dict(GS=False, DWS=False),
-                dict(NTB=2, OCC_A=2, TG=64, BC=64)]
+# (the heuristic's dpre: XS DWA NTB4; OLD: the session-6 default, taps loaded twice, one tile a block; XT: taps
+# as separate tiles; XS without DWA: the partial summed over each tile's tokens)
+OLD = dict(XS=False, DWA=False, NTB=1, OCC_A=4)
+CFG_VARIANTS = [dict(SD=False), dict(NTB=3, TT=32, TB=32), dict(LT=True, LB=True, OCC_B=8),
+                dict(GS=False, DWS=False, XS=False, DWA=False), dict(NTB=2, OCC_A=2, TG=64, BC=64), OLD,
+                dict(XS=False, DWA=False, XT=True), dict(DWA=False, NTB=1)]
 
 
 def _vid(v):
@@ -93,6 +98,7 @@ def test_launch_config_is_the_compile_key():
     cfg = cb.PreGatedBwdCfg.heuristic(16, 32, 128, 128, 4, True)
     assert big[0].cfg is cfg and cfg is cb.PreGatedBwdCfg.heuristic(16, 32, 128, 128, 4, True)  # cached
     assert (cfg.R, cfg.RP, cfg.TT, cfg.HBZ, cfg.TAPV) == (2, 2, 16, 4, True)
+    assert (cfg.XS, cfg.DWA, cfg.NTB, cfg.OCC_A) == (True, True, 4, 2)
     units = 2 * 16 + 32 + 32 // cfg.HBZ + 1
     nt = 4 * 8192 // cfg.TT
     assert [ln.grid for ln in big] == [(1, units, 1), (-(-(nt - 1) // cfg.NTB), units, 1),
@@ -108,6 +114,7 @@ def test_launch_config_is_the_compile_key():
     assert (odd.DK, odd.DV, odd.WW, odd.R, odd.RP) == (64, 64, 4, 4, 4) and odd.TT >= 3
     wide = cb.PreGatedBwdCfg.heuristic(2, 4, 16, 24, 6, True)
     assert not wide.TAPV and len(_launches(COMPILE_VARIANTS[3])) == 3  # one gathering dpre launch
+    assert not (wide.XS or wide.DWA or wide.XT)  # W > WMAX: the per-tap path
     # the forward module's representative launches include the backward at its own heuristic
     assert cp.representative_launches(B=1, T=1)["gdn_pre_gated.bwd"][0].cfg is cfg
     with pytest.raises(TypeError, match="PreGatedBwdCfg"):
@@ -121,6 +128,10 @@ def test_refuses_what_it_cannot_run():
         _launches(COMPILE_VARIANTS[0], cfg=_cfg(dict(DK=64)))  # dk > DK
     with pytest.raises(ValueError, match="does not fit"):
         _launches(COMPILE_VARIANTS[1], cfg=_cfg(dict()))  # a repeat_qk config for a call without
+    with pytest.raises(ValueError, match="does not fit"):
+        _launches(COMPILE_VARIANTS[0], cfg=_cfg(dict(XS=False)))  # DWA needs XS
+    with pytest.raises(ValueError, match="does not fit"):
+        _launches(COMPILE_VARIANTS[0], cfg=_cfg(dict(XT=True)))  # XT excludes XS
 
 
 # ------------------------------------------------------------------ GPU
@@ -215,6 +226,7 @@ def test_bwd_many_sequences_and_tokens():
 @needs_gpu
 @pytest.mark.parametrize("over", CFG_VARIANTS, ids=lambda d: "-".join(f"{k}{v}" for k, v in d.items()))
 def test_bwd_launch_config_variants(over):
-    """Other tilings, fp32 scratch, TMA loads on, the other grad-sum and dconv_weight-partial forms, loops
-    over token tiles: same results (THD with repeat_qk: R = 2 grads summed)."""
+    """Other tilings, fp32 scratch, TMA loads on, the other grad-sum and dconv_weight-partial forms (the
+    session-6 path, XT, XS without DWA), loops over token tiles: same results (THD with repeat_qk: R = 2 grads
+    summed)."""
     check_bwd(QWEN, THD_LENGTHS + [300], True, cfg=_cfg(over))

@@ -28,8 +28,13 @@ Launches (``bwd_launches``; PreGatedBwdCfg names the fields):
                    int32 (cu_seqlens scanned once per PT tokens, not once per block of the passes).
   gdn_pre_bwd_dpre grid (row blocks, 2*Hk + Hv + Hv/HBZ + 1 units): block (r, u) does NTB token
                    tiles of TT rows of unit u. q/k head u < 2*Hk, v head u - 2*Hk: dpre -> scratch,
-                   and the block's dconv_weight partial -> pw [P, C, WW] (DWS: the W tap products
-                   stacked [WW, TT, c] and reduced over the tokens at once); q/k grads: R [TT, dk]
+                   and the block's dconv_weight partial -> pw [P, C, WW]. Default (W <= WMAX): XS, a
+                   tile's W taps loaded once as one [WW, TT, c] tile that the conv and the partial
+                   both read, and DWA, the tap products summed per token over the block's NTB tiles
+                   and reduced over the tokens once (a quarter of the partial rows at NTB4); else
+                   (W > WMAX, or XS off) the taps reloaded for the partial (DWS: the products stacked
+                   [WW, TT, c] and reduced per tile); XT: the taps as W separate [TT, c] tiles, the
+                   products summed per tap, elementwise, over the block's tiles; q/k grads: R [TT, dk]
                    loads summed (GS); z unit: dz = gz for HBZ heads; gates unit: db, da -> dmixed
                    and the block's sums of gg*g and da -> pg [P, 2, HVP]. As in the forward: token
                    tile 0 is a launch of its own (GA: its taps gathered row by row) so that the
@@ -56,6 +61,13 @@ dpre with TMA loads 2.78 ms, dx TB32 0.42 ms, i.e. ~3.4 ms summed (18.6% of idea
 end to end). Still 4.3x the 0.79 ms target: the dpre pass moves ~80 KB a token in 2.8 ms
 (~1 TB/s), so it is bound by instructions or latency, not bytes (no ncu profile yet); the scratch
 (32 KB a token) and the partials (8 KB a token at NTB1: 2 x 268 MB) come on top.
+Session 7 (same shape, one run): ncu of that dpre launch: 2.79 ms, DRAM 20% (0.96 TB/s), 857M warp
+instructions, issue 0.29 a scheduler, 128 threads x 128 registers (4 blocks, 25% occupancy), per issued
+instruction 5.9 cycles of long-scoreboard stalls, 2.1 mio throttle, 1.7 short scoreboard: latency-bound
+at low occupancy, with ~100 instructions a q/k element. The default since (XS DWA NTB4 OCC_A2): 3.263 /
+3.352 ms BSHD / THD against 3.417 / 3.454 (19.4 / 18.9% of ideal; dpre 2.78 / 2.84, the reduction 0.057
+against 0.19); PreGatedBwdCfg.heuristic lists the variants measured. The dpre pass itself is unchanged
+(2.78 ms): cutting it needs fewer instructions per element and more loads in flight, not fewer bytes.
 
 Compile key: PreGatedBwdCfg (from Hk, Hv, dk, dv, W, repeat_qk only) + dtypes + THD; NT, B, T, N
 are dynamic. Importing this module needs ``cuda.tile`` but no GPU.
@@ -104,6 +116,10 @@ class PreGatedBwdCfg:
     GS: bool = True   # dpre pass: q/k grads as R loads of [TT, dk] summed (else one [TT, 1, RP, dk] load)
     DWS: bool = True  # dpre pass: the W tap products stacked [WW, TT, c] and reduced at once (else per tap)
     SD: bool = True   # dpre scratch in dmixed's dtype (False: fp32)
+    XS: bool = False  # dpre pass: a tile's W taps loaded once as [WW, TT, c] for the conv and the partial
+    DWA: bool = False  # dpre pass (XS): tap products summed elementwise over the block's tiles, reduced once
+    XT: bool = False  # dpre pass (W <= 4): the W taps loaded once as separate [TT, c] tiles, their products
+    #                   with dpre summed elementwise per tap over the block's tiles, reduced once (no stacking)
     CH: int = 32      # THD: cu_seqlens entries scanned per step
     PT: int = 256     # THD: tokens per block of the sequence-bound pass
     TG: int = 16      # reduction: partial rows per step
@@ -126,11 +142,24 @@ class PreGatedBwdCfg:
         #     LT (TMA loads in dpre) 2.78 / - / 3.49; DWS off 3.60; GS off 3.61; OCC_A2 3.51;
         #     NTB2 3.28; SD off (fp32 scratch) 2.95 / 0.61 / 3.75; LB (TMA in dx) - / 0.64;
         #     dx occ 2 0.55, occ 8 0.47, TB32 0.42 (the reduction: 0.19 at NTB1)
-        # Default = the best of each launch (LT, TB32), end to end 3.40-3.42 ms BSHD, 3.46 THD
-        # (session 6, gdn.md).
+        # Session-6 default = the best of each launch (LT, TB32), end to end 3.40-3.42 ms BSHD, 3.46 THD.
+        # Session 7 (same shape, one run, benchmarks/probes/gdn_pre_bwd_var.py; whole backward / dpre / reduction):
+        #   session-6 default 3.417 / 2.794 / 0.192 (ncu of dpre: 2.79 ms, DRAM 20%, 857M warp instructions,
+        #     issue 0.29 a scheduler, 128 threads x 128 registers, achieved occupancy 25%; stalls per issued
+        #     instruction: long scoreboard 5.9, mio throttle 2.1, short scoreboard 1.7: latency-bound)
+        #   XS (taps loaded once, stacked [WW, TT, c]) OCC_A3 4.555 / 3.934; XS OCC_A2 4.090 / 3.469
+        #   XS DWA NTB4 OCC_A2 3.264 / 2.777 / 0.058 (4 token tiles a block, the tap products summed per token
+        #     and reduced once: a quarter of the partial rows; ncu of dpre 795M instructions, 8.97 cycles
+        #     between a warp's issues, achieved occupancy 15%)
+        #   XT NTB4 OCC_A2 (taps as separate tiles): correct on the H200 (3 cases), not yet timed
+        # Default for W <= WMAX: XS DWA NTB4 OCC_A2 (the taps of W > WMAX are gathered: session-6 path); the
+        # next call, with its GPU tests (52 passed) and memcheck / racecheck / initcheck clean: 3.263 / 3.352 ms
+        # BSHD / THD with repeat_qk against 3.417 / 3.454 for the session-6 default (dpre 2.776 / 2.837,
+        # reduction 0.057), 3.101 BSHD without repeat_qk.
         TT = max(next_pow2(W), min(128, 2048 // max(DK, DV)))
+        x = dict(XS=True, DWA=True, NTB=4, OCC_A=2) if W <= WMAX else {}
         return cls(Hk=Hk, Hv=Hv, R=R, RP=next_pow2(R), W=W, DK=DK, DV=DV, HVP=next_pow2(Hv), WW=next_pow2(W),
-                   TAPV=W <= WMAX, TT=TT, HBZ=math.gcd(Hv, 4), TB=max(TT, 32))
+                   TAPV=W <= WMAX, TT=TT, HBZ=math.gcd(Hv, 4), TB=max(TT, 32), **x)
 
 
 def bwd_cfg(Hk, Hv, dk, dv, W, repeat_qk, cfg=None) -> PreGatedBwdCfg:
@@ -141,7 +170,8 @@ def bwd_cfg(Hk, Hv, dk, dv, W, repeat_qk, cfg=None) -> PreGatedBwdCfg:
         raise TypeError(f"gdn_pre_gated cutile bwd: cfg must be a PreGatedBwdCfg, got {type(cfg).__name__}")
     R = Hv // Hk if repeat_qk else 1
     ok = (cfg.Hk, cfg.Hv, cfg.W, cfg.R) == (Hk, Hv, W, R) and cfg.RP >= R and cfg.DK >= dk and cfg.DV >= dv \
-        and cfg.TT >= W and Hv % cfg.HBZ == 0 and cfg.WW >= W and cfg.HVP >= Hv and (cfg.TAPV <= (W <= WMAX))
+        and cfg.TT >= W and Hv % cfg.HBZ == 0 and cfg.WW >= W and cfg.HVP >= Hv and (cfg.TAPV <= (W <= WMAX)) \
+        and cfg.DWA <= cfg.XS and not (cfg.XT and (cfg.XS or W > 4))
     if not ok:
         raise ValueError(f"gdn_pre_gated cutile bwd: config {cfg} does not fit Hk={Hk}, Hv={Hv}, dk={dk}, "
                          f"dv={dv}, W={W}, repeat_qk={repeat_qk}")
@@ -266,6 +296,126 @@ def _pfinal(p, C: ConstInt, WW: ConstInt, DWS: ConstBool):
     return ct.reshape(p, (1, 1, C, WW))
 
 
+def _xrow(src, sh, rows, i, u, NT, j: ConstInt, C: ConstInt, TT: ConstInt, W: ConstInt, GA: ConstBool,
+          LT: ConstBool):
+    """[1, TT, C] fp32 x[t - (W-1-j)] (unmasked), zeros for j >= W."""
+    if j < W:
+        return ct.reshape(_xtap(src, sh, rows, i, u, NT, W - 1 - j, C, TT, GA, LT), (1, TT, C))
+    return ct.zeros((1, TT, C), dtype=ct.float32)
+
+
+def _xstack(src, sh, rows, st, inner, i, u, NT, C: ConstInt, TT: ConstInt, W: ConstInt, WW: ConstInt,
+            GA: ConstBool, LT: ConstBool):
+    """[WW, TT, C] fp32 (XS): row j = x[t - (W-1-j)] of head u, the tap of weight column j (zeros for
+    j >= W; taps before st[t] masked unless ``inner``). Loaded once per tile: the conv and the
+    dconv_weight products both read it (WW <= 8)."""
+    a = (src, sh, rows, i, u, NT)
+    t = _xrow(*a, 0, C, TT, W, GA, LT)
+    if WW >= 2:
+        t = ct.cat((t, _xrow(*a, 1, C, TT, W, GA, LT)), axis=0)
+    if WW >= 4:
+        t = ct.cat((t, ct.cat((_xrow(*a, 2, C, TT, W, GA, LT), _xrow(*a, 3, C, TT, W, GA, LT)), axis=0)), axis=0)
+    if WW >= 8:
+        t = ct.cat((t, ct.cat((ct.cat((_xrow(*a, 4, C, TT, W, GA, LT), _xrow(*a, 5, C, TT, W, GA, LT)), axis=0),
+                               ct.cat((_xrow(*a, 6, C, TT, W, GA, LT), _xrow(*a, 7, C, TT, W, GA, LT)), axis=0)),
+                              axis=0)), axis=0)
+    if not inner:
+        jj = ct.reshape(ct.arange(WW, dtype=ct.int32), (WW, 1, 1))
+        ok = ct.reshape(rows, (1, TT, 1)) + jj - (W - 1) >= ct.reshape(st, (1, TT, 1))
+        t = ct.where(ok, t, 0.0)
+    return t
+
+
+def _xt(src, sh, rows, st, inner, i, u, NT, s: ConstInt, C: ConstInt, TT: ConstInt, W: ConstInt,
+        GA: ConstBool, LT: ConstBool):
+    """[TT, C] fp32 (XT): tap s, x[t - s], masked before st[t] unless ``inner``; zeros for s >= W."""
+    if s < W:
+        t = _xtap(src, sh, rows, i, u, NT, s, C, TT, GA, LT)
+        if not inner:
+            t = ct.where(ct.reshape(rows - s >= st, (TT, 1)), t, 0.0)
+        return t
+    return ct.zeros((TT, C), dtype=ct.float32)
+
+
+def _wt(wt, s: ConstInt, C: ConstInt, W: ConstInt):
+    """[1, C] weight of tap s (column W-1-s), zeros for s >= W."""
+    if s < W:
+        return _wtap(wt, W - 1 - s, C)
+    return ct.zeros((1, C), dtype=ct.float32)
+
+
+def _xt4(src, sh, wt, rows, st, inner, i, u, NT, C: ConstInt, TT: ConstInt, W: ConstInt, GA: ConstBool,
+         LT: ConstBool):
+    """(XT) The taps (x[t], x[t-1], x[t-2], x[t-3]) of the tile, each loaded once, and pre = conv(x)."""
+    a = (src, sh, rows, st, inner, i, u, NT)
+    x = (_xt(*a, 0, C, TT, W, GA, LT), _xt(*a, 1, C, TT, W, GA, LT), _xt(*a, 2, C, TT, W, GA, LT),
+         _xt(*a, 3, C, TT, W, GA, LT))
+    pre = x[0] * _wt(wt, 0, C, W) + x[1] * _wt(wt, 1, C, W) + x[2] * _wt(wt, 2, C, W) + x[3] * _wt(wt, 3, C, W)
+    return x, pre
+
+
+def _prow(a, s: ConstInt, C: ConstInt, W: ConstInt):
+    """[1, C] (XT): column W-1-s of the partial, the tokens' sum of tap s's products (zeros for s >= W)."""
+    if s < W:
+        return ct.sum(a[s], axis=0, keepdims=True)
+    return ct.zeros((1, C), dtype=ct.float32)
+
+
+def _pxt(a, C: ConstInt, W: ConstInt, WW: ConstInt):
+    """[WW, C] (XT): row j = _prow(a, W-1-j) (zeros for j >= W; WW <= 4)."""
+    if WW == 1:
+        return _prow(a, W - 1, C, W)
+    if WW == 2:
+        return ct.cat((_prow(a, W - 1, C, W), _prow(a, W - 2, C, W)), axis=0)
+    r0 = ct.cat((_prow(a, W - 1, C, W), _prow(a, W - 2, C, W)), axis=0)
+    if W == 4:
+        r1 = ct.cat((_prow(a, 1, C, W), _prow(a, 0, C, W)), axis=0)
+    else:  # W == 3: row 2 is tap 0, row 3 is zero
+        r1 = ct.cat((_prow(a, 0, C, W), ct.zeros((1, C), dtype=ct.float32)), axis=0)
+    return ct.cat((r0, r1), axis=0)
+
+
+def _pz(C: ConstInt, TT: ConstInt, WW: ConstInt, DWS: ConstBool, XS: ConstBool, DWA: ConstBool,
+        XT: ConstBool):
+    """The block's zero dconv_weight partial: 4 x [TT, C] (XT), [WW, TT, C] (DWA), [WW, C] (XS), else
+    _pzero's."""
+    if XT:
+        return (ct.zeros((TT, C), dtype=ct.float32), ct.zeros((TT, C), dtype=ct.float32),
+                ct.zeros((TT, C), dtype=ct.float32), ct.zeros((TT, C), dtype=ct.float32))
+    if XS:
+        if DWA:
+            return ct.zeros((WW, TT, C), dtype=ct.float32)
+        return ct.zeros((WW, C), dtype=ct.float32)
+    return _pzero(C, WW, DWS)
+
+
+def _pupd(pacc, X, src, sh, dpre, rows, st, inner, i, u, NT, C: ConstInt, TT: ConstInt, W: ConstInt,
+          WW: ConstInt, GA: ConstBool, LT: ConstBool, DWS: ConstBool, XS: ConstBool, DWA: ConstBool,
+          XT: ConstBool):
+    """pacc plus this tile's dconv_weight products (XS: from the stacked taps X, summed over the
+    tokens per tile, or with DWA kept per token until _pout; XT: per tap, elementwise)."""
+    if XT:
+        return (pacc[0] + X[0] * dpre, pacc[1] + X[1] * dpre, pacc[2] + X[2] * dpre, pacc[3] + X[3] * dpre)
+    if XS:
+        pr = X * ct.reshape(dpre, (1, TT, C))
+        if DWA:
+            return pacc + pr
+        return pacc + ct.sum(pr, axis=1)
+    return pacc + _dwp(src, sh, dpre, rows, st, inner, i, u, NT, C, TT, W, WW, GA, LT, DWS)
+
+
+def _pout(pacc, C: ConstInt, W: ConstInt, WW: ConstInt, DWS: ConstBool, XS: ConstBool, DWA: ConstBool,
+          XT: ConstBool):
+    """The block's partial as the [1, 1, C, WW] tile of pw."""
+    if XT:
+        return _pfinal(_pxt(pacc, C, W, WW), C, WW, True)
+    if XS:
+        if DWA:
+            return _pfinal(ct.sum(pacc, axis=1), C, WW, True)
+        return _pfinal(pacc, C, WW, True)
+    return _pfinal(pacc, C, WW, DWS)
+
+
 def _sigmoid(x):
     """1 / (1 + exp(-x)) with the MUFU exp and reciprocal (APPROX, ~2 ulp each)."""
     return ct.truediv(1.0, 1.0 + ct.exp(-x, rounding_mode=APPROX), rounding_mode=APPROX)
@@ -296,10 +446,11 @@ def gdn_pre_bwd_seq(seq, sst, sen, W: ConstInt, CH: ConstInt, PT: ConstInt):
     ct.store(sen, index=(p,), tile=seq_end(seq, rows, t0, PT, W, CH, True), allow_tma=False)
 
 
-def _tile_pre(src, sh, wt, seq, sst, i, u, NT, C: ConstInt, TT: ConstInt, W: ConstInt, CH: ConstInt,
-              THD: ConstBool, GA: ConstBool, LT: ConstBool):
+def _tile_pre(src, sh, wt, seq, sst, i, u, NT, C: ConstInt, TT: ConstInt, W: ConstInt, WW: ConstInt, CH: ConstInt,
+              THD: ConstBool, GA: ConstBool, LT: ConstBool, XS: ConstBool, XT: ConstBool):
     """Token tile i of head u: its rows, their sequence starts, whether every tap stays inside
-    the rows' sequences (``inner``: no masks), pre = conv(x) [TT, C] fp32 and sigmoid(pre)."""
+    the rows' sequences (``inner``: no masks), the stacked taps X (XS, else a placeholder),
+    pre = conv(x) [TT, C] fp32 and sigmoid(pre)."""
     t0 = i * TT
     rows = t0 + ct.arange(TT, dtype=ct.int32)
     st = _starts(seq, sst, rows, i, t0, TT, W, CH, THD)
@@ -307,8 +458,15 @@ def _tile_pre(src, sh, wt, seq, sst, i, u, NT, C: ConstInt, TT: ConstInt, W: Con
         inner = False
     else:
         inner = ct.min(rows - st) >= W - 1
-    pre = _conv(src, sh, wt, rows, st, inner, i, u, NT, C, TT, W, GA, LT)
-    return rows, st, inner, pre, _sigmoid(pre)
+    if XT:
+        X, pre = _xt4(src, sh, wt, rows, st, inner, i, u, NT, C, TT, W, GA, LT)
+    elif XS:
+        X = _xstack(src, sh, rows, st, inner, i, u, NT, C, TT, W, WW, GA, LT)
+        pre = ct.sum(X * ct.reshape(ct.transpose(wt), (WW, 1, C)), axis=0)
+    else:
+        X = ct.zeros((1, 1, 1), dtype=ct.float32)
+        pre = _conv(src, sh, wt, rows, st, inner, i, u, NT, C, TT, W, GA, LT)
+    return rows, st, inner, X, pre, _sigmoid(pre)
 
 
 @ct.kernel
@@ -316,8 +474,8 @@ def gdn_pre_bwd_dpre(mqk, mqk1, mqk2, mqk3, mv, mv1, mv2, mv3, mba, seq, sst, wq
                      gq4, gk4, gv, gz, gg, gbeta, dz, dba, dpqk, dpv, pwqk, pwv, pg, eps: float,
                      HK: ConstInt, HV: ConstInt, R: ConstInt, RP: ConstInt, W: ConstInt, DK: ConstInt,
                      DV: ConstInt, HVP: ConstInt, WW: ConstInt, TT: ConstInt, NTB: ConstInt, HBZ: ConstInt,
-                     GS: ConstBool, DWS: ConstBool, I0: ConstInt, CH: ConstInt, THD: ConstBool, GA: ConstBool,
-                     ONE: ConstBool, LT: ConstBool):
+                     GS: ConstBool, DWS: ConstBool, XS: ConstBool, DWA: ConstBool, XT: ConstBool, I0: ConstInt,
+                     CH: ConstInt, THD: ConstBool, GA: ConstBool, ONE: ConstBool, LT: ConstBool):
     """Block (r, u): token tiles I0 + r*NTB + j (j < NTB; ONE: tile 0 only) of unit u (module doc);
     its partials go to row I0 + r."""
     r = ct.bid(0)
@@ -330,12 +488,13 @@ def gdn_pre_bwd_dpre(mqk, mqk1, mqk2, mqk3, mv, mv1, mv2, mv3, mba, seq, sst, wq
     if u < HK2:  # q or k head u: conv, silu, l2norm bwd of the summed repeats
         wt = _wtile(wqk, u, DK, WW)
         kh = u % HK
-        pacc = _pzero(DK, WW, DWS)
+        pacc = _pz(DK, TT, WW, DWS, XS, DWA, XT)
         for j in range(nj):
             i = I0 + r * NTB + j
             if i < ntl:
                 sh = (mqk1, mqk2, mqk3)
-                rows, st, inner, pre, sg = _tile_pre(mqk, sh, wt, seq, sst, i, u, NT, DK, TT, W, CH, THD, GA, LT)
+                rows, st, inner, X, pre, sg = _tile_pre(mqk, sh, wt, seq, sst, i, u, NT, DK, TT, W, WW, CH, THD, GA,
+                                                        LT, XS, XT)
                 y = pre * sg
                 s = ct.rsqrt(ct.sum(y * y, axis=1, keepdims=True) + eps)
                 n = y * s
@@ -347,23 +506,24 @@ def gdn_pre_bwd_dpre(mqk, mqk1, mqk2, mqk3, mv, mv1, mv2, mv3, mba, seq, sst, wq
                 dpre = dy * sg * (1.0 + pre * (1.0 - sg))
                 ct.store(dpqk, index=(i, u, 0), tile=ct.reshape(dpre, (TT, 1, DK)).astype(dpqk.dtype),
                          allow_tma=False)
-                pacc = pacc + _dwp(mqk, sh, dpre, rows, st, inner, i, u, NT, DK, TT, W, WW, GA, LT, DWS)
-        ct.store(pwqk, index=(pr, u, 0, 0), tile=_pfinal(pacc, DK, WW, DWS), allow_tma=False)
+                pacc = _pupd(pacc, X, mqk, sh, dpre, rows, st, inner, i, u, NT, DK, TT, W, WW, GA, LT, DWS, XS, DWA, XT)
+        ct.store(pwqk, index=(pr, u, 0, 0), tile=_pout(pacc, DK, W, WW, DWS, XS, DWA, XT), allow_tma=False)
     elif u < HK2 + HV:  # v head h: conv, silu
         h = u - HK2
         wt = _wtile(wv, h, DV, WW)
-        pacc = _pzero(DV, WW, DWS)
+        pacc = _pz(DV, TT, WW, DWS, XS, DWA, XT)
         for j in range(nj):
             i = I0 + r * NTB + j
             if i < ntl:
                 sh = (mv1, mv2, mv3)
-                rows, st, inner, pre, sg = _tile_pre(mv, sh, wt, seq, sst, i, h, NT, DV, TT, W, CH, THD, GA, LT)
+                rows, st, inner, X, pre, sg = _tile_pre(mv, sh, wt, seq, sst, i, h, NT, DV, TT, W, WW, CH, THD, GA,
+                                                        LT, XS, XT)
                 dy = ct.reshape(ct.load(gv, index=(i, h, 0), shape=(TT, 1, DV), padding_mode=PAD_ZERO,
                                         allow_tma=LT), (TT, DV)).astype(ct.float32)
                 dpre = dy * sg * (1.0 + pre * (1.0 - sg))
                 ct.store(dpv, index=(i, h, 0), tile=ct.reshape(dpre, (TT, 1, DV)).astype(dpv.dtype), allow_tma=False)
-                pacc = pacc + _dwp(mv, sh, dpre, rows, st, inner, i, h, NT, DV, TT, W, WW, GA, LT, DWS)
-        ct.store(pwv, index=(pr, h, 0, 0), tile=_pfinal(pacc, DV, WW, DWS), allow_tma=False)
+                pacc = _pupd(pacc, X, mv, sh, dpre, rows, st, inner, i, h, NT, DV, TT, W, WW, GA, LT, DWS, XS, DWA, XT)
+        ct.store(pwv, index=(pr, h, 0, 0), tile=_pout(pacc, DV, W, WW, DWS, XS, DWA, XT), allow_tma=False)
     elif u < HK2 + HV + HV // HBZ:  # z heads: dz = gz
         h = u - HK2 - HV
         for j in range(nj):
@@ -514,7 +674,7 @@ def bwd_launches(gq, gk, gv, gz, gg, gbeta, mixed, conv_weight, A_log, dt_bias, 
     units = 2 * Hk + Hv + Hv // cfg.HBZ + 1
     args = (mqk, *shifted(mqk, TT), mv, *shifted(mv, TT), mba, seq, sst, wqk, wv, A_log, dt_bias, *grads,
             dz, dba, dpqk, dpv, pwqk, pwv, pg, float(eps), Hk, Hv, cfg.R, cfg.RP, W, cfg.DK, cfg.DV, cfg.HVP, cfg.WW,
-            TT, cfg.NTB, cfg.HBZ, cfg.GS, cfg.DWS)
+            TT, cfg.NTB, cfg.HBZ, cfg.GS, cfg.DWS, cfg.XS, cfg.DWA, cfg.XT)
     tail = (cfg.CH, thd)
     out = []
     if thd:
