@@ -302,12 +302,18 @@ def time_case(thd: bool, repeat_qk: bool, peers: bool, compiled: bool, eager: bo
 _HAS_V1 = os.path.exists(os.path.join(os.path.dirname(os.path.abspath(__file__)), "probes", "gdn_pre_fwd_v1.py"))
 # NW8 (num_worker_warps 8): the compiler reads the tap tiles from shared memory as LDS.128 instead of
 # one LDS.U16 per element (static counts in the sm_90 SASS of the main launch at FT32 OCC4: 512 LDS.U16
-# and 6.8K instructions with the compiler's warps, no LDS.U16 and 3.5K instructions with NW8); not yet timed
+# and 6.8K instructions with the compiler's warps, no LDS.U16 and 3.5K instructions with NW8); timed slower (0.64-0.77 ms, session 6)
+# MA (THD: masks on every tile, no branch before the tap loads), OCCH (the head launch's occupancy), SX (the
+# tanh SiLU, 16-bit outputs): session 7's switches (H200 timings in PreGatedCfg.heuristic)
 FWD_SWEEP = [dict(V1=True)] * _HAS_V1 + [
-    dict(FT=16, OCC=8), dict(FT=32, OCC=4), dict(FT=32, OCC=4, NW=8), dict(FT=32, OCC=8, NW=8),
-    dict(FT=32, OCC=4, NW=8, CB=True), dict(FT=16, OCC=4, NW=8), dict(FT=32, OCC=4, CB=True),
-    dict(FT=32, OCC=4, HBZ=16, ZC=2), dict(FT=64, OCC=2)]
+    dict(FT=32, OCC=4, MA=False, OCCH=0, SX=False), dict(MA=True, OCCH=2, SX=False), dict(MA=True, OCCH=2, SX=True),
+    dict(FT=16, OCC=8), dict(FT=32, OCC=4, NW=8), dict(FT=32, OCC=4, CB=True), dict(FT=32, OCC=4, HBZ=16, ZC=2)]
 W1_PROBE = [dict(FT=32, OCC=4, NW=8)]  # the same launches at W=1: no taps
+if os.environ.get("GDN_PRE_VARIANTS"):  # a run's own sweep ("{...};{...}", inherited by the warm processes): no W=1 row
+    import ast
+
+    FWD_SWEEP = [ast.literal_eval(v) for v in os.environ["GDN_PRE_VARIANTS"].split(";") if v.strip()]
+    W1_PROBE = []
 SWEEP_OK: set | None = None  # with --warm-first: the sweep jobs whose compile-and-run process finished them
 CASES = [(False, True), (False, False), (True, True), (True, False)]  # (thd, repeat_qk)
 

@@ -9,7 +9,7 @@ sanitizers and the four timed cases that follow run the config that becomes the 
 The winner: the lowest sum of medians over the four cases (BSHD/THD x repeat_qk on/off) among the
 variants measured in all four and correct in all four (rel. error at the bf16 tolerance); a variant
 within 1% of the current default's sum does not replace it. Variants must be expressible by the
-defaults line (HB = 1; FT from FWD_EL = FT * 128 at dk = dv = 128).
+defaults line (HB = 1; FT from FWD_EL = FT * 128 at dk = dv = 128; MA, OCCH, SX).
 """
 from __future__ import annotations
 
@@ -20,14 +20,16 @@ import sys
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 FILE = os.path.join(ROOT, "tilekernels", "gdn", "cutile_pre_gated.py")
-LINE = re.compile(r"^FWD_HB, FWD_HBZ, FWD_EL, FWD_OCC, FWD_NW, FWD_CB, FWD_ZC = .*$", re.M)
+LINE = re.compile(r"^FWD_HB, FWD_HBZ, FWD_EL, FWD_OCC, FWD_NW, FWD_CB, FWD_ZC, FWD_MA, FWD_OCCH, FWD_SX = .*$", re.M)
 CASES = ("bshd-rep", "bshd-norep", "thd-rep", "thd-norep")
 
 
 def line_for(over: dict) -> str:
     v = (over.get("HB", 1), over.get("HBZ", 4), over.get("FT", 32) * 128, over.get("OCC", 4), over.get("NW", 0),
-         bool(over.get("CB", False)), over.get("ZC", 0))
-    return "FWD_HB, FWD_HBZ, FWD_EL, FWD_OCC, FWD_NW, FWD_CB, FWD_ZC = " + ", ".join(map(str, v))
+         bool(over.get("CB", False)), over.get("ZC", 0), bool(over.get("MA", False)), over.get("OCCH", 0),
+         bool(over.get("SX", False)))
+    return "FWD_HB, FWD_HBZ, FWD_EL, FWD_OCC, FWD_NW, FWD_CB, FWD_ZC, FWD_MA, FWD_OCCH, FWD_SX = " + \
+        ", ".join(map(str, v))
 
 
 def main():
@@ -42,7 +44,7 @@ def main():
     for impl, c in by.items():
         over = c[next(iter(c))].get("over", {})
         ok = all(k in c and float(c[k]["err"].split()[-1]) <= 1e-2 for k in CASES) and set(over) <= {
-            "FT", "OCC", "NW", "CB", "HBZ", "ZC"}
+            "FT", "OCC", "NW", "CB", "HBZ", "ZC", "MA", "OCCH", "SX"}
         rows.append((sum(c[k]["ms"] for k in CASES) if ok else float("inf"), impl, over))
     rows.sort(key=lambda t: t[0])
     for tot, impl, over in rows:
