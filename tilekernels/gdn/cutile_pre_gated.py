@@ -504,9 +504,10 @@ class PreGatedCfg:
         #   + MA OCCH2 SX              0.572 / 0.515 / 0.559 / 0.515 (77.3 / 73.7 / 79.2 / 73.7% of copy)
         #   + MA OCCH2, conv taps as plain (L1) loads: 1.05 / 1.07 / 1.31 / 1.28 (with SX 0.93-1.20)
         # MA in BSHD (run 1) cost 0.036 ms (a select a tap and element), so MA reaches THD launches only.
-        # At MA OCCH2 SX: 64 of the 73 forward GPU tests passed in that run (0 failed; the other 9 were
-        # cut by the run's limit), memcheck / racecheck clean on four small ones: the default changes once
-        # all 73 pass (set FWD_MA, FWD_OCCH, FWD_SX = True, 2, True below).
+        # At MA OCCH2 SX: 64 of the forward GPU tests passed in that run (0 failed; the rest cut by the
+        # run's limit), memcheck / racecheck clean on four small ones; the lead's final run of session 7
+        # passed the whole forward GPU test file (72) at it, and it became the default (FWD_* below):
+        # 0.573 / 0.515 / 0.560 / 0.514 ms there.
         HB, HBV, HBZ = _p2div(Hk, FWD_HB), _p2div(Hv, FWD_HB), _p2div(Hv, FWD_HBZ)
         FT = max(next_pow2(W), min(128, FWD_EL // (max(HB, HBV) * max(DK, DV))))
         ZC = FWD_ZC if FWD_ZC and HBZ % FWD_ZC == 0 else 0
