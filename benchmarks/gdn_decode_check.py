@@ -176,21 +176,29 @@ def sweep_cases(sd, batches):
 
 
 # named config variants beside the default (--variants): state dtype, changes to the default
-# config (BV re-tiles), the batches, and an explicit split (None: the default's). oN: occupancy
-# hint N; PF1: PF at split 1 (off by default: PF computed wrong results at other settings); W: gdn_decode_whole at
-# split 1 (STATIC); nT: plain (non-TMA) state loads/stores. Measured in session 6 (H200, us at
-# B = 1 / 32 / 64 / 256, default 9.4 / 68.3 / 113.3 / 408.6): PF1 9.4 / 61.0 / 103.7 /
-# 386.4; W - / 59.7 / 115.1 / 423.3; o4 8.4 / 58.9 / - / 419.4; BV16 9.4-9.8 / 86-114 / - /
-# 628-667; BV8 o4 12.0 / - / - / 948; nT BV32 o2 9.5 / 83.5 / - / 627; LAT10 - / - / - / 402;
+# config (BV re-tiles), the batches, and an explicit split (None: the default's). OCC: occupancy
+# hint; PF1: PF at split 1 (off by default: PF computed wrong results at other settings); STATIC:
+# gdn_decode_whole at split 1; TMA False: plain state loads/stores; FUSE: the q|k prologue as one
+# conv step with one stacked dk-reduction (q.q, k.k, q.k); EARLY: the (b, kh) counter taken right
+# after the window reads; STMA False: state stores from registers (TMA loads). "dflt" is the
+# default (gdn_decode_variants.sh runs its tests; no extra rows). Measured in session 6 (H200, us
+# at B = 1 / 32 / 64 / 256, default 9.4 / 68.3 / 113.3 / 408.6): PF1 9.4 / 61.0 / 103.7 / 386.4;
+# STATIC - / 59.7 / 115.1 / 423.3; OCC4 8.4 / 58.9 / - / 419.4; BV16 9.4-9.8 / 86-114 / - / 628-667;
+# BV8 OCC4 12.0 / - / - / 948; plain loads BV32 OCC2 9.5 / 83.5 / - / 627; LAT10 - / - / - / 402;
 # bf16: PF (fwd) - / 40.7 / - / 326.7, BV32 - / 42.7 / - / 340.7 (default 10.7 / 35.8 / 86.2 /
-# 315.3). Wrong results, not timed again: PF at occupancy 4 (B=256), at BV 128 and with MM, nT BV8 o2.
+# 315.3). Session 7 (default 9.39 / 68.89 / - / 409.78, FLA 3.40 / 49.13 / - / 365.22): FUSE with
+# S^T k and S^T q stacked too (dropped) 14.26 / 182.88 / - / 1057.08, + EARLY 14.46 / 180.63 / - /
+# 992.30, + EARLY OCC4 10.62 / 114.10 / - / 854.55, + EARLY STMA False 14.43 / ... (timing cut).
+# Wrong results, not timed again: PF at occupancy 4 (B=256), at BV 128 and with MM, plain loads
+# at BV8 OCC2. benchmarks/probes/gdn_decode_variant_tests.py runs the GPU tests at a variant.
 VARIANTS = {
-    "f-PF1": ("fp32", dict(PF1=True), (1, 32, 256), None),
+    "dflt": ("fp32", {}, (), None),
+    "f-Fq": ("fp32", dict(FUSE=True), (1, 32, 256), None),
+    "f-E": ("fp32", dict(EARLY=True), (1, 32, 256), None),
+    "f-st": ("fp32", dict(STMA=False), (32, 256), None),
     "f-o4": ("fp32", dict(OCC=4), (1, 32, 256), None),
-    "f-W": ("fp32", dict(STATIC=True), (32, 256), None),
-    "f-s4": ("fp32", {}, (1,), 4),
-    "b-PF": ("bf16", dict(PF=True, STATIC=False), (32, 256), None),
-    "b-o3": ("bf16", dict(OCC=3), (1, 256), None),
+    "f-Fqo4": ("fp32", dict(FUSE=True, OCC=4), (1, 32, 256), None),
+    "b-Fq": ("bf16", dict(FUSE=True), (1, 256), None),
 }
 SDT = {"fp32": torch.float32, "bf16": torch.bfloat16}
 
@@ -243,6 +251,7 @@ def main():
     ap.add_argument("--no-peers", action="store_true", help="skip the FLA rows")
     ap.add_argument("--batches", default="1,32,256")
     ap.add_argument("--variants", action="store_true", help="also time the named VARIANTS")
+    ap.add_argument("--only", default="", help="with --variants: a comma list of VARIANTS names to time")
     ap.add_argument("--no-ref", action="store_true", help="skip the torch reference timings")
     ap.add_argument("--warm", type=int, default=0, help="compile the variants first in this many processes")
     ap.add_argument("--warm-only", action="store_true", help="only compile (with --warm), then exit")
@@ -250,7 +259,8 @@ def main():
     a = ap.parse_args()
     if a.warm:
         jobs = [("cd", sd, {}) for sd in SDT]
-        jobs += [("cd", sd, ch) for sd, ch, _, _ in VARIANTS.values()] if a.variants else []
+        only = set(filter(None, a.only.split(",")))
+        jobs += [("cd", sd, ch) for n, (sd, ch, _, _) in VARIANTS.items() if not only or n in only] if a.variants else []
         warm(jobs, a.warm)
         if a.warm_only:
             return 0
@@ -281,7 +291,10 @@ def main():
                     keep(fla_case(B, rep=a.rep))
                 except Exception:
                     log_error(RESULTS["errors"], f"fla B={B}", limit=6)
+    only = set(filter(None, a.only.split(",")))
     for name, (sdn, changes, bs, ns) in VARIANTS.items() if a.variants else ():
+        if only and name not in only:
+            continue
         for B in bs:
             try:
                 keep(run_case(B, SDT[sdn], cfg=variant_cfg(SDT[sdn], changes), with_ref=False, tag=name,

@@ -12,7 +12,8 @@ Tolerances (tilekernels.testing, by the dtype of the checked output):
   ssm_state fp32 1e-5: the kernel does the reference's math in fp32 from the same inputs
     (fp32 reassociation ~ sqrt(dk) * 2^-24; the tensor-core reductions (MM) see S and k, q
     to ~22 significant bits (two tf32 parts each, products exact, fp32 accumulation): ~2^-21
-    relative on S^T k; the fast silu (FAST) a few ulp: all orders of magnitude below);
+    relative on S^T k; the fast silu (FAST) a few ulp; FUSE's k.q as the raw dot times both
+    norms' rsqrt, a few ulp from the normalized dot: all orders of magnitude below);
   ssm_state bf16 1e-2: one bf16 rounding of the updated state per step (MM: the bf16 state
     is exact on the tensor cores, k and q in two bf16 parts: ~2^-17 relative on S^T k);
   conv_state exact: it is a copy of inputs (shift + append), no arithmetic.
@@ -141,10 +142,13 @@ def test_every_dv_tiling_compiles():
 
 # kernel variants beside the heuristic's (sweeps, and what the default was before): tensor-core
 # reductions, the exact silu, the next tile's inputs loaded before this tile's math (PF) at
-# every split or at split 1 (PF1), plain or TMA state moves, either kernel at split 1
+# every split or at split 1 (PF1), plain or TMA state moves, either kernel at split 1, the fused
+# q|k prologue (FUSE), the (b, kh) counter taken before the tiles (EARLY), state stores from
+# registers with TMA loads (STMA0)
 KERNEL_VARIANTS = {"MM": dict(MM=True), "FAST0": dict(FAST=False), "PF": dict(PF=True), "PF1": dict(PF1=True),
                    "noTMA": dict(TMA=False), "TMA": dict(TMA=True), "STATIC1": dict(STATIC=True),
-                   "STATIC0": dict(STATIC=False)}
+                   "STATIC0": dict(STATIC=False), "FUSE": dict(FUSE=True), "EARLY": dict(EARLY=True),
+                   "STMA0": dict(STMA=False)}
 
 
 def test_kernel_variants_compile():
@@ -171,6 +175,8 @@ def test_refuses_what_it_cannot_run():
     cfg = cd.DecodeCfg.heuristic(16, 32, 128, 128, 4)
     with pytest.raises(ValueError, match="does not fit"):
         _launch(v, cfg=cfg.with_tile(128, 4, MM=True))  # mma needs BV >= 8
+    with pytest.raises(ValueError, match="does not fit"):
+        _launch(v, cfg=dataclasses.replace(cfg, MM=True, FUSE=True))  # the fused prologue has no mma rows
     tiny = cd.DecodeCfg.heuristic(4, 4, 8, 4, 2)
     assert not tiny.MM and tiny.BV == 4  # no mma shape fits: CUDA-core reductions
     # settings that computed wrong results on the H200 (cutile_decode's "Known faults") are refused
@@ -184,6 +190,13 @@ def test_refuses_what_it_cannot_run():
         cfg.with_tile(128, 8, TMA=False, OCC=2)
     assert dataclasses.replace(cfg, OCC=4).OCC == 4 and not cfg.PF1  # occupancy 4 without PF: correct
     assert cfg.with_tile(128, 8, TMA=False, OCC=3).BV == 8
+    # TMA tiles of <= 32 rows of <= 128 bytes hung on the H200 (cutile_decode.hang_risk): the
+    # heuristic turns TMA off there, and a launch with it on is refused before it can hang
+    small = cd.DecodeCfg.heuristic(2, 4, 32, 32, 4)
+    assert not small.TMA and cd.DecodeCfg.heuristic(2, 4, 32, 64, 4).TMA  # fp32 [32, 64]: 256-byte rows
+    assert not cd.DecodeCfg.heuristic(4, 4, 32, 64, 2, state_bytes=2).TMA  # bf16 [32, 64]: 128-byte rows
+    with pytest.raises(ValueError, match="hung on the H200"):
+        _launch((dict(Hk=2, Hv=4, dk=32, dv=32, W=4), F32, True, BF), cfg=dataclasses.replace(small, TMA=True))
 
 
 # ------------------------------------------------------------------ GPU
@@ -231,6 +244,9 @@ GPU_CASES = [
     (33, 50, dict(Hk=4, Hv=4, dk=32, dv=64, W=2), BF, "pad"),
     (5, 5, dict(Hk=1, Hv=4, dk=48, dv=40, W=4), F32, None),
     (1, 3, dict(Hk=1, Hv=4, dk=48, dv=40, W=4), F32, "pad"),  # B=1, its only row padded
+    # tk-bench's small case: [32, 32] fp32 tiles hung with TMA (hang_risk), split 2 at B=8
+    (8, 16, dict(Hk=2, Hv=4, dk=32, dv=32, W=4), F32, "perm"),
+    (8, 16, dict(Hk=2, Hv=4, dk=32, dv=32, W=4), BF, "perm"),
 ]
 
 

@@ -40,6 +40,29 @@ barriers, and fp32 drops to occupancy 2): off by default, kept for sweeps.
 FAST: silu with the approximate ex2 and rcp instead of exp's range reduction and the IEEE
 division (the [BV] vectors of v's conv step are computed in every thread of the tile's
 layout, so their cost is per state element): 2% on fp32, 6% on bf16 at B=256.
+Why FLA's fused_recurrent_gated_delta_rule (fla-core 0.6.0, no conv step) is faster at every B
+with the same state traffic: its grid is one program per (row, value head, 8 state columns)
+(B*Hv*dv/8: 131072 programs at B=256, 512 at B=1) of ONE warp; the [dk, 8] fp32 column block
+(4 KB) goes from global memory straight into that warp's registers in one round with q, k, v
+and the gates, and every dk-reduction (l2norm, S^T k, S^T q) is a warp shuffle: no shared
+memory, no barrier, up to 32 such programs (128 KB of state loads) in flight per SM. Ours:
+cuTile chooses the threads (256 at [dk, BV] = [128, 32] fp32: 80 registers, 75 KB shared
+memory in the device's cubin), the tile moves through TMA and shared memory, each
+dk-reduction crosses warps (shared memory + barrier), and 3 such blocks (48 KB of state loads)
+fit an SM; smaller tiles (BV 8, 16) did not give smaller blocks, only more per-tile overhead.
+Switches measured slower or not yet alone (session 7, H200, graph replay, same run as the
+default's 9.39 / 68.89 / 409.78 us and FLA's 3.40 / 49.13 / 365.22 at B = 1 / 32 / 256):
+FUSE: q and k as one [2*dk] conv step with one stacked dk-reduction for |q|^2, |k|^2 and q.k
+(one cross-warp exchange instead of three, q.k from the raw dot times both norms); with S^T k
+and S^T q also stacked as one [2, dk, BV] reduction (dropped after measuring) it ran 14.26 /
+182.88 / 1057.08 us (10.62 / 114.10 / 854.55 at occupancy 4; the AOT cubin of the stacked
+reduction spills, the prologue alone compiles to the default's size): FUSE alone not yet timed.
+EARLY: the (b, kh) counter taken right after the q/k window reads instead of after the
+tiles (the release then orders only the reads; its round trip overlaps the tiles; every split
+uses the counter); STMA False: state stores from registers with TMA loads. GPU-tested only
+in those combinations (FUSE + the stacked reduction + EARLY, with and without STMA: the decode
+GPU tests at them as the heuristic's config; memcheck and racecheck clean on four tests of the
+first); FUSE with the separate reductions, EARLY and STMA alone: CPU-compiled, not yet run.
 
 Two kernels, the same arguments: gdn_decode_fwd (any split, as above) and gdn_decode_whole,
 the first kernel's loop (v1: grid (B, Hk), the block shifts its q/k windows itself, then
@@ -52,7 +75,11 @@ follows B only through the split, as the grid does; each compile key is B-indepe
 Known faults (H200, not understood; none is a config the heuristic picks): gdn_decode_fwd with
 a bf16 state at Hk=Hv=4, dk=32, dv=64, W=2 (B=33, padded state_indices, split 1, TMA on)
 never finished (the same launch with TMA off did; the default runs gdn_decode_whole there,
-which passes); wrong results from PF at occupancy 4 (o rel. error 0.59, fp32, B=256), at
+which passes), nor did the fp32 default of session 6 at Hk=2, Hv=4, dk=dv=32, W=4, B=8
+(tk-bench's small case: the registry's graph / compile tests that never finished) at every
+split, with or without state_indices, at occupancy 3 (TMA off or the compiler's occupancy:
+correct): both are TMA tiles of 32 rows x 128 bytes, so ``hang_risk`` refuses TMA for dk <= 32
+with rows of <= 128 bytes and the heuristic turns it off there; wrong results from PF at occupancy 4 (o rel. error 0.59, fp32, B=256), at
 BV=128 (0.65, the tiling test at split 1) and with MM (0.47), while PF at BV=32, occupancy 3
 passed its tests, memcheck and racecheck and ran 5-11% faster at B >= 32; and from plain loads
 (TMA off) at BV=8, occupancy 2, B=32 and 256. A race-free kernel computing garbage only at some
@@ -156,6 +183,31 @@ def _qk(mqk, cqk, wqk, b, slot, kh, which: ConstInt, eps, DK: ConstInt, W: Const
     return y * ct.rsqrt(ct.sum(y * y, axis=0, keepdims=True) + eps), new
 
 
+def _qk_fused(mqk, cqk, wqk, b, slot, kh, eps, scale, DK: ConstInt, W: ConstInt, WP: ConstInt,
+              WW: ConstInt, FAST: ConstBool):
+    """FUSE's q/k prologue: q and k of key head kh as one [2*DK] conv step (one load each of
+    the token, the window and the taps) and ONE stacked reduction over dk for |q|^2, |k|^2 and
+    q.k (one cross-warp exchange instead of three). Returns (k2 [DK, 1], q2 [DK, 1] = scale *
+    l2norm(q), kq [1, 1] = k . q2, the new q and k windows [DK, WP] each)."""
+    x = ct.reshape(ct.load(mqk, index=(b, 0, kh, 0), shape=(1, 2, 1, DK), padding_mode=PAD_ZERO), (2 * DK,))
+    old = ct.reshape(ct.load(cqk, index=(slot, 0, kh, 0, 0), shape=(1, 2, 1, DK, WP), padding_mode=PAD_ZERO),
+                     (2 * DK, WP))
+    w = ct.reshape(ct.load(wqk, index=(0, kh, 0, 0), shape=(2, 1, DK, WW), padding_mode=PAD_ZERO), (2 * DK, WW))
+    y, new = _conv_step(x, old, w, 2 * DK, W, WP, FAST)
+    y2 = ct.reshape(y, (2, DK))
+    yq, yk = ct.extract(y2, (0, 0), shape=(1, DK)), ct.extract(y2, (1, 0), shape=(1, DK))
+    st = ct.cat((y2 * y2, ct.cat((yq * yk, ct.zeros((1, DK), dtype=ct.float32)), axis=0)), axis=0)
+    sums = ct.sum(st, axis=1, keepdims=True)                                     # [4, 1]
+    rq = ct.rsqrt(ct.extract(sums, (0, 0), shape=(1, 1)) + eps)
+    rk = ct.rsqrt(ct.extract(sums, (1, 0), shape=(1, 1)) + eps)
+    kq = ct.extract(sums, (2, 0), shape=(1, 1)) * (rq * rk * scale)
+    k2 = ct.reshape(yk * rk, (DK, 1))
+    q2 = ct.reshape(yq * (rq * scale), (DK, 1))
+    new3 = ct.reshape(new, (2, DK, WP))
+    return (k2, q2, kq, ct.reshape(ct.extract(new3, (0, 0, 0), shape=(1, DK, WP)), (DK, WP)),
+            ct.reshape(ct.extract(new3, (1, 0, 0), shape=(1, DK, WP)), (DK, WP)))
+
+
 def _gates(bt, at, al, dtb):
     """(beta, decay) as [1, 1] fp32 from b, a [1, 1, 1] (row b, value head h), A_log[h] and
     dt_bias[h] [1]: beta = sigmoid(b), decay = exp(-exp(A_log) * softplus(a + dt_bias))
@@ -217,7 +269,7 @@ def _tile_in(S, mv, mba, cv, wv, A_log, dt_bias, b, slot, h, jv, DK: ConstInt, B
 
 def _tile(inp, cv, S, o, b, slot, h, jv, k2, q2, kq, A,
           BV: ConstInt, DK: ConstInt, W: ConstInt, WP: ConstInt, WW: ConstInt, TMA: ConstBool, MM: ConstBool,
-          FAST: ConstBool, SEQ: ConstBool = False):
+          FAST: ConstBool, SEQ: ConstBool = False, TMAS: ConstBool = True):
     """Value head h, columns [jv*BV, (jv+1)*BV) of row b from its inputs ``inp`` (``_tile_in``):
     v's conv step (its window written here), the gates, the delta rule on the state tile
     (S's dtype), stores of S and o. k2, q2 [DK, 1] fp32 (q2 scaled), kq [1, 1] = k . q2, A see
@@ -238,7 +290,7 @@ def _tile(inp, cv, S, o, b, slot, h, jv, k2, q2, kq, A,
         u = beta * (ct.reshape(v, (1, BV)) - decay * kS)          # beta (v - (gS)^T k)
         St = St * decay + k2 * u                                  # gS + k u^T
         ov = decay * qS + u * kq                                  # (gS + k u^T)^T (scale q)
-    ct.store(S, index=(slot, h, 0, jv), tile=ct.reshape(St, (1, 1, DK, BV)).astype(S.dtype), allow_tma=TMA)
+    ct.store(S, index=(slot, h, 0, jv), tile=ct.reshape(St, (1, 1, DK, BV)).astype(S.dtype), allow_tma=TMAS)
     ct.store(o, index=(b, h, jv), tile=ct.reshape(ov, (1, 1, BV)).astype(o.dtype))
 
 
@@ -257,7 +309,8 @@ def _qk_cols(k, q, scale, DK: ConstInt):
 def gdn_decode_fwd(mqk, mv, mba, cqk, cv, wqk, wv, A_log, dt_bias, S, idx, o, cnt, eps: float,
                    scale: float, Hk: ConstInt, R: ConstInt, W: ConstInt, DK: ConstInt, BV: ConstInt,
                    NV: ConstInt, WP: ConstInt, WW: ConstInt, TMA: ConstBool, HAS_IDX: ConstBool,
-                   MM: ConstBool, PF: ConstBool, FAST: ConstBool, STATIC: ConstBool):
+                   MM: ConstBool, PF: ConstBool, FAST: ConstBool, STATIC: ConstBool, FUSE: ConstBool,
+                   TMAS: ConstBool, EARLY: ConstBool):
     """Block (b, kh*NS + s): row b, key head kh, its tiles [s*TPB, (s+1)*TPB) of the G = R*NV
     tiles (tile t: value head kh*R + t // NV, columns (t % NV)*BV..); NS, the split, is the
     grid's second extent over Hk (a runtime value: not in the compile key). The first tile is
@@ -279,31 +332,41 @@ def gdn_decode_fwd(mqk, mv, mba, cqk, cv, wqk, wv, A_log, dt_bias, S, idx, o, cn
         t0 = s * TPB
         cur = _tile_in(S, mv, mba, cv, wv, A_log, dt_bias, b, slot, kh * R + t0 // NV, t0 % NV, DK, BV, WP, WW,
                        TMA)
-        q, newq = _qk(mqk, cqk, wqk, b, slot, kh, 0, eps, DK, W, WP, WW, FAST)
-        k, newk = _qk(mqk, cqk, wqk, b, slot, kh, 1, eps, DK, W, WP, WW, FAST)
-        k2, q2, kq = _qk_cols(k, q, scale, DK)
-        A = _kq_rows(k, q * scale, DK, MT) if MM else kq
+        if FUSE:
+            k2, q2, kq, newq, newk = _qk_fused(mqk, cqk, wqk, b, slot, kh, eps, scale, DK, W, WP, WW, FAST)
+            A = kq
+        else:
+            q, newq = _qk(mqk, cqk, wqk, b, slot, kh, 0, eps, DK, W, WP, WW, FAST)
+            k, newk = _qk(mqk, cqk, wqk, b, slot, kh, 1, eps, DK, W, WP, WW, FAST)
+            k2, q2, kq = _qk_cols(k, q, scale, DK)
+            A = _kq_rows(k, q * scale, DK, MT) if MM else kq
+        if EARLY:  # the counter right after the window reads: its round trip overlaps the tiles
+            mine = ct.atomic_add(cnt, b * Hk + kh, 1)
         if PF:
             for i in range(1, TPB):
                 t = t0 + i
                 nxt = _tile_in(S, mv, mba, cv, wv, A_log, dt_bias, b, slot, kh * R + t // NV, t % NV, DK, BV, WP,
                                WW, TMA)
                 _tile(cur, cv, S, o, b, slot, kh * R + (t - 1) // NV, (t - 1) % NV, k2, q2, kq, A, BV, DK, W, WP,
-                      WW, TMA, MM, FAST)
+                      WW, TMA, MM, FAST, False, TMAS)
                 cur = nxt
             t = t0 + TPB - 1
             _tile(cur, cv, S, o, b, slot, kh * R + t // NV, t % NV, k2, q2, kq, A, BV, DK, W, WP, WW, TMA, MM,
-                  FAST)
+                  FAST, False, TMAS)
         else:
             _tile(cur, cv, S, o, b, slot, kh * R + t0 // NV, t0 % NV, k2, q2, kq, A, BV, DK, W, WP, WW, TMA, MM,
-                  FAST)
+                  FAST, False, TMAS)
             for i in range(1, TPB):
                 t = t0 + i
                 h = kh * R + t // NV
                 _tile(_tile_in(S, mv, mba, cv, wv, A_log, dt_bias, b, slot, h, t % NV, DK, BV, WP, WW, TMA),
-                      cv, S, o, b, slot, h, t % NV, k2, q2, kq, A, BV, DK, W, WP, WW, TMA, MM, FAST)
+                      cv, S, o, b, slot, h, t % NV, k2, q2, kq, A, BV, DK, W, WP, WW, TMA, MM, FAST, False, TMAS)
         # q/k windows of (b, kh): shifted by the last of its NS blocks to have read them
-        if NS == 1:
+        if EARLY:
+            if mine == NS - 1:
+                _store_qk_windows(cqk, slot, kh, newq, newk, DK, WP)
+                ct.atomic_xchg(cnt, b * Hk + kh, 0, memory_order=ct.MemoryOrder.RELAXED)
+        elif NS == 1:
             _store_qk_windows(cqk, slot, kh, newq, newk, DK, WP)
         else:
             if ct.atomic_add(cnt, b * Hk + kh, 1) == NS - 1:
@@ -319,11 +382,12 @@ def gdn_decode_fwd(mqk, mv, mba, cqk, cv, wqk, wv, A_log, dt_bias, S, idx, o, cn
 def gdn_decode_whole(mqk, mv, mba, cqk, cv, wqk, wv, A_log, dt_bias, S, idx, o, cnt, eps: float,
                      scale: float, Hk: ConstInt, R: ConstInt, W: ConstInt, DK: ConstInt, BV: ConstInt,
                      NV: ConstInt, WP: ConstInt, WW: ConstInt, TMA: ConstBool, HAS_IDX: ConstBool,
-                     MM: ConstBool, PF: ConstBool, FAST: ConstBool, STATIC: ConstBool):
+                     MM: ConstBool, PF: ConstBool, FAST: ConstBool, STATIC: ConstBool, FUSE: ConstBool,
+                     TMAS: ConstBool, EARLY: ConstBool):
     """The split of one block per key head (NS = 1) as the first kernel (v1) ran it: grid
     (B, Hk), block (b, kh) shifts its q/k windows itself, then all G = R*NV tiles in a loop of
     static trip count G, each in the sequential order (``_tile``'s SEQ). Same arguments as
-    gdn_decode_fwd (cnt, MM, PF, STATIC unused); chosen by ``decode_launch`` when cfg.STATIC
+    gdn_decode_fwd (cnt, MM, PF, STATIC, EARLY unused); chosen by ``decode_launch`` when cfg.STATIC
     and the split is 1 (for a bf16 state it beat gdn_decode_fwd's loop, see DecodeCfg)."""
     b = ct.bid(0)
     kh = ct.bid(1)
@@ -332,15 +396,20 @@ def gdn_decode_whole(mqk, mv, mba, cqk, cv, wqk, wv, A_log, dt_bias, S, idx, o, 
     else:
         slot = b
     if slot >= 0:
-        q, newq = _qk(mqk, cqk, wqk, b, slot, kh, 0, eps, DK, W, WP, WW, FAST)
-        ct.store(cqk, index=(slot, 0, kh, 0, 0), tile=ct.reshape(newq, (1, 1, 1, DK, WP)))
-        k, newk = _qk(mqk, cqk, wqk, b, slot, kh, 1, eps, DK, W, WP, WW, FAST)
-        ct.store(cqk, index=(slot, 1, kh, 0, 0), tile=ct.reshape(newk, (1, 1, 1, DK, WP)))
-        k2, q2, kq = _qk_cols(k, q, scale, DK)
+        if FUSE:
+            k2, q2, kq, newq, newk = _qk_fused(mqk, cqk, wqk, b, slot, kh, eps, scale, DK, W, WP, WW, FAST)
+            _store_qk_windows(cqk, slot, kh, newq, newk, DK, WP)
+        else:
+            q, newq = _qk(mqk, cqk, wqk, b, slot, kh, 0, eps, DK, W, WP, WW, FAST)
+            ct.store(cqk, index=(slot, 0, kh, 0, 0), tile=ct.reshape(newq, (1, 1, 1, DK, WP)))
+            k, newk = _qk(mqk, cqk, wqk, b, slot, kh, 1, eps, DK, W, WP, WW, FAST)
+            ct.store(cqk, index=(slot, 1, kh, 0, 0), tile=ct.reshape(newk, (1, 1, 1, DK, WP)))
+            k2, q2, kq = _qk_cols(k, q, scale, DK)
         for t in range(R * NV):
             h = kh * R + t // NV
             _tile(_tile_in(S, mv, mba, cv, wv, A_log, dt_bias, b, slot, h, t % NV, DK, BV, WP, WW, TMA),
-                  cv, S, o, b, slot, h, t % NV, k2, q2, kq, kq, BV, DK, W, WP, WW, TMA, False, FAST, True)
+                  cv, S, o, b, slot, h, t % NV, k2, q2, kq, kq, BV, DK, W, WP, WW, TMA, False, FAST, True,
+                  TMAS)
     else:  # padded row: o = 0, no state touched
         for t in range(R * NV):
             ct.store(o, index=(b, kh * R + t // NV, t % NV), tile=ct.zeros((1, 1, BV), dtype=o.dtype))
@@ -363,6 +432,19 @@ def wrong_result_risk(cfg) -> str:
     return ""
 
 
+def hang_risk(cfg, state_bytes: int) -> str:
+    """Why ``cfg`` is refused for a state of ``state_bytes`` per element, or "": TMA state tiles
+    of at most 32 rows of at most 128 bytes never finished on the H200 (fp32 [32, 32] at Hk=2,
+    Hv=4, dk=dv=32, W=4, B=8, occupancy 3, every split, with or without state_indices: tk-bench's
+    small gdn_decode case; bf16 [32, 64] at dk=32, dv=64, occupancy 2); the same launches with
+    TMA off, and fp32 [32, 64] tiles with TMA, finished with correct results
+    (benchmarks/probes/gdn_decode_hang_dk32.py). Not understood (no wait in the kernel)."""
+    if cfg.TMA and cfg.DK <= 32 and cfg.BV * state_bytes <= 128:
+        return (f"TMA state tiles of {cfg.DK} rows x {cfg.BV * state_bytes} bytes hung on the H200 "
+                "(dk <= 32 with rows of <= 128 bytes): use TMA=False")
+    return ""
+
+
 @dataclasses.dataclass(frozen=True)
 class DecodeCfg:
     """Launch config = compile key (with the argument dtypes and HAS_IDX)."""
@@ -381,6 +463,9 @@ class DecodeCfg:
     PF1: bool = False  # PF where the split is 1 (the grid picks it: no compile-time B)
     FAST: bool = False  # silu with approximate ex2 / rcp (see _conv_step)
     STATIC: bool = False  # split 1 runs gdn_decode_whole (the first kernel's loop)
+    FUSE: bool = False  # q|k prologue as one conv step + one stacked dk-reduction (q.q, k.k, q.k)
+    STMA: bool = True  # with TMA: state stores through TMA too (False: from registers)
+    EARLY: bool = False  # gdn_decode_fwd: the (b, kh) counter taken before the tiles (at every split)
 
     def __post_init__(self):
         bad = wrong_result_risk(self)
@@ -403,14 +488,18 @@ class DecodeCfg:
         # B >= 16) 9.4 / 61.0 / 103.7 / 386.4 but wrong at other settings (module doc: off by
         # default); gdn_decode_whole at split 1
         # 59.7 / 115.1 / 423.3 (B = 32 / 64 / 256); occupancy 4 without PF 8.4 / 58.9 / - / 419.4
-        # (not in the GPU tests yet); BV 16 and 8 slower at every B. bf16: occupancy 2, gdn_decode_whole
+        # (the decode GPU tests but the variant ones pass at it: session 7); BV 16 and 8 slower at
+        # every B. Session 7, same run: default 9.39 / 68.89 / - / 409.78 (FLA 3.40 / 49.13 / - /
+        # 365.22); FUSE, EARLY, STMA: module doc. bf16: occupancy 2, gdn_decode_whole
         # at split 1 (STATIC) 10.4 / 35.8 / 315.1 us against 11.3 / 46.9 / 391.0 without it
         # (the first kernel: 15.7 / 38.1 / 319.8). The tensor-core reductions (MM) cut the
         # cubin's instructions per tile 2-5x but ran slower (B=256: fp32 544 us, bf16 430).
         BV = min(DV, max(8, 4096 * (4 // state_bytes) // DK))
         bf16 = state_bytes < 4
+        # small tiles (dk <= 32, rows <= 128 bytes) move without TMA: with it they hung (hang_risk)
+        tma = not (DK <= 32 and BV * state_bytes <= 128)
         return cls(Hk=Hk, R=Hv // Hk, W=W, DK=DK, BV=BV, NV=cdiv(dv, BV), WP=next_pow2(W - 1),
-                   WW=next_pow2(W), OCC=2 if bf16 else 3, FAST=True, STATIC=bf16)
+                   WW=next_pow2(W), TMA=tma, OCC=2 if bf16 else 3, FAST=True, STATIC=bf16)
 
     def split(self, B: int, sms: int) -> int:
         """Blocks per (row, key head) at batch B: the largest power of two dividing the
@@ -455,9 +544,12 @@ def decode_launch(mixed, conv_state, conv_weight, A_log, dt_bias, ssm_state, sta
     W = conv_weight.shape[1]
     cfg = cfg or DecodeCfg.heuristic(Hk, Hv, dk, dv, W, ssm_state.element_size())
     if (cfg.Hk != Hk or cfg.R * Hk != Hv or cfg.W != W or cfg.DK < dk or cfg.BV * cfg.NV < dv
-            or (cfg.MM and (cfg.DK < 16 or cfg.BV < 8))):
+            or (cfg.MM and (cfg.DK < 16 or cfg.BV < 8 or cfg.FUSE))):
         raise ValueError(f"gdn_decode cutile: config {cfg} does not fit Hk={Hk}, Hv={Hv}, dk={dk}, "
                          f"dv={dv}, W={W}")
+    hang = hang_risk(cfg, ssm_state.element_size())
+    if hang:
+        raise ValueError(f"gdn_decode cutile: config {cfg}: {hang}")
     scale = float(dk ** -0.5 if scale is None else scale)
     mqk, mv, mba, cqk, cv, wqk, wv = _views(mixed, conv_state, conv_weight, Hk, Hv, dk, dv)
     has_idx = state_indices is not None
@@ -473,7 +565,7 @@ def decode_launch(mixed, conv_state, conv_weight, A_log, dt_bias, ssm_state, sta
     return Launch(gdn_decode_whole if whole else gdn_decode_fwd, (B, Hk * ns, 1),
                   (mqk, mv, mba, cqk, cv, wqk, wv, A_log, dt_bias, ssm_state, idx, o, cnt, float(eps), scale,
                    cfg.Hk, cfg.R, cfg.W, cfg.DK, cfg.BV, cfg.NV, cfg.WP, cfg.WW, cfg.TMA, has_idx, cfg.MM, pf, cfg.FAST,
-                   cfg.STATIC),
+                   cfg.STATIC, cfg.FUSE, cfg.TMA and cfg.STMA, cfg.EARLY),
                   cfg, occ(cfg.OCC))
 
 
