@@ -28,7 +28,8 @@ cutlass = pytest.importorskip("cutlass")
 
 from tilekernels import _cute as C  # noqa: E402
 from tilekernels.moe import cute_quantize as Q  # noqa: E402
-from tilekernels.moe.cute_quantize_pipe import PipeCfg  # noqa: E402
+from tilekernels.moe import cute_quantize_pipe as P  # noqa: E402
+from tilekernels.moe.cute_quantize_pipe import SMEM_MAX, PipeCfg  # noqa: E402
 from tilekernels.moe import mxfp8 as mx  # noqa: E402
 
 BF, F32 = torch.bfloat16, torch.float32
@@ -39,7 +40,7 @@ AXES = {"rowwise": (True, False), "columnwise": (False, True), "both": (True, Tr
 
 def test_every_variant_compiles_for_sm90a():
     launches = Q.representative_launches(K=7168)
-    assert len(launches) == 24
+    assert len(launches) == 28
     for name, ln in launches.items():
         art = ln.export("sm_90a")
         assert art.cubin[:4] == b"\x7fELF", name
@@ -52,11 +53,13 @@ def test_every_variant_compiles_for_sm90a():
         loads = set(re.findall(r"ld\.global\.[a-z0-9.]+", art.ptx))
         if isinstance(ln.cfg, PipeCfg):
             # x only through 16-byte cp.async (one per chunk and issue site: the prologue's
-            # stages - 1 and the loop's), data stores 8 (bf16) / 4 (fp32) bytes a lane
+            # stages - 1 and the loop's; persistent: a full-strip and a partial-strip path
+            # each), data stores 8 (bf16) / 4 (fp32) bytes a lane
             assert not loads, (name, loads)
             cps = re.findall(r"cp\.async\.cg\.shared\.global(?:\.[a-z0-9]+)*\s*\[[^]]*\],\s*\[[^]]*\],\s*16", art.ptx)
             per_site = 2 * ln.cfg.elt * ln.cfg.nbt    # 16-byte chunks a lane copies per tile
-            assert per_site <= len(cps) <= ln.cfg.stages * per_site and len(cps) % per_site == 0, (name, len(cps))
+            sites = ln.cfg.stages * (2 if ln.cfg.ctas else 1)
+            assert per_site <= len(cps) <= sites * per_site and len(cps) % per_site == 0, (name, len(cps))
             want = "st.global.v2.b32" if ln.cfg.elt == 2 else "st.global.b32"
             assert want in art.ptx and "st.global.v4" not in art.ptx, name
         elif name.startswith("quantize"):
@@ -68,18 +71,28 @@ def test_every_variant_compiles_for_sm90a():
                 assert "st.global.v2.b32" in art.ptx and "st.global.v4.b32" not in art.ptx, name
 
 
-def test_pipe_config_from_static_dims():
+def test_pipe_config_from_static_dims(monkeypatch):
     """The pipelined kernel serves the rowwise output at K % 32 == 0 and aligned pointers
-    (as _PIPE lists); its config depends on K, dtype and the axes only; bad configs raise."""
+    (as _PIPE lists); its config depends on K, dtype, the axes and the SM count only (a
+    persistent grid of one CTA an SM for the pairs in PERSISTENT); bad configs raise."""
     for dt in (BF, F32):
         for row, col in ((True, False), (True, True)):
             cfg = Q.quant_launch(dt, 7168, row, col).cfg
             assert isinstance(cfg, PipeCfg) == ((dt, row, col) in Q._PIPE)
             assert Q.quant_launch(dt, 7168, row, col, False).cfg.vec == 1       # unaligned
+            if isinstance(cfg, PipeCfg):
+                assert cfg.ctas == (132 if (cfg.elt, col) in P.PERSISTENT else 0)
+    monkeypatch.setattr(P, "PERSISTENT", frozenset())
     c = PipeCfg.heuristic(32, BF, True, True)
-    assert (c.warps, c.grid_x, c.nbt) == (1, 1, 1) and hash(c) == hash(PipeCfg.heuristic(32, BF, True, True))
+    assert (c.warps, c.grid_x, c.nbt, c.ctas) == (1, 1, 1, 0) and hash(c) == hash(PipeCfg.heuristic(32, BF, True, True))
+    monkeypatch.setattr(P, "PERSISTENT", frozenset({(2, True), (4, False), (4, True)}))
+    for dt, col in ((BF, True), (F32, False), (F32, True)):
+        c = PipeCfg.heuristic(7168, dt, True, col, sms=114)
+        assert (c.warps, c.stages, c.grid_x, c.ctas, c.nbt * c.elt) == (8, 2, 1, 114, 8)
+    assert PipeCfg.heuristic(7168, BF, True, False, sms=114).ctas == 0
     for bad in (dict(K=48), dict(row=False), dict(stages=1), dict(elt=8), dict(warps=32, stages=8),
-                dict(nbt=3), dict(nbt=4), dict(K=96, nbt=2)):
+                dict(nbt=3), dict(nbt=4), dict(K=96, nbt=2), dict(ctas=-1), dict(ctas=4, grid_x=2),
+                dict(ctas=4, min_blocks=2)):
         with pytest.raises(ValueError):
             PipeCfg(**{**dict(K=64, row=True, col=True, elt=4), **bad})
 
@@ -280,11 +293,36 @@ def test_pipe_config_bit_exact(nbt, warps, stages, grid_x, min_blocks, unroll, a
     warps."""
     row, col = AXES[axis]
     elt = 2 if dtype == BF else 4
-    if nbt * elt * 2 > 32 or warps * stages * 32 * 32 * nbt * elt > 200 * 1024:
-        pytest.skip("not a valid config (over 32 lanes a tile row, or over 200 KB of buffers)")
+    if nbt * elt * 2 > 32 or warps * stages * 32 * 32 * nbt * elt > SMEM_MAX:
+        pytest.skip("not a valid config (over 32 lanes a tile row, or over 227 KB of buffers)")
     for R, K in ((96 if col else 77, 800 if nbt == 1 else 768), (64 if col else 33, 32 * nbt)):
         cfg = PipeCfg(K=K, row=row, col=col, elt=elt, warps=warps, stages=stages,
                       grid_x=grid_x, min_blocks=min_blocks, nbt=nbt, unroll=unroll)
+        check_launch(Q.launch_for(cfg, dtype), R, K, axis, dtype)
+
+
+# (nbt, warps, stages, ctas): persistent grids of 1..5 CTAs (warps walk tiles of several strips,
+# the last stride partial), 14 warps (224 KB of buffers), and 132 CTAs (fewer launched: R small)
+PERSIST_CFGS = [(4, 8, 2, 1), (4, 8, 2, 2), (4, 7, 2, 5), (4, 14, 2, 3), (2, 8, 2, 3), (2, 7, 3, 2), (1, 3, 2, 4),
+                (8, 4, 2, 3), (4, 4, 3, 132), (2, 14, 2, 1)]
+
+
+@pytest.mark.parametrize("dtype", [BF, F32])
+@pytest.mark.parametrize("axis", ["rowwise", "both"])
+@pytest.mark.parametrize("nbt,warps,stages,ctas", PERSIST_CFGS)
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_pipe_persistent_bit_exact(nbt, warps, stages, ctas, axis, dtype):
+    """The pipelined kernel on a persistent grid: tile g = strip * NT + column tile, so shapes
+    with several strips (R = 77: a partial last strip, rowwise; 96 / 160 both), K = 768 / 800
+    (24 / 25 column blocks: 24 / nbt tiles a strip) or 32 * nbt (one tile a strip), and R = 1."""
+    row, col = AXES[axis]
+    elt = 2 if dtype == BF else 4
+    if nbt * elt * 2 > 32 or warps * stages * 32 * 32 * nbt * elt > SMEM_MAX:
+        pytest.skip("not a valid config (over 32 lanes a tile row, or over 227 KB of buffers)")
+    shapes = [(96 if col else 77, 800 if nbt == 1 else 768), (160 if col else 65, 32 * nbt)]
+    for R, K in shapes + ([] if col else [(1, 32 * nbt)]):
+        cfg = PipeCfg(K=K, row=row, col=col, elt=elt, warps=warps, stages=stages, nbt=nbt, ctas=ctas)
         check_launch(Q.launch_for(cfg, dtype), R, K, axis, dtype)
 
 

@@ -528,24 +528,39 @@ _U8 = C.Ptr(torch.uint8)
 # (x dtype, row, col) served by the pipelined kernel when K % 32 == 0 and the pointers are
 # 16-byte aligned. H200, R = 32768, K = 7168, same inputs (benchmarks/moe_cute_check.py --sweep),
 # % of copy, shared-memory kernel -> pipelined: bf16 rowwise 84.2 -> 90.5, bf16 both 76.5 ->
-# 84.5, fp32 both 78.4 -> 84.9; fp32 rowwise 90.1 vs at best 90.2 (stays on the smem kernel)
-_PIPE = {(torch.bfloat16, True, False), (torch.bfloat16, True, True), (torch.float32, True, True)}
+# 84.5, fp32 both 78.4 -> 84.9. fp32 rowwise: shared-memory kernel 90.9, pipelined one CTA per
+# strip 81.7, on the persistent grid 94.3 (benchmarks/probes/mxfp8_quant_persist.py): it joins
+# here together with its entry in cute_quantize_pipe.PERSISTENT
+_PIPE = {(torch.bfloat16, True, False), (torch.bfloat16, True, True), (torch.float32, True, False), (torch.float32, True, True)}
 
 
-def quant_cfg(dtype: torch.dtype, K: int, row: bool, col: bool, aligned: bool = True) -> QuantCfg | PipeCfg:
-    """The launch config quantize_into uses (static dims and pointer alignment only)."""
+def quant_cfg(dtype: torch.dtype, K: int, row: bool, col: bool, aligned: bool = True,
+              sms: int = 132) -> QuantCfg | PipeCfg:
+    """The launch config quantize_into uses (static dims, pointer alignment and the device's
+    SM count only)."""
     if aligned and K % BLOCK == 0 and (dtype, row, col) in _PIPE:
-        return PipeCfg.heuristic(K, dtype, row, col)
+        return PipeCfg.heuristic(K, dtype, row, col, sms)
     return QuantCfg.heuristic(K, dtype, row, col, aligned)
 
 
 @functools.lru_cache(maxsize=None)
-def quant_launch(dtype: torch.dtype, K: int, row: bool, col: bool, aligned: bool = True) -> C.Launch:
-    """The quantize :class:`~tilekernels._cute.Launch` for x of ``dtype`` with K columns.
+def quant_launch(dtype: torch.dtype, K: int, row: bool, col: bool, aligned: bool = True,
+                 sms: int = 132) -> C.Launch:
+    """The quantize :class:`~tilekernels._cute.Launch` for x of ``dtype`` with K columns on a
+    device of ``sms`` multiprocessors (132: H100 / H200 SXM).
 
     Args of ``run``: (x, row_data, row_scales, col_data, col_scales, R); absent
     outputs are ``None`` (null pointers the config never touches)."""
-    return launch_for(quant_cfg(dtype, K, row, col, aligned), dtype)
+    return launch_for(quant_cfg(dtype, K, row, col, aligned, sms), dtype)
+
+
+@functools.lru_cache(maxsize=None)
+def sm_count(device: torch.device) -> int:
+    """Multiprocessors of ``device`` (132, the H200's, for meta / CPU tensors)."""
+    if device.type != "cuda":
+        return 132
+    idx = device.index if device.index is not None else torch.cuda.current_device()
+    return torch.cuda.get_device_properties(idx).multi_processor_count
 
 
 def launch_for(cfg: QuantCfg | PipeCfg, dtype: torch.dtype) -> C.Launch:
@@ -596,7 +611,7 @@ def quantize_into(x: torch.Tensor, row_data: torch.Tensor | None, row_scales: to
         return
     row = row_data is not None
     col = col_data is not None
-    ln = quant_launch(x.dtype, K, row, col, _aligned(x, row_data, col_data, col_scales))
+    ln = quant_launch(x.dtype, K, row, col, _aligned(x, row_data, col_data, col_scales), sm_count(x.device))
     ln.run(x, row_data, row_scales, col_data, col_scales, R)
 
 
@@ -617,8 +632,8 @@ def dequantize_into(data: torch.Tensor, scales: torch.Tensor, out: torch.Tensor,
 def representative_launches(K: int = 7168) -> dict[str, C.Launch]:
     """Every kernel variant at one K (what the CPU compile test exports): the defaults and,
     for each axis with the rowwise output, the shared-memory kernel (direct loads for
-    rowwise, and the staged rowwise mapping) and the pipelined kernel at 2 and 3 stages,
-    whichever the default is."""
+    rowwise, and the staged rowwise mapping) and the pipelined kernel at 2 and 3 stages and on
+    the persistent grid (132 CTAs) and one CTA per strip, whichever the default is."""
     out = {}
     for dt in (torch.bfloat16, torch.float32):
         n = str(dt).removeprefix("torch.")
@@ -630,6 +645,9 @@ def representative_launches(K: int = 7168) -> dict[str, C.Launch]:
                 out[f"quantize.{axis}_smem.{n}"] = launch_for(QuantCfg.heuristic(K, dt, row, col), dt)
                 out[f"quantize.{axis}_pipe.{n}"] = launch_for(pipe, dt)
                 out[f"quantize.{axis}_pipe3.{n}"] = launch_for(dataclasses.replace(pipe, stages=3), dt)
+                other = (dataclasses.replace(pipe, ctas=0, grid_x=max(1, K // 32 // pipe.nbt // 32))
+                         if pipe.ctas else dataclasses.replace(pipe, grid_x=1, min_blocks=0, ctas=132))
+                out[f"quantize.{axis}_{'strips' if pipe.ctas else 'persist'}.{n}"] = launch_for(other, dt)
         staged = dataclasses.replace(QuantCfg.heuristic(K, dt, True, False), direct=False)
         out[f"quantize.rowwise_staged.{n}"] = launch_for(staged, dt)
         for axis in ("rowwise", "columnwise"):
