@@ -31,7 +31,8 @@ REPO_ROOT = Path(__file__).resolve().parent.parent
 def git_commit(cwd: Optional[Path] = None) -> str:
     """$TILEKERNELS_COMMIT if set (where the code travels without its own .git, e.g. a
     GPU host, whose copy may hold a stale one); else ``git rev-parse HEAD`` of the
-    checkout holding this code; else "unknown"."""
+    checkout holding this code, with "-dirty" appended when tracked files differ from it;
+    else "unknown"."""
     env = os.environ.get("TILEKERNELS_COMMIT")
     if env:
         return env
@@ -41,7 +42,21 @@ def git_commit(cwd: Optional[Path] = None) -> str:
     except (OSError, subprocess.SubprocessError):
         return env or "unknown"
     sha = out.stdout.strip()
-    return sha if out.returncode == 0 and sha else (env or "unknown")
+    if out.returncode != 0 or not sha:
+        return "unknown"
+    try:  # a tree that differs from HEAD (edits, or a GPU host's copy beside a stale .git) says so
+        st = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=str(cwd or REPO_ROOT),
+                            capture_output=True, text=True, timeout=10)
+        dirty = st.returncode == 0 and bool(st.stdout.strip())
+    except (OSError, subprocess.SubprocessError):
+        dirty = False
+    return sha + "-dirty" if dirty else sha
+
+
+def short_commit(commit: str) -> str:
+    """The first 12 hex digits of ``git_commit()``'s value, its "-dirty" mark kept."""
+    sha, dirty, _ = commit.partition("-dirty")
+    return sha[:12] + ("-dirty" if dirty else "")
 
 
 def now_iso() -> str:

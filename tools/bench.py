@@ -490,7 +490,7 @@ def _run(args, ap, device: torch.device, ops: list[str], overrides: dict[str, in
             "torch": torch.__version__, "git_commit": C.git_commit(), "date": C.now_iso(),
             "timer": runner.timer.method}
     log.info("tk-bench on %s (%s), torch %s, commit %s, timer %s, peers %s",
-             meta["device"], device, meta["torch"], meta["git_commit"][:12], runner.timer.method,
+             meta["device"], device, meta["torch"], C.short_commit(meta["git_commit"]), runner.timer.method,
              {True: "on", False: "off", None: "for non-torch backends"}[runner.compare])
     info = meta["device_info"]
     if (device.type == "cpu" and info["threads"] > 1
@@ -542,7 +542,7 @@ def _run(args, ap, device: torch.device, ops: list[str], overrides: dict[str, in
     ceils = [f"{k} {C.fmt_num(c['value'])} {c['unit']} ({c['source']})"
              for k, c in {r["ceiling"]["kind"]: r["ceiling"] for r in records if r.get("ceiling")}.items()]
     failed = [r for r in records if r["status"] in ("FAIL", "ERROR")]
-    lines = [f"tk-bench: {meta['device']}, torch {meta['torch']}, commit {meta['git_commit'][:12]}"
+    lines = [f"tk-bench: {meta['device']}, torch {meta['torch']}, commit {C.short_commit(meta['git_commit'])}"
              + (f"; ceilings: {'; '.join(ceils)}" if ceils else ""), table(records)]
     if no_case:
         lines.append(f"no bench case (not run): {', '.join(no_case)}")

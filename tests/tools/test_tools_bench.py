@@ -338,3 +338,21 @@ def test_case_oracle_replaces_the_reference(tmp_path, capsys, monkeypatch):
     rc, recs = run(tmp_path, "--op", "mhc_post_pre", "--shape", "T=9,C=40", "--pass", "fwd")
     assert rc == 1 and recs[0]["status"] == "FAIL"
     assert any(n.startswith(("h_post_next:", "h_res_next:")) for n in recs[0]["notes"])
+
+
+def test_commit_marks_a_tree_that_differs_from_head(tmp_path, monkeypatch):
+    """The records' commit must not claim a tree it was not run on: an edited checkout (or a GPU
+    host's copy beside a stale .git) gets "-dirty"; $TILEKERNELS_COMMIT wins over both."""
+    monkeypatch.delenv("TILEKERNELS_COMMIT", raising=False)
+    git = ["git", "-c", "user.email=t@t", "-c", "user.name=t"]
+    subprocess.run(git + ["init", "-q", str(tmp_path)], check=True)
+    (tmp_path / "f.txt").write_text("a\n")
+    subprocess.run(git + ["-C", str(tmp_path), "add", "f.txt"], check=True)
+    subprocess.run(git + ["-C", str(tmp_path), "commit", "-q", "-m", "x"], check=True)
+    clean = C.git_commit(tmp_path)
+    assert len(clean) == 40 and "-dirty" not in clean
+    (tmp_path / "f.txt").write_text("b\n")
+    assert C.git_commit(tmp_path) == clean + "-dirty"
+    assert C.short_commit(clean + "-dirty") == clean[:12] + "-dirty" and C.short_commit(clean) == clean[:12]
+    monkeypatch.setenv("TILEKERNELS_COMMIT", "abc")
+    assert C.git_commit(tmp_path) == "abc"
