@@ -54,3 +54,17 @@ def copy_gb_s(nbytes: int = 2 * 2**30) -> float:
     b = torch.empty_like(a)
     ms = bench(lambda: b.copy_(a))
     return 2 * nbytes / ms / 1e6
+
+
+def wait_for(path: str | None, max_s: float) -> None:
+    """Block until ``path`` exists (another job's "GPU work done" mark) or ``max_s`` pass, so
+    timings start on a quiet GPU; prints how long it waited. No-op without a path."""
+    if not path:
+        return
+    import os
+    import time
+
+    t0 = time.perf_counter()
+    while not os.path.exists(path) and time.perf_counter() - t0 < max_s:
+        time.sleep(0.5)
+    print(f"waited {time.perf_counter() - t0:.0f} s for {path}", flush=True)

@@ -37,7 +37,7 @@ sys.path[:0] = [ROOT]
 
 import torch  # noqa: E402
 
-from _gpu import bench  # noqa: E402
+from _gpu import bench, wait_for  # noqa: E402
 
 from tilekernels import _cute as C  # noqa: E402
 from tilekernels.moe import cute_quantize as Q  # noqa: E402
@@ -149,11 +149,7 @@ def precompile(args):
                 except Exception:
                     print(f"  compile {cfg} failed:", traceback.format_exc(limit=3), flush=True)
     print(f"precompiled {n} launches in {time.perf_counter() - t0:.0f} s", flush=True)
-    if args.wait_for:
-        t0 = time.perf_counter()
-        while not os.path.exists(args.wait_for) and time.perf_counter() - t0 < args.wait_max:
-            time.sleep(0.5)
-        print(f"waited {time.perf_counter() - t0:.0f} s for {args.wait_for}", flush=True)
+    wait_for(args.wait_for, args.wait_max)
 
 
 def same(got, want) -> bool:

@@ -32,7 +32,7 @@ from typing import Any, Sequence
 
 import torch
 
-from tilekernels._glue import COMPILE_KEYS, _RECORD_KEYS, record_compile_keys  # noqa: F401 (re-exported)
+from tilekernels._glue import COMPILE_KEYS, _RECORD_KEYS, record_compile_keys, sm_count  # noqa: F401 (re-exported)
 
 import cuda.tile as ct
 from cuda.tile.compilation import (ArrayConstraint, CallingConvention, KernelSignature,
@@ -96,18 +96,6 @@ def workspace_reuse(on: bool = True):
         WORKSPACE_REUSE[0] = old
 
 
-_SMS: dict = {}
-
-
-def sm_count(device: torch.device) -> int:
-    """Multiprocessors of ``device``, cached per device (132 for meta / CPU tensors: the H200's
-    count, so CPU compile tests build the grids the H200 gets)."""
-    if device.type != "cuda":
-        return 132
-    idx = device.index if device.index is not None else torch.cuda.current_device()
-    if idx not in _SMS:
-        _SMS[idx] = torch.cuda.get_device_properties(idx).multi_processor_count
-    return _SMS[idx]
 
 
 def next_pow2(n: int) -> int:

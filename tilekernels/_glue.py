@@ -89,3 +89,18 @@ def record_compile_keys():
         yield COMPILE_KEYS
     finally:
         _RECORD_KEYS[0] = old
+
+
+_SMS: dict = {}
+
+
+def sm_count(device: torch.device) -> int:
+    """Multiprocessors of ``device``, cached per device (132 for meta / CPU tensors: the H200's
+    count, so CPU compile tests build the grids the H200 gets). Shared by the cuTile and CuTe
+    DSL launchers (grids sized by the SM count)."""
+    if device.type != "cuda":
+        return 132
+    idx = device.index if device.index is not None else torch.cuda.current_device()
+    if idx not in _SMS:
+        _SMS[idx] = torch.cuda.get_device_properties(idx).multi_processor_count
+    return _SMS[idx]

@@ -28,9 +28,10 @@ sys.path[:0] = [ROOT, os.path.join(ROOT, "benchmarks")]
 
 import torch  # noqa: E402
 
-from _gpu import bench  # noqa: E402
+from _gpu import bench, wait_for  # noqa: E402
 
 from tilekernels import _cute as C  # noqa: E402
+from tilekernels._glue import sm_count  # noqa: E402
 from tilekernels.moe import cute_quantize as Q  # noqa: E402
 from tilekernels.moe import mxfp8 as mx  # noqa: E402
 
@@ -81,7 +82,7 @@ def main():
     ap.add_argument("--json")
     args = ap.parse_args()
     R, K = args.R, args.K
-    sms = Q.sm_count(torch.device("cuda", torch.cuda.current_device()))
+    sms = sm_count(torch.device("cuda", torch.cuda.current_device()))
     arch = C.device_arch()
     t0 = time.perf_counter()
     plan = []
@@ -98,11 +99,7 @@ def main():
                 print(f"compile failed: {label}", traceback.format_exc(limit=3), flush=True)
         plan.append(((dtype, row, col), vs))
     print(f"precompiled {sum(len(v) for _, v in plan)} launches in {time.perf_counter() - t0:.0f} s", flush=True)
-    if args.wait_for:
-        t0 = time.perf_counter()
-        while not os.path.exists(args.wait_for) and time.perf_counter() - t0 < args.wait_max:
-            time.sleep(1)
-        print(f"waited {time.perf_counter() - t0:.0f} s for {args.wait_for}", flush=True)
+    wait_for(args.wait_for, args.wait_max)
     print(f"device {torch.cuda.get_device_name()}, {sms} SMs, arch {arch}, R={R} K={K}", flush=True)
     x0 = torch.randn(R, K, device="cuda")
     ms = bench(lambda: x0.clone())

@@ -59,6 +59,7 @@ import cutlass.cute as cute
 from cutlass import Float32, Int32, Int64, Uint8, Uint16
 
 from tilekernels import _cute as C
+from tilekernels._glue import sm_count
 
 from .cute_quantize_pipe import PipeCfg, _pipe_host, pipe_sig
 
@@ -555,14 +556,6 @@ def quant_launch(dtype: torch.dtype, K: int, row: bool, col: bool, aligned: bool
 
 
 @functools.lru_cache(maxsize=None)
-def sm_count(device: torch.device) -> int:
-    """Multiprocessors of ``device`` (132, the H200's, for meta / CPU tensors)."""
-    if device.type != "cuda":
-        return 132
-    idx = device.index if device.index is not None else torch.cuda.current_device()
-    return torch.cuda.get_device_properties(idx).multi_processor_count
-
-
 def launch_for(cfg: QuantCfg | PipeCfg, dtype: torch.dtype) -> C.Launch:
     """The quantize launch of an explicit config (either kernel; what sweeps and tests use)."""
     if isinstance(cfg, PipeCfg):
