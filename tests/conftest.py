@@ -19,6 +19,12 @@ def pytest_report_header(config):
     return f"tilekernels: TK_SEED={_RUN_SEED} (set TK_SEED to replay)"
 
 
+def pytest_terminal_summary(terminalreporter, exitstatus, config):
+    """The seed again at the end, where -q (which drops the header) still prints it, so a
+    CI log's failure can be replayed."""
+    terminalreporter.write_line(f"tilekernels: TK_SEED={_RUN_SEED} (set TK_SEED to replay)")
+
+
 @pytest.fixture(autouse=True)
 def _fresh_seed_and_poison(request):
     torch.manual_seed(_RUN_SEED ^ zlib.crc32(request.node.nodeid.encode()))
