@@ -18,6 +18,25 @@ Counter = Callable[[Dims], int]
 
 
 @dataclass(frozen=True)
+class Peer:
+    """An outside implementation of the case's op (the issue's named peer: torch's bf16 grouped
+    GEMM, an fp8 GEMM, FLA, ...) that tk-bench times beside ours in the same harness.
+
+    ``prepare(args, params)`` gets the case's inputs (for fwd+bwd: the same leaf tensors the op
+    gets, which require grad) and returns a call whose result lines up with the op's results
+    (same order; for fwd+bwd the differentiable ones are backpropagated with the op's pre-made
+    grad outputs, leaves' grads set to None each step, exactly as the op's step). Work a peer
+    does once (quantizing operands, building offsets) happens in ``prepare``, outside the timed
+    region; ``note`` says what the peer leaves out or adds, so the ratio is read correctly.
+    ``backward=False``: timed in the fwd pass only. A peer whose import or call fails is n/a."""
+    name: str
+    prepare: Callable[[tuple, dict[str, Any]], Callable[[], Any]]
+    backward: bool = True
+    devices: tuple[str, ...] = ("cuda",)
+    note: str = ""
+
+
+@dataclass(frozen=True)
 class BenchCase:
     op: str
     dims: Dims
@@ -38,3 +57,5 @@ class BenchCase:
     # (a float64 rounding can land one ulp off the kernel's fp32 one), so its fp32 results stay
     # under the fp32 tolerance. The oracle's docstring says why.
     oracle: Optional[Callable[..., Any]] = None
+    # named outside implementations timed beside the op (``Peer``), on the devices they list
+    peers: tuple[Peer, ...] = ()

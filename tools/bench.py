@@ -182,6 +182,27 @@ class Runner:
             return
         rec["compile_ms"] = self._peer("torch.compile(reference)", step)
 
+    def _named_peers(self, rec: dict, case, args, params, step_of=None) -> None:
+        """Time the case's named peers (``BenchCase.peers``) for this pass into
+        ``rec["peers"]`` (name -> ms, None when n/a); ``step_of(call)`` makes a fwd+bwd step
+        of a peer's call (None: the fwd pass, the call itself is the step)."""
+        if self.compare is False:
+            return
+        mine = [p for p in getattr(case, "peers", ()) if self.device.type in p.devices
+                and (step_of is None or p.backward)]
+        if not mine:
+            return
+        rec["peers"] = {}
+        for p in mine:
+            try:
+                call = p.prepare(args, params)
+            except Exception as e:  # noqa: BLE001 - a peer that cannot run is n/a, not fatal
+                log.info("    %s: n/a (%s: %s)", p.name, type(e).__name__, str(e).splitlines()[0][:200] if str(e) else "")
+                rec["peers"][p.name] = None
+                continue
+            rec["peers"][p.name] = self._peer(p.name, call if step_of is None else step_of(call))
+            _drop()
+
     def _time(self, step, notes: list) -> float:
         """``self.timer(step)``: a warm-up until the time per call is stable (a step that
         never settles is noted in the record), then the timed calls. On CUDA it also counts
@@ -217,6 +238,7 @@ class Runner:
         rec = {"backend": backend, "ms": ms, "graph_ms": self._graph(backend, run(backend)),
                "rel_err": err, "ok": ok, "notes": notes}
         self._peers(rec, op, ms, lambda: run("torch"), lambda cref: lambda: cref(*args, **params))
+        self._named_peers(rec, case, args, params)
         return rec
 
     def fwdbwd(self, op, case, args, params) -> dict[str, Any]:
@@ -252,6 +274,7 @@ class Runner:
             rec = {"backend": backend, "ms": ms, "graph_ms": self._graph(backend, entry(backend)),
                    "rel_err": err, "ok": ok, "notes": notes}
             self._peers(rec, op, ms, lambda: entry("torch"), lambda cref: run(lambda: cref(*largs, **lparams)))
+            self._named_peers(rec, case, largs, lparams, run)
         for _, t in leaves:
             t.grad = None
         return rec
@@ -283,6 +306,8 @@ def _finish(rec: dict, case, dims, runner: Runner) -> dict:
     for peer in ("eager", "compile"):
         p = rec.get(f"{peer}_ms")
         rec[f"speedup_vs_{peer}"] = p / ms if p and ms else None
+    if "peers" in rec:
+        rec["speedup_vs_peers"] = {n: (p / ms if p and ms else None) for n, p in rec["peers"].items()}
     return rec
 
 
@@ -333,6 +358,10 @@ def run_case(case, runner: Runner, overrides: dict[str, int], meta: dict) -> lis
         for peer in ("eager", "compile"):
             if f.get(f"{peer}_ms") is not None or fb.get(f"{peer}_ms") is not None:
                 rec[f"{peer}_ms"] = diff(f"{peer}_ms")
+        both = set(f.get("peers") or {}) & set(fb.get("peers") or {})
+        if both:  # a peer timed in both passes: its backward derived the same way as ours
+            rec["peers"] = {n: (fb["peers"][n] - f["peers"][n] if f["peers"][n] and fb["peers"][n]
+                                and fb["peers"][n] > f["peers"][n] else None) for n in sorted(both)}
         out.insert(out.index(fb), _finish(rec, case, dims, runner))
     del args, params
     _drop()
@@ -360,7 +389,9 @@ def table(records: list[dict]) -> str:
     graphs = any(r.get("graph_ms") for r in records)
     headers = ["op", "variant", "pass", "backend", "shape", "ms"] + (["graph ms"] if graphs else [])
     headers += ["throughput", "%ceil", "rel_err"]
+    named = any(r.get("peers") for r in records)
     headers += ["vs eager", "vs compile"] if peers else []
+    headers += ["vs named peers (their ms / ours)"] if named else []
     headers.append("result")
     rows = []
     for r in records:
@@ -381,6 +412,9 @@ def table(records: list[dict]) -> str:
                     ("n/a" if "eager_ms" in r else "-"),
                     f"{r['speedup_vs_compile']:.2f}x" if r.get("speedup_vs_compile") else
                     ("n/a" if "compile_ms" in r else "-")]
+        if named:
+            sp = r.get("speedup_vs_peers") or {}
+            row.append(", ".join(f"{n} {sp[n]:.2f}x" if sp.get(n) else f"{n} n/a" for n in sp) or "-")
         row.append(r["status"])
         rows.append(row)
     return C.format_table(headers, rows)

@@ -183,6 +183,48 @@ def test_failing_compile_peer_is_na(tmp_path, capsys, monkeypatch):
     assert "n/a" in capsys.readouterr().out
 
 
+def test_named_peers(tmp_path, capsys, monkeypatch):
+    """A case's named peers are timed in the same harness: a backward peer in fwd and fwd+bwd
+    (its derived bwd too, on the same leaves, backpropagating the same grad outputs), a
+    fwd-only peer in fwd only, a peer that fails is n/a; the table has their ratios."""
+    import dataclasses
+
+    from tilekernels.benchcase import Peer
+
+    seen = []
+
+    def like_ours(args, params):
+        def call():
+            out = ref.h_aggregate(*args, **params)
+            seen.append(any(isinstance(a, torch.Tensor) and a.requires_grad for a in args))
+            return out
+        return call
+
+    def broken(args, params):
+        raise ImportError("peer package not installed")
+
+    peers = (Peer("twin", like_ours, devices=("cpu", "cuda")),
+             Peer("fwd only", like_ours, backward=False, devices=("cpu", "cuda")),
+             Peer("absent", broken, devices=("cpu", "cuda")),
+             Peer("elsewhere", like_ours, devices=("xpu",)))
+    good = case()
+    monkeypatch.setattr(mhc_bench, "cases", lambda dt: [dataclasses.replace(good, peers=peers)])
+    rc, recs = run(tmp_path, "--op", OP)
+    out = capsys.readouterr().out
+    assert rc == 0, out
+    by = {r["pass"]: r for r in recs}
+    assert set(by["fwd"]["peers"]) == {"twin", "fwd only", "absent"}
+    assert set(by["fwd+bwd"]["peers"]) == {"twin", "absent"}
+    assert by["fwd"]["peers"]["twin"] > 0 and by["fwd+bwd"]["peers"]["twin"] > 0
+    assert by["fwd"]["peers"]["absent"] is None and by["fwd"]["speedup_vs_peers"]["absent"] is None
+    assert by["fwd"]["speedup_vs_peers"]["twin"] == pytest.approx(by["fwd"]["peers"]["twin"] / by["fwd"]["ms"])
+    assert set(by["bwd"].get("peers", {})) == {"twin", "absent"}
+    assert True in seen and False in seen  # fwd+bwd steps got the leaves, fwd steps did not
+    assert "vs named peers" in out and "absent n/a" in out and "twin " in out
+    rc, recs = run(tmp_path, "--op", OP, "--no-compare")
+    assert rc == 0 and all("peers" not in r for r in recs)
+
+
 def test_bad_arguments(capsys):
     with pytest.raises(SystemExit) as e:
         bench.main(["--op", "no_such_op"])

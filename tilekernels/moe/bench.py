@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import torch
 
-from tilekernels.benchcase import BenchCase
+from tilekernels.benchcase import BenchCase, Peer
 
 
 def even_splits(M: int, G: int) -> torch.Tensor:
@@ -57,6 +57,77 @@ def _mlp_inputs(d, device):
     return (x, probs, even_splits(M, G), w1, w2), {}
 
 
+# ---------------------------------------------------------------- peers (issue 11's reference points)
+
+
+def _ends32(m_splits: torch.Tensor, device) -> torch.Tensor:
+    """torch._grouped_mm's offsets: [G] int32 group ends on the device."""
+    return torch.cumsum(m_splits.to(device), 0).to(torch.int32)
+
+
+def swiglu32(h: torch.Tensor, probs: torch.Tensor) -> torch.Tensor:
+    """silu(gate) * linear * probs on [gate 32 | linear 32] blocks of h [M, 2F], fp32 math,
+    rounded to h's dtype: the torch bf16 path's activation (OPS.md's scaled_swiglu, s = 32)."""
+    M, F2 = h.shape
+    hv = h.view(M, F2 // 64, 2, 32)
+    return (torch.nn.functional.silu(hv[:, :, 0].float()) * hv[:, :, 1].float() * probs[:, None, None]
+            ).reshape(M, F2 // 2).to(h.dtype)
+
+
+def bf16_mlp(x, probs, ends, w1, w2):
+    """The torch bf16 MoE MLP: torch._grouped_mm (FC1) + swiglu32 + torch._grouped_mm (FC2);
+    differentiable through torch's autograd."""
+    h = torch._grouped_mm(x, w1.transpose(-2, -1), offs=ends)
+    return torch._grouped_mm(swiglu32(h, probs), w2.transpose(-2, -1), offs=ends)
+
+
+def fp8_rowwise(t: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """e4m3 data and fp32 per-row scales (amax / 448) of t [..., K]: torch's fp8 rowwise recipe
+    (not MXFP8: one scale per row instead of one per 32 elements)."""
+    s = t.float().abs().amax(dim=-1).clamp(min=1e-12) / 448.0
+    return (t.float() / s[..., None]).to(torch.float8_e4m3fn), s
+
+
+def _bf16_linear_peer(args, params):
+    x, w, m = args
+    ends = _ends32(m, x.device)
+    return lambda: torch._grouped_mm(x, w.transpose(-2, -1), offs=ends)
+
+
+def _fp8row_linear_peer(args, params):
+    x, w, m = args
+    ends = _ends32(m, x.device)
+    (xq, xs), (wq, ws) = fp8_rowwise(x.detach()), fp8_rowwise(w.detach())
+    return lambda: torch._scaled_grouped_mm(xq, wq.transpose(-2, -1), xs, ws, offs=ends, out_dtype=torch.bfloat16)
+
+
+def _bf16_mlp_peer(args, params):
+    x, probs, m, w1, w2 = args
+    ends = _ends32(m, x.device)
+    return lambda: bf16_mlp(x, probs, ends, w1, w2)
+
+
+def _fp8row_mlp_peer(args, params):
+    """The MLP's two forward GEMMs in torch's fp8 rowwise grouped GEMM, operands pre-quantized
+    (FC2's input a random [M, F] stand-in: only the GEMM time is the reference point)."""
+    x, probs, m, w1, w2 = args
+    ends = _ends32(m, x.device)
+    (xq, xs), (w1q, w1s), (w2q, w2s) = fp8_rowwise(x.detach()), fp8_rowwise(w1.detach()), fp8_rowwise(w2.detach())
+    aq, as_ = fp8_rowwise(torch.randn(x.shape[0], w2.shape[2], device=x.device))
+
+    def run():
+        torch._scaled_grouped_mm(xq, w1q.transpose(-2, -1), xs, w1s, offs=ends, out_dtype=torch.bfloat16)
+        return torch._scaled_grouped_mm(aq, w2q.transpose(-2, -1), as_, w2s, offs=ends, out_dtype=torch.bfloat16)
+    return run
+
+
+_FP8_NOTE = "GEMMs only, operands quantized beforehand, per-row scales (not MXFP8)"
+LINEAR_PEERS = (Peer("bf16 grouped_mm", _bf16_linear_peer, note="torch._grouped_mm, bf16 operands"),
+                Peer("fp8row", _fp8row_linear_peer, backward=False, note=_FP8_NOTE))
+MLP_PEERS = (Peer("bf16 path", _bf16_mlp_peer, note="torch._grouped_mm + SwiGLU + torch._grouped_mm, autograd"),
+             Peer("fp8row", _fp8row_mlp_peer, backward=False, note=_FP8_NOTE))
+
+
 def _linear_case(dims, precision) -> BenchCase:
     return BenchCase(
         op="grouped_linear", dims=dims, make=_linear_maker(precision), variant=precision,
@@ -67,6 +138,7 @@ def _linear_case(dims, precision) -> BenchCase:
         flops_fwd=lambda d: 2 * d["M"] * d["N"] * d["K"],
         flops_bwd=lambda d: 4 * d["M"] * d["N"] * d["K"],   # dgrad + wgrad
         grad_inputs=("x", "weight"),
+        peers=LINEAR_PEERS if precision == "mxfp8" else (),
     )
 
 
@@ -111,5 +183,6 @@ def cases(device_type: str) -> list[BenchCase]:
             flops_fwd=lambda d: 6 * d["M"] * d["H"] * d["F"],
             flops_bwd=lambda d: 12 * d["M"] * d["H"] * d["F"],
             grad_inputs=("x", "probs", "fc1_weight", "fc2_weight"),
+            peers=MLP_PEERS,
         ),
     ]
