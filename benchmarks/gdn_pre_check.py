@@ -46,7 +46,6 @@ sys.path[:0] = [ROOT]
 
 import torch  # noqa: E402
 
-import torch.nn.functional as F  # noqa: E402
 
 from _gpu import bench as _bench  # noqa: E402
 
@@ -192,28 +191,8 @@ def problem(thd: bool):
 
 
 def fla_prep(mixed, w, A, dt, cu, repeat_qk):
-    """The issue's peer: FLA's Triton causal_conv1d (SiLU fused) over q|k|v, FLA's l2norm of
-    q and k, torch for the repeat, z, beta and g (what a Megatron/FLA GDN layer runs)."""
-    from fla.modules.norm.l2norm import l2norm
-    from fla.modules.causal_conv1d import causal_conv1d
-
-    Hk, Hv, dk, dv = SHAPE["Hk"], SHAPE["Hv"], SHAPE["dk"], SHAPE["dv"]
-    C = ref.conv_dim(Hk, Hv, dk, dv)
-    x3 = mixed if cu is None else mixed.unsqueeze(0)
-    y, _ = causal_conv1d(x3[..., :C], weight=w, activation="silu",
-                         cu_seqlens=None if cu is None else cu.long())
-    lead = mixed.shape[:-1]
-    yq, yk, yv = y.reshape(*lead, C).split([Hk * dk, Hk * dk, Hv * dv], -1)
-    q = l2norm(yq.reshape(*lead, Hk, dk))
-    k = l2norm(yk.reshape(*lead, Hk, dk))
-    if repeat_qk:
-        q = q.repeat_interleave(Hv // Hk, dim=-2)
-        k = k.repeat_interleave(Hv // Hk, dim=-2)
-    _, _, _, zs, bs, as_ = mixed.split(ref.sections(Hk, Hv, dk, dv), -1)
-    z = zs.reshape(*lead, Hv, dv).contiguous()
-    beta = bs.sigmoid()
-    g = -A.exp() * F.softplus(as_.float() + dt)
-    return q, k, yv.reshape(*lead, Hv, dv), z, g, beta
+    """The issue's peer (``tilekernels.gdn.bench.fla_prep``, also tk-bench's) at this run's heads."""
+    return mk.fla_prep(mixed, w, A, dt, cu, Hk=SHAPE["Hk"], dk=SHAPE["dk"], dv=SHAPE["dv"], repeat_qk=repeat_qk)
 
 
 def record(case, impl, ms, nbytes, **extra):

@@ -10,9 +10,9 @@ from typing import Optional
 
 import torch
 
-from tilekernels.benchcase import BenchCase
+from tilekernels.benchcase import BenchCase, Peer
 
-from .reference import conv_dim
+from .reference import conv_dim, sections
 
 
 def d_model(Hk: int, Hv: int, dk: int, dv: int) -> int:
@@ -47,6 +47,45 @@ def decode_states(N: int, Hk: int, Hv: int, dk: int, dv: int, W: int, dtype=torc
     conv = torch.randn(N, conv_dim(Hk, Hv, dk, dv), W - 1, device=device).to(dtype)
     ssm = (0.1 * torch.randn(N, Hv, dk, dv, device=device)).to(state_dtype)
     return conv, ssm
+
+
+# ------------------------------------------------------------------ peers
+
+
+def fla_prep(mixed, conv_weight, A_log, dt_bias, cu_seqlens=None, *, Hk, dk, dv, repeat_qk=True):
+    """Issue 12's peer for gdn_pre_gated: FLA's Triton causal_conv1d (SiLU fused) over q|k|v and
+    FLA's l2norm of q and k, torch for the repeat, z, beta and g (what a Megatron / FLA GDN layer
+    runs); gdn_pre_gated's arguments and results (q, k, v, z, g, beta), differentiable through
+    FLA's and torch's autograd. Needs fla-core (not a project dependency: ImportError without)."""
+    import torch.nn.functional as F
+    from fla.modules.causal_conv1d import causal_conv1d
+    from fla.modules.norm.l2norm import l2norm
+
+    C = conv_weight.shape[0]
+    Hv = A_log.shape[0]
+    x3 = mixed if cu_seqlens is None else mixed.unsqueeze(0)
+    y, _ = causal_conv1d(x3[..., :C], weight=conv_weight, activation="silu",
+                         cu_seqlens=None if cu_seqlens is None else cu_seqlens.long())
+    lead = mixed.shape[:-1]
+    yq, yk, yv = y.reshape(*lead, C).split([Hk * dk, Hk * dk, Hv * dv], -1)
+    q = l2norm(yq.reshape(*lead, Hk, dk))
+    k = l2norm(yk.reshape(*lead, Hk, dk))
+    if repeat_qk:
+        q = q.repeat_interleave(Hv // Hk, dim=-2)
+        k = k.repeat_interleave(Hv // Hk, dim=-2)
+    _, _, _, zs, bs, as_ = mixed.split(sections(Hk, Hv, dk, dv), -1)
+    z = zs.reshape(*lead, Hv, dv).contiguous()
+    beta = bs.sigmoid()
+    g = -A_log.exp() * F.softplus(as_.float() + dt_bias)
+    return q, k, yv.reshape(*lead, Hv, dv), z, g, beta
+
+
+def _fla_prep_peer(args, params):
+    return lambda: fla_prep(*args, **params)
+
+
+PRE_GATED_PEERS = (Peer("FLA+torch", _fla_prep_peer,
+                        note="fla-core 0.6.0's causal_conv1d + l2norm, torch glue; n/a without fla"),)
 
 
 # ------------------------------------------------------------------ bench cases
@@ -127,10 +166,10 @@ def cases(device_type: str) -> list[BenchCase]:
     return [
         BenchCase(op="gdn_pre_gated", dims=bshd, make=_pre_gated_maker(None), variant="bshd",
                   bytes_fwd=_pre_gated_bytes_fwd, bytes_bwd=_pre_gated_bytes_bwd,
-                  flops_fwd=_pre_gated_flops, grad_inputs=grads),
+                  flops_fwd=_pre_gated_flops, grad_inputs=grads, peers=PRE_GATED_PEERS),
         BenchCase(op="gdn_pre_gated", dims=thd, make=_pre_gated_maker(8), variant="thd-8seq",
                   bytes_fwd=_pre_gated_bytes_fwd, bytes_bwd=_pre_gated_bytes_bwd,
-                  flops_fwd=_pre_gated_flops, grad_inputs=grads),
+                  flops_fwd=_pre_gated_flops, grad_inputs=grads, peers=PRE_GATED_PEERS),
         BenchCase(op="gdn_decode", dims=dec, make=_decode_make, variant="fp32-state",
                   bytes_fwd=_decode_bytes, flops_fwd=_decode_flops),
     ]
