@@ -27,7 +27,13 @@ hardware e4m3 convert, raster bands, 4 buffers), each first compared bitwise wit
 default config's output (the k order of every output's sum is the same, so they must agree).
 ``--sweep-set ws`` sweeps the warp-specialized kernel (tilekernels/moe/cute_gemm_ws.py,
 ``kernel="ws"``) instead; ``--precompile`` compiles every config first (CPU only) and
-``--wait-for FILE`` then waits for FILE (other GPU work done) before timing. Writes
+``--wait-for FILE`` then waits for FILE (other GPU work done) before timing.
+``--bf16-kernel`` (fwd / dgrad GEMMs) also checks and times the bf16-operand TMA kernel
+(tilekernels/moe/cute_gemm_bf16.py) on the dequantized bf16 operands with fp32 output (limit
+1e-5, fp32's tolerance) beside torch._grouped_mm (bf16 out) on the same operands and, for the
+GEMMs named in ``--dq-fp32``, the mainloop-dequant kernel with fp32 output (the path the fused
+MLP's fp32 intermediates took before); ``--bf16-out`` adds the kernel's bf16 output beside
+torch._grouped_mm + the copy into ``out``; ``--only-bf16`` skips everything else. Writes
 ``moe_gemm_check.json`` to --out (default $OUT or .). Exit status 1 if a check failed.
 """
 from __future__ import annotations
@@ -52,7 +58,7 @@ from tilekernels.moe import gemm_predq as pq  # noqa: E402
 from tilekernels.moe import mxfp8 as mx  # noqa: E402
 
 BF, F32, U8 = torch.bfloat16, torch.float32, torch.uint8
-RESULTS: dict = {"env": {}, "records": [], "sweeps": [], "errors": [], "checks": []}
+RESULTS: dict = {"env": {}, "records": [], "sweeps": [], "errors": [], "checks": [], "bf16": []}
 SETS = {
     "headline": dict(G=8, tokens=4096, H=7168, F=2048),
     "g32": dict(G=32, tokens=1024, H=4096, F=1536),
@@ -286,6 +292,70 @@ def record(set_name, name, kind, G, T, N, K, do_check, sweep, rep, predq=True):
     torch.cuda.empty_cache()
 
 
+def record_bf16(set_name, name, kind, G, T, N, K, rep, dq_fp32: bool, bf16_out: bool = False):
+    """The bf16-operand TMA kernel (fp32 out) vs torch._grouped_mm (bf16 out) on the same
+    dequantized operands, and optionally the mainloop-dequant kernel with fp32 out and
+    (``bf16_out``) the TMA kernel with bf16 out beside torch._grouped_mm + the copy into a
+    given ``out`` (what gemm_predq pays for a bf16 output)."""
+    from tilekernels.moe import cute_gemm_bf16 as kb
+
+    rec = {"set": set_name, "gemm": name, "variant": kind, "G": G, "M": G * T, "N": N, "K": K}
+    print(f"\n== bf16 kernel {set_name} {name}: {kind} G={G} M={G * T} N={N} K={K}", flush=True)
+    try:
+        p = problem(kind, G, T, N, K)
+        A, B = p["peer_args"]()
+        Bk = B.transpose(-2, -1) if kind == "fwd" else B        # [G, N, K] contiguous
+        assert Bk.is_contiguous()
+        off = torch.cat([p["ends32"].new_zeros(1), p["ends32"]]).to(torch.int64)
+        into = kb.gemm_fwd_into if kind == "fwd" else kb.gemm_dgrad_into
+        rec["cfg"] = dataclasses.asdict(kb.Bf16GemmCfg.heuristic(kind, G, N, K, RESULTS["env"]["sms"]))
+        out = torch.full(p["shape"], float("nan"), dtype=F32, device="cuda")
+        t0 = time.perf_counter()
+        into(A, Bk, off, out)
+        torch.cuda.synchronize()
+        rec["first_call_s"] = time.perf_counter() - t0
+        ref = p["ref"]()
+        err = rel_err(out, ref)
+        rec["rel_err_fp32"] = err
+        check(f"bf16 kernel {set_name} {name} fp32 out", err <= 1e-5, f"rel err {err:.3e}")
+        ref = None
+        ms = bench(lambda: into(A, Bk, off, out), rep)
+        rec.update(bf16k_fp32_ms=ms, bf16k_fp32_tflops=p["flops"] / ms / 1e9)
+        print(f"   bf16 kernel fp32 out {ms:8.3f} ms  {rec['bf16k_fp32_tflops']:7.1f} TFLOP/s", flush=True)
+        ends = p["ends32"]
+        ms = bench(lambda: torch._grouped_mm(A, B, offs=ends), rep)
+        rec.update(torch_bf16_ms=ms, torch_bf16_tflops=p["flops"] / ms / 1e9)
+        print(f"   torch._grouped_mm bf16 out {ms:8.3f} ms  {rec['torch_bf16_tflops']:7.1f} TFLOP/s", flush=True)
+        if bf16_out:
+            ob = torch.full(p["shape"], float("nan"), dtype=BF, device="cuda")
+            into(A, Bk, off, ob)
+            torch.cuda.synchronize()
+            e = rel_err(ob, out.double())
+            rec["rel_err_bf16_vs_fp32"] = e
+            check(f"bf16 kernel {set_name} {name} bf16 out", e <= 1e-2, f"rel err {e:.3e}")
+            ms = bench(lambda: into(A, Bk, off, ob), rep)
+            rec.update(bf16k_bf16_ms=ms, bf16k_bf16_tflops=p["flops"] / ms / 1e9)
+            ms = bench(lambda: ob.copy_(torch._grouped_mm(A, B, offs=ends)), rep)
+            rec.update(torch_bf16_copy_ms=ms, torch_bf16_copy_tflops=p["flops"] / ms / 1e9)
+            print(f"   bf16 kernel bf16 out {rec['bf16k_bf16_ms']:8.3f} ms  {rec['bf16k_bf16_tflops']:7.1f} TFLOP/s"
+                  f" | torch._grouped_mm + copy {ms:8.3f} ms  {rec['torch_bf16_copy_tflops']:7.1f}", flush=True)
+            ob = None
+        if dq_fp32:
+            o2 = torch.full(p["shape"], float("nan"), dtype=F32, device="cuda")
+            p["run"](o2)
+            torch.cuda.synchronize()
+            rec["dq_vs_bf16k_rel"] = rel_err(o2, out.double())
+            ms = bench(lambda: p["run"](o2), rep)
+            rec.update(dq_fp32_ms=ms, dq_fp32_tflops=p["flops"] / ms / 1e9)
+            print(f"   dq kernel fp32 out {ms:8.3f} ms  {rec['dq_fp32_tflops']:7.1f} TFLOP/s", flush=True)
+            o2 = None
+    except Exception:
+        log_err(f"bf16 kernel {set_name} {name}")
+    RESULTS["bf16"].append(rec)
+    p = A = B = Bk = out = None
+    torch.cuda.empty_cache()
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", default=os.environ.get("OUT", "."))
@@ -297,6 +367,11 @@ def main():
     ap.add_argument("--sweep-set", default="dq", choices=["dq", "ws"],
                     help="dq: the two-warpgroup kernel's configs; ws: the warp-specialized kernel's")
     ap.add_argument("--rep", type=int, default=200, help="do_bench rep (ms)")
+    ap.add_argument("--bf16-kernel", action="store_true", help="also the bf16-operand TMA kernel (fwd / dgrad)")
+    ap.add_argument("--only-bf16", action="store_true", help="only the --bf16-kernel records")
+    ap.add_argument("--bf16-out", action="store_true",
+                    help="--bf16-kernel: also bf16 out, beside torch._grouped_mm + copy")
+    ap.add_argument("--dq-fp32", default="", help="set:gemm,... also timed on the dq kernel with fp32 out")
     ap.add_argument("--precompile", action="store_true",
                     help="compile every config of every GEMM first (no GPU work), then time")
     ap.add_argument("--wait-for", default="", help="after compiling, wait (<= 150 s) until this file exists")
@@ -312,6 +387,18 @@ def main():
         for set_name in args.sets.split(","):
             lst, G, T = gemms(SETS[set_name])
             for name, kind, N, K in lst:
+                if (args.bf16_kernel or args.only_bf16) and kind != "wgrad":
+                    from tilekernels.moe import cute_gemm_bf16 as kb
+
+                    sms = torch.cuda.get_device_properties(0).multi_processor_count
+                    for dt in (F32, BF) if args.bf16_out else (F32,):
+                        kb.gemm_launch(kind, G, N, K, dt, torch.int64, None, sms).compile("sm_90a")
+                        n += 1
+                    if f"{set_name}:{name}" in args.dq_fp32.split(","):
+                        gg.gemm_launch(kind, G, N, K, F32, torch.int64).compile("sm_90a")
+                        n += 1
+                if args.only_bf16:
+                    continue
                 for kw in [{}] + sweep_of(kind):
                     kw = dict(kw)
                     if kw.get("persistent"):
@@ -334,6 +421,11 @@ def main():
     for set_name in args.sets.split(","):
         lst, G, T = gemms(SETS[set_name])
         for name, kind, N, K in lst:
+            if (args.bf16_kernel or args.only_bf16) and kind != "wgrad":
+                record_bf16(set_name, name, kind, G, T, N, K, args.rep,
+                            f"{set_name}:{name}" in args.dq_fp32.split(","), args.bf16_out)
+            if args.only_bf16:
+                continue
             sweep = sweep_of(kind)
             record(set_name, name, kind, G, T, N, K, not args.no_check, sweep, args.rep, not args.no_predq)
     os.makedirs(args.out, exist_ok=True)
@@ -347,6 +439,16 @@ def main():
         print(f"  {r['set']:9s} {r['gemm']:10s} {g('cute_ms'):7.3f} {g('cute_tflops'):6.1f} | "
               f"{g('predq_ms'):7.3f} {g('predq_tflops'):6.1f} | {g('torch_bf16_ms'):7.3f} "
               f"{g('torch_bf16_tflops'):6.1f} | {g('rel_err'):.2e} {g('predq_rel_err'):.2e}")
+    if RESULTS["bf16"]:
+        print("\nbf16-operand kernel (ms / TFLOP/s): set gemm | bf16 kernel fp32 out | torch bf16 out | dq fp32 out | err")
+        for r in RESULTS["bf16"]:
+            g = lambda k: r.get(k, float("nan"))  # noqa: E731
+            print(f"  {r['set']:9s} {r['gemm']:10s} {g('bf16k_fp32_ms'):7.3f} {g('bf16k_fp32_tflops'):6.1f} | "
+                  f"{g('torch_bf16_ms'):7.3f} {g('torch_bf16_tflops'):6.1f} | {g('dq_fp32_ms'):7.3f} "
+                  f"{g('dq_fp32_tflops'):6.1f} | {g('rel_err_fp32'):.2e}")
+            if "bf16k_bf16_ms" in r:
+                print(f"  {'':9s} {'bf16 out':10s} {g('bf16k_bf16_ms'):7.3f} {g('bf16k_bf16_tflops'):6.1f} | "
+                      f"torch + copy {g('torch_bf16_copy_ms'):7.3f} {g('torch_bf16_copy_tflops'):6.1f}")
     if RESULTS["sweeps"]:
         print("\nsweep (TFLOP/s, same = bitwise equal to the default config's output):")
         for r in RESULTS["sweeps"]:

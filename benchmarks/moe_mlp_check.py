@@ -10,7 +10,11 @@ Rows:
   bf16     torch: torch._grouped_mm + SwiGLU (s = 32) + torch._grouped_mm, autograd
   cute_K   the same with the cute backend's GEMM path forced to K (``--kernels predq,dq`` or
            $MOE_MLP_KERNELS; cute_kernels.set_gemm_kernel), e.g. the predq default beside the
-           mainloop-dequant kernel in one run
+           mainloop-dequant kernel in one run; K = ``fp32dq``: "auto" with
+           ``cute_kernels.PREDQ_FP32_DEFAULT`` off (the fp32 intermediates h and dA on the
+           mainloop-dequant kernel instead of dequantize + cute_gemm_bf16: the path before it);
+           K = ``bf16cute``: auto with ``gemm_predq.BF16_OUT_GEMM = "cute"`` (the bf16 outputs
+           of fwd / dgrad, y and dX, on cute_gemm_bf16 too instead of torch._grouped_mm + copy)
   fp8row   torch._scaled_grouped_mm (fp8 e4m3, per-row scales, not MXFP8): the two forward
            GEMMs only, operands pre-quantized (the issue's fp8 reference point)
 TFLOP/s counts the GEMMs only: fwd 6*M*H*F (FC1 2*M*2F*H + FC2 2*M*H*F), bwd twice that.
@@ -77,10 +81,19 @@ def fp8row_gemms(x, m, w1, w2, F):
     return run
 
 
+_DEFAULTS = (ck._GEMM_KERNEL[0], ck.PREDQ_FP32_DEFAULT, ck.pq.BF16_OUT_GEMM)
+
+
 def _with_kernel(kern, f):
-    """f() with the cute GEMM path ``kern``; the backward (run later by autograd) reads the
-    path when it runs, so the switch stays set until the next call resets it."""
-    ck.set_gemm_kernel(kern)
+    """f() with the cute GEMM path ``kern`` (None: the defaults this process started with;
+    "fp32dq": auto with PREDQ_FP32_DEFAULT off; "bf16cute": auto with the bf16 outputs of fwd /
+    dgrad on cute_gemm_bf16 too); the backward (run later by autograd) reads the path when it
+    runs, so the switch stays set until the next call resets it (every row sets it: a row
+    left switched by the previous shape's last row would time the wrong path)."""
+    kern0, fp32, bf16 = _DEFAULTS
+    ck.PREDQ_FP32_DEFAULT = fp32 if kern != "fp32dq" else False
+    ck.pq.BF16_OUT_GEMM = "cute" if kern == "bf16cute" else bf16
+    ck.set_gemm_kernel(kern0 if kern is None else ("auto" if kern in ("fp32dq", "bf16cute") else kern))
     return f()
 
 
@@ -97,7 +110,7 @@ def main():
     ap.add_argument("--out", default=os.environ.get("OUT", "."))
     ap.add_argument("--shapes", default="g8,g32")
     ap.add_argument("--kernels", default=os.environ.get("MOE_MLP_KERNELS", ""),
-                    help="comma list of cute GEMM paths to time beside the default (predq, dq)")
+                    help="comma list of cute GEMM paths to time beside the default (predq, dq, fp32dq, bf16cute)")
     a = ap.parse_args()
     from triton.testing import do_bench
 
@@ -120,7 +133,7 @@ def main():
         dy = torch.randn(M, H, device="cuda").to(torch.bfloat16)
         res = {"shape": name, **s, "M": M, "backend": backend, "fwd_rel_err_2experts": err}
         runs = {
-            "cute": (lambda: op(x, probs, m, w1, w2)),
+            "cute": (lambda: _with_kernel(None, lambda: op(x, probs, m, w1, w2))),
             "bf16": (lambda: bf16_mlp(x, probs, m, w1, w2)),
         }
         for kern in filter(None, a.kernels.split(",")):

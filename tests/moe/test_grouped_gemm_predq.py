@@ -1,15 +1,16 @@
 """The ``kernel="predq"`` MXFP8 grouped GEMMs (tilekernels/moe/gemm_predq.py) and the cute
 backend's choice between them and the mainloop-dequant kernel (cute_kernels.gemm_choice).
 
-CPU (CI): which path a GEMM takes and why (bf16 out on sm_90 -> predq; an fp32 out, another
-device, or ``kernel="dq"`` -> dq), and, with the kernels replaced by recorders on meta
-tensors, which path each of the fused MLP's six GEMMs and grouped_linear's three take (the
-fp32 accumulators h and dA stay on dq: torch._grouped_mm writes bf16 only).
+CPU (CI): which path a GEMM takes and why (bf16 out on sm_90 -> predq; an fp32 fwd / dgrad
+out on sm_90 -> predq through cute_gemm_bf16 unless ``PREDQ_FP32_DEFAULT`` is off; an fp32
+wgrad out, another device, or ``kernel="dq"`` -> dq), and, with the kernels replaced by
+recorders on meta tensors, which path each of the fused MLP's six GEMMs and grouped_linear's
+three take.
 
 GPU (``gpu`` marker, sm_90): outputs poisoned with NaN, against float64 of the dequantized
 operands (the GEMM helpers of test_grouped_gemm_cute.py, its runner swapped for predq):
 ragged and zero-sized groups, odd sizes, M = 32, M = 0, one group, 128 groups, one expert
-taking all tokens, N / K not tile multiples; a 0xFF scale gives NaN exactly where the
+taking all tokens, N / K not tile multiples, bf16 and (fwd / dgrad) fp32 outputs; a 0xFF scale gives NaN exactly where the
 reference has it; CUDA-graph replay after new device group sizes equals eager bitwise, with
 no host sync; the dequantized operands equal the torch dequantization bitwise; the fused MLP
 fwd+bwd through both paths against the float64 reference.
@@ -59,8 +60,10 @@ def test_choice_bf16_out_on_sm90_is_predq(sm90, monkeypatch):
 def test_choice_falls_back_to_dq_with_the_reason(sm90, monkeypatch, kernel):
     monkeypatch.setattr(ck, "PREDQ_DEFAULT", True)
     ck.set_gemm_kernel(kernel)
-    k, why = ck.gemm_choice(F32, torch.device("cuda"))
-    assert k == "dq" and "torch._grouped_mm writes bf16 only, the output is float32" in why
+    k, why = ck.gemm_choice(F32, torch.device("cuda"), "wgrad")
+    assert k == "dq" and "an fp32 wgrad output" in why
+    k, why = ck.gemm_choice(torch.float16, torch.device("cuda"))
+    assert k == "dq" and "bf16 or fp32 outputs only" in why
     k, why = ck.gemm_choice(BF, torch.device("cpu"))
     assert k == "dq" and "needs a CUDA device, got cpu" in why
     monkeypatch.setattr(torch.cuda, "get_device_capability", lambda d=None: (10, 0))
@@ -70,6 +73,31 @@ def test_choice_falls_back_to_dq_with_the_reason(sm90, monkeypatch, kernel):
     monkeypatch.setattr(torch.cuda, "get_device_capability", lambda d=None: (9, 0))
     k, why = ck.gemm_choice(BF, torch.device("cuda"))
     assert k == "dq" and "has no _grouped_mm" in why
+
+
+@pytest.mark.parametrize("variant", ["fwd", "dgrad"])
+def test_choice_fp32_out_fwd_dgrad_takes_the_bf16_kernel(sm90, monkeypatch, variant):
+    """fp32 outputs of fwd / dgrad: predq (dequantize + cute_gemm_bf16) under auto when both
+    defaults are on; PREDQ_FP32_DEFAULT off gives dq under auto but not under "predq"; "dq"
+    always wins."""
+    monkeypatch.setattr(ck, "PREDQ_DEFAULT", True)
+    cuda = torch.device("cuda")
+    monkeypatch.setattr(ck, "PREDQ_FP32_DEFAULT", True)
+    k, why = ck.gemm_choice(F32, cuda, variant)
+    assert k == "predq" and "cute_gemm_bf16" in why
+    monkeypatch.setattr(ck, "PREDQ_FP32_DEFAULT", False)
+    k, why = ck.gemm_choice(F32, cuda, variant)
+    assert k == "dq" and "PREDQ_FP32_DEFAULT off" in why
+    assert ck.gemm_choice(BF, cuda, variant)[0] == "predq"
+    ck.set_gemm_kernel("predq")
+    assert ck.gemm_choice(F32, cuda, variant)[0] == "predq"
+    ck.set_gemm_kernel("dq")
+    assert ck.gemm_choice(F32, cuda, variant) == ("dq", "kernel='dq' selected")
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda d=None: (10, 0))
+    ck.set_gemm_kernel("auto")
+    monkeypatch.setattr(ck, "PREDQ_FP32_DEFAULT", True)
+    k, why = ck.gemm_choice(F32, cuda, variant)
+    assert k == "dq" and "device is sm_100" in why
 
 
 def test_choice_dq_selected_and_auto_default_off(sm90, monkeypatch):
@@ -88,7 +116,7 @@ def recorded(sm90, monkeypatch):
     out dtype) of each GEMM in call order."""
     calls = []
     monkeypatch.setattr(ck, "PREDQ_DEFAULT", True)
-    monkeypatch.setattr(ck.pq, "supported", lambda dt, dev: (dt == BF, "test"))
+    monkeypatch.setattr(ck.pq, "supported", lambda dt, dev, v="fwd": (dt == BF or v != "wgrad", "test"))
     for v in pq.VARIANTS:
         monkeypatch.setitem(ck.pq.INTO, v, lambda *a, v=v: calls.append((v, "predq", a[-1].dtype)))
     dq = SimpleNamespace(**{f"gemm_{v}_into": (lambda *a, v=v: calls.append((v, "dq", a[-1].dtype)))
@@ -113,23 +141,27 @@ def test_wgrad_choice_follows_tokens_per_expert(sm90, monkeypatch, tokens):
     assert ck.gemm_choice(BF, cuda, "wgrad", tokens)[0] == "predq"
 
 
+@pytest.mark.parametrize("fp32_default", [True, False])
 @pytest.mark.parametrize("min_tokens", [0, 10 ** 9])
-def test_mlp_gemm_paths(recorded, monkeypatch, min_tokens):
-    """FC1 fwd (h) and FC2 dgrad (dA) write fp32 accumulators: dq; FC2 fwd and FC1 dgrad:
-    predq; the wgrads predq only with enough tokens per expert."""
+def test_mlp_gemm_paths(recorded, monkeypatch, min_tokens, fp32_default):
+    """FC1 fwd (h) and FC2 dgrad (dA) write fp32 accumulators: predq (cute_gemm_bf16) when
+    PREDQ_FP32_DEFAULT, else dq; FC2 fwd and FC1 dgrad: predq; the wgrads predq only with
+    enough tokens per expert."""
     monkeypatch.setattr(pq, "WGRAD_MIN_TOKENS", min_tokens)
+    monkeypatch.setattr(ck, "PREDQ_FP32_DEFAULT", fp32_default)
     wg = "predq" if min_tokens == 0 else "dq"
+    f32 = "predq" if fp32_default else "dq"
     G, H, F, M = 2, 256, 256, 64
     e = dict(device="meta")
     x, probs, m = torch.empty(M, H, dtype=BF, **e), torch.empty(M, **e), torch.tensor([32, 32])
     w1, w2 = torch.empty(G, 2 * F, H, dtype=BF, **e), torch.empty(G, H, F, dtype=BF, **e)
     y, h = torch.empty(M, H, dtype=BF, **e), torch.empty(M, 2 * F, **e)
     ck._mlp_fwd(x, probs, m, w1, w2, y, h, True)
-    assert recorded == [("fwd", "dq", F32), ("fwd", "predq", BF)]
+    assert recorded == [("fwd", f32, F32), ("fwd", "predq", BF)]
     recorded.clear()
     ck._mlp_bwd(torch.empty_like(y), x, probs, m, w1, w2, h, torch.empty_like(x), torch.empty_like(probs),
                 torch.empty_like(w1), torch.empty_like(w2), True)
-    assert recorded == [("dgrad", "dq", F32), ("wgrad", wg, BF), ("dgrad", "predq", BF), ("wgrad", wg, BF)]
+    assert recorded == [("dgrad", f32, F32), ("wgrad", wg, BF), ("dgrad", "predq", BF), ("wgrad", wg, BF)]
 
 
 def test_grouped_linear_gemm_paths(recorded, monkeypatch):
@@ -194,6 +226,26 @@ def test_ragged_m_matches_reference(tg, variant, splits, dims):
 def test_wgrad_matches_reference(tg, splits, dims):
     """Empty groups give zeros (the output was NaN-poisoned)."""
     tg.check_against_ref("wgrad", tg.make_wgrad(splits, *dims), splits, BF)
+
+
+@gpu
+@needs_sm90
+@pytest.mark.parametrize("dims", DIMS, ids=lambda d: f"N{d[0]}K{d[1]}")
+@pytest.mark.parametrize("splits", SPLITS_M, ids=lambda s: f"G{len(s)}-{str(s[:6])}")
+@pytest.mark.parametrize("variant", ["fwd", "dgrad"])
+def test_ragged_m_fp32_out_matches_reference(tg, variant, splits, dims):
+    """fp32 outputs (dequantize + cute_gemm_bf16) meet fp32's 1e-5."""
+    tg.check_against_ref(variant, tg.MAKE[variant](splits, *dims), splits, F32)
+
+
+@gpu
+@needs_sm90
+@pytest.mark.parametrize("splits", SPLITS_M[:3] + SPLITS_M[4:5], ids=lambda s: f"G{len(s)}-{str(s[:6])}")
+@pytest.mark.parametrize("variant", ["fwd", "dgrad"])
+def test_bf16_out_through_the_cute_gemm(tg, monkeypatch, variant, splits):
+    """BF16_OUT_GEMM = "cute": bf16 outputs of fwd / dgrad on cute_gemm_bf16 (whatever the default)."""
+    monkeypatch.setattr(pq, "BF16_OUT_GEMM", "cute")
+    tg.check_against_ref(variant, tg.MAKE[variant](splits, *DIMS[0]), splits, BF)
 
 
 @gpu

@@ -9,13 +9,15 @@ building blocks:
 * ``cute_grouped_gemm``: the MXFP8 grouped GEMM (e4m3 tiles dequantized to bf16 in the
   mainloop, bf16 wgmma, fp32 accumulation) in its three variants fwd / dgrad / wgrad
   (``kernel="dq"``);
-* ``gemm_predq``: the same GEMMs as one dequantize pass per operand plus torch's bf16
-  grouped GEMM (``kernel="predq"``), for bf16 outputs on sm_90.
+* ``gemm_predq``: the same GEMMs as one dequantize pass per operand plus a bf16 grouped GEMM
+  (``kernel="predq"``) on sm_90: torch's for bf16 outputs, ``cute_gemm_bf16`` (TMA +
+  warp-specialized wgmma) for the fp32 outputs of fwd / dgrad.
 
 GEMM path (``gemm_choice``): ``TILEKERNELS_MOE_GEMM`` / ``set_gemm_kernel`` = "auto" (the
-default: predq where ``PREDQ_DEFAULT`` and ``gemm_predq.supported``, else dq), "predq" (where
-supported, else dq) or "dq". An fp32 output (the fused MLP's h and dA, OPS.md) always takes
-dq: torch._grouped_mm writes bf16 only.
+default: predq where ``PREDQ_DEFAULT`` and ``gemm_predq.supported``, for fp32 outputs also
+``PREDQ_FP32_DEFAULT``, else dq), "predq" (where supported, else dq) or "dq" (forces the
+mainloop-dequant kernel everywhere). The fused MLP's fp32 outputs (h = FC1 fwd, dA = FC2
+dgrad, OPS.md) take predq through cute_gemm_bf16; an fp32 wgrad would stay on dq.
 
 The MXFP8 GEMMs follow the recipe of ``reference.py``: every operand quantized along that
 GEMM's own reduction dim (weights per call: rowwise for the forward, columnwise along N for
@@ -96,6 +98,12 @@ GEMM_KERNELS = ("auto", "predq", "dq")
 # 7.49 / 13.54; G=32 x 1024, H=4096, F=1536 3.80 / 6.49 against 3.82 / 6.53 (a tie). False gives
 # back the mainloop-dequant kernel everywhere.
 PREDQ_DEFAULT = True
+# "auto" also takes predq for fp32 outputs (fwd / dgrad: cute_gemm_bf16). H200
+# (benchmarks/results/h200-moe-gemm-bf16.txt): G=8 x 4096 tokens, H=7168, F=2048, FC1 fwd 693-700
+# TFLOP/s, FC2 dgrad 638-681 against the dq kernel's 418 / 455 with fp32 out; fused MLP fwd / bwd
+# 5.36 / 10.70 ms against 6.91 / 11.01 with this False (G=32 x 1024, H=4096, F=1536: 3.24 / 6.46
+# against 3.71 / 6.57). False keeps fp32 outputs on dq.
+PREDQ_FP32_DEFAULT = True
 _GEMM_KERNEL = [os.environ.get("TILEKERNELS_MOE_GEMM", "auto")]
 
 
@@ -115,9 +123,11 @@ def gemm_choice(out_dtype: torch.dtype, device: torch.device, variant: str = "fw
         return "dq", "kernel='dq' selected"
     if want == "auto" and not PREDQ_DEFAULT:
         return "dq", "auto: the mainloop-dequant kernel is the default"
-    ok, why = pq.supported(out_dtype, device)
+    ok, why = pq.supported(out_dtype, device, variant)
     if not ok:
         return "dq", f"predq not possible ({why}): the mainloop-dequant kernel"
+    if want == "auto" and out_dtype == torch.float32 and not PREDQ_FP32_DEFAULT:
+        return "dq", "auto: fp32 outputs take the mainloop-dequant kernel (PREDQ_FP32_DEFAULT off)"
     if want == "auto" and variant == "wgrad" and tokens_per_group < pq.WGRAD_MIN_TOKENS:
         return "dq", (f"auto: wgrad with {tokens_per_group:.0f} < {pq.WGRAD_MIN_TOKENS} tokens per expert "
                       "(copying the [G, N, K] output costs more than the faster GEMM saves)")

@@ -5,8 +5,17 @@ Hopper has no block-scaled MMA. The mainloop-dequant kernel of ``cute_grouped_ge
 reads (every operand tile is re-read ``cdiv(other dim, tile)`` times) and runs at 56-65% of
 torch's bf16 grouped GEMM. This path instead dequantizes each operand once, in a
 bandwidth pass (``cute_quantize.dequantize_into``: 1 byte + 1/32 scale byte read, 2 bytes
-written per element), and hands the bf16 operands to ``torch._grouped_mm`` (CUTLASS sm_90
-grouped GEMM, TMA + warp-specialized wgmma, fp32 accumulation, bf16 out).
+written per element), and hands the bf16 operands to a bf16 grouped GEMM with fp32
+accumulation:
+
+* bf16 output: ``torch._grouped_mm`` (CUTLASS sm_90 grouped GEMM, TMA + warp-specialized
+  wgmma, bf16 out), its result copied into ``out``;
+* fp32 output (the fused MLP's h = FC1 fwd and dA = FC2 dgrad, OPS.md), fwd / dgrad only
+  (and bf16 outputs of fwd / dgrad too with ``BF16_OUT_GEMM = "cute"``):
+  ``cute_gemm_bf16`` (our CuTe DSL TMA + warp-specialized wgmma grouped GEMM), which writes
+  fp32 straight into ``out`` (no copy). H200, G=8 x 4096 tokens, H=7168, F=2048: FC1 fwd
+  693-700 TFLOP/s, FC2 dgrad 638-681, against 418 / 455 for ``kernel="dq"`` with fp32 out
+  (benchmarks/results/h200-moe-gemm-bf16.txt). An fp32 wgrad has no such path (dq).
 
 Exactness: e4m3 x 2^(e-127) is a bf16 value unless it falls below bf16's normal range
 (where the dequantize kernel rounds to nearest even, as the mainloop kernel does); a 0xFF
@@ -19,16 +28,17 @@ cumulative, on the device; nothing read on the host, so a call can be captured i
 graph):
 
 =======  ============================  ===========================  ======================
-variant  out (bf16 only)               A                            B
+variant  out                           A                            B
 =======  ============================  ===========================  ======================
-fwd      y [M, N]                      x [M, K] rowwise             W [G, N, K] rowwise
-dgrad    dX [M, K]                     dY [M, N] rowwise            W [G, N, K] col. (N)
-wgrad    dW [G, N, K]                  dY [M, N] columnwise         X [M, K] columnwise
+fwd      y [M, N] bf16 / fp32          x [M, K] rowwise             W [G, N, K] rowwise
+dgrad    dX [M, K] bf16 / fp32         dY [M, N] rowwise            W [G, N, K] col. (N)
+wgrad    dW [G, N, K] bf16             dY [M, N] columnwise         X [M, K] columnwise
 =======  ============================  ===========================  ======================
 
 ``torch._grouped_mm`` has no ``out=``: its result is copied into ``out`` (one read + one
 write of the output, at copy bandwidth). Transient memory per call (bf16): fwd
-2 (M K + G N K + M N) bytes, dgrad 2 (M N + G N K + M K), wgrad 2 (M N + M K + G N K).
+2 (M K + G N K + M N) bytes, dgrad 2 (M N + G N K + M K), wgrad 2 (M N + M K + G N K); an
+fp32 output (cute_gemm_bf16) needs no M N / M K term.
 Empty groups: on sm_90 torch writes zeros for a wgrad group with no tokens (checked on the
 H200 with the allocator's blocks NaN-filled first: benchmarks/probes/grouped_mm_edges.py and
 the GPU tests) and never touches rows of an empty fwd/dgrad group (it has none).
@@ -40,37 +50,55 @@ tokens: at 1024 tokens per expert (G=32, H=4096, F=1536) the copy eats the gain 
 was slower, so ``cute_kernels.gemm_choice`` keeps wgrad on dq below ``WGRAD_MIN_TOKENS``
 tokens per expert (a host-known ratio M / G, no sync).
 
-Limits (``supported``): a bf16 output (``torch._grouped_mm`` writes bf16 only, so the fp32
-accumulators of the fused MLP, h and dA, stay on ``kernel="dq"``), a CUDA sm_90 device (the
-CUTLASS path; elsewhere torch may fall back to a per-group loop that reads the offsets on the
-host), and torch with ``_grouped_mm``. Operand strides are multiples of 16 bytes (N, K % 32
-== 0), A row-major in fwd/dgrad and column-major in wgrad, so torch's device-side alignment
-check on the ragged dimension never applies and groups of any size (zero included) work.
+Limits (``supported``): a bf16 output, or an fp32 output of fwd / dgrad; a CUDA sm_90 device
+(the CUTLASS path of torch and our sm_90a kernel; elsewhere torch may fall back to a per-group
+loop that reads the offsets on the host); torch with ``_grouped_mm`` for bf16 outputs. Operand
+strides are multiples of 16 bytes (N, K % 32 == 0), A row-major in fwd/dgrad and column-major
+in wgrad, so torch's device-side alignment check on the ragged dimension never applies and
+groups of any size (zero included) work.
 """
 from __future__ import annotations
+
+import os
 
 import torch
 
 from . import cute_quantize as cq
 
-BF = torch.bfloat16
+BF, F32 = torch.bfloat16, torch.float32
 VARIANTS = ("fwd", "dgrad", "wgrad")
 # wgrad takes predq from this many tokens per expert (M / G) up: measured faster at 4096
 # (G=8, H=7168, F=2048), slower at 1024 (G=32, H=4096, F=1536)
 WGRAD_MIN_TOKENS = 2048
+# which bf16 grouped GEMM serves a bf16 output of fwd / dgrad: "torch" (torch._grouped_mm, its
+# result copied into out) or "cute" (cute_gemm_bf16, writing out directly);
+# $TILEKERNELS_MOE_BF16_OUT sets it at import. fp32 outputs always take cute_gemm_bf16. "cute" is
+# correct (the MoE GPU test files pass with it) but not faster, so not the default: H200, G=8
+# headline GEMMs, cute vs torch + copy: FC1 fwd 2.851 / 2.789 ms, FC2 fwd 1.674 / 1.588, FC2 dgrad
+# 1.397 / 1.433, FC1 dgrad 2.925 / 2.941; fused MLP G=8 fwd 5.42 vs 5.36 ms, bwd a tie
+# (benchmarks/results/h200-moe-gemm-bf16.txt).
+BF16_OUT_GEMM = os.environ.get("TILEKERNELS_MOE_BF16_OUT", "torch")
+if BF16_OUT_GEMM not in ("torch", "cute"):
+    raise ValueError(f"TILEKERNELS_MOE_BF16_OUT must be 'torch' or 'cute', got {BF16_OUT_GEMM!r}")
 
 
-def supported(out_dtype: torch.dtype, device: torch.device) -> tuple[bool, str]:
-    """Whether this path can compute a GEMM with output ``out_dtype`` on ``device``, and why not."""
-    if out_dtype != BF:
-        return False, f"torch._grouped_mm writes bf16 only, the output is {str(out_dtype).removeprefix('torch.')}"
-    if not hasattr(torch, "_grouped_mm"):
+def supported(out_dtype: torch.dtype, device: torch.device, variant: str = "fwd") -> tuple[bool, str]:
+    """Whether this path can compute a ``variant`` GEMM with output ``out_dtype`` on ``device``,
+    and why (not)."""
+    if out_dtype not in (BF, F32):
+        return False, f"bf16 or fp32 outputs only, the output is {str(out_dtype).removeprefix('torch.')}"
+    if out_dtype == F32 and variant == "wgrad":
+        return False, ("an fp32 wgrad output: torch._grouped_mm writes bf16 only and the bf16 TMA "
+                       "kernel (cute_gemm_bf16) covers fwd / dgrad")
+    if out_dtype == BF and not hasattr(torch, "_grouped_mm"):
         return False, f"torch {torch.__version__} has no _grouped_mm"
     if device.type != "cuda":
         return False, f"needs a CUDA device, got {device.type}"
     cap = torch.cuda.get_device_capability(device)
     if cap != (9, 0):
-        return False, f"the sm_90 CUTLASS grouped GEMM of torch; device is sm_{cap[0]}{cap[1]}"
+        return False, f"the sm_90 grouped GEMMs (torch's CUTLASS one, cute_gemm_bf16); device is sm_{cap[0]}{cap[1]}"
+    if out_dtype == F32:
+        return True, "fp32 output on sm_90: dequantize once + the bf16 TMA grouped GEMM (cute_gemm_bf16)"
     return True, "bf16 output on sm_90: dequantize once + torch._grouped_mm"
 
 
@@ -87,19 +115,29 @@ def ends32(offsets: torch.Tensor) -> torch.Tensor:
     return offsets[1:].to(torch.int32)
 
 
+def _bf16_kernel():
+    """cute_gemm_bf16, imported on first use (it builds CuTe DSL kernels)."""
+    from . import cute_gemm_bf16
+
+    return cute_gemm_bf16
+
+
 def gemm_fwd_into(a_data, a_scales, b_data, b_scales, offsets, out) -> None:
-    """out [M, N] bf16 = per group g MX(a) . MX(b[g])^T; a [M, K] rowwise, b [G, N, K] rowwise."""
+    """out [M, N] bf16 / fp32 = per group g MX(a) . MX(b[g])^T; a [M, K] rowwise, b [G, N, K] rowwise."""
     M, K = a_data.shape
     G, N, _ = b_data.shape
     if M == 0:
         return
     a = dequant(a_data, a_scales, "rowwise")
     b = dequant(b_data.view(G * N, K), b_scales.view(G * N, K // 32), "rowwise").view(G, N, K)
+    if out.dtype == F32 or BF16_OUT_GEMM == "cute":
+        _bf16_kernel().gemm_fwd_into(a, b, offsets, out)
+        return
     out.copy_(torch._grouped_mm(a, b.transpose(-2, -1), offs=ends32(offsets)))
 
 
 def gemm_dgrad_into(dy_data, dy_scales, w_data, w_scales, offsets, out) -> None:
-    """out [M, K] bf16 = per group MX(dy) . MX(w[g]); dy [M, N] rowwise, w [G, N, K]
+    """out [M, K] bf16 / fp32 = per group MX(dy) . MX(w[g]); dy [M, N] rowwise, w [G, N, K]
     columnwise along N (scales [G, N/32, K])."""
     M, N = dy_data.shape
     G, _, K = w_data.shape
@@ -107,6 +145,9 @@ def gemm_dgrad_into(dy_data, dy_scales, w_data, w_scales, offsets, out) -> None:
         return
     a = dequant(dy_data, dy_scales, "rowwise")
     b = dequant(w_data.view(G * N, K), w_scales.view(G * N // 32, K), "columnwise").view(G, N, K)
+    if out.dtype == F32 or BF16_OUT_GEMM == "cute":
+        _bf16_kernel().gemm_dgrad_into(a, b, offsets, out)
+        return
     out.copy_(torch._grouped_mm(a, b, offs=ends32(offsets)))
 
 
