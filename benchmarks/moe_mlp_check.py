@@ -31,6 +31,7 @@ import os
 import torch
 
 import registry
+from tilekernels.moe import bench as mb
 from tilekernels.moe import cute_kernels as ck
 from tilekernels.moe import reference as ref
 from tilekernels.testing import rel_err
@@ -49,36 +50,15 @@ def _inputs(G, per, H, F):
     return x, probs, m, w1, w2
 
 
-def _swiglu32(h, probs):
-    M, F2 = h.shape
-    hv = h.view(M, F2 // 64, 2, 32)
-    return (torch.nn.functional.silu(hv[:, :, 0].float()) * hv[:, :, 1].float() * probs[:, None, None]
-            ).reshape(M, F2 // 2).to(h.dtype)
-
-
 def bf16_mlp(x, probs, m, w1, w2):
-    offs = torch.cumsum(m, 0).to(torch.int32)
-    h = torch._grouped_mm(x, w1.transpose(-2, -1), offs=offs)
-    return torch._grouped_mm(_swiglu32(h, probs), w2.transpose(-2, -1), offs=offs)
-
-
-def _fp8_rowwise(t):
-    s = t.float().abs().amax(dim=-1).clamp(min=1e-12) / 448.0
-    return (t.float() / s[..., None]).to(torch.float8_e4m3fn), s
+    """torch's bf16 path (tilekernels.moe.bench.bf16_mlp, tk-bench's peer) with m_splits m."""
+    return mb.bf16_mlp(x, probs, torch.cumsum(m, 0).to(torch.int32), w1, w2)
 
 
 def fp8row_gemms(x, m, w1, w2, F):
-    """The two forward GEMMs with torch's fp8 rowwise grouped GEMM (operands pre-quantized)."""
-    offs = torch.cumsum(m, 0).to(torch.int32)
-    xq, xs = _fp8_rowwise(x.detach())
-    w1q, w1s = _fp8_rowwise(w1.detach())
-    aq, as_ = _fp8_rowwise(torch.randn(x.shape[0], F, device="cuda"))
-    w2q, w2s = _fp8_rowwise(w2.detach())
-
-    def run():
-        torch._scaled_grouped_mm(xq, w1q.transpose(-2, -1), xs, w1s, offs=offs, out_dtype=torch.bfloat16)
-        torch._scaled_grouped_mm(aq, w2q.transpose(-2, -1), as_, w2s, offs=offs, out_dtype=torch.bfloat16)
-    return run
+    """The two forward GEMMs with torch's fp8 rowwise grouped GEMM (operands pre-quantized;
+    tilekernels.moe.bench's fp8row peer)."""
+    return mb.fp8row_mlp_peer((x, None, m, w1, w2), {})
 
 
 _DEFAULTS = (ck._GEMM_KERNEL[0], ck.PREDQ_FP32_DEFAULT, ck.pq.BF16_OUT_GEMM)

@@ -107,7 +107,7 @@ def _bf16_mlp_peer(args, params):
     return lambda: bf16_mlp(x, probs, ends, w1, w2)
 
 
-def _fp8row_mlp_peer(args, params):
+def fp8row_mlp_peer(args, params):
     """The MLP's two forward GEMMs in torch's fp8 rowwise grouped GEMM, operands pre-quantized
     (FC2's input a random [M, F] stand-in: only the GEMM time is the reference point)."""
     x, probs, m, w1, w2 = args
@@ -125,7 +125,7 @@ _FP8_NOTE = "GEMMs only, operands quantized beforehand, per-row scales (not MXFP
 LINEAR_PEERS = (Peer("bf16 grouped_mm", _bf16_linear_peer, note="torch._grouped_mm, bf16 operands"),
                 Peer("fp8row", _fp8row_linear_peer, backward=False, note=_FP8_NOTE))
 MLP_PEERS = (Peer("bf16 path", _bf16_mlp_peer, note="torch._grouped_mm + SwiGLU + torch._grouped_mm, autograd"),
-             Peer("fp8row", _fp8row_mlp_peer, backward=False, note=_FP8_NOTE))
+             Peer("fp8row", fp8row_mlp_peer, backward=False, note=_FP8_NOTE))
 
 
 def _linear_case(dims, precision) -> BenchCase:
