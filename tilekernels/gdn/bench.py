@@ -84,6 +84,28 @@ def _fla_prep_peer(args, params):
     return lambda: fla_prep(*args, **params)
 
 
+def _fla_decode_peer(args, params):
+    """FLA's fused_recurrent_gated_delta_rule for one token per row on the case's fp32 state rows
+    (issue 12's decode peer): q, k (l2norm in its kernel), v, g, beta precomputed outside the
+    timed call, i.e. without the conv step that gdn_decode fuses; its final state goes to a
+    buffer of its own (the same bytes as in place)."""
+    import torch.nn.functional as F
+    from fla.ops.gated_delta_rule import fused_recurrent_gated_delta_rule
+
+    mixed, conv_state, conv_weight, A_log, dt_bias, ssm_state = args[:6]
+    Hk, B, (Hv, dk, dv) = params["Hk"], mixed.shape[0], ssm_state.shape[1:]
+    dev, bf = mixed.device, torch.bfloat16
+    q, k = (torch.randn(B, 1, Hk, dk, device=dev, dtype=bf) for _ in range(2))
+    v = torch.randn(B, 1, Hv, dv, device=dev, dtype=bf)
+    g = F.logsigmoid(torch.randn(B, 1, Hv, device=dev))
+    beta = torch.rand(B, 1, Hv, device=dev)
+    h0 = ssm_state[:B].float().clone()
+    return lambda: fused_recurrent_gated_delta_rule(q, k, v, g=g, beta=beta, scale=dk ** -0.5, initial_state=h0,
+                                                    output_final_state=True, use_qk_l2norm_in_kernel=True)
+
+
+DECODE_PEERS = (Peer("FLA recurrent", _fla_decode_peer, backward=False,
+                     note="fla-core 0.6.0, no conv step (q, k, v, g, beta given); n/a without fla"),)
 PRE_GATED_PEERS = (Peer("FLA+torch", _fla_prep_peer,
                         note="fla-core 0.6.0's causal_conv1d + l2norm, torch glue; n/a without fla"),)
 
@@ -171,5 +193,5 @@ def cases(device_type: str) -> list[BenchCase]:
                   bytes_fwd=_pre_gated_bytes_fwd, bytes_bwd=_pre_gated_bytes_bwd,
                   flops_fwd=_pre_gated_flops, grad_inputs=grads, peers=PRE_GATED_PEERS),
         BenchCase(op="gdn_decode", dims=dec, make=_decode_make, variant="fp32-state",
-                  bytes_fwd=_decode_bytes, flops_fwd=_decode_flops),
+                  bytes_fwd=_decode_bytes, flops_fwd=_decode_flops, peers=DECODE_PEERS),
     ]
