@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""GPU timing of the cuTile gdn_decode kernel under CUDA-graph replay (run on the device host).
+"""GPU timing of the gdn_decode kernels (cuTile, CuTe DSL) under CUDA-graph replay (device host).
 
 From the repository root, on the GPU host (triton and fla are imported lazily: they exist
 only there; fla-core 0.6.0 goes on PYTHONPATH from its carried wheel, outside the project's
@@ -7,6 +7,9 @@ dependencies):
 
     python3 benchmarks/gdn_decode_check.py --out "$OUT"            # B in {1, 32, 256}, fp32 + bf16 state
     python3 benchmarks/gdn_decode_check.py --out "$OUT" --sweep    # + dv-tile/occupancy variants
+    python3 benchmarks/gdn_decode_check.py --out "$OUT" --backends cute,fla --cute-sweep
+        # the CuTe DSL kernel (tilekernels/gdn/cute_decode.py, row "cute") and FLA only (the
+        #   cute bundle has no cuTile), + its BV variants (CUTE_VARIANTS)
     python3 benchmarks/gdn_decode_check.py --out "$OUT" --variants --warm 8
         # + the named config variants (VARIANTS), their compiles first in 8 processes
         #   (cuTile's disk cache keeps them for the timing loop)
@@ -18,7 +21,8 @@ of the cuTile launch and of the torch reference path (``reference.decode`` + cop
 graph-replayed too). Rows: ``default`` (the registry's kernel and heuristic config),
 with ``--variants`` the named configs of VARIANTS (each at its batches, its own split or the
 default's), and ``fla`` (FLA's fused_recurrent_gated_delta_rule on the already-prepared q, k, v, g, beta with
-its in-kernel l2norm, fp32 initial and final state: no conv step, so it moves less).
+its in-kernel l2norm, fp32 initial and final state: no conv step, so it moves less), and ``cute``
+(the CuTe DSL backend at its heuristic config; ``cute-BV64`` etc. its CUTE_VARIANTS).
 Bytes are counted by hand for our kernel: q|k|v|b|a of mixed read, conv_state rows read and
 written, ssm_state rows read and written, o written, weights and indices read once (FLA's
 row uses the same count: same state traffic, a little less of the rest).
@@ -101,12 +105,26 @@ def copy_tbs() -> float:
     return 2 * a.numel() * 4 / (us * 1e-6) / 1e12
 
 
+def _cute_mod():
+    """tilekernels.gdn.cute_decode, imported on first use (needs the cute bundle's cutlass)."""
+    from tilekernels.gdn import cute_decode
+    return cute_decode
+
+
+# the CuTe DSL kernel's configs beside its heuristic (--cute-sweep): changes to DecodeCfg
+# (H200, session 8, us at B = 1 / 32 / 256, fp32 state; benchmarks/results/h200-gdn-decode-cute.txt):
+# first kernel (96 registers): heuristic 3.69 / 49.77 / 363.40, BV64 3.57 / 52.52 / 380.67, BV128
+# 5.44 / 61.67 / 468.76, KS2 4.17 / 55.08 / 390.03; the kernel now (72 registers): heuristic 3.76 /
+# 46.41 / 329.30, BV64 3.62 / 47.55 / 336.02, KS2 5.16 / 54.39 / 374.63, MINB8 4.07 / 47.50 / 335.04
+CUTE_VARIANTS = {"cute-BV64": dict(BV=64), "cute-KS2": dict(KS=2), "cute-MINB8": dict(MINB=8)}
+
+
 def _rec(tag, B, sd, us, cfg=None, **extra):
     nbytes = decode_bytes(B, **SHAPE, selt=torch.finfo(sd).bits // 8)
     rec = dict(tag=tag, B=B, state=str(sd).removeprefix("torch."), us=us, bytes=nbytes,
                tbs=nbytes / (us * 1e-6) / 1e12, cfg=dataclasses.asdict(cfg) if cfg else None, **extra)
     rec["pct_copy_4.27"] = 100 * rec["tbs"] / COPY_TBS
-    if sd == torch.float32 and tag == "default":
+    if sd == torch.float32 and tag in ("default", "cute"):
         rec["target_us"] = TARGET_US.get(B)
     return rec
 
@@ -249,6 +267,8 @@ def main():
     ap.add_argument("--out", default=os.environ.get("OUT", "."))
     ap.add_argument("--sweep", action="store_true", help="also time dv-tile / occupancy variants")
     ap.add_argument("--no-peers", action="store_true", help="skip the FLA rows")
+    ap.add_argument("--backends", default="cutile,cute,fla", help="rows to time: cutile, cute, fla")
+    ap.add_argument("--cute-sweep", action="store_true", help="also time CUTE_VARIANTS")
     ap.add_argument("--batches", default="1,32,256")
     ap.add_argument("--variants", action="store_true", help="also time the named VARIANTS")
     ap.add_argument("--only", default="", help="with --variants: a comma list of VARIANTS names to time")
@@ -280,13 +300,29 @@ def main():
         _row(rec)
         lines.append(rec)
 
+    backends = set(a.backends.split(","))
     for sd in (torch.float32, torch.bfloat16):
         for B in batches:
-            try:
-                keep(run_case(B, sd, with_ref=not a.no_ref, rep=a.rep))
-            except Exception:
-                log_error(RESULTS["errors"], f"default B={B} {sd}", limit=6)
-            if sd == torch.float32 and not a.no_peers:
+            if "cutile" in backends:
+                try:
+                    keep(run_case(B, sd, with_ref=not a.no_ref, rep=a.rep))
+                except Exception:
+                    log_error(RESULTS["errors"], f"default B={B} {sd}", limit=6)
+            if "cute" in backends:
+                try:
+                    keep(run_case(B, sd, with_ref=False, rep=a.rep, tag="cute", mod=_cute_mod()))
+                except Exception:
+                    log_error(RESULTS["errors"], f"cute B={B} {sd}", limit=6)
+                for name, ch in CUTE_VARIANTS.items() if a.cute_sweep else ():
+                    try:
+                        cq = _cute_mod()
+                        base = cq.DecodeCfg.heuristic(SHAPE["Hk"], SHAPE["Hv"], SHAPE["dk"], SHAPE["dv"], SHAPE["W"],
+                                                      torch.finfo(sd).bits // 8)
+                        keep(run_case(B, sd, cfg=dataclasses.replace(base, **ch), with_ref=False, tag=name,
+                                      rep=min(a.rep, 100), mod=cq), "sweeps")
+                    except Exception:
+                        log_error(RESULTS["errors"], f"{name} B={B} {sd}", limit=6)
+            if sd == torch.float32 and not a.no_peers and "fla" in backends:
                 try:
                     keep(fla_case(B, rep=a.rep))
                 except Exception:

@@ -197,17 +197,33 @@ DECODE = OpSpec(
     reference="tilekernels.gdn.reference:decode",
     entry="tilekernels.gdn.ops:decode",
     backends=[Backend(
-        name="cutile", module="tilekernels.gdn.cutile_decode", sm=(90, 100), toolchain=["cutile"], passes=["fwd"],
+        name="cute", module="tilekernels.gdn.cute_decode", sm=(90, 90), toolchain=["cute"], passes=["fwd"],
         constraints=[
             Constraint(expr="W >= 2", message="the kernel keeps a conv window of W-1 >= 1 inputs"),
-            Constraint(expr="N * Hv * dk * dv < 2**31 and N * (2*Hk*dk + Hv*dv) * (W - 1) < 2**31 "
-                            "and B * (2*Hk*dk + 2*Hv*dv + 2*Hv) < 2**31",
-                       message="the kernel indexes with int32 (every tensor < 2**31 elements)"),
+            Constraint(expr="Hv <= 8 * Hk",
+                       message="one thread-block cluster (at most 8 CTAs) per key head: Hv/Hk <= 8"),
+            Constraint(expr="Hv * dk * dv < 2**31", message="offsets inside one state slot are int32"),
+            Constraint(expr="B < 65536", message="the rows are the grid's y extent (at most 65535)"),
         ],
         dtypes={"mixed": ["bfloat16", "float32"], "conv_weight": ["bfloat16", "float32"],
                 "A_log": ["float32"], "dt_bias": ["float32"], "ssm_state": ["float32", "bfloat16"]},
-        doc="one launch per step, grid (B, Hk): a block owns one key head's conv window and its Hv/Hk "
-            "value heads' state tiles (run and tested on the H200; compiled for sm_100 in CI)"),
+        doc="CuTe DSL SIMT kernel (tilekernels/gdn/cute_decode.py): grid (Hv * ceil(dv/BV), B), one CTA "
+            "per (row, value head, BV state columns) holding its [dk, BV] state slice in registers, one "
+            "cluster per (row, key head) orders the q|k conv-window shift; sm_90a only. First: H200, "
+            "graph-replayed, fp32 state 3.8 / 46 / 329 us at B = 1 / 32 / 256 against cutile's 9.4 / 68 / 407 "
+            "(benchmarks/results/h200-gdn-decode-cute.txt); other GPUs, Hv/Hk > 8 or no CuTe DSL take cutile"),
+        Backend(
+            name="cutile", module="tilekernels.gdn.cutile_decode", sm=(90, 100), toolchain=["cutile"], passes=["fwd"],
+            constraints=[
+                Constraint(expr="W >= 2", message="the kernel keeps a conv window of W-1 >= 1 inputs"),
+                Constraint(expr="N * Hv * dk * dv < 2**31 and N * (2*Hk*dk + Hv*dv) * (W - 1) < 2**31 "
+                                "and B * (2*Hk*dk + 2*Hv*dv + 2*Hv) < 2**31",
+                           message="the kernel indexes with int32 (every tensor < 2**31 elements)"),
+            ],
+            dtypes={"mixed": ["bfloat16", "float32"], "conv_weight": ["bfloat16", "float32"],
+                    "A_log": ["float32"], "dt_bias": ["float32"], "ssm_state": ["float32", "bfloat16"]},
+            doc="one launch per step, grid (B, Hk): a block owns one key head's conv window and its Hv/Hk "
+                "value heads' state tiles (run and tested on the H200; compiled for sm_100 in CI)"),
         _TORCH_FWD],
 )
 

@@ -1,0 +1,142 @@
+"""CuTe DSL gdn_decode (tilekernels/gdn/cute_decode.py).
+
+The cases, inputs and the float64 oracle are the cuTile decode test's (imported, not copied:
+tests/gdn/test_gdn_cutile_decode.py); the tolerances the same (tilekernels.testing, by the
+checked output's dtype): o bf16 1e-2, ssm_state fp32 1e-5 (the kernel's o = h^T q' + u (k.q')
+and k.q' from the raw dot times both norms' rsqrt are fp32 reassociations, ~sqrt(dk) * 2^-24),
+ssm_state bf16 1e-2 (one rounding per step), conv_state exact (a copy of inputs).
+
+CPU (CI): every config the heuristic returns for the test shapes compiles for sm_90a from fake
+arguments (Launch.export), without register spills; the config is the compile key (B is a
+runtime scalar). GPU (marked ``gpu``): against the float64 reference, NaN-poisoned o, fresh
+random inputs; unnamed slots bit-identical; k steps continuing a prefill; CUDA-graph replay ==
+eager; the registry's ``backend="cute"``.
+"""
+from __future__ import annotations
+
+import pytest
+import torch
+
+pytest.importorskip("cutlass")
+
+import registry  # noqa: E402
+from tilekernels._cute import cubin_resources  # noqa: E402
+from tilekernels.gdn import cute_decode as cq  # noqa: E402
+from tilekernels.testing import assert_close  # noqa: E402
+
+import test_gdn_cutile_decode as base  # noqa: E402  (the cuTile test's cases, oracle and GPU tests)
+from test_gdn_cutile_decode import BF, F32, GPU_CASES, QWEN, _indices, _inputs, _ref64  # noqa: E402
+
+# head shapes x state dtype x state_indices x mixed dtype: Qwen3-Next in every state/indices
+# variant, and every shape of GPU_CASES (Hv/Hk 1, 2, 4; dk != dv; W 2, 3, 4; odd dk, dv)
+COMPILE_VARIANTS = [(QWEN, F32, True, BF), (QWEN, BF, True, BF), (QWEN, F32, False, BF), (QWEN, F32, True, F32)]
+COMPILE_VARIANTS += [(c[2], c[3], c[4] is not None, BF) for c in GPU_CASES if c[2] != QWEN]
+COMPILE_VARIANTS += [(dict(Hk=1, Hv=8, dk=64, dv=40, W=4), F32, True, BF)]  # R = 8: BV 64, one CTA per head
+
+
+def _vid(v):
+    s, sd, idx, dt = v
+    return "Hk{Hk}-Hv{Hv}-dk{dk}-dv{dv}-W{W}".format(**s) + \
+        f"-{str(sd)[6:]}state-{'idx' if idx else 'noidx'}-{str(dt)[6:]}"
+
+
+def _launch(v):
+    s, sd, idx, dt = v
+    return cq.representative_launch(**s, dtype=dt, state_dtype=sd, with_indices=idx)
+
+
+# ------------------------------------------------------------------ CPU (CI)
+
+
+@pytest.mark.parametrize("v", COMPILE_VARIANTS, ids=[_vid(v) for v in COMPILE_VARIANTS])
+def test_every_config_compiles_for_sm90a(v):
+    art = _launch(v).export("sm_90a")
+    res = [r for name, r in cubin_resources(art.cubin).items() if "decode_kernel" in name]
+    assert len(res) == 1 and res[0]["frame"] == 0, f"register spills or a local array: {res}"
+    cfg = _launch(v).cfg
+    assert ("barrier.cluster.arrive" in art.ptx) == (cfg.cluster > 1)
+
+
+def test_config_is_the_compile_key():
+    """From the head shape, the state's element size and HAS_IDX only; B is the grid's."""
+    keys = {_launch(v).key("sm_90a") for v in COMPILE_VARIANTS}
+    assert len(keys) == len(COMPILE_VARIANTS)
+    meta = torch.device("meta")
+    lns = []
+    for B in (1, 7, 256):
+        x, conv, w, A, dt, ssm = mk_meta(B, **QWEN)
+        o = torch.empty(B, 32, 128, dtype=BF, device=meta)
+        lns.append(cq.decode_launch(x, conv, w, A, dt, ssm, None, o, 16))
+    assert len({ln.launch.key("sm_90a") for ln in lns}) == 1
+    assert [ln.grid for ln in lns] == [(128, 1, 1), (128, 7, 1), (128, 256, 1)]
+    cfg = lns[0].cfg
+    assert (cfg.BV, cfg.KS, cfg.cluster, cfg.threads, cfg.RPT) == (32, 4, 8, 128, 32)
+
+
+def mk_meta(B, Hk, Hv, dk, dv, W, N=None, dtype=BF, state_dtype=F32):
+    meta = torch.device("meta")
+    D, C = 2 * Hk * dk + 2 * Hv * dv + 2 * Hv, 2 * Hk * dk + Hv * dv
+    N = N or B
+    return (torch.empty(B, D, dtype=dtype, device=meta), torch.empty(N, C, W - 1, dtype=dtype, device=meta),
+            torch.empty(C, W, dtype=dtype, device=meta), torch.empty(Hv, device=meta),
+            torch.empty(Hv, device=meta), torch.empty(N, Hv, dk, dv, dtype=state_dtype, device=meta))
+
+
+def test_refuses_what_it_cannot_run():
+    with pytest.raises(ValueError, match="W=1"):
+        cq.DecodeCfg.heuristic(16, 32, 128, 128, 1)
+    with pytest.raises(ValueError, match="Hv/Hk=16"):
+        cq.DecodeCfg.heuristic(1, 16, 128, 128, 4)
+    with pytest.raises(ValueError, match="whole warps"):
+        cq.DecodeCfg(Hk=1, R=1, dk=8, dv=8, W=4, BV=8, KS=1)
+    x, conv, w, A, dt, ssm = mk_meta(2, **QWEN)
+    o = torch.empty(2, 32, 128, dtype=BF, device="meta")
+    with pytest.raises(ValueError, match="does not fit"):
+        cq.decode_launch(x, conv, w, A, dt, ssm, None, o, 16,
+                         cfg=cq.DecodeCfg.heuristic(16, 32, 128, 128, 4, has_idx=True))
+    # the registry refuses Hv/Hk > 8 for this backend (one cluster of <= 8 CTAs per key head)
+    op = registry.get("gdn_decode")
+    Hk, Hv, dk, dv, W = 1, 16, 8, 8, 2
+    D, C = 2 * Hk * dk + 2 * Hv * dv + 2 * Hv, 2 * Hk * dk + Hv * dv
+    args = (torch.zeros(1, D), torch.zeros(1, C, W - 1), torch.zeros(C, W), torch.zeros(Hv), torch.zeros(Hv),
+            torch.zeros(1, Hv, dk, dv))
+    ok, why = {n: (o, w) for n, o, w in op.explain(*args, Hk=Hk)}["cute"]
+    assert not ok and "Hv/Hk <= 8" in why
+
+
+# ------------------------------------------------------------------ GPU
+
+needs_gpu = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+
+
+@pytest.fixture(autouse=True)
+def _cute_kernel(monkeypatch):
+    """The cuTile decode test's GPU tests below, run on this kernel: their module's ``cd`` (the
+    kernel module they call ``decode_into`` on) becomes cute_decode for this module's tests."""
+    monkeypatch.setattr(base, "cd", cq)
+
+
+# the cuTile test's kernel-level GPU tests, unchanged (same cases, oracle and checks):
+# reference at every GPU_CASES shape, k steps continuing a prefill, CUDA-graph replay == eager
+test_decode_matches_float64_reference = base.test_decode_matches_float64_reference
+test_steps_continue_a_prefill = base.test_steps_continue_a_prefill
+test_cuda_graph_replay_equals_eager = base.test_cuda_graph_replay_equals_eager
+
+
+@pytest.mark.gpu
+@needs_gpu
+@pytest.mark.parametrize("sd", [F32, BF], ids=["fp32state", "bf16state"])
+def test_registry_backend_cute(sd):
+    """registry.get("gdn_decode")(..., backend="cute") runs this kernel (the default stays the
+    spec's first backend); B = 0 launches nothing."""
+    op = registry.get("gdn_decode")
+    B, N = 5, 7
+    x, conv, w, A, dt, ssm = _inputs(B, N, **QWEN, state_dtype=sd)
+    idx = _indices(B, N, "pad")
+    o64, c64, s64 = _ref64(x, conv, w, A, dt, ssm, idx, 16)
+    o = op(x, conv, w, A, dt, ssm, idx, Hk=16, backend="cute")
+    assert_close(o, o64, what="o")
+    assert_close(ssm, s64, kind=sd, what="ssm_state")
+    assert_close(conv, c64.to(conv.dtype), kind="exact", what="conv_state")
+    e = op(x[:0], conv, w, A, dt, ssm, idx[:0], Hk=16, backend="cute")
+    assert e.shape == (0, 32, 128)
