@@ -6,11 +6,13 @@ launch alone and its config variants, with its GPU tests first. From the reposit
 
 (The first backward, timed beside this one in session 6: `git show 525096e:benchmarks/probes/gdn_pre_bwd_v0.py`.)
 
---tests P: the backward GPU tests (tests/gdn/test_gdn_cutile_pre_gated_bwd.py -m gpu) under
+--tests P: the backward GPU tests (tests/gdn/test_gdn_cutile_pre_gated_bwd.py -m gpu, and the forward file's
+registry autograd test, which runs the registered backward) under
 pytest-xdist with P workers and a per-test thread timeout, beside processes that compile the timed
 kernels at 64 tokens (cuTile's disk cache then serves the timing process); --sanitize:
 compute-sanitizer memcheck, racecheck and initcheck on two small backward tests beside them. Timing
-starts when those are done (nothing else on the GPU). --old: the session-6 default (OLD) timed beside
+starts when those are done (nothing else on the GPU). --old: the first design's default (cutile_pre_gated_bwd's
+PreGatedBwdCfg.heuristic; the default is the second design, cutile_pre_gated_bwd2, for W <= WMAX) timed beside
 the default in every case, per launch too. Variants new to the kernel are first run by
 gdn_pre_bwd_var.py (a child process each, under a limit).
 
@@ -20,7 +22,7 @@ on and off: each impl's result is checked against the torch reference in fp32 (r
 dmixed, dconv_weight, dA_log, ddt_bias), then timed (triton do_bench median, ms); new: each launch
 timed alone too. Ideal bytes by hand (gdn_pre_check.bwd_bytes: the six output grads and mixed
 read, dmixed written; 82,368 B a token with repeat_qk); "% ideal" = ideal bytes at 4.27 TB/s over
-the measured time. --sweep: PreGatedBwdCfg variants on BSHD repeat_qk. Prints a table last;
+the measured time. --sweep: PreGatedBwd2Cfg variants (SWEEP) on BSHD repeat_qk. Prints a table last;
 writes gdn_pre_bwd_time.json.
 """
 from __future__ import annotations
@@ -45,16 +47,18 @@ import torch  # noqa: E402
 
 import gdn_pre_check as gc  # noqa: E402  (the problem builders and bytes)
 from tilekernels.gdn import cutile_pre_gated_bwd as cb  # noqa: E402
+from tilekernels.gdn import cutile_pre_gated_bwd2 as c2  # noqa: E402
 from tilekernels.gdn import reference as ref  # noqa: E402
 from tilekernels.testing import rel_err  # noqa: E402
 
 T0 = time.time()
-TESTS = ["tests/gdn/test_gdn_cutile_pre_gated_bwd.py"]
-# the session-6 default (dpre: taps loaded twice per tile, one tile a block, occupancy 4), timed beside
-# the default in every case (--old)
-OLD = dict(XS=False, DWA=False, NTB=1, OCC_A=4)
-# session 7: over the XS DWA NTB4 OCC_A2 default (session 6's sweep: git show 86ae02d:<this file>)
-SWEEP = [dict(XT=True, XS=False, DWA=False), dict(NTB=8), dict(NTB=2)]
+TESTS = ["tests/gdn/test_gdn_cutile_pre_gated_bwd.py", "tests/gdn/test_gdn_cutile_pre_gated.py::"
+         "test_registry_autograd_matches_torch_backend"]
+# --old: the first design's default (PreGatedBwdCfg.heuristic: XS DWA NTB4 OCC_A2), timed beside the default
+OLD = {}
+# session 8: over the second design's default (PreGatedBwd2Cfg.heuristic: dpre TT32 OCC4; dx + partials TB8
+# NTX32 LB; session 7's sweep of the first design: git show 485227c:<this file>)
+SWEEP = [dict(LB=False), dict(NTX=64), dict(SPLIT=True, NTX=32)]
 SAN = ["tests/gdn/test_gdn_cutile_pre_gated_bwd.py", "-m", "gpu", "-k",
        "test_bwd_matches_float64_reference and Hk2-Hv4-dk64-dv32-W3-rep and (thd-mixed or bshd-2x70)"]
 TOOLS = ("memcheck", "racecheck", "initcheck")
@@ -94,12 +98,11 @@ def time_case(thd, repeat_qk, sweep=False, old=False, default=True):
     nb = gc.bwd_bytes(repeat_qk)
     variants = [(None, "default")] if default else []
     base = cb.PreGatedBwdCfg.heuristic(S["Hk"], S["Hv"], S["dk"], S["dv"], S["W"], repeat_qk)
+    base2 = c2.PreGatedBwd2Cfg.heuristic(S["Hk"], S["Hv"], S["dk"], S["dv"], S["W"], repeat_qk)
     if old:
-        variants.append((dataclasses.replace(base, **OLD), "old (session 6)"))
+        variants.append((dataclasses.replace(base, **OLD), "old (first design)"))
     if sweep:
-        ok = "CHECK PASSED" in open(XT_LOG).read() if XT_LOG and os.path.exists(XT_LOG) else not XT_LOG
-        variants += [(dataclasses.replace(base, **o), " ".join(f"{k}{v}" for k, v in o.items())) for o in SWEEP
-                     if ok or not o.get("XT")]
+        variants += [(dataclasses.replace(base2, **o), " ".join(f"{k}{v}" for k, v in o.items())) for o in SWEEP]
     for cfg, tag in variants:
         if time.time() - T0 > LIMIT_S:
             OUT["errors"].append(f"{case} {tag}: skipped (time)")
@@ -116,7 +119,7 @@ def time_case(thd, repeat_qk, sweep=False, old=False, default=True):
                                                    repeat_qk, 1e-6, cfg=cfg)):
                 name = ln.kernel._pyfunc.__name__
                 if all(g > 0 for g in ln.grid) and (cfg is None or tag.startswith("old") or name in (
-                        "gdn_pre_bwd_dx", "gdn_pre_bwd_dpre") and ln.grid[0] > 1):
+                        "gdn_pre_bwd_dx", "gdn_pre_bwd2_dx", "gdn_pre_bwd2_dpre") and ln.grid[0] > 1):
                     record(case, f"  [{j}] {name} {ln.grid[:2]}", gc.bench(ln.run), nb)
         except Exception:
             OUT["errors"].append(f"{case} {tag}: {traceback.format_exc(limit=6)}")
@@ -129,10 +132,10 @@ def warm(part, parts):
     """Compile the timed keys (and the sweep's, BSHD repeat_qk) at 64 tokens, slice part of parts."""
     gc.TOKENS = 64
     jobs = [(thd, rep, None) for thd in (False, True) for rep in (True, False)]
-    base = cb.PreGatedBwdCfg.heuristic(16, 32, 128, 128, 4, True)
+    base2 = c2.PreGatedBwd2Cfg.heuristic(16, 32, 128, 128, 4, True)
     jobs += [(thd, rep, dataclasses.replace(cb.PreGatedBwdCfg.heuristic(16, 32, 128, 128, 4, rep), **OLD))
              for thd in (False, True) for rep in (True, False)]
-    jobs += [(False, True, dataclasses.replace(base, **o)) for o in SWEEP if not o.get("XT")]  # XT: checked first
+    jobs += [(False, True, dataclasses.replace(base2, **o)) for o in SWEEP]
     for k, (thd, rep, cfg) in enumerate(jobs):
         if k % parts == part:
             prob = gc.problem(thd)
@@ -178,11 +181,10 @@ def run_tests(out, procs, sanitize, nwarm, tests_s, kexpr=""):
 
 
 LIMIT_S = 185
-XT_LOG = ""  # --xt-log: the sweep's XT variants run only if this gdn_pre_bwd_var.py check log passed
 
 
 def main():
-    global LIMIT_S, XT_LOG
+    global LIMIT_S
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", default=os.environ.get("OUT", "."))
     ap.add_argument("--tests", type=int, default=0)
@@ -190,7 +192,6 @@ def main():
     ap.add_argument("--tests-s", type=int, default=110)
     ap.add_argument("--sanitize", action="store_true")
     ap.add_argument("--sweep", action="store_true")
-    ap.add_argument("--xt-log", default="")
     ap.add_argument("--kexpr", default="", help="pytest -k expression for the test pool")
     ap.add_argument("--old", action="store_true", help="time the session-6 default (OLD) beside the default")
     ap.add_argument("--limit-s", type=int, default=185)
@@ -198,7 +199,7 @@ def main():
     a = ap.parse_args()
     if a.warm:
         return warm(*a.warm)
-    LIMIT_S, XT_LOG = a.limit_s, a.xt_log
+    LIMIT_S = a.limit_s
     os.makedirs(a.out, exist_ok=True)
     run_tests(a.out, a.tests, a.sanitize, a.warm_procs, a.tests_s, a.kexpr)
     print(f"{'case':<12}{'impl':<34}{'ms':>9}    {'% ideal at 4.27 TB/s':>6}", flush=True)

@@ -69,6 +69,10 @@ at low occupancy, with ~100 instructions a q/k element. The default since (XS DW
 against 0.19); PreGatedBwdCfg.heuristic lists the variants measured. The dpre pass itself is unchanged
 (2.78 ms): cutting it needs fewer instructions per element and more loads in flight, not fewer bytes.
 
+Session 8: ``cutile_pre_gated_bwd2`` (second design, W <= WMAX: the dpre pass without the dconv_weight
+partial, 0.889 ms; the partial in the dx pass) 2.061 / 2.192 ms BSHD / THD against this module's 3.247 / 3.336
+in one run; it becomes the default with ``V2`` (below). ``bwd_launches`` runs it for a PreGatedBwd2Cfg.
+
 Compile key: PreGatedBwdCfg (from Hk, Hv, dk, dv, W, repeat_qk only) + dtypes + THD; NT, B, T, N
 are dynamic. Importing this module needs ``cuda.tile`` but no GPU.
 """
@@ -89,6 +93,14 @@ from .cutile_pre_gated import WMAX, check_heads, seq_arg, seq_end, seq_start, sh
 ConstInt = ct.Constant[int]
 ConstBool = ct.Constant[bool]
 APPROX = ct.RoundingMode.APPROX
+
+# W <= WMAX without a cfg: the second design (cutile_pre_gated_bwd2: a lean dpre pass, dconv_weight in the dx
+# pass) instead of this module's launches. On since session 8's final cuTile call: the whole backward GPU test
+# file passed at it (74 passed, with the forward file's registry autograd tests), memcheck / racecheck clean;
+# H200, Qwen3-Next bf16, 32768 tokens: 2.064 / 2.193 / 1.997 ms BSHD rep / THD rep / BSHD norep against
+# 3.251 / 3.338 / 3.088 for this module's default in the same run (benchmarks/results/h200-gdn-pre-bwd.txt).
+# False gives back the first design.
+V2 = True
 
 
 # ------------------------------------------------------------------ launch config
@@ -162,20 +174,26 @@ class PreGatedBwdCfg:
                    TAPV=W <= WMAX, TT=TT, HBZ=math.gcd(Hv, 4), TB=max(TT, 32), **x)
 
 
-def bwd_cfg(Hk, Hv, dk, dv, W, repeat_qk, cfg=None) -> PreGatedBwdCfg:
-    """The heuristic's config (``cfg`` None), or ``cfg`` checked against the problem."""
+def checked_cfg(cls, who: str, Hk, Hv, dk, dv, W, repeat_qk, cfg, fits):
+    """cls's heuristic config (``cfg`` None), or ``cfg`` (a ``cls``) checked against the problem: the
+    fields both designs share, and ``fits(cfg, R)`` for the design's own."""
     if cfg is None:
-        return PreGatedBwdCfg.heuristic(Hk, Hv, dk, dv, W, bool(repeat_qk))
-    if not isinstance(cfg, PreGatedBwdCfg):
-        raise TypeError(f"gdn_pre_gated cutile bwd: cfg must be a PreGatedBwdCfg, got {type(cfg).__name__}")
+        return cls.heuristic(Hk, Hv, dk, dv, W, bool(repeat_qk))
+    if not isinstance(cfg, cls):
+        raise TypeError(f"gdn_pre_gated {who}: cfg must be a {cls.__name__}, got {type(cfg).__name__}")
     R = Hv // Hk if repeat_qk else 1
     ok = (cfg.Hk, cfg.Hv, cfg.W, cfg.R) == (Hk, Hv, W, R) and cfg.RP >= R and cfg.DK >= dk and cfg.DV >= dv \
-        and cfg.TT >= W and Hv % cfg.HBZ == 0 and cfg.WW >= W and cfg.HVP >= Hv and (cfg.TAPV <= (W <= WMAX)) \
-        and cfg.DWA <= cfg.XS and not (cfg.XT and (cfg.XS or W > 4))
+        and cfg.TT >= W and Hv % cfg.HBZ == 0 and cfg.WW >= W and cfg.HVP >= Hv and fits(cfg, R)
     if not ok:
-        raise ValueError(f"gdn_pre_gated cutile bwd: config {cfg} does not fit Hk={Hk}, Hv={Hv}, dk={dk}, "
+        raise ValueError(f"gdn_pre_gated {who}: config {cfg} does not fit Hk={Hk}, Hv={Hv}, dk={dk}, "
                          f"dv={dv}, W={W}, repeat_qk={repeat_qk}")
     return cfg
+
+
+def bwd_cfg(Hk, Hv, dk, dv, W, repeat_qk, cfg=None) -> PreGatedBwdCfg:
+    """The heuristic's config (``cfg`` None), or ``cfg`` checked against the problem."""
+    return checked_cfg(PreGatedBwdCfg, "cutile bwd", Hk, Hv, dk, dv, W, repeat_qk, cfg,
+                       lambda c, R: c.TAPV <= (W <= WMAX) and c.DWA <= c.XS and not (c.XT and (c.XS or W > 4)))
 
 
 # ------------------------------------------------------------------ device helpers
@@ -426,6 +444,44 @@ def _softplus(x):
     return ct.where(x > 20.0, x, ct.log(1.0 + ct.exp(ct.minimum(x, 20.0))))
 
 
+def z_tile(gz, dz, i, h, TT: ConstInt, HBZ: ConstInt, DV: ConstInt, LT: ConstBool):
+    """dz = gz for token tile i of z heads h*HBZ .. h*HBZ+HBZ-1."""
+    ct.store(dz, index=(i, h, 0), tile=ct.load(gz, index=(i, h, 0), shape=(TT, HBZ, DV), padding_mode=PAD_ZERO,
+                                               allow_tma=LT).astype(dz.dtype), allow_tma=False)
+
+
+def gate_consts(A_log, dt_bias, HVP: ConstInt):
+    """([1, HVP] -exp(A_log), [1, HVP] dt_bias) in fp32 (padding 0)."""
+    al = ct.reshape(ct.load(A_log, index=(0,), shape=(HVP,), padding_mode=PAD_ZERO, allow_tma=False), (1, HVP))
+    dtb = ct.reshape(ct.load(dt_bias, index=(0,), shape=(HVP,), padding_mode=PAD_ZERO, allow_tma=False),
+                     (1, HVP)).astype(ct.float32)
+    return -ct.exp(al.astype(ct.float32)), dtb
+
+
+def gate_tile(mba, gg, gbeta, dba, nA, dtb, i, TT: ConstInt, HVP: ConstInt, LT: ConstBool):
+    """Token tile i of the gates unit: db = gbeta * beta * (1 - beta), da = gg * nA * sigmoid(a + dt_bias)
+    -> dba; returns the tile's [1, HVP] sums of gg * g and of da (rows past NT read zero grads: they
+    add nothing)."""
+    b = ct.reshape(ct.load(mba, index=(i, 0, 0), shape=(TT, 1, HVP), padding_mode=PAD_ZERO,
+                           allow_tma=LT), (TT, HVP)).astype(ct.float32)
+    x = ct.reshape(ct.load(mba, index=(i, 1, 0), shape=(TT, 1, HVP), padding_mode=PAD_ZERO,
+                           allow_tma=LT), (TT, HVP)).astype(ct.float32) + dtb
+    gb = ct.load(gbeta, index=(i, 0), shape=(TT, HVP), padding_mode=PAD_ZERO, allow_tma=LT).astype(ct.float32)
+    gt = ct.load(gg, index=(i, 0), shape=(TT, HVP), padding_mode=PAD_ZERO, allow_tma=LT).astype(ct.float32)
+    beta = 1.0 / (1.0 + ct.exp(-b))
+    da = gt * nA / (1.0 + ct.exp(-x))
+    ct.store(dba, index=(i, 0, 0), tile=ct.reshape(gb * beta * (1.0 - beta), (TT, 1, HVP)).astype(dba.dtype),
+             allow_tma=False)
+    ct.store(dba, index=(i, 1, 0), tile=ct.reshape(da, (TT, 1, HVP)).astype(dba.dtype), allow_tma=False)
+    return ct.sum(gt * nA * _softplus(x), axis=0, keepdims=True), ct.sum(da, axis=0, keepdims=True)
+
+
+def gate_store(pg, pr, sA, sD, HVP: ConstInt):
+    """The block's gate sums -> partial row pr of pg [P, 2, HVP]."""
+    ct.store(pg, index=(pr, 0, 0), tile=ct.reshape(sA, (1, 1, HVP)), allow_tma=False)
+    ct.store(pg, index=(pr, 1, 0), tile=ct.reshape(sD, (1, 1, HVP)), allow_tma=False)
+
+
 def _starts(seq, sst, rows, i, t0, TT: ConstInt, W: ConstInt, CH: ConstInt, THD: ConstBool):
     """[TT] int32 sequence start of each row (THD: precomputed by gdn_pre_bwd_seq)."""
     if THD:
@@ -529,35 +585,18 @@ def gdn_pre_bwd_dpre(mqk, mqk1, mqk2, mqk3, mv, mv1, mv2, mv3, mba, seq, sst, wq
         for j in range(nj):
             i = I0 + r * NTB + j
             if i < ntl:
-                ct.store(dz, index=(i, h, 0), tile=ct.load(gz, index=(i, h, 0), shape=(TT, HBZ, DV),
-                                                           padding_mode=PAD_ZERO, allow_tma=LT).astype(dz.dtype),
-                         allow_tma=False)
+                z_tile(gz, dz, i, h, TT, HBZ, DV, LT)
     else:  # gates of all Hv heads
-        al = ct.reshape(ct.load(A_log, index=(0,), shape=(HVP,), padding_mode=PAD_ZERO, allow_tma=False), (1, HVP))
-        dtb = ct.reshape(ct.load(dt_bias, index=(0,), shape=(HVP,), padding_mode=PAD_ZERO, allow_tma=False),
-                         (1, HVP)).astype(ct.float32)
-        nA = -ct.exp(al.astype(ct.float32))
+        nA, dtb = gate_consts(A_log, dt_bias, HVP)
         sA = ct.zeros((1, HVP), dtype=ct.float32)
         sD = ct.zeros((1, HVP), dtype=ct.float32)
         for j in range(nj):
             i = I0 + r * NTB + j
             if i < ntl:
-                b = ct.reshape(ct.load(mba, index=(i, 0, 0), shape=(TT, 1, HVP), padding_mode=PAD_ZERO,
-                                       allow_tma=LT), (TT, HVP)).astype(ct.float32)
-                x = ct.reshape(ct.load(mba, index=(i, 1, 0), shape=(TT, 1, HVP), padding_mode=PAD_ZERO,
-                                       allow_tma=LT), (TT, HVP)).astype(ct.float32) + dtb
-                gb = ct.load(gbeta, index=(i, 0), shape=(TT, HVP), padding_mode=PAD_ZERO, allow_tma=LT).astype(ct.float32)
-                gt = ct.load(gg, index=(i, 0), shape=(TT, HVP), padding_mode=PAD_ZERO, allow_tma=LT).astype(ct.float32)
-                beta = 1.0 / (1.0 + ct.exp(-b))
-                da = gt * nA / (1.0 + ct.exp(-x))
-                ct.store(dba, index=(i, 0, 0), tile=ct.reshape(gb * beta * (1.0 - beta), (TT, 1, HVP)).astype(dba.dtype),
-                         allow_tma=False)
-                ct.store(dba, index=(i, 1, 0), tile=ct.reshape(da, (TT, 1, HVP)).astype(dba.dtype), allow_tma=False)
-                # rows past NT read zero grads: they add nothing
-                sA = sA + ct.sum(gt * nA * _softplus(x), axis=0, keepdims=True)
-                sD = sD + ct.sum(da, axis=0, keepdims=True)
-        ct.store(pg, index=(pr, 0, 0), tile=ct.reshape(sA, (1, 1, HVP)), allow_tma=False)
-        ct.store(pg, index=(pr, 1, 0), tile=ct.reshape(sD, (1, 1, HVP)), allow_tma=False)
+                a, d = gate_tile(mba, gg, gbeta, dba, nA, dtb, i, TT, HVP, LT)
+                sA = sA + a
+                sD = sD + d
+        gate_store(pg, pr, sA, sD, HVP)
 
 
 def _ahead(dp, sh, rows, i, u, NT, s: ConstInt, C: ConstInt, TT: ConstInt, TAPV: ConstBool, LT: ConstBool):
@@ -617,19 +656,19 @@ def gdn_pre_bwd_dx(dpqk, dpqk1, dpqk2, dpqk3, dpv, dpv1, dpv2, dpv3, seq, sen, w
 
 @ct.kernel
 def gdn_pre_bwd_red(pw, pg, dw, dA, ddt, NCB: ConstInt, BC: ConstInt, WW: ConstInt, HVP: ConstInt, TG: ConstInt):
-    """Block j < NCB: dconv_weight rows [j*BC, (j+1)*BC); block NCB: dA_log and ddt_bias. The partial
-    rows summed TG at a time, in row order (the same order every call)."""
+    """Block j < NCB: dconv_weight rows [j*BC, (j+1)*BC) from pw [P, C, WW]; block NCB: dA_log and
+    ddt_bias from pg [P', 2, HVP] (P' may differ from P). The partial rows summed TG at a time, in row
+    order (the same order every call)."""
     j = ct.bid(0)
-    P = pw.shape[0]
     if j < NCB:
         acc = ct.zeros((BC, WW), dtype=ct.float32)
-        for c in range(ct.cdiv(P, TG)):
+        for c in range(ct.cdiv(pw.shape[0], TG)):
             acc = acc + ct.sum(ct.load(pw, index=(c, j, 0), shape=(TG, BC, WW), padding_mode=PAD_ZERO,
                                        allow_tma=False), axis=0)
         ct.store(dw, index=(j, 0), tile=acc.astype(dw.dtype), allow_tma=False)
     else:
         acc = ct.zeros((2, HVP), dtype=ct.float32)
-        for c in range(ct.cdiv(P, TG)):
+        for c in range(ct.cdiv(pg.shape[0], TG)):
             acc = acc + ct.sum(ct.load(pg, index=(c, 0, 0), shape=(TG, 2, HVP), padding_mode=PAD_ZERO,
                                        allow_tma=False), axis=0)
         ct.store(dA, index=(0,), tile=ct.reshape(ct.extract(acc, (0, 0), shape=(1, HVP)), (HVP,)).astype(dA.dtype),
@@ -641,6 +680,32 @@ def gdn_pre_bwd_red(pw, pg, dw, dA, ddt, NCB: ConstInt, BC: ConstInt, WW: ConstI
 # ------------------------------------------------------------------ launches
 
 
+def bwd_operands(gq, gk, gv, gz, gg, gbeta, mixed, conv_weight, cu_seqlens, dmixed, Hk: int, dk: int, dv: int,
+                 cfg, Pw: int, Pg: int) -> tuple:
+    """What both designs' launches take (module doc's layouts; ``cfg`` gives R, WW, HVP, SD): the views of mixed
+    (mqk, mv, mba), of the weight (wqk, wv) and of dmixed (dqk, dvv, dz, dba); the sequence argument and THD flag;
+    the scratch from the per-stream workspace cache: THD bounds sst, sen [NT] int32, dpre [NT, C] (dmixed's dtype,
+    fp32 unless cfg.SD) as dpqk [NT, 2Hk, dk] and dpv [NT, Hv, dv], partials pw [Pw, C, WW] (and its q|k, v views)
+    and pg [Pg, 2, HVP] fp32; the grads as the kernels read them (made contiguous)."""
+    Hv = gv.shape[-2]
+    _, mqk, mv, _, mba, wqk, wv = views(mixed, conv_weight, Hk, Hv, dk, dv)
+    _, dqk, dvv, dz, dba, _, _ = views(dmixed, conv_weight, Hk, Hv, dk, dv)
+    NT, dev = mqk.shape[0], mqk.device
+    QK, C = 2 * Hk * dk, 2 * Hk * dk + Hv * dv
+    seq, thd = seq_arg(mixed, cu_seqlens)
+    dp = workspace("gdn_pre_bwd.dpre", (NT, C), dmixed.dtype if cfg.SD else torch.float32, dev)
+    pw = workspace("gdn_pre_bwd.pw", (Pw, C, cfg.WW), torch.float32, dev)
+    pg = workspace("gdn_pre_bwd.pg", (Pg, 2, cfg.HVP), torch.float32, dev)
+    ntp = cdiv(NT, 4) * 4 if thd else 0  # each row 16-byte aligned
+    sb = workspace("gdn_pre_bwd.seq", (2, ntp), torch.int32, dev)
+    dpqk, dpv = dp[:, :QK].view(NT, 2 * Hk, dk), dp[:, QK:].view(NT, Hv, dv)
+    pwqk, pwv = pw[:, :QK].view(Pw, 2 * Hk, dk, cfg.WW), pw[:, QK:].view(Pw, Hv, dv, cfg.WW)
+    grads = [t.contiguous().view(NT, Hk, cfg.R, dk) for t in (gq, gk)]
+    grads += [t.contiguous().view(NT, Hv, dv) for t in (gv, gz)] + [t.contiguous().view(NT, Hv) for t in (gg, gbeta)]
+    return (mqk, mv, mba, wqk, wv, dqk, dvv, dz, dba, seq, thd, sb[0, :NT], sb[1, :NT], dpqk, dpv, pw, pwqk, pwv, pg,
+            grads)
+
+
 def bwd_launches(gq, gk, gv, gz, gg, gbeta, mixed, conv_weight, A_log, dt_bias, cu_seqlens,
                  dmixed, dconv_weight, dA_log, ddt_bias, Hk: int = 16, dk: int = 128, dv: int = 128,
                  repeat_qk: bool = True, eps: float = 1e-6, cfg: PreGatedBwdCfg | None = None) -> list[Launch]:
@@ -649,28 +714,18 @@ def bwd_launches(gq, gk, gv, gz, gg, gbeta, mixed, conv_weight, A_log, dt_bias, 
     launch gathers every tile), dx, reduction. Scratch (dpre [NT, C], partials [P, C, WW] and
     [P, 2, HVP], THD bounds [NT] x 2) from the per-stream workspace cache."""
     Hv, W = A_log.shape[0], conv_weight.shape[1]
+    if type(cfg).__name__ == "PreGatedBwd2Cfg" or (cfg is None and V2 and W <= WMAX):
+        from . import cutile_pre_gated_bwd2 as b2  # the second design (imports this module)
+        return b2.bwd2_launches(gq, gk, gv, gz, gg, gbeta, mixed, conv_weight, A_log, dt_bias, cu_seqlens, dmixed,
+                                dconv_weight, dA_log, ddt_bias, Hk, dk, dv, repeat_qk, eps, cfg=cfg)
     cfg = bwd_cfg(Hk, Hv, dk, dv, W, repeat_qk, cfg)
-    x, mqk, mv, _mz, mba, wqk, wv = views(mixed, conv_weight, Hk, Hv, dk, dv)
-    _dx_, dqk, dvv, dz, dba, _, _ = views(dmixed, conv_weight, Hk, Hv, dk, dv)
-    NT, dev = x.shape[0], x.device
-    QK, C = 2 * Hk * dk, 2 * Hk * dk + Hv * dv
-    seq, thd = seq_arg(mixed, cu_seqlens)
     TT = cfg.TT
-    nt = cdiv(NT, TT)
+    nt = cdiv(mixed.numel() // mixed.shape[-1], TT)
     rows_main = cdiv(nt - 1, cfg.NTB) if cfg.TAPV else 0
     P = 1 + rows_main if cfg.TAPV else cdiv(nt, cfg.NTB)
-    sdt = dmixed.dtype if cfg.SD else torch.float32
-    dp = workspace("gdn_pre_bwd.dpre", (NT, C), sdt, dev)
-    pw = workspace("gdn_pre_bwd.pw", (P, C, cfg.WW), torch.float32, dev)
-    pg = workspace("gdn_pre_bwd.pg", (P, 2, cfg.HVP), torch.float32, dev)
-    ntp = cdiv(NT, 4) * 4 if thd else 0  # each row 16-byte aligned
-    sb = workspace("gdn_pre_bwd.seq", (2, ntp), torch.int32, dev)
-    sst, sen = sb[0, :NT], sb[1, :NT]
-    dpqk, dpv = dp[:, :QK].view(NT, 2 * Hk, dk), dp[:, QK:].view(NT, Hv, dv)
-    pwqk, pwv = pw[:, :QK].view(P, 2 * Hk, dk, cfg.WW), pw[:, QK:].view(P, Hv, dv, cfg.WW)
-    gqk = [t.contiguous().view(NT, Hk, cfg.R, dk) for t in (gq, gk)]
-    grads = [*gqk] + [t.contiguous().view(NT, Hv, dv) for t in (gv, gz)]
-    grads += [t.contiguous().view(NT, Hv) for t in (gg, gbeta)]
+    (mqk, mv, mba, wqk, wv, dqk, dvv, dz, dba, seq, thd, sst, sen, dpqk, dpv, pw, pwqk, pwv, pg, grads) = bwd_operands(
+        gq, gk, gv, gz, gg, gbeta, mixed, conv_weight, cu_seqlens, dmixed, Hk, dk, dv, cfg, P, P)
+    NT, C = mqk.shape[0], conv_weight.shape[0]
     units = 2 * Hk + Hv + Hv // cfg.HBZ + 1
     args = (mqk, *shifted(mqk, TT), mv, *shifted(mv, TT), mba, seq, sst, wqk, wv, A_log, dt_bias, *grads,
             dz, dba, dpqk, dpv, pwqk, pwv, pg, float(eps), Hk, Hv, cfg.R, cfg.RP, W, cfg.DK, cfg.DV, cfg.HVP, cfg.WW,
