@@ -93,10 +93,11 @@ def _quant_weight(w: torch.Tensor, columnwise: bool) -> tuple:
 # ---------------------------------------------------------------- GEMM path
 
 GEMM_KERNELS = ("auto", "predq", "dq")
-# "auto" takes predq on sm_90 for bf16 outputs. H200, fused MLP through the registry, same run
-# (benchmarks/moe_mlp_check.py): G=8 x 4096, H=7168, F=2048 fwd 6.86 / bwd 10.69 ms against dq's
-# 7.49 / 13.54; G=32 x 1024, H=4096, F=1536 3.80 / 6.49 against 3.82 / 6.53 (a tie). False gives
-# back the mainloop-dequant kernel everywhere.
+# "auto" takes predq on sm_90 (bf16 outputs: torch._grouped_mm; fp32: see PREDQ_FP32_DEFAULT).
+# H200, fused MLP through the registry, one run (benchmarks/results/h200-moe-mlp.json, fwd / bwd
+# ms): G=8 x 4096, H=7168, F=2048 5.17 / 10.49 against every GEMM on dq 7.55 / 13.62; G=32 x 1024,
+# H=4096, F=1536 3.21 / 6.30 against 3.80 / 6.57. False gives back the mainloop-dequant kernel
+# everywhere.
 PREDQ_DEFAULT = True
 # "auto" also takes predq for fp32 outputs (fwd / dgrad: cute_gemm_bf16). H200
 # (benchmarks/results/h200-moe-gemm-bf16.txt): G=8 x 4096 tokens, H=7168, F=2048, FC1 fwd 693-700
