@@ -104,3 +104,13 @@ def sm_count(device: torch.device) -> int:
     if idx not in _SMS:
         _SMS[idx] = torch.cuda.get_device_properties(idx).multi_processor_count
     return _SMS[idx]
+
+
+def needs_sm90(device: torch.device, what: str) -> str | None:
+    """Why ``what`` (an sm_90-only kernel or path) cannot run on ``device``, or None when it can:
+    the check every sm_90-only ``supported`` makes (asked per call, never cached, so a test's
+    patched torch.cuda.get_device_capability is seen)."""
+    if device.type != "cuda":
+        return f"needs a CUDA device, got {device.type}"
+    cap = torch.cuda.get_device_capability(device)
+    return None if cap == (9, 0) else f"{what}; device is sm_{cap[0]}{cap[1]}"

@@ -67,6 +67,7 @@ from cutlass import BFloat16, Int32, Int64, const_expr
 from cutlass.cute.nvgpu import cpasync, warpgroup
 
 from tilekernels import _cute as C
+from tilekernels._glue import needs_sm90, sm_count
 
 from .cute_gemm_sched import find_group, schedule
 from .cute_grouped_gemm import bf16_mma, epilogue_regs, operand_smem
@@ -276,17 +277,10 @@ def supported(variant: str, G: int, N: int, K: int, out_dtype: torch.dtype, devi
         return False, f"output dtype {out_dtype}"
     if N % 8 or K % 8:
         return False, f"N={N}, K={K} not multiples of 8 (16-byte TMA strides)"
-    if device.type != "cuda":
-        return False, f"needs a CUDA device, got {device.type}"
-    cap = torch.cuda.get_device_capability(device)
-    if cap != (9, 0):
-        return False, f"sm_90a TMA + wgmma kernel; device is sm_{cap[0]}{cap[1]}"
+    why = needs_sm90(device, "sm_90a TMA + wgmma kernel")
+    if why:
+        return False, why
     return True, "sm_90a TMA + wgmma bf16 grouped GEMM"
-
-
-@functools.lru_cache(maxsize=None)
-def _sms(index: int) -> int:
-    return torch.cuda.get_device_properties(index).multi_processor_count
 
 
 @functools.lru_cache(maxsize=None)
@@ -304,7 +298,7 @@ def _run(variant, a, b, offsets, out, cfg):
     G, N, K = b.shape
     if M == 0:
         return
-    gemm_launch(variant, G, N, K, out.dtype, offsets.dtype, cfg, _sms(a.device.index or 0)).run(
+    gemm_launch(variant, G, N, K, out.dtype, offsets.dtype, cfg, sm_count(a.device)).run(
         a, b, offsets, out, M)
 
 

@@ -63,6 +63,8 @@ import os
 
 import torch
 
+from tilekernels._glue import needs_sm90
+
 from . import cute_quantize as cq
 
 BF, F32 = torch.bfloat16, torch.float32
@@ -92,11 +94,9 @@ def supported(out_dtype: torch.dtype, device: torch.device, variant: str = "fwd"
                        "kernel (cute_gemm_bf16) covers fwd / dgrad")
     if out_dtype == BF and not hasattr(torch, "_grouped_mm"):
         return False, f"torch {torch.__version__} has no _grouped_mm"
-    if device.type != "cuda":
-        return False, f"needs a CUDA device, got {device.type}"
-    cap = torch.cuda.get_device_capability(device)
-    if cap != (9, 0):
-        return False, f"the sm_90 grouped GEMMs (torch's CUTLASS one, cute_gemm_bf16); device is sm_{cap[0]}{cap[1]}"
+    why = needs_sm90(device, "the sm_90 grouped GEMMs (torch's CUTLASS one, cute_gemm_bf16)")
+    if why:
+        return False, why
     if out_dtype == F32:
         return True, "fp32 output on sm_90: dequantize once + the bf16 TMA grouped GEMM (cute_gemm_bf16)"
     return True, "bf16 output on sm_90: dequantize once + torch._grouped_mm"
