@@ -15,6 +15,8 @@ import torch
 
 from tilekernels.benchcase import BenchCase, Peer
 
+from . import reference as ref
+
 
 def even_splits(M: int, G: int) -> torch.Tensor:
     """[G] int64 tokens per expert on the host, as even as possible in multiples of 32."""
@@ -65,20 +67,12 @@ def _ends32(m_splits: torch.Tensor, device) -> torch.Tensor:
     return torch.cumsum(m_splits.to(device), 0).to(torch.int32)
 
 
-def swiglu32(h: torch.Tensor, probs: torch.Tensor) -> torch.Tensor:
-    """silu(gate) * linear * probs on [gate 32 | linear 32] blocks of h [M, 2F], fp32 math,
-    rounded to h's dtype: the torch bf16 path's activation (OPS.md's scaled_swiglu, s = 32)."""
-    M, F2 = h.shape
-    hv = h.view(M, F2 // 64, 2, 32)
-    return (torch.nn.functional.silu(hv[:, :, 0].float()) * hv[:, :, 1].float() * probs[:, None, None]
-            ).reshape(M, F2 // 2).to(h.dtype)
-
-
 def bf16_mlp(x, probs, ends, w1, w2):
-    """The torch bf16 MoE MLP: torch._grouped_mm (FC1) + swiglu32 + torch._grouped_mm (FC2);
-    differentiable through torch's autograd."""
+    """The torch bf16 MoE MLP: torch._grouped_mm (FC1) + the reference's scaled SwiGLU (s = 32,
+    fp32 math, rounded to bf16) + torch._grouped_mm (FC2); differentiable through torch's autograd."""
     h = torch._grouped_mm(x, w1.transpose(-2, -1), offs=ends)
-    return torch._grouped_mm(swiglu32(h, probs), w2.transpose(-2, -1), offs=ends)
+    a = ref.scaled_swiglu(h, probs, ref.MLP_GLU_INTERLEAVE)
+    return torch._grouped_mm(a, w2.transpose(-2, -1), offs=ends)
 
 
 def fp8_rowwise(t: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
