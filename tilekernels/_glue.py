@@ -106,6 +106,18 @@ def sm_count(device: torch.device) -> int:
     return _SMS[idx]
 
 
+def launch_into(make_launch):
+    """A destination-passing registry kernel from a launch factory: ``into(*args)`` builds
+    ``make_launch(*args)`` (the op's inputs, outputs and params, positional in spec order) and runs
+    it; an empty batch (first input's leading dim 0) launches nothing. One definition for the
+    backends whose kernel is one launch (e.g. gdn_decode's cutile and cute)."""
+    def into(*args):
+        if args[0].shape[0]:
+            make_launch(*args).run()
+    into.__qualname__ = into.__name__ = f"{make_launch.__name__}_into"
+    return into
+
+
 def needs_sm90(device: torch.device, what: str) -> str | None:
     """Why ``what`` (an sm_90-only kernel or path) cannot run on ``device``, or None when it can:
     the check every sm_90-only ``supported`` makes (asked per call, never cached, so a test's

@@ -78,7 +78,7 @@ from cutlass import Float32, Int32, Int64
 from cutlass.memory.smem import SmemAllocator
 
 from tilekernels._cute import Launch, Ptr, Scalar, cdiv, cuda
-from tilekernels._glue import kernel
+from tilekernels._glue import kernel, launch_into
 
 MAX_CLUSTER = 8  # portable thread-block cluster size
 
@@ -426,16 +426,9 @@ def decode_launch(mixed, conv_state, conv_weight, A_log, dt_bias, ssm_state, sta
                        (Hv * cfg.NCB, B, 1))
 
 
-def decode_into(mixed, conv_state, conv_weight, A_log, dt_bias, ssm_state, state_indices, o,
-                Hk: int, eps: float, scale: float | None):
-    """gdn_decode fwd, destination-passing (the registry's kernel signature: inputs, outputs,
-    params in spec order). o [B, Hv, dv] is written; conv_state and ssm_state in place."""
-    if mixed.shape[0] == 0:
-        return
-    decode_launch(mixed, conv_state, conv_weight, A_log, dt_bias, ssm_state, state_indices, o,
-                  Hk, eps, scale).run()
-
-
+# gdn_decode fwd, destination-passing (the registry's kernel signature: inputs, outputs, params in
+# spec order): o [B, Hv, dv] written, conv_state and ssm_state updated in place; B = 0 launches nothing
+decode_into = launch_into(decode_launch)
 kernel("gdn_decode", "cute", "fwd")(decode_into)
 
 

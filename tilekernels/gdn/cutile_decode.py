@@ -127,7 +127,7 @@ import functools
 import cuda.tile as ct
 import torch
 
-from tilekernels._glue import kernel
+from tilekernels._glue import kernel, launch_into
 from tilekernels._cutile import PAD_ZERO, Launch, cdiv, next_pow2, occ, sm_count, workspace
 
 ConstInt = ct.Constant[int]
@@ -569,16 +569,9 @@ def decode_launch(mixed, conv_state, conv_weight, A_log, dt_bias, ssm_state, sta
                   cfg, occ(cfg.OCC))
 
 
-def decode_into(mixed, conv_state, conv_weight, A_log, dt_bias, ssm_state, state_indices, o,
-                Hk: int, eps: float, scale: float | None):
-    """gdn_decode fwd, destination-passing (the registry's kernel signature: inputs, outputs,
-    params in spec order). o [B, Hv, dv] is written; conv_state and ssm_state in place."""
-    if mixed.shape[0] == 0:
-        return
-    decode_launch(mixed, conv_state, conv_weight, A_log, dt_bias, ssm_state, state_indices, o,
-                  Hk, eps, scale).run()
-
-
+# gdn_decode fwd, destination-passing (the registry's kernel signature: inputs, outputs, params in
+# spec order): o [B, Hv, dv] written, conv_state and ssm_state updated in place; B = 0 launches nothing
+decode_into = launch_into(decode_launch)
 kernel("gdn_decode", "cutile", "fwd")(decode_into)
 
 
