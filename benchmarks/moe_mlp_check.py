@@ -14,13 +14,21 @@ Rows:
            ``cute_kernels.PREDQ_FP32_DEFAULT`` off (the fp32 intermediates h and dA on the
            mainloop-dequant kernel instead of dequantize + cute_gemm_bf16: the path before it);
            K = ``bf16cute``: auto with ``gemm_predq.BF16_OUT_GEMM = "cute"`` (the bf16 outputs
-           of fwd / dgrad, y and dX, on cute_gemm_bf16 too instead of torch._grouped_mm + copy)
+           of fwd / dgrad, y and dX, on cute_gemm_bf16 too instead of torch._grouped_mm + copy);
+           K = ``qdq``: auto with ``cute_kernels.QDQ`` on (the operands quantized only to be
+           dequantized, the weights, x, go through one quantize-dequantize pass, cute_qdq);
+           K = ``wg``: auto with the wgrads on cute_gemm_bf16 (``gemm_predq.WGRAD_GEMM``, no
+           output copy, at any tokens per expert); K = ``qdqwg``: both; K = ``old``: auto with
+           both off (QDQ off, wgrad on torch._grouped_mm + copy or, below WGRAD_MIN_TOKENS, dq)
   fp8row   torch._scaled_grouped_mm (fp8 e4m3, per-row scales, not MXFP8): the two forward
            GEMMs only, operands pre-quantized (the issue's fp8 reference point)
 TFLOP/s counts the GEMMs only: fwd 6*M*H*F (FC1 2*M*2F*H + FC2 2*M*H*F), bwd twice that.
 Also checks the cute forward against the torch reference (bf16 tolerance) once per shape.
+``--profile``: per shape and row, a torch.profiler kernel table of one fwd and one fwd+bwd step
+(kernel name, launches, total us per step; the bwd table is fwd+bwd), printed and written to
+``DIR/moe-mlp-profile.txt``.
 
-    python3 benchmarks/moe_mlp_check.py [--out DIR] [--shapes g8,g32]
+    python3 benchmarks/moe_mlp_check.py [--out DIR] [--shapes g8,g32] [--kernels qdq] [--profile]
 """
 from __future__ import annotations
 
@@ -61,19 +69,24 @@ def fp8row_gemms(x, m, w1, w2, F):
     return mb.fp8row_mlp_peer((x, None, m, w1, w2), {})
 
 
-_DEFAULTS = (ck._GEMM_KERNEL[0], ck.PREDQ_FP32_DEFAULT, ck.pq.BF16_OUT_GEMM)
+_DEFAULTS = (ck._GEMM_KERNEL[0], ck.PREDQ_FP32_DEFAULT, ck.pq.BF16_OUT_GEMM, ck.QDQ, ck.pq.WGRAD_GEMM)
 
 
 def _with_kernel(kern, f):
     """f() with the cute GEMM path ``kern`` (None: the defaults this process started with;
     "fp32dq": auto with PREDQ_FP32_DEFAULT off; "bf16cute": auto with the bf16 outputs of fwd /
-    dgrad on cute_gemm_bf16 too); the backward (run later by autograd) reads the path when it
+    dgrad on cute_gemm_bf16 too; "qdq": auto with cute_kernels.QDQ on; "noqdq": auto with it
+    off; "wg": auto with the wgrads on cute_gemm_bf16 (gemm_predq.WGRAD_GEMM = "cute"); "qdqwg":
+    both; "old": auto with both off, the path before them); the backward (run later by autograd) reads the path when it
     runs, so the switch stays set until the next call resets it (every row sets it: a row
     left switched by the previous shape's last row would time the wrong path)."""
-    kern0, fp32, bf16 = _DEFAULTS
+    kern0, fp32, bf16, qdq, wg = _DEFAULTS
     ck.PREDQ_FP32_DEFAULT = fp32 if kern != "fp32dq" else False
     ck.pq.BF16_OUT_GEMM = "cute" if kern == "bf16cute" else bf16
-    ck.set_gemm_kernel(kern0 if kern is None else ("auto" if kern in ("fp32dq", "bf16cute") else kern))
+    ck.QDQ = {"qdq": True, "qdqwg": True, "noqdq": False, "old": False}.get(kern, qdq)
+    ck.pq.WGRAD_GEMM = {"wg": "cute", "qdqwg": "cute", "old": "torch"}.get(kern, wg)
+    auto = ("fp32dq", "bf16cute", "qdq", "noqdq", "wg", "qdqwg", "old")
+    ck.set_gemm_kernel(kern0 if kern is None else ("auto" if kern in auto else kern))
     return f()
 
 
@@ -85,13 +98,66 @@ def _fwd_bwd(f, leaves, dy):
     return step
 
 
+def _profile(step, n: int = 3) -> list[tuple[str, int, float]]:
+    """(kernel name, launches per step, device us per step) of ``step``, from torch.profiler over
+    n steps after one warm-up, largest first."""
+    from torch.profiler import ProfilerActivity, profile
+
+    step()
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(n):
+            step()
+        torch.cuda.synchronize()
+    rows = []
+    for ev in prof.key_averages():
+        us = getattr(ev, "device_time_total", None)
+        if us is None:
+            us = ev.cuda_time_total
+        if us > 0 and ev.count:
+            rows.append((ev.key, ev.count // n, us / n))
+    return sorted(rows, key=lambda r: -r[2])
+
+
+def _profile_table(title: str, rows) -> str:
+    tot = sum(r[2] for r in rows)
+    out = [f"== {title}: {tot:.0f} us of kernels per step",
+           f"{'us':>9} {'%':>5} {'n':>4}  kernel"]
+    for name, cnt, us in rows:
+        out.append(f"{us:9.1f} {100 * us / tot:5.1f} {cnt:4d}  {name[:110]}")
+    return "\n".join(out)
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", default=os.environ.get("OUT", "."))
     ap.add_argument("--shapes", default="g8,g32")
     ap.add_argument("--kernels", default=os.environ.get("MOE_MLP_KERNELS", ""),
-                    help="comma list of cute GEMM paths to time beside the default (predq, dq, fp32dq, bf16cute)")
+                    help="comma list of cute GEMM paths to time beside the default (predq, dq, fp32dq, bf16cute, "
+                         "qdq, noqdq, wg, qdqwg, old)")
+    ap.add_argument("--profile", action="store_true", help="kernel tables per shape and row (torch.profiler)")
+    ap.add_argument("--wait-for", default=None,
+                    help="run every row once per shape first (compiles the kernels while other GPU work "
+                         "runs), then wait for this file before timing")
     a = ap.parse_args()
+    prof_txt = []
+    kerns = list(filter(None, a.kernels.split(",")))
+    if a.wait_for:
+        import time
+
+        from _gpu import wait_for
+
+        t0 = time.perf_counter()
+        op = registry.get("grouped_mlp_mxfp8")
+        for name in a.shapes.split(","):
+            x, probs, m, w1, w2 = _inputs(**SHAPES[name])
+            for kern in [None, *kerns]:
+                _fwd_bwd(lambda: _with_kernel(kern, lambda: op(x, probs, m, w1, w2)), (x, probs, w1, w2),
+                         torch.ones(x.shape, dtype=x.dtype, device=x.device))()
+            del x, probs, m, w1, w2
+        torch.cuda.synchronize()
+        print(f"warmed every row in {time.perf_counter() - t0:.1f} s", flush=True)
+        wait_for(a.wait_for, 170)
     from triton.testing import do_bench
 
     op = registry.get("grouped_mlp_mxfp8")
@@ -116,7 +182,7 @@ def main():
             "cute": (lambda: _with_kernel(None, lambda: op(x, probs, m, w1, w2))),
             "bf16": (lambda: bf16_mlp(x, probs, m, w1, w2)),
         }
-        for kern in filter(None, a.kernels.split(",")):
+        for kern in kerns:
             runs[f"cute_{kern}"] = (lambda kern=kern: _with_kernel(kern, lambda: op(x, probs, m, w1, w2)))
         for k, f in runs.items():
             try:
@@ -129,6 +195,12 @@ def main():
                 res[f"{k}_bwd_tflops"] = 2 * fl / res[f"{k}_bwd_ms"] / 1e9
             except Exception as e:  # noqa: BLE001
                 res[f"{k}_error"] = f"{type(e).__name__}: {str(e)[:200]}"
+            if a.profile and f"{k}_error" not in res:
+                with torch.no_grad():
+                    t = _profile_table(f"{name} {k} fwd", _profile(f))
+                t += "\n" + _profile_table(f"{name} {k} fwd+bwd", _profile(_fwd_bwd(f, leaves, dy)))
+                print(t, flush=True)
+                prof_txt.append(t)
         try:
             res["fp8row_fwd_gemms_ms"] = do_bench(fp8row_gemms(x, m, w1, w2, F), warmup=50, rep=300,
                                                   return_mode="median")
@@ -138,6 +210,9 @@ def main():
         rows.append(res)
         print(json.dumps(res), flush=True)
     meta = {"device": torch.cuda.get_device_name(), "torch": torch.__version__}
+    if prof_txt:
+        with open(os.path.join(a.out, "moe-mlp-profile.txt"), "w") as f:
+            f.write("\n\n".join(prof_txt) + "\n")
     with open(os.path.join(a.out, "moe-mlp-check.json"), "w") as f:
         json.dump({"meta": meta, "rows": rows}, f, indent=1)
     print(f"\n{'shape':6} {'backend':8} {'fwd ms':>8} {'TF/s':>6} {'bwd ms':>8} {'TF/s':>6}   "

@@ -1,7 +1,8 @@
 """The CuTe DSL bf16-operand grouped GEMM (tilekernels/moe/cute_gemm_bf16.py): TMA + wgmma,
-fp32 or bf16 output, fwd and dgrad (ragged m).
+fp32 or bf16 output, fwd and dgrad (ragged m) and wgrad (ragged reduction over each group's
+tokens, every group a multiple of 32).
 
-CPU (CI): every config the heuristic can return (fwd / dgrad x tile_n 256 / 128) compiles for
+CPU (CI): every config the heuristic can return (fwd / dgrad / wgrad x tile_n 256 / 128) compiles for
 sm_90a with fake arguments, for both output dtypes, with TMA loads and wgmmas in the PTX and no
 register spills; the heuristic reads static dims only.
 
@@ -9,7 +10,8 @@ GPU (``gpu`` marker, sm_90): outputs poisoned with NaN, against float64 of the s
 operands: ragged groups including zero-sized ones, M = 32, one expert, 128 experts, one expert
 taking all tokens, groups and N / K not tile multiples, int32 offsets; CUDA-graph replay after
 the device group sizes changed equals eager bitwise (and the reference); another tile / stage /
-CTA-count config (tile_n 128, 3 stages, 17 persistent CTAs) agrees with the reference.
+CTA-count config (tile_n 128, 3 stages, 17 persistent CTAs) agrees with the reference. wgrad:
+the same against float64 of a_g^T . b_g per group, an empty group (and M = 0) all zeros.
 
 Tolerance: fp32 out meets fp32's 1e-5 (bf16 x bf16 products are exact in fp32, only the
 summation order differs from float64); bf16 out meets bf16's 1e-2.
@@ -25,7 +27,9 @@ from tilekernels.testing import assert_close
 BF, F32 = torch.bfloat16, torch.float32
 
 # (variant, G, N, K): one shape per heuristic config (the output dim decides tile_n)
-HEUR_SHAPES = [("fwd", 8, 4096, 7168), ("fwd", 4, 128, 256), ("dgrad", 8, 7168, 2048), ("dgrad", 4, 256, 96)]
+HEUR_SHAPES = [("fwd", 8, 4096, 7168), ("fwd", 4, 128, 256), ("dgrad", 8, 7168, 2048), ("dgrad", 4, 256, 96),
+               ("wgrad", 32, 3072, 4096), ("wgrad", 4, 96, 128)]
+RAGGED_M = ("fwd", "dgrad")
 
 
 # ====================================================================== CPU
@@ -38,6 +42,7 @@ def test_heuristic_configs_compile_for_sm90a(variant, G, N, K):
     cfg = kb.Bf16GemmCfg.heuristic(variant, G, N, K)
     nc = N if variant == "fwd" else K
     assert cfg.tile_n == (256 if nc > 128 else 128)
+    assert (cfg.tile_k, cfg.stages) == ((32, 8) if variant == "wgrad" else (64, 4))
     for out in (F32, BF):
         art = kb.gemm_launch(variant, G, N, K, out, torch.int64, cfg).export("sm_90a")
         assert "wgmma.mma_async" in art.ptx and "cp.async.bulk.tensor" in art.ptx
@@ -57,7 +62,7 @@ def test_heuristic_uses_static_dims_only():
 
 
 def test_supported_reasons():
-    ok, why = kb.supported("wgrad", 8, 64, 64, F32, torch.device("cuda"))
+    ok, why = kb.supported("bogus", 8, 64, 64, F32, torch.device("cuda"))
     assert not ok and "wgrad" in why
     ok, why = kb.supported("fwd", 8, 64, 68, F32, torch.device("cuda"))
     assert not ok and "multiples of 8" in why
@@ -127,7 +132,7 @@ CASES = {
 
 @gpu
 @needs_sm90
-@pytest.mark.parametrize("variant", kb.VARIANTS)
+@pytest.mark.parametrize("variant", RAGGED_M)
 @pytest.mark.parametrize("case", list(CASES))
 def test_matches_float64_reference(variant, case):
     splits, N, K = CASES[case]
@@ -136,7 +141,7 @@ def test_matches_float64_reference(variant, case):
 
 @gpu
 @needs_sm90
-@pytest.mark.parametrize("variant", kb.VARIANTS)
+@pytest.mark.parametrize("variant", RAGGED_M)
 def test_bf16_output(variant):
     splits, N, K = CASES["ragged_with_empty"]
     check(variant, splits, N, K, BF)
@@ -144,7 +149,7 @@ def test_bf16_output(variant):
 
 @gpu
 @needs_sm90
-@pytest.mark.parametrize("variant", kb.VARIANTS)
+@pytest.mark.parametrize("variant", RAGGED_M)
 def test_int32_offsets_and_tile_128(variant):
     splits, N, K = [300, 0, 45, 260], 384, 320
     check(variant, splits, N, K, F32, torch.int32)
@@ -154,7 +159,7 @@ def test_int32_offsets_and_tile_128(variant):
 
 @gpu
 @needs_sm90
-@pytest.mark.parametrize("variant", kb.VARIANTS)
+@pytest.mark.parametrize("variant", RAGGED_M)
 def test_headline_like_shape(variant):
     """The issue's G=8 shape at a quarter of the tokens, uneven groups."""
     splits = [1500, 700, 1024, 0, 900, 1100, 800, 169]
@@ -164,7 +169,7 @@ def test_headline_like_shape(variant):
 
 @gpu
 @needs_sm90
-@pytest.mark.parametrize("variant", kb.VARIANTS)
+@pytest.mark.parametrize("variant", RAGGED_M)
 def test_cuda_graph_replay_equals_eager(variant):
     """Captured with one set of device group sizes, replayed after they changed (same M):
     bitwise equal to an eager call with the new sizes."""
@@ -187,3 +192,83 @@ def test_cuda_graph_replay_equals_eager(variant):
     torch.cuda.synchronize()
     assert_close(out, eager, kind="exact", what="graph replay")
     assert_close(out, reference(variant, a, b, s2), kind=F32)
+
+
+# ---------------------------------------------------------------------- wgrad
+
+
+def make_wgrad(splits, N, K, seed=0):
+    """a = dY [M, N], b = x [M, K] (bf16), offsets."""
+    gen = torch.Generator(device=DEV).manual_seed(seed)
+    M = sum(splits)
+    return (torch.randn(M, N, device=DEV, generator=gen).to(BF),
+            (torch.randn(M, K, device=DEV, generator=gen) / max(M, 1) ** 0.5).to(BF))
+
+
+def reference_wgrad(a, b, splits):
+    out = torch.zeros(len(splits), a.shape[1], b.shape[1], dtype=torch.float64, device=DEV)
+    start = 0
+    for g, m in enumerate(splits):
+        out[g] = a[start:start + m].double().t() @ b[start:start + m].double()
+        start += m
+    return out
+
+
+def check_wgrad(splits, N, K, out_dtype=F32, offs_dtype=torch.int64, cfg=None):
+    a, b = make_wgrad(splits, N, K)
+    out = torch.full((len(splits), N, K), float("nan"), dtype=out_dtype, device=DEV)
+    kb.gemm_wgrad_into(a, b, _offsets(splits, offs_dtype), out, cfg)
+    torch.cuda.synchronize()
+    want = reference_wgrad(a, b, splits)
+    assert_close(out, want.to(out_dtype) if out_dtype == BF else want, kind=out_dtype,
+                 what=f"wgrad {splits[:8]} N={N} K={K}")
+
+
+WGRAD_CASES = {
+    "ragged_with_empty": ([64, 0, 96, 512, 0, 32], 320, 576),   # N, K not tile multiples
+    "M32_one_expert": ([32], 256, 512),
+    "one_expert_all_tokens": ([0, 0, 1024, 0], 384, 256),
+    "many_experts_128": ([32 * ((7 * i) % 5) for i in range(128)], 128, 256),
+    "all_empty": ([0, 0, 0], 128, 128),
+}
+
+
+@gpu
+@needs_sm90
+@pytest.mark.parametrize("out_dtype", [F32, BF])
+@pytest.mark.parametrize("case", list(WGRAD_CASES))
+def test_wgrad_matches_float64_reference(case, out_dtype):
+    splits, N, K = WGRAD_CASES[case]
+    check_wgrad(splits, N, K, out_dtype)
+
+
+@gpu
+@needs_sm90
+def test_wgrad_int32_offsets_tile_128_and_headline_like():
+    splits, N, K = [320, 0, 64, 256], 384, 320
+    check_wgrad(splits, N, K, BF, torch.int32)
+    check_wgrad(splits, N, K, F32, cfg=kb.Bf16GemmCfg("wgrad", 4, N, K, tile_n=128, stages=3, sms=17, tile_k=32))
+    check_wgrad([1504, 704, 1024, 0, 896, 1088, 800, 160], 2048, 1024, F32)
+
+
+@gpu
+@needs_sm90
+def test_wgrad_cuda_graph_replay_equals_eager():
+    N, K = 320, 256
+    s1, s2 = [96, 0, 64, 96], [0, 192, 32, 32]
+    a, b = make_wgrad(s1, N, K)
+    off = _offsets(s1)
+    out = torch.full((4, N, K), float("nan"), dtype=F32, device=DEV)
+    kb.gemm_wgrad_into(a, b, off, out)
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        kb.gemm_wgrad_into(a, b, off, out)
+    off.copy_(_offsets(s2))
+    out.fill_(float("nan"))
+    graph.replay()
+    eager = torch.full_like(out, float("nan"))
+    kb.gemm_wgrad_into(a, b, _offsets(s2), eager)
+    torch.cuda.synchronize()
+    assert_close(out, eager, kind="exact", what="graph replay")
+    assert_close(out, reference_wgrad(a, b, s2), kind=F32)

@@ -116,6 +116,7 @@ def recorded(sm90, monkeypatch):
     out dtype) of each GEMM in call order."""
     calls = []
     monkeypatch.setattr(ck, "PREDQ_DEFAULT", True)
+    monkeypatch.setattr(ck, "QDQ", False)   # (the qdq operand path: test_qdq_cute.py)
     monkeypatch.setattr(ck.pq, "supported", lambda dt, dev, v="fwd": (dt == BF or v != "wgrad", "test"))
     for v in pq.VARIANTS:
         monkeypatch.setitem(ck.pq.INTO, v, lambda *a, v=v: calls.append((v, "predq", a[-1].dtype)))
@@ -131,11 +132,16 @@ def recorded(sm90, monkeypatch):
 @pytest.mark.parametrize("tokens", [32, 4096])
 def test_wgrad_choice_follows_tokens_per_expert(sm90, monkeypatch, tokens):
     """auto: wgrad takes predq from WGRAD_MIN_TOKENS tokens per expert up (its [G, N, K] output
-    copy is paid per call); an explicit "predq" ignores the rule; fwd/dgrad never look at it."""
+    copy is paid per call); an explicit "predq" ignores the rule; fwd/dgrad never look at it;
+    with WGRAD_GEMM = "cute" (no copy) wgrad takes predq at any tokens."""
     monkeypatch.setattr(ck, "PREDQ_DEFAULT", True)
+    monkeypatch.setattr(pq, "WGRAD_GEMM", "torch")
     cuda = torch.device("cuda")
     k, why = ck.gemm_choice(BF, cuda, "wgrad", tokens)
     assert k == ("predq" if tokens >= pq.WGRAD_MIN_TOKENS else "dq"), why
+    monkeypatch.setattr(pq, "WGRAD_GEMM", "cute")
+    assert ck.gemm_choice(BF, cuda, "wgrad", tokens)[0] == "predq"
+    monkeypatch.setattr(pq, "WGRAD_GEMM", "torch")
     assert ck.gemm_choice(BF, cuda, "fwd", tokens)[0] == ck.gemm_choice(BF, cuda, "dgrad", tokens)[0] == "predq"
     ck.set_gemm_kernel("predq")
     assert ck.gemm_choice(BF, cuda, "wgrad", tokens)[0] == "predq"
@@ -148,6 +154,7 @@ def test_mlp_gemm_paths(recorded, monkeypatch, min_tokens, fp32_default):
     PREDQ_FP32_DEFAULT, else dq; FC2 fwd and FC1 dgrad: predq; the wgrads predq only with
     enough tokens per expert."""
     monkeypatch.setattr(pq, "WGRAD_MIN_TOKENS", min_tokens)
+    monkeypatch.setattr(pq, "WGRAD_GEMM", "torch")
     monkeypatch.setattr(ck, "PREDQ_FP32_DEFAULT", fp32_default)
     wg = "predq" if min_tokens == 0 else "dq"
     f32 = "predq" if fp32_default else "dq"

@@ -10,7 +10,17 @@ variant  C                  A (m, k)             B[g] (n, k)                 red
 =======  =================  ===================  ==========================  =========
 fwd      y [M, N]           x [M, K] k-major     W [G, N, K] k-major          K
 dgrad    dX [M, K]          dY [M, N] k-major    W [G, N, K] n-major (K, N)   N
+wgrad    dW[g] [N, K]       dY_g^T (N, tokens)   x_g^T (K, tokens) k-major    g's tokens
+                            m-major                 -> n-major
 =======  =================  ===================  ==========================  =========
+
+wgrad (``C[g][n, k] = sum over group g's tokens of dY[t, n] x[t, k]``): the output tiles are
+static (G x cdiv(N, 128) x cdiv(K, tile_n)), the reduction is ragged. Both operands are read
+m/n-major straight from the row-major [M, .] tensors (wgmma's transposed smem operands) in
+32-token k-tiles (``tile_k = 32``, 8 stages): every group is a multiple of 32 tokens, so a
+k-tile never straddles two groups; an empty group runs one k-tile read past M (TMA zeros) and
+writes zeros. The bf16 dW goes straight into ``out`` (torch._grouped_mm would need a copy of
+[G, N, K]).
 
 Design (the Hopper standard):
 
@@ -70,9 +80,9 @@ from tilekernels import _cute as C
 from tilekernels._glue import needs_sm90, sm_count
 
 from .cute_gemm_sched import find_group, schedule
-from .cute_grouped_gemm import bf16_mma, epilogue_regs, operand_smem
+from .cute_grouped_gemm import _majors, bf16_mma, epilogue_regs, operand_smem
 
-VARIANTS = ("fwd", "dgrad")
+VARIANTS = ("fwd", "dgrad", "wgrad")
 OUT_DTYPES = (torch.bfloat16, torch.float32)
 THREADS = 384            # producer warpgroup + 2 consumer warpgroups
 CONSUMER_WARPS = 8
@@ -101,11 +111,13 @@ class Bf16GemmCfg:
     tile_k: int = 64
 
     def __post_init__(self):
-        # 2 consumer warpgroups of m64 wgmmas; a k-tile is one 128-byte swizzle row of bf16;
-        # stages x (tile_m + tile_n) x 64 x 2 bytes in one SM's 227 KiB
+        # 2 consumer warpgroups of m64 wgmmas; fwd / dgrad: a k-tile is one 128-byte swizzle row
+        # of bf16 (64); wgrad: 32 tokens (every group is a multiple of 32, so no k-tile straddles
+        # two groups); stages x (tile_m + tile_n) x tile_k x 2 bytes in one SM's 227 KiB
         assert self.variant in VARIANTS, self
-        assert self.tile_m == 128 and self.tile_k == 64 and self.tile_n in (128, 256), self
-        assert self.stages >= 2 and (self.tile_m + self.tile_n) * 128 * self.stages <= 220 * 1024, self
+        assert self.tile_m == 128 and self.tile_n in (128, 256), self
+        assert self.tile_k == (32 if self.variant == "wgrad" else 64), self
+        assert self.stages >= 2 and (self.tile_m + self.tile_n) * self.tile_k * 2 * self.stages <= 220 * 1024, self
         assert self.G >= 1 and self.N % 8 == 0 and self.K % 8 == 0 and self.sms >= 1, self
 
     @classmethod
@@ -115,6 +127,9 @@ class Bf16GemmCfg:
         would waste half a 256-wide tile), 4 stages (192 KiB: the most that fits beside nothing
         else), one CTA per SM."""
         nc = N if variant == "fwd" else K
+        if variant == "wgrad":   # 32-token k-tiles, 8 stages: the same 192 KiB ring
+            return cls(variant=variant, G=G, N=N, K=K, tile_n=256 if nc > 128 else 128, sms=sms, tile_k=32,
+                       stages=8)
         return cls(variant=variant, G=G, N=N, K=K, tile_n=256 if nc > 128 else 128, sms=sms)
 
     @property
@@ -127,11 +142,12 @@ class Bf16GemmCfg:
 
     @property
     def kc(self) -> int:
-        return self.K if self.variant == "fwd" else self.N
+        """The static reduction length (wgrad: the tokens, dynamic; 0)."""
+        return {"fwd": self.K, "dgrad": self.N, "wgrad": 0}[self.variant]
 
     @property
     def a_kmajor(self) -> bool:
-        return True
+        return self.variant != "wgrad"
 
     @property
     def b_kmajor(self) -> bool:
@@ -165,7 +181,10 @@ def _kernel(cfg: cutlass.Constexpr, tma_a: cute.CopyAtom, mA: cute.Tensor, tma_b
         tx_count=tx, barrier_storage=bars, cta_layout_vmnk=cute.make_layout((1, 1, 1, 1)))
 
     n_tiles = (cfg.nc + BN - 1) // BN
-    _, _, _, _, m_tiles = find_group(mOff, Int32(0), cfg.G, BM)
+    if const_expr(cfg.variant == "wgrad"):
+        m_tiles = Int32((cfg.N + BM - 1) // BM * cfg.G)
+    else:
+        _, _, _, _, m_tiles = find_group(mOff, Int32(0), cfg.G, BM)
     total = m_tiles * n_tiles
 
     if wg == 0:
@@ -173,9 +192,16 @@ def _kernel(cfg: cutlass.Constexpr, tma_a: cute.CopyAtom, mA: cute.Tensor, tma_b
         if warp == 0:
             pst = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, NS)
             for t in cutlass.range(bidx, total, gdim, unroll=1):
-                g, m0, _, n0, _, _, _, nk = schedule(cfg, mOff, M, t, m_tiles)
-                gA = cute.local_tile(cute.domain_offset((m0, 0), mA), (BM, BK), (0, None))
-                gB = cute.local_tile(cute.domain_offset((n0, 0), mB[None, None, g]), (BN, BK), (0, None))
+                g, m0, _, n0, _, k0, kb_lim, nk = schedule(cfg, mOff, M, t, m_tiles)
+                if const_expr(cfg.variant == "wgrad"):
+                    # tokens k0.. of group g; an empty group (one k-tile, nk >= 1) reads past M:
+                    # TMA zeros, so its accumulators stay 0 and the epilogue writes zeros
+                    kt0 = cutlass.select_(kb_lim == 0, M, k0)
+                    gA = cute.local_tile(cute.domain_offset((m0, kt0), mA), (BM, BK), (0, None))
+                    gB = cute.local_tile(cute.domain_offset((n0, kt0), mB), (BN, BK), (0, None))
+                else:
+                    gA = cute.local_tile(cute.domain_offset((m0, 0), mA), (BM, BK), (0, None))
+                    gB = cute.local_tile(cute.domain_offset((n0, 0), mB[None, None, g]), (BN, BK), (0, None))
                 tAs, tAg = cpasync.tma_partition(tma_a, 0, cute.make_layout(1), cute.group_modes(sA, 0, 2),
                                                  cute.group_modes(gA, 0, 2))
                 tBs, tBg = cpasync.tma_partition(tma_b, 0, cute.make_layout(1), cute.group_modes(sB, 0, 2),
@@ -222,7 +248,10 @@ def _kernel(cfg: cutlass.Constexpr, tma_a: cute.CopyAtom, mA: cute.Tensor, tma_b
             warpgroup.wait_group(0)
             pipe.consumer_release(fst)
             fst.advance()
-            gC = cute.domain_offset((Int64(m0), cute.assume(n0, divby=BN)), mC)
+            if const_expr(cfg.variant == "wgrad"):
+                gC = cute.domain_offset((Int64(g) * cfg.N + m0, cute.assume(n0, divby=BN)), mC)
+            else:
+                gC = cute.domain_offset((Int64(m0), cute.assume(n0, divby=BN)), mC)
             d_a = cute.logical_divide(acc, cute.make_layout(2))
             epilogue_regs(thr_mma_c, d_a, d_c, pair, atom_st, gC, BM, BN, m_lim, n_lim)
 
@@ -238,6 +267,12 @@ def _host(cfg: cutlass.Constexpr, a: cute.Pointer, b: cute.Pointer, offs: cute.P
         mA = cute.make_tensor(a, cute.make_layout((M, K), stride=(K, 1)))
         mB = cute.make_tensor(b, cute.make_layout((N, K, G), stride=(K, 1, N * K)))
         mC = cute.make_tensor(out, cute.make_layout((M, N), stride=(N, 1)))
+    elif const_expr(cfg.variant == "wgrad"):
+        # canonical (m, k) = (n, token) of dY [M, N], (n, k) = (k, token) of x [M, K]: both
+        # m/n-major; C = dW viewed [G*N, K]
+        mA = cute.make_tensor(a, cute.make_layout((N, M), stride=(1, N)))
+        mB = cute.make_tensor(b, cute.make_layout((K, M), stride=(1, K)))
+        mC = cute.make_tensor(out, cute.make_layout((G * N, K), stride=(K, 1)))
     else:
         mA = cute.make_tensor(a, cute.make_layout((M, N), stride=(N, 1)))
         mB = cute.make_tensor(b, cute.make_layout((K, N, G), stride=(1, K, N * K)))
@@ -249,7 +284,10 @@ def _host(cfg: cutlass.Constexpr, a: cute.Pointer, b: cute.Pointer, offs: cute.P
     tma_b, tB = cpasync.make_tiled_tma_atom(op, mB, cute.slice_(sB_l, (None, None, 0)), (cfg.tile_n, cfg.tile_k))
     # persistent grid: at most one CTA per SM, never more than the bound on the tile count
     n_tiles = (cfg.nc + cfg.tile_n - 1) // cfg.tile_n
-    grid_x = cutlass.min(((M + cfg.tile_m - 1) // cfg.tile_m + G) * n_tiles, cfg.sms)
+    if const_expr(cfg.variant == "wgrad"):
+        grid_x = min((N + cfg.tile_m - 1) // cfg.tile_m * G * n_tiles, cfg.sms)
+    else:
+        grid_x = cutlass.min(((M + cfg.tile_m - 1) // cfg.tile_m + G) * n_tiles, cfg.sms)
     _kernel(cfg, tma_a, tA, tma_b, tB, mC, mOff, M).launch(
         grid=(grid_x, 1, 1), block=(THREADS, 1, 1), stream=stream, min_blocks_per_mp=1,
         preferred_smem_carveout=100)
@@ -261,8 +299,8 @@ def _smem_layouts(cfg):
     from cutlass.tensor_utils import LayoutEnum
 
     tile = (cfg.tile_m, cfg.tile_n, cfg.tile_k)
-    b_lay = LayoutEnum.ROW_MAJOR if cfg.b_kmajor else LayoutEnum.COL_MAJOR
-    return (None, sm90_utils.make_smem_layout_a(LayoutEnum.ROW_MAJOR, tile, BFloat16, cfg.stages),
+    a_lay, b_lay = _majors(cfg)
+    return (None, sm90_utils.make_smem_layout_a(a_lay, tile, BFloat16, cfg.stages),
             sm90_utils.make_smem_layout_b(b_lay, tile, BFloat16, cfg.stages))
 
 
@@ -272,7 +310,7 @@ def _smem_layouts(cfg):
 def supported(variant: str, G: int, N: int, K: int, out_dtype: torch.dtype, device: torch.device) -> tuple[bool, str]:
     """Whether this kernel computes the variant at these dims / output dtype on ``device``, and why not."""
     if variant not in VARIANTS:
-        return False, f"variant {variant} (fwd / dgrad only: ragged m)"
+        return False, f"variant {variant} (fwd / dgrad / wgrad)"
     if out_dtype not in OUT_DTYPES:
         return False, f"output dtype {out_dtype}"
     if N % 8 or K % 8:
@@ -295,8 +333,10 @@ def gemm_launch(variant: str, G: int, N: int, K: int, out_dtype: torch.dtype,
 
 def _run(variant, a, b, offsets, out, cfg):
     M = a.shape[0]
-    G, N, K = b.shape
+    G, N, K = out.shape if variant == "wgrad" else b.shape
     if M == 0:
+        if variant == "wgrad":
+            out.zero_()
         return
     gemm_launch(variant, G, N, K, out.dtype, offsets.dtype, cfg, sm_count(a.device)).run(
         a, b, offsets, out, M)
@@ -314,3 +354,11 @@ def gemm_dgrad_into(a: torch.Tensor, b: torch.Tensor, offsets: torch.Tensor, out
     """out [M, K] (fp32 / bf16) = per group a . b[g] (reduction over N); a [M, N] bf16,
     b [G, N, K] bf16."""
     _run("dgrad", a, b, offsets, out, cfg)
+
+
+def gemm_wgrad_into(a: torch.Tensor, b: torch.Tensor, offsets: torch.Tensor, out: torch.Tensor,
+                    cfg: Bf16GemmCfg | None = None) -> None:
+    """out [G, N, K] (bf16 / fp32): out[g] = a_g^T . b_g over the group's tokens (rows
+    offsets[g]:offsets[g+1], every group a multiple of 32; zeros for an empty group); a [M, N]
+    bf16, b [M, K] bf16 (the columnwise-dequantized dY and x)."""
+    _run("wgrad", a, b, offsets, out, cfg)

@@ -18,6 +18,11 @@ default: predq where ``PREDQ_DEFAULT`` and ``gemm_predq.supported``, for fp32 ou
 ``PREDQ_FP32_DEFAULT``, else dq), "predq" (where supported, else dq) or "dq" (forces the
 mainloop-dequant kernel everywhere). The fused MLP's fp32 outputs (h = FC1 fwd, dA = FC2
 dgrad, OPS.md) take predq through cute_gemm_bf16; an fp32 wgrad would stay on dq.
+On the predq path, ``QDQ`` (default on; $TILEKERNELS_MOE_QDQ=0 turns it off) sends the operands
+that are quantized only to be dequantized (the bf16 weights, x; cute_qdq) through one
+quantize-dequantize pass, and ``gemm_predq.WGRAD_GEMM = "cute"`` (the default;
+$TILEKERNELS_MOE_WGRAD=torch gives back torch._grouped_mm + copy) runs the wgrads on
+cute_gemm_bf16 (no output copy, at any tokens per expert).
 
 The MXFP8 GEMMs follow the recipe of ``reference.py``: every operand quantized along that
 GEMM's own reduction dim (weights per call: rowwise for the forward, columnwise along N for
@@ -106,6 +111,14 @@ PREDQ_DEFAULT = True
 # against 3.71 / 6.57). False keeps fp32 outputs on dq.
 PREDQ_FP32_DEFAULT = True
 _GEMM_KERNEL = [os.environ.get("TILEKERNELS_MOE_GEMM", "auto")]
+# On the predq path, an operand that is quantized only to be dequantized again (the bf16
+# weights every call, x) goes through one quantize-dequantize pass (cute_qdq: bf16 in, the
+# same bf16 values out, so every GEMM gets bitwise the operands it got before) instead of
+# quantize + dequantize: 4 bytes moved per element instead of ~6, one launch instead of two.
+# H200, fused MLP fwd / bwd ms (benchmarks/results/h200-moe-mlp-profile.txt, run 2): G=32 x 1024,
+# H=4096, F=1536: 2.780 / 6.011 against 3.189 / 6.629 off; G=8 x 4096, H=7168, F=2048: 4.959 /
+# 10.113 against 5.161 / 10.319. $TILEKERNELS_MOE_QDQ=0 turns it off at import.
+QDQ = os.environ.get("TILEKERNELS_MOE_QDQ", "1") == "1"
 
 
 def set_gemm_kernel(name: str) -> str:
@@ -129,7 +142,7 @@ def gemm_choice(out_dtype: torch.dtype, device: torch.device, variant: str = "fw
         return "dq", f"predq not possible ({why}): the mainloop-dequant kernel"
     if want == "auto" and out_dtype == torch.float32 and not PREDQ_FP32_DEFAULT:
         return "dq", "auto: fp32 outputs take the mainloop-dequant kernel (PREDQ_FP32_DEFAULT off)"
-    if want == "auto" and variant == "wgrad" and tokens_per_group < pq.WGRAD_MIN_TOKENS:
+    if want == "auto" and variant == "wgrad" and pq.WGRAD_GEMM == "torch" and tokens_per_group < pq.WGRAD_MIN_TOKENS:
         return "dq", (f"auto: wgrad with {tokens_per_group:.0f} < {pq.WGRAD_MIN_TOKENS} tokens per expert "
                       "(copying the [G, N, K] output costs more than the faster GEMM saves)")
     return "predq", why
@@ -172,18 +185,46 @@ def _swiglu_bwd(dout, h, probs, dh, dprobs, s):
 # ---------------------------------------------------------------- grouped_linear (mxfp8)
 
 
+def _qdq_path(variant: str, out: torch.Tensor, M: int, G: int) -> bool:
+    """Whether a GEMM takes its operands through cute_qdq (``QDQ`` and the predq path)."""
+    return QDQ and gemm_choice(out.dtype, out.device, variant, M / max(G, 1))[0] == "predq"
+
+
+def _qdq(t: torch.Tensor, axis: str) -> torch.Tensor:
+    from . import cute_qdq
+
+    return cute_qdq.qdq(t, axis)
+
+
+def _weight_gemm(variant: str, a, weight: torch.Tensor, off, out) -> None:
+    """fwd: out [M, N] = MX_K(a) . MX_K(W_g)^T; dgrad: out [M, K] = MX_N(a) . MX_N(W_g), per
+    group. ``a``: the raw [M, .] operand (quantized rowwise here) or its MXFP8 (data, scales)."""
+    G, N, K = weight.shape
+    raw = isinstance(a, torch.Tensor)
+    M = (a if raw else a[0]).shape[0]
+    if _qdq_path(variant, out, M, G):
+        ab = _qdq(a, "rowwise") if raw else pq.dequant(*a, "rowwise")
+        wb = _qdq(weight.reshape(G * N, K), "columnwise" if variant == "dgrad" else "rowwise")
+        pq.bf16_gemm_into(variant, ab, wb.view(G, N, K), off, out)
+        return
+    ad, as_ = _quant(a, True, False) if raw else a
+    wd, ws = _quant_weight(weight, columnwise=variant == "dgrad")
+    _gemm_into(variant, ad, as_, wd, ws, off, out)
+
+
 def linear_fwd(x, weight, off, y) -> None:
     """y [M, N] = MX_K(x) . MX_K(W_g)^T per group."""
-    xd, xs = _quant(x, True, False)
-    wd, ws = _quant_weight(weight, columnwise=False)
-    _gemm_into("fwd", xd, xs, wd, ws, off, y)
+    _weight_gemm("fwd", x, weight, off, y)
 
 
-def linear_bwd(dy_row, dy_col, x_col, weight, off, dx, dweight) -> None:
-    """dx = MX_N(dY) . MX_N(W_g); dW_g = MX_tok(dY_g)^T . MX_tok(X_g) (quantized operands given)."""
-    wd, ws = _quant_weight(weight, columnwise=True)
-    _gemm_into("dgrad", *dy_row, wd, ws, off, dx)
-    _gemm_into("wgrad", *dy_col, *x_col, off, dweight)
+def linear_bwd(dy_row, dy_col, x, weight, off, dx, dweight) -> None:
+    """dx = MX_N(dY) . MX_N(W_g); dW_g = MX_tok(dY_g)^T . MX_tok(X_g) (dY quantized: (data,
+    scales) pairs; x raw [M, K], quantized columnwise here)."""
+    _weight_gemm("dgrad", dy_row, weight, off, dx)
+    if _qdq_path("wgrad", dweight, x.shape[0], weight.shape[0]):
+        pq.bf16_gemm_into("wgrad", pq.dequant(*dy_col, "columnwise"), _qdq(x, "columnwise"), off, dweight)
+        return
+    _gemm_into("wgrad", *dy_col, *_quant(x, False, True), off, dweight)
 
 
 @kernel("grouped_linear", "cute", "fwd")
@@ -195,7 +236,7 @@ def _grouped_linear_fwd(x, weight, m_splits, y, precision):
 def _grouped_linear_bwd(dy, x, weight, m_splits, dx, dweight, precision):
     off = _offsets(m_splits, dy.device)
     q = _quant(dy, True, True)
-    linear_bwd(q[:2], q[2:], _quant(x, False, True), weight, off, dx, dweight)
+    linear_bwd(q[:2], q[2:], x, weight, off, dx, dweight)
 
 
 # ---------------------------------------------------------------- grouped_mlp_mxfp8
@@ -210,8 +251,7 @@ def _mlp_fwd(x, probs, m_splits, fc1_weight, fc2_weight, y, h, quantize):
     ad = torch.empty(M, F, dtype=_E4M3, device=x.device)
     as_ = torch.empty(M, F // BLOCK, dtype=_U8, device=x.device)
     cs.swiglu_quant_fwd_into(h, probs, ad, as_)               # MXFP8(silu(gate) * linear * probs)
-    wd, ws = _quant_weight(fc2_weight, columnwise=False)
-    _gemm_into("fwd", ad, as_, wd, ws, off, y)
+    _weight_gemm("fwd", (ad, as_), fc2_weight, off, y)
 
 
 @kernel("grouped_mlp_mxfp8", "cute", "bwd")
@@ -221,13 +261,12 @@ def _mlp_bwd(dy, x, probs, m_splits, fc1_weight, fc2_weight, h, dx, dprobs, dfc1
     dev = dy.device
     off = _offsets(m_splits, dev)
     dyq = _quant(dy, True, True)
-    w2d, w2s = _quant_weight(fc2_weight, columnwise=True)
     da = torch.empty(M, F, dtype=torch.float32, device=dev)
-    _gemm_into("dgrad", *dyq[:2], w2d, w2s, off, da)          # dA: FC2 dgrad accumulators, fp32
+    _weight_gemm("dgrad", dyq[:2], fc2_weight, off, da)       # dA: FC2 dgrad accumulators, fp32
     e = dict(device=dev)
     dh = (torch.empty(M, 2 * F, dtype=_E4M3, **e), torch.empty(M, 2 * F // BLOCK, dtype=_U8, **e),
           torch.empty(M, 2 * F, dtype=_E4M3, **e), torch.empty(M // BLOCK, 2 * F, dtype=_U8, **e))
     a_col = (torch.empty(M, F, dtype=_E4M3, **e), torch.empty(M // BLOCK, F, dtype=_U8, **e))
     cs.swiglu_quant_bwd_into(da, h, probs, *dh, dprobs, *a_col)
     _gemm_into("wgrad", *dyq[2:], *a_col, off, dfc2)
-    linear_bwd(dh[:2], dh[2:], _quant(x, False, True), fc1_weight, off, dx, dfc1)
+    linear_bwd(dh[:2], dh[2:], x, fc1_weight, off, dx, dfc1)

@@ -15,7 +15,9 @@ accumulation:
   ``cute_gemm_bf16`` (our CuTe DSL TMA + warp-specialized wgmma grouped GEMM), which writes
   fp32 straight into ``out`` (no copy). H200, G=8 x 4096 tokens, H=7168, F=2048: FC1 fwd
   693-700 TFLOP/s, FC2 dgrad 638-681, against 418 / 455 for ``kernel="dq"`` with fp32 out
-  (benchmarks/results/h200-moe-gemm-bf16.txt). An fp32 wgrad has no such path (dq).
+  (benchmarks/results/h200-moe-gemm-bf16.txt). An fp32 wgrad has no such path (dq);
+* bf16 wgrad: ``cute_gemm_bf16``'s wgrad variant (``WGRAD_GEMM = "cute"``, the default: no
+  [G, N, K] output copy) or torch._grouped_mm + copy (``"torch"``).
 
 Exactness: e4m3 x 2^(e-127) is a bf16 value unless it falls below bf16's normal range
 (where the dequantize kernel rounds to nearest even, as the mainloop kernel does); a 0xFF
@@ -82,6 +84,17 @@ WGRAD_MIN_TOKENS = 2048
 BF16_OUT_GEMM = os.environ.get("TILEKERNELS_MOE_BF16_OUT", "torch")
 if BF16_OUT_GEMM not in ("torch", "cute"):
     raise ValueError(f"TILEKERNELS_MOE_BF16_OUT must be 'torch' or 'cute', got {BF16_OUT_GEMM!r}")
+# which bf16 grouped GEMM serves wgrad (dW [G, N, K] bf16, reduction over each group's tokens):
+# "torch" (torch._grouped_mm + a copy of the [G, N, K] result into out; below WGRAD_MIN_TOKENS
+# tokens per expert the copy costs more than the GEMM saves, so "auto" keeps wgrad on the dq
+# kernel there) or "cute" (cute_gemm_bf16's wgrad variant, writing out directly: no copy, so
+# "auto" takes it at any tokens per expert). $TILEKERNELS_MOE_WGRAD sets it at import. H200,
+# fused MLP bwd with QDQ (benchmarks/results/h200-moe-mlp-profile.txt, run 2): G=32 x 1024 tokens,
+# H=4096, F=1536: 5.544 ms against 6.011 with "torch" (there: the dq kernel, 1.91 + 0.97 ms for the
+# two wgrads against 1.35 + 0.71 on cute_gemm_bf16); G=8 x 4096, H=7168, F=2048: 9.953 against 10.113.
+WGRAD_GEMM = os.environ.get("TILEKERNELS_MOE_WGRAD", "cute")
+if WGRAD_GEMM not in ("torch", "cute"):
+    raise ValueError(f"TILEKERNELS_MOE_WGRAD must be 'torch' or 'cute', got {WGRAD_GEMM!r}")
 
 
 def supported(out_dtype: torch.dtype, device: torch.device, variant: str = "fwd") -> tuple[bool, str]:
@@ -122,6 +135,24 @@ def _bf16_kernel():
     return cute_gemm_bf16
 
 
+def bf16_gemm_into(variant: str, a: torch.Tensor, b: torch.Tensor, offsets, out) -> None:
+    """The bf16 grouped GEMM of one variant on operands already dequantized (or qdq'd,
+    ``cute_qdq``) to bf16: fwd out [M, N] = a [M, K] . b[g]^T (b [G, N, K]); dgrad out [M, K] =
+    a [M, N] . b[g] (b [G, N, K]); wgrad out [G, N, K] = a_g^T . b_g (a [M, N], b [M, K], every
+    group % 32 == 0; zeros for an empty group). fp32 outputs (fwd / dgrad), with
+    ``BF16_OUT_GEMM = "cute"`` bf16 ones, and with ``WGRAD_GEMM = "cute"`` wgrad go to
+    cute_gemm_bf16, the rest to torch._grouped_mm + a copy into ``out``."""
+    if a.shape[0] == 0:
+        if variant == "wgrad":
+            out.zero_()
+        return
+    if (out.dtype == F32 or BF16_OUT_GEMM == "cute") if variant != "wgrad" else WGRAD_GEMM == "cute":
+        getattr(_bf16_kernel(), f"gemm_{variant}_into")(a, b, offsets, out)
+        return
+    a, b = {"fwd": (a, b.transpose(-2, -1)), "dgrad": (a, b), "wgrad": (a.t(), b)}[variant]
+    out.copy_(torch._grouped_mm(a, b, offs=ends32(offsets)))
+
+
 def gemm_fwd_into(a_data, a_scales, b_data, b_scales, offsets, out) -> None:
     """out [M, N] bf16 / fp32 = per group g MX(a) . MX(b[g])^T; a [M, K] rowwise, b [G, N, K] rowwise."""
     M, K = a_data.shape
@@ -130,10 +161,7 @@ def gemm_fwd_into(a_data, a_scales, b_data, b_scales, offsets, out) -> None:
         return
     a = dequant(a_data, a_scales, "rowwise")
     b = dequant(b_data.view(G * N, K), b_scales.view(G * N, K // 32), "rowwise").view(G, N, K)
-    if out.dtype == F32 or BF16_OUT_GEMM == "cute":
-        _bf16_kernel().gemm_fwd_into(a, b, offsets, out)
-        return
-    out.copy_(torch._grouped_mm(a, b.transpose(-2, -1), offs=ends32(offsets)))
+    bf16_gemm_into("fwd", a, b, offsets, out)
 
 
 def gemm_dgrad_into(dy_data, dy_scales, w_data, w_scales, offsets, out) -> None:
@@ -145,22 +173,17 @@ def gemm_dgrad_into(dy_data, dy_scales, w_data, w_scales, offsets, out) -> None:
         return
     a = dequant(dy_data, dy_scales, "rowwise")
     b = dequant(w_data.view(G * N, K), w_scales.view(G * N // 32, K), "columnwise").view(G, N, K)
-    if out.dtype == F32 or BF16_OUT_GEMM == "cute":
-        _bf16_kernel().gemm_dgrad_into(a, b, offsets, out)
-        return
-    out.copy_(torch._grouped_mm(a, b, offs=ends32(offsets)))
+    bf16_gemm_into("dgrad", a, b, offsets, out)
 
 
 def gemm_wgrad_into(dy_data, dy_scales, x_data, x_scales, offsets, out) -> None:
     """out [G, N, K] bf16: out[g] = MX(dy_g)^T . MX(x_g) over the group's tokens, zeros for an
     empty group; dy [M, N], x [M, K] columnwise (scales [M/32, .]), every group % 32 == 0."""
-    M, N = dy_data.shape
-    if M == 0:
+    if dy_data.shape[0] == 0:
         out.zero_()
         return
-    a = dequant(dy_data, dy_scales, "columnwise")
-    b = dequant(x_data, x_scales, "columnwise")
-    out.copy_(torch._grouped_mm(a.t(), b, offs=ends32(offsets)))
+    bf16_gemm_into("wgrad", dequant(dy_data, dy_scales, "columnwise"), dequant(x_data, x_scales, "columnwise"),
+                   offsets, out)
 
 
 INTO = {"fwd": gemm_fwd_into, "dgrad": gemm_dgrad_into, "wgrad": gemm_wgrad_into}
