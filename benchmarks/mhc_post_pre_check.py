@@ -13,6 +13,7 @@ Bytes are counted by hand (``op_bytes``): the op's minimum, every input read onc
 output written once; % of the H200 copy ceiling 4.27 TB/s.
 
   source .gpu-cutile/env.sh && python3 benchmarks/mhc_post_pre_check.py [--T 32768 --n 4 --C 7168]
+      [--bwd: the backward designs (d_total, DH_DX, ONE_BWD) instead of the forward sweep] [--hbf16]
 Writes $OUT/mhc_post_pre_check.json (when OUT is set) and prints a short table last.
 """
 from __future__ import annotations
@@ -42,14 +43,14 @@ def op_bytes(T, n, C):
     return _post_pre_bytes(dict(T=T, n=n, C=C))
 
 
-def make(T, n, C, dev):
+def make(T, n, C, dev, h=torch.float32):
     g = torch.Generator(device=dev).manual_seed(0)
 
     def r(*shape, dtype=torch.float32, scale=1.0):
         return (torch.randn(*shape, device=dev, generator=g) * scale).to(dtype)
 
     bf, N = torch.bfloat16, n * n + 2 * n
-    args = [torch.softmax(r(T, n, n), -1), r(T, n, C, dtype=bf), r(T, n).sigmoid() * 2, r(T, C, dtype=bf),
+    args = [torch.softmax(r(T, n, n), -1).to(h), r(T, n, C, dtype=bf), (r(T, n).sigmoid() * 2).to(h), r(T, C, dtype=bf),
             r(N, n * C, dtype=bf, scale=(n * C) ** -0.5), r(N), r(C, dtype=bf)]
     cots = [r(T, n, C, dtype=bf), r(T, C, dtype=bf), r(T, n), r(T, n, n)]
     return [a.requires_grad_() for a in args], cots
@@ -120,9 +121,12 @@ def main():
     ap.add_argument("--n", type=int, default=4)
     ap.add_argument("--C", type=int, default=7168)
     ap.add_argument("--quick", action="store_true", help="only the op and the separate ops")
+    ap.add_argument("--hbf16", action="store_true", help="bf16 h_res / h_post (default fp32)")
+    ap.add_argument("--bwd", action="store_true", help="backward designs instead of the forward sweep")
     o = ap.parse_args()
     T, n, C = o.T, o.n, o.C
-    args, cots = make(T, n, C, "cuda")
+    hd = torch.bfloat16 if o.hbf16 else torch.float32
+    args, cots = make(T, n, C, "cuda", hd)
     fb, bb = op_bytes(T, n, C)
     rows = []
 
@@ -139,21 +143,28 @@ def main():
     print("fused vs separate, rel. errors:", {k: f"{v:.2e}" for k, v in errs.items()}, flush=True)
     row("h_post_bda + mhc_pre (separate)", separate)
     row("mhc_post_pre (cutile, default)", fused)
-    if not o.quick:
+    if o.bwd:  # the backward designs (cutile_post_pre_bwd) against the d_total one
+        row("  bwd: d_total in fp32 (mhc_pp_bwd_dx)", fused, ONE_BWD=False, DH_DX=False)
+        for ch in (dict(TK_X=64, OCC_X=2), dict(TK_X=128, OCC_X=1), dict(TK_X=256, OCC_X=2)):
+            row("  bwd: dh in dx pass " + " ".join(f"{k}={v}" for k, v in ch.items()), fused, DH_DX=True, **ch)
+        row("  bwd: one-pass (dweight from out)", fused, ONE_BWD=True)
+    elif not o.quick:
         row("  fused fwd + fused bwd", fused, FUSE_FWD=True)
-        row("  composed fwd + composed bwd", fused, FUSE_FWD=False, FUSE_BWD=False)
+        row("  composed fwd + composed bwd", fused, FUSE_FWD=False, FUSE_BWD=False, ONE_BWD=False, DH_DX=False)
         np_ = 1 << (n - 1).bit_length()
         for ch in (dict(CS=4), dict(CS=8), dict(OCC_F=2), dict(TM=128, TK=64 // np_), dict(TM=32, TK=256 // np_)):
             ch = dict(FUSE_FWD=True, **ch)
             row("  fwd " + " ".join(f"{k}={v}" for k, v in ch.items()), fused, fwd_only=True, **ch)
-    rec = dict(device=torch.cuda.get_device_name(), T=T, n=n, C=C, dtypes="bf16 streams, fp32 h, bf16 bias",
+    rec = dict(device=torch.cuda.get_device_name(), T=T, n=n, C=C,
+               dtypes=f"bf16 streams, {'bf16' if o.hbf16 else 'fp32'} h, bf16 bias",
                params=PARAMS, bytes_fwd=fb, bytes_bwd=bb, ceiling_Bps=CEIL, floor_fwd_ms=fb / CEIL * 1e3,
                floor_step_ms=(fb + bb) / CEIL * 1e3, rel_err_fused_vs_separate=errs, rows=rows)
     if os.environ.get("OUT"):
-        with open(os.path.join(os.environ["OUT"], "mhc_post_pre_check.json"), "w") as f:
+        tag = ("-hbf16" if o.hbf16 else "") + ("-bwd" if o.bwd else "")
+        with open(os.path.join(os.environ["OUT"], f"mhc_post_pre_check{tag}.json"), "w") as f:
             json.dump(rec, f, indent=1)
     base = rows[0]["step_ms"]
-    print(f"\nmhc_post_pre, {rec['device']}, T={T} n={n} C={C}, bf16 streams, fp32 h; do_bench median")
+    print(f"\nmhc_post_pre, {rec['device']}, T={T} n={n} C={C}, {rec['dtypes']}; do_bench median")
     print(f"bytes (minimum, by hand): fwd {fb / 1e9:.2f} GB, bwd {bb / 1e9:.2f} GB; copy floor fwd "
           f"{rec['floor_fwd_ms']:.3f} ms, fwd+bwd {rec['floor_step_ms']:.3f} ms at 4.27 TB/s")
     print(f"{'variant':34s} {'fwd ms':>8s} {'%ceil':>6s} {'fwd+bwd':>8s} {'%ceil':>6s} {'vs sep':>7s}")

@@ -200,7 +200,8 @@ def _compile_jobs():
 def test_every_new_kernel_compiles_for_sm90_and_sm100():
     jobs = [(name, ln, arch) for name, ln in _compile_jobs() for arch in ("sm_90", "sm_100")]
     names = {n.split("/")[1] for n, _, _ in jobs}
-    assert {"mhc_pp_fwd", "mhc_pp_fwd_part", "mhc_pp_mix", "mhc_pp_bwd_dx", "mhc_pb_bwd_one"} <= names
+    assert {"mhc_pp_fwd", "mhc_pp_fwd_part", "mhc_pp_mix", "mhc_pp_bwd_dx", "mhc_pb_bwd_one", "mhc_pp_bwd_one",
+            "mhc_pp_bwd_dw", "mhc_pp_bwd_dxh", "mhc_pb_bwd_dres"} <= names
     with ThreadPoolExecutor(max_workers=4) as pool:
         cubins = list(pool.map(lambda j: j[1].export_cubin(j[2]), jobs))
     for (name, _, arch), cubin in zip(jobs, cubins):
@@ -212,7 +213,7 @@ def test_launch_config_ignores_the_batch():
     from tilekernels.mhc import cutile_post_pre as pp
 
     a, b = pp.PostPreCfg.heuristic(3, 4, 7168, 20), pp.PostPreCfg.heuristic(32768, 4, 7168, 20)
-    assert (a.TM, a.TK, a.CS, a.FUSE_FWD, a.FUSE_BWD, a.pb) == (b.TM, b.TK, b.CS, b.FUSE_FWD, b.FUSE_BWD, b.pb)
+    assert dataclasses.replace(a, pre=b.pre) == b  # every field but mhc_pre's (its GM follows T)
     assert hash(a) == hash(pp.PostPreCfg.heuristic(3, 4, 7168, 20))
     with pytest.raises(ValueError, match="iters"):
         meta = torch.device("meta")
@@ -270,16 +271,27 @@ def run_cutile(c, monkeypatch=None, **changes):
 @pytest.mark.gpu
 @needs_gpu
 @pytest.mark.parametrize("c", GPU_CASES, ids=_id)
-@pytest.mark.parametrize("design", ["fused", "default", "fused-split", "composed"])
+@pytest.mark.parametrize("design", ["fused", "default", "fused-split", "composed", "d_total", "dh-dx", "one",
+                                    "one-dwin"])
 def test_cutile_matches_float64(c, design, monkeypatch):
-    """fused: fused forward (one block streams all of C, epilogue in the same kernel) and
-    fused backward; default: the heuristic's (the parts' forward, the fused backward);
-    fused-split: the forward with C split over 8 blocks per token tile (partials + mhc_pp_mix);
-    composed: the parts' kernels both ways (the backward's sum a torch add)."""
-    if design != "fused" and c["n"] not in (3, 4, 8):
+    """fused: fused forward (one block streams all of C, epilogue in the same kernel), the
+    heuristic's backward; default: the heuristic's (the parts' forward, the d_total backward);
+    fused-split: the forward with C split over 8 blocks per token tile (partials +
+    mhc_pp_mix); composed: the parts' kernels both ways (the backward's sum a torch add);
+    d_total: the backward that writes d_total in fp32 (mhc_pp_bwd_dx), then h_post_bda's;
+    dh-dx: dh in mhc_pre's dx pass from the fp32 d_total (mhc_pp_bwd_dxh), d_total stored in
+    bf16 for h_post_bda's dresidual / dx kernel; one: the one-pass backward (mhc_pp_bwd_one;
+    dweight from out, mhc_pp_bwd_dw); one-dwin: the one-pass backward with dweight in the
+    same pass. The last three are slower, non-default designs (n <= 4)."""
+    one = design.startswith("one") or design == "dh-dx"
+    if one and c["n"] > 4:
+        pytest.skip("the designs that keep the fp32 d_total out of memory are checked at n <= 4")
+    if not one and design != "fused" and c["n"] not in (3, 4, 8):
         pytest.skip("the other designs are checked at n = 3, 4, 8")
     changes = {"fused": dict(FUSE_FWD=True), "default": {}, "fused-split": dict(FUSE_FWD=True, CS=8),
-               "composed": dict(FUSE_FWD=False, FUSE_BWD=False)}[design]
+               "composed": dict(FUSE_FWD=False, FUSE_BWD=False, ONE_BWD=False, DH_DX=False),
+               "d_total": dict(ONE_BWD=False, DH_DX=False), "dh-dx": dict(DH_DX=True), "one": dict(ONE_BWD=True),
+               "one-dwin": dict(ONE_BWD=True, DW_B=True, TK_B=32, G_B=8)}[design]
     run_cutile(c, monkeypatch, **changes)
 
 

@@ -46,6 +46,12 @@ bwd: the gradient entering h_post_bda's backward is d_total = dout + d(out) of m
   reductions of the parts (fixed order: deterministic).
   H200 (same shape), bwd = fwd+bwd - fwd: FUSE_BWD 5.6-5.7 ms, FUSE_BWD=False 8.3; the
   separate ops 5.18 (their bf16 d(out) moves half the bytes of the fp32 d_total).
+  Two designs that keep the fp32 d_total out of memory (cutile_post_pre_bwd; n <= 4; correct,
+  slower, non-default): ONE_BWD, one streaming pass forming d_total per [16, n, 64] tile in
+  registers (bwd 7.92-7.95 ms; its main kernel alone 6.67 ms for ~7.6 GB), and DH_DX, h_post_bda's
+  dh sums in mhc_pre's dx pass with d_total stored in bf16 for the dresidual / dx kernel (bwd
+  7.47 ms; mhc_pp_bwd_dxh 5.67 ms against mhc_pp_bwd_dx's 2.32). The per-row sums over C of
+  d_total times the residual tiles cost more in cuTile than the fp32 round trip they save.
 Measured times (H200): benchmarks/mhc_post_pre_check.py, benchmarks/results/.
 """
 from __future__ import annotations
@@ -60,6 +66,7 @@ from tilekernels._cutile import PAD_ZERO, Launch, cdiv, next_pow2, occ
 
 from . import cutile_aggregate as agg
 from . import cutile_post_bda as pb
+from . import cutile_post_pre_bwd as ppb
 from . import cutile_pre as pre
 from . import cutile_proj_rms as pr
 from .cutile_sinkhorn import assemble, sk_fwd_entries
@@ -171,15 +178,8 @@ def mhc_pp_bwd_dx(dproj, dr, x, w, r, dx, p_dw, dout, dagg, hpre_t, eps: float,
     dx = d_total = dout + mhc_pre's d(out)."""
     grp, cj, gm, kf, ntm, wt, dw = pr.bwd_dx_setup(x, w, NPAD, TM, TK, DWT)
     for m in range(gm, ntm, ct.num_blocks(1)):
-        gx, hi, lo, xt = pr.bwd_dx_tile(dproj, dr, x, r, wt, grp, cj, m, kf, eps, NPAD, TM, TK)
-        # racecheck's write-write reports on this load at T % 4 != 0 are mhc_pr_bwd's benign
-        # pattern (see its comment): the [1, TM] tile is staged twice with the same bytes
-        hpre = ct.reshape(ct.load(hpre_t, index=(grp, m), shape=(1, TM), padding_mode=PAD_ZERO), (TM, 1))
-        ga = ct.load(dagg, index=(m, cj), shape=(TM, TK), padding_mode=PAD_ZERO)
-        go = ct.reshape(ct.load(dout, index=(m, grp, cj), shape=(TM, 1, TK), padding_mode=PAD_ZERO), (TM, TK))
-        gx = gx + hpre * ga.astype(ct.float32) + go.astype(ct.float32)
-        ct.store(dx, index=(m, grp, cj), tile=ct.reshape(gx.astype(dx.dtype), (TM, 1, TK)))
-        dw = pr.bwd_dw_acc(dw, xt, hi, lo, DWT)
+        _gx, dw = ppb.d_total_tile(dproj, dr, x, r, dx, dout, dagg, hpre_t, wt, dw, grp, cj, m, kf, eps, NPAD, TM,
+                                   TK, DWT)
     if DWT:
         dw = ct.transpose(dw)
     ct.store(p_dw, index=(gm, 0, grp, cj), tile=ct.reshape(dw, (1, NPAD, 1, TK)))
@@ -198,6 +198,20 @@ class PostPreCfg:
     PDL: bool = True    # the epilogue kernel as a programmatic dependent launch
     FUSE_FWD: bool = False  # the fused forward (mhc_pp_fwd); False: the parts' kernels (faster today)
     FUSE_BWD: bool = True   # mhc_pp_bwd_dx (d_total in one pass); False: mhc_pr_bwd, then a torch add
+    # Two backward designs that keep the fp32 d_total out of memory (cutile_post_pre_bwd; n <= 4;
+    # slower on the H200, so off; the defaults below are their fastest measured configs). Either
+    # replaces the FUSE_BWD path; ONE_BWD wins when both are set.
+    ONE_BWD: bool = False  # one streaming pass, d_total only in registers (mhc_pp_bwd_one)
+    TM_B: int = 16      # tokens per tile (tensor-core M)
+    TK_B: int = 64      # channels per C tile (the weight tile is [NPAD, n * TK_B])
+    KC_B: int = 1       # C tiles per block (dh summed over them before the partial store)
+    G_B: int = 128      # row groups (grid; one dbias / dweight partial each)
+    DW_B: bool = False  # dweight in the same pass (needs KC_B = 1); False: mhc_pp_bwd_dw from out
+    RECOMP: bool = True  # recompute out from residual, x, h (False: read the saved out)
+    OCC_B: int = 2
+    DH_DX: bool = False  # dh in mhc_pre's dx pass (mhc_pp_bwd_dxh), d_total stored in bf16 for
+    TK_X: int = 64       # h_post_bda's dresidual / dx kernel; its C tile (64 x 64 tiles)
+    OCC_X: int = 2
 
     @classmethod
     @functools.lru_cache(maxsize=1024)  # pure in its arguments; runs on every call's host path
@@ -209,6 +223,7 @@ class PostPreCfg:
         rows for the tensor cores and one block per token tile (CS=1): the fastest measured."""
         NP = next_pow2(n)
         TK = max(16, min(128 // NP, next_pow2(C)))
+        # bwd: the d_total design (FUSE_BWD; ONE_BWD and DH_DX measured slower, see the module doc)
         return cls(pb=pb.PostBdaCfg.heuristic(T, n, C), pre=pre.PreCfg.heuristic(T, n, C, iters), TM=64, TK=TK)
 
 
@@ -267,6 +282,17 @@ def bwd_launches(dout, dlayer_in, dh_post_next, dh_res_next, h_res, residual, h_
     Launch records and callables, run in order by :func:`run`."""
     T, n, C = residual.shape
     cfg = _cfg(residual, iters, cfg)
+    pre_params = (alpha_pre, alpha_post, alpha_res, iters, rms_eps, sinkhorn_eps)
+    if cfg.ONE_BWD or cfg.DH_DX:
+        if cfg.pre.NP > 4:  # (ONE_BWD's weight tile and dweight accumulator, NPAD = 128, spill)
+            raise ValueError(f"mhc_post_pre: the ONE_BWD / DH_DX backward designs are for n <= 4, got n={n}")
+        # mhc_pre's head without its dx pass (dresidual: a placeholder for its dx)
+        head = [ln for ln in pre.bwd_launches(dlayer_in, dh_post_next, dh_res_next, out, weight, hbias, proj, r,
+                                              dresidual, dweight, dhbias, *pre_params, cfg=cfg.pre)
+                if ln.kernel not in (pr.mhc_pr_bwd, pr.mhc_pr_reduce)]
+        tail = ppb.one_pass_launches if cfg.ONE_BWD else ppb.dh_in_dx_launches
+        return head + tail(head, dout, dlayer_in, h_res, residual, h_post, x, weight, bias, out, r, dh_res, dresidual,
+                           dh_post, dx, dweight, dbias, rms_eps, cfg)
     d_total = torch.empty((T, n, C), dtype=torch.float32, device=residual.device)
     head = pre.bwd_launches(dlayer_in, dh_post_next, dh_res_next, out, weight, hbias, proj, r, d_total, dweight,
                             dhbias, alpha_pre, alpha_post, alpha_res, iters, rms_eps, sinkhorn_eps, cfg=cfg.pre)
@@ -290,13 +316,15 @@ def run(steps) -> None:
 
 
 _FWD = (mhc_pp_fwd, mhc_pp_fwd_part, mhc_pp_mix)
+_BWD = (mhc_pp_bwd_dx, pb.mhc_pb_bwd_one, pb.mhc_pb_bwd_dres, pb.mhc_pb_bwd_dh, ppb.mhc_pp_bwd_one, ppb.mhc_pp_bwd_dw,
+        ppb.mhc_pp_bwd_dxh)
 
 
 def representative_launches(n: int = 4, C: int = 7168, T: int = 32768, hdtype=None, iters: int = 20):
-    """The fused forward (both designs) and the fused backward's new kernel on ``meta`` tensors (the CI compile
-    test exports them for sm_90 and sm_100); the parts' kernels are compiled by their own tests
-    (cutile_kernels.representative_launches), except the h_post_bda backward on an fp32 dout,
-    which only this op uses."""
+    """The fused forward (both designs) and the backward designs' own kernels (d_total, DH_DX, ONE_BWD with
+    dweight from out and in the same pass) on ``meta`` tensors (the CI compile test exports them for sm_90
+    and sm_100); the parts' kernels are compiled by their own tests (cutile_kernels.representative_launches),
+    except the h_post_bda backward kernels on this op's d_total (fp32; bf16 for DH_DX)."""
     meta = torch.device("meta")
     bf, f32 = torch.bfloat16, torch.float32
     hd = hdtype or f32
@@ -313,12 +341,15 @@ def representative_launches(n: int = 4, C: int = 7168, T: int = 32768, hdtype=No
     res = {}
     one = dataclasses.replace(PostPreCfg.heuristic(T, n, C, iters), FUSE_FWD=True)
     split = dataclasses.replace(one, CS=8)
+    bwds = {"": dataclasses.replace(one, ONE_BWD=False, DH_DX=False), ".dhdx": dataclasses.replace(one, DH_DX=True),
+            ".one": dataclasses.replace(one, ONE_BWD=True),
+            ".one.dwin": dataclasses.replace(one, ONE_BWD=True, DW_B=True, TK_B=32, G_B=8)}
     for b, tag in ((e(C), ""), (None, ".nobias")):
         res[f"mhc_post_pre.fwd{tag}"] = [ln for ln in fwd_launches(*ins, b, *outs, *params, cfg=one)
                                          if ln.kernel in _FWD]
         res[f"mhc_post_pre.fwd{tag}.split"] = [ln for ln in fwd_launches(*ins, b, *outs, *params, cfg=split)
                                                if ln.kernel in _FWD]
-        bwd = bwd_launches(*grads_out, *ins, b, outs[0], outs[4], outs[5], *dins, b, *params)
-        res[f"mhc_post_pre.bwd{tag}"] = [ln for ln in bwd if ln.kernel in (mhc_pp_bwd_dx, pb.mhc_pb_bwd_one,
-                                                                         pb.mhc_pb_bwd_dres, pb.mhc_pb_bwd_dh)]
+        for bt, bc in bwds.items():
+            bwd = bwd_launches(*grads_out, *ins, b, outs[0], outs[4], outs[5], *dins, b, *params, cfg=bc)
+            res[f"mhc_post_pre.bwd{bt}{tag}"] = [ln for ln in bwd if ln.kernel in _BWD]
     return res
