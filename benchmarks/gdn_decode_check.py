@@ -111,12 +111,31 @@ def _cute_mod():
     return cute_decode
 
 
-# the CuTe DSL kernel's configs beside its heuristic (--cute-sweep): changes to DecodeCfg
-# (H200, session 8, us at B = 1 / 32 / 256, fp32 state; benchmarks/results/h200-gdn-decode-cute.txt):
+# the CuTe DSL kernel's configs beside its heuristic (--cute-sweep): changes to its DecodeCfg, from
+# that config (H200, session 8, us at B = 1 / 32 / 256, fp32 state; benchmarks/results/h200-gdn-decode-cute.txt):
 # first kernel (96 registers): heuristic 3.69 / 49.77 / 363.40, BV64 3.57 / 52.52 / 380.67, BV128
-# 5.44 / 61.67 / 468.76, KS2 4.17 / 55.08 / 390.03; the kernel now (72 registers): heuristic 3.76 /
-# 46.41 / 329.30, BV64 3.62 / 47.55 / 336.02, KS2 5.16 / 54.39 / 374.63, MINB8 4.07 / 47.50 / 335.04
-CUTE_VARIANTS = {"cute-BV64": dict(BV=64), "cute-KS2": dict(KS=2), "cute-MINB8": dict(MINB=8)}
+# 5.44 / 61.67 / 468.76, KS2 4.17 / 55.08 / 390.03; the 72-register kernel (VEC 1): heuristic 3.76 /
+# 46.41 / 329.30, BV64 3.62 / 47.55 / 336.02, KS2 5.16 / 54.39 / 374.63, MINB8 4.07 / 47.50 / 335.04.
+# Session 9 (H200, us at B = 1 / 32 / 256, fp32 | bf16 state; benchmarks/results/h200-gdn-decode-cute.txt),
+# VEC columns a thread (one vector state access per row): v1 (the session-8 config) 3.79 / 46.49 /
+# 329.17 | 3.55 / 26.10 / 237.26; v2 3.67 / 47.56 / 335.29 | 3.46 / 24.15 / 230.85; v4 (BV 32, KS 16,
+# 32 values) 3.85 / 48.76 / 356.54 | 3.54 / 26.20 / 245.83; v4-b64k8 (the new heuristic) 3.68 /
+# 45.14 / 309.43 | 3.36 / 21.73 / 216.46; v4-b32k8 (64 threads) 4.08 / 49.43 / 331.50 | 3.82 /
+# 24.67 / 239.50; v4-b64k4 (128 values, fp32) 4.40 / 51.67 / 348.60; v4 + STREAM 3.84 / 47.72 /
+# 367.30 | 3.55 / 27.62 / 244.75 (run 2). Run 3, at the new heuristic (cute 3.72 / 44.93 / 307.87 |
+# 3.55 / 21.53 / 218.20): v4-b64k8-stream 3.74 / 42.62 / 316.88 | 3.35 / 23.17 / 212.86; v4-b64k8-minb5
+# 4.09 / 44.25 / 299.60 | 3.65 / 20.90 / 211.44; v4-b128k4 4.74 / 46.76 / 319.68 | 3.95 / 21.19 / 216.53.
+CUTE_VARIANTS = {  # name: (state dtypes, VEC, BV, KS, STREAM, MINB); "v1" is the session-8 kernel
+    "v1": ("fp32,bf16", 1, 32, 4, False, 0), "v2": ("fp32,bf16", 2, 32, 8, False, 0),
+    "v4": ("fp32,bf16", 4, 32, 16, False, 0), "v4-b64k8-stream": ("fp32,bf16", 4, 64, 8, True, 0),
+    "v4-b64k8-minb5": ("fp32,bf16", 4, 64, 8, False, 5), "v4-b128k4": ("fp32,bf16", 4, 128, 4, False, 0),
+}
+
+
+def cute_variant(name, base):
+    """CUTE_VARIANTS[name]'s VEC, BV, KS, STREAM, MINB in the heuristic's config ``base``."""
+    _, VEC, BV, KS, st, minb = CUTE_VARIANTS[name]
+    return dataclasses.replace(base, VEC=VEC, BV=BV, KS=KS, STREAM=st, MINB=minb)
 
 
 def _rec(tag, B, sd, us, cfg=None, **extra):
@@ -314,11 +333,14 @@ def main():
                 except Exception:
                     log_error(RESULTS["errors"], f"cute B={B} {sd}", limit=6)
                 for name, ch in CUTE_VARIANTS.items() if a.cute_sweep else ():
+                    if str(sd).removeprefix("torch.").replace("bfloat16", "bf16").replace("float32", "fp32") \
+                            not in ch[0].split(","):
+                        continue
                     try:
                         cq = _cute_mod()
                         base = cq.DecodeCfg.heuristic(SHAPE["Hk"], SHAPE["Hv"], SHAPE["dk"], SHAPE["dv"], SHAPE["W"],
                                                       torch.finfo(sd).bits // 8)
-                        keep(run_case(B, sd, cfg=dataclasses.replace(base, **ch), with_ref=False, tag=name,
+                        keep(run_case(B, sd, cfg=cute_variant(name, base), with_ref=False, tag=name,
                                       rep=min(a.rep, 100), mod=cq), "sweeps")
                     except Exception:
                         log_error(RESULTS["errors"], f"{name} B={B} {sd}", limit=6)

@@ -5,6 +5,9 @@ re-tiles), each run three times in argument order, e.g. the third launch of the 
     ncu --clock-control none --kernel-name regex:gdn_decode --launch-skip 2 --launch-count 1 \\
         --section SpeedOfLight --section Occupancy --section WarpStateStats \\
         python3 benchmarks/probes/gdn_decode_ncu.py "256:fp32:{}" "1:fp32:{'TMA': False}"
+The CuTe DSL kernel (tilekernels/gdn/cute_decode.py): ``B:state:cute`` (its heuristic's config) or
+``B:state:cute=NAME`` (a config of benchmarks/gdn_decode_check.py's CUTE_VARIANTS), kernel-name regex
+``decode_kernel``.
 """
 from __future__ import annotations
 
@@ -22,8 +25,14 @@ if __name__ == "__main__":
         B, sd, changes = arg.split(":", 2)
         sdt = gc.SDT[sd]
         x, conv, w, A, dt, ssm, idx, o = gc.problem(int(B), sdt)
-        ln = gc.cd.decode_launch(x, conv, w, A, dt, ssm, idx, o, gc.SHAPE["Hk"], 1e-6, None,
-                                 cfg=gc.variant_cfg(sdt, ast.literal_eval(changes)))
+        if changes.startswith("cute"):
+            cq = gc._cute_mod()
+            cfg = cq.DecodeCfg.heuristic(16, 32, 128, 128, 4, sdt.itemsize)
+            cfg = gc.cute_variant(changes[5:], cfg) if changes.startswith("cute=") else cfg
+            ln = cq.decode_launch(x, conv, w, A, dt, ssm, idx, o, gc.SHAPE["Hk"], 1e-6, None, cfg=cfg)
+        else:
+            ln = gc.cd.decode_launch(x, conv, w, A, dt, ssm, idx, o, gc.SHAPE["Hk"], 1e-6, None,
+                                     cfg=gc.variant_cfg(sdt, ast.literal_eval(changes)))
         for _ in range(3):
             ln.run()
         torch.cuda.synchronize()

@@ -14,6 +14,9 @@ eager; the registry's ``backend="cute"``.
 """
 from __future__ import annotations
 
+import dataclasses
+import re
+
 import pytest
 import torch
 
@@ -32,6 +35,24 @@ from test_gdn_cutile_decode import BF, F32, GPU_CASES, QWEN, _indices, _inputs, 
 COMPILE_VARIANTS = [(QWEN, F32, True, BF), (QWEN, BF, True, BF), (QWEN, F32, False, BF), (QWEN, F32, True, F32)]
 COMPILE_VARIANTS += [(c[2], c[3], c[4] is not None, BF) for c in GPU_CASES if c[2] != QWEN]
 COMPILE_VARIANTS += [(dict(Hk=1, Hv=8, dk=64, dv=40, W=4), F32, True, BF)]  # R = 8: BV 64, one CTA per head
+
+
+# A/B configs beside the heuristic's (its Qwen3-Next config with these VEC, BV, KS, STREAM; both
+# state dtypes): "v1" the session-8 kernel (one column a thread, KS 4), 64-bit accesses, 128-bit
+# ones with 32 state values a thread (BV 32) or 128 (BV 64 / 128, KS 4), 64 threads (BV 32, KS 8),
+# streaming cache hints (VEC > 1 only)
+AB_CONFIGS = {"v1": (1, 32, 4, False), "v2": (2, 32, 8, False), "v4": (4, 32, 16, False),
+              "v4-b32k8": (4, 32, 8, False), "v4-b64k4": (4, 64, 4, False), "v4-b128k4": (4, 128, 4, False),
+              "v4-b64k8-stream": (4, 64, 8, True)}
+
+
+def ab_config(name, sd, shape=QWEN, with_idx=True):
+    """The heuristic's config at ``shape`` with AB_CONFIGS[name]'s changes."""
+    s = shape
+    c = cq.DecodeCfg.heuristic(s["Hk"], s["Hv"], s["dk"], s["dv"], s["W"], torch.tensor([], dtype=sd).element_size(),
+                               with_idx)
+    VEC, BV, KS, st = AB_CONFIGS[name]
+    return dataclasses.replace(c, VEC=VEC, BV=BV, KS=KS, STREAM=st)
 
 
 def _vid(v):
@@ -57,6 +78,25 @@ def test_every_config_compiles_for_sm90a(v):
     assert ("barrier.cluster.arrive" in art.ptx) == (cfg.cluster > 1)
 
 
+@pytest.mark.parametrize("sd", [F32, BF], ids=["fp32state", "bf16state"])
+@pytest.mark.parametrize("name", ["unaligned", *AB_CONFIGS])
+def test_ab_and_unaligned_configs_compile(name, sd):
+    """The heuristic's config for a state address not 16-byte aligned (VEC 1) at every compile
+    shape, and the A/B configs at Qwen3-Next shapes: compile for sm_90a without spills."""
+    if name == "unaligned":
+        lns = [cq.representative_launch(**s, dtype=dt, state_dtype=sd, with_indices=idx, aligned=False)
+               for s, _, idx, dt in COMPILE_VARIANTS if _ == F32]
+        assert all(ln.cfg.VEC == 1 for ln in lns)
+    else:
+        lns = [cq.representative_launch(**QWEN, state_dtype=sd, cfg=ab_config(name, sd))]
+    for ln in lns:
+        art = ln.export("sm_90a")
+        res = [r for n, r in cubin_resources(art.cubin).items() if "decode_kernel" in n]
+        assert len(res) == 1 and res[0]["frame"] == 0, f"{ln.cfg}: register spills or a local array: {res}"
+        assert bool(re.search(r"ld\.global\S*\.v[248]", art.ptx)) == (ln.cfg.VEC > 1)
+        assert ("st.global.cs" in art.ptx) == ln.cfg.STREAM
+
+
 def test_config_is_the_compile_key():
     """From the head shape, the state's element size and HAS_IDX only; B is the grid's."""
     keys = {_launch(v).key("sm_90a") for v in COMPILE_VARIANTS}
@@ -68,9 +108,17 @@ def test_config_is_the_compile_key():
         o = torch.empty(B, 32, 128, dtype=BF, device=meta)
         lns.append(cq.decode_launch(x, conv, w, A, dt, ssm, None, o, 16))
     assert len({ln.launch.key("sm_90a") for ln in lns}) == 1
-    assert [ln.grid for ln in lns] == [(128, 1, 1), (128, 7, 1), (128, 256, 1)]
+    assert [ln.grid for ln in lns] == [(64, 1, 1), (64, 7, 1), (64, 256, 1)]
     cfg = lns[0].cfg
-    assert (cfg.BV, cfg.KS, cfg.cluster, cfg.threads, cfg.RPT) == (32, 4, 8, 128, 32)
+    assert (cfg.BV, cfg.VEC, cfg.KS, cfg.cluster, cfg.threads, cfg.RPT) == (64, 4, 8, 4, 128, 16)
+    bf = cq.DecodeCfg.heuristic(16, 32, 128, 128, 4, 2)
+    assert (bf.BV, bf.VEC, bf.KS, bf.threads, bf.RPT) == (64, 4, 8, 128, 16)
+    # the session-8 config where a thread cannot take 4 columns
+    old = cq.DecodeCfg.heuristic(16, 32, 128, 128, 4, 4, True, False)
+    assert (old.BV, old.VEC, old.KS, old.cluster, old.threads, old.RPT) == (32, 1, 4, 8, 128, 32)
+    # an odd dv or a state address not 16-byte aligned: one column a thread
+    assert cq.DecodeCfg.heuristic(1, 4, 48, 40, 4, 4).VEC == 4
+    assert cq.DecodeCfg.heuristic(1, 4, 48, 39, 4, 4).VEC == 1
 
 
 def mk_meta(B, Hk, Hv, dk, dv, W, N=None, dtype=BF, state_dtype=F32):
@@ -140,3 +188,42 @@ def test_registry_backend_cute(sd):
     assert_close(conv, c64.to(conv.dtype), kind="exact", what="conv_state")
     e = op(x[:0], conv, w, A, dt, ssm, idx[:0], Hk=16, backend="cute")
     assert e.shape == (0, 32, 128)
+
+
+@pytest.mark.gpu
+@needs_gpu
+@pytest.mark.parametrize("sd", [F32, BF], ids=["fp32state", "bf16state"])
+@pytest.mark.parametrize("name", ["unaligned", *AB_CONFIGS])
+def test_ab_and_unaligned_configs_match_reference(name, sd):
+    """The A/B configs (explicit cfg) and a state whose address is 4 bytes past a 16-byte
+    boundary (the heuristic then takes VEC 1; an explicit VEC > 1 config is refused) at
+    Qwen3-Next shapes, padded state_indices: same results as the float64 reference, unnamed
+    slots bit-identical."""
+    B, N = 33, 40
+    x, conv, w, A, dt, ssm = _inputs(B, N, **QWEN, state_dtype=sd)
+    idx = _indices(B, N, "pad")
+    cfg = None
+    if name == "unaligned":
+        buf = torch.empty(ssm.numel() + 8, dtype=sd, device=ssm.device)
+        k = 4 // ssm.element_size()
+        view = buf[k:k + ssm.numel()].view(ssm.shape)
+        view.copy_(ssm)
+        ssm = view
+    else:
+        cfg = ab_config(name, sd)
+    o64, c64, s64 = _ref64(x, conv, w, A, dt, ssm, idx, 16)
+    before = ssm.clone()
+    o = torch.full((B, 32, 128), float("nan"), dtype=x.dtype, device=x.device)
+    ln = cq.decode_launch(x, conv, w, A, dt, ssm, idx, o, 16, cfg=cfg)
+    assert ln.cfg.VEC == 1 if name == "unaligned" else ln.cfg == cfg
+    ln.run()
+    assert_close(o, o64, what="o")
+    assert_close(ssm, s64, kind=sd, what="ssm_state")
+    assert_close(conv, c64.to(conv.dtype), kind="exact", what="conv_state")
+    named = torch.zeros(N, dtype=torch.bool, device=x.device)
+    named[idx[idx >= 0].long()] = True
+    assert torch.equal(ssm[~named], before[~named])
+    if name == "unaligned":
+        with pytest.raises(ValueError, match="address"):
+            cq.decode_launch(x, conv, w, A, dt, ssm, idx, o, 16, cfg=cq.DecodeCfg.heuristic(16, 32, 128, 128, 4,
+                                                                                             ssm.element_size()))

@@ -10,21 +10,24 @@ once); o is rounded once to mixed's dtype.
 
 Shape (after FLA's fused recurrent decode, which keeps a [dk, BV] slice of the state in the
 registers of a small program): one CTA per (row b, value head h, block of BV state columns),
-grid (Hv * NCB, B), NCB = ceil(dv / BV); BV * KS threads, thread t owns column j = t % BV of
-the block and the rows i = p, p + KS, p + 2*KS, ... (p = t // BV) of S[:, j]: RPT = ceil(dk / KS)
-fp32 values in registers. A warp is 32 consecutive columns of one row set, so each row of its
-state loads and stores is one 128-byte (fp32) line. The columns of S are independent in the
-delta rule (u_j and o_j need column j of S and all of k, q), so with
+grid (Hv * NCB, B), NCB = ceil(dv / BV); G * KS threads (G = BV / VEC column groups), thread t
+owns the VEC adjacent columns j0 = VEC * (t % G) .. j0 + VEC - 1 of the block and the rows
+i = p, p + KS, p + 2*KS, ... (p = t // G) of them: RPT * VEC fp32 values in registers
+(RPT = ceil(dk / KS)), each row one VEC-wide vector load and store (VEC 4: 16 bytes fp32, 8 bf16).
+A warp's row parts are consecutive columns of one row set (VEC 1: each row one 128-byte fp32
+line; VEC 4, BV 64: 16 columns x 2 rows). The columns of S are independent in the delta rule
+(u_j and o_j need column j of S and all of k, q), so with
 o = h^T q' + u (k . q')   (h = exp(g) S, q' = scale * q)
 both dk-reductions (h^T k and h^T q') come from the loaded values at once: per-thread partial
-sums over its rows, one exchange of the KS partials of every column through shared memory
-(summed in a fixed order), then u, o and S_new = h + k u^T from registers. KS = 1 needs no
-exchange. The state loads are issued before the prologue (their latency overlaps it).
+sums over its rows, butterfly shuffles over the row parts inside a warp (lanes G apart), one
+exchange of the warps' partials of every column through shared memory (summed in a fixed
+order), then u, o and S_new = h + k u^T from registers. The state loads are issued before the
+prologue (their latency overlaps it), from one 64-bit base a thread with constant row offsets.
 
 Prologue, once per CTA: the conv step of its key head's q and k channels (2*dk, spread over the
 threads), their squared norms and q.k (warp shuffles, then one exchange between warps), l2norm
 and scale into shared memory (q', k broadcast to every thread), the conv step of its own BV v
-channels (threads with p = 0), the gates of (b, h).
+channels (one a thread), the gates of (b, h).
 
 Who writes the conv state: v's channels of a column block belong to exactly one CTA, which
 reads their window and writes the shifted one itself. q's and k's channels of key head kh are
@@ -46,23 +49,26 @@ conv_state [N, C, W-1], conv_weight [C, W], A_log, dt_bias [Hv] fp32, ssm_state
 and W >= 2: rows past dk read row dk-1 with zero q', k weights, columns past dv read column
 dv-1 and store nothing.
 
-Measured (H200, Qwen3-Next, bf16 mixed, graph-replayed, benchmarks/results/h200-gdn-decode-cute.txt):
-fp32 state 3.76 / 46.41 / 329.30 us at B = 1 / 32 / 256 (78.6% of 4.27 TB/s at B=256), bf16 state
-3.54 / 26.06 / 236.92; FLA's fused_recurrent_gated_delta_rule (no conv step) 3.33 / 48.99 / 366.37
-in the same run; the cuTile backend 9.43 / 68.46 / 407.43 (fp32), 10.93 / 35.93 / 314.72 (bf16)
-in an earlier run on the same device kind. 72 registers a thread (7 CTAs of 128 threads an SM); the
-first version kept k in registers for the update too (96 registers, 5 CTAs): 363.40 us at B=256.
-What limits it (not profiled): each CTA's state loads wait on the state_indices load (slot ->
-address), and only 7 x 16 KB of state loads are in flight per SM; the q|k prologue is recomputed by
-every CTA of a cluster (8 at Qwen3-Next shapes: 4 KB of L2 reads each). A bf16 state moves 64-byte
-rows per warp with 2-byte loads (no vector loads yet). Wider blocks (BV 64), more rows a thread
-(KS 2) and ptxas held to 64 registers (MINB 8, spills) measured slower or equal.
+Measured (H200, Qwen3-Next, bf16 mixed, graph-replayed, benchmarks/results/h200-gdn-decode-cute.txt,
+session 9): the heuristic's config (BV 64, VEC 4, KS 8: 64 values a thread, 122 registers, 4 CTAs
+of 128 threads an SM, clusters of 4) fp32 state 3.72 / 44.93 / 307.87 us at B = 1 / 32 / 256 (84.1%
+of 4.27 TB/s at B=256), bf16 state 3.55 / 21.53 / 218.20; the session-8 config (VEC 1, BV 32, KS 4:
+32 values, 71 registers, 7 CTAs an SM) 3.79 / 46.44 / 327.78 and 3.55 / 25.94 / 235.07; FLA's
+fused_recurrent_gated_delta_rule (no conv step) 3.38 / 48.91 / 364.89, all in the same run.
+Nsight Compute at B=256, fp32 (session 9): the session-8 config DRAM 68% of peak, achieved occupancy
+39%; this one DRAM 74%, occupancy 23%; both mostly stalled on global-load scoreboards (34% / 43% of
+the cycles between issues): latency-bound, the state in flight per SM is what moves it. VEC 4 at BV
+32 (32 values, 6 CTAs an SM) measured slower than VEC 1 (354.98 us); 128 values a thread (BV 64 or
+128 with KS 4) slower than 64; STREAM faster at B=32 (42.62 us) and slower at 256 (316.88); ptxas
+held to 5 CTAs an SM (MINB 5: 96 registers, a 16-byte spill for fp32) 4.09 / 44.25 / 299.60 fp32,
+3.65 / 20.90 / 211.44 bf16 (not the default: a spill, slower at B=1).
 
 Backend limits (for the spec's cute Backend entry): SM 9.0 (sm_90a: clusters); mixed (and so
 conv_state and o) bf16 or fp32; conv_weight bf16 or fp32; A_log, dt_bias fp32; ssm_state fp32
 or bf16; W >= 2; Hv/Hk <= 8 (cluster size); B < 65536 (the grid's y extent); Hv*dk*dv < 2**31
-(offsets inside a slot are int32, across slots and rows 64-bit). Compile key: DecodeCfg (from Hk, Hv, dk, dv, W
-and the state's element size only) + the dtypes + HAS_IDX; B is a runtime scalar (the grid).
+(offsets inside a slot are int32, across slots and rows 64-bit). Compile key: DecodeCfg (from Hk, Hv, dk, dv, W,
+the state's element size and whether its address is a multiple of 16 bytes: VEC > 1 needs that,
+a view that is not gets VEC 1) + the dtypes + HAS_IDX; B is a runtime scalar (the grid).
 Importing this module needs ``cutlass`` but no GPU.
 """
 from __future__ import annotations
@@ -75,12 +81,17 @@ import torch
 import cutlass
 import cutlass.cute as cute
 from cutlass import Float32, Int32, Int64
+from cutlass._mlir import ir
+from cutlass._mlir.dialects import vector
 from cutlass.memory.smem import SmemAllocator
 
 from tilekernels._cute import Launch, Ptr, Scalar, cdiv, cuda
 from tilekernels._glue import kernel, launch_into
 
 MAX_CLUSTER = 8  # portable thread-block cluster size
+VEC_BYTES = {4: 16, 2: 8}  # the heuristic's state bytes a thread loads and stores per row, by element size
+VALUES = 64  # the heuristic's most state values a thread holds (VEC > 1)
+STREAM = False  # the heuristic's DecodeCfg.STREAM
 
 
 # ------------------------------------------------------------------ launch config
@@ -103,12 +114,18 @@ class DecodeCfg:
     KS: int
     has_idx: bool = True
     MINB: int = 0  # CTAs per SM asked of ptxas (caps registers; 0: no bound)
+    VEC: int = 1  # state columns per thread: one VEC-wide load and store per row (dv % VEC == 0)
+    STREAM: bool = False  # VEC > 1 only: state loads L1::no_allocate, stores .cs (streaming: touched once)
 
     def __post_init__(self):
+        G = self.BV // max(self.VEC, 1)
         if (self.W < 2 or self.BV < 1 or self.KS < 1 or self.threads > 1024 or self.threads % 32
-                or self.cluster > MAX_CLUSTER):
-            raise ValueError(f"gdn_decode cute: config {self}: needs W >= 2, whole warps (BV * KS a multiple "
-                             f"of 32, at most 1024) and a cluster (R * NCB) of at most {MAX_CLUSTER} CTAs")
+                or self.cluster > MAX_CLUSTER or self.VEC not in (1, 2, 4, 8) or self.BV % self.VEC
+                or self.dv % self.VEC or (G % 32 and 32 % G) or (self.STREAM and self.VEC == 1)):
+            raise ValueError(f"gdn_decode cute: config {self}: needs W >= 2, whole warps (BV / VEC * KS a multiple "
+                             f"of 32, at most 1024), a cluster (R * NCB) of at most {MAX_CLUSTER} CTAs, VEC in "
+                             f"1, 2, 4, 8 dividing BV and dv, BV / VEC dividing or a multiple of 32, "
+                             f"STREAM only with VEC > 1")
 
     @property
     def NCB(self) -> int:
@@ -120,7 +137,17 @@ class DecodeCfg:
 
     @property
     def threads(self) -> int:
-        return self.BV * self.KS
+        return self.BV // self.VEC * self.KS
+
+    @property
+    def G(self) -> int:
+        """Column groups (threads) per row part."""
+        return self.BV // self.VEC
+
+    @property
+    def PW(self) -> int:
+        """Row parts per warp (their partial sums: warp shuffles; KS / PW warps' through smem)."""
+        return max(1, 32 // self.G)
 
     @property
     def RPT(self) -> int:
@@ -129,12 +156,21 @@ class DecodeCfg:
     @classmethod
     @functools.lru_cache(maxsize=1024)
     def heuristic(cls, Hk: int, Hv: int, dk: int, dv: int, W: int, state_bytes: int = 4,
-                  has_idx: bool = True) -> "DecodeCfg":
+                  has_idx: bool = True, aligned: bool = True) -> "DecodeCfg":
         """From the head shape and the state's element size only (never B or N): 32 columns per
         CTA (one warp's 128-byte fp32 row; the widest cluster, so the most CTAs at small B),
         widened while the cluster R * NCB would exceed 8 (so the CTA is whole warps: the
         warp-shuffle sums need full warps); rows split so that a thread holds at most 32 state
-        values (KS = ceil(dk / 32) threads per column: 128 threads, 32 values at dk = 128)."""
+        values (KS = ceil(dk / 32) threads per column: 128 threads, 32 values at dk = 128): the
+        session-8 kernel, what a state that is not 16-byte aligned (``aligned`` False) or whose dv
+        is odd gets (VEC 1).
+        Otherwise each thread takes VEC adjacent columns (one vector load and store per row:
+        VEC_BYTES by the state's element size, VEC 4 for fp32 and bf16; the largest power of two
+        <= that dividing dv), the block doubles to 2 * BV columns where dv has them (the q|k
+        prologue and the cluster's barrier shared by twice the state; half the cluster), and the
+        rows are split so that a thread holds at most 64 state values (KS = ceil(dk * VEC / 64),
+        rounded up to whole warps). Qwen3-Next: BV 64, VEC 4, KS 8, 128 threads, 64 values, 4
+        CTAs a cluster (H200: 309 us at B=256 against 329 us for the session-8 config, fp32)."""
         if W < 2:
             raise ValueError(f"gdn_decode cute: conv width W={W} < 2 is not supported")
         if Hv % Hk:
@@ -148,7 +184,19 @@ class DecodeCfg:
         KS = cdiv(dk, 32)
         while BV * KS > 512:  # <= 512 threads keep 128 registers a thread (very wide heads spill)
             KS -= 1
-        return cls(Hk=Hk, R=R, dk=dk, dv=dv, W=W, BV=BV, KS=KS, has_idx=has_idx)
+        VEC = max(1, VEC_BYTES.get(state_bytes, state_bytes) // state_bytes) if aligned else 1
+        while dv % VEC:
+            VEC //= 2
+        if VEC == 1:
+            return cls(Hk=Hk, R=R, dk=dk, dv=dv, W=W, BV=BV, KS=KS, has_idx=has_idx)
+        for bv in ((2 * BV, BV) if dv >= 2 * BV else (BV,)):
+            G = bv // VEC
+            PW = max(1, 32 // G)  # row parts a warp holds: KS a multiple of it (whole warps)
+            ks = cdiv(cdiv(dk * VEC, VALUES), PW) * PW
+            if G * ks <= 512:  # <= 512 threads of <= 128 registers
+                return cls(Hk=Hk, R=R, dk=dk, dv=dv, W=W, BV=bv, KS=ks, has_idx=has_idx, VEC=VEC,
+                           STREAM=STREAM)
+        return cls(Hk=Hk, R=R, dk=dk, dv=dv, W=W, BV=BV, KS=KS, has_idx=has_idx)  # very long rows: VEC 1
 
 
 # ------------------------------------------------------------------ device code
@@ -170,17 +218,38 @@ def _silu_conv(x, conv, w, W: int):
     return pre / (Float32(1.0) + cute.math.exp(-pre))
 
 
+def _ld_state(st, off, VEC: int, stream: bool):
+    """VEC consecutive state values at element offset ``off`` of ``st`` (one scalar or vector
+    load; ``off`` a multiple of VEC), in the state's dtype."""
+    hint = "evict_no_allocate" if stream else None
+    if VEC == 1:
+        return [_vec(st, off, 1)[0]]
+    v = cute.arch.load(st + off, ir.VectorType.get([VEC], st.dtype.mlir_type), level1_eviction_priority=hint)
+    return [st.dtype(vector.extract(v, dynamic_position=[], static_position=[e])) for e in range(VEC)]
+
+
+def _st_state(st, off, vals, VEC: int, stream: bool):
+    """Store VEC fp32 values rounded to the state's dtype at element offset ``off`` of ``st``."""
+    cop = "cs" if stream else None
+    if VEC == 1:
+        _vec(st, off, 1)[0] = st.dtype(vals[0])
+    else:
+        w = vector.from_elements(ir.VectorType.get([VEC], st.dtype.mlir_type),
+                                 [st.dtype(x).ir_value() for x in vals])
+        cute.arch.store(st + off, w, cop=cop)
+
+
 @cute.kernel
 def _decode_kernel(cfg: cutlass.Constexpr, mixed: cute.Pointer, conv: cute.Pointer, cw: cute.Pointer,
                    A_log: cute.Pointer, dt_bias: cute.Pointer, ssm: cute.Pointer, idx: cute.Pointer,
                    o: cute.Pointer, eps: Float32, scale: Float32):
-    Hk, R, dk, dv, W, BV, KS = cfg.Hk, cfg.R, cfg.dk, cfg.dv, cfg.W, cfg.BV, cfg.KS
+    Hk, R, dk, dv, W, BV, KS, VEC = cfg.Hk, cfg.R, cfg.dk, cfg.dv, cfg.W, cfg.BV, cfg.KS, cfg.VEC
     Hv = Hk * R
     NCB, RPT, NT, CL = cfg.NCB, cfg.RPT, cfg.threads, cfg.cluster
+    G, PW, KW = cfg.G, cfg.PW, cfg.KS // cfg.PW
     D = 2 * Hk * dk + 2 * Hv * dv + 2 * Hv
     C = 2 * Hk * dk + Hv * dv
     NW = cdiv(NT, 32)
-    sdt = ssm.dtype
     odt = o.dtype
 
     t, _, _ = cute.arch.thread_idx()
@@ -188,12 +257,13 @@ def _decode_kernel(cfg: cutlass.Constexpr, mixed: cute.Pointer, conv: cute.Point
     hv = bx // NCB
     cb = bx % NCB
     kh = hv // R
-    j = t % BV
-    p = t // BV
-    col = cb * BV + j
+    jg = t % G
+    p = t // G
+    j0 = jg * VEC  # this thread's first column in the block
+    col = cb * BV + j0
     colc = col
     if cutlass.const_expr(dv % BV != 0):
-        colc = cutlass.min(col, dv - 1)
+        colc = cutlass.min(col, dv - VEC)
 
     slot = Int32(b)
     if cutlass.const_expr(cfg.has_idx):
@@ -202,24 +272,29 @@ def _decode_kernel(cfg: cutlass.Constexpr, mixed: cute.Pointer, conv: cute.Point
     if slot < 0:  # padded row: o = 0, no state touched (the whole cluster leaves here)
         if p == 0:
             if col < dv:
-                orow[col] = odt(0.0)
+                for e in cutlass.range_constexpr(VEC):
+                    orow[col + e] = odt(0.0)
     else:
         smem = SmemAllocator()
         qs = smem.allocate_tensor(Float32, cute.make_layout(dk), 16)   # raw y of q, then q'
         ks = smem.allocate_tensor(Float32, cute.make_layout(dk), 16)   # raw y of k, then k
         vs = smem.allocate_tensor(Float32, cute.make_layout(BV), 16)
-        red = smem.allocate_tensor(Float32, cute.make_layout((KS, BV, 2), stride=(BV, 1, KS * BV)), 16)
+        red = smem.allocate_tensor(Float32, cute.make_layout((KW, BV, 2), stride=(BV, 1, KW * BV)), 16)
         wsum = smem.allocate_tensor(Float32, cute.make_layout((NW, 3), stride=(3, 1)), 16)
 
-        # ---- the state column slice, loaded first (its latency overlaps the prologue)
+        # ---- the state slice (RPT rows x VEC columns), loaded first (its latency overlaps the prologue)
+        # one 64-bit base per thread (its row p, first column) + constant row offsets: the
+        # loads and stores take immediate offsets (no 64-bit address a row)
         S0 = Int64(slot) * (Hv * dk * dv) + Int64(hv * dk * dv)
-        st = _vec(ssm, S0, dk * dv)
-        s = cute.make_rmem_tensor((RPT,), Float32)
+        ldp = ssm + (S0 + Int64(p * dv + colc))
+        s = cute.make_rmem_tensor((RPT, VEC), Float32)
         for r in cutlass.range_constexpr(RPT):
-            i = p + KS * r
+            roff = KS * r * dv
             if cutlass.const_expr(dk % KS != 0):
-                i = cutlass.min(i, dk - 1)
-            s[r] = st[i * dv + colc].to(Float32)
+                roff = (cutlass.min(p + KS * r, dk - 1) - p) * dv
+            vals = _ld_state(ldp, roff, VEC, cfg.STREAM)
+            for e in cutlass.range_constexpr(VEC):
+                s[r, e] = vals[e].to(Float32)
 
         xrow = Int64(b) * D
         crow = Int64(slot) * (C * (W - 1))
@@ -244,20 +319,26 @@ def _decode_kernel(cfg: cutlass.Constexpr, mixed: cute.Pointer, conv: cute.Point
                     qs[i] = y
                 else:
                     ks[i] = y
-        # ---- v conv step of this CTA's columns (their window is this CTA's alone)
-        if p == 0:
-            g = 2 * Hk * dk + hv * dv + colc
-            xv = _vec(mixed, xrow + g, 1)
-            cv = _vec(conv, crow + Int64(g) * (W - 1), W - 1)
-            wv = _vec(cw, Int64(g) * W, W)
-            vs[j] = _silu_conv(xv, cv, wv, W)
-            nw = cute.make_rmem_tensor((W,), mixed.dtype)
-            for q in cutlass.range_constexpr(W - 2):
-                nw[q] = cv[q + 1]
-            nw[W - 2] = xv[0]
-            if col < dv:
-                for q in cutlass.range_constexpr(W - 1):
-                    cv[q] = nw[q]
+        # ---- v conv step of this CTA's BV columns, one a thread (their window is this CTA's alone)
+        for c in cutlass.range_constexpr(cdiv(BV, NT)):
+            jv = t + c * NT
+            if jv < BV:
+                cv_col = cb * BV + jv
+                cv_colc = cv_col
+                if cutlass.const_expr(dv % BV != 0):
+                    cv_colc = cutlass.min(cv_col, dv - 1)
+                g = 2 * Hk * dk + hv * dv + cv_colc
+                xv = _vec(mixed, xrow + g, 1)
+                cv = _vec(conv, crow + Int64(g) * (W - 1), W - 1)
+                wv = _vec(cw, Int64(g) * W, W)
+                vs[jv] = _silu_conv(xv, cv, wv, W)
+                nw = cute.make_rmem_tensor((W,), mixed.dtype)
+                for q in cutlass.range_constexpr(W - 2):
+                    nw[q] = cv[q + 1]
+                nw[W - 2] = xv[0]
+                if cv_col < dv:
+                    for q in cutlass.range_constexpr(W - 1):
+                        cv[q] = nw[q]
         if cutlass.const_expr(CL > 1):
             cute.arch.cluster_arrive()  # release: this thread's reads of the old q|k window are done
         # ---- gates of (b, hv)
@@ -304,9 +385,12 @@ def _decode_kernel(cfg: cutlass.Constexpr, mixed: cute.Pointer, conv: cute.Point
         rk = cute.math.rsqrt(sk + eps)
         kq = sqk * rq * rk * scale  # k . q' (q' = scale * l2norm(q))
 
-        # ---- per thread: h = alpha S, partial h^T k and h^T q' over its rows
-        pk = Float32(0.0)
-        pq = Float32(0.0)
+        # ---- per thread: h = alpha S, partial h^T k and h^T q' over its rows (per column)
+        pk = cute.make_rmem_tensor((VEC,), Float32)
+        pq = cute.make_rmem_tensor((VEC,), Float32)
+        for e in cutlass.range_constexpr(VEC):
+            pk[e] = Float32(0.0)
+            pq[e] = Float32(0.0)
         for r in cutlass.range_constexpr(RPT):
             i = p + KS * r
             ic = i
@@ -318,33 +402,48 @@ def _decode_kernel(cfg: cutlass.Constexpr, mixed: cute.Pointer, conv: cute.Point
                 if i >= dk:
                     kv = Float32(0.0)
                     qv = Float32(0.0)
-            h = alpha * s[r]
-            s[r] = h
-            pk = pk + h * kv
-            pq = pq + h * qv
-        if cutlass.const_expr(KS > 1):
-            red[p, j, 0] = pk
-            red[p, j, 1] = pq
+            for e in cutlass.range_constexpr(VEC):
+                h = alpha * s[r, e]
+                pk[e] = pk[e] + h * kv
+                pq[e] = pq[e] + h * qv
+        # the KS row parts of a column: the PW of a warp by butterfly shuffles (lanes G apart),
+        # then the KW warps' sums through shared memory, each summed in a fixed order
+        for e in cutlass.range_constexpr(VEC):
+            for sh in cutlass.range_constexpr(cfg.PW.bit_length() - 1):
+                pk[e] = pk[e] + cute.arch.shuffle_sync_bfly(pk[e], offset=G << sh)
+                pq[e] = pq[e] + cute.arch.shuffle_sync_bfly(pq[e], offset=G << sh)
+        if cutlass.const_expr(KW > 1):
+            if p % PW == 0:
+                for e in cutlass.range_constexpr(VEC):
+                    red[p // PW, j0 + e, 0] = pk[e]
+                    red[p // PW, j0 + e, 1] = pq[e]
             cute.arch.sync_threads()
-            pk = red[0, j, 0]
-            pq = red[0, j, 1]
-            for e in cutlass.range_constexpr(1, KS):
-                pk = pk + red[e, j, 0]
-                pq = pq + red[e, j, 1]
-        u = beta * (vs[j] - pk)
+            for e in cutlass.range_constexpr(VEC):
+                pk[e] = red[0, j0 + e, 0]
+                pq[e] = red[0, j0 + e, 1]
+                for w_ in cutlass.range_constexpr(1, KW):
+                    pk[e] = pk[e] + red[w_, j0 + e, 0]
+                    pq[e] = pq[e] + red[w_, j0 + e, 1]
+        u = cute.make_rmem_tensor((VEC,), Float32)
+        for e in cutlass.range_constexpr(VEC):
+            u[e] = beta * (vs[j0 + e] - pk[e])
         if p == 0:
             if col < dv:
-                orow[col] = odt(pq + u * kq)
+                for e in cutlass.range_constexpr(VEC):
+                    orow[col + e] = odt(pq[e] + u[e] * kq)
         # ---- S_new = h + k u, stored in place (rounded once to the state's dtype); k is read
         # again from shared memory (the same product as above) instead of being kept in registers
+        stp = ssm + (S0 + Int64(p * dv + col))
         for r in cutlass.range_constexpr(RPT):
             i = p + KS * r
             if col < dv:
                 if cutlass.const_expr(dk % KS != 0):
                     if i < dk:
-                        st[i * dv + col] = sdt(s[r] + (ks[i] * rk) * u)
+                        kv = ks[i] * rk
+                        _st_state(stp, KS * r * dv, [alpha * s[r, e] + kv * u[e] for e in range(VEC)], VEC, cfg.STREAM)
                 else:
-                    st[i * dv + col] = sdt(s[r] + (ks[i] * rk) * u)
+                    kv = ks[i] * rk
+                    _st_state(stp, KS * r * dv, [alpha * s[r, e] + kv * u[e] for e in range(VEC)], VEC, cfg.STREAM)
 
         # ---- the new q|k window of (b, kh): written by the cluster's rank-0 CTA once every
         # CTA of the cluster has read the old one
@@ -414,7 +513,10 @@ def decode_launch(mixed, conv_state, conv_weight, A_log, dt_bias, ssm_state, sta
     _, Hv, dk, dv = ssm_state.shape
     W = conv_weight.shape[1]
     has_idx = state_indices is not None
-    cfg = cfg or DecodeCfg.heuristic(Hk, Hv, dk, dv, W, ssm_state.element_size(), has_idx)
+    se = ssm_state.element_size()
+    cfg = cfg or DecodeCfg.heuristic(Hk, Hv, dk, dv, W, se, has_idx, ssm_state.data_ptr() % 16 == 0)
+    if ssm_state.data_ptr() % (cfg.VEC * se):
+        raise ValueError(f"gdn_decode cute: config {cfg} needs ssm_state's address a multiple of {cfg.VEC * se} bytes")
     if (cfg.Hk, cfg.R * cfg.Hk, cfg.dk, cfg.dv, cfg.W, cfg.has_idx) != (Hk, Hv, dk, dv, W, has_idx):
         raise ValueError(f"gdn_decode cute: config {cfg} does not fit Hk={Hk}, Hv={Hv}, dk={dk}, dv={dv}, "
                          f"W={W}, state_indices {'given' if has_idx else 'absent'}")
@@ -434,8 +536,9 @@ kernel("gdn_decode", "cute", "fwd")(decode_into)
 
 def representative_launch(Hk: int = 16, Hv: int = 32, dk: int = 128, dv: int = 128, W: int = 4,
                           dtype=torch.bfloat16, state_dtype=torch.float32, with_indices: bool = True,
-                          cfg: DecodeCfg | None = None) -> Launch:
-    """The launch at one head shape, for the CPU compile test (``Launch.export("sm_90a")``)."""
+                          cfg: DecodeCfg | None = None, aligned: bool = True) -> Launch:
+    """The launch at one head shape, for the CPU compile test (``Launch.export("sm_90a")``);
+    ``aligned`` False: the heuristic's config for a state not 16-byte aligned (VEC 1)."""
     cfg = cfg or DecodeCfg.heuristic(Hk, Hv, dk, dv, W, torch.tensor([], dtype=state_dtype).element_size(),
-                                     with_indices)
+                                     with_indices, aligned)
     return _launch(cfg, dtype, dtype, state_dtype)
