@@ -125,17 +125,23 @@ def _cute_mod():
 # 367.30 | 3.55 / 27.62 / 244.75 (run 2). Run 3, at the new heuristic (cute 3.72 / 44.93 / 307.87 |
 # 3.55 / 21.53 / 218.20): v4-b64k8-stream 3.74 / 42.62 / 316.88 | 3.35 / 23.17 / 212.86; v4-b64k8-minb5
 # 4.09 / 44.25 / 299.60 | 3.65 / 20.90 / 211.44; v4-b128k4 4.74 / 46.76 / 319.68 | 3.95 / 21.19 / 216.53.
-CUTE_VARIANTS = {  # name: (state dtypes, VEC, BV, KS, STREAM, MINB); "v1" is the session-8 kernel
-    "v1": ("fp32,bf16", 1, 32, 4, False, 0), "v2": ("fp32,bf16", 2, 32, 8, False, 0),
-    "v4": ("fp32,bf16", 4, 32, 16, False, 0), "v4-b64k8-stream": ("fp32,bf16", 4, 64, 8, True, 0),
-    "v4-b64k8-minb5": ("fp32,bf16", 4, 64, 8, False, 5), "v4-b128k4": ("fp32,bf16", 4, 128, 4, False, 0),
+# Session 9, round 2: SHARE (the cluster's CTAs split the q|k prologue, distributed smem) is the
+# heuristic's, with MINB 5 where the grid is large (the "cute" row at B >= 16); "share" its small-grid
+# config at every B, "v4-b64k8" the session-9 default (no SHARE, no MINB). H200, one run, us at B = 1 /
+# 32 / 256 fp32 | bf16: cute 3.70 / 43.79 / 302.11 | 3.24 / 20.75 / 212.97; share 3.72 / 46.28 / 327.73 |
+# 3.23 / 20.38 / 211.24; v4-b64k8 3.68 / 44.83 / 308.29 | 3.45 / 21.59 / 216.49; v4-b64k8-minb5 4.10 /
+# 44.43 / 300.07 | 3.68 / 20.97 / 210.44; share-stream 3.70 / 44.08 / 331.58 | 3.23 / 21.85 / 207.16.
+CUTE_VARIANTS = {  # name: (state dtypes, VEC, BV, KS, STREAM, MINB, SHARE); "v1" is the session-8 kernel
+    "v1": ("fp32,bf16", 1, 32, 4, False, 0, False), "v4-b64k8": ("fp32,bf16", 4, 64, 8, False, 0, False),
+    "v4-b64k8-minb5": ("fp32,bf16", 4, 64, 8, False, 5, False),
+    "share": ("fp32,bf16", 4, 64, 8, False, 0, True), "share-stream": ("fp32,bf16", 4, 64, 8, True, 0, True),
 }
 
 
 def cute_variant(name, base):
-    """CUTE_VARIANTS[name]'s VEC, BV, KS, STREAM, MINB in the heuristic's config ``base``."""
-    _, VEC, BV, KS, st, minb = CUTE_VARIANTS[name]
-    return dataclasses.replace(base, VEC=VEC, BV=BV, KS=KS, STREAM=st, MINB=minb)
+    """CUTE_VARIANTS[name]'s VEC, BV, KS, STREAM, MINB, SHARE in the heuristic's config ``base``."""
+    _, VEC, BV, KS, st, minb, sh = CUTE_VARIANTS[name]
+    return dataclasses.replace(base, VEC=VEC, BV=BV, KS=KS, STREAM=st, MINB=minb, SHARE=sh)
 
 
 def _rec(tag, B, sd, us, cfg=None, **extra):

@@ -37,13 +37,17 @@ COMPILE_VARIANTS += [(c[2], c[3], c[4] is not None, BF) for c in GPU_CASES if c[
 COMPILE_VARIANTS += [(dict(Hk=1, Hv=8, dk=64, dv=40, W=4), F32, True, BF)]  # R = 8: BV 64, one CTA per head
 
 
-# A/B configs beside the heuristic's (its Qwen3-Next config with these VEC, BV, KS, STREAM; both
-# state dtypes): "v1" the session-8 kernel (one column a thread, KS 4), 64-bit accesses, 128-bit
+# A/B configs beside the heuristic's (its Qwen3-Next config with these VEC, BV, KS, STREAM, SHARE;
+# both state dtypes): "v1" the session-8 kernel (one column a thread, KS 4), 64-bit accesses, 128-bit
 # ones with 32 state values a thread (BV 32) or 128 (BV 64 / 128, KS 4), 64 threads (BV 32, KS 8),
-# streaming cache hints (VEC > 1 only)
-AB_CONFIGS = {"v1": (1, 32, 4, False), "v2": (2, 32, 8, False), "v4": (4, 32, 16, False),
-              "v4-b32k8": (4, 32, 8, False), "v4-b64k4": (4, 64, 4, False), "v4-b128k4": (4, 128, 4, False),
-              "v4-b64k8-stream": (4, 64, 8, True)}
+# streaming cache hints (VEC > 1 only), the session-9 default (every CTA its own q|k prologue:
+# "v4-b64k8"), the heuristic's small-grid config whatever B ("v4-b64k8-share"), and the shared
+# prologue at a cluster of 8 with one column a thread ("v1-share")
+AB_CONFIGS = {"v1": (1, 32, 4, False, False), "v2": (2, 32, 8, False, False), "v4": (4, 32, 16, False, False),
+              "v4-b32k8": (4, 32, 8, False, False), "v4-b64k4": (4, 64, 4, False, False),
+              "v4-b128k4": (4, 128, 4, False, False), "v4-b64k8-stream": (4, 64, 8, True, False),
+              "v4-b64k8": (4, 64, 8, False, False), "v1-share": (1, 32, 4, False, True),
+              "v4-b64k8-share": (4, 64, 8, False, True)}
 
 
 def ab_config(name, sd, shape=QWEN, with_idx=True):
@@ -51,8 +55,8 @@ def ab_config(name, sd, shape=QWEN, with_idx=True):
     s = shape
     c = cq.DecodeCfg.heuristic(s["Hk"], s["Hv"], s["dk"], s["dv"], s["W"], torch.tensor([], dtype=sd).element_size(),
                                with_idx)
-    VEC, BV, KS, st = AB_CONFIGS[name]
-    return dataclasses.replace(c, VEC=VEC, BV=BV, KS=KS, STREAM=st)
+    VEC, BV, KS, st, sh = AB_CONFIGS[name]
+    return dataclasses.replace(c, VEC=VEC, BV=BV, KS=KS, STREAM=st, SHARE=sh)
 
 
 def _vid(v):
@@ -95,6 +99,7 @@ def test_ab_and_unaligned_configs_compile(name, sd):
         assert len(res) == 1 and res[0]["frame"] == 0, f"{ln.cfg}: register spills or a local array: {res}"
         assert bool(re.search(r"ld\.global\S*\.v[248]", art.ptx)) == (ln.cfg.VEC > 1)
         assert ("st.global.cs" in art.ptx) == ln.cfg.STREAM
+        assert ("st.shared::cluster" in art.ptx) == (ln.cfg.SHARE and ln.cfg.cluster > 1)
 
 
 def test_config_is_the_compile_key():
@@ -103,22 +108,36 @@ def test_config_is_the_compile_key():
     assert len(keys) == len(COMPILE_VARIANTS)
     meta = torch.device("meta")
     lns = []
-    for B in (1, 7, 256):
+    for B in (1, 7, 15, 16, 256):
         x, conv, w, A, dt, ssm = mk_meta(B, **QWEN)
         o = torch.empty(B, 32, 128, dtype=BF, device=meta)
         lns.append(cq.decode_launch(x, conv, w, A, dt, ssm, None, o, 16))
-    assert len({ln.launch.key("sm_90a") for ln in lns}) == 1
-    assert [ln.grid for ln in lns] == [(64, 1, 1), (64, 7, 1), (64, 256, 1)]
+    # B picks between two precompiled configs: a grid of >= LARGE_CTAS CTAs (B >= 16 here) the large one
+    assert len({ln.launch.key("sm_90a") for ln in lns[:3]}) == 1 and len({ln.launch.key("sm_90a") for ln in lns}) == 2
+    assert [ln.grid for ln in lns] == [(64, 1, 1), (64, 7, 1), (64, 15, 1), (64, 16, 1), (64, 256, 1)]
+    assert lns[3].cfg == lns[4].cfg == dataclasses.replace(lns[0].cfg, MINB=cq.MINB_LARGE)
     cfg = lns[0].cfg
-    assert (cfg.BV, cfg.VEC, cfg.KS, cfg.cluster, cfg.threads, cfg.RPT) == (64, 4, 8, 4, 128, 16)
+    assert (cfg.BV, cfg.VEC, cfg.KS, cfg.cluster, cfg.threads, cfg.RPT, cfg.SHARE) == (64, 4, 8, 4, 128, 16, True)
     bf = cq.DecodeCfg.heuristic(16, 32, 128, 128, 4, 2)
     assert (bf.BV, bf.VEC, bf.KS, bf.threads, bf.RPT) == (64, 4, 8, 128, 16)
     # the session-8 config where a thread cannot take 4 columns
     old = cq.DecodeCfg.heuristic(16, 32, 128, 128, 4, 4, True, False)
-    assert (old.BV, old.VEC, old.KS, old.cluster, old.threads, old.RPT) == (32, 1, 4, 8, 128, 32)
+    assert (old.BV, old.VEC, old.KS, old.cluster, old.threads, old.RPT, old.SHARE) == (32, 1, 4, 8, 128, 32, False)
     # an odd dv or a state address not 16-byte aligned: one column a thread
     assert cq.DecodeCfg.heuristic(1, 4, 48, 40, 4, 4).VEC == 4
     assert cq.DecodeCfg.heuristic(1, 4, 48, 39, 4, 4).VEC == 1
+
+
+@pytest.mark.parametrize("sd", [F32, BF], ids=["fp32state", "bf16state"])
+def test_large_grid_config_compiles(sd):
+    """The config of a grid of >= LARGE_CTAS CTAs (ptxas asked for MINB_LARGE CTAs an SM):
+    compiles for sm_90a within MINB_LARGE's register budget; fp32 state spills at most 8 bytes
+    (measured, H200: faster than the unbounded 103 registers at B = 32 and 256)."""
+    cfg = cq.DecodeCfg.heuristic(16, 32, 128, 128, 4, torch.tensor([], dtype=sd).element_size(), True, True, True)
+    assert cfg.MINB == cq.MINB_LARGE and cfg.SHARE
+    art = cq.representative_launch(**QWEN, state_dtype=sd, cfg=cfg).export("sm_90a")
+    res = [r for n, r in cubin_resources(art.cubin).items() if "decode_kernel" in n]
+    assert len(res) == 1 and res[0]["regs"] * 128 * cfg.MINB <= 65536 and res[0]["frame"] <= 8, res
 
 
 def mk_meta(B, Hk, Hv, dk, dv, W, N=None, dtype=BF, state_dtype=F32):

@@ -27,7 +27,11 @@ prologue (their latency overlaps it), from one 64-bit base a thread with constan
 Prologue, once per CTA: the conv step of its key head's q and k channels (2*dk, spread over the
 threads), their squared norms and q.k (warp shuffles, then one exchange between warps), l2norm
 and scale into shared memory (q', k broadcast to every thread), the conv step of its own BV v
-channels (one a thread), the gates of (b, h).
+channels (one a thread), the gates of (b, h). SHARE (the heuristic's where VEC > 1): the q|k conv
+step is split over the cluster instead: CTA rank r computes channels r*NCH .. (NCH = ceil(2*dk /
+CL)) and stores each y into the qk buffer of every CTA of the cluster (st.shared::cluster at the
+mapa address), then arrives on the cluster barrier (release); the v conv step and the gates run
+before its wait (acquire), after which every CTA has all of q|k.
 
 Who writes the conv state: v's channels of a column block belong to exactly one CTA, which
 reads their window and writes the shifted one itself. q's and k's channels of key head kh are
@@ -37,7 +41,9 @@ column blocks): every thread arrives on the cluster barrier (release) right afte
 of the old window, and the cluster's rank-0 CTA writes the new window after waiting on it
 (acquire), at the end of the kernel. Nothing else waits, no counters, no workspace. CL = 1
 (one CTA per key head) needs no barrier. Hence the backend limit R * NCB <= 8 (the portable
-cluster size): the heuristic widens BV until it holds.
+cluster size): the heuristic widens BV until it holds. SHARE: each q|k channel's window is read
+by one CTA only (the one computing it), which writes the shifted window right away; the
+cluster's one barrier is the y exchange's (no CTA exits before every remote store into it landed).
 
 Continuous batching: with state_indices row b uses slot state_indices[b]; a slot of -1 writes
 zeros to its o columns and reads/writes no state (every CTA of the cluster has the same row,
@@ -62,13 +68,21 @@ the cycles between issues): latency-bound, the state in flight per SM is what mo
 128 with KS 4) slower than 64; STREAM faster at B=32 (42.62 us) and slower at 256 (316.88); ptxas
 held to 5 CTAs an SM (MINB 5: 96 registers, a 16-byte spill for fp32) 4.09 / 44.25 / 299.60 fp32,
 3.65 / 20.90 / 211.44 bf16 (not the default: a spill, slower at B=1).
+Session 9, round 2 (same shapes, one run): the heuristic now SHARE, and ptxas held to 5 CTAs an SM
+(MINB 5) only where the grid has >= LARGE_CTAS CTAs (B >= 16 here): fp32 3.70 / 43.79 / 302.11 us
+(85.7%), bf16 3.24 / 20.75 / 212.97, against the session-9 config's 3.68 / 44.83 / 308.29 and
+3.45 / 21.59 / 216.49 in the same run. SHARE alone cuts fp32 to 103 registers (still 4 CTAs an SM)
+and is slower there (46.28 / 327.73 at B = 32 / 256: the mid-kernel cluster wait; ncu B=256 DRAM
+69%); with MINB 5 it spills 8 bytes (not 16) and matches the session-9 config at MINB 5 (300.07);
+bf16 SHARE needs 96 registers (5 CTAs an SM without MINB) and is the faster at every B.
 
 Backend limits (for the spec's cute Backend entry): SM 9.0 (sm_90a: clusters); mixed (and so
 conv_state and o) bf16 or fp32; conv_weight bf16 or fp32; A_log, dt_bias fp32; ssm_state fp32
 or bf16; W >= 2; Hv/Hk <= 8 (cluster size); B < 65536 (the grid's y extent); Hv*dk*dv < 2**31
 (offsets inside a slot are int32, across slots and rows 64-bit). Compile key: DecodeCfg (from Hk, Hv, dk, dv, W,
 the state's element size and whether its address is a multiple of 16 bytes: VEC > 1 needs that,
-a view that is not gets VEC 1) + the dtypes + HAS_IDX; B is a runtime scalar (the grid).
+a view that is not gets VEC 1; whether the grid is large: B picks one of two configs) + the dtypes +
+HAS_IDX; B is a runtime scalar (the grid).
 Importing this module needs ``cutlass`` but no GPU.
 """
 from __future__ import annotations
@@ -82,7 +96,7 @@ import cutlass
 import cutlass.cute as cute
 from cutlass import Float32, Int32, Int64
 from cutlass._mlir import ir
-from cutlass._mlir.dialects import vector
+from cutlass._mlir.dialects import llvm, nvvm, vector
 from cutlass.memory.smem import SmemAllocator
 
 from tilekernels._cute import Launch, Ptr, Scalar, cdiv, cuda
@@ -92,6 +106,9 @@ MAX_CLUSTER = 8  # portable thread-block cluster size
 VEC_BYTES = {4: 16, 2: 8}  # the heuristic's state bytes a thread loads and stores per row, by element size
 VALUES = 64  # the heuristic's most state values a thread holds (VEC > 1)
 STREAM = False  # the heuristic's DecodeCfg.STREAM
+SHARE = True  # the heuristic's DecodeCfg.SHARE (VEC > 1 configs)
+MINB_LARGE = 5  # the heuristic's DecodeCfg.MINB for a large grid (VEC > 1 configs; 0: as a small one)
+LARGE_CTAS = 1024  # a grid of at least this many CTAs is "large" (B is runtime: two precompiled configs)
 
 
 # ------------------------------------------------------------------ launch config
@@ -116,6 +133,7 @@ class DecodeCfg:
     MINB: int = 0  # CTAs per SM asked of ptxas (caps registers; 0: no bound)
     VEC: int = 1  # state columns per thread: one VEC-wide load and store per row (dv % VEC == 0)
     STREAM: bool = False  # VEC > 1 only: state loads L1::no_allocate, stores .cs (streaming: touched once)
+    SHARE: bool = False  # q|k conv split over the cluster's CTAs, results broadcast through distributed smem
 
     def __post_init__(self):
         G = self.BV // max(self.VEC, 1)
@@ -156,7 +174,7 @@ class DecodeCfg:
     @classmethod
     @functools.lru_cache(maxsize=1024)
     def heuristic(cls, Hk: int, Hv: int, dk: int, dv: int, W: int, state_bytes: int = 4,
-                  has_idx: bool = True, aligned: bool = True) -> "DecodeCfg":
+                  has_idx: bool = True, aligned: bool = True, large: bool = False) -> "DecodeCfg":
         """From the head shape and the state's element size only (never B or N): 32 columns per
         CTA (one warp's 128-byte fp32 row; the widest cluster, so the most CTAs at small B),
         widened while the cluster R * NCB would exceed 8 (so the CTA is whole warps: the
@@ -170,7 +188,11 @@ class DecodeCfg:
         prologue and the cluster's barrier shared by twice the state; half the cluster), and the
         rows are split so that a thread holds at most 64 state values (KS = ceil(dk * VEC / 64),
         rounded up to whole warps). Qwen3-Next: BV 64, VEC 4, KS 8, 128 threads, 64 values, 4
-        CTAs a cluster (H200: 309 us at B=256 against 329 us for the session-8 config, fp32)."""
+        CTAs a cluster (H200: 309 us at B=256 against 329 us for the session-8 config, fp32).
+        With VEC > 1 the q|k prologue is shared by the cluster (SHARE, module constant) and, where
+        the grid is ``large`` (at least LARGE_CTAS CTAs: :func:`decode_launch` picks by B, the
+        runtime dim, between the two configs), ptxas is asked for MINB_LARGE CTAs an SM (H200,
+        fp32: 302.11 us at B=256 against 308.29 for the session-9 config; at B=1 MINB costs 10%)."""
         if W < 2:
             raise ValueError(f"gdn_decode cute: conv width W={W} < 2 is not supported")
         if Hv % Hk:
@@ -195,7 +217,7 @@ class DecodeCfg:
             ks = cdiv(cdiv(dk * VEC, VALUES), PW) * PW
             if G * ks <= 512:  # <= 512 threads of <= 128 registers
                 return cls(Hk=Hk, R=R, dk=dk, dv=dv, W=W, BV=bv, KS=ks, has_idx=has_idx, VEC=VEC,
-                           STREAM=STREAM)
+                           STREAM=STREAM, SHARE=SHARE, MINB=MINB_LARGE if large else 0)
         return cls(Hk=Hk, R=R, dk=dk, dv=dv, W=W, BV=BV, KS=KS, has_idx=has_idx)  # very long rows: VEC 1
 
 
@@ -239,6 +261,17 @@ def _st_state(st, off, vals, VEC: int, stream: bool):
         cute.arch.store(st + off, w, cop=cop)
 
 
+@cutlass.dsl_user_op
+def _st_cluster(sptr, rank, val, *, loc=None, ip=None):
+    """st.shared::cluster of the fp32 ``val`` at the local smem pointer ``sptr``'s place in the
+    shared memory of the cluster's CTA ``rank`` (mapa: the shared::cluster address)."""
+    dptr = nvvm.mapa(llvm.PointerType.get(7), sptr.to_llvm_ptr(loc=loc, ip=ip), Int32(rank).ir_value(loc=loc, ip=ip),
+                     loc=loc, ip=ip)
+    addr = llvm.ptrtoint(ir.IntegerType.get_signless(32), dptr, loc=loc, ip=ip)
+    cute.arch.store(llvm.inttoptr(llvm.PointerType.get(3), addr, loc=loc, ip=ip), Float32(val), ss="cluster",
+                    loc=loc, ip=ip)
+
+
 @cute.kernel
 def _decode_kernel(cfg: cutlass.Constexpr, mixed: cute.Pointer, conv: cute.Pointer, cw: cute.Pointer,
                    A_log: cute.Pointer, dt_bias: cute.Pointer, ssm: cute.Pointer, idx: cute.Pointer,
@@ -276,8 +309,9 @@ def _decode_kernel(cfg: cutlass.Constexpr, mixed: cute.Pointer, conv: cute.Point
                     orow[col + e] = odt(0.0)
     else:
         smem = SmemAllocator()
-        qs = smem.allocate_tensor(Float32, cute.make_layout(dk), 16)   # raw y of q, then q'
-        ks = smem.allocate_tensor(Float32, cute.make_layout(dk), 16)   # raw y of k, then k
+        qk = smem.allocate_tensor(Float32, cute.make_layout(2 * dk), 16)  # raw y of q | k
+        qs = cute.make_tensor(qk.iterator, cute.make_layout(dk))
+        ks = cute.make_tensor(qk.iterator + dk, cute.make_layout(dk))
         vs = smem.allocate_tensor(Float32, cute.make_layout(BV), 16)
         red = smem.allocate_tensor(Float32, cute.make_layout((KW, BV, 2), stride=(BV, 1, KW * BV)), 16)
         wsum = smem.allocate_tensor(Float32, cute.make_layout((NW, 3), stride=(3, 1)), 16)
@@ -298,27 +332,58 @@ def _decode_kernel(cfg: cutlass.Constexpr, mixed: cute.Pointer, conv: cute.Point
 
         xrow = Int64(b) * D
         crow = Int64(slot) * (C * (W - 1))
-        # ---- q|k conv step of key head kh: 2*dk channels over the threads; y raw into smem
+        # ---- q|k conv step of key head kh; y raw into smem
         NQK = cdiv(2 * dk, NT)
-        newwin = cute.make_rmem_tensor((NQK, W), mixed.dtype)
-        for c in cutlass.range_constexpr(NQK):
-            ch = t + c * NT
-            chc = cutlass.min(ch, 2 * dk - 1)
-            which = chc // dk
-            i = chc % dk
-            g = which * (Hk * dk) + kh * dk + i
-            xv = _vec(mixed, xrow + g, 1)
-            cv = _vec(conv, crow + Int64(g) * (W - 1), W - 1)
-            wv = _vec(cw, Int64(g) * W, W)
-            y = _silu_conv(xv, cv, wv, W)
-            for q in cutlass.range_constexpr(W - 2):
-                newwin[c, q] = cv[q + 1]
-            newwin[c, W - 2] = xv[0]
-            if ch < 2 * dk:
-                if which == 0:
-                    qs[i] = y
-                else:
-                    ks[i] = y
+        if cutlass.const_expr(cfg.SHARE):
+            # the cluster's CTAs split the 2*dk channels (rank r: channels r*NCH ..): each reads
+            # its channels' old windows alone, so it writes the shifted ones at once, and stores y
+            # into every CTA's qk (distributed shared memory; published by the cluster barrier)
+            NCH = cdiv(2 * dk, CL)
+            rank = bx % CL
+            for c in cutlass.range_constexpr(cdiv(NCH, NT)):
+                lc = t + c * NT
+                ch = rank * NCH + lc
+                if lc < NCH and ch < 2 * dk:
+                    gq = (ch // dk) * (Hk * dk) + kh * dk + ch % dk
+                    xq = _vec(mixed, xrow + gq, 1)
+                    cvq = _vec(conv, crow + Int64(gq) * (W - 1), W - 1)
+                    wq = _vec(cw, Int64(gq) * W, W)
+                    yq = _silu_conv(xq, cvq, wq, W)
+                    nwq = cute.make_rmem_tensor((W,), mixed.dtype)
+                    for q in cutlass.range_constexpr(W - 2):
+                        nwq[q] = cvq[q + 1]
+                    nwq[W - 2] = xq[0]
+                    for q in cutlass.range_constexpr(W - 1):
+                        cvq[q] = nwq[q]
+                    if cutlass.const_expr(CL > 1):
+                        for r_ in cutlass.range_constexpr(CL):
+                            _st_cluster(qk.iterator + ch, r_, yq)
+                    else:
+                        qk[ch] = yq
+            if cutlass.const_expr(CL > 1):
+                cute.arch.cluster_arrive()  # release: this CTA's y stores into the cluster's qk
+        else:
+            # every CTA computes all 2*dk channels over its threads; the new windows wait in
+            # registers for the cluster's rank-0 CTA to write them at the end
+            newwin = cute.make_rmem_tensor((NQK, W), mixed.dtype)
+            for c in cutlass.range_constexpr(NQK):
+                ch = t + c * NT
+                chc = cutlass.min(ch, 2 * dk - 1)
+                which = chc // dk
+                i = chc % dk
+                g = which * (Hk * dk) + kh * dk + i
+                xv = _vec(mixed, xrow + g, 1)
+                cv = _vec(conv, crow + Int64(g) * (W - 1), W - 1)
+                wv = _vec(cw, Int64(g) * W, W)
+                y = _silu_conv(xv, cv, wv, W)
+                for q in cutlass.range_constexpr(W - 2):
+                    newwin[c, q] = cv[q + 1]
+                newwin[c, W - 2] = xv[0]
+                if ch < 2 * dk:
+                    if which == 0:
+                        qs[i] = y
+                    else:
+                        ks[i] = y
         # ---- v conv step of this CTA's BV columns, one a thread (their window is this CTA's alone)
         for c in cutlass.range_constexpr(cdiv(BV, NT)):
             jv = t + c * NT
@@ -327,19 +392,19 @@ def _decode_kernel(cfg: cutlass.Constexpr, mixed: cute.Pointer, conv: cute.Point
                 cv_colc = cv_col
                 if cutlass.const_expr(dv % BV != 0):
                     cv_colc = cutlass.min(cv_col, dv - 1)
-                g = 2 * Hk * dk + hv * dv + cv_colc
-                xv = _vec(mixed, xrow + g, 1)
-                cv = _vec(conv, crow + Int64(g) * (W - 1), W - 1)
-                wv = _vec(cw, Int64(g) * W, W)
-                vs[jv] = _silu_conv(xv, cv, wv, W)
-                nw = cute.make_rmem_tensor((W,), mixed.dtype)
+                gv = 2 * Hk * dk + hv * dv + cv_colc
+                xvv = _vec(mixed, xrow + gv, 1)
+                cvv = _vec(conv, crow + Int64(gv) * (W - 1), W - 1)
+                wvv = _vec(cw, Int64(gv) * W, W)
+                vs[jv] = _silu_conv(xvv, cvv, wvv, W)
+                nwv = cute.make_rmem_tensor((W,), mixed.dtype)
                 for q in cutlass.range_constexpr(W - 2):
-                    nw[q] = cv[q + 1]
-                nw[W - 2] = xv[0]
+                    nwv[q] = cvv[q + 1]
+                nwv[W - 2] = xvv[0]
                 if cv_col < dv:
                     for q in cutlass.range_constexpr(W - 1):
-                        cv[q] = nw[q]
-        if cutlass.const_expr(CL > 1):
+                        cvv[q] = nwv[q]
+        if cutlass.const_expr(CL > 1 and not cfg.SHARE):
             cute.arch.cluster_arrive()  # release: this thread's reads of the old q|k window are done
         # ---- gates of (b, hv)
         bb = _vec(mixed, xrow + (2 * Hk * dk + 2 * Hv * dv + hv), 1)[0].to(Float32)
@@ -350,6 +415,8 @@ def _decode_kernel(cfg: cutlass.Constexpr, mixed: cute.Pointer, conv: cute.Point
         if xa <= Float32(20.0):
             sp = cute.math.log1p(cute.math.exp(xa))
         alpha = cute.math.exp(-cute.math.exp(_vec(A_log, Int64(hv), 1)[0]) * sp)
+        if cutlass.const_expr(CL > 1 and cfg.SHARE):
+            cute.arch.cluster_wait()  # acquire: every CTA's y stores into this CTA's qk
         cute.arch.sync_threads()
 
         # ---- |q|^2, |k|^2, q.k over dk: per thread, warp butterfly, one exchange between warps
@@ -447,18 +514,20 @@ def _decode_kernel(cfg: cutlass.Constexpr, mixed: cute.Pointer, conv: cute.Point
 
         # ---- the new q|k window of (b, kh): written by the cluster's rank-0 CTA once every
         # CTA of the cluster has read the old one
-        if cutlass.const_expr(CL > 1):
-            cute.arch.cluster_wait()
-        if bx % CL == 0:
-            for c in cutlass.range_constexpr(NQK):
-                ch = t + c * NT
-                if ch < 2 * dk:
-                    which = ch // dk
-                    i = ch % dk
-                    g = which * (Hk * dk) + kh * dk + i
-                    cv = _vec(conv, crow + Int64(g) * (W - 1), W - 1)
-                    for q in cutlass.range_constexpr(W - 1):
-                        cv[q] = newwin[c, q]
+        # (SHARE: written in the prologue by the CTA that read them)
+        if cutlass.const_expr(not cfg.SHARE):
+            if cutlass.const_expr(CL > 1):
+                cute.arch.cluster_wait()
+            if bx % CL == 0:
+                for c in cutlass.range_constexpr(NQK):
+                    ch = t + c * NT
+                    if ch < 2 * dk:
+                        which = ch // dk
+                        i = ch % dk
+                        g = which * (Hk * dk) + kh * dk + i
+                        cv = _vec(conv, crow + Int64(g) * (W - 1), W - 1)
+                        for q in cutlass.range_constexpr(W - 1):
+                            cv[q] = newwin[c, q]
 
 
 @cute.jit
@@ -514,7 +583,11 @@ def decode_launch(mixed, conv_state, conv_weight, A_log, dt_bias, ssm_state, sta
     W = conv_weight.shape[1]
     has_idx = state_indices is not None
     se = ssm_state.element_size()
-    cfg = cfg or DecodeCfg.heuristic(Hk, Hv, dk, dv, W, se, has_idx, ssm_state.data_ptr() % 16 == 0)
+    if cfg is None:
+        aligned = ssm_state.data_ptr() % 16 == 0
+        cfg = DecodeCfg.heuristic(Hk, Hv, dk, dv, W, se, has_idx, aligned)
+        if B * Hv * cfg.NCB >= LARGE_CTAS:  # B is runtime: the large grid's precompiled config
+            cfg = DecodeCfg.heuristic(Hk, Hv, dk, dv, W, se, has_idx, aligned, True)
     if ssm_state.data_ptr() % (cfg.VEC * se):
         raise ValueError(f"gdn_decode cute: config {cfg} needs ssm_state's address a multiple of {cfg.VEC * se} bytes")
     if (cfg.Hk, cfg.R * cfg.Hk, cfg.dk, cfg.dv, cfg.W, cfg.has_idx) != (Hk, Hv, dk, dv, W, has_idx):
