@@ -19,7 +19,10 @@ Rows:
            dequantized, the weights, x, go through one quantize-dequantize pass, cute_qdq);
            K = ``wg``: auto with the wgrads on cute_gemm_bf16 (``gemm_predq.WGRAD_GEMM``, no
            output copy, at any tokens per expert); K = ``qdqwg``: both; K = ``old``: auto with
-           both off (QDQ off, wgrad on torch._grouped_mm + copy or, below WGRAD_MIN_TOKENS, dq)
+           both off (QDQ off, wgrad on torch._grouped_mm + copy or, below WGRAD_MIN_TOKENS, dq);
+           K = ``qdqout`` / ``noqdqout``: auto with ``cute_kernels.QDQ_OUT`` on / off (the SwiGLU
+           kernels write the bf16 GEMM operands directly, dY through cute_qdq); K = ``qdqoutbf``:
+           ``qdqout`` with ``bf16cute``
   fp8row   torch._scaled_grouped_mm (fp8 e4m3, per-row scales, not MXFP8): the two forward
            GEMMs only, operands pre-quantized (the issue's fp8 reference point)
 TFLOP/s counts the GEMMs only: fwd 6*M*H*F (FC1 2*M*2F*H + FC2 2*M*H*F), bwd twice that.
@@ -69,7 +72,7 @@ def fp8row_gemms(x, m, w1, w2, F):
     return mb.fp8row_mlp_peer((x, None, m, w1, w2), {})
 
 
-_DEFAULTS = (ck._GEMM_KERNEL[0], ck.PREDQ_FP32_DEFAULT, ck.pq.BF16_OUT_GEMM, ck.QDQ, ck.pq.WGRAD_GEMM)
+_DEFAULTS = (ck._GEMM_KERNEL[0], ck.PREDQ_FP32_DEFAULT, ck.pq.BF16_OUT_GEMM, ck.QDQ, ck.pq.WGRAD_GEMM, ck.QDQ_OUT)
 
 
 def _with_kernel(kern, f):
@@ -80,12 +83,13 @@ def _with_kernel(kern, f):
     both; "old": auto with both off, the path before them); the backward (run later by autograd) reads the path when it
     runs, so the switch stays set until the next call resets it (every row sets it: a row
     left switched by the previous shape's last row would time the wrong path)."""
-    kern0, fp32, bf16, qdq, wg = _DEFAULTS
+    kern0, fp32, bf16, qdq, wg, qout = _DEFAULTS
     ck.PREDQ_FP32_DEFAULT = fp32 if kern != "fp32dq" else False
-    ck.pq.BF16_OUT_GEMM = "cute" if kern == "bf16cute" else bf16
+    ck.pq.BF16_OUT_GEMM = "cute" if kern in ("bf16cute", "qdqoutbf") else bf16
+    ck.QDQ_OUT = {"qdqout": True, "qdqoutbf": True, "noqdqout": False}.get(kern, qout)
     ck.QDQ = {"qdq": True, "qdqwg": True, "noqdq": False, "old": False}.get(kern, qdq)
     ck.pq.WGRAD_GEMM = {"wg": "cute", "qdqwg": "cute", "old": "torch"}.get(kern, wg)
-    auto = ("fp32dq", "bf16cute", "qdq", "noqdq", "wg", "qdqwg", "old")
+    auto = ("fp32dq", "bf16cute", "qdq", "noqdq", "wg", "qdqwg", "old", "qdqout", "noqdqout", "qdqoutbf")
     ck.set_gemm_kernel(kern0 if kern is None else ("auto" if kern in auto else kern))
     return f()
 
@@ -134,7 +138,7 @@ def main():
     ap.add_argument("--shapes", default="g8,g32")
     ap.add_argument("--kernels", default=os.environ.get("MOE_MLP_KERNELS", ""),
                     help="comma list of cute GEMM paths to time beside the default (predq, dq, fp32dq, bf16cute, "
-                         "qdq, noqdq, wg, qdqwg, old)")
+                         "qdq, noqdq, wg, qdqwg, old, qdqout, noqdqout, qdqoutbf)")
     ap.add_argument("--profile", action="store_true", help="kernel tables per shape and row (torch.profiler)")
     ap.add_argument("--wait-for", default=None,
                     help="run every row once per shape first (compiles the kernels while other GPU work "

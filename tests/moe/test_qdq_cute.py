@@ -1,5 +1,5 @@
 """The one-pass MXFP8 quantize-dequantize kernel (tilekernels.moe.cute_qdq) and the fused MLP's
-path through it (cute_kernels.QDQ).
+path through it (cute_kernels.QDQ, QDQ_OUT).
 
 CPU (CI): every variant (rowwise / columnwise, x bf16 / fp32, 128- and 64-thread configs)
 compiles for sm_90a through the GPU path's launch code, without spills or flush-to-zero,
@@ -39,7 +39,7 @@ BF, F32 = torch.bfloat16, torch.float32
 
 def test_every_variant_compiles_for_sm90a():
     launches = Q.representative_launches(K=4096)
-    assert len(launches) == 8
+    assert len(launches) == 10
     for name, ln in launches.items():
         art = ln.export("sm_90a")
         assert art.cubin[:4] == b"\x7fELF" and ".target sm_90a" in art.ptx, name
@@ -47,8 +47,10 @@ def test_every_variant_compiles_for_sm90a():
         assert ".ftz" not in art.ptx, f"{name}: flush-to-zero would break subnormal exactness"
         res = list(C.cubin_resources(art.cubin).values())
         assert len(res) == 1 and res[0]["regs"] <= 255 and res[0].get("frame", 0) == 0, (name, res)
-        assert set(re.findall(r"ld\.global\.[a-z0-9.]+", art.ptx)) == {"ld.global.v4.b32"}, name
-        want = "st.global.v4.b32" if name.endswith("bfloat16") else "st.global.v2.b32"
+        both = ".both." in name   # half-width vectors (8-byte loads): 32 rows of 16 bytes would spill
+        assert set(re.findall(r"ld\.global\.[a-z0-9.]+", art.ptx)) == {f"ld.global.v{2 if both else 4}.b32"}, name
+        want = {(False, True): "st.global.v4.b32", (False, False): "st.global.v2.b32",
+                (True, True): "st.global.v2.b32", (True, False): "st.global.b32"}[both, name.endswith("bfloat16")]
         assert set(re.findall(r"st\.global\.[a-z0-9.]+", art.ptx)) == {want}, name
 
 
@@ -75,6 +77,7 @@ def recorded(monkeypatch):
     recorders: ("qdq", shape, axis), ("dequant", axis), (variant, gemm, out dtype)."""
     calls = []
     monkeypatch.setattr(ck, "QDQ", True)
+    monkeypatch.setattr(ck, "QDQ_OUT", False)
     monkeypatch.setattr(ck, "PREDQ_DEFAULT", True)
     monkeypatch.setattr(ck.pq, "supported", lambda dt, dev, v="fwd": (dt == BF or v != "wgrad", "test"))
     old = ck.set_gemm_kernel("auto")
@@ -88,6 +91,7 @@ def recorded(monkeypatch):
         calls.append(("dequant", axis))
         return torch.empty(d.shape, dtype=BF, device=d.device)
     monkeypatch.setattr(ck, "_qdq", qdq)
+    monkeypatch.setattr(ck, "_qdq_both", lambda t: (qdq(t, "both"), torch.empty(t.shape, dtype=BF, device=t.device)))
     monkeypatch.setattr(ck.pq, "dequant", deq)
     monkeypatch.setattr(ck.pq, "bf16_gemm_into", lambda v, a, b, off, out: calls.append((v, "bf16", out.dtype)))
     for v in pq.VARIANTS:
@@ -101,6 +105,14 @@ def recorded(monkeypatch):
     ck.set_gemm_kernel(old)
 
 
+def _meta_mlp(G, H, F, M):
+    """Meta tensors of grouped_mlp_mxfp8 (x, probs, m_splits (two groups), w1, w2, y, h)."""
+    e = dict(device="meta")
+    return (torch.empty(M, H, dtype=BF, **e), torch.empty(M, **e), torch.tensor([M // 2, M // 2]),
+            torch.empty(G, 2 * F, H, dtype=BF, **e), torch.empty(G, H, F, dtype=BF, **e),
+            torch.empty(M, H, dtype=BF, **e), torch.empty(M, 2 * F, **e))
+
+
 @pytest.mark.parametrize("min_tokens", [0, 10 ** 9])
 def test_mlp_operands_through_qdq(recorded, monkeypatch, min_tokens):
     """fwd: x and W1 (rowwise), W2 (rowwise) through qdq, the SwiGLU output's MXFP8 dequantized;
@@ -110,10 +122,7 @@ def test_mlp_operands_through_qdq(recorded, monkeypatch, min_tokens):
     monkeypatch.setattr(pq, "WGRAD_MIN_TOKENS", min_tokens)
     monkeypatch.setattr(pq, "WGRAD_GEMM", "torch")
     G, H, F, M = 2, 256, 512, 64
-    e = dict(device="meta")
-    x, probs, m = torch.empty(M, H, dtype=BF, **e), torch.empty(M, **e), torch.tensor([32, 32])
-    w1, w2 = torch.empty(G, 2 * F, H, dtype=BF, **e), torch.empty(G, H, F, dtype=BF, **e)
-    y, h = torch.empty(M, H, dtype=BF, **e), torch.empty(M, 2 * F, **e)
+    x, probs, m, w1, w2, y, h = _meta_mlp(G, H, F, M)
     ck._mlp_fwd(x, probs, m, w1, w2, y, h, True)
     assert recorded == [("qdq", (M, H), "rowwise"), ("qdq", (G * 2 * F, H), "rowwise"), ("fwd", "bf16", F32),
                         ("dequant", "rowwise"), ("qdq", (G * H, F), "rowwise"), ("fwd", "bf16", BF)]
@@ -126,6 +135,36 @@ def test_mlp_operands_through_qdq(recorded, monkeypatch, min_tokens):
     assert recorded[:3] == [("dequant", "rowwise"), ("qdq", (G * H, F), "columnwise"), ("dgrad", "bf16", F32)]
     assert recorded[3:] == [*wg2, ("dequant", "rowwise"), ("qdq", (G * 2 * F, H), "columnwise"),
                             ("dgrad", "bf16", BF), *wg1], recorded
+
+
+@pytest.mark.parametrize("wgrad", ["cute", "torch"])
+def test_mlp_qdq_out_feeds_bf16_straight_to_the_gemms(recorded, monkeypatch, wgrad):
+    """QDQ_OUT: no dequantize pass and no quantize of dY: the SwiGLU kernels get bf16 outputs (no
+    scales), dY goes through qdq both ways (one call); the bwd takes this path only when all four GEMMs are
+    predq (wgrad on torch below WGRAD_MIN_TOKENS: the dq kernel, so the quantized path)."""
+    monkeypatch.setattr(ck, "QDQ_OUT", True)
+    monkeypatch.setattr(pq, "WGRAD_MIN_TOKENS", 10 ** 9)
+    monkeypatch.setattr(pq, "WGRAD_GEMM", wgrad)
+    for name in ("swiglu_quant_fwd_into", "swiglu_quant_bwd_into"):
+        monkeypatch.setattr(ck.cs, name, lambda *a, n=name: recorded.append(
+            (n, tuple(str(t.dtype).removeprefix("torch.") if isinstance(t, torch.Tensor) else t for t in a[2 if "fwd" in n else 3:]))))
+    G, H, F, M = 2, 256, 512, 64
+    x, probs, m, w1, w2, y, h = _meta_mlp(G, H, F, M)
+    ck._mlp_fwd(x, probs, m, w1, w2, y, h, True)
+    assert recorded == [("qdq", (M, H), "rowwise"), ("qdq", (G * 2 * F, H), "rowwise"), ("fwd", "bf16", F32),
+                        ("swiglu_quant_fwd_into", ("bfloat16", None)), ("qdq", (G * H, F), "rowwise"),
+                        ("fwd", "bf16", BF)]
+    recorded.clear()
+    ck._mlp_bwd(torch.empty_like(y), x, probs, m, w1, w2, h, torch.empty_like(x), torch.empty_like(probs),
+                torch.empty_like(w1), torch.empty_like(w2), True)
+    if wgrad == "torch":
+        assert ("dequant", "rowwise") in recorded and ("wgrad", "dq", BF) in recorded
+        return
+    assert recorded == [("qdq", (M, H), "both"), ("qdq", (G * H, F), "columnwise"),
+                        ("dgrad", "bf16", F32),
+                        ("swiglu_quant_bwd_into", ("bfloat16", None, "bfloat16", None, "float32", "bfloat16", None)),
+                        ("wgrad", "bf16", BF), ("qdq", (G * 2 * F, H), "columnwise"), ("dgrad", "bf16", BF),
+                        ("qdq", (M, H), "columnwise"), ("wgrad", "bf16", BF)], recorded
 
 
 def test_qdq_off_or_dq_keeps_the_quantized_path(recorded, monkeypatch):
@@ -195,6 +234,33 @@ def test_qdq_bit_exact(shape, axis, dtype):
     _check(make_input(R, K, dtype, "cuda"), axis)
 
 
+@pytest.mark.parametrize("dtype", [BF, F32])
+@pytest.mark.parametrize("shape", [(32, 32), (96, 160), (64, 1536), (4128, 4096), (0, 64)],
+                         ids=lambda s: f"{s[0]}x{s[1]}")
+@gpu
+@needs_cuda
+def test_qdq_both_bit_exact(shape, dtype):
+    """qdq_both_into (one read, QdqCfg.both) gives the rowwise and columnwise qdq bit for bit, and
+    equals the two-pass path; a misaligned view takes the two single-axis calls (same values)."""
+    from test_mxfp8_cute import make_input
+
+    R, K = shape
+    x = make_input(R, K, dtype, "cuda") if R else torch.empty(0, K, dtype=dtype, device="cuda")
+    row, col = (torch.full((R, K), float("nan"), dtype=BF, device="cuda") for _ in range(2))
+    Q.qdq_both_into(x, row, col)
+    for got, axis in ((row, "rowwise"), (col, "columnwise")):
+        one = Q.qdq(x, axis)
+        assert torch.equal(got.view(torch.int16), one.view(torch.int16)), f"{axis} {shape} {dtype}"
+        if R:
+            assert _nan_aware_equal(got.cpu(), _two_pass(x, axis).cpu()), f"{axis} {shape} {dtype} vs two-pass"
+    if R:
+        base = make_input(R, K + 8, BF, "cuda")
+        v = base.view(-1)[1:1 + R * K].view(R, K)   # 2-byte aligned: not served
+        r2, c2 = Q.qdq_both(v)
+        assert _nan_aware_equal(r2.cpu(), _two_pass(v, "rowwise").cpu())
+        assert _nan_aware_equal(c2.cpu(), _two_pass(v, "columnwise").cpu())
+
+
 @gpu
 @needs_cuda
 @pytest.mark.parametrize("axis", ["rowwise", "columnwise"])
@@ -213,10 +279,11 @@ def test_fallback_and_empty(axis):
     Q.qdq_into(torch.empty(0, 256, dtype=BF, device="cuda"), out, axis)
 
 
-def _mlp_run(qdq: bool, m, leaves, monkeypatch):
+def _mlp_run(qdq: bool, m, leaves, monkeypatch, qdq_out: bool = False):
     import registry
 
     monkeypatch.setattr(ck, "QDQ", qdq)
+    monkeypatch.setattr(ck, "QDQ_OUT", qdq_out)
     x, probs, w1, w2 = leaves
     y = registry.get("grouped_mlp_mxfp8")(x, probs, m, w1, w2)
     dy = torch.ones_like(y).normal_(generator=torch.Generator("cuda").manual_seed(7))
@@ -243,11 +310,13 @@ def test_mlp_qdq_equals_the_two_pass_path(monkeypatch, wgrad, min_tokens):
         m = torch.tensor(splits, device="cuda")
         off = _mlp_run(False, m, leaves, monkeypatch)
         on = _mlp_run(True, m, leaves, monkeypatch)
+        out = _mlp_run(True, m, leaves, monkeypatch, qdq_out=True)
     finally:
         ck.set_gemm_kernel(old)
-    for name, a, b in zip(("y", "dx", "dprobs", "dfc1", "dfc2"), on, off):
+    for name, a, b, c in zip(("y", "dx", "dprobs", "dfc1", "dfc2"), on, off, out):
         assert torch.isfinite(a).all(), name
         assert torch.equal(a, b), f"{name}: QDQ on differs from off by {(a.float() - b.float()).abs().max().item()}"
+        assert torch.equal(c, b), f"{name}: QDQ_OUT differs from the two-pass path by {(c.float() - b.float()).abs().max().item()}"
 
 
 @gpu

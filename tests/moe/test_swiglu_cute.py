@@ -16,7 +16,9 @@ GPU (marked ``gpu``, skipped without CUDA), fresh random inputs, outputs poisone
 * separately, bitwise agreement of the fp32 math with torch's own fp32 ops on the GPU (sigmoid
   included) and of the quantized outputs with quantizing the fp32 torch reference: if only these
   fail, the kernels are right but their sigmoid differs from torch's in the last bit;
-* a NaN in h gives NaN where it lands and an all-NaN MXFP8 block (scale 0xFF, data 0x7F).
+* a NaN in h gives NaN where it lands and an all-NaN MXFP8 block (scale 0xFF, data 0x7F);
+* the fused kernels' bf16 outputs (QuantCfg.bf16) equal dequantize_into of their MXFP8 outputs bit
+  for bit (zero rows, subnormals, NaN / Inf blocks), dprobs unchanged.
 """
 from __future__ import annotations
 
@@ -146,6 +148,14 @@ def test_refusals():
                                  torch.empty(32, 1, dtype=U8))
     with pytest.raises(ValueError, match="interleave"):
         cs.swiglu_fwd_into(torch.randn(4, 96), torch.rand(4), torch.empty(4, 48), 32)
+    h, p, b = torch.randn(32, 192), torch.rand(32), lambda *s: torch.empty(*s, dtype=BF)  # noqa: E731
+    with pytest.raises(ValueError, match="no scales"):  # bf16 outputs are the dequantized values
+        cs.swiglu_quant_fwd_into(h, p, b(32, 96), torch.empty(32, 3, dtype=U8))
+    with pytest.raises(ValueError, match="col_data"):   # one kind of output per call
+        cs.swiglu_quant_fwd_into(h, p, b(32, 96), None, torch.empty(32, 96, dtype=U8), None)
+    with pytest.raises(ValueError, match="no scales"):
+        cs.swiglu_quant_bwd_into(torch.randn(32, 96), h, p, b(32, 192), None, b(32, 192), None, torch.empty(32),
+                                 b(32, 96), torch.empty(1, 96, dtype=U8))
 
 
 # ============================================================================ GPU helpers
@@ -442,3 +452,41 @@ def test_new_m_reuses_the_compiled_kernel():
             cs.swiglu_fwd_into(h, p, _nan(M, F), 32)
         ours = {k for k in keys if k[0].startswith("moe.cute_swiglu") and k[2].F == F}
     assert len(ours) == 2, ours
+
+
+@pytest.mark.parametrize("M,F", [(0, 96), (32, 32), (96, 96), (4128, 2048)])
+@gpu
+def test_quant_bf16_outputs_are_the_dequantized_mxfp8(M, F):
+    """bf16 outputs (QuantCfg.bf16) hold bit for bit what dequantize_into makes of the MXFP8
+    outputs (zero rows, subnormal a, a NaN and an Inf block included); dprobs is unchanged."""
+    from tilekernels.moe import cute_quantize as cq
+
+    h, p, da = _rand_h(M, 2 * F, F32, "cuda"), _rand_probs(M, "cuda"), _rand_h(M, F, F32, "cuda")
+    if M >= 64:
+        h[40, 64 + 3] = float("nan")
+        h[3, 0] = float("inf")
+
+    def deq(d, s_, axis):
+        out = _nan(*d.shape, dtype=BF)
+        cq.dequantize_into(d, s_, out, axis)
+        return out
+
+    def same(got, expect, what):
+        assert torch.equal(got.view(torch.int16), expect.view(torch.int16)), what
+
+    rd, rs_, cd, cs_ = _quant_fwd(h, p, True)
+    outs = [_nan(M, F, dtype=BF) for _ in range(3)]
+    cs.swiglu_quant_fwd_into(h, p, outs[0], None, outs[1], None)
+    cs.swiglu_quant_fwd_into(h, p, outs[2], None)
+    same(outs[0], deq(rd, rs_, "rowwise"), "fwd a rowwise")
+    same(outs[1], deq(cd, cs_, "columnwise"), "fwd a columnwise")
+    same(outs[2], outs[0], "fwd a rowwise (no columnwise output)")
+    dhr, dhrs, dhc, dhcs, dprobs, ac, acs = _quant_bwd(da, h, p, True)
+    got = [_nan(M, 2 * F, dtype=BF), _nan(M, 2 * F, dtype=BF), _nan(M, F, dtype=BF), _nan(M)]
+    cs.swiglu_quant_bwd_into(da, h, p, got[0], None, got[1], None, got[3], got[2], None)
+    same(got[0], deq(dhr, dhrs, "rowwise"), "dh rowwise")
+    same(got[1], deq(dhc, dhcs, "columnwise"), "dh columnwise")
+    same(got[2], deq(ac, acs, "columnwise"), "a columnwise (bwd)")
+    assert torch.equal(got[3].view(torch.int32), dprobs.view(torch.int32)), "dprobs"
+    if M >= 64:
+        assert torch.isnan(outs[0][40, 32:64]).all() and torch.isnan(got[0][40, 64:96]).all()

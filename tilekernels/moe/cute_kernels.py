@@ -20,7 +20,8 @@ mainloop-dequant kernel everywhere). The fused MLP's fp32 outputs (h = FC1 fwd, 
 dgrad, OPS.md) take predq through cute_gemm_bf16; an fp32 wgrad would stay on dq.
 On the predq path, ``QDQ`` (default on; $TILEKERNELS_MOE_QDQ=0 turns it off) sends the operands
 that are quantized only to be dequantized (the bf16 weights, x; cute_qdq) through one
-quantize-dequantize pass, and ``gemm_predq.WGRAD_GEMM = "cute"`` (the default;
+quantize-dequantize pass, ``QDQ_OUT`` (default on) has the fused MLP's SwiGLU kernels write their
+GEMM operands as bf16 (the dequantized MXFP8 values) and dY go through one two-axis qdq pass, and ``gemm_predq.WGRAD_GEMM = "cute"`` (the default;
 $TILEKERNELS_MOE_WGRAD=torch gives back torch._grouped_mm + copy) runs the wgrads on
 cute_gemm_bf16 (no output copy, at any tokens per expert).
 
@@ -119,6 +120,16 @@ _GEMM_KERNEL = [os.environ.get("TILEKERNELS_MOE_GEMM", "auto")]
 # H=4096, F=1536: 2.780 / 6.011 against 3.189 / 6.629 off; G=8 x 4096, H=7168, F=2048: 4.959 /
 # 10.113 against 5.161 / 10.319. $TILEKERNELS_MOE_QDQ=0 turns it off at import.
 QDQ = os.environ.get("TILEKERNELS_MOE_QDQ", "1") == "1"
+# With QDQ, the fused MLP's kernels whose MXFP8 outputs feed only bf16 GEMMs (the SwiGLU fwd / bwd
+# kernels: a, dh both ways, a columnwise) write those values' bf16 dequantization directly
+# (cute_swiglu's bf16 outputs, bitwise the same), and dY goes through cute_qdq (rowwise and
+# columnwise from one read) instead of quantize + two dequantize passes. Same GEMM operands, so the
+# same results bit for bit. H200, fused MLP fwd+bwd step ms (benchmarks/results/h200-moe-mlp-profile.txt,
+# round 2; the non-GEMM kernels of a step in its profile): G=8 x 4096, H=7168, F=2048: 14.755 against
+# 15.228 off (2669 against 3090 us); G=32 x 1024, H=4096, F=1536: 8.495 against 8.520 (2431 against
+# 2707 us; call 1, dY through two single-axis qdq passes: 8.220 against 8.605). The backward takes it
+# only where all four of its GEMMs are predq. $TILEKERNELS_MOE_QDQ_OUT=0 turns it off.
+QDQ_OUT = os.environ.get("TILEKERNELS_MOE_QDQ_OUT", "1") == "1"
 
 
 def set_gemm_kernel(name: str) -> str:
@@ -196,6 +207,20 @@ def _qdq(t: torch.Tensor, axis: str) -> torch.Tensor:
     return cute_qdq.qdq(t, axis)
 
 
+def _qdq_both(t: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    from . import cute_qdq
+
+    return cute_qdq.qdq_both(t)
+
+
+def _weight_bf16(variant: str, ab: torch.Tensor, weight: torch.Tensor, off, out) -> None:
+    """The bf16 GEMM of ``variant`` on ab [M, .] bf16 (already qdq'd) and the qdq'd weight
+    (rowwise for fwd, columnwise along N for dgrad)."""
+    G, N, K = weight.shape
+    wb = _qdq(weight.reshape(G * N, K), "columnwise" if variant == "dgrad" else "rowwise")
+    pq.bf16_gemm_into(variant, ab, wb.view(G, N, K), off, out)
+
+
 def _weight_gemm(variant: str, a, weight: torch.Tensor, off, out) -> None:
     """fwd: out [M, N] = MX_K(a) . MX_K(W_g)^T; dgrad: out [M, K] = MX_N(a) . MX_N(W_g), per
     group. ``a``: the raw [M, .] operand (quantized rowwise here) or its MXFP8 (data, scales)."""
@@ -203,9 +228,7 @@ def _weight_gemm(variant: str, a, weight: torch.Tensor, off, out) -> None:
     raw = isinstance(a, torch.Tensor)
     M = (a if raw else a[0]).shape[0]
     if _qdq_path(variant, out, M, G):
-        ab = _qdq(a, "rowwise") if raw else pq.dequant(*a, "rowwise")
-        wb = _qdq(weight.reshape(G * N, K), "columnwise" if variant == "dgrad" else "rowwise")
-        pq.bf16_gemm_into(variant, ab, wb.view(G, N, K), off, out)
+        _weight_bf16(variant, _qdq(a, "rowwise") if raw else pq.dequant(*a, "rowwise"), weight, off, out)
         return
     ad, as_ = _quant(a, True, False) if raw else a
     wd, ws = _quant_weight(weight, columnwise=variant == "dgrad")
@@ -248,6 +271,11 @@ def _mlp_fwd(x, probs, m_splits, fc1_weight, fc2_weight, y, h, quantize):
     F = fc2_weight.shape[2]
     off = _offsets(m_splits, x.device)
     linear_fwd(x, fc1_weight, off, h)                         # h [M, 2F] fp32: FC1 accumulators
+    if QDQ_OUT and _qdq_path("fwd", y, M, fc2_weight.shape[0]):
+        a = torch.empty(M, F, dtype=torch.bfloat16, device=x.device)
+        cs.swiglu_quant_fwd_into(h, probs, a, None)           # dequantize(MXFP8(a)) in bf16
+        _weight_bf16("fwd", a, fc2_weight, off, y)
+        return
     ad = torch.empty(M, F, dtype=_E4M3, device=x.device)
     as_ = torch.empty(M, F // BLOCK, dtype=_U8, device=x.device)
     cs.swiglu_quant_fwd_into(h, probs, ad, as_)               # MXFP8(silu(gate) * linear * probs)
@@ -260,8 +288,13 @@ def _mlp_bwd(dy, x, probs, m_splits, fc1_weight, fc2_weight, h, dx, dprobs, dfc1
     F = fc2_weight.shape[2]
     dev = dy.device
     off = _offsets(m_splits, dev)
-    dyq = _quant(dy, True, True)
     da = torch.empty(M, F, dtype=torch.float32, device=dev)
+    G = fc1_weight.shape[0]
+    if QDQ_OUT and all(_qdq_path(v, o, M, G) for v, o in (("dgrad", da), ("wgrad", dfc2), ("dgrad", dx),
+                                                             ("wgrad", dfc1))):
+        _mlp_bwd_bf16(dy, x, probs, fc1_weight, fc2_weight, h, dx, dprobs, dfc1, dfc2, off, da)
+        return
+    dyq = _quant(dy, True, True)
     _weight_gemm("dgrad", dyq[:2], fc2_weight, off, da)       # dA: FC2 dgrad accumulators, fp32
     e = dict(device=dev)
     dh = (torch.empty(M, 2 * F, dtype=_E4M3, **e), torch.empty(M, 2 * F // BLOCK, dtype=_U8, **e),
@@ -270,3 +303,20 @@ def _mlp_bwd(dy, x, probs, m_splits, fc1_weight, fc2_weight, h, dx, dprobs, dfc1
     cs.swiglu_quant_bwd_into(da, h, probs, *dh, dprobs, *a_col)
     _gemm_into("wgrad", *dyq[2:], *a_col, off, dfc2)
     linear_bwd(dh[:2], dh[2:], x, fc1_weight, off, dx, dfc1)
+
+
+def _mlp_bwd_bf16(dy, x, probs, fc1_weight, fc2_weight, h, dx, dprobs, dfc1, dfc2, off, da) -> None:
+    """grouped_mlp_mxfp8's backward with every GEMM on bf16 operands (``QDQ_OUT``): dY qdq'd both
+    ways, the dSwiGLU kernel writing dh (both ways) and a (columnwise) as dequantized bf16; the
+    same operand values as the MXFP8 path, so the same results bit for bit."""
+    M, F = da.shape
+    bf = dict(dtype=torch.bfloat16, device=dy.device)
+    dy_row, dy_col = _qdq_both(dy)
+    _weight_bf16("dgrad", dy_row, fc2_weight, off, da)                    # dA, fp32
+    del dy_row
+    dh_row, dh_col, a_col = torch.empty(M, 2 * F, **bf), torch.empty(M, 2 * F, **bf), torch.empty(M, F, **bf)
+    cs.swiglu_quant_bwd_into(da, h, probs, dh_row, None, dh_col, None, dprobs, a_col, None)
+    pq.bf16_gemm_into("wgrad", dy_col, a_col, off, dfc2)
+    del dy_col, a_col
+    _weight_bf16("dgrad", dh_row, fc1_weight, off, dx)
+    pq.bf16_gemm_into("wgrad", dh_col, _qdq(x, "columnwise"), off, dfc1)

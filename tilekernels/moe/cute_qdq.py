@@ -23,6 +23,9 @@ elements (16-byte loads, all issued before any math), then per row:
 * columnwise (blocks of 32 along R, R % 32 == 0, any K; rows = 32): each thread's vec columns
   get their amax down the 32 rows first.
 
+Both axes at once (``QdqCfg.both``, :func:`qdq_both_into`): columnwise tiles whose rows are also
+qdq'd rowwise (as above) into a second output: x read once for dY of the fused MLP.
+
 Tails: rows past R and chunks past K are masked; R == 0 or K == 0 launches nothing; 64-bit row
 offsets (R * K may exceed 2^31).
 """
@@ -65,30 +68,38 @@ class QdqCfg:
     """Launch config of the qdq kernel (the compile key with the input dtype).
 
     K: columns (static); rowwise or columnwise blocks; vec: elements per thread and row (one
-    16-byte load); threads: CTA size; rows: tile rows (32 for columnwise: one block)."""
+    16-byte load); threads: CTA size; rows: tile rows (32 for columnwise: one block); both:
+    columnwise tiles that also write the rowwise qdq to a second output (one read of x for both
+    axes, e.g. dY of the fused MLP, whose dgrad takes it rowwise and its wgrad columnwise)."""
 
     K: int
     rowwise: bool
     vec: int
     threads: int
     rows: int
+    both: bool = False
 
     def __post_init__(self):
         if not self.rowwise and self.rows != BLOCK:
             raise ValueError(f"QdqCfg: columnwise tiles are one block of {BLOCK} rows: {self}")
-        if self.rowwise and (BLOCK % self.vec or self.K % BLOCK):
+        if (self.rowwise or self.both) and (BLOCK % self.vec or self.K % BLOCK):
             raise ValueError(f"QdqCfg: rowwise needs vec | 32 and K % 32 == 0: {self}")
+        if self.both and self.rowwise:
+            raise ValueError(f"QdqCfg: both axes run on columnwise tiles (rowwise=False): {self}")
 
     @classmethod
-    def heuristic(cls, K: int, dtype: torch.dtype, rowwise: bool) -> "QdqCfg":
+    def heuristic(cls, K: int, dtype: torch.dtype, rowwise: bool, both: bool = False) -> "QdqCfg":
         """16-byte loads (vec 8 bf16 / 4 fp32; needs K % vec == 0 and 16-byte aligned pointers,
         see :func:`served`), 128 threads unless 64 or 32 tile K exactly (K = 1536: 3 x 64 x 8,
-        no idle lanes); rowwise 16 rows a tile, columnwise 32 (the block)."""
-        vec = _vec(dtype)
+        no idle lanes); rowwise 16 rows a tile, columnwise (and both) 32 (the block). both:
+        8-byte loads (vec 4 bf16 / 2 fp32): with 16-byte ones the 32 rows of x in registers plus
+        the two axes' scales spill (255 registers + 488-1024 bytes of stack); 213 / 126 without."""
+        vec = _vec(dtype) // (2 if both else 1)   # both: 8-byte loads (32 rows x 16 bytes spill)
         chunks = C.cdiv(K, vec)
         threads = next((t for t in (128, 64, 32) if chunks % t == 0),
                        max(32, min(128, 1 << max(0, (chunks - 1).bit_length()))))
-        return cls(K=K, rowwise=rowwise, vec=vec, threads=threads, rows=16 if rowwise else BLOCK)
+        return cls(K=K, rowwise=rowwise and not both, vec=vec, threads=threads, rows=16 if rowwise and not both else BLOCK,
+                   both=both)
 
 
 @cute.jit
@@ -105,8 +116,19 @@ def _qdq_pairs(vc, inv: cute.Tensor, sc: cute.Tensor, mask, ob: cute.Tensor, ov:
         ov[2 * c + 1] = b * sc[2 * c + 1]
 
 
+def _row_e8m0(xrow, V: int):
+    """E8M0 of the rowwise block this thread's V elements of one row belong to: the integer amax
+    joined over the block's 32 / V lanes by butterfly shuffles (trace-time helper)."""
+    am = _abs_bits_max(xrow, V)
+    off = 1
+    while off < BLOCK // V:   # unrolled at trace time
+        am = cutlass.max(am, cute.arch.shuffle_sync_bfly(am, offset=off))
+        off *= 2
+    return _e8m0(am)
+
+
 @cute.kernel
-def _qdq_kernel(cfg: cutlass.Constexpr, mX: cute.Tensor, mO: cute.Tensor, R: Int32):
+def _qdq_kernel(cfg: cutlass.Constexpr, mX: cute.Tensor, mO: cute.Tensor, mO2: cute.Tensor, R: Int32):
     V = cfg.vec
     NP = V // 2
     ROWS = cfg.rows
@@ -118,6 +140,7 @@ def _qdq_kernel(cfg: cutlass.Constexpr, mX: cute.Tensor, mO: cute.Tensor, R: Int
     row0 = bx * ROWS
     tX = cute.local_tile(cute.domain_offset((Int64(row0), 0), mX), (ROWS, V), (0, cidx))
     tO = cute.local_tile(cute.domain_offset((Int64(row0), 0), mO), (ROWS, V), (0, cidx))
+    tO2 = cute.local_tile(cute.domain_offset((Int64(row0), 0), mO2), (ROWS, V), (0, cidx))  # both: rowwise out
 
     # every load first (zeros outside), so the 16-byte loads are all in flight together
     xr = cute.make_rmem_tensor(cute.make_layout((ROWS, V), stride=(V, 1)), dt)
@@ -142,50 +165,67 @@ def _qdq_kernel(cfg: cutlass.Constexpr, mX: cute.Tensor, mO: cute.Tensor, R: Int
         _col_scales(am, es, inv, mask, V, NP)
         for c in cutlass.range_constexpr(V):
             sc[c] = _scale(Int32(es[c]) & 0xFF)
+    rinv, rsc, rmask = inv, sc, mask   # the rowwise scales (both: their own, the columnwise ones stay)
+    if cutlass.const_expr(cfg.both):
+        rinv = cute.make_rmem_tensor((V,), Float32)
+        rsc = cute.make_rmem_tensor((V,), Float32)
+        rmask = cute.make_rmem_tensor(cute.make_layout((NP,), stride=(1,)), Int32)
+    if cutlass.const_expr(cfg.both):
+        # every row's E8M0 first (their shuffles before any store; 32 ints instead of the rows'
+        # fp32 values live across them)
+        erow = cute.make_rmem_tensor((ROWS,), Int32)
+        for r in cutlass.range_constexpr(ROWS):
+            erow[r] = _row_e8m0(xr[r, None], V)
     ob = cute.make_rmem_tensor(cute.make_layout((NP,), stride=(1,)), Uint16)
     ov = cute.make_rmem_tensor((V,), Float32)
-    lanes = BLOCK // V
     for r in cutlass.range_constexpr(ROWS):
-        if cutlass.const_expr(cfg.rowwise):
-            am_r = _abs_bits_max(xr[r, None], V)
-            off = 1
-            while off < lanes:              # unrolled at trace time
-                am_r = cutlass.max(am_r, cute.arch.shuffle_sync_bfly(am_r, offset=off))
-                off *= 2
-            e = _e8m0(am_r)
+        if cutlass.const_expr(cfg.both):   # the columnwise values first; the rowwise ones below
+            _qdq_pairs(xr[r, None].load().to(Float32), inv, sc, mask, ob, ov, V)
+            if col_ok and row0 + r < R:
+                _store_out(ov, tO[r, None])
+        if cutlass.const_expr(cfg.rowwise or cfg.both):
+            if cutlass.const_expr(cfg.both):
+                e = erow[r]
+            else:
+                e = _row_e8m0(xr[r, None], V)
             s_inv = _inv_scale(e)
             s = _scale(e)
             m = Int32(cutlass.select_(e == 255, 0xFFFF, 0))
             for c in cutlass.range_constexpr(V):
-                inv[c] = s_inv
-                sc[c] = s
+                rinv[c] = s_inv
+                rsc[c] = s
             for c in cutlass.range_constexpr(NP):
-                mask[c] = m
-        _qdq_pairs(xr[r, None].load().to(Float32), inv, sc, mask, ob, ov, V)
+                rmask[c] = m
+        _qdq_pairs(xr[r, None].load().to(Float32), rinv, rsc, rmask, ob, ov, V)
         if col_ok and row0 + r < R:
-            _store_out(ov, tO[r, None])
+            if cutlass.const_expr(cfg.both):
+                _store_out(ov, tO2[r, None])
+            else:
+                _store_out(ov, tO[r, None])
 
 
 @cute.jit
-def _qdq_host(cfg: cutlass.Constexpr, x: cute.Pointer, o: cute.Pointer, R: Int32, stream: C.cuda.CUstream):
+def _qdq_host(cfg: cutlass.Constexpr, x: cute.Pointer, o: cute.Pointer, o2: cute.Pointer, R: Int32,
+              stream: C.cuda.CUstream):
     lay = cute.make_layout((R, cfg.K), stride=(cfg.K, 1))
     grid = (cute.ceil_div(R, cfg.rows), C.cdiv(cfg.K, cfg.threads * cfg.vec), 1)
-    _qdq_kernel(cfg, cute.make_tensor(x, lay), cute.make_tensor(o, lay), R).launch(
+    _qdq_kernel(cfg, cute.make_tensor(x, lay), cute.make_tensor(o, lay), cute.make_tensor(o2, lay), R).launch(
         grid=grid, block=(cfg.threads, 1, 1), stream=stream)
 
 
 @functools.lru_cache(maxsize=None)
 def launch_for(cfg: QdqCfg, dtype: torch.dtype) -> C.Launch:
-    """The qdq launch of an explicit config; run args (x, out, R)."""
+    """The qdq launch of an explicit config; run args (x, out, out2, R): out2 is the rowwise
+    output of ``cfg.both`` (out the columnwise one), else None (never touched)."""
     elt = 4 if dtype == torch.float32 else 2
-    return C.Launch(f"{_NAME}.qdq", _qdq_host, cfg,
-                    (C.Ptr(dtype, cfg.vec * elt), C.Ptr(torch.bfloat16, cfg.vec * 2), C.Scalar()))
+    o = C.Ptr(torch.bfloat16, cfg.vec * 2)
+    return C.Launch(f"{_NAME}.qdq", _qdq_host, cfg, (C.Ptr(dtype, cfg.vec * elt), o, o, C.Scalar()))
 
 
 @functools.lru_cache(maxsize=None)
-def qdq_launch(dtype: torch.dtype, K: int, rowwise: bool) -> C.Launch:
+def qdq_launch(dtype: torch.dtype, K: int, rowwise: bool, both: bool = False) -> C.Launch:
     """The default qdq launch for x of ``dtype`` with K columns (static dims only)."""
-    return launch_for(QdqCfg.heuristic(K, dtype, rowwise), dtype)
+    return launch_for(QdqCfg.heuristic(K, dtype, rowwise, both), dtype)
 
 
 def qdq_into(x: torch.Tensor, out: torch.Tensor, axis: str) -> None:
@@ -204,7 +244,28 @@ def qdq_into(x: torch.Tensor, out: torch.Tensor, axis: str) -> None:
                          None if rowwise else d, None if rowwise else s)
         cq.dequantize_into(d, s, out, axis)
         return
-    qdq_launch(x.dtype, K, axis == "rowwise").run(x, out, R)
+    qdq_launch(x.dtype, K, axis == "rowwise").run(x, out, None, R)
+
+
+def qdq_both_into(x: torch.Tensor, row_out: torch.Tensor, col_out: torch.Tensor) -> None:
+    """row_out / col_out [R, K] bf16 = :func:`qdq_into` of x 'rowwise' / 'columnwise' (bitwise),
+    from one read of x where both calls would be :func:`served` and K % 32 == 0 (QdqCfg.both);
+    else the two calls. Needs K % 32 == 0 and R % 32 == 0; nothing is validated."""
+    R, K = x.shape
+    if R == 0 or K == 0:
+        return
+    if not (K % BLOCK == 0 and served(x, row_out, "rowwise") and served(x, col_out, "columnwise")):
+        qdq_into(x, row_out, "rowwise")
+        qdq_into(x, col_out, "columnwise")
+        return
+    qdq_launch(x.dtype, K, False, True).run(x, col_out, row_out, R)
+
+
+def qdq_both(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """New bf16 tensors (rowwise, columnwise) of :func:`qdq_both_into`."""
+    row, col = (torch.empty(x.shape, dtype=torch.bfloat16, device=x.device) for _ in range(2))
+    qdq_both_into(x, row, col)
+    return row, col
 
 
 def qdq(x: torch.Tensor, axis: str) -> torch.Tensor:
@@ -215,12 +276,13 @@ def qdq(x: torch.Tensor, axis: str) -> torch.Tensor:
 
 
 def representative_launches(K: int = 7168) -> dict[str, C.Launch]:
-    """Every variant at one K (what the CPU compile test exports): both axes, bf16 and fp32 in,
-    and the MLP's widths' thread counts (K = 1536: 64 threads)."""
+    """Every variant at one K (what the CPU compile test exports): both axes (and both at once),
+    bf16 and fp32 in, and the MLP's widths' thread counts (K = 1536: 64 threads)."""
     out = {}
     for dt in IN_DTYPES:
         n = str(dt).removeprefix("torch.")
         for axis in ("rowwise", "columnwise"):
             out[f"qdq.{axis}.{n}"] = qdq_launch(dt, K, axis == "rowwise")
             out[f"qdq.{axis}.K1536.{n}"] = qdq_launch(dt, 1536, axis == "rowwise")
+        out[f"qdq.both.{n}"] = qdq_launch(dt, K, False, True)
     return out

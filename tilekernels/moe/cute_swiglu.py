@@ -20,6 +20,10 @@ Four kernels, all destination-passing (the caller allocates every output):
   writes per row, against a separate pass that would read ``h`` again (8F bytes per row) or a
   forward that stores ``a``'s columnwise copy for the whole step; so it is done here.
 
+Both fused kernels also write bf16 instead of MXFP8 (``QuantCfg.bf16``: bf16 data tensors, no
+scales): the exact values ``cute_quantize.dequantize_into`` would make of their MXFP8 output, for
+the fused MLP's bf16 GEMMs on Hopper (``gemm_predq``), which would otherwise dequantize right away.
+
 Numerics (bit-exact with the torch reference on the GPU, ``tilekernels/moe/reference.py``):
 every operation is the fp32 operation torch performs, in torch's order, with explicit ``.rn``
 PTX instructions so that nothing is contracted into an FMA that torch does not contract:
@@ -77,12 +81,13 @@ import torch
 
 import cutlass
 import cutlass.cute as cute
-from cutlass import Float32, Int32, Int64, Uint8, Uint32
+from cutlass import Float32, Int32, Int64, Uint8, Uint16, Uint32
 from cutlass.cute.nvgpu import cpasync
 from cutlass.memory.smem import SmemAllocator
 
 from tilekernels._cute import Launch, Ptr, Scalar, cdiv, cuda, launch_strips
 
+from .cute_quantize import _from_e4m3x2, _scale, _store_out  # the dequantize kernel's exact steps
 from .cute_swiglu_math import (  # exact fp32 / MXFP8 device arithmetic
     _bfly_max, _bfly_sum, _halvings, _rows, absbits, e4m3x4, e8m0_from_absbits, fmul, inv_scale, quant_word,
     swiglu_bwd_elem, swiglu_fwd_elem,
@@ -144,7 +149,9 @@ class QuantCfg:
     SM asked of ptxas (0: no bound), ``stages`` shared-memory buffers per warp for its tiles'
     inputs (0: plain loads into registers, the first version; s >= 2: each warp copies the inputs
     of its tile k + s - 1 with cp.async while it computes tile k, so the bytes in flight no longer
-    come out of the register file)."""
+    come out of the register file). ``bf16``: every data output is bf16 holding the dequantized
+    MXFP8 values (bitwise ``dequantize(quantize(.))``, no scales written): for operands whose
+    consumer is a bf16 GEMM (``gemm_predq``), which would dequantize them right away."""
 
     F: int
     bwd: bool
@@ -154,6 +161,7 @@ class QuantCfg:
     grid_x: int
     min_blocks: int = 0
     stages: int = 0
+    bf16: bool = False
 
     def smem_bytes(self) -> int:
         """Shared memory of the cp.async buffers: per warp and stage, its rows of the tile's gate
@@ -173,7 +181,7 @@ class QuantCfg:
             raise ValueError(f"QuantCfg: stages 0 or >= 2, at most 200 KB of buffers: {self}")
 
     @classmethod
-    def heuristic(cls, F: int, bwd: bool, col: bool) -> "QuantCfg":
+    def heuristic(cls, F: int, bwd: bool, col: bool, bf16: bool = False) -> "QuantCfg":
         """Two warps share each 32 x 32 tile by rows (16 rows each: 63-122 registers), four such
         groups per CTA, two cp.async stages per warp (one tile in flight while it computes the
         previous one; 64 KB (fwd) / 96 KB (bwd) of buffers per 8-warp CTA). fwd: each group
@@ -181,12 +189,13 @@ class QuantCfg:
         is reduced inside it). Measured on the H200 at M = 32768, F = 2048 (sweep of
         benchmarks/moe_swiglu_check.py, do_bench median): fwd 88.0% / 87.4% of copy without /
         with the columnwise output, bwd 88.1% / 85.0% without / with a's columnwise output; one
-        warp per tile with 4 warps reached 80-82%, the first version (register loads) 43-60%."""
+        warp per tile with 4 warps reached 80-82%, the first version (register loads) 43-60%.
+        ``bf16`` outputs use the same mapping (8-byte stores instead of 4)."""
         nblk = F // BLOCK
         rsplit = 2
         groups = min(4, nblk)
         return cls(F=F, bwd=bwd, col=col, warps=groups * rsplit, rsplit=rsplit,
-                   grid_x=1 if bwd else max(1, cdiv(nblk, groups * 4)), stages=2)
+                   grid_x=1 if bwd else max(1, cdiv(nblk, groups * 4)), stages=2, bf16=bf16)
 
 
 # ============================================================================ plain kernels
@@ -298,6 +307,31 @@ def _issue(atom, sbuf, hv, dav, rows, b, st, t, lane, warp):
             cute.copy(atom, cute.make_tensor(src.iterator, cute.make_layout(4)), sbuf[(None, lane, k, i, st, warp)])
 
 
+def _data_view(ptr, row0, width: int, bf16: bool):
+    """The 32-row strip of an MXFP8 data output [M, width] as 4-byte words (4 e4m3 values each)
+    or, for bf16 outputs, as quads of bf16 (8 bytes: the same 4 values dequantized); both are
+    indexed [row, word]."""
+    if bf16:
+        return cute.zipped_divide(_rows(cute.recast_ptr(ptr, dtype=cutlass.BFloat16), row0, width, BLOCK, width),
+                                  (1, 4))
+    return _rows(cute.recast_ptr(ptr, dtype=Uint32), row0, width // 4, BLOCK, width // 4)
+
+
+def _put(view, r, wi, w, es, bf16: bool):
+    """Store word ``w`` (4 e4m3 bytes, scales ``es``: E8M0 Int32 per byte) at [r, wi] of a
+    :func:`_data_view`: as is, or dequantized exactly as ``cute_quantize.dequantize_into`` does
+    (e4m3 -> f16x2 -> fp32, times 2^(e-127) in fp32, NaN for 0xFF, one RNE rounding to bf16)."""
+    if bf16:
+        ov = cute.make_rmem_tensor((4,), Float32)
+        for k in range(2):
+            x0, x1 = _from_e4m3x2(Uint16((w >> (16 * k)) & 0xFFFF))
+            ov[2 * k] = x0 * _scale(es[2 * k])
+            ov[2 * k + 1] = x1 * _scale(es[2 * k + 1])
+        _store_out(ov, view[(None, (r, wi))])
+    else:
+        view[r, wi] = w
+
+
 @cute.kernel
 def _quant_kernel(cfg: cutlass.Constexpr, da_ptr: cute.Pointer, h_ptr: cute.Pointer, p_ptr: cute.Pointer,
                   rd_ptr: cute.Pointer, rs_ptr: cute.Pointer, cd_ptr: cute.Pointer, cs_ptr: cute.Pointer,
@@ -333,11 +367,12 @@ def _quant_kernel(cfg: cutlass.Constexpr, da_ptr: cute.Pointer, h_ptr: cute.Poin
 
     hv = cute.zipped_divide(_rows(h_ptr, row0, 2 * F, BLOCK, 4 * F), (1, 4))
     p_t = cute.make_tensor(p_ptr + Int64(row0), cute.make_layout(BLOCK))
-    rd_t = _rows(cute.recast_ptr(rd_ptr, dtype=Uint32), row0, KD // 4, BLOCK, KD // 4)
+    BF = cfg.bf16
+    rd_t = _data_view(rd_ptr, row0, KD, BF)
     rs_t = _rows(rs_ptr, row0, KD // BLOCK, BLOCK, KD // BLOCK)
     smem = SmemAllocator()
     if cutlass.const_expr(want_col):
-        cd_t = _rows(cute.recast_ptr(cd_ptr, dtype=Uint32), row0, KD // 4, BLOCK, KD // 4)
+        cd_t = _data_view(cd_ptr, row0, KD, BF)
         cs_t = _rows(cute.recast_ptr(cs_ptr, dtype=Uint32), by, KD // 4, 1, KD // 4)
         if cutlass.const_expr(RS > 1):
             # [buffer, group, quantity, row split, column of the block] partial column amax bits
@@ -362,7 +397,7 @@ def _quant_kernel(cfg: cutlass.Constexpr, da_ptr: cute.Pointer, h_ptr: cute.Poin
         for i in cutlass.range_constexpr(STEPS):
             acc[i] = Float32(0.0)
         if cutlass.const_expr(cfg.col):
-            ad_t = _rows(cute.recast_ptr(ad_ptr, dtype=Uint32), row0, F // 4, BLOCK, F // 4)
+            ad_t = _data_view(ad_ptr, row0, F, BF)
             as_t = _rows(cute.recast_ptr(as_ptr, dtype=Uint32), by, F // 4, 1, F // 4)
 
     # the rows this thread reads (rows past M read row M - 1; their stores are masked) and probs
@@ -431,11 +466,12 @@ def _quant_kernel(cfg: cutlass.Constexpr, da_ptr: cute.Pointer, h_ptr: cute.Poin
                 w = cutlass.select_(e == 255, Uint32(0x7F7F7F7F), w)
                 es.append(e)
                 if r < valid:
-                    rd_t[r, (nq * blk + q) * 8 + t] = w
-            if r < valid:
-                if t == 0:
-                    for q in cutlass.range_constexpr(nq):
-                        rs_t[r, nq * blk + q] = Uint8(es[q])
+                    _put(rd_t, r, (nq * blk + q) * 8 + t, w, [e] * 4, BF)
+            if cutlass.const_expr(not BF):
+                if r < valid:
+                    if t == 0:
+                        for q in cutlass.range_constexpr(nq):
+                            rs_t[r, nq * blk + q] = Uint8(es[q])
         # ---- columnwise: amax over 32 rows (steps in-thread, rg by butterfly, row split via smem)
         if cutlass.const_expr(want_col):
             cols = []  # (values per step, data view, scale view, word index in the row)
@@ -476,11 +512,12 @@ def _quant_kernel(cfg: cutlass.Constexpr, da_ptr: cute.Pointer, h_ptr: cute.Poin
                     w = e4m3x4(*[fmul(xs[i][j], invs[j]) for j in range(4)])
                     w = (w & ~nanmask) | (Uint32(0x7F7F7F7F) & nanmask)
                     if r < valid:
-                        d_t[r, wi] = w
-                if rg == 0:
-                    if rsi == 0:
-                        s_t[0, wi] = (Uint32(ecs[0]) | (Uint32(ecs[1]) << 8) | (Uint32(ecs[2]) << 16)
-                                      | (Uint32(ecs[3]) << 24))
+                        _put(d_t, r, wi, w, ecs, BF)
+                if cutlass.const_expr(not BF):
+                    if rg == 0:
+                        if rsi == 0:
+                            s_t[0, wi] = (Uint32(ecs[0]) | (Uint32(ecs[1]) << 8) | (Uint32(ecs[2]) << 16)
+                                          | (Uint32(ecs[3]) << 24))
         it = it + 1
 
     if cutlass.const_expr(bwd):
@@ -538,7 +575,8 @@ def swiglu_launch(cfg: SwigluCfg, bwd: bool) -> Launch:
 def quant_launch(cfg: QuantCfg) -> Launch:
     """The Launch of the fused kernel at ``cfg`` (args: fwd (h, probs, rd, rs, cd, cs, M); bwd (da, h,
     probs, dh_rd, dh_rs, dh_cd, dh_cs, dprobs, a_cd, a_cs, M)); absent optional outputs are passed
-    as another output's pointer and never touched (cfg.col is False)."""
+    as null pointers and never touched (cfg.col is False; every scales with cfg.bf16, whose data
+    pointers point at bf16 tensors)."""
     if cfg.bwd:
         return Launch("moe.cute_swiglu.swiglu_quant_bwd", _quant_bwd_host, cfg,
                       (_F32, _F32, _VEC, _U8, _U8, _U8, _U8, _VEC, _U8, _U8, _M))
@@ -552,8 +590,8 @@ def _plain(F: int, s: Optional[int], dtype: torch.dtype, align: int, bwd: bool) 
 
 
 @functools.lru_cache(maxsize=None)
-def _quant(F: int, bwd: bool, col: bool) -> Launch:
-    return quant_launch(QuantCfg.heuristic(F, bwd, col))
+def _quant(F: int, bwd: bool, col: bool, bf16: bool = False) -> Launch:
+    return quant_launch(QuantCfg.heuristic(F, bwd, col, bf16))
 
 
 # ============================================================================ public API
@@ -636,8 +674,28 @@ def _check_aligned(**ts) -> None:
             raise ValueError(f"{name}: the fused SwiGLU kernels need 16-byte aligned tensors")
 
 
+def _outputs(what: str, pairs, dev) -> bool:
+    """Check the data / scales outputs ((name, data, scales, shape, scales shape) each; the optional
+    ones are skipped when both are None); returns whether they are bf16 (then every scales is None:
+    the kernel writes the dequantized values) rather than MXFP8 (e4m3 / uint8 data + uint8 scales)."""
+    bf16 = pairs[0][1].dtype == torch.bfloat16
+    for name, d, sc, shape, sshape in pairs:
+        if bf16:
+            if sc is not None:
+                raise ValueError(f"{what}: bf16 outputs carry no scales ({name}_scales must be None)")
+            _check(f"{name}_data", d, shape, (torch.bfloat16,), dev)
+            _check_aligned(**{f"{name}_data": d})
+        else:
+            if (d is None) != (sc is None):
+                raise ValueError(f"{what}: {name}_data and {name}_scales come together")
+            _check(f"{name}_data", d, shape, _FP8, dev)
+            _check(f"{name}_scales", sc, sshape, (torch.uint8,), dev)
+            _check_aligned(**{f"{name}_data": d, f"{name}_scales": sc})
+    return bf16
+
+
 def swiglu_quant_fwd_into(h: torch.Tensor, probs: torch.Tensor, row_data: torch.Tensor,
-                          row_scales: torch.Tensor, col_data: Optional[torch.Tensor] = None,
+                          row_scales: Optional[torch.Tensor], col_data: Optional[torch.Tensor] = None,
                           col_scales: Optional[torch.Tensor] = None) -> None:
     """MXFP8 of a = silu(gate) * linear * probs (fp32) with s = 32, in one pass over h.
 
@@ -647,32 +705,29 @@ def swiglu_quant_fwd_into(h: torch.Tensor, probs: torch.Tensor, row_data: torch.
     of 32 tokens (FC2 wgrad). Bit-exact with mxfp8.quantize of this module's fp32 ``a`` (what
     :func:`swiglu_fwd_into` returns for fp32 h, s = 32), hence with mxfp8.quantize(
     reference.swiglu_fwd(h, probs, 32)) wherever the sigmoid matches torch's bit for bit.
+    bf16 data tensors (scales None) receive dequantize(quantize(a)) instead, bit for bit
+    (the same values, 2 bytes each, for a bf16 GEMM; no separate dequantize pass).
     """
     M, F = _quant_dims(h)
     dev = h.device
     _check("h", h, (M, 2 * F), (torch.float32,), dev)
     _check("probs", probs, (M,), (torch.float32,), dev)
-    _check("row_data", row_data, (M, F), _FP8, dev)
-    _check("row_scales", row_scales, (M, F // BLOCK), (torch.uint8,), dev)
     col = col_data is not None
-    if col != (col_scales is not None):
-        raise ValueError("col_data and col_scales come together")
-    if col:
-        if M % BLOCK:
-            raise ValueError(f"columnwise MXFP8 needs M % 32 == 0, got M = {M}")
-        _check("col_data", col_data, (M, F), _FP8, dev)
-        _check("col_scales", col_scales, (M // BLOCK, F), (torch.uint8,), dev)
-    else:
-        col_data, col_scales = row_data, row_scales
-    _check_aligned(h=h, row_data=row_data, row_scales=row_scales, col_data=col_data, col_scales=col_scales)
+    if col and M % BLOCK:
+        raise ValueError(f"columnwise MXFP8 needs M % 32 == 0, got M = {M}")
+    pairs = [("row", row_data, row_scales, (M, F), (M, F // BLOCK))]
+    if col or col_scales is not None:
+        pairs.append(("col", col_data, col_scales, (M, F), (M // BLOCK, F)))
+    bf16 = _outputs("swiglu_quant_fwd_into", pairs, dev)
+    _check_aligned(h=h)
     if M == 0:
         return
-    _quant(F, False, col).run(h, probs, row_data, row_scales, col_data, col_scales, M)
+    _quant(F, False, col, bf16).run(h, probs, row_data, row_scales, col_data, col_scales, M)
 
 
 def swiglu_quant_bwd_into(da: torch.Tensor, h: torch.Tensor, probs: torch.Tensor,
-                          dh_row_data: torch.Tensor, dh_row_scales: torch.Tensor,
-                          dh_col_data: torch.Tensor, dh_col_scales: torch.Tensor, dprobs: torch.Tensor,
+                          dh_row_data: torch.Tensor, dh_row_scales: Optional[torch.Tensor],
+                          dh_col_data: torch.Tensor, dh_col_scales: Optional[torch.Tensor], dprobs: torch.Tensor,
                           a_col_data: Optional[torch.Tensor] = None,
                           a_col_scales: Optional[torch.Tensor] = None) -> None:
     """dSwiGLU of the fused MLP in one pass: dh quantized both ways, dprobs, optionally a columnwise.
@@ -682,7 +737,8 @@ def swiglu_quant_bwd_into(da: torch.Tensor, h: torch.Tensor, probs: torch.Tensor
     (blocks along 2F: FC1 dgrad), dh_col_data [M, 2F] + dh_col_scales [M/32, 2F] (blocks of 32
     tokens: FC1 wgrad), dprobs [M] fp32 (deterministic), and if given a_col_data [M, F] +
     a_col_scales [M/32, F]: a = swiglu(h) recomputed and quantized columnwise (FC2 wgrad).
-    dh/dprobs/a are reference.swiglu_bwd / swiglu_fwd in fp32."""
+    dh/dprobs/a are reference.swiglu_bwd / swiglu_fwd in fp32. bf16 data tensors (every scales
+    None) receive dequantize(quantize(.)) of the same blocks instead, bit for bit."""
     M, F = _quant_dims(h)
     dev = h.device
     if M % BLOCK:
@@ -690,25 +746,18 @@ def swiglu_quant_bwd_into(da: torch.Tensor, h: torch.Tensor, probs: torch.Tensor
     _check("h", h, (M, 2 * F), (torch.float32,), dev)
     _check("da", da, (M, F), (torch.float32,), dev)
     _check("probs", probs, (M,), (torch.float32,), dev)
-    _check("dh_row_data", dh_row_data, (M, 2 * F), _FP8, dev)
-    _check("dh_row_scales", dh_row_scales, (M, 2 * F // BLOCK), (torch.uint8,), dev)
-    _check("dh_col_data", dh_col_data, (M, 2 * F), _FP8, dev)
-    _check("dh_col_scales", dh_col_scales, (M // BLOCK, 2 * F), (torch.uint8,), dev)
     _check("dprobs", dprobs, (M,), (torch.float32,), dev)
     col = a_col_data is not None
-    if col != (a_col_scales is not None):
-        raise ValueError("a_col_data and a_col_scales come together")
-    if col:
-        _check("a_col_data", a_col_data, (M, F), _FP8, dev)
-        _check("a_col_scales", a_col_scales, (M // BLOCK, F), (torch.uint8,), dev)
-    else:
-        a_col_data, a_col_scales = dh_col_data, dh_col_scales
-    _check_aligned(h=h, da=da, dh_row_data=dh_row_data, dh_row_scales=dh_row_scales, dh_col_data=dh_col_data,
-                   dh_col_scales=dh_col_scales, a_col_data=a_col_data, a_col_scales=a_col_scales)
+    pairs = [("dh_row", dh_row_data, dh_row_scales, (M, 2 * F), (M, 2 * F // BLOCK)),
+             ("dh_col", dh_col_data, dh_col_scales, (M, 2 * F), (M // BLOCK, 2 * F))]
+    if col or a_col_scales is not None:
+        pairs.append(("a_col", a_col_data, a_col_scales, (M, F), (M // BLOCK, F)))
+    bf16 = _outputs("swiglu_quant_bwd_into", pairs, dev)
+    _check_aligned(h=h, da=da)
     if M == 0:
         return
-    _quant(F, True, col).run(da, h, probs, dh_row_data, dh_row_scales, dh_col_data, dh_col_scales, dprobs,
-                          a_col_data, a_col_scales, M)
+    _quant(F, True, col, bf16).run(da, h, probs, dh_row_data, dh_row_scales, dh_col_data, dh_col_scales, dprobs,
+                                   a_col_data, a_col_scales, M)
 
 
 # ============================================================================ for CI
@@ -717,7 +766,8 @@ def swiglu_quant_bwd_into(da: torch.Tensor, h: torch.Tensor, probs: torch.Tensor
 def representative_launches(F: int = 2048) -> dict[str, Launch]:
     """Every kernel variant at width F (plain: bf16/fp32 x halves/s=32, fwd and bwd; fused: fwd with
     and without the columnwise output, bwd with and without a's columnwise output, each with the
-    cp.async pipeline and with plain register loads), for the ahead-of-time compile test."""
+    cp.async pipeline and with plain register loads, and with bf16 outputs), for the ahead-of-time
+    compile test."""
     out = {}
     for dtype in ("bfloat16", "float32"):
         for s in (None, 32):
@@ -734,4 +784,7 @@ def representative_launches(F: int = 2048) -> dict[str, Launch]:
             if col:
                 out[f"swiglu_quant_{'bwd' if bwd else 'fwd'}/col={col}/stages=3"] = quant_launch(
                     dataclasses.replace(cfg, stages=3))
+            # bf16 outputs (the dequantized values) for the bf16 GEMMs of the fused MLP
+            out[f"swiglu_quant_{'bwd' if bwd else 'fwd'}/col={col}/bf16"] = quant_launch(
+                QuantCfg.heuristic(F, bwd, col, bf16=True))
     return out

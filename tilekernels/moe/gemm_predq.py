@@ -80,7 +80,10 @@ WGRAD_MIN_TOKENS = 2048
 # correct (the MoE GPU test files pass with it) but not faster, so not the default: H200, G=8
 # headline GEMMs, cute vs torch + copy: FC1 fwd 2.851 / 2.789 ms, FC2 fwd 1.674 / 1.588, FC2 dgrad
 # 1.397 / 1.433, FC1 dgrad 2.925 / 2.941; fused MLP G=8 fwd 5.42 vs 5.36 ms, bwd a tie
-# (benchmarks/results/h200-moe-gemm-bf16.txt).
+# (benchmarks/results/h200-moe-gemm-bf16.txt). Again in session 10 (h200-moe-mlp-profile.txt, round 2):
+# y / dX alone, cute (default config) vs torch + copy: G=8 1.672 / 1.634 and 3.128 / 3.046 ms, G=32
+# 0.783 / 0.789 and 1.455 / 1.411 (other configs: tile_n 128, raster 16, 3 stages, no better except
+# 3 stages for G=32 dX, 1.380); the fused MLP with it: fwd 0.04-0.08 ms slower at both shapes.
 BF16_OUT_GEMM = os.environ.get("TILEKERNELS_MOE_BF16_OUT", "torch")
 if BF16_OUT_GEMM not in ("torch", "cute"):
     raise ValueError(f"TILEKERNELS_MOE_BF16_OUT must be 'torch' or 'cute', got {BF16_OUT_GEMM!r}")
