@@ -43,7 +43,9 @@ of the old window, and the cluster's rank-0 CTA writes the new window after wait
 (one CTA per key head) needs no barrier. Hence the backend limit R * NCB <= 8 (the portable
 cluster size): the heuristic widens BV until it holds. SHARE: each q|k channel's window is read
 by one CTA only (the one computing it), which writes the shifted window right away; the
-cluster's one barrier is the y exchange's (no CTA exits before every remote store into it landed).
+cluster's barriers are one at the start (every CTA has started before any remote store: arrive
+before the state loads, wait before the first store) and the y exchange's (no CTA exits before every
+remote store into it landed).
 
 Continuous batching: with state_indices row b uses slot state_indices[b]; a slot of -1 writes
 zeros to its o columns and reads/writes no state (every CTA of the cluster has the same row,
@@ -315,6 +317,11 @@ def _decode_kernel(cfg: cutlass.Constexpr, mixed: cute.Pointer, conv: cute.Point
         vs = smem.allocate_tensor(Float32, cute.make_layout(BV), 16)
         red = smem.allocate_tensor(Float32, cute.make_layout((KW, BV, 2), stride=(BV, 1, KW * BV)), 16)
         wsum = smem.allocate_tensor(Float32, cute.make_layout((NW, 3), stride=(3, 1)), 16)
+        if cutlass.const_expr(cfg.SHARE and CL > 1):
+            # SHARE stores into the other CTAs' shared memory: every CTA of the cluster must have
+            # started first (racecheck: "a block that might not have entered yet"). Arrive here,
+            # wait just before the first remote store, so the state loads below are in flight meanwhile.
+            cute.arch.cluster_arrive_relaxed()
 
         # ---- the state slice (RPT rows x VEC columns), loaded first (its latency overlaps the prologue)
         # one 64-bit base per thread (its row p, first column) + constant row offsets: the
@@ -340,6 +347,8 @@ def _decode_kernel(cfg: cutlass.Constexpr, mixed: cute.Pointer, conv: cute.Point
             # into every CTA's qk (distributed shared memory; published by the cluster barrier)
             NCH = cdiv(2 * dk, CL)
             rank = bx % CL
+            if cutlass.const_expr(CL > 1):
+                cute.arch.cluster_wait()  # every CTA of the cluster is running (its smem exists)
             for c in cutlass.range_constexpr(cdiv(NCH, NT)):
                 lc = t + c * NT
                 ch = rank * NCH + lc
