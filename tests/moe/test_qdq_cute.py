@@ -3,7 +3,7 @@ path through it (cute_kernels.QDQ, QDQ_OUT).
 
 CPU (CI): every variant (rowwise / columnwise, x bf16 / fp32, 128- and 64-thread configs)
 compiles for sm_90a through the GPU path's launch code, without spills or flush-to-zero,
-with 16-byte loads only; configs depend on static dims; with QDQ on and the kernels replaced
+with 16-byte loads (8-byte ones in the both-axes variant); configs depend on static dims; with QDQ on and the kernels replaced
 by recorders on meta tensors, which operands of the MLP's and grouped_linear's GEMMs go
 through qdq and which GEMMs still take the quantized operands.
 

@@ -15,7 +15,7 @@ owns the VEC adjacent columns j0 = VEC * (t % G) .. j0 + VEC - 1 of the block an
 i = p, p + KS, p + 2*KS, ... (p = t // G) of them: RPT * VEC fp32 values in registers
 (RPT = ceil(dk / KS)), each row one VEC-wide vector load and store (VEC 4: 16 bytes fp32, 8 bf16).
 A warp's row parts are consecutive columns of one row set (VEC 1: each row one 128-byte fp32
-line; VEC 4, BV 64: 16 columns x 2 rows). The columns of S are independent in the delta rule
+line; VEC 4, BV 64: 16 threads (64 columns) x 2 rows). The columns of S are independent in the delta rule
 (u_j and o_j need column j of S and all of k, q), so with
 o = h^T q' + u (k . q')   (h = exp(g) S, q' = scale * q)
 both dk-reductions (h^T k and h^T q') come from the loaded values at once: per-thread partial
@@ -77,6 +77,10 @@ Session 9, round 2 (same shapes, one run): the heuristic now SHARE, and ptxas he
 and is slower there (46.28 / 327.73 at B = 32 / 256: the mid-kernel cluster wait; ncu B=256 DRAM
 69%); with MINB 5 it spills 8 bytes (not 16) and matches the session-9 config at MINB 5 (300.07);
 bf16 SHARE needs 96 registers (5 CTAs an SM without MINB) and is the faster at every B.
+Those round-2 times predate the start-of-kernel cluster barrier that racecheck asked for (SHARE's
+remote stores could reach a CTA that had not started); with it, one run: fp32 3.80 / 44.16 / 300.96
+us (86.0%), bf16 3.31 / 20.93 / 213.81; there SHARE buys fp32 nothing (B=1 3.59 without it, B=256
+299.46 for MINB 5 alone, which spills 16 bytes) and stays for its registers and bf16.
 
 Backend limits (for the spec's cute Backend entry): SM 9.0 (sm_90a: clusters); mixed (and so
 conv_state and o) bf16 or fp32; conv_weight bf16 or fp32; A_log, dt_bias fp32; ssm_state fp32
@@ -190,7 +194,7 @@ class DecodeCfg:
         prologue and the cluster's barrier shared by twice the state; half the cluster), and the
         rows are split so that a thread holds at most 64 state values (KS = ceil(dk * VEC / 64),
         rounded up to whole warps). Qwen3-Next: BV 64, VEC 4, KS 8, 128 threads, 64 values, 4
-        CTAs a cluster (H200: 309 us at B=256 against 329 us for the session-8 config, fp32).
+        CTAs a cluster (H200: 308 us at B=256 against 328 us for the session-8 config, fp32).
         With VEC > 1 the q|k prologue is shared by the cluster (SHARE, module constant) and, where
         the grid is ``large`` (at least LARGE_CTAS CTAs: :func:`decode_launch` picks by B, the
         runtime dim, between the two configs), ptxas is asked for MINB_LARGE CTAs an SM (H200,

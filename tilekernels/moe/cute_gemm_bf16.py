@@ -1,6 +1,6 @@
 """CuTe DSL bf16-operand grouped GEMM for Hopper (sm_90a): TMA + warp-specialized wgmma, fp32 or
 bf16 output. The GEMM half of ``kernel="predq"`` for fp32 outputs (gemm_predq.py): the MXFP8
-operands are dequantized once to bf16 (exact), then this kernel runs the fwd or dgrad variant.
+operands are dequantized once to bf16 (exact), then this kernel runs the fwd, dgrad or wgrad variant.
 
 Canonical form ``C[m, n] = sum_k A[m, k] * B[g][n, k]`` with the m (token) dim ragged over the
 groups of ``offsets`` [G+1] (cumulative, on the device; nothing read on the host):
@@ -296,7 +296,6 @@ def _host(cfg: cutlass.Constexpr, a: cute.Pointer, b: cute.Pointer, offs: cute.P
 def _smem_layouts(cfg):
     """(None, sA layout, sB layout): the staged 128B-swizzled wgmma layouts operand_smem uses."""
     import cutlass.utils.hopper_helpers as sm90_utils
-    from cutlass.tensor_utils import LayoutEnum
 
     tile = (cfg.tile_m, cfg.tile_n, cfg.tile_k)
     a_lay, b_lay = _majors(cfg)

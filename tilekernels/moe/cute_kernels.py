@@ -119,7 +119,17 @@ _GEMM_KERNEL = [os.environ.get("TILEKERNELS_MOE_GEMM", "auto")]
 # H200, fused MLP fwd / bwd ms (benchmarks/results/h200-moe-mlp-profile.txt, run 2): G=32 x 1024,
 # H=4096, F=1536: 2.780 / 6.011 against 3.189 / 6.629 off; G=8 x 4096, H=7168, F=2048: 4.959 /
 # 10.113 against 5.161 / 10.319. $TILEKERNELS_MOE_QDQ=0 turns it off at import.
-QDQ = os.environ.get("TILEKERNELS_MOE_QDQ", "1") == "1"
+
+
+def _env_flag(name: str) -> bool:
+    """A 0 / 1 switch from the environment (default 1); anything else is an error, not "off"."""
+    v = os.environ.get(name, "1")
+    if v not in ("0", "1"):
+        raise ValueError(f"{name} must be '0' or '1', got {v!r}")
+    return v == "1"
+
+
+QDQ = _env_flag("TILEKERNELS_MOE_QDQ")
 # With QDQ, the fused MLP's kernels whose MXFP8 outputs feed only bf16 GEMMs (the SwiGLU fwd / bwd
 # kernels: a, dh both ways, a columnwise) write those values' bf16 dequantization directly
 # (cute_swiglu's bf16 outputs, bitwise the same), and dY goes through cute_qdq (rowwise and
@@ -129,7 +139,7 @@ QDQ = os.environ.get("TILEKERNELS_MOE_QDQ", "1") == "1"
 # 15.228 off (2669 against 3090 us); G=32 x 1024, H=4096, F=1536: 8.495 against 8.520 (2431 against
 # 2707 us; call 1, dY through two single-axis qdq passes: 8.220 against 8.605). The backward takes it
 # only where all four of its GEMMs are predq. $TILEKERNELS_MOE_QDQ_OUT=0 turns it off.
-QDQ_OUT = os.environ.get("TILEKERNELS_MOE_QDQ_OUT", "1") == "1"
+QDQ_OUT = _env_flag("TILEKERNELS_MOE_QDQ_OUT")
 
 
 def set_gemm_kernel(name: str) -> str:

@@ -44,7 +44,7 @@ from tilekernels import _cute as C
 
 from . import cute_quantize as cq
 from .cute_quantize import (BLOCK, _abs_bits_max, _col_amax, _col_scales, _e4m3x2, _e8m0, _from_e4m3x2,
-                            _inv_scale, _rows, _scale, _store_out)
+                            _inv_scale, _scale, _store_out)
 
 _NAME = "moe.cute_qdq"
 IN_DTYPES = (torch.bfloat16, torch.float32)
@@ -56,10 +56,12 @@ def _vec(dtype: torch.dtype) -> int:
 
 
 def served(x: torch.Tensor, out: torch.Tensor, axis: str) -> bool:
-    """Whether the qdq kernel takes this call: x bf16 / fp32, contiguous, K a multiple of 16
-    bytes of x, both pointers 16-byte aligned (torch's allocations and whole weights are).
+    """Whether the qdq kernel takes this call (either ``axis``): x bf16 / fp32, contiguous, K a
+    multiple of 16 bytes of x; ``out`` bf16, contiguous, x's shape (the kernel writes rows K
+    elements apart); both pointers 16-byte aligned (torch's allocations and whole weights are).
     :func:`qdq_into` runs the two kernels of ``cute_quantize`` otherwise (the same values)."""
     return (x.dtype in IN_DTYPES and x.is_contiguous() and x.shape[1] % _vec(x.dtype) == 0
+            and out.dtype == torch.bfloat16 and out.is_contiguous() and out.shape == x.shape
             and (x.data_ptr() | out.data_ptr()) & 15 == 0)
 
 

@@ -15,7 +15,8 @@ accumulation:
   ``cute_gemm_bf16`` (our CuTe DSL TMA + warp-specialized wgmma grouped GEMM), which writes
   fp32 straight into ``out`` (no copy). H200, G=8 x 4096 tokens, H=7168, F=2048: FC1 fwd
   693-700 TFLOP/s, FC2 dgrad 638-681, against 418 / 455 for ``kernel="dq"`` with fp32 out
-  (benchmarks/results/h200-moe-gemm-bf16.txt). An fp32 wgrad has no such path (dq);
+  (benchmarks/results/h200-moe-gemm-bf16.txt). An fp32 wgrad output stays on dq (this module's
+  wgrads are wired for bf16 dW only);
 * bf16 wgrad: ``cute_gemm_bf16``'s wgrad variant (``WGRAD_GEMM = "cute"``, the default: no
   [G, N, K] output copy) or torch._grouped_mm + copy (``"torch"``).
 
@@ -49,15 +50,19 @@ Cost model (H200, moe.md): the dequant passes and the copy move about 3 (M K + G
 bytes (fwd) against the mainloop kernel's ~60% of torch's GEMM rate, so predq wins wherever
 the output is small beside the work. A wgrad's output [G, N, K] does not shrink with the
 tokens: at 1024 tokens per expert (G=32, H=4096, F=1536) the copy eats the gain and predq
-was slower, so ``cute_kernels.gemm_choice`` keeps wgrad on dq below ``WGRAD_MIN_TOKENS``
-tokens per expert (a host-known ratio M / G, no sync).
+was slower, so with ``WGRAD_GEMM = "torch"`` ``cute_kernels.gemm_choice`` keeps wgrad on dq below
+``WGRAD_MIN_TOKENS`` tokens per expert (a host-known ratio M / G, no sync). ``cute_gemm_bf16``'s
+wgrad (``WGRAD_GEMM = "cute"``, the default) writes dW in place: no copy, predq at any tokens.
 
 Limits (``supported``): a bf16 output, or an fp32 output of fwd / dgrad; a CUDA sm_90 device
 (the CUTLASS path of torch and our sm_90a kernel; elsewhere torch may fall back to a per-group
 loop that reads the offsets on the host); torch with ``_grouped_mm`` for bf16 outputs. Operand
 strides are multiples of 16 bytes (N, K % 32 == 0), A row-major in fwd/dgrad and column-major
 in wgrad, so torch's device-side alignment check on the ragged dimension never applies and
-groups of any size (zero included) work.
+fwd / dgrad take groups of any size (zero included). wgrad needs every group a multiple of 32
+tokens (zero included): cute_gemm_bf16 sums 32-token k-tiles inside a group, and the MXFP8
+columnwise operands it consumes exist only then (the spec's ``m_splits % 32`` constraint on the
+ops that reach it; with m_splits on the GPU nothing here can check it without a sync).
 """
 from __future__ import annotations
 
@@ -106,8 +111,8 @@ def supported(out_dtype: torch.dtype, device: torch.device, variant: str = "fwd"
     if out_dtype not in (BF, F32):
         return False, f"bf16 or fp32 outputs only, the output is {str(out_dtype).removeprefix('torch.')}"
     if out_dtype == F32 and variant == "wgrad":
-        return False, ("an fp32 wgrad output: torch._grouped_mm writes bf16 only and the bf16 TMA "
-                       "kernel (cute_gemm_bf16) covers fwd / dgrad")
+        return False, ("an fp32 wgrad output: torch._grouped_mm writes bf16 only and this module "
+                       "wires cute_gemm_bf16's wgrad for bf16 dW only")
     if out_dtype == BF and not hasattr(torch, "_grouped_mm"):
         return False, f"torch {torch.__version__} has no _grouped_mm"
     why = needs_sm90(device, "the sm_90 grouped GEMMs (torch's CUTLASS one, cute_gemm_bf16)")
