@@ -36,6 +36,18 @@ COMPILE_VARIANTS = [(QWEN, F32, True, BF), (QWEN, BF, True, BF), (QWEN, F32, Fal
 COMPILE_VARIANTS += [(c[2], c[3], c[4] is not None, BF) for c in GPU_CASES if c[2] != QWEN]
 COMPILE_VARIANTS += [(dict(Hk=1, Hv=8, dk=64, dv=40, W=4), F32, True, BF)]  # R = 8: BV 64, one CTA per head
 
+# GPU cases beyond the cuTile test's, for this kernel's own regimes: dv % 4 == 2 (VEC 2, the last
+# column block partial), odd dv (VEC 1), a cluster of 8 with SHARE, and a grid past LARGE_CTAS
+# (the MINB_LARGE config) at a shape that is not Qwen3-Next's (B, N, shape, state dtype, indices)
+CUTE_GPU_CASES = [
+    (5, 7, dict(Hk=1, Hv=4, dk=48, dv=34, W=4), F32, "pad"),
+    (4, 6, dict(Hk=2, Hv=2, dk=24, dv=39, W=3), BF, "perm"),
+    (3, 5, dict(Hk=1, Hv=8, dk=40, dv=34, W=2), BF, None),
+    (300, 310, dict(Hk=2, Hv=4, dk=64, dv=64, W=4), F32, "perm"),
+    (300, 300, dict(Hk=2, Hv=4, dk=64, dv=64, W=4), BF, None),
+]
+COMPILE_VARIANTS += [(c[2], c[3], c[4] is not None, BF) for c in CUTE_GPU_CASES]
+
 
 # A/B configs beside the heuristic's (its Qwen3-Next config with these VEC, BV, KS, STREAM, SHARE;
 # both state dtypes): "v1" the session-8 kernel (one column a thread, KS 4), 64-bit accesses, 128-bit
@@ -188,6 +200,23 @@ def _cute_kernel(monkeypatch):
 test_decode_matches_float64_reference = base.test_decode_matches_float64_reference
 test_steps_continue_a_prefill = base.test_steps_continue_a_prefill
 test_cuda_graph_replay_equals_eager = base.test_cuda_graph_replay_equals_eager
+
+
+@pytest.mark.gpu
+@needs_gpu
+@pytest.mark.parametrize("B,N,shape,sd,mode", CUTE_GPU_CASES,
+                         ids=[f"B{c[0]}-N{c[1]}-" + "Hk{Hk}-Hv{Hv}-dk{dk}-dv{dv}-W{W}".format(**c[2]) +
+                              f"-{str(c[3])[6:]}-{c[4]}" for c in CUTE_GPU_CASES])
+def test_cute_regimes_match_float64_reference(B, N, shape, sd, mode):
+    """CUTE_GPU_CASES through the cuTile test's reference check (float64 oracle, unnamed slots
+    bit-identical, padded rows zero), on this kernel; the config the launch takes is the one the
+    case is meant to reach (VEC by dv, the large-grid config past LARGE_CTAS)."""
+    s = shape
+    sz = torch.tensor([], dtype=sd).element_size()
+    small = cq.DecodeCfg.heuristic(s["Hk"], s["Hv"], s["dk"], s["dv"], s["W"], sz, mode is not None)
+    assert small.VEC == (4 if s["dv"] % 4 == 0 else 2 if s["dv"] % 2 == 0 else 1)
+    assert (B * s["Hv"] * small.NCB >= cq.LARGE_CTAS) == (B >= 300)
+    base.test_decode_matches_float64_reference(B, N, shape, sd, mode)
 
 
 @pytest.mark.gpu
