@@ -204,9 +204,7 @@ test_cuda_graph_replay_equals_eager = base.test_cuda_graph_replay_equals_eager
 
 @pytest.mark.gpu
 @needs_gpu
-@pytest.mark.parametrize("B,N,shape,sd,mode", CUTE_GPU_CASES,
-                         ids=[f"B{c[0]}-N{c[1]}-" + "Hk{Hk}-Hv{Hv}-dk{dk}-dv{dv}-W{W}".format(**c[2]) +
-                              f"-{str(c[3])[6:]}-{c[4]}" for c in CUTE_GPU_CASES])
+@pytest.mark.parametrize("B,N,shape,sd,mode", CUTE_GPU_CASES, ids=[base.case_id(c) for c in CUTE_GPU_CASES])
 def test_cute_regimes_match_float64_reference(B, N, shape, sd, mode):
     """CUTE_GPU_CASES through the cuTile test's reference check (float64 oracle, unnamed slots
     bit-identical, padded rows zero), on this kernel; the config the launch takes is the one the

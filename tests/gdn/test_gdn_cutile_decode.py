@@ -250,11 +250,14 @@ GPU_CASES = [
 ]
 
 
+def case_id(c) -> str:
+    """Test id of a (B, N, shape, state dtype, indices mode) case."""
+    return f"B{c[0]}-N{c[1]}-" + "Hk{Hk}-Hv{Hv}-dk{dk}-dv{dv}-W{W}".format(**c[2]) + f"-{str(c[3])[6:]}-{c[4]}"
+
+
 @pytest.mark.gpu
 @needs_gpu
-@pytest.mark.parametrize("B,N,shape,sd,mode", GPU_CASES,
-                         ids=[f"B{c[0]}-N{c[1]}-" + "Hk{Hk}-Hv{Hv}-dk{dk}-dv{dv}-W{W}".format(**c[2]) +
-                              f"-{str(c[3])[6:]}-{c[4]}" for c in GPU_CASES])
+@pytest.mark.parametrize("B,N,shape,sd,mode", GPU_CASES, ids=[case_id(c) for c in GPU_CASES])
 def test_decode_matches_float64_reference(B, N, shape, sd, mode):
     Hk = shape["Hk"]
     x, conv, w, A, dt, ssm = _inputs(B, N, **shape, state_dtype=sd)

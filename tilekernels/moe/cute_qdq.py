@@ -43,8 +43,8 @@ from cutlass import Float32, Int32, Int64, Uint8, Uint16
 from tilekernels import _cute as C
 
 from . import cute_quantize as cq
-from .cute_quantize import (BLOCK, _abs_bits_max, _col_amax, _col_scales, _e4m3x2, _e8m0, _from_e4m3x2,
-                            _inv_scale, _scale, _store_out)
+from .cute_quantize import (BLOCK, _abs_bits_max, _col_block_scales, _e4m3x2, _e8m0, _from_e4m3x2,
+                            _inv_scale, _load_block, _scale, _store_out)
 
 _NAME = "moe.cute_qdq"
 IN_DTYPES = (torch.bfloat16, torch.float32)
@@ -146,25 +146,15 @@ def _qdq_kernel(cfg: cutlass.Constexpr, mX: cute.Tensor, mO: cute.Tensor, mO2: c
 
     # every load first (zeros outside), so the 16-byte loads are all in flight together
     xr = cute.make_rmem_tensor(cute.make_layout((ROWS, V), stride=(V, 1)), dt)
-    for r in cutlass.range_constexpr(ROWS):
-        if col_ok and row0 + r < R:
-            cute.autovec_copy(tX[r, None], xr[r, None])
-        else:
-            for c in cutlass.range_constexpr(V):
-                xr[r, c] = dt(0)
+    _load_block(tX, xr, col_ok, row0, R, ROWS, V)
 
     inv = cute.make_rmem_tensor((V,), Float32)
     sc = cute.make_rmem_tensor((V,), Float32)
     mask = cute.make_rmem_tensor(cute.make_layout((NP,), stride=(1,)), Int32)
     if cutlass.const_expr(not cfg.rowwise):
         # R % 32 == 0 (columnwise): the tile is one whole block down every column
-        am = cute.make_rmem_tensor((V,), Int32)
-        for c in cutlass.range_constexpr(V):
-            am[c] = Int32(0)
-        for r in cutlass.range_constexpr(ROWS):
-            _col_amax(am, xr[r, None], V)
         es = cute.make_rmem_tensor((V,), Uint8)
-        _col_scales(am, es, inv, mask, V, NP)
+        _col_block_scales(xr, es, inv, mask, ROWS, V, NP)
         for c in cutlass.range_constexpr(V):
             sc[c] = _scale(Int32(es[c]) & 0xFF)
     rinv, rsc, rmask = inv, sc, mask   # the rowwise scales (both: their own, the columnwise ones stay)

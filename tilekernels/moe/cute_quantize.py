@@ -229,6 +229,31 @@ def _col_scales(am: cute.Tensor, es: cute.Tensor, cinv: cute.Tensor, cmask: cute
 
 
 @cute.jit
+def _load_block(src: cute.Tensor, xr: cute.Tensor, ok, row0, R, ROWS: cutlass.Constexpr, V: cutlass.Constexpr):
+    """xr [ROWS, V] = the window ``src``'s rows (row0 + r < R and ``ok``; zeros otherwise), in its
+    own dtype, every load issued before any use (all in flight together)."""
+    for r in cutlass.range_constexpr(ROWS):
+        if ok and row0 + r < R:
+            cute.autovec_copy(src[r, None], xr[r, None])
+        else:
+            for c in cutlass.range_constexpr(V):
+                xr[r, c] = xr.element_type(0)
+
+
+@cute.jit
+def _col_block_scales(xr: cute.Tensor, es: cute.Tensor, cinv: cute.Tensor, cmask: cute.Tensor,
+                      ROWS: cutlass.Constexpr, V: cutlass.Constexpr, NP: cutlass.Constexpr):
+    """The columnwise E8M0 bytes, inverse scales and NaN masks (:func:`_col_scales`) of the V
+    columns of a whole block xr [ROWS = 32, V] in registers (amax down every column first)."""
+    am = cute.make_rmem_tensor((V,), Int32)
+    for c in cutlass.range_constexpr(V):
+        am[c] = Int32(0)
+    for r in cutlass.range_constexpr(ROWS):
+        _col_amax(am, xr[r, None], V)
+    _col_scales(am, es, cinv, cmask, V, NP)
+
+
+@cute.jit
 def _pack(vc, inv: cute.Tensor, ob: cute.Tensor, V: cutlass.Constexpr):
     """ob (Uint16 pairs) = e4m3 bytes of vc[c] * inv[c], c < V."""
     if cutlass.const_expr(V == 1):
@@ -254,23 +279,13 @@ def _quant_kernel(cfg: cutlass.Constexpr, mX: cute.Tensor, mRD: cute.Tensor, mRS
     # columnwise amax of each of the thread's V columns
     tX = _rows(mX, row0, V, cidx)
     xr = cute.make_rmem_tensor(cute.make_layout((BLOCK, V), stride=(V, 1)), mX.element_type)
-    for r in cutlass.range_constexpr(BLOCK):
-        if col_ok and row0 + r < R:
-            cute.autovec_copy(tX[r, None], xr[r, None])
-        else:
-            for c in cutlass.range_constexpr(V):
-                xr[r, c] = mX.element_type(0)
+    _load_block(tX, xr, col_ok, row0, R, BLOCK, V)
     cinv = cute.make_rmem_tensor((V,), Float32)
     cmask = cute.make_rmem_tensor(cute.make_layout((NP,), stride=(1,)), Int32)  # 0xFF: NaN column byte
     if cutlass.const_expr(cfg.col):
         # R % 32 == 0 here (spec): every row of the tile exists
-        am = cute.make_rmem_tensor((V,), Int32)
-        for c in cutlass.range_constexpr(V):
-            am[c] = Int32(0)
-        for r in cutlass.range_constexpr(BLOCK):
-            _col_amax(am, xr[r, None], V)
         es = cute.make_rmem_tensor((V,), Uint8)
-        _col_scales(am, es, cinv, cmask, V, NP)
+        _col_block_scales(xr, es, cinv, cmask, BLOCK, V, NP)
         if col_ok:
             tCS = cute.local_tile(cute.domain_offset((Int64(by), 0), mCS), (1, V), (0, cidx))
             cute.autovec_copy(es, tCS[0, None])
