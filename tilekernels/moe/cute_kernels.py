@@ -100,7 +100,7 @@ def _quant_weight(w: torch.Tensor, columnwise: bool) -> tuple:
 
 GEMM_KERNELS = ("auto", "predq", "dq")
 # "auto" takes predq on sm_90 (bf16 outputs: torch._grouped_mm; fp32: see PREDQ_FP32_DEFAULT).
-# H200, fused MLP through the registry, one run (benchmarks/results/h200-moe-mlp.json, fwd / bwd
+# H200, fused MLP through the registry, one run (benchmarks/results/h200-moe-mlp.json (in git history at 892cfc8), fwd / bwd
 # ms): G=8 x 4096, H=7168, F=2048 5.17 / 10.49 against every GEMM on dq 7.55 / 13.62; G=32 x 1024,
 # H=4096, F=1536 3.21 / 6.30 against 3.80 / 6.57. False gives back the mainloop-dequant kernel
 # everywhere.
