@@ -107,8 +107,10 @@ V2 = True
 
 
 @dataclasses.dataclass(frozen=True)
-class PreGatedBwdCfg:
-    """Launch config of the backward = compile key (with the argument dtypes and THD)."""
+class BwdShapeCfg:
+    """What both backward designs' launch configs share: the padded head shape, and the knobs of
+    the kernels the second design takes from the first (the THD sequence-bound pass, the
+    fixed-order dconv_weight reduction). Keyword-only knobs, so each design's own fields follow."""
     Hk: int
     Hv: int
     R: int        # Hv // Hk with repeat_qk, else 1 (the grads' repeats of a key head)
@@ -118,6 +120,23 @@ class PreGatedBwdCfg:
     DV: int       # dv padded to a power of two
     HVP: int      # Hv padded to a power of two (the gates unit)
     WW: int       # W padded to a power of two (taps in registers)
+    _: dataclasses.KW_ONLY
+    CH: int = 32      # THD: cu_seqlens entries scanned per step
+    PT: int = 256     # THD: tokens per block of the sequence-bound pass
+    TG: int = 16      # reduction: partial rows per step
+    BC: int = 32      # reduction: channels per block
+
+    @staticmethod
+    def shape(Hk: int, Hv: int, dk: int, dv: int, W: int, repeat_qk: bool) -> dict:
+        """The head-shape fields of a problem (R = Hv // Hk with repeat_qk, else 1; padded dims)."""
+        R = Hv // Hk if repeat_qk else 1
+        return dict(Hk=Hk, Hv=Hv, R=R, RP=next_pow2(R), W=W, DK=next_pow2(dk), DV=next_pow2(dv),
+                    HVP=next_pow2(Hv), WW=next_pow2(W))
+
+
+@dataclasses.dataclass(frozen=True)
+class PreGatedBwdCfg(BwdShapeCfg):
+    """Launch config of the backward = compile key (with the argument dtypes and THD)."""
     TAPV: bool    # W <= WMAX: taps through shifted views; else every tap gathered
     TT: int = 16  # dpre pass: tokens per tile (power of two, >= W)
     NTB: int = 1  # dpre pass: token tiles per block (fewer partial rows; > 1 spills at TT16, see heuristic)
@@ -132,10 +151,6 @@ class PreGatedBwdCfg:
     DWA: bool = False  # dpre pass (XS): tap products summed elementwise over the block's tiles, reduced once
     XT: bool = False  # dpre pass (W <= 4): the W taps loaded once as separate [TT, c] tiles, their products
     #                   with dpre summed elementwise per tap over the block's tiles, reduced once (no stacking)
-    CH: int = 32      # THD: cu_seqlens entries scanned per step
-    PT: int = 256     # THD: tokens per block of the sequence-bound pass
-    TG: int = 16      # reduction: partial rows per step
-    BC: int = 32      # reduction: channels per block
     OCC_A: int = 4    # dpre pass occupancy hint (0: the compiler's choice)
     OCC_B: int = 4    # dx pass occupancy hint
 
@@ -143,35 +158,15 @@ class PreGatedBwdCfg:
     @functools.lru_cache(maxsize=1024)  # pure in its arguments; runs on every call's host path
     def heuristic(cls, Hk: int, Hv: int, dk: int, dv: int, W: int, repeat_qk: bool) -> "PreGatedBwdCfg":
         check_heads(Hk, Hv, W, "gdn_pre_gated cutile bwd")
-        R = Hv // Hk if repeat_qk else 1
         DK, DV = next_pow2(dk), next_pow2(dv)
-        # dpre pass: ~2K fp32 elements a [tokens, head] tile (TT16 at dk=128), one tile a block (NTB1);
-        # dx pass: TB32 at occupancy 4. Swept on the H200 (Qwen3-Next, BSHD B=4 x T=8192, repeat_qk, bf16;
-        # do_bench median, ms of the dpre main launch / the dx launch / the whole backward; one run each):
-        #   first defaults (NTB4, TMA loads, per-tap partial, one [TT, 1, R, dk] grad load, dx occ 8):
-        #     4.72 / 2.46 / 7.24 (dx: 32 registers and spills at occupancy 8; dpre: spills at NTB4)
-        #   NTB1 GS DWS, no TMA, dx occ 4: 3.00 / 0.51 / 3.71; from there, one field changed:
-        #     LT (TMA loads in dpre) 2.78 / - / 3.49; DWS off 3.60; GS off 3.61; OCC_A2 3.51;
-        #     NTB2 3.28; SD off (fp32 scratch) 2.95 / 0.61 / 3.75; LB (TMA in dx) - / 0.64;
-        #     dx occ 2 0.55, occ 8 0.47, TB32 0.42 (the reduction: 0.19 at NTB1)
-        # Session-6 default = the best of each launch (LT, TB32), end to end 3.40-3.42 ms BSHD, 3.46 THD.
-        # Session 7 (same shape, one run, benchmarks/probes/gdn_pre_bwd_var.py; whole backward / dpre / reduction):
-        #   session-6 default 3.417 / 2.794 / 0.192 (ncu of dpre: 2.79 ms, DRAM 20%, 857M warp instructions,
-        #     issue 0.29 a scheduler, 128 threads x 128 registers, achieved occupancy 25%; stalls per issued
-        #     instruction: long scoreboard 5.9, mio throttle 2.1, short scoreboard 1.7: latency-bound)
-        #   XS (taps loaded once, stacked [WW, TT, c]) OCC_A3 4.555 / 3.934; XS OCC_A2 4.090 / 3.469
-        #   XS DWA NTB4 OCC_A2 3.264 / 2.777 / 0.058 (4 token tiles a block, the tap products summed per token
-        #     and reduced once: a quarter of the partial rows; ncu of dpre 795M instructions, 8.97 cycles
-        #     between a warp's issues, achieved occupancy 15%)
-        #   XT NTB4 OCC_A2 (taps as separate tiles): correct on the H200 (3 cases), not yet timed
-        # Default for W <= WMAX: XS DWA NTB4 OCC_A2 (the taps of W > WMAX are gathered: session-6 path); the
-        # next call, with its GPU tests (52 passed) and memcheck / racecheck / initcheck clean: 3.263 / 3.352 ms
-        # BSHD / THD with repeat_qk against 3.417 / 3.454 for the session-6 default (dpre 2.776 / 2.837,
-        # reduction 0.057), 3.101 BSHD without repeat_qk.
+        # dpre pass: ~2K fp32 elements a [tokens, head] tile (TT16 at dk=128); dx pass TB32 at occupancy 4;
+        # for W <= WMAX the taps loaded once and their products summed over 4 token tiles a block (XS DWA
+        # NTB4 OCC_A2): the fastest of the H200 sweeps (sessions 6-7, listed in benchmarks/results/gdn.md,
+        # "Backward launch-config sweeps"), 3.263 / 3.352 ms BSHD / THD against 3.417 / 3.454.
         TT = max(next_pow2(W), min(128, 2048 // max(DK, DV)))
         x = dict(XS=True, DWA=True, NTB=4, OCC_A=2) if W <= WMAX else {}
-        return cls(Hk=Hk, Hv=Hv, R=R, RP=next_pow2(R), W=W, DK=DK, DV=DV, HVP=next_pow2(Hv), WW=next_pow2(W),
-                   TAPV=W <= WMAX, TT=TT, HBZ=math.gcd(Hv, 4), TB=max(TT, 32), **x)
+        return cls(**cls.shape(Hk, Hv, dk, dv, W, repeat_qk), TAPV=W <= WMAX, TT=TT, HBZ=math.gcd(Hv, 4),
+                   TB=max(TT, 32), **x)
 
 
 def checked_cfg(cls, who: str, Hk, Hv, dk, dv, W, repeat_qk, cfg, fits):
@@ -212,6 +207,13 @@ def _xtap(src, sh, rows, i, u, NT, s: ConstInt, C: ConstInt, TT: ConstInt, GA: C
     else:
         t = ct.load(sh[s - 1], index=(i - 1, u, 0), shape=(TT, 1, C), padding_mode=PAD_ZERO, allow_tma=LT)
     return ct.reshape(t, (TT, C)).astype(ct.float32)
+
+
+def _dpre_block(mqk, TT: ConstInt, NTB: ConstInt, ONE: ConstBool):
+    """The dpre pass's block (r, u) of both designs (grid: token-tile groups x units): r, u, the
+    tokens NT, the token tiles ntl to walk and the tiles nj of a block (ONE: tile 0 only)."""
+    NT = mqk.shape[0]
+    return ct.bid(0), ct.bid(1), NT, 1 if ONE else ct.cdiv(NT, TT), 1 if ONE else NTB
 
 
 def _wtile(w3, u, C: ConstInt, WW: ConstInt):
@@ -534,11 +536,7 @@ def gdn_pre_bwd_dpre(mqk, mqk1, mqk2, mqk3, mv, mv1, mv2, mv3, mba, seq, sst, wq
                      CH: ConstInt, THD: ConstBool, GA: ConstBool, ONE: ConstBool, LT: ConstBool):
     """Block (r, u): token tiles I0 + r*NTB + j (j < NTB; ONE: tile 0 only) of unit u (module doc);
     its partials go to row I0 + r."""
-    r = ct.bid(0)
-    u = ct.bid(1)
-    NT = mqk.shape[0]
-    ntl = 1 if ONE else ct.cdiv(NT, TT)
-    nj = 1 if ONE else NTB
+    r, u, NT, ntl, nj = _dpre_block(mqk, TT, NTB, ONE)
     HK2 = 2 * HK
     pr = I0 + r
     if u < HK2:  # q or k head u: conv, silu, l2norm bwd of the summed repeats

@@ -74,17 +74,10 @@ APPROX = ct.RoundingMode.APPROX
 
 
 @dataclasses.dataclass(frozen=True)
-class PreGatedBwd2Cfg:
-    """Launch config of the second backward = compile key (with the argument dtypes and THD)."""
-    Hk: int
-    Hv: int
-    R: int        # Hv // Hk with repeat_qk, else 1
-    RP: int       # R padded to a power of two
-    W: int        # conv width (<= WMAX)
-    DK: int       # dk padded to a power of two
-    DV: int       # dv padded to a power of two
-    HVP: int      # Hv padded to a power of two
-    WW: int       # W padded to a power of two
+class PreGatedBwd2Cfg(b1.BwdShapeCfg):
+    """Launch config of the second backward = compile key (with the argument dtypes and THD); the
+    head shape and the shared sequence-bound / reduction knobs come from the first design's
+    BwdShapeCfg (W <= WMAX here)."""
     TT: int = 32  # dpre pass: tokens per tile (power of two, >= W)
     NTB: int = 1  # dpre pass: token tiles per block
     HBZ: int = 4  # dpre pass: z heads per block (a power of two dividing Hv)
@@ -96,10 +89,6 @@ class PreGatedBwd2Cfg:
     LB: bool = True   # dx pass: tile loads may go through TMA
     GS: bool = True   # dpre pass: q/k grads as R loads summed (else one [TT, 1, RP, dk] load)
     SD: bool = True   # dpre scratch in dmixed's dtype (False: fp32)
-    CH: int = 32      # THD: cu_seqlens entries scanned per step
-    PT: int = 256     # THD: tokens per block of the sequence-bound pass
-    TG: int = 16      # reduction: partial rows per step
-    BC: int = 32      # reduction: channels per block
     OCC_A: int = 4    # dpre pass occupancy hint (0: the compiler's choice)
     OCC_B: int = 4    # dx pass occupancy hint
     SPLIT: bool = False  # dx (the first design's dx kernel) and the dconv_weight partials as two launches
@@ -112,14 +101,12 @@ class PreGatedBwd2Cfg:
         check_heads(Hk, Hv, W, "gdn_pre_gated cutile bwd2")
         if W > WMAX:
             raise ValueError(f"gdn_pre_gated cutile bwd2: W={W} > WMAX={WMAX} (the first design gathers those)")
-        R = Hv // Hk if repeat_qk else 1
         DK, DV = next_pow2(dk), next_pow2(dv)
         # ~4K fp32 elements a dpre tile (TT32 at dk=128, as the forward's FT32), ~1K a dx tile (TB8 at dk=128:
         # the W look-ahead tiles, x and the W partial accumulators stay in registers over the NTX-tile loop)
         TT = max(next_pow2(W), min(128, 4096 // max(DK, DV)))
         TB = max(next_pow2(W), min(128, 1024 // max(DK, DV)))
-        return cls(Hk=Hk, Hv=Hv, R=R, RP=next_pow2(R), W=W, DK=DK, DV=DV, HVP=next_pow2(Hv), WW=next_pow2(W),
-                   TT=TT, TB=TB, HBZ=math.gcd(Hv, 4))
+        return cls(**cls.shape(Hk, Hv, dk, dv, W, repeat_qk), TT=TT, TB=TB, HBZ=math.gcd(Hv, 4))
 
 
 def bwd2_cfg(Hk, Hv, dk, dv, W, repeat_qk, cfg=None) -> PreGatedBwd2Cfg:
@@ -193,11 +180,7 @@ def gdn_pre_bwd2_dpre(mqk, mqk1, mqk2, mqk3, mv, mv1, mv2, mv3, mba, seq, sst, w
                       ONE: ConstBool, LT: ConstBool):
     """Block (r, u): token tiles I0 + r*NTB + j (j < NTB; ONE: tile 0 only) of unit u (module doc); the
     gates unit's sums go to partial row I0 + r."""
-    r = ct.bid(0)
-    u = ct.bid(1)
-    NT = mqk.shape[0]
-    ntl = 1 if ONE else ct.cdiv(NT, TT)
-    nj = 1 if ONE else NTB
+    r, u, NT, ntl, nj = b1._dpre_block(mqk, TT, NTB, ONE)
     HK2 = 2 * HK
     if u < HK2:
         wt = b1._wtile(wqk, u, DK, WW)
