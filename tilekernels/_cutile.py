@@ -27,12 +27,11 @@ import contextlib
 import dataclasses
 import io
 import math
-import os
 from typing import Any, Sequence
 
 import torch
 
-from tilekernels._glue import COMPILE_KEYS, _RECORD_KEYS, record_compile_keys, sm_count  # noqa: F401 (re-exported)
+from tilekernels._glue import COMPILE_KEYS, _RECORD_KEYS, env_flag, record_compile_keys, sm_count  # noqa: F401 (re-exported)
 
 import cuda.tile as ct
 from cuda.tile.compilation import (ArrayConstraint, CallingConvention, KernelSignature,
@@ -58,7 +57,7 @@ def _raw_stream(index: int) -> int:
 
 # Per-(tag, device, stream) kernel workspaces (``workspace``); TILEKERNELS_SCRATCH_REUSE=0 turns
 # the reuse off (every call allocates).
-WORKSPACE_REUSE = [os.environ.get("TILEKERNELS_SCRATCH_REUSE", "1") not in ("", "0")]
+WORKSPACE_REUSE = [env_flag("TILEKERNELS_SCRATCH_REUSE", True)]
 _WORKSPACES: dict = {}
 _WORKSPACES_MAX = 16
 

@@ -33,7 +33,25 @@ import os  # noqa: E402
 
 import torch  # noqa: E402
 
-_POISON = [os.environ.get("TILEKERNELS_POISON", "0") not in ("", "0")]
+
+
+def env_flag(name: str, default: bool) -> bool:
+    """An on / off switch read from the environment (the project's one convention): unset gives
+    ``default``; "" and "0" are off, any other value on."""
+    v = os.environ.get(name)
+    return default if v is None else v not in ("", "0")
+
+
+def env_choice(name: str, default: str, choices: tuple[str, ...]) -> str:
+    """A named choice read from the environment; a value outside ``choices`` is an error that
+    names the variable (never silently the default)."""
+    v = os.environ.get(name, default)
+    if v not in choices:
+        raise ValueError(f"{name} must be one of {choices}, got {v!r}")
+    return v
+
+
+_POISON = [env_flag("TILEKERNELS_POISON", False)]
 
 
 @contextlib.contextmanager

@@ -37,11 +37,10 @@ quantized after the dSwiGLU; dprobs in fp32.
 """
 from __future__ import annotations
 
-import os
 
 import torch
 
-from tilekernels._glue import kernel
+from tilekernels._glue import env_choice, env_flag, kernel
 
 from . import cute_quantize as cq
 from . import cute_swiglu as cs
@@ -111,7 +110,7 @@ PREDQ_DEFAULT = True
 # 5.36 / 10.70 ms against 6.91 / 11.01 with this False (G=32 x 1024, H=4096, F=1536: 3.24 / 6.46
 # against 3.71 / 6.57). False keeps fp32 outputs on dq.
 PREDQ_FP32_DEFAULT = True
-_GEMM_KERNEL = [os.environ.get("TILEKERNELS_MOE_GEMM", "auto")]
+_GEMM_KERNEL = [env_choice("TILEKERNELS_MOE_GEMM", "auto", GEMM_KERNELS)]
 # On the predq path, an operand that is quantized only to be dequantized again (the bf16
 # weights every call, x) goes through one quantize-dequantize pass (cute_qdq: bf16 in, the
 # same bf16 values out, so every GEMM gets bitwise the operands it got before) instead of
@@ -119,17 +118,7 @@ _GEMM_KERNEL = [os.environ.get("TILEKERNELS_MOE_GEMM", "auto")]
 # H200, fused MLP fwd / bwd ms (benchmarks/results/h200-moe-mlp-profile.txt, run 2): G=32 x 1024,
 # H=4096, F=1536: 2.780 / 6.011 against 3.189 / 6.629 off; G=8 x 4096, H=7168, F=2048: 4.959 /
 # 10.113 against 5.161 / 10.319. $TILEKERNELS_MOE_QDQ=0 turns it off at import.
-
-
-def _env_flag(name: str) -> bool:
-    """A 0 / 1 switch from the environment (default 1); anything else is an error, not "off"."""
-    v = os.environ.get(name, "1")
-    if v not in ("0", "1"):
-        raise ValueError(f"{name} must be '0' or '1', got {v!r}")
-    return v == "1"
-
-
-QDQ = _env_flag("TILEKERNELS_MOE_QDQ")
+QDQ = env_flag("TILEKERNELS_MOE_QDQ", True)
 # With QDQ, the fused MLP's kernels whose MXFP8 outputs feed only bf16 GEMMs (the SwiGLU fwd / bwd
 # kernels: a, dh both ways, a columnwise) write those values' bf16 dequantization directly
 # (cute_swiglu's bf16 outputs, bitwise the same), and dY goes through cute_qdq (rowwise and
@@ -139,7 +128,7 @@ QDQ = _env_flag("TILEKERNELS_MOE_QDQ")
 # 15.228 off (2669 against 3090 us); G=32 x 1024, H=4096, F=1536: 8.495 against 8.520 (2431 against
 # 2707 us; call 1, dY through two single-axis qdq passes: 8.220 against 8.605). The backward takes it
 # only where all four of its GEMMs are predq. $TILEKERNELS_MOE_QDQ_OUT=0 turns it off.
-QDQ_OUT = _env_flag("TILEKERNELS_MOE_QDQ_OUT")
+QDQ_OUT = env_flag("TILEKERNELS_MOE_QDQ_OUT", True)
 
 
 def set_gemm_kernel(name: str) -> str:

@@ -66,11 +66,10 @@ ops that reach it; with m_splits on the GPU nothing here can check it without a 
 """
 from __future__ import annotations
 
-import os
 
 import torch
 
-from tilekernels._glue import needs_sm90
+from tilekernels._glue import env_choice, needs_sm90
 
 from . import cute_quantize as cq
 
@@ -85,13 +84,11 @@ WGRAD_MIN_TOKENS = 2048
 # correct (the MoE GPU test files pass with it) but not faster, so not the default: H200, G=8
 # headline GEMMs, cute vs torch + copy: FC1 fwd 2.851 / 2.789 ms, FC2 fwd 1.674 / 1.588, FC2 dgrad
 # 1.397 / 1.433, FC1 dgrad 2.925 / 2.941; fused MLP G=8 fwd 5.42 vs 5.36 ms, bwd a tie
-# (benchmarks/results/h200-moe-gemm-bf16.txt). Again in session 10 (h200-moe-mlp-profile.txt, round 2):
+# (benchmarks/results/h200-moe-gemm-bf16.txt). Again in session 9 (h200-moe-mlp-profile.txt, round 2):
 # y / dX alone, cute (default config) vs torch + copy: G=8 1.672 / 1.634 and 3.128 / 3.046 ms, G=32
 # 0.783 / 0.789 and 1.455 / 1.411 (other configs: tile_n 128, raster 16, 3 stages, no better except
 # 3 stages for G=32 dX, 1.380); the fused MLP with it: fwd 0.04-0.08 ms slower at both shapes.
-BF16_OUT_GEMM = os.environ.get("TILEKERNELS_MOE_BF16_OUT", "torch")
-if BF16_OUT_GEMM not in ("torch", "cute"):
-    raise ValueError(f"TILEKERNELS_MOE_BF16_OUT must be 'torch' or 'cute', got {BF16_OUT_GEMM!r}")
+BF16_OUT_GEMM = env_choice("TILEKERNELS_MOE_BF16_OUT", "torch", ("torch", "cute"))
 # which bf16 grouped GEMM serves wgrad (dW [G, N, K] bf16, reduction over each group's tokens):
 # "torch" (torch._grouped_mm + a copy of the [G, N, K] result into out; below WGRAD_MIN_TOKENS
 # tokens per expert the copy costs more than the GEMM saves, so "auto" keeps wgrad on the dq
@@ -100,9 +97,7 @@ if BF16_OUT_GEMM not in ("torch", "cute"):
 # fused MLP bwd with QDQ (benchmarks/results/h200-moe-mlp-profile.txt, run 2): G=32 x 1024 tokens,
 # H=4096, F=1536: 5.544 ms against 6.011 with "torch" (there: the dq kernel, 1.91 + 0.97 ms for the
 # two wgrads against 1.35 + 0.71 on cute_gemm_bf16); G=8 x 4096, H=7168, F=2048: 9.953 against 10.113.
-WGRAD_GEMM = os.environ.get("TILEKERNELS_MOE_WGRAD", "cute")
-if WGRAD_GEMM not in ("torch", "cute"):
-    raise ValueError(f"TILEKERNELS_MOE_WGRAD must be 'torch' or 'cute', got {WGRAD_GEMM!r}")
+WGRAD_GEMM = env_choice("TILEKERNELS_MOE_WGRAD", "cute", ("torch", "cute"))
 
 
 def supported(out_dtype: torch.dtype, device: torch.device, variant: str = "fwd") -> tuple[bool, str]:
