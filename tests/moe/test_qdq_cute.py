@@ -137,6 +137,23 @@ def test_mlp_operands_through_qdq(recorded, monkeypatch, min_tokens):
                             ("dgrad", "bf16", BF), *wg1], recorded
 
 
+def test_no_weight_pass_without_tokens(recorded, monkeypatch):
+    """M = 0: the forward and dgrad outputs are empty, so the weights are not qdq'd (a full
+    weight read and write for nothing) and no fwd / dgrad GEMM runs; the wgrad still runs
+    (it writes dW = 0)."""
+    monkeypatch.setattr(pq, "WGRAD_GEMM", "cute")
+    monkeypatch.setattr(ck, "QDQ_OUT", True)
+    G, N, K = 2, 64, 96
+    e = dict(device="meta")
+    x, w, m = torch.empty(0, K, dtype=BF, **e), torch.empty(G, N, K, dtype=BF, **e), torch.tensor([0, 0])
+    ck._grouped_linear_fwd(x, w, m, torch.empty(0, N, dtype=BF, **e), "mxfp8")
+    assert recorded == [("qdq", (0, K), "rowwise")], recorded
+    recorded.clear()
+    ck._grouped_linear_bwd(torch.empty(0, N, dtype=BF, **e), x, w, m, torch.empty(0, K, dtype=BF, **e),
+                           torch.empty_like(w), "mxfp8")
+    assert recorded == [("qdq", (0, N), "both"), ("qdq", (0, K), "columnwise"), ("wgrad", "bf16", BF)], recorded
+
+
 @pytest.mark.parametrize("wgrad", ["cute", "torch"])
 def test_mlp_qdq_out_feeds_bf16_straight_to_the_gemms(recorded, monkeypatch, wgrad):
     """QDQ_OUT: no dequantize pass and no quantize of dY: the SwiGLU kernels get bf16 outputs (no
@@ -180,6 +197,30 @@ def test_qdq_off_or_dq_keeps_the_quantized_path(recorded, monkeypatch):
         recorded.clear()
         ck._grouped_linear_fwd(x, w, m, torch.empty(M, N, dtype=BF, **e), "mxfp8")
         assert recorded == [("fwd", want, BF)]
+
+
+@pytest.mark.parametrize("qdq_out", [True, False])
+def test_grouped_linear_bwd_reads_dy_once(recorded, monkeypatch, qdq_out):
+    """QDQ_OUT with both GEMMs predq: dY through one two-axis qdq (no quantize, no dequantize
+    pass), W columnwise and x columnwise through qdq; QDQ_OUT off: dY quantized both ways (one
+    pass) and each half dequantized for its GEMM, as before."""
+    monkeypatch.setattr(ck, "QDQ_OUT", qdq_out)
+    monkeypatch.setattr(pq, "WGRAD_GEMM", "cute")
+    quant = []
+    monkeypatch.setattr(ck.cq, "quantize_into", lambda *a: quant.append(tuple(t is not None for t in a[1:5])))
+    G, N, K, M = 2, 64, 96, 64
+    e = dict(device="meta")
+    dy, x, w, m = (torch.empty(M, N, dtype=BF, **e), torch.empty(M, K, dtype=BF, **e),
+                   torch.empty(G, N, K, dtype=BF, **e), torch.tensor([32, 32]))
+    ck._grouped_linear_bwd(dy, x, w, m, torch.empty(M, K, dtype=BF, **e), torch.empty_like(w), "mxfp8")
+    if qdq_out:
+        assert quant == [] and recorded == [("qdq", (M, N), "both"), ("qdq", (G * N, K), "columnwise"),
+                                            ("dgrad", "bf16", BF), ("qdq", (M, K), "columnwise"),
+                                            ("wgrad", "bf16", BF)], recorded
+    else:
+        assert quant == [(True, True, True, True)]
+        assert recorded == [("dequant", "rowwise"), ("qdq", (G * N, K), "columnwise"), ("dgrad", "bf16", BF),
+                            ("dequant", "columnwise"), ("qdq", (M, K), "columnwise"), ("wgrad", "bf16", BF)], recorded
 
 
 # ---------------------------------------------------------------------- GPU: bit-exact

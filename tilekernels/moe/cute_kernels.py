@@ -214,7 +214,9 @@ def _qdq_both(t: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
 
 def _weight_bf16(variant: str, ab: torch.Tensor, weight: torch.Tensor, off, out) -> None:
     """The bf16 GEMM of ``variant`` on ab [M, .] bf16 (already qdq'd) and the qdq'd weight
-    (rowwise for fwd, columnwise along N for dgrad)."""
+    (rowwise for fwd, columnwise along N for dgrad). M = 0: out is empty, so no weight pass."""
+    if ab.shape[0] == 0:
+        return
     G, N, K = weight.shape
     wb = _qdq(weight.reshape(G * N, K), "columnwise" if variant == "dgrad" else "rowwise")
     pq.bf16_gemm_into(variant, ab, wb.view(G, N, K), off, out)
@@ -257,6 +259,15 @@ def _grouped_linear_fwd(x, weight, m_splits, y, precision):
 @kernel("grouped_linear", "cute", "bwd")
 def _grouped_linear_bwd(dy, x, weight, m_splits, dx, dweight, precision):
     off = _offsets(m_splits, dy.device)
+    M, G = dy.shape[0], weight.shape[0]
+    if QDQ_OUT and _qdq_path("dgrad", dx, M, G) and _qdq_path("wgrad", dweight, M, G):
+        # both GEMMs on bf16 operands: dY qdq'd both ways from one read (as the MLP's backward),
+        # not quantized both ways and then dequantized twice; the same operand values
+        dy_row, dy_col = _qdq_both(dy)
+        _weight_bf16("dgrad", dy_row, weight, off, dx)
+        del dy_row
+        pq.bf16_gemm_into("wgrad", dy_col, _qdq(x, "columnwise"), off, dweight)
+        return
     q = _quant(dy, True, True)
     linear_bwd(q[:2], q[2:], x, weight, off, dx, dweight)
 
