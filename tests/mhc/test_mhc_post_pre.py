@@ -12,7 +12,9 @@ Tolerances (tilekernels.testing, by the dtype of the checked output):
     one bf16 rounding of a result of fp32 arithmetic on exactly representable inputs;
   fp32 outputs and gradients (h_post_next, h_res_next, dhbias, fp32 dh_res / dh_post) 1e-5:
     fp32 arithmetic from the same (rounded) out as the oracle; the fp32 d_total keeps
-    h_post_bda's fp32 sums over C free of a bf16 rounding (sqrt(C) * 2^-24 reassociation).
+    h_post_bda's fp32 sums over C free of a bf16 rounding (sqrt(C) * 2^-24 reassociation);
+    fp32 dh_res / dh_post are judged on max(||dh||, ||the L2 size of their C terms||)
+    (``dh_term_scales``), so a single token whose terms cancel is held to what fp32 gives.
   The separate-ops comparison (GPU) uses the bf16 tolerance for every output: there autograd
   sums the two d(out) contributions in bf16, one 2^-9 rounding the fused op does not make.
 
@@ -259,26 +261,43 @@ def run_cutile(c, monkeypatch=None, **changes):
     T, n, C = c["T"], c["n"], c["C"]
     o64 = upcast(outs[0])
     proj, r = ref.proj_rms(o64.reshape(T, n * C), up[4], 1e-6)
-    want = ref.mhc_post_pre_bwd(*[upcast(g) for g in cots], *up, o64, proj, r, PARAMS["alpha_pre"],
-                                PARAMS["alpha_post"], PARAMS["alpha_res"], PARAMS["iters"], 1e-6, 1e-6)
+    prm = (PARAMS["alpha_pre"], PARAMS["alpha_post"], PARAMS["alpha_res"], PARAMS["iters"], 1e-6, 1e-6)
+    c64 = [upcast(g) for g in cots]
+    want = ref.mhc_post_pre_bwd(*c64, *up, o64, proj, r, *prm)
+    scales = dh_term_scales(c64, up, o64, proj, r, prm)
     for name, g, w in zip(IN_NAMES, grads, want):
         if g is not None:
             assert g.dtype == args[IN_NAMES.index(name)].dtype
-            assert_close(g, w, what=f"d{name}")
+            assert_close(g, w, what=f"d{name}", scale=scales.get(name))
     return args, outs, grads, cots
+
+
+def dh_term_scales(c64, up, o64, proj, r, prm):
+    """Per element of dh_res / dh_post, the L2 norm of the C terms it sums (float64):
+    dh_res[t,i,j] = sum_c d_total[t,i,c] residual[t,j,c], dh_post[t,i] = sum_c d_total[t,i,c]
+    (x[t,c] + bias[c]). fp32 dh is held to 1e-5 on max(||dh||, ||scale||): d_total carries fp32
+    errors from mhc_pre's backward (sinkhorn's 20 iterations), and at T = 1 a single dh_post
+    whose C terms cancel (~1 seed in 200 at n = 1, C = 64) measured 1.8e-5 .. 4.3e-5 against
+    its own tiny norm in every design (benchmarks/results/h200-gpu-checks-session10.txt)."""
+    h_res, residual, h_post, x, weight, hbias, bias = up
+    d_total = c64[0] + ref.mhc_pre_bwd(*c64[1:], o64, weight, hbias, proj, r, *prm)[0]
+    xb = x if bias is None else x + bias
+    return {"h_res": torch.einsum("tic,tjc->tij", d_total.square(), residual.square()).sqrt(),
+            "h_post": torch.einsum("tic,tc->ti", d_total.square(), xb.square()).sqrt()}
 
 
 @pytest.mark.gpu
 @needs_gpu
 @pytest.mark.parametrize("c", GPU_CASES, ids=_id)
-@pytest.mark.parametrize("design", ["fused", "default", "fused-split", "composed", "d_total", "dh-dx", "one",
+@pytest.mark.parametrize("design", ["fused", "default", "fused-split", "composed", "d_total-dp2", "dh-dx", "one",
                                     "one-dwin"])
 def test_cutile_matches_float64(c, design, monkeypatch):
     """fused: fused forward (one block streams all of C, epilogue in the same kernel), the
     heuristic's backward; default: the heuristic's (the parts' forward, the d_total backward);
     fused-split: the forward with C split over 8 blocks per token tile (partials +
     mhc_pp_mix); composed: the parts' kernels both ways (the backward's sum a torch add);
-    d_total: the backward that writes d_total in fp32 (mhc_pp_bwd_dx), then h_post_bda's;
+    d_total-dp2: the default backward (d_total in fp32 by mhc_pp_bwd_dx, then h_post_bda's) with
+    dproj as two bf16 terms instead of three (DP3=False, the pre-session-10 arithmetic);
     dh-dx: dh in mhc_pre's dx pass from the fp32 d_total (mhc_pp_bwd_dxh), d_total stored in
     bf16 for h_post_bda's dresidual / dx kernel; one: the one-pass backward (mhc_pp_bwd_one;
     dweight from out, mhc_pp_bwd_dw); one-dwin: the one-pass backward with dweight in the
@@ -290,7 +309,7 @@ def test_cutile_matches_float64(c, design, monkeypatch):
         pytest.skip("the other designs are checked at n = 3, 4, 8")
     changes = {"fused": dict(FUSE_FWD=True), "default": {}, "fused-split": dict(FUSE_FWD=True, CS=8),
                "composed": dict(FUSE_FWD=False, FUSE_BWD=False, ONE_BWD=False, DH_DX=False),
-               "d_total": dict(ONE_BWD=False, DH_DX=False), "dh-dx": dict(DH_DX=True), "one": dict(ONE_BWD=True),
+               "d_total-dp2": dict(ONE_BWD=False, DH_DX=False, DP3=False), "dh-dx": dict(DH_DX=True), "one": dict(ONE_BWD=True),
                "one-dwin": dict(ONE_BWD=True, DW_B=True, TK_B=32, G_B=8)}[design]
     run_cutile(c, monkeypatch, **changes)
 

@@ -172,14 +172,14 @@ def mhc_pp_mix(p_proj, p_ss, hb, proj, r, hpre, hpost_n, hres_n, kf: float, rms_
 
 @ct.kernel
 def mhc_pp_bwd_dx(dproj, dr, x, w, r, dx, p_dw, dout, dagg, hpre_t, eps: float,
-                  NPAD: ConstInt, TM: ConstInt, TK: ConstInt, AGG: ConstBool, DWT: ConstBool):
+                  NPAD: ConstInt, TM: ConstInt, TK: ConstInt, AGG: ConstBool, DWT: ConstBool, P3: ConstBool):
     """cutile_proj_rms.mhc_pr_bwd's mhc_pre pass (same grid, views, partials and DWT choice;
     AGG must be True) with the incoming dout [rows, G, Cg] added to dx before the store:
     dx = d_total = dout + mhc_pre's d(out)."""
     grp, cj, gm, kf, ntm, wt, dw = pr.bwd_dx_setup(x, w, NPAD, TM, TK, DWT)
     for m in range(gm, ntm, ct.num_blocks(1)):
         _gx, dw = ppb.d_total_tile(dproj, dr, x, r, dx, dout, dagg, hpre_t, wt, dw, grp, cj, m, kf, eps, NPAD, TM,
-                                   TK, DWT)
+                                   TK, DWT, P3)
     if DWT:
         dw = ct.transpose(dw)
     ct.store(p_dw, index=(gm, 0, grp, cj), tile=ct.reshape(dw, (1, NPAD, 1, TK)))
@@ -198,6 +198,7 @@ class PostPreCfg:
     PDL: bool = True    # the epilogue kernel as a programmatic dependent launch
     FUSE_FWD: bool = False  # the fused forward (mhc_pp_fwd); False: the parts' kernels (faster today)
     FUSE_BWD: bool = True   # mhc_pp_bwd_dx (d_total in one pass); False: mhc_pr_bwd, then a torch add
+    DP3: bool = True    # the fused backwards' dproj @ w with dproj as 3 bf16 terms (fp32 d_total; False: 2)
     # Two backward designs that keep the fp32 d_total out of memory (cutile_post_pre_bwd; n <= 4;
     # slower on the H200, so off; the defaults below are their fastest measured configs). Either
     # replaces the FUSE_BWD path; ONE_BWD wins when both are set.
@@ -305,7 +306,7 @@ def bwd_launches(dout, dlayer_in, dh_post_next, dh_res_next, h_res, residual, h_
     a = head[i].args  # (dproj, dr, x, w, r, dx, p_dw, dagg, hpre_t, eps, NPAD, TM, TK, AGG, DWT)
     if not a[13]:
         raise ValueError("mhc_post_pre: the fused dx pass needs mhc_pre's dx launch (AGG=True)")
-    dxp = dataclasses.replace(head[i], kernel=mhc_pp_bwd_dx, args=(*a[:7], dout.view(a[5].shape), *a[7:]))
+    dxp = dataclasses.replace(head[i], kernel=mhc_pp_bwd_dx, args=(*a[:7], dout.view(a[5].shape), *a[7:], cfg.DP3))
     return [*head[:i], dxp, *head[i + 1:], *tail]
 
 

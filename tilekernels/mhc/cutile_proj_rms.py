@@ -81,19 +81,26 @@ def bwd_dx_setup(x, w, NPAD: ConstInt, TM: ConstInt, TK: ConstInt, DWT: ConstBoo
     return grp, cj, gm, kf, ntm, wt, dw
 
 
-def bwd_dx_tile(dproj, dr, x, r, wt, grp, cj, m, kf, eps, NPAD: ConstInt, TM: ConstInt, TK: ConstInt):
+def bwd_dx_tile(dproj, dr, x, r, wt, grp, cj, m, kf, eps, NPAD: ConstInt, TM: ConstInt, TK: ConstInt,
+                P3: ConstBool):
     """Row tile m of proj_rms's dx in fp32: dproj @ w (dproj split into bf16 hi + lo for the
-    tensor cores) + the rms term; also returns hi, lo and the x tile for the dweight update."""
+    tensor cores) + the rms term; also returns hi, lo and the x tile for the dweight update.
+    P3: a third bf16 term lo2 = bf16(dproj - hi - lo) (~24 mantissa bits, fp32's): for callers
+    whose dx feeds fp32 results (mhc_post_pre's d_total); a bf16 dx needs only hi + lo."""
     gp = ct.load(dproj, index=(m, 0), shape=(TM, NPAD), padding_mode=PAD_ZERO)
     hi = gp.astype(ct.bfloat16)
-    lo = (gp - hi.astype(ct.float32)).astype(ct.bfloat16)
+    rest = gp - hi.astype(ct.float32)
+    lo = rest.astype(ct.bfloat16)
     xt = ct.reshape(ct.load(x, index=(m, grp, cj), shape=(TM, 1, TK), padding_mode=PAD_ZERO), (TM, TK))
     rr = ct.reshape(ct.load(r, index=(m,), shape=(TM,), padding_mode=PAD_ZERO), (TM, 1))
     gr = ct.reshape(ct.load(dr, index=(m,), shape=(TM,), padding_mode=PAD_ZERO), (TM, 1))
     rms = 1.0 / rr - eps
     coef = ct.where(rms > 0.0, -gr * rr * rr / (kf * rms), 0.0)
     gx = ct.mma(hi, wt, ct.zeros((TM, TK), dtype=ct.float32))
-    gx = ct.mma(lo, wt, gx) + coef * xt.astype(ct.float32)
+    gx = ct.mma(lo, wt, gx)
+    if P3:
+        gx = ct.mma((rest - lo.astype(ct.float32)).astype(ct.bfloat16), wt, gx)
+    gx = gx + coef * xt.astype(ct.float32)
     return gx, hi, lo, xt
 
 
@@ -120,7 +127,7 @@ def mhc_pr_bwd(dproj, dr, x, w, r, dx, p_dw, dagg, hpre_t, eps: float,
     # the G groups of one column tile are neighbouring blocks: they read the same dagg tiles
     grp, cj, gm, kf, ntm, wt, dw = bwd_dx_setup(x, w, NPAD, TM, TK, DWT)
     for m in range(gm, ntm, ct.num_blocks(1)):
-        gx, hi, lo, xt = bwd_dx_tile(dproj, dr, x, r, wt, grp, cj, m, kf, eps, NPAD, TM, TK)
+        gx, hi, lo, xt = bwd_dx_tile(dproj, dr, x, r, wt, grp, cj, m, kf, eps, NPAD, TM, TK, False)
         if AGG:
             # racecheck reports write-write hazards here when T % 4 != 0 (no TMA: the row stride
             # is not 16-byte aligned): the [1, TM] tile goes to shared memory by cp.async in a

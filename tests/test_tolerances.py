@@ -1,0 +1,48 @@
+"""The one tolerance table's comparison (tilekernels.testing.assert_close): NaN never passes,
+the norm-wise bound, and the ``scale`` rule for sums with cancellation."""
+import math
+
+import pytest
+import torch
+
+from tilekernels.testing import TOLERANCES, assert_close, rel_err
+
+
+def test_nan_and_inf_never_pass():
+    ref = torch.ones(4, dtype=torch.float64)
+    for bad in (float("nan"), float("inf")):
+        out = ref.float().clone()
+        out[2] = bad
+        assert rel_err(out, ref) == math.inf
+        with pytest.raises(AssertionError):
+            assert_close(out, ref)
+        with pytest.raises(AssertionError):  # a scale never rescues a non-finite output
+            assert_close(out, ref, scale=torch.full_like(ref, 1e9))
+
+
+def test_norm_wise_bound_by_dtype():
+    ref = torch.randn(1000, dtype=torch.float64)
+    assert_close((ref * (1 + 5e-6)).float(), ref)
+    with pytest.raises(AssertionError, match="relative error"):
+        assert_close(ref.float() + 1e-4 * ref.norm() / 30, ref)
+    assert TOLERANCES["bfloat16"][0] == 1e-2 and TOLERANCES["float32"][0] == 1e-5
+
+
+def test_scale_rule_for_sums_that_cancel():
+    """ref = sum_k a_k with terms of size ~1 that cancel to 1e-3: fp32-size errors on the
+    terms' scale pass only with the scale; an error of 1e-3 of the scale (a wrong term) fails
+    with it too; a typical (non-cancelling) sum is judged as before."""
+    a = torch.randn(64, dtype=torch.float64)
+    a[-1] -= a.sum() - 1e-3                      # the terms now sum to 1e-3
+    ref, scale = a.sum().reshape(1), a.square().sum().sqrt().reshape(1)
+    near = (ref + 1e-7 * scale).float()        # fp32 reassociation size on the terms' scale
+    with pytest.raises(AssertionError):
+        assert_close(near, ref)
+    assert_close(near, ref, scale=scale)
+    with pytest.raises(AssertionError):
+        assert_close((ref + 1e-3 * scale).float(), ref, scale=scale)
+    b = torch.randn(100, 64, dtype=torch.float64)
+    r2, s2 = b.sum(1), b.square().sum(1).sqrt()
+    out = (r2 * (1 + 2e-5)).float()            # 2e-5 norm-wise: fails with or without the scale
+    with pytest.raises(AssertionError):
+        assert_close(out, r2, scale=s2)
