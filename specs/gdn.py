@@ -56,6 +56,10 @@ def _seq(bshd: list, thd: list) -> dict:
     return {_BSHD: bshd, _THD: thd}
 
 
+# the GPU backends' dtypes (both read A_log and dt_bias in fp32)
+_PRE_GATED_DTYPES = {"mixed": ["bfloat16", "float32"], "conv_weight": ["bfloat16", "float32"],
+                     "A_log": ["float32"], "dt_bias": ["float32"]}
+
 PRE_GATED = OpSpec(
     name="gdn_pre_gated",
     family="gdn",
@@ -123,6 +127,21 @@ PRE_GATED = OpSpec(
     reference="tilekernels.gdn.reference:pre_gated",
     entry="tilekernels.gdn.ops:pre_gated",
     backends=[Backend(
+        name="cute", module="tilekernels.gdn.cute_pre_gated", sm=(90, 90), toolchain=["cute"], passes=["fwd"],
+        constraints=[
+            Constraint(expr="W <= 33", message="a run's sequence starts are a 64-bit mask of its 32 + W - 1 rows"),
+            Constraint(expr="B * T < 2**31", when="not present(cu_seqlens)",
+                       message="token rows are int32 (element offsets are 64-bit)"),
+        ],
+        dtypes=_PRE_GATED_DTYPES,
+        doc="forward only (calls that need a gradient take cutile's fwd + bwd): CuTe DSL SIMT kernel "
+            "(tilekernels/gdn/cute_pre_gated.py), a thread walks a run of 32 tokens over one 16-byte vector "
+            "of channels keeping its W-1 conv inputs in registers (each row read once, through a cp.async "
+            "ring); THD: a first launch finds each run's sequence starts on the device; sm_90a only. H200, "
+            "Qwen3-Next, 32768 tokens: BSHD rep / norep, THD rep / norep 0.494 / 0.422 / 0.499 / 0.430 ms "
+            "(88-90% of copy; cutile 0.573 / 0.515 / 0.560 / 0.514 in session 7; "
+            "benchmarks/results/h200-gdn-cute-pre-gated.txt)"),
+        Backend(
         name="cutile", module="tilekernels.gdn.cutile_pre_gated", sm=(90, 100), toolchain=["cutile"],
         passes=["fwd", "bwd"],
         constraints=[
@@ -131,8 +150,7 @@ PRE_GATED = OpSpec(
             Constraint(expr="T * (2*Hk*dk + 2*Hv*dv + 2*Hv + Hv*dk) < 2**31", when="present(cu_seqlens)",
                        message="the kernels index with int32 (mixed and q, k < 2**31 elements)"),
         ],
-        dtypes={"mixed": ["bfloat16", "float32"], "conv_weight": ["bfloat16", "float32"],
-                "A_log": ["float32"], "dt_bias": ["float32"]},
+        dtypes=_PRE_GATED_DTYPES,
         doc="fwd: one launch, grid (token tiles [+ N conv-state rows], 2*Hk + 2*Hv + 1 units); bwd: [THD "
             "sequence bounds,] dpre + dconv_weight partials (tile 0, tiles 1..), dx, fixed-order reduction "
             "(tilekernels/gdn/cutile_pre_gated_bwd.py); cu_seqlens read on the device"),

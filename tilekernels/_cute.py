@@ -389,6 +389,22 @@ class Launch:
             ex(*[s.real(v) for s, v in zip(self.sig, values)], cuda.CUstream(stream))
 
 
+@dataclasses.dataclass
+class BoundLaunch:
+    """A :class:`Launch` with its argument values: what the registry's kernels and the timing
+    scripts run and replay (``run()``); ``grid`` where the launch computes one (for records)."""
+
+    launch: Launch
+    values: tuple
+    grid: tuple | None = None
+
+    @property
+    def cfg(self):
+        return self.launch.cfg
+
+    def run(self) -> None:
+        self.launch.run(*self.values)
+
 
 def cubin_resources(cubin: bytes) -> dict[str, dict[str, int]]:
     """Per kernel in a cubin: ``{"regs": registers per thread, "frame": stack frame bytes}``

@@ -105,7 +105,7 @@ from cutlass._mlir import ir
 from cutlass._mlir.dialects import llvm, nvvm, vector
 from cutlass.memory.smem import SmemAllocator
 
-from tilekernels._cute import Launch, Ptr, Scalar, cdiv, cuda
+from tilekernels._cute import BoundLaunch, Launch, Ptr, Scalar, cdiv, cuda
 from tilekernels._glue import kernel, launch_into
 
 MAX_CLUSTER = 8  # portable thread-block cluster size
@@ -560,22 +560,6 @@ def _decode_host(cfg: cutlass.Constexpr, mixed: cute.Pointer, conv: cute.Pointer
 
 
 # ------------------------------------------------------------------ host side
-
-
-@dataclasses.dataclass
-class BoundLaunch:
-    """A :class:`Launch` with its argument values (what the timing scripts replay): ``run()``."""
-
-    launch: Launch
-    values: tuple
-    grid: tuple
-
-    @property
-    def cfg(self) -> DecodeCfg:
-        return self.launch.cfg
-
-    def run(self) -> None:
-        self.launch.run(*self.values)
 
 
 @functools.lru_cache(maxsize=256)

@@ -89,6 +89,7 @@ import torch
 
 from tilekernels._cutile import PAD_ZERO, Launch, cdiv, next_pow2, occ
 from tilekernels._glue import kernel
+from tilekernels.gdn.ops import pre_gated_fwd_runner
 
 ConstInt = ct.Constant[int]
 ConstBool = ct.Constant[bool]
@@ -629,18 +630,7 @@ def fwd_launch(mixed, conv_weight, A_log, dt_bias, cu_seqlens, q, k, v, z, g, be
             Launch(gdn_pre_fwd, ((nt - 1) * units, 1, 1), args + (False, False) + tail, cfg, hints)]
 
 
-def pre_gated_fwd_into(mixed, conv_weight, A_log, dt_bias, cu_seqlens, q, k, v, z, g, beta, conv_state,
-                       Hk: int, dk: int, dv: int, repeat_qk: bool, eps: float, return_conv_state: bool):
-    """gdn_pre_gated fwd, destination-passing (the registry's kernel signature): writes
-    q, k [..., Hq, dk], v, z [..., Hv, dv], g (fp32), beta [..., Hv] and, when given, the
-    final conv state [N, C, W-1]."""
-    if mixed.numel() == 0:  # no tokens: only the (all-zero) conv state has elements
-        if conv_state is not None:
-            conv_state.zero_()
-        return
-    for ln in fwd_launch(mixed, conv_weight, A_log, dt_bias, cu_seqlens, q, k, v, z, g, beta, conv_state,
-                         Hk, dk, dv, repeat_qk, eps):
-        ln.run()
+pre_gated_fwd_into = pre_gated_fwd_runner(fwd_launch)
 
 
 kernel("gdn_pre_gated", "cutile", "fwd")(pre_gated_fwd_into)

@@ -27,6 +27,24 @@ from . import reference as ref
 _PRE = ("Hk", "dk", "dv", "repeat_qk", "eps")
 
 
+def pre_gated_fwd_runner(build):
+    """The registry's destination-passing gdn_pre_gated fwd over a backend's launch builder
+    ``build(mixed, conv_weight, A_log, dt_bias, cu_seqlens, q, k, v, z, g, beta, conv_state, Hk, dk,
+    dv, repeat_qk, eps) -> launches`` (each with ``.run()``); shared by the cuTile and CuTe DSL
+    forwards. It writes q, k [..., Hq, dk], v, z [..., Hv, dv], g (fp32), beta [..., Hv] and, when
+    given, the final conv state [N, C, W-1]; no tokens: only the (all-zero) conv state."""
+    def pre_gated_fwd_into(mixed, conv_weight, A_log, dt_bias, cu_seqlens, q, k, v, z, g, beta, conv_state,
+                           Hk: int, dk: int, dv: int, repeat_qk: bool, eps: float, return_conv_state: bool):
+        if mixed.numel() == 0:
+            if conv_state is not None:
+                conv_state.zero_()
+            return
+        for ln in build(mixed, conv_weight, A_log, dt_bias, cu_seqlens, q, k, v, z, g, beta, conv_state,
+                        Hk, dk, dv, repeat_qk, eps):
+            ln.run()
+    return pre_gated_fwd_into
+
+
 @kernel("gdn_pre_gated", "torch", "fwd")
 def _pre_gated_fwd_torch(mixed, conv_weight, A_log, dt_bias, cu_seqlens, q, k, v, z, g, beta, conv_state,
                          *params):

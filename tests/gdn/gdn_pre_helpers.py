@@ -1,0 +1,58 @@
+"""GPU test helpers shared by the cuTile and CuTe DSL gdn_pre_gated forward tests (no toolchain
+import here: each test file runs where only its own toolchain is installed)."""
+from __future__ import annotations
+
+import torch
+
+from tilekernels.gdn import bench as mk
+from tilekernels.gdn import reference as ref
+
+BF, F32 = torch.bfloat16, torch.float32
+
+# the forward tests' matrix, the same for both backends
+QWEN = dict(Hk=16, Hv=32, dk=128, dv=128, W=4)
+SHAPES = [
+    QWEN,
+    dict(Hk=2, Hv=4, dk=64, dv=32, W=3),   # R=2, dk != dv
+    dict(Hk=4, Hv=4, dk=32, dv=64, W=2),   # R=1
+    dict(Hk=1, Hv=4, dk=48, dv=40, W=4),   # R=4, non-power-of-two dk, dv (cute: 6 vectors, 8 lanes a head)
+]
+SHAPE_IDS = ["Hk{Hk}-Hv{Hv}-dk{dk}-dv{dv}-W{W}".format(**s) for s in SHAPES]
+THD_LENGTHS = [0, 1, 3, 4, 7, 0, 130, 2, 5]  # empty, 1, W-1, W, odd, one long (over a token tile / run)
+# (layout, id): BSHD (B, T) or THD sequence lengths
+LAYOUTS = [((2, 70), "bshd-2x70"), ((1, 1), "bshd-T1"), ((3, 5), "bshd-3x5"), (THD_LENGTHS, "thd-mixed"),
+           ([1], "thd-1"), ([0, 2, 0], "thd-empties")]
+
+
+def nan(*shape, dtype):
+    return torch.full(shape, float("nan"), dtype=dtype, device="cuda")
+
+
+def problem(shape, lengths, dtype=BF):
+    """(mixed, conv_weight, A_log, dt_bias, cu_seqlens|None) on the GPU: BSHD when lengths is
+    (B, T), THD when it is a list of sequence lengths."""
+    h = (shape["Hk"], shape["Hv"], shape["dk"], shape["dv"])
+    w, A, dt = mk.weights(*h, shape["W"], dtype=dtype, device="cuda")
+    if isinstance(lengths, tuple):
+        return mk.mixed(lengths, *h, dtype=dtype, device="cuda"), w, A, dt, None
+    cu = mk.cu_seqlens(lengths, device="cuda")
+    return mk.mixed((int(sum(lengths)),), *h, dtype=dtype, device="cuda"), w, A, dt, cu
+
+
+def nan_outputs(x, cu, shape, repeat_qk, state):
+    """NaN-filled forward outputs ((q, k, v, z, g, beta), conv_state|None), so an element a kernel
+    does not write fails the comparison."""
+    Hk, Hv, dk, dv, W = (shape[n] for n in ("Hk", "Hv", "dk", "dv", "W"))
+    lead = x.shape[:-1]
+    Hq = Hv if repeat_qk else Hk
+    N = lead[0] if cu is None else cu.shape[0] - 1
+    outs = (nan(*lead, Hq, dk, dtype=x.dtype), nan(*lead, Hq, dk, dtype=x.dtype),
+            nan(*lead, Hv, dv, dtype=x.dtype), nan(*lead, Hv, dv, dtype=x.dtype),
+            nan(*lead, Hv, dtype=F32), nan(*lead, Hv, dtype=x.dtype))
+    return outs, (nan(N, ref.conv_dim(Hk, Hv, dk, dv), W - 1, dtype=x.dtype) if state else None)
+
+
+def ref64(x, w, A, dt, cu, shape, repeat_qk, state):
+    """The float64 reference forward on upcasts of the same inputs."""
+    return ref.pre_gated(x.double(), w.double(), A.double(), dt.double(), cu, Hk=shape["Hk"], dk=shape["dk"],
+                         dv=shape["dv"], repeat_qk=repeat_qk, return_conv_state=state)
