@@ -94,40 +94,11 @@ def _next_pow2(n: int) -> int:
 # ------------------------------------------------------------------ launch config
 
 
-@dataclasses.dataclass(frozen=True)
-class PreCfg:
-    """Launch config = compile key (with the dtypes).
+class HeadGeometry:
+    """The static sizes the forward's and the backward's (cute_pre_gated_bwd.BwdCfg) configs derive
+    from their fields Hk, Hv, dk, dv, REP, VEC and THREADS: the q|k|v|z|b|a row and the unit split
+    (QK heads of LP lanes, v and z vectors, the gates)."""
 
-    Hk, Hv, dk, dv, W: the problem's static dims; REP: repeat_qk; THD: cu_seqlens given (start
-    masks from the first launch); STATE: write the final conv state; VEC: elements a vector (one
-    load / store); L: tokens a run; U: rows a load batch; THREADS: threads a CTA."""
-
-    Hk: int
-    Hv: int
-    dk: int
-    dv: int
-    W: int
-    REP: bool
-    THD: bool
-    STATE: bool
-    VEC: int
-    ELT: int = 2  # bytes an element of mixed (2: bf16, 4: fp32)
-    L: int = L_DEFAULT
-    U: int = U_DEFAULT
-    THREADS: int = THREADS
-    CA: bool = False  # conv rows through a cp.async ring in shared memory (16-byte vectors only)
-    S: int = STAGES   # CA: stages of U rows (S - 1 in flight while one is computed)
-
-    def __post_init__(self):
-        if (self.Hv % self.Hk or self.W < 1 or self.L + self.W - 1 > MASK_BITS or self.L % self.U
-                or self.L % (2 * self.U) or self.VEC not in (1, 2, 4, 8) or self.dk % self.VEC or self.dv % self.VEC or self.D % self.VEC
-                or self.THREADS % 32 or self.THREADS % self.LP or self.THREADS > 1024
-                or (self.CA and (self.S < 2 or self.VEC * self.ELT != 16 or self.S > self.L // self.U))):
-            raise ValueError(f"gdn_pre_gated cute: config {self}: needs Hv % Hk == 0, 1 <= W, L + W - 1 <= "
-                             f"{MASK_BITS}, 2U | L, VEC in 1, 2, 4, 8 dividing dk, dv and D, whole warps, "
-                             f"CA only with 16-byte vectors and 2 <= S <= L / U")
-
-    # ---- derived static sizes
     @property
     def R(self) -> int:
         return self.Hv // self.Hk if self.REP else 1
@@ -167,12 +138,46 @@ class PreCfg:
 
     @property
     def units(self) -> tuple[int, int, int, int]:
-        """CTAs a run: (QK, V, Z, G)."""
+        """CTAs a run of tokens: (QK, V, Z, G)."""
         return (cdiv(2 * self.Hk, self.HPC), cdiv(self.NVV, self.THREADS), cdiv(self.NVV, self.THREADS), 1)
 
     @property
     def UNITS(self) -> int:
         return sum(self.units)
+
+
+@dataclasses.dataclass(frozen=True)
+class PreCfg(HeadGeometry):
+    """Launch config = compile key (with the dtypes).
+
+    Hk, Hv, dk, dv, W: the problem's static dims; REP: repeat_qk; THD: cu_seqlens given (start
+    masks from the first launch); STATE: write the final conv state; VEC: elements a vector (one
+    load / store); L: tokens a run; U: rows a load batch; THREADS: threads a CTA."""
+
+    Hk: int
+    Hv: int
+    dk: int
+    dv: int
+    W: int
+    REP: bool
+    THD: bool
+    STATE: bool
+    VEC: int
+    ELT: int = 2  # bytes an element of mixed (2: bf16, 4: fp32)
+    L: int = L_DEFAULT
+    U: int = U_DEFAULT
+    THREADS: int = THREADS
+    CA: bool = False  # conv rows through a cp.async ring in shared memory (16-byte vectors only)
+    S: int = STAGES   # CA: stages of U rows (S - 1 in flight while one is computed)
+
+    def __post_init__(self):
+        if (self.Hv % self.Hk or self.W < 1 or self.L + self.W - 1 > MASK_BITS or self.L % self.U
+                or self.L % (2 * self.U) or self.VEC not in (1, 2, 4, 8) or self.dk % self.VEC or self.dv % self.VEC or self.D % self.VEC
+                or self.THREADS % 32 or self.THREADS % self.LP or self.THREADS > 1024
+                or (self.CA and (self.S < 2 or self.VEC * self.ELT != 16 or self.S > self.L // self.U))):
+            raise ValueError(f"gdn_pre_gated cute: config {self}: needs Hv % Hk == 0, 1 <= W, L + W - 1 <= "
+                             f"{MASK_BITS}, 2U | L, VEC in 1, 2, 4, 8 dividing dk, dv and D, whole warps, "
+                             f"CA only with 16-byte vectors and 2 <= S <= L / U")
 
     @property
     def SB(self) -> int:
@@ -467,25 +472,26 @@ def _conv_unit(cfg: cutlass.Constexpr, QK: cutlass.Constexpr, mixed: cute.Pointe
 
 
 @cute.jit
-def _z_unit(cfg: cutlass.Constexpr, mixed: cute.Pointer, z: cute.Pointer, uu, run, NT):
-    """A Z unit of one run: THREADS vectors of z copied, 2*U rows of loads in flight."""
-    VEC, L, U, D = cfg.VEC, cfg.L, cfg.U, cfg.D
+def copy_z_rows(cfg: cutlass.Constexpr, src: cute.Pointer, s_row: cutlass.Constexpr, s_col: cutlass.Constexpr,
+                dst: cute.Pointer, d_row: cutlass.Constexpr, d_col: cutlass.Constexpr, uu, t0, nb, tend):
+    """A Z unit's copy, THREADS vectors of the z section a row, 2*U rows of loads in flight: rows t0 ..
+    t0 + nb*2U - 1 below tend, vector vv of a row at src[t*s_row + s_col + vv*VEC] -> dst[t*d_row + d_col +
+    vv*VEC] (the forward: mixed's z section -> z; the backward, cute_pre_gated_bwd: gz -> dmixed's)."""
+    VEC, U = cfg.VEC, cfg.U
     tid, _, _ = cute.arch.thread_idx()
     vv = uu * cfg.THREADS + tid
-    t0 = run * L
     if vv < cfg.NVV:
-        src = 2 * cfg.Hk * cfg.dk + cfg.Hv * cfg.dv + vv * VEC
-        NW, _ = _words(mixed.dtype, VEC)
-        buf = cute.make_rmem_tensor((2 * U, NW), _wdt(mixed.dtype, VEC))
-        for b in cutlass.range(L // (2 * U), unroll=1):
+        NW, _ = _words(src.dtype, VEC)
+        buf = cute.make_rmem_tensor((2 * U, NW), _wdt(src.dtype, VEC))
+        for b in cutlass.range(nb, unroll=1):
             for r in cutlass.range_constexpr(2 * U):
                 t = t0 + b * 2 * U + r
-                if t < NT:
-                    _ldw(mixed, Int64(t) * D + src, VEC, buf[r, None])
+                if t < tend:
+                    _ldw(src, Int64(t) * s_row + s_col + vv * VEC, VEC, buf[r, None])
             for r in cutlass.range_constexpr(2 * U):
                 t = t0 + b * 2 * U + r
-                if t < NT:
-                    _stw(z, Int64(t) * (cfg.Hv * cfg.dv) + vv * VEC, VEC, buf[r, None])
+                if t < tend:
+                    _stw(dst, Int64(t) * d_row + d_col + vv * VEC, VEC, buf[r, None])
 
 
 @cute.jit
@@ -574,7 +580,8 @@ def _fwd_kernel(cfg: cutlass.Constexpr, mixed: cute.Pointer, cw: cute.Pointer, A
         elif u < nqk + nv:
             _conv_unit(cfg, False, mixed, cw, masks, v, v, sbuf, atom, u - nqk, run, NT, T, eps)
         elif u < nqk + nv + nz:
-            _z_unit(cfg, mixed, z, u - nqk - nv, run, NT)
+            copy_z_rows(cfg, mixed, cfg.D, 2 * cfg.Hk * cfg.dk + cfg.Hv * cfg.dv, z, cfg.Hv * cfg.dv, 0,
+                        u - nqk - nv, run * cfg.L, cfg.L // (2 * cfg.U), NT)
         else:
             _gate_unit(cfg, mixed, A_log, dt_bias, g, beta, run, NT)
     else:
