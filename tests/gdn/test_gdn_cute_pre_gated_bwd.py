@@ -1,0 +1,344 @@
+"""CuTe DSL gdn_pre_gated backward (tilekernels/gdn/cute_pre_gated_bwd.py; never run on a GPU yet, so not
+registered) and the torch model of its decomposition (cute_pre_gated_bwd_model.py).
+
+CPU (CI): the model against ``reference.pre_gated_bwd`` in float64 (every grad at the float64 tolerance):
+BSHD and THD with sequences of 0, 1, W-1, W, odd and long lengths, starts on and next to span edges, T=1,
+no tokens, W 1 .. 4, Hv/Hk 1, 2, 4, dk != dv, odd dims, spans of 4, 32 and 128 tokens; each span's
+partial row is the reference's weight grads of that span's tokens alone. That checks the index logic the
+kernel mirrors (spans, halo rows, the start counter, the window zeroing, the dx sums emitted W-1 rows late,
+the partial rows and their reduction). Every variant (BSHD/THD, repeat_qk on/off, bf16/fp32, W 1 .. 6, dk
+!= dv, Hv/Hk 1, 2, 4, odd sizes, 16-byte and narrower vectors) and the probe's launch-config variants
+compile for sm_90a from fake arguments (``Launch.export``) without register spills; the config is the
+compile key (NT, T, the cu_seqlens entries runtime scalars).
+
+GPU (marked ``gpu``, skipped without CUDA; never run so far): ``pre_gated_bwd_into`` into NaN-poisoned
+outputs against ``reference.pre_gated_bwd`` in float64 on upcasts of the same inputs, then the same call
+again bitwise equal (the reduction's order is fixed). Tolerances (tilekernels.testing, by the checked
+output's dtype): bf16 dmixed and dconv_weight 1e-2 (fp32 math from bf16 inputs, each output rounded once;
+no scratch: dpre stays fp32 in registers); fp32 outputs 1e-5 (fp32 sums over W taps, dk channels and the
+tokens; the SiLU's ex2.approx / rcp.approx and the rsqrt.approx a few ulp each).
+"""
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+import torch
+
+from tilekernels.gdn import bench as mk
+from tilekernels.gdn import reference as ref
+from tilekernels.gdn.cute_pre_gated_bwd_model import cdiv, model_bwd
+from tilekernels.testing import assert_close
+
+try:
+    from tilekernels._cute import cubin_resources
+    from tilekernels.gdn import cute_pre_gated_bwd as cb
+except ImportError:  # no CuTe DSL here: the model tests still run
+    cb = None
+
+needs_cute = pytest.mark.skipif(cb is None, reason="needs cutlass (the CuTe DSL)")
+BF, F32, F64 = torch.bfloat16, torch.float32, torch.float64
+QWEN = dict(Hk=16, Hv=32, dk=128, dv=128, W=4)
+GRADS = ("dmixed", "dconv_weight", "dA_log", "ddt_bias")
+
+
+def _sid(s):
+    return "Hk{Hk}-Hv{Hv}-dk{dk}-dv{dv}-W{W}".format(**s)
+
+
+def _problem(shape, lengths, dtype=F64, repeat_qk=True, device="cpu"):
+    """(grads, mixed, conv_weight, A_log, dt_bias, cu_seqlens|None): BSHD when lengths is (B, T), THD when it is
+    a list of sequence lengths; grads random in the outputs' shapes (gg fp32 unless float64)."""
+    h = (shape["Hk"], shape["Hv"], shape["dk"], shape["dv"])
+    w, A, dt = mk.weights(*h, shape["W"], dtype=dtype, device=device)
+    if dtype == F64:
+        A, dt = A.double(), dt.double()
+    if isinstance(lengths, tuple):
+        x, cu = mk.mixed(lengths, *h, dtype=dtype, device=device), None
+    else:
+        cu = mk.cu_seqlens(lengths, device=device)
+        x = mk.mixed((int(sum(lengths)),), *h, dtype=dtype, device=device)
+    lead = x.shape[:-1]
+    Hk, Hv, dk, dv = h
+    Hq = Hv if repeat_qk else Hk
+    gdt = F64 if dtype == F64 else F32
+    shapes = [((*lead, Hq, dk), dtype), ((*lead, Hq, dk), dtype), ((*lead, Hv, dv), dtype), ((*lead, Hv, dv), dtype),
+              ((*lead, Hv), gdt), ((*lead, Hv), dtype)]
+    grads = [torch.randn(s, device=device).to(d) for s, d in shapes]
+    return grads, x, w, A, dt, cu
+
+
+def _ref(grads, x, w, A, dt, cu, shape, repeat_qk):
+    return ref.pre_gated_bwd(*[g.double() for g in grads], x.double(), w.double(), A.double(), dt.double(), cu,
+                             Hk=shape["Hk"], dk=shape["dk"], dv=shape["dv"], repeat_qk=repeat_qk)
+
+
+# ------------------------------------------------------------------ CPU: the decomposition (torch model)
+
+MODEL_SHAPES = [dict(Hk=2, Hv=4, dk=8, dv=6, W=4),   # R=2, dk != dv
+                dict(Hk=1, Hv=4, dk=6, dv=5, W=3),   # R=4, odd dims
+                dict(Hk=2, Hv=2, dk=4, dv=4, W=2),   # R=1
+                dict(Hk=2, Hv=2, dk=4, dv=4, W=1)]   # no window
+# BSHD (B, T) or THD lengths: empty, 1, W-1, W, odd, one long; starts on and next to 32-token span edges;
+# T=1; no tokens at all
+MODEL_LAYOUTS = [(2, 70), (1, 1), (3, 5), [0, 1, 3, 4, 7, 0, 130, 2, 5], [1], [0, 2, 0],
+                 [32, 31, 1, 30, 34, 64, 2, 0, 33], (2, 0), [0, 0]]
+
+
+def _lid(lay):
+    return f"bshd{lay[0]}x{lay[1]}" if isinstance(lay, tuple) else "thd" + "-".join(map(str, lay))[:24]
+
+
+@pytest.mark.parametrize("L", [4, 32])
+@pytest.mark.parametrize("repeat_qk", [True, False], ids=["rep", "norep"])
+@pytest.mark.parametrize("layout", MODEL_LAYOUTS, ids=_lid)
+@pytest.mark.parametrize("shape", MODEL_SHAPES, ids=_sid)
+def test_model_matches_float64_reference(shape, layout, repeat_qk, L):
+    grads, x, w, A, dt, cu = _problem(shape, layout, repeat_qk=repeat_qk)
+    p = dict(Hk=shape["Hk"], dk=shape["dk"], dv=shape["dv"], repeat_qk=repeat_qk)
+    got = model_bwd(*grads, x, w, A, dt, cu, L=L, **p)
+    NT = x.numel() // x.shape[-1]
+    C, W, Hv = w.shape[0], shape["W"], shape["Hv"]
+    assert got[4].shape == (cdiv(NT, L), W * C + 2 * Hv)
+    if NT == 0:  # no spans: zero weight grads (the reference cannot reshape an empty BSHD batch)
+        assert all(bool((g == 0).all()) for g in got[1:4]) and got[0].shape == x.shape
+        return
+    for name, o, r in zip(GRADS, got[:4], _ref(grads, x, w, A, dt, cu, shape, repeat_qk)):
+        assert_close(o, r, kind="float64", what=name)
+
+
+@pytest.mark.parametrize("layout", [(2, 37), [0, 1, 3, 4, 7, 0, 40, 2, 5]], ids=["bshd", "thd"])
+def test_model_partial_rows_are_the_spans_own_grads(layout):
+    """Partial row p = the reference's dconv_weight, dA_log, ddt_bias with every output grad zeroed outside
+    span p's tokens (dpre of the span's rows only: the halo rows after it add nothing to it)."""
+    s, L = MODEL_SHAPES[0], 8
+    grads, x, w, A, dt, cu = _problem(s, layout)
+    part = model_bwd(*grads, x, w, A, dt, cu, Hk=2, dk=8, dv=6, repeat_qk=True, L=L)[4]
+    lead = x.shape[:-1]
+    tok = torch.arange(x.numel() // x.shape[-1]).reshape(lead)
+    C, W = w.shape
+    for p in range(part.shape[0]):
+        m = (tok // L == p)
+        gp = [g * m.reshape(*lead, *[1] * (g.dim() - len(lead))) for g in grads]
+        _, dw, dA, ddt = _ref(gp, x, w, A, dt, cu, s, True)
+        want = torch.cat([dw.T.reshape(-1), dA, ddt])
+        assert_close(part[p], want, kind="float64", what=f"partial row {p}")
+
+
+def test_model_at_qwen_heads():
+    """Qwen3-Next heads (dk = dv = 128, R = 2) over a THD batch with a long sequence, spans of 32."""
+    grads, x, w, A, dt, cu = _problem(QWEN, [5, 0, 70, 3, 1])
+    got = model_bwd(*grads, x, w, A, dt, cu, Hk=16, dk=128, dv=128, repeat_qk=True, L=32)
+    for name, o, r in zip(GRADS, got[:4], _ref(grads, x, w, A, dt, cu, QWEN, True)):
+        assert_close(o, r, kind="float64", what=name)
+
+
+# ------------------------------------------------------------------ CPU: compiles for sm_90a (CI)
+
+# (shape, thd, repeat_qk, dtype, pointer alignment): every compile-time switch at least once
+COMPILE_VARIANTS = [
+    (QWEN, False, True, BF, 16), (QWEN, True, True, BF, 16), (QWEN, True, False, BF, 16),
+    (QWEN, False, False, BF, 16),
+    (QWEN, True, True, F32, 16),                                   # fp32: VEC 4
+    (QWEN, False, True, BF, 4),                                    # 4-byte aligned: VEC 2, registers
+    (QWEN, True, False, BF, 2),                                    # 2-byte aligned: VEC 1
+    (dict(Hk=2, Hv=4, dk=64, dv=32, W=3), True, True, BF, 16),     # R=2, dk != dv
+    (dict(Hk=4, Hv=4, dk=32, dv=64, W=2), False, True, BF, 16),    # R=1
+    (dict(Hk=1, Hv=4, dk=48, dv=40, W=4), True, True, BF, 16),     # R=4, 6 vectors a head (8 lanes)
+    (dict(Hk=2, Hv=2, dk=5, dv=7, W=3), True, True, BF, 16),       # odd dims: VEC 1
+    (dict(Hk=2, Hv=2, dk=16, dv=24, W=1), False, False, BF, 16),   # W=1: no window
+    (dict(Hk=2, Hv=4, dk=16, dv=24, W=6), True, True, F32, 16),    # wider conv: narrower vectors
+]
+# launch-config variants the timing probe sweeps (benchmarks/probes/gdn_cute_pre_bwd.py)
+CFG_VARIANTS = [dict(CA=False), dict(U=4, S=3), dict(S=6), dict(U=1, S=8), dict(L=64), dict(L=256),
+                dict(THREADS=64), dict(THREADS=256), dict(VEC=4), dict(VEC=4, U=4), dict(VEC=4, CA=False)]
+
+
+def _vid(v):
+    s, thd, rep, dt, al = v
+    return _sid(s) + f"-{'thd' if thd else 'bshd'}-{'rep' if rep else 'norep'}-{str(dt)[6:]}-a{al}"
+
+
+def _launches(v, cfg=None):
+    s, thd, rep, dt, al = v
+    return cb.representative_launches(**s, dtype=dt, thd=thd, repeat_qk=rep, align=al, cfg=cfg)
+
+
+def _export(ln):
+    art = ln.export("sm_90a")
+    res = [r for n, r in cubin_resources(art.cubin).items() if "kernel" in n and "slowpath" not in n]
+    assert len(res) == 1, res
+    return art, res[0]
+
+
+@needs_cute
+@pytest.mark.parametrize("v", COMPILE_VARIANTS, ids=[_vid(v) for v in COMPILE_VARIANTS])
+def test_every_variant_compiles_for_sm90a(v):
+    main, red = _launches(v)
+    art, res = _export(main)
+    assert res["frame"] == 0, f"{main.cfg}: register spills or a local array: {res}"
+    assert _export(red)[1]["frame"] == 0
+    cfg, elt = main.cfg, 4 if v[3] == F32 else 2
+    assert cfg.CA == (cfg.VEC * elt == 16) and ("cp.async.cg.shared.global" in art.ptx) == cfg.CA
+    if cfg.VEC * elt == 16:
+        assert "st.global.v4" in art.ptx  # dx vectors and the partial row
+    if v[0] is QWEN:
+        assert cfg.VEC == min(16, v[4]) // elt  # 16-byte vectors where aligned (8 bf16, 4 fp32)
+
+
+@needs_cute
+@pytest.mark.parametrize("over", CFG_VARIANTS, ids=lambda d: "-".join(f"{k}{v}" for k, v in d.items()))
+def test_config_variants_compile_for_sm90a(over):
+    cfg = dataclasses.replace(cb.BwdCfg.heuristic(16, 32, 128, 128, 4, True, True), **over)
+    art, res = _export(_launches(COMPILE_VARIANTS[1], cfg=cfg)[0])
+    assert res["frame"] == 0, res
+    if cfg.CA:  # 16-byte vectors through cp.async.cg, 8-byte ones (VEC 4 of bf16) through cp.async.ca
+        assert f"cp.async.{'cg' if cfg.SW == 4 else 'ca'}.shared.global" in art.ptx
+
+
+def _meta_problem(lead, thd_n=None, Hk=16, Hv=32, dk=128, dv=128, W=4, dtype=BF, rep=True):
+    m = torch.device("meta")
+    D, C, Hq = mk.d_model(Hk, Hv, dk, dv), ref.conv_dim(Hk, Hv, dk, dv), Hv if rep else Hk
+
+    def e(*s, dt=dtype):
+        return torch.empty(*s, dtype=dt, device=m)
+
+    cu = e(thd_n + 1, dt=torch.int32) if thd_n is not None else None
+    grads = (e(*lead, Hq, dk), e(*lead, Hq, dk), e(*lead, Hv, dv), e(*lead, Hv, dv), e(*lead, Hv, dt=F32),
+             e(*lead, Hv))
+    return (*grads, e(*lead, D), e(C, W), e(Hv, dt=F32), e(Hv, dt=F32), cu, e(*lead, D), e(C, W), e(Hv, dt=F32),
+            e(Hv, dt=F32))
+
+
+@needs_cute
+def test_config_is_the_compile_key():
+    """From (Hk, Hv, dk, dv, W, repeat_qk, THD, element size, alignment) only: NT, T and the cu_seqlens
+    entries are runtime scalars, P = cdiv(NT, L) partial rows, the grids from NT."""
+    bshd = [cb.bwd_launches(*_meta_problem((B, T)), 16, 128, 128, True) for B, T in ((1, 1), (4, 8192), (3, 5))]
+    assert len({tuple(ln.launch.key("sm_90a") for ln in lns) for lns in bshd}) == 1
+    cfg = bshd[1][0].cfg
+    assert (cfg.VEC, cfg.LP, cfg.NV, cfg.HPC, cfg.units, cfg.R, cfg.CA, cfg.L) == (8, 16, 1, 8, (4, 4, 4, 1), 2, True,
+                                                                                   128)
+    assert [lns[0].values[-4:-1] for lns in bshd] == [(1, 1, 0), (32768, 8192, 0), (15, 5, 0)]
+    assert bshd[1][0].grid == (256 * 13,) and bshd[1][1].values[-1] == 256
+    assert bshd[1][0].values[12].shape == (256, cfg.PS) and cfg.PS == 4 * 8192 + 64
+    thd = [cb.bwd_launches(*_meta_problem((NT,), N), 16, 128, 128, True) for NT, N in ((1, 1), (32768, 116))]
+    assert len({tuple(ln.launch.key("sm_90a") for ln in lns) for lns in thd}) == 1
+    assert thd[1][0].values[-4:-1] == (32768, 1, 117)
+    assert cb.BwdCfg.heuristic(16, 32, 128, 128, 4, True, True, 2, 16) is thd[1][0].cfg  # cached
+    assert cb.BwdCfg.heuristic(16, 32, 128, 128, 6, True, True).VEC == 4  # (4W-2) * VEC <= STATE_REGS
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        cfg.L = 8
+
+
+@needs_cute
+def test_refuses_what_it_cannot_run():
+    with pytest.raises(ValueError, match="Hv=6 is not a multiple of Hk=4"):
+        cb.BwdCfg.heuristic(4, 6, 16, 16, 4, True, False)
+    with pytest.raises(ValueError, match="dividing dk"):
+        dataclasses.replace(cb.BwdCfg.heuristic(16, 32, 128, 128, 4, True, True), dk=12)
+    with pytest.raises(ValueError, match="8- or 16-byte vectors"):
+        dataclasses.replace(cb.BwdCfg.heuristic(16, 32, 128, 128, 4, True, True), VEC=2)
+    with pytest.raises(ValueError, match="does not fit"):
+        cb.bwd_launches(*_meta_problem((2, 8)), 16, 128, 128, True, cfg=cb.BwdCfg.heuristic(16, 32, 128, 128, 4,
+                                                                                            True, True))
+    args = list(_meta_problem((2, 8)))
+    args[4] = args[4].to(BF)  # gg in bf16
+    with pytest.raises(ValueError, match="gg fp32"):
+        cb.bwd_launches(*args, 16, 128, 128, True)
+
+
+@needs_cute
+def test_not_registered():
+    """Never run on a GPU: no registry kernel, and the spec keeps cute forward-only."""
+    from registry.kernels import has_kernel
+    from specs.gdn import PRE_GATED
+
+    assert not has_kernel("gdn_pre_gated", "cute", "bwd")
+    assert PRE_GATED.backend("cute").passes == ["fwd"]
+    assert "NOT YET RUN ON A GPU" in cb.__doc__
+
+
+# ------------------------------------------------------------------ GPU (never run so far)
+
+needs_gpu = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+
+
+def _nan(*shape, dtype):
+    return torch.full(shape, float("nan"), dtype=dtype, device="cuda")
+
+
+def run_bwd(grads, x, w, A, dt, cu, shape, repeat_qk, cfg=None):
+    dx, dw = _nan(*x.shape, dtype=x.dtype), _nan(*w.shape, dtype=w.dtype)
+    dA, ddt = _nan(*A.shape, dtype=A.dtype), _nan(*dt.shape, dtype=dt.dtype)
+    args = (*grads, x, w, A, dt, cu, dx, dw, dA, ddt, shape["Hk"], shape["dk"], shape["dv"], repeat_qk, 1e-6)
+    if cfg is None:
+        cb.pre_gated_bwd_into(*args, False)
+    else:
+        for ln in cb.bwd_launches(*args, cfg=cfg):
+            ln.run()
+    return dx, dw, dA, ddt
+
+
+def check_bwd(shape, layout, repeat_qk, dtype=BF, cfg=None):
+    grads, x, w, A, dt, cu = _problem(shape, layout, dtype, repeat_qk, device="cuda")
+    got = run_bwd(grads, x, w, A, dt, cu, shape, repeat_qk, cfg)
+    for name, o, r in zip(GRADS, got, _ref(grads, x, w, A, dt, cu, shape, repeat_qk)):
+        assert_close(o, r, kind=o.dtype, what=name)
+    again = run_bwd(grads, x, w, A, dt, cu, shape, repeat_qk, cfg)
+    for name, a, b in zip(GRADS, got, again):
+        assert torch.equal(a, b), f"{name}: two runs differ (the reduction must be deterministic)"
+
+
+GPU_SHAPES = [QWEN, dict(Hk=2, Hv=4, dk=64, dv=32, W=3), dict(Hk=4, Hv=4, dk=32, dv=64, W=2),
+              dict(Hk=1, Hv=4, dk=48, dv=40, W=4)]
+GPU_LAYOUTS = [(2, 70), (1, 1), (3, 5), [0, 1, 3, 4, 7, 0, 130, 2, 5], [1], [0, 2, 0],
+               [128, 127, 1, 126, 130, 256, 2, 0, 129]]  # the last: starts on and next to 128-token span edges
+
+
+@pytest.mark.gpu
+@needs_gpu
+@needs_cute
+@pytest.mark.parametrize("repeat_qk", [True, False], ids=["rep", "norep"])
+@pytest.mark.parametrize("layout", GPU_LAYOUTS, ids=_lid)
+@pytest.mark.parametrize("shape", GPU_SHAPES, ids=_sid)
+def test_bwd_matches_float64_reference(shape, layout, repeat_qk):
+    check_bwd(shape, layout, repeat_qk)
+
+
+@pytest.mark.gpu
+@needs_gpu
+@needs_cute
+@pytest.mark.parametrize("layout", [(2, 33), [0, 1, 3, 4, 7, 0, 130, 2, 5]], ids=["bshd", "thd"])
+def test_bwd_fp32_odd_and_wide(layout):
+    """fp32 I/O (1e-5); odd dims (VEC 1); W=1 (no window) and W=6 (narrower vectors)."""
+    check_bwd(dict(Hk=2, Hv=4, dk=64, dv=32, W=3), layout, True, dtype=F32)
+    for s in (dict(Hk=2, Hv=2, dk=5, dv=7, W=3), dict(Hk=2, Hv=2, dk=16, dv=24, W=1),
+              dict(Hk=2, Hv=4, dk=16, dv=24, W=6)):
+        check_bwd(s, layout, True)
+
+
+@pytest.mark.gpu
+@needs_gpu
+@needs_cute
+@pytest.mark.parametrize("over", CFG_VARIANTS + [dict(L=8), dict(L=1, U=1, CA=False)],
+                         ids=lambda d: "-".join(f"{k}{v}" for k, v in d.items()))
+def test_bwd_launch_config_variants(over):
+    """The probe's configs, and spans shorter than the conv (L=1): same results (Qwen3-Next heads, THD)."""
+    cfg = dataclasses.replace(cb.BwdCfg.heuristic(16, 32, 128, 128, 4, True, True), **over)
+    check_bwd(QWEN, [0, 1, 3, 4, 7, 0, 300, 2, 5, 129], True, cfg=cfg)
+
+
+@pytest.mark.gpu
+@needs_gpu
+@needs_cute
+def test_bwd_many_sequences_and_no_tokens():
+    """300 sequences of 0..9 tokens (several starts a span, empties), BSHD T shorter than the conv, and no
+    tokens at all (zero weight grads)."""
+    s = dict(Hk=2, Hv=4, dk=32, dv=32, W=4)
+    check_bwd(s, torch.randint(0, 10, (300,)).tolist(), True)
+    check_bwd(s, (40, 2), True)
+    for lay in ([0, 0], (2, 0)):
+        grads, x, w, A, dt, cu = _problem(s, lay, BF, True, device="cuda")
+        got = run_bwd(grads, x, w, A, dt, cu, s, True)
+        assert all(bool((g == 0).all()) for g in got[1:])
