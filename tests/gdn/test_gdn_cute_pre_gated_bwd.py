@@ -246,6 +246,16 @@ def test_refuses_what_it_cannot_run():
     args[4] = args[4].to(BF)  # gg in bf16
     with pytest.raises(ValueError, match="gg fp32"):
         cb.bwd_launches(*args, 16, 128, 128, True)
+    with pytest.raises(ValueError, match="no tokens"):
+        cb.bwd_launches(*_meta_problem((2, 0)), 16, 128, 128, True)
+    args = list(_meta_problem((2, 8)))
+    args[12] = args[12].to(F32)  # dconv_weight fp32, conv_weight bf16
+    with pytest.raises(ValueError, match="conv_weight's dtype"):
+        cb.bwd_launches(*args, 16, 128, 128, True)
+    args = list(_meta_problem((64,), 3))
+    args[10] = args[10].to(torch.int64)
+    with pytest.raises(ValueError, match="cu_seqlens must be int32"):
+        cb.bwd_launches(*args, 16, 128, 128, True)
 
 
 @needs_cute
@@ -268,24 +278,32 @@ def _nan(*shape, dtype):
     return torch.full(shape, float("nan"), dtype=dtype, device="cuda")
 
 
-def run_bwd(grads, x, w, A, dt, cu, shape, repeat_qk, cfg=None):
+def run_bwd(grads, x, w, A, dt, cu, shape, repeat_qk, cfg=None, poison_part=True):
+    """Into NaN outputs. poison_part: through bwd_launches with NaN partial rows too (a partial column the
+    main launch leaves unwritten then fails, which a stale buffer would hide); else the destination-passing
+    entry (its own partial buffer; the only path for no tokens)."""
     dx, dw = _nan(*x.shape, dtype=x.dtype), _nan(*w.shape, dtype=w.dtype)
     dA, ddt = _nan(*A.shape, dtype=A.dtype), _nan(*dt.shape, dtype=dt.dtype)
     args = (*grads, x, w, A, dt, cu, dx, dw, dA, ddt, shape["Hk"], shape["dk"], shape["dv"], repeat_qk, 1e-6)
-    if cfg is None:
+    if x.numel() == 0 or not (poison_part or cfg is not None):
+        assert cfg is None
         cb.pre_gated_bwd_into(*args, False)
     else:
-        for ln in cb.bwd_launches(*args, cfg=cfg):
+        lns = cb.bwd_launches(*args, cfg=cfg)
+        part = lns[0].values[12]
+        part.fill_(float("nan"))
+        for ln in lns:
             ln.run()
     return dx, dw, dA, ddt
 
 
-def check_bwd(shape, layout, repeat_qk, dtype=BF, cfg=None):
+def check_bwd(shape, layout, repeat_qk, dtype=BF, cfg=None, wdtype=None):
     grads, x, w, A, dt, cu = _problem(shape, layout, dtype, repeat_qk, device="cuda")
+    w = w.to(wdtype or w.dtype)
     got = run_bwd(grads, x, w, A, dt, cu, shape, repeat_qk, cfg)
     for name, o, r in zip(GRADS, got, _ref(grads, x, w, A, dt, cu, shape, repeat_qk)):
         assert_close(o, r, kind=o.dtype, what=name)
-    again = run_bwd(grads, x, w, A, dt, cu, shape, repeat_qk, cfg)
+    again = run_bwd(grads, x, w, A, dt, cu, shape, repeat_qk, cfg, poison_part=False)
     for name, a, b in zip(GRADS, got, again):
         assert torch.equal(a, b), f"{name}: two runs differ (the reduction must be deterministic)"
 
@@ -316,6 +334,61 @@ def test_bwd_fp32_odd_and_wide(layout):
     for s in (dict(Hk=2, Hv=2, dk=5, dv=7, W=3), dict(Hk=2, Hv=2, dk=16, dv=24, W=1),
               dict(Hk=2, Hv=4, dk=16, dv=24, W=6)):
         check_bwd(s, layout, True)
+
+
+# paths the other GPU tests leave out (each also compiled on the CPU: test_other_paths_compile_for_sm90a)
+OTHER_PATHS = [("R8", dict(Hk=1, Hv=8, dk=32, dv=16, W=4), BF, None, {}),                  # ring of 9 slots a row
+               ("R16", dict(Hk=1, Hv=16, dk=32, dv=16, W=4), BF, None, {}),                 # U1 S2 ring
+               ("Hv6", dict(Hk=2, Hv=6, dk=16, dv=8, W=3), BF, None, {}),                   # Hv does not divide THREADS
+               ("Hv64-T32", dict(Hk=2, Hv=64, dk=16, dv=8, W=3), BF, None, dict(THREADS=32)),  # two head blocks
+               ("w-fp32", dict(Hk=2, Hv=4, dk=32, dv=16, W=4), BF, F32, {}),               # conv_weight fp32
+               ("NV2-fp32", dict(Hk=1, Hv=2, dk=256, dv=16, W=4), F32, None, {}),          # two vectors a lane
+               ("VEC2", dict(Hk=2, Hv=4, dk=6, dv=10, W=3), BF, None, {})]                  # 4-byte vectors
+
+
+def _other_cfg(s, dt, over, thd=True):
+    cfg = cb.BwdCfg.heuristic(s["Hk"], s["Hv"], s["dk"], s["dv"], s["W"], True, thd, 4 if dt == F32 else 2)
+    return dataclasses.replace(cfg, **over) if over else cfg
+
+
+@needs_cute
+@pytest.mark.parametrize("case", OTHER_PATHS, ids=[c[0] for c in OTHER_PATHS])
+def test_other_paths_compile_for_sm90a(case):
+    name, s, dt, wdt, over = case
+    cfg = _other_cfg(s, dt, over)
+    assert cfg.smem_bytes() <= cb.SMEM_MAX
+    main, red = cb.representative_launches(**s, dtype=dt, wdtype=wdt, thd=True, cfg=cfg)
+    assert _export(main)[1]["frame"] == 0 and _export(red)[1]["frame"] == 0
+    if name == "NV2-fp32":
+        assert (cfg.VEC, cfg.NV) == (4, 2)
+    if name == "VEC2":
+        assert cfg.VEC == 2
+
+
+@needs_cute
+def test_heuristic_fits_the_ring_in_shared_memory():
+    """The ring's slots grow with R (x and R grads a vector): the heuristic takes fewer stages, then single
+    rows, to stay within SMEM_BUDGET, the smallest ring where even that does not fit, and every config it
+    gives a CTA can hold; a config above SMEM_MAX is refused."""
+    for Hk, want in ((16, (2, 4)), (8, (2, 4)), (4, (2, 2)), (2, (1, 2)), (1, (1, 2))):
+        cfg = cb.BwdCfg.heuristic(Hk, 32, 128, 128, 4, True, True)
+        assert cfg.CA and (cfg.U, cfg.S) == want and cfg.smem_bytes() <= cb.SMEM_MAX, cfg
+        assert cfg.smem_bytes() <= cb.SMEM_BUDGET or (cfg.U, cfg.S) == (1, 2)
+    with pytest.raises(ValueError, match="shared memory"):
+        dataclasses.replace(cb.BwdCfg.heuristic(1, 32, 128, 128, 4, True, True), U=2, S=4)
+    # no vector width fits STATE_REGS (W 29): the least state (VEC 4, 2 and 1 tie at dk 128), then the widest
+    assert cb.BwdCfg.heuristic(16, 32, 128, 128, 29, True, False).VEC == 4
+
+
+@pytest.mark.gpu
+@needs_gpu
+@needs_cute
+@pytest.mark.parametrize("case", OTHER_PATHS, ids=[c[0] for c in OTHER_PATHS])
+def test_bwd_other_paths(case):
+    name, s, dt, wdt, over = case
+    for lay in ([0, 1, 3, 4, 7, 0, 130, 2, 5], (2, 33)):
+        check_bwd(s, lay, True, dtype=dt, cfg=_other_cfg(s, dt, over, isinstance(lay, list)) if over else None,
+                  wdtype=wdt)
 
 
 @pytest.mark.gpu

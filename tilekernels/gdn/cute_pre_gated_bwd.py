@@ -94,6 +94,8 @@ S_DEFAULT = 4    # CA: stages of U rows in the ring
 THREADS = 128    # threads a CTA
 STATE_REGS = 112  # the most fp32 registers a thread's taps, x window, dx sums and partial take ((4W-2) * VEC * NV)
 RED_GROUPS = 8   # red: row groups a CTA (32 columns each)
+SMEM_MAX = 232448     # bytes of shared memory a CTA may take on sm_90 (227 KB): configs above it are refused
+SMEM_BUDGET = 100 * 1024  # the heuristic's ring budget: at least two CTAs an SM (wide R takes fewer stages)
 BIG = 2 ** 31 - 1  # "no further start"
 
 
@@ -107,7 +109,7 @@ class BwdCfg(HeadGeometry):
     Hk, Hv, dk, dv, W: the static dims; REP: repeat_qk (the grads of q, k have Hv heads, R a key
     head); THD: cu_seqlens given; VEC: elements a vector; ELT: bytes an element of mixed; L: tokens a
     span; U: rows a load batch; THREADS: threads a CTA; CA: rows through a cp.async ring of S stages
-    (16-byte vectors only)."""
+    (8- or 16-byte vectors; the heuristic's with 16, in stages that fit SMEM_BUDGET)."""
 
     Hk: int
     Hv: int
@@ -128,10 +130,11 @@ class BwdCfg(HeadGeometry):
         if (self.Hv % self.Hk or self.W < 1 or self.L < 1 or self.U < 1 or self.VEC not in (1, 2, 4, 8)
                 or self.dk % self.VEC or self.dv % self.VEC or self.D % self.VEC
                 or self.THREADS % 32 or self.THREADS % self.LP or self.THREADS > 1024
-                or (self.CA and (self.S < 2 or self.VEC * self.ELT not in (8, 16) or self.S > self.NB))):
+                or (self.CA and (self.S < 2 or self.VEC * self.ELT not in (8, 16) or self.S > self.NB))
+                or self.smem_bytes() > SMEM_MAX):
             raise ValueError(f"gdn_pre_gated cute bwd: config {self}: needs Hv % Hk == 0, W >= 1, VEC in 1, 2, 4, 8 "
                              f"dividing dk, dv and D, whole warps, CA only with 8- or 16-byte vectors and "
-                             f"2 <= S <= cdiv(L + W - 1, U)")
+                             f"2 <= S <= cdiv(L + W - 1, U), shared memory {self.smem_bytes()} <= {SMEM_MAX} bytes")
 
     @property
     def NB(self) -> int:
@@ -175,10 +178,22 @@ class BwdCfg(HeadGeometry):
             raise ValueError(f"gdn_pre_gated cute bwd: conv width W={W} < 1")
         D = 2 * Hk * dk + 2 * Hv * dv + 2 * Hv
         vecs = [v for v in (8, 4, 2, 1) if v <= max(1, min(16, align) // elt) and not (dk % v or dv % v or D % v)]
-        fit = [v for v in vecs if (4 * W - 2) * v * cdiv(dk // v, min(32, _next_pow2(dk // v))) <= STATE_REGS]
-        vec = (fit or vecs)[0]  # heads of more than 32 vectors exceed the budget at every VEC: the widest
-        return cls(Hk=Hk, Hv=Hv, dk=dk, dv=dv, W=W, REP=bool(repeat_qk), THD=bool(thd), VEC=vec, ELT=elt,
-                   CA=vec * elt == 16 and S_DEFAULT <= cdiv(L_DEFAULT + W - 1, U_DEFAULT))
+        state = {v: (4 * W - 2) * v * cdiv(dk // v, min(32, _next_pow2(dk // v))) for v in vecs}
+        fit = [v for v in vecs if state[v] <= STATE_REGS]
+        # none fits (wide convs, heads of more than 32 vectors): the least state, then the widest
+        vec = fit[0] if fit else min(vecs, key=lambda v: (state[v], -v))
+        cfg = cls(Hk=Hk, Hv=Hv, dk=dk, dv=dv, W=W, REP=bool(repeat_qk), THD=bool(thd), VEC=vec, ELT=elt)
+        if vec * elt != 16:
+            return cfg  # the register path (the 8-byte cp.async.ca ring is a probe variant, not a default)
+        # the ring: (U, S) from the default down, the first within SMEM_BUDGET (its slots grow with R:
+        # x and R grads a vector); else the smallest ring if a CTA can hold it; else the register path
+        rings = [(u, st) for u in (U_DEFAULT, 1) for st in range(S_DEFAULT, 1, -1)
+                 if st <= cdiv(cfg.L + W - 1, u)]
+        size = [(u, st, 4 * cfg.SW * cfg.THREADS * cfg.NSLOT * u * st + 8 * cfg.THREADS) for u, st in rings]
+        pick = next(((u, st) for u, st, b in size if b <= SMEM_BUDGET), None)
+        if pick is None and size and size[-1][2] <= SMEM_MAX:
+            pick = size[-1][:2]
+        return dataclasses.replace(cfg, CA=True, U=pick[0], S=pick[1]) if pick else cfg
 
 
 # ------------------------------------------------------------------ device helpers
@@ -357,7 +372,7 @@ def _conv_unit(cfg: cutlass.Constexpr, QK: cutlass.Constexpr, mixed: cute.Pointe
     base = t0 - (W - 1)
     nxt, jn = _first_start(cfg, cu, base + 1, T, S)
     d = Int32(0)
-    hit = t0 < 0  # (a Boolean: False)
+    hit = t0 < 0  # False, as a dynamic Boolean (the loops below reassign it)
     # ---- the halo before the span: rows base .. t0-1 into the x window
     if cutlass.const_expr(W > 1):
         hb = cute.make_rmem_tensor((NV, W - 1, NW), WD)
@@ -636,6 +651,15 @@ def bwd_launches(gq, gk, gv, gz, gg, gbeta, mixed, conv_weight, A_log, dt_bias, 
     if len({t.dtype for t in (mixed, gq, gk, gv, gz, gbeta, dmixed)}) != 1 or gg.dtype != torch.float32:
         raise ValueError("gdn_pre_gated cute bwd: mixed, the grads of q, k, v, z, beta and dmixed need one dtype, "
                          "gg fp32")
+    if NT == 0:
+        raise ValueError("gdn_pre_gated cute bwd: no tokens (a grid of 0 CTAs); pre_gated_bwd_into writes the zero "
+                         "weight grads itself")
+    if dconv_weight.dtype != conv_weight.dtype or any(t.dtype != torch.float32 for t in (A_log, dt_bias, dA_log,
+                                                                                          ddt_bias)):
+        raise ValueError("gdn_pre_gated cute bwd: dconv_weight needs conv_weight's dtype; A_log, dt_bias and their "
+                         "grads fp32")
+    if thd and cu_seqlens.dtype != torch.int32:
+        raise ValueError(f"gdn_pre_gated cute bwd: cu_seqlens must be int32, got {cu_seqlens.dtype}")
     if cfg is None:
         cfg = BwdCfg.heuristic(Hk, Hv, dk, dv, W, repeat_qk, thd, mixed.element_size(),
                                _align(mixed, gq, gk, gv, gz, dmixed))
