@@ -46,7 +46,8 @@ TEST = "tests/gdn/test_gdn_cute_pre_gated_bwd.py"
 MEMCHECK_K = "test_bwd_matches_float64_reference and Hk2-Hv4-dk64-dv32-W3 and not norep and (thd0 or bshd3x5)"
 VARIANTS = {"REG": dict(CA=False), "U4-S3": dict(U=4, S=3), "S6": dict(S=6), "U1-S8": dict(U=1, S=8),
             "L64": dict(L=64), "L256": dict(L=256), "T64": dict(THREADS=64), "T256": dict(THREADS=256),
-            "VEC4": dict(VEC=4), "VEC4-U4": dict(VEC=4, U=4), "VEC4-REG": dict(VEC=4, CA=False)}
+            "VEC4": dict(VEC=4), "VEC4-U4": dict(VEC=4, U=4), "VEC4-REG": dict(VEC=4, CA=False),
+            "MINB3": dict(MINB=3), "MINB4": dict(MINB=4)}  # MINB: a register cap for 3 / 4 CTAs an SM
 CASES = [(False, True), (False, False), (True, True), (True, False)]  # (thd, repeat_qk)
 OUT: dict = {"records": [], "errors": [], "tests": {}}
 

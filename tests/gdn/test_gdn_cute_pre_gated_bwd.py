@@ -151,7 +151,8 @@ COMPILE_VARIANTS = [
 ]
 # launch-config variants the timing probe sweeps (benchmarks/probes/gdn_cute_pre_bwd.py)
 CFG_VARIANTS = [dict(CA=False), dict(U=4, S=3), dict(S=6), dict(U=1, S=8), dict(L=64), dict(L=256),
-                dict(THREADS=64), dict(THREADS=256), dict(VEC=4), dict(VEC=4, U=4), dict(VEC=4, CA=False)]
+                dict(THREADS=64), dict(THREADS=256), dict(VEC=4), dict(VEC=4, U=4), dict(VEC=4, CA=False),
+                dict(MINB=3)]
 
 
 def _vid(v):

@@ -108,7 +108,8 @@ class BwdCfg(HeadGeometry):
 
     Hk, Hv, dk, dv, W: the static dims; REP: repeat_qk (the grads of q, k have Hv heads, R a key
     head); THD: cu_seqlens given; VEC: elements a vector; ELT: bytes an element of mixed; L: tokens a
-    span; U: rows a load batch; THREADS: threads a CTA; CA: rows through a cp.async ring of S stages
+    span; U: rows a load batch; THREADS: threads a CTA; MINB: CTAs an SM the launch asks for (0: none);
+    CA: rows through a cp.async ring of S stages
     (8- or 16-byte vectors; the heuristic's with 16, in stages that fit SMEM_BUDGET)."""
 
     Hk: int
@@ -125,11 +126,12 @@ class BwdCfg(HeadGeometry):
     THREADS: int = THREADS
     CA: bool = False
     S: int = S_DEFAULT
+    MINB: int = 0  # > 0: the main launch asks for MINB CTAs an SM (ptxas then caps the registers); 0: no bound
 
     def __post_init__(self):
         if (self.Hv % self.Hk or self.W < 1 or self.L < 1 or self.U < 1 or self.VEC not in (1, 2, 4, 8)
                 or self.dk % self.VEC or self.dv % self.VEC or self.D % self.VEC
-                or self.THREADS % 32 or self.THREADS % self.LP or self.THREADS > 1024
+                or self.THREADS % 32 or self.THREADS % self.LP or self.THREADS > 1024 or self.MINB < 0
                 or (self.CA and (self.S < 2 or self.VEC * self.ELT not in (8, 16) or self.S > self.NB))
                 or self.smem_bytes() > SMEM_MAX):
             raise ValueError(f"gdn_pre_gated cute bwd: config {self}: needs Hv % Hk == 0, W >= 1, VEC in 1, 2, 4, 8 "
@@ -579,8 +581,13 @@ def _bwd_host(cfg: cutlass.Constexpr, mixed: cute.Pointer, cw: cute.Pointer, A_l
               gz: cute.Pointer, gg: cute.Pointer, gbeta: cute.Pointer, dmixed: cute.Pointer, part: cute.Pointer,
               NT: Int32, T: Int32, S: Int32, eps: Float32, stream: cuda.CUstream):
     spans = (NT + cfg.L - 1) // cfg.L
-    _bwd_kernel(cfg, mixed, cw, A_log, dt_bias, cu, gq, gk, gv, gz, gg, gbeta, dmixed, part, NT, T, S, eps).launch(
-        grid=[spans * cfg.UNITS, 1, 1], block=[cfg.THREADS, 1, 1], stream=stream)
+    k = _bwd_kernel(cfg, mixed, cw, A_log, dt_bias, cu, gq, gk, gv, gz, gg, gbeta, dmixed, part, NT, T, S, eps)
+    if cutlass.const_expr(cfg.MINB > 0):  # a register bound for MINB CTAs an SM (a probe variant)
+        # with an explicit carveout, as cute_post_bda's: else the DSL asks the driver at compile time
+        k.launch(grid=[spans * cfg.UNITS, 1, 1], block=[cfg.THREADS, 1, 1], stream=stream,
+                 min_blocks_per_mp=cfg.MINB, preferred_smem_carveout=-1)
+    else:
+        k.launch(grid=[spans * cfg.UNITS, 1, 1], block=[cfg.THREADS, 1, 1], stream=stream)
 
 
 @cute.kernel
