@@ -242,17 +242,23 @@ class Artifacts:
     cubin: bytes
 
 
+def launch_bounded(kernel, min_blocks: int, **launch) -> None:
+    """``kernel.launch(**launch)`` (called from a ``@cute.jit`` host function); ``min_blocks`` > 0
+    becomes the kernel's .minnctapersm (ptxas caps the registers for that many CTAs an SM). The
+    carveout (-1: the driver's default) is given with it because the DSL otherwise asks the driver
+    for the SM's shared memory at compile time (no CPU compile)."""
+    if cutlass.const_expr(min_blocks > 0):
+        kernel.launch(**launch, min_blocks_per_mp=min_blocks, preferred_smem_carveout=-1)
+    else:
+        kernel.launch(**launch)
+
+
 def launch_strips(cfg, kernel, rows, stream) -> None:
     """Launch a kernel over 32-row strips (called from a ``@cute.jit`` host function): grid
-    (cdiv(rows, 32), cfg.grid_x), 32 * cfg.warps threads. A ``cfg.min_blocks`` bound becomes the
-    kernel's .minnctapersm; the carveout (-1: the driver's default) is given with it because the
-    DSL otherwise asks the driver for the SM's shared memory at compile time (no CPU compile)."""
-    grid = [cute.ceil_div(rows, 32), cfg.grid_x, 1]
-    if cutlass.const_expr(cfg.min_blocks > 0):
-        kernel.launch(grid=grid, block=[32 * cfg.warps, 1, 1], stream=stream, min_blocks_per_mp=cfg.min_blocks,
-                      preferred_smem_carveout=-1)
-    else:
-        kernel.launch(grid=grid, block=[32 * cfg.warps, 1, 1], stream=stream)
+    (cdiv(rows, 32), cfg.grid_x), 32 * cfg.warps threads, ``cfg.min_blocks`` CTAs an SM
+    (:func:`launch_bounded`)."""
+    launch_bounded(kernel, cfg.min_blocks, grid=[cute.ceil_div(rows, 32), cfg.grid_x, 1],
+                   block=[32 * cfg.warps, 1, 1], stream=stream)
 
 
 @dataclasses.dataclass(frozen=True)

@@ -105,7 +105,7 @@ from cutlass._mlir import ir
 from cutlass._mlir.dialects import llvm, nvvm, vector
 from cutlass.memory.smem import SmemAllocator
 
-from tilekernels._cute import BoundLaunch, Launch, Ptr, Scalar, cdiv, cuda
+from tilekernels._cute import BoundLaunch, Launch, Ptr, Scalar, cdiv, cuda, launch_bounded
 from tilekernels._glue import kernel, launch_into
 
 MAX_CLUSTER = 8  # portable thread-block cluster size
@@ -549,14 +549,10 @@ def _decode_host(cfg: cutlass.Constexpr, mixed: cute.Pointer, conv: cute.Pointer
                  o: cute.Pointer, B: Int32, eps: Float32, scale: Float32, stream: cuda.CUstream):
     grid = [cfg.R * cfg.Hk * cfg.NCB, B, 1]
     k = _decode_kernel(cfg, mixed, conv, cw, A_log, dt_bias, ssm, idx, o, eps, scale)
-    kw = {}
-    if cutlass.const_expr(cfg.MINB > 0):
-        # the carveout given with it: otherwise the DSL asks the driver at compile time (no CPU compile)
-        kw = dict(min_blocks_per_mp=cfg.MINB, preferred_smem_carveout=-1)
     if cutlass.const_expr(cfg.cluster > 1):
-        k.launch(grid=grid, block=[cfg.threads, 1, 1], cluster=[cfg.cluster, 1, 1], stream=stream, **kw)
+        launch_bounded(k, cfg.MINB, grid=grid, block=[cfg.threads, 1, 1], cluster=[cfg.cluster, 1, 1], stream=stream)
     else:
-        k.launch(grid=grid, block=[cfg.threads, 1, 1], stream=stream, **kw)
+        launch_bounded(k, cfg.MINB, grid=grid, block=[cfg.threads, 1, 1], stream=stream)
 
 
 # ------------------------------------------------------------------ host side

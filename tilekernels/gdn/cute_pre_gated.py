@@ -94,10 +94,20 @@ def _next_pow2(n: int) -> int:
 # ------------------------------------------------------------------ launch config
 
 
+@dataclasses.dataclass(frozen=True)
 class HeadGeometry:
-    """The static sizes the forward's and the backward's (cute_pre_gated_bwd.BwdCfg) configs derive
-    from their fields Hk, Hv, dk, dv, REP, VEC and THREADS: the q|k|v|z|b|a row and the unit split
-    (QK heads of LP lanes, v and z vectors, the gates)."""
+    """The fields the forward's and the backward's (cute_pre_gated_bwd.BwdCfg) configs share, the
+    problem's static dims (Hk, Hv, dk, dv, W; REP: repeat_qk; THD: cu_seqlens given), and the sizes
+    both derive from them and their own VEC and THREADS: the q|k|v|z|b|a row and the unit split (QK
+    heads of LP lanes, v and z vectors, the gates)."""
+
+    Hk: int
+    Hv: int
+    dk: int
+    dv: int
+    W: int
+    REP: bool
+    THD: bool
 
     @property
     def R(self) -> int:
@@ -154,13 +164,6 @@ class PreCfg(HeadGeometry):
     masks from the first launch); STATE: write the final conv state; VEC: elements a vector (one
     load / store); L: tokens a run; U: rows a load batch; THREADS: threads a CTA."""
 
-    Hk: int
-    Hv: int
-    dk: int
-    dv: int
-    W: int
-    REP: bool
-    THD: bool
     STATE: bool
     VEC: int
     ELT: int = 2  # bytes an element of mixed (2: bf16, 4: fp32)
@@ -553,6 +556,15 @@ def _state_unit(cfg: cutlass.Constexpr, mixed: cute.Pointer, cu: cute.Pointer, c
                 dst[e * (W - 1) + j] = cs.dtype(_elem(mixed.dtype, buf[j, e // EPW], e % EPW))
 
 
+def ring_buffer(smem: SmemAllocator, cfg, SW: int, NS: int) -> cute.Tensor:
+    """The cp.async ring in shared memory, [SW words, THREADS, NS slots, U rows, S stages] Int32, words
+    fastest (one vector a slot), then threads; CA off: a 16-byte placeholder. The forward's slots are its
+    NV vectors, the backward's (cute_pre_gated_bwd) x and the grads of each."""
+    shape = (SW, cfg.THREADS, NS, cfg.U, cfg.S) if cfg.CA else (SW, 1, 1, 1, 1)
+    return smem.allocate_tensor(Int32, cute.make_layout(shape, stride=(
+        1, SW, SW * shape[1], SW * shape[1] * shape[2], SW * shape[1] * shape[2] * shape[3])), 16)
+
+
 @cute.kernel
 def _fwd_kernel(cfg: cutlass.Constexpr, mixed: cute.Pointer, cw: cute.Pointer, A_log: cute.Pointer,
                 dt_bias: cute.Pointer, cu: cute.Pointer, masks: cute.Pointer, q: cute.Pointer, k: cute.Pointer,
@@ -563,10 +575,7 @@ def _fwd_kernel(cfg: cutlass.Constexpr, mixed: cute.Pointer, cw: cute.Pointer, A
     # CA: [word, thread, vector, row, stage]: thread-private 16-byte slots, consecutive threads on
     # consecutive slots (a warp's ld.shared.v4 is conflict-free); each thread reads back only what it
     # copied, so cp.async.wait_group orders it (no barrier)
-    NVS = cfg.NV if cfg.CA else 1
-    sshape = (4, cfg.THREADS, NVS, cfg.U, cfg.S) if cfg.CA else (4, 1, 1, 1, 1)
-    sbuf = smem.allocate_tensor(Int32, cute.make_layout(sshape, stride=(
-        1, 4, 4 * sshape[1], 4 * sshape[1] * NVS, 4 * sshape[1] * NVS * sshape[3])), 16)
+    sbuf = ring_buffer(smem, cfg, 4, cfg.NV)
     # made here, once: an atom made in both conv units' branches is one IR value (the DSL caches it)
     atom = cute.make_copy_atom(cpasync.CopyG2SOp(cute.nvgpu.LoadCacheMode.GLOBAL), Int32, num_bits_per_copy=128)
     nqk, nv, nz, _ = cfg.units

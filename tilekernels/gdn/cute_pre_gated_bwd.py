@@ -84,9 +84,10 @@ from cutlass._mlir.dialects import vector
 from cutlass.cute.nvgpu import cpasync
 from cutlass.memory.smem import SmemAllocator
 
-from tilekernels._cute import BoundLaunch, Launch, Ptr, Scalar, cdiv, cuda
+from tilekernels._cute import BoundLaunch, Launch, Ptr, Scalar, cdiv, cuda, launch_bounded
 from tilekernels.gdn.cute_pre_gated import (LOG2E, HeadGeometry, _align, _elem, _elt, _ldw, _load_rows, _lower_bound,
-                                            _next_pow2, _stv, _wdt, _words, _zero_window, copy_z_rows)
+                                            _next_pow2, _stv, _wdt, _words, _zero_window, copy_z_rows,
+                                            ring_buffer)
 
 L_DEFAULT = 128  # tokens a span (a CTA's walk)
 U_DEFAULT = 2    # rows a load batch
@@ -112,13 +113,6 @@ class BwdCfg(HeadGeometry):
     CA: rows through a cp.async ring of S stages
     (8- or 16-byte vectors; the heuristic's with 16, in stages that fit SMEM_BUDGET)."""
 
-    Hk: int
-    Hv: int
-    dk: int
-    dv: int
-    W: int
-    REP: bool
-    THD: bool
     VEC: int
     ELT: int = 2
     L: int = L_DEFAULT
@@ -548,11 +542,8 @@ def _bwd_kernel(cfg: cutlass.Constexpr, mixed: cute.Pointer, cw: cute.Pointer, A
                 NT: Int32, T: Int32, S: Int32, eps: Float32):
     bid, _, _ = cute.arch.block_idx()
     smem = SmemAllocator()
-    NS = cfg.NSLOT if cfg.CA else 1
     SW = cfg.SW
-    sshape = (SW, cfg.THREADS, NS, cfg.U, cfg.S) if cfg.CA else (SW, 1, 1, 1, 1)
-    sbuf = smem.allocate_tensor(Int32, cute.make_layout(sshape, stride=(
-        1, SW, SW * sshape[1], SW * sshape[1] * NS, SW * sshape[1] * NS * sshape[3])), 16)
+    sbuf = ring_buffer(smem, cfg, SW, cfg.NSLOT)
     red = smem.allocate_tensor(Float32, cute.make_layout((2, cfg.THREADS), stride=(cfg.THREADS, 1)), 16)
     mode = cute.nvgpu.LoadCacheMode.GLOBAL if SW == 4 else cute.nvgpu.LoadCacheMode.ALWAYS  # .cg is 16-byte only
     atom = cute.make_copy_atom(cpasync.CopyG2SOp(mode), Int32, num_bits_per_copy=32 * SW)
@@ -582,12 +573,7 @@ def _bwd_host(cfg: cutlass.Constexpr, mixed: cute.Pointer, cw: cute.Pointer, A_l
               NT: Int32, T: Int32, S: Int32, eps: Float32, stream: cuda.CUstream):
     spans = (NT + cfg.L - 1) // cfg.L
     k = _bwd_kernel(cfg, mixed, cw, A_log, dt_bias, cu, gq, gk, gv, gz, gg, gbeta, dmixed, part, NT, T, S, eps)
-    if cutlass.const_expr(cfg.MINB > 0):  # a register bound for MINB CTAs an SM (a probe variant)
-        # with an explicit carveout, as cute_post_bda's: else the DSL asks the driver at compile time
-        k.launch(grid=[spans * cfg.UNITS, 1, 1], block=[cfg.THREADS, 1, 1], stream=stream,
-                 min_blocks_per_mp=cfg.MINB, preferred_smem_carveout=-1)
-    else:
-        k.launch(grid=[spans * cfg.UNITS, 1, 1], block=[cfg.THREADS, 1, 1], stream=stream)
+    launch_bounded(k, cfg.MINB, grid=[spans * cfg.UNITS, 1, 1], block=[cfg.THREADS, 1, 1], stream=stream)
 
 
 @cute.kernel

@@ -405,11 +405,7 @@ def _fwd_host(cfg: cutlass.Constexpr, hr: cute.Pointer, res: cute.Pointer, hp: c
     mB = cute.make_tensor(b, cute.make_layout((1, C), stride=(C, 1)))
     grid = (G * cfg.FCHG, 1, 1) if cutlass.const_expr(cfg.FCM) else (G, cfg.FCHG, 1)
     k = _fwd_kernel(cfg, hr, cute.make_tensor(res, big), hp, mX, mB, cute.make_tensor(out, big), T)
-    if cutlass.const_expr(cfg.FMINB > 0):
-        k.launch(grid=grid, block=(cfg.NT * cfg.FTOK, 1, 1), stream=stream, min_blocks_per_mp=cfg.FMINB,
-                 preferred_smem_carveout=-1)
-    else:
-        k.launch(grid=grid, block=(cfg.NT * cfg.FTOK, 1, 1), stream=stream)
+    CU.launch_bounded(k, cfg.FMINB, grid=grid, block=(cfg.NT * cfg.FTOK, 1, 1), stream=stream)
 
 
 # ------------------------------------------------------------------ backward
@@ -530,12 +526,7 @@ def _bwd_host(cfg: cutlass.Constexpr, dout: cute.Pointer, hr: cute.Pointer, res:
     mPB = cute.make_tensor(pb, cute.make_layout((G, C), stride=(C, 1)))
     k = _bwd_kernel(cfg, cute.make_tensor(dout, big), hr, cute.make_tensor(res, big), hp, cute.make_tensor(x, tc),
                     mB, cute.make_tensor(dres, big), cute.make_tensor(dx, tc), dhr, dhp, mPB, T)
-    if cutlass.const_expr(cfg.MINB > 0):
-        # the carveout given with it: otherwise the DSL asks the driver at compile time (no CPU compile)
-        k.launch(grid=(G, 1, 1), block=(cfg.NTB, 1, 1), stream=stream, min_blocks_per_mp=cfg.MINB,
-                 preferred_smem_carveout=-1)
-    else:
-        k.launch(grid=(G, 1, 1), block=(cfg.NTB, 1, 1), stream=stream)
+    CU.launch_bounded(k, cfg.MINB, grid=(G, 1, 1), block=(cfg.NTB, 1, 1), stream=stream)
 
 
 # ------------------------------------------------------------------ dbias: sum of the [G, C] partials
