@@ -653,13 +653,13 @@ def bwd_launches(gq, gk, gv, gz, gg, gbeta, mixed, conv_weight, A_log, dt_bias, 
                          "grads fp32")
     if thd and cu_seqlens.dtype != torch.int32:
         raise ValueError(f"gdn_pre_gated cute bwd: cu_seqlens must be int32, got {cu_seqlens.dtype}")
+    align = _align(mixed, gq, gk, gv, gz, dmixed)
     if cfg is None:
-        cfg = BwdCfg.heuristic(Hk, Hv, dk, dv, W, repeat_qk, thd, mixed.element_size(),
-                               _align(mixed, gq, gk, gv, gz, dmixed))
+        cfg = BwdCfg.heuristic(Hk, Hv, dk, dv, W, repeat_qk, thd, mixed.element_size(), align)
     if (cfg.Hk, cfg.Hv, cfg.dk, cfg.dv, cfg.W, cfg.REP, cfg.THD) != (Hk, Hv, dk, dv, W, bool(repeat_qk), thd):
         raise ValueError(f"gdn_pre_gated cute bwd: config {cfg} does not fit Hk={Hk}, Hv={Hv}, dk={dk}, dv={dv}, "
                          f"W={W}, repeat_qk={repeat_qk}, THD={thd}")
-    if _align(mixed, gq, gk, gv, gz, dmixed) < cfg.VEC * mixed.element_size():
+    if align < cfg.VEC * mixed.element_size():
         raise ValueError(f"gdn_pre_gated cute bwd: config {cfg} needs mixed, the grads and dmixed at addresses "
                          f"that are multiples of {cfg.VEC * mixed.element_size()} bytes")
     if thd and cu_seqlens.device != mixed.device:
