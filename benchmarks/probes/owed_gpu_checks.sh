@@ -4,7 +4,8 @@
 #   cute:   source .gpu-cute/env.sh && bash benchmarks/probes/owed_gpu_checks.sh cute     (carry .gpu-cute)
 #   cutile: source .gpu-cutile/env.sh && bash benchmarks/probes/owed_gpu_checks.sh cutile (carry .gpu-cutile)
 # cute: the GPU files of the code moved without a GPU run (the gdn cute forward after the HeadGeometry /
-#   copy_z_rows move, 8449107; the cute decode after BoundLaunch moved to _cute.py), initcheck of the cute
+#   copy_z_rows / ring_buffer moves, 8449107 and c6e6f84; the cute decode after BoundLaunch moved to _cute.py;
+#   cute decode and h_post_bda after _cute.launch_bounded, c6e6f84: byte-identical PTX), initcheck of the cute
 #   h_post_bda at its forward default (FSPLIT = KF, FCM). The never-run CuTe DSL gdn backward has its own
 #   probe (benchmarks/probes/gdn_cute_pre_bwd.py), a call of its own.
 # cutile: tests/gdn/test_gdn_cutile_pre_gated.py after its host-side moves, and memcheck / initcheck /
@@ -27,8 +28,8 @@ step() {  # step NAME SECONDS CMD...: run under a timeout, keep the tail of its 
 SAN="compute-sanitizer --report-api-errors no --print-limit 50"
 case "$MODE" in
   cute)
-    step gdn_cute_fwd_decode 240 python3 -m pytest -q -p no:cacheprovider -m gpu -n 4 \
-      tests/gdn/test_gdn_cute_pre_gated.py tests/gdn/test_gdn_cute_decode.py
+    step cute_gpu_files 300 python3 -m pytest -q -p no:cacheprovider -m gpu -n 4 \
+      tests/gdn/test_gdn_cute_pre_gated.py tests/gdn/test_gdn_cute_decode.py tests/mhc/test_mhc_cute_post_bda.py
     step post_bda_initcheck 200 $SAN --tool initcheck python3 -m pytest -q -p no:cacheprovider -m gpu \
       tests/mhc/test_mhc_cute_post_bda.py -k "test_against_float64 or test_bwd_grids"
     ;;
