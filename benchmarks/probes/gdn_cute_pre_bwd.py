@@ -3,7 +3,7 @@
 GPU, never run before this probe): its GPU tests, then its timing beside the cuTile backward where cuTile is
 installed too. From the repository root, with the CuTe DSL bundle sourced (``source .gpu-cute/env.sh``):
 
-    python3 benchmarks/probes/gdn_cute_pre_bwd.py --out "$OUT" [--tests 180] [--memcheck] [--variants all]
+    python3 benchmarks/probes/gdn_cute_pre_bwd.py --out "$OUT" [--tests 180 [--jobs 6]] [--memcheck] [--variants all]
 
 Order (a kernel that never ran may hang or fault, and a fault stops the CUDA context):
   1. --tests S: ``pytest tests/gdn/test_gdn_cute_pre_gated_bwd.py -m gpu`` in a child process under
@@ -163,11 +163,12 @@ def grads_for_shape(x, h, repeat_qk):
             for j, s in enumerate(shapes)]
 
 
-def run_tests(out, tests_s, memcheck):
+def run_tests(out, tests_s, memcheck, jobs):
     ps = []
+    par = ["-n", str(jobs)] if jobs > 1 else []
     log = open(os.path.join(out, "tests.log"), "w")
     ps.append(("tests", subprocess.Popen(["timeout", str(tests_s), sys.executable, "-m", "pytest", "-q", "-p",
-                                          "no:cacheprovider", TEST, "-m", "gpu"], stdout=log,
+                                          "no:cacheprovider", TEST, "-m", "gpu", *par], stdout=log,
                                          stderr=subprocess.STDOUT, cwd=ROOT)))
     if memcheck:
         mlog = open(os.path.join(out, "memcheck.log"), "w")
@@ -194,6 +195,7 @@ def main():
     ap.add_argument("--out", default=os.environ.get("OUT", "."))
     ap.add_argument("--tests", type=int, default=0, help="run the GPU tests first, under this many seconds")
     ap.add_argument("--memcheck", action="store_true")
+    ap.add_argument("--jobs", type=int, default=1, help="pytest-xdist workers for --tests (1: no -n)")
     ap.add_argument("--variants", default="", help="comma-separated names of VARIANTS, or 'all'")
     ap.add_argument("--cases", default="all", help="comma-separated of bshd-rep,bshd-norep,thd-rep,thd-norep")
     ap.add_argument("--force", action="store_true", help="time even if the smoke call did not return")
@@ -206,7 +208,7 @@ def main():
     LIMIT_S = a.limit_s
     os.makedirs(a.out, exist_ok=True)
     if a.tests:
-        run_tests(a.out, a.tests, a.memcheck)
+        run_tests(a.out, a.tests, a.memcheck, a.jobs)
     sm = subprocess.run(["timeout", "90", sys.executable, os.path.abspath(__file__), "--smoke"], cwd=ROOT,
                         capture_output=True, text=True)
     print(f"smoke: rc={sm.returncode}", (sm.stdout + sm.stderr)[-1500:], flush=True)
