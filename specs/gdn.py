@@ -127,7 +127,7 @@ PRE_GATED = OpSpec(
     reference="tilekernels.gdn.reference:pre_gated",
     entry="tilekernels.gdn.ops:pre_gated",
     backends=[Backend(
-        name="cute", module="tilekernels.gdn.cute_pre_gated", sm=(90, 90), toolchain=["cute"], passes=["fwd"],
+        name="cute", module="tilekernels.gdn.cute_pre_gated", sm=(90, 90), toolchain=["cute"], passes=["fwd", "bwd"],
         constraints=[
             Constraint(expr="W <= 33", message="a run's sequence starts are a 64-bit mask of its 32 + W - 1 rows"),
             Constraint(expr="B * T < 2**31", when="not present(cu_seqlens)",

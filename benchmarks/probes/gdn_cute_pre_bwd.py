@@ -43,11 +43,14 @@ from tilekernels.testing import rel_err  # noqa: E402
 
 T0 = time.time()
 TEST = "tests/gdn/test_gdn_cute_pre_gated_bwd.py"
-MEMCHECK_K = "test_bwd_matches_float64_reference and Hk2-Hv4-dk64-dv32-W3 and not norep and (thd0 or bshd3x5)"
+MEMCHECK_K = ("(test_bwd_matches_float64_reference and Hk2-Hv4-dk64-dv32-W3 and not norep and (thd0 or bshd3x5)) or "
+              "(test_bwd_bshd_start_variants and bshd3x301) or test_bwd_many_sequences or test_registry_autograd")
 VARIANTS = {"REG": dict(CA=False), "U4-S3": dict(U=4, S=3), "S6": dict(S=6), "U1-S8": dict(U=1, S=8),
             "L64": dict(L=64), "L256": dict(L=256), "T64": dict(THREADS=64), "T256": dict(THREADS=256),
             "VEC4": dict(VEC=4), "VEC4-U4": dict(VEC=4, U=4), "VEC4-REG": dict(VEC=4, CA=False),
-            "MINB3": dict(MINB=3), "MINB4": dict(MINB=4)}  # MINB: a register cap for 3 / 4 CTAs an SM
+            "MINB3": dict(MINB=3), "MINB4": dict(MINB=4),  # MINB: a register cap for 3 / 4 CTAs an SM
+            "NOBLOOP": dict(BLOOP=False), "NOBLOOP-MINB3": dict(BLOOP=False, MINB=3),  # BSHD's counter form
+            "S6-T64": dict(S=6, THREADS=64), "L64-S6": dict(L=64, S=6), "VEC4-S6": dict(VEC=4, S=6)}
 CASES = [(False, True), (False, False), (True, True), (True, False)]  # (thd, repeat_qk)
 OUT: dict = {"records": [], "errors": [], "tests": {}}
 
@@ -119,6 +122,7 @@ def time_case(thd, repeat_qk, variants):
                 record(case, "  cute [1] reduction", gc.bench(lns[1].run), nb)
                 call = lambda: cb.pre_gated_bwd_into(*grads, x, w, A, dt, cu, *outs, *p)  # noqa: E731
                 record(case, "cute (host path)", gc.bench(call), nb)
+                time_registry(case, x, w, A, dt, cu, repeat_qk)
         except Exception:
             OUT["errors"].append(f"{case} {tag}: {traceback.format_exc(limit=6)}")
             print("ERROR", OUT["errors"][-1], flush=True)
@@ -134,6 +138,26 @@ def time_case(thd, repeat_qk, variants):
             record(case, "cutile default", gc.bench(call), nb, None, "errs " + " ".join(f"{e:.1e}" for e in errs))
         except Exception:
             OUT["errors"].append(f"{case} cutile: {traceback.format_exc(limit=6)}")
+
+
+def time_registry(case, x, w, A, dt, cu, repeat_qk):
+    """registry.get("gdn_pre_gated") with backend "cute": the forward alone, and fwd + autograd bwd (each step
+    sets the leaves' grads to None and backpropagates the same pre-made grad outputs)."""
+    import registry
+
+    op = registry.get("gdn_pre_gated")
+    S = gc.SHAPE
+    p = dict(Hk=S["Hk"], dk=S["dk"], dv=S["dv"], repeat_qk=repeat_qk)
+    leaves = [t.clone().requires_grad_() for t in (x, w, A, dt)]
+    gouts = [torch.randn(o.shape, device=x.device).to(o.dtype) for o in op(x, w, A, dt, cu_seqlens=cu, **p)]
+
+    def step():
+        for t in leaves:
+            t.grad = None
+        torch.autograd.backward(op(*leaves, cu_seqlens=cu, backend="cute", **p), gouts)
+    nf = gc.fwd_bytes(repeat_qk)
+    record(case, "registry fwd (cute)", gc.bench(lambda: op(x, w, A, dt, cu_seqlens=cu, backend="cute", **p)), nf)
+    record(case, "registry fwd+bwd (cute)", gc.bench(step), nf + gc.bwd_bytes(repeat_qk))
 
 
 def smoke() -> None:
@@ -173,6 +197,7 @@ def run_tests(out, tests_s, memcheck, jobs):
     if memcheck:
         mlog = open(os.path.join(out, "memcheck.log"), "w")
         ps.append(("memcheck", subprocess.Popen(["timeout", str(tests_s), "compute-sanitizer", "--tool", "memcheck",
+                                                 "--report-api-errors", "no",
                                                  sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", TEST,
                                                  "-m", "gpu", "-k", MEMCHECK_K], stdout=mlog,
                                                 stderr=subprocess.STDOUT, cwd=ROOT)))

@@ -4,7 +4,7 @@ CPU (CI): every config the heuristic returns for the test shapes (BSHD / THD, re
 conv state on / off, bf16 / fp32, 16-byte vectors and the narrower ones of odd dims or unaligned
 addresses, W 1 .. 33, more than a warp of vectors a head) compiles for sm_90a from fake arguments
 (``Launch.export``) without register spills; the config is the compile key (NT, T, N are runtime
-scalars); the spec declares the backend forward-only ahead of cutile.
+scalars); the spec declares the backend (fwd + bwd) ahead of cutile.
 
 GPU (marked ``gpu``, skipped without CUDA): against ``reference.pre_gated`` in float64 on upcasts
 of the same inputs, outputs NaN-poisoned first, fresh random inputs each run. Tolerances
@@ -151,22 +151,22 @@ def test_refuses_what_it_cannot_run():
     assert not ok and "W <= 33" in why
 
 
-def test_spec_declares_a_forward_only_backend_ahead_of_cutile():
-    """cute is the first backend with passes ["fwd"]: a call that needs a gradient does not take it
-    (registry.core.backend_status: "no bwd kernel"), so training keeps cutile's fwd + bwd."""
+def test_spec_declares_the_backend_ahead_of_cutile():
+    """cute comes first with both passes (its bwd: cute_pre_gated_bwd.py, registered by importing this
+    module), so a call that needs a gradient takes it too."""
+    from registry.kernels import has_kernel
     from specs.gdn import PRE_GATED
 
     names = [b.name for b in PRE_GATED.backends]
     assert names[:2] == ["cute", "cutile"]
     b = PRE_GATED.backend("cute")
-    assert b.module == cp.__name__ and b.passes == ["fwd"] and b.toolchain == ["cute"]
+    assert b.module == cp.__name__ and b.passes == ["fwd", "bwd"] and b.toolchain == ["cute"]
+    assert has_kernel("gdn_pre_gated", "cute", "fwd") and has_kernel("gdn_pre_gated", "cute", "bwd")
     op = registry.get("gdn_pre_gated")
     s = dict(Hk=2, Hv=4, dk=64, dv=32, W=3)
     w, A, dt = mk.weights(*(s[n] for n in ("Hk", "Hv", "dk", "dv", "W")))
     x = mk.mixed((2, 5), s["Hk"], s["Hv"], s["dk"], s["dv"]).requires_grad_()
-    ok, why = backend_status(op.bind(x, w, A, dt, Hk=2, dk=64, dv=32), b)
-    assert not ok and "cute has no bwd kernel and a gradient is needed" in why
-    _, why = backend_status(op.bind(x.detach(), w, A, dt, Hk=2, dk=64, dv=32), b)
+    _, why = backend_status(op.bind(x, w, A, dt, Hk=2, dk=64, dv=32), b)
     assert "no bwd kernel" not in why
 
 
@@ -268,7 +268,7 @@ def test_thd_with_many_sequences():
 @pytest.mark.parametrize("layout", [(2, 37), [3, 0, 40, 1]], ids=["bshd", "thd"])
 def test_registry_takes_cute_without_grad(layout):
     """registry.get(...) picks cute for a call without gradients (the float64 reference's results)
-    and never for one that needs them."""
+    and for one that needs them (its backward: test_gdn_cute_pre_gated_bwd.py)."""
     op = registry.get("gdn_pre_gated")
     s = dict(Hk=2, Hv=4, dk=64, dv=32, W=3)
     x, w, A, dt, cu = _problem(s, layout, dtype=F32)
@@ -277,5 +277,4 @@ def test_registry_takes_cute_without_grad(layout):
     want = _ref64(x, w, A, dt, cu, s, True, True)
     got = op(x, w, A, dt, cu_seqlens=cu, return_conv_state=True, **p)
     _compare(got[:6], got[6], want, True, x.dtype)
-    ok, why = op.explain(x.clone().requires_grad_(), w, A, dt, cu_seqlens=cu, **p)[0][1:]
-    assert not ok and "no bwd kernel" in why
+    assert op.explain(x.clone().requires_grad_(), w, A, dt, cu_seqlens=cu, **p)[0][:2] == ("cute", True)

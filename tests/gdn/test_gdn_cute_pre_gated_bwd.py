@@ -1,5 +1,5 @@
-"""CuTe DSL gdn_pre_gated backward (tilekernels/gdn/cute_pre_gated_bwd.py; never run on a GPU yet, so not
-registered) and the torch model of its decomposition (cute_pre_gated_bwd_model.py).
+"""CuTe DSL gdn_pre_gated backward (tilekernels/gdn/cute_pre_gated_bwd.py, the cute backend's bwd) and the torch
+model of its decomposition (cute_pre_gated_bwd_model.py).
 
 CPU (CI): the model against ``reference.pre_gated_bwd`` in float64 (every grad at the float64 tolerance):
 BSHD and THD with sequences of 0, 1, W-1, W, odd and long lengths, starts on and next to span edges, T=1,
@@ -11,7 +11,7 @@ the partial rows and their reduction). Every variant (BSHD/THD, repeat_qk on/off
 compile for sm_90a from fake arguments (``Launch.export``) without register spills; the config is the
 compile key (NT, T, the cu_seqlens entries runtime scalars).
 
-GPU (marked ``gpu``, skipped without CUDA; never run so far): ``pre_gated_bwd_into`` into NaN-poisoned
+GPU (marked ``gpu``, skipped without CUDA; first run on an H200 in session 12): ``pre_gated_bwd_into`` into NaN-poisoned
 outputs against ``reference.pre_gated_bwd`` in float64 on upcasts of the same inputs, then the same call
 again bitwise equal (the reduction's order is fixed). Tolerances (tilekernels.testing, by the checked
 output's dtype): bf16 dmixed and dconv_weight 1e-2 (fp32 math from bf16 inputs, each output rounded once;
@@ -220,7 +220,7 @@ def test_config_is_the_compile_key():
     cfg = bshd[1][0].cfg
     assert (cfg.VEC, cfg.LP, cfg.NV, cfg.HPC, cfg.units, cfg.R, cfg.CA, cfg.L) == (8, 16, 1, 8, (4, 4, 4, 1), 2, True,
                                                                                    128)
-    assert [lns[0].values[-4:-1] for lns in bshd] == [(1, 1, 0), (32768, 8192, 0), (15, 5, 0)]
+    assert [lns[0].values[-4:-1] for lns in bshd] == [(1, 1, 2), (32768, 8192, 5), (15, 5, 4)]  # NT, T, B + 1
     assert bshd[1][0].grid == (256 * 13,) and bshd[1][1].values[-1] == 256
     assert bshd[1][0].values[12].shape == (256, cfg.PS) and cfg.PS == 4 * 8192 + 64
     thd = [cb.bwd_launches(*_meta_problem((NT,), N), 16, 128, 128, True) for NT, N in ((1, 1), (32768, 116))]
@@ -260,17 +260,32 @@ def test_refuses_what_it_cannot_run():
 
 
 @needs_cute
-def test_not_registered():
-    """Never run on a GPU: no registry kernel, and the spec keeps cute forward-only."""
+def test_registered():
+    """The cute backend's bwd kernel (the spec's cute backend has both passes)."""
     from registry.kernels import has_kernel
     from specs.gdn import PRE_GATED
 
-    assert not has_kernel("gdn_pre_gated", "cute", "bwd")
-    assert PRE_GATED.backend("cute").passes == ["fwd"]
-    assert "NOT YET RUN ON A GPU" in cb.__doc__
+    assert has_kernel("gdn_pre_gated", "cute", "bwd")
+    assert PRE_GATED.backend("cute").passes == ["fwd", "bwd"]
 
 
-# ------------------------------------------------------------------ GPU (never run so far)
+@needs_cute
+@pytest.mark.parametrize("rep", [True, False], ids=["rep", "norep"])
+def test_bshd_start_loop_holds_thd_registers(rep):
+    """BSHD's sequence starts through THD's loop (BLOOP, the heuristic's for BSHD) compile to the registers of
+    the THD config (168 at Qwen3-Next with the pinned CuTe DSL: 3 CTAs of 128 threads an SM) without spills;
+    the counter form (BLOOP False, a probe variant) takes 190-195 (2 CTAs an SM)."""
+    cfg = cb.BwdCfg.heuristic(16, 32, 128, 128, 4, rep, False)
+    assert cfg.BLOOP and not cb.BwdCfg.heuristic(16, 32, 128, 128, 4, rep, True).BLOOP
+    v = (QWEN, False, rep, BF, 16)
+    _, res = _export(_launches(v, cfg=cfg)[0])
+    _, thd = _export(_launches((QWEN, True, rep, BF, 16))[0])
+    assert res["frame"] == 0 and res["regs"] <= thd["regs"] <= 168, (res, thd)
+    _, old = _export(_launches(v, cfg=dataclasses.replace(cfg, BLOOP=False))[0])
+    assert old["frame"] == 0
+
+
+# ------------------------------------------------------------------ GPU
 
 needs_gpu = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 
@@ -401,6 +416,47 @@ def test_bwd_launch_config_variants(over):
     """The probe's configs, and spans shorter than the conv (L=1): same results (Qwen3-Next heads, THD)."""
     cfg = dataclasses.replace(cb.BwdCfg.heuristic(16, 32, 128, 128, 4, True, True), **over)
     check_bwd(QWEN, [0, 1, 3, 4, 7, 0, 300, 2, 5, 129], True, cfg=cfg)
+
+
+@pytest.mark.gpu
+@needs_gpu
+@needs_cute
+@pytest.mark.parametrize("over", [dict(BLOOP=False), dict(BLOOP=False, MINB=3), dict(MINB=3), dict(VEC=4)],
+                         ids=lambda d: "-".join(f"{k}{v}" for k, v in d.items()))
+@pytest.mark.parametrize("layout", [(3, 301), (4, 2), (1, 129)], ids=_lid)
+def test_bwd_bshd_start_variants(over, layout):
+    """BSHD's two forms of the sequence starts (BLOOP: THD's loop, the heuristic's; the counter) and the
+    probe's BSHD variants: T across span edges, T shorter than the conv, one sequence."""
+    cfg = dataclasses.replace(cb.BwdCfg.heuristic(16, 32, 128, 128, 4, True, False), **over)
+    check_bwd(QWEN, layout, True, cfg=cfg)
+
+
+@pytest.mark.gpu
+@needs_gpu
+@needs_cute
+@pytest.mark.parametrize("layout", [(2, 37), [3, 0, 40, 1, 130]], ids=["bshd", "thd"])
+@pytest.mark.parametrize("dtype", [BF, F32], ids=["bf16", "fp32"])
+def test_registry_autograd_takes_cute(layout, dtype):
+    """registry.get("gdn_pre_gated") with gradients: auto picks cute (fwd + this bwd); its outputs and
+    gradients against the float64 torch backend's (bf16 1e-2, fp32 1e-5: as above)."""
+    import registry
+
+    op = registry.get("gdn_pre_gated")
+    s = dict(Hk=2, Hv=4, dk=64, dv=32, W=3)
+    p = dict(Hk=2, dk=64, dv=32, repeat_qk=True)
+    _, x, w, A, dt, cu = _problem(s, layout, dtype, True, device="cuda")
+    leaves = [t.clone().requires_grad_() for t in (x, w, A, dt)]
+    assert op.explain(*leaves, cu_seqlens=cu, **p)[0][:2] == ("cute", True)
+    outs = op(*leaves, cu_seqlens=cu, **p)
+    grads = [torch.randn(o.shape, device="cuda").to(o.dtype) for o in outs]
+    torch.autograd.backward(outs, grads)
+    leaves64 = [t.detach().double().requires_grad_() for t in (x, w, A, dt)]
+    outs64 = op(*leaves64, cu_seqlens=cu, backend="torch", **p)
+    torch.autograd.backward(outs64, [g.double() for g in grads])
+    for o, r in zip(outs, outs64):
+        assert_close(o, r, kind=o.dtype, what="fwd output")
+    for name, a, b in zip(GRADS, leaves, leaves64):
+        assert_close(a.grad, b.grad, kind=a.grad.dtype, what=name)
 
 
 @pytest.mark.gpu

@@ -6,9 +6,9 @@ tokens of mixed's q|k|v channels), never reading across a sequence boundary (zer
 l2norm over dk of their heads of y (x * rsqrt(sum x^2 + eps)), optionally repeated to Hv heads
 (repeat_interleave: value head h reads key head h // R, R = Hv/Hk); v = its slice of y; z = its
 slice of mixed; beta = sigmoid(b); g = -exp(A_log) * softplus(a + dt_bias); optionally the final
-conv state [N, C, W-1]. fp32 math, every output rounded once to its dtype. Forward only: the
-registry takes this backend for calls that need no gradient (prefill, inference) and the cuTile
-fwd + bwd for training calls (the spec's ``passes=["fwd"]``).
+conv state [N, C, W-1]. fp32 math, every output rounded once to its dtype. The backward is
+cute_pre_gated_bwd.py (imported at the end of this module, which registers it): the spec's cute backend
+has both passes.
 
 Why another forward: the cuTile one reads each row of q|k|v W times (one TMA tap tile per tap,
 from L2) and reaches ~77% of copy bandwidth with repeat_qk. Here a thread owns VEC adjacent
@@ -737,3 +737,7 @@ def representative_launches(Hk: int = 16, Hv: int = 32, dk: int = 128, dv: int =
     cfg = cfg or PreCfg.heuristic(Hk, Hv, dk, dv, W, repeat_qk, thd, state and W > 1, _elt(dtype), align)
     starts, fwd = _launches(cfg, dtype, wdtype or dtype)
     return (starts, fwd) if thd else (fwd,)
+
+
+# registers the bwd kernel (that module imports this one's helpers, so it comes last)
+from . import cute_pre_gated_bwd  # noqa: E402,F401

@@ -1,11 +1,10 @@
 """CuTe DSL backward of gdn_pre_gated (SIMT, Hopper sm_90a): one streaming pass, then a small reduction.
 
-NOT YET RUN ON A GPU. Written in a session without a device: it compiles for sm_90a from fake
-arguments (tests/gdn/test_gdn_cute_pre_gated_bwd.py, CPU) and its index logic is the one of
-``cute_pre_gated_bwd_model.model_bwd``, a torch model of the same decomposition tested against ``reference.pre_gated_bwd``
-in float64; the GPU tests and the timing probe (benchmarks/probes/gdn_cute_pre_bwd.py) have never
-run. So ``pre_gated_bwd_into`` is not registered with the registry (no ``@kernel``, no spec entry):
-the registry's backward stays cuTile's until a GPU session passes those tests.
+Registered as the ``cute`` backend's bwd (``pre_gated_bwd_into``), so a call that needs gradients takes the
+CuTe DSL forward and this backward. Written without a GPU (session 11); its index logic is the one of
+``cute_pre_gated_bwd_model.model_bwd``, a torch model of the same decomposition tested against
+``reference.pre_gated_bwd`` in float64 on the CPU; first run on an H200 in session 12 (GPU tests and
+timings: benchmarks/results/h200-gdn-cute-pre-bwd.txt).
 
 What it computes (``reference.pre_gated_bwd`` is the truth; cutile_pre_gated_bwd.py has the same math):
 the forward recomputed, pre = conv(x) over q|k|v, y = silu(pre); q/k: the R repeats' grads summed,
@@ -30,9 +29,9 @@ channels (one 16-byte vector) and walks a span of L tokens FORWARD in time, one 
     after the span (x, grads: their dpre completes the span's last dx, they add no dconv_weight):
     (2(W-1))/L rows read twice, nothing written twice;
   * the dconv_weight partial sums of its channels (W*VEC fp32 registers) -> one partial row a span.
-Sequence starts: BSHD a counter (next multiple of T); THD the next cu_seqlens entry, found once a CTA
-by a binary search of cu_seqlens (overlapping the ring's first loads) and advanced at each start (a
-CTA-uniform branch; several at once for empty sequences). No mask launch, so L is not bounded by a
+Sequence starts: BSHD a counter (next multiple of T; BLOOP, the heuristic's: THD's loop over jn * T); THD
+the next cu_seqlens entry, found once a CTA by a binary search of cu_seqlens (overlapping the ring's first
+loads) and advanced at each start (a CTA-uniform branch; several at once for empty sequences). No mask launch, so L is not bounded by a
 mask's 64 bits.
 
 Launches (``bwd_launches``):
@@ -85,6 +84,7 @@ from cutlass.cute.nvgpu import cpasync
 from cutlass.memory.smem import SmemAllocator
 
 from tilekernels._cute import BoundLaunch, Launch, Ptr, Scalar, cdiv, cuda, launch_bounded
+from tilekernels._glue import kernel
 from tilekernels.gdn.cute_pre_gated import (LOG2E, HeadGeometry, _align, _elem, _elt, _ldw, _load_rows, _lower_bound,
                                             _next_pow2, _stv, _wdt, _words, _zero_window, copy_z_rows,
                                             ring_buffer)
@@ -121,6 +121,9 @@ class BwdCfg(HeadGeometry):
     CA: bool = False
     S: int = S_DEFAULT
     MINB: int = 0  # > 0: the main launch asks for MINB CTAs an SM (ptxas then caps the registers); 0: no bound
+    # BSHD: the sequence starts walked in THD's loop (jn * T for cu_seqlens[jn], S = B + 1) rather than by a
+    # counter; the same starts, but ptxas then holds the Qwen3-Next configs at THD's 168 registers (195 without)
+    BLOOP: bool = False
 
     def __post_init__(self):
         if (self.Hv % self.Hk or self.W < 1 or self.L < 1 or self.U < 1 or self.VEC not in (1, 2, 4, 8)
@@ -178,7 +181,7 @@ class BwdCfg(HeadGeometry):
         fit = [v for v in vecs if state[v] <= STATE_REGS]
         # none fits (wide convs, heads of more than 32 vectors): the least state, then the widest
         vec = fit[0] if fit else min(vecs, key=lambda v: (state[v], -v))
-        cfg = cls(Hk=Hk, Hv=Hv, dk=dk, dv=dv, W=W, REP=bool(repeat_qk), THD=bool(thd), VEC=vec, ELT=elt)
+        cfg = cls(Hk=Hk, Hv=Hv, dk=dk, dv=dv, W=W, REP=bool(repeat_qk), THD=bool(thd), VEC=vec, ELT=elt, BLOOP=not thd)
         if vec * elt != 16:
             return cfg  # the register path (the 8-byte cp.async.ca ring is a probe variant, not a default)
         # the ring: (U, S) from the default down, the first within SMEM_BUDGET (its slots grow with R:
@@ -215,6 +218,11 @@ def _first_start(cfg: cutlass.Constexpr, cu: cute.Pointer, lo, T, S):
     lo = cutlass.max(lo, 0)
     jn = Int32(0)
     nxt = ((lo + T - 1) // T) * T
+    if cutlass.const_expr(cfg.BLOOP and not cfg.THD):  # S = B + 1 starts 0, T, .., B*T (as cu_seqlens)
+        jn = cutlass.min((lo + T - 1) // T, S)
+        nxt = Int32(BIG)
+        if jn < S:
+            nxt = jn * T
     if cutlass.const_expr(cfg.THD):
         cut = cute.make_tensor(cu, cute.make_layout(1 << 30))
         jn = _lower_bound(cut, Int32(0), S, lo)
@@ -239,6 +247,12 @@ def _advance(cfg: cutlass.Constexpr, cu: cute.Pointer, t, nxt, jn, d, T, S):
                 nxt = Int32(BIG)
                 if jn < S:
                     nxt = cut[jn]
+        elif cutlass.const_expr(cfg.BLOOP):  # THD's loop over the computed starts jn * T
+            while nxt == t:
+                jn = jn + 1
+                nxt = Int32(BIG)
+                if jn < S:
+                    nxt = jn * T
         else:
             nxt = nxt + T
     return hit, nxt, jn, d
@@ -671,7 +685,8 @@ def bwd_launches(gq, gk, gv, gz, gg, gbeta, mixed, conv_weight, A_log, dt_bias, 
     if thd:
         T, S, cu = 1, cu_seqlens.shape[0], cu_seqlens
     else:
-        T, S, cu = mixed.shape[1], 0, A_log  # never read (BSHD): a valid pointer of any dtype stands in
+        # cu never read (BSHD): a valid pointer of any dtype stands in; S: BLOOP's B + 1 starts
+        T, S, cu = mixed.shape[1], mixed.shape[0] + 1, A_log
     return [BoundLaunch(main, (mixed, conv_weight, A_log, dt_bias, cu, gq, gk, gv, gz, gg, gbeta, dmixed, part,
                                NT, T, S, float(eps)), grid=(P * cfg.UNITS,)),
             BoundLaunch(red, (part, dconv_weight, dA_log, ddt_bias, P), grid=(cdiv(cfg.NCOL, 32),))]
@@ -680,8 +695,11 @@ def bwd_launches(gq, gk, gv, gz, gg, gbeta, mixed, conv_weight, A_log, dt_bias, 
 def pre_gated_bwd_into(gq, gk, gv, gz, gg, gbeta, mixed, conv_weight, A_log, dt_bias, cu_seqlens, dmixed,
                        dconv_weight, dA_log, ddt_bias, Hk: int, dk: int, dv: int, repeat_qk: bool, eps: float,
                        *_unused):
-    """Destination-passing backward (the torch bwd kernel's signature; a trailing return_conv_state is
-    ignored). Never run on a GPU yet: not registered (see the module doc). No tokens: zero weight grads."""
+    """gdn_pre_gated bwd, destination-passing (the registry's kernel signature; the trailing
+    return_conv_state is ignored): grads gq, gk [..., Hq, dk], gv, gz [..., Hv, dv], gg (fp32), gbeta
+    [..., Hv] (any strides: made contiguous), mixed [B, T, D] or [NT, D] (+ cu_seqlens [N+1] int32)
+    -> dmixed (mixed's shape and dtype), dconv_weight [C, W], dA_log, ddt_bias [Hv] fp32. No tokens:
+    zero weight grads."""
     if mixed.numel() == 0:
         for t in (dconv_weight, dA_log, ddt_bias):
             t.zero_()
@@ -689,6 +707,9 @@ def pre_gated_bwd_into(gq, gk, gv, gz, gg, gbeta, mixed, conv_weight, A_log, dt_
     for ln in bwd_launches(gq, gk, gv, gz, gg, gbeta, mixed, conv_weight, A_log, dt_bias, cu_seqlens, dmixed,
                            dconv_weight, dA_log, ddt_bias, Hk, dk, dv, repeat_qk, eps):
         ln.run()
+
+
+kernel("gdn_pre_gated", "cute", "bwd")(pre_gated_bwd_into)
 
 
 def representative_launches(Hk: int = 16, Hv: int = 32, dk: int = 128, dv: int = 128, W: int = 4,
