@@ -45,11 +45,12 @@ T0 = time.time()
 TEST = "tests/gdn/test_gdn_cute_pre_gated_bwd.py"
 MEMCHECK_K = ("(test_bwd_matches_float64_reference and Hk2-Hv4-dk64-dv32-W3 and not norep and (thd0 or bshd3x5)) or "
               "(test_bwd_bshd_start_variants and bshd3x301) or test_bwd_many_sequences or test_registry_autograd")
-VARIANTS = {"REG": dict(CA=False), "U4-S3": dict(U=4, S=3), "S6": dict(S=6), "U1-S8": dict(U=1, S=8),
-            "L64": dict(L=64), "L256": dict(L=256), "T64": dict(THREADS=64), "T256": dict(THREADS=256),
+# over the heuristic's config (MINB 3 where it fits: variants with more registers a CTA ask for none)
+VARIANTS = {"REG": dict(CA=False, MINB=0), "U4-S3": dict(U=4, S=3), "S6": dict(S=6), "U1-S8": dict(U=1, S=8),
+            "L64": dict(L=64), "L256": dict(L=256), "T64": dict(THREADS=64), "T256": dict(THREADS=256, MINB=0),
             "VEC4": dict(VEC=4), "VEC4-U4": dict(VEC=4, U=4), "VEC4-REG": dict(VEC=4, CA=False),
-            "MINB3": dict(MINB=3), "MINB4": dict(MINB=4),  # MINB: a register cap for 3 / 4 CTAs an SM
-            "NOBLOOP": dict(BLOOP=False), "NOBLOOP-MINB3": dict(BLOOP=False, MINB=3),  # BSHD's counter form
+            "MINB0": dict(MINB=0), "MINB4": dict(MINB=4),  # MINB: no bound / a register cap for 4 CTAs an SM
+            "NOBLOOP": dict(BLOOP=False, MINB=0), "NOBLOOP-MINB3": dict(BLOOP=False),  # BSHD's counter form
             "S6-T64": dict(S=6, THREADS=64), "L64-S6": dict(L=64, S=6), "VEC4-S6": dict(VEC=4, S=6)}
 CASES = [(False, True), (False, False), (True, True), (True, False)]  # (thd, repeat_qk)
 OUT: dict = {"records": [], "errors": [], "tests": {}}
