@@ -127,20 +127,23 @@ PRE_GATED = OpSpec(
     reference="tilekernels.gdn.reference:pre_gated",
     entry="tilekernels.gdn.ops:pre_gated",
     backends=[Backend(
-        name="cute", module="tilekernels.gdn.cute_pre_gated", sm=(90, 90), toolchain=["cute"], passes=["fwd", "bwd"],
+        name="cute", module="tilekernels.gdn.cute_pre_gated", sm=(90, 90), toolchain=["cute"],
+        passes=["fwd", "bwd"],
         constraints=[
             Constraint(expr="W <= 33", message="a run's sequence starts are a 64-bit mask of its 32 + W - 1 rows"),
             Constraint(expr="B * T < 2**31", when="not present(cu_seqlens)",
                        message="token rows are int32 (element offsets are 64-bit)"),
         ],
         dtypes=_PRE_GATED_DTYPES,
-        doc="forward only (calls that need a gradient take cutile's fwd + bwd): CuTe DSL SIMT kernel "
-            "(tilekernels/gdn/cute_pre_gated.py), a thread walks a run of 32 tokens over one 16-byte vector "
-            "of channels keeping its W-1 conv inputs in registers (each row read once, through a cp.async "
-            "ring); THD: a first launch finds each run's sequence starts on the device; sm_90a only. H200, "
-            "Qwen3-Next, 32768 tokens: BSHD rep / norep, THD rep / norep 0.494 / 0.422 / 0.499 / 0.430 ms "
-            "(88-90% of copy; cutile 0.573 / 0.515 / 0.560 / 0.514 in session 7; "
-            "benchmarks/results/h200-gdn-cute-pre-gated.txt)"),
+        doc="CuTe DSL SIMT kernels, sm_90a only. fwd (tilekernels/gdn/cute_pre_gated.py): a thread walks a run of "
+            "32 tokens over one 16-byte vector of channels keeping its W-1 conv inputs in registers (each row read "
+            "once, through a cp.async ring); THD: a first launch finds each run's sequence starts on the device. "
+            "bwd (cute_pre_gated_bwd.py): the forward recomputed in one streaming pass of 128-token spans (conv "
+            "window, dx sums and dconv_weight partials in registers), then a fixed-order reduction of the "
+            "partial rows (deterministic). H200, Qwen3-Next, 32768 tokens, BSHD rep / norep, THD rep / norep: "
+            "fwd 0.494 / 0.422 / 0.499 / 0.430 ms (88-90% of copy), bwd 0.697 / 0.660 / 0.704 / 0.664 ms "
+            "(86-91% of the ideal traffic; cutile bwd 2.08 BSHD rep; benchmarks/results/"
+            "h200-gdn-cute-pre-gated.txt, h200-gdn-cute-pre-bwd.txt)"),
         Backend(
         name="cutile", module="tilekernels.gdn.cutile_pre_gated", sm=(90, 100), toolchain=["cutile"],
         passes=["fwd", "bwd"],

@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# Session 12 ran most of this (benchmarks/results/h200-gpu-checks-session12.txt: what is still owed).
 # The GPU checks sessions 10 and 11 owe (benchmarks/results/h200-gpu-checks-session10.txt, "owed"; session 11
 # had no device time), one device call per bundle, from the repository root:
 #   cute:   source .gpu-cute/env.sh && bash benchmarks/probes/owed_gpu_checks.sh cute     (carry .gpu-cute)

@@ -55,12 +55,12 @@ Partials 131,328 B a span written and read again: 2,052. Total ~77,570 B a token
 82,368 of the issue's ideal count (which reads all of mixed; 74,176 is this kernel's floor).
 At 4.27 TB/s: 0.60 ms at 32768 tokens if it streams at copy speed (0.79 ms is issue 12's bar).
 
-Compiled on a CPU for sm_90a (ptxas via ``Launch.export``; no device, so occupancy and times are unknown): at
-Qwen3-Next bf16 with repeat_qk the heuristic's config (VEC 8, L 128, U 2, CA with S 4, 128 threads, 48 KB of
-ring) takes 195 registers BSHD / 168 THD, no stack: 2-3 CTAs (8-12 warps) an SM, each with 3 stages of U rows
-in flight without registers (~37 KB a CTA). VEC 4 with CA (8-byte cp.async.ca: BwdCfg(VEC=4), 24 KB of ring)
-takes 96 registers (5 CTAs an SM) for twice the load instructions; which wins is the probe's first question.
-Heads of more than 32 vectors (dk > 256 in bf16) keep (4W-2)*dk/32 fp32 values a thread and spill.
+Heuristic (H200, Qwen3-Next bf16, 32768 tokens; benchmarks/results/h200-gdn-cute-pre-bwd.txt): VEC 8, L 128,
+U 2, a cp.async ring of S 4 (48 KB), 128 threads, MINB 3 (3 CTAs an SM: ptxas holds 168 registers, no spill) and,
+BSHD, BLOOP (the counter form takes 195 registers, 2 CTAs an SM: 0.944 ms against 0.697). Main launch + reduction
+BSHD / THD with repeat_qk 0.697 / 0.704 ms (90.6 / 89.8% of issue 12's ideal traffic; the cuTile backward 2.081 /
+2.214 in the same session), without 0.660 / 0.664. Heads of more than 32 vectors (dk > 256 in bf16) keep
+(4W-2)*dk/32 fp32 values a thread and spill.
 
 Backend limits: SM 9.0; mixed, the grads of q, k, v, z, beta and dmixed one dtype (bf16 or fp32), gg,
 A_log, dt_bias fp32; conv_weight bf16 or fp32; Hv % Hk == 0; rows (NT) int32, offsets 64-bit.
