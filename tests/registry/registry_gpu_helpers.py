@@ -110,3 +110,37 @@ def graph_check(case):
         for a, b in zip(after, args):
             if isinstance(a, torch.Tensor):
                 assert_close(a, b, "exact", what=f"{case.op}: in-place input, replay vs eager")
+
+
+def compiled_fwd_bwd_check(case):
+    """torch.compile(fullgraph=True) of the registry call, forward and backward (the same pre-made grad
+    outputs), against the eager call: outputs and the leaves' grads at the suite's tolerance (the compiled
+    graph may fuse the glue around the kernels; e4m3 and integer outputs bitwise). Returns {name: rel err}."""
+    from tilekernels.testing import rel_err
+
+    torch._dynamo.reset()
+    dev = torch.device("cuda")
+    op = registry.get(case.op)
+    args, params = case.make(case.dims, dev)
+    leaf_ids = {id(a) for a in _leaves(case, args)}
+
+    def run(fn, gos=None):
+        a2 = [a.detach().clone().requires_grad_() if isinstance(a, torch.Tensor) and id(a) in leaf_ids else a
+              for a in args]
+        new_leaves = [b for a, b in zip(args, a2) if b is not a]
+        out = _outs(fn(*a2))
+        if gos is None:
+            gos = [torch.randn_like(o, dtype=torch.float32).to(o.dtype) if o.requires_grad else None for o in out]
+        pairs = [(o, g) for o, g in zip(out, gos) if o.requires_grad]
+        torch.autograd.backward([o for o, _ in pairs], [g for _, g in pairs])
+        return [o.detach() for o in out] + [t.grad for t in new_leaves], gos
+
+    want, gos = run(lambda *a: op(*a, **params))
+    got, _ = run(torch.compile(lambda *a: op(*a, **params), fullgraph=True), gos)
+    errs = {}
+    for i, (a, b) in enumerate(zip(got, want)):
+        assert a is not None and b is not None and a.dtype == b.dtype and a.shape == b.shape, i
+        exact = not a.is_floating_point() or a.element_size() == 1
+        errs[i] = 0.0 if exact and torch.equal(a, b) else rel_err(a, b)
+        assert_close(a, b, "exact" if exact else None, what=f"{case.op}: compiled vs eager, output/grad {i}")
+    return errs

@@ -11,7 +11,8 @@ GPU part (every op but the CP collectives, on the small tk-bench shapes):
 under ``torch.cuda.set_sync_debug_mode("error")``, an eager call, a CUDA-graph
 capture of the forward and of forward+backward and their replays (on fresh
 inputs copied into the captured tensors) equal eager results bitwise, and
-``torch.compile(fullgraph=True)`` of the registry call equals eager.
+``torch.compile(fullgraph=True)`` of the registry call equals eager, forward alone and forward +
+backward (ops with gradients).
 """
 from __future__ import annotations
 
@@ -25,7 +26,7 @@ import registry.validate as V
 from registry import SpecError
 from specs import all_specs
 
-from registry_gpu_helpers import CASES, COLLECTIVES, IDS, _outs
+from registry_gpu_helpers import CASES, COLLECTIVES, IDS, _outs, compiled_fwd_bwd_check
 from tilekernels.testing import assert_close
 
 cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
@@ -203,3 +204,14 @@ def test_compile_through_registry(case):
         assert a.dtype == b.dtype and a.shape == b.shape
         exact = not a.is_floating_point() or a.element_size() == 1
         assert_close(a, b, "exact" if exact else None, what=f"{case.op}: compiled vs eager")
+
+
+GRAD_CASES = [c for c in CASES if c.grad_inputs]
+
+
+@cuda
+@pytest.mark.gpu
+@pytest.mark.parametrize("case", GRAD_CASES, ids=[i for c, i in zip(CASES, IDS) if c.grad_inputs])
+def test_compile_fwd_bwd_through_registry(case):
+    """Forward and backward of the compiled registry call (the custom ops, their GPU kernels) equal eager."""
+    compiled_fwd_bwd_check(case)
