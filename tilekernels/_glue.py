@@ -67,8 +67,6 @@ def poisoned(on: bool = True):
 
 def poison_(t: torch.Tensor) -> torch.Tensor:
     if t.is_floating_point():
-        if t.dtype == torch.float8_e4m3fn and torch.compiler.is_compiling():
-            return t  # Inductor (torch 2.11) cannot compile an fp8 fill; eager tests poison it
         return t.fill_(float("nan"))  # e4m3fn: 0x7F, its NaN
     if t.dtype == torch.bool:
         return t.fill_(True)
@@ -78,9 +76,10 @@ def poison_(t: torch.Tensor) -> torch.Tensor:
 def empty(shape, dtype: torch.dtype, device) -> torch.Tensor:
     """torch.empty, poisoned when poisoning is on (tests)."""
     t = torch.empty(shape, dtype=dtype, device=device)
-    # eager only: traced into a compiled CUDA graph (torch 2.11's Inductor), the fill zeroed the gradients the
-    # compiled backward handed to the bwd kernels, for every op (session 12; the same graphs without the fill
-    # were right, and on the CPU both were). Compiled calls are tested against eager, which is poisoned.
+    # eager only: traced into a compiled graph on CUDA (torch 2.11, Inductor's default Triton code, no
+    # cudagraphs), the fill left the compiled backward handing every op's bwd kernel zero gradients (session 12,
+    # benchmarks/results/h200-compile-fwd-bwd.txt; the same graphs without the fill were right, and so were the
+    # poisoned ones on the CPU; not analysed). Compiled calls are tested against eager, which is poisoned.
     if _POISON[0] and not torch.compiler.is_compiling():
         poison_(t)
     return t

@@ -138,6 +138,7 @@ def compiled_fwd_bwd_check(case):
     want, gos = run(lambda *a: op(*a, **params))
     got, _ = run(torch.compile(lambda *a: op(*a, **params), fullgraph=True), gos)
     errs = {}
+    assert len(got) == len(want), (len(got), len(want))
     for i, (a, b) in enumerate(zip(got, want)):
         assert a is not None and b is not None and a.dtype == b.dtype and a.shape == b.shape, i
         exact = not a.is_floating_point() or a.element_size() == 1

@@ -128,6 +128,8 @@ class BwdCfg(HeadGeometry):
     BLOOP: bool = False
 
     def __post_init__(self):
+        if self.BLOOP and self.THD:
+            raise ValueError(f"gdn_pre_gated cute bwd: config {self}: BLOOP is BSHD's (THD walks cu_seqlens)")
         if (self.Hv % self.Hk or self.W < 1 or self.L < 1 or self.U < 1 or self.VEC not in (1, 2, 4, 8)
                 or self.dk % self.VEC or self.dv % self.VEC or self.D % self.VEC
                 or self.THREADS % 32 or self.THREADS % self.LP or self.THREADS > 1024 or self.MINB < 0
@@ -469,8 +471,9 @@ def _conv_unit(cfg: cutlass.Constexpr, QK: cutlass.Constexpr, mixed: cute.Pointe
                     for j in cutlass.range_constexpr(NV):
                         for e in cutlass.range_constexpr(VEC):
                             dn[j, e] = rs * dn[j, e] - ys[j, e] * c3
-                # ---- the partial (span rows only), the x window, dx sums; emit dx[t - (W-1)]
-                if t < t0 + L:
+                # ---- the partial (span rows before NT only: past NT the rows are zeros, whose l2norm
+                # backward is 0 * rsqrt(eps), NaN at eps = 0), the x window, dx sums; emit dx[t - (W-1)]
+                if t < t0 + L and rok:
                     for j in cutlass.range_constexpr(NV):
                         for e in cutlass.range_constexpr(VEC):
                             for s in cutlass.range_constexpr(W - 1):
