@@ -287,6 +287,60 @@ def _zero_window(win: cute.Tensor, NV: cutlass.Constexpr, WM: cutlass.Constexpr,
 
 
 @cute.jit
+def _shift_in(win: cute.Tensor, j: cutlass.Constexpr, e: cutlass.Constexpr, x, W: cutlass.Constexpr):
+    """The x window of vector j, element e (its last W-1 conv inputs, oldest first): x appended."""
+    for q in cutlass.range_constexpr(W - 2):
+        win[j, q, e] = win[j, q + 1, e]
+    win[j, W - 2, e] = x
+
+
+@cute.jit
+def _thread_vectors(cfg: cutlass.Constexpr, QK: cutlass.Constexpr, uu, tid, NV: cutlass.Constexpr):
+    """(ch, act, hk, li) of this thread in unit uu, as the forward and the backward split a row: ch[j] the first
+    channel of its vector j in mixed's row, act[j] whether it is real (QK: lanes past a head's dk/VEC vectors
+    and heads past 2*Hk load nothing, compute zeros and store nothing, but take part in the shuffles), hk its
+    q|k head 0 .. 2*Hk - 1 and li its lane in the head (QK; V: 0)."""
+    ch = cute.make_rmem_tensor((NV,), Int32)
+    act = cute.make_rmem_tensor((NV,), cutlass.Boolean)
+    hk = Int32(0)
+    li = Int32(0)
+    if cutlass.const_expr(QK):
+        li = tid % cfg.LP
+        hk = uu * cfg.HPC + tid // cfg.LP
+        for j in cutlass.range_constexpr(NV):
+            vi = li + j * cfg.LP
+            act[j] = hk < 2 * cfg.Hk and vi < cfg.LH
+            ch[j] = cutlass.min(hk, 2 * cfg.Hk - 1) * cfg.dk + cutlass.min(vi, cfg.LH - 1) * cfg.VEC
+    else:
+        vv = uu * cfg.THREADS + tid
+        act[0] = vv < cfg.NVV
+        ch[0] = 2 * cfg.Hk * cfg.dk + cutlass.min(vv, cfg.NVV - 1) * cfg.VEC
+    return ch, act, hk, li
+
+
+@cute.jit
+def _load_taps(cw: cute.Pointer, ch: cute.Tensor, NV: cutlass.Constexpr, W: cutlass.Constexpr,
+               VEC: cutlass.Constexpr):
+    """The conv taps of the thread's channels, fp32 [NV, W, VEC] (conv_weight [C, W] rows ch[j] + e)."""
+    wt = cute.make_rmem_tensor((NV, W, VEC), Float32)
+    for j in cutlass.range_constexpr(NV):
+        wrow = cute.make_tensor(cw + Int64(ch[j]) * W, cute.make_layout(VEC * W))
+        for e in cutlass.range_constexpr(VEC):
+            for s in cutlass.range_constexpr(W):
+                wt[j, s, e] = wrow[e * W + s].to(Float32)
+    return wt
+
+
+@cute.jit
+def _softplus(x):
+    """torch's softplus (threshold 20: x itself above it)."""
+    sp = x
+    if x <= Float32(20.0):
+        sp = cute.math.log1p(cute.math.exp(x))
+    return sp
+
+
+@cute.jit
 def _is_start(cfg: cutlass.Constexpr, t, base, mask, nxt):
     """Whether row t starts a sequence: THD, bit t - base of the run's mask; BSHD, t == nxt (the
     next multiple of T, kept by the caller)."""
@@ -340,31 +394,9 @@ def _conv_unit(cfg: cutlass.Constexpr, QK: cutlass.Constexpr, mixed: cute.Pointe
     WM = max(W - 1, 1)
     tid, _, _ = cute.arch.thread_idx()
     t0 = run * L
-    # ---- this thread's vectors: ch[j] the first channel (offset in mixed's row), act[j] whether it is
-    # real (QK: lanes past a head's dk/VEC vectors and heads past 2*Hk load nothing, compute zeros and
-    # store nothing, but take part in the shuffles)
-    ch = cute.make_rmem_tensor((NV,), Int32)
-    act = cute.make_rmem_tensor((NV,), cutlass.Boolean)
-    hk = Int32(0)
-    li = Int32(0)
-    if cutlass.const_expr(QK):
-        li = tid % cfg.LP
-        hk = uu * cfg.HPC + tid // cfg.LP  # q|k head 0 .. 2*Hk - 1
-        for j in cutlass.range_constexpr(NV):
-            vi = li + j * cfg.LP
-            act[j] = hk < 2 * cfg.Hk and vi < cfg.LH
-            ch[j] = cutlass.min(hk, 2 * cfg.Hk - 1) * cfg.dk + cutlass.min(vi, cfg.LH - 1) * VEC
-    else:
-        vv = uu * cfg.THREADS + tid
-        act[0] = vv < cfg.NVV
-        ch[0] = 2 * cfg.Hk * cfg.dk + cutlass.min(vv, cfg.NVV - 1) * VEC
-    # ---- taps of the thread's channels, fp32 (once)
-    wt = cute.make_rmem_tensor((NV, W, VEC), Float32)
-    for j in cutlass.range_constexpr(NV):
-        wrow = cute.make_tensor(cw + Int64(ch[j]) * W, cute.make_layout(VEC * W))
-        for e in cutlass.range_constexpr(VEC):
-            for s in cutlass.range_constexpr(W):
-                wt[j, s, e] = wrow[e * W + s].to(Float32)
+    # ---- this thread's vectors and the taps of its channels, fp32 (once)
+    ch, act, hk, li = _thread_vectors(cfg, QK, uu, tid, NV)
+    wt = _load_taps(cw, ch, NV, W, VEC)
     # ---- sequence starts of this run's rows t0 - (W-1) .. t0 + L - 1
     base = t0 - (W - 1)
     mask = Int64(0)
@@ -388,9 +420,7 @@ def _conv_unit(cfg: cutlass.Constexpr, QK: cutlass.Constexpr, mixed: cute.Pointe
                 nxt = nxt + T
             for j in cutlass.range_constexpr(NV):
                 for e in cutlass.range_constexpr(VEC):
-                    for q in cutlass.range_constexpr(W - 2):
-                        win[j, q, e] = win[j, q + 1, e]
-                    win[j, W - 2, e] = _elem(mixed.dtype, hb[j, s, e // EPW], e % EPW)
+                    _shift_in(win, j, e, _elem(mixed.dtype, hb[j, s, e // EPW], e % EPW), W)
     # ---- the run's rows in batches of U: registers (batch b+1's loads issued before batch b is
     # computed) or CA, a cp.async ring of S stages in shared memory (S-1 batches in flight)
     NB = L // U
@@ -440,9 +470,7 @@ def _conv_unit(cfg: cutlass.Constexpr, QK: cutlass.Constexpr, mixed: cute.Pointe
                         for s in cutlass.range_constexpr(W - 1):
                             pre = pre + wt[j, s, e] * win[j, s, e]
                         if cutlass.const_expr(W > 1):
-                            for q in cutlass.range_constexpr(W - 2):
-                                win[j, q, e] = win[j, q + 1, e]
-                            win[j, W - 2, e] = x
+                            _shift_in(win, j, e, x, W)
                         yv = _silu(pre)
                         y[j, e] = yv
                         if cutlass.const_expr(QK):
@@ -515,9 +543,7 @@ def _gate_unit(cfg: cutlass.Constexpr, mixed: cute.Pointer, A_log: cute.Pointer,
             row = cute.make_tensor(mixed + (Int64(t) * D + bo), cute.make_layout(2 * Hv))
             bb = row[h].to(Float32)
             xa = row[Hv + h].to(Float32) + cute.make_tensor(dt_bias, cute.make_layout(Hv))[h]
-            sp = xa
-            if xa <= Float32(20.0):
-                sp = cute.math.log1p(cute.math.exp(xa))
+            sp = _softplus(xa)
             al = cute.make_tensor(A_log, cute.make_layout(Hv))[h]
             o = Int64(t) * Hv + h
             cute.make_tensor(g + o, cute.make_layout(1))[0] = -cute.math.exp(al) * sp

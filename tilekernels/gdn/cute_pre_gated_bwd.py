@@ -85,9 +85,9 @@ from cutlass.memory.smem import SmemAllocator
 
 from tilekernels._cute import BoundLaunch, Launch, Ptr, Scalar, cdiv, cuda, launch_bounded
 from tilekernels._glue import kernel
-from tilekernels.gdn.cute_pre_gated import (LOG2E, HeadGeometry, _align, _elem, _elt, _ldw, _load_rows, _lower_bound,
-                                            _next_pow2, _stv, _wdt, _words, _zero_window, copy_z_rows,
-                                            ring_buffer)
+from tilekernels.gdn.cute_pre_gated import (LOG2E, HeadGeometry, _align, _elem, _elt, _ldw, _load_rows, _load_taps,
+                                            _lower_bound, _next_pow2, _shift_in, _softplus, _stv, _thread_vectors,
+                                            _wdt, _words, _zero_window, copy_z_rows, ring_buffer)
 
 L_DEFAULT = 128  # tokens a span (a CTA's walk)
 U_DEFAULT = 2    # rows a load batch
@@ -344,27 +344,16 @@ def _conv_unit(cfg: cutlass.Constexpr, QK: cutlass.Constexpr, mixed: cute.Pointe
     WM = max(W - 1, 1)
     tid, _, _ = cute.arch.thread_idx()
     t0 = span * L
-    # ---- this thread's vectors (as the forward): ch[j] its first channel in mixed's row, gb[j] its grad
-    # offset in a row of gq/gk (QK) or gv (V), act[j] whether it is real (padding lanes and heads compute
-    # zeros, store nothing, and take part in the shuffles)
-    ch = cute.make_rmem_tensor((NV,), Int32)
+    # ---- this thread's vectors (as the forward's: ch, act), gb[j] its grad offset in a row of gq/gk (QK:
+    # key head hc % Hk's R repeats) or gv (V)
+    ch, act, hk, _ = _thread_vectors(cfg, QK, uu, tid, NV)
     gb = cute.make_rmem_tensor((NV,), Int32)
-    act = cute.make_rmem_tensor((NV,), cutlass.Boolean)
-    hk = Int32(0)
     if cutlass.const_expr(QK):
-        li = tid % cfg.LP
-        hk = uu * cfg.HPC + tid // cfg.LP
         hc = cutlass.min(hk, 2 * cfg.Hk - 1)
         for j in cutlass.range_constexpr(NV):
-            vi = li + j * cfg.LP
-            act[j] = hk < 2 * cfg.Hk and vi < cfg.LH
-            ch[j] = hc * cfg.dk + cutlass.min(vi, cfg.LH - 1) * VEC
-            gb[j] = (hc % cfg.Hk) * (cfg.R * cfg.dk) + cutlass.min(vi, cfg.LH - 1) * VEC
+            gb[j] = ch[j] + ((hc % cfg.Hk) * cfg.R - hc) * cfg.dk
     else:
-        vv = uu * cfg.THREADS + tid
-        act[0] = vv < cfg.NVV
-        gb[0] = cutlass.min(vv, cfg.NVV - 1) * VEC
-        ch[0] = 2 * cfg.Hk * cfg.dk + gb[0]
+        gb[0] = ch[0] - 2 * cfg.Hk * cfg.dk
     sec = hk < cfg.Hk  # QK: a q head (grads from g1) or a k head (g2); V: always g1
     rend = cutlass.min(t0 + L + W - 1, NT)  # rows read: the span and the W-1 after it, within the tokens
     # ---- the ring's first S-1 batches in flight before anything else
@@ -376,13 +365,7 @@ def _conv_unit(cfg: cutlass.Constexpr, QK: cutlass.Constexpr, mixed: cute.Pointe
         for st in cutlass.range_constexpr(Sg - 1):
             _issue(cfg, QK, atom, mixed, g1, g2, sbuf, t0 + st * U, st, rend, ch, gb, act, sec, tid)
             cute.arch.cp_async_commit_group()
-    # ---- taps, fp32
-    wt = cute.make_rmem_tensor((NV, W, VEC), Float32)
-    for j in cutlass.range_constexpr(NV):
-        wrow = cute.make_tensor(cw + Int64(ch[j]) * W, cute.make_layout(VEC * W))
-        for e in cutlass.range_constexpr(VEC):
-            for s in cutlass.range_constexpr(W):
-                wt[j, s, e] = wrow[e * W + s].to(Float32)
+    wt = _load_taps(cw, ch, NV, W, VEC)  # taps, fp32
     win = cute.make_rmem_tensor((NV, WM, VEC), Float32)
     acc = cute.make_rmem_tensor((NV, WM, VEC), Float32)
     dwp = cute.make_rmem_tensor((NV, W, VEC), Float32)
@@ -404,9 +387,7 @@ def _conv_unit(cfg: cutlass.Constexpr, QK: cutlass.Constexpr, mixed: cute.Pointe
                 _zero_window(win, NV, WM, VEC)
             for j in cutlass.range_constexpr(NV):
                 for e in cutlass.range_constexpr(VEC):
-                    for q in cutlass.range_constexpr(W - 2):
-                        win[j, q, e] = win[j, q + 1, e]
-                    win[j, W - 2, e] = _elem(mixed.dtype, hb[j, s, e // EPW], e % EPW)
+                    _shift_in(win, j, e, _elem(mixed.dtype, hb[j, s, e // EPW], e % EPW), W)
     buf = cute.make_rmem_tensor((NV, NK, U if not cfg.CA else 1, NW), WD)
     rw = cute.make_rmem_tensor((NV, NK, NW), WD)
     xs = cute.make_rmem_tensor((NV, VEC), Float32)
@@ -484,9 +465,7 @@ def _conv_unit(cfg: cutlass.Constexpr, QK: cutlass.Constexpr, mixed: cute.Pointe
                     for e in cutlass.range_constexpr(VEC):
                         dp = dn[j, e]
                         if cutlass.const_expr(W > 1):
-                            for q in cutlass.range_constexpr(W - 2):
-                                win[j, q, e] = win[j, q + 1, e]
-                            win[j, W - 2, e] = xs[j, e]
+                            _shift_in(win, j, e, xs[j, e], W)
                             out[e] = acc[j, 0, e] + cutlass.select_(d >= W - 1, wt[j, 0, e] * dp, Float32(0.0))
                             for q in cutlass.range_constexpr(W - 2):
                                 acc[j, q, e] = acc[j, q + 1, e] + cutlass.select_(d >= W - 2 - q, wt[j, q + 1, e] * dp,
@@ -537,9 +516,7 @@ def _gate_unit(cfg: cutlass.Constexpr, mixed: cute.Pointer, A_log: cute.Pointer,
                     gb_ = cute.make_tensor(gbeta + (Int64(t) * Hv + h), cute.make_layout(1))[0].to(Float32)
                     beta = Float32(1.0) / (Float32(1.0) + cute.math.exp(-bb))
                     sa = Float32(1.0) / (Float32(1.0) + cute.math.exp(-xa))
-                    sp = xa
-                    if xa <= Float32(20.0):
-                        sp = cute.math.log1p(cute.math.exp(xa))
+                    sp = _softplus(xa)
                     da = gv * nA * sa
                     drow = cute.make_tensor(dmixed + (Int64(t) * D + bo), cute.make_layout(2 * Hv))
                     drow[h] = dmixed.dtype(gb_ * beta * (Float32(1.0) - beta))
