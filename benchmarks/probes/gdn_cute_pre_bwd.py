@@ -50,7 +50,6 @@ VARIANTS = {"REG": dict(CA=False, MINB=0), "U4-S3": dict(U=4, S=3), "S6": dict(S
             "L64": dict(L=64), "L256": dict(L=256), "T64": dict(THREADS=64), "T256": dict(THREADS=256, MINB=0),
             "VEC4": dict(VEC=4), "VEC4-U4": dict(VEC=4, U=4), "VEC4-REG": dict(VEC=4, CA=False),
             "MINB0": dict(MINB=0), "MINB4": dict(MINB=4),  # MINB: no bound / a register cap for 4 CTAs an SM
-            "NOBLOOP": dict(BLOOP=False, MINB=0), "NOBLOOP-MINB3": dict(BLOOP=False),  # BSHD's counter form
             "S6-T64": dict(S=6, THREADS=64), "L64-S6": dict(L=64, S=6), "VEC4-S6": dict(VEC=4, S=6)}
 CASES = [(False, True), (False, False), (True, True), (True, False)]  # (thd, repeat_qk)
 OUT: dict = {"records": [], "errors": [], "tests": {}}

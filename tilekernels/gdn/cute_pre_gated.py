@@ -296,11 +296,13 @@ def _shift_in(win: cute.Tensor, j: cutlass.Constexpr, e: cutlass.Constexpr, x, W
 
 @cute.jit
 def _thread_vectors(cfg: cutlass.Constexpr, QK: cutlass.Constexpr, uu, tid, NV: cutlass.Constexpr):
-    """(ch, act, hk, li) of this thread in unit uu, as the forward and the backward split a row: ch[j] the first
-    channel of its vector j in mixed's row, act[j] whether it is real (QK: lanes past a head's dk/VEC vectors
-    and heads past 2*Hk load nothing, compute zeros and store nothing, but take part in the shuffles), hk its
-    q|k head 0 .. 2*Hk - 1 and li its lane in the head (QK; V: 0)."""
+    """(ch, act, vo, hk, li) of this thread in unit uu, as the forward and the backward split a row: ch[j] the
+    first channel of its vector j in mixed's row, act[j] whether it is real (QK: lanes past a head's dk/VEC
+    vectors and heads past 2*Hk load nothing, compute zeros and store nothing, but take part in the shuffles),
+    vo[j] its offset in its head (QK) or in v (V), hk its q|k head 0 .. 2*Hk - 1 and li its lane in the head
+    (QK; V: 0)."""
     ch = cute.make_rmem_tensor((NV,), Int32)
+    vo = cute.make_rmem_tensor((NV,), Int32)
     act = cute.make_rmem_tensor((NV,), cutlass.Boolean)
     hk = Int32(0)
     li = Int32(0)
@@ -311,11 +313,13 @@ def _thread_vectors(cfg: cutlass.Constexpr, QK: cutlass.Constexpr, uu, tid, NV: 
             vi = li + j * cfg.LP
             act[j] = hk < 2 * cfg.Hk and vi < cfg.LH
             ch[j] = cutlass.min(hk, 2 * cfg.Hk - 1) * cfg.dk + cutlass.min(vi, cfg.LH - 1) * cfg.VEC
+            vo[j] = cutlass.min(vi, cfg.LH - 1) * cfg.VEC
     else:
         vv = uu * cfg.THREADS + tid
         act[0] = vv < cfg.NVV
-        ch[0] = 2 * cfg.Hk * cfg.dk + cutlass.min(vv, cfg.NVV - 1) * cfg.VEC
-    return ch, act, hk, li
+        vo[0] = cutlass.min(vv, cfg.NVV - 1) * cfg.VEC
+        ch[0] = 2 * cfg.Hk * cfg.dk + vo[0]
+    return ch, act, vo, hk, li
 
 
 @cute.jit
@@ -395,7 +399,7 @@ def _conv_unit(cfg: cutlass.Constexpr, QK: cutlass.Constexpr, mixed: cute.Pointe
     tid, _, _ = cute.arch.thread_idx()
     t0 = run * L
     # ---- this thread's vectors and the taps of its channels, fp32 (once)
-    ch, act, hk, li = _thread_vectors(cfg, QK, uu, tid, NV)
+    ch, act, _, hk, li = _thread_vectors(cfg, QK, uu, tid, NV)
     wt = _load_taps(cw, ch, NV, W, VEC)
     # ---- sequence starts of this run's rows t0 - (W-1) .. t0 + L - 1
     base = t0 - (W - 1)

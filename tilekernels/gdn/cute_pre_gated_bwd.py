@@ -29,10 +29,9 @@ channels (one 16-byte vector) and walks a span of L tokens FORWARD in time, one 
     after the span (x, grads: their dpre completes the span's last dx, they add no dconv_weight):
     (2(W-1))/L rows read twice, nothing written twice;
   * the dconv_weight partial sums of its channels (W*VEC fp32 registers) -> one partial row a span.
-Sequence starts: BSHD a counter (next multiple of T; BLOOP, the heuristic's: THD's loop over jn * T); THD
-the next cu_seqlens entry, found once a CTA by a binary search of cu_seqlens (overlapping the ring's first
-loads) and advanced at each start (a CTA-uniform branch; several at once for empty sequences). No mask launch, so L is not bounded by a
-mask's 64 bits.
+Sequence starts: the S starts (THD: cu_seqlens; BSHD: jn * T, S = B + 1); a CTA finds its first (THD by a
+binary search of cu_seqlens, overlapping the ring's first loads) and advances at each start (a CTA-uniform
+branch; several at once for empty sequences). No mask launch, so L is not bounded by a mask's 64 bits.
 
 Launches (``bwd_launches``):
   main  1-D grid, CTA ``span * UNITS + u`` (units fastest, as the forward): unit u is
@@ -57,7 +56,7 @@ At 4.27 TB/s: 0.60 ms at 32768 tokens if it streams at copy speed (0.79 ms is is
 
 Heuristic (H200, Qwen3-Next bf16, 32768 tokens; benchmarks/results/h200-gdn-cute-pre-bwd.txt): VEC 8, L 128,
 U 2, a cp.async ring of S 4 (48 KB), 128 threads, MINB 3 (3 CTAs an SM: ptxas holds 168 registers, no spill) and,
-BSHD, BLOOP (the counter form takes 195 registers, 2 CTAs an SM: 0.944 ms against 0.697). Main launch + reduction
+BSHD, its starts walked as THD's (a counter took 195 registers, 2 CTAs an SM: 0.944 ms against 0.697). Main launch + reduction
 BSHD / THD with repeat_qk 0.697 / 0.704 ms (90.6 / 89.8% of issue 12's ideal traffic; the cuTile backward 2.081 /
 2.214 in the same session), without 0.660 / 0.664. Heads of more than 32 vectors (dk > 256 in bf16) keep
 (4W-2)*dk/32 fp32 values a thread and spill.
@@ -123,13 +122,8 @@ class BwdCfg(HeadGeometry):
     CA: bool = False
     S: int = S_DEFAULT
     MINB: int = 0  # > 0: the main launch asks for MINB CTAs an SM (ptxas then caps the registers); 0: no bound
-    # BSHD: the sequence starts walked in THD's loop (jn * T for cu_seqlens[jn], S = B + 1) rather than by a
-    # counter; the same starts, but ptxas then holds the Qwen3-Next configs at THD's 168 registers (195 without)
-    BLOOP: bool = False
 
     def __post_init__(self):
-        if self.BLOOP and self.THD:
-            raise ValueError(f"gdn_pre_gated cute bwd: config {self}: BLOOP is BSHD's (THD walks cu_seqlens)")
         if (self.Hv % self.Hk or self.W < 1 or self.L < 1 or self.U < 1 or self.VEC not in (1, 2, 4, 8)
                 or self.dk % self.VEC or self.dv % self.VEC or self.D % self.VEC
                 or self.THREADS % 32 or self.THREADS % self.LP or self.THREADS > 1024 or self.MINB < 0
@@ -185,7 +179,7 @@ class BwdCfg(HeadGeometry):
         fit = [v for v in vecs if state[v] <= STATE_REGS]
         # none fits (wide convs, heads of more than 32 vectors): the least state, then the widest
         vec = fit[0] if fit else min(vecs, key=lambda v: (state[v], -v))
-        cfg = cls(Hk=Hk, Hv=Hv, dk=dk, dv=dv, W=W, REP=bool(repeat_qk), THD=bool(thd), VEC=vec, ELT=elt, BLOOP=not thd)
+        cfg = cls(Hk=Hk, Hv=Hv, dk=dk, dv=dv, W=W, REP=bool(repeat_qk), THD=bool(thd), VEC=vec, ELT=elt)
         if vec * elt != 16:
             return cfg  # the register path (the 8-byte cp.async.ca ring is a probe variant, not a default)
         # the ring: (U, S) from the default down, the first within SMEM_BUDGET (its slots grow with R:
@@ -224,48 +218,42 @@ def _stf(ptr, off, vals, n: int):
 
 
 @cute.jit
-def _first_start(cfg: cutlass.Constexpr, cu: cute.Pointer, lo, T, S):
-    """(nxt, jn): the first sequence start >= lo (BIG if none) and, THD, its cu_seqlens index."""
-    lo = cutlass.max(lo, 0)
-    jn = Int32(0)
-    nxt = ((lo + T - 1) // T) * T
-    if cutlass.const_expr(cfg.BLOOP and not cfg.THD):  # S = B + 1 starts 0, T, .., B*T (as cu_seqlens)
-        jn = cutlass.min((lo + T - 1) // T, S)
-        nxt = Int32(BIG)
-        if jn < S:
-            nxt = jn * T
+def _start(cfg: cutlass.Constexpr, cu: cute.Pointer, jn, T):
+    """Sequence start jn: cu_seqlens[jn] (THD) or jn * T (BSHD: its B + 1 starts 0, T, .., B*T, walked as THD's
+    entries; a counter form took 195 registers instead of 168 at Qwen3-Next, 2 CTAs an SM instead of 3, and
+    0.944 ms instead of 0.735 on the H200: benchmarks/results/h200-gdn-cute-pre-bwd.txt)."""
     if cutlass.const_expr(cfg.THD):
-        cut = cute.make_tensor(cu, cute.make_layout(1 << 30))
-        jn = _lower_bound(cut, Int32(0), S, lo)
-        nxt = Int32(BIG)
-        if jn < S:
-            nxt = cut[jn]
+        return cute.make_tensor(cu, cute.make_layout(1 << 30))[jn]
+    return jn * T
+
+
+@cute.jit
+def _first_start(cfg: cutlass.Constexpr, cu: cute.Pointer, lo, T, S):
+    """(nxt, jn): the first sequence start >= lo (BIG if none) and its index jn among the S starts."""
+    lo = cutlass.max(lo, 0)
+    if cutlass.const_expr(cfg.THD):
+        jn = _lower_bound(cute.make_tensor(cu, cute.make_layout(1 << 30)), Int32(0), S, lo)
+    else:
+        jn = cutlass.min((lo + T - 1) // T, S)
+    nxt = Int32(BIG)
+    if jn < S:
+        nxt = _start(cfg, cu, jn, T)
     return nxt, jn
 
 
 @cute.jit
 def _advance(cfg: cutlass.Constexpr, cu: cute.Pointer, t, nxt, jn, d, T, S):
-    """At row t: (hit, nxt, jn, d): whether t starts a sequence, the next start after t (THD: past the
-    entries equal to t, the empty sequences), and d = min(rows since the last start, W-1)."""
+    """At row t: (hit, nxt, jn, d): whether t starts a sequence, the next start after t (past the starts equal
+    to t: THD's empty sequences), and d = min(rows since the last start, W-1)."""
     hit = t == nxt
     d = cutlass.min(d + 1, cfg.W - 1)
     if hit:
         d = Int32(0)
-        if cutlass.const_expr(cfg.THD):
-            cut = cute.make_tensor(cu, cute.make_layout(1 << 30))
-            while nxt == t:
-                jn = jn + 1
-                nxt = Int32(BIG)
-                if jn < S:
-                    nxt = cut[jn]
-        elif cutlass.const_expr(cfg.BLOOP):  # THD's loop over the computed starts jn * T
-            while nxt == t:
-                jn = jn + 1
-                nxt = Int32(BIG)
-                if jn < S:
-                    nxt = jn * T
-        else:
-            nxt = nxt + T
+        while nxt == t:
+            jn = jn + 1
+            nxt = Int32(BIG)
+            if jn < S:
+                nxt = _start(cfg, cu, jn, T)
     return hit, nxt, jn, d
 
 
@@ -346,14 +334,11 @@ def _conv_unit(cfg: cutlass.Constexpr, QK: cutlass.Constexpr, mixed: cute.Pointe
     t0 = span * L
     # ---- this thread's vectors (as the forward's: ch, act), gb[j] its grad offset in a row of gq/gk (QK:
     # key head hc % Hk's R repeats) or gv (V)
-    ch, act, hk, _ = _thread_vectors(cfg, QK, uu, tid, NV)
-    gb = cute.make_rmem_tensor((NV,), Int32)
+    ch, act, gb, hk, _ = _thread_vectors(cfg, QK, uu, tid, NV)
     if cutlass.const_expr(QK):
         hc = cutlass.min(hk, 2 * cfg.Hk - 1)
         for j in cutlass.range_constexpr(NV):
-            gb[j] = ch[j] + ((hc % cfg.Hk) * cfg.R - hc) * cfg.dk
-    else:
-        gb[0] = ch[0] - 2 * cfg.Hk * cfg.dk
+            gb[j] = (hc % cfg.Hk) * (cfg.R * cfg.dk) + gb[j]
     sec = hk < cfg.Hk  # QK: a q head (grads from g1) or a k head (g2); V: always g1
     rend = cutlass.min(t0 + L + W - 1, NT)  # rows read: the span and the W-1 after it, within the tokens
     # ---- the ring's first S-1 batches in flight before anything else
@@ -674,7 +659,7 @@ def bwd_launches(gq, gk, gv, gz, gg, gbeta, mixed, conv_weight, A_log, dt_bias, 
     if thd:
         T, S, cu = 1, cu_seqlens.shape[0], cu_seqlens
     else:
-        # cu never read (BSHD): a valid pointer of any dtype stands in; S: BLOOP's B + 1 starts
+        # cu never read (BSHD): a valid pointer of any dtype stands in; S: the B + 1 starts 0, T, .., B*T
         T, S, cu = mixed.shape[1], mixed.shape[0] + 1, A_log
     return [BoundLaunch(main, (mixed, conv_weight, A_log, dt_bias, cu, gq, gk, gv, gz, gg, gbeta, dmixed, part,
                                NT, T, S, float(eps)), grid=(P * cfg.UNITS,)),
