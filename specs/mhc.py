@@ -143,7 +143,7 @@ H_POST_BDA = OpSpec(
                         "exchange, dbias in shared memory, then a fixed-order reduction); sm_90a only. "
                         "First: H200, T=32768, n=4, C=7168, fwd+bwd 2.551 / 2.561 ms (bf16 / fp32 h), TE 2.891 in the "
                         "same run, cutile 2.936 beside TE's 2.904 (benchmarks/results/h200-mhc-cute-post-bda.txt, "
-                        "h200-gpu-checks-session10.txt); other GPUs, "
+                        "h200-gpu-checks-session10.txt in git history at fccfcb8); other GPUs, "
                         "C % 8 != 0 or no CuTe DSL take cutile"),
               _cutile(Constraint(expr="T * n * C < 2**31", message=_INT32_INDEX),
                       Constraint(expr="not present(bias) or dtype(bias) == dtype(x)",

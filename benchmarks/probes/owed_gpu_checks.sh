@@ -1,7 +1,6 @@
 #!/usr/bin/env bash
-# Session 12 ran most of this (benchmarks/results/h200-gpu-checks-session12.txt: what is still owed).
-# The GPU checks sessions 10 and 11 owe (benchmarks/results/h200-gpu-checks-session10.txt, "owed"; session 11
-# had no device time), one device call per bundle, from the repository root:
+# The GPU checks sessions 10 and 11 owed (session 10's record: git show fccfcb8:benchmarks/results/h200-gpu-checks-session10.txt);
+# session 12 ran most of them (benchmarks/results/h200-gpu-checks-session12.txt lists what is still owed), one device call per bundle, from the repository root:
 #   cute:   source .gpu-cute/env.sh && bash benchmarks/probes/owed_gpu_checks.sh cute     (carry .gpu-cute)
 #   cutile: source .gpu-cutile/env.sh && bash benchmarks/probes/owed_gpu_checks.sh cutile (carry .gpu-cutile)
 # cute: the GPU files of the code moved without a GPU run (the gdn cute forward after the HeadGeometry /
