@@ -95,6 +95,20 @@ def test_every_config_compiles_for_sm90a(v):
 
 
 @pytest.mark.parametrize("sd", [F32, BF], ids=["fp32state", "bf16state"])
+@pytest.mark.parametrize("large", [False, True], ids=["small-grid", "large-grid"])
+def test_compiles_for_sm100a(sd, large):
+    """Issue 12: CI compiles every kernel for sm_90 and sm_100. Not run on Blackwell (the spec's
+    cute backend is sm_90 only), but both precompiled Qwen3-Next configs (the cluster barriers and
+    SHARE's distributed shared memory included) compile for sm_100a."""
+    cfg = cq.DecodeCfg.heuristic(16, 32, 128, 128, 4, torch.tensor([], dtype=sd).element_size(), True, True, large)
+    art = cq.representative_launch(**QWEN, state_dtype=sd, cfg=cfg).export("sm_100a")
+    assert art.cubin[:4] == b"\x7fELF" and "sm_100a" in art.ptx
+    assert "barrier.cluster.arrive" in art.ptx and "st.shared::cluster" in art.ptx
+    res = [r for n, r in cubin_resources(art.cubin).items() if "decode_kernel" in n]
+    assert len(res) == 1 and res[0]["frame"] <= (8 if large and sd == F32 else 0), res
+
+
+@pytest.mark.parametrize("sd", [F32, BF], ids=["fp32state", "bf16state"])
 @pytest.mark.parametrize("name", ["unaligned", *AB_CONFIGS])
 def test_ab_and_unaligned_configs_compile(name, sd):
     """The heuristic's config for a state address not 16-byte aligned (VEC 1) at every compile

@@ -3,7 +3,7 @@
 CPU (CI): every config the heuristic returns for the test shapes (BSHD / THD, repeat_qk on / off,
 conv state on / off, bf16 / fp32, 16-byte vectors and the narrower ones of odd dims or unaligned
 addresses, W 1 .. 33, more than a warp of vectors a head) compiles for sm_90a from fake arguments
-(``Launch.export``) without register spills; the config is the compile key (NT, T, N are runtime
+(``Launch.export``) without register spills (Qwen3-Next's also for sm_100a); the config is the compile key (NT, T, N are runtime
 scalars); the spec declares the backend (fwd + bwd) ahead of cutile.
 
 GPU (marked ``gpu``, skipped without CUDA): against ``reference.pre_gated`` in float64 on upcasts
@@ -92,6 +92,21 @@ def test_every_variant_compiles_for_sm90a(v):
     if cfg.VEC * elt == 16:
         assert "ld.global.v4" in art.ptx and "st.global.v4" in art.ptx
     assert ("cp.async.cg.shared.global" in art.ptx) == cfg.CA == (cfg.VEC * elt == 16)
+
+
+SM100_VARIANTS = [(QWEN, True, True, True, BF, 16), (QWEN, False, False, False, BF, 16), (QWEN, True, True, True, F32, 16)]
+
+
+@pytest.mark.parametrize("v", SM100_VARIANTS, ids=[_vid(v) for v in SM100_VARIANTS])
+def test_compiles_for_sm100a(v):
+    """Issue 12: CI compiles every kernel for sm_90 and sm_100. Not run on Blackwell (the spec's
+    cute backend is sm_90 only), but the forward's launches (THD's starts pass and the main kernel)
+    compile for sm_100a too, without spills."""
+    for ln in _launches(v):
+        art = ln.export("sm_100a")
+        assert art.cubin[:4] == b"\x7fELF" and "sm_100a" in art.ptx
+        res = [r for n, r in cubin_resources(art.cubin).items() if "kernel" in n and "slowpath" not in n]
+        assert len(res) == 1 and res[0]["frame"] == 0, res
 
 
 @pytest.mark.parametrize("over", CFG_VARIANTS, ids=lambda d: "-".join(f"{k}{v}" for k, v in d.items()))

@@ -188,6 +188,22 @@ def test_every_variant_compiles_for_sm90a(v):
         assert cfg.VEC == min(16, v[4]) // elt  # 16-byte vectors where aligned (8 bf16, 4 fp32)
 
 
+SM100_VARIANTS = [(QWEN, False, True, BF, 16), (QWEN, True, True, BF, 16), (QWEN, True, False, F32, 16)]
+
+
+@needs_cute
+@pytest.mark.parametrize("v", SM100_VARIANTS, ids=[_vid(v) for v in SM100_VARIANTS])
+def test_compiles_for_sm100a(v):
+    """Issue 12: CI compiles every kernel for sm_90 and sm_100. Not run on Blackwell (the spec's
+    cute backend is sm_90 only), but both launches (main pass and the partials' reduction)
+    compile for sm_100a, without spills."""
+    for ln in _launches(v):
+        art = ln.export("sm_100a")
+        assert art.cubin[:4] == b"\x7fELF" and "sm_100a" in art.ptx
+        res = [r for n, r in cubin_resources(art.cubin).items() if "kernel" in n and "slowpath" not in n]
+        assert len(res) == 1 and res[0]["frame"] == 0, res
+
+
 @needs_cute
 @pytest.mark.parametrize("over", CFG_VARIANTS, ids=lambda d: "-".join(f"{k}{v}" for k, v in d.items()))
 def test_config_variants_compile_for_sm90a(over):
