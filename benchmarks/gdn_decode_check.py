@@ -13,6 +13,8 @@ dependencies):
     python3 benchmarks/gdn_decode_check.py --out "$OUT" --variants --warm 8
         # + the named config variants (VARIANTS), their compiles first in 8 processes
         #   (cuTile's disk cache keeps them for the timing loop)
+    python3 benchmarks/gdn_decode_check.py --out "$OUT" --backends cute --copy-floor
+        # + row ``copy=``: a device copy of as many bytes as each step moves (the floor at that size)
 
 Qwen3-Next shapes (Hk=16, Hv=32, dk=dv=128, W=4), bf16 mixed / conv_state / o, state_indices
 a random permutation of N = B slots. Each case: one eager call checked against the torch
@@ -49,7 +51,10 @@ import torch.nn.functional as F  # noqa: E402
 from _gpu import log_error  # noqa: E402
 
 from tilekernels.gdn import bench as mk  # noqa: E402
-from tilekernels.gdn import cutile_decode as cd  # noqa: E402
+try:  # the cute bundle has no cuTile: its rows (default, --variants, --sweep) need it, --backends cute does not
+    from tilekernels.gdn import cutile_decode as cd  # noqa: E402
+except ImportError:
+    cd = None
 from tilekernels.gdn import reference as ref  # noqa: E402
 from tilekernels.testing import rel_err, tolerance  # noqa: E402
 
@@ -97,11 +102,12 @@ def check(args, launch):
     return errs, ok
 
 
-def copy_tbs() -> float:
-    """Device-to-device copy bandwidth (read + write bytes), graph-replayed, 1 GiB."""
+def copy_tbs(sm_kernel: bool = False) -> float:
+    """Device-to-device copy bandwidth (read + write bytes), graph-replayed, 1 GiB: ``copy_`` (captured: a
+    graph memcpy node) or, with ``sm_kernel``, an SM kernel (torch.neg) over the same bytes."""
     a = torch.empty(1 << 28, dtype=torch.float32, device="cuda")
     b = torch.empty_like(a)
-    us = bench_graph(lambda: b.copy_(a))
+    us = bench_graph((lambda: torch.neg(a, out=b)) if sm_kernel else (lambda: b.copy_(a)))
     return 2 * a.numel() * 4 / (us * 1e-6) / 1e12
 
 
@@ -135,6 +141,7 @@ CUTE_VARIANTS = {  # name: (state dtypes, VEC, BV, KS, STREAM, MINB, SHARE); "v1
     "v1": ("fp32,bf16", 1, 32, 4, False, 0, False), "v4-b64k8": ("fp32,bf16", 4, 64, 8, False, 0, False),
     "v4-b64k8-minb5": ("fp32,bf16", 4, 64, 8, False, 5, False),
     "share": ("fp32,bf16", 4, 64, 8, False, 0, True), "share-stream": ("fp32,bf16", 4, 64, 8, True, 0, True),
+    "share-minb5": ("fp32,bf16", 4, 64, 8, False, 5, True), "share-stream-minb5": ("fp32,bf16", 4, 64, 8, True, 5, True),
 }
 
 
@@ -154,9 +161,10 @@ def _rec(tag, B, sd, us, cfg=None, **extra):
     return rec
 
 
-def run_case(B, sd, cfg=None, with_ref=True, tag="default", split=None, rep=200, mod=cd):
+def run_case(B, sd, cfg=None, with_ref=True, tag="default", split=None, rep=200, mod=None):
     """One row: ``mod``'s launch at batch B, state dtype sd, config cfg (None: mod's
     heuristic) and split (None: default)."""
+    mod = mod or cd
     args = problem(B, sd)
     x, conv, w, A, dt, ssm, idx, o = args
     kw = {} if split is None else {"split": split}
@@ -168,6 +176,20 @@ def run_case(B, sd, cfg=None, with_ref=True, tag="default", split=None, rep=200,
             o.copy_(ref.decode(x, conv, w, A, dt, ssm, idx, Hk=SHAPE["Hk"]))
         rec["torch_ref_us"] = bench_graph(torch_path, rep=50)
     return rec
+
+
+def copy_case(B, sd, rep=200):
+    """The copy floor at this size (``--copy-floor``): an SM kernel (torch.neg: 16-byte loads and stores)
+    over half this step's bytes (decode_bytes: so it reads and writes as many bytes as the step),
+    graph-replayed by the same timer (``copy_`` is not used: captured, a device-to-device copy is a
+    graph memcpy node, which ran at 2.7 TB/s on the H200 against 4.2+ for SM kernels).
+    What a kernel that only moved the step's bytes, with no dependent loads, would take: at B = 32 the
+    step is ~134 MB, where launch, ramp-up and the last wave weigh on the copy kernel too."""
+    n = decode_bytes(B, **SHAPE, selt=torch.finfo(sd).bits // 8) // 2 // 16 * 4
+    a = torch.randn(n, device="cuda")
+    b = torch.empty_like(a)
+    us = bench_graph(lambda: torch.neg(a, out=b), rep=rep)
+    return _rec("copy=", B, sd, us, ok=bool(torch.equal(-a, b)))
 
 
 def fla_case(B, rep=200):
@@ -294,6 +316,7 @@ def main():
     ap.add_argument("--no-peers", action="store_true", help="skip the FLA rows")
     ap.add_argument("--backends", default="cutile,cute,fla", help="rows to time: cutile, cute, fla")
     ap.add_argument("--cute-sweep", action="store_true", help="also time CUTE_VARIANTS")
+    ap.add_argument("--cute-only", default="", help="with --cute-sweep: a comma list of CUTE_VARIANTS names to time")
     ap.add_argument("--batches", default="1,32,256")
     ap.add_argument("--variants", action="store_true", help="also time the named VARIANTS")
     ap.add_argument("--only", default="", help="with --variants: a comma list of VARIANTS names to time")
@@ -301,6 +324,7 @@ def main():
     ap.add_argument("--warm", type=int, default=0, help="compile the variants first in this many processes")
     ap.add_argument("--warm-only", action="store_true", help="only compile (with --warm), then exit")
     ap.add_argument("--rep", type=int, default=200, help="ms of graph replays per timing (x10 retries)")
+    ap.add_argument("--copy-floor", action="store_true", help="also time a copy of each step's bytes (row copy=)")
     a = ap.parse_args()
     if a.warm:
         jobs = [("cd", sd, {}) for sd in SDT]
@@ -310,10 +334,11 @@ def main():
         if a.warm_only:
             return 0
     RESULTS["env"] = dict(device=torch.cuda.get_device_name(), torch=torch.__version__,
-                          default_cfg={str(sd): dataclasses.asdict(cd.DecodeCfg.heuristic(16, 32, 128, 128, 4, n))
-                                       for sd, n in (("fp32", 4), ("bf16", 2))})
+                          default_cfg={str(sd): dataclasses.asdict((cd or _cute_mod()).DecodeCfg.heuristic(
+                                           16, 32, 128, 128, 4, n)) for sd, n in (("fp32", 4), ("bf16", 2))})
     try:
         RESULTS["env"]["copy_tbs_measured"] = copy_tbs()
+        RESULTS["env"]["copy_tbs_sm_kernel"] = copy_tbs(sm_kernel=True)
     except Exception:
         log_error(RESULTS["errors"], "copy", limit=4)
     print(json.dumps(RESULTS["env"]), flush=True)
@@ -339,6 +364,8 @@ def main():
                 except Exception:
                     log_error(RESULTS["errors"], f"cute B={B} {sd}", limit=6)
                 for name, ch in CUTE_VARIANTS.items() if a.cute_sweep else ():
+                    if a.cute_only and name not in a.cute_only.split(","):
+                        continue
                     if str(sd).removeprefix("torch.").replace("bfloat16", "bf16").replace("float32", "fp32") \
                             not in ch[0].split(","):
                         continue
@@ -350,6 +377,11 @@ def main():
                                       rep=min(a.rep, 100), mod=cq), "sweeps")
                     except Exception:
                         log_error(RESULTS["errors"], f"{name} B={B} {sd}", limit=6)
+            if a.copy_floor:
+                try:
+                    keep(copy_case(B, sd, rep=a.rep))
+                except Exception:
+                    log_error(RESULTS["errors"], f"copy B={B} {sd}", limit=6)
             if sd == torch.float32 and not a.no_peers and "fla" in backends:
                 try:
                     keep(fla_case(B, rep=a.rep))

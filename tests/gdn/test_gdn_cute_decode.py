@@ -37,16 +37,21 @@ COMPILE_VARIANTS += [(c[2], c[3], c[4] is not None, BF) for c in GPU_CASES if c[
 COMPILE_VARIANTS += [(dict(Hk=1, Hv=8, dk=64, dv=40, W=4), F32, True, BF)]  # R = 8: BV 64, one CTA per head
 
 # GPU cases beyond the cuTile test's, for this kernel's own regimes: dv % 4 == 2 (VEC 2, the last
-# column block partial), odd dv (VEC 1), a cluster of 8 with SHARE, and a grid past LARGE_CTAS
-# (the MINB_LARGE config) at a shape that is not Qwen3-Next's (B, N, shape, state dtype, indices)
+# column block partial), odd dv (VEC 1), a cluster of 8 with SHARE, and every grid regime past the
+# smallest (GRID_REGIMES: 4 CTAs a row here, so fp32 MINB 5 from B = 128, + STREAM from 512 to 2048,
+# MINB 5 above; bf16 STREAM from 768) at a shape that is not Qwen3-Next's (B, N, shape, state dtype, indices)
 CUTE_GPU_CASES = [
     (5, 7, dict(Hk=1, Hv=4, dk=48, dv=34, W=4), F32, "pad"),
     (4, 6, dict(Hk=2, Hv=2, dk=24, dv=39, W=3), BF, "perm"),
     (3, 5, dict(Hk=1, Hv=8, dk=40, dv=34, W=2), BF, None),
     (300, 310, dict(Hk=2, Hv=4, dk=64, dv=64, W=4), F32, "perm"),
     (300, 300, dict(Hk=2, Hv=4, dk=64, dv=64, W=4), BF, None),
+    (700, 703, dict(Hk=2, Hv=4, dk=64, dv=64, W=4), F32, "pad"),
+    (2100, 2100, dict(Hk=2, Hv=4, dk=64, dv=64, W=4), F32, None),
+    (800, 810, dict(Hk=2, Hv=4, dk=64, dv=64, W=4), BF, "perm"),
 ]
-COMPILE_VARIANTS += [(c[2], c[3], c[4] is not None, BF) for c in CUTE_GPU_CASES]
+COMPILE_VARIANTS += [v for v in {(c[2]["Hk"], c[2]["Hv"], c[2]["dk"], c[2]["dv"], c[2]["W"], c[3], c[4] is not None): (
+    c[2], c[3], c[4] is not None, BF) for c in CUTE_GPU_CASES}.values() if v not in COMPILE_VARIANTS]
 
 
 # A/B configs beside the heuristic's (its Qwen3-Next config with these VEC, BV, KS, STREAM, SHARE;
@@ -100,12 +105,13 @@ def test_compiles_for_sm100a(sd, large):
     """Issue 12: CI compiles every kernel for sm_90 and sm_100. Not run on Blackwell (the spec's
     cute backend is sm_90 only), but both precompiled Qwen3-Next configs (the cluster barriers and
     SHARE's distributed shared memory included) compile for sm_100a."""
-    cfg = cq.DecodeCfg.heuristic(16, 32, 128, 128, 4, torch.tensor([], dtype=sd).element_size(), True, True, large)
+    se = torch.tensor([], dtype=sd).element_size()
+    cfg = cq.DecodeCfg.heuristic(16, 32, 128, 128, 4, se, True, True, *cq.grid_regime(4096 if large else 64, se))
     art = cq.representative_launch(**QWEN, state_dtype=sd, cfg=cfg).export("sm_100a")
     assert art.cubin[:4] == b"\x7fELF" and "sm_100a" in art.ptx
     assert "barrier.cluster.arrive" in art.ptx and "st.shared::cluster" in art.ptx
     res = [r for n, r in cubin_resources(art.cubin).items() if "decode_kernel" in n]
-    assert len(res) == 1 and res[0]["frame"] <= (8 if large and sd == F32 else 0), res
+    assert len(res) == 1 and res[0]["frame"] <= (8 if cfg.MINB else 0), res
 
 
 @pytest.mark.parametrize("sd", [F32, BF], ids=["fp32state", "bf16state"])
@@ -133,16 +139,23 @@ def test_config_is_the_compile_key():
     keys = {_launch(v).key("sm_90a") for v in COMPILE_VARIANTS}
     assert len(keys) == len(COMPILE_VARIANTS)
     meta = torch.device("meta")
-    lns = []
-    for B in (1, 7, 15, 16, 256):
-        x, conv, w, A, dt, ssm = mk_meta(B, **QWEN)
-        o = torch.empty(B, 32, 128, dtype=BF, device=meta)
-        lns.append(cq.decode_launch(x, conv, w, A, dt, ssm, None, o, 16))
-    # B picks between two precompiled configs: a grid of >= LARGE_CTAS CTAs (B >= 16 here) the large one
-    assert len({ln.launch.key("sm_90a") for ln in lns[:3]}) == 1 and len({ln.launch.key("sm_90a") for ln in lns}) == 2
-    assert [ln.grid for ln in lns] == [(64, 1, 1), (64, 7, 1), (64, 15, 1), (64, 16, 1), (64, 256, 1)]
-    assert lns[3].cfg == lns[4].cfg == dataclasses.replace(lns[0].cfg, MINB=cq.MINB_LARGE)
-    cfg = lns[0].cfg
+    # B picks one of the grid regimes' precompiled configs (64 CTAs a row here): fp32 MINB 0 below 512
+    # CTAs, MINB 5 from 512, MINB 5 + STREAM from 2048 to 8192, MINB 5 above; bf16 STREAM from 3072
+    for sd, bs, want in ((F32, (1, 7, 8, 31, 32, 128, 129, 256), "0 0 m m ms ms m m"),
+                         (BF, (1, 47, 48, 256), "0 0 s s")):
+        lns = []
+        for B in bs:
+            x, conv, w, A, dt, ssm = mk_meta(B, **QWEN, state_dtype=sd)
+            o = torch.empty(B, 32, 128, dtype=BF, device=meta)
+            lns.append(cq.decode_launch(x, conv, w, A, dt, ssm, None, o, 16))
+        assert [ln.grid for ln in lns] == [(64, B, 1) for B in bs]
+        got = ["m" * (ln.cfg.MINB == 5) + "s" * ln.cfg.STREAM or "0" for ln in lns]
+        assert got == want.split(), (sd, got)
+        assert all(dataclasses.replace(ln.cfg, MINB=0, STREAM=False) == lns[0].cfg for ln in lns)
+        keys = {ln.launch.key("sm_90a") for ln in lns}
+        assert len(keys) == len(set(got))
+    x, conv, w, A, dt, ssm = mk_meta(1, **QWEN)
+    cfg = cq.decode_launch(x, conv, w, A, dt, ssm, None, torch.empty(1, 32, 128, dtype=BF, device=meta), 16).cfg
     assert (cfg.BV, cfg.VEC, cfg.KS, cfg.cluster, cfg.threads, cfg.RPT, cfg.SHARE) == (64, 4, 8, 4, 128, 16, True)
     bf = cq.DecodeCfg.heuristic(16, 32, 128, 128, 4, 2)
     assert (bf.BV, bf.VEC, bf.KS, bf.threads, bf.RPT) == (64, 4, 8, 128, 16)
@@ -154,16 +167,20 @@ def test_config_is_the_compile_key():
     assert cq.DecodeCfg.heuristic(1, 4, 48, 39, 4, 4).VEC == 1
 
 
-@pytest.mark.parametrize("sd", [F32, BF], ids=["fp32state", "bf16state"])
-def test_large_grid_config_compiles(sd):
-    """The config of a grid of >= LARGE_CTAS CTAs (ptxas asked for MINB_LARGE CTAs an SM):
-    compiles for sm_90a within MINB_LARGE's register budget; fp32 state spills at most 8 bytes
-    (measured, H200: faster than the unbounded 103 registers at B = 32 and 256)."""
-    cfg = cq.DecodeCfg.heuristic(16, 32, 128, 128, 4, torch.tensor([], dtype=sd).element_size(), True, True, True)
-    assert cfg.MINB == cq.MINB_LARGE and cfg.SHARE
+REGIMES = [(sd, m, st) for sd in (F32, BF) for _, m, st in cq.GRID_REGIMES[sd.itemsize]]
+
+
+@pytest.mark.parametrize("sd,minb,stream", REGIMES, ids=[f"{str(r[0])[6:]}-minb{r[1]}-stream{int(r[2])}" for r in REGIMES])
+def test_grid_regime_configs_compile(sd, minb, stream):
+    """Each grid regime's config (GRID_REGIMES: ptxas asked for MINB CTAs an SM, streaming hints):
+    compiles for sm_90a within MINB's register budget; fp32 state spills at most 8 bytes
+    (measured, H200: MINB 5 faster than the unbounded 103 registers from 512 CTAs on)."""
+    cfg = cq.DecodeCfg.heuristic(16, 32, 128, 128, 4, sd.itemsize, True, True, minb, stream)
+    assert (cfg.MINB, cfg.STREAM, cfg.SHARE) == (minb, stream, True)
     art = cq.representative_launch(**QWEN, state_dtype=sd, cfg=cfg).export("sm_90a")
     res = [r for n, r in cubin_resources(art.cubin).items() if "decode_kernel" in n]
-    assert len(res) == 1 and res[0]["regs"] * 128 * cfg.MINB <= 65536 and res[0]["frame"] <= 8, res
+    assert len(res) == 1 and res[0]["regs"] * 128 * max(cfg.MINB, 1) <= 65536 and res[0]["frame"] <= 8, res
+    assert ("st.global.cs" in art.ptx) == stream
 
 
 def mk_meta(B, Hk, Hv, dk, dv, W, N=None, dtype=BF, state_dtype=F32):
@@ -222,13 +239,29 @@ test_cuda_graph_replay_equals_eager = base.test_cuda_graph_replay_equals_eager
 def test_cute_regimes_match_float64_reference(B, N, shape, sd, mode):
     """CUTE_GPU_CASES through the cuTile test's reference check (float64 oracle, unnamed slots
     bit-identical, padded rows zero), on this kernel; the config the launch takes is the one the
-    case is meant to reach (VEC by dv, the large-grid config past LARGE_CTAS)."""
+    case is meant to reach (VEC by dv; test_gpu_cases_reach_every_grid_regime: the grid regimes)."""
     s = shape
     sz = torch.tensor([], dtype=sd).element_size()
     small = cq.DecodeCfg.heuristic(s["Hk"], s["Hv"], s["dk"], s["dv"], s["W"], sz, mode is not None)
     assert small.VEC == (4 if s["dv"] % 4 == 0 else 2 if s["dv"] % 2 == 0 else 1)
-    assert (B * s["Hv"] * small.NCB >= cq.LARGE_CTAS) == (B >= 300)
     base.test_decode_matches_float64_reference(B, N, shape, sd, mode)
+
+
+def test_gpu_cases_reach_every_grid_regime():
+    """GPU_CASES and CUTE_GPU_CASES (the VEC 4 ones) run every grid regime's config of both state dtypes
+    (the larger ones at a shape that is not Qwen3-Next's), and the launch takes the regime's MINB / STREAM."""
+    seen = set()
+    for B, N, s, sd, mode in GPU_CASES + CUTE_GPU_CASES:
+        x, conv, w, A, dt, ssm = mk_meta(B, **s, N=N, state_dtype=sd)
+        o = torch.empty(B, s["Hv"], s["dv"], dtype=BF, device="meta")
+        idx = torch.empty(B, dtype=torch.int32, device="meta") if mode else None
+        ln = cq.decode_launch(x, conv, w, A, dt, ssm, idx, o, s["Hk"])
+        if ln.cfg.VEC == 4:
+            regime = cq.grid_regime(B * s["Hv"] * ln.cfg.NCB, sd.itemsize)
+            assert (ln.cfg.MINB, ln.cfg.STREAM) == regime
+            seen.add((sd.itemsize, *regime))
+    want = {(se, m, st) for se, rs in cq.GRID_REGIMES.items() for _, m, st in rs} | {(4, 0, False), (2, 0, False)}
+    assert seen == want, sorted(want - seen)
 
 
 @pytest.mark.gpu

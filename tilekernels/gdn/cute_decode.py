@@ -57,38 +57,20 @@ conv_state [N, C, W-1], conv_weight [C, W], A_log, dt_bias [Hv] fp32, ssm_state
 and W >= 2: rows past dk read row dk-1 with zero q', k weights, columns past dv read column
 dv-1 and store nothing.
 
-Measured (H200, Qwen3-Next, bf16 mixed, graph-replayed, benchmarks/results/h200-gdn-decode-cute.txt,
-session 9): the heuristic's config (BV 64, VEC 4, KS 8: 64 values a thread, 122 registers, 4 CTAs
-of 128 threads an SM, clusters of 4) fp32 state 3.72 / 44.93 / 307.87 us at B = 1 / 32 / 256 (84.1%
-of 4.27 TB/s at B=256), bf16 state 3.55 / 21.53 / 218.20; the session-8 config (VEC 1, BV 32, KS 4:
-32 values, 71 registers, 7 CTAs an SM) 3.79 / 46.44 / 327.78 and 3.55 / 25.94 / 235.07; FLA's
-fused_recurrent_gated_delta_rule (no conv step) 3.38 / 48.91 / 364.89, all in the same run.
-Nsight Compute at B=256, fp32 (session 9): the session-8 config DRAM 68% of peak, achieved occupancy
-39%; this one DRAM 74%, occupancy 23%; both mostly stalled on global-load scoreboards (34% / 43% of
-the cycles between issues): latency-bound, the state in flight per SM is what moves it. VEC 4 at BV
-32 (32 values, 6 CTAs an SM) measured slower than VEC 1 (354.98 us); 128 values a thread (BV 64 or
-128 with KS 4) slower than 64; STREAM faster at B=32 (42.62 us) and slower at 256 (316.88); ptxas
-held to 5 CTAs an SM (MINB 5: 96 registers, a 16-byte spill for fp32) 4.09 / 44.25 / 299.60 fp32,
-3.65 / 20.90 / 211.44 bf16 (not the default: a spill, slower at B=1).
-Session 9, round 2 (same shapes, one run): the heuristic now SHARE, and ptxas held to 5 CTAs an SM
-(MINB 5) only where the grid has >= LARGE_CTAS CTAs (B >= 16 here): fp32 3.70 / 43.79 / 302.11 us
-(85.7%), bf16 3.24 / 20.75 / 212.97, against the session-9 config's 3.68 / 44.83 / 308.29 and
-3.45 / 21.59 / 216.49 in the same run. SHARE alone cuts fp32 to 103 registers (still 4 CTAs an SM)
-and is slower there (46.28 / 327.73 at B = 32 / 256: the mid-kernel cluster wait; ncu B=256 DRAM
-69%); with MINB 5 it spills 8 bytes (not 16) and matches the session-9 config at MINB 5 (300.07);
-bf16 SHARE needs 96 registers (5 CTAs an SM without MINB) and is the faster at every B.
-Those round-2 times predate the start-of-kernel cluster barrier that racecheck asked for (SHARE's
-remote stores could reach a CTA that had not started); with it, one run: fp32 3.80 / 44.16 / 300.96
-us (86.0%), bf16 3.31 / 20.93 / 213.81; there SHARE buys fp32 nothing (B=1 3.59 without it, B=256
-299.46 for MINB 5 alone, which spills 16 bytes) and stays for its registers and bf16.
+Measured (H200, Qwen3-Next, bf16 mixed, graph-replayed; the history, sessions 8-13, is in
+benchmarks/results/gdn.md and h200-gdn-decode-cute.txt): the kernel is latency-bound (Nsight Compute
+at B=256, fp32: DRAM 74% of peak, mostly stalled on global-load scoreboards), so what moves it is
+the state in flight per SM: 64 values a thread (BV 64, VEC 4, KS 8) beat 32 and 128; ptxas held to
+5 CTAs an SM (MINB) and streaming cache hints (STREAM) win or lose by the grid's size and the
+state's dtype, hence the grid regimes (GRID_REGIMES, below; session 13, two runs at B = 1 .. 256).
 
 Backend limits (for the spec's cute Backend entry): SM 9.0 (sm_90a: clusters); mixed (and so
 conv_state and o) bf16 or fp32; conv_weight bf16 or fp32; A_log, dt_bias fp32; ssm_state fp32
 or bf16; W >= 2; Hv/Hk <= 8 (cluster size); B < 65536 (the grid's y extent); Hv*dk*dv < 2**31
 (offsets inside a slot are int32, across slots and rows 64-bit). Compile key: DecodeCfg (from Hk, Hv, dk, dv, W,
 the state's element size and whether its address is a multiple of 16 bytes: VEC > 1 needs that,
-a view that is not gets VEC 1; whether the grid is large: B picks one of two configs) + the dtypes +
-HAS_IDX; B is a runtime scalar (the grid).
+a view that is not gets VEC 1; the grid's regime: B picks one of up to four precompiled configs) +
+the dtypes + HAS_IDX; B is a runtime scalar (the grid).
 Importing this module needs ``cutlass`` but no GPU.
 """
 from __future__ import annotations
@@ -111,10 +93,27 @@ from tilekernels._glue import kernel, launch_into
 MAX_CLUSTER = 8  # portable thread-block cluster size
 VEC_BYTES = {4: 16, 2: 8}  # the heuristic's state bytes a thread loads and stores per row, by element size
 VALUES = 64  # the heuristic's most state values a thread holds (VEC > 1)
-STREAM = False  # the heuristic's DecodeCfg.STREAM
 SHARE = True  # the heuristic's DecodeCfg.SHARE (VEC > 1 configs)
-MINB_LARGE = 5  # the heuristic's DecodeCfg.MINB for a large grid (VEC > 1 configs; 0: as a small one)
-LARGE_CTAS = 1024  # a grid of at least this many CTAs is "large" (B is runtime: two precompiled configs)
+# Grid regimes of the VEC > 1 configs, by the state's element size: (first grid size in CTAs, MINB, STREAM),
+# ascending; a grid smaller than the first entry's takes MINB 0 and no STREAM. B is runtime, so
+# decode_launch picks one of these precompiled configs by the grid (B * Hv * NCB CTAs). H200, Qwen3-Next
+# (64 CTAs a row), graph-replayed, two runs (session 13, benchmarks/results/h200-gdn-decode-cute.txt), us:
+#   fp32: B=8 (512 CTAs) MINB 5 9.81 / 9.59 against 10.99 / 11.02 without; B=32..128 (2048..8192) MINB 5 +
+#     STREAM 42.14 / 79.29 / 154.65 against MINB 5 alone 44.02 / 81.75 / 155.82; B=256 MINB 5 alone 302.14
+#     against 310.94 with STREAM; B=1..4 within 2% whichever.
+#   bf16: MINB 5 never wins (B=32 21.19 against 20.86 without); STREAM from B=48 (3072 CTAs): B=48 / 64 /
+#     128 / 256 38.69 / 50.45 / 98.79 / 207.24 against 41.77 / 55.03 / 107.88 / 213.74; at B=32 it loses
+#     (22.04 against 20.86).
+GRID_REGIMES = {4: ((512, 5, False), (2048, 5, True), (8193, 5, False)), 2: ((3072, 0, True),)}
+
+
+def grid_regime(ctas: int, state_bytes: int) -> tuple[int, bool]:
+    """(MINB, STREAM) of a VEC > 1 config for a grid of ``ctas`` CTAs (GRID_REGIMES)."""
+    minb, stream = 0, False
+    for first, m, st in GRID_REGIMES.get(state_bytes, ()):
+        if ctas >= first:
+            minb, stream = m, st
+    return minb, stream
 
 
 # ------------------------------------------------------------------ launch config
@@ -180,7 +179,7 @@ class DecodeCfg:
     @classmethod
     @functools.lru_cache(maxsize=1024)
     def heuristic(cls, Hk: int, Hv: int, dk: int, dv: int, W: int, state_bytes: int = 4,
-                  has_idx: bool = True, aligned: bool = True, large: bool = False) -> "DecodeCfg":
+                  has_idx: bool = True, aligned: bool = True, minb: int = 0, stream: bool = False) -> "DecodeCfg":
         """From the head shape and the state's element size only (never B or N): 32 columns per
         CTA (one warp's 128-byte fp32 row; the widest cluster, so the most CTAs at small B),
         widened while the cluster R * NCB would exceed 8 (so the CTA is whole warps: the
@@ -195,10 +194,10 @@ class DecodeCfg:
         rows are split so that a thread holds at most 64 state values (KS = ceil(dk * VEC / 64),
         rounded up to whole warps). Qwen3-Next: BV 64, VEC 4, KS 8, 128 threads, 64 values, 4
         CTAs a cluster (H200: 308 us at B=256 against 328 us for the session-8 config, fp32).
-        With VEC > 1 the q|k prologue is shared by the cluster (SHARE, module constant) and, where
-        the grid is ``large`` (at least LARGE_CTAS CTAs: :func:`decode_launch` picks by B, the
-        runtime dim, between the two configs), ptxas is asked for MINB_LARGE CTAs an SM (H200,
-        fp32: 302.11 us at B=256 against 308.29 for the session-9 config; at B=1 MINB costs 10%)."""
+        With VEC > 1 the q|k prologue is shared by the cluster (SHARE, module constant), and
+        ``minb`` / ``stream`` set MINB / STREAM: :func:`decode_launch` takes them from the grid's
+        regime (:func:`grid_regime`: B is the runtime dim, each regime one precompiled config).
+        VEC 1 configs ignore both."""
         if W < 2:
             raise ValueError(f"gdn_decode cute: conv width W={W} < 2 is not supported")
         if Hv % Hk:
@@ -223,7 +222,7 @@ class DecodeCfg:
             ks = cdiv(cdiv(dk * VEC, VALUES), PW) * PW
             if G * ks <= 512:  # <= 512 threads of <= 128 registers
                 return cls(Hk=Hk, R=R, dk=dk, dv=dv, W=W, BV=bv, KS=ks, has_idx=has_idx, VEC=VEC,
-                           STREAM=STREAM, SHARE=SHARE, MINB=MINB_LARGE if large else 0)
+                           STREAM=stream, SHARE=SHARE, MINB=minb)
         return cls(Hk=Hk, R=R, dk=dk, dv=dv, W=W, BV=BV, KS=KS, has_idx=has_idx)  # very long rows: VEC 1
 
 
@@ -579,8 +578,9 @@ def decode_launch(mixed, conv_state, conv_weight, A_log, dt_bias, ssm_state, sta
     if cfg is None:
         aligned = ssm_state.data_ptr() % 16 == 0
         cfg = DecodeCfg.heuristic(Hk, Hv, dk, dv, W, se, has_idx, aligned)
-        if B * Hv * cfg.NCB >= LARGE_CTAS:  # B is runtime: the large grid's precompiled config
-            cfg = DecodeCfg.heuristic(Hk, Hv, dk, dv, W, se, has_idx, aligned, True)
+        regime = grid_regime(B * Hv * cfg.NCB, se) if cfg.VEC > 1 else (0, False)
+        if regime != (0, False):  # B is runtime: its grid's precompiled config
+            cfg = DecodeCfg.heuristic(Hk, Hv, dk, dv, W, se, has_idx, aligned, *regime)
     if ssm_state.data_ptr() % (cfg.VEC * se):
         raise ValueError(f"gdn_decode cute: config {cfg} needs ssm_state's address a multiple of {cfg.VEC * se} bytes")
     if (cfg.Hk, cfg.R * cfg.Hk, cfg.dk, cfg.dv, cfg.W, cfg.has_idx) != (Hk, Hv, dk, dv, W, has_idx):
