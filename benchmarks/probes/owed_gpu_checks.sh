@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The GPU checks owed at the start of session 13 (benchmarks/results/h200-gpu-checks-session12.txt lists them; that
+# The GPU checks owed at the start of session 13 (h200-gpu-checks-session12.txt listed them: git show 90fe93c:benchmarks/results/h200-gpu-checks-session12.txt; that
 # session's version of this script: git show bf4da61:benchmarks/probes/owed_gpu_checks.sh), one device call per
 # bundle, from the repository root:
 #   cute:   source .gpu-cute/env.sh && bash benchmarks/probes/owed_gpu_checks.sh cute     (carry .gpu-cute)
