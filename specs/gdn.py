@@ -231,8 +231,9 @@ DECODE = OpSpec(
         doc="CuTe DSL SIMT kernel (tilekernels/gdn/cute_decode.py): grid (Hv * ceil(dv/BV), B), one CTA "
             "per (row, value head, BV state columns) holding its [dk, BV] state slice in registers, one "
             "cluster per (row, key head) orders the q|k conv-window shift; sm_90a only. First: H200, "
-            "graph-replayed, fp32 state 3.8 / 44 / 301 us at B = 1 / 32 / 256 against cutile's 9.4 / 68 / 407 "
-            "(benchmarks/results/h200-gdn-decode-cute.txt); other GPUs, Hv/Hk > 8 or no CuTe DSL take cutile"),
+            "graph-replayed, fp32 state 3.8 / 42 / 302 us at B = 1 / 32 / 256 (h200-gdn-decode-cute.txt) against "
+            "cutile's 9.4 / 68 / 407 (benchmarks/results/gdn.md, session 7); other GPUs, Hv/Hk > 8 or no CuTe DSL "
+            "take cutile"),
         Backend(
             name="cutile", module="tilekernels.gdn.cutile_decode", sm=(90, 100), toolchain=["cutile"], passes=["fwd"],
             constraints=[
