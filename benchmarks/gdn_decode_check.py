@@ -142,7 +142,7 @@ CUTE_VARIANTS = {  # name: (state dtypes, VEC, BV, KS, STREAM, MINB, SHARE); "v1
     "v4-b64k8-minb5": ("fp32,bf16", 4, 64, 8, False, 5, False),
     "share": ("fp32,bf16", 4, 64, 8, False, 0, True), "share-stream": ("fp32,bf16", 4, 64, 8, True, 0, True),
     "share-minb5": ("fp32,bf16", 4, 64, 8, False, 5, True), "share-stream-minb5": ("fp32,bf16", 4, 64, 8, True, 5, True),
-    # bf16 state in 16-byte vectors (VEC 8: 64 values a thread in 8 loads, 128 registers): session 13, H200, each 5-17%
+    # bf16 state in 16-byte vectors (VEC 8: 64 values a thread in 8 loads, 128 registers): session 13, H200, each 4-17%
     # slower than the default at B = 1 .. 256 (benchmarks/results/h200-gdn-decode-cute.txt, call 9)
     "v8-b64k16": ("bf16", 8, 64, 16, False, 0, True), "v8-b64k16-stream": ("bf16", 8, 64, 16, True, 0, True),
     "v8-b64k16-minb5": ("bf16", 8, 64, 16, False, 5, True), "v8-b128k16": ("bf16", 8, 128, 16, False, 0, True),
