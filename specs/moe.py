@@ -149,9 +149,14 @@ GROUPED_LINEAR = OpSpec(
     differentiable=True,
     reference="tilekernels.moe.reference:grouped_linear",
     entry="tilekernels.moe.ops:grouped_linear",
-    backends=[_cute(Constraint(expr="precision == 'mxfp8'", message="the cute kernels are the MXFP8 GEMMs"),
-                    Constraint(expr="N % 32 == 0", message="the dgrad's columnwise weight blocks run along N"),
-                    _INT32, x=["bfloat16"]), _TORCH],
+    backends=[_cute(Constraint(expr="N % 32 == 0", when="precision == 'mxfp8'",
+                               message="the dgrad's columnwise weight blocks run along N"),
+                    Constraint(expr="K % 8 == 0 and N % 8 == 0", when="precision == 'bf16'",
+                               message="the bf16 GEMMs (torch._grouped_mm) need 16-byte rows: K and N multiples of 8"),
+                    _INT32, x=["bfloat16"],
+                    doc="mxfp8: the MXFP8 GEMMs (operands quantize-dequantized to bf16 in one pass, then bf16 "
+                        "grouped GEMMs; cute_kernels); bf16: torch._grouped_mm on the operands as given (fp32 "
+                        "accumulation, group ends read on the device, any group sizes)"), _TORCH],
 )
 
 SCALED_SWIGLU = OpSpec(

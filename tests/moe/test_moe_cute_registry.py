@@ -40,7 +40,12 @@ def test_cute_limits_are_explained():
     x, w = torch.empty(64, 64, device=meta), torch.empty(2, 64, 64, device=meta)
     m = torch.tensor([32, 32])
     if _declared("grouped_linear"):
-        assert "the cute kernels are the MXFP8 GEMMs" in _why("grouped_linear", x.to(BF), w.to(BF), m)
+        # bf16 precision: torch._grouped_mm's 16-byte rows; mxfp8: the dgrad's blocks of 32 along N
+        x60, w60 = torch.empty(64, 60, dtype=BF, device=meta), torch.empty(2, 64, 60, dtype=BF, device=meta)
+        assert "K and N multiples of 8" in _why("grouped_linear", x60, w60, m)
+        w40 = torch.empty(2, 40, 64, dtype=BF, device=meta)
+        assert "K and N multiples of 8" not in _why("grouped_linear", x.to(BF), w40, m, precision="mxfp8")
+        assert "columnwise weight blocks run along N" in _why("grouped_linear", x.to(BF), w40, m, precision="mxfp8")
         assert "cute supports x in ['bfloat16'], got float32" in _why("grouped_linear", x, w, m, precision="mxfp8")
     assert "cute supports x in ['bfloat16', 'float32'], got float64" in _why(
         "mxfp8_quantize", torch.empty(64, 64, dtype=torch.float64, device=meta))
@@ -147,6 +152,37 @@ def test_grouped_linear_backward(splits):
     assert_close(y, yr, BF, what="y")
     assert_close(dx, dxr, BF, what="dx")
     assert_close(dw, dwr, BF, what="dweight")
+
+
+@cuda
+@pytest.mark.gpu
+@pytest.mark.parametrize("splits", [[0, 1, 31, 130, 0], [200], [0, 0], [7, 0, 300, 33], [32], [(g * 7) % 5 for g in range(128)]])
+@pytest.mark.parametrize("KN", [(256, 96), (168, 520)])
+def test_grouped_linear_bf16_forward_backward(splits, KN):
+    """precision bf16 (no quantization) on the cute backend (torch._grouped_mm): auto picks it; y, dx
+    and dweight against the float64 reference of bf16 operands (fp32 accumulation, one bf16 rounding
+    of each output: the bf16 tolerance), any group sizes (zeros, odd, 128 groups, M = 0), m_splits on
+    the GPU, outputs poisoned; an empty group's dweight rows are zeros."""
+    _skip_without_gemm()
+    K, N = KN
+    x, w, m = _make(splits, K, N, "cuda", grad=True)
+    op = registry.get("grouped_linear")
+    assert op.choose(op.bind(x, w, m)) == "cute"
+    with poisoned():
+        y = op(x, w, m)
+        dy = torch.randn_like(y)
+        dx, dw = torch.autograd.grad(y, (x, w), dy)
+    xd, wd = _f64(x, w)
+    yr = ref.grouped_linear(xd, wd, m.cpu(), "bf16")
+    assert_close(y, yr, BF, what="y")
+    if sum(splits):
+        dxr, dwr = torch.autograd.grad(yr, (xd, wd), dy.double())
+        assert_close(dx, dxr, BF, what="dx")
+        assert_close(dw, dwr, BF, what="dweight")
+    else:  # no tokens (the reference's empty output has no graph): dx empty, dweight zeros
+        assert dx.shape == x.shape and dw.shape == w.shape
+    empty = [g for g, n in enumerate(splits) if n == 0]
+    assert not dw[empty].any(), "an empty group's dweight must be zeros"
 
 
 def _mlp_inputs(splits, H, F, device, grad):

@@ -152,6 +152,18 @@ def bf16_gemm_into(variant: str, a: torch.Tensor, b: torch.Tensor, offsets, out)
     if (out.dtype == F32 or BF16_OUT_GEMM == "cute") if variant != "wgrad" else WGRAD_GEMM == "cute":
         getattr(_bf16_kernel(), f"gemm_{variant}_into")(a, b, offsets, out)
         return
+    torch_gemm_into(variant, a, b, offsets, out)
+
+
+def torch_gemm_into(variant: str, a: torch.Tensor, b: torch.Tensor, offsets, out) -> None:
+    """bf16_gemm_into's variants on torch._grouped_mm (CUTLASS sm_90, fp32 accumulation, the group
+    ends read on the device), its result copied into ``out``. Any group sizes (zero and odd ones
+    measured on the H200, benchmarks/probes/grouped_mm_edges.py; an empty group's wgrad rows are
+    zeros); rows of a and b 16-byte aligned (K, N multiples of 8 in bf16)."""
+    if a.shape[0] == 0:
+        if variant == "wgrad":
+            out.zero_()
+        return
     a, b = {"fwd": (a, b.transpose(-2, -1)), "dgrad": (a, b), "wgrad": (a.t(), b)}[variant]
     out.copy_(torch._grouped_mm(a, b, offs=ends32(offsets)))
 
