@@ -137,7 +137,7 @@ def _cute_mod():
 # 32 / 256 fp32 | bf16: cute 3.70 / 43.79 / 302.11 | 3.24 / 20.75 / 212.97; share 3.72 / 46.28 / 327.73 |
 # 3.23 / 20.38 / 211.24; v4-b64k8 3.68 / 44.83 / 308.29 | 3.45 / 21.59 / 216.49; v4-b64k8-minb5 4.10 /
 # 44.43 / 300.07 | 3.68 / 20.97 / 210.44; share-stream 3.70 / 44.08 / 331.58 | 3.23 / 21.85 / 207.16.
-CUTE_VARIANTS = {  # name: (state dtypes, VEC, BV, KS, STREAM, MINB, SHARE[, PFD]); "v1" is the session-8 kernel
+CUTE_VARIANTS = {  # name: (state dtypes, VEC, BV, KS, STREAM, MINB, SHARE); "v1" is the session-8 kernel
     "v1": ("fp32,bf16", 1, 32, 4, False, 0, False), "v4-b64k8": ("fp32,bf16", 4, 64, 8, False, 0, False),
     "v4-b64k8-minb5": ("fp32,bf16", 4, 64, 8, False, 5, False),
     "share": ("fp32,bf16", 4, 64, 8, False, 0, True), "share-stream": ("fp32,bf16", 4, 64, 8, True, 0, True),
@@ -147,17 +147,13 @@ CUTE_VARIANTS = {  # name: (state dtypes, VEC, BV, KS, STREAM, MINB, SHARE[, PFD
     "v8-b64k16": ("bf16", 8, 64, 16, False, 0, True), "v8-b64k16-stream": ("bf16", 8, 64, 16, True, 0, True),
     "v8-b64k16-minb5": ("bf16", 8, 64, 16, False, 5, True), "v8-b128k16": ("bf16", 8, 128, 16, False, 0, True),
     "v8-b128k16-stream": ("bf16", 8, 128, 16, True, 0, True),
-    # L2 prefetch of the slice PFD rows later (fp32: the large-grid regimes' MINB 5, with and without STREAM)
-    "pf4-minb5": ("fp32", 4, 64, 8, False, 5, True, 4), "pf10-minb5": ("fp32", 4, 64, 8, False, 5, True, 10),
-    "pf20-minb5": ("fp32", 4, 64, 8, False, 5, True, 20), "pf10-stream-minb5": ("fp32", 4, 64, 8, True, 5, True, 10),
-    "pf10-stream": ("bf16", 4, 64, 8, True, 0, True, 10), "pf20-stream": ("bf16", 4, 64, 8, True, 0, True, 20),
 }
 
 
 def cute_variant(name, base):
     """CUTE_VARIANTS[name]'s VEC, BV, KS, STREAM, MINB, SHARE in the heuristic's config ``base``."""
-    _, VEC, BV, KS, st, minb, sh, *pfd = CUTE_VARIANTS[name]
-    return dataclasses.replace(base, VEC=VEC, BV=BV, KS=KS, STREAM=st, MINB=minb, SHARE=sh, PFD=(pfd or [0])[0])
+    _, VEC, BV, KS, st, minb, sh = CUTE_VARIANTS[name]
+    return dataclasses.replace(base, VEC=VEC, BV=BV, KS=KS, STREAM=st, MINB=minb, SHARE=sh)
 
 
 def _rec(tag, B, sd, us, cfg=None, **extra):

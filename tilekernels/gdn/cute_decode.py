@@ -139,13 +139,12 @@ class DecodeCfg:
     VEC: int = 1  # state columns per thread: one VEC-wide load and store per row (dv % VEC == 0)
     STREAM: bool = False  # VEC > 1 only: state loads L1::no_allocate, stores .cs (streaming: touched once)
     SHARE: bool = False  # q|k conv split over the cluster's CTAs, results broadcast through distributed smem
-    PFD: int = 0  # > 0: each CTA prefetches into L2 the state slice of the CTA PFD rows later (one a 128-byte line)
 
     def __post_init__(self):
         G = self.BV // max(self.VEC, 1)
         if (self.W < 2 or self.BV < 1 or self.KS < 1 or self.threads > 1024 or self.threads % 32
                 or self.cluster > MAX_CLUSTER or self.VEC not in (1, 2, 4, 8) or self.BV % self.VEC
-                or self.dv % self.VEC or (G % 32 and 32 % G) or (self.STREAM and self.VEC == 1) or self.PFD < 0):
+                or self.dv % self.VEC or (G % 32 and 32 % G) or (self.STREAM and self.VEC == 1)):
             raise ValueError(f"gdn_decode cute: config {self}: needs W >= 2, whole warps (BV / VEC * KS a multiple "
                              f"of 32, at most 1024), a cluster (R * NCB) of at most {MAX_CLUSTER} CTAs, VEC in "
                              f"1, 2, 4, 8 dividing BV and dv, BV / VEC dividing or a multiple of 32, "
@@ -340,23 +339,6 @@ def _decode_kernel(cfg: cutlass.Constexpr, mixed: cute.Pointer, conv: cute.Point
             vals = _ld_state(ldp, roff, VEC, cfg.STREAM)
             for e in cutlass.range_constexpr(VEC):
                 s[r, e] = vals[e].to(Float32)
-        if cutlass.const_expr(cfg.PFD > 0):
-            # the slice of the CTA PFD rows later (same head, columns, rows) into L2, one prefetch a
-            # 128-byte line: its loads then hit L2 (a hint: no registers held, no effect on results)
-            _, nb, _ = cute.arch.grid_dim()
-            bn = b + cfg.PFD
-            if bn < nb:
-                slotn = Int32(bn)
-                if cutlass.const_expr(cfg.has_idx):
-                    slotn = _vec(idx, Int64(bn), 1)[0]
-                if slotn >= 0:
-                    if (j0 * ssm.dtype.width // 8) % 128 == 0:
-                        pfp = ssm + (Int64(slotn) * (Hv * dk * dv) + Int64(hv * dk * dv) + Int64(p * dv + colc))
-                        for r in cutlass.range_constexpr(RPT):
-                            roff = KS * r * dv
-                            if cutlass.const_expr(dk % KS != 0):
-                                roff = (cutlass.min(p + KS * r, dk - 1) - p) * dv
-                            cute.arch.prefetch((pfp + roff).to_llvm_ptr(), cache_level="L2")
 
         xrow = Int64(b) * D
         crow = Int64(slot) * (C * (W - 1))
