@@ -76,10 +76,10 @@ def poison_(t: torch.Tensor) -> torch.Tensor:
 def empty(shape, dtype: torch.dtype, device) -> torch.Tensor:
     """torch.empty, poisoned when poisoning is on (tests)."""
     t = torch.empty(shape, dtype=dtype, device=device)
-    # eager only: traced into a compiled graph on CUDA (torch 2.11, Inductor's default Triton code, no
-    # cudagraphs), the fill left the compiled backward handing every op's bwd kernel zero gradients (session 12,
-    # benchmarks/results/h200-compile-fwd-bwd.txt; the same graphs without the fill were right, and so were the
-    # poisoned ones on the CPU; not analysed). Compiled calls are tested against eager, which is poisoned.
+    # eager only: traced into a compiled graph (torch 2.11), a fill of the fresh output before the mutating custom
+    # op left the compiled backward's custom op seeing dy = 0 (session 12, benchmarks/results/h200-compile-fwd-bwd.txt;
+    # reduced to torch alone in session 13: benchmarks/probes/aot_fill_repro.py, AOTAutograd with inductor and
+    # aot_eager, CUDA and CPU; right on torch 2.13's CPU build). Compiled calls are tested against poisoned eager.
     if _POISON[0] and not torch.compiler.is_compiling():
         poison_(t)
     return t
