@@ -85,6 +85,12 @@ def empty(shape, dtype: torch.dtype, device) -> torch.Tensor:
     return t
 
 
+def aligned16(t: torch.Tensor | None) -> torch.Tensor | None:
+    """``t``, or a copy where its address is not 16-byte aligned (vector and TMA accesses need aligned rows;
+    torch's allocations are, a view's offset may not be). None passes through."""
+    return t if t is None or t.data_ptr() % 16 == 0 else t.clone()
+
+
 def empty_like(t: torch.Tensor, dtype: torch.dtype | None = None) -> torch.Tensor:
     return empty(t.shape, dtype or t.dtype, t.device)
 

@@ -77,7 +77,7 @@ from cutlass._mlir.dialects import vector
 from cutlass.memory.smem import SmemAllocator
 
 from tilekernels import _cute as CU
-from tilekernels._glue import kernel
+from tilekernels._glue import aligned16, kernel
 
 _NAME = "mhc.cute_post_bda"
 
@@ -581,7 +581,7 @@ def _esz(dt: torch.dtype) -> int:
 
 def _ptr(dt: torch.dtype, elems: int) -> CU.Ptr:
     """A pointer the kernels access ``elems`` elements at a time (alignment assumed: their bytes,
-    at most 16; :func:`_a16` makes every vector-accessed tensor 16-byte aligned)."""
+    at most 16; :func:`tilekernels._glue.aligned16` makes every vector-accessed tensor 16-byte aligned)."""
     return CU.Ptr(dt, min(16, elems * _esz(dt)))
 
 
@@ -620,12 +620,6 @@ def _aligned(*ts) -> bool:
     return all(t is None or t.data_ptr() % 16 == 0 for t in ts)
 
 
-def _a16(t):
-    """t, or a 16-byte aligned copy (the kernels' vector accesses assume 16-byte aligned rows;
-    torch's allocations are, a view's offset may not be)."""
-    return t if t is None or t.data_ptr() % 16 == 0 else t.clone()
-
-
 _SMS: dict[int, int] = {}
 
 
@@ -644,9 +638,9 @@ def fwd_into(h_res, residual, h_post, x, bias, out, cfg: PostBdaCuteCfg | None =
     if T == 0:
         return
     cfg = cfg or config(residual, bias is not None)
-    residual, x, bias = _a16(residual), _a16(x), _a16(bias)
+    residual, x, bias = aligned16(residual), aligned16(x), aligned16(bias)
     if cfg.FHV:
-        h_res, h_post = _a16(h_res), _a16(h_post)
+        h_res, h_post = aligned16(h_res), aligned16(h_post)
     dst = out if _aligned(out) else torch.empty_like(out)
     b = bias if bias is not None else x
     G = -(-T // cfg.FTOK) if cfg.FG == 0 else min(T, _sms(residual.device) * cfg.FG)
@@ -667,7 +661,7 @@ def bwd_into(dout, h_res, residual, h_post, x, bias, dh_res, dresidual, dh_post,
             dbias.zero_()
         return
     cfg = cfg or config(residual, has_bias)
-    dout, residual, x, bias = _a16(dout), _a16(residual), _a16(x), _a16(bias)
+    dout, residual, x, bias = aligned16(dout), aligned16(residual), aligned16(x), aligned16(bias)
     dst = [t if _aligned(t) else torch.empty_like(t) for t in (dresidual, dx)]
     G = min(T, grid or _sms(residual.device) * cfg.CPS)
     pb = torch.empty((G, cfg.C) if has_bias else (1, 4), dtype=torch.float32, device=residual.device)

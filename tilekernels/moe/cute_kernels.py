@@ -44,7 +44,7 @@ from __future__ import annotations
 
 import torch
 
-from tilekernels._glue import env_choice, env_flag, kernel
+from tilekernels._glue import aligned16, env_choice, env_flag, kernel
 
 from . import cute_quantize as cq
 from . import cute_swiglu as cs
@@ -259,16 +259,11 @@ def linear_bwd(dy_row, dy_col, x, weight, off, dx, dweight) -> None:
 # operands and fp32 accumulation (gemm_predq.torch_gemm_into: any group sizes, splits read on the device)
 
 
-def _a16(t: torch.Tensor) -> torch.Tensor:
-    """``t``, or a copy where its address is not 16-byte aligned (torch._grouped_mm's TMA operands must be)."""
-    return t if t.data_ptr() % 16 == 0 else t.clone()
-
-
 @kernel("grouped_linear", "cute", "fwd")
 def _grouped_linear_fwd(x, weight, m_splits, y, precision):
     off = _offsets(m_splits, x.device)
     if precision == "bf16":
-        pq.torch_gemm_into("fwd", _a16(x), _a16(weight), off, y)
+        pq.torch_gemm_into("fwd", aligned16(x), aligned16(weight), off, y)  # TMA operands
         return
     linear_fwd(x, weight, off, y)
 
@@ -277,7 +272,7 @@ def _grouped_linear_fwd(x, weight, m_splits, y, precision):
 def _grouped_linear_bwd(dy, x, weight, m_splits, dx, dweight, precision):
     off = _offsets(m_splits, dy.device)
     if precision == "bf16":
-        dy, x, weight = _a16(dy), _a16(x), _a16(weight)
+        dy, x, weight = aligned16(dy), aligned16(x), aligned16(weight)  # torch._grouped_mm refuses others
         pq.torch_gemm_into("dgrad", dy, weight, off, dx)
         pq.torch_gemm_into("wgrad", dy, x, off, dweight)
         return
