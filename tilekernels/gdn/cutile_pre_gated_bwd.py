@@ -98,7 +98,8 @@ APPROX = ct.RoundingMode.APPROX
 # pass) instead of this module's launches. On since session 8's final cuTile call: the whole backward GPU test
 # file passed at it (74 passed, with the forward file's registry autograd tests), memcheck / racecheck clean;
 # H200, Qwen3-Next bf16, 32768 tokens: 2.064 / 2.193 / 1.997 ms BSHD rep / THD rep / BSHD norep against
-# 3.251 / 3.338 / 3.088 for this module's default in the same run (benchmarks/results/h200-gdn-pre-bwd.txt).
+# 3.251 / 3.338 / 3.088 for this module's default in the same run (benchmarks/results/h200-gdn-pre-bwd.txt,
+# in git history at 6923ad4).
 # False gives back the first design.
 V2 = True
 
