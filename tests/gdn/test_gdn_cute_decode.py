@@ -50,8 +50,9 @@ CUTE_GPU_CASES = [
     (2100, 2100, dict(Hk=2, Hv=4, dk=64, dv=64, W=4), F32, None),
     (800, 810, dict(Hk=2, Hv=4, dk=64, dv=64, W=4), BF, "perm"),
 ]
-COMPILE_VARIANTS += [v for v in {(c[2]["Hk"], c[2]["Hv"], c[2]["dk"], c[2]["dv"], c[2]["W"], c[3], c[4] is not None): (
-    c[2], c[3], c[4] is not None, BF) for c in CUTE_GPU_CASES}.values() if v not in COMPILE_VARIANTS]
+for _c in CUTE_GPU_CASES:  # each compile key once (several cases share a shape)
+    if (_c[2], _c[3], _c[4] is not None, BF) not in COMPILE_VARIANTS:
+        COMPILE_VARIANTS.append((_c[2], _c[3], _c[4] is not None, BF))
 
 
 # A/B configs beside the heuristic's (its Qwen3-Next config with these VEC, BV, KS, STREAM, SHARE;
