@@ -34,11 +34,11 @@ def _cutile(*constraints: Constraint, doc: str = "", **dtypes: list) -> Backend:
                    toolchain=["cutile"], constraints=list(constraints), dtypes=dtypes, doc=doc)
 
 
-def _cute(*constraints: Constraint, doc: str = "", **dtypes: list) -> Backend:
-    """The CuTe DSL backend (tilekernels.mhc.cute_post_bda, mhc_h_post_bda's only one so far):
-    Hopper sm_90a, run and tested on the H200; compiled for sm_90a in CI. No float64 (the torch
+def _cute(module: str, *constraints: Constraint, doc: str = "", **dtypes: list) -> Backend:
+    """A CuTe DSL backend (tilekernels.mhc.<module>: cute_post_bda, cute_aggregate): Hopper sm_90a,
+    run and tested on the H200; compiled for sm_90a (and sm_100a) in CI. No float64 (the torch
     backend covers reference mode)."""
-    return Backend(name="cute", module="tilekernels.mhc.cute_post_bda", sm=(90, 90), toolchain=["cute"],
+    return Backend(name="cute", module=f"tilekernels.mhc.{module}", sm=(90, 90), toolchain=["cute"],
                    constraints=list(constraints), dtypes=dtypes, doc=doc)
 
 
@@ -84,7 +84,17 @@ H_AGGREGATE = OpSpec(
     differentiable=True,
     reference="tilekernels.mhc.reference:h_aggregate",
     entry="tilekernels.mhc.ops:h_aggregate",
-    backends=[_cutile(Constraint(expr="T * n * C < 2**31", message=_INT32_INDEX),
+    backends=[_cute("cute_aggregate",
+                    Constraint(expr="C % 8 == 0", message="16-byte vector accesses of every row (C % 8 == 0)"),
+                    Constraint(expr="T * n < 2**31", message="the streams' rows (T * n) are an int32 extent"),
+                    Constraint(expr="T * (C // 512 + 1) < 2**31",
+                               message="the forward's 1-D grid (a token's CTAs adjacent) is an int32 extent"),
+                    x=_BF_F32, h_pre=_BF_F32,
+                    doc="tilekernels/mhc/cute_aggregate.py: fwd one 16-byte (n > 4: 8-byte) chunk a thread, a token's CTAs "
+                        "adjacent on a 1-D grid; bwd one streaming pass, a persistent CTA a token at a time "
+                        "(dh_pre by warp shuffles and one smem exchange); sm_90a only; other GPUs, C % 8 != 0 "
+                        "or no CuTe DSL take cutile"),
+              _cutile(Constraint(expr="T * n * C < 2**31", message=_INT32_INDEX),
                       x=_BF_F32, h_pre=_BF_F32), _TORCH],
 )
 
@@ -132,7 +142,7 @@ H_POST_BDA = OpSpec(
     differentiable=True,
     reference="tilekernels.mhc.reference:h_post_bda",
     entry="tilekernels.mhc.ops:h_post_bda",
-    backends=[_cute(Constraint(expr="C % 8 == 0", message="16-byte vector accesses of every row (C % 8 == 0)"),
+    backends=[_cute("cute_post_bda", Constraint(expr="C % 8 == 0", message="16-byte vector accesses of every row (C % 8 == 0)"),
                     Constraint(expr="T * n < 2**31", message="the streams' rows (T * n) are an int32 extent"),
                     Constraint(expr="not present(bias) or C <= 32768",
                                message="with a bias, each CTA sums dbias in a [C] fp32 shared-memory array"),

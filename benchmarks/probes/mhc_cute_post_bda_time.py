@@ -93,9 +93,10 @@ def main():
     ap.add_argument("--rep", type=int, default=100)
     ap.add_argument("--backend", default="cute",
                     help="cute: kernels, A/B configs and the registry; another (cutile): the registry rows only")
+    ap.add_argument("--registry-only", action="store_true", help="the registry rows only (any backend)")
     a = ap.parse_args()
     import registry
-    if a.backend != "cute":
+    if a.backend != "cute" or a.registry_only:
         return registry_only(a)
     _load_ab()
     from tilekernels.mhc import cute_post_bda as cp

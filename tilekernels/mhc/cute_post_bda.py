@@ -128,6 +128,9 @@ class PostBdaCuteCfg:
     FMINB: int = 0     # fwd: ptxas asked for this many CTAs an SM (0: no bound)
     FSPLIT: int = 1    # fwd: a token's chunks split over FSPLIT times more CTAs (FKF = ceil(KF / FSPLIT) a thread)
     FCM: bool = False  # fwd: 1-D grid, a token's CTAs adjacent (chunk groups fastest); not with FG
+    BHV: bool = False  # bwd: h_res[t], h_post[t] read with vector loads (h 16-byte aligned), as FHV for the fwd
+    PDL: bool = False  # bwd: the dbias reduction a programmatic dependent launch (triggered at the bwd's start,
+    #                    resident beside it, it waits for the bwd grid's end and partials: griddepcontrol.wait)
 
     def __post_init__(self):
         if self.C % self.V or self.NT % 32 or self.NTB % 32 or self.NTB > 1024 or self.NT > 1024:
@@ -298,6 +301,43 @@ def _hvec(ptr, off, dst: cute.Tensor, cnt: cutlass.Constexpr):
                 dst[i * w + e] = dt(vector.extract(v, dynamic_position=[], static_position=[e])).to(Float32)
 
 
+@cute.jit
+def _cta_sums_store(acc: cute.Tensor, red: cute.Tensor, par, tid, t, pa, pb, NA: cutlass.Constexpr,
+                    NV: cutlass.Constexpr, NT: cutlass.Constexpr):
+    """Token t's sums over the CTA (NT threads) of the NV fp32 partials ``acc`` each thread holds:
+    over the warp by butterfly shuffles, then over the NT / 32 warps in warp order through ``red``
+    (shared [2, NT / 32, NV]; ``par``, the token's parity, picks the buffer: one barrier a token).
+    Sum v goes to pa[t * NA + v] (v < NA) or else pb[t * (NV - NA) + v - NA], in the pointers'
+    dtypes; thread v (v0 + v for NV > NT) writes it. Fixed order: deterministic."""
+    lane = tid % 32
+    warp = tid // 32
+    for v in cutlass.range_constexpr(NV):
+        s = acc[v]
+        for off in cutlass.range_constexpr(5):
+            s = s + cute.arch.shuffle_sync_bfly(s, offset=16 >> off)
+        acc[v] = s
+    if lane == 0:
+        for v in cutlass.range_constexpr(NV):
+            red[par, warp, v] = acc[v]
+    cute.arch.sync_threads()
+    for v0 in cutlass.range_constexpr(0, NV, NT):  # NV may exceed NT (h_post_bda, n = 6: 42 > 32)
+        v = v0 + tid
+        if v < NV:
+            s = red[par, 0, v]
+            for w_ in cutlass.range_constexpr(1, NT // 32):
+                s = s + red[par, w_, v]
+            if cutlass.const_expr(NA == NV):
+                o = _vec(pa, Int64(t) * NA + v, 1)
+                o[0] = s.to(o.element_type)
+            else:
+                if v < NA:
+                    o = _vec(pa, Int64(t) * NA + v, 1)
+                    o[0] = s.to(o.element_type)
+                else:
+                    o = _vec(pb, Int64(t) * (NV - NA) + (v - NA), 1)
+                    o[0] = s.to(o.element_type)
+
+
 # ------------------------------------------------------------------ forward
 
 @cute.jit
@@ -455,8 +495,8 @@ def _bwd_kernel(cfg: cutlass.Constexpr, mD: cute.Tensor, hr_ptr: cute.Pointer, m
     tid, _, _ = cute.arch.thread_idx()
     g, _, _ = cute.arch.block_idx()
     G, _, _ = cute.arch.grid_dim()
-    lane = tid % 32
-    warp = tid // 32
+    if cutlass.const_expr(cfg.PDL and cfg.has_bias):
+        cute.arch.griddepcontrol_launch_dependents()
 
     smem = SmemAllocator()
     red = smem.allocate_tensor(Float32, cute.make_layout((2, NW, NV), stride=(NW * NV, NV, 1)), 16)
@@ -474,7 +514,11 @@ def _bwd_kernel(cfg: cutlass.Constexpr, mD: cute.Tensor, hr_ptr: cute.Pointer, m
     d = cute.make_rmem_tensor(cute.make_layout((n, V), stride=(V, 1)), Float32)
     dx = cute.make_rmem_tensor(cute.make_layout((1, V), stride=(V, 1)), Float32)
     for t in cutlass.range(g, T, G, unroll=1):
-        _load_h(hr_ptr, hp_ptr, t, hr, hp, n)
+        if cutlass.const_expr(cfg.BHV):
+            _hvec(hr_ptr, Int64(t) * (n * n), hr, n * n)
+            _hvec(hp_ptr, Int64(t) * n, hp, n)
+        else:
+            _load_h(hr_ptr, hp_ptr, t, hr, hp, n)
         for v in cutlass.range_constexpr(NV):
             acc[v] = Float32(0.0)
         rows = Int64(t) * n
@@ -484,29 +528,7 @@ def _bwd_kernel(cfg: cutlass.Constexpr, mD: cute.Tensor, hr_ptr: cute.Pointer, m
         else:
             for k in cutlass.range(KC, unroll=cfg.UNR):
                 _bwd_chunk(cfg, k * NT + tid, t, rows, mD, mR, mX, mB, mDR, mDX, sb, hr, hp, acc, d, r, xb, bb, dr, dx)
-        # dh partials: over the warp (butterfly), then over the warps in order (shared memory)
-        for v in cutlass.range_constexpr(NV):
-            s = acc[v]
-            for off in cutlass.range_constexpr(5):
-                s = s + cute.arch.shuffle_sync_bfly(s, offset=16 >> off)
-            acc[v] = s
-        par = (t // G) % 2
-        if lane == 0:
-            for v in cutlass.range_constexpr(NV):
-                red[par, warp, v] = acc[v]
-        cute.arch.sync_threads()
-        for v0 in cutlass.range_constexpr(0, NV, NT):  # n*n + n may exceed NT (n = 6: 42 > 32)
-            v = v0 + tid
-            if v < NV:
-                s = red[par, 0, v]
-                for w_ in cutlass.range_constexpr(1, NW):
-                    s = s + red[par, w_, v]
-                if v < n * n:
-                    o = _vec(dhr_ptr, Int64(t) * (n * n) + v, 1)
-                    o[0] = s.to(o.element_type)
-                else:
-                    o = _vec(dhp_ptr, Int64(t) * n + (v - n * n), 1)
-                    o[0] = s.to(o.element_type)
+        _cta_sums_store(acc, red, (t // G) % 2, tid, t, dhr_ptr, dhp_ptr, n * n, NV, NT)
     if cutlass.const_expr(cfg.has_bias):
         for k in cutlass.range_constexpr(KC):
             q1 = k * NT + tid
@@ -537,6 +559,8 @@ DB_V = 4  # fp32 channels a thread (one 16-byte load a row)
 @cute.kernel
 def _dbias_kernel(cfg: cutlass.Constexpr, mPB: cute.Tensor, mOut: cute.Tensor, G: Int32):
     RG, C = cfg.RG, cfg.C
+    if cutlass.const_expr(cfg.PDL):   # the bwd grid's partials: visible after its end
+        cute.arch.griddepcontrol_wait()
     tid, _, _ = cute.arch.thread_idx()
     bx, _, _ = cute.arch.block_idx()
     lane = tid % 32
@@ -570,7 +594,7 @@ def _dbias_host(cfg: cutlass.Constexpr, pb: cute.Pointer, out: cute.Pointer, G: 
     mPB = cute.make_tensor(pb, cute.make_layout((G, C), stride=(C, 1)))
     mOut = cute.make_tensor(out, cute.make_layout((1, C), stride=(C, 1)))
     _dbias_kernel(cfg, mPB, mOut, G).launch(grid=(CU.cdiv(C, 32 * DB_V), 1, 1), block=(32 * cfg.RG, 1, 1),
-                                            stream=stream)
+                                            stream=stream, use_pdl=cfg.PDL)
 
 
 # ------------------------------------------------------------------ launches
@@ -598,8 +622,9 @@ def fwd_launch(cfg: PostBdaCuteCfg, hdt: torch.dtype, adt: torch.dtype, bdt: tor
 def bwd_launch(cfg: PostBdaCuteCfg, hdt: torch.dtype, adt: torch.dtype, bdt: torch.dtype) -> CU.Launch:
     """run args (dout, h_res, residual, h_post, x, bias or x, dresidual, dx, dh_res, dh_post,
     dbias partial [G, C] fp32 (or any pointer without bias), T, G)."""
-    h, a = _ptr(hdt, 1), _ptr(adt, cfg.V)
-    sig = (a, h, a, h, a, _ptr(bdt, cfg.V if cfg.has_bias else 1), a, a, h, h, _ptr(torch.float32, cfg.V),
+    h, a = (CU.Ptr(hdt, 16) if cfg.BHV else _ptr(hdt, 1)), _ptr(adt, cfg.V)
+    sig = (a, h, a, h, a, _ptr(bdt, cfg.V if cfg.has_bias else 1), a, a, _ptr(hdt, 1), _ptr(hdt, 1),
+           _ptr(torch.float32, cfg.V),
            CU.Scalar(Int32), CU.Scalar(Int32))
     return CU.Launch(f"{_NAME}.bwd", _bwd_host, cfg, sig)
 
@@ -662,6 +687,8 @@ def bwd_into(dout, h_res, residual, h_post, x, bias, dh_res, dresidual, dh_post,
         return
     cfg = cfg or config(residual, has_bias)
     dout, residual, x, bias = aligned16(dout), aligned16(residual), aligned16(x), aligned16(bias)
+    if cfg.BHV:
+        h_res, h_post = aligned16(h_res), aligned16(h_post)
     dst = [t if _aligned(t) else torch.empty_like(t) for t in (dresidual, dx)]
     G = min(T, grid or _sms(residual.device) * cfg.CPS)
     pb = torch.empty((G, cfg.C) if has_bias else (1, 4), dtype=torch.float32, device=residual.device)
