@@ -44,8 +44,7 @@ from cutlass.memory.smem import SmemAllocator
 from tilekernels import _cute as CU
 from tilekernels._glue import aligned16, kernel
 
-from .cute_post_bda import (_aligned, _cta_sums_store, _esz, _hvec, _load_f32, _load_raw, _pick_threads, _ptr, _rows,
-                            _sms, _store, _vec)
+from .cute_post_bda import _aligned, _cta_sums_store, _esz, _load_f32, _pick_threads, _ptr, _rows, _sms, _store, _vec
 
 _NAME = "mhc.cute_aggregate"
 
@@ -58,9 +57,7 @@ class AggCuteCfg:
     each); NTB, KC: bwd threads a CTA (one token at a time) and chunks a thread; CPS: bwd CTAs an
     SM (grid = min(T, SMs * CPS), at launch; the compiled code sees it through MINB); MINB: bwd
     CTAs an SM asked of ptxas (0: no bound); UNR: bwd chunk loop, 0 unrolled at trace time, else a
-    loop unrolled UNR times; PFN (UNR = 0): the next token's h_pre and first chunk loaded before this
-    token's dh reduction (their latency hidden behind the barrier); FMINB: the fwd's CTAs an SM
-    asked of ptxas; HV (both kernels): h_pre[t] read with vector loads (h_pre 16-byte aligned)."""
+    loop unrolled UNR times; FMINB: the fwd's CTAs an SM asked of ptxas."""
 
     n: int
     C: int
@@ -71,17 +68,15 @@ class AggCuteCfg:
     CPS: int = 2
     MINB: int = 2
     UNR: int = 0
-    PFN: bool = False
     FMINB: int = 0
-    HV: bool = False
 
     def __post_init__(self):
         if self.C % self.V or self.NT % 32 or self.NTB % 32 or not 32 <= self.NT <= 1024 or not 32 <= self.NTB <= 1024:
             raise ValueError(f"AggCuteCfg: C % V == 0 and thread counts multiples of 32 in [32, 1024]: {self}")
         if self.KC * self.NTB < self.CH:
             raise ValueError(f"AggCuteCfg: KC * NTB must cover the {self.CH} chunks: {self}")
-        if self.CPS < 1 or self.MINB < 0 or self.UNR < 0 or (self.PFN and self.UNR):
-            raise ValueError(f"AggCuteCfg: CPS >= 1, MINB, UNR >= 0, PFN only with UNR = 0: {self}")
+        if self.CPS < 1 or self.MINB < 0 or self.UNR < 0:
+            raise ValueError(f"AggCuteCfg: CPS >= 1, MINB, UNR >= 0: {self}")
 
     @property
     def CH(self) -> int:
@@ -112,13 +107,11 @@ class AggCuteCfg:
 
 @cute.jit
 def _load_h(cfg: cutlass.Constexpr, h_ptr, t, h: cute.Tensor):
-    """h [n] fp32 = h_pre[t] (scalar loads: a warp's are one broadcast; HV: vector loads)."""
-    if cutlass.const_expr(cfg.HV):
-        _hvec(h_ptr, Int64(t) * cfg.n, h, cfg.n)
-    else:
-        p = _vec(h_ptr, Int64(t) * cfg.n, cfg.n)
-        for i in cutlass.range_constexpr(cfg.n):
-            h[i] = p[i].to(Float32)
+    """h [n] fp32 = h_pre[t] (scalar loads: a warp's are one broadcast; vector loads measured no
+    faster)."""
+    p = _vec(h_ptr, Int64(t) * cfg.n, cfg.n)
+    for i in cutlass.range_constexpr(cfg.n):
+        h[i] = p[i].to(Float32)
 
 
 def _tile(rows: int, V: int):
@@ -155,31 +148,17 @@ def _fwd_host(cfg: cutlass.Constexpr, x: cute.Pointer, h: cute.Pointer, out: cut
 
 
 @cute.jit
-def _bwd_chunk(cfg: cutlass.Constexpr, q, t, rows, mD, mX, mDX, h, acc, d, xs, dx, pre=None):
-    """Chunk q of token t: dx = h dout stored, the n dh partials added into ``acc`` (``pre``: its
-    dout and x already loaded, raw, as (dout [1, V], x [n, V]))."""
+def _bwd_chunk(cfg: cutlass.Constexpr, q, t, rows, mD, mX, mDX, h, acc, d, xs, dx):
+    """Chunk q of token t: dx = h dout stored, the n dh partials added into ``acc``."""
     n, V = cfg.n, cfg.V
     if q < cfg.CH:
-        if cutlass.const_expr(pre is None):
-            _load_f32(_rows(mD, Int64(t), 1, V, q), d, 1, V)
-            _load_f32(_rows(mX, rows, n, V, q), xs, n, V)
-        else:
-            d.store(pre[0].load().to(Float32))
-            xs.store(pre[1].load().to(Float32))
+        _load_f32(_rows(mD, Int64(t), 1, V, q), d, 1, V)
+        _load_f32(_rows(mX, rows, n, V, q), xs, n, V)
         for i in cutlass.range_constexpr(n):
             for e in cutlass.range_constexpr(V):
                 acc[i] = acc[i] + xs[i, e] * d[0, e]
                 dx[i, e] = h[i] * d[0, e]
         _store(dx, _rows(mDX, rows, n, V, q), n)
-
-
-@cute.jit
-def _bwd_prefetch(cfg: cutlass.Constexpr, t, tid, mD, mX, h_ptr, hn, pre):
-    """PFN: token t's h_pre (into hn) and its first chunk's dout and x (raw, into ``pre``)."""
-    _load_h(cfg, h_ptr, t, hn)
-    if tid < cfg.CH:
-        _load_raw(_rows(mD, Int64(t), 1, cfg.V, tid), pre[0], 1, cfg.V, "")
-        _load_raw(_rows(mX, Int64(t) * cfg.n, cfg.n, cfg.V, tid), pre[1], cfg.n, cfg.V, "")
 
 
 @cute.kernel
@@ -194,30 +173,12 @@ def _bwd_kernel(cfg: cutlass.Constexpr, mD: cute.Tensor, mX: cute.Tensor, h_ptr:
     h = cute.make_rmem_tensor((n,), Float32)
     acc = cute.make_rmem_tensor((n,), Float32)
     d, xs, dx = _tile(1, V), _tile(n, V), _tile(n, V)
-    lay = lambda k: cute.make_layout((k, V), stride=(V, 1))  # noqa: E731
-    pre = (cute.make_rmem_tensor(lay(1), mD.element_type), cute.make_rmem_tensor(lay(n), mX.element_type))
-    hn = cute.make_rmem_tensor((n,), Float32)
-    if cutlass.const_expr(cfg.PFN):
-        if g < T:
-            _bwd_prefetch(cfg, g, tid, mD, mX, h_ptr, hn, pre)
     for t in cutlass.range(g, T, G, unroll=1):
-        if cutlass.const_expr(cfg.PFN):
-            for i in cutlass.range_constexpr(n):
-                h[i] = hn[i]
-        else:
-            _load_h(cfg, h_ptr, t, h)
+        _load_h(cfg, h_ptr, t, h)
         for i in cutlass.range_constexpr(n):
             acc[i] = Float32(0.0)
         rows = Int64(t) * n
-        if cutlass.const_expr(cfg.PFN):
-            for k in cutlass.range_constexpr(KC):
-                if cutlass.const_expr(k == 0):
-                    _bwd_chunk(cfg, tid, t, rows, mD, mX, mDX, h, acc, d, xs, dx, pre)
-                else:
-                    _bwd_chunk(cfg, k * NT + tid, t, rows, mD, mX, mDX, h, acc, d, xs, dx)
-            if t + G < T:
-                _bwd_prefetch(cfg, t + G, tid, mD, mX, h_ptr, hn, pre)
-        elif cutlass.const_expr(cfg.UNR == 0):
+        if cutlass.const_expr(cfg.UNR == 0):
             for k in cutlass.range_constexpr(KC):
                 _bwd_chunk(cfg, k * NT + tid, t, rows, mD, mX, mDX, h, acc, d, xs, dx)
         else:
@@ -242,20 +203,15 @@ def _bwd_host(cfg: cutlass.Constexpr, dout: cute.Pointer, x: cute.Pointer, h: cu
 def fwd_launch(cfg: AggCuteCfg, adt: torch.dtype, hdt: torch.dtype) -> CU.Launch:
     """run args (x, h_pre, out, T)."""
     a = _ptr(adt, cfg.V)
-    return CU.Launch(f"{_NAME}.fwd", _fwd_host, cfg, (a, _hptr(cfg, hdt), a, CU.Scalar(Int32)))
+    return CU.Launch(f"{_NAME}.fwd", _fwd_host, cfg, (a, _ptr(hdt, 1), a, CU.Scalar(Int32)))
 
 
 @functools.lru_cache(maxsize=256)
 def bwd_launch(cfg: AggCuteCfg, adt: torch.dtype, hdt: torch.dtype) -> CU.Launch:
     """run args (dout, x, h_pre, dx, dh_pre, T, G)."""
     a = _ptr(adt, cfg.V)
-    return CU.Launch(f"{_NAME}.bwd", _bwd_host, cfg,
-                     (a, a, _hptr(cfg, hdt), a, _ptr(hdt, 1), CU.Scalar(Int32), CU.Scalar(Int32)))
-
-
-def _hptr(cfg: AggCuteCfg, hdt: torch.dtype) -> CU.Ptr:
-    """h_pre's pointer: 16-byte aligned with HV (the wrappers take aligned copies), else one element's."""
-    return CU.Ptr(hdt, 16) if cfg.HV else _ptr(hdt, 1)
+    h = _ptr(hdt, 1)
+    return CU.Launch(f"{_NAME}.bwd", _bwd_host, cfg, (a, a, h, a, h, CU.Scalar(Int32), CU.Scalar(Int32)))
 
 
 def config(x: torch.Tensor) -> AggCuteCfg:
@@ -271,8 +227,6 @@ def fwd_into(x, h_pre, out, cfg: AggCuteCfg | None = None):
         return
     cfg = cfg or config(x)
     x = aligned16(x)
-    if cfg.HV:
-        h_pre = aligned16(h_pre)
     dst = out if _aligned(out) else torch.empty_like(out)
     fwd_launch(cfg, x.dtype, h_pre.dtype).run(x, h_pre, dst, T)
     if dst is not out:
@@ -288,10 +242,9 @@ def bwd_into(dout, x, h_pre, dx, dh_pre, cfg: AggCuteCfg | None = None, grid: in
         return
     cfg = cfg or config(x)
     dout, x = aligned16(dout), aligned16(x)
-    h_in = aligned16(h_pre) if cfg.HV else h_pre
     dst = dx if _aligned(dx) else torch.empty_like(dx)
     G = min(T, grid or _sms(x.device) * cfg.CPS)
-    bwd_launch(cfg, x.dtype, h_pre.dtype).run(dout, x, h_in, dst, dh_pre, T, G)
+    bwd_launch(cfg, x.dtype, h_pre.dtype).run(dout, x, h_pre, dst, dh_pre, T, G)
     if dst is not dx:
         dx.copy_(dst)
 
