@@ -147,6 +147,12 @@ CUTE_VARIANTS = {  # name: (state dtypes, VEC, BV, KS, STREAM, MINB, SHARE); "v1
     "v8-b64k16": ("bf16", 8, 64, 16, False, 0, True), "v8-b64k16-stream": ("bf16", 8, 64, 16, True, 0, True),
     "v8-b64k16-minb5": ("bf16", 8, 64, 16, False, 5, True), "v8-b128k16": ("bf16", 8, 128, 16, False, 0, True),
     "v8-b128k16-stream": ("bf16", 8, 128, 16, True, 0, True),
+    # session 14: ptxas held to 4 / 6 CTAs an SM (the grid's last wave: 2048 CTAs are 3.1 waves of 660 at MINB 5,
+    # 3.9 of 528 at MINB 4), and 32 values a thread (KS 16, 256 threads) at 4 CTAs an SM: all slower than the
+    # default at every B = 16 .. 256, fp32 (B=32: 43.6 / 46.3 / 45.4 us against 41.8; h200-gdn-decode-cute.txt)
+    "share-stream-minb4": ("fp32,bf16", 4, 64, 8, True, 4, True), "share-stream-minb6": ("fp32,bf16", 4, 64, 8, True, 6, True),
+    "share-minb4": ("fp32,bf16", 4, 64, 8, False, 4, True),
+    "k16-stream-minb4": ("fp32,bf16", 4, 64, 16, True, 4, True),
 }
 
 
