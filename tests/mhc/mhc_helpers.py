@@ -1,10 +1,21 @@
 """Helpers the mHC tests share (not a test module): random inputs, the float64
 gradient comparison and an independent loop formulation of Sinkhorn."""
+import pytest
 import torch
 
 from tilekernels.testing import assert_close, upcast
 
 BF16, F32, F64 = torch.bfloat16, torch.float32, torch.float64
+
+
+def on_gpu(fn):
+    """Mark a test ``gpu`` and skip it where there is no CUDA device."""
+    return pytest.mark.gpu(pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")(fn))
+
+
+def case_id(c: dict) -> str:
+    """A pytest id of a dict of case fields: T1000-n4-C2560-xfloat32."""
+    return "-".join(f"{k}{str(v).removeprefix('torch.')}" for k, v in c.items())
 
 
 def rand(*shape, dtype=F32, scale=1.0):

@@ -28,8 +28,9 @@ from tilekernels.mhc import cute_aggregate as ca  # noqa: E402
 from tilekernels.mhc import reference as ref  # noqa: E402
 from tilekernels.testing import assert_close, upcast  # noqa: E402
 
+from mhc_helpers import case_id, on_gpu  # noqa: E402
+
 BF, F32 = torch.bfloat16, torch.float32
-gpu = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")]
 
 # (n, C, x dtype, h_pre dtype)
 COMPILE_VARIANTS = [(n, 7168, BF, F32) for n in (1, 2, 3, 4, 5, 8)] + [
@@ -138,20 +139,14 @@ GPU_CASES = [
 ]
 
 
-def _cid(c):
-    return "-".join(f"{k}{str(v).removeprefix('torch.')}" for k, v in c.items())
-
-
-@pytest.mark.parametrize("c", GPU_CASES, ids=[_cid(c) for c in GPU_CASES])
-@pytest.mark.gpu
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+@pytest.mark.parametrize("c", GPU_CASES, ids=[case_id(c) for c in GPU_CASES])
+@on_gpu
 def test_against_float64(c):
     run_case(*make_case(**c))
 
 
 @pytest.mark.parametrize("grid", [1, 5, 36])
-@pytest.mark.gpu
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+@on_gpu
 def test_bwd_grids(grid):
     """Fewer CTAs than tokens (each CTA walks many tokens: the parity buffers)."""
     run_case(*make_case(37, 3, 1000), grid=grid)
@@ -159,8 +154,7 @@ def test_bwd_grids(grid):
 
 
 @pytest.mark.parametrize("name", list(AB_CONFIGS))
-@pytest.mark.gpu
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+@on_gpu
 def test_ab_configs(name):
     cfg = dataclasses.replace(ca.AggCuteCfg.heuristic(4, 7168, 2), **AB_CONFIGS[name])
     ins, dout = make_case(1000, 4, 7168)
@@ -171,8 +165,7 @@ def test_ab_configs(name):
     run_case(*make_case(37, 4, 7168), cfg=cfg, grid=5)
 
 
-@pytest.mark.gpu
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+@on_gpu
 def test_empty_and_unaligned():
     (x, h), dout = make_case(0, 4, 64)
     out = empty((0, 64), x.dtype, x.device)
@@ -201,8 +194,7 @@ def test_empty_and_unaligned():
     assert_close(dh, wdh, what="dh_pre")
 
 
-@pytest.mark.gpu
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+@on_gpu
 def test_backward_is_deterministic_and_graph_safe():
     (x, h), dout = make_case(4096, 4, 7168)
     dx, dh = torch.empty_like(x), torch.empty_like(h)
@@ -231,8 +223,7 @@ def test_backward_is_deterministic_and_graph_safe():
 
 
 @pytest.mark.parametrize("h", [F32, BF], ids=["f32h", "bf16h"])
-@pytest.mark.gpu
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+@on_gpu
 def test_registry_autograd(h):
     """registry.get(op)(..., backend="cute") forward and autograd backward against float64; the
     registry's default picks cute here (CuTe DSL present, no cuTile needed)."""
