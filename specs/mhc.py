@@ -87,8 +87,9 @@ H_AGGREGATE = OpSpec(
     backends=[_cute("cute_aggregate",
                     Constraint(expr="C % 8 == 0", message="16-byte vector accesses of every row (C % 8 == 0)"),
                     Constraint(expr="T * n < 2**31", message="the streams' rows (T * n) are an int32 extent"),
-                    Constraint(expr="T * (C // 512 + 1) < 2**31",
-                               message="the forward's 1-D grid (a token's CTAs adjacent) is an int32 extent"),
+                    Constraint(expr="T * (C // 256 + 1) < 2**31",
+                               message="the forward's 1-D grid (a token's CTAs adjacent: up to C // 256 + 1 of "
+                                       "them) is an int32 extent"),
                     x=_BF_F32, h_pre=_BF_F32,
                     doc="tilekernels/mhc/cute_aggregate.py: fwd one 16-byte (n > 4: 8-byte) chunk a thread, a token's CTAs "
                         "adjacent on a 1-D grid; bwd one streaming pass, a persistent CTA a token at a time "

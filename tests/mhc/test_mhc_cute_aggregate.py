@@ -95,6 +95,16 @@ def test_config_is_the_compile_key():
             dataclasses.replace(cfg, **bad)
 
 
+def test_grid_bound_of_the_spec_covers_every_config():
+    """The spec's fwd-grid constraint, T * (C // 256 + 1) < 2**31, bounds the launch's T * FCHG CTAs:
+    FCHG <= C // 256 + 1 for every n, dtype and C (fp32 at n > 4 has the narrowest chunks, V = 2)."""
+    for n in range(1, 9):
+        for esz in (2, 4):
+            for C in (8, 64, 256, 1000, 1024, 4096, 7168, 16384, 65536, 2 ** 20):
+                cfg = ca.AggCuteCfg.heuristic(n, C, esz)
+                assert cfg.FCHG <= C // 256 + 1, (n, esz, C, cfg.FCHG)
+
+
 def test_limits_are_explained():
     def why(x, h):
         rows = {b: (ok, w) for b, ok, w in registry.get("mhc_h_aggregate").explain(x, h)}
