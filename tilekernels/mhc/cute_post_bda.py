@@ -327,16 +327,20 @@ def _cta_sums_store(acc: cute.Tensor, red: cute.Tensor, par, tid, t, pa, pb, NA:
             s = red[par, 0, v]
             for w_ in cutlass.range_constexpr(1, NT // 32):
                 s = s + red[par, w_, v]
-            if cutlass.const_expr(NA == NV):
-                o = _vec(pa, Int64(t) * NA + v, 1)
-                o[0] = s.to(o.element_type)
+            if cutlass.const_expr(NA == NV):   # one destination: no branch
+                _put(pa, Int64(t) * NA + v, s)
             else:
                 if v < NA:
-                    o = _vec(pa, Int64(t) * NA + v, 1)
-                    o[0] = s.to(o.element_type)
+                    _put(pa, Int64(t) * NA + v, s)
                 else:
-                    o = _vec(pb, Int64(t) * (NV - NA) + (v - NA), 1)
-                    o[0] = s.to(o.element_type)
+                    _put(pb, Int64(t) * (NV - NA) + (v - NA), s)
+
+
+@cute.jit
+def _put(ptr, off, s):
+    """ptr[off] = s, rounded to the pointer's dtype."""
+    o = _vec(ptr, off, 1)
+    o[0] = s.to(o.element_type)
 
 
 # ------------------------------------------------------------------ forward
