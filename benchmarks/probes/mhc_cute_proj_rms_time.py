@@ -1,0 +1,127 @@
+#!/usr/bin/env python3
+"""GPU timing of mhc_proj_rms's CuTe DSL backward (tilekernels/mhc/cute_proj_rms.py) at issue 15's
+shape, its A/B configs, and (where the module exists) the CuTe DSL forward; one harness.
+
+M=32768, N=24 (n=4), K=28672, bf16 x / weight. Bytes by hand (every input read once, every output
+written once): bwd x + dx = 2 x 1.879 GB, + dproj, dr, r (3.3 MB) + the dweight partials (GM x N x K
+fp32, written and read) + dweight; fwd x = 1.879 GB + proj, r. Rows (do_bench median,
+benchmarks/_gpu.bench): the bwd kernel alone, bwd + reduction (``bwd_into``), each A/B config (run
+once first and compared bitwise with the default's dx: the dweight sums' order depends on GM), the
+fwd; % of the copy bandwidth measured in the same process. Table last; JSON to --out.
+
+    source .gpu-cute/env.sh && python3 benchmarks/probes/mhc_cute_proj_rms_time.py --out "$OUT"
+"""
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import os
+import sys
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+sys.path[:0] = [ROOT, os.path.join(ROOT, "benchmarks")]
+
+import torch  # noqa: E402
+
+from _gpu import bench, copy_gb_s, device_env, log_error  # noqa: E402
+
+M, N, K = 32768, 24, 28672
+BF, F32 = torch.bfloat16, torch.float32
+AB = {"st3": dict(STAGES=3), "st5": dict(STAGES=5), "gm4": dict(GM=4), "gm14": dict(GM=14),
+      # diagnostics (wrong results): what each part of the consumers' per-tile chain costs
+      "dbg-noepi": dict(DBG=1), "dbg-nodw": dict(DBG=2), "dbg-nodx": dict(DBG=4), "dbg-nostore": dict(DBG=8),
+      "dbg-nomma": dict(DBG=6), "dbg-copyonly": dict(DBG=7)}
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--out", default=os.environ.get("OUT", "."))
+    ap.add_argument("--rep", type=int, default=100)
+    ap.add_argument("--ab", default="st5,gm14,dbg-noepi,dbg-nodw,dbg-nodx,dbg-nostore,dbg-nomma,dbg-copyonly")
+    a = ap.parse_args()
+    from tilekernels.mhc import cute_proj_rms as cpr
+    from tilekernels.mhc import reference as ref
+    from tilekernels.testing import rel_err
+
+    res = {"env": device_env(), "shape": dict(M=M, N=N, K=K), "rows": [], "errors": []}
+    copy = res["copy_gb_s"] = copy_gb_s()
+    print(f"copy {copy:.0f} GB/s", flush=True)
+    x = torch.randn(M, K, device="cuda").to(BF)
+    w = (torch.randn(N, K, device="cuda") * 0.02).to(BF)
+    dproj = torch.randn(M, N, device="cuda")
+    dr = torch.randn(M, device="cuda")
+    r = ref.proj_rms(x.float(), w.float(), 1e-6)[1].float()
+    dx = torch.empty_like(x)
+    dw = torch.empty_like(w)
+    sx = 2 * M * K
+    small = 4 * M * (N + 2)
+
+    def row(name, ms, nbytes):
+        rr = {"what": name, "ms": round(ms, 4), "gb": round(nbytes / 1e9, 3),
+              "pct_copy": round(100 * nbytes / ms / 1e6 / copy, 1)}
+        res["rows"].append(rr)
+        print(f"{name:34s} {ms:8.4f} ms {rr['pct_copy']:6.1f}% of copy", flush=True)
+
+    # correctness at the headline shape (float64 reference in column chunks)
+    cpr.bwd_into(dproj, dr, x, w, r, dx, dw, 1e-6)
+    torch.cuda.synchronize()
+    try:
+        xs = x[:, :4096].double()
+        norm = torch.linalg.vector_norm(x.double(), dim=1)
+        coef = torch.where(norm > 0, -dr.double() * r.double() ** 2 / K ** 0.5 / norm, 0.0)
+        gx = dproj.double() @ w[:, :4096].double() + coef[:, None] * xs
+        gw = dproj.double().t() @ x.double()
+        res["rel_err_dx_first4096"] = rel_err(dx[:, :4096], gx)
+        res["rel_err_dweight"] = rel_err(dw, gw)
+        print(f"rel err dx[:, :4096] {res['rel_err_dx_first4096']:.2e}, dweight {res['rel_err_dweight']:.2e}")
+        del gx, gw, xs
+    except Exception:
+        log_error(res["errors"], "headline check")
+    base = cpr.ProjRmsBwdCuteCfg.heuristic(N, K)
+    gme = min(base.GM, -(-M // base.BM))
+    p_dw = torch.empty((gme, N, K), dtype=F32, device="cuda")
+    ln = cpr.bwd_launch(base)
+    row("copy x -> dx (floor)", bench(lambda: dx.copy_(x), a.rep), 2 * sx)
+    row("bwd kernel", bench(lambda: ln.run(x, w, dproj, dr, r, dx, p_dw, M, gme, 1e-6), a.rep),
+        2 * sx + small + 4 * gme * N * K)
+    row("bwd_into (kernel + reduction)", bench(lambda: cpr.bwd_into(dproj, dr, x, w, r, dx, dw, 1e-6), a.rep),
+        2 * sx + small + 8 * gme * N * K + 2 * N * K)
+    ref_dx = dx.clone()
+    for name in [s for s in a.ab.split(",") if s]:
+        try:
+            cfg = dataclasses.replace(base, **AB[name])
+            d2 = torch.empty_like(dx)
+            cpr.bwd_into(dproj, dr, x, w, r, d2, torch.empty_like(dw), 1e-6, cfg=cfg)
+            same = torch.equal(d2, ref_dx)
+            g2 = min(cfg.GM, -(-M // cfg.BM))
+            row(f"bwd_into {name}{'' if same else ' (DIFFERS)'}",
+                bench(lambda: cpr.bwd_into(dproj, dr, x, w, r, dx, dw, 1e-6, cfg=cfg), a.rep),
+                2 * sx + small + 8 * g2 * N * K + 2 * N * K)
+        except Exception:
+            log_error(res["errors"], f"config {name}")
+    try:
+        from tilekernels.mhc import cute_proj_rms_fwd as fw
+
+        proj = torch.empty(M, N, device="cuda")
+        rr_ = torch.empty(M, device="cuda")
+        fw.fwd_into(x, w, proj, rr_, 1e-6)
+        torch.cuda.synchronize()
+        p64 = x.double() @ w.double().t()
+        res["rel_err_proj"] = rel_err(proj, p64)
+        res["rel_err_r"] = rel_err(rr_, r.double())
+        print(f"fwd rel err proj {res['rel_err_proj']:.2e}, r {res['rel_err_r']:.2e} (r vs the fp32 reference)")
+        row("fwd (cute)", bench(lambda: fw.fwd_into(x, w, proj, rr_, 1e-6), a.rep), sx + 4 * M * (N + 1))
+    except Exception:
+        log_error(res["errors"], "fwd")
+    os.makedirs(a.out, exist_ok=True)
+    with open(os.path.join(a.out, "mhc_cute_proj_rms_time.json"), "w") as f:
+        json.dump(res, f, indent=1)
+    print("\n| what | ms | % copy |\n|---|---|---|")
+    for rr in res["rows"]:
+        print(f"| {rr['what']} | {rr['ms']:.4f} | {rr['pct_copy']:.1f} |")
+    print(f"errors: {len(res['errors'])}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,462 @@
+"""CuTe DSL backward of mhc_proj_rms (Hopper sm_90a): TMA + warp-specialized wgmma, one pass over x.
+
+x [M, K] bf16, weight [N, K] bf16 (N = n*n + 2n <= 32), dproj [M, N] fp32, dr [M] fp32 and r [M]
+fp32 (the forward's), all contiguous ->
+
+    dx [M, K] bf16   = dproj @ weight + coef[m] * x[m, :],  coef = -dr r^2 / (K rms), rms = 1/r - eps
+    dweight [N, K]   = dproj^T @ x   (bf16, from fp32 partial sums reduced in a fixed order)
+
+(``reference.proj_rms_bwd``; rms = ||x|| / sqrt(K) comes back from the saved r, so x is read once.)
+
+Why a second backend: the cuTile kernel (cutile_proj_rms.py) moves x and dx at 85.7% of the copy
+bandwidth (H200, M=32768, K=28672: bwd 1.03-1.04 ms against a 0.88 ms floor), and it is not tensor-core
+bound (half its MMAs skipped: 1.031 ms). This one keeps the loads of x running ahead of the math in a
+TMA ring and stores dx with TMA.
+
+Work split: CTA (cs, g) owns the channel slice [cs*BK, cs*BK + BK) (BK = 256) and the row tiles
+g, g + GM, ... of BM = 64 tokens (GM row groups = gridDim.y); it keeps that slice's dweight partial in
+registers and writes it once to ``p_dw[g]`` [GM, N, K] fp32; ``_reduce_kernel`` sums the GM partials
+in order into dweight (deterministic, no atomics).
+
+CTA = 3 warpgroups (384 threads):
+
+* warp 0 (the producer; its warpgroup drops to 40 registers): per row tile, two TMA loads of x (the
+  two halves of the slice, [128 channels x 64 tokens] each, channel-major 128B-swizzled: the wgmma A
+  layout of the dweight product) into a STAGES-deep mbarrier ring.
+* warpgroups 1, 2 (consumers): warpgroup c owns channels [c*128, c*128 + 128) of the slice. Per tile:
+  - dproj's [64, N] rows (loaded into registers one tile ahead) split into bf16 hi = bf16(dproj) and
+    lo = bf16(dproj - hi) (~16 mantissa bits; every product exact, fp32 sums) and stored as
+    HL [64 tokens, 2*NP] = [hi | lo] (NP = 16 or 32 >= N, zero padded) in the warpgroup's shared
+    memory, with coef[64];
+  - dx = HL @ [W; W] (wgmma m64 n128, k = 2*NP, B = the warpgroup's 128 weight columns, loaded once)
+    and dweight^T += x^T @ HL (wgmma m64 x2, n = 2*NP, k = 64 tokens: A = the x half as it landed,
+    B = the same HL buffer seen N-major: K-major [64, 2*NP] and N-major [2*NP, 64] 128B-swizzled
+    layouts are the same bytes);
+  - epilogue: dx = acc + coef * x from the stage itself, written back in place as bf16, then one TMA
+    store of the half; the stage is released once the store has read it (bulk async-group wait, one
+    tile late so the warpgroup never waits on its own store).
+  - at the end: dweight^T's hi and lo columns summed (through shared memory) and stored to p_dw[g].
+
+Tails: TMA zero-fills loads past M and K and clips the stores; dproj / r / dr rows past M read as 0
+(so they add nothing to dweight); weight rows N..NP-1 are 0. M = 0 launches nothing (dweight = 0).
+
+Constraints (``supported``): bf16 x / weight, N <= 32, K % 8 == 0 (16-byte TMA strides), 16-byte
+aligned contiguous tensors, M < 2**31, sm_90a. Compile key: ProjRmsBwdCuteCfg (N, K and the tiling);
+M is a runtime scalar (the grid). Importing this module needs ``cutlass`` but no GPU.
+"""
+from __future__ import annotations
+
+import dataclasses
+import functools
+
+import torch
+
+import cutlass
+import cutlass.cute as cute
+import cutlass.pipeline as pipeline
+import cutlass.utils.hopper_helpers as sm90_utils
+from cutlass import BFloat16, Float32, Int32, Int64, const_expr
+from cutlass.cute.nvgpu import cpasync, warpgroup
+from cutlass.utils import LayoutEnum
+
+from tilekernels import _cute as CU
+from tilekernels._glue import aligned16, kernel, needs_sm90
+
+from . import cute_proj_rms_fwd as _fwd
+
+_NAME = "mhc.cute_proj_rms"
+THREADS = 384
+PRODUCER_REGS, CONSUMER_REGS = 40, 232
+HALF = 128  # channels a consumer warpgroup owns
+
+
+@dataclasses.dataclass(frozen=True)
+class ProjRmsBwdCuteCfg:
+    """Launch config = compile key (with the dtypes, all fixed).
+
+    N, K: static dims; NP: N padded (16 or 32; the hi | lo operand is 2*NP wide); BM: tokens a row
+    tile; BK: channels a CTA (two consumer warpgroups of HALF); STAGES: the x ring; GM: row groups
+    (dweight partials; grid = (cdiv(K, BK), min(GM, cdiv(M, BM)))); TK_RED: the reduction's channels
+    a CTA."""
+
+    N: int
+    K: int
+    NP: int = 32
+    BM: int = 64
+    BK: int = 256
+    STAGES: int = 4
+    GM: int = 7
+    TK_RED: int = 256
+    DBG: int = 0  # timing probes only (benchmarks/probes/mhc_cute_proj_rms_time.py), wrong results:
+    #               1 skips the dx epilogue math, 2 the dweight wgmmas, 4 the dx wgmmas, 8 the dx store
+
+    def __post_init__(self):
+        if not (1 <= self.N <= self.NP and self.NP in (16, 32) and self.BM == 64 and self.BK == 2 * HALF
+                and self.K % 8 == 0 and self.K > 0 and self.STAGES >= 2 and self.GM >= 1 and self.TK_RED % 128 == 0):
+            raise ValueError(f"mhc_proj_rms cute: config {self}: needs N <= NP in (16, 32), BM 64, BK {2 * HALF}, "
+                             f"K % 8 == 0, STAGES >= 2")
+        if self.smem_bytes > 225 * 1024:
+            raise ValueError(f"mhc_proj_rms cute: config {self} needs {self.smem_bytes} bytes of shared memory")
+
+    @property
+    def PBOX(self) -> int:
+        """dproj's TMA box (elements): the largest divisor of BM * N that is <= 256 (the box limit) and a
+        multiple of 32 (each box's shared-memory destination 128-byte aligned)."""
+        return max(d for d in range(32, 257, 32) if (self.BM * self.N) % d == 0)
+
+    @property
+    def smem_bytes(self) -> int:
+        x = 2 * self.STAGES * HALF * self.BM * 2
+        w = 2 * HALF * self.NP * 2
+        hl = 4 * self.BM * self.NP * 2
+        rows = self.STAGES * self.BM * (self.N + 2) * 4   # dproj, r, dr per stage
+        return x + w + hl + rows + 2 * self.BM * 4 + 2 * self.STAGES * 8 + 1024
+
+    @classmethod
+    @functools.lru_cache(maxsize=256)
+    def heuristic(cls, N: int, K: int) -> "ProjRmsBwdCuteCfg":
+        """Static dims only: NP the smallest of 16, 32 holding N; 4 stages of 32 KiB (one CTA an SM:
+        64 KiB of x per tile in flight each way needs ~2 tiles ahead at the copy rate); 7 row groups
+        (the cuTile kernel's: K=28672 gives 112 slices x 7 = 784 CTAs, 5.9 waves on 132 SMs)."""
+        return cls(N=N, K=K, NP=16 if N <= 16 else 32)
+
+
+# ------------------------------------------------------------------ layouts
+
+
+def _layouts(cfg):
+    """(sX, sW, sHa, sHb) layouts: x halves [HALF ch, BM tok] channel-major x 2*STAGES buffers
+    (index wc * STAGES + stage); weight halves [HALF ch, NP] channel-major x 2; hi and lo per
+    warpgroup (index 2 * wc + 0 / 1) as the dx A operand [BM, NP] K-major and the dweight B operand
+    [NP, BM] N-major (the same bytes) x 4."""
+    mn = LayoutEnum.COL_MAJOR   # MN-major operands
+    km = LayoutEnum.ROW_MAJOR   # K-major
+    sX = sm90_utils.make_smem_layout_a(mn, (HALF, 2 * cfg.NP, cfg.BM), BFloat16, 2 * cfg.STAGES)
+    sW = sm90_utils.make_smem_layout_b(mn, (cfg.BM, HALF, cfg.NP), BFloat16, 2)
+    sHa = sm90_utils.make_smem_layout_a(km, (cfg.BM, HALF, cfg.NP), BFloat16, 4)
+    sHb = sm90_utils.make_smem_layout_b(mn, (HALF, cfg.NP, cfg.BM), BFloat16, 4)
+    return sX, sW, sHa, sHb
+
+
+def _smem_tensor(smem, layout, dtype=BFloat16):
+    """(raw byte buffer, swizzled tensor) of one 1024-aligned allocation."""
+    buf = smem.allocate_tensor(cutlass.Uint8, cute.make_layout(cute.cosize(layout) * dtype.width // 8),
+                               byte_alignment=1024)
+    return buf, cute.make_tensor(cute.recast_ptr(buf.iterator, layout.inner, dtype=dtype), layout.outer)
+
+
+# ------------------------------------------------------------------ kernels
+
+
+@cute.kernel
+def _bwd_kernel(cfg: cutlass.Constexpr, tma_x: cute.CopyAtom, mX: cute.Tensor, tma_dx: cute.CopyAtom,
+                mDX: cute.Tensor, tma_p: cute.CopyAtom, mP: cute.Tensor, tma_r: cute.CopyAtom, mR: cute.Tensor,
+                mDR: cute.Tensor, w: cute.Pointer, p_dw: cute.Pointer, M: Int32, eps: Float32):
+    N, K, NP, BM, S = cfg.N, cfg.K, cfg.NP, cfg.BM, cfg.STAGES
+    tidx, _, _ = cute.arch.thread_idx()
+    cs, g0, _ = cute.arch.block_idx()
+    _, GMe, _ = cute.arch.grid_dim()
+    warp = cute.arch.make_warp_uniform(cute.arch.warp_idx())
+    wg = cute.arch.make_warp_uniform(tidx // 128)
+    ntm = (M + BM - 1) // BM
+    if warp == 0:
+        cpasync.prefetch_descriptor(tma_x)
+        cpasync.prefetch_descriptor(tma_dx)
+        cpasync.prefetch_descriptor(tma_p)
+        cpasync.prefetch_descriptor(tma_r)
+
+    smem = cutlass.memory.SmemAllocator()
+    sX_l, sW_l, sHa_l, sHb_l = _layouts(cfg)
+    _, sX = _smem_tensor(smem, sX_l)
+    _, sW = _smem_tensor(smem, sW_l)
+    hl_buf = smem.allocate_tensor(cutlass.Uint8, cute.make_layout(cute.cosize(sHa_l) * 2), byte_alignment=1024)
+    sHa = cute.make_tensor(cute.recast_ptr(hl_buf.iterator, sHa_l.inner, dtype=BFloat16), sHa_l.outer)
+    sHb = cute.make_tensor(cute.recast_ptr(hl_buf.iterator, sHb_l.inner, dtype=BFloat16), sHb_l.outer)
+    sCoef = smem.allocate_tensor(Float32, cute.make_layout((BM, 2)), byte_alignment=16)
+    # a stage's dproj rows [BM * N] fp32 (contiguous in memory), r and dr [BM] (index 2 * stage + 0 / 1)
+    PB = cfg.PBOX
+    NPB = BM * N // PB
+    sP = smem.allocate_tensor(Float32, cute.make_layout((PB, 1, NPB * S)), byte_alignment=128)
+    sR = smem.allocate_tensor(Float32, cute.make_layout((BM, 1, 2 * S)), byte_alignment=128)
+    bars = smem.allocate_array(Int64, 2 * S, byte_alignment=8)
+    pipe = pipeline.PipelineTmaAsync.create(
+        num_stages=S,
+        producer_group=pipeline.CooperativeGroup(pipeline.Agent.Thread),
+        consumer_group=pipeline.CooperativeGroup(pipeline.Agent.Thread, 8),
+        tx_count=2 * HALF * BM * 2 + BM * N * 4 + 2 * BM * 4, barrier_storage=bars,
+        cta_layout_vmnk=cute.make_layout((1, 1, 1, 1)))
+
+    # x viewed [K, M] (channel-major), tiled [HALF, BM]: tile (2 * cs + c, m) is half c of row tile m
+    gX = cute.local_tile(mX, (HALF, BM), (None, None))
+    tXs, tXg = cpasync.tma_partition(tma_x, 0, cute.make_layout(1), cute.group_modes(sX, 0, 2),
+                                     cute.group_modes(gX, 0, 2))
+    # dproj viewed 1-D [M * N], row tile m = elements [m * BM * N, (m + 1) * BM * N); r, dr [M]
+    # (1-D TMA tensors of a dynamic extent do not build in CuTe DSL 4.8.1: [L, 1] views instead)
+    def part(atom, s_, g_, box):
+        return cpasync.tma_partition(atom, 0, cute.make_layout(1), cute.group_modes(s_, 0, 2),
+                                     cute.group_modes(cute.local_tile(g_, (box, 1), (None, 0)), 0, 2))
+
+    tPs, tPg = part(tma_p, sP, mP, PB)
+    tRs, tRg = part(tma_r, sR, mR, BM)
+    _, tDRg = part(tma_r, sR, mDR, BM)
+    if wg == 0:
+        cute.arch.setmaxregister_decrease(PRODUCER_REGS)
+        if warp == 0:
+            pst = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, S)
+            for m in cutlass.range(g0, ntm, GMe, unroll=1):
+                pipe.producer_acquire(pst)
+                bar = pipe.producer_get_barrier(pst)
+                cute.copy(tma_x, tXg[None, 2 * cs, m], tXs[None, pst.index], tma_bar_ptr=bar)
+                cute.copy(tma_x, tXg[None, 2 * cs + 1, m], tXs[None, S + pst.index], tma_bar_ptr=bar)
+                for q in cutlass.range_constexpr(NPB):   # TMA boxes are at most 256 elements
+                    cute.copy(tma_p, tPg[None, m * NPB + q], tPs[None, pst.index * NPB + q], tma_bar_ptr=bar)
+                cute.copy(tma_r, tRg[None, m], tRs[None, 2 * pst.index], tma_bar_ptr=bar)
+                cute.copy(tma_r, tDRg[None, m], tRs[None, 2 * pst.index + 1], tma_bar_ptr=bar)
+                pipe.producer_commit(pst)
+                pst.advance()
+            pipe.producer_tail(pst)
+    else:
+        cute.arch.setmaxregister_increase(CONSUMER_REGS)
+        wc = wg - 1
+        ct = tidx - 128 * wg
+        lane = tidx % 32
+        bar_id = 1 + wc
+        c0 = cs * (2 * HALF) + wc * HALF  # this warpgroup's first channel
+        kf = Float32(K)
+
+        # ---- the weight columns [c0, c0 + HALF) of rows 0..NP-1 (zero past N and K), once
+        sWc = sW[None, None, wc]
+        wrow = cute.make_tensor(w, cute.make_layout((N, K), stride=(K, 1)))
+        for i in cutlass.range_constexpr(NP):
+            val = BFloat16(0.0)
+            if const_expr(i < N):
+                if c0 + ct < K:
+                    val = wrow[i, c0 + ct]
+            sWc[ct, i] = val
+
+        # ---- MMAs: dx [BM tok, HALF ch] = (hi + lo) @ W-half; dweight^T [HALF ch, NP] += x-half @ (hi + lo)
+        mma_dx = sm90_utils.make_trivial_tiled_mma(
+            BFloat16, BFloat16, LayoutEnum.ROW_MAJOR.sm90_mma_major_mode(),
+            LayoutEnum.COL_MAJOR.sm90_mma_major_mode(), Float32, (1, 1, 1), tiler_mn=(64, HALF))
+        mma_dw = sm90_utils.make_trivial_tiled_mma(
+            BFloat16, BFloat16, LayoutEnum.COL_MAJOR.sm90_mma_major_mode(),
+            LayoutEnum.COL_MAJOR.sm90_mma_major_mode(), Float32, (1, 1, 1), tiler_mn=(64, NP))
+        thr_dx = mma_dx.get_slice(0)
+        thr_dw = mma_dw.get_slice(0)
+        tDXa = mma_dx.make_fragment_A(thr_dx.partition_A(sHa))
+        tDXb = mma_dx.make_fragment_B(thr_dx.partition_B(sWc))
+        tDWa = mma_dw.make_fragment_A(thr_dw.partition_A(sX))
+        tDWb = mma_dw.make_fragment_B(thr_dw.partition_B(sHb))
+        cDX = mma_dx.get_slice(ct).partition_C(cute.make_identity_tensor((BM, HALF)))
+        cDW = mma_dw.get_slice(ct).partition_C(cute.make_identity_tensor((HALF, NP)))
+        acc_dx = cute.make_rmem_tensor(cDX.shape, Float32)
+        acc_dw = cute.make_rmem_tensor(cDW.shape, Float32)
+        acc_dw.fill(0.0)
+        t0 = cDX[0][0]          # this thread's first accumulator row (token); the other is t0 + 8
+        xpair = cute.make_rmem_tensor((2,), BFloat16)
+        mma_dx.set(warpgroup.Field.ACCUMULATE, True)
+        mma_dw.set(warpgroup.Field.ACCUMULATE, True)
+
+        # ---- per tile: thread ct takes dproj row ct // 2, columns (ct % 2) * NP/2 .. (of [0, NP))
+        HC = NP // 2
+        tok = ct // 2
+        j0 = (ct % 2) * HC
+        gD = cute.local_tile(mDX, (HALF, BM), (None, None))
+        tDs, tDg = cpasync.tma_partition(tma_dx, 0, cute.make_layout(1), cute.group_modes(sX, 0, 2),
+                                         cute.group_modes(gD, 0, 2))
+        sHi = sHa[None, None, 2 * wc]
+        sLo = sHa[None, None, 2 * wc + 1]
+        rst = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, S)
+        fst = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, S)
+        for m in cutlass.range(g0, ntm, GMe, unroll=1):
+            pipe.consumer_wait(rst)
+            st = rst.index
+            # HL = [hi | lo] of the stage's dproj rows (TMA zeros past M), coef per token
+            for j in cutlass.range_constexpr(HC):
+                v = Float32(0.0)
+                if j0 + j < N:
+                    e = tok * N + j0 + j
+                    v = sP[e % PB, 0, st * NPB + e // PB]
+                hi = BFloat16(v)
+                sHi[tok, j0 + j] = hi
+                sLo[tok, j0 + j] = BFloat16(v - Float32(hi))
+            if ct % 2 == 0:
+                rr = sR[tok, 0, 2 * st]
+                rms = cute.arch.rcp_approx(rr) - eps   # (approximate reciprocals: no slow-path call)
+                cf = Float32(0.0)
+                if rms > Float32(0.0):
+                    cf = -sR[tok, 0, 2 * st + 1] * rr * rr * cute.arch.rcp_approx(kf * rms)
+                sCoef[tok, wc] = cf
+            cute.arch.fence_proxy("async.shared", space="cta")
+            cute.arch.barrier(barrier_id=bar_id, number_of_threads=128)
+            buf = wc * S + st
+            acc_dx.fill(0.0)
+            warpgroup.fence()
+            if const_expr(not cfg.DBG & 4):
+                for kb in cutlass.range_constexpr(NP // 16):
+                    for h in cutlass.range_constexpr(2):   # hi, lo
+                        cute.gemm(mma_dx, acc_dx, tDXa[None, None, kb, 2 * wc + h], tDXb[None, None, kb], acc_dx)
+            if const_expr(not cfg.DBG & 2):
+                for kb in cutlass.range_constexpr(BM // 16):
+                    for h in cutlass.range_constexpr(2):
+                        cute.gemm(mma_dw, acc_dw, tDWa[None, None, kb, buf], tDWb[None, None, kb, 2 * wc + h],
+                                  acc_dw)
+            warpgroup.commit_group()
+            warpgroup.wait_group(0)
+
+            # dx = acc + coef * x, written in place over the x half (bf16), then one TMA store. The
+            # wgmma accumulator holds column pairs (c, c+1) at fragment indices (2q, 2q+1), rows t0
+            # and t0 + 8 alternating every 2 indices: one 4-byte smem access a pair, 2 coefs a thread
+            sXp = cute.logical_divide(sX[None, None, buf], (cute.make_layout(2), None))
+            cf = (sCoef[t0, wc], sCoef[t0 + 8, wc])
+            if const_expr(not cfg.DBG & 1):
+                for q in cutlass.range_constexpr(cute.size(acc_dx) // 2):
+                    t_, c_ = cDX[2 * q]
+                    pr = sXp[(None, c_ // 2), t_]
+                    cute.autovec_copy(pr, xpair)
+                    for e in cutlass.range_constexpr(2):
+                        xpair[e] = BFloat16(acc_dx[2 * q + e] + cf[q % 2] * xpair[e].to(Float32))
+                    cute.autovec_copy(xpair, pr)
+            cute.arch.fence_proxy("async.shared", space="cta")
+            cute.arch.barrier(barrier_id=bar_id, number_of_threads=128)
+            if ct == 0:
+                if const_expr(not cfg.DBG & 8):
+                    cute.copy(tma_dx, tDs[None, buf], tDg[None, 2 * cs + wc, m])
+                cute.arch.cp_async_bulk_commit_group()
+                cute.arch.cp_async_bulk_wait_group(1, read=True)  # the previous tile's store has read its stage
+            cute.arch.barrier(barrier_id=bar_id, number_of_threads=128)
+            if m != g0:
+                pipe.consumer_release(fst)
+                fst.advance()
+            rst.advance()
+        if ct == 0:
+            cute.arch.cp_async_bulk_wait_group(0, read=True)
+        cute.arch.barrier(barrier_id=bar_id, number_of_threads=128)
+        pipe.consumer_release(fst)  # every CTA has at least one row tile (grid y <= row tiles)
+
+        # ---- this CTA's dweight partial (dweight^T fragments: (channel, j)) from registers
+        pd = cute.make_tensor(p_dw, cute.make_layout((GMe, N, K), stride=(N * K, K, 1)))
+        for i in cutlass.range_constexpr(cute.size(acc_dw)):
+            c_, j_ = cDW[i]
+            if j_ < N:
+                if c0 + c_ < K:
+                    pd[g0, j_, c0 + c_] = acc_dw[i]
+
+
+@cute.kernel
+def _reduce_kernel(p_dw: cute.Pointer, dw: cute.Pointer, NK: Int32, GMe: Int32):
+    """dweight[e .. e+3] (bf16) = sum over g = 0 .. GMe-1 in order of p_dw[g, e .. e+3] (fp32),
+    e = 4 * (global thread index); N*K % 4 == 0."""
+    tidx, _, _ = cute.arch.thread_idx()
+    bidx, _, _ = cute.arch.block_idx()
+    e = (bidx * 128 + tidx) * 4
+    if e < NK:
+        src = cute.make_tensor(p_dw, cute.make_layout((4, GMe), stride=(1, NK)))
+        acc = cute.make_rmem_tensor((4,), Float32)
+        acc.fill(0.0)
+        part = cute.make_rmem_tensor((4,), Float32)
+        for g in cutlass.range(GMe, unroll=1):
+            cute.autovec_copy(cute.domain_offset((e, 0), src)[None, g], part)
+            for q in cutlass.range_constexpr(4):
+                acc[q] = acc[q] + part[q]
+        out = cute.make_rmem_tensor((4,), BFloat16)
+        for q in cutlass.range_constexpr(4):
+            out[q] = BFloat16(acc[q])
+        cute.autovec_copy(out, cute.make_tensor(dw + e, cute.make_layout(4)))
+
+
+@cute.jit
+def _bwd_host(cfg: cutlass.Constexpr, x: cute.Pointer, w: cute.Pointer, dproj: cute.Pointer, dr: cute.Pointer,
+              r: cute.Pointer, dx: cute.Pointer, p_dw: cute.Pointer, M: Int32, GMe: Int32, eps: Float32,
+              stream: CU.cuda.CUstream):
+    K, N, BM = cfg.K, cfg.N, cfg.BM
+    mX = cute.make_tensor(x, cute.make_layout((K, M), stride=(1, K)))      # channel-major view
+    mDX = cute.make_tensor(dx, cute.make_layout((K, M), stride=(1, K)))
+    mP = cute.make_tensor(dproj, cute.make_layout((M * N, 1), stride=(1, M * N)))
+    mR = cute.make_tensor(r, cute.make_layout((M, 1), stride=(1, M)))
+    mDR = cute.make_tensor(dr, cute.make_layout((M, 1), stride=(1, M)))
+    sX_l = _layouts(cfg)[0]
+    one = cute.slice_(sX_l, (None, None, 0))
+    g2s = cpasync.CopyBulkTensorTileG2SOp()
+    tma_x, tX = cpasync.make_tiled_tma_atom(g2s, mX, one, (HALF, BM))
+    tma_dx, tDX = cpasync.make_tiled_tma_atom(cpasync.CopyBulkTensorTileS2GOp(), mDX, one, (HALF, BM))
+    tma_p, tP = cpasync.make_tiled_tma_atom(g2s, mP, cute.make_layout((cfg.PBOX, 1)), (cfg.PBOX, 1))
+    tma_r, tR = cpasync.make_tiled_tma_atom(g2s, mR, cute.make_layout((BM, 1)), (BM, 1))
+    _, tDR = cpasync.make_tiled_tma_atom(g2s, mDR, cute.make_layout((BM, 1)), (BM, 1))
+    _bwd_kernel(cfg, tma_x, tX, tma_dx, tDX, tma_p, tP, tma_r, tR, tDR, w, p_dw, M, eps).launch(
+        grid=((K + cfg.BK - 1) // cfg.BK, GMe, 1), block=(THREADS, 1, 1), stream=stream, min_blocks_per_mp=1,
+        preferred_smem_carveout=100)
+
+
+@cute.jit
+def _reduce_host(cfg: cutlass.Constexpr, p_dw: cute.Pointer, dw: cute.Pointer, GMe: Int32,
+                 stream: CU.cuda.CUstream):
+    NK = cfg.N * cfg.K
+    _reduce_kernel(p_dw, dw, Int32(NK), GMe).launch(grid=((NK // 4 + 127) // 128, 1, 1), block=(128, 1, 1),
+                                                    stream=stream)
+
+
+# ------------------------------------------------------------------ Python entry points
+
+
+@functools.lru_cache(maxsize=256)
+def bwd_launch(cfg: ProjRmsBwdCuteCfg) -> CU.Launch:
+    """run args (x, weight, dproj, dr, r, dx, p_dw [GMe, N, K] fp32, M, GMe, eps)."""
+    bf, f32 = CU.Ptr(torch.bfloat16, 16), CU.Ptr(torch.float32, 16)
+    sig = (bf, bf, f32, f32, f32, bf, f32, CU.Scalar(Int32), CU.Scalar(Int32), CU.Scalar(Float32))
+    return CU.Launch(f"{_NAME}.bwd", _bwd_host, cfg, sig)
+
+
+@functools.lru_cache(maxsize=256)
+def reduce_launch(cfg: ProjRmsBwdCuteCfg) -> CU.Launch:
+    """run args (p_dw [GMe, N, K] fp32, dweight [N, K] bf16, GMe)."""
+    return CU.Launch(f"{_NAME}.reduce", _reduce_host, cfg,
+                     (CU.Ptr(torch.float32, 16), CU.Ptr(torch.bfloat16, 8), CU.Scalar(Int32)))
+
+
+def supported(x: torch.Tensor, weight: torch.Tensor) -> tuple[bool, str]:
+    """Whether this backend computes proj_rms's backward for these tensors, and why not."""
+    N, K = weight.shape
+    if x.dtype != torch.bfloat16 or weight.dtype != torch.bfloat16:
+        return False, f"x / weight {x.dtype} / {weight.dtype} (bf16 only)"
+    if N > 32 or K % 8:
+        return False, f"N={N} > 32 or K={K} not a multiple of 8"
+    why = needs_sm90(x.device, "sm_90a TMA + wgmma kernel")
+    return (False, why) if why else (True, "sm_90a TMA + wgmma proj_rms backward")
+
+
+@kernel("mhc_proj_rms", "cute", "bwd")
+def bwd_into(dproj, dr, x, weight, r, dx, dweight, eps: float, cfg: ProjRmsBwdCuteCfg | None = None) -> None:
+    """dx [M, K] bf16 and dweight [N, K] bf16 of proj_rms, destination-passing (the registry's bwd
+    signature); contiguous tensors (a view whose address is not 16-byte aligned goes through an
+    aligned copy)."""
+    M, K = x.shape
+    N = weight.shape[0]
+    if M == 0:
+        dweight.zero_()
+        return
+    cfg = cfg or ProjRmsBwdCuteCfg.heuristic(N, K)
+    x = aligned16(x)
+    dst = dx if dx.data_ptr() % 16 == 0 else torch.empty_like(dx)
+    dw = dweight if dweight.data_ptr() % 8 == 0 else torch.empty_like(dweight)
+    gme = min(cfg.GM, -(-M // cfg.BM))
+    p_dw = torch.empty((gme, N, K), dtype=torch.float32, device=x.device)
+    bwd_launch(cfg).run(x, weight, dproj, dr, r, dst, p_dw, M, gme, float(eps))
+    reduce_launch(cfg).run(p_dw, dw, gme)
+    if dst is not dx:
+        dx.copy_(dst)
+    if dw is not dweight:
+        dweight.copy_(dw)
+
+
+@kernel("mhc_proj_rms", "cute", "fwd")
+def fwd_into(x, weight, proj, r, eps: float) -> None:
+    """proj [M, N] fp32 and r [M] fp32 (the registry's fwd signature): cute_proj_rms_fwd.fwd_into on
+    16-byte aligned operands."""
+    _fwd.fwd_into(aligned16(x), aligned16(weight), proj, r, eps)
+
+
+def representative_launches(N: int = 24, K: int = 28672) -> dict[str, CU.Launch]:
+    """The backward's launches at one static shape (what the CPU compile test exports)."""
+    cfg = ProjRmsBwdCuteCfg.heuristic(N, K)
+    return {"bwd": bwd_launch(cfg), "reduce": reduce_launch(cfg)}
