@@ -68,6 +68,8 @@ _NAME = "mhc.cute_proj_rms"
 THREADS = 384
 PRODUCER_REGS, CONSUMER_REGS = 40, 232
 HALF = 128  # channels a consumer warpgroup owns
+# TMA L2 cache-hint policies (CUTLASS's CacheHintSm90 values), by LDH / STH
+_HINTS = {1: 0x12F0000000000000, 2: 0x14F0000000000000}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -87,14 +89,18 @@ class ProjRmsBwdCuteCfg:
     STAGES: int = 4
     GM: int = 7
     TK_RED: int = 256
+    LDH: int = 0        # L2 cache hint of the x loads / dx stores: 0 none, 1 evict-first, 2 evict-last
+    STH: int = 0
+    PST: bool = True    # the producer warp stores dx (consumers release a stage once dx is in it)
+    REL0: bool = False  # (PST False) release a stage once its own dx store has read it; else one tile late
     DBG: int = 0  # timing probes only (benchmarks/probes/mhc_cute_proj_rms_time.py), wrong results:
     #               1 skips the dx epilogue math, 2 the dweight wgmmas, 4 the dx wgmmas, 8 the dx store
 
     def __post_init__(self):
         if not (1 <= self.N <= self.NP and self.NP in (16, 32) and self.BM == 64 and self.BK == 2 * HALF
-                and self.K % 8 == 0 and self.K > 0 and self.STAGES >= 2 and self.GM >= 1 and self.TK_RED % 128 == 0):
+                and self.K % 8 == 0 and self.K > 0 and self.STAGES >= 3 and self.GM >= 1 and self.TK_RED % 128 == 0):
             raise ValueError(f"mhc_proj_rms cute: config {self}: needs N <= NP in (16, 32), BM 64, BK {2 * HALF}, "
-                             f"K % 8 == 0, STAGES >= 2")
+                             f"K % 8 == 0, STAGES >= 3 (the dweight sums reuse 3 x buffers)")
         if self.smem_bytes > 225 * 1024:
             raise ValueError(f"mhc_proj_rms cute: config {self} needs {self.smem_bytes} bytes of shared memory")
 
@@ -107,10 +113,10 @@ class ProjRmsBwdCuteCfg:
     @property
     def smem_bytes(self) -> int:
         x = 2 * self.STAGES * HALF * self.BM * 2
-        w = 2 * HALF * self.NP * 2
-        hl = 4 * self.BM * self.NP * 2
+        w = 2 * HALF * 64 * 2
+        hl = 2 * self.BM * 64 * 2
         rows = self.STAGES * self.BM * (self.N + 2) * 4   # dproj, r, dr per stage
-        return x + w + hl + rows + 2 * self.BM * 4 + 2 * self.STAGES * 8 + 1024
+        return x + w + hl + rows + 2 * self.BM * 4 * self.STAGES + 2 * self.STAGES * 8 + 1024
 
     @classmethod
     @functools.lru_cache(maxsize=256)
@@ -132,9 +138,9 @@ def _layouts(cfg):
     mn = LayoutEnum.COL_MAJOR   # MN-major operands
     km = LayoutEnum.ROW_MAJOR   # K-major
     sX = sm90_utils.make_smem_layout_a(mn, (HALF, 2 * cfg.NP, cfg.BM), BFloat16, 2 * cfg.STAGES)
-    sW = sm90_utils.make_smem_layout_b(mn, (cfg.BM, HALF, cfg.NP), BFloat16, 2)
-    sHa = sm90_utils.make_smem_layout_a(km, (cfg.BM, HALF, cfg.NP), BFloat16, 4)
-    sHb = sm90_utils.make_smem_layout_b(mn, (HALF, cfg.NP, cfg.BM), BFloat16, 4)
+    sW = sm90_utils.make_smem_layout_b(mn, (cfg.BM, HALF, 64), BFloat16, 2)
+    sHa = sm90_utils.make_smem_layout_a(km, (cfg.BM, HALF, 64), BFloat16, 2)
+    sHb = sm90_utils.make_smem_layout_a(mn, (64, HALF, cfg.BM), BFloat16, 2)
     return sX, sW, sHa, sHb
 
 
@@ -148,10 +154,31 @@ def _smem_tensor(smem, layout, dtype=BFloat16):
 # ------------------------------------------------------------------ kernels
 
 
+@cute.jit
+def _store_dx(tma_dx: cute.CopyAtom, tDs: cute.Tensor, tDg: cute.Tensor, st: Int32, S: cutlass.Constexpr,
+              cs: Int32, m: Int32, half1, DBG: cutlass.Constexpr, STH: cutlass.Constexpr):
+    """TMA stores of stage st's dx halves (row tile m) and one bulk-group commit, then wait until
+    they have read the stage (it is loaded again next). A half wholly past K stores nothing: CuTe maps
+    a tile index past a size-1 tile mode (K <= HALF) back onto tile 0, which would overwrite the
+    first half."""
+    if const_expr(not DBG & 8):
+        if const_expr(STH):
+            hint = Int64(_HINTS[STH])
+            cute.copy(tma_dx, tDs[None, st], tDg[None, 2 * cs, m], cache_policy=hint)
+            if half1:
+                cute.copy(tma_dx, tDs[None, S + st], tDg[None, 2 * cs + 1, m], cache_policy=hint)
+        else:
+            cute.copy(tma_dx, tDs[None, st], tDg[None, 2 * cs, m])
+            if half1:
+                cute.copy(tma_dx, tDs[None, S + st], tDg[None, 2 * cs + 1, m])
+    cute.arch.cp_async_bulk_commit_group()
+    cute.arch.cp_async_bulk_wait_group(0, read=True)
+
+
 @cute.kernel
 def _bwd_kernel(cfg: cutlass.Constexpr, tma_x: cute.CopyAtom, mX: cute.Tensor, tma_dx: cute.CopyAtom,
                 mDX: cute.Tensor, tma_p: cute.CopyAtom, mP: cute.Tensor, tma_r: cute.CopyAtom, mR: cute.Tensor,
-                mDR: cute.Tensor, w: cute.Pointer, p_dw: cute.Pointer, M: Int32, eps: Float32):
+                tma_dr: cute.CopyAtom, mDR: cute.Tensor, w: cute.Pointer, p_dw: cute.Pointer, M: Int32, eps: Float32):
     N, K, NP, BM, S = cfg.N, cfg.K, cfg.NP, cfg.BM, cfg.STAGES
     tidx, _, _ = cute.arch.thread_idx()
     cs, g0, _ = cute.arch.block_idx()
@@ -164,15 +191,16 @@ def _bwd_kernel(cfg: cutlass.Constexpr, tma_x: cute.CopyAtom, mX: cute.Tensor, t
         cpasync.prefetch_descriptor(tma_dx)
         cpasync.prefetch_descriptor(tma_p)
         cpasync.prefetch_descriptor(tma_r)
+        cpasync.prefetch_descriptor(tma_dr)
 
     smem = cutlass.memory.SmemAllocator()
     sX_l, sW_l, sHa_l, sHb_l = _layouts(cfg)
-    _, sX = _smem_tensor(smem, sX_l)
+    sX_raw, sX = _smem_tensor(smem, sX_l)
     _, sW = _smem_tensor(smem, sW_l)
     hl_buf = smem.allocate_tensor(cutlass.Uint8, cute.make_layout(cute.cosize(sHa_l) * 2), byte_alignment=1024)
     sHa = cute.make_tensor(cute.recast_ptr(hl_buf.iterator, sHa_l.inner, dtype=BFloat16), sHa_l.outer)
     sHb = cute.make_tensor(cute.recast_ptr(hl_buf.iterator, sHb_l.inner, dtype=BFloat16), sHb_l.outer)
-    sCoef = smem.allocate_tensor(Float32, cute.make_layout((BM, 2)), byte_alignment=16)
+    sCoef = smem.allocate_tensor(Float32, cute.make_layout((BM, 2, S)), byte_alignment=16)
     # a stage's dproj rows [BM * N] fp32 (contiguous in memory), r and dr [BM] (index 2 * stage + 0 / 1)
     PB = cfg.PBOX
     NPB = BM * N // PB
@@ -198,23 +226,56 @@ def _bwd_kernel(cfg: cutlass.Constexpr, tma_x: cute.CopyAtom, mX: cute.Tensor, t
 
     tPs, tPg = part(tma_p, sP, mP, PB)
     tRs, tRg = part(tma_r, sR, mR, BM)
-    _, tDRg = part(tma_r, sR, mDR, BM)
+    _, tDRg = part(tma_dr, sR, mDR, BM)   # (each TMA atom holds its own tensor's descriptor)
+    gD = cute.local_tile(mDX, (HALF, BM), (None, None))
+    tDs, tDg = cpasync.tma_partition(tma_dx, 0, cute.make_layout(1), cute.group_modes(sX, 0, 2),
+                                     cute.group_modes(gD, 0, 2))
+    half1 = cs * (2 * HALF) + HALF < K   # the second half has channels below K
     if wg == 0:
         cute.arch.setmaxregister_decrease(PRODUCER_REGS)
         if warp == 0:
             pst = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, S)
+            # PST: this warp also stores dx. sst walks the stages one round behind pst: the consumers'
+            # release of a stage means its dx is in place; it is stored (and read) before the stage
+            # is loaded again, and the last tiles' after the loop
+            sst = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, S)
+            for _ in cutlass.range_constexpr(S):
+                sst.advance()
+            lane0 = cute.arch.lane_idx() == 0
             for m in cutlass.range(g0, ntm, GMe, unroll=1):
                 pipe.producer_acquire(pst)
+                if const_expr(cfg.PST):
+                    if m - g0 >= S * GMe:
+                        if lane0:
+                            _store_dx(tma_dx, tDs, tDg, sst.index, S, cs, m - S * GMe, half1, cfg.DBG, cfg.STH)
+                        sst.advance()
                 bar = pipe.producer_get_barrier(pst)
-                cute.copy(tma_x, tXg[None, 2 * cs, m], tXs[None, pst.index], tma_bar_ptr=bar)
-                cute.copy(tma_x, tXg[None, 2 * cs + 1, m], tXs[None, S + pst.index], tma_bar_ptr=bar)
+                if const_expr(cfg.LDH):
+                    hint = Int64(_HINTS[cfg.LDH])
+                    cute.copy(tma_x, tXg[None, 2 * cs, m], tXs[None, pst.index], tma_bar_ptr=bar, cache_policy=hint)
+                    cute.copy(tma_x, tXg[None, 2 * cs + 1, m], tXs[None, S + pst.index], tma_bar_ptr=bar,
+                              cache_policy=hint)
+                else:
+                    cute.copy(tma_x, tXg[None, 2 * cs, m], tXs[None, pst.index], tma_bar_ptr=bar)
+                    cute.copy(tma_x, tXg[None, 2 * cs + 1, m], tXs[None, S + pst.index], tma_bar_ptr=bar)
                 for q in cutlass.range_constexpr(NPB):   # TMA boxes are at most 256 elements
                     cute.copy(tma_p, tPg[None, m * NPB + q], tPs[None, pst.index * NPB + q], tma_bar_ptr=bar)
                 cute.copy(tma_r, tRg[None, m], tRs[None, 2 * pst.index], tma_bar_ptr=bar)
-                cute.copy(tma_r, tDRg[None, m], tRs[None, 2 * pst.index + 1], tma_bar_ptr=bar)
+                cute.copy(tma_dr, tDRg[None, m], tRs[None, 2 * pst.index + 1], tma_bar_ptr=bar)
                 pipe.producer_commit(pst)
                 pst.advance()
-            pipe.producer_tail(pst)
+            if const_expr(cfg.PST):
+                ntc = (ntm - g0 + GMe - 1) // GMe   # this CTA's tiles
+                for q in cutlass.range(cutlass.max(ntc - S, 0), ntc, unroll=1):
+                    pipe.sync_object_empty.wait(sst.index, sst.phase)
+                    if lane0:
+                        _store_dx(tma_dx, tDs, tDg, sst.index, S, cs, g0 + q * GMe, half1, cfg.DBG, cfg.STH)
+                    sst.advance()
+                if lane0:
+                    cute.arch.cp_async_bulk_wait_group(0, read=True)
+                cute.arch.barrier(barrier_id=3, number_of_threads=32 + 256)  # the x buffers are free
+            else:
+                pipe.producer_tail(pst)
     else:
         cute.arch.setmaxregister_increase(CONSUMER_REGS)
         wc = wg - 1
@@ -227,11 +288,11 @@ def _bwd_kernel(cfg: cutlass.Constexpr, tma_x: cute.CopyAtom, mX: cute.Tensor, t
         # ---- the weight columns [c0, c0 + HALF) of rows 0..NP-1 (zero past N and K), once
         sWc = sW[None, None, wc]
         wrow = cute.make_tensor(w, cute.make_layout((N, K), stride=(K, 1)))
-        for i in cutlass.range_constexpr(NP):
+        for i in cutlass.range_constexpr(64):   # rows j of [W; W; 0]: hi's k-rows, then lo's (NP each)
             val = BFloat16(0.0)
-            if const_expr(i < N):
+            if const_expr(i < 2 * NP and i % NP < N):
                 if c0 + ct < K:
-                    val = wrow[i, c0 + ct]
+                    val = wrow[i % NP, c0 + ct]
             sWc[ct, i] = val
 
         # ---- MMAs: dx [BM tok, HALF ch] = (hi + lo) @ W-half; dweight^T [HALF ch, NP] += x-half @ (hi + lo)
@@ -240,67 +301,73 @@ def _bwd_kernel(cfg: cutlass.Constexpr, tma_x: cute.CopyAtom, mX: cute.Tensor, t
             LayoutEnum.COL_MAJOR.sm90_mma_major_mode(), Float32, (1, 1, 1), tiler_mn=(64, HALF))
         mma_dw = sm90_utils.make_trivial_tiled_mma(
             BFloat16, BFloat16, LayoutEnum.COL_MAJOR.sm90_mma_major_mode(),
-            LayoutEnum.COL_MAJOR.sm90_mma_major_mode(), Float32, (1, 1, 1), tiler_mn=(64, NP))
+            LayoutEnum.COL_MAJOR.sm90_mma_major_mode(), Float32, (1, 1, 1), tiler_mn=(64, HALF))
         thr_dx = mma_dx.get_slice(0)
         thr_dw = mma_dw.get_slice(0)
         tDXa = mma_dx.make_fragment_A(thr_dx.partition_A(sHa))
         tDXb = mma_dx.make_fragment_B(thr_dx.partition_B(sWc))
-        tDWa = mma_dw.make_fragment_A(thr_dw.partition_A(sX))
-        tDWb = mma_dw.make_fragment_B(thr_dw.partition_B(sHb))
+        tDWa = mma_dw.make_fragment_A(thr_dw.partition_A(sHb))
+        tDWb = mma_dw.make_fragment_B(thr_dw.partition_B(sX))
         cDX = mma_dx.get_slice(ct).partition_C(cute.make_identity_tensor((BM, HALF)))
-        cDW = mma_dw.get_slice(ct).partition_C(cute.make_identity_tensor((HALF, NP)))
+        cDW = mma_dw.get_slice(ct).partition_C(cute.make_identity_tensor((64, HALF)))
         acc_dx = cute.make_rmem_tensor(cDX.shape, Float32)
         acc_dw = cute.make_rmem_tensor(cDW.shape, Float32)
-        acc_dw.fill(0.0)
         t0 = cDX[0][0]          # this thread's first accumulator row (token); the other is t0 + 8
         xpair = cute.make_rmem_tensor((2,), BFloat16)
-        mma_dx.set(warpgroup.Field.ACCUMULATE, True)
-        mma_dw.set(warpgroup.Field.ACCUMULATE, True)
 
         # ---- per tile: thread ct takes dproj row ct // 2, columns (ct % 2) * NP/2 .. (of [0, NP))
         HC = NP // 2
         tok = ct // 2
         j0 = (ct % 2) * HC
-        gD = cute.local_tile(mDX, (HALF, BM), (None, None))
-        tDs, tDg = cpasync.tma_partition(tma_dx, 0, cute.make_layout(1), cute.group_modes(sX, 0, 2),
-                                         cute.group_modes(gD, 0, 2))
-        sHi = sHa[None, None, 2 * wc]
-        sLo = sHa[None, None, 2 * wc + 1]
+        sHL = sHa[None, None, wc]
+        hl = cute.make_rmem_tensor(cute.make_layout((2, HC), stride=(HC, 1)), BFloat16)  # this thread's hi | lo
+        sHLv = cute.logical_divide(sHL, (None, cute.make_layout(8)))
         rst = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, S)
         fst = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, S)
         for m in cutlass.range(g0, ntm, GMe, unroll=1):
             pipe.consumer_wait(rst)
             st = rst.index
             # HL = [hi | lo] of the stage's dproj rows (TMA zeros past M), coef per token
+            sPf = cute.make_tensor(sP[None, 0, st * NPB].iterator, cute.make_layout(BM * N))  # the stage's rows
             for j in cutlass.range_constexpr(HC):
                 v = Float32(0.0)
                 if j0 + j < N:
-                    e = tok * N + j0 + j
-                    v = sP[e % PB, 0, st * NPB + e // PB]
-                hi = BFloat16(v)
-                sHi[tok, j0 + j] = hi
-                sLo[tok, j0 + j] = BFloat16(v - Float32(hi))
+                    v = sPf[tok * N + j0 + j]
+                hl[0, j] = BFloat16(v)
+                hl[1, j] = BFloat16(v - hl[0, j].to(Float32))
+            # hi at columns j0 .., lo at NP + j0 .. (zeros past N, and columns 2*NP .. 63 stay 0)
+            for q in cutlass.range_constexpr(HC // 8):   # 16-byte stores (8 columns stay contiguous under the swizzle)
+                cute.autovec_copy(cute.make_tensor(hl.iterator + q * 8, cute.make_layout(8)),
+                                  sHLv[tok, (None, (j0 + q * 8) // 8)])
+                cute.autovec_copy(cute.make_tensor(hl.iterator + HC + q * 8, cute.make_layout(8)),
+                                  sHLv[tok, (None, (NP + j0 + q * 8) // 8)])
             if ct % 2 == 0:
                 rr = sR[tok, 0, 2 * st]
                 rms = cute.arch.rcp_approx(rr) - eps   # (approximate reciprocals: no slow-path call)
                 cf = Float32(0.0)
                 if rms > Float32(0.0):
                     cf = -sR[tok, 0, 2 * st + 1] * rr * rr * cute.arch.rcp_approx(kf * rms)
-                sCoef[tok, wc] = cf
+                sCoef[tok, wc, st] = cf
             cute.arch.fence_proxy("async.shared", space="cta")
             cute.arch.barrier(barrier_id=bar_id, number_of_threads=128)
             buf = wc * S + st
-            acc_dx.fill(0.0)
+            # the first wgmma of each accumulation starts from zero by its scale-d flag, not by zeroed
+            # registers: register writes that the compiler may sink past wgmma.fence are undefined
+            # (they gave intermittent zero dx on the H200)
             warpgroup.fence()
             if const_expr(not cfg.DBG & 4):
-                for kb in cutlass.range_constexpr(NP // 16):
-                    for h in cutlass.range_constexpr(2):   # hi, lo
-                        cute.gemm(mma_dx, acc_dx, tDXa[None, None, kb, 2 * wc + h], tDXb[None, None, kb], acc_dx)
+                for kb in cutlass.range_constexpr(2 * NP // 16):   # hi then lo rows of [W; W]
+                    mma_dx.set(warpgroup.Field.ACCUMULATE, kb != 0)
+                    cute.gemm(mma_dx, acc_dx, tDXa[None, None, kb, wc], tDXb[None, None, kb], acc_dx)
+            else:
+                acc_dx.fill(0.0)
             if const_expr(not cfg.DBG & 2):
                 for kb in cutlass.range_constexpr(BM // 16):
-                    for h in cutlass.range_constexpr(2):
-                        cute.gemm(mma_dw, acc_dw, tDWa[None, None, kb, buf], tDWb[None, None, kb, 2 * wc + h],
-                                  acc_dw)
+                    if const_expr(kb == 0):
+                        mma_dw.set(warpgroup.Field.ACCUMULATE, m != g0)   # the CTA's first tile starts from 0
+                    else:
+                        mma_dw.set(warpgroup.Field.ACCUMULATE, True)
+                    cute.gemm(mma_dw, acc_dw, tDWa[None, None, kb, wc], tDWb[None, None, kb, buf], acc_dw)
             warpgroup.commit_group()
             warpgroup.wait_group(0)
 
@@ -308,7 +375,7 @@ def _bwd_kernel(cfg: cutlass.Constexpr, tma_x: cute.CopyAtom, mX: cute.Tensor, t
             # wgmma accumulator holds column pairs (c, c+1) at fragment indices (2q, 2q+1), rows t0
             # and t0 + 8 alternating every 2 indices: one 4-byte smem access a pair, 2 coefs a thread
             sXp = cute.logical_divide(sX[None, None, buf], (cute.make_layout(2), None))
-            cf = (sCoef[t0, wc], sCoef[t0 + 8, wc])
+            cf = (sCoef[t0, wc, st], sCoef[t0 + 8, wc, st])
             if const_expr(not cfg.DBG & 1):
                 for q in cutlass.range_constexpr(cute.size(acc_dx) // 2):
                     t_, c_ = cDX[2 * q]
@@ -318,29 +385,52 @@ def _bwd_kernel(cfg: cutlass.Constexpr, tma_x: cute.CopyAtom, mX: cute.Tensor, t
                         xpair[e] = BFloat16(acc_dx[2 * q + e] + cf[q % 2] * xpair[e].to(Float32))
                     cute.autovec_copy(xpair, pr)
             cute.arch.fence_proxy("async.shared", space="cta")
-            cute.arch.barrier(barrier_id=bar_id, number_of_threads=128)
+            if const_expr(cfg.PST):
+                # the producer warp stores the stage's dx once all 8 consumer warps released it
+                cute.arch.sync_warp()
+                pipe.consumer_release(rst)
+                rst.advance()
+            else:
+                cute.arch.barrier(barrier_id=bar_id, number_of_threads=128)
+                if ct == 0:
+                    # a half wholly past K stores nothing: CuTe maps a tile index past a size-1 tile
+                    # mode (K <= HALF) back onto tile 0, which would overwrite the first half's dx
+                    if c0 < K and const_expr(not cfg.DBG & 8):
+                        cute.copy(tma_dx, tDs[None, buf], tDg[None, 2 * cs + wc, m])
+                    cute.arch.cp_async_bulk_commit_group()
+                    if const_expr(cfg.REL0):
+                        cute.arch.cp_async_bulk_wait_group(0, read=True)  # this tile's store has read its stage
+                    else:
+                        cute.arch.cp_async_bulk_wait_group(1, read=True)  # the previous tile's store has
+                cute.arch.barrier(barrier_id=bar_id, number_of_threads=128)
+                if const_expr(cfg.REL0):
+                    pipe.consumer_release(rst)
+                else:
+                    if m != g0:
+                        pipe.consumer_release(fst)
+                        fst.advance()
+                rst.advance()
+        if const_expr(cfg.PST):
+            cute.arch.barrier(barrier_id=3, number_of_threads=32 + 256)   # the producer's stores have read
+        elif const_expr(not cfg.REL0):
             if ct == 0:
-                if const_expr(not cfg.DBG & 8):
-                    cute.copy(tma_dx, tDs[None, buf], tDg[None, 2 * cs + wc, m])
-                cute.arch.cp_async_bulk_commit_group()
-                cute.arch.cp_async_bulk_wait_group(1, read=True)  # the previous tile's store has read its stage
+                cute.arch.cp_async_bulk_wait_group(0, read=True)
             cute.arch.barrier(barrier_id=bar_id, number_of_threads=128)
-            if m != g0:
-                pipe.consumer_release(fst)
-                fst.advance()
-            rst.advance()
-        if ct == 0:
-            cute.arch.cp_async_bulk_wait_group(0, read=True)
-        cute.arch.barrier(barrier_id=bar_id, number_of_threads=128)
-        pipe.consumer_release(fst)  # every CTA has at least one row tile (grid y <= row tiles)
+            pipe.consumer_release(fst)  # every CTA has at least one row tile (grid y <= row tiles)
 
-        # ---- this CTA's dweight partial (dweight^T fragments: (channel, j)) from registers
-        pd = cute.make_tensor(p_dw, cute.make_layout((GMe, N, K), stride=(N * K, K, 1)))
+        # ---- this CTA's dweight partial: rows j (hi) + j + NP (lo) of the [64, HALF] accumulator, summed
+        # through shared memory (this warpgroup's x buffers: every stage released, every store has read
+        # them; fp32 [64, HALF + 1] fits in S >= 3 of them)
+        scr = cute.make_tensor(cute.recast_ptr(sX_raw.iterator + wc * S * (HALF * BM * 2), dtype=Float32),
+                               cute.make_layout((64, HALF), stride=(HALF + 1, 1)))
         for i in cutlass.range_constexpr(cute.size(acc_dw)):
-            c_, j_ = cDW[i]
-            if j_ < N:
-                if c0 + c_ < K:
-                    pd[g0, j_, c0 + c_] = acc_dw[i]
+            j_, c_ = cDW[i]
+            scr[j_, c_] = acc_dw[i]
+        cute.arch.barrier(barrier_id=bar_id, number_of_threads=128)
+        if c0 + ct < K:
+            pd = cute.make_tensor(p_dw, cute.make_layout((GMe, N, K), stride=(N * K, K, 1)))
+            for j in cutlass.range_constexpr(N):
+                pd[g0, j, c0 + ct] = scr[j, ct] + scr[NP + j, ct]
 
 
 @cute.kernel
@@ -382,8 +472,8 @@ def _bwd_host(cfg: cutlass.Constexpr, x: cute.Pointer, w: cute.Pointer, dproj: c
     tma_dx, tDX = cpasync.make_tiled_tma_atom(cpasync.CopyBulkTensorTileS2GOp(), mDX, one, (HALF, BM))
     tma_p, tP = cpasync.make_tiled_tma_atom(g2s, mP, cute.make_layout((cfg.PBOX, 1)), (cfg.PBOX, 1))
     tma_r, tR = cpasync.make_tiled_tma_atom(g2s, mR, cute.make_layout((BM, 1)), (BM, 1))
-    _, tDR = cpasync.make_tiled_tma_atom(g2s, mDR, cute.make_layout((BM, 1)), (BM, 1))
-    _bwd_kernel(cfg, tma_x, tX, tma_dx, tDX, tma_p, tP, tma_r, tR, tDR, w, p_dw, M, eps).launch(
+    tma_dr, tDR = cpasync.make_tiled_tma_atom(g2s, mDR, cute.make_layout((BM, 1)), (BM, 1))
+    _bwd_kernel(cfg, tma_x, tX, tma_dx, tDX, tma_p, tP, tma_r, tR, tma_dr, tDR, w, p_dw, M, eps).launch(
         grid=((K + cfg.BK - 1) // cfg.BK, GMe, 1), block=(THREADS, 1, 1), stream=stream, min_blocks_per_mp=1,
         preferred_smem_carveout=100)
 

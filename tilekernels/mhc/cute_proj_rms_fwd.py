@@ -19,7 +19,7 @@ from cute_grouped_gemm.py it reuses):
 * CTA = 128 rows of x (BM), all of K, 384 threads; grid = cdiv(M, 128) (M and static dims only;
   M = 0 launches nothing). Warpgroup 0 is the producer (setmaxnreg down to 40): warp 0 issues,
   per k-tile of BK = 128 (two 128-byte swizzle atoms of bf16: two TMA boxes an operand), the
-  TMA loads of the x tile [128 x BK] (L2 evict-first: read once) and the weight tile [NP x BK]
+  TMA loads of the x tile [128 x BK] and the weight tile [NP x BK]
   (NP = 16 for N <= 16, else 32: weight rows N..NP-1, the K tail and the M tail are out of
   bounds of the TMA tensors, which zero-fill them) into a ``stages``-deep ring
   (``cutlass.pipeline.PipelineTmaAsync``; full barriers count the whole boxes' bytes).
@@ -42,12 +42,10 @@ from cute_grouped_gemm.py it reuses):
   128-192 KiB of x in flight per SM, above the ~64 KiB an SM needs at the copy rate; two CTAs
   hide one CTA's start / epilogue behind the other's stream, and at M = 32768 the 256 CTAs are
   one wave on 132 SMs: nothing for a persistent tile loop to gain.
-* Measured (H200, M = 32768, K = 28672; mean of 40 calls, two machines): N = 24 0.423-0.430 ms
-  (4.37-4.44 TB/s), N = 8 0.414-0.423. Alternatives (config fields, compiled by the tests):
-  BK = 64 0.446 / 0.432 (128-byte row pieces: worse DRAM locality); ctas = 1 (5 / 6 stages)
-  0.423 / 0.418, faster for few CTAs (N = 24, M = 4096: 0.141 vs 0.169 ms: a deeper ring per
-  CTA); evict-first: within noise.
-  Small M is latency-bound (M = 1024: 8 CTAs, 0.14 ms); a split-K grid would help there.
+* Measured (H200, M = 32768, K = 28672, do_bench medians; the history is in the mHC ledger,
+  benchmarks/results/nvidia-h200-mhc-cutile.md): N = 24 0.4405 ms without an L2 hint on x's loads
+  against 0.463 with evict-first (same run); BK = 64 and ctas = 1 slower there. Small M is
+  latency-bound (M = 1024: 8 CTAs); a split-K grid would help there.
 
 Importing this module needs ``cutlass`` but no GPU.
 """
@@ -92,7 +90,7 @@ class ProjRmsFwdCuteCfg:
     BM: int = 128
     BK: int = 128
     ctas: int = 2               # CTAs an SM (the launch bound; their rings share SMEM_RING)
-    evict_first: bool = True    # x's TMA loads with the L2 evict-first hint
+    evict_first: bool = False   # x's TMA loads with the L2 evict-first hint (H200: 0.463 ms with, 0.4405 without)
 
     def __post_init__(self):
         if not (1 <= self.N <= self.NP and self.NP in (16, 32)):
