@@ -28,20 +28,14 @@ from _gpu import bench, copy_gb_s, device_env, log_error  # noqa: E402
 
 M, N, K = 32768, 24, 28672
 BF, F32 = torch.bfloat16, torch.float32
-AB = {"nopst": dict(PST=False), "nopst-st3": dict(PST=False, STAGES=3), "pst-st3": dict(STAGES=3),
-      "rel0": dict(PST=False, REL0=True), "ldef": dict(LDH=1), "stef": dict(STH=1), "ldstef": dict(LDH=1, STH=1),
-      "stel": dict(STH=2), "ldef-stel": dict(LDH=1, STH=2), "st3": dict(STAGES=3), "st3rel0": dict(STAGES=3, REL0=True),
-      "gm5": dict(GM=5), "gm8": dict(GM=8), "gm12": dict(GM=12), "st5": dict(STAGES=5), "gm4": dict(GM=4), "gm14": dict(GM=14),
-      # diagnostics (wrong results): what each part of the consumers' per-tile chain costs
-      "dbg-noepi": dict(DBG=1), "dbg-nodw": dict(DBG=2), "dbg-nodx": dict(DBG=4), "dbg-nostore": dict(DBG=8),
-      "dbg-nomma": dict(DBG=6), "dbg-copyonly": dict(DBG=7)}
+AB = {"st3": dict(STAGES=3), "gm5": dict(GM=5), "gm8": dict(GM=8), "gm12": dict(GM=12), "gm14": dict(GM=14)}
 
 
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", default=os.environ.get("OUT", "."))
     ap.add_argument("--rep", type=int, default=100)
-    ap.add_argument("--ab", default="gm14,dbg-noepi,dbg-nodw,dbg-nodx,dbg-nostore,dbg-nomma,dbg-copyonly")
+    ap.add_argument("--ab", default="st3,gm14")
     ap.add_argument("--fwd-ab", default="bk64,ctas1,bk64ctas1,evict")
     a = ap.parse_args()
     from tilekernels.mhc import cute_proj_rms as cpr

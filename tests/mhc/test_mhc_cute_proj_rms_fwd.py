@@ -38,7 +38,7 @@ COMPILE_K = (64, 200, 7168, 28672)
 
 # the config fields' alternatives (measured in the module docstring)
 ALT_CFGS = {"bk64": dict(BK=64), "ctas1": dict(ctas=1), "bk64ctas1": dict(BK=64, ctas=1),
-            "noevict": dict(evict_first=False)}
+            "evict": dict(evict_first=True)}
 
 
 def _check_export(ln, N):
@@ -87,7 +87,7 @@ def test_config_is_the_compile_key():
             # each CTA: its ring, 1 KiB of alignment and the barriers, 1 KiB the system reserves
             assert cfg.ctas * (cfg.stages * cfg.stage_bytes + 3072) <= 228 * 1024
     c24, c8 = pr.ProjRmsFwdCuteCfg.heuristic(24, 28672), pr.ProjRmsFwdCuteCfg.heuristic(8, 28672)
-    assert (c24.NP, c24.BK, c24.ctas, c24.stages, c24.evict_first) == (32, 128, 2, 2, True)
+    assert (c24.NP, c24.BK, c24.ctas, c24.stages, c24.evict_first) == (32, 128, 2, 2, False)
     assert (c8.NP, c8.BK, c8.ctas, c8.stages) == (16, 128, 2, 3)
     for bad in (dict(N=33, K=64, NP=32, stages=2), dict(N=24, K=64, NP=16, stages=2),
                 dict(N=8, K=60, NP=16, stages=2), dict(N=8, K=64, NP=16, stages=1),

@@ -8,10 +8,9 @@ fp32 (the forward's), all contiguous ->
 
 (``reference.proj_rms_bwd``; rms = ||x|| / sqrt(K) comes back from the saved r, so x is read once.)
 
-Why a second backend: the cuTile kernel (cutile_proj_rms.py) moves x and dx at 85.7% of the copy
-bandwidth (H200, M=32768, K=28672: bwd 1.03-1.04 ms against a 0.88 ms floor), and it is not tensor-core
-bound (half its MMAs skipped: 1.031 ms). This one keeps the loads of x running ahead of the math in a
-TMA ring and stores dx with TMA.
+Why a second backend: the cuTile kernel (cutile_proj_rms.py) moves x and dx at ~85% of the copy
+bandwidth and is not tensor-core bound; here the loads of x run ahead of the math in a TMA ring, the
+tensor-core work is 8 wgmmas a tile, and dx leaves by TMA.
 
 Work split: CTA (cs, g) owns the channel slice [cs*BK, cs*BK + BK) (BK = 256) and the row tiles
 g, g + GM, ... of BM = 64 tokens (GM row groups = gridDim.y); it keeps that slice's dweight partial in
@@ -20,29 +19,36 @@ in order into dweight (deterministic, no atomics).
 
 CTA = 3 warpgroups (384 threads):
 
-* warp 0 (the producer; its warpgroup drops to 40 registers): per row tile, two TMA loads of x (the
-  two halves of the slice, [128 channels x 64 tokens] each, channel-major 128B-swizzled: the wgmma A
-  layout of the dweight product) into a STAGES-deep mbarrier ring.
+* warp 0 (the producer; its warpgroup drops to 40 registers) per row tile: TMA loads of x (two
+  halves of the slice, [128 channels x 64 tokens] each, channel-major 128B-swizzled: the layout
+  the dweight wgmma reads as its N-major B), of the tile's dproj rows (contiguous: [BM * N] fp32 in
+  boxes of <= 256) and of r and dr, into a STAGES-deep mbarrier ring. It also stores dx: a stage
+  released by the consumers holds its tile's dx in place of x; the producer stores it by TMA (and
+  waits for the store to have read the stage) before loading the stage again, and stores the last
+  tiles after its loop.
 * warpgroups 1, 2 (consumers): warpgroup c owns channels [c*128, c*128 + 128) of the slice. Per tile:
-  - dproj's [64, N] rows (loaded into registers one tile ahead) split into bf16 hi = bf16(dproj) and
-    lo = bf16(dproj - hi) (~16 mantissa bits; every product exact, fp32 sums) and stored as
-    HL [64 tokens, 2*NP] = [hi | lo] (NP = 16 or 32 >= N, zero padded) in the warpgroup's shared
-    memory, with coef[64];
-  - dx = HL @ [W; W] (wgmma m64 n128, k = 2*NP, B = the warpgroup's 128 weight columns, loaded once)
-    and dweight^T += x^T @ HL (wgmma m64 x2, n = 2*NP, k = 64 tokens: A = the x half as it landed,
-    B = the same HL buffer seen N-major: K-major [64, 2*NP] and N-major [2*NP, 64] 128B-swizzled
-    layouts are the same bytes);
-  - epilogue: dx = acc + coef * x from the stage itself, written back in place as bf16, then one TMA
-    store of the half; the stage is released once the store has read it (bulk async-group wait, one
-    tile late so the warpgroup never waits on its own store).
-  - at the end: dweight^T's hi and lo columns summed (through shared memory) and stored to p_dw[g].
+  - dproj split into bf16 hi = bf16(dproj) and lo = bf16(dproj - hi) (~16 mantissa bits; every
+    product exact, fp32 sums), stored as HL [64 tokens, 64] = [hi | lo] (NP = 16 or 32 >= N columns
+    each, zero padded; 16-byte stores) with coef per token;
+  - dx = HL @ [W; W] (wgmma m64 n128, k = 2*NP; B = the warpgroup's weight columns, loaded once) and
+    dweight rows [hi | lo] x 128 channels += HL^T @ x (wgmma m64 n128, k = 64 tokens: A = HL seen
+    M-major, B = the x half as it landed);
+  - epilogue: dx = acc + coef * x from the stage itself (4-byte pair accesses), written back in place
+    as bf16; the stage is released to the producer.
+  - at the end: dweight's hi and lo rows summed through shared memory (the warpgroup's x buffers,
+    once the producer's last stores have read them) into p_dw[g].
+  The first wgmma of each accumulation starts from zero by its scale-d flag (zeroed registers that
+  the compiler sinks past wgmma.fence are undefined behaviour: they gave intermittent zero dx).
 
-Tails: TMA zero-fills loads past M and K and clips the stores; dproj / r / dr rows past M read as 0
-(so they add nothing to dweight); weight rows N..NP-1 are 0. M = 0 launches nothing (dweight = 0).
+Tails: TMA zero-fills loads past M and K and clips the stores (a half wholly past K stores nothing:
+see ``_store_dx``); dproj / r / dr rows past M read as 0 (adding nothing to dweight); weight rows
+N..NP-1 are 0. M = 0 launches nothing (dweight = 0).
 
-Constraints (``supported``): bf16 x / weight, N <= 32, K % 8 == 0 (16-byte TMA strides), 16-byte
-aligned contiguous tensors, M < 2**31, sm_90a. Compile key: ProjRmsBwdCuteCfg (N, K and the tiling);
-M is a runtime scalar (the grid). Importing this module needs ``cutlass`` but no GPU.
+Constraints (the spec's cute backend): bf16 x / weight, N <= 32, K % 8 == 0 (16-byte TMA row
+strides), contiguous tensors (views not 16-byte aligned go through copies), M * N < 2**31, sm_90a.
+Compile key: ProjRmsBwdCuteCfg (N, K and the tiling); M is a runtime scalar (the grid). Measured
+numbers: the mHC ledger (benchmarks/results/nvidia-h200-mhc-cutile.md). Importing this module needs
+``cutlass`` but no GPU.
 """
 from __future__ import annotations
 
@@ -60,7 +66,7 @@ from cutlass.cute.nvgpu import cpasync, warpgroup
 from cutlass.utils import LayoutEnum
 
 from tilekernels import _cute as CU
-from tilekernels._glue import aligned16, kernel, needs_sm90
+from tilekernels._glue import aligned16, kernel
 
 from . import cute_proj_rms_fwd as _fwd
 
@@ -68,8 +74,6 @@ _NAME = "mhc.cute_proj_rms"
 THREADS = 384
 PRODUCER_REGS, CONSUMER_REGS = 40, 232
 HALF = 128  # channels a consumer warpgroup owns
-# TMA L2 cache-hint policies (CUTLASS's CacheHintSm90 values), by LDH / STH
-_HINTS = {1: 0x12F0000000000000, 2: 0x14F0000000000000}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -78,8 +82,7 @@ class ProjRmsBwdCuteCfg:
 
     N, K: static dims; NP: N padded (16 or 32; the hi | lo operand is 2*NP wide); BM: tokens a row
     tile; BK: channels a CTA (two consumer warpgroups of HALF); STAGES: the x ring; GM: row groups
-    (dweight partials; grid = (cdiv(K, BK), min(GM, cdiv(M, BM)))); TK_RED: the reduction's channels
-    a CTA."""
+    (dweight partials; grid = (cdiv(K, BK), min(GM, cdiv(M, BM))))."""
 
     N: int
     K: int
@@ -88,17 +91,10 @@ class ProjRmsBwdCuteCfg:
     BK: int = 256
     STAGES: int = 4
     GM: int = 7
-    TK_RED: int = 256
-    LDH: int = 0        # L2 cache hint of the x loads / dx stores: 0 none, 1 evict-first, 2 evict-last
-    STH: int = 0
-    PST: bool = True    # the producer warp stores dx (consumers release a stage once dx is in it)
-    REL0: bool = False  # (PST False) release a stage once its own dx store has read it; else one tile late
-    DBG: int = 0  # timing probes only (benchmarks/probes/mhc_cute_proj_rms_time.py), wrong results:
-    #               1 skips the dx epilogue math, 2 the dweight wgmmas, 4 the dx wgmmas, 8 the dx store
 
     def __post_init__(self):
         if not (1 <= self.N <= self.NP and self.NP in (16, 32) and self.BM == 64 and self.BK == 2 * HALF
-                and self.K % 8 == 0 and self.K > 0 and self.STAGES >= 3 and self.GM >= 1 and self.TK_RED % 128 == 0):
+                and self.K % 8 == 0 and self.K > 0 and self.STAGES >= 3 and self.GM >= 1):
             raise ValueError(f"mhc_proj_rms cute: config {self}: needs N <= NP in (16, 32), BM 64, BK {2 * HALF}, "
                              f"K % 8 == 0, STAGES >= 3 (the dweight sums reuse 3 x buffers)")
         if self.smem_bytes > 225 * 1024:
@@ -121,9 +117,9 @@ class ProjRmsBwdCuteCfg:
     @classmethod
     @functools.lru_cache(maxsize=256)
     def heuristic(cls, N: int, K: int) -> "ProjRmsBwdCuteCfg":
-        """Static dims only: NP the smallest of 16, 32 holding N; 4 stages of 32 KiB (one CTA an SM:
-        64 KiB of x per tile in flight each way needs ~2 tiles ahead at the copy rate); 7 row groups
-        (the cuTile kernel's: K=28672 gives 112 slices x 7 = 784 CTAs, 5.9 waves on 132 SMs)."""
+        """Static dims only: NP the smallest of 16, 32 holding N; 4 stages of 32 KiB of x (one CTA an SM;
+        3 measured the same); 7 row groups (K=28672: 112 slices x 7 = 784 CTAs, 5.9 waves on 132 SMs;
+        5, 8, 12 and 14 measured slower)."""
         return cls(N=N, K=K, NP=16 if N <= 16 else 32)
 
 
@@ -156,21 +152,14 @@ def _smem_tensor(smem, layout, dtype=BFloat16):
 
 @cute.jit
 def _store_dx(tma_dx: cute.CopyAtom, tDs: cute.Tensor, tDg: cute.Tensor, st: Int32, S: cutlass.Constexpr,
-              cs: Int32, m: Int32, half1, DBG: cutlass.Constexpr, STH: cutlass.Constexpr):
-    """TMA stores of stage st's dx halves (row tile m) and one bulk-group commit, then wait until
-    they have read the stage (it is loaded again next). A half wholly past K stores nothing: CuTe maps
-    a tile index past a size-1 tile mode (K <= HALF) back onto tile 0, which would overwrite the
-    first half."""
-    if const_expr(not DBG & 8):
-        if const_expr(STH):
-            hint = Int64(_HINTS[STH])
-            cute.copy(tma_dx, tDs[None, st], tDg[None, 2 * cs, m], cache_policy=hint)
-            if half1:
-                cute.copy(tma_dx, tDs[None, S + st], tDg[None, 2 * cs + 1, m], cache_policy=hint)
-        else:
-            cute.copy(tma_dx, tDs[None, st], tDg[None, 2 * cs, m])
-            if half1:
-                cute.copy(tma_dx, tDs[None, S + st], tDg[None, 2 * cs + 1, m])
+              cs: Int32, m: Int32, half1):
+    """TMA stores of stage st's dx halves (row tile m), one bulk-group commit, then wait until they
+    have read the stage (it is loaded again next). A half wholly past K stores nothing: CuTe maps a
+    tile index past a size-1 tile mode (K <= HALF) back onto tile 0, which would overwrite the first
+    half's dx."""
+    cute.copy(tma_dx, tDs[None, st], tDg[None, 2 * cs, m])
+    if half1:
+        cute.copy(tma_dx, tDs[None, S + st], tDg[None, 2 * cs + 1, m])
     cute.arch.cp_async_bulk_commit_group()
     cute.arch.cp_async_bulk_wait_group(0, read=True)
 
@@ -235,7 +224,7 @@ def _bwd_kernel(cfg: cutlass.Constexpr, tma_x: cute.CopyAtom, mX: cute.Tensor, t
         cute.arch.setmaxregister_decrease(PRODUCER_REGS)
         if warp == 0:
             pst = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, S)
-            # PST: this warp also stores dx. sst walks the stages one round behind pst: the consumers'
+            # this warp also stores dx. sst walks the stages one round behind pst: the consumers'
             # release of a stage means its dx is in place; it is stored (and read) before the stage
             # is loaded again, and the last tiles' after the loop
             sst = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, S)
@@ -244,43 +233,30 @@ def _bwd_kernel(cfg: cutlass.Constexpr, tma_x: cute.CopyAtom, mX: cute.Tensor, t
             lane0 = cute.arch.lane_idx() == 0
             for m in cutlass.range(g0, ntm, GMe, unroll=1):
                 pipe.producer_acquire(pst)
-                if const_expr(cfg.PST):
-                    if m - g0 >= S * GMe:
-                        if lane0:
-                            _store_dx(tma_dx, tDs, tDg, sst.index, S, cs, m - S * GMe, half1, cfg.DBG, cfg.STH)
-                        sst.advance()
+                if m - g0 >= S * GMe:   # the stage holds tile m - S*GMe's dx: store it first
+                    if lane0:
+                        _store_dx(tma_dx, tDs, tDg, sst.index, S, cs, m - S * GMe, half1)
+                    sst.advance()
                 bar = pipe.producer_get_barrier(pst)
-                if const_expr(cfg.LDH):
-                    hint = Int64(_HINTS[cfg.LDH])
-                    cute.copy(tma_x, tXg[None, 2 * cs, m], tXs[None, pst.index], tma_bar_ptr=bar, cache_policy=hint)
-                    cute.copy(tma_x, tXg[None, 2 * cs + 1, m], tXs[None, S + pst.index], tma_bar_ptr=bar,
-                              cache_policy=hint)
-                else:
-                    cute.copy(tma_x, tXg[None, 2 * cs, m], tXs[None, pst.index], tma_bar_ptr=bar)
-                    cute.copy(tma_x, tXg[None, 2 * cs + 1, m], tXs[None, S + pst.index], tma_bar_ptr=bar)
+                cute.copy(tma_x, tXg[None, 2 * cs, m], tXs[None, pst.index], tma_bar_ptr=bar)
+                cute.copy(tma_x, tXg[None, 2 * cs + 1, m], tXs[None, S + pst.index], tma_bar_ptr=bar)
                 for q in cutlass.range_constexpr(NPB):   # TMA boxes are at most 256 elements
                     cute.copy(tma_p, tPg[None, m * NPB + q], tPs[None, pst.index * NPB + q], tma_bar_ptr=bar)
                 cute.copy(tma_r, tRg[None, m], tRs[None, 2 * pst.index], tma_bar_ptr=bar)
                 cute.copy(tma_dr, tDRg[None, m], tRs[None, 2 * pst.index + 1], tma_bar_ptr=bar)
                 pipe.producer_commit(pst)
                 pst.advance()
-            if const_expr(cfg.PST):
-                ntc = (ntm - g0 + GMe - 1) // GMe   # this CTA's tiles
-                for q in cutlass.range(cutlass.max(ntc - S, 0), ntc, unroll=1):
-                    pipe.sync_object_empty.wait(sst.index, sst.phase)
-                    if lane0:
-                        _store_dx(tma_dx, tDs, tDg, sst.index, S, cs, g0 + q * GMe, half1, cfg.DBG, cfg.STH)
-                    sst.advance()
+            ntc = (ntm - g0 + GMe - 1) // GMe   # this CTA's tiles: the last min(S, ntc) are still to store
+            for q in cutlass.range(cutlass.max(ntc - S, 0), ntc, unroll=1):
+                pipe.sync_object_empty.wait(sst.index, sst.phase)
                 if lane0:
-                    cute.arch.cp_async_bulk_wait_group(0, read=True)
-                cute.arch.barrier(barrier_id=3, number_of_threads=32 + 256)  # the x buffers are free
-            else:
-                pipe.producer_tail(pst)
+                    _store_dx(tma_dx, tDs, tDg, sst.index, S, cs, g0 + q * GMe, half1)
+                sst.advance()
+            cute.arch.barrier(barrier_id=3, number_of_threads=32 + 256)  # stores have read: x buffers free
     else:
         cute.arch.setmaxregister_increase(CONSUMER_REGS)
         wc = wg - 1
         ct = tidx - 128 * wg
-        lane = tidx % 32
         bar_id = 1 + wc
         c0 = cs * (2 * HALF) + wc * HALF  # this warpgroup's first channel
         kf = Float32(K)
@@ -295,7 +271,8 @@ def _bwd_kernel(cfg: cutlass.Constexpr, tma_x: cute.CopyAtom, mX: cute.Tensor, t
                     val = wrow[i % NP, c0 + ct]
             sWc[ct, i] = val
 
-        # ---- MMAs: dx [BM tok, HALF ch] = (hi + lo) @ W-half; dweight^T [HALF ch, NP] += x-half @ (hi + lo)
+        # ---- MMAs: dx [BM tok, HALF ch] = [hi | lo] @ [W; W] (k = 2*NP); dweight rows [hi | lo] (64) x
+        # [HALF ch] += [hi | lo]^T @ x-half (k = BM tokens): 4 + 4 m64 n128 k16 wgmmas a tile (NP = 32)
         mma_dx = sm90_utils.make_trivial_tiled_mma(
             BFloat16, BFloat16, LayoutEnum.ROW_MAJOR.sm90_mma_major_mode(),
             LayoutEnum.COL_MAJOR.sm90_mma_major_mode(), Float32, (1, 1, 1), tiler_mn=(64, HALF))
@@ -323,7 +300,6 @@ def _bwd_kernel(cfg: cutlass.Constexpr, tma_x: cute.CopyAtom, mX: cute.Tensor, t
         hl = cute.make_rmem_tensor(cute.make_layout((2, HC), stride=(HC, 1)), BFloat16)  # this thread's hi | lo
         sHLv = cute.logical_divide(sHL, (None, cute.make_layout(8)))
         rst = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, S)
-        fst = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, S)
         for m in cutlass.range(g0, ntm, GMe, unroll=1):
             pipe.consumer_wait(rst)
             st = rst.index
@@ -335,7 +311,8 @@ def _bwd_kernel(cfg: cutlass.Constexpr, tma_x: cute.CopyAtom, mX: cute.Tensor, t
                     v = sPf[tok * N + j0 + j]
                 hl[0, j] = BFloat16(v)
                 hl[1, j] = BFloat16(v - hl[0, j].to(Float32))
-            # hi at columns j0 .., lo at NP + j0 .. (zeros past N, and columns 2*NP .. 63 stay 0)
+            # hi at columns j0 .., lo at NP + j0 .. (zeros past N); columns 2*NP .. 63 (NP = 16) are
+            # never written: dx reads k < 2*NP only, and dweight's rows from them are never stored
             for q in cutlass.range_constexpr(HC // 8):   # 16-byte stores (8 columns stay contiguous under the swizzle)
                 cute.autovec_copy(cute.make_tensor(hl.iterator + q * 8, cute.make_layout(8)),
                                   sHLv[tok, (None, (j0 + q * 8) // 8)])
@@ -355,68 +332,36 @@ def _bwd_kernel(cfg: cutlass.Constexpr, tma_x: cute.CopyAtom, mX: cute.Tensor, t
             # registers: register writes that the compiler may sink past wgmma.fence are undefined
             # (they gave intermittent zero dx on the H200)
             warpgroup.fence()
-            if const_expr(not cfg.DBG & 4):
-                for kb in cutlass.range_constexpr(2 * NP // 16):   # hi then lo rows of [W; W]
-                    mma_dx.set(warpgroup.Field.ACCUMULATE, kb != 0)
-                    cute.gemm(mma_dx, acc_dx, tDXa[None, None, kb, wc], tDXb[None, None, kb], acc_dx)
-            else:
-                acc_dx.fill(0.0)
-            if const_expr(not cfg.DBG & 2):
-                for kb in cutlass.range_constexpr(BM // 16):
-                    if const_expr(kb == 0):
-                        mma_dw.set(warpgroup.Field.ACCUMULATE, m != g0)   # the CTA's first tile starts from 0
-                    else:
-                        mma_dw.set(warpgroup.Field.ACCUMULATE, True)
-                    cute.gemm(mma_dw, acc_dw, tDWa[None, None, kb, wc], tDWb[None, None, kb, buf], acc_dw)
+            for kb in cutlass.range_constexpr(2 * NP // 16):   # hi then lo rows of [W; W]
+                mma_dx.set(warpgroup.Field.ACCUMULATE, kb != 0)
+                cute.gemm(mma_dx, acc_dx, tDXa[None, None, kb, wc], tDXb[None, None, kb], acc_dx)
+            for kb in cutlass.range_constexpr(BM // 16):
+                if const_expr(kb == 0):
+                    mma_dw.set(warpgroup.Field.ACCUMULATE, m != g0)   # the CTA's first tile starts from 0
+                else:
+                    mma_dw.set(warpgroup.Field.ACCUMULATE, True)
+                cute.gemm(mma_dw, acc_dw, tDWa[None, None, kb, wc], tDWb[None, None, kb, buf], acc_dw)
             warpgroup.commit_group()
             warpgroup.wait_group(0)
 
-            # dx = acc + coef * x, written in place over the x half (bf16), then one TMA store. The
+            # dx = acc + coef * x, written in place over the x half (bf16; the producer stores it). The
             # wgmma accumulator holds column pairs (c, c+1) at fragment indices (2q, 2q+1), rows t0
             # and t0 + 8 alternating every 2 indices: one 4-byte smem access a pair, 2 coefs a thread
             sXp = cute.logical_divide(sX[None, None, buf], (cute.make_layout(2), None))
             cf = (sCoef[t0, wc, st], sCoef[t0 + 8, wc, st])
-            if const_expr(not cfg.DBG & 1):
-                for q in cutlass.range_constexpr(cute.size(acc_dx) // 2):
-                    t_, c_ = cDX[2 * q]
-                    pr = sXp[(None, c_ // 2), t_]
-                    cute.autovec_copy(pr, xpair)
-                    for e in cutlass.range_constexpr(2):
-                        xpair[e] = BFloat16(acc_dx[2 * q + e] + cf[q % 2] * xpair[e].to(Float32))
-                    cute.autovec_copy(xpair, pr)
+            for q in cutlass.range_constexpr(cute.size(acc_dx) // 2):
+                t_, c_ = cDX[2 * q]
+                pr = sXp[(None, c_ // 2), t_]
+                cute.autovec_copy(pr, xpair)
+                for e in cutlass.range_constexpr(2):
+                    xpair[e] = BFloat16(acc_dx[2 * q + e] + cf[q % 2] * xpair[e].to(Float32))
+                cute.autovec_copy(xpair, pr)
             cute.arch.fence_proxy("async.shared", space="cta")
-            if const_expr(cfg.PST):
-                # the producer warp stores the stage's dx once all 8 consumer warps released it
-                cute.arch.sync_warp()
-                pipe.consumer_release(rst)
-                rst.advance()
-            else:
-                cute.arch.barrier(barrier_id=bar_id, number_of_threads=128)
-                if ct == 0:
-                    # a half wholly past K stores nothing: CuTe maps a tile index past a size-1 tile
-                    # mode (K <= HALF) back onto tile 0, which would overwrite the first half's dx
-                    if c0 < K and const_expr(not cfg.DBG & 8):
-                        cute.copy(tma_dx, tDs[None, buf], tDg[None, 2 * cs + wc, m])
-                    cute.arch.cp_async_bulk_commit_group()
-                    if const_expr(cfg.REL0):
-                        cute.arch.cp_async_bulk_wait_group(0, read=True)  # this tile's store has read its stage
-                    else:
-                        cute.arch.cp_async_bulk_wait_group(1, read=True)  # the previous tile's store has
-                cute.arch.barrier(barrier_id=bar_id, number_of_threads=128)
-                if const_expr(cfg.REL0):
-                    pipe.consumer_release(rst)
-                else:
-                    if m != g0:
-                        pipe.consumer_release(fst)
-                        fst.advance()
-                rst.advance()
-        if const_expr(cfg.PST):
-            cute.arch.barrier(barrier_id=3, number_of_threads=32 + 256)   # the producer's stores have read
-        elif const_expr(not cfg.REL0):
-            if ct == 0:
-                cute.arch.cp_async_bulk_wait_group(0, read=True)
-            cute.arch.barrier(barrier_id=bar_id, number_of_threads=128)
-            pipe.consumer_release(fst)  # every CTA has at least one row tile (grid y <= row tiles)
+            # the producer warp stores the stage's dx once all 8 consumer warps have released it
+            cute.arch.sync_warp()
+            pipe.consumer_release(rst)
+            rst.advance()
+        cute.arch.barrier(barrier_id=3, number_of_threads=32 + 256)   # the producer's stores have read
 
         # ---- this CTA's dweight partial: rows j (hi) + j + NP (lo) of the [64, HALF] accumulator, summed
         # through shared memory (this warpgroup's x buffers: every stage released, every store has read
@@ -504,17 +449,6 @@ def reduce_launch(cfg: ProjRmsBwdCuteCfg) -> CU.Launch:
                      (CU.Ptr(torch.float32, 16), CU.Ptr(torch.bfloat16, 8), CU.Scalar(Int32)))
 
 
-def supported(x: torch.Tensor, weight: torch.Tensor) -> tuple[bool, str]:
-    """Whether this backend computes proj_rms's backward for these tensors, and why not."""
-    N, K = weight.shape
-    if x.dtype != torch.bfloat16 or weight.dtype != torch.bfloat16:
-        return False, f"x / weight {x.dtype} / {weight.dtype} (bf16 only)"
-    if N > 32 or K % 8:
-        return False, f"N={N} > 32 or K={K} not a multiple of 8"
-    why = needs_sm90(x.device, "sm_90a TMA + wgmma kernel")
-    return (False, why) if why else (True, "sm_90a TMA + wgmma proj_rms backward")
-
-
 @kernel("mhc_proj_rms", "cute", "bwd")
 def bwd_into(dproj, dr, x, weight, r, dx, dweight, eps: float, cfg: ProjRmsBwdCuteCfg | None = None) -> None:
     """dx [M, K] bf16 and dweight [N, K] bf16 of proj_rms, destination-passing (the registry's bwd
@@ -526,7 +460,7 @@ def bwd_into(dproj, dr, x, weight, r, dx, dweight, eps: float, cfg: ProjRmsBwdCu
         dweight.zero_()
         return
     cfg = cfg or ProjRmsBwdCuteCfg.heuristic(N, K)
-    x = aligned16(x)
+    x, dproj, dr, r = aligned16(x), aligned16(dproj), aligned16(dr), aligned16(r)   # TMA sources
     dst = dx if dx.data_ptr() % 16 == 0 else torch.empty_like(dx)
     dw = dweight if dweight.data_ptr() % 8 == 0 else torch.empty_like(dweight)
     gme = min(cfg.GM, -(-M // cfg.BM))
