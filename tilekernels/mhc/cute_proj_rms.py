@@ -37,8 +37,8 @@ CTA = 3 warpgroups (384 threads):
     as bf16; the stage is released to the producer.
   - at the end: dweight's hi and lo rows summed through shared memory (the warpgroup's x buffers,
     once the producer's last stores have read them) into p_dw[g].
-  The first wgmma of each accumulation starts from zero by its scale-d flag (zeroed registers that
-  the compiler sinks past wgmma.fence are undefined behaviour: they gave intermittent zero dx).
+  The first wgmma of each accumulation starts from zero by its scale-d flag, not from zero-filled
+  registers: those compile to register moves after wgmma.fence, which the PTX ISA leaves undefined.
 
 Tails: TMA zero-fills loads past M and K and clips the stores (a half wholly past K stores nothing:
 see ``_store_dx``); dproj / r / dr rows past M read as 0 (adding nothing to dweight); weight rows
@@ -328,9 +328,8 @@ def _bwd_kernel(cfg: cutlass.Constexpr, tma_x: cute.CopyAtom, mX: cute.Tensor, t
             cute.arch.fence_proxy("async.shared", space="cta")
             cute.arch.barrier(barrier_id=bar_id, number_of_threads=128)
             buf = wc * S + st
-            # the first wgmma of each accumulation starts from zero by its scale-d flag, not by zeroed
-            # registers: register writes that the compiler may sink past wgmma.fence are undefined
-            # (they gave intermittent zero dx on the H200)
+            # the first wgmma of each accumulation starts from zero by its scale-d flag, not from zeroed
+            # registers (their moves land after wgmma.fence in the PTX: undefined by the ISA)
             warpgroup.fence()
             for kb in cutlass.range_constexpr(2 * NP // 16):   # hi then lo rows of [W; W]
                 mma_dx.set(warpgroup.Field.ACCUMULATE, kb != 0)
