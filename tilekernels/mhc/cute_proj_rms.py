@@ -68,8 +68,6 @@ from cutlass.utils import LayoutEnum
 from tilekernels import _cute as CU
 from tilekernels._glue import aligned16, kernel
 
-from .cute_post_bda import _sms
-
 from . import cute_proj_rms_fwd as _fwd
 
 _NAME = "mhc.cute_proj_rms"
@@ -91,14 +89,14 @@ class ProjRmsBwdCuteCfg:
     NP: int = 32
     BM: int = 64
     BK: int = 256
-    STAGES: int = 3
+    STAGES: int = 4
     GM: int = 7
 
     def __post_init__(self):
         if not (1 <= self.N <= self.NP and self.NP in (16, 32) and self.BM == 64 and self.BK == 2 * HALF
-                and self.K % 8 == 0 and self.K > 0 and self.STAGES >= 2 and self.GM >= 1):
+                and self.K % 8 == 0 and self.K > 0 and self.STAGES >= 3 and self.GM >= 1):
             raise ValueError(f"mhc_proj_rms cute: config {self}: needs N <= NP in (16, 32), BM 64, BK {2 * HALF}, "
-                             f"K % 8 == 0, STAGES >= 2")
+                             f"K % 8 == 0, STAGES >= 3 (the dweight sums reuse 3 x buffers)")
         if self.smem_bytes > 225 * 1024:
             raise ValueError(f"mhc_proj_rms cute: config {self} needs {self.smem_bytes} bytes of shared memory")
 
@@ -114,8 +112,7 @@ class ProjRmsBwdCuteCfg:
         w = 2 * HALF * 64 * 2
         hl = 2 * self.BM * 64 * 2
         rows = self.STAGES * self.BM * (self.N + 2) * 4   # dproj, r, dr per stage
-        scr = 2 * self.NP * (HALF + 1) * 4
-        return x + w + hl + rows + scr + 2 * self.BM * 4 * self.STAGES + 2 * self.STAGES * 16 + 1024
+        return x + w + hl + rows + 2 * self.BM * 4 * self.STAGES + 2 * self.STAGES * 8 + 1024
 
     @classmethod
     @functools.lru_cache(maxsize=256)
@@ -155,13 +152,13 @@ def _smem_tensor(smem, layout, dtype=BFloat16):
 
 @cute.jit
 def _store_dx(tma_dx: cute.CopyAtom, tDs: cute.Tensor, tDg: cute.Tensor, st: Int32, S: cutlass.Constexpr,
-              cs: Int32, m: Int32, K: cutlass.Constexpr):
+              cs: Int32, m: Int32, half1):
     """TMA stores of stage st's dx halves (row tile m), one bulk-group commit, then wait until they
     have read the stage (it is loaded again next). A half wholly past K stores nothing: CuTe maps a
     tile index past a size-1 tile mode (K <= HALF) back onto tile 0, which would overwrite the first
     half's dx."""
     cute.copy(tma_dx, tDs[None, st], tDg[None, 2 * cs, m])
-    if cs * (2 * HALF) + HALF < K:
+    if half1:
         cute.copy(tma_dx, tDs[None, S + st], tDg[None, 2 * cs + 1, m])
     cute.arch.cp_async_bulk_commit_group()
     cute.arch.cp_async_bulk_wait_group(0, read=True)
@@ -170,14 +167,11 @@ def _store_dx(tma_dx: cute.CopyAtom, tDs: cute.Tensor, tDg: cute.Tensor, st: Int
 @cute.kernel
 def _bwd_kernel(cfg: cutlass.Constexpr, tma_x: cute.CopyAtom, mX: cute.Tensor, tma_dx: cute.CopyAtom,
                 mDX: cute.Tensor, tma_p: cute.CopyAtom, mP: cute.Tensor, tma_r: cute.CopyAtom, mR: cute.Tensor,
-                tma_dr: cute.CopyAtom, mDR: cute.Tensor, w: cute.Pointer, p_dw: cute.Pointer, M: Int32, GMe: Int32,
-                eps: Float32):
+                tma_dr: cute.CopyAtom, mDR: cute.Tensor, w: cute.Pointer, p_dw: cute.Pointer, M: Int32, eps: Float32):
     N, K, NP, BM, S = cfg.N, cfg.K, cfg.NP, cfg.BM, cfg.STAGES
-    NCS = (K + 2 * HALF - 1) // (2 * HALF)   # channel slices
     tidx, _, _ = cute.arch.thread_idx()
-    bid, _, _ = cute.arch.block_idx()
-    grid, _, _ = cute.arch.grid_dim()
-    NI = NCS * GMe                           # work items (slice, row group), walked persistently
+    cs, g0, _ = cute.arch.block_idx()
+    _, GMe, _ = cute.arch.grid_dim()
     warp = cute.arch.make_warp_uniform(cute.arch.warp_idx())
     wg = cute.arch.make_warp_uniform(tidx // 128)
     ntm = (M + BM - 1) // BM
@@ -196,10 +190,6 @@ def _bwd_kernel(cfg: cutlass.Constexpr, tma_x: cute.CopyAtom, mX: cute.Tensor, t
     sHa = cute.make_tensor(cute.recast_ptr(hl_buf.iterator, sHa_l.inner, dtype=BFloat16), sHa_l.outer)
     sHb = cute.make_tensor(cute.recast_ptr(hl_buf.iterator, sHb_l.inner, dtype=BFloat16), sHb_l.outer)
     sCoef = smem.allocate_tensor(Float32, cute.make_layout((BM, 2, S)), byte_alignment=16)
-    sTile = smem.allocate_tensor(Int32, cute.make_layout((2, S)), byte_alignment=16)   # (slice, row tile) a stage
-    # the lo rows of each warpgroup's dweight accumulator, summed into the hi rows at an item's end
-    sScr = smem.allocate_tensor(Float32, cute.make_layout((NP, HALF, 2), stride=(HALF + 1, 1, NP * (HALF + 1))),
-                                byte_alignment=16)
     # a stage's dproj rows [BM * N] fp32 (contiguous in memory), r and dr [BM] (index 2 * stage + 0 / 1)
     PB = cfg.PBOX
     NPB = BM * N // PB
@@ -229,6 +219,7 @@ def _bwd_kernel(cfg: cutlass.Constexpr, tma_x: cute.CopyAtom, mX: cute.Tensor, t
     gD = cute.local_tile(mDX, (HALF, BM), (None, None))
     tDs, tDg = cpasync.tma_partition(tma_dx, 0, cute.make_layout(1), cute.group_modes(sX, 0, 2),
                                      cute.group_modes(gD, 0, 2))
+    half1 = cs * (2 * HALF) + HALF < K   # the second half has channels below K
     if wg == 0:
         cute.arch.setmaxregister_decrease(PRODUCER_REGS)
         if warp == 0:
@@ -240,60 +231,61 @@ def _bwd_kernel(cfg: cutlass.Constexpr, tma_x: cute.CopyAtom, mX: cute.Tensor, t
             for _ in cutlass.range_constexpr(S):
                 sst.advance()
             lane0 = cute.arch.lane_idx() == 0
-            nl = Int32(0)   # tiles loaded so far
-            for t in cutlass.range(bid, NI, grid, unroll=1):
-                cs = t % NCS
-                for m in cutlass.range(t // NCS, ntm, GMe, unroll=1):
-                    pipe.producer_acquire(pst)
-                    if nl >= S:   # the stage holds an earlier tile's dx: store it first
-                        if lane0:
-                            _store_dx(tma_dx, tDs, tDg, sst.index, S, sTile[0, sst.index], sTile[1, sst.index], K)
-                        sst.advance()
+            for m in cutlass.range(g0, ntm, GMe, unroll=1):
+                pipe.producer_acquire(pst)
+                if m - g0 >= S * GMe:   # the stage holds tile m - S*GMe's dx: store it first
                     if lane0:
-                        sTile[0, pst.index] = cs
-                        sTile[1, pst.index] = m
-                    bar = pipe.producer_get_barrier(pst)
-                    cute.copy(tma_x, tXg[None, 2 * cs, m], tXs[None, pst.index], tma_bar_ptr=bar)
-                    cute.copy(tma_x, tXg[None, 2 * cs + 1, m], tXs[None, S + pst.index], tma_bar_ptr=bar)
-                    for q in cutlass.range_constexpr(NPB):   # TMA boxes are at most 256 elements
-                        cute.copy(tma_p, tPg[None, m * NPB + q], tPs[None, pst.index * NPB + q], tma_bar_ptr=bar)
-                    cute.copy(tma_r, tRg[None, m], tRs[None, 2 * pst.index], tma_bar_ptr=bar)
-                    cute.copy(tma_dr, tDRg[None, m], tRs[None, 2 * pst.index + 1], tma_bar_ptr=bar)
-                    pipe.producer_commit(pst)
-                    pst.advance()
-                    nl = nl + 1
-            for q in cutlass.range(cutlass.min(nl, S), unroll=1):   # the last tiles' dx
+                        _store_dx(tma_dx, tDs, tDg, sst.index, S, cs, m - S * GMe, half1)
+                    sst.advance()
+                bar = pipe.producer_get_barrier(pst)
+                cute.copy(tma_x, tXg[None, 2 * cs, m], tXs[None, pst.index], tma_bar_ptr=bar)
+                cute.copy(tma_x, tXg[None, 2 * cs + 1, m], tXs[None, S + pst.index], tma_bar_ptr=bar)
+                for q in cutlass.range_constexpr(NPB):   # TMA boxes are at most 256 elements
+                    cute.copy(tma_p, tPg[None, m * NPB + q], tPs[None, pst.index * NPB + q], tma_bar_ptr=bar)
+                cute.copy(tma_r, tRg[None, m], tRs[None, 2 * pst.index], tma_bar_ptr=bar)
+                cute.copy(tma_dr, tDRg[None, m], tRs[None, 2 * pst.index + 1], tma_bar_ptr=bar)
+                pipe.producer_commit(pst)
+                pst.advance()
+            ntc = (ntm - g0 + GMe - 1) // GMe   # this CTA's tiles: the last min(S, ntc) are still to store
+            for q in cutlass.range(cutlass.max(ntc - S, 0), ntc, unroll=1):
                 pipe.sync_object_empty.wait(sst.index, sst.phase)
                 if lane0:
-                    _store_dx(tma_dx, tDs, tDg, sst.index, S, sTile[0, sst.index], sTile[1, sst.index], K)
+                    _store_dx(tma_dx, tDs, tDg, sst.index, S, cs, g0 + q * GMe, half1)
                 sst.advance()
+            cute.arch.barrier(barrier_id=3, number_of_threads=32 + 256)  # stores have read: x buffers free
     else:
         cute.arch.setmaxregister_increase(CONSUMER_REGS)
         wc = wg - 1
         ct = tidx - 128 * wg
         bar_id = 1 + wc
+        c0 = cs * (2 * HALF) + wc * HALF  # this warpgroup's first channel
         kf = Float32(K)
+
+        # ---- the weight columns [c0, c0 + HALF) of rows 0..NP-1 (zero past N and K), once
         sWc = sW[None, None, wc]
         wrow = cute.make_tensor(w, cute.make_layout((N, K), stride=(K, 1)))
+        for i in cutlass.range_constexpr(64):   # rows j of [W; W; 0]: hi's k-rows, then lo's (NP each)
+            val = BFloat16(0.0)
+            if const_expr(i < 2 * NP and i % NP < N):
+                if c0 + ct < K:
+                    val = wrow[i % NP, c0 + ct]
+            sWc[ct, i] = val
 
         # ---- MMAs: dx [BM tok, HALF ch] = [hi | lo] @ [W; W] (k = 2*NP); dweight rows [hi | lo] (64) x
         # [HALF ch] += [hi | lo]^T @ x-half (k = BM tokens): 4 + 4 m64 n128 k16 wgmmas a tile (NP = 32)
         mma_dx = sm90_utils.make_trivial_tiled_mma(
             BFloat16, BFloat16, LayoutEnum.ROW_MAJOR.sm90_mma_major_mode(),
-            LayoutEnum.COL_MAJOR.sm90_mma_major_mode(), Float32, (1, 1, 1), tiler_mn=(64, HALF // 2))
+            LayoutEnum.COL_MAJOR.sm90_mma_major_mode(), Float32, (1, 1, 1), tiler_mn=(64, HALF))
         mma_dw = sm90_utils.make_trivial_tiled_mma(
             BFloat16, BFloat16, LayoutEnum.COL_MAJOR.sm90_mma_major_mode(),
             LayoutEnum.COL_MAJOR.sm90_mma_major_mode(), Float32, (1, 1, 1), tiler_mn=(64, HALF))
         thr_dx = mma_dx.get_slice(0)
         thr_dw = mma_dw.get_slice(0)
         tDXa = mma_dx.make_fragment_A(thr_dx.partition_A(sHa))
-        # dx in two 64-channel halves (32 accumulator registers a thread, not 64: the persistent loop's
-        # state fits 168 registers without spills)
-        tDXb = [mma_dx.make_fragment_B(thr_dx.partition_B(cute.local_tile(sWc, (HALF // 2, 64), (h, 0))))
-                for h in range(2)]
+        tDXb = mma_dx.make_fragment_B(thr_dx.partition_B(sWc))
         tDWa = mma_dw.make_fragment_A(thr_dw.partition_A(sHb))
         tDWb = mma_dw.make_fragment_B(thr_dw.partition_B(sX))
-        cDX = mma_dx.get_slice(ct).partition_C(cute.make_identity_tensor((BM, HALF // 2)))
+        cDX = mma_dx.get_slice(ct).partition_C(cute.make_identity_tensor((BM, HALF)))
         cDW = mma_dw.get_slice(ct).partition_C(cute.make_identity_tensor((64, HALF)))
         acc_dx = cute.make_rmem_tensor(cDX.shape, Float32)
         acc_dw = cute.make_rmem_tensor(cDW.shape, Float32)
@@ -307,96 +299,82 @@ def _bwd_kernel(cfg: cutlass.Constexpr, tma_x: cute.CopyAtom, mX: cute.Tensor, t
         sHL = sHa[None, None, wc]
         hl = cute.make_rmem_tensor(cute.make_layout((2, HC), stride=(HC, 1)), BFloat16)  # this thread's hi | lo
         sHLv = cute.logical_divide(sHL, (None, cute.make_layout(8)))
-        pd = cute.make_tensor(p_dw, cute.make_layout((GMe, N, K), stride=(N * K, K, 1)))
-        scr = sScr[None, None, wc]
         rst = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, S)
-        for t in cutlass.range(bid, NI, grid, unroll=1):
-            g0 = t // NCS
-            c0 = (t % NCS) * (2 * HALF) + wc * HALF  # this warpgroup's first channel
-            # ---- the weight columns [c0, c0 + HALF) as [W; W; 0] (hi's k-rows, then lo's: NP each; zero
-            # past N and K); the previous item's wgmmas have completed (each warp waited for them)
-            for i in cutlass.range_constexpr(64):
-                val = BFloat16(0.0)
-                if const_expr(i < 2 * NP and i % NP < N):
-                    if c0 + ct < K:
-                        val = wrow[i % NP, c0 + ct]
-                sWc[ct, i] = val
-            for m in cutlass.range(g0, ntm, GMe, unroll=1):
-                pipe.consumer_wait(rst)
-                st = rst.index
-                # HL = [hi | lo] of the stage's dproj rows (TMA zeros past M), coef per token
-                sPf = cute.make_tensor(sP[None, 0, st * NPB].iterator, cute.make_layout(BM * N))  # the stage's rows
-                for j in cutlass.range_constexpr(HC):
-                    v = Float32(0.0)
-                    if j0 + j < N:
-                        v = sPf[tok * N + j0 + j]
-                    hl[0, j] = BFloat16(v)
-                    hl[1, j] = BFloat16(v - hl[0, j].to(Float32))
-                # hi at columns j0 .., lo at NP + j0 .. (zeros past N); columns 2*NP .. 63 (NP = 16) are
-                # never written: dx reads k < 2*NP only, and dweight's rows from them are never stored
-                for q in cutlass.range_constexpr(HC // 8):   # 16-byte stores (8 columns stay contiguous under the swizzle)
-                    cute.autovec_copy(cute.make_tensor(hl.iterator + q * 8, cute.make_layout(8)),
-                                      sHLv[tok, (None, (j0 + q * 8) // 8)])
-                    cute.autovec_copy(cute.make_tensor(hl.iterator + HC + q * 8, cute.make_layout(8)),
-                                      sHLv[tok, (None, (NP + j0 + q * 8) // 8)])
-                if ct % 2 == 0:
-                    rr = sR[tok, 0, 2 * st]
-                    rms = cute.arch.rcp_approx(rr) - eps   # (approximate reciprocals: no slow-path call)
-                    cf = Float32(0.0)
-                    if rms > Float32(0.0):
-                        cf = -sR[tok, 0, 2 * st + 1] * rr * rr * cute.arch.rcp_approx(kf * rms)
-                    sCoef[tok, wc, st] = cf
-                cute.arch.fence_proxy("async.shared", space="cta")
-                cute.arch.barrier(barrier_id=bar_id, number_of_threads=128)
-                buf = wc * S + st
-                # the first wgmma of each accumulation starts from zero by its scale-d flag, not from zeroed
-                # registers (their moves land after wgmma.fence in the PTX: undefined by the ISA)
-                warpgroup.fence()
-                for kb in cutlass.range_constexpr(BM // 16):
-                    if const_expr(kb == 0):
-                        mma_dw.set(warpgroup.Field.ACCUMULATE, m != g0)   # the item's first tile starts from 0
-                    else:
-                        mma_dw.set(warpgroup.Field.ACCUMULATE, True)
-                    cute.gemm(mma_dw, acc_dw, tDWa[None, None, kb, wc], tDWb[None, None, kb, buf], acc_dw)
-                # dx = acc + coef * x, written in place over the x half (bf16; the producer stores it). The
-                # wgmma accumulator holds column pairs (c, c+1) at fragment indices (2q, 2q+1), rows t0
-                # and t0 + 8 alternating every 2 indices: one 4-byte smem access a pair, 2 coefs a thread
-                sXp = cute.logical_divide(sX[None, None, buf], (cute.make_layout(2), None))
-                for h in cutlass.range_constexpr(2):   # 64-channel halves
-                    for kb in cutlass.range_constexpr(2 * NP // 16):   # hi then lo rows of [W; W]
-                        mma_dx.set(warpgroup.Field.ACCUMULATE, kb != 0)
-                        cute.gemm(mma_dx, acc_dx, tDXa[None, None, kb, wc], tDXb[h][None, None, kb], acc_dx)
-                    warpgroup.commit_group()
-                    warpgroup.wait_group(0)
-                    cf = (sCoef[t0, wc, st], sCoef[t0 + 8, wc, st])
-                    for q in cutlass.range_constexpr(cute.size(acc_dx) // 2):
-                        t_, c_ = cDX[2 * q]
-                        pr = sXp[(None, (h * (HALF // 2) + c_) // 2), t_]
-                        cute.autovec_copy(pr, xpair)
-                        for e in cutlass.range_constexpr(2):
-                            xpair[e] = BFloat16(acc_dx[2 * q + e] + cf[q % 2] * xpair[e].to(Float32))
-                        cute.autovec_copy(xpair, pr)
-                    if const_expr(h == 0):
-                        warpgroup.fence()
-                cute.arch.fence_proxy("async.shared", space="cta")
-                # the producer warp stores the stage's dx once all 8 consumer warps have released it
-                cute.arch.sync_warp()
-                pipe.consumer_release(rst)
-                rst.advance()
-            # ---- the item's dweight partial: rows j (hi) + NP + j (lo) of the [64, HALF] accumulator (other
-            # warps' rows), through shared memory, into p_dw[g0] (rows j < N, channels < K)
-            for i in cutlass.range_constexpr(cute.size(acc_dw)):
-                j_, c_ = cDW[i]
-                if j_ >= NP:
-                    if j_ < 2 * NP:
-                        scr[j_ - NP, c_] = acc_dw[i]
+        for m in cutlass.range(g0, ntm, GMe, unroll=1):
+            pipe.consumer_wait(rst)
+            st = rst.index
+            # HL = [hi | lo] of the stage's dproj rows (TMA zeros past M), coef per token
+            sPf = cute.make_tensor(sP[None, 0, st * NPB].iterator, cute.make_layout(BM * N))  # the stage's rows
+            for j in cutlass.range_constexpr(HC):
+                v = Float32(0.0)
+                if j0 + j < N:
+                    v = sPf[tok * N + j0 + j]
+                hl[0, j] = BFloat16(v)
+                hl[1, j] = BFloat16(v - hl[0, j].to(Float32))
+            # hi at columns j0 .., lo at NP + j0 .. (zeros past N); columns 2*NP .. 63 (NP = 16) are
+            # never written: dx reads k < 2*NP only, and dweight's rows from them are never stored
+            for q in cutlass.range_constexpr(HC // 8):   # 16-byte stores (8 columns stay contiguous under the swizzle)
+                cute.autovec_copy(cute.make_tensor(hl.iterator + q * 8, cute.make_layout(8)),
+                                  sHLv[tok, (None, (j0 + q * 8) // 8)])
+                cute.autovec_copy(cute.make_tensor(hl.iterator + HC + q * 8, cute.make_layout(8)),
+                                  sHLv[tok, (None, (NP + j0 + q * 8) // 8)])
+            if ct % 2 == 0:
+                rr = sR[tok, 0, 2 * st]
+                rms = cute.arch.rcp_approx(rr) - eps   # (approximate reciprocals: no slow-path call)
+                cf = Float32(0.0)
+                if rms > Float32(0.0):
+                    cf = -sR[tok, 0, 2 * st + 1] * rr * rr * cute.arch.rcp_approx(kf * rms)
+                sCoef[tok, wc, st] = cf
+            cute.arch.fence_proxy("async.shared", space="cta")
             cute.arch.barrier(barrier_id=bar_id, number_of_threads=128)
-            for i in cutlass.range_constexpr(cute.size(acc_dw)):
-                j_, c_ = cDW[i]
-                if j_ < N:
-                    if c0 + c_ < K:
-                        pd[g0, j_, c0 + c_] = acc_dw[i] + scr[j_, c_]
-            cute.arch.barrier(barrier_id=bar_id, number_of_threads=128)   # scr is reused by the next item
+            buf = wc * S + st
+            # the first wgmma of each accumulation starts from zero by its scale-d flag, not from zeroed
+            # registers (their moves land after wgmma.fence in the PTX: undefined by the ISA)
+            warpgroup.fence()
+            for kb in cutlass.range_constexpr(2 * NP // 16):   # hi then lo rows of [W; W]
+                mma_dx.set(warpgroup.Field.ACCUMULATE, kb != 0)
+                cute.gemm(mma_dx, acc_dx, tDXa[None, None, kb, wc], tDXb[None, None, kb], acc_dx)
+            for kb in cutlass.range_constexpr(BM // 16):
+                if const_expr(kb == 0):
+                    mma_dw.set(warpgroup.Field.ACCUMULATE, m != g0)   # the CTA's first tile starts from 0
+                else:
+                    mma_dw.set(warpgroup.Field.ACCUMULATE, True)
+                cute.gemm(mma_dw, acc_dw, tDWa[None, None, kb, wc], tDWb[None, None, kb, buf], acc_dw)
+            warpgroup.commit_group()
+            warpgroup.wait_group(0)
+
+            # dx = acc + coef * x, written in place over the x half (bf16; the producer stores it). The
+            # wgmma accumulator holds column pairs (c, c+1) at fragment indices (2q, 2q+1), rows t0
+            # and t0 + 8 alternating every 2 indices: one 4-byte smem access a pair, 2 coefs a thread
+            sXp = cute.logical_divide(sX[None, None, buf], (cute.make_layout(2), None))
+            cf = (sCoef[t0, wc, st], sCoef[t0 + 8, wc, st])
+            for q in cutlass.range_constexpr(cute.size(acc_dx) // 2):
+                t_, c_ = cDX[2 * q]
+                pr = sXp[(None, c_ // 2), t_]
+                cute.autovec_copy(pr, xpair)
+                for e in cutlass.range_constexpr(2):
+                    xpair[e] = BFloat16(acc_dx[2 * q + e] + cf[q % 2] * xpair[e].to(Float32))
+                cute.autovec_copy(xpair, pr)
+            cute.arch.fence_proxy("async.shared", space="cta")
+            # the producer warp stores the stage's dx once all 8 consumer warps have released it
+            cute.arch.sync_warp()
+            pipe.consumer_release(rst)
+            rst.advance()
+        cute.arch.barrier(barrier_id=3, number_of_threads=32 + 256)   # the producer's stores have read
+
+        # ---- this CTA's dweight partial: rows j (hi) + j + NP (lo) of the [64, HALF] accumulator, summed
+        # through shared memory (this warpgroup's x buffers: every stage released, every store has read
+        # them; fp32 [64, HALF + 1] fits in S >= 3 of them)
+        scr = cute.make_tensor(cute.recast_ptr(sX_raw.iterator + wc * S * (HALF * BM * 2), dtype=Float32),
+                               cute.make_layout((64, HALF), stride=(HALF + 1, 1)))
+        for i in cutlass.range_constexpr(cute.size(acc_dw)):
+            j_, c_ = cDW[i]
+            scr[j_, c_] = acc_dw[i]
+        cute.arch.barrier(barrier_id=bar_id, number_of_threads=128)
+        if c0 + ct < K:
+            pd = cute.make_tensor(p_dw, cute.make_layout((GMe, N, K), stride=(N * K, K, 1)))
+            for j in cutlass.range_constexpr(N):
+                pd[g0, j, c0 + ct] = scr[j, ct] + scr[NP + j, ct]
 
 
 @cute.kernel
@@ -423,7 +401,7 @@ def _reduce_kernel(p_dw: cute.Pointer, dw: cute.Pointer, NK: Int32, GMe: Int32):
 
 @cute.jit
 def _bwd_host(cfg: cutlass.Constexpr, x: cute.Pointer, w: cute.Pointer, dproj: cute.Pointer, dr: cute.Pointer,
-              r: cute.Pointer, dx: cute.Pointer, p_dw: cute.Pointer, M: Int32, GMe: Int32, G: Int32, eps: Float32,
+              r: cute.Pointer, dx: cute.Pointer, p_dw: cute.Pointer, M: Int32, GMe: Int32, eps: Float32,
               stream: CU.cuda.CUstream):
     K, N, BM = cfg.K, cfg.N, cfg.BM
     mX = cute.make_tensor(x, cute.make_layout((K, M), stride=(1, K)))      # channel-major view
@@ -439,8 +417,8 @@ def _bwd_host(cfg: cutlass.Constexpr, x: cute.Pointer, w: cute.Pointer, dproj: c
     tma_p, tP = cpasync.make_tiled_tma_atom(g2s, mP, cute.make_layout((cfg.PBOX, 1)), (cfg.PBOX, 1))
     tma_r, tR = cpasync.make_tiled_tma_atom(g2s, mR, cute.make_layout((BM, 1)), (BM, 1))
     tma_dr, tDR = cpasync.make_tiled_tma_atom(g2s, mDR, cute.make_layout((BM, 1)), (BM, 1))
-    _bwd_kernel(cfg, tma_x, tX, tma_dx, tDX, tma_p, tP, tma_r, tR, tma_dr, tDR, w, p_dw, M, GMe, eps).launch(
-        grid=(G, 1, 1), block=(THREADS, 1, 1), stream=stream, min_blocks_per_mp=1,
+    _bwd_kernel(cfg, tma_x, tX, tma_dx, tDX, tma_p, tP, tma_r, tR, tma_dr, tDR, w, p_dw, M, eps).launch(
+        grid=((K + cfg.BK - 1) // cfg.BK, GMe, 1), block=(THREADS, 1, 1), stream=stream, min_blocks_per_mp=1,
         preferred_smem_carveout=100)
 
 
@@ -457,9 +435,9 @@ def _reduce_host(cfg: cutlass.Constexpr, p_dw: cute.Pointer, dw: cute.Pointer, G
 
 @functools.lru_cache(maxsize=256)
 def bwd_launch(cfg: ProjRmsBwdCuteCfg) -> CU.Launch:
-    """run args (x, weight, dproj, dr, r, dx, p_dw [GMe, N, K] fp32, M, GMe, grid (persistent CTAs), eps)."""
+    """run args (x, weight, dproj, dr, r, dx, p_dw [GMe, N, K] fp32, M, GMe, eps)."""
     bf, f32 = CU.Ptr(torch.bfloat16, 16), CU.Ptr(torch.float32, 16)
-    sig = (bf, bf, f32, f32, f32, bf, f32, CU.Scalar(Int32), CU.Scalar(Int32), CU.Scalar(Int32), CU.Scalar(Float32))
+    sig = (bf, bf, f32, f32, f32, bf, f32, CU.Scalar(Int32), CU.Scalar(Int32), CU.Scalar(Float32))
     return CU.Launch(f"{_NAME}.bwd", _bwd_host, cfg, sig)
 
 
@@ -486,8 +464,7 @@ def bwd_into(dproj, dr, x, weight, r, dx, dweight, eps: float, cfg: ProjRmsBwdCu
     dw = dweight if dweight.data_ptr() % 8 == 0 else torch.empty_like(dweight)
     gme = min(cfg.GM, -(-M // cfg.BM))
     p_dw = torch.empty((gme, N, K), dtype=torch.float32, device=x.device)
-    items = -(-K // cfg.BK) * gme
-    bwd_launch(cfg).run(x, weight, dproj, dr, r, dst, p_dw, M, gme, min(items, _sms(x.device)), float(eps))
+    bwd_launch(cfg).run(x, weight, dproj, dr, r, dst, p_dw, M, gme, float(eps))
     reduce_launch(cfg).run(p_dw, dw, gme)
     if dst is not dx:
         dx.copy_(dst)
