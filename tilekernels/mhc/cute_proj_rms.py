@@ -89,7 +89,7 @@ class ProjRmsBwdCuteCfg:
     NP: int = 32
     BM: int = 64
     BK: int = 256
-    STAGES: int = 4
+    STAGES: int = 3
     GM: int = 7
 
     def __post_init__(self):
@@ -117,9 +117,9 @@ class ProjRmsBwdCuteCfg:
     @classmethod
     @functools.lru_cache(maxsize=256)
     def heuristic(cls, N: int, K: int) -> "ProjRmsBwdCuteCfg":
-        """Static dims only: NP the smallest of 16, 32 holding N; 4 stages of 32 KiB of x (one CTA an SM;
-        3 measured the same); 7 row groups (K=28672: 112 slices x 7 = 784 CTAs, 5.9 waves on 132 SMs;
-        5, 8, 12 and 14 measured slower)."""
+        """Static dims only: NP the smallest of 16, 32 holding N; 3 stages of 32 KiB of x (one CTA an SM;
+        4 measured the same or slower); 7 row groups (K=28672: 112 slices x 7 = 784 CTAs, 5.9 waves on
+        132 SMs; 5, 8, 12 and 14 measured slower)."""
         return cls(N=N, K=K, NP=16 if N <= 16 else 32)
 
 
