@@ -261,6 +261,28 @@ def launch_strips(cfg, kernel, rows, stream) -> None:
                    block=[32 * cfg.warps, 1, 1], stream=stream)
 
 
+def prefetch_tma(*atoms) -> None:
+    """Prefetch the TMA descriptors of ``atoms`` (called by one warp of a ``@cute.kernel``)."""
+    from cutlass.cute.nvgpu import cpasync
+
+    for a in atoms:
+        cpasync.prefetch_descriptor(a)
+
+
+def tma_pipeline(smem, stages: int, tx_count: int, consumer_warps: int):
+    """A CTA's TMA ring of ``stages`` (called from a ``@cute.kernel``): its full / empty mbarrier pairs
+    allocated in ``smem`` (a SmemAllocator), one producer thread arriving with ``tx_count`` bytes a
+    stage, one release per consumer warp, no cluster (``cutlass.pipeline.PipelineTmaAsync``)."""
+    import cutlass.pipeline as pipeline
+
+    bars = smem.allocate_array(cutlass.Int64, 2 * stages, byte_alignment=8)
+    return pipeline.PipelineTmaAsync.create(
+        num_stages=stages,
+        producer_group=pipeline.CooperativeGroup(pipeline.Agent.Thread),
+        consumer_group=pipeline.CooperativeGroup(pipeline.Agent.Thread, consumer_warps),
+        tx_count=tx_count, barrier_storage=bars, cta_layout_vmnk=cute.make_layout((1, 1, 1, 1)))
+
+
 @dataclasses.dataclass(frozen=True)
 class Launch:
     """One CuTe DSL kernel at one config: ``fn(cfg, *args, stream)`` with ``args``

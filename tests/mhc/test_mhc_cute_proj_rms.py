@@ -87,17 +87,23 @@ def _inputs(M, N, K, dev="cuda"):
     return x, w, dproj, dr, r
 
 
-@on_gpu
-@pytest.mark.parametrize("c", CASES, ids=[case_id(c) for c in CASES])
-def test_bwd_matches_float64(c):
-    M, N, K = c["M"], c["N"], c["K"]
-    x, w, dproj, dr, r = _inputs(M, N, K)
+def _bwd_checked(x, w, dproj, dr, r):
+    """bwd_into on NaN-poisoned outputs, dx and dweight against the float64 reference; -> (dx, dw)."""
     dx = torch.full_like(x, float("nan"))
     dw = torch.full_like(w, float("nan"))
     cpr.bwd_into(dproj, dr, x, w, r, dx, dw, 1e-6)
     gx, gw = ref.proj_rms_bwd(upcast(dproj), upcast(dr), upcast(x), upcast(w), upcast(r), 1e-6)
     assert_close(dx, gx, what="dx")
     assert_close(dw, gw, what="dweight")
+    return dx, dw
+
+
+@on_gpu
+@pytest.mark.parametrize("c", CASES, ids=[case_id(c) for c in CASES])
+def test_bwd_matches_float64(c):
+    M, N, K = c["M"], c["N"], c["K"]
+    x, w, dproj, dr, r = _inputs(M, N, K)
+    dx, dw = _bwd_checked(x, w, dproj, dr, r)
     dx2, dw2 = torch.empty_like(dx), torch.empty_like(dw)
     cpr.bwd_into(dproj, dr, x, w, r, dx2, dw2, 1e-6)
     assert torch.equal(dx, dx2) and torch.equal(dw, dw2), "two calls differ"
@@ -109,14 +115,7 @@ def test_bwd_rms_term(M, N, K):
     """dx dominated by the rms term coef * x (dproj tiny, dr large): at the other cases' scales it
     is ~1e-4 of dx, below the bf16 tolerance, so a wrong coef (row mapping) would pass there."""
     x, w, dproj, dr, r = _inputs(M, N, K)
-    dproj = dproj * 1e-6
-    dr = dr * K
-    dx = torch.full_like(x, float("nan"))
-    dw = torch.full_like(w, float("nan"))
-    cpr.bwd_into(dproj, dr, x, w, r, dx, dw, 1e-6)
-    gx, gw = ref.proj_rms_bwd(upcast(dproj), upcast(dr), upcast(x), upcast(w), upcast(r), 1e-6)
-    assert_close(dx, gx, what="dx")
-    assert_close(dw, gw, what="dweight")
+    _bwd_checked(x, w, dproj * 1e-6, dr * K, r)
 
 
 @on_gpu

@@ -61,7 +61,7 @@ import cutlass
 import cutlass.cute as cute
 import cutlass.pipeline as pipeline
 import cutlass.utils.hopper_helpers as sm90_utils
-from cutlass import BFloat16, Float32, Int32, Int64, const_expr
+from cutlass import BFloat16, Float32, Int32, const_expr
 from cutlass.cute.nvgpu import cpasync, warpgroup
 from cutlass.utils import LayoutEnum
 
@@ -176,11 +176,7 @@ def _bwd_kernel(cfg: cutlass.Constexpr, tma_x: cute.CopyAtom, mX: cute.Tensor, t
     wg = cute.arch.make_warp_uniform(tidx // 128)
     ntm = (M + BM - 1) // BM
     if warp == 0:
-        cpasync.prefetch_descriptor(tma_x)
-        cpasync.prefetch_descriptor(tma_dx)
-        cpasync.prefetch_descriptor(tma_p)
-        cpasync.prefetch_descriptor(tma_r)
-        cpasync.prefetch_descriptor(tma_dr)
+        CU.prefetch_tma(tma_x, tma_dx, tma_p, tma_r, tma_dr)
 
     smem = cutlass.memory.SmemAllocator()
     sX_l, sW_l, sHa_l, sHb_l = _layouts(cfg)
@@ -195,13 +191,7 @@ def _bwd_kernel(cfg: cutlass.Constexpr, tma_x: cute.CopyAtom, mX: cute.Tensor, t
     NPB = BM * N // PB
     sP = smem.allocate_tensor(Float32, cute.make_layout((PB, 1, NPB * S)), byte_alignment=128)
     sR = smem.allocate_tensor(Float32, cute.make_layout((BM, 1, 2 * S)), byte_alignment=128)
-    bars = smem.allocate_array(Int64, 2 * S, byte_alignment=8)
-    pipe = pipeline.PipelineTmaAsync.create(
-        num_stages=S,
-        producer_group=pipeline.CooperativeGroup(pipeline.Agent.Thread),
-        consumer_group=pipeline.CooperativeGroup(pipeline.Agent.Thread, 8),
-        tx_count=2 * HALF * BM * 2 + BM * N * 4 + 2 * BM * 4, barrier_storage=bars,
-        cta_layout_vmnk=cute.make_layout((1, 1, 1, 1)))
+    pipe = CU.tma_pipeline(smem, S, 2 * HALF * BM * 2 + BM * N * 4 + 2 * BM * 4, 8)
 
     # x viewed [K, M] (channel-major), tiled [HALF, BM]: tile (2 * cs + c, m) is half c of row tile m
     gX = cute.local_tile(mX, (HALF, BM), (None, None))

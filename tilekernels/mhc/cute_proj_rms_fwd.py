@@ -163,17 +163,11 @@ def _kernel(cfg: cutlass.Constexpr, tma_x: cute.CopyAtom, mX: cute.Tensor, tma_w
     warp = cute.arch.make_warp_uniform(cute.arch.warp_idx())
     wg = cute.arch.make_warp_uniform(tidx // 128)
     if warp == 0:
-        cpasync.prefetch_descriptor(tma_x)
-        cpasync.prefetch_descriptor(tma_w)
+        CU.prefetch_tma(tma_x, tma_w)
 
     smem = cutlass.memory.SmemAllocator()
     _, sA, sB = operand_smem(cfg, smem)
-    bars = smem.allocate_array(Int64, 2 * NS, byte_alignment=8)
-    pipe = pipeline.PipelineTmaAsync.create(
-        num_stages=NS,
-        producer_group=pipeline.CooperativeGroup(pipeline.Agent.Thread),
-        consumer_group=pipeline.CooperativeGroup(pipeline.Agent.Thread, CONSUMER_WARPS),
-        tx_count=cfg.stage_bytes, barrier_storage=bars, cta_layout_vmnk=cute.make_layout((1, 1, 1, 1)))
+    pipe = CU.tma_pipeline(smem, NS, cfg.stage_bytes, CONSUMER_WARPS)
 
     if wg == 0:
         cute.arch.setmaxregister_decrease(PRODUCER_REGS)

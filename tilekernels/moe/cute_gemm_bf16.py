@@ -167,18 +167,11 @@ def _kernel(cfg: cutlass.Constexpr, tma_a: cute.CopyAtom, mA: cute.Tensor, tma_b
     warp = cute.arch.make_warp_uniform(cute.arch.warp_idx())
     wg = cute.arch.make_warp_uniform(tidx // 128)
     if warp == 0:
-        cpasync.prefetch_descriptor(tma_a)
-        cpasync.prefetch_descriptor(tma_b)
+        C.prefetch_tma(tma_a, tma_b)
 
     smem = cutlass.memory.SmemAllocator()
     _, sA, sB = operand_smem(cfg, smem)
-    bars = smem.allocate_array(Int64, 2 * NS, byte_alignment=8)
-    tx = (BM + BN) * BK * 2
-    pipe = pipeline.PipelineTmaAsync.create(
-        num_stages=NS,
-        producer_group=pipeline.CooperativeGroup(pipeline.Agent.Thread),
-        consumer_group=pipeline.CooperativeGroup(pipeline.Agent.Thread, CONSUMER_WARPS),
-        tx_count=tx, barrier_storage=bars, cta_layout_vmnk=cute.make_layout((1, 1, 1, 1)))
+    pipe = C.tma_pipeline(smem, NS, (BM + BN) * BK * 2, CONSUMER_WARPS)
 
     n_tiles = (cfg.nc + BN - 1) // BN
     if const_expr(cfg.variant == "wgrad"):
