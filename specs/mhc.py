@@ -192,7 +192,7 @@ PROJ_RMS = OpSpec(
                     doc="tilekernels/mhc/cute_proj_rms.py (bwd: one pass over x, TMA ring + wgmma, dx stored "
                         "by TMA, dweight partials reduced in order) and cute_proj_rms_fwd.py (fwd: TMA ring + "
                         "wgmma, Kahan-summed k-tile partials); sm_90a only; first: H200, M=32768, K=28672, N=24, "
-                        "registry fwd / fwd+bwd 0.430 / 1.430 ms against cutile's 0.432 / 1.479 in the same run "
+                        "registry fwd / fwd+bwd 0.440 / 1.429 ms against cutile's 0.442 / 1.511 in the same run "
                         "(benchmarks/results/h200-mhc-cute-proj-rms.txt); n > 4 or K % 8 != 0 take cutile"),
               _cutile(Constraint(expr="M * K < 2**31", message=_INT32_INDEX),
                       Constraint(expr="N <= 128", message="the whole projection width sits in one tile"),
