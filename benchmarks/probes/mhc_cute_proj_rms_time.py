@@ -28,14 +28,14 @@ from _gpu import bench, copy_gb_s, device_env, log_error  # noqa: E402
 
 M, N, K = 32768, 24, 28672
 BF, F32 = torch.bfloat16, torch.float32
-AB = {"nopdl": dict(PDL=False), "st4": dict(STAGES=4), "gm5": dict(GM=5), "gm8": dict(GM=8), "gm12": dict(GM=12), "gm14": dict(GM=14)}
+AB = {"st4": dict(STAGES=4), "gm5": dict(GM=5), "gm8": dict(GM=8), "gm12": dict(GM=12), "gm14": dict(GM=14)}
 
 
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", default=os.environ.get("OUT", "."))
     ap.add_argument("--rep", type=int, default=100)
-    ap.add_argument("--ab", default="nopdl,st4")
+    ap.add_argument("--ab", default="st4,gm14")
     ap.add_argument("--fwd-ab", default="bk64,ctas1,bk64ctas1,evict")
     a = ap.parse_args()
     from tilekernels.mhc import cute_proj_rms as cpr

@@ -91,7 +91,6 @@ class ProjRmsBwdCuteCfg:
     BK: int = 256
     STAGES: int = 3
     GM: int = 7
-    PDL: bool = True  # the dweight reduction a programmatic dependent launch (the bwd triggers it at its start)
 
     def __post_init__(self):
         if not (1 <= self.N <= self.NP and self.NP in (16, 32) and self.BM == 64 and self.BK == 2 * HALF
@@ -178,8 +177,6 @@ def _bwd_kernel(cfg: cutlass.Constexpr, tma_x: cute.CopyAtom, mX: cute.Tensor, t
     ntm = (M + BM - 1) // BM
     if warp == 0:
         CU.prefetch_tma(tma_x, tma_dx, tma_p, tma_r, tma_dr)
-    if const_expr(cfg.PDL):
-        cute.arch.griddepcontrol_launch_dependents()
 
     smem = cutlass.memory.SmemAllocator()
     sX_l, sW_l, sHa_l, sHb_l = _layouts(cfg)
@@ -371,12 +368,9 @@ def _bwd_kernel(cfg: cutlass.Constexpr, tma_x: cute.CopyAtom, mX: cute.Tensor, t
 
 
 @cute.kernel
-def _reduce_kernel(pdl: cutlass.Constexpr, p_dw: cute.Pointer, dw: cute.Pointer, NK: Int32, GMe: Int32):
+def _reduce_kernel(p_dw: cute.Pointer, dw: cute.Pointer, NK: Int32, GMe: Int32):
     """dweight[e .. e+3] (bf16) = sum over g = 0 .. GMe-1 in order of p_dw[g, e .. e+3] (fp32),
-    e = 4 * (global thread index); N*K % 4 == 0. pdl: launched as a programmatic dependent launch of
-    the bwd kernel, so it first waits for that grid's end (its partials)."""
-    if const_expr(pdl):
-        cute.arch.griddepcontrol_wait()
+    e = 4 * (global thread index); N*K % 4 == 0."""
     tidx, _, _ = cute.arch.thread_idx()
     bidx, _, _ = cute.arch.block_idx()
     e = (bidx * 128 + tidx) * 4
@@ -422,8 +416,8 @@ def _bwd_host(cfg: cutlass.Constexpr, x: cute.Pointer, w: cute.Pointer, dproj: c
 def _reduce_host(cfg: cutlass.Constexpr, p_dw: cute.Pointer, dw: cute.Pointer, GMe: Int32,
                  stream: CU.cuda.CUstream):
     NK = cfg.N * cfg.K
-    _reduce_kernel(cfg.PDL, p_dw, dw, Int32(NK), GMe).launch(grid=((NK // 4 + 127) // 128, 1, 1),
-                                                             block=(128, 1, 1), stream=stream, use_pdl=cfg.PDL)
+    _reduce_kernel(p_dw, dw, Int32(NK), GMe).launch(grid=((NK // 4 + 127) // 128, 1, 1), block=(128, 1, 1),
+                                                    stream=stream)
 
 
 # ------------------------------------------------------------------ Python entry points
