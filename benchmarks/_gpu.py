@@ -5,6 +5,7 @@ call primes compiles). ``log_error``: an exception's traceback printed and kept 
 script's error list (the scripts go on after a failed case and report it in their JSON).
 ``device_env``: what a record says about the machine. ``copy_gb_s``: the measured
 device-to-device copy bandwidth (read + write bytes), beside the 4.27 TB/s H200 ceiling.
+``probe_record``: a probe's JSON record with both.
 """
 from __future__ import annotations
 
@@ -54,6 +55,15 @@ def copy_gb_s(nbytes: int = 2 * 2**30) -> float:
     b = torch.empty_like(a)
     ms = bench(lambda: b.copy_(a))
     return 2 * nbytes / ms / 1e6
+
+
+def probe_record(**fields) -> dict:
+    """A probe's JSON record: the device (``device_env``), the given fields, empty ``rows`` and
+    ``errors``, and the copy rate measured now (``copy_gb_s``, printed: the %-of-copy base)."""
+    res = {"env": device_env(), **fields, "rows": [], "errors": []}
+    res["copy_gb_s"] = copy_gb_s()
+    print(f"copy {res['copy_gb_s']:.0f} GB/s", flush=True)
+    return res
 
 
 def wait_for(path: str | None, max_s: float) -> None:

@@ -27,7 +27,7 @@ sys.path[:0] = [ROOT, os.path.join(ROOT, "benchmarks"), os.path.join(ROOT, "test
 
 import torch  # noqa: E402
 
-from _gpu import bench, copy_gb_s, device_env, log_error  # noqa: E402
+from _gpu import bench, log_error, probe_record  # noqa: E402
 
 T, n, C = 32768, 4, 7168
 BF, F32 = torch.bfloat16, torch.float32
@@ -42,9 +42,8 @@ def main():
     import registry
 
     op = registry.get("mhc_h_aggregate")
-    res = {"env": device_env(), "backend": a.backend, "shape": dict(T=T, n=n, C=C), "rows": [], "errors": []}
-    copy = res["copy_gb_s"] = copy_gb_s()
-    print(f"copy {copy:.0f} GB/s", flush=True)
+    res = probe_record(backend=a.backend, shape=dict(T=T, n=n, C=C))
+    copy = res["copy_gb_s"]
     for hd in (F32, BF):
         hn, hb = str(hd)[6:], hd.itemsize
         x = torch.randn(T, n, C, device="cuda").to(BF)

@@ -1,15 +1,22 @@
 #!/usr/bin/env python3
-"""GPU timing of mhc_proj_rms's CuTe DSL backward (tilekernels/mhc/cute_proj_rms.py) at issue 15's
-shape, its A/B configs, and (where the module exists) the CuTe DSL forward; one harness.
+"""GPU timing of mhc_proj_rms at issue 15's shape: the registry's backends side by side (--registry), the
+CuTe DSL kernels (tilekernels/mhc/cute_proj_rms.py, cute_proj_rms_fwd.py) and their A/B configs; one harness.
 
 M=32768, N=24 (n=4), K=28672, bf16 x / weight. Bytes by hand (every input read once, every output
 written once): bwd x + dx = 2 x 1.879 GB, + dproj, dr, r (3.3 MB) + the dweight partials (GM x N x K
-fp32, written and read) + dweight; fwd x = 1.879 GB + proj, r. Rows (do_bench median,
-benchmarks/_gpu.bench): the bwd kernel alone, bwd + reduction (``bwd_into``), each A/B config (run
-once first and compared bitwise with the default's dx: the dweight sums' order depends on GM), the
-fwd; % of the copy bandwidth measured in the same process. Table last; JSON to --out.
+fp32, written and read) + dweight; fwd x = 1.879 GB + proj, r; registry fwd+bwd: their sum (floor
+3 x 1.879 GB). Rows (do_bench median, benchmarks/_gpu.bench): per --registry backend op(x, w) and
+torch.autograd.grad((proj, r), (x, w), the same pre-made (dproj, dr)) (no .grad accumulation), with
+the backends' relative differences; the bwd kernel alone, bwd + reduction (``bwd_into``), each A/B
+config (run once first and compared bitwise with the default's dx: the dweight sums' order depends on
+GM), the fwd and its A/B configs; % of the copy bandwidth measured in the same process. Table last;
+JSON to --out.
 
     source .gpu-cute/env.sh && python3 benchmarks/probes/mhc_cute_proj_rms_time.py --out "$OUT"
+
+--registry cutile,cute needs both toolchains in one process: source .gpu-cutile/env.sh in one call (it
+unpacks cuTile into /tmp/tk-cutile), then in the next call on the same machine source .gpu-cute/env.sh,
+add /tmp/tk-cutile/site to PYTHONPATH and /tmp/tk-cutile/cu13/bin to PATH, unset CUDA_HOME (README).
 """
 from __future__ import annotations
 
@@ -24,11 +31,46 @@ sys.path[:0] = [ROOT, os.path.join(ROOT, "benchmarks")]
 
 import torch  # noqa: E402
 
-from _gpu import bench, copy_gb_s, device_env, log_error  # noqa: E402
+from _gpu import bench, log_error, probe_record  # noqa: E402
 
 M, N, K = 32768, 24, 28672
 BF, F32 = torch.bfloat16, torch.float32
 AB = {"st4": dict(STAGES=4), "gm5": dict(GM=5), "gm8": dict(GM=8), "gm12": dict(GM=12), "gm14": dict(GM=14)}
+
+
+def _registry_rows(res, row, a, x, w, dproj, dr, rel_err):
+    """Per backend of ``a.registry``: registry fwd and fwd+bwd rows (backend=...), proj against
+    float64, and the two backends' relative differences of proj, r, dx, dweight."""
+    import registry
+
+    op = registry.get("mhc_proj_rms")
+    xl, wl = x.clone().requires_grad_(), w.clone().requires_grad_()
+    sx = 2 * M * K
+    fwd_b = sx + 4 * M * (N + 1)
+    bwd_b = 2 * sx + 4 * M * (N + 2) + 2 * N * K
+    p64 = x.double() @ w.double().t()
+    outs = {}
+    for b in [s for s in a.registry.split(",") if s]:
+        try:
+            proj, r = op(xl, wl, backend=b)
+            gx, gw = torch.autograd.grad((proj, r), (xl, wl), (dproj, dr))
+            torch.cuda.synchronize()
+            outs[b] = (proj.detach(), r.detach(), gx, gw)
+            res["checks"][b] = {"proj_vs_f64": rel_err(proj, p64)}
+
+            def step():
+                p_, r_ = op(xl, wl, backend=b)
+                torch.autograd.grad((p_, r_), (xl, wl), (dproj, dr))
+
+            row(f"registry {b} fwd", bench(lambda: op(xl, wl, backend=b), a.rep), fwd_b, backend=b)
+            row(f"registry {b} fwd+bwd", bench(step, a.rep), fwd_b + bwd_b, backend=b)
+        except Exception:
+            log_error(res["errors"], f"backend {b}")
+    if len(outs) == 2:
+        (b1, o1), (b2, o2) = outs.items()
+        res["checks"]["between"] = {n: rel_err(u, v) for n, u, v in zip(("proj", "r", "dx", "dweight"), o2, o1)}
+        print(f"{b2} vs {b1}: " + ", ".join(f"{k} {v:.2e}" for k, v in res["checks"]["between"].items()))
+    print(f"registry fwd+bwd copy floor {3 * sx / res['copy_gb_s'] / 1e6:.4f} ms")
 
 
 def main():
@@ -37,14 +79,14 @@ def main():
     ap.add_argument("--rep", type=int, default=100)
     ap.add_argument("--ab", default="st4,gm14")
     ap.add_argument("--fwd-ab", default="bk64,ctas1,bk64ctas1,evict")
+    ap.add_argument("--registry", default="", help="backends timed through the registry, e.g. cutile,cute")
     a = ap.parse_args()
     from tilekernels.mhc import cute_proj_rms as cpr
     from tilekernels.mhc import reference as ref
     from tilekernels.testing import rel_err
 
-    res = {"env": device_env(), "shape": dict(M=M, N=N, K=K), "rows": [], "errors": []}
-    copy = res["copy_gb_s"] = copy_gb_s()
-    print(f"copy {copy:.0f} GB/s", flush=True)
+    res = probe_record(shape=dict(M=M, N=N, K=K), checks={})
+    copy = res["copy_gb_s"]
     x = torch.randn(M, K, device="cuda").to(BF)
     w = (torch.randn(N, K, device="cuda") * 0.02).to(BF)
     dproj = torch.randn(M, N, device="cuda")
@@ -55,12 +97,14 @@ def main():
     sx = 2 * M * K
     small = 4 * M * (N + 2)
 
-    def row(name, ms, nbytes):
-        rr = {"what": name, "ms": round(ms, 4), "gb": round(nbytes / 1e9, 3),
+    def row(name, ms, nbytes, **extra):
+        rr = {**extra, "what": name, "ms": round(ms, 4), "gb": round(nbytes / 1e9, 3),
               "pct_copy": round(100 * nbytes / ms / 1e6 / copy, 1)}
         res["rows"].append(rr)
         print(f"{name:34s} {ms:8.4f} ms {rr['pct_copy']:6.1f}% of copy", flush=True)
 
+    if a.registry:
+        _registry_rows(res, row, a, x, w, dproj, dr, rel_err)
     # correctness at the headline shape (float64 reference in column chunks)
     cpr.bwd_into(dproj, dr, x, w, r, dx, dw, 1e-6)
     torch.cuda.synchronize()
