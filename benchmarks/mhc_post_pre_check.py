@@ -56,8 +56,12 @@ def make(T, n, C, dev, h=torch.float32):
     return [a.requires_grad_() for a in args], cots
 
 
-def fused(args):
-    return registry.get("mhc_post_pre")(*args, **PARAMS)
+def fused(args, backend="auto"):
+    return registry.get("mhc_post_pre")(*args, **PARAMS, backend=backend)
+
+
+def fused_cutile(args):
+    return fused(args, "cutile")
 
 
 def separate(args):
@@ -97,7 +101,7 @@ class design:
 
 
 def check(args, cots):
-    """Fused vs separate (both cuTile) at this shape: outputs and gradients, rel. errors."""
+    """Fused (the registry's choice) vs separate at this shape: outputs and gradients, rel. errors."""
     errs = {}
     for a in args:
         a.grad = None
@@ -142,19 +146,21 @@ def main():
     errs = check(args, cots)
     print("fused vs separate, rel. errors:", {k: f"{v:.2e}" for k, v in errs.items()}, flush=True)
     row("h_post_bda + mhc_pre (separate)", separate)
-    row("mhc_post_pre (cutile, default)", fused)
+    row(f"mhc_post_pre (registry: {registry.get('mhc_post_pre').choose(registry.get('mhc_post_pre').bind(*args, **PARAMS))})",
+        fused)
+    row("mhc_post_pre (cutile, default)", fused_cutile)
     if o.bwd:  # the backward designs (cutile_post_pre_bwd) against the d_total one
-        row("  bwd: d_total in fp32 (mhc_pp_bwd_dx)", fused, ONE_BWD=False, DH_DX=False)
+        row("  bwd: d_total in fp32 (mhc_pp_bwd_dx)", fused_cutile, ONE_BWD=False, DH_DX=False)
         for ch in (dict(TK_X=64, OCC_X=2), dict(TK_X=128, OCC_X=1), dict(TK_X=256, OCC_X=2)):
-            row("  bwd: dh in dx pass " + " ".join(f"{k}={v}" for k, v in ch.items()), fused, DH_DX=True, **ch)
-        row("  bwd: one-pass (dweight from out)", fused, ONE_BWD=True)
+            row("  bwd: dh in dx pass " + " ".join(f"{k}={v}" for k, v in ch.items()), fused_cutile, DH_DX=True, **ch)
+        row("  bwd: one-pass (dweight from out)", fused_cutile, ONE_BWD=True)
     elif not o.quick:
-        row("  fused fwd + fused bwd", fused, FUSE_FWD=True)
-        row("  composed fwd + composed bwd", fused, FUSE_FWD=False, FUSE_BWD=False, ONE_BWD=False, DH_DX=False)
+        row("  fused fwd + fused bwd", fused_cutile, FUSE_FWD=True)
+        row("  composed fwd + composed bwd", fused_cutile, FUSE_FWD=False, FUSE_BWD=False, ONE_BWD=False, DH_DX=False)
         np_ = 1 << (n - 1).bit_length()
         for ch in (dict(CS=4), dict(CS=8), dict(OCC_F=2), dict(TM=128, TK=64 // np_), dict(TM=32, TK=256 // np_)):
             ch = dict(FUSE_FWD=True, **ch)
-            row("  fwd " + " ".join(f"{k}={v}" for k, v in ch.items()), fused, fwd_only=True, **ch)
+            row("  fwd " + " ".join(f"{k}={v}" for k, v in ch.items()), fused_cutile, fwd_only=True, **ch)
     rec = dict(device=torch.cuda.get_device_name(), T=T, n=n, C=C,
                dtypes=f"bf16 streams, {'bf16' if o.hbf16 else 'fp32'} h, bf16 bias",
                params=PARAMS, bytes_fwd=fb, bytes_bwd=bb, ceiling_Bps=CEIL, floor_fwd_ms=fb / CEIL * 1e3,

@@ -279,7 +279,19 @@ POST_PRE = OpSpec(
     differentiable=True,
     reference="tilekernels.mhc.reference:mhc_post_pre",
     entry="tilekernels.mhc.ops:mhc_post_pre",
-    backends=[_cutile(*_PRE_LIMITS,
+    backends=[Backend(name="cute", module="tilekernels.mhc.cute_post_pre", sm=(90, 90), toolchain=["cutile", "cute"],
+                      constraints=[*_PRE_LIMITS,
+                                   Constraint(expr="n <= 4", message="the one-pass backward holds n*n + 2n <= 24 "
+                                              "projection columns and every stream of a channel in registers"),
+                                   Constraint(expr="C % 8 == 0", message="TMA row strides are multiples of 16 bytes"),
+                                   Constraint(expr="not present(bias) or dtype(bias) == dtype(x)",
+                                              message="the kernel reads bias in x's dtype")],
+                      dtypes=dict(h_res=_BF_F32, residual=["bfloat16"], h_post=_BF_F32, x=["bfloat16"],
+                                  bias=["bfloat16"], weight=["bfloat16"], hbias=["float32"]),
+                      doc="the cuTile forward and mhc_pre's backward head, then one CuTe DSL pass that forms "
+                          "d_total in registers and runs h_post_bda's backward on it (reads dout, residual, x, "
+                          "dlayer_in once; tilekernels/mhc/cute_post_pre.py); needs both toolchains"),
+              _cutile(*_PRE_LIMITS,
                       Constraint(expr="not present(bias) or dtype(bias) == dtype(x)",
                                  message="the kernel reads bias in x's dtype"),
                       h_res=_BF_F32, residual=["bfloat16"], h_post=_BF_F32, x=["bfloat16"],

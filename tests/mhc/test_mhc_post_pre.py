@@ -240,9 +240,9 @@ def _id(c):
     return "-".join(f"{k}{str(v).removeprefix('torch.')}" for k, v in c.items())
 
 
-def run_cutile(c, monkeypatch=None, **changes):
-    """fwd + bwd of the cuTile backend on fresh inputs, checked against the float64 oracle
-    (outputs poisoned by conftest's allocation); returns (args, outs, grads, cotangents)."""
+def run_cutile(c, monkeypatch=None, backend="cutile", **changes):
+    """fwd + bwd of the cuTile backend (or ``backend``) on fresh inputs, checked against the float64
+    oracle (outputs poisoned by conftest's allocation); returns (args, outs, grads, cotangents)."""
     if changes:
         from tilekernels.mhc import cutile_post_pre as pp
 
@@ -251,7 +251,7 @@ def run_cutile(c, monkeypatch=None, **changes):
                             classmethod(lambda cls, *a: dataclasses.replace(orig(*a), **changes)))
     args = inputs(c["T"], c["n"], c["C"], h=c["h"], bias=c["bias"], device="cuda")
     leaves = [None if t is None else t.clone().requires_grad_() for t in args]
-    outs = OP(*leaves, **PARAMS, backend="cutile")
+    outs = OP(*leaves, **PARAMS, backend=backend)
     check_forward(outs, args, **PARAMS)
     cots = [rand(*o.shape, dtype=o.dtype).cuda() for o in outs]
     torch.autograd.backward(outs, cots)

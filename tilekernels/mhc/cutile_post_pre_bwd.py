@@ -146,6 +146,33 @@ def mhc_pp_bwd_one(dout, dagg, hpre_t, dproj, dr, r, w, hres, hpost, res, x, bia
         ct.store(p_dw, index=(g, 0, 0, s), tile=ct.reshape(dw, (1, NPAD, NP, TK)))
 
 
+def dbias_launch(p_bias, dbias, cfg) -> Launch:
+    """dbias = the fp32 partials p_bias [groups, >= C] summed in a fixed order (cutile_post_bda.mhc_pb_dbias)."""
+    q = cfg.pb
+    return Launch(pb.mhc_pb_dbias, (cdiv(dbias.shape[0], q.TB),), (p_bias, dbias, q.RB, q.TB, q.PDL), cfg, pdl=q.PDL)
+
+
+def dweight_reduce_launch(p_w, dweight, cfg) -> Launch:
+    """dweight = the fp32 partials p_w [groups, N, n*C] summed in a fixed order (cutile_proj_rms.mhc_pr_reduce)."""
+    p = cfg.pre
+    return Launch(pr.mhc_pr_reduce, (cdiv(p_w.shape[2], p.pr.TK_RED),), (p_w, dweight, p.pr.NPAD, p.pr.TK_RED,
+                                                                         p_w.shape[0], p.pr.PDL), cfg, pdl=p.pr.PDL)
+
+
+def dweight_launches(dproj, out, dweight, cfg) -> tuple[list[Launch], list[Launch]]:
+    """mhc_pre's dweight from the saved out [T, n, C] in a pass of its own (mhc_pp_bwd_dw, mhc_pre's
+    dx-pass row groups, 128-column tiles), then its fixed-order reduction: ([pass], [reduction])."""
+    T, n, C = out.shape
+    N = dproj.shape[1]
+    w = cfg.pre.pr
+    NPAD = w.NPAD
+    gw, tkw = min(w.GM, cdiv(T, w.TM)), 128
+    p_w = torch.empty((gw, N, n * C), dtype=torch.float32, device=out.device)
+    dws = [Launch(mhc_pp_bwd_dw, (cdiv(n * C, tkw), gw), (dproj, out.view(T, n * C), p_w, NPAD, w.TM, tkw,
+                                                          NPAD == 32), cfg, occ(2))]
+    return dws, [dweight_reduce_launch(p_w, dweight, cfg)]
+
+
 @ct.kernel
 def mhc_pp_bwd_dw(dproj, out, p_dw, NPAD: ConstInt, TM: ConstInt, TK: ConstInt, DWT: ConstBool):
     """dweight partials from the saved out [T, n*C]: block (c, g) sums dproj^T @ out over row
@@ -287,18 +314,12 @@ def one_pass_launches(head, dout, dlayer_in, h_res, residual, h_post, x, weight,
                  (dout, dlayer_in, hpre_t, dproj, dr, r, weight.view(N, n, C), h_res, h_post, residual, x,
                   bias if has_bias else x, out, dresidual, dx, p_dw, p_bias, p_dhr, p_dhp, float(rms_eps), NP, NPAD,
                   cfg.TM_B, TK, KC, next_pow2(KC), has_bias, cfg.DW_B, cfg.RECOMP, cfg.DP3), cfg, occ(cfg.OCC_B))
-    q = cfg.pb
     red = _dh_reductions(p_dhr, p_dhp, dh_res, dh_post, cfg)
     if has_bias:
-        red.append(Launch(pb.mhc_pb_dbias, (cdiv(C, q.TB),), (p_bias, dbias, q.RB, q.TB, q.PDL), cfg, pdl=q.PDL))
+        red.append(dbias_launch(p_bias, dbias, cfg))
     if cfg.DW_B:
-        dws, gw, p_w = [], ng, p_dw.view(ng, N, n * C)
+        dws, red_w = [], [dweight_reduce_launch(p_dw.view(ng, N, n * C), dweight, cfg)]
     else:
-        w = p.pr  # mhc_pre's dx-pass config: its row groups, the transposed accumulator at NPAD 32
-        gw, tkw = min(w.GM, cdiv(T, w.TM)), 128
-        p_w = torch.empty((gw, N, n * C), dtype=f32, device=dev)
-        dws = [Launch(mhc_pp_bwd_dw, (cdiv(n * C, tkw), gw), (dproj, out.view(T, n * C), p_w, NPAD, w.TM, tkw,
-                                                              NPAD == 32), cfg, occ(2))]
-    red.append(Launch(pr.mhc_pr_reduce, (cdiv(n * C, p.pr.TK_RED),), (p_w, dweight, NPAD, p.pr.TK_RED, gw,
-                                                                        p.pr.PDL), cfg, pdl=p.pr.PDL))
+        dws, red_w = dweight_launches(dproj, out, dweight, cfg)
+    red += red_w
     return stage + [one] + dws + red

@@ -1,0 +1,94 @@
+"""mhc_post_pre's ``cute`` backend: the cuTile forward and mhc_pre's backward head, then the CuTe DSL one-pass
+backward (tilekernels/mhc/cute_post_pre_bwd.py), which keeps the fp32 d_total in registers.
+
+fwd: cutile_post_pre's launches (the parts' kernels; unchanged).
+bwd, in order (every scratch written before it is read; reductions in a fixed order, deterministic):
+  mhc_pre's head (cutile_pre.bwd_launches without its dx pass): the dh_pre pass over out and dlayer_in,
+      the bwd mix (dproj, dr, h_pre^T), the hbias reduction;
+  h_res / h_post staged to fp32 when bf16 (cutile_post_bda._h32);
+  cute_post_pre_bwd's pass: dresidual, dx, dh partials per consumer warpgroup, dbias partials per warp;
+  mhc_pre's dweight from the saved out (cutile_post_pre_bwd.dweight_launches) and the reductions.
+Ideal traffic (T=32768, n=4, C=7168, bf16; s = one [T, n, C] stream = 1.879 GB, x = [T, C] = 0.470):
+  dh_pre pass s + x, this pass 3s + 3x, dweight pass s: 5s + 4x = 11.3 GB (the separate ops: 18.8).
+
+Backend limits (the spec's entry): both toolchains (cuTile for the forward and the head, CuTe DSL for the
+pass), sm_90a, n <= 4, C % 8 == 0, bf16 residual / x / bias / weight, and the cuTile backend's own limits.
+"""
+from __future__ import annotations
+
+import functools
+
+import torch
+
+from tilekernels._cutile import cdiv
+from tilekernels._glue import aligned16, kernel
+
+from . import cute_post_pre_bwd as K
+from . import cutile_post_bda as pb
+from . import cutile_post_pre as pp
+from . import cutile_post_pre_bwd as ppb
+from . import cutile_pre as pre
+from . import cutile_proj_rms as pr
+
+
+def bwd_launches(dout, dlayer_in, dh_post_next, dh_res_next, h_res, residual, h_post, x, weight, hbias, bias,
+                 out, proj, r, dh_res, dresidual, dh_post, dx, dweight, dhbias, dbias, alpha_pre, alpha_post,
+                 alpha_res, iters, rms_eps, sinkhorn_eps, cfg: pp.PostPreCfg | None = None,
+                 kcfg: K.PostPreBwdCuteCfg | None = None) -> list:
+    """The backward's steps (cuTile Launch records and the CuTe DSL pass as a callable), run in order by
+    cutile_post_pre.run."""
+    T, n, C = residual.shape
+    N = weight.shape[0]
+    cfg = pp._cfg(residual, iters, cfg)
+    has_bias = bias is not None
+    kcfg = kcfg or K.PostPreBwdCuteCfg.heuristic(n, C, N, has_bias)
+    head = [ln for ln in pre.bwd_launches(dlayer_in, dh_post_next, dh_res_next, out, weight, hbias, proj, r,
+                                          dresidual, dweight, dhbias, alpha_pre, alpha_post, alpha_res, iters,
+                                          rms_eps, sinkhorn_eps, cfg=cfg.pre)
+            if ln.kernel not in (pr.mhc_pr_bwd, pr.mhc_pr_reduce)]
+    mix = next(ln for ln in head if ln.kernel in (pre.mhc_pre_bwd_mix, pre.mhc_pre_bwd_mix_e))
+    dproj, dr, hpre_t = mix.args[6:9]
+    stage, h_res, h_post = pb._h32(h_res, h_post, cfg.pb, force=True)
+    dev, f32 = residual.device, torch.float32
+    ntm = cdiv(T, K.BM)
+    p_bias = torch.empty((4 * ntm, C) if has_bias else (1, 1), dtype=f32, device=dev)
+    p_dhr = torch.empty((2, T, n, n), dtype=f32, device=dev)
+    p_dhp = torch.empty((2, T, n), dtype=f32, device=dev)
+    dres = dresidual if dresidual.data_ptr() % 16 == 0 else torch.empty_like(dresidual)
+    dxx = dx if dx.data_ptr() % 16 == 0 else torch.empty_like(dx)
+    srcs = [aligned16(t) for t in (dout, residual, x, dlayer_in)]
+    b = aligned16(bias) if has_bias else srcs[2]
+    wp = K.permuted_weight(weight, kcfg)
+    steps = [*head, *stage]
+    if T > 0:
+        steps.append(functools.partial(K.launch(kcfg).run, *srcs, b, wp, dproj, dr, r, h_res, h_post, hpre_t, dres,
+                                       dxx, p_bias, p_dhr, p_dhp, T, float(rms_eps)))
+        if dres is not dresidual:
+            steps.append(functools.partial(dresidual.copy_, dres))
+        if dxx is not dx:
+            steps.append(functools.partial(dx.copy_, dxx))
+        steps += ppb._dh_reductions(p_dhr, p_dhp, dh_res, dh_post, cfg)
+        if has_bias:
+            steps.append(ppb.dbias_launch(p_bias, dbias, cfg))
+    else:
+        steps += [dh_res.zero_, dh_post.zero_] + ([dbias.zero_] if has_bias else [])
+    dws, red_w = ppb.dweight_launches(dproj, out, dweight, cfg)
+    return steps + dws + red_w
+
+
+@kernel("mhc_post_pre", "cute", "fwd")
+def post_pre_fwd(h_res, residual, h_post, x, weight, hbias, bias, out, layer_in, h_post_next, h_res_next, proj, r,
+                 alpha_pre: float, alpha_post: float, alpha_res: float, iters: int, rms_eps: float,
+                 sinkhorn_eps: float):
+    pp.run(pp.fwd_launches(h_res, residual, h_post, x, weight, hbias, bias, out, layer_in, h_post_next, h_res_next,
+                           proj, r, alpha_pre, alpha_post, alpha_res, iters, rms_eps, sinkhorn_eps))
+
+
+@kernel("mhc_post_pre", "cute", "bwd")
+def post_pre_bwd(dout, dlayer_in, dh_post_next, dh_res_next, h_res, residual, h_post, x, weight, hbias, bias, out,
+                 proj, r, dh_res, dresidual, dh_post, dx, dweight, dhbias, dbias, alpha_pre: float,
+                 alpha_post: float, alpha_res: float, iters: int, rms_eps: float, sinkhorn_eps: float):
+    pp.run(bwd_launches(dout, dlayer_in, dh_post_next, dh_res_next, h_res, residual, h_post, x, weight, hbias, bias,
+                        out, proj, r, dh_res, dresidual, dh_post, dx, dweight, dhbias, dbias, alpha_pre, alpha_post,
+                        alpha_res, iters, rms_eps, sinkhorn_eps))
+

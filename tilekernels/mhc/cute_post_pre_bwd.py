@@ -1,0 +1,510 @@
+"""CuTe DSL main kernel of mhc_post_pre's one-pass backward (Hopper sm_90a): d_total stays in registers.
+
+Per token t, stream i, channel c (fp32), the gradient entering h_post_bda's backward is
+
+    d_total[t,i,c] = dproj[t] @ weight[:, i, c] + coef[t] * out[t,i,c] + h_pre[t,i] * dlayer_in[t,c] + dout[t,i,c]
+
+(mhc_pre's d(out) plus the incoming dout, summed in this order as cutile_post_pre_bwd.mhc_pp_bwd_one does;
+coef = mhc_pre's RMS term -dr r^2 / (n C rms)), and h_post_bda's backward consumes it at once:
+
+    dresidual[t,j,c] = sum_i h_res[t,i,j] d_total     dx[t,c] = sum_i h_post[t,i] d_total
+    dh_res[t,i,j]    = sum_c d_total * residual[t,j,c]   dh_post[t,i] = sum_c d_total * (x + bias)[t,c]
+    dbias[c]         = sum_t dx[t,c]
+
+``out`` is recomputed from residual, x, bias and h (the forward's fp32 arithmetic, rounded to bf16: the
+value mhc_pre read), so the pass reads dout, residual, x and dlayer_in and writes dresidual and dx:
+3s + 3x bytes (s = one [T, n, C] stream). The fp32 d_total never reaches memory, so h_post_bda's fp32 dh
+sums see no bf16 rounding of it (tests/mhc/test_mhc_post_pre.py's fp32 tolerance).
+
+Why CuTe DSL: the cuTile one-pass kernel (mhc_pp_bwd_one) ran this pass at 1.1-1.6 TB/s (its per-row
+sums over [16, n, TK] tiles); here one CTA owns 64 tokens over the whole of C, so the dh sums stay in
+registers for the CTA's life (no partials per C tile), and TMA streams the tiles.
+
+CTA = 64 tokens (the wgmma M), 3 warpgroups (384 threads), walking C in chunks of 64 channels:
+
+* warp 0 (producer, 40 registers): per chunk, TMA loads into a STAGES-deep ring: dout and residual
+  ([64 ch x 64 tok] channel-major, one box a stream), x and dlayer_in (one box each), bias, and the
+  chunk's weight columns (both warpgroups' [NW, NP] B operands, from ``permuted_weight``'s copy). A
+  stage released by the consumers holds the chunk's dresidual (in place of residual) and dx (in place of
+  x); the producer stores them by TMA before it loads the stage again, and the last ones after its loop.
+* warpgroups 1, 2 (consumers): warpgroup wc owns channels wc*32 .. wc*32 + 31 of each chunk, of every
+  stream. Its wgmma m64 nNW (NW = 32 n) takes the chunk's weight columns ordered (8-channel block cb,
+  stream i, 8 channels), so accumulator column 8 (cb n + i) + cc is stream i, channel cb*8 + cc: each
+  thread holds, for its 2 tokens and 8 channels, every stream, and h_post_bda's stream mixing needs no
+  exchange. dproj enters as three bf16 terms (hi, mid, lo: products exact, fp32 sums; as DP3 in the
+  cuTile kernels, so d_total keeps fp32's precision), [64, NP] each, built once per CTA.
+  Epilogue per (token, channel): out recomputed, d_total, dresidual and dx written in place over the
+  stage (bf16), dh sums in registers, dbias summed over the warp's 16 tokens by shuffles; one dbias
+  partial per warp and chunk (``p_bias`` [4 * row tiles, C]), the dh sums of each warpgroup
+  (``p_dhr`` [2, T, n, n], ``p_dhp`` [2, T, n]) at the end: reduced in a fixed order by the cuTile
+  reductions (deterministic, no atomics).
+
+Tails: TMA zero-fills loads past T and C (those d_total are 0: the weight copy is zero there too) and
+clips the stores; partial stores skip channels past C and tokens past T.
+
+Constraints (the spec's cute backend): n <= 4 (N = n*n + 2n <= 24, NP <= 32), bf16 dout / residual / x
+/ dlayer_in / bias / weight, C % 8 == 0 (16-byte TMA row strides), fp32 h (bf16 h is staged to fp32
+first, as the cuTile one-pass backward does), sm_90a. Compile key: PostPreBwdCuteCfg (n, C, N and the
+tiling, HAS_BIAS); T is a runtime scalar (the grid). Importing this module needs ``cutlass`` but no GPU.
+"""
+from __future__ import annotations
+
+import dataclasses
+import functools
+
+import torch
+
+import cutlass
+import cutlass.cute as cute
+import cutlass.pipeline as pipeline
+import cutlass.utils.hopper_helpers as sm90_utils
+from cutlass import BFloat16, Float32, Int32, const_expr
+from cutlass.cute.nvgpu import cpasync, warpgroup
+from cutlass.utils import LayoutEnum
+
+from tilekernels import _cute as CU
+
+_NAME = "mhc.cute_post_pre_bwd"
+THREADS = 384
+PRODUCER_REGS, CONSUMER_REGS = 40, 232
+BM = 64    # tokens a CTA (the wgmma M)
+CW = 32    # channels of a chunk a consumer warpgroup owns (of every stream)
+CC = 2 * CW  # channels a chunk
+TERMS = 3  # bf16 terms of dproj
+SMEM_LIMIT = 220 * 1024
+
+
+@dataclasses.dataclass(frozen=True)
+class PostPreBwdCuteCfg:
+    """Launch config = compile key (with the dtypes, all fixed). n, C, N: static dims; NP: N padded (16 or
+    32, the wgmma k of each dproj term); STAGES: the ring; HAS_BIAS."""
+
+    n: int
+    C: int
+    N: int
+    NP: int = 32
+    STAGES: int = 2
+    HAS_BIAS: bool = True
+
+    def __post_init__(self):
+        if not (1 <= self.n <= 4 and self.N == self.n * self.n + 2 * self.n and self.N <= self.NP
+                and self.NP in (16, 32) and self.C % 8 == 0 and self.C > 0 and self.STAGES >= 2):
+            raise ValueError(f"mhc_post_pre cute bwd: config {self}: needs n <= 4, N = n*n + 2n <= NP in (16, 32), "
+                             f"C % 8 == 0, STAGES >= 2")
+        if self.smem_bytes > SMEM_LIMIT:
+            raise ValueError(f"mhc_post_pre cute bwd: config {self} needs {self.smem_bytes} bytes of shared memory")
+
+    @property
+    def NW(self) -> int:
+        """The consumer wgmma's N: CW channels x n streams."""
+        return CW * self.n
+
+    @property
+    def nch(self) -> int:
+        return -(-self.C // CC)
+
+    @property
+    def tiles(self) -> int:
+        """[64 ch x 64 tok] bf16 tiles a stage: dout and residual per stream, x, dlayer_in."""
+        return 2 * self.n + 2
+
+    @property
+    def stage_bytes(self) -> int:
+        return self.tiles * CC * BM * 2 + 2 * self.NW * self.NP * 2 + (CC * 2 if self.HAS_BIAS else 0)
+
+    @property
+    def smem_bytes(self) -> int:
+        return self.STAGES * (self.stage_bytes + 3 * 1024) + TERMS * BM * self.NP * 2 + 4096
+
+    @classmethod
+    @functools.lru_cache(maxsize=256)
+    def heuristic(cls, n: int, C: int, N: int, has_bias: bool) -> "PostPreBwdCuteCfg":
+        """Static dims only: NP the smallest of 16, 32 holding N; as many stages (<= 4) as fit."""
+        base = cls(n=n, C=C, N=N, NP=16 if N <= 16 else 32, STAGES=2, HAS_BIAS=has_bias)
+        st = 2
+        while st < 4 and _fits(base, st + 1):
+            st += 1
+        return dataclasses.replace(base, STAGES=st)
+
+
+def _fits(cfg: PostPreBwdCuteCfg, stages: int) -> bool:
+    return dataclasses.replace(cfg, STAGES=2).smem_bytes + (stages - 2) * (cfg.stage_bytes + 3 * 1024) <= SMEM_LIMIT
+
+
+def permuted_weight(weight: torch.Tensor, cfg: PostPreBwdCuteCfg) -> torch.Tensor:
+    """weight [N, n*C] bf16 -> [NP, nch * 2 * NW] bf16: column ((ch*2 + wc)*(CW/8) + cb)*8n + 8i + cc holds
+    weight[:, i*C + c] with c = ch*64 + wc*32 + cb*8 + cc (zeros past C and in rows N..NP-1): the order of
+    the consumers' accumulator columns."""
+    n, C, N, NP, nch = cfg.n, cfg.C, cfg.N, cfg.NP, cfg.nch
+    w = torch.zeros((NP, n, nch * CC), dtype=weight.dtype, device=weight.device)
+    w[:N, :, :C] = weight.view(N, n, C)
+    w = w.view(NP, n, nch, 2, CW // 8, 8).permute(0, 2, 3, 4, 1, 5)
+    return w.reshape(NP, nch * 2 * cfg.NW).contiguous()
+
+
+# ------------------------------------------------------------------ layouts
+
+
+def _layouts(cfg):
+    """(sT, sW, sH): the stage tiles [CC ch, BM tok] channel-major x tiles*STAGES (index stage*tiles +
+    slot: dout i -> i, residual j -> n + j, x -> 2n, dlayer_in -> 2n + 1); the weight B operands [NW, NP]
+    MN-major x 2*STAGES (index wc*STAGES + stage); dproj's terms as the A operand [BM, NP] K-major x 3."""
+    mn, km = LayoutEnum.COL_MAJOR, LayoutEnum.ROW_MAJOR
+    sT = sm90_utils.make_smem_layout_a(mn, (CC, 16, BM), BFloat16, cfg.tiles * cfg.STAGES)
+    sW = sm90_utils.make_smem_layout_b(mn, (BM, cfg.NW, cfg.NP), BFloat16, 2 * cfg.STAGES)
+    sH = sm90_utils.make_smem_layout_a(km, (BM, cfg.NW, cfg.NP), BFloat16, TERMS)
+    return sT, sW, sH
+
+
+def _smem_tensor(smem, layout, dtype=BFloat16):
+    buf = smem.allocate_tensor(cutlass.Uint8, cute.make_layout(cute.cosize(layout) * dtype.width // 8),
+                               byte_alignment=1024)
+    return cute.make_tensor(cute.recast_ptr(buf.iterator, layout.inner, dtype=dtype), layout.outer)
+
+
+# ------------------------------------------------------------------ kernel
+
+
+@cute.jit
+def _store_chunk(cfg: cutlass.Constexpr, tma_dres: cute.CopyAtom, tSs: cute.Tensor, tSg: cute.Tensor,
+                 tma_dx: cute.CopyAtom, tXs: cute.Tensor, tXg: cute.Tensor, st: Int32, ch: Int32, m: Int32):
+    """TMA stores of stage st (chunk ch of row tile m): dresidual from the residual slots, dx from x's; one
+    bulk group, waited until read (the stage is loaded again next)."""
+    base = st * cfg.tiles
+    for j in cutlass.range_constexpr(cfg.n):
+        cute.copy(tma_dres, tSs[None, base + cfg.n + j], tSg[None, ch, m, j])
+    cute.copy(tma_dx, tXs[None, base + 2 * cfg.n], tXg[None, ch, m])
+    cute.arch.cp_async_bulk_commit_group()
+    cute.arch.cp_async_bulk_wait_group(0, read=True)
+
+
+@cute.kernel
+def _kernel(cfg: cutlass.Constexpr, tma_dout: cute.CopyAtom, mDout: cute.Tensor, tma_res: cute.CopyAtom,
+            mRes: cute.Tensor, tma_dres: cute.CopyAtom, mDres: cute.Tensor, tma_x: cute.CopyAtom, mX: cute.Tensor,
+            tma_dg: cute.CopyAtom, mDg: cute.Tensor, tma_dx: cute.CopyAtom, mDx: cute.Tensor,
+            tma_w: cute.CopyAtom, mW: cute.Tensor, tma_b: cute.CopyAtom, mB: cute.Tensor,
+            dproj: cute.Pointer, dr: cute.Pointer, r: cute.Pointer, hres: cute.Pointer, hpost: cute.Pointer,
+            hpre_t: cute.Pointer, p_bias: cute.Pointer, p_dhr: cute.Pointer, p_dhp: cute.Pointer,
+            T: Int32, eps: Float32):
+    n, C, N, NP, S, NW, NT = cfg.n, cfg.C, cfg.N, cfg.NP, cfg.STAGES, cfg.NW, cfg.tiles
+    nch = cfg.nch
+    tidx, _, _ = cute.arch.thread_idx()
+    m, _, _ = cute.arch.block_idx()
+    ntm, _, _ = cute.arch.grid_dim()
+    warp = cute.arch.make_warp_uniform(cute.arch.warp_idx())
+    wg = cute.arch.make_warp_uniform(tidx // 128)
+    if warp == 0:
+        CU.prefetch_tma(tma_dout, tma_res, tma_dres, tma_x, tma_dg, tma_dx, tma_w)
+        if const_expr(cfg.HAS_BIAS):
+            CU.prefetch_tma(tma_b)
+
+    smem = cutlass.memory.SmemAllocator()
+    sT_l, sW_l, sH_l = _layouts(cfg)
+    sT = _smem_tensor(smem, sT_l)
+    sW = _smem_tensor(smem, sW_l)
+    sH = _smem_tensor(smem, sH_l)
+    sB = smem.allocate_tensor(BFloat16, cute.make_layout((CC, 1, S)), byte_alignment=128)
+    pipe = CU.tma_pipeline(smem, S, cfg.stage_bytes, 8)
+
+    def part2(atom, g_):   # a [C, T]-like tensor tiled [CC, BM]: (tile, chunk, row tile[, stream])
+        return cpasync.tma_partition(atom, 0, cute.make_layout(1), cute.group_modes(sT, 0, 2),
+                                     cute.group_modes(cute.local_tile(g_, (CC, BM), (None,) * cute.rank(g_)), 0, 2))
+
+    tDs, tDg = part2(tma_dout, mDout)
+    _, tRg = part2(tma_res, mRes)
+    _, tSg = part2(tma_dres, mDres)
+    _, tXg = part2(tma_x, mX)
+    _, tGg = part2(tma_dg, mDg)
+    _, tOg = part2(tma_dx, mDx)
+    tWs, tWg = cpasync.tma_partition(tma_w, 0, cute.make_layout(1), cute.group_modes(sW, 0, 2),
+                                     cute.group_modes(cute.local_tile(mW, (NW, NP), (None, None)), 0, 2))
+    tBs, tBg = cpasync.tma_partition(tma_b, 0, cute.make_layout(1), cute.group_modes(sB, 0, 2),
+                                     cute.group_modes(cute.local_tile(mB, (CC, 1), (None, 0)), 0, 2))
+
+    if wg == 0:
+        cute.arch.setmaxregister_decrease(PRODUCER_REGS)
+        if warp == 0:
+            pst = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, S)
+            sst = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, S)  # one round behind
+            for _ in cutlass.range_constexpr(S):
+                sst.advance()
+            lane0 = cute.arch.lane_idx() == 0
+            for ch in cutlass.range(nch, unroll=1):
+                pipe.producer_acquire(pst)
+                if ch >= S:   # the stage holds chunk ch - S's dresidual / dx: store them first
+                    if lane0:
+                        _store_chunk(cfg, tma_dres, tDs, tSg, tma_dx, tDs, tOg, sst.index, ch - S, m)
+                    sst.advance()
+                bar = pipe.producer_get_barrier(pst)
+                base = pst.index * NT
+                for i in cutlass.range_constexpr(n):
+                    cute.copy(tma_dout, tDg[None, ch, m, i], tDs[None, base + i], tma_bar_ptr=bar)
+                    cute.copy(tma_res, tRg[None, ch, m, i], tDs[None, base + n + i], tma_bar_ptr=bar)
+                cute.copy(tma_x, tXg[None, ch, m], tDs[None, base + 2 * n], tma_bar_ptr=bar)
+                cute.copy(tma_dg, tGg[None, ch, m], tDs[None, base + 2 * n + 1], tma_bar_ptr=bar)
+                for w_ in cutlass.range_constexpr(2):
+                    cute.copy(tma_w, tWg[None, 2 * ch + w_, 0], tWs[None, w_ * S + pst.index], tma_bar_ptr=bar)
+                if const_expr(cfg.HAS_BIAS):
+                    cute.copy(tma_b, tBg[None, ch], tBs[None, pst.index], tma_bar_ptr=bar)
+                pipe.producer_commit(pst)
+                pst.advance()
+            for q in cutlass.range(cutlass.max(nch - S, 0), nch, unroll=1):
+                pipe.sync_object_empty.wait(sst.index, sst.phase)
+                if lane0:
+                    _store_chunk(cfg, tma_dres, tDs, tSg, tma_dx, tDs, tOg, sst.index, q, m)
+                sst.advance()
+            if lane0:
+                cute.arch.cp_async_bulk_wait_group(0, read=False)
+    else:
+        cute.arch.setmaxregister_increase(CONSUMER_REGS)
+        wc = wg - 1
+        cidx = tidx - 128                 # 0 .. 255 over both consumer warpgroups
+        ct_ = tidx - 128 * wg
+        wq = ct_ // 32                    # warp within the warpgroup
+        lane = cute.arch.lane_idx()
+        kf = Float32(n * C)
+        t_base = m * BM
+
+        # ---- dproj's three bf16 terms [BM, NP] (zeros past N and T): thread cidx takes token cidx // 4,
+        # columns (cidx % 4) * NP/4 ..
+        QC = NP // 4
+        tk = cidx // 4
+        gt = t_base + tk
+        dp = cute.make_tensor(dproj, cute.make_layout((T, N), stride=(N, 1)))
+        for q in cutlass.range_constexpr(QC):
+            j = (cidx % 4) * QC + q
+            v = Float32(0.0)
+            if j < N and gt < T:
+                v = dp[gt, j]
+            hi = BFloat16(v)
+            r1 = v - hi.to(Float32)
+            mid = BFloat16(r1)
+            lo = BFloat16(r1 - mid.to(Float32))
+            sH[tk, j, 0] = hi
+            sH[tk, j, 1] = mid
+            sH[tk, j, 2] = lo
+        cute.arch.fence_proxy("async.shared", space="cta")
+        cute.arch.barrier(barrier_id=1, number_of_threads=256)
+
+        mma = sm90_utils.make_trivial_tiled_mma(
+            BFloat16, BFloat16, LayoutEnum.ROW_MAJOR.sm90_mma_major_mode(),
+            LayoutEnum.COL_MAJOR.sm90_mma_major_mode(), Float32, (1, 1, 1), tiler_mn=(BM, NW))
+        thr0 = mma.get_slice(0)
+        tA = mma.make_fragment_A(thr0.partition_A(sH))
+        tB = mma.make_fragment_B(thr0.partition_B(sW))
+        cAcc = mma.get_slice(ct_).partition_C(cute.make_identity_tensor((BM, NW)))
+        acc = cute.make_rmem_tensor(cAcc.shape, Float32)
+        t0 = cAcc[0][0]        # this thread's first token (local); the other is t0 + 8
+        cq = cAcc[0][1]        # its first channel within each 8-channel block (0, 2, 4, 6)
+
+        # ---- per-token constants of the thread's two tokens (zeros past T)
+        hr = cute.make_rmem_tensor((2, n, n), Float32)
+        hp = cute.make_rmem_tensor((2, n), Float32)
+        hq = cute.make_rmem_tensor((2, n), Float32)
+        coef = cute.make_rmem_tensor((2,), Float32)
+        gHr = cute.make_tensor(hres, cute.make_layout((T, n, n), stride=(n * n, n, 1)))
+        gHp = cute.make_tensor(hpost, cute.make_layout((T, n), stride=(n, 1)))
+        gHq = cute.make_tensor(hpre_t, cute.make_layout((n, T), stride=(T, 1)))
+        gR = cute.make_tensor(r, cute.make_layout(T))
+        gDr = cute.make_tensor(dr, cute.make_layout(T))
+        for h in cutlass.range_constexpr(2):
+            tg = t_base + t0 + 8 * h
+            ok = tg < T
+            rr = Float32(1.0)
+            gr = Float32(0.0)
+            if ok:
+                rr = gR[tg]
+                gr = gDr[tg]
+            rms = Float32(1.0) / rr - eps
+            cf = Float32(0.0)
+            if rms > Float32(0.0):
+                cf = -gr * rr * rr / (kf * rms)
+            coef[h] = cf
+            for i in cutlass.range_constexpr(n):
+                a = Float32(0.0)
+                b = Float32(0.0)
+                if ok:
+                    a = gHp[tg, i]
+                    b = gHq[i, tg]
+                hp[h, i] = a
+                hq[h, i] = b
+                for j in cutlass.range_constexpr(n):
+                    c_ = Float32(0.0)
+                    if ok:
+                        c_ = gHr[tg, i, j]
+                    hr[h, i, j] = c_
+        dhr = cute.make_rmem_tensor((2, n, n), Float32)
+        dhp = cute.make_rmem_tensor((2, n), Float32)
+        dhr.fill(0.0)
+        dhp.fill(0.0)
+        db = cute.make_rmem_tensor((CW // 8, 2), Float32)
+        pair = cute.make_rmem_tensor((2,), BFloat16)
+        rv = cute.make_rmem_tensor((n, 2), Float32)     # residual of the (token, channel pair), every stream
+        gv = cute.make_rmem_tensor((n, 2), Float32)     # dout
+        dv = cute.make_rmem_tensor((n,), Float32)       # d_total of one (token, channel)
+        xv = cute.make_rmem_tensor((2,), Float32)
+        av = cute.make_rmem_tensor((2,), Float32)
+        bv = cute.make_rmem_tensor((2,), Float32)
+        pb = cute.make_tensor(p_bias, cute.make_layout((ntm * 4, C), stride=(C, 1)))
+
+        rst = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, S)
+        for ch in cutlass.range(nch, unroll=1):
+            pipe.consumer_wait(rst)
+            st = rst.index
+            warpgroup.fence()
+            for term in cutlass.range_constexpr(TERMS):
+                for kb in cutlass.range_constexpr(NP // 16):
+                    mma.set(warpgroup.Field.ACCUMULATE, term + kb != 0)
+                    cute.gemm(mma, acc, tA[None, None, kb, term], tB[None, None, kb, wc * S + st], acc)
+            warpgroup.commit_group()
+            warpgroup.wait_group(0)
+
+            base = st * NT
+            db.fill(0.0)
+            for h in cutlass.range_constexpr(2):
+                tl = t0 + 8 * h
+                for cb in cutlass.range_constexpr(CW // 8):
+                    cl = wc * CW + cb * 8 + cq      # the pair's first channel within the chunk
+
+                    def tile_pair(slot):
+                        return cute.logical_divide(sT[None, None, base + slot], (cute.make_layout(2), None))[
+                            (None, cl // 2), tl]
+
+                    for i in cutlass.range_constexpr(n):
+                        cute.autovec_copy(tile_pair(i), pair)
+                        gv[i, 0] = pair[0].to(Float32)
+                        gv[i, 1] = pair[1].to(Float32)
+                        cute.autovec_copy(tile_pair(n + i), pair)
+                        rv[i, 0] = pair[0].to(Float32)
+                        rv[i, 1] = pair[1].to(Float32)
+                    cute.autovec_copy(tile_pair(2 * n), pair)
+                    xv[0] = pair[0].to(Float32)
+                    xv[1] = pair[1].to(Float32)
+                    cute.autovec_copy(tile_pair(2 * n + 1), pair)
+                    av[0] = pair[0].to(Float32)
+                    av[1] = pair[1].to(Float32)
+                    if const_expr(cfg.HAS_BIAS):
+                        bv[0] = sB[cl, 0, st].to(Float32)
+                        bv[1] = sB[cl + 1, 0, st].to(Float32)
+                    dres = cute.make_rmem_tensor((n, 2), BFloat16)
+                    dxp = cute.make_rmem_tensor((2,), BFloat16)
+                    for e in cutlass.range_constexpr(2):
+                        xb = xv[e]
+                        if const_expr(cfg.HAS_BIAS):
+                            xb = xb + bv[e]
+                        for i in cutlass.range_constexpr(n):
+                            o = hp[h, i] * xb
+                            for j in cutlass.range_constexpr(n):
+                                o = o + hr[h, i, j] * rv[j, e]
+                            ob = BFloat16(o).to(Float32)
+                            q = e + 2 * h + 4 * (cb * n + i)
+                            dv[i] = acc[q] + coef[h] * ob + hq[h, i] * av[e] + gv[i, e]
+                        gx = Float32(0.0)
+                        for i in cutlass.range_constexpr(n):
+                            gx = gx + hp[h, i] * dv[i]
+                        dxp[e] = BFloat16(gx)
+                        db[cb, e] = db[cb, e] + gx
+                        for j in cutlass.range_constexpr(n):
+                            s_ = Float32(0.0)
+                            for i in cutlass.range_constexpr(n):
+                                s_ = s_ + hr[h, i, j] * dv[i]
+                            dres[j, e] = BFloat16(s_)
+                        for i in cutlass.range_constexpr(n):
+                            dhp[h, i] = dhp[h, i] + dv[i] * xb
+                            for j in cutlass.range_constexpr(n):
+                                dhr[h, i, j] = dhr[h, i, j] + dv[i] * rv[j, e]
+                    for j in cutlass.range_constexpr(n):
+                        cute.autovec_copy(dres[j, None], tile_pair(n + j))
+                    cute.autovec_copy(dxp, tile_pair(2 * n))
+            cute.arch.fence_proxy("async.shared", space="cta")
+            cute.arch.sync_warp()
+            pipe.consumer_release(rst)
+            rst.advance()
+            if const_expr(cfg.HAS_BIAS):
+                # the warp's 16 tokens: lanes with the same lane % 4 hold the same channels
+                for cb in cutlass.range_constexpr(CW // 8):
+                    for e in cutlass.range_constexpr(2):
+                        v = db[cb, e]
+                        for sh in cutlass.range_constexpr(3):
+                            v = v + cute.arch.shuffle_sync_bfly(v, offset=4 << sh)
+                        db[cb, e] = v
+                if lane < 4:
+                    row = m * 4 + wq
+                    for cb in cutlass.range_constexpr(CW // 8):
+                        c = ch * CC + wc * CW + cb * 8 + cq
+                        if c < C:   # C % 8 == 0: the pair is wholly inside or outside
+                            pb[row, c] = db[cb, 0]
+                            pb[row, c + 1] = db[cb, 1]
+
+        # ---- the warpgroup's dh sums over its channels: the 4 lanes of a token, then one store a token
+        for h in cutlass.range_constexpr(2):
+            for i in cutlass.range_constexpr(n):
+                v = dhp[h, i]
+                for sh in cutlass.range_constexpr(2):
+                    v = v + cute.arch.shuffle_sync_bfly(v, offset=1 << sh)
+                dhp[h, i] = v
+                for j in cutlass.range_constexpr(n):
+                    v = dhr[h, i, j]
+                    for sh in cutlass.range_constexpr(2):
+                        v = v + cute.arch.shuffle_sync_bfly(v, offset=1 << sh)
+                    dhr[h, i, j] = v
+        if lane % 4 == 0:
+            gDhr = cute.make_tensor(p_dhr, cute.make_layout((2, T, n, n), stride=(T * n * n, n * n, n, 1)))
+            gDhp = cute.make_tensor(p_dhp, cute.make_layout((2, T, n), stride=(T * n, n, 1)))
+            for h in cutlass.range_constexpr(2):
+                tg = t_base + t0 + 8 * h
+                if tg < T:
+                    for i in cutlass.range_constexpr(n):
+                        gDhp[wc, tg, i] = dhp[h, i]
+                        for j in cutlass.range_constexpr(n):
+                            gDhr[wc, tg, i, j] = dhr[h, i, j]
+
+
+@cute.jit
+def _host(cfg: cutlass.Constexpr, dout: cute.Pointer, res: cute.Pointer, x: cute.Pointer, dg: cute.Pointer,
+          bias: cute.Pointer, wp: cute.Pointer, dproj: cute.Pointer, dr: cute.Pointer, r: cute.Pointer,
+          hres: cute.Pointer, hpost: cute.Pointer, hpre_t: cute.Pointer, dres: cute.Pointer, dx: cute.Pointer,
+          p_bias: cute.Pointer, p_dhr: cute.Pointer, p_dhp: cute.Pointer, T: Int32, eps: Float32,
+          stream: CU.cuda.CUstream):
+    n, C = cfg.n, cfg.C
+    Q = cfg.nch * 2 * cfg.NW
+
+    def streams(p):   # [T, n, C] seen (C, T, n): channel-major tiles, the stream a batch mode
+        return cute.make_tensor(p, cute.make_layout((C, T, n), stride=(1, n * C, C)))
+
+    def plain(p):     # [T, C] seen (C, T)
+        return cute.make_tensor(p, cute.make_layout((C, T), stride=(1, C)))
+
+    sT_l, sW_l, _ = _layouts(cfg)
+    one = cute.slice_(sT_l, (None, None, 0))
+    g2s, s2g = cpasync.CopyBulkTensorTileG2SOp(), cpasync.CopyBulkTensorTileS2GOp()
+    tma_dout, tDout = cpasync.make_tiled_tma_atom(g2s, streams(dout), one, (CC, BM))
+    tma_res, tRes = cpasync.make_tiled_tma_atom(g2s, streams(res), one, (CC, BM))
+    tma_dres, tDres = cpasync.make_tiled_tma_atom(s2g, streams(dres), one, (CC, BM))
+    tma_x, tX = cpasync.make_tiled_tma_atom(g2s, plain(x), one, (CC, BM))
+    tma_dg, tDg = cpasync.make_tiled_tma_atom(g2s, plain(dg), one, (CC, BM))
+    tma_dx, tDx = cpasync.make_tiled_tma_atom(s2g, plain(dx), one, (CC, BM))
+    mW = cute.make_tensor(wp, cute.make_layout((Q, cfg.NP), stride=(1, Q)))
+    tma_w, tW = cpasync.make_tiled_tma_atom(g2s, mW, cute.slice_(sW_l, (None, None, 0)), (cfg.NW, cfg.NP))
+    mB = cute.make_tensor(bias, cute.make_layout((C, 1), stride=(1, C)))
+    tma_b, tB = cpasync.make_tiled_tma_atom(g2s, mB, cute.make_layout((CC, 1)), (CC, 1))
+    _kernel(cfg, tma_dout, tDout, tma_res, tRes, tma_dres, tDres, tma_x, tX, tma_dg, tDg, tma_dx, tDx, tma_w, tW,
+            tma_b, tB, dproj, dr, r, hres, hpost, hpre_t, p_bias, p_dhr, p_dhp, T, eps).launch(
+        grid=((T + BM - 1) // BM, 1, 1), block=(THREADS, 1, 1), stream=stream, min_blocks_per_mp=1,
+        preferred_smem_carveout=100)
+
+
+@functools.lru_cache(maxsize=256)
+def launch(cfg: PostPreBwdCuteCfg) -> CU.Launch:
+    """run args (dout, residual, x, dlayer_in, bias (x when None), permuted weight, dproj, dr, r, h_res fp32,
+    h_post fp32, h_pre^T [n, T] fp32, dresidual, dx, p_bias [4 * row tiles, C], p_dhr [2, T, n, n],
+    p_dhp [2, T, n] (fp32), T, eps)."""
+    bf, f4 = CU.Ptr(torch.bfloat16, 16), CU.Ptr(torch.float32, 4)
+    sig = (bf, bf, bf, bf, bf, bf, f4, f4, f4, f4, f4, f4, bf, bf, f4, f4, f4, CU.Scalar(Int32), CU.Scalar(Float32))
+    return CU.Launch(f"{_NAME}.one", _host, cfg, sig)
+
+
+def representative_launches(n: int = 4, C: int = 7168) -> dict[str, CU.Launch]:
+    """The kernel at one static shape, with and without bias (what the CPU compile test exports)."""
+    N = n * n + 2 * n
+    return {f"one_bias{b}": launch(PostPreBwdCuteCfg.heuristic(n, C, N, b)) for b in (True, False)}
