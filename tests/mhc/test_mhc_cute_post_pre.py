@@ -33,17 +33,18 @@ OP = registry.get("mhc_post_pre")
 
 # ------------------------------------------------------------------ CPU (CI)
 
-COMPILE = [(4, 7168, True), (4, 7168, False), (3, 200, True), (2, 104, True), (1, 64, False)]
+COMPILE = [(4, 7168, True, 32), (4, 7168, False, 32), (3, 200, True, 32), (2, 104, True, 32), (1, 64, False, 32),
+           (4, 7168, True, 16)]
 
 
-@pytest.mark.parametrize("n,C,bias", COMPILE, ids=[f"n{n}-C{c}-bias{b}" for n, c, b in COMPILE])
-def test_pass_compiles_for_sm90a(n, C, bias):
-    cfg = K.PostPreBwdCuteCfg.heuristic(n, C, n * n + 2 * n, bias)
+@pytest.mark.parametrize("n,C,bias,CW", COMPILE, ids=[f"n{n}-C{c}-bias{b}-CW{w}" for n, c, b, w in COMPILE])
+def test_pass_compiles_for_sm90a(n, C, bias, CW):
+    cfg = K.PostPreBwdCuteCfg.heuristic(n, C, n * n + 2 * n, bias, CW)
     art = K.launch(cfg).export("sm_90a")
     res = [v for k, v in cubin_resources(art.cubin).items() if "kernel" in k]
     assert len(res) == 1 and res[0]["frame"] == 0, f"register spills or a local array: {res}"
     mmas = re.findall(r"wgmma\.mma_async\.sync\.aligned\.(m64n\d+k16)\.f32\.bf16\.bf16", art.ptx)
-    assert set(mmas) == {f"m64n{32 * n}k16"} and len(mmas) == 3 * cfg.NP // 16, mmas
+    assert set(mmas) == {f"m64n{CW * n}k16"} and len(mmas) == 3 * cfg.NP // 16, mmas
     d = "3d" if n > 1 else "2d"   # (the stream mode is a batch mode of the TMA tensor; extent 1 drops it)
     assert f"cp.async.bulk.tensor.{d}.shared::cta.global" in art.ptx    # dout / residual
     assert f"cp.async.bulk.tensor.{d}.global.shared::cta" in art.ptx    # dresidual stores
@@ -60,20 +61,20 @@ def test_config_limits():
     assert K.PostPreBwdCuteCfg.heuristic(1, 64, 3, False).STAGES == 4
 
 
-@pytest.mark.parametrize("n,C", [(4, 96), (3, 200), (1, 64)])
-def test_permuted_weight_matches_the_accumulator_columns(n, C):
-    cfg = K.PostPreBwdCuteCfg.heuristic(n, C, n * n + 2 * n, True)
+@pytest.mark.parametrize("n,C,CW", [(4, 96, 32), (3, 200, 32), (1, 64, 32), (4, 104, 16)])
+def test_permuted_weight_matches_the_accumulator_columns(n, C, CW):
+    cfg = K.PostPreBwdCuteCfg.heuristic(n, C, n * n + 2 * n, True, CW)
     w = rand(cfg.N, n * C, dtype=BF16)
     wp = K.permuted_weight(w, cfg)
     assert wp.shape == (cfg.NP, cfg.nch * 2 * cfg.NW)
     assert not wp[cfg.N:].any()
     for ch in range(cfg.nch):
         for wc in range(2):
-            for cb in range(K.CW // 8):
+            for cb in range(cfg.CW // 8):
                 for i in range(n):
                     for cc in range(8):
                         col = (ch * 2 + wc) * cfg.NW + 8 * (cb * n + i) + cc
-                        c = ch * K.CC + wc * K.CW + cb * 8 + cc
+                        c = ch * cfg.CC + wc * cfg.CW + cb * 8 + cc
                         want = w[:, i * C + c] if c < C else torch.zeros(cfg.N, dtype=BF16)
                         assert torch.equal(wp[:cfg.N, col], want), (ch, wc, cb, i, cc)
 

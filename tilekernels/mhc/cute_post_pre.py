@@ -1,7 +1,7 @@
 """mhc_post_pre's ``cute`` backend: the cuTile forward and mhc_pre's backward head, then the CuTe DSL one-pass
 backward (tilekernels/mhc/cute_post_pre_bwd.py), which keeps the fp32 d_total in registers.
 
-fwd: cutile_post_pre's launches (the parts' kernels; unchanged).
+fwd: h_post_bda's CuTe DSL forward (cute_post_bda), then mhc_pre's cuTile forward on its out.
 bwd, in order (every scratch written before it is read; reductions in a fixed order, deterministic):
   mhc_pre's head (cutile_pre.bwd_launches without its dx pass): the dh_pre pass over out and dlayer_in,
       the bwd mix (dproj, dr, h_pre^T), the hbias reduction;
@@ -23,6 +23,7 @@ import torch
 from tilekernels._cutile import cdiv
 from tilekernels._glue import aligned16, kernel
 
+from . import cute_post_bda as cpb
 from . import cute_post_pre_bwd as K
 from . import cutile_post_bda as pb
 from . import cutile_post_pre as pp
@@ -80,8 +81,10 @@ def bwd_launches(dout, dlayer_in, dh_post_next, dh_res_next, h_res, residual, h_
 def post_pre_fwd(h_res, residual, h_post, x, weight, hbias, bias, out, layer_in, h_post_next, h_res_next, proj, r,
                  alpha_pre: float, alpha_post: float, alpha_res: float, iters: int, rms_eps: float,
                  sinkhorn_eps: float):
-    pp.run(pp.fwd_launches(h_res, residual, h_post, x, weight, hbias, bias, out, layer_in, h_post_next, h_res_next,
-                           proj, r, alpha_pre, alpha_post, alpha_res, iters, rms_eps, sinkhorn_eps))
+    cpb.fwd_into(h_res, residual, h_post, x, bias, out)
+    cfg = pp._cfg(residual, iters, None)
+    pp.run(pre.fwd_launches(out, weight, hbias, layer_in, h_post_next, h_res_next, proj, r, alpha_pre, alpha_post,
+                            alpha_res, iters, rms_eps, sinkhorn_eps, cfg=cfg.pre))
 
 
 @kernel("mhc_post_pre", "cute", "bwd")

@@ -68,10 +68,8 @@ _NAME = "mhc.cute_post_pre_bwd"
 THREADS = 384
 PRODUCER_REGS, CONSUMER_REGS = 40, 232
 BM = 64    # tokens a CTA (the wgmma M)
-CW = 32    # channels of a chunk a consumer warpgroup owns (of every stream)
-CC = 2 * CW  # channels a chunk
 TERMS = 3  # bf16 terms of dproj
-SMEM_LIMIT = 220 * 1024
+SMEM_LIMIT = 225 * 1024  # of the 227 KiB a CTA may have
 
 
 @dataclasses.dataclass(frozen=True)
@@ -85,23 +83,30 @@ class PostPreBwdCuteCfg:
     NP: int = 32
     STAGES: int = 2
     HAS_BIAS: bool = True
+    CW: int = 32   # channels of a chunk a consumer warpgroup owns (of every stream); a chunk is 2*CW
 
     def __post_init__(self):
         if not (1 <= self.n <= 4 and self.N == self.n * self.n + 2 * self.n and self.N <= self.NP
-                and self.NP in (16, 32) and self.C % 8 == 0 and self.C > 0 and self.STAGES >= 2):
+                and self.NP in (16, 32) and self.C % 8 == 0 and self.C > 0 and self.STAGES >= 2
+                and self.CW in (16, 32)):
             raise ValueError(f"mhc_post_pre cute bwd: config {self}: needs n <= 4, N = n*n + 2n <= NP in (16, 32), "
-                             f"C % 8 == 0, STAGES >= 2")
+                             f"C % 8 == 0, STAGES >= 2, CW 16 or 32")
         if self.smem_bytes > SMEM_LIMIT:
             raise ValueError(f"mhc_post_pre cute bwd: config {self} needs {self.smem_bytes} bytes of shared memory")
 
     @property
     def NW(self) -> int:
         """The consumer wgmma's N: CW channels x n streams."""
-        return CW * self.n
+        return self.CW * self.n
+
+    @property
+    def CC(self) -> int:
+        """Channels a chunk."""
+        return 2 * self.CW
 
     @property
     def nch(self) -> int:
-        return -(-self.C // CC)
+        return -(-self.C // self.CC)
 
     @property
     def tiles(self) -> int:
@@ -110,17 +115,18 @@ class PostPreBwdCuteCfg:
 
     @property
     def stage_bytes(self) -> int:
-        return self.tiles * CC * BM * 2 + 2 * self.NW * self.NP * 2 + (CC * 2 if self.HAS_BIAS else 0)
+        return self.tiles * self.CC * BM * 2 + 2 * self.NW * self.NP * 2 + (self.CC * 2 if self.HAS_BIAS else 0)
 
     @property
     def smem_bytes(self) -> int:
-        return self.STAGES * (self.stage_bytes + 3 * 1024) + TERMS * BM * self.NP * 2 + 4096
+        # the allocations (each 1024-aligned: sT, sW, sH, sB, then the barriers)
+        return self.STAGES * (self.stage_bytes + 128) + TERMS * BM * self.NP * 2 + 2 * self.STAGES * 8 + 5 * 1024
 
     @classmethod
     @functools.lru_cache(maxsize=256)
-    def heuristic(cls, n: int, C: int, N: int, has_bias: bool) -> "PostPreBwdCuteCfg":
+    def heuristic(cls, n: int, C: int, N: int, has_bias: bool, CW: int = 32) -> "PostPreBwdCuteCfg":
         """Static dims only: NP the smallest of 16, 32 holding N; as many stages (<= 4) as fit."""
-        base = cls(n=n, C=C, N=N, NP=16 if N <= 16 else 32, STAGES=2, HAS_BIAS=has_bias)
+        base = cls(n=n, C=C, N=N, NP=16 if N <= 16 else 32, STAGES=2, HAS_BIAS=has_bias, CW=CW)
         st = 2
         while st < 4 and _fits(base, st + 1):
             st += 1
@@ -128,15 +134,15 @@ class PostPreBwdCuteCfg:
 
 
 def _fits(cfg: PostPreBwdCuteCfg, stages: int) -> bool:
-    return dataclasses.replace(cfg, STAGES=2).smem_bytes + (stages - 2) * (cfg.stage_bytes + 3 * 1024) <= SMEM_LIMIT
+    return dataclasses.replace(cfg, STAGES=2).smem_bytes + (stages - 2) * (cfg.stage_bytes + 144) <= SMEM_LIMIT
 
 
 def permuted_weight(weight: torch.Tensor, cfg: PostPreBwdCuteCfg) -> torch.Tensor:
     """weight [N, n*C] bf16 -> [NP, nch * 2 * NW] bf16: column ((ch*2 + wc)*(CW/8) + cb)*8n + 8i + cc holds
-    weight[:, i*C + c] with c = ch*64 + wc*32 + cb*8 + cc (zeros past C and in rows N..NP-1): the order of
+    weight[:, i*C + c] with c = ch*2*CW + wc*CW + cb*8 + cc (zeros past C and in rows N..NP-1): the order of
     the consumers' accumulator columns."""
-    n, C, N, NP, nch = cfg.n, cfg.C, cfg.N, cfg.NP, cfg.nch
-    w = torch.zeros((NP, n, nch * CC), dtype=weight.dtype, device=weight.device)
+    n, C, N, NP, nch, CW = cfg.n, cfg.C, cfg.N, cfg.NP, cfg.nch, cfg.CW
+    w = torch.zeros((NP, n, nch * cfg.CC), dtype=weight.dtype, device=weight.device)
     w[:N, :, :C] = weight.view(N, n, C)
     w = w.view(NP, n, nch, 2, CW // 8, 8).permute(0, 2, 3, 4, 1, 5)
     return w.reshape(NP, nch * 2 * cfg.NW).contiguous()
@@ -150,7 +156,7 @@ def _layouts(cfg):
     slot: dout i -> i, residual j -> n + j, x -> 2n, dlayer_in -> 2n + 1); the weight B operands [NW, NP]
     MN-major x 2*STAGES (index wc*STAGES + stage); dproj's terms as the A operand [BM, NP] K-major x 3."""
     mn, km = LayoutEnum.COL_MAJOR, LayoutEnum.ROW_MAJOR
-    sT = sm90_utils.make_smem_layout_a(mn, (CC, 16, BM), BFloat16, cfg.tiles * cfg.STAGES)
+    sT = sm90_utils.make_smem_layout_a(mn, (cfg.CC, 16, BM), BFloat16, cfg.tiles * cfg.STAGES)
     sW = sm90_utils.make_smem_layout_b(mn, (BM, cfg.NW, cfg.NP), BFloat16, 2 * cfg.STAGES)
     sH = sm90_utils.make_smem_layout_a(km, (BM, cfg.NW, cfg.NP), BFloat16, TERMS)
     return sT, sW, sH
@@ -187,7 +193,7 @@ def _kernel(cfg: cutlass.Constexpr, tma_dout: cute.CopyAtom, mDout: cute.Tensor,
             hpre_t: cute.Pointer, p_bias: cute.Pointer, p_dhr: cute.Pointer, p_dhp: cute.Pointer,
             T: Int32, eps: Float32):
     n, C, N, NP, S, NW, NT = cfg.n, cfg.C, cfg.N, cfg.NP, cfg.STAGES, cfg.NW, cfg.tiles
-    nch = cfg.nch
+    nch, CW, CC = cfg.nch, cfg.CW, cfg.CC
     tidx, _, _ = cute.arch.thread_idx()
     m, _, _ = cute.arch.block_idx()
     ntm, _, _ = cute.arch.grid_dim()
@@ -203,7 +209,8 @@ def _kernel(cfg: cutlass.Constexpr, tma_dout: cute.CopyAtom, mDout: cute.Tensor,
     sT = _smem_tensor(smem, sT_l)
     sW = _smem_tensor(smem, sW_l)
     sH = _smem_tensor(smem, sH_l)
-    sB = smem.allocate_tensor(BFloat16, cute.make_layout((CC, 1, S)), byte_alignment=128)
+    # bias [CC] a stage, each stage's TMA destination 128-byte aligned (64 elements apart)
+    sB = smem.allocate_tensor(BFloat16, cute.make_layout((CC, 1, S), stride=(1, CC, 64)), byte_alignment=128)
     pipe = CU.tma_pipeline(smem, S, cfg.stage_bytes, 8)
 
     def part2(atom, g_):   # a [C, T]-like tensor tiled [CC, BM]: (tile, chunk, row tile[, stream])
@@ -466,7 +473,7 @@ def _host(cfg: cutlass.Constexpr, dout: cute.Pointer, res: cute.Pointer, x: cute
           hres: cute.Pointer, hpost: cute.Pointer, hpre_t: cute.Pointer, dres: cute.Pointer, dx: cute.Pointer,
           p_bias: cute.Pointer, p_dhr: cute.Pointer, p_dhp: cute.Pointer, T: Int32, eps: Float32,
           stream: CU.cuda.CUstream):
-    n, C = cfg.n, cfg.C
+    n, C, CC = cfg.n, cfg.C, cfg.CC
     Q = cfg.nch * 2 * cfg.NW
 
     def streams(p):   # [T, n, C] seen (C, T, n): channel-major tiles, the stream a batch mode
