@@ -50,6 +50,18 @@ def test_bwd_compiles_for_sm90a(N, K):
     assert list(cubin_resources(red.cubin).values())[0]["frame"] == 0
 
 
+@pytest.mark.parametrize("N,K", [(24, 28672), (8, 200)], ids=["N24-K28672", "N8-K200"])
+def test_dweight_only_compiles_for_sm90a(N, K):
+    """DW_ONLY (cute_post_pre's dweight pass): the dweight wgmmas only, TMA loads, no stores."""
+    art = cpr.representative_launches(N, K)["dweight"].export("sm_90a")
+    res = list(cubin_resources(art.cubin).values())
+    assert len(res) == 1 and res[0]["frame"] == 0, f"register spills or a local array: {res}"
+    mmas = re.findall(r"wgmma\.mma_async\.sync\.aligned\.(m64n\d+k16)\.f32\.bf16\.bf16", art.ptx)
+    assert mmas == ["m64n128k16"] * 4, mmas
+    assert "cp.async.bulk.tensor.2d.shared::cta.global" in art.ptx
+    assert "cp.async.bulk.tensor.2d.global.shared::cta" not in art.ptx
+
+
 def test_config_limits():
     with pytest.raises(ValueError, match="N <= NP"):
         cpr.ProjRmsBwdCuteCfg(N=33, K=64)
@@ -116,6 +128,24 @@ def test_bwd_rms_term(M, N, K):
     is ~1e-4 of dx, below the bf16 tolerance, so a wrong coef (row mapping) would pass there."""
     x, w, dproj, dr, r = _inputs(M, N, K)
     _bwd_checked(x, w, dproj * 1e-6, dr * K, r)
+
+
+@on_gpu
+@pytest.mark.parametrize("M,N,K", [(1, 24, 7168), (65, 8, 200), (4099, 24, 7168), (5, 24, 128), (300, 3, 192)],
+                         ids=lambda v: str(v))
+def test_dweight_only_matches_float64(M, N, K):
+    """dweight_into (DW_ONLY: the backward without dx) against float64 dproj^T @ x, NaN-poisoned output;
+    two calls bitwise equal."""
+    x, _, dproj, _, _ = _inputs(M, N, K)
+    dw = torch.full((N, K), float("nan"), dtype=BF, device="cuda")
+    cpr.dweight_into(dproj, x, dw)
+    assert_close(dw, upcast(dproj).T @ upcast(x), what="dweight")
+    dw2 = torch.empty_like(dw)
+    cpr.dweight_into(dproj, x, dw2)
+    assert torch.equal(dw, dw2)
+    if M == 1:
+        cpr.dweight_into(dproj[:0], x[:0], dw2)
+        assert torch.equal(dw2, torch.zeros_like(dw2))
 
 
 @on_gpu

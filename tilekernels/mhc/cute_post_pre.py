@@ -7,7 +7,8 @@ bwd, in order (every scratch written before it is read; reductions in a fixed or
       the bwd mix (dproj, dr, h_pre^T), the hbias reduction;
   h_res / h_post staged to fp32 when bf16 (cutile_post_bda._h32);
   cute_post_pre_bwd's pass: dresidual, dx, dh partials per consumer warpgroup, dbias partials per warp;
-  mhc_pre's dweight from the saved out (cutile_post_pre_bwd.dweight_launches) and the reductions.
+  the reductions of the pass's partials; mhc_pre's dweight from the saved out (cute_proj_rms.dweight_into:
+      its backward kernel without dx, then its fixed-order reduction).
 Ideal traffic (T=32768, n=4, C=7168, bf16; s = one [T, n, C] stream = 1.879 GB, x = [T, C] = 0.470):
   dh_pre pass s + x, this pass 3s + 3x, dweight pass s: 5s + 4x = 11.3 GB (the separate ops: 18.8).
 
@@ -25,6 +26,7 @@ from tilekernels._glue import aligned16, kernel
 
 from . import cute_post_bda as cpb
 from . import cute_post_pre_bwd as K
+from . import cute_proj_rms as cpr
 from . import cutile_post_bda as pb
 from . import cutile_post_pre as pp
 from . import cutile_post_pre_bwd as ppb
@@ -73,8 +75,8 @@ def bwd_launches(dout, dlayer_in, dh_post_next, dh_res_next, h_res, residual, h_
             steps.append(ppb.dbias_launch(p_bias, dbias, cfg))
     else:
         steps += [dh_res.zero_, dh_post.zero_] + ([dbias.zero_] if has_bias else [])
-    dws, red_w = ppb.dweight_launches(dproj, out, dweight, cfg)
-    return steps + dws + red_w
+    steps.append(functools.partial(cpr.dweight_into, dproj, out.view(T, n * C), dweight))
+    return steps
 
 
 @kernel("mhc_post_pre", "cute", "fwd")

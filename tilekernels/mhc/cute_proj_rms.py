@@ -91,6 +91,7 @@ class ProjRmsBwdCuteCfg:
     BK: int = 256
     STAGES: int = 3
     GM: int = 7
+    DW_ONLY: bool = False   # dweight's partials only (no dx: no r, dr loads, no dx products or stores)
 
     def __post_init__(self):
         if not (1 <= self.N <= self.NP and self.NP in (16, 32) and self.BM == 64 and self.BK == 2 * HALF
@@ -111,7 +112,7 @@ class ProjRmsBwdCuteCfg:
         x = 2 * self.STAGES * HALF * self.BM * 2
         w = 2 * HALF * 64 * 2
         hl = 2 * self.BM * 64 * 2
-        rows = self.STAGES * self.BM * (self.N + 2) * 4   # dproj, r, dr per stage
+        rows = self.STAGES * self.BM * (self.N + 2) * 4   # dproj, r, dr per stage (r, dr unused by DW_ONLY)
         return x + w + hl + rows + 2 * self.BM * 4 * self.STAGES + 2 * self.STAGES * 8 + 1024
 
     @classmethod
@@ -191,7 +192,8 @@ def _bwd_kernel(cfg: cutlass.Constexpr, tma_x: cute.CopyAtom, mX: cute.Tensor, t
     NPB = BM * N // PB
     sP = smem.allocate_tensor(Float32, cute.make_layout((PB, 1, NPB * S)), byte_alignment=128)
     sR = smem.allocate_tensor(Float32, cute.make_layout((BM, 1, 2 * S)), byte_alignment=128)
-    pipe = CU.tma_pipeline(smem, S, 2 * HALF * BM * 2 + BM * N * 4 + 2 * BM * 4, 8)
+    DWO = cfg.DW_ONLY
+    pipe = CU.tma_pipeline(smem, S, 2 * HALF * BM * 2 + BM * N * 4 + (0 if DWO else 2 * BM * 4), 8)
 
     # x viewed [K, M] (channel-major), tiled [HALF, BM]: tile (2 * cs + c, m) is half c of row tile m
     gX = cute.local_tile(mX, (HALF, BM), (None, None))
@@ -223,25 +225,30 @@ def _bwd_kernel(cfg: cutlass.Constexpr, tma_x: cute.CopyAtom, mX: cute.Tensor, t
             lane0 = cute.arch.lane_idx() == 0
             for m in cutlass.range(g0, ntm, GMe, unroll=1):
                 pipe.producer_acquire(pst)
-                if m - g0 >= S * GMe:   # the stage holds tile m - S*GMe's dx: store it first
-                    if lane0:
-                        _store_dx(tma_dx, tDs, tDg, sst.index, S, cs, m - S * GMe, half1)
-                    sst.advance()
+                if const_expr(not DWO):
+                    if m - g0 >= S * GMe:   # the stage holds tile m - S*GMe's dx: store it first
+                        if lane0:
+                            _store_dx(tma_dx, tDs, tDg, sst.index, S, cs, m - S * GMe, half1)
+                        sst.advance()
                 bar = pipe.producer_get_barrier(pst)
                 cute.copy(tma_x, tXg[None, 2 * cs, m], tXs[None, pst.index], tma_bar_ptr=bar)
                 cute.copy(tma_x, tXg[None, 2 * cs + 1, m], tXs[None, S + pst.index], tma_bar_ptr=bar)
                 for q in cutlass.range_constexpr(NPB):   # TMA boxes are at most 256 elements
                     cute.copy(tma_p, tPg[None, m * NPB + q], tPs[None, pst.index * NPB + q], tma_bar_ptr=bar)
-                cute.copy(tma_r, tRg[None, m], tRs[None, 2 * pst.index], tma_bar_ptr=bar)
-                cute.copy(tma_dr, tDRg[None, m], tRs[None, 2 * pst.index + 1], tma_bar_ptr=bar)
+                if const_expr(not DWO):
+                    cute.copy(tma_r, tRg[None, m], tRs[None, 2 * pst.index], tma_bar_ptr=bar)
+                    cute.copy(tma_dr, tDRg[None, m], tRs[None, 2 * pst.index + 1], tma_bar_ptr=bar)
                 pipe.producer_commit(pst)
                 pst.advance()
             ntc = (ntm - g0 + GMe - 1) // GMe   # this CTA's tiles: the last min(S, ntc) are still to store
-            for q in cutlass.range(cutlass.max(ntc - S, 0), ntc, unroll=1):
-                pipe.sync_object_empty.wait(sst.index, sst.phase)
-                if lane0:
-                    _store_dx(tma_dx, tDs, tDg, sst.index, S, cs, g0 + q * GMe, half1)
-                sst.advance()
+            # (DW_ONLY stores nothing; each consumer warpgroup's dweight sums reuse only its own x buffers,
+            # which every load it consumed has landed in)
+            if const_expr(not DWO):
+                for q in cutlass.range(cutlass.max(ntc - S, 0), ntc, unroll=1):
+                    pipe.sync_object_empty.wait(sst.index, sst.phase)
+                    if lane0:
+                        _store_dx(tma_dx, tDs, tDg, sst.index, S, cs, g0 + q * GMe, half1)
+                    sst.advance()
             cute.arch.barrier(barrier_id=3, number_of_threads=32 + 256)  # stores have read: x buffers free
     else:
         cute.arch.setmaxregister_increase(CONSUMER_REGS)
@@ -254,12 +261,13 @@ def _bwd_kernel(cfg: cutlass.Constexpr, tma_x: cute.CopyAtom, mX: cute.Tensor, t
         # ---- the weight columns [c0, c0 + HALF) of rows 0..NP-1 (zero past N and K), once
         sWc = sW[None, None, wc]
         wrow = cute.make_tensor(w, cute.make_layout((N, K), stride=(K, 1)))
-        for i in cutlass.range_constexpr(64):   # rows j of [W; W; 0]: hi's k-rows, then lo's (NP each)
-            val = BFloat16(0.0)
-            if const_expr(i < 2 * NP and i % NP < N):
-                if c0 + ct < K:
-                    val = wrow[i % NP, c0 + ct]
-            sWc[ct, i] = val
+        if const_expr(not DWO):
+            for i in cutlass.range_constexpr(64):   # rows j of [W; W; 0]: hi's k-rows, then lo's (NP each)
+                val = BFloat16(0.0)
+                if const_expr(i < 2 * NP and i % NP < N):
+                    if c0 + ct < K:
+                        val = wrow[i % NP, c0 + ct]
+                sWc[ct, i] = val
 
         # ---- MMAs: dx [BM tok, HALF ch] = [hi | lo] @ [W; W] (k = 2*NP); dweight rows [hi | lo] (64) x
         # [HALF ch] += [hi | lo]^T @ x-half (k = BM tokens): 4 + 4 m64 n128 k16 wgmmas a tile (NP = 32)
@@ -308,7 +316,7 @@ def _bwd_kernel(cfg: cutlass.Constexpr, tma_x: cute.CopyAtom, mX: cute.Tensor, t
                                   sHLv[tok, (None, (j0 + q * 8) // 8)])
                 cute.autovec_copy(cute.make_tensor(hl.iterator + HC + q * 8, cute.make_layout(8)),
                                   sHLv[tok, (None, (NP + j0 + q * 8) // 8)])
-            if ct % 2 == 0:
+            if ct % 2 == 0 and not DWO:
                 rr = sR[tok, 0, 2 * st]
                 rms = cute.arch.rcp_approx(rr) - eps   # (approximate reciprocals: no slow-path call)
                 cf = Float32(0.0)
@@ -321,9 +329,10 @@ def _bwd_kernel(cfg: cutlass.Constexpr, tma_x: cute.CopyAtom, mX: cute.Tensor, t
             # the first wgmma of each accumulation starts from zero by its scale-d flag, not from zeroed
             # registers (their moves land after wgmma.fence in the PTX: undefined by the ISA)
             warpgroup.fence()
-            for kb in cutlass.range_constexpr(2 * NP // 16):   # hi then lo rows of [W; W]
-                mma_dx.set(warpgroup.Field.ACCUMULATE, kb != 0)
-                cute.gemm(mma_dx, acc_dx, tDXa[None, None, kb, wc], tDXb[None, None, kb], acc_dx)
+            if const_expr(not DWO):
+                for kb in cutlass.range_constexpr(2 * NP // 16):   # hi then lo rows of [W; W]
+                    mma_dx.set(warpgroup.Field.ACCUMULATE, kb != 0)
+                    cute.gemm(mma_dx, acc_dx, tDXa[None, None, kb, wc], tDXb[None, None, kb], acc_dx)
             for kb in cutlass.range_constexpr(BM // 16):
                 if const_expr(kb == 0):
                     mma_dw.set(warpgroup.Field.ACCUMULATE, m != g0)   # the CTA's first tile starts from 0
@@ -336,16 +345,17 @@ def _bwd_kernel(cfg: cutlass.Constexpr, tma_x: cute.CopyAtom, mX: cute.Tensor, t
             # dx = acc + coef * x, written in place over the x half (bf16; the producer stores it). The
             # wgmma accumulator holds column pairs (c, c+1) at fragment indices (2q, 2q+1), rows t0
             # and t0 + 8 alternating every 2 indices: one 4-byte smem access a pair, 2 coefs a thread
-            sXp = cute.logical_divide(sX[None, None, buf], (cute.make_layout(2), None))
-            cf = (sCoef[t0, wc, st], sCoef[t0 + 8, wc, st])
-            for q in cutlass.range_constexpr(cute.size(acc_dx) // 2):
-                t_, c_ = cDX[2 * q]
-                pr = sXp[(None, c_ // 2), t_]
-                cute.autovec_copy(pr, xpair)
-                for e in cutlass.range_constexpr(2):
-                    xpair[e] = BFloat16(acc_dx[2 * q + e] + cf[q % 2] * xpair[e].to(Float32))
-                cute.autovec_copy(xpair, pr)
-            cute.arch.fence_proxy("async.shared", space="cta")
+            if const_expr(not DWO):
+                sXp = cute.logical_divide(sX[None, None, buf], (cute.make_layout(2), None))
+                cf = (sCoef[t0, wc, st], sCoef[t0 + 8, wc, st])
+                for q in cutlass.range_constexpr(cute.size(acc_dx) // 2):
+                    t_, c_ = cDX[2 * q]
+                    pr = sXp[(None, c_ // 2), t_]
+                    cute.autovec_copy(pr, xpair)
+                    for e in cutlass.range_constexpr(2):
+                        xpair[e] = BFloat16(acc_dx[2 * q + e] + cf[q % 2] * xpair[e].to(Float32))
+                    cute.autovec_copy(xpair, pr)
+                cute.arch.fence_proxy("async.shared", space="cta")
             # the producer warp stores the stage's dx once all 8 consumer warps have released it
             cute.arch.sync_warp()
             pipe.consumer_release(rst)
@@ -462,6 +472,27 @@ def bwd_into(dproj, dr, x, weight, r, dx, dweight, eps: float, cfg: ProjRmsBwdCu
         dweight.copy_(dw)
 
 
+def dweight_into(dproj, x, dweight, cfg: ProjRmsBwdCuteCfg | None = None) -> None:
+    """dweight [N, K] bf16 = dproj^T @ x alone (the DW_ONLY kernel: x read once, nothing else written), for
+    callers that form dx elsewhere (cute_post_pre: mhc_pre's dweight from the saved out). dproj [M, N] fp32,
+    x [M, K] bf16, contiguous."""
+    M, K = x.shape
+    N = dproj.shape[1]
+    if M == 0:
+        dweight.zero_()
+        return
+    cfg = dataclasses.replace(cfg or ProjRmsBwdCuteCfg.heuristic(N, K), DW_ONLY=True)
+    x, dproj = aligned16(x), aligned16(dproj)
+    dw = dweight if dweight.data_ptr() % 8 == 0 else torch.empty_like(dweight)
+    gme = min(cfg.GM, -(-M // cfg.BM))
+    p_dw = torch.empty((gme, N, K), dtype=torch.float32, device=x.device)
+    # (the weight, r, dr and dx arguments are never read or written by DW_ONLY: stand-ins of the right dtype)
+    bwd_launch(cfg).run(x, x, dproj, dproj, dproj, x, p_dw, M, gme, 0.0)
+    reduce_launch(cfg).run(p_dw, dw, gme)
+    if dw is not dweight:
+        dweight.copy_(dw)
+
+
 @kernel("mhc_proj_rms", "cute", "fwd")
 def fwd_into(x, weight, proj, r, eps: float) -> None:
     """proj [M, N] fp32 and r [M] fp32 (the registry's fwd signature, inputs validated by the spec):
@@ -472,4 +503,5 @@ def fwd_into(x, weight, proj, r, eps: float) -> None:
 def representative_launches(N: int = 24, K: int = 28672) -> dict[str, CU.Launch]:
     """The backward's launches at one static shape (what the CPU compile test exports)."""
     cfg = ProjRmsBwdCuteCfg.heuristic(N, K)
-    return {"bwd": bwd_launch(cfg), "reduce": reduce_launch(cfg)}
+    return {"bwd": bwd_launch(cfg), "reduce": reduce_launch(cfg),
+            "dweight": bwd_launch(dataclasses.replace(cfg, DW_ONLY=True))}
