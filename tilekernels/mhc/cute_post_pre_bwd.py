@@ -64,6 +64,8 @@ from cutlass.utils import LayoutEnum
 
 from tilekernels import _cute as CU
 
+from .cute_proj_rms import _smem_tensor
+
 _NAME = "mhc.cute_post_pre_bwd"
 THREADS = 384
 PRODUCER_REGS, CONSUMER_REGS = 40, 232
@@ -162,12 +164,6 @@ def _layouts(cfg):
     return sT, sW, sH
 
 
-def _smem_tensor(smem, layout, dtype=BFloat16):
-    buf = smem.allocate_tensor(cutlass.Uint8, cute.make_layout(cute.cosize(layout) * dtype.width // 8),
-                               byte_alignment=1024)
-    return cute.make_tensor(cute.recast_ptr(buf.iterator, layout.inner, dtype=dtype), layout.outer)
-
-
 # ------------------------------------------------------------------ kernel
 
 
@@ -206,9 +202,9 @@ def _kernel(cfg: cutlass.Constexpr, tma_dout: cute.CopyAtom, mDout: cute.Tensor,
 
     smem = cutlass.memory.SmemAllocator()
     sT_l, sW_l, sH_l = _layouts(cfg)
-    sT = _smem_tensor(smem, sT_l)
-    sW = _smem_tensor(smem, sW_l)
-    sH = _smem_tensor(smem, sH_l)
+    _, sT = _smem_tensor(smem, sT_l)
+    _, sW = _smem_tensor(smem, sW_l)
+    _, sH = _smem_tensor(smem, sH_l)
     # bias [CC] a stage, each stage's TMA destination 128-byte aligned (64 elements apart)
     sB = smem.allocate_tensor(BFloat16, cute.make_layout((CC, 1, S), stride=(1, CC, 64)), byte_alignment=128)
     pipe = CU.tma_pipeline(smem, S, cfg.stage_bytes, 8)

@@ -53,6 +53,8 @@ bwd: the gradient entering h_post_bda's backward is d_total = dout + d(out) of m
   7.47 ms; mhc_pp_bwd_dxh 5.67 ms against mhc_pp_bwd_dx's 2.32). The per-row sums over C of
   d_total times the residual tiles cost more in cuTile than the fp32 round trip they save.
 Measured times (H200): benchmarks/mhc_post_pre_check.py, benchmarks/results/.
+The registry's first choice on sm_90a is the ``cute`` backend (cute_post_pre.py): these kernels' forward
+and mhc_pre's backward head, then ONE_BWD's design as one CuTe DSL pass (64 tokens a CTA over all of C).
 """
 from __future__ import annotations
 

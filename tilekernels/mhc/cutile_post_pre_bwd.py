@@ -38,7 +38,8 @@ Ideal traffic, T=32768, n=4, C=7168, bf16 (GB; s = one [T, n, C] stream, 1.879; 
     s (DW_B False): 11.9 GB; DW_B: 10.6 (partials at TK 32: 1.17).
   DH_DX: dh_pre pass 2.35, dxh 4s + 2x + 0.29 = 8.75, dresidual / dx 2s + x = 4.23, partial reads
     0.29: 15.6 GB.
-H200 (torch.profiler, per fwd+bwd step; benchmarks/results/h200-mhc-post-pre.txt): the d_total
+H200 (torch.profiler, per fwd+bwd step; session 9's benchmarks/results/h200-mhc-post-pre.txt, in git history at
+78cfed9): the d_total
 design's dx pass 2.32 ms and h_post_bda backward 2.64 ms; mhc_pp_bwd_one 6.67 ms (DW_B False,
 16 x 64) and 8.69 (DW_B, 16 x 32); mhc_pp_bwd_dxh 5.67 ms + mhc_pb_bwd_dres 1.11. Both designs
 lose (bwd 7.9 / 7.5 ms against 5.6): the per-row sums over a tile's channels (d_total times each
