@@ -86,7 +86,6 @@ class PostPreBwdCuteCfg:
     STAGES: int = 2
     HAS_BIAS: bool = True
     CW: int = 32   # channels of a chunk a consumer warpgroup owns (of every stream); a chunk is 2*CW
-    EARLY: bool = True  # load a stage's dout / dlayer_in / weight / bias before its stores have read it
 
     def __post_init__(self):
         if not (1 <= self.n <= 4 and self.N == self.n * self.n + 2 * self.n and self.N <= self.NP
@@ -170,33 +169,15 @@ def _layouts(cfg):
 
 @cute.jit
 def _store_chunk(cfg: cutlass.Constexpr, tma_dres: cute.CopyAtom, tSs: cute.Tensor, tSg: cute.Tensor,
-                 tma_dx: cute.CopyAtom, tXs: cute.Tensor, tXg: cute.Tensor, st: Int32, ch: Int32, m: Int32,
-                 wait: cutlass.Constexpr = True):
+                 tma_dx: cute.CopyAtom, tXs: cute.Tensor, tXg: cute.Tensor, st: Int32, ch: Int32, m: Int32):
     """TMA stores of stage st (chunk ch of row tile m): dresidual from the residual slots, dx from x's; one
-    bulk group, waited until read when ``wait`` (the slots are loaded again next)."""
+    bulk group, waited until read (the stage is loaded again next)."""
     base = st * cfg.tiles
     for j in cutlass.range_constexpr(cfg.n):
         cute.copy(tma_dres, tSs[None, base + cfg.n + j], tSg[None, ch, m, j])
     cute.copy(tma_dx, tXs[None, base + 2 * cfg.n], tXg[None, ch, m])
     cute.arch.cp_async_bulk_commit_group()
-    if const_expr(wait):
-        cute.arch.cp_async_bulk_wait_group(0, read=True)
-
-
-@cute.jit
-def _load_free_slots(cfg: cutlass.Constexpr, tma_dout: cute.CopyAtom, tDg: cute.Tensor, tDs: cute.Tensor,
-                     tma_dg: cute.CopyAtom, tGg: cute.Tensor, tma_w: cute.CopyAtom, tWg: cute.Tensor,
-                     tWs: cute.Tensor, tma_b: cute.CopyAtom, tBg: cute.Tensor, tBs: cute.Tensor, bar, base: Int32,
-                     st: Int32, ch: Int32, m: Int32):
-    """A stage's loads into the slots no store reads: dout, dlayer_in, the weight columns, bias."""
-    n, S = cfg.n, cfg.STAGES
-    for i in cutlass.range_constexpr(n):
-        cute.copy(tma_dout, tDg[None, ch, m, i], tDs[None, base + i], tma_bar_ptr=bar)
-    cute.copy(tma_dg, tGg[None, ch, m], tDs[None, base + 2 * n + 1], tma_bar_ptr=bar)
-    for w_ in cutlass.range_constexpr(2):
-        cute.copy(tma_w, tWg[None, 2 * ch + w_, 0], tWs[None, w_ * S + st], tma_bar_ptr=bar)
-    if const_expr(cfg.HAS_BIAS):
-        cute.copy(tma_b, tBg[None, ch], tBs[None, st], tma_bar_ptr=bar)
+    cute.arch.cp_async_bulk_wait_group(0, read=True)
 
 
 @cute.kernel
@@ -253,28 +234,21 @@ def _kernel(cfg: cutlass.Constexpr, tma_dout: cute.CopyAtom, mDout: cute.Tensor,
             lane0 = cute.arch.lane_idx() == 0
             for ch in cutlass.range(nch, unroll=1):
                 pipe.producer_acquire(pst)
+                if ch >= S:   # the stage holds chunk ch - S's dresidual / dx: store them first
+                    if lane0:
+                        _store_chunk(cfg, tma_dres, tDs, tSg, tma_dx, tDs, tOg, sst.index, ch - S, m)
+                    sst.advance()
                 bar = pipe.producer_get_barrier(pst)
                 base = pst.index * NT
-                # the stage holds chunk ch - S's dresidual / dx (in its residual and x slots): store them
-                # before those slots are loaded again; EARLY: the other slots' loads go out meanwhile
-                if ch >= S:
-                    if lane0:
-                        _store_chunk(cfg, tma_dres, tDs, tSg, tma_dx, tDs, tOg, sst.index, ch - S, m,
-                                     wait=not cfg.EARLY)
-                if const_expr(cfg.EARLY):
-                    _load_free_slots(cfg, tma_dout, tDg, tDs, tma_dg, tGg, tma_w, tWg, tWs, tma_b, tBg, tBs, bar,
-                                     base, pst.index, ch, m)
-                if ch >= S:
-                    if const_expr(cfg.EARLY):
-                        if lane0:
-                            cute.arch.cp_async_bulk_wait_group(0, read=True)
-                    sst.advance()
                 for i in cutlass.range_constexpr(n):
+                    cute.copy(tma_dout, tDg[None, ch, m, i], tDs[None, base + i], tma_bar_ptr=bar)
                     cute.copy(tma_res, tRg[None, ch, m, i], tDs[None, base + n + i], tma_bar_ptr=bar)
                 cute.copy(tma_x, tXg[None, ch, m], tDs[None, base + 2 * n], tma_bar_ptr=bar)
-                if const_expr(not cfg.EARLY):
-                    _load_free_slots(cfg, tma_dout, tDg, tDs, tma_dg, tGg, tma_w, tWg, tWs, tma_b, tBg, tBs, bar,
-                                     base, pst.index, ch, m)
+                cute.copy(tma_dg, tGg[None, ch, m], tDs[None, base + 2 * n + 1], tma_bar_ptr=bar)
+                for w_ in cutlass.range_constexpr(2):
+                    cute.copy(tma_w, tWg[None, 2 * ch + w_, 0], tWs[None, w_ * S + pst.index], tma_bar_ptr=bar)
+                if const_expr(cfg.HAS_BIAS):
+                    cute.copy(tma_b, tBg[None, ch], tBs[None, pst.index], tma_bar_ptr=bar)
                 pipe.producer_commit(pst)
                 pst.advance()
             for q in cutlass.range(cutlass.max(nch - S, 0), nch, unroll=1):
