@@ -284,11 +284,15 @@ POST_PRE = OpSpec(
                                    Constraint(expr="n <= 4", message="the one-pass backward holds n*n + 2n <= 24 "
                                               "projection columns and every stream of a channel in registers"),
                                    Constraint(expr="C % 8 == 0", message="TMA row strides are multiples of 16 bytes"),
+                                   Constraint(expr="7 * (n*n + 2*n) * n * C < 2**31",
+                                              message="mhc_pre's dweight partials [7, n*n + 2n, n*C] fp32 are "
+                                                      "indexed with int32"),
                                    Constraint(expr="not present(bias) or dtype(bias) == dtype(x)",
                                               message="the kernel reads bias in x's dtype")],
                       dtypes=dict(h_res=_BF_F32, residual=["bfloat16"], h_post=_BF_F32, x=["bfloat16"],
                                   bias=["bfloat16"], weight=["bfloat16"], hbias=["float32"]),
-                      doc="the cuTile forward and mhc_pre's backward head, then one CuTe DSL pass that forms "
+                      doc="forward: cute_post_bda's h_post_bda, then mhc_pre's cuTile forward; backward: "
+                          "mhc_pre's cuTile head, then one CuTe DSL pass that forms "
                           "d_total in registers and runs h_post_bda's backward on it (reads dout, residual, x, "
                           "dlayer_in once; tilekernels/mhc/cute_post_pre.py); needs both toolchains"),
               _cutile(*_PRE_LIMITS,

@@ -98,13 +98,25 @@ def test_limits_are_explained():
 GPU_CASES = [dict(T=1001, n=4, C=2560, h=F32, bias=True), dict(T=65, n=4, C=7168, h=BF16, bias=True),
              dict(T=37, n=3, C=200, h=BF16, bias=True), dict(T=1, n=1, C=64, h=F32, bias=False),
              dict(T=3, n=2, C=104, h=BF16, bias=True), dict(T=130, n=2, C=7168, h=F32, bias=False),
-             dict(T=0, n=4, C=64, h=F32, bias=True), dict(T=300, n=4, C=520, h=F32, bias=False)]
+             dict(T=0, n=4, C=64, h=F32, bias=True), dict(T=300, n=4, C=520, h=F32, bias=False),
+             # chunks == stages and stages + 1 (n <= 2 rings have 4 stages): the stores after the loop
+             dict(T=70, n=2, C=256, h=F32, bias=True), dict(T=9, n=1, C=320, h=BF16, bias=True)]
 
 
 @on_gpu
 @pytest.mark.parametrize("c", GPU_CASES, ids=case_id)
 def test_cute_matches_float64(c):
     assert OP.choose(OP.bind(*inputs(2, c["n"], c["C"], h=c["h"], bias=c["bias"], device="cuda"), **PARAMS)) == "cute"
+    run_cutile(c, backend="cute")
+
+
+@on_gpu
+@pytest.mark.parametrize("c", [dict(T=130, n=4, C=200, h=F32, bias=True), dict(T=5, n=3, C=96, h=BF16, bias=True)],
+                         ids=case_id)
+def test_cute_chunks_of_32_channels(c, monkeypatch):
+    """CW = 16 (the sweep's 32-channel chunks, measured slower): the same checks."""
+    orig = K.PostPreBwdCuteCfg.heuristic
+    monkeypatch.setattr(K.PostPreBwdCuteCfg, "heuristic", lambda n, C, N, hb, CW=32: orig(n, C, N, hb, 16))
     run_cutile(c, backend="cute")
 
 

@@ -1,5 +1,6 @@
-"""mhc_post_pre's ``cute`` backend: the cuTile forward and mhc_pre's backward head, then the CuTe DSL one-pass
-backward (tilekernels/mhc/cute_post_pre_bwd.py), which keeps the fp32 d_total in registers.
+"""mhc_post_pre's ``cute`` backend: h_post_bda's CuTe DSL forward and mhc_pre's cuTile forward; mhc_pre's cuTile
+backward head, then the CuTe DSL one-pass backward (tilekernels/mhc/cute_post_pre_bwd.py), which keeps the fp32
+d_total in registers.
 
 fwd: h_post_bda's CuTe DSL forward (cute_post_bda), then mhc_pre's cuTile forward on its out.
 bwd, in order (every scratch written before it is read; reductions in a fixed order, deterministic):
@@ -13,7 +14,8 @@ Ideal traffic (T=32768, n=4, C=7168, bf16; s = one [T, n, C] stream = 1.879 GB, 
   dh_pre pass s + x, this pass 3s + 3x, dweight pass s: 5s + 4x = 11.3 GB (the separate ops: 18.8).
 
 Backend limits (the spec's entry): both toolchains (cuTile for the forward and the head, CuTe DSL for the
-pass), sm_90a, n <= 4, C % 8 == 0, bf16 residual / x / bias / weight, and the cuTile backend's own limits.
+pass), sm_90a, n <= 4, C % 8 == 0, bf16 residual / x / bias / weight, dweight's partials indexable in int32,
+and the cuTile backend's own limits. (mhc_pre's head also allocates its dx pass's dweight partials, unused here.)
 """
 from __future__ import annotations
 
