@@ -51,6 +51,27 @@ def test_pass_compiles_for_sm90a(n, C, bias, CW):
     assert "cp.async.bulk.tensor.2d.global.shared::cta" in art.ptx      # dx stores
 
 
+FWD_COMPILE = [(4, 7168, True), (4, 7168, False), (3, 200, True), (1, 64, False), (2, 104, True)]
+
+
+@pytest.mark.parametrize("n,C,bias", FWD_COMPILE, ids=[f"n{n}-C{c}-bias{b}" for n, c, b in FWD_COMPILE])
+def test_fused_forward_compiles_for_sm90a(n, C, bias):
+    """cute_post_pre_fwd (FUSE_FWD, off): no spills, the projection's wgmma (m64 nNP, 4 k-steps a stream, the
+    code of one warpgroup's streams), TMA loads and stores of the streams."""
+    from tilekernels.mhc import cute_post_pre_fwd as F
+
+    N = n * n + 2 * n
+    cfg = F.PostPreFwdCuteCfg.heuristic(n, C, N, max(16, 1 << (N - 1).bit_length()), bias)
+    art = F.launch(cfg).export("sm_90a")
+    res = [v for k, v in cubin_resources(art.cubin).items() if "kernel" in k]
+    assert len(res) == 1 and res[0]["frame"] == 0, res
+    mmas = re.findall(r"wgmma\.mma_async\.sync\.aligned\.(m64n\d+k16)\.f32\.bf16\.bf16", art.ptx)
+    assert set(mmas) == {f"m64n{cfg.NP}k16"} and len(mmas) == 4 * ((n + 1) // 2), mmas
+    d = "3d" if n > 1 else "2d"
+    assert f"cp.async.bulk.tensor.{d}.shared::cta.global" in art.ptx
+    assert f"cp.async.bulk.tensor.{d}.global.shared::cta" in art.ptx
+
+
 def test_config_limits():
     with pytest.raises(ValueError, match="n <= 4"):
         K.PostPreBwdCuteCfg(n=5, C=64, N=35)
@@ -117,6 +138,18 @@ def test_cute_chunks_of_32_channels(c, monkeypatch):
     """CW = 16 (the sweep's 32-channel chunks, measured slower): the same checks."""
     orig = K.PostPreBwdCuteCfg.heuristic
     monkeypatch.setattr(K.PostPreBwdCuteCfg, "heuristic", lambda n, C, N, hb, CW=32: orig(n, C, N, hb, 16))
+    run_cutile(c, backend="cute")
+
+
+@on_gpu
+@pytest.mark.parametrize("c", [GPU_CASES[0], GPU_CASES[2], GPU_CASES[3], GPU_CASES[4], GPU_CASES[7],
+                               dict(T=65, n=4, C=7168, h=F32, bias=True)], ids=case_id)
+def test_cute_fused_forward_matches_float64(c, monkeypatch):
+    """FUSE_FWD (cute_post_pre_fwd, off by default; written after session 16's device time ran out, so these
+    had not run on a GPU when they were committed): the same float64 checks, forward and backward."""
+    from tilekernels.mhc import cute_post_pre as cpp
+
+    monkeypatch.setattr(cpp, "FUSE_FWD", True)
     run_cutile(c, backend="cute")
 
 

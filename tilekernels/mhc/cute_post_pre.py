@@ -2,7 +2,9 @@
 backward head, then the CuTe DSL one-pass backward (tilekernels/mhc/cute_post_pre_bwd.py), which keeps the fp32
 d_total in registers.
 
-fwd: h_post_bda's CuTe DSL forward (cute_post_bda), then mhc_pre's cuTile forward on its out.
+fwd: h_post_bda's CuTe DSL forward (cute_post_bda), then mhc_pre's cuTile forward on its out. FUSE_FWD (off, not
+  yet run on a GPU): cute_post_pre_fwd's pass writes out and mhc_pre's projection partials in one read of the
+  streams, then cuTile's mhc_pp_mix epilogue and the aggregate (3s + 2x bytes instead of 4s + 2x).
 bwd, in order (every scratch written before it is read; reductions in a fixed order, deterministic):
   mhc_pre's head (cutile_pre.bwd_launches without its dx pass): the dh_pre pass over out and dlayer_in,
       the bwd mix (dproj, dr, h_pre^T), the hbias reduction;
@@ -23,12 +25,14 @@ import functools
 
 import torch
 
-from tilekernels._cutile import cdiv
+from tilekernels._cutile import Launch, cdiv
 from tilekernels._glue import aligned16, kernel
 
 from . import cute_post_bda as cpb
+from . import cute_post_pre_fwd as F
 from . import cute_post_pre_bwd as K
 from . import cute_proj_rms as cpr
+from . import cutile_aggregate as agg
 from . import cutile_post_bda as pb
 from . import cutile_post_pre as pp
 from . import cutile_post_pre_bwd as ppb
@@ -81,10 +85,47 @@ def bwd_launches(dout, dlayer_in, dh_post_next, dh_res_next, h_res, residual, h_
     return steps
 
 
+# The fused forward (cute_post_pre_fwd: out and mhc_pre's projection in one read of the streams, then cuTile's
+# mhc_pp_mix epilogue and aggregate). Off: written after session 16's device time ran out, not yet run on a GPU.
+FUSE_FWD = False
+
+
+def fused_fwd_launches(h_res, residual, h_post, x, weight, hbias, bias, out, layer_in, h_post_next, h_res_next, proj,
+                       r, alpha_pre, alpha_post, alpha_res, iters, rms_eps, sinkhorn_eps) -> list:
+    """The fused forward's steps (T > 0): h staged to fp32 when bf16, the CuTe DSL pass (out, projection and
+    squares partials of one split), cutile_post_pre.mhc_pp_mix (the epilogue), the aggregate."""
+    T, n, C = residual.shape
+    N = weight.shape[0]
+    cfg = pp._cfg(residual, iters, None)
+    p = cfg.pre
+    dev, f32 = residual.device, torch.float32
+    stage, h_res, h_post = pb._h32(h_res, h_post, cfg.pb, force=True)
+    fcfg = F.PostPreFwdCuteCfg.heuristic(n, C, N, p.pr.NPAD, bias is not None)
+    p_proj = torch.empty((1, T, p.pr.NPAD), dtype=f32, device=dev)
+    p_ss = torch.empty((1, T), dtype=f32, device=dev)
+    h_pre = torch.empty((T, n), dtype=f32, device=dev)
+    dst = out if out.data_ptr() % 16 == 0 else torch.empty_like(out)
+    xs = aligned16(x)
+    steps = [*stage, functools.partial(F.launch(fcfg).run, aligned16(residual), xs,
+                                       aligned16(bias) if bias is not None else xs, aligned16(weight), h_res, h_post,
+                                       dst, p_proj, p_ss, T)]
+    if dst is not out:
+        steps.append(functools.partial(out.copy_, dst))
+    scal = (float(rms_eps), float(alpha_pre), float(alpha_post), float(alpha_res), float(sinkhorn_eps))
+    steps.append(Launch(pp.mhc_pp_mix, (cdiv(T, cfg.TE),),
+                        (p_proj, p_ss, hbias, proj, r, h_pre, h_post_next, h_res_next, float(n * C), *scal, n, p.NP,
+                         p.pr.NPAD, cfg.TE, 1, p.ITERS, p.APPROX, False), cfg))
+    return steps + [agg.fwd_launch(out, h_pre, layer_in, p.agg)]
+
+
 @kernel("mhc_post_pre", "cute", "fwd")
 def post_pre_fwd(h_res, residual, h_post, x, weight, hbias, bias, out, layer_in, h_post_next, h_res_next, proj, r,
                  alpha_pre: float, alpha_post: float, alpha_res: float, iters: int, rms_eps: float,
                  sinkhorn_eps: float):
+    if FUSE_FWD and residual.shape[0] > 0:
+        pp.run(fused_fwd_launches(h_res, residual, h_post, x, weight, hbias, bias, out, layer_in, h_post_next,
+                                  h_res_next, proj, r, alpha_pre, alpha_post, alpha_res, iters, rms_eps, sinkhorn_eps))
+        return
     cpb.fwd_into(h_res, residual, h_post, x, bias, out)
     cfg = pp._cfg(residual, iters, None)
     pp.run(pre.fwd_launches(out, weight, hbias, layer_in, h_post_next, h_res_next, proj, r, alpha_pre, alpha_post,
