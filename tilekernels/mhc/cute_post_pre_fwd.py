@@ -123,6 +123,27 @@ def _store_out(cfg: cutlass.Constexpr, tma_o: cute.CopyAtom, tOs: cute.Tensor, t
     cute.arch.cp_async_bulk_wait_group(0, read=True)
 
 
+@cute.jit
+def _proj_chunk(mma, acc: cute.Tensor, tot: cute.Tensor, comp: cute.Tensor, tA: cute.Tensor, tB: cute.Tensor,
+                st: Int32, wc: Int32, n: cutlass.Constexpr):
+    """Warpgroup wc's projection products of stage st (its streams i = wc, wc + 2, ...: 4 k-steps each) into
+    acc (the first from zero by its scale-d flag), retired, then Kahan-added to tot (compensation comp)."""
+    warpgroup.fence()
+    for s_ in cutlass.range_constexpr((n + 1) // 2):
+        i = 2 * s_ + wc
+        if i < n:
+            for kb in cutlass.range_constexpr(CC // 16):
+                mma.set(warpgroup.Field.ACCUMULATE, not (s_ == 0 and kb == 0))
+                cute.gemm(mma, acc, tA[None, None, kb, st * n + i], tB[None, None, kb, st * n + i], acc)
+    warpgroup.commit_group()
+    warpgroup.wait_group(0)
+    for e in cutlass.range_constexpr(cute.size(acc)):
+        y = acc[e] - comp[e]
+        t_ = tot[e] + y
+        comp[e] = (t_ - tot[e]) - y
+        tot[e] = t_
+
+
 @cute.kernel
 def _kernel(cfg: cutlass.Constexpr, tma_r: cute.CopyAtom, mR: cute.Tensor, tma_o: cute.CopyAtom, mO: cute.Tensor,
             tma_x: cute.CopyAtom, mX: cute.Tensor, tma_w: cute.CopyAtom, mW: cute.Tensor, tma_b: cute.CopyAtom,
@@ -228,7 +249,6 @@ def _kernel(cfg: cutlass.Constexpr, tma_r: cute.CopyAtom, mR: cute.Tensor, tma_o
         rv = cute.make_rmem_tensor((n, 2), Float32)
         pair = cute.make_rmem_tensor((2,), BFloat16)
         opair = cute.make_rmem_tensor((2,), BFloat16)
-        NMINE = (n + 1 - 0) // 2   # (streams of warpgroup 0; warpgroup 1 has n // 2)
 
         rst = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, S)
         for ch in cutlass.range(nch, unroll=1):
@@ -264,22 +284,11 @@ def _kernel(cfg: cutlass.Constexpr, tma_r: cute.CopyAtom, mR: cute.Tensor, tma_o
                     cute.autovec_copy(opair, tile_pair(sO, st * n + i))
             cute.arch.fence_proxy("async.shared", space="cta")
             cute.arch.barrier(barrier_id=1, number_of_threads=256)   # every out tile of the stage written
-            nmine = NMINE if wc == 0 else n // 2
-            if nmine > 0:
-                warpgroup.fence()
-                for s_ in cutlass.range_constexpr((n + 1) // 2):
-                    i = 2 * s_ + wc
-                    if i < n:
-                        for kb in cutlass.range_constexpr(CC // 16):
-                            mma.set(warpgroup.Field.ACCUMULATE, not (s_ == 0 and kb == 0))
-                            cute.gemm(mma, acc, tA[None, None, kb, st * n + i], tB[None, None, kb, st * n + i], acc)
-                warpgroup.commit_group()
-                warpgroup.wait_group(0)
-                for e in cutlass.range_constexpr(cute.size(acc)):   # Kahan: tot += acc
-                    y = acc[e] - comp[e]
-                    t_ = tot[e] + y
-                    comp[e] = (t_ - tot[e]) - y
-                    tot[e] = t_
+            if const_expr(n > 1):   # both warpgroups have streams
+                _proj_chunk(mma, acc, tot, comp, tA, tB, st, wc, n)
+            else:
+                if wc == 0:
+                    _proj_chunk(mma, acc, tot, comp, tA, tB, st, wc, n)
             cute.arch.sync_warp()
             pipe.consumer_release(rst)
             rst.advance()
