@@ -1,0 +1,150 @@
+#!/usr/bin/env python3
+"""GPU timing of mhc_post_pre's backends and the cute backend's variants against the two ops composed, at issue
+15's shape, in one harness (benchmarks/mhc_post_pre_check.py's: leaves' grads None per step, the same pre-made
+grad outputs, do_bench median); optionally a torch.profiler kernel table per row and each row's host enqueue time.
+
+Rows (--rows, comma list, each run in the order given; repeat a name to see the spread):
+  separate          mhc_h_post_bda then mhc_pre through the registry (autograd sums their two d(out))
+  cute, cutile      mhc_post_pre on that backend (its defaults)
+  cute:K=V[:K=V]    the cute backend with its backward pass's config changed (PostPreBwdCuteCfg fields, e.g.
+                    cute:CW=16, cute:STAGES=3), or FUSE_FWD=1 (cute_post_pre.FUSE_FWD: the fused forward pass)
+A row whose changes make a config the kernels refuse prints the error and goes on.
+
+    (call 1) source .gpu-cutile/env.sh                      # unpacks cuTile into /tmp/tk-cutile
+    (call 2) source .gpu-cute/env.sh; export PYTHONPATH=$PYTHONPATH:/tmp/tk-cutile/site \\
+             PATH=/tmp/tk-cutile/cu13/bin:$PATH; unset CUDA_HOME CUDA_PATH
+             python3 benchmarks/probes/mhc_post_pre_variants.py --rows separate,cute,cute:FUSE_FWD=1,cute,separate \\
+                 [--profile] [--host] [--hbf16] [--out "$OUT"]
+Prints a table last; JSON to --out.
+"""
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import os
+import sys
+import time
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+sys.path[:0] = [ROOT, os.path.join(ROOT, "benchmarks")]
+
+import torch  # noqa: E402
+
+from _gpu import probe_record  # noqa: E402
+from mhc_post_pre_check import fused, make, separate, timings  # noqa: E402
+
+
+def _row_fn(spec: str):
+    """(fn, changes) of a row spec; fn runs the op(s) on args."""
+    name, *kvs = spec.split(":")
+    changes = dict(kv.split("=") for kv in kvs)
+    if name == "separate":
+        return separate, changes
+    return (lambda a: fused(a, name)), changes
+
+
+class _patched:
+    """Within the block: the cute backward pass's heuristic replaced by a copy with ``changes`` (ints), and
+    cute_post_pre.FUSE_FWD set when asked."""
+
+    def __init__(self, changes: dict):
+        self.changes = dict(changes)
+
+    def __enter__(self):
+        from tilekernels.mhc import cute_post_pre as cpp
+        from tilekernels.mhc import cute_post_pre_bwd as K
+
+        self.cpp, self.K = cpp, K
+        self.fuse, self.heur = cpp.FUSE_FWD, K.PostPreBwdCuteCfg.heuristic
+        ch = {k: int(v) for k, v in self.changes.items()}
+        if "FUSE_FWD" in ch:
+            cpp.FUSE_FWD = bool(ch.pop("FUSE_FWD"))
+        if ch:
+            orig = self.heur
+            cw = ch.pop("CW", 32)
+            K.PostPreBwdCuteCfg.heuristic = lambda n, C, N, hb, CW=32: dataclasses.replace(orig(n, C, N, hb, cw), **ch)
+
+    def __exit__(self, *exc):
+        self.cpp.FUSE_FWD = self.fuse
+        self.K.PostPreBwdCuteCfg.heuristic = self.heur
+
+
+def _profile(fn, args, cots, steps: int = 5) -> list[tuple[float, int, str]]:
+    """(us a step, launches a step, kernel name) of every CUDA kernel, slowest first."""
+    def step():
+        for a in args:
+            a.grad = None
+        torch.autograd.backward(fn(args), cots)
+
+    for _ in range(3):
+        step()
+    torch.cuda.synchronize()
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as p:
+        for _ in range(steps):
+            step()
+        torch.cuda.synchronize()
+    rows = [(e.device_time_total / steps, e.count // steps, e.key) for e in p.key_averages() if e.device_time_total > 0]
+    return sorted(rows, reverse=True)
+
+
+def _host_ms(fn, args, cots, reps: int = 20) -> float:
+    """Median host time to enqueue one fwd+bwd step (synchronized before each)."""
+    ts = []
+    for _ in range(reps):
+        for a in args:
+            a.grad = None
+        torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        torch.autograd.backward(fn(args), cots)
+        ts.append((time.perf_counter() - t0) * 1e3)
+        torch.cuda.synchronize()
+    return sorted(ts)[reps // 2]
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--rows", default="separate,cute,cutile,cute,separate")
+    ap.add_argument("--T", type=int, default=32768)
+    ap.add_argument("--n", type=int, default=4)
+    ap.add_argument("--C", type=int, default=7168)
+    ap.add_argument("--hbf16", action="store_true")
+    ap.add_argument("--profile", action="store_true", help="a torch.profiler kernel table per row")
+    ap.add_argument("--host", action="store_true", help="each row's host enqueue time")
+    ap.add_argument("--out")
+    o = ap.parse_args()
+    args, cots = make(o.T, o.n, o.C, "cuda", torch.bfloat16 if o.hbf16 else torch.float32)
+    res = probe_record(T=o.T, n=o.n, C=o.C, h="bf16" if o.hbf16 else "fp32")
+    for spec in o.rows.split(","):
+        fn, changes = _row_fn(spec)
+        try:
+            with _patched(changes):
+                f, st = timings(fn, args, cots)
+                row = dict(row=spec, fwd_ms=f, step_ms=st)
+                if o.host:
+                    row["host_ms"] = _host_ms(fn, args, cots)
+                if o.profile:
+                    row["kernels"] = _profile(fn, args, cots)
+        except Exception as e:  # noqa: BLE001 (a refused config is a row's result)
+            print(f"{spec}: {type(e).__name__}: {e}", flush=True)
+            res["errors"].append(dict(row=spec, error=f"{type(e).__name__}: {e}"))
+            continue
+        res["rows"].append(row)
+        print(f"{spec:28s} fwd {f:.4f} fwd+bwd {st:.4f}" + (f" host {row['host_ms']:.3f}" if o.host else ""), flush=True)
+        for us, cnt, name in row.get("kernels", [])[:12]:
+            print(f"    {us:9.1f} us  x{cnt:<2d} {name[:100]}")
+    if o.out:
+        with open(os.path.join(o.out, "mhc_post_pre_variants.json"), "w") as fh:
+            json.dump(res, fh, indent=1)
+    sep = [r["step_ms"] for r in res["rows"] if r["row"] == "separate"]
+    base = min(sep) if sep else None
+    print(f"\nmhc_post_pre variants, {res['env'].get('device', '?')}, T={o.T} n={o.n} C={o.C}, "
+          f"{'bf16' if o.hbf16 else 'fp32'} h; do_bench median")
+    print(f"{'row':28s} {'fwd ms':>8s} {'fwd+bwd':>8s} {'vs separate':>12s}")
+    for r in res["rows"]:
+        vs = f"{100 * (1 - r['step_ms'] / base):11.1f}%" if base else f"{'-':>12s}"
+        print(f"{r['row']:28s} {r['fwd_ms']:8.3f} {r['step_ms']:8.3f} {vs}")
+
+
+if __name__ == "__main__":
+    main()
