@@ -6,7 +6,7 @@ Per token t, stream i, channel c (fp32, rounded once):
 
     out[t,i,c]  = sum_j h_res[t,i,j] residual[t,j,c] + h_post[t,i] (x[t,c] + bias[c])    (bf16, stored)
     p_proj[t,:] = sum over (i, c) of out[t,i,c] weight[:, i*C + c]     (fp32, the rounded out, Kahan per chunk)
-    p_ss[t]     = sum over (i, c) of out[t,i,c]^2                      (fp32, the rounded out)
+    p_ss[t]     = sum over (i, c) of out[t,i,c]^2                      (fp32, the rounded out, Kahan per chunk)
 
 which cutile_post_pre.mhc_pp_mix (its C-split design's epilogue, with one split) turns into mhc_pre's proj, r,
 h_pre, h_post and h_res; cutile_aggregate's forward then reads out once more for layer_in. The composition reads
@@ -245,7 +245,8 @@ def _kernel(cfg: cutlass.Constexpr, tma_r: cute.CopyAtom, mR: cute.Tensor, tma_o
         comp = cute.make_rmem_tensor(cAcc.shape, Float32)
         tot.fill(0.0)
         comp.fill(0.0)
-        ss = Float32(0.0)
+        ss = Float32(0.0)    # the token's squares (Kahan-summed per chunk, as the projection)
+        ssc = Float32(0.0)
         rv = cute.make_rmem_tensor((n, 2), Float32)
         pair = cute.make_rmem_tensor((2,), BFloat16)
         opair = cute.make_rmem_tensor((2,), BFloat16)
@@ -254,6 +255,7 @@ def _kernel(cfg: cutlass.Constexpr, tma_r: cute.CopyAtom, mR: cute.Tensor, tma_o
         for ch in cutlass.range(nch, unroll=1):
             pipe.consumer_wait(rst)
             st = rst.index
+            sc = Float32(0.0)
             for q in cutlass.range_constexpr(8):
                 cl = 2 * (cp0 + 4 * q)
 
@@ -280,8 +282,12 @@ def _kernel(cfg: cutlass.Constexpr, tma_r: cute.CopyAtom, mR: cute.Tensor, tma_o
                     opair[1] = BFloat16(o1)
                     f0 = opair[0].to(Float32)
                     f1 = opair[1].to(Float32)
-                    ss = ss + f0 * f0 + f1 * f1
+                    sc = sc + f0 * f0 + f1 * f1
                     cute.autovec_copy(opair, tile_pair(sO, st * n + i))
+            y_ = sc - ssc
+            t_s = ss + y_
+            ssc = (t_s - ss) - y_
+            ss = t_s
             cute.arch.fence_proxy("async.shared", space="cta")
             cute.arch.barrier(barrier_id=1, number_of_threads=256)   # every out tile of the stage written
             if const_expr(n > 1):   # both warpgroups have streams
