@@ -1,22 +1,19 @@
 #!/usr/bin/env bash
-# The GPU checks owed at the start of session 13 (h200-gpu-checks-session12.txt listed them: git show 90fe93c:benchmarks/results/h200-gpu-checks-session12.txt; that
-# session's version of this script: git show bf4da61:benchmarks/probes/owed_gpu_checks.sh), one device call per
-# bundle, from the repository root:
-#   cute:   source .gpu-cute/env.sh && bash benchmarks/probes/owed_gpu_checks.sh cute     (carry .gpu-cute)
-#   cutile: source .gpu-cutile/env.sh && bash benchmarks/probes/owed_gpu_checks.sh cutile (carry .gpu-cutile)
-# cute: phase 1 at once (separate processes): the CuTe DSL gdn backward's GPU tests with memcheck
-#   (benchmarks/probes/gdn_cute_pre_bwd.py --tests), initcheck and racecheck on the same small selection (never
-#   run on it), the gdn cute forward and decode GPU files (the forward after 7c2ee82's shared helpers, never
-#   run on a GPU); phase 2 alone: the backward timed at bshd-rep / thd-rep, gdn_decode graph-replayed beside a
-#   copy of each step's bytes (benchmarks/gdn_decode_check.py --copy-floor).
-# cutile: tests/gdn/test_gdn_cutile_pre_gated.py whole (session 12 ran 70 tests before its 140 s limit),
-#   racecheck of mhc_post_pre's default backward at DP3 to the end (cut at 90 s in session 12; its known benign
-#   report: the write-write of equal values at cutile_post_pre_bwd.py:177), and the compiled fwd+bwd test
-#   through the registry with the cuTile backends (tests/registry -k compile_fwd_bwd).
+# The GPU checks owed at the end of session 16 (its device time ran out; the mHC ledger's session-16 entry lists
+# them). Session 13's version of this script: git show 12b5508:benchmarks/probes/owed_gpu_checks.sh.
+# Both toolchains in one process (mhc_post_pre's cute backend runs cuTile and CuTe DSL kernels): two device
+# calls on the same warm machine, from the repository root:
+#   call 1 (carry .gpu-cutile): source .gpu-cutile/env.sh            # unpacks cuTile into /tmp/tk-cutile
+#   call 2 (carry .gpu-cute):   source .gpu-cute/env.sh; export PYTHONPATH=$PYTHONPATH:/tmp/tk-cutile/site \
+#                                   PATH=/tmp/tk-cutile/cu13/bin:$PATH; unset CUDA_HOME CUDA_PATH
+#                               bash benchmarks/probes/owed_gpu_checks.sh
+# Steps: tests/mhc/test_mhc_cute_post_pre.py -m gpu whole (the cases added after helper 49's review: chunks ==
+#   stages and stages + 1 at 4 stages, CW 16; the fused forward pass cute_post_pre_fwd, FUSE_FWD forced on:
+#   never run before); memcheck / initcheck / racecheck on two small fused-forward cases; then the fused forward
+#   timed beside the default and the separate ops (benchmarks/probes/mhc_post_pre_variants.py, alone on the GPU).
 # Each step has its own timeout; logs under $OUT; a summary (each tool's summary line, pytest's result) last.
 set -u
 OUT=${OUT:-.}
-MODE=${1:?cute or cutile}
 SUM="$OUT/summary.txt"
 : > "$SUM"
 step() {  # step NAME SECONDS CMD...: run under a timeout, keep the tail of its log in the summary
@@ -25,31 +22,18 @@ step() {  # step NAME SECONDS CMD...: run under a timeout, keep the tail of its 
   timeout "$secs" "$@" > "$OUT/$name.log" 2>&1
   local rc=$?
   { echo "== $name rc=$rc $((SECONDS - t0)) s"
-    grep -E "ERROR SUMMARY|RACECHECK SUMMARY|passed|failed|error|^smoke" "$OUT/$name.log" | tail -4; } >> "$SUM"
+    grep -E "ERROR SUMMARY|RACECHECK SUMMARY|passed|failed|error" "$OUT/$name.log" | tail -4; } >> "$SUM"
 }
+ls /tmp/tk-cutile > /dev/null || { echo "cuTile is not unpacked (call 1 first)"; exit 3; }
 SAN="compute-sanitizer --report-api-errors no --print-limit 50"
 PYT="python3 -m pytest -q -p no:cacheprovider -m gpu"
-case "$MODE" in
-  cute)
-    BWD_K=$(python3 -c "import sys; sys.path[:0] = ['benchmarks/probes', 'benchmarks']; import gdn_cute_pre_bwd as g; print(g.MEMCHECK_K)")
-    step bwd_tests "${T_BWD:-280}" python3 benchmarks/probes/gdn_cute_pre_bwd.py --out "$OUT/bwd_tests" --tests 240 \
-      --jobs 5 --memcheck --cases none &
-    step bwd_initcheck 280 $SAN --tool initcheck $PYT tests/gdn/test_gdn_cute_pre_gated_bwd.py -k "$BWD_K" &
-    step bwd_racecheck 280 $SAN --tool racecheck --racecheck-report hazard --show-backtrace no \
-      $PYT tests/gdn/test_gdn_cute_pre_gated_bwd.py -k "$BWD_K" &
-    step fwd_decode_files 280 $PYT -n 4 tests/gdn/test_gdn_cute_pre_gated.py tests/gdn/test_gdn_cute_decode.py &
-    wait
-    step bwd_timing 130 python3 benchmarks/probes/gdn_cute_pre_bwd.py --out "$OUT/bwd_timing" --cases bshd-rep,thd-rep
-    step decode_timing 110 python3 benchmarks/gdn_decode_check.py --out "$OUT" --backends cute --copy-floor --rep 100
-    ;;
-  cutile)
-    step gdn_cutile_fwd 300 $PYT -n 6 tests/gdn/test_gdn_cutile_pre_gated.py &
-    K="test_cutile_matches_float64 and default and (T37-n3-C100 or T1001-n4-C2560)"
-    step pp_dp3_racecheck 300 $SAN --tool racecheck --racecheck-report hazard --show-backtrace no \
-      $PYT tests/mhc/test_mhc_post_pre.py -k "$K" &
-    step compile_fwd_bwd 300 $PYT tests/registry -k compile_fwd_bwd &
-    wait
-    ;;
-  *) echo "mode: cute or cutile" >&2; exit 2 ;;
-esac
+K='fused_forward and (T37-n3 or T1-n1)'
+step post_pre_tests 300 $PYT tests/mhc/test_mhc_cute_post_pre.py
+step fwd_memcheck 150 $SAN --tool memcheck $PYT tests/mhc/test_mhc_cute_post_pre.py -k "$K" &
+step fwd_initcheck 150 $SAN --tool initcheck $PYT tests/mhc/test_mhc_cute_post_pre.py -k "$K" &
+step fwd_racecheck 150 $SAN --tool racecheck $PYT tests/mhc/test_mhc_cute_post_pre.py -k "$K" &
+wait
+step variants 200 python3 benchmarks/probes/mhc_post_pre_variants.py \
+  --rows separate,cute,cute:FUSE_FWD=1,cute,cute:FUSE_FWD=1,separate --out "$OUT"
+tail -8 "$OUT/variants.log"
 cat "$SUM"
