@@ -283,6 +283,39 @@ def tma_pipeline(smem, stages: int, tx_count: int, consumer_warps: int):
         tx_count=tx_count, barrier_storage=bars, cta_layout_vmnk=cute.make_layout((1, 1, 1, 1)))
 
 
+@cute.jit
+def ring_producer(pipe: cutlass.Constexpr, stages: cutlass.Constexpr, items: cutlass.Int32, load: cutlass.Constexpr,
+                  store: cutlass.Constexpr) -> None:
+    """One producer warp's loop over a TMA ring whose released stages hold results to store (called from a
+    ``@cute.kernel``): item k (0 .. items-1) is loaded by ``load(stage, k, bar)`` into the next free stage; a
+    stage that comes back holds item k - stages's results, which lane 0 stores first by ``store(stage, item)``
+    (TMA stores waited until they have read the stage), and the last min(stages, items) once released after
+    the loop; then lane 0 waits for the stores to complete. ``pipe``: :func:`tma_pipeline`'s."""
+    import cutlass.pipeline as pipeline
+
+    pst = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, stages)
+    sst = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, stages)  # one round behind
+    for _ in cutlass.range_constexpr(stages):
+        sst.advance()
+    lane0 = cute.arch.lane_idx() == 0
+    for k in cutlass.range(items, unroll=1):
+        pipe.producer_acquire(pst)
+        if k >= stages:
+            if lane0:
+                store(sst.index, k - stages)
+            sst.advance()
+        load(pst.index, k, pipe.producer_get_barrier(pst))
+        pipe.producer_commit(pst)
+        pst.advance()
+    for q in cutlass.range(cutlass.max(items - stages, 0), items, unroll=1):
+        pipe.sync_object_empty.wait(sst.index, sst.phase)
+        if lane0:
+            store(sst.index, q)
+        sst.advance()
+    if lane0:
+        cute.arch.cp_async_bulk_wait_group(0, read=False)
+
+
 @dataclasses.dataclass(frozen=True)
 class Launch:
     """One CuTe DSL kernel at one config: ``fn(cfg, *args, stream)`` with ``args``

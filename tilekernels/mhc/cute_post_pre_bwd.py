@@ -227,37 +227,22 @@ def _kernel(cfg: cutlass.Constexpr, tma_dout: cute.CopyAtom, mDout: cute.Tensor,
     if wg == 0:
         cute.arch.setmaxregister_decrease(PRODUCER_REGS)
         if warp == 0:
-            pst = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, S)
-            sst = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, S)  # one round behind
-            for _ in cutlass.range_constexpr(S):
-                sst.advance()
-            lane0 = cute.arch.lane_idx() == 0
-            for ch in cutlass.range(nch, unroll=1):
-                pipe.producer_acquire(pst)
-                if ch >= S:   # the stage holds chunk ch - S's dresidual / dx: store them first
-                    if lane0:
-                        _store_chunk(cfg, tma_dres, tDs, tSg, tma_dx, tDs, tOg, sst.index, ch - S, m)
-                    sst.advance()
-                bar = pipe.producer_get_barrier(pst)
-                base = pst.index * NT
+            def load(st, ch, bar):
+                base = st * NT
                 for i in cutlass.range_constexpr(n):
                     cute.copy(tma_dout, tDg[None, ch, m, i], tDs[None, base + i], tma_bar_ptr=bar)
                     cute.copy(tma_res, tRg[None, ch, m, i], tDs[None, base + n + i], tma_bar_ptr=bar)
                 cute.copy(tma_x, tXg[None, ch, m], tDs[None, base + 2 * n], tma_bar_ptr=bar)
                 cute.copy(tma_dg, tGg[None, ch, m], tDs[None, base + 2 * n + 1], tma_bar_ptr=bar)
                 for w_ in cutlass.range_constexpr(2):
-                    cute.copy(tma_w, tWg[None, 2 * ch + w_, 0], tWs[None, w_ * S + pst.index], tma_bar_ptr=bar)
+                    cute.copy(tma_w, tWg[None, 2 * ch + w_, 0], tWs[None, w_ * S + st], tma_bar_ptr=bar)
                 if const_expr(cfg.HAS_BIAS):
-                    cute.copy(tma_b, tBg[None, ch], tBs[None, pst.index], tma_bar_ptr=bar)
-                pipe.producer_commit(pst)
-                pst.advance()
-            for q in cutlass.range(cutlass.max(nch - S, 0), nch, unroll=1):
-                pipe.sync_object_empty.wait(sst.index, sst.phase)
-                if lane0:
-                    _store_chunk(cfg, tma_dres, tDs, tSg, tma_dx, tDs, tOg, sst.index, q, m)
-                sst.advance()
-            if lane0:
-                cute.arch.cp_async_bulk_wait_group(0, read=False)
+                    cute.copy(tma_b, tBg[None, ch], tBs[None, st], tma_bar_ptr=bar)
+
+            def store(st, ch):   # the stage's dresidual / dx, in its residual and x slots
+                _store_chunk(cfg, tma_dres, tDs, tSg, tma_dx, tDs, tOg, st, ch, m)
+
+            CU.ring_producer(pipe, S, nch, load, store)
     else:
         cute.arch.setmaxregister_increase(CONSUMER_REGS)
         wc = wg - 1

@@ -48,6 +48,7 @@ from cutlass.utils import LayoutEnum
 from tilekernels import _cute as CU
 
 from .cute_proj_rms import _smem_tensor
+from .cute_proj_rms_fwd import _kahan
 
 _NAME = "mhc.cute_post_pre_fwd"
 THREADS = 384
@@ -137,11 +138,7 @@ def _proj_chunk(mma, acc: cute.Tensor, tot: cute.Tensor, comp: cute.Tensor, tA: 
                 cute.gemm(mma, acc, tA[None, None, kb, st * n + i], tB[None, None, kb, st * n + i], acc)
     warpgroup.commit_group()
     warpgroup.wait_group(0)
-    for e in cutlass.range_constexpr(cute.size(acc)):
-        y = acc[e] - comp[e]
-        t_ = tot[e] + y
-        comp[e] = (t_ - tot[e]) - y
-        tot[e] = t_
+    _kahan(tot, comp, acc)
 
 
 @cute.kernel
@@ -183,33 +180,18 @@ def _kernel(cfg: cutlass.Constexpr, tma_r: cute.CopyAtom, mR: cute.Tensor, tma_o
     if wg == 0:
         cute.arch.setmaxregister_decrease(PRODUCER_REGS)
         if warp == 0:
-            pst = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, S)
-            sst = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, S)  # one round behind
-            for _ in cutlass.range_constexpr(S):
-                sst.advance()
-            lane0 = cute.arch.lane_idx() == 0
-            for ch in cutlass.range(nch, unroll=1):
-                pipe.producer_acquire(pst)
-                if ch >= S:   # the stage holds chunk ch - S's out: store it first
-                    if lane0:
-                        _store_out(cfg, tma_o, tRs, tOg, sst.index, ch - S, m)
-                    sst.advance()
-                bar = pipe.producer_get_barrier(pst)
+            def load(st, ch, bar):
                 for i in cutlass.range_constexpr(n):
-                    cute.copy(tma_r, tRg[None, m, ch, i], tRs[None, pst.index * n + i], tma_bar_ptr=bar)
-                    cute.copy(tma_w, tWg[None, 0, ch, i], tWs[None, pst.index * n + i], tma_bar_ptr=bar)
-                cute.copy(tma_x, tXg[None, m, ch], tXs[None, pst.index], tma_bar_ptr=bar)
+                    cute.copy(tma_r, tRg[None, m, ch, i], tRs[None, st * n + i], tma_bar_ptr=bar)
+                    cute.copy(tma_w, tWg[None, 0, ch, i], tWs[None, st * n + i], tma_bar_ptr=bar)
+                cute.copy(tma_x, tXg[None, m, ch], tXs[None, st], tma_bar_ptr=bar)
                 if const_expr(cfg.HAS_BIAS):
-                    cute.copy(tma_b, tBg[None, ch], tBs[None, pst.index], tma_bar_ptr=bar)
-                pipe.producer_commit(pst)
-                pst.advance()
-            for q in cutlass.range(cutlass.max(nch - S, 0), nch, unroll=1):
-                pipe.sync_object_empty.wait(sst.index, sst.phase)
-                if lane0:
-                    _store_out(cfg, tma_o, tRs, tOg, sst.index, q, m)
-                sst.advance()
-            if lane0:
-                cute.arch.cp_async_bulk_wait_group(0, read=False)
+                    cute.copy(tma_b, tBg[None, ch], tBs[None, st], tma_bar_ptr=bar)
+
+            def store(st, ch):   # the stage's out, in its residual slots
+                _store_out(cfg, tma_o, tRs, tOg, st, ch, m)
+
+            CU.ring_producer(pipe, S, nch, load, store)
     else:
         cute.arch.setmaxregister_increase(CONSUMER_REGS)
         wc = wg - 1
