@@ -21,6 +21,8 @@ _BF_F32 = ["bfloat16", "float32"]
 _INT32_INDEX = "every tensor has < 2**31 elements (the kernels index with int32)"
 _SK_SCRATCH = Constraint(expr="2 * iters * n * T < 2**31", message="the Sinkhorn backward's scratch "
                          "[iters, 2n, T] fp32 is indexed with int32")
+_BIAS_LIKE_X = Constraint(expr="not present(bias) or dtype(bias) == dtype(x)",
+                          message="the kernel reads bias in x's dtype")
 _ITERS_CONST = Constraint(expr="iters <= 64", message="iters is a compile-time constant (each value "
                           "compiles its own kernels) and sizes the backward's scratch")
 
@@ -34,11 +36,13 @@ def _cutile(*constraints: Constraint, doc: str = "", **dtypes: list) -> Backend:
                    toolchain=["cutile"], constraints=list(constraints), dtypes=dtypes, doc=doc)
 
 
-def _cute(module: str, *constraints: Constraint, doc: str = "", **dtypes: list) -> Backend:
-    """A CuTe DSL backend (tilekernels.mhc.<module>: cute_post_bda, cute_aggregate): Hopper sm_90a,
-    run and tested on the H200; compiled for sm_90a (and sm_100a) in CI. No float64 (the torch
-    backend covers reference mode)."""
-    return Backend(name="cute", module=f"tilekernels.mhc.{module}", sm=(90, 90), toolchain=["cute"],
+def _cute(module: str, *constraints: Constraint, doc: str = "", toolchain: tuple = ("cute",),
+          **dtypes: list) -> Backend:
+    """A CuTe DSL backend (tilekernels.mhc.<module>: cute_post_bda, cute_aggregate, ...): Hopper sm_90a,
+    run and tested on the H200; compiled for sm_90a (and sm_100a where the kernel has no wgmma) in CI.
+    No float64 (the torch backend covers reference mode). ``toolchain``: ("cutile", "cute") for a backend
+    that also runs cuTile kernels (mhc_post_pre)."""
+    return Backend(name="cute", module=f"tilekernels.mhc.{module}", sm=(90, 90), toolchain=list(toolchain),
                    constraints=list(constraints), dtypes=dtypes, doc=doc)
 
 
@@ -156,9 +160,7 @@ H_POST_BDA = OpSpec(
                         "same run, cutile 2.936 beside TE's 2.904 (benchmarks/results/h200-mhc-cute-post-bda.txt, "
                         "h200-gpu-checks-session10.txt in git history at fccfcb8); other GPUs, "
                         "C % 8 != 0 or no CuTe DSL take cutile"),
-              _cutile(Constraint(expr="T * n * C < 2**31", message=_INT32_INDEX),
-                      Constraint(expr="not present(bias) or dtype(bias) == dtype(x)",
-                                 message="the kernel reads bias in x's dtype"),
+              _cutile(Constraint(expr="T * n * C < 2**31", message=_INT32_INDEX), _BIAS_LIKE_X,
                       h_res=_BF_F32, residual=_BF_F32, h_post=_BF_F32, x=_BF_F32, bias=_BF_F32),
               _TORCH],
 )
@@ -279,25 +281,20 @@ POST_PRE = OpSpec(
     differentiable=True,
     reference="tilekernels.mhc.reference:mhc_post_pre",
     entry="tilekernels.mhc.ops:mhc_post_pre",
-    backends=[Backend(name="cute", module="tilekernels.mhc.cute_post_pre", sm=(90, 90), toolchain=["cutile", "cute"],
-                      constraints=[*_PRE_LIMITS,
-                                   Constraint(expr="n <= 4", message="the one-pass backward holds n*n + 2n <= 24 "
-                                              "projection columns and every stream of a channel in registers"),
-                                   Constraint(expr="C % 8 == 0", message="TMA row strides are multiples of 16 bytes"),
-                                   Constraint(expr="7 * (n*n + 2*n) * n * C < 2**31",
-                                              message="mhc_pre's dweight partials [7, n*n + 2n, n*C] fp32 are "
-                                                      "indexed with int32"),
-                                   Constraint(expr="not present(bias) or dtype(bias) == dtype(x)",
-                                              message="the kernel reads bias in x's dtype")],
-                      dtypes=dict(h_res=_BF_F32, residual=["bfloat16"], h_post=_BF_F32, x=["bfloat16"],
-                                  bias=["bfloat16"], weight=["bfloat16"], hbias=["float32"]),
-                      doc="forward: cute_post_bda's h_post_bda, then mhc_pre's cuTile forward; backward: "
-                          "mhc_pre's cuTile head, then one CuTe DSL pass that forms "
-                          "d_total in registers and runs h_post_bda's backward on it (reads dout, residual, x, "
-                          "dlayer_in once; tilekernels/mhc/cute_post_pre.py); needs both toolchains"),
-              _cutile(*_PRE_LIMITS,
-                      Constraint(expr="not present(bias) or dtype(bias) == dtype(x)",
-                                 message="the kernel reads bias in x's dtype"),
+    backends=[_cute("cute_post_pre", *_PRE_LIMITS,
+                    Constraint(expr="n <= 4", message="the one-pass backward holds n*n + 2n <= 24 projection "
+                               "columns and every stream of a channel in registers"),
+                    Constraint(expr="C % 8 == 0", message="TMA row strides are multiples of 16 bytes"),
+                    Constraint(expr="7 * (n*n + 2*n) * n * C < 2**31",
+                               message="mhc_pre's dweight partials [7, n*n + 2n, n*C] fp32 are indexed with int32"),
+                    _BIAS_LIKE_X, toolchain=("cutile", "cute"),
+                    h_res=_BF_F32, residual=["bfloat16"], h_post=_BF_F32, x=["bfloat16"],
+                    bias=["bfloat16"], weight=["bfloat16"], hbias=["float32"],
+                    doc="forward: cute_post_bda's h_post_bda, then mhc_pre's cuTile forward; backward: "
+                        "mhc_pre's cuTile head, then one CuTe DSL pass that forms "
+                        "d_total in registers and runs h_post_bda's backward on it (reads dout, residual, x, "
+                        "dlayer_in once; tilekernels/mhc/cute_post_pre.py); needs both toolchains"),
+              _cutile(*_PRE_LIMITS, _BIAS_LIKE_X,
                       h_res=_BF_F32, residual=["bfloat16"], h_post=_BF_F32, x=["bfloat16"],
                       bias=["bfloat16"], weight=["bfloat16"], hbias=["float32"],
                       doc="the parts' forward kernels (a fused forward exists, slower on the H200); "
