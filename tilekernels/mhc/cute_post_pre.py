@@ -17,7 +17,7 @@ Ideal traffic (T=32768, n=4, C=7168, bf16; s = one [T, n, C] stream = 1.879 GB, 
 
 Backend limits (the spec's entry): both toolchains (cuTile for the forward and the head, CuTe DSL for the
 pass), sm_90a, n <= 4, C % 8 == 0, bf16 residual / x / bias / weight, dweight's partials indexable in int32,
-and the cuTile backend's own limits. (mhc_pre's head also allocates its dx pass's dweight partials, unused here.)
+and the cuTile backend's own limits.
 """
 from __future__ import annotations
 
@@ -37,7 +37,6 @@ from . import cutile_post_bda as pb
 from . import cutile_post_pre as pp
 from . import cutile_post_pre_bwd as ppb
 from . import cutile_pre as pre
-from . import cutile_proj_rms as pr
 
 
 def bwd_launches(dout, dlayer_in, dh_post_next, dh_res_next, h_res, residual, h_post, x, weight, hbias, bias,
@@ -51,10 +50,8 @@ def bwd_launches(dout, dlayer_in, dh_post_next, dh_res_next, h_res, residual, h_
     cfg = pp._cfg(residual, iters, cfg)
     has_bias = bias is not None
     kcfg = kcfg or K.PostPreBwdCuteCfg.heuristic(n, C, N, has_bias)
-    head = [ln for ln in pre.bwd_launches(dlayer_in, dh_post_next, dh_res_next, out, weight, hbias, proj, r,
-                                          dresidual, dweight, dhbias, alpha_pre, alpha_post, alpha_res, iters,
-                                          rms_eps, sinkhorn_eps, cfg=cfg.pre)
-            if ln.kernel not in (pr.mhc_pr_bwd, pr.mhc_pr_reduce)]
+    head = pre.bwd_launches(dlayer_in, dh_post_next, dh_res_next, out, weight, hbias, proj, r, None, dweight, dhbias,
+                            alpha_pre, alpha_post, alpha_res, iters, rms_eps, sinkhorn_eps, cfg=cfg.pre)
     mix = next(ln for ln in head if ln.kernel in (pre.mhc_pre_bwd_mix, pre.mhc_pre_bwd_mix_e))
     dproj, dr, hpre_t = mix.args[6:9]
     stage, h_res, h_post = pb._h32(h_res, h_post, cfg.pb, force=True)

@@ -289,10 +289,9 @@ def bwd_launches(dout, dlayer_in, dh_post_next, dh_res_next, h_res, residual, h_
     if cfg.ONE_BWD or cfg.DH_DX:
         if cfg.pre.NP > 4:  # (ONE_BWD's weight tile and dweight accumulator, NPAD = 128, spill)
             raise ValueError(f"mhc_post_pre: the ONE_BWD / DH_DX backward designs are for n <= 4, got n={n}")
-        # mhc_pre's head without its dx pass (dresidual: a placeholder for its dx)
-        head = [ln for ln in pre.bwd_launches(dlayer_in, dh_post_next, dh_res_next, out, weight, hbias, proj, r,
-                                              dresidual, dweight, dhbias, *pre_params, cfg=cfg.pre)
-                if ln.kernel not in (pr.mhc_pr_bwd, pr.mhc_pr_reduce)]
+        # mhc_pre's head without its dx pass (dx None)
+        head = pre.bwd_launches(dlayer_in, dh_post_next, dh_res_next, out, weight, hbias, proj, r, None, dweight,
+                                dhbias, *pre_params, cfg=cfg.pre)
         tail = ppb.one_pass_launches if cfg.ONE_BWD else ppb.dh_in_dx_launches
         return head + tail(head, dout, dlayer_in, h_res, residual, h_post, x, weight, bias, out, r, dh_res, dresidual,
                            dh_post, dx, dweight, dbias, rms_eps, cfg)

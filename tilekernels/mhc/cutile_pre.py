@@ -270,7 +270,8 @@ def bwd_launches(dlayer_in, dh_post, dh_res, x, weight, bias, proj, r, dx, dweig
                      occ(cfg.OCC_M))
     else:
         mix = Launch(mhc_pre_bwd_mix, (nt,), (*head, *scal), cfg, occ(cfg.OCC_M))
-    dxw = pr.bwd_launches(dproj, dr, x.view(T, n * C), weight, r, dx.view(T, n * C), dweight, rms_eps,
-                          cfg.pr, groups=n, agg=(dlayer_in, hpre_t))
+    # dx None: the caller forms dx and dweight itself (mhc_post_pre's one-pass designs): no dx pass
+    dxw = [] if dx is None else pr.bwd_launches(dproj, dr, x.view(T, n * C), weight, r, dx.view(T, n * C), dweight,
+                                                rms_eps, cfg.pr, groups=n, agg=(dlayer_in, hpre_t))
     red_b = Launch(mhc_pre_dbias, (1,), (p_db, dbias, NPAD, cfg.TG, cfg.PDL), cfg, pdl=cfg.PDL)
     return [dh_pre, mix, *dxw, red_b]
