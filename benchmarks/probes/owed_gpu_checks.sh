@@ -10,7 +10,7 @@
 # Steps: tests/mhc/test_mhc_cute_post_pre.py -m gpu whole (the cases added after helper 49's review: chunks ==
 #   stages and stages + 1 at 4 stages, CW 16; the fused forward pass cute_post_pre_fwd, FUSE_FWD forced on:
 #   never run before); memcheck / initcheck / racecheck on two small fused-forward cases; then the fused forward
-#   timed beside the default and the separate ops (benchmarks/probes/mhc_post_pre_variants.py, alone on the GPU).
+#   timed beside the default, the two ops composed and the two ops timed apart (benchmarks/probes/mhc_post_pre_variants.py, alone on the GPU).
 # Each step has its own timeout; logs under $OUT; a summary (each tool's summary line, pytest's result) last.
 set -u
 OUT=${OUT:-.}
@@ -28,12 +28,15 @@ ls /tmp/tk-cutile > /dev/null || { echo "cuTile is not unpacked (call 1 first)";
 SAN="compute-sanitizer --report-api-errors no --print-limit 50"
 PYT="python3 -m pytest -q -p no:cacheprovider -m gpu"
 K='fused_forward and (T37-n3 or T1-n1)'
-step post_pre_tests 300 $PYT tests/mhc/test_mhc_cute_post_pre.py
+PHASE=${1:-all}  # tests | timing | all (one device call may run 600 s: tests and timing fit two calls)
+if [ "$PHASE" != timing ]; then
+step post_pre_tests 240 $PYT tests/mhc/test_mhc_cute_post_pre.py
 step fwd_memcheck 150 $SAN --tool memcheck $PYT tests/mhc/test_mhc_cute_post_pre.py -k "$K" &
 step fwd_initcheck 150 $SAN --tool initcheck $PYT tests/mhc/test_mhc_cute_post_pre.py -k "$K" &
 step fwd_racecheck 150 $SAN --tool racecheck $PYT tests/mhc/test_mhc_cute_post_pre.py -k "$K" &
 wait
-step variants 200 python3 benchmarks/probes/mhc_post_pre_variants.py \
-  --rows separate,cute,cute:FUSE_FWD=1,cute,cute:FUSE_FWD=1,separate --out "$OUT"
-tail -8 "$OUT/variants.log"
+fi
+[ "$PHASE" = tests ] || step variants 240 python3 benchmarks/probes/mhc_post_pre_variants.py \
+  --rows separate,h_post_bda,mhc_pre,cute,cute:FUSE_FWD=1,cute,cute:FUSE_FWD=1,separate,h_post_bda,mhc_pre --out "$OUT"
+[ "$PHASE" = tests ] || tail -12 "$OUT/variants.log"
 cat "$SUM"
