@@ -290,7 +290,8 @@ POST_PRE = OpSpec(
                     _BIAS_LIKE_X, toolchain=("cutile", "cute"),
                     h_res=_BF_F32, residual=["bfloat16"], h_post=_BF_F32, x=["bfloat16"],
                     bias=["bfloat16"], weight=["bfloat16"], hbias=["float32"],
-                    doc="forward: cute_post_bda's h_post_bda, then mhc_pre's cuTile forward; backward: "
+                    doc="forward: one CuTe DSL pass writes out and mhc_pre's projection partials from one read of "
+                        "the streams, then cuTile's mix epilogue and aggregate; backward: "
                         "mhc_pre's cuTile head, then one CuTe DSL pass that forms "
                         "d_total in registers and runs h_post_bda's backward on it (reads dout, residual, x, "
                         "dlayer_in once; tilekernels/mhc/cute_post_pre.py); needs both toolchains"),

