@@ -15,6 +15,11 @@ dependencies):
         #   (cuTile's disk cache keeps them for the timing loop)
     python3 benchmarks/gdn_decode_check.py --out "$OUT" --backends cute --copy-floor
         # + row ``copy=``: a device copy of as many bytes as each step moves (the floor at that size)
+    python3 benchmarks/gdn_decode_check.py --out "$OUT" --backends cute --ring --ring-variants s4,cps2 \
+            --ring-cfg STAGES=5,CONSUMERS=256
+        # + row ``cute-ring``: the TMA-ring kernel (tilekernels/gdn/cute_decode_ring.py, what the cute
+        #   backend runs with cute_decode.RING on) at its heuristic config, rows ``ring-<name>`` its
+        #   named VARIANTS and ``ring-<KEY=V,..>`` any DecodeRingCfg changes (no code edits)
 
 Qwen3-Next shapes (Hk=16, Hv=32, dk=dv=128, W=4), bf16 mixed / conv_state / o, state_indices
 a random permutation of N = B slots. Each case: one eager call checked against the torch
@@ -117,6 +122,12 @@ def _cute_mod():
     return cute_decode
 
 
+def _ring_mod():
+    """tilekernels.gdn.cute_decode_ring (the TMA-ring kernel), imported on first use."""
+    from tilekernels.gdn import cute_decode_ring
+    return cute_decode_ring
+
+
 # the CuTe DSL kernel's configs beside its heuristic (--cute-sweep): changes to its DecodeCfg, from
 # that config (H200, session 8, us at B = 1 / 32 / 256, fp32 state; benchmarks/results/h200-gdn-decode-cute.txt):
 # first kernel (96 registers): heuristic 3.69 / 49.77 / 363.40, BV64 3.57 / 52.52 / 380.67, BV128
@@ -167,7 +178,7 @@ def _rec(tag, B, sd, us, cfg=None, **extra):
     rec = dict(tag=tag, B=B, state=str(sd).removeprefix("torch."), us=us, bytes=nbytes,
                tbs=nbytes / (us * 1e-6) / 1e12, cfg=dataclasses.asdict(cfg) if cfg else None, **extra)
     rec["pct_copy_4.27"] = 100 * rec["tbs"] / COPY_TBS
-    if sd == torch.float32 and tag in ("default", "cute"):
+    if sd == torch.float32 and tag in ("default", "cute", "cute-ring"):
         rec["target_us"] = TARGET_US.get(B)
     return rec
 
@@ -336,6 +347,11 @@ def main():
     ap.add_argument("--warm-only", action="store_true", help="only compile (with --warm), then exit")
     ap.add_argument("--rep", type=int, default=200, help="ms of graph replays per timing (x10 retries)")
     ap.add_argument("--copy-floor", action="store_true", help="also time a copy of each step's bytes (row copy=)")
+    ap.add_argument("--ring", action="store_true", help="also time the TMA-ring kernel (row cute-ring)")
+    ap.add_argument("--ring-variants", default="",
+                    help="comma list of cute_decode_ring.VARIANTS names to time (rows ring-<name>), or 'all'")
+    ap.add_argument("--ring-cfg", action="append", default=[],
+                    help="a ring config as DecodeRingCfg changes, KEY=V,KEY=V (e.g. STAGES=4,BV=32); repeatable")
     a = ap.parse_args()
     if a.warm:
         jobs = [("cd", sd, {}) for sd in SDT]
@@ -347,6 +363,9 @@ def main():
     RESULTS["env"] = dict(device=torch.cuda.get_device_name(), torch=torch.__version__,
                           default_cfg={str(sd): dataclasses.asdict((cd or _cute_mod()).DecodeCfg.heuristic(
                                            16, 32, 128, 128, 4, n)) for sd, n in (("fp32", 4), ("bf16", 2))})
+    if a.ring or a.ring_variants or a.ring_cfg:
+        RESULTS["env"]["ring_cfg"] = {sd: dataclasses.asdict(_ring_mod().DecodeRingCfg.heuristic(16, 32, 128, 128, 4, n))
+                                      for sd, n in (("fp32", 4), ("bf16", 2))}
     try:
         RESULTS["env"]["copy_tbs_measured"] = copy_tbs()
         RESULTS["env"]["copy_tbs_sm_kernel"] = copy_tbs(sm_kernel=True)
@@ -388,6 +407,19 @@ def main():
                                       rep=min(a.rep, 100), mod=cq), "sweeps")
                     except Exception:
                         log_error(RESULTS["errors"], f"{name} B={B} {sd}", limit=6)
+            ring_rows = [("cute-ring", None)] if a.ring else []
+            names = a.ring_variants.split(",") if a.ring_variants != "all" else list(_ring_mod().VARIANTS)
+            ring_rows += [(f"ring-{n}", n) for n in names + a.ring_cfg if n]
+            for tag, name in ring_rows:
+                try:
+                    rg = _ring_mod()
+                    cfg = None if name is None else rg.variant_cfg(name, SHAPE["Hk"], SHAPE["Hv"], SHAPE["dk"],
+                                                                    SHAPE["dv"], SHAPE["W"], torch.finfo(sd).bits // 8)
+                    if name is None or cfg is not None:  # None: a variant for the other state dtype
+                        keep(run_case(B, sd, cfg=cfg, with_ref=False, rep=a.rep if name is None else min(a.rep, 100),
+                                      tag=tag, mod=rg), "records" if name is None else "sweeps")
+                except Exception:
+                    log_error(RESULTS["errors"], f"{tag} B={B} {sd}", limit=6)
             if a.copy_floor:
                 try:
                     keep(copy_case(B, sd, rep=a.rep))

@@ -71,6 +71,9 @@ or bf16; W >= 2; Hv/Hk <= 8 (cluster size); B < 65536 (the grid's y extent); Hv*
 the state's element size and whether its address is a multiple of 16 bytes: VEC > 1 needs that,
 a view that is not gets VEC 1; the grid's regime: B picks one of up to four precompiled configs) +
 the dtypes + HAS_IDX; B is a runtime scalar (the grid).
+Alternative kernel: tilekernels/gdn/cute_decode_ring.py (persistent CTAs, the state streamed through a
+TMA ring in shared memory; same helpers, so the same fp32 op order). The registered fwd kernel
+(``decode_fwd``) runs it where ``RING`` is on (env TILEKERNELS_GDN_DECODE_RING=1) and its limits hold.
 Importing this module needs ``cutlass`` but no GPU.
 """
 from __future__ import annotations
@@ -88,12 +91,16 @@ from cutlass._mlir.dialects import llvm, nvvm, vector
 from cutlass.memory.smem import SmemAllocator
 
 from tilekernels._cute import BoundLaunch, Launch, Ptr, Scalar, cdiv, cuda, launch_bounded
-from tilekernels._glue import kernel, launch_into
+from tilekernels._glue import env_flag, kernel, launch_into
 
 MAX_CLUSTER = 8  # portable thread-block cluster size
 VEC_BYTES = {4: 16, 2: 8}  # the heuristic's state bytes a thread loads and stores per row, by element size
 VALUES = 64  # the heuristic's most state values a thread holds (VEC > 1)
 SHARE = True  # the heuristic's DecodeCfg.SHARE (VEC > 1 configs)
+# The registered fwd kernel runs the TMA-ring kernel (tilekernels/gdn/cute_decode_ring.py: the state streamed
+# through shared memory by a producer warp) instead of this one where RING is on and the ring's limits hold
+# (cute_decode_ring.ring_fits). Off until it is timed on the GPU; env TILEKERNELS_GDN_DECODE_RING=1 turns it on.
+RING = env_flag("TILEKERNELS_GDN_DECODE_RING", False)
 # Grid regimes of the VEC > 1 configs, by the state's element size: (first grid size in CTAs, MINB, STREAM),
 # ascending; a grid smaller than the first entry's takes MINB 0 and no STREAM. B is runtime, so
 # decode_launch picks one of these precompiled configs by the grid (B * Hv * NCB CTAs). H200, Qwen3-Next
@@ -277,6 +284,163 @@ def _st_cluster(sptr, rank, val, *, loc=None, ip=None):
                     loc=loc, ip=ip)
 
 
+def _conv_step(mixed, conv, cw, xrow, crow, g, W: int):
+    """One conv channel's decode step: channel ``g`` of mixed's row at ``xrow``, its window at
+    conv_state row ``crow``. Returns (silu(conv) fp32, the old window [W-1] (a view of conv_state),
+    the shifted window [W] in registers: its first W-1 the new window); the caller writes that
+    back (:func:`_put_window`) where the window is its alone."""
+    x = _vec(mixed, xrow + g, 1)
+    cv = _vec(conv, crow + Int64(g) * (W - 1), W - 1)
+    w = _vec(cw, Int64(g) * W, W)
+    y = _silu_conv(x, cv, w, W)
+    nw = cute.make_rmem_tensor((W,), mixed.dtype)
+    for q in range(W - 2):
+        nw[q] = cv[q + 1]
+    nw[W - 2] = x[0]
+    return y, cv, nw
+
+
+def _put_window(cv, nw, W: int):
+    """Write the new window (the first W-1 of :func:`_conv_step`'s registers) over the old one."""
+    for q in range(W - 1):
+        cv[q] = nw[q]
+
+
+@cute.jit
+def _gates(mixed: cute.Pointer, A_log: cute.Pointer, dt_bias: cute.Pointer, xrow, hv,
+           gb: cutlass.Constexpr, Hv: cutlass.Constexpr):
+    """(beta, alpha) fp32 of value head ``hv`` for mixed's row at ``xrow`` (its b at column gb + hv, a
+    at gb + Hv + hv): beta = sigmoid(b), alpha = exp(g), g = -exp(A_log) softplus(a + dt_bias)
+    (softplus = identity above 20)."""
+    bb = _vec(mixed, xrow + (gb + hv), 1)[0].to(Float32)
+    aa = _vec(mixed, xrow + (gb + Hv + hv), 1)[0].to(Float32)
+    beta = Float32(1.0) / (Float32(1.0) + cute.math.exp(-bb))
+    xa = aa + _vec(dt_bias, Int64(hv), 1)[0]
+    sp = xa
+    if xa <= Float32(20.0):
+        sp = cute.math.log1p(cute.math.exp(xa))
+    alpha = cute.math.exp(-cute.math.exp(_vec(A_log, Int64(hv), 1)[0]) * sp)
+    return beta, alpha
+
+
+@cute.jit
+def _qk_norms(qs: cute.Tensor, ks: cute.Tensor, wsum: cute.Tensor, t, NT: cutlass.Constexpr, dk: cutlass.Constexpr,
+              eps, scale, sync: cutlass.Constexpr):
+    """(1/|q|, 1/|k|, k . q') of the raw y of q and k in shared memory (qs, ks [dk] fp32;
+    q' = scale * l2norm(q)), over the NT threads t = 0 .. NT-1 that call it: per thread channels
+    t, t + NT, .., warp butterfly, the warps' sums through ``wsum`` [NT/32, 3] summed in warp order
+    after ``sync()`` (a barrier of those NT threads). Every caller gets the same values."""
+    sq = Float32(0.0)
+    sk = Float32(0.0)
+    sqk = Float32(0.0)
+    for c in cutlass.range_constexpr(cdiv(dk, NT)):
+        i = t + c * NT
+        if i < dk:
+            yq = qs[i]
+            yk = ks[i]
+            sq = sq + yq * yq
+            sk = sk + yk * yk
+            sqk = sqk + yq * yk
+    sq = cute.arch.warp_reduction_sum(sq)
+    sk = cute.arch.warp_reduction_sum(sk)
+    sqk = cute.arch.warp_reduction_sum(sqk)
+    lane = t % 32
+    warp = t // 32
+    if lane == 0:
+        wsum[warp, 0] = sq
+        wsum[warp, 1] = sk
+        wsum[warp, 2] = sqk
+    sync()
+    sq = wsum[0, 0]
+    sk = wsum[0, 1]
+    sqk = wsum[0, 2]
+    for w_ in cutlass.range_constexpr(1, cdiv(NT, 32)):
+        sq = sq + wsum[w_, 0]
+        sk = sk + wsum[w_, 1]
+        sqk = sqk + wsum[w_, 2]
+    rq = cute.math.rsqrt(sq + eps)
+    rk = cute.math.rsqrt(sk + eps)
+    kq = sqk * rq * rk * scale  # k . q' (q' = scale * l2norm(q))
+    return rq, rk, kq
+
+
+@cute.jit
+def _delta_tile(cfg: cutlass.Constexpr, s: cute.Tensor, qs: cute.Tensor, ks: cute.Tensor, vs: cute.Tensor,
+                red: cute.Tensor, orow: cute.Tensor, ssm: cute.Pointer, S0, rq, rk, scale, alpha, beta, kq, p, j0,
+                col, sync: cutlass.Constexpr):
+    """The delta rule on one thread's slice of one value head's state: s [RPT, VEC] fp32 holds
+    S[i, col .. col+VEC-1] for its rows i = p, p + KS, .. (cfg: dk, dv, KS, VEC, RPT, G, PW, STREAM;
+    G * KS threads call it, thread (p, j0 / VEC)). qs, ks [dk] the raw y of q, k (scaled here by rq,
+    rk, scale); vs: v of the block's columns (vs[j0 + e]); red [KS / PW, BV, 2] fp32 the exchange
+    between warps (written, ``sync()``, read); orow [dv] o's row of this head (row-part 0 writes its
+    columns < dv); the slot's state at ssm + S0 ([dk, dv] row-major), written in place (columns
+    < dv, rows < dk), rounded once to its dtype. Fixed-order fp32 sums: h = alpha S; h^T k and
+    h^T q' per thread over its rows, butterfly over a warp's row parts, then the warps in order;
+    u = beta (v - h^T k), o = h^T q' + u (k . q'), S_new = h + k u^T."""
+    dk, dv, KS, VEC, RPT, G, PW = cfg.dk, cfg.dv, cfg.KS, cfg.VEC, cfg.RPT, cfg.G, cfg.PW
+    KW = KS // PW
+    odt = orow.element_type
+    # ---- per thread: h = alpha S, partial h^T k and h^T q' over its rows (per column)
+    pk = cute.make_rmem_tensor((VEC,), Float32)
+    pq = cute.make_rmem_tensor((VEC,), Float32)
+    for e in cutlass.range_constexpr(VEC):
+        pk[e] = Float32(0.0)
+        pq[e] = Float32(0.0)
+    for r in cutlass.range_constexpr(RPT):
+        i = p + KS * r
+        ic = i
+        if cutlass.const_expr(dk % KS != 0):
+            ic = cutlass.min(i, dk - 1)
+        kv = ks[ic] * rk
+        qv = (qs[ic] * rq) * scale
+        if cutlass.const_expr(dk % KS != 0):
+            if i >= dk:
+                kv = Float32(0.0)
+                qv = Float32(0.0)
+        for e in cutlass.range_constexpr(VEC):
+            h = alpha * s[r, e]
+            pk[e] = pk[e] + h * kv
+            pq[e] = pq[e] + h * qv
+    # the KS row parts of a column: the PW of a warp by butterfly shuffles (lanes G apart),
+    # then the KW warps' sums through shared memory, each summed in a fixed order
+    for e in cutlass.range_constexpr(VEC):
+        for sh in cutlass.range_constexpr(cfg.PW.bit_length() - 1):
+            pk[e] = pk[e] + cute.arch.shuffle_sync_bfly(pk[e], offset=G << sh)
+            pq[e] = pq[e] + cute.arch.shuffle_sync_bfly(pq[e], offset=G << sh)
+    if cutlass.const_expr(KW > 1):
+        if p % PW == 0:
+            for e in cutlass.range_constexpr(VEC):
+                red[p // PW, j0 + e, 0] = pk[e]
+                red[p // PW, j0 + e, 1] = pq[e]
+        sync()
+        for e in cutlass.range_constexpr(VEC):
+            pk[e] = red[0, j0 + e, 0]
+            pq[e] = red[0, j0 + e, 1]
+            for w_ in cutlass.range_constexpr(1, KW):
+                pk[e] = pk[e] + red[w_, j0 + e, 0]
+                pq[e] = pq[e] + red[w_, j0 + e, 1]
+    u = cute.make_rmem_tensor((VEC,), Float32)
+    for e in cutlass.range_constexpr(VEC):
+        u[e] = beta * (vs[j0 + e] - pk[e])
+    if p == 0:
+        if col < dv:
+            for e in cutlass.range_constexpr(VEC):
+                orow[col + e] = odt(pq[e] + u[e] * kq)
+    # ---- S_new = h + k u, stored in place (rounded once to the state's dtype); k is read
+    # again from shared memory (the same product as above) instead of being kept in registers
+    stp = ssm + (S0 + Int64(p * dv + col))
+    for r in cutlass.range_constexpr(RPT):
+        i = p + KS * r
+        if col < dv:
+            if cutlass.const_expr(dk % KS != 0):
+                if i < dk:
+                    kv = ks[i] * rk
+                    _st_state(stp, KS * r * dv, [alpha * s[r, e] + kv * u[e] for e in range(VEC)], VEC, cfg.STREAM)
+            else:
+                kv = ks[i] * rk
+                _st_state(stp, KS * r * dv, [alpha * s[r, e] + kv * u[e] for e in range(VEC)], VEC, cfg.STREAM)
+
+
 @cute.kernel
 def _decode_kernel(cfg: cutlass.Constexpr, mixed: cute.Pointer, conv: cute.Pointer, cw: cute.Pointer,
                    A_log: cute.Pointer, dt_bias: cute.Pointer, ssm: cute.Pointer, idx: cute.Pointer,
@@ -284,7 +448,7 @@ def _decode_kernel(cfg: cutlass.Constexpr, mixed: cute.Pointer, conv: cute.Point
     Hk, R, dk, dv, W, BV, KS, VEC = cfg.Hk, cfg.R, cfg.dk, cfg.dv, cfg.W, cfg.BV, cfg.KS, cfg.VEC
     Hv = Hk * R
     NCB, RPT, NT, CL = cfg.NCB, cfg.RPT, cfg.threads, cfg.cluster
-    G, PW, KW = cfg.G, cfg.PW, cfg.KS // cfg.PW
+    G, KW = cfg.G, cfg.KS // cfg.PW
     D = 2 * Hk * dk + 2 * Hv * dv + 2 * Hv
     C = 2 * Hk * dk + Hv * dv
     NW = cdiv(NT, 32)
@@ -357,16 +521,8 @@ def _decode_kernel(cfg: cutlass.Constexpr, mixed: cute.Pointer, conv: cute.Point
                 ch = rank * NCH + lc
                 if lc < NCH and ch < 2 * dk:
                     gq = (ch // dk) * (Hk * dk) + kh * dk + ch % dk
-                    xq = _vec(mixed, xrow + gq, 1)
-                    cvq = _vec(conv, crow + Int64(gq) * (W - 1), W - 1)
-                    wq = _vec(cw, Int64(gq) * W, W)
-                    yq = _silu_conv(xq, cvq, wq, W)
-                    nwq = cute.make_rmem_tensor((W,), mixed.dtype)
-                    for q in cutlass.range_constexpr(W - 2):
-                        nwq[q] = cvq[q + 1]
-                    nwq[W - 2] = xq[0]
-                    for q in cutlass.range_constexpr(W - 1):
-                        cvq[q] = nwq[q]
+                    yq, cvq, nwq = _conv_step(mixed, conv, cw, xrow, crow, gq, W)
+                    _put_window(cvq, nwq, W)
                     if cutlass.const_expr(CL > 1):
                         for r_ in cutlass.range_constexpr(CL):
                             _st_cluster(qk.iterator + ch, r_, yq)
@@ -384,13 +540,9 @@ def _decode_kernel(cfg: cutlass.Constexpr, mixed: cute.Pointer, conv: cute.Point
                 which = chc // dk
                 i = chc % dk
                 g = which * (Hk * dk) + kh * dk + i
-                xv = _vec(mixed, xrow + g, 1)
-                cv = _vec(conv, crow + Int64(g) * (W - 1), W - 1)
-                wv = _vec(cw, Int64(g) * W, W)
-                y = _silu_conv(xv, cv, wv, W)
-                for q in cutlass.range_constexpr(W - 2):
-                    newwin[c, q] = cv[q + 1]
-                newwin[c, W - 2] = xv[0]
+                y, _, nw = _conv_step(mixed, conv, cw, xrow, crow, g, W)
+                for q in cutlass.range_constexpr(W - 1):
+                    newwin[c, q] = nw[q]
                 if ch < 2 * dk:
                     if which == 0:
                         qs[i] = y
@@ -404,125 +556,25 @@ def _decode_kernel(cfg: cutlass.Constexpr, mixed: cute.Pointer, conv: cute.Point
                 cv_colc = cv_col
                 if cutlass.const_expr(dv % BV != 0):
                     cv_colc = cutlass.min(cv_col, dv - 1)
-                gv = 2 * Hk * dk + hv * dv + cv_colc
-                xvv = _vec(mixed, xrow + gv, 1)
-                cvv = _vec(conv, crow + Int64(gv) * (W - 1), W - 1)
-                wvv = _vec(cw, Int64(gv) * W, W)
-                vs[jv] = _silu_conv(xvv, cvv, wvv, W)
-                nwv = cute.make_rmem_tensor((W,), mixed.dtype)
-                for q in cutlass.range_constexpr(W - 2):
-                    nwv[q] = cvv[q + 1]
-                nwv[W - 2] = xvv[0]
+                yv, cvv, nwv = _conv_step(mixed, conv, cw, xrow, crow, 2 * Hk * dk + hv * dv + cv_colc, W)
+                vs[jv] = yv
                 if cv_col < dv:
-                    for q in cutlass.range_constexpr(W - 1):
-                        cvv[q] = nwv[q]
+                    _put_window(cvv, nwv, W)
         if cutlass.const_expr(CL > 1 and not cfg.SHARE):
             cute.arch.cluster_arrive()  # release: this thread's reads of the old q|k window are done
         # ---- gates of (b, hv)
-        bb = _vec(mixed, xrow + (2 * Hk * dk + 2 * Hv * dv + hv), 1)[0].to(Float32)
-        aa = _vec(mixed, xrow + (2 * Hk * dk + 2 * Hv * dv + Hv + hv), 1)[0].to(Float32)
-        beta = Float32(1.0) / (Float32(1.0) + cute.math.exp(-bb))
-        xa = aa + _vec(dt_bias, Int64(hv), 1)[0]
-        sp = xa
-        if xa <= Float32(20.0):
-            sp = cute.math.log1p(cute.math.exp(xa))
-        alpha = cute.math.exp(-cute.math.exp(_vec(A_log, Int64(hv), 1)[0]) * sp)
+        beta, alpha = _gates(mixed, A_log, dt_bias, xrow, hv, 2 * Hk * dk + 2 * Hv * dv, Hv)
         if cutlass.const_expr(CL > 1 and cfg.SHARE):
             cute.arch.cluster_wait()  # acquire: every CTA's y stores into this CTA's qk
         cute.arch.sync_threads()
 
         # ---- |q|^2, |k|^2, q.k over dk: per thread, warp butterfly, one exchange between warps
-        sq = Float32(0.0)
-        sk = Float32(0.0)
-        sqk = Float32(0.0)
-        for c in cutlass.range_constexpr(cdiv(dk, NT)):
-            i = t + c * NT
-            if i < dk:
-                yq = qs[i]
-                yk = ks[i]
-                sq = sq + yq * yq
-                sk = sk + yk * yk
-                sqk = sqk + yq * yk
-        sq = cute.arch.warp_reduction_sum(sq)
-        sk = cute.arch.warp_reduction_sum(sk)
-        sqk = cute.arch.warp_reduction_sum(sqk)
-        lane = t % 32
-        warp = t // 32
-        if lane == 0:
-            wsum[warp, 0] = sq
-            wsum[warp, 1] = sk
-            wsum[warp, 2] = sqk
-        cute.arch.sync_threads()
-        sq = wsum[0, 0]
-        sk = wsum[0, 1]
-        sqk = wsum[0, 2]
-        for w_ in cutlass.range_constexpr(1, NW):
-            sq = sq + wsum[w_, 0]
-            sk = sk + wsum[w_, 1]
-            sqk = sqk + wsum[w_, 2]
-        rq = cute.math.rsqrt(sq + eps)
-        rk = cute.math.rsqrt(sk + eps)
-        kq = sqk * rq * rk * scale  # k . q' (q' = scale * l2norm(q))
+        rq, rk, kq = _qk_norms(qs, ks, wsum, t, NT, dk, eps, scale, cute.arch.sync_threads)
 
-        # ---- per thread: h = alpha S, partial h^T k and h^T q' over its rows (per column)
-        pk = cute.make_rmem_tensor((VEC,), Float32)
-        pq = cute.make_rmem_tensor((VEC,), Float32)
-        for e in cutlass.range_constexpr(VEC):
-            pk[e] = Float32(0.0)
-            pq[e] = Float32(0.0)
-        for r in cutlass.range_constexpr(RPT):
-            i = p + KS * r
-            ic = i
-            if cutlass.const_expr(dk % KS != 0):
-                ic = cutlass.min(i, dk - 1)
-            kv = ks[ic] * rk
-            qv = (qs[ic] * rq) * scale
-            if cutlass.const_expr(dk % KS != 0):
-                if i >= dk:
-                    kv = Float32(0.0)
-                    qv = Float32(0.0)
-            for e in cutlass.range_constexpr(VEC):
-                h = alpha * s[r, e]
-                pk[e] = pk[e] + h * kv
-                pq[e] = pq[e] + h * qv
-        # the KS row parts of a column: the PW of a warp by butterfly shuffles (lanes G apart),
-        # then the KW warps' sums through shared memory, each summed in a fixed order
-        for e in cutlass.range_constexpr(VEC):
-            for sh in cutlass.range_constexpr(cfg.PW.bit_length() - 1):
-                pk[e] = pk[e] + cute.arch.shuffle_sync_bfly(pk[e], offset=G << sh)
-                pq[e] = pq[e] + cute.arch.shuffle_sync_bfly(pq[e], offset=G << sh)
-        if cutlass.const_expr(KW > 1):
-            if p % PW == 0:
-                for e in cutlass.range_constexpr(VEC):
-                    red[p // PW, j0 + e, 0] = pk[e]
-                    red[p // PW, j0 + e, 1] = pq[e]
-            cute.arch.sync_threads()
-            for e in cutlass.range_constexpr(VEC):
-                pk[e] = red[0, j0 + e, 0]
-                pq[e] = red[0, j0 + e, 1]
-                for w_ in cutlass.range_constexpr(1, KW):
-                    pk[e] = pk[e] + red[w_, j0 + e, 0]
-                    pq[e] = pq[e] + red[w_, j0 + e, 1]
-        u = cute.make_rmem_tensor((VEC,), Float32)
-        for e in cutlass.range_constexpr(VEC):
-            u[e] = beta * (vs[j0 + e] - pk[e])
-        if p == 0:
-            if col < dv:
-                for e in cutlass.range_constexpr(VEC):
-                    orow[col + e] = odt(pq[e] + u[e] * kq)
-        # ---- S_new = h + k u, stored in place (rounded once to the state's dtype); k is read
-        # again from shared memory (the same product as above) instead of being kept in registers
-        stp = ssm + (S0 + Int64(p * dv + col))
-        for r in cutlass.range_constexpr(RPT):
-            i = p + KS * r
-            if col < dv:
-                if cutlass.const_expr(dk % KS != 0):
-                    if i < dk:
-                        kv = ks[i] * rk
-                        _st_state(stp, KS * r * dv, [alpha * s[r, e] + kv * u[e] for e in range(VEC)], VEC, cfg.STREAM)
-                else:
-                    kv = ks[i] * rk
-                    _st_state(stp, KS * r * dv, [alpha * s[r, e] + kv * u[e] for e in range(VEC)], VEC, cfg.STREAM)
+        # ---- the delta rule on the slice: h = alpha S, h^T k and h^T q' (per thread, warp
+        # butterfly, one exchange between warps), u, o, S_new = h + k u^T stored in place
+        _delta_tile(cfg, s, qs, ks, vs, red, orow, ssm, S0, rq, rk, scale, alpha, beta, kq, p, j0, col,
+                    cute.arch.sync_threads)
 
         # ---- the new q|k window of (b, kh): written by the cluster's rank-0 CTA once every
         # CTA of the cluster has read the old one
@@ -597,7 +649,21 @@ def decode_launch(mixed, conv_state, conv_weight, A_log, dt_bias, ssm_state, sta
 # gdn_decode fwd, destination-passing (the registry's kernel signature: inputs, outputs, params in
 # spec order): o [B, Hv, dv] written, conv_state and ssm_state updated in place; B = 0 launches nothing
 decode_into = launch_into(decode_launch)
-kernel("gdn_decode", "cute", "fwd")(decode_into)
+
+
+def decode_fwd(*args):
+    """The registered cute fwd kernel (``decode_into``'s arguments): the ring kernel
+    (cute_decode_ring.decode_ring_into) where ``RING`` is on and its limits hold, else this module's."""
+    if RING:
+        from tilekernels.gdn import cute_decode_ring as ring
+
+        if ring.ring_fits(*args):
+            ring.decode_ring_into(*args)
+            return
+    decode_into(*args)
+
+
+kernel("gdn_decode", "cute", "fwd")(decode_fwd)
 
 
 def representative_launch(Hk: int = 16, Hv: int = 32, dk: int = 128, dv: int = 128, W: int = 4,

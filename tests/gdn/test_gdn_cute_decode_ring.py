@@ -1,0 +1,304 @@
+"""CuTe DSL gdn_decode, TMA-ring kernel (tilekernels/gdn/cute_decode_ring.py).
+
+The cases, inputs, float64 oracle and kernel-level GPU tests are the cuTile decode test's (imported:
+tests/gdn/test_gdn_cutile_decode.py, as test_gdn_cute_decode.py runs them on the register kernel),
+here on the ring kernel; the tolerances the suite's table (tilekernels.testing, by the checked
+output's dtype: o bf16 1e-2, ssm_state fp32 1e-5 / bf16 1e-2, conv_state exact).
+
+CPU (CI): the kernel compiles for sm_90a (Launch.export) at Qwen3-Next shapes (fp32 and bf16 state,
+with and without state_indices), odd head shapes (dv not a multiple of BV, dk not a multiple of the
+row parts, dk = 256, Hv/Hk = 16) and the benchmark's config variants, with no local memory (no
+spills); the config is the compile key (B and N are runtime); its validation refuses what TMA or
+shared memory cannot hold; the registered cute kernel dispatches to it only where RING is on and its
+limits hold. GPU (marked ``gpu``): against the float64 reference (NaN-poisoned o, padded rows zero,
+unnamed slots bit-identical), few CTAs walking many items, B = 1, 3, 33, 300, against the register
+kernel, through the registry with RING on.
+"""
+from __future__ import annotations
+
+import dataclasses
+import re
+import types
+
+import pytest
+import torch
+
+pytest.importorskip("cutlass")
+
+import test_gdn_cutile_decode as base  # the cuTile test's cases, oracle and GPU tests
+from test_gdn_cute_decode import mk_meta
+from test_gdn_cutile_decode import BF, F32, GPU_CASES, QWEN, _indices, _inputs, _ref64
+
+import registry
+from tilekernels._cute import cubin_resources, record_compile_keys
+from tilekernels.gdn import cute_decode as cq
+from tilekernels.gdn import cute_decode_ring as rg
+from tilekernels.testing import assert_close
+
+ODD = {"Hk": 2, "Hv": 4, "dk": 96, "dv": 80, "W": 3}  # two column blocks a head, the second 16 of 64 columns
+ROWS = {"Hk": 1, "Hv": 2, "dk": 100, "dv": 48, "W": 2}  # dk % KS != 0 (KS 8): rows past dk clamped, zero weights
+WIDE = {"Hk": 1, "Hv": 2, "dk": 256, "dv": 64, "W": 4}  # the largest TMA box: 256 consumer threads, 64 KiB tiles
+MANY = {"Hk": 1, "Hv": 16, "dk": 32, "dv": 32, "W": 4}  # Hv/Hk = 16 (beyond the register kernel's cluster of 8)
+
+# (shape, state dtype, state_indices, mixed dtype)
+COMPILE_VARIANTS = [(QWEN, F32, True, BF), (QWEN, BF, True, BF), (QWEN, F32, False, BF), (QWEN, BF, False, BF),
+                    (QWEN, F32, True, F32), (ODD, F32, True, BF), (ODD, BF, False, BF), (ROWS, F32, True, BF),
+                    (WIDE, F32, True, BF), (MANY, BF, True, BF)]
+COMPILE_VARIANTS += [(c[2], c[3], c[4] is not None, BF) for c in GPU_CASES
+                     if (c[2], c[3], c[4] is not None, BF) not in COMPILE_VARIANTS]
+
+def ring_variant(name, sd):
+    """cute_decode_ring.VARIANTS[name] at Qwen3-Next shapes (None: a variant of the other state dtype)."""
+    return rg.variant_cfg(name, 16, 32, 128, 128, 4, sd.itemsize)
+
+
+def _vid(v):
+    s, sd, idx, dt = v
+    return "Hk{Hk}-Hv{Hv}-dk{dk}-dv{dv}-W{W}".format(**s) + \
+        f"-{str(sd)[6:]}state-{'idx' if idx else 'noidx'}-{str(dt)[6:]}"
+
+
+def _export(ln):
+    art = ln.export("sm_90a")
+    res = [r for n, r in cubin_resources(art.cubin).items() if "ring_kernel" in n]
+    assert len(res) == 1 and res[0]["frame"] == 0, f"{ln.cfg}: register spills or a local array: {res}"
+    assert "cp.async.bulk.tensor.2d.shared::cta.global" in art.ptx and "mbarrier.try_wait" in art.ptx
+    return art
+
+
+# ------------------------------------------------------------------ CPU (CI)
+
+
+@pytest.mark.parametrize("v", COMPILE_VARIANTS, ids=[_vid(v) for v in COMPILE_VARIANTS])
+def test_compiles_for_sm90a(v):
+    """TMA loads into the ring, VEC-wide smem reads and state stores, the consumers' named barrier,
+    no spills."""
+    s, sd, idx, dt = v
+    ln = rg.representative_launch(**s, dtype=dt, state_dtype=sd, with_indices=idx)
+    art = _export(ln)
+    cfg = ln.cfg
+    if cfg.VEC > 1:  # one VEC-wide smem read and one 8- or 16-byte global store a row
+        assert f"ld.shared::cta.v{cfg.VEC}" in art.ptx and re.search(r"st\.global\.v[24]\.b32", art.ptx)
+    assert f"bar.sync \t1, {cfg.CONSUMERS}" in art.ptx  # the consumers' own barrier, not the producer's
+
+
+@pytest.mark.parametrize("sd", [F32, BF], ids=["fp32state", "bf16state"])
+@pytest.mark.parametrize("name", list(rg.VARIANTS))
+def test_variants_compile(name, sd):
+    cfg = ring_variant(name, sd)
+    if cfg is None:
+        pytest.skip(f"{name}: not a {sd} variant")
+    art = _export(rg.representative_launch(**QWEN, state_dtype=sd, cfg=cfg))
+    assert ("st.global.cs" in art.ptx) == cfg.STREAM
+    assert rg.variant_cfg("STAGES=4,STREAM=True", 16, 32, 128, 128, 4, sd.itemsize) == dataclasses.replace(
+        rg.DecodeRingCfg.heuristic(16, 32, 128, 128, 4, sd.itemsize), STAGES=4, STREAM=True)
+
+
+def test_heuristic():
+    """From the static dims and the state's element size only; Qwen3-Next as designed."""
+    f = rg.DecodeRingCfg.heuristic(16, 32, 128, 128, 4, 4)
+    assert (f.BV, f.VEC, f.CONSUMERS, f.KS, f.RPT, f.STAGES, f.NCB, f.threads) == (64, 4, 128, 8, 16, 6, 2, 160)
+    assert f.tile_bytes == 32768 and f.smem_bytes <= rg.SMEM_CTA
+    b = rg.DecodeRingCfg.heuristic(16, 32, 128, 128, 4, 2)
+    assert (b.BV, b.VEC, b.CONSUMERS, b.STAGES) == (64, 4, 128, 12)
+    w = rg.DecodeRingCfg.heuristic(**WIDE, state_bytes=4)
+    assert (w.CONSUMERS, w.RPT, w.STAGES) == (256, 16, 3)
+    assert rg.DecodeRingCfg.heuristic(1, 2, 64, 16, 2, 4).BV == 16  # narrow heads: narrower tiles
+    assert rg.DecodeRingCfg.heuristic(16, 32, 128, 128, 4, 4, CPS=2).STAGES == 3
+    # the register kernel's thread mapping at Qwen3-Next (so the same fp32 op order)
+    reg = cq.DecodeCfg.heuristic(16, 32, 128, 128, 4, 4)
+    assert (reg.BV, reg.VEC, reg.KS, reg.threads) == (f.BV, f.VEC, f.KS, f.CONSUMERS)
+
+
+def test_config_validation():
+    with pytest.raises(ValueError, match="gdn_decode cute ring.*dk <= 256"):
+        rg.DecodeRingCfg.heuristic(1, 1, 300, 64, 4)
+    with pytest.raises(ValueError, match="gdn_decode cute ring.*TMA row stride"):
+        rg.DecodeRingCfg.heuristic(1, 4, 48, 34, 4, 4)  # 136-byte rows
+    with pytest.raises(ValueError, match="gdn_decode cute ring.*W >= 2"):
+        rg.DecodeRingCfg.heuristic(16, 32, 128, 128, 1)
+    with pytest.raises(ValueError, match="gdn_decode cute ring.*multiple of Hk"):
+        rg.DecodeRingCfg.heuristic(3, 4, 128, 128, 4)
+    base_ = rg.DecodeRingCfg.heuristic(16, 32, 128, 128, 4)
+    with pytest.raises(ValueError, match="gdn_decode cute ring.*BV <= 256"):
+        dataclasses.replace(base_, BV=512, CONSUMERS=512)
+    with pytest.raises(ValueError, match="gdn_decode cute ring.*shared memory"):
+        dataclasses.replace(base_, STAGES=7)
+    with pytest.raises(ValueError, match="gdn_decode cute ring.*shared memory"):
+        dataclasses.replace(base_, CPS=2)
+    with pytest.raises(ValueError, match="gdn_decode cute ring.*whole warps"):
+        dataclasses.replace(base_, CONSUMERS=80)
+
+
+def test_config_is_the_compile_key():
+    """B and N are runtime: one launch key at every B, the grid min(B * Hk, SMs * CPS) (132 SMs for
+    meta tensors); a config that does not fit the call is refused."""
+    meta = torch.device("meta")
+    keys, grids = set(), []
+    for B in (1, 8, 33, 256):
+        x, conv, w, A, dt, ssm = mk_meta(B, **QWEN, N=B + 5)
+        o = torch.empty(B, 32, 128, dtype=BF, device=meta)
+        ln = rg.decode_launch(x, conv, w, A, dt, ssm, None, o, 16)
+        keys.add(ln.launch.key("sm_90a"))
+        grids.append(ln.grid)
+        assert ln.values[9] == (B + 5) * 32 * 128  # the TMA tensor's rows
+    assert len(keys) == 1 and grids == [(16, 1, 1), (128, 1, 1), (132, 1, 1), (132, 1, 1)]
+    x, conv, w, A, dt, ssm = mk_meta(40, **QWEN)
+    o = torch.empty(40, 32, 128, dtype=BF, device=meta)
+    assert rg.decode_launch(x, conv, w, A, dt, ssm, None, o, 16, ctas=3).grid == (3, 1, 1)
+    with pytest.raises(ValueError, match="does not fit"):
+        rg.decode_launch(x, conv, w, A, dt, ssm, None, o, 16, cfg=rg.DecodeRingCfg.heuristic(16, 32, 128, 128, 4, 2))
+    keys = {rg.representative_launch(**s, dtype=dt, state_dtype=sd, with_indices=idx).key("sm_90a")
+            for s, sd, idx, dt in COMPILE_VARIANTS}
+    assert len(keys) == len(COMPILE_VARIANTS)
+
+
+def test_fits_and_dispatch(monkeypatch):
+    """The registered cute kernel is cute_decode.decode_fwd: the register kernel unless RING is on
+    and the ring's limits hold (16-byte aligned state, 16-byte rows, dk <= 256)."""
+    calls = []
+    monkeypatch.setattr(cq, "decode_into", lambda *a: calls.append("reg"))
+    monkeypatch.setattr(rg, "decode_ring_into", lambda *a: calls.append("ring"))
+    assert registry.kernels.get_kernel("gdn_decode", "cute", "fwd") is cq.decode_fwd
+
+    def args(shape, sd=F32):
+        x, conv, w, A, dt, ssm = mk_meta(2, **shape, state_dtype=sd)
+        return (x, conv, w, A, dt, ssm, None, torch.empty(2, shape["Hv"], shape["dv"], dtype=BF, device="meta"),
+                shape["Hk"], 1e-6, None)
+
+    monkeypatch.setattr(cq, "RING", False)
+    cq.decode_fwd(*args(QWEN))
+    monkeypatch.setattr(cq, "RING", True)
+    cq.decode_fwd(*args(QWEN))
+    cq.decode_fwd(*args(QWEN, BF))
+    cq.decode_fwd(*args({"Hk": 1, "Hv": 4, "dk": 48, "dv": 34, "W": 4}))  # 136-byte rows: no TMA
+    cq.decode_fwd(*args({"Hk": 1, "Hv": 1, "dk": 320, "dv": 32, "W": 4}))  # dk > 256
+    assert calls == ["reg", "ring", "ring", "reg", "reg"]
+    assert not rg.ring_fits(*args({"Hk": 1, "Hv": 1, "dk": 320, "dv": 32, "W": 4}))
+
+
+def test_empty_batch_launches_nothing():
+    """B = 0 returns before building a launch (CPU tensors: a launch would fail)."""
+    x, conv, w, A, dt, ssm = (torch.zeros(t.shape, dtype=t.dtype) for t in mk_meta(0, **QWEN, N=2))
+    o = torch.zeros(0, 32, 128, dtype=BF)
+    rg.decode_ring_into(x, conv, w, A, dt, ssm, None, o, 16, 1e-6, None)
+
+
+# ------------------------------------------------------------------ GPU
+
+needs_gpu = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+
+
+@pytest.fixture(autouse=True)
+def _ring_kernel(monkeypatch):
+    """The cuTile decode test's GPU tests below, run on the ring kernel: the module they call
+    ``decode_into`` on becomes the ring's entry for this module's tests."""
+    monkeypatch.setattr(base, "cd", types.SimpleNamespace(decode_into=rg.decode_ring_into))
+
+
+# the cuTile test's kernel-level GPU tests, unchanged (same cases, oracle and checks): the float64
+# reference at every GPU_CASES shape (B = 1, 5, 8, 33; Hv/Hk 1, 2, 4; dk != dv; W 2, 3, 4; fp32 and bf16
+# state; padded, permuted and absent state_indices), k steps continuing a prefill, CUDA-graph replay == eager
+test_decode_matches_float64_reference = base.test_decode_matches_float64_reference
+test_steps_continue_a_prefill = base.test_steps_continue_a_prefill
+test_cuda_graph_replay_equals_eager = base.test_cuda_graph_replay_equals_eager
+
+# the ring's own regimes: (B, N, shape, state dtype, indices mode, CTAs (None: the launch's grid))
+RING_GPU_CASES = [
+    (33, 40, QWEN, F32, "pad", 1),      # one CTA walks all 528 items (the ring wraps across rows)
+    (33, 40, QWEN, BF, "pad", 7),       # 7 CTAs: items g, g + 7, ..; padded rows between real ones
+    (33, 33, QWEN, F32, None, 5),
+    (3, 9, QWEN, F32, "perm", None),
+    (300, 310, {"Hk": 2, "Hv": 4, "dk": 64, "dv": 64, "W": 4}, F32, "perm", None),  # 600 items on 132 CTAs
+    (300, 300, {"Hk": 2, "Hv": 4, "dk": 64, "dv": 64, "W": 4}, BF, "pad", None),
+    (5, 7, ODD, F32, "pad", 2),
+    (5, 7, ODD, BF, None, None),
+    (4, 6, ROWS, F32, "perm", 1),
+    (3, 4, WIDE, F32, "pad", None),
+    (3, 5, MANY, BF, "perm", 2),
+    (1, 2, MANY, F32, None, None),
+]
+
+
+def _case_id(c):
+    return base.case_id(c[:5]) + f"-ctas{c[5]}"
+
+
+def _check(monkeypatch, B, N, shape, sd, mode, ctas=None, cfg=None):
+    """The cuTile test's reference check (float64 oracle, NaN-poisoned o, padded rows zero, unnamed
+    slots bit-identical) on the ring kernel at ``cfg`` (None: the heuristic's) on ``ctas`` CTAs."""
+    grids = []
+
+    def into(*args):
+        ln = rg.decode_launch(*args, cfg=cfg, ctas=ctas)
+        grids.append(ln.grid[0])
+        ln.run()
+
+    monkeypatch.setattr(base, "cd", types.SimpleNamespace(decode_into=into))
+    base.test_decode_matches_float64_reference(B, N, shape, sd, mode)
+    assert len(grids) == 1 and (ctas is None or grids[0] == min(ctas, B * shape["Hk"])), grids
+
+
+@pytest.mark.gpu
+@needs_gpu
+@pytest.mark.parametrize("B,N,shape,sd,mode,ctas", RING_GPU_CASES, ids=[_case_id(c) for c in RING_GPU_CASES])
+def test_ring_matches_float64_reference(B, N, shape, sd, mode, ctas, monkeypatch):
+    _check(monkeypatch, B, N, shape, sd, mode, ctas)
+
+
+@pytest.mark.gpu
+@needs_gpu
+@pytest.mark.parametrize("sd", [F32, BF], ids=["fp32state", "bf16state"])
+@pytest.mark.parametrize("name", list(rg.VARIANTS))
+def test_ring_variants_match_reference(name, sd, monkeypatch):
+    cfg = ring_variant(name, sd)
+    if cfg is None:
+        pytest.skip(f"{name}: not a {sd} variant")
+    _check(monkeypatch, 33, 40, QWEN, sd, "pad", cfg=cfg)
+
+
+@pytest.mark.gpu
+@needs_gpu
+@pytest.mark.parametrize("sd", [F32, BF], ids=["fp32state", "bf16state"])
+@pytest.mark.parametrize("B", [1, 33, 256])
+def test_ring_matches_register_kernel(sd, B):
+    """Same inputs through both kernels. At Qwen3-Next the ring's thread mapping is the register
+    kernel's (BV 64, VEC 4, KS 8: test_heuristic) and both run the same helpers (conv step, gates,
+    norms, _delta_tile), so every fp32 operation is the same in the same order: o and the state are
+    expected bitwise equal. Not asserted bitwise: whether ptxas contracts a*b + c into one fma is
+    decided per kernel, and each such choice moves a result by an ulp; so o within bf16's tolerance
+    of the register kernel's and the fp32 state within fp32's (1e-5), the bf16 state within bf16's."""
+    N = B + 3
+    x, conv, w, A, dt, ssm = _inputs(B, N, **QWEN, state_dtype=sd)
+    idx = _indices(B, N, "pad")
+    conv2, ssm2 = conv.clone(), ssm.clone()
+    o1 = torch.full((B, 32, 128), float("nan"), dtype=x.dtype, device=x.device)
+    o2 = o1.clone()
+    cq.decode_into(x, conv, w, A, dt, ssm, idx, o1, 16, 1e-6, None)
+    rg.decode_ring_into(x, conv2, w, A, dt, ssm2, idx, o2, 16, 1e-6, None)
+    assert_close(o2, o1, what="o (ring vs register kernel)")
+    assert_close(ssm2, ssm, kind=sd, what="ssm_state (ring vs register kernel)")
+    assert_close(conv2, conv, kind="exact", what="conv_state (ring vs register kernel)")
+
+
+@pytest.mark.gpu
+@needs_gpu
+@pytest.mark.parametrize("sd", [F32, BF], ids=["fp32state", "bf16state"])
+def test_registry_runs_the_ring_when_on(sd, monkeypatch):
+    """registry.get("gdn_decode")(..., backend="cute") with cute_decode.RING on runs the ring kernel
+    (its compile key is recorded) and matches the reference; with RING off the register kernel."""
+    op = registry.get("gdn_decode")
+    B, N = 5, 7
+    for ring_on, name in ((True, "gdn.cute_decode_ring.decode"), (False, "gdn.cute_decode.decode")):
+        monkeypatch.setattr(cq, "RING", ring_on)
+        x, conv, w, A, dt, ssm = _inputs(B, N, **QWEN, state_dtype=sd)
+        idx = _indices(B, N, "pad")
+        o64, c64, s64 = _ref64(x, conv, w, A, dt, ssm, idx, 16)
+        with record_compile_keys() as keys:
+            keys.clear()
+            o = op(x, conv, w, A, dt, ssm, idx, Hk=16, backend="cute")
+            names = {k[0] for k in keys}
+        assert name in names, names
+        assert_close(o, o64, what="o")
+        assert_close(ssm, s64, kind=sd, what="ssm_state")
+        assert_close(conv, c64.to(conv.dtype), kind="exact", what="conv_state")

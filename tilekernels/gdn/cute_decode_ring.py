@@ -1,0 +1,479 @@
+"""CuTe DSL kernel for gdn_decode with a TMA ring (Hopper sm_90a): the state streamed through shared memory.
+
+Same op, math and results as tilekernels/gdn/cute_decode.py (read its docstring first; specs/gdn.py
+``DECODE``, ``reference.decode`` the truth): per row b and value head h the conv step + SiLU of the
+token's q|k|v channels, l2norm of q and k, beta = sigmoid(b), alpha = exp(g), then in place
+S = alpha S; u = beta (v - S^T k); S = S + k u^T; o = S^T (scale q). fp32 math, the state read once
+and written once (rounded once to its dtype), o rounded once to mixed's dtype.
+
+Why: the register kernel (cute_decode) loads its [dk, BV] state slice straight into registers, so
+the bytes in flight are what the resident threads can hold; Nsight at B=256 fp32 shows DRAM ~74%
+busy, the warps stalled on the loads' scoreboards (H200, Qwen3-Next: 42.4 / 303 us at B = 32 / 256,
+a plain copy of the same bytes 34.6 / 262 us). Here one producer warp keeps STAGES state tiles in
+flight per CTA by TMA, running ahead of the math across heads and rows.
+
+Work split: persistent CTAs, grid = min(B * Hk, SMs * CPS). A work item is (row b, key head kh):
+item = b * Hk + kh; CTA g takes items g, g + grid, g + 2 grid, ... An item covers the R = Hv/Hk
+value heads hv = kh R .. kh R + R - 1 and all their columns, so its CTA alone owns the conv windows
+of the key head's q|k channels and of those heads' v channels (reads the old window, writes the
+shifted one itself): no clusters, no cross-CTA sync, Hv/Hk unbounded.
+
+Tiles and the ring: a tile is [dk rows, BV columns] of one value head's state (NCB = ceil(dv / BV)
+tiles a head, R * NCB an item, in order (head, column block)), loaded by TMA (one box (BV, dk)) from
+the state seen as a 2-D row-major tensor [N * Hv * dk rows, dv columns] into stage k of a STAGES-deep
+shared-memory ring ([dk, BV] row-major a stage, stages 128-byte aligned). Columns past dv in the
+last tile are out of the tensor's bounds: TMA writes zeros there (and counts their bytes), the
+kernel stores nothing there. Barriers: cutlass.pipeline.PipelineTmaAsync (``_cute.tma_pipeline``):
+a full mbarrier a stage (the producer's arrive with the tile's bytes + TMA's transaction bytes) and
+an empty one (one arrive per consumer warp).
+
+Threads: CONSUMERS threads (warps 0 .. CONSUMERS/32 - 1) + one producer warp (the last).
+* Producer warp: walks the CTA's items; for a row with slot >= 0 (slot = state_indices[b], or b)
+  it issues, per tile, wait empty -> arrive with the tile's bytes on full -> TMA load, so it runs
+  up to STAGES tiles ahead of the consumers (HBM busy while they run an item's prologue).
+* Consumers, per item: a row with slot -1 writes zeros to o[b, kh R .. kh R + R - 1, :] and nothing
+  else (the producer skipped it too). Otherwise the prologue: named barrier (the previous item's
+  readers of the shared buffers are done); conv step + SiLU of the key head's 2 dk q|k channels and
+  of the item's R dv v channels (threads t, t + CONSUMERS, ..; each window read and the shifted one
+  written by the same thread), gates of the R heads, barrier, |q|^2, |k|^2, q.k (warp butterfly, one
+  exchange between warps): cute_decode's helpers, the same fp32 op order. Then per tile: wait full,
+  read the stage into registers in cute_decode's thread mapping (G = BV / VEC column groups, KS =
+  CONSUMERS / G row parts; thread t takes columns j0 = VEC (t % G) .. j0 + VEC - 1 of rows
+  p, p + KS, .. (p = t // G): one VEC-wide ld.shared a row; every 128 bytes a warp reads at once are
+  contiguous, so no bank conflicts), __syncwarp and release the stage (lane 0 of each warp arrives on its
+  empty barrier: the producer refills it while the consumers reduce and store), then
+  cute_decode._delta_tile: h = alpha S, h^T k and h^T q' per column (per thread, butterfly over a
+  warp's row parts, the warps' partials through shared memory in a fixed order: two exchange
+  buffers alternating by tile, so one consumer barrier a tile), u, o, and S_new = h + k u^T stored
+  in place from registers with VEC-wide st.global.
+
+Results: at the same thread mapping as the register kernel's config (Qwen3-Next: BV 64, VEC 4,
+128 threads, KS 8) every fp32 operation is the register kernel's in the same order (same helpers),
+so o and the state are expected bitwise equal to cute_decode's; other shapes differ from it in the
+reduction split (KS), so within fp32 rounding.
+
+Layout: raw pointers to the caller's contiguous tensors: mixed [B, D], conv_state [N, C, W-1],
+conv_weight [C, W], A_log, dt_bias [Hv] fp32, ssm_state [N, Hv, dk, dv] (16-byte aligned, TMA),
+state_indices [B] int32, o [B, Hv, dv]. Offsets 64-bit except inside a slot (Hv dk dv < 2^31).
+
+Backend limits (``ring_fits``; beyond them cute_decode's kernel runs): dk <= 256 and BV <= 256 (TMA
+box dims), dv * element size a multiple of 16 bytes (the TMA row stride), ssm_state 16-byte aligned,
+N * Hv * dk < 2^31 (TMA row coordinate), fp32 or bf16 state, W >= 2, Hv % Hk == 0, the ring and the
+buffers within shared memory. Compile key: DecodeRingCfg (static dims, element size, tiling,
+has_idx) + dtypes; B and N are runtime scalars. Wired in behind ``cute_decode.RING`` (off by default,
+env TILEKERNELS_GDN_DECODE_RING=1). Written without a GPU: compiled for sm_90a on the CPU only.
+Importing this module needs ``cutlass`` but no GPU.
+"""
+from __future__ import annotations  # noqa: I001 (torch before cutlass, as in every CuTe DSL module here)
+
+import dataclasses
+import functools
+
+import torch
+
+import cutlass
+from cutlass import Float32, Int32, Int64, cute, pipeline
+from cutlass.cute.nvgpu import cpasync
+from cutlass.memory.smem import SmemAllocator
+
+from tilekernels import _cute as CU
+from tilekernels._glue import launch_into, sm_count
+
+from .cute_decode import (
+    VALUES,
+    VEC_BYTES,
+    _conv_step,
+    _delta_tile,
+    _gates,
+    _ld_state,
+    _put_window,
+    _qk_norms,
+    _vec,
+)
+
+_NAME = "gdn.cute_decode_ring"
+SMEM_CTA = 227 * 1024  # shared memory one CTA may have (H100 / H200)
+SMEM_SM = 228 * 1024  # shared memory of an SM, 1 KiB of it reserved a resident CTA
+RING_BYTES = 200 * 1024  # the heuristic's ring, all CTAs of an SM together
+MAX_STAGES = 16
+BAR_CONSUMERS = 1  # named barrier of the consumer warps (0 is __syncthreads)
+
+
+@dataclasses.dataclass(frozen=True)
+class DecodeRingCfg:
+    """Launch config = compile key (with the argument dtypes).
+
+    Hk, R (= Hv/Hk), dk, dv, W: the static dims; state_bytes: the state's element size (4 fp32,
+    2 bf16); BV: state columns a tile (the TMA box is (BV, dk)); VEC: adjacent columns a thread (one
+    VEC-wide smem read and global store a row); STAGES: tiles in the ring; CONSUMERS: math threads
+    (whole warps; plus one producer warp); CPS: CTAs an SM (the grid is SMs * CPS at most, ptxas
+    bound to that many, their rings share the SM's shared memory); STREAM: the state's stores
+    .cs (streaming); has_idx: state_indices given."""
+
+    Hk: int
+    R: int
+    dk: int
+    dv: int
+    W: int
+    state_bytes: int = 4
+    BV: int = 64
+    VEC: int = 4
+    STAGES: int = 6
+    CONSUMERS: int = 128
+    CPS: int = 1
+    STREAM: bool = False
+    has_idx: bool = True
+
+    def __post_init__(self):
+        es = self.state_bytes
+        bad = []
+        if self.W < 2:
+            bad.append("W >= 2")
+        if self.R < 1 or self.Hk < 1:
+            bad.append("Hk >= 1 and Hv a multiple of Hk")
+        if not 1 <= self.dk <= 256:
+            bad.append("dk <= 256 (the TMA box's rows)")
+        if es not in (2, 4):
+            bad.append("a 2- or 4-byte state (bf16, fp32)")
+        if not 1 <= self.BV <= 256 or self.BV * es % 16:
+            bad.append("BV <= 256 columns of a multiple of 16 bytes (the TMA box)")
+        if self.dv < 1 or self.dv * es % 16:
+            bad.append("dv * element size a multiple of 16 bytes (the TMA row stride)")
+        if self.VEC not in (1, 2, 4, 8) or self.BV % self.VEC or self.dv % self.VEC:
+            bad.append("VEC in 1, 2, 4, 8 dividing BV and dv")
+        elif self.G % 32 and 32 % self.G:
+            bad.append("BV / VEC dividing or a multiple of 32")
+        elif self.CONSUMERS % 32 or self.CONSUMERS % self.G or not 32 <= self.CONSUMERS <= 992:
+            bad.append("CONSUMERS whole warps (<= 992), a multiple of BV / VEC")
+        if self.STAGES < 2 or self.CPS < 1 or self.smem_bytes > SMEM_CTA or \
+                self.CPS * (self.smem_bytes + 1024) > SMEM_SM:
+            bad.append(f"STAGES >= 2, CPS >= 1, {self.smem_bytes} bytes of shared memory a CTA <= {SMEM_CTA} and "
+                       f"CPS x (that + 1024) <= {SMEM_SM}")
+        if bad:
+            raise ValueError(f"gdn_decode cute ring: config {self} needs " + "; ".join(bad))
+
+    @property
+    def Hv(self) -> int:
+        return self.Hk * self.R
+
+    @property
+    def G(self) -> int:
+        """Column groups (threads) a row part."""
+        return self.BV // self.VEC
+
+    @property
+    def KS(self) -> int:
+        """Row parts (threads a column group)."""
+        return self.CONSUMERS // self.G
+
+    @property
+    def PW(self) -> int:
+        """Row parts a warp (their partial sums: butterfly shuffles; KS / PW warps' through smem)."""
+        return max(1, 32 // self.G)
+
+    @property
+    def RPT(self) -> int:
+        return CU.cdiv(self.dk, self.KS)
+
+    @property
+    def NCB(self) -> int:
+        return CU.cdiv(self.dv, self.BV)
+
+    @property
+    def threads(self) -> int:
+        return self.CONSUMERS + 32
+
+    @property
+    def tile_bytes(self) -> int:
+        """What one TMA box writes (and the full barrier counts), columns past dv included."""
+        return self.dk * self.BV * self.state_bytes
+
+    @property
+    def stage_elems(self) -> int:
+        """Elements between stages (a stage 128-byte aligned)."""
+        return CU.cdiv(self.tile_bytes, 128) * 128 // self.state_bytes
+
+    @property
+    def smem_bytes(self) -> int:
+        """The CTA's shared memory: the ring, q|k, v (+ the last tile's columns past dv), gates, the two
+        exchange buffers, the norms' partials, the mbarriers, alignment."""
+        small = 2 * self.dk + self.R * self.dv + self.NCB * self.BV + 2 * self.R
+        small += 2 * 2 * (self.KS // self.PW) * self.BV + 3 * (self.CONSUMERS // 32)
+        return self.STAGES * self.stage_elems * self.state_bytes + 4 * small + 16 * self.STAGES + 1024 + 256
+
+    @classmethod
+    @functools.lru_cache(maxsize=256)
+    def heuristic(cls, Hk: int, Hv: int, dk: int, dv: int, W: int, state_bytes: int = 4, has_idx: bool = True,
+                  CPS: int = 1) -> DecodeRingCfg:
+        """From the static dims and the state's element size only (never B or N): VEC as the register
+        kernel's (16 bytes fp32, 8 bf16, halved until it divides dv); BV 64 columns (fp32 [128, 64]: a
+        32 KiB tile), halved while half still covers dv (16-byte TMA rows); KS row parts so a thread
+        holds at most VALUES (64) state values (Qwen3-Next: KS 8, 128 consumer threads, 16 rows of 4);
+        as many stages as fit in RING_BYTES / CPS (fp32 Qwen3-Next: 6, bf16: 12; at most MAX_STAGES).
+        Raises ValueError (naming "gdn_decode cute ring" and the limit) where the kernel cannot run."""
+        if W < 2 or Hk < 1 or Hv % Hk:
+            raise ValueError(f"gdn_decode cute ring: needs W >= 2 and Hv a multiple of Hk (W={W}, Hk={Hk}, Hv={Hv})")
+        VEC = max(1, VEC_BYTES.get(state_bytes, state_bytes) // state_bytes)
+        while dv % VEC:
+            VEC //= 2
+        BV = 64
+        while BV // 2 >= max(dv, VEC) and BV // 2 * state_bytes % 16 == 0:
+            BV //= 2
+        G = BV // VEC
+        PW = max(1, 32 // G)
+        KS = CU.cdiv(CU.cdiv(dk * VEC, VALUES), PW) * PW
+        base = cls(Hk=Hk, R=Hv // Hk, dk=dk, dv=dv, W=W, state_bytes=state_bytes, BV=BV, VEC=VEC, STAGES=2,
+                   CONSUMERS=G * KS, CPS=CPS, has_idx=has_idx)
+        for stages in range(min(MAX_STAGES, RING_BYTES // CPS // (base.stage_elems * state_bytes)), 2, -1):
+            try:  # the most that fit beside the CTA's other buffers
+                return dataclasses.replace(base, STAGES=stages)
+            except ValueError:
+                pass
+        return base
+
+
+# A/B configs beside the heuristic's (benchmarks/gdn_decode_check.py --ring-variants times them, the tests
+# compile and check them): name -> (state element size it is for, or None for any; changes to the heuristic's
+# config). STAGES: ring depth; BV: columns a tile; CONSUMERS: math threads; CPS: CTAs an SM (their rings share
+# its shared memory); STREAM: .cs state stores.
+VARIANTS = {
+    "s3": (None, {"STAGES": 3}), "s4": (None, {"STAGES": 4}), "bv32": (None, {"BV": 32}),
+    "c256": (None, {"CONSUMERS": 256}), "c64": (None, {"CONSUMERS": 64}), "cps2": (None, {"CPS": 2, "STAGES": 3}),
+    "stream": (None, {"STREAM": True}), "bv128c256": (4, {"BV": 128, "CONSUMERS": 256, "STAGES": 3}),
+    "bf16-s8": (2, {"STAGES": 8}), "bf16-cps2": (2, {"CPS": 2, "STAGES": 6}),
+    "bf16-bv128": (2, {"BV": 128, "CONSUMERS": 256, "STAGES": 6}),
+}
+
+
+def variant_cfg(name: str, Hk: int, Hv: int, dk: int, dv: int, W: int, state_bytes: int = 4,
+                has_idx: bool = True) -> DecodeRingCfg | None:
+    """The heuristic's config with VARIANTS[name]'s changes, or ``"KEY=V,KEY=V"`` (any DecodeRingCfg
+    fields, ints or True/False); None where the variant is for the other state dtype."""
+    if name in VARIANTS:
+        want, ch = VARIANTS[name]
+        if want not in (None, state_bytes):
+            return None
+    else:
+        ch = {}
+        for kv in name.split(","):
+            k, v = kv.split("=")
+            ch[k.strip()] = {"True": True, "False": False}.get(v.strip()) if v.strip() in ("True", "False") \
+                else int(v)
+    return dataclasses.replace(DecodeRingCfg.heuristic(Hk, Hv, dk, dv, W, state_bytes, has_idx), **ch)
+
+
+# ------------------------------------------------------------------ device code
+
+
+@cute.kernel
+def _ring_kernel(cfg: cutlass.Constexpr, tma: cute.CopyAtom, mS: cute.Tensor, mixed: cute.Pointer,
+                 conv: cute.Pointer, cw: cute.Pointer, A_log: cute.Pointer, dt_bias: cute.Pointer,
+                 ssm: cute.Pointer, idx: cute.Pointer, o: cute.Pointer, B: Int32, eps: Float32, scale: Float32):
+    Hk, R, dk, dv, W, BV, VEC, S = cfg.Hk, cfg.R, cfg.dk, cfg.dv, cfg.W, cfg.BV, cfg.VEC, cfg.STAGES
+    Hv, NCB, NT, KS, RPT, G = cfg.Hv, cfg.NCB, cfg.CONSUMERS, cfg.KS, cfg.RPT, cfg.G
+    KW = KS // cfg.PW
+    SE = cfg.stage_elems
+    D = 2 * Hk * dk + 2 * Hv * dv + 2 * Hv
+    C = 2 * Hk * dk + Hv * dv
+    TILES = R * NCB
+
+    tidx, _, _ = cute.arch.thread_idx()
+    bid, _, _ = cute.arch.block_idx()
+    nctas, _, _ = cute.arch.grid_dim()
+    warp = cute.arch.make_warp_uniform(cute.arch.warp_idx())
+    items = B * Hk
+
+    smem = SmemAllocator()
+    ring = smem.allocate_tensor(ssm.dtype, cute.make_layout((BV, dk, S), stride=(1, BV, SE)), byte_alignment=1024)
+    qk = smem.allocate_tensor(Float32, cute.make_layout(2 * dk), 16)  # raw y of q | k
+    qs = cute.make_tensor(qk.iterator, cute.make_layout(dk))
+    ks = cute.make_tensor(qk.iterator + dk, cute.make_layout(dk))
+    vs = smem.allocate_tensor(Float32, cute.make_layout(R * dv + NCB * BV), 16)  # y of the item's v channels
+    gate = smem.allocate_tensor(Float32, cute.make_layout((R, 2), stride=(2, 1)), 16)  # beta, alpha a head
+    red = smem.allocate_tensor(Float32, cute.make_layout(2 * KW * BV * 2), 16)  # two exchange buffers
+    wsum = smem.allocate_tensor(Float32, cute.make_layout((NT // 32, 3), stride=(3, 1)), 16)
+    pipe = CU.tma_pipeline(smem, S, cfg.tile_bytes, NT // 32)
+
+    if warp == NT // 32:
+        # ---- producer warp: every tile of the CTA's items, in the consumers' order (TMA elects a lane)
+        CU.prefetch_tma(tma)
+        gS = cute.local_tile(mS, (BV, dk), (None, None))  # (BV, dk, column block, head row block)
+        tSs, tSg = cpasync.tma_partition(tma, 0, cute.make_layout(1), cute.group_modes(ring, 0, 2),
+                                         cute.group_modes(gS, 0, 2))
+        pst = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, S)
+        for item in cutlass.range(bid, items, nctas, unroll=1):
+            b = item // Hk
+            kh = item - b * Hk
+            slot = Int32(b)
+            if cutlass.const_expr(cfg.has_idx):
+                slot = _vec(idx, Int64(b), 1)[0]
+            if slot >= 0:
+                for tl in cutlass.range(TILES, unroll=1):
+                    r = tl // NCB
+                    pipe.producer_acquire(pst)
+                    cute.copy(tma, tSg[None, tl - r * NCB, slot * Hv + kh * R + r], tSs[None, pst.index],
+                              tma_bar_ptr=pipe.producer_get_barrier(pst))
+                    pst.advance()
+        pipe.producer_tail(pst)
+    else:
+        # ---- consumers
+        t = tidx
+        p = t // G
+        j0 = (t % G) * VEC  # this thread's first column in the tile
+        sync = functools.partial(cute.arch.barrier, barrier_id=BAR_CONSUMERS, number_of_threads=NT)
+        cst = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, S)
+        for item in cutlass.range(bid, items, nctas, unroll=1):
+            b = item // Hk
+            kh = item - b * Hk
+            slot = Int32(b)
+            if cutlass.const_expr(cfg.has_idx):
+                slot = _vec(idx, Int64(b), 1)[0]
+            obase = Int64(b) * (Hv * dv) + kh * (R * dv)
+            if slot < 0:  # padded row: o = 0 for the item's heads; no state, no tiles
+                for c in cutlass.range_constexpr(CU.cdiv(R * dv, NT)):
+                    ch = t + c * NT
+                    if ch < R * dv:
+                        _vec(o, obase + ch, 1)[0] = o.dtype(0.0)
+            else:
+                sync()  # the previous item's readers of qk, vs, gate, wsum are done
+                xrow = Int64(b) * D
+                crow = Int64(slot) * (C * (W - 1))
+                # q|k channels of key head kh, then the item's v channels: y into smem, windows shifted
+                for c in cutlass.range_constexpr(CU.cdiv(2 * dk, NT)):
+                    ch = t + c * NT
+                    if ch < 2 * dk:
+                        y, cv, nw = _conv_step(mixed, conv, cw, xrow, crow, (ch // dk) * (Hk * dk) + kh * dk + ch % dk,
+                                               W)
+                        _put_window(cv, nw, W)
+                        qk[ch] = y
+                for c in cutlass.range_constexpr(CU.cdiv(R * dv, NT)):
+                    ch = t + c * NT
+                    if ch < R * dv:
+                        y, cv, nw = _conv_step(mixed, conv, cw, xrow, crow, 2 * Hk * dk + kh * (R * dv) + ch, W)
+                        _put_window(cv, nw, W)
+                        vs[ch] = y
+                for c in cutlass.range_constexpr(CU.cdiv(R, NT)):
+                    r = t + c * NT
+                    if r < R:
+                        beta, alpha = _gates(mixed, A_log, dt_bias, xrow, kh * R + r, 2 * Hk * dk + 2 * Hv * dv, Hv)
+                        gate[r, 0] = beta
+                        gate[r, 1] = alpha
+                sync()
+                rq, rk, kq = _qk_norms(qs, ks, wsum, t, NT, dk, eps, scale, sync)
+                for tl in cutlass.range(TILES, unroll=1):
+                    r = tl // NCB
+                    col = (tl - r * NCB) * BV + j0
+                    hv = kh * R + r
+                    # the stage into registers, then release it at once (the producer refills it)
+                    pipe.consumer_wait(cst)
+                    sp = ring.iterator + (cst.index * SE + p * BV + j0)
+                    s = cute.make_rmem_tensor((RPT, VEC), Float32)
+                    for rr in cutlass.range_constexpr(RPT):
+                        roff = KS * rr * BV
+                        if cutlass.const_expr(dk % KS != 0):  # rows past dk: row dk-1 (zero weights)
+                            roff = (cutlass.min(p + KS * rr, dk - 1) - p) * BV
+                        vals = _ld_state(sp, roff, VEC, False)
+                        for e in cutlass.range_constexpr(VEC):
+                            s[rr, e] = vals[e].to(Float32)
+                    cute.arch.sync_warp()
+                    pipe.consumer_release(cst)
+                    buf = red.iterator + (cst.count % 2) * (KW * BV * 2)
+                    cst.advance()
+                    _delta_tile(cfg, s, qs, ks, cute.make_tensor(vs.iterator + (r * dv + col - j0), cute.make_layout(BV)),
+                                cute.make_tensor(buf, cute.make_layout((KW, BV, 2), stride=(BV, 1, KW * BV))),
+                                _vec(o, Int64(b) * (Hv * dv) + hv * dv, dv), ssm,
+                                Int64(slot) * (Hv * dk * dv) + Int64(hv * dk * dv), rq, rk, scale, gate[r, 1],
+                                gate[r, 0], kq, p, j0, col, sync)
+
+
+@cute.jit
+def _ring_host(cfg: cutlass.Constexpr, mixed: cute.Pointer, conv: cute.Pointer, cw: cute.Pointer,
+               A_log: cute.Pointer, dt_bias: cute.Pointer, ssm: cute.Pointer, idx: cute.Pointer, o: cute.Pointer,
+               B: Int32, rows: Int32, ctas: Int32, eps: Float32, scale: Float32, stream: CU.cuda.CUstream):
+    # the state as [rows = N * Hv * dk, dv] row-major, seen (dv, rows): TMA boxes (BV, dk), zeros past dv
+    mS = cute.make_tensor(ssm, cute.make_layout((cfg.dv, rows), stride=(1, cfg.dv)))
+    tma, tS = cpasync.make_tiled_tma_atom(cpasync.CopyBulkTensorTileG2SOp(), mS,
+                                          cute.make_layout((cfg.BV, cfg.dk), stride=(1, cfg.BV)), (cfg.BV, cfg.dk))
+    _ring_kernel(cfg, tma, tS, mixed, conv, cw, A_log, dt_bias, ssm, idx, o, B, eps, scale).launch(
+        grid=[ctas, 1, 1], block=[cfg.threads, 1, 1], stream=stream, min_blocks_per_mp=cfg.CPS,
+        preferred_smem_carveout=100)
+
+
+# ------------------------------------------------------------------ host side
+
+
+@functools.lru_cache(maxsize=256)
+def _launch(cfg: DecodeRingCfg, mdt: torch.dtype, wdt: torch.dtype, sdt: torch.dtype) -> CU.Launch:
+    e = torch.tensor([], dtype=mdt).element_size()
+    sig = (CU.Ptr(mdt, e), CU.Ptr(mdt, e), CU.Ptr(wdt, torch.tensor([], dtype=wdt).element_size()),
+           CU.Ptr(torch.float32, 4), CU.Ptr(torch.float32, 4), CU.Ptr(sdt, 16), CU.Ptr(torch.int32, 4),
+           CU.Ptr(mdt, e), CU.Scalar(Int32), CU.Scalar(Int32), CU.Scalar(Int32), CU.Scalar(Float32),
+           CU.Scalar(Float32))
+    return CU.Launch(f"{_NAME}.decode", _ring_host, cfg, sig)
+
+
+def ring_config(mixed, conv_state, conv_weight, ssm_state, state_indices, Hk: int) -> DecodeRingCfg | None:
+    """The heuristic's config for these tensors, or None where the ring kernel's limits do not hold
+    (state dtype, 16-byte aligned state, dk <= 256, 16-byte rows, N * Hv * dk < 2^31, shared memory)."""
+    N, Hv, dk, dv = ssm_state.shape
+    if ssm_state.dtype not in (torch.float32, torch.bfloat16) or ssm_state.data_ptr() % 16:
+        return None
+    if N * Hv * dk >= 2 ** 31 or Hv * dk * dv >= 2 ** 31:
+        return None
+    try:
+        return DecodeRingCfg.heuristic(Hk, Hv, dk, dv, conv_weight.shape[1], ssm_state.element_size(),
+                                       state_indices is not None)
+    except ValueError:
+        return None
+
+
+def ring_fits(mixed, conv_state, conv_weight, A_log, dt_bias, ssm_state, state_indices, o, Hk: int, *_) -> bool:
+    """Whether the ring kernel runs this call (cute_decode's dispatch; arguments as the fwd kernel's)."""
+    return ring_config(mixed, conv_state, conv_weight, ssm_state, state_indices, Hk) is not None
+
+
+def decode_launch(mixed, conv_state, conv_weight, A_log, dt_bias, ssm_state, state_indices, o,
+                  Hk: int = 16, eps: float = 1e-6, scale: float | None = None,
+                  cfg: DecodeRingCfg | None = None, ctas: int | None = None) -> CU.BoundLaunch:
+    """The one launch of a decode step (argument order as the registry's fwd kernel, cute_decode's
+    ``decode_launch``); grid min(B * Hk, SMs * CPS), or ``ctas`` CTAs where given (tests: few CTAs, each
+    walking many items). B = 0: an empty grid, never to be run (``decode_ring_into`` launches nothing)."""
+    B = mixed.shape[0]
+    N, Hv, dk, dv = ssm_state.shape
+    W = conv_weight.shape[1]
+    has_idx = state_indices is not None
+    if cfg is None:
+        cfg = ring_config(mixed, conv_state, conv_weight, ssm_state, state_indices, Hk)
+        if cfg is None:
+            DecodeRingCfg.heuristic(Hk, Hv, dk, dv, W, ssm_state.element_size(), has_idx)  # raises if it cannot
+            raise ValueError(f"gdn_decode cute ring: needs a 16-byte aligned fp32 or bf16 ssm_state with "
+                             f"N * Hv * dk < 2^31, got {ssm_state.dtype} at address % 16 = "
+                             f"{ssm_state.data_ptr() % 16}, N * Hv * dk = {N * Hv * dk}")
+    if ssm_state.data_ptr() % 16:
+        raise ValueError("gdn_decode cute ring: ssm_state's address must be a multiple of 16 bytes (TMA)")
+    if (cfg.Hk, cfg.Hv, cfg.dk, cfg.dv, cfg.W, cfg.has_idx, cfg.state_bytes) != \
+            (Hk, Hv, dk, dv, W, has_idx, ssm_state.element_size()):
+        raise ValueError(f"gdn_decode cute ring: config {cfg} does not fit Hk={Hk}, Hv={Hv}, dk={dk}, dv={dv}, "
+                         f"W={W}, a {ssm_state.element_size()}-byte state, state_indices "
+                         f"{'given' if has_idx else 'absent'}")
+    scale = float(dk ** -0.5 if scale is None else scale)
+    ctas = min(B * Hk, ctas or sm_count(ssm_state.device) * cfg.CPS)
+    ln = _launch(cfg, mixed.dtype, conv_weight.dtype, ssm_state.dtype)
+    idx = state_indices if has_idx else A_log  # never read without state_indices
+    return CU.BoundLaunch(ln, (mixed, conv_state, conv_weight, A_log, dt_bias, ssm_state, idx, o, B, N * Hv * dk,
+                               ctas, float(eps), scale), (ctas, 1, 1))
+
+
+# gdn_decode fwd, destination-passing, the registry's signature (cute_decode.decode_into's): o [B, Hv, dv]
+# written, conv_state and ssm_state updated in place; B = 0 launches nothing
+decode_ring_into = launch_into(decode_launch)
+ring_launch = decode_launch
+
+
+def representative_launch(Hk: int = 16, Hv: int = 32, dk: int = 128, dv: int = 128, W: int = 4,
+                          dtype=torch.bfloat16, state_dtype=torch.float32, with_indices: bool = True,
+                          cfg: DecodeRingCfg | None = None) -> CU.Launch:
+    """The launch at one head shape, for the CPU compile test (``Launch.export("sm_90a")``)."""
+    cfg = cfg or DecodeRingCfg.heuristic(Hk, Hv, dk, dv, W, torch.tensor([], dtype=state_dtype).element_size(),
+                                         with_indices)
+    return _launch(cfg, dtype, dtype, state_dtype)
