@@ -228,12 +228,14 @@ DECODE = OpSpec(
         ],
         dtypes={"mixed": ["bfloat16", "float32"], "conv_weight": ["bfloat16", "float32"],
                 "A_log": ["float32"], "dt_bias": ["float32"], "ssm_state": ["float32", "bfloat16"]},
-        doc="CuTe DSL SIMT kernel (tilekernels/gdn/cute_decode.py): grid (Hv * ceil(dv/BV), B), one CTA "
-            "per (row, value head, BV state columns) holding its [dk, BV] state slice in registers, one "
-            "cluster per (row, key head) orders the q|k conv-window shift; sm_90a only. First: H200, "
-            "graph-replayed, fp32 state 3.8 / 42 / 302 us at B = 1 / 32 / 256 (h200-gdn-decode-cute.txt) against "
-            "cutile's 9.4 / 68 / 407 (benchmarks/results/gdn.md, session 7); other GPUs, Hv/Hk > 8 or no CuTe DSL "
-            "take cutile"),
+        doc="CuTe DSL kernels, sm_90a only. Small batches (B * Hk below cute_decode.RING_FROM): "
+            "tilekernels/gdn/cute_decode.py, grid (Hv * ceil(dv/BV), B), one CTA per (row, value head, BV state "
+            "columns) holding its [dk, BV] state slice in registers, one cluster per (row, key head) orders the "
+            "q|k conv-window shift. Larger ones: cute_decode_ring.py, persistent CTAs over (row, key head) items, "
+            "the state streamed through a TMA ring by a producer warp (its limits: 16-byte aligned state and rows, "
+            "dk <= 256; else the register kernel). H200, graph-replayed, fp32 state 3.8 / 37.6 / 295 us at "
+            "B = 1 / 32 / 256 (session 17, benchmarks/results/gdn.md) against cutile's 9.4 / 68 / 407 "
+            "(session 7); other GPUs, Hv/Hk > 8 or no CuTe DSL take cutile"),
         Backend(
             name="cutile", module="tilekernels.gdn.cutile_decode", sm=(90, 100), toolchain=["cutile"], passes=["fwd"],
             constraints=[

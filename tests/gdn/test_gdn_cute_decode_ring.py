@@ -9,7 +9,8 @@ CPU (CI): the kernel compiles for sm_90a (Launch.export) at Qwen3-Next shapes (f
 with and without state_indices), odd head shapes (dv not a multiple of BV, dk not a multiple of the
 row parts, dk = 256, Hv/Hk = 16) and the benchmark's config variants, with no local memory (no
 spills); the config is the compile key (B and N are runtime); its validation refuses what TMA or
-shared memory cannot hold; the registered cute kernel dispatches to it only where RING is on and its
+shared memory cannot hold; the registered cute kernel dispatches to it where the batch is large enough
+(cute_decode.RING_FROM) or RING forces it, and its
 limits hold. GPU (marked ``gpu``): against the float64 reference (NaN-poisoned o, padded rows zero,
 unnamed slots bit-identical), few CTAs walking many items, B = 1, 3, 33, 300, against the register
 kernel, through the registry with RING on.
@@ -90,24 +91,26 @@ def test_variants_compile(name, sd):
         pytest.skip(f"{name}: not a {sd} variant")
     art = _export(rg.representative_launch(**QWEN, state_dtype=sd, cfg=cfg))
     assert ("st.global.cs" in art.ptx) == cfg.STREAM
-    assert rg.variant_cfg("STAGES=4,STREAM=True", 16, 32, 128, 128, 4, sd.itemsize) == dataclasses.replace(
-        rg.DecodeRingCfg.heuristic(16, 32, 128, 128, 4, sd.itemsize), STAGES=4, STREAM=True)
+    assert rg.variant_cfg("STAGES=2,STREAM=True", 16, 32, 128, 128, 4, sd.itemsize) == dataclasses.replace(
+        rg.DecodeRingCfg.heuristic(16, 32, 128, 128, 4, sd.itemsize), STAGES=2, STREAM=True)
 
 
 def test_heuristic():
-    """From the static dims and the state's element size only; Qwen3-Next as designed."""
+    """From the static dims and the state's element size only; Qwen3-Next as designed (session 17's sweep:
+    2 CTAs an SM of 256 consumer threads, 32 state values each, as many stages as fit in half the ring)."""
     f = rg.DecodeRingCfg.heuristic(16, 32, 128, 128, 4, 4)
-    assert (f.BV, f.VEC, f.CONSUMERS, f.KS, f.RPT, f.STAGES, f.NCB, f.threads) == (64, 4, 128, 8, 16, 6, 2, 160)
-    assert f.tile_bytes == 32768 and f.smem_bytes <= rg.SMEM_CTA
+    assert (f.BV, f.VEC, f.CONSUMERS, f.KS, f.RPT, f.STAGES, f.NCB, f.threads, f.CPS) == \
+        (64, 4, 256, 16, 8, 3, 2, 288, 2)
+    assert f.tile_bytes == 32768 and f.CPS * (f.smem_bytes + 1024) <= rg.SMEM_SM
     b = rg.DecodeRingCfg.heuristic(16, 32, 128, 128, 4, 2)
-    assert (b.BV, b.VEC, b.CONSUMERS, b.STAGES) == (64, 4, 128, 12)
-    w = rg.DecodeRingCfg.heuristic(**WIDE, state_bytes=4)
-    assert (w.CONSUMERS, w.RPT, w.STAGES) == (256, 16, 3)
+    assert (b.BV, b.VEC, b.CONSUMERS, b.STAGES, b.CPS) == (64, 4, 256, 6, 2)
+    w = rg.DecodeRingCfg.heuristic(**WIDE, state_bytes=4)  # dk 256: 512 consumers, so one CTA an SM
+    assert (w.CONSUMERS, w.RPT, w.CPS) == (512, 8, 1)
     assert rg.DecodeRingCfg.heuristic(1, 2, 64, 16, 2, 4).BV == 16  # narrow heads: narrower tiles
-    assert rg.DecodeRingCfg.heuristic(16, 32, 128, 128, 4, 4, CPS=2).STAGES == 3
-    # the register kernel's thread mapping at Qwen3-Next (so the same fp32 op order)
+    assert rg.DecodeRingCfg.heuristic(16, 32, 128, 128, 4, 4, CPS=1).STAGES == 6
+    # the register kernel's column mapping at Qwen3-Next (its KS is half the ring's: 64 values a thread)
     reg = cq.DecodeCfg.heuristic(16, 32, 128, 128, 4, 4)
-    assert (reg.BV, reg.VEC, reg.KS, reg.threads) == (f.BV, f.VEC, f.KS, f.CONSUMERS)
+    assert (reg.BV, reg.VEC, 2 * reg.KS) == (f.BV, f.VEC, f.KS)
 
 
 def test_config_validation():
@@ -125,14 +128,14 @@ def test_config_validation():
     with pytest.raises(ValueError, match="gdn_decode cute ring.*shared memory"):
         dataclasses.replace(base_, STAGES=7)
     with pytest.raises(ValueError, match="gdn_decode cute ring.*shared memory"):
-        dataclasses.replace(base_, CPS=2)
+        dataclasses.replace(base_, STAGES=4)  # 2 CTAs an SM of 4 fp32 [128, 64] stages
     with pytest.raises(ValueError, match="gdn_decode cute ring.*whole warps"):
         dataclasses.replace(base_, CONSUMERS=80)
 
 
 def test_config_is_the_compile_key():
     """B and N are runtime: one launch key at every B, the grid min(B * Hk, SMs * CPS) (132 SMs for
-    meta tensors); a config that does not fit the call is refused."""
+    meta tensors, CPS 2 at Qwen3-Next); a config that does not fit the call is refused."""
     meta = torch.device("meta")
     keys, grids = set(), []
     for B in (1, 8, 33, 256):
@@ -142,7 +145,7 @@ def test_config_is_the_compile_key():
         keys.add(ln.launch.key("sm_90a"))
         grids.append(ln.grid)
         assert ln.values[9] == (B + 5) * 32 * 128  # the TMA tensor's rows
-    assert len(keys) == 1 and grids == [(16, 1, 1), (128, 1, 1), (132, 1, 1), (132, 1, 1)]
+    assert len(keys) == 1 and grids == [(16, 1, 1), (128, 1, 1), (264, 1, 1), (264, 1, 1)]  # CPS 2
     x, conv, w, A, dt, ssm = mk_meta(40, **QWEN)
     o = torch.empty(40, 32, 128, dtype=BF, device=meta)
     assert rg.decode_launch(x, conv, w, A, dt, ssm, None, o, 16, ctas=3).grid == (3, 1, 1)
@@ -175,6 +178,21 @@ def test_fits_and_dispatch(monkeypatch):
     cq.decode_fwd(*args({"Hk": 1, "Hv": 1, "dk": 320, "dv": 32, "W": 4}))  # dk > 256
     assert calls == ["reg", "ring", "ring", "reg", "reg"]
     assert not rg.ring_fits(*args({"Hk": 1, "Hv": 1, "dk": 320, "dv": 32, "W": 4}))
+
+
+@pytest.mark.parametrize("sd", [F32, BF], ids=["fp32state", "bf16state"])
+def test_dispatch_by_batch(sd, monkeypatch):
+    """RING None (the default): the ring from B * Hk >= RING_FROM[state element size] work items, the
+    register kernel below (B is a host value: no sync, a captured graph holds its B's kernel)."""
+    calls = []
+    monkeypatch.setattr(cq, "decode_into", lambda *a: calls.append(("reg", a[0].shape[0])))
+    monkeypatch.setattr(rg, "decode_ring_into", lambda *a: calls.append(("ring", a[0].shape[0])))
+    monkeypatch.setattr(cq, "RING", None)
+    first = cq.RING_FROM[torch.tensor([], dtype=sd).element_size()] // QWEN["Hk"]
+    for B in (1, first - 1, first, 4 * first):
+        x, conv, w, A, dt, ssm = mk_meta(B, **QWEN, state_dtype=sd)
+        cq.decode_fwd(x, conv, w, A, dt, ssm, None, torch.empty(B, 32, 128, dtype=BF, device="meta"), 16, 1e-6, None)
+    assert calls == [("reg", 1), ("reg", first - 1), ("ring", first), ("ring", 4 * first)]
 
 
 def test_empty_batch_launches_nothing():
@@ -286,10 +304,14 @@ def test_ring_matches_register_kernel(sd, B):
 @pytest.mark.parametrize("sd", [F32, BF], ids=["fp32state", "bf16state"])
 def test_registry_runs_the_ring_when_on(sd, monkeypatch):
     """registry.get("gdn_decode")(..., backend="cute") with cute_decode.RING on runs the ring kernel
-    (its compile key is recorded) and matches the reference; with RING off the register kernel."""
+    (its compile key is recorded) and matches the reference; with RING off the register kernel; by default
+    (RING None) the register kernel at B=5 and the ring at RING_FROM's first B."""
     op = registry.get("gdn_decode")
     B, N = 5, 7
-    for ring_on, name in ((True, "gdn.cute_decode_ring.decode"), (False, "gdn.cute_decode.decode")):
+    big = cq.RING_FROM[torch.tensor([], dtype=sd).element_size()] // QWEN["Hk"]  # the default's first ring B
+    for ring_on, name, B, N in ((True, "gdn.cute_decode_ring.decode", B, N), (False, "gdn.cute_decode.decode", B, N),
+                                (None, "gdn.cute_decode.decode", B, N),
+                                (None, "gdn.cute_decode_ring.decode", big, big + 3)):
         monkeypatch.setattr(cq, "RING", ring_on)
         x, conv, w, A, dt, ssm = _inputs(B, N, **QWEN, state_dtype=sd)
         idx = _indices(B, N, "pad")

@@ -80,6 +80,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import os
 
 import torch
 
@@ -98,9 +99,14 @@ VEC_BYTES = {4: 16, 2: 8}  # the heuristic's state bytes a thread loads and stor
 VALUES = 64  # the heuristic's most state values a thread holds (VEC > 1)
 SHARE = True  # the heuristic's DecodeCfg.SHARE (VEC > 1 configs)
 # The registered fwd kernel runs the TMA-ring kernel (tilekernels/gdn/cute_decode_ring.py: the state streamed
-# through shared memory by a producer warp) instead of this one where RING is on and the ring's limits hold
-# (cute_decode_ring.ring_fits). Off until it is timed on the GPU; env TILEKERNELS_GDN_DECODE_RING=1 turns it on.
-RING = env_flag("TILEKERNELS_GDN_DECODE_RING", False)
+# through shared memory by a producer warp) instead of this one where the batch has at least RING_FROM[state
+# element size] work items (B * Hk) and the ring's limits hold (cute_decode_ring.ring_fits). From session 17's
+# H200 sweep (Qwen3-Next, graph-replayed, us, this kernel / the ring): fp32 B=4 6.60 / 7.10, B=8 9.62 / 8.04;
+# bf16 B=8 6.40 / 6.39, B=16 11.12 / 9.21 (benchmarks/results/gdn.md). RING: None = by RING_FROM; env
+# TILEKERNELS_GDN_DECODE_RING=1 / 0 forces the ring on / off (where its limits hold).
+RING_FROM = {4: 128, 2: 256}
+_RING_ENV = os.environ.get("TILEKERNELS_GDN_DECODE_RING", "")
+RING: bool | None = None if _RING_ENV == "" else env_flag("TILEKERNELS_GDN_DECODE_RING", False)
 # Grid regimes of the VEC > 1 configs, by the state's element size: (first grid size in CTAs, MINB, STREAM),
 # ascending; a grid smaller than the first entry's takes MINB 0 and no STREAM. B is runtime, so
 # decode_launch picks one of these precompiled configs by the grid (B * Hv * NCB CTAs). H200, Qwen3-Next
@@ -651,10 +657,18 @@ def decode_launch(mixed, conv_state, conv_weight, A_log, dt_bias, ssm_state, sta
 decode_into = launch_into(decode_launch)
 
 
+def use_ring(mixed, ssm_state, Hk: int) -> bool:
+    """Whether the cute fwd kernel takes the ring kernel for a batch of mixed.shape[0] rows (``RING``, else
+    ``RING_FROM``; B is known on the host, so a CUDA graph captures the one kernel its B takes)."""
+    if RING is not None:
+        return RING
+    return mixed.shape[0] * Hk >= RING_FROM.get(ssm_state.element_size(), 1 << 62)
+
+
 def decode_fwd(*args):
     """The registered cute fwd kernel (``decode_into``'s arguments): the ring kernel
-    (cute_decode_ring.decode_ring_into) where ``RING`` is on and its limits hold, else this module's."""
-    if RING:
+    (cute_decode_ring.decode_ring_into) where :func:`use_ring` says so and its limits hold, else this module's."""
+    if use_ring(args[0], args[5], args[8] if len(args) > 8 else 16):
         from tilekernels.gdn import cute_decode_ring as ring
 
         if ring.ring_fits(*args):

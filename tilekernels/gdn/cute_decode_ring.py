@@ -47,10 +47,15 @@ Threads: CONSUMERS threads (warps 0 .. CONSUMERS/32 - 1) + one producer warp (th
   buffers alternating by tile, so one consumer barrier a tile), u, o, and S_new = h + k u^T stored
   in place from registers with VEC-wide st.global.
 
-Results: at the same thread mapping as the register kernel's config (Qwen3-Next: BV 64, VEC 4,
-128 threads, KS 8) every fp32 operation is the register kernel's in the same order (same helpers),
-so o and the state are expected bitwise equal to cute_decode's; other shapes differ from it in the
-reduction split (KS), so within fp32 rounding.
+Results: the math is the register kernel's helpers in the same order; with the same thread mapping (a
+config with its BV, VEC and KS) o and the state are expected bitwise equal to cute_decode's, and at the
+heuristic's (KS 16 at Qwen3-Next: twice the register kernel's row parts) the dk-sums split differently,
+so they agree within fp32 rounding.
+
+Measured (H200, Qwen3-Next, CUDA-graph replay, session 17; benchmarks/results/gdn.md,
+h200-gdn-decode-cute.txt): the register kernel / this one at the heuristic's config, us: fp32 B=1 3.8 / 7.0,
+B=8 9.6 / 8.3, B=32 42.0 / 37.6, B=256 301 / 295; bf16 B=16 11.1 / 9.5, B=256 207 / 176. Hence
+cute_decode's dispatch (RING_FROM): this kernel from B * Hk >= 128 items (fp32) / 256 (bf16).
 
 Layout: raw pointers to the caller's contiguous tensors: mixed [B, D], conv_state [N, C, W-1],
 conv_weight [C, W], A_log, dt_bias [Hv] fp32, ssm_state [N, Hv, dk, dv] (16-byte aligned, TMA),
@@ -60,8 +65,8 @@ Backend limits (``ring_fits``; beyond them cute_decode's kernel runs): dk <= 256
 box dims), dv * element size a multiple of 16 bytes (the TMA row stride), ssm_state 16-byte aligned,
 N * Hv * dk < 2^31 (TMA row coordinate), fp32 or bf16 state, W >= 2, Hv % Hk == 0, the ring and the
 buffers within shared memory. Compile key: DecodeRingCfg (static dims, element size, tiling,
-has_idx) + dtypes; B and N are runtime scalars. Wired in behind ``cute_decode.RING`` (off by default,
-env TILEKERNELS_GDN_DECODE_RING=1). Written without a GPU: compiled for sm_90a on the CPU only.
+has_idx) + dtypes; B and N are runtime scalars. Run by the cute backend's fwd kernel
+(``cute_decode.decode_fwd``) where the grid is large enough (``cute_decode.RING_FROM``) and its limits hold.
 Importing this module needs ``cutlass`` but no GPU.
 """
 from __future__ import annotations  # noqa: I001 (torch before cutlass, as in every CuTe DSL module here)
@@ -80,7 +85,6 @@ from tilekernels import _cute as CU
 from tilekernels._glue import launch_into, sm_count
 
 from .cute_decode import (
-    VALUES,
     VEC_BYTES,
     _conv_step,
     _delta_tile,
@@ -96,6 +100,7 @@ SMEM_CTA = 227 * 1024  # shared memory one CTA may have (H100 / H200)
 SMEM_SM = 228 * 1024  # shared memory of an SM, 1 KiB of it reserved a resident CTA
 RING_BYTES = 200 * 1024  # the heuristic's ring, all CTAs of an SM together
 MAX_STAGES = 16
+RING_VALUES = 32  # state values a consumer thread holds (the heuristic's KS)
 BAR_CONSUMERS = 1  # named barrier of the consumer warps (0 is __syncthreads)
 
 
@@ -204,12 +209,17 @@ class DecodeRingCfg:
     @classmethod
     @functools.lru_cache(maxsize=256)
     def heuristic(cls, Hk: int, Hv: int, dk: int, dv: int, W: int, state_bytes: int = 4, has_idx: bool = True,
-                  CPS: int = 1) -> DecodeRingCfg:
+                  CPS: int = 2) -> DecodeRingCfg:
         """From the static dims and the state's element size only (never B or N): VEC as the register
         kernel's (16 bytes fp32, 8 bf16, halved until it divides dv); BV 64 columns (fp32 [128, 64]: a
         32 KiB tile), halved while half still covers dv (16-byte TMA rows); KS row parts so a thread
-        holds at most VALUES (64) state values (Qwen3-Next: KS 8, 128 consumer threads, 16 rows of 4);
-        as many stages as fit in RING_BYTES / CPS (fp32 Qwen3-Next: 6, bf16: 12; at most MAX_STAGES).
+        holds at most RING_VALUES (32) state values (Qwen3-Next: KS 16, 256 consumer threads, 8 rows of 4);
+        CPS CTAs an SM (2; 1 where 2 x (CONSUMERS + 32) > 576 threads would cap ptxas below ~110 registers);
+        as many stages as fit in RING_BYTES / CPS (fp32 Qwen3-Next: 3, bf16: 6; at most MAX_STAGES).
+        Why: the consumers are the bound, not the ring (session 17, H200, graph-replayed, Qwen3-Next fp32
+        B=256: 1 CTA of 128 consumers and 6 stages 345 us, 2 CTAs of 128 300, 1 of 256 315, 2 of 256 294-296,
+        1 of 512 335; each item's prologue waits on dependent global loads, which more resident consumer warps
+        in more CTAs overlap; benchmarks/results/gdn.md).
         Raises ValueError (naming "gdn_decode cute ring" and the limit) where the kernel cannot run."""
         if W < 2 or Hk < 1 or Hv % Hk:
             raise ValueError(f"gdn_decode cute ring: needs W >= 2 and Hv a multiple of Hk (W={W}, Hk={Hk}, Hv={Hv})")
@@ -221,7 +231,9 @@ class DecodeRingCfg:
             BV //= 2
         G = BV // VEC
         PW = max(1, 32 // G)
-        KS = CU.cdiv(CU.cdiv(dk * VEC, VALUES), PW) * PW
+        KS = CU.cdiv(CU.cdiv(dk * VEC, RING_VALUES), PW) * PW
+        if CPS > 1 and CPS * (G * KS + 32) > 576:
+            CPS = 1
         base = cls(Hk=Hk, R=Hv // Hk, dk=dk, dv=dv, W=W, state_bytes=state_bytes, BV=BV, VEC=VEC, STAGES=2,
                    CONSUMERS=G * KS, CPS=CPS, has_idx=has_idx)
         for stages in range(min(MAX_STAGES, RING_BYTES // CPS // (base.stage_elems * state_bytes)), 2, -1):
@@ -237,11 +249,11 @@ class DecodeRingCfg:
 # config). STAGES: ring depth; BV: columns a tile; CONSUMERS: math threads; CPS: CTAs an SM (their rings share
 # its shared memory); STREAM: .cs state stores.
 VARIANTS = {
-    "s3": (None, {"STAGES": 3}), "s4": (None, {"STAGES": 4}), "bv32": (None, {"BV": 32}),
-    "c256": (None, {"CONSUMERS": 256}), "c64": (None, {"CONSUMERS": 64}), "cps2": (None, {"CPS": 2, "STAGES": 3}),
-    "stream": (None, {"STREAM": True}), "bv128c256": (4, {"BV": 128, "CONSUMERS": 256, "STAGES": 3}),
-    "bf16-s8": (2, {"STAGES": 8}), "bf16-cps2": (2, {"CPS": 2, "STAGES": 6}),
-    "bf16-bv128": (2, {"BV": 128, "CONSUMERS": 256, "STAGES": 6}),
+    "s2": (None, {"STAGES": 2}), "bv32": (None, {"BV": 32}), "c128": (None, {"CONSUMERS": 128}),
+    "cps1": (4, {"CPS": 1, "STAGES": 6}), "stream": (None, {"STREAM": True}),
+    "first": (4, {"CPS": 1, "CONSUMERS": 128, "STAGES": 6}),  # the ring's first heuristic (fp32)
+    "bf16-cps1": (2, {"CPS": 1, "STAGES": 12}), "bf16-s3": (2, {"STAGES": 3}),
+    "bf16-first": (2, {"CPS": 1, "CONSUMERS": 128, "STAGES": 12}),
 }
 
 
