@@ -320,12 +320,19 @@ def _gates(mixed: cute.Pointer, A_log: cute.Pointer, dt_bias: cute.Pointer, xrow
     (softplus = identity above 20)."""
     bb = _vec(mixed, xrow + (gb + hv), 1)[0].to(Float32)
     aa = _vec(mixed, xrow + (gb + Hv + hv), 1)[0].to(Float32)
+    return _gate_math(bb, aa, _vec(dt_bias, Int64(hv), 1)[0], _vec(A_log, Int64(hv), 1)[0])
+
+
+@cute.jit
+def _gate_math(bb, aa, dtb, alog):
+    """(beta, alpha) fp32 from the head's b, a (fp32) and its dt_bias, A_log (:func:`_gates`' math; the
+    ring kernel's prefetched prologue calls it on values loaded an item ahead)."""
     beta = Float32(1.0) / (Float32(1.0) + cute.math.exp(-bb))
-    xa = aa + _vec(dt_bias, Int64(hv), 1)[0]
+    xa = aa + dtb
     sp = xa
     if xa <= Float32(20.0):
         sp = cute.math.log1p(cute.math.exp(xa))
-    alpha = cute.math.exp(-cute.math.exp(_vec(A_log, Int64(hv), 1)[0]) * sp)
+    alpha = cute.math.exp(-cute.math.exp(alog) * sp)
     return beta, alpha
 
 

@@ -88,6 +88,7 @@ from .cute_decode import (
     VEC_BYTES,
     _conv_step,
     _delta_tile,
+    _gate_math,
     _gates,
     _ld_state,
     _put_window,
@@ -113,7 +114,10 @@ class DecodeRingCfg:
     VEC-wide smem read and global store a row); STAGES: tiles in the ring; CONSUMERS: math threads
     (whole warps; plus one producer warp); CPS: CTAs an SM (the grid is SMs * CPS at most, ptxas
     bound to that many, their rings share the SM's shared memory); STREAM: the state's stores
-    .cs (streaming); has_idx: state_indices given."""
+    .cs (streaming); has_idx: state_indices given; PF: each consumer thread loads its conv channels' inputs
+    (x, old window, taps) and its head's gate inputs of the CTA's next item into registers right after this
+    item's prologue, so their dependent global loads (state_indices, then conv_state) overlap this item's tiles
+    instead of stalling the next prologue."""
 
     Hk: int
     R: int
@@ -128,6 +132,7 @@ class DecodeRingCfg:
     CPS: int = 1
     STREAM: bool = False
     has_idx: bool = True
+    PF: bool = True  # the next item's prologue inputs loaded into registers before this item's tiles
 
     def __post_init__(self):
         es = self.state_bytes
@@ -154,6 +159,8 @@ class DecodeRingCfg:
                 self.CPS * (self.smem_bytes + 1024) > SMEM_SM:
             bad.append(f"STAGES >= 2, CPS >= 1, {self.smem_bytes} bytes of shared memory a CTA <= {SMEM_CTA} and "
                        f"CPS x (that + 1024) <= {SMEM_SM}")
+        if self.PF and self.R > self.CONSUMERS:
+            bad.append("PF: Hv / Hk <= CONSUMERS (one consumer thread a value head's gates)")
         if bad:
             raise ValueError(f"gdn_decode cute ring: config {self} needs " + "; ".join(bad))
 
@@ -249,7 +256,7 @@ class DecodeRingCfg:
 # config). STAGES: ring depth; BV: columns a tile; CONSUMERS: math threads; CPS: CTAs an SM (their rings share
 # its shared memory); STREAM: .cs state stores.
 VARIANTS = {
-    "s2": (None, {"STAGES": 2}), "bv32": (None, {"BV": 32}), "c128": (None, {"CONSUMERS": 128}),
+    "nopf": (None, {"PF": False}), "s2": (None, {"STAGES": 2}), "bv32": (None, {"BV": 32}), "c128": (None, {"CONSUMERS": 128}),
     "cps1": (4, {"CPS": 1, "STAGES": 6}), "stream": (None, {"STREAM": True}),
     "first": (4, {"CPS": 1, "CONSUMERS": 128, "STAGES": 6}),  # the ring's first heuristic (fp32)
     "bf16-cps1": (2, {"CPS": 1, "STAGES": 12}), "bf16-s3": (2, {"STAGES": 3}),
@@ -275,6 +282,57 @@ def variant_cfg(name: str, Hk: int, Hv: int, dk: int, dv: int, W: int, state_byt
 
 
 # ------------------------------------------------------------------ device code
+
+
+def _chan(cfg, c: int, t, kh):
+    """mixed / conv_state channel of a consumer thread's conv slot ``c`` (the cdiv(2 dk, NT) q|k slots, then
+    the cdiv(R dv, NT) v slots; thread t's channels t, t + NT, ..) of key head ``kh``, clamped to the last real
+    channel (a slot past the count loads that one and uses nothing)."""
+    NT, dk, Hk, R, dv = cfg.CONSUMERS, cfg.dk, cfg.Hk, cfg.R, cfg.dv
+    NQ = CU.cdiv(2 * dk, NT)
+    if c < NQ:
+        ch = cutlass.min(t + c * NT, 2 * dk - 1)
+        return (ch // dk) * (Hk * dk) + kh * dk + ch % dk
+    return 2 * Hk * dk + kh * (R * dv) + cutlass.min(t + (c - NQ) * NT, R * dv - 1)
+
+
+@cute.jit
+def _prefetch(cfg: cutlass.Constexpr, it, t, mixed: cute.Pointer, conv: cute.Pointer, cw: cute.Pointer,
+              A_log: cute.Pointer, dt_bias: cute.Pointer, idx: cute.Pointer, px: cute.Tensor, pcv: cute.Tensor,
+              pw: cute.Tensor, pg: cute.Tensor, pslot: cute.Tensor):
+    """PF: item ``it``'s prologue inputs of consumer thread t into registers: pslot[0] its slot; for a slot
+    >= 0 px / pcv / pw the x, old window and taps of each of its conv slots, pg the b, a, dt_bias and A_log
+    of value head kh R + min(t, R - 1). Only this CTA touches the item's windows, so loading them an item
+    early reads what the item would read."""
+    Hk, R, dk, dv, W = cfg.Hk, cfg.R, cfg.dk, cfg.dv, cfg.W
+    Hv = Hk * R
+    D = 2 * Hk * dk + 2 * Hv * dv + 2 * Hv
+    C = 2 * Hk * dk + Hv * dv
+    NC = CU.cdiv(2 * dk, cfg.CONSUMERS) + CU.cdiv(R * dv, cfg.CONSUMERS)
+    b_ = it // Hk
+    kh_ = it - b_ * Hk
+    s_ = Int32(b_)
+    if cutlass.const_expr(cfg.has_idx):
+        s_ = _vec(idx, Int64(b_), 1)[0]
+    pslot[0] = s_
+    if s_ >= 0:
+        xr = Int64(b_) * D
+        cr = Int64(s_) * (C * (W - 1))
+        for c in cutlass.range_constexpr(NC):
+            g = _chan(cfg, c, t, kh_)
+            px[c] = _vec(mixed, xr + g, 1)[0]
+            cv_ = _vec(conv, cr + Int64(g) * (W - 1), W - 1)
+            w_ = _vec(cw, Int64(g) * W, W)
+            for q in cutlass.range_constexpr(W - 1):
+                pcv[c, q] = cv_[q]
+            for q in cutlass.range_constexpr(W):
+                pw[c, q] = w_[q]
+        hv_ = kh_ * R + cutlass.min(t, R - 1)
+        gb = 2 * Hk * dk + 2 * Hv * dv
+        pg[0] = _vec(mixed, xr + (gb + hv_), 1)[0].to(Float32)
+        pg[1] = _vec(mixed, xr + (gb + Hv + hv_), 1)[0].to(Float32)
+        pg[2] = _vec(dt_bias, Int64(hv_), 1)[0]
+        pg[3] = _vec(A_log, Int64(hv_), 1)[0]
 
 
 @cute.kernel
@@ -334,11 +392,23 @@ def _ring_kernel(cfg: cutlass.Constexpr, tma: cute.CopyAtom, mS: cute.Tensor, mi
         j0 = (t % G) * VEC  # this thread's first column in the tile
         sync = functools.partial(cute.arch.barrier, barrier_id=BAR_CONSUMERS, number_of_threads=NT)
         cst = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, S)
+        NQ, NV = CU.cdiv(2 * dk, NT), CU.cdiv(R * dv, NT)  # a thread's q|k and v conv channel slots
+        # PF: the item's prologue inputs, loaded an item ahead (:func:`_prefetch`)
+        px = cute.make_rmem_tensor((NQ + NV,), mixed.dtype)
+        pcv = cute.make_rmem_tensor((NQ + NV, W - 1), conv.dtype)
+        pw = cute.make_rmem_tensor((NQ + NV, W), cw.dtype)
+        pg = cute.make_rmem_tensor((4,), Float32)
+        pslot = cute.make_rmem_tensor((1,), Int32)
+        if cutlass.const_expr(cfg.PF):
+            if bid < items:
+                _prefetch(cfg, bid, t, mixed, conv, cw, A_log, dt_bias, idx, px, pcv, pw, pg, pslot)
         for item in cutlass.range(bid, items, nctas, unroll=1):
             b = item // Hk
             kh = item - b * Hk
             slot = Int32(b)
-            if cutlass.const_expr(cfg.has_idx):
+            if cutlass.const_expr(cfg.PF):
+                slot = pslot[0]
+            elif cutlass.const_expr(cfg.has_idx):
                 slot = _vec(idx, Int64(b), 1)[0]
             obase = Int64(b) * (Hv * dv) + kh * (R * dv)
             if slot < 0:  # padded row: o = 0 for the item's heads; no state, no tiles
@@ -348,29 +418,57 @@ def _ring_kernel(cfg: cutlass.Constexpr, tma: cute.CopyAtom, mS: cute.Tensor, mi
                         _vec(o, obase + ch, 1)[0] = o.dtype(0.0)
             else:
                 sync()  # the previous item's readers of qk, vs, gate, wsum are done
-                xrow = Int64(b) * D
                 crow = Int64(slot) * (C * (W - 1))
-                # q|k channels of key head kh, then the item's v channels: y into smem, windows shifted
-                for c in cutlass.range_constexpr(CU.cdiv(2 * dk, NT)):
-                    ch = t + c * NT
-                    if ch < 2 * dk:
-                        y, cv, nw = _conv_step(mixed, conv, cw, xrow, crow, (ch // dk) * (Hk * dk) + kh * dk + ch % dk,
-                                               W)
-                        _put_window(cv, nw, W)
-                        qk[ch] = y
-                for c in cutlass.range_constexpr(CU.cdiv(R * dv, NT)):
-                    ch = t + c * NT
-                    if ch < R * dv:
-                        y, cv, nw = _conv_step(mixed, conv, cw, xrow, crow, 2 * Hk * dk + kh * (R * dv) + ch, W)
-                        _put_window(cv, nw, W)
-                        vs[ch] = y
-                for c in cutlass.range_constexpr(CU.cdiv(R, NT)):
-                    r = t + c * NT
-                    if r < R:
-                        beta, alpha = _gates(mixed, A_log, dt_bias, xrow, kh * R + r, 2 * Hk * dk + 2 * Hv * dv, Hv)
-                        gate[r, 0] = beta
-                        gate[r, 1] = alpha
+                if cutlass.const_expr(cfg.PF):
+                    # the prefetched channels: silu(conv) into smem (_silu_conv's op order), the shifted
+                    # window written back; the gates of head t
+                    for c in cutlass.range_constexpr(NQ + NV):
+                        ch = t + (c if c < NQ else c - NQ) * NT
+                        if ch < (2 * dk if c < NQ else R * dv):
+                            pre = pcv[c, 0].to(Float32) * pw[c, 0].to(Float32)
+                            for q in cutlass.range_constexpr(1, W - 1):
+                                pre = pre + pcv[c, q].to(Float32) * pw[c, q].to(Float32)
+                            pre = pre + px[c].to(Float32) * pw[c, W - 1].to(Float32)
+                            y = pre / (Float32(1.0) + cute.math.exp(-pre))
+                            cv = _vec(conv, crow + Int64(_chan(cfg, c, t, kh)) * (W - 1), W - 1)
+                            for q in cutlass.range_constexpr(W - 2):
+                                cv[q] = pcv[c, q + 1]
+                            cv[W - 2] = px[c]
+                            if cutlass.const_expr(c < NQ):
+                                qk[ch] = y
+                            else:
+                                vs[ch] = y
+                    if t < R:
+                        beta, alpha = _gate_math(pg[0], pg[1], pg[2], pg[3])
+                        gate[t, 0] = beta
+                        gate[t, 1] = alpha
+                else:
+                    xrow = Int64(b) * D
+                    # q|k channels of key head kh, then the item's v channels: y into smem, windows shifted
+                    for c in cutlass.range_constexpr(NQ):
+                        ch = t + c * NT
+                        if ch < 2 * dk:
+                            y, cv, nw = _conv_step(mixed, conv, cw, xrow, crow,
+                                                   (ch // dk) * (Hk * dk) + kh * dk + ch % dk, W)
+                            _put_window(cv, nw, W)
+                            qk[ch] = y
+                    for c in cutlass.range_constexpr(NV):
+                        ch = t + c * NT
+                        if ch < R * dv:
+                            y, cv, nw = _conv_step(mixed, conv, cw, xrow, crow, 2 * Hk * dk + kh * (R * dv) + ch, W)
+                            _put_window(cv, nw, W)
+                            vs[ch] = y
+                    for c in cutlass.range_constexpr(CU.cdiv(R, NT)):
+                        r = t + c * NT
+                        if r < R:
+                            beta, alpha = _gates(mixed, A_log, dt_bias, xrow, kh * R + r, 2 * Hk * dk + 2 * Hv * dv, Hv)
+                            gate[r, 0] = beta
+                            gate[r, 1] = alpha
                 sync()
+            if cutlass.const_expr(cfg.PF):  # the next item's inputs, in flight during this item's tiles
+                if item + nctas < items:
+                    _prefetch(cfg, item + nctas, t, mixed, conv, cw, A_log, dt_bias, idx, px, pcv, pw, pg, pslot)
+            if slot >= 0:
                 rq, rk, kq = _qk_norms(qs, ks, wsum, t, NT, dk, eps, scale, sync)
                 for tl in cutlass.range(TILES, unroll=1):
                     r = tl // NCB
