@@ -8,14 +8,7 @@ set -u
 OUT=${OUT:-.}
 SUM="$OUT/summary.txt"
 : >> "$SUM"
-step() {  # step NAME SECONDS CMD...
-  local name=$1 secs=$2; shift 2
-  local t0=$SECONDS
-  timeout "$secs" "$@" > "$OUT/$name.log" 2>&1
-  local rc=$?
-  { echo "== $name rc=$rc $((SECONDS - t0)) s"
-    grep -E "ERROR SUMMARY|RACECHECK SUMMARY|passed|failed|error" "$OUT/$name.log" | tail -4; } >> "$SUM"
-}
+. "$(dirname "$0")/_steps.sh"  # step NAME SECONDS CMD...
 PHASE=${1:-all}
 PYT="python3 -m pytest -q -p no:cacheprovider -x"
 SAN="compute-sanitizer --report-api-errors no --print-limit 30"

@@ -15,14 +15,7 @@ set -u
 OUT=${OUT:-.}
 SUM="$OUT/summary.txt"
 : > "$SUM"
-step() {  # step NAME SECONDS CMD...: run under a timeout, keep the tail of its log in the summary
-  local name=$1 secs=$2; shift 2
-  local t0=$SECONDS
-  timeout "$secs" "$@" > "$OUT/$name.log" 2>&1
-  local rc=$?
-  { echo "== $name rc=$rc $((SECONDS - t0)) s"
-    grep -E "ERROR SUMMARY|RACECHECK SUMMARY|passed|failed|error" "$OUT/$name.log" | tail -4; } >> "$SUM"
-}
+. "$(dirname "$0")/_steps.sh"  # step NAME SECONDS CMD...
 ls /tmp/tk-cutile > /dev/null || { echo "cuTile is not unpacked (call 1 first)"; exit 3; }
 SAN="compute-sanitizer --report-api-errors no --print-limit 50"
 PYT="python3 -m pytest -q -p no:cacheprovider -m gpu"

@@ -1,0 +1,11 @@
+# Sourced by the device-call scripts here: step NAME SECONDS CMD... runs CMD under a timeout with its output in
+# $OUT/NAME.log and appends its exit code, seconds and the log's summary lines (sanitizer summaries, pytest's
+# result) to $SUM.
+step() {
+  local name=$1 secs=$2; shift 2
+  local t0=$SECONDS
+  timeout "$secs" "$@" > "$OUT/$name.log" 2>&1
+  local rc=$?
+  { echo "== $name rc=$rc $((SECONDS - t0)) s"
+    grep -E "ERROR SUMMARY|RACECHECK SUMMARY|passed|failed|error" "$OUT/$name.log" | tail -4; } >> "$SUM"
+}
