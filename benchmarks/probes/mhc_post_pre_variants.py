@@ -9,7 +9,8 @@ Rows (--rows, comma list, each run in the order given; repeat a name to see the 
   h_post_bda, mhc_pre  one of the two ops alone through the registry, with its own leaves and grad outputs (the
                     issue's table times them apart: "2.90 + 3.13"); with both rows the table adds their sum
   cute:K=V[:K=V]    the cute backend with its backward pass's config changed (PostPreBwdCuteCfg fields, e.g.
-                    cute:CW=16, cute:STAGES=3), or FUSE_FWD=1 (cute_post_pre.FUSE_FWD: the fused forward pass)
+                    cute:CW=16, cute:STAGES=3), FWD_<field>=V the fused forward pass's (PostPreFwdCuteCfg, e.g.
+                    cute:FWD_VW=8), or FUSE_FWD=0/1 (cute_post_pre.FUSE_FWD: the fused forward pass)
 A row whose changes make a config the kernels refuse prints the error and goes on.
 
     (call 1) source .gpu-cutile/env.sh                      # unpacks cuTile into /tmp/tk-cutile
@@ -72,11 +73,19 @@ class _patched:
         from tilekernels.mhc import cute_post_pre as cpp
         from tilekernels.mhc import cute_post_pre_bwd as K
 
-        self.cpp, self.K = cpp, K
+        from tilekernels.mhc import cute_post_pre_fwd as F
+
+        self.cpp, self.K, self.F = cpp, K, F
         self.fuse, self.heur = cpp.FUSE_FWD, K.PostPreBwdCuteCfg.heuristic
+        self.fheur = F.PostPreFwdCuteCfg.__dict__["heuristic"]
         ch = {k: int(v) for k, v in self.changes.items()}
         if "FUSE_FWD" in ch:
             cpp.FUSE_FWD = bool(ch.pop("FUSE_FWD"))
+        fch = {k[4:]: ch.pop(k) for k in list(ch) if k.startswith("FWD_")}
+        if fch:   # the fused forward pass's config (PostPreFwdCuteCfg fields, e.g. FWD_VW=8, FWD_STAGES=2)
+            inner = self.fheur.__func__.__wrapped__
+            F.PostPreFwdCuteCfg.heuristic = classmethod(
+                lambda cls, *a: dataclasses.replace(inner(cls, *a), **fch))
         if ch:
             orig = self.heur
             cw = ch.pop("CW", 32)
@@ -85,6 +94,7 @@ class _patched:
     def __exit__(self, *exc):
         self.cpp.FUSE_FWD = self.fuse
         self.K.PostPreBwdCuteCfg.heuristic = self.heur
+        self.F.PostPreFwdCuteCfg.heuristic = self.fheur
 
 
 def _profile(fn, args, cots, steps: int = 5) -> list[tuple[float, int, str]]:
