@@ -10,7 +10,7 @@ Rows (--rows, comma list, each run in the order given; repeat a name to see the 
                     issue's table times them apart: "2.90 + 3.13"); with both rows the table adds their sum
   cute:K=V[:K=V]    the cute backend with its backward pass's config changed (PostPreBwdCuteCfg fields, e.g.
                     cute:CW=16, cute:STAGES=3), FWD_<field>=V the fused forward pass's (PostPreFwdCuteCfg, e.g.
-                    cute:FWD_VW=8), or FUSE_FWD=0/1 (cute_post_pre.FUSE_FWD: the fused forward pass)
+                    cute:FWD_STAGES=2), or FUSE_FWD=0/1 (cute_post_pre.FUSE_FWD: the fused forward pass)
 A row whose changes make a config the kernels refuse prints the error and goes on.
 
     (call 1) source .gpu-cutile/env.sh                      # unpacks cuTile into /tmp/tk-cutile
@@ -82,7 +82,7 @@ class _patched:
         if "FUSE_FWD" in ch:
             cpp.FUSE_FWD = bool(ch.pop("FUSE_FWD"))
         fch = {k[4:]: ch.pop(k) for k in list(ch) if k.startswith("FWD_")}
-        if fch:   # the fused forward pass's config (PostPreFwdCuteCfg fields, e.g. FWD_VW=8, FWD_STAGES=2)
+        if fch:   # the fused forward pass's config (PostPreFwdCuteCfg fields, e.g. FWD_STAGES=2)
             inner = self.fheur.__func__.__wrapped__
             F.PostPreFwdCuteCfg.heuristic = classmethod(
                 lambda cls, *a: dataclasses.replace(inner(cls, *a), **fch))

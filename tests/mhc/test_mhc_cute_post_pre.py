@@ -12,8 +12,6 @@ the same results as the cuTile backend's default design and as the two ops calle
 """
 from __future__ import annotations
 
-import dataclasses
-
 import re
 
 import pytest
@@ -72,21 +70,6 @@ def test_fused_forward_compiles_for_sm90a(n, C, bias):
     d = "3d" if n > 1 else "2d"
     assert f"cp.async.bulk.tensor.{d}.shared::cta.global" in art.ptx
     assert f"cp.async.bulk.tensor.{d}.global.shared::cta" in art.ptx
-
-
-@pytest.mark.parametrize("n,C,bias", FWD_COMPILE[:3], ids=[f"n{n}-C{c}-bias{b}" for n, c, b in FWD_COMPILE[:3]])
-def test_fused_forward_16_byte_variant_compiles(n, C, bias):
-    """VW 8: no spills, the elementwise step's shared-memory traffic in 16-byte vectors (per 16-channel unit:
-    n streams + x (+ bias) loaded, n stored; two units a chunk)."""
-    from tilekernels.mhc import cute_post_pre_fwd as F
-
-    N = n * n + 2 * n
-    cfg = dataclasses.replace(F.PostPreFwdCuteCfg.heuristic(n, C, N, max(16, 1 << (N - 1).bit_length()), bias), VW=8)
-    art = F.launch(cfg).export("sm_90a")
-    res = [v for k, v in cubin_resources(art.cubin).items() if "kernel" in k]
-    assert len(res) == 1 and res[0]["frame"] == 0, res
-    assert len(re.findall(r"ld\.shared\.v4", art.ptx)) == 2 * (n + 1 + bias)
-    assert len(re.findall(r"st\.shared\.v4", art.ptx)) == 2 * n
 
 
 def test_config_limits():
@@ -167,20 +150,6 @@ def test_cute_composed_forward_matches_float64(c, monkeypatch):
     from tilekernels.mhc import cute_post_pre as cpp
 
     monkeypatch.setattr(cpp, "FUSE_FWD", False)
-    run_cutile(c, backend="cute")
-
-
-@on_gpu
-@pytest.mark.parametrize("c", [GPU_CASES[0], GPU_CASES[2], GPU_CASES[3], dict(T=65, n=4, C=7168, h=F32, bias=True)],
-                         ids=case_id)
-def test_cute_fused_forward_16_byte_accesses(c, monkeypatch):
-    """The fused forward pass with VW 8 (16-byte shared-memory vectors in the consumers' elementwise step):
-    the same float64 checks."""
-    from tilekernels.mhc import cute_post_pre_fwd as F
-
-    inner = F.PostPreFwdCuteCfg.__dict__["heuristic"].__func__.__wrapped__
-    monkeypatch.setattr(F.PostPreFwdCuteCfg, "heuristic",
-                        classmethod(lambda cls, *a: dataclasses.replace(inner(cls, *a), VW=8)))
     run_cutile(c, backend="cute")
 
 

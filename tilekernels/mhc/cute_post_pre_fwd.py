@@ -71,14 +71,13 @@ class PostPreFwdCuteCfg:
     NP: int = 32
     STAGES: int = 3
     HAS_BIAS: bool = True
-    VW: int = 2  # channels a consumer's shared-memory access (2: 4-byte pairs; 8: 16-byte vectors)
 
     def __post_init__(self):
         if not (1 <= self.n <= 4 and self.N == self.n * self.n + 2 * self.n and self.N <= self.NP
                 and self.NP in (16, 32) and self.NPAD >= self.N and self.C % 8 == 0 and self.C > 0
-                and self.STAGES >= 2 and self.VW in (2, 8)):
+                and self.STAGES >= 2):
             raise ValueError(f"mhc_post_pre cute fwd: config {self}: needs n <= 4, N = n*n + 2n <= NP in (16, 32), "
-                             f"NPAD >= N, C % 8 == 0, STAGES >= 2, VW in (2, 8)")
+                             f"NPAD >= N, C % 8 == 0, STAGES >= 2")
         if self.smem_bytes > SMEM_LIMIT:
             raise ValueError(f"mhc_post_pre cute fwd: config {self} needs {self.smem_bytes} bytes of shared memory")
 
@@ -231,52 +230,42 @@ def _kernel(cfg: cutlass.Constexpr, tma_r: cute.CopyAtom, mR: cute.Tensor, tma_o
         comp.fill(0.0)
         ss = Float32(0.0)    # the token's squares (Kahan-summed per chunk, as the projection)
         ssc = Float32(0.0)
-        VW = cfg.VW
-        rv = cute.make_rmem_tensor((n, VW), Float32)
-        xb = cute.make_rmem_tensor((VW,), Float32)
-        pair = cute.make_rmem_tensor((VW,), BFloat16)
-        opair = cute.make_rmem_tensor((VW,), BFloat16)
+        rv = cute.make_rmem_tensor((n, 2), Float32)
+        pair = cute.make_rmem_tensor((2,), BFloat16)
+        opair = cute.make_rmem_tensor((2,), BFloat16)
 
         rst = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, S)
         for ch in cutlass.range(nch, unroll=1):
             pipe.consumer_wait(rst)
             st = rst.index
             sc = Float32(0.0)
-            for q in cutlass.range_constexpr(CC // (4 * VW)):
-                # VW channels from unit u (channels u*VW ..); VW 8: the two 16-byte units of a thread alternate
-                # by token parity, so 8 lanes (two tokens) cover all 8 of a swizzled row's 16-byte positions
-                u = cp0 + 4 * q
-                if const_expr(VW == 8):
-                    u = cp0 + 4 * ((q + tk) % 2)
-                cl = VW * u
+            for q in cutlass.range_constexpr(8):
+                cl = 2 * (cp0 + 4 * q)
 
                 def tile_pair(t_, buf):
-                    return cute.logical_divide(t_[None, None, buf], (None, cute.make_layout(VW)))[tk, (None, u)]
+                    return cute.logical_divide(t_[None, None, buf], (None, cute.make_layout(2)))[tk, (None, cl // 2)]
 
                 for j in cutlass.range_constexpr(n):
                     cute.autovec_copy(tile_pair(sO, st * n + j), pair)
-                    for e in cutlass.range_constexpr(VW):
-                        rv[j, e] = pair[e].to(Float32)
+                    rv[j, 0] = pair[0].to(Float32)
+                    rv[j, 1] = pair[1].to(Float32)
                 cute.autovec_copy(tile_pair(sX, st), pair)
-                for e in cutlass.range_constexpr(VW):
-                    xb[e] = pair[e].to(Float32)
+                xb0 = pair[0].to(Float32)
+                xb1 = pair[1].to(Float32)
                 if const_expr(cfg.HAS_BIAS):
-                    if const_expr(VW == 2):
-                        for e in cutlass.range_constexpr(VW):
-                            xb[e] = xb[e] + sB[cl + e, 0, st].to(Float32)
-                    else:
-                        cute.autovec_copy(cute.logical_divide(sB[None, 0, st], cute.make_layout(VW))[(None, u)], pair)
-                        for e in cutlass.range_constexpr(VW):
-                            xb[e] = xb[e] + pair[e].to(Float32)
+                    xb0 = xb0 + sB[cl, 0, st].to(Float32)
+                    xb1 = xb1 + sB[cl + 1, 0, st].to(Float32)
                 for i in cutlass.range_constexpr(n):
-                    for e in cutlass.range_constexpr(VW):
-                        o0 = hp[i] * xb[e]
-                        for j in cutlass.range_constexpr(n):
-                            o0 = o0 + hr[i, j] * rv[j, e]
-                        opair[e] = BFloat16(o0)
-                    for e in cutlass.range_constexpr(VW):
-                        f0 = opair[e].to(Float32)
-                        sc = sc + f0 * f0
+                    o0 = hp[i] * xb0
+                    o1 = hp[i] * xb1
+                    for j in cutlass.range_constexpr(n):
+                        o0 = o0 + hr[i, j] * rv[j, 0]
+                        o1 = o1 + hr[i, j] * rv[j, 1]
+                    opair[0] = BFloat16(o0)
+                    opair[1] = BFloat16(o1)
+                    f0 = opair[0].to(Float32)
+                    f1 = opair[1].to(Float32)
+                    sc = sc + f0 * f0 + f1 * f1
                     cute.autovec_copy(opair, tile_pair(sO, st * n + i))
             y_ = sc - ssc
             t_s = ss + y_
