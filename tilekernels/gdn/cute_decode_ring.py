@@ -54,7 +54,8 @@ so they agree within fp32 rounding.
 
 Measured (H200, Qwen3-Next, CUDA-graph replay, session 17's last run; benchmarks/results/gdn.md,
 h200-gdn-decode-cute.txt): the register kernel / this one at the heuristic's config (PF on), us: fp32 B=1 3.8 /
-6.6, B=8 9.6 / 7.3, B=32 42.2 / 37.9, B=256 300 / 291; bf16 B=8 6.4 / 6.0, B=256 208 / 176. Hence
+6.6, B=8 9.6 / 7.3, B=32 42.2 / 37.9, B=256 300 / 291 (289 with the 2 stages the heuristic now takes); bf16 B=8
+6.4 / 6.0, B=256 208 / 176. Hence
 cute_decode's dispatch (RING_FROM): this kernel from B * Hk >= 128 items.
 
 Layout: raw pointers to the caller's contiguous tensors: mixed [B, D], conv_state [N, C, W-1],
@@ -222,7 +223,9 @@ class DecodeRingCfg:
         32 KiB tile), halved while half still covers dv (16-byte TMA rows); KS row parts so a thread
         holds at most RING_VALUES (32) state values (Qwen3-Next: KS 16, 256 consumer threads, 8 rows of 4);
         CPS CTAs an SM (2; 1 where 2 x (CONSUMERS + 32) > 576 threads would cap ptxas below ~110 registers);
-        as many stages as fit in RING_BYTES / CPS (fp32 Qwen3-Next: 3, bf16: 6; at most MAX_STAGES).
+        2 stages a CTA at CPS 2 (with PF, H200 call 17, us, 2 / 3 (fp32) or 6 (bf16) stages: fp32 B=32 37.85 /
+        38.01, B=64 74.94 / 76.39, B=256 288.69 / 290.69; bf16 B=32 16.00 / 17.16, B=256 175.28 / 178.96), else as
+        many as fit in RING_BYTES (at most MAX_STAGES).
         Why: the consumers are the bound, not the ring (session 17, H200, graph-replayed, Qwen3-Next fp32
         B=256: 1 CTA of 128 consumers and 6 stages 345 us, 2 CTAs of 128 300, 1 of 256 315, 2 of 256 294-296,
         1 of 512 335; each item's prologue waits on dependent global loads, which more resident consumer warps
@@ -243,6 +246,8 @@ class DecodeRingCfg:
             CPS = 1
         base = cls(Hk=Hk, R=Hv // Hk, dk=dk, dv=dv, W=W, state_bytes=state_bytes, BV=BV, VEC=VEC, STAGES=2,
                    CONSUMERS=G * KS, CPS=CPS, has_idx=has_idx)
+        if CPS > 1:   # two CTAs an SM: two stages each (session 17, call 17: faster than 3 / 6 in every cell)
+            return base
         for stages in range(min(MAX_STAGES, RING_BYTES // CPS // (base.stage_elems * state_bytes)), 2, -1):
             try:  # the most that fit beside the CTA's other buffers
                 return dataclasses.replace(base, STAGES=stages)
@@ -256,10 +261,10 @@ class DecodeRingCfg:
 # config). STAGES: ring depth; BV: columns a tile; CONSUMERS: math threads; CPS: CTAs an SM (their rings share
 # its shared memory); STREAM: .cs state stores.
 VARIANTS = {
-    "nopf": (None, {"PF": False}), "s2": (None, {"STAGES": 2}), "bv32": (None, {"BV": 32}), "c128": (None, {"CONSUMERS": 128}),
+    "nopf": (None, {"PF": False}), "s3": (4, {"STAGES": 3}), "bv32": (None, {"BV": 32}), "c128": (None, {"CONSUMERS": 128}),
     "cps1": (4, {"CPS": 1, "STAGES": 6}), "stream": (None, {"STREAM": True}),
     "first": (4, {"CPS": 1, "CONSUMERS": 128, "STAGES": 6}),  # the ring's first heuristic (fp32)
-    "bf16-cps1": (2, {"CPS": 1, "STAGES": 12}), "bf16-s3": (2, {"STAGES": 3}),
+    "bf16-cps1": (2, {"CPS": 1, "STAGES": 12}), "bf16-s6": (2, {"STAGES": 6}),
     "bf16-first": (2, {"CPS": 1, "CONSUMERS": 128, "STAGES": 12}),
 }
 
