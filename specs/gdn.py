@@ -233,7 +233,7 @@ DECODE = OpSpec(
             "columns) holding its [dk, BV] state slice in registers, one cluster per (row, key head) orders the "
             "q|k conv-window shift. Larger ones: cute_decode_ring.py, persistent CTAs over (row, key head) items, "
             "the state streamed through a TMA ring by a producer warp (its limits: 16-byte aligned state and rows, "
-            "dk <= 256; else the register kernel). H200, graph-replayed, fp32 state 3.8 / 37.9 / 291 us at "
+            "dk <= 256; else the register kernel). H200, graph-replayed, fp32 state 3.8 / 37.8 / 290 us at "
             "B = 1 / 32 / 256 (session 17, benchmarks/results/gdn.md) against cutile's 9.4 / 68 / 407 "
             "(session 7); other GPUs, Hv/Hk > 8 or no CuTe DSL take cutile"),
         Backend(
