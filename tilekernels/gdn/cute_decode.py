@@ -100,7 +100,7 @@ VALUES = 64  # the heuristic's most state values a thread holds (VEC > 1)
 SHARE = True  # the heuristic's DecodeCfg.SHARE (VEC > 1 configs)
 # The registered fwd kernel runs the TMA-ring kernel (tilekernels/gdn/cute_decode_ring.py: the state streamed
 # through shared memory by a producer warp) instead of this one where the batch has at least RING_FROM[state
-# element size] work items (B * Hk) and the ring's limits hold (cute_decode_ring.ring_fits). From session 17's
+# element size] work items (B * Hk) and the ring's limits hold (cute_decode_ring.ring_config). From session 17's
 # H200 runs (Qwen3-Next, graph-replayed, us, this kernel / the ring): fp32 B=4 6.60 / 7.10 (ring without PF),
 # B=8 9.61 / 7.34; bf16 B=8 6.42 / 6.00 (benchmarks/results/gdn.md). RING: None = by RING_FROM; env
 # TILEKERNELS_GDN_DECODE_RING=1 / 0 forces the ring on / off (where its limits hold).
@@ -298,12 +298,17 @@ def _conv_step(mixed, conv, cw, xrow, crow, g, W: int):
     x = _vec(mixed, xrow + g, 1)
     cv = _vec(conv, crow + Int64(g) * (W - 1), W - 1)
     w = _vec(cw, Int64(g) * W, W)
-    y = _silu_conv(x, cv, w, W)
-    nw = cute.make_rmem_tensor((W,), mixed.dtype)
+    return _silu_conv(x, cv, w, W), cv, _shifted(x, cv, W)
+
+
+def _shifted(x, cv, W: int):
+    """The shifted window of one conv channel in registers ([W], x's dtype; its first W-1 the new window):
+    the old window ``cv`` [W-1] without its oldest input, then the new input x[0]."""
+    nw = cute.make_rmem_tensor((W,), x.element_type)
     for q in range(W - 2):
         nw[q] = cv[q + 1]
     nw[W - 2] = x[0]
-    return y, cv, nw
+    return nw
 
 
 def _put_window(cv, nw, W: int):
@@ -672,14 +677,17 @@ def use_ring(mixed, ssm_state, Hk: int) -> bool:
     return mixed.shape[0] * Hk >= RING_FROM.get(ssm_state.element_size(), 1 << 62)
 
 
-def decode_fwd(*args):
+def decode_fwd(mixed, conv_state, conv_weight, A_log, dt_bias, ssm_state, state_indices, o, Hk, eps, scale):
     """The registered cute fwd kernel (``decode_into``'s arguments): the ring kernel
-    (cute_decode_ring.decode_ring_into) where :func:`use_ring` says so and its limits hold, else this module's."""
-    if use_ring(args[0], args[5], args[8] if len(args) > 8 else 16):
+    (cute_decode_ring.decode_ring_into, given the config it looked up once) where :func:`use_ring` says so and
+    its limits hold, else this module's."""
+    args = (mixed, conv_state, conv_weight, A_log, dt_bias, ssm_state, state_indices, o, Hk, eps, scale)
+    if use_ring(mixed, ssm_state, Hk):
         from tilekernels.gdn import cute_decode_ring as ring
 
-        if ring.ring_fits(*args):
-            ring.decode_ring_into(*args)
+        cfg = ring.ring_config(mixed, conv_state, conv_weight, ssm_state, state_indices, Hk)
+        if cfg is not None:
+            ring.decode_ring_into(*args, cfg)
             return
     decode_into(*args)
 

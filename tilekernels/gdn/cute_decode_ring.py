@@ -62,7 +62,7 @@ Layout: raw pointers to the caller's contiguous tensors: mixed [B, D], conv_stat
 conv_weight [C, W], A_log, dt_bias [Hv] fp32, ssm_state [N, Hv, dk, dv] (16-byte aligned, TMA),
 state_indices [B] int32, o [B, Hv, dv]. Offsets 64-bit except inside a slot (Hv dk dv < 2^31).
 
-Backend limits (``ring_fits``; beyond them cute_decode's kernel runs): dk <= 256 and BV <= 256 (TMA
+Backend limits (beyond them ``ring_config`` is None and cute_decode's kernel runs): dk <= 256 and BV <= 256 (TMA
 box dims), dv * element size a multiple of 16 bytes (the TMA row stride), ssm_state 16-byte aligned,
 N * Hv * dk < 2^31 (TMA row coordinate), fp32 or bf16 state, W >= 2, Hv % Hk == 0, the ring and the
 buffers within shared memory. Compile key: DecodeRingCfg (static dims, element size, tiling,
@@ -94,6 +94,8 @@ from .cute_decode import (
     _ld_state,
     _put_window,
     _qk_norms,
+    _shifted,
+    _silu_conv,
     _vec,
 )
 
@@ -325,7 +327,7 @@ def _prefetch(cfg: cutlass.Constexpr, it, t, mixed: cute.Pointer, conv: cute.Poi
         cr = Int64(s_) * (C * (W - 1))
         for c in cutlass.range_constexpr(NC):
             g = _chan(cfg, c, t, kh_)
-            px[c] = _vec(mixed, xr + g, 1)[0]
+            px[c, 0] = _vec(mixed, xr + g, 1)[0]
             cv_ = _vec(conv, cr + Int64(g) * (W - 1), W - 1)
             w_ = _vec(cw, Int64(g) * W, W)
             for q in cutlass.range_constexpr(W - 1):
@@ -399,7 +401,7 @@ def _ring_kernel(cfg: cutlass.Constexpr, tma: cute.CopyAtom, mS: cute.Tensor, mi
         cst = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, S)
         NQ, NV = CU.cdiv(2 * dk, NT), CU.cdiv(R * dv, NT)  # a thread's q|k and v conv channel slots
         # PF: the item's prologue inputs, loaded an item ahead (:func:`_prefetch`)
-        px = cute.make_rmem_tensor((NQ + NV,), mixed.dtype)
+        px = cute.make_rmem_tensor((NQ + NV, 1), mixed.dtype)
         pcv = cute.make_rmem_tensor((NQ + NV, W - 1), conv.dtype)
         pw = cute.make_rmem_tensor((NQ + NV, W), cw.dtype)
         pg = cute.make_rmem_tensor((4,), Float32)
@@ -430,15 +432,10 @@ def _ring_kernel(cfg: cutlass.Constexpr, tma: cute.CopyAtom, mS: cute.Tensor, mi
                     for c in cutlass.range_constexpr(NQ + NV):
                         ch = t + (c if c < NQ else c - NQ) * NT
                         if ch < (2 * dk if c < NQ else R * dv):
-                            pre = pcv[c, 0].to(Float32) * pw[c, 0].to(Float32)
-                            for q in cutlass.range_constexpr(1, W - 1):
-                                pre = pre + pcv[c, q].to(Float32) * pw[c, q].to(Float32)
-                            pre = pre + px[c].to(Float32) * pw[c, W - 1].to(Float32)
-                            y = pre / (Float32(1.0) + cute.math.exp(-pre))
-                            cv = _vec(conv, crow + Int64(_chan(cfg, c, t, kh)) * (W - 1), W - 1)
-                            for q in cutlass.range_constexpr(W - 2):
-                                cv[q] = pcv[c, q + 1]
-                            cv[W - 2] = px[c]
+                            x_, cv_ = px[c, None], pcv[c, None]
+                            y = _silu_conv(x_, cv_, pw[c, None], W)
+                            _put_window(_vec(conv, crow + Int64(_chan(cfg, c, t, kh)) * (W - 1), W - 1),
+                                        _shifted(x_, cv_, W), W)
                             if cutlass.const_expr(c < NQ):
                                 qk[ch] = y
                             else:
