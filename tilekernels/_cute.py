@@ -269,6 +269,17 @@ def prefetch_tma(*atoms) -> None:
         cpasync.prefetch_descriptor(a)
 
 
+def tma_tiles(atom, s, g, tiler, coord=None):
+    """(smem view, gmem view) of a one-CTA TMA atom (called from a ``@cute.kernel``): ``s`` the shared-memory
+    buffers (a tile's modes first, then the buffer index), ``g`` the global tensor cut into ``tiler`` tiles
+    (``cute.local_tile`` at ``coord``, every mode free by default); index the results as
+    ``gview[None, tile coords...]`` / ``sview[None, buffer]``."""
+    from cutlass.cute.nvgpu import cpasync
+
+    tiles = cute.local_tile(g, tiler, coord if coord is not None else (None,) * cute.rank(g))
+    return cpasync.tma_partition(atom, 0, cute.make_layout(1), cute.group_modes(s, 0, 2), cute.group_modes(tiles, 0, 2))
+
+
 def tma_pipeline(smem, stages: int, tx_count: int, consumer_warps: int):
     """A CTA's TMA ring of ``stages`` (called from a ``@cute.kernel``): its full / empty mbarrier pairs
     allocated in ``smem`` (a SmemAllocator), one producer thread arriving with ``tx_count`` bytes a

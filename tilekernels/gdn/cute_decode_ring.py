@@ -263,7 +263,8 @@ class DecodeRingCfg:
 # config). STAGES: ring depth; BV: columns a tile; CONSUMERS: math threads; CPS: CTAs an SM (their rings share
 # its shared memory); STREAM: .cs state stores.
 VARIANTS = {
-    "nopf": (None, {"PF": False}), "s3": (4, {"STAGES": 3}), "bv32": (None, {"BV": 32}), "c128": (None, {"CONSUMERS": 128}),
+    "nopf": (None, {"PF": False}), "s3": (4, {"STAGES": 3}), "bv32": (None, {"BV": 32}),
+    "c128": (None, {"CONSUMERS": 128}),
     "cps1": (4, {"CPS": 1, "STAGES": 6}), "stream": (None, {"STREAM": True}),
     "first": (4, {"CPS": 1, "CONSUMERS": 128, "STAGES": 6}),  # the ring's first heuristic (fp32)
     "bf16-cps1": (2, {"CPS": 1, "STAGES": 12}), "bf16-s6": (2, {"STAGES": 6}),
@@ -374,9 +375,7 @@ def _ring_kernel(cfg: cutlass.Constexpr, tma: cute.CopyAtom, mS: cute.Tensor, mi
     if warp == NT // 32:
         # ---- producer warp: every tile of the CTA's items, in the consumers' order (TMA elects a lane)
         CU.prefetch_tma(tma)
-        gS = cute.local_tile(mS, (BV, dk), (None, None))  # (BV, dk, column block, head row block)
-        tSs, tSg = cpasync.tma_partition(tma, 0, cute.make_layout(1), cute.group_modes(ring, 0, 2),
-                                         cute.group_modes(gS, 0, 2))
+        tSs, tSg = CU.tma_tiles(tma, ring, mS, (BV, dk))  # (tile, column block, head row block)
         pst = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, S)
         for item in cutlass.range(bid, items, nctas, unroll=1):
             b = item // Hk
@@ -491,7 +490,8 @@ def _ring_kernel(cfg: cutlass.Constexpr, tma: cute.CopyAtom, mS: cute.Tensor, mi
                     pipe.consumer_release(cst)
                     buf = red.iterator + (cst.count % 2) * (KW * BV * 2)
                     cst.advance()
-                    _delta_tile(cfg, s, qs, ks, cute.make_tensor(vs.iterator + (r * dv + col - j0), cute.make_layout(BV)),
+                    vcol = cute.make_tensor(vs.iterator + (r * dv + col - j0), cute.make_layout(BV))
+                    _delta_tile(cfg, s, qs, ks, vcol,
                                 cute.make_tensor(buf, cute.make_layout((KW, BV, 2), stride=(BV, 1, KW * BV))),
                                 _vec(o, Int64(b) * (Hv * dv) + hv * dv, dv), ssm,
                                 Int64(slot) * (Hv * dk * dv) + Int64(hv * dk * dv), rq, rk, scale, gate[r, 1],

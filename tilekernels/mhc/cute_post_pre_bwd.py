@@ -209,20 +209,15 @@ def _kernel(cfg: cutlass.Constexpr, tma_dout: cute.CopyAtom, mDout: cute.Tensor,
     sB = smem.allocate_tensor(BFloat16, cute.make_layout((CC, 1, S), stride=(1, CC, 64)), byte_alignment=128)
     pipe = CU.tma_pipeline(smem, S, cfg.stage_bytes, 8)
 
-    def part2(atom, g_):   # a [C, T]-like tensor tiled [CC, BM]: (tile, chunk, row tile[, stream])
-        return cpasync.tma_partition(atom, 0, cute.make_layout(1), cute.group_modes(sT, 0, 2),
-                                     cute.group_modes(cute.local_tile(g_, (CC, BM), (None,) * cute.rank(g_)), 0, 2))
-
-    tDs, tDg = part2(tma_dout, mDout)
-    _, tRg = part2(tma_res, mRes)
-    _, tSg = part2(tma_dres, mDres)
-    _, tXg = part2(tma_x, mX)
-    _, tGg = part2(tma_dg, mDg)
-    _, tOg = part2(tma_dx, mDx)
-    tWs, tWg = cpasync.tma_partition(tma_w, 0, cute.make_layout(1), cute.group_modes(sW, 0, 2),
-                                     cute.group_modes(cute.local_tile(mW, (NW, NP), (None, None)), 0, 2))
-    tBs, tBg = cpasync.tma_partition(tma_b, 0, cute.make_layout(1), cute.group_modes(sB, 0, 2),
-                                     cute.group_modes(cute.local_tile(mB, (CC, 1), (None, 0)), 0, 2))
+    # the [C, T]-like tensors tiled [CC, BM]: (tile, chunk, row tile[, stream])
+    tDs, tDg = CU.tma_tiles(tma_dout, sT, mDout, (CC, BM))
+    _, tRg = CU.tma_tiles(tma_res, sT, mRes, (CC, BM))
+    _, tSg = CU.tma_tiles(tma_dres, sT, mDres, (CC, BM))
+    _, tXg = CU.tma_tiles(tma_x, sT, mX, (CC, BM))
+    _, tGg = CU.tma_tiles(tma_dg, sT, mDg, (CC, BM))
+    _, tOg = CU.tma_tiles(tma_dx, sT, mDx, (CC, BM))
+    tWs, tWg = CU.tma_tiles(tma_w, sW, mW, (NW, NP))
+    tBs, tBg = CU.tma_tiles(tma_b, sB, mB, (CC, 1), (None, 0))
 
     if wg == 0:
         cute.arch.setmaxregister_decrease(PRODUCER_REGS)

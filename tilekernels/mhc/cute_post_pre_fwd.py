@@ -167,16 +167,11 @@ def _kernel(cfg: cutlass.Constexpr, tma_r: cute.CopyAtom, mR: cute.Tensor, tma_o
     sP = smem.allocate_tensor(Float32, cute.make_layout((BM, NP), stride=(NP + 1, 1)), byte_alignment=16)
     pipe = CU.tma_pipeline(smem, S, cfg.stage_bytes, 8)
 
-    def part(atom, s_, g_, tiler):
-        return cpasync.tma_partition(atom, 0, cute.make_layout(1), cute.group_modes(s_, 0, 2),
-                                     cute.group_modes(cute.local_tile(g_, tiler, (None,) * cute.rank(g_)), 0, 2))
-
-    tRs, tRg = part(tma_r, sO, mR, (BM, CC))     # (tile, row tile, chunk, stream)
-    _, tOg = part(tma_o, sO, mO, (BM, CC))
-    tXs, tXg = part(tma_x, sX, mX, (BM, CC))     # (tile, row tile, chunk)
-    tWs, tWg = part(tma_w, sW, mW, (NP, CC))     # (tile, 0, chunk, stream)
-    tBs, tBg = cpasync.tma_partition(tma_b, 0, cute.make_layout(1), cute.group_modes(sB, 0, 2),
-                                     cute.group_modes(cute.local_tile(mB, (CC, 1), (None, 0)), 0, 2))
+    tRs, tRg = CU.tma_tiles(tma_r, sO, mR, (BM, CC))     # (tile, row tile, chunk, stream)
+    _, tOg = CU.tma_tiles(tma_o, sO, mO, (BM, CC))
+    tXs, tXg = CU.tma_tiles(tma_x, sX, mX, (BM, CC))     # (tile, row tile, chunk)
+    tWs, tWg = CU.tma_tiles(tma_w, sW, mW, (NP, CC))     # (tile, 0, chunk, stream)
+    tBs, tBg = CU.tma_tiles(tma_b, sB, mB, (CC, 1), (None, 0))
 
     if wg == 0:
         cute.arch.setmaxregister_decrease(PRODUCER_REGS)

@@ -196,21 +196,13 @@ def _bwd_kernel(cfg: cutlass.Constexpr, tma_x: cute.CopyAtom, mX: cute.Tensor, t
     pipe = CU.tma_pipeline(smem, S, 2 * HALF * BM * 2 + BM * N * 4 + (0 if DWO else 2 * BM * 4), 8)
 
     # x viewed [K, M] (channel-major), tiled [HALF, BM]: tile (2 * cs + c, m) is half c of row tile m
-    gX = cute.local_tile(mX, (HALF, BM), (None, None))
-    tXs, tXg = cpasync.tma_partition(tma_x, 0, cute.make_layout(1), cute.group_modes(sX, 0, 2),
-                                     cute.group_modes(gX, 0, 2))
+    tXs, tXg = CU.tma_tiles(tma_x, sX, mX, (HALF, BM))
     # dproj viewed 1-D [M * N], row tile m = elements [m * BM * N, (m + 1) * BM * N); r, dr [M]
     # (1-D TMA tensors of a dynamic extent do not build in CuTe DSL 4.8.1: [L, 1] views instead)
-    def part(atom, s_, g_, box):
-        return cpasync.tma_partition(atom, 0, cute.make_layout(1), cute.group_modes(s_, 0, 2),
-                                     cute.group_modes(cute.local_tile(g_, (box, 1), (None, 0)), 0, 2))
-
-    tPs, tPg = part(tma_p, sP, mP, PB)
-    tRs, tRg = part(tma_r, sR, mR, BM)
-    _, tDRg = part(tma_dr, sR, mDR, BM)   # (each TMA atom holds its own tensor's descriptor)
-    gD = cute.local_tile(mDX, (HALF, BM), (None, None))
-    tDs, tDg = cpasync.tma_partition(tma_dx, 0, cute.make_layout(1), cute.group_modes(sX, 0, 2),
-                                     cute.group_modes(gD, 0, 2))
+    tPs, tPg = CU.tma_tiles(tma_p, sP, mP, (PB, 1), (None, 0))
+    tRs, tRg = CU.tma_tiles(tma_r, sR, mR, (BM, 1), (None, 0))
+    _, tDRg = CU.tma_tiles(tma_dr, sR, mDR, (BM, 1), (None, 0))   # (each TMA atom holds its own tensor's descriptor)
+    tDs, tDg = CU.tma_tiles(tma_dx, sX, mDX, (HALF, BM))
     half1 = cs * (2 * HALF) + HALF < K   # the second half has channels below K
     if wg == 0:
         cute.arch.setmaxregister_decrease(PRODUCER_REGS)
