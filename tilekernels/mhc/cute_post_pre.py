@@ -1,6 +1,6 @@
-"""mhc_post_pre's ``cute`` backend: h_post_bda's CuTe DSL forward and mhc_pre's cuTile forward; mhc_pre's cuTile
-backward head, then the CuTe DSL one-pass backward (tilekernels/mhc/cute_post_pre_bwd.py), which keeps the fp32
-d_total in registers.
+"""mhc_post_pre's ``cute`` backend: a CuTe DSL forward pass (tilekernels/mhc/cute_post_pre_fwd.py) and cuTile's
+epilogue and aggregate; mhc_pre's cuTile backward head, then the CuTe DSL one-pass backward
+(tilekernels/mhc/cute_post_pre_bwd.py), which keeps the fp32 d_total in registers.
 
 fwd (FUSE_FWD, default on): cute_post_pre_fwd's pass writes out and mhc_pre's projection partials in one read of
   the streams, then cuTile's mhc_pp_mix epilogue and the aggregate (3s + 2x bytes instead of 4s + 2x). Off: the
@@ -137,4 +137,3 @@ def post_pre_bwd(dout, dlayer_in, dh_post_next, dh_res_next, h_res, residual, h_
     pp.run(bwd_launches(dout, dlayer_in, dh_post_next, dh_res_next, h_res, residual, h_post, x, weight, hbias, bias,
                         out, proj, r, dh_res, dresidual, dh_post, dx, dweight, dhbias, dbias, alpha_pre, alpha_post,
                         alpha_res, iters, rms_eps, sinkhorn_eps))
-
