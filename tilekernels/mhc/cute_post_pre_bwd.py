@@ -180,6 +180,12 @@ def _store_chunk(cfg: cutlass.Constexpr, tma_dres: cute.CopyAtom, tSs: cute.Tens
     cute.arch.cp_async_bulk_wait_group(0, read=True)
 
 
+def bias_ring(smem, cc: int, stages: int):
+    """The bias ring of both post_pre passes in ``smem``: [cc] bf16 a stage (cc <= 64), each stage's TMA destination
+    128-byte aligned, i.e. 64 elements apart (64-byte stages faulted: a misaligned TMA destination, session 16)."""
+    return smem.allocate_tensor(BFloat16, cute.make_layout((cc, 1, stages), stride=(1, cc, 64)), byte_alignment=128)
+
+
 @cute.kernel
 def _kernel(cfg: cutlass.Constexpr, tma_dout: cute.CopyAtom, mDout: cute.Tensor, tma_res: cute.CopyAtom,
             mRes: cute.Tensor, tma_dres: cute.CopyAtom, mDres: cute.Tensor, tma_x: cute.CopyAtom, mX: cute.Tensor,
@@ -205,8 +211,7 @@ def _kernel(cfg: cutlass.Constexpr, tma_dout: cute.CopyAtom, mDout: cute.Tensor,
     _, sT = _smem_tensor(smem, sT_l)
     _, sW = _smem_tensor(smem, sW_l)
     _, sH = _smem_tensor(smem, sH_l)
-    # bias [CC] a stage, each stage's TMA destination 128-byte aligned (64 elements apart)
-    sB = smem.allocate_tensor(BFloat16, cute.make_layout((CC, 1, S), stride=(1, CC, 64)), byte_alignment=128)
+    sB = bias_ring(smem, CC, S)
     pipe = CU.tma_pipeline(smem, S, cfg.stage_bytes, 8)
 
     # the [C, T]-like tensors tiled [CC, BM]: (tile, chunk, row tile[, stream])

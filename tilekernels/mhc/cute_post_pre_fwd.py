@@ -48,6 +48,7 @@ from cutlass.utils import LayoutEnum
 
 from tilekernels import _cute as CU
 
+from .cute_post_pre_bwd import bias_ring
 from .cute_proj_rms import _smem_tensor
 from .cute_proj_rms_fwd import _kahan
 
@@ -163,7 +164,7 @@ def _kernel(cfg: cutlass.Constexpr, tma_r: cute.CopyAtom, mR: cute.Tensor, tma_o
     _, sO = _smem_tensor(smem, sO_l)
     _, sX = _smem_tensor(smem, sX_l)
     _, sW = _smem_tensor(smem, sW_l)
-    sB = smem.allocate_tensor(BFloat16, cute.make_layout((CC, 1, S), stride=(1, CC, 64)), byte_alignment=128)
+    sB = bias_ring(smem, CC, S)
     sP = smem.allocate_tensor(Float32, cute.make_layout((BM, NP), stride=(NP + 1, 1)), byte_alignment=16)
     pipe = CU.tma_pipeline(smem, S, cfg.stage_bytes, 8)
 
