@@ -383,9 +383,31 @@ def _qk_norms(qs: cute.Tensor, ks: cute.Tensor, wsum: cute.Tensor, t, NT: cutlas
 
 
 @cute.jit
+def _row_kq1(qs: cute.Tensor, ks: cute.Tensor, rq, rk, scale, i, dk: cutlass.Constexpr, ragged: cutlass.Constexpr):
+    """(k rk, q') of row i (zeros past dk where ``ragged``: dk not a multiple of the row parts)."""
+    ic = cutlass.min(i, dk - 1) if ragged else i
+    kv = ks[ic] * rk
+    qv = (qs[ic] * rq) * scale
+    if cutlass.const_expr(ragged):
+        if i >= dk:
+            kv = Float32(0.0)
+            qv = Float32(0.0)
+    return kv, qv
+
+
+@cute.jit
+def _row_kq(cfg: cutlass.Constexpr, qs: cute.Tensor, ks: cute.Tensor, rq, rk, scale, p, kqr: cute.Tensor):
+    """kqr [RPT, 2] fp32 = (k rk, q') of the thread's rows p, p + KS, .. (:func:`_delta_tile`'s ``kqr``)."""
+    for r in cutlass.range_constexpr(cfg.RPT):
+        kv, qv = _row_kq1(qs, ks, rq, rk, scale, p + cfg.KS * r, cfg.dk, cfg.dk % cfg.KS != 0)
+        kqr[r, 0] = kv
+        kqr[r, 1] = qv
+
+
+@cute.jit
 def _delta_tile(cfg: cutlass.Constexpr, s: cute.Tensor, qs: cute.Tensor, ks: cute.Tensor, vs: cute.Tensor,
                 red: cute.Tensor, orow: cute.Tensor, ssm: cute.Pointer, S0, rq, rk, scale, alpha, beta, kq, p, j0,
-                col, sync: cutlass.Constexpr):
+                col, sync: cutlass.Constexpr, kqr=None):
     """The delta rule on one thread's slice of one value head's state: s [RPT, VEC] fp32 holds
     S[i, col .. col+VEC-1] for its rows i = p, p + KS, .. (cfg: dk, dv, KS, VEC, RPT, G, PW, STREAM;
     G * KS threads call it, thread (p, j0 / VEC)). qs, ks [dk] the raw y of q, k (scaled here by rq,
@@ -394,7 +416,9 @@ def _delta_tile(cfg: cutlass.Constexpr, s: cute.Tensor, qs: cute.Tensor, ks: cut
     columns < dv); the slot's state at ssm + S0 ([dk, dv] row-major), written in place (columns
     < dv, rows < dk), rounded once to its dtype. Fixed-order fp32 sums: h = alpha S; h^T k and
     h^T q' per thread over its rows, butterfly over a warp's row parts, then the warps in order;
-    u = beta (v - h^T k), o = h^T q' + u (k . q'), S_new = h + k u^T."""
+    u = beta (v - h^T k), o = h^T q' + u (k . q'), S_new = h + k u^T. ``kqr`` [RPT, 2] fp32 (or None): the
+    thread's rows' k rk and q' from :func:`_row_kq`, in place of reading qs / ks here (the ring kernel's tiles
+    of an item share them; the same products, so the same results)."""
     dk, dv, KS, VEC, RPT, G, PW = cfg.dk, cfg.dv, cfg.KS, cfg.VEC, cfg.RPT, cfg.G, cfg.PW
     KW = KS // PW
     odt = orow.element_type
@@ -405,16 +429,10 @@ def _delta_tile(cfg: cutlass.Constexpr, s: cute.Tensor, qs: cute.Tensor, ks: cut
         pk[e] = Float32(0.0)
         pq[e] = Float32(0.0)
     for r in cutlass.range_constexpr(RPT):
-        i = p + KS * r
-        ic = i
-        if cutlass.const_expr(dk % KS != 0):
-            ic = cutlass.min(i, dk - 1)
-        kv = ks[ic] * rk
-        qv = (qs[ic] * rq) * scale
-        if cutlass.const_expr(dk % KS != 0):
-            if i >= dk:
-                kv = Float32(0.0)
-                qv = Float32(0.0)
+        if cutlass.const_expr(kqr is not None):
+            kv, qv = kqr[r, 0], kqr[r, 1]
+        else:
+            kv, qv = _row_kq1(qs, ks, rq, rk, scale, p + KS * r, dk, dk % KS != 0)
         for e in cutlass.range_constexpr(VEC):
             h = alpha * s[r, e]
             pk[e] = pk[e] + h * kv
@@ -452,10 +470,10 @@ def _delta_tile(cfg: cutlass.Constexpr, s: cute.Tensor, qs: cute.Tensor, ks: cut
         if col < dv:
             if cutlass.const_expr(dk % KS != 0):
                 if i < dk:
-                    kv = ks[i] * rk
+                    kv = kqr[r, 0] if cutlass.const_expr(kqr is not None) else ks[i] * rk
                     _st_state(stp, KS * r * dv, [alpha * s[r, e] + kv * u[e] for e in range(VEC)], VEC, cfg.STREAM)
             else:
-                kv = ks[i] * rk
+                kv = kqr[r, 0] if cutlass.const_expr(kqr is not None) else ks[i] * rk
                 _st_state(stp, KS * r * dv, [alpha * s[r, e] + kv * u[e] for e in range(VEC)], VEC, cfg.STREAM)
 
 
