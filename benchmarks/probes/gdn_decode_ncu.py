@@ -8,7 +8,8 @@ re-tiles), each run three times in argument order, e.g. the third launch of the 
 The CuTe DSL kernel (tilekernels/gdn/cute_decode.py): ``B:state:cute`` (its heuristic's config) or
 ``B:state:cute=NAME`` (a config of benchmarks/gdn_decode_check.py's CUTE_VARIANTS), kernel-name regex
 ``decode_kernel``. The TMA-ring kernel (tilekernels/gdn/cute_decode_ring.py): ``B:state:ring`` (its heuristic and
-grid policy) or ``B:state:ring=POLICY`` (cute_decode_ring.ring_grid's full / balanced), kernel-name regex ``ring_kernel``.
+grid policy) or ``B:state:ring=POLICY`` (cute_decode_ring.ring_grid's full / balanced), kernel-name regex ``ring_kernel``;
+``B:state:copy``: the copy floor's kernel (torch.neg over the step's bytes; gdn_decode_check.copy_case).
 """
 from __future__ import annotations
 
@@ -26,6 +27,15 @@ if __name__ == "__main__":
         B, sd, changes = arg.split(":", 2)
         sdt = gc.SDT[sd]
         x, conv, w, A, dt, ssm, idx, o = gc.problem(int(B), sdt)
+        if changes == "copy":  # the copy floor's kernel at this step's bytes (gdn_decode_check.copy_case's)
+            n = gc.decode_bytes(int(B), **gc.SHAPE, selt=sdt.itemsize) // 2 // 16 * 4
+            a = torch.randn(n, device="cuda")
+            b = torch.empty_like(a)
+            for _ in range(3):
+                torch.neg(a, out=b)
+            torch.cuda.synchronize()
+            print("ran", arg, n, flush=True)
+            continue
         if changes.startswith("ring"):  # ring (its heuristic, its grid policy) or ring=POLICY
             rg = gc._ring_mod()
             cfg = rg.DecodeRingCfg.heuristic(16, 32, 128, 128, 4, sdt.itemsize)

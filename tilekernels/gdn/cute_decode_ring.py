@@ -90,6 +90,7 @@ from .cute_decode import (
     _conv_step,
     _delta_tile,
     _row_kq,
+    _st_state,
     _gate_math,
     _gates,
     _ld_state,
@@ -144,6 +145,7 @@ class DecodeRingCfg:
     PF: bool = True  # the next item's prologue inputs loaded into registers before this item's tiles
     AHEAD: bool = True  # PF's slot loaded an item earlier still (no stall on it), its gate inputs kept raw
     HOIST: bool = True  # a thread's rows' k rk and q' computed once an item (registers), not read every tile
+    SKELETON: int = 0  # probe only, wrong results: 1 each tile stored back unchanged (no delta rule), 2 also no prologue
 
     def __post_init__(self):
         es = self.state_bytes
@@ -452,7 +454,7 @@ def _ring_kernel(cfg: cutlass.Constexpr, tma: cute.CopyAtom, mS: cute.Tensor, mi
                     ch = t + c * NT
                     if ch < R * dv:
                         _vec(o, obase + ch, 1)[0] = o.dtype(0.0)
-            else:
+            elif cutlass.const_expr(cfg.SKELETON < 2):
                 sync()  # the previous item's readers of qk, vs, gate, wsum are done
                 crow = Int64(slot) * (C * (W - 1))
                 if cutlass.const_expr(cfg.PF):
@@ -504,9 +506,11 @@ def _ring_kernel(cfg: cutlass.Constexpr, tma: cute.CopyAtom, mS: cute.Tensor, mi
                     _prefetch(cfg, item + nctas, t, mixed, conv, cw, A_log, dt_bias, idx, px, pcv, pw, pg, pgm,
                               pslot, item + 2 * nctas, B)
             if slot >= 0:
-                rq, rk, kq = _qk_norms(qs, ks, wsum, t, NT, dk, eps, scale, sync)
+                rq, rk, kq = Float32(1.0), Float32(1.0), Float32(0.0)
+                if cutlass.const_expr(cfg.SKELETON < 2):
+                    rq, rk, kq = _qk_norms(qs, ks, wsum, t, NT, dk, eps, scale, sync)
                 kqr = None
-                if cutlass.const_expr(cfg.HOIST):
+                if cutlass.const_expr(cfg.HOIST and cfg.SKELETON == 0):
                     kqr = cute.make_rmem_tensor((RPT, 2), Float32)
                     _row_kq(cfg, qs, ks, rq, rk, scale, p, kqr)
                 for tl in cutlass.range(TILES, unroll=1):
@@ -528,12 +532,18 @@ def _ring_kernel(cfg: cutlass.Constexpr, tma: cute.CopyAtom, mS: cute.Tensor, mi
                     pipe.consumer_release(cst)
                     buf = red.iterator + (cst.count % 2) * (KW * BV * 2)
                     cst.advance()
-                    vcol = cute.make_tensor(vs.iterator + (r * dv + col - j0), cute.make_layout(BV))
-                    _delta_tile(cfg, s, qs, ks, vcol,
-                                cute.make_tensor(buf, cute.make_layout((KW, BV, 2), stride=(BV, 1, KW * BV))),
-                                _vec(o, Int64(b) * (Hv * dv) + hv * dv, dv), ssm,
-                                Int64(slot) * (Hv * dk * dv) + Int64(hv * dk * dv), rq, rk, scale, gate[r, 1],
-                                gate[r, 0], kq, p, j0, col, sync, kqr)
+                    if cutlass.const_expr(cfg.SKELETON > 0):  # the memory pattern alone: the tile stored back
+                        stp = ssm + (Int64(slot) * (Hv * dk * dv) + Int64(hv * dk * dv) + Int64(p * dv + col))
+                        for rr in cutlass.range_constexpr(RPT):
+                            if col < dv and p + KS * rr < dk:
+                                _st_state(stp, KS * rr * dv, [s[rr, e] for e in range(VEC)], VEC, cfg.STREAM)
+                    else:
+                        vcol = cute.make_tensor(vs.iterator + (r * dv + col - j0), cute.make_layout(BV))
+                        _delta_tile(cfg, s, qs, ks, vcol,
+                                    cute.make_tensor(buf, cute.make_layout((KW, BV, 2), stride=(BV, 1, KW * BV))),
+                                    _vec(o, Int64(b) * (Hv * dv) + hv * dv, dv), ssm,
+                                    Int64(slot) * (Hv * dk * dv) + Int64(hv * dk * dv), rq, rk, scale, gate[r, 1],
+                                    gate[r, 0], kq, p, j0, col, sync, kqr)
 
 
 @cute.jit
