@@ -97,13 +97,14 @@ def test_variants_compile(name, sd):
 
 def test_heuristic():
     """From the static dims and the state's element size only; Qwen3-Next as designed (session 17's sweep:
-    2 CTAs an SM of 256 consumer threads, 32 state values each, 2 stages each; one CTA: as many as fit)."""
+    2 CTAs an SM of 256 consumer threads, 32 state values each, 2 stages each; one CTA: as many as fit;
+    session 18's bf16: 128 columns, one CTA of 256 consumers, 2 stages)."""
     f = rg.DecodeRingCfg.heuristic(16, 32, 128, 128, 4, 4)
     assert (f.BV, f.VEC, f.CONSUMERS, f.KS, f.RPT, f.STAGES, f.NCB, f.threads, f.CPS) == \
         (64, 4, 256, 16, 8, 2, 2, 288, 2)
     assert f.tile_bytes == 32768 and f.CPS * (f.smem_bytes + 1024) <= rg.SMEM_SM
-    b = rg.DecodeRingCfg.heuristic(16, 32, 128, 128, 4, 2)
-    assert (b.BV, b.VEC, b.CONSUMERS, b.STAGES, b.CPS) == (64, 4, 256, 2, 2)
+    b = rg.DecodeRingCfg.heuristic(16, 32, 128, 128, 4, 2)  # bf16: 256-byte row pieces, 64 values a thread
+    assert (b.BV, b.VEC, b.CONSUMERS, b.RPT, b.STAGES, b.CPS) == (128, 4, 256, 16, 2, 1)
     w = rg.DecodeRingCfg.heuristic(**WIDE, state_bytes=4)  # dk 256: 512 consumers, so one CTA an SM
     assert (w.CONSUMERS, w.RPT, w.CPS) == (512, 8, 1)
     assert rg.DecodeRingCfg.heuristic(1, 2, 64, 16, 2, 4).BV == 16  # narrow heads: narrower tiles

@@ -106,7 +106,8 @@ SMEM_CTA = 227 * 1024  # shared memory one CTA may have (H100 / H200)
 SMEM_SM = 228 * 1024  # shared memory of an SM, 1 KiB of it reserved a resident CTA
 RING_BYTES = 200 * 1024  # the heuristic's ring, all CTAs of an SM together
 MAX_STAGES = 16
-RING_VALUES = 32  # state values a consumer thread holds (the heuristic's KS)
+RING_VALUES = 32  # fp32 state values a consumer thread holds (the heuristic's KS): 128 bytes, bf16 64 values
+ROW_BYTES = 256  # the heuristic's tile row: at least this many bytes of a state row (BV columns)
 BAR_CONSUMERS = 1  # named barrier of the consumer warps (0 is __syncthreads)
 
 
@@ -231,13 +232,20 @@ class DecodeRingCfg:
     def heuristic(cls, Hk: int, Hv: int, dk: int, dv: int, W: int, state_bytes: int = 4, has_idx: bool = True,
                   CPS: int = 2) -> DecodeRingCfg:
         """From the static dims and the state's element size only (never B or N): VEC as the register
-        kernel's (16 bytes fp32, 8 bf16, halved until it divides dv); BV 64 columns (fp32 [128, 64]: a
-        32 KiB tile), halved while half still covers dv (16-byte TMA rows); KS row parts so a thread
-        holds at most RING_VALUES (32) state values (Qwen3-Next: KS 16, 256 consumer threads, 8 rows of 4);
-        CPS CTAs an SM (2; 1 where 2 x (CONSUMERS + 32) > 576 threads would cap ptxas below ~110 registers);
+        kernel's (16 bytes fp32, 8 bf16, halved until it divides dv); BV columns for ROW_BYTES (256) of a
+        state row (fp32 64, bf16 128: a 32 KiB tile at dk 128), halved while half still covers dv (16-byte TMA
+        rows); KS row parts so a thread holds at most 128 bytes of state (RING_VALUES fp32 values, twice that
+        bf16; Qwen3-Next fp32: KS 16, 256 consumer threads, 8 rows of 4; bf16: KS 8, 256 threads, 16 rows of 4);
+        CPS CTAs an SM (2; 1 where 2 x (CONSUMERS + 32) > 576 threads would cap ptxas below ~110 registers, or
+        where a thread holds more than RING_VALUES values: bf16's 64 take ~166 registers);
         2 stages a CTA at CPS 2 (with PF, H200 call 17, us, 2 / 3 (fp32) or 6 (bf16) stages: fp32 B=32 37.85 /
         38.01, B=64 74.94 / 76.39, B=256 288.69 / 290.69; bf16 B=32 16.00 / 17.16, B=256 175.28 / 178.96), else as
-        many as fit in RING_BYTES (at most MAX_STAGES).
+        many as fit in RING_BYTES (at most MAX_STAGES), except 2 for bf16 (the config measured).
+        bf16 (session 18, H200, Qwen3-Next, us at B = 32 / 256): 128 columns, 256 consumers, 1 CTA an SM, 2 stages
+        15.87 / 157.63, against 15.58 / 174.46 for the fp32 layout (64 columns: 128-byte row pieces); 512 consumers
+        (32 values) 21.35 / 155.11. Tiles of 128-byte row pieces stream worse: the ring's memory pattern alone (no
+        math) 161.48 us at 64 columns, 142.90 at 128. fp32 at 128 columns (1 CTA, 256 / 512 consumers) 293.4 /
+        294.1 us at B=256 against 288.8.
         Why: the consumers are the bound, not the ring (session 17, H200, graph-replayed, Qwen3-Next fp32
         B=256: 1 CTA of 128 consumers and 6 stages 345 us, 2 CTAs of 128 300, 1 of 256 315, 2 of 256 294-296,
         1 of 512 335; each item's prologue waits on dependent global loads, which more resident consumer warps
@@ -248,18 +256,19 @@ class DecodeRingCfg:
         VEC = max(1, VEC_BYTES.get(state_bytes, state_bytes) // state_bytes)
         while dv % VEC:
             VEC //= 2
-        BV = 64
+        BV = max(64, ROW_BYTES // state_bytes)
         while BV // 2 >= max(dv, VEC) and BV // 2 * state_bytes % 16 == 0:
             BV //= 2
         G = BV // VEC
         PW = max(1, 32 // G)
-        KS = CU.cdiv(CU.cdiv(dk * VEC, RING_VALUES), PW) * PW
-        if CPS > 1 and CPS * (G * KS + 32) > 576:
+        values = RING_VALUES * 4 // state_bytes
+        KS = CU.cdiv(CU.cdiv(dk * VEC, values), PW) * PW
+        if CPS > 1 and (CPS * (G * KS + 32) > 576 or values > RING_VALUES):
             CPS = 1
         base = cls(Hk=Hk, R=Hv // Hk, dk=dk, dv=dv, W=W, state_bytes=state_bytes, BV=BV, VEC=VEC, STAGES=2,
                    CONSUMERS=G * KS, CPS=CPS, has_idx=has_idx)
-        if CPS > 1:   # two CTAs an SM: two stages each (session 17, call 17: faster than 3 / 6 in every cell)
-            return base
+        if CPS > 1 or state_bytes == 2:  # 2 stages: CPS 2 (session 17, call 17: faster than 3 / 6 in every
+            return base                  # cell), bf16 (session 18, as measured)
         for stages in range(min(MAX_STAGES, RING_BYTES // CPS // (base.stage_elems * state_bytes)), 2, -1):
             try:  # the most that fit beside the CTA's other buffers
                 return dataclasses.replace(base, STAGES=stages)
@@ -275,11 +284,13 @@ class DecodeRingCfg:
 VARIANTS = {
     "nopf": (None, {"PF": False}), "noahead": (None, {"AHEAD": False}),
     "nohoist": (None, {"HOIST": False}), "s3": (4, {"STAGES": 3}), "bv32": (None, {"BV": 32}),
-    "c128": (None, {"CONSUMERS": 128}),
+    "c128": (4, {"CONSUMERS": 128}),
     "cps1": (4, {"CPS": 1, "STAGES": 6}), "stream": (None, {"STREAM": True}),
     "first": (4, {"CPS": 1, "CONSUMERS": 128, "STAGES": 6}),  # the ring's first heuristic (fp32)
-    "bf16-cps1": (2, {"CPS": 1, "STAGES": 12}), "bf16-s6": (2, {"STAGES": 6}),
-    "bf16-first": (2, {"CPS": 1, "CONSUMERS": 128, "STAGES": 12}),
+    "bf16-cps1": (2, {"BV": 64, "CPS": 1, "STAGES": 12}), "bf16-s4": (2, {"STAGES": 4}), "bf16-s6": (2, {"STAGES": 6}),
+    "bf16-first": (2, {"BV": 64, "CPS": 1, "CONSUMERS": 128, "STAGES": 12}),
+    "bf16-s17": (2, {"BV": 64, "CONSUMERS": 256, "CPS": 2, "STAGES": 2}),  # session 17's bf16 heuristic
+    "bf16-c512": (2, {"CONSUMERS": 512}),
 }
 
 
