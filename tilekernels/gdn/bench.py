@@ -131,7 +131,8 @@ def _pre_gated_maker(n_seqs: Optional[int]):
 def _decode_make(d, device):
     h = _heads(d)
     w, A, dt = weights(*h, d["W"], device=device)
-    conv, ssm = decode_states(d["N"], *h, d["W"], device=device)
+    conv, ssm = decode_states(d["N"], *h, d["W"], device=device,
+                              state_dtype=torch.bfloat16 if d.get("S") == 2 else torch.float32)
     idx = torch.randperm(d["N"], device=device)[: d["B"]].to(torch.int32)
     return (mixed((d["B"],), *h, device=device), conv, w, A, dt, ssm, idx), dict(Hk=d["Hk"])
 
@@ -164,11 +165,12 @@ def _pre_gated_flops(d) -> int:
 
 
 def _decode_bytes(d) -> int:
-    # read mixed row (bf16) + indices; read+write conv_state rows (bf16) and ssm_state rows (fp32);
-    # write o (bf16); weights read once
+    # read mixed row (bf16) + indices; read+write conv_state rows (bf16) and ssm_state rows (fp32, or
+    # bf16 where dims S = 2); write o (bf16); weights read once
     Hk, Hv, dk, dv = _heads(d)
     C = conv_dim(Hk, Hv, dk, dv)
-    per_row = 2 * d_model(Hk, Hv, dk, dv) + 4 + 2 * 2 * C * (d["W"] - 1) + 2 * 4 * Hv * dk * dv + 2 * Hv * dv
+    sb = d.get("S", 4)
+    per_row = 2 * d_model(Hk, Hv, dk, dv) + 4 + 2 * 2 * C * (d["W"] - 1) + 2 * sb * Hv * dk * dv + 2 * Hv * dv
     return d["B"] * per_row + 2 * C * d["W"] + 2 * 4 * Hv
 
 
@@ -194,4 +196,8 @@ def cases(device_type: str) -> list[BenchCase]:
                   flops_fwd=_pre_gated_flops, grad_inputs=grads, peers=PRE_GATED_PEERS),
         BenchCase(op="gdn_decode", dims=dec, make=_decode_make, variant="fp32-state",
                   bytes_fwd=_decode_bytes, flops_fwd=_decode_flops, peers=DECODE_PEERS),
+        # bf16 state (S = 2 bytes): issue 12 asks it reported; FLA's recurrent decode (the peer above) keeps an
+        # fp32 state, so no peer column here
+        BenchCase(op="gdn_decode", dims=dict(dec, S=2), make=_decode_make, variant="bf16-state",
+                  bytes_fwd=_decode_bytes, flops_fwd=_decode_flops),
     ]
