@@ -183,15 +183,13 @@ def _rec(tag, B, sd, us, cfg=None, **extra):
     return rec
 
 
-def run_case(B, sd, cfg=None, with_ref=True, tag="default", split=None, rep=200, mod=None, ctas=None):
+def run_case(B, sd, cfg=None, with_ref=True, tag="default", split=None, rep=200, mod=None):
     """One row: ``mod``'s launch at batch B, state dtype sd, config cfg (None: mod's
-    heuristic), split (None: default) and, for the ring, ``ctas`` persistent CTAs (None: its grid policy)."""
+    heuristic) and split (None: default)."""
     mod = mod or cd
     args = problem(B, sd)
     x, conv, w, A, dt, ssm, idx, o = args
     kw = {} if split is None else {"split": split}
-    if ctas is not None:
-        kw["ctas"] = ctas
     ln = mod.decode_launch(x, conv, w, A, dt, ssm, idx, o, SHAPE["Hk"], 1e-6, None, cfg=cfg, **kw)
     errs, ok = check(args, ln)
     rec = _rec(tag, B, sd, bench_graph(ln.run, rep=rep), ln.cfg, errs=errs, ok=ok, grid=ln.grid)
@@ -352,9 +350,6 @@ def main():
     ap.add_argument("--ring", action="store_true", help="also time the TMA-ring kernel (row cute-ring)")
     ap.add_argument("--ring-variants", default="",
                     help="comma list of cute_decode_ring.VARIANTS names to time (rows ring-<name>), or 'all'")
-    ap.add_argument("--ring-grid", default="",
-                    help="';'-separated cute_decode_ring.ring_grid policies (full, balanced), each the heuristic's config "
-                         "or POLICY/KEY=V,KEY=V (a config's changes); rows grid-<spec>")
     ap.add_argument("--ring-cfg", action="append", default=[],
                     help="a ring config as DecodeRingCfg changes, KEY=V,KEY=V (e.g. STAGES=4,BV=32); repeatable")
     a = ap.parse_args()
@@ -425,20 +420,6 @@ def main():
                                       tag=tag, mod=rg), "records" if name is None else "sweeps")
                 except Exception:
                     log_error(RESULTS["errors"], f"{tag} B={B} {sd}", limit=6)
-            for spec in filter(None, a.ring_grid.split(";")):
-                policy, _, changes = spec.partition("/")
-                try:
-                    rg = _ring_mod()
-                    cfg = rg.variant_cfg(changes, SHAPE["Hk"], SHAPE["Hv"], SHAPE["dk"], SHAPE["dv"], SHAPE["W"],
-                                         torch.finfo(sd).bits // 8) if changes else \
-                        rg.DecodeRingCfg.heuristic(SHAPE["Hk"], SHAPE["Hv"], SHAPE["dk"], SHAPE["dv"], SHAPE["W"],
-                                                   torch.finfo(sd).bits // 8)
-                    ctas = rg.ring_grid(B * SHAPE["Hk"], torch.cuda.get_device_properties(0).multi_processor_count
-                                        * cfg.CPS, policy)
-                    keep(run_case(B, sd, cfg=cfg, with_ref=False, rep=min(a.rep, 100), tag=f"grid-{spec}",
-                                  mod=rg, ctas=ctas), "sweeps")
-                except Exception:
-                    log_error(RESULTS["errors"], f"grid {spec} B={B} {sd}", limit=6)
             if a.copy_floor:
                 try:
                     keep(copy_case(B, sd, rep=a.rep))

@@ -7,9 +7,8 @@ re-tiles), each run three times in argument order, e.g. the third launch of the 
         python3 benchmarks/probes/gdn_decode_ncu.py "256:fp32:{}" "1:fp32:{'TMA': False}"
 The CuTe DSL kernel (tilekernels/gdn/cute_decode.py): ``B:state:cute`` (its heuristic's config) or
 ``B:state:cute=NAME`` (a config of benchmarks/gdn_decode_check.py's CUTE_VARIANTS), kernel-name regex
-``decode_kernel``. The TMA-ring kernel (tilekernels/gdn/cute_decode_ring.py): ``B:state:ring`` (its heuristic and
-grid policy) or ``B:state:ring=POLICY`` (cute_decode_ring.ring_grid's full / balanced), kernel-name regex ``ring_kernel``;
-``B:state:copy``: the copy floor's kernel (torch.neg over the step's bytes; gdn_decode_check.copy_case).
+``decode_kernel``. The TMA-ring kernel (tilekernels/gdn/cute_decode_ring.py): ``B:state:ring`` (its
+heuristic's config), kernel-name regex ``ring_kernel``. ``B:state:copy``: the copy floor's kernel (torch.neg over the step's bytes; gdn_decode_check.copy_case).
 """
 from __future__ import annotations
 
@@ -36,13 +35,9 @@ if __name__ == "__main__":
             torch.cuda.synchronize()
             print("ran", arg, n, flush=True)
             continue
-        if changes.startswith("ring"):  # ring (its heuristic, its grid policy) or ring=POLICY
+        if changes == "ring":  # the TMA-ring kernel at its heuristic's config
             rg = gc._ring_mod()
-            cfg = rg.DecodeRingCfg.heuristic(16, 32, 128, 128, 4, sdt.itemsize)
-            policy = changes[5:] or None
-            ctas = rg.ring_grid(int(B) * 16, torch.cuda.get_device_properties(0).multi_processor_count * cfg.CPS,
-                                policy)
-            ln = rg.decode_launch(x, conv, w, A, dt, ssm, idx, o, gc.SHAPE["Hk"], 1e-6, None, cfg=cfg, ctas=ctas)
+            ln = rg.decode_launch(x, conv, w, A, dt, ssm, idx, o, gc.SHAPE["Hk"], 1e-6, None)
         elif changes.startswith("cute"):
             cq = gc._cute_mod()
             cfg = cq.DecodeCfg.heuristic(16, 32, 128, 128, 4, sdt.itemsize)

@@ -603,29 +603,11 @@ def ring_fits(mixed, conv_state, conv_weight, A_log, dt_bias, ssm_state, state_i
     return ring_config(mixed, conv_state, conv_weight, ssm_state, state_indices, Hk) is not None
 
 
-# How many persistent CTAs a launch takes for ``items`` work items and ``slots`` resident CTAs (SMs x CPS):
-# "full" min(items, slots); "balanced" the fewest CTAs that still give each CTA ceil(items / slots) items, so
-# every CTA walks the same count (B=256 at Qwen3-Next: 4096 items on 264 slots are 16 rounds either way, but
-# "full" leaves 128 of its 264 CTAs idle in the last).
-GRID = "full"
-
-
-def ring_grid(items: int, slots: int, policy: str | None = None) -> int:
-    """Persistent CTAs for ``items`` work items on ``slots`` resident CTAs, by ``policy`` (default GRID)."""
-    policy = policy or GRID
-    if policy not in ("full", "balanced"):
-        raise ValueError(f"gdn_decode cute ring: grid policy must be 'full' or 'balanced', got {policy!r}")
-    n = min(items, slots)
-    if policy == "balanced" and n > 0:
-        n = CU.cdiv(items, CU.cdiv(items, slots))
-    return n
-
-
 def decode_launch(mixed, conv_state, conv_weight, A_log, dt_bias, ssm_state, state_indices, o,
                   Hk: int = 16, eps: float = 1e-6, scale: float | None = None,
                   cfg: DecodeRingCfg | None = None, ctas: int | None = None) -> CU.BoundLaunch:
     """The one launch of a decode step (argument order as the registry's fwd kernel, cute_decode's
-    ``decode_launch``); grid ring_grid(B * Hk, SMs * CPS), or min(B * Hk, ``ctas``) where given (tests: few CTAs, each
+    ``decode_launch``); grid min(B * Hk, SMs * CPS), or ``ctas`` CTAs where given (tests: few CTAs, each
     walking many items). B = 0: an empty grid, never to be run (``decode_ring_into`` launches nothing)."""
     B = mixed.shape[0]
     N, Hv, dk, dv = ssm_state.shape
@@ -646,7 +628,7 @@ def decode_launch(mixed, conv_state, conv_weight, A_log, dt_bias, ssm_state, sta
                          f"W={W}, a {ssm_state.element_size()}-byte state, state_indices "
                          f"{'given' if has_idx else 'absent'}")
     scale = float(dk ** -0.5 if scale is None else scale)
-    ctas = min(B * Hk, ctas) if ctas else ring_grid(B * Hk, sm_count(ssm_state.device) * cfg.CPS)
+    ctas = min(B * Hk, ctas or sm_count(ssm_state.device) * cfg.CPS)
     ln = _launch(cfg, mixed.dtype, conv_weight.dtype, ssm_state.dtype)
     idx = state_indices if has_idx else A_log  # never read without state_indices
     return CU.BoundLaunch(ln, (mixed, conv_state, conv_weight, A_log, dt_bias, ssm_state, idx, o, B, N * Hv * dk,
