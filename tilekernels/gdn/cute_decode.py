@@ -100,9 +100,9 @@ VALUES = 64  # the heuristic's most state values a thread holds (VEC > 1)
 SHARE = True  # the heuristic's DecodeCfg.SHARE (VEC > 1 configs)
 # The registered fwd kernel runs the TMA-ring kernel (tilekernels/gdn/cute_decode_ring.py: the state streamed
 # through shared memory by a producer warp) instead of this one where the batch has at least RING_FROM[state
-# element size] work items (B * Hk) and the ring's limits hold (cute_decode_ring.ring_config). From session 17's
-# H200 runs (Qwen3-Next, graph-replayed, us, this kernel / the ring): fp32 B=4 6.60 / 7.10 (ring without PF),
-# B=8 9.61 / 7.34; bf16 B=8 6.42 / 6.00 (benchmarks/results/gdn.md). RING: None = by RING_FROM; env
+# element size] work items (B * Hk) and the ring's limits hold (cute_decode_ring.ring_config). From session 18's
+# H200 run (Qwen3-Next, graph-replayed, us, this kernel / the ring): fp32 B=4 6.46 / 6.56, B=8 9.63 / 7.32; bf16
+# B=4 4.81 / 5.02, B=8 6.32 / 5.67 (benchmarks/results/gdn.md). RING: None = by RING_FROM; env
 # TILEKERNELS_GDN_DECODE_RING=1 / 0 forces the ring on / off (where its limits hold).
 RING_FROM = {4: 128, 2: 128}
 _RING_ENV = os.environ.get("TILEKERNELS_GDN_DECODE_RING", "")

@@ -52,11 +52,11 @@ config with its BV, VEC and KS) o and the state are expected bitwise equal to cu
 heuristic's (KS 16 at Qwen3-Next: twice the register kernel's row parts) the dk-sums split differently,
 so they agree within fp32 rounding.
 
-Measured (H200, Qwen3-Next, CUDA-graph replay, session 17's last run; benchmarks/results/gdn.md,
-h200-gdn-decode-cute.txt): the register kernel / this one at the heuristic's config (PF on), us: fp32 B=1 3.8 /
-6.6, B=8 9.6 / 7.3, B=32 42.2 / 37.9, B=256 300 / 291 (289 with the 2 stages the heuristic now takes); bf16 B=8
-6.4 / 6.0, B=256 208 / 176. Hence
-cute_decode's dispatch (RING_FROM): this kernel from B * Hk >= 128 items.
+Measured (H200, Qwen3-Next, CUDA-graph replay, session 18; benchmarks/results/gdn.md, h200-gdn-decode-cute.txt):
+the register kernel / this one at the heuristic's config, us: fp32 B=4 6.5 / 6.6, B=8 9.6 / 7.3, B=32 41.8 / 37.9,
+B=256 301 / 289; bf16 B=4 4.8 / 5.0, B=8 6.3 / 5.7, B=32 20.7 / 15.9, B=256 208 / 154. Hence cute_decode's dispatch
+(RING_FROM): this kernel from B * Hk >= 128 items. The ring's memory pattern alone (tiles loaded and stored back, no
+prologue or math) takes 275 us at B=256 fp32, against 261 for a copy of the same bytes.
 
 Layout: raw pointers to the caller's contiguous tensors: mixed [B, D], conv_state [N, C, W-1],
 conv_weight [C, W], A_log, dt_bias [Hv] fp32, ssm_state [N, Hv, dk, dv] (16-byte aligned, TMA),
