@@ -1,6 +1,11 @@
 # Sourced by the device-call scripts here: step NAME SECONDS CMD... runs CMD under a timeout with its output in
 # $OUT/NAME.log and appends its exit code, seconds and the log's summary lines (sanitizer summaries, pytest's
-# result) to $SUM.
+# result) to $SUM ($OUT/summary.txt). PYT and SAN: the pytest and compute-sanitizer command lines the scripts use.
+OUT=${OUT:-.}
+SUM="$OUT/summary.txt"
+: >> "$SUM"
+PYT="python3 -m pytest -q -p no:cacheprovider"
+SAN="compute-sanitizer --report-api-errors no --print-limit 30"
 step() {
   local name=$1 secs=$2; shift 2
   local t0=$SECONDS

@@ -3,12 +3,7 @@
 # initcheck on the register kernel) plus the registry / dispatch / graph GPU tests, one device call (cute bundle):
 #   source .gpu-cute/env.sh; bash benchmarks/probes/gdn_decode_sanitize.sh
 set -u
-OUT=${OUT:-.}
-SUM="$OUT/summary.txt"
-: >> "$SUM"
 . "$(dirname "$0")/_steps.sh"
-PYT="python3 -m pytest -q -p no:cacheprovider"
-SAN="compute-sanitizer --report-api-errors no --print-limit 30"
 R='tests/gdn/test_gdn_cute_decode_ring.py'
 G='tests/gdn/test_gdn_cute_decode.py'
 step ring_memcheck 150 $SAN --tool memcheck $PYT $R -k "ring_matches_float64 and ctas7" &

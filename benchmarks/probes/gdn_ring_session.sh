@@ -5,9 +5,6 @@
 # with the ring switched on; racecheck / synccheck / memcheck on small ring cases. timing: graph-replayed rows of the
 # register kernel, the ring (heuristic and variants) and the copy floor (benchmarks/gdn_decode_check.py).
 set -u
-OUT=${OUT:-.}
-SUM="$OUT/summary.txt"
-: >> "$SUM"
 . "$(dirname "$0")/_steps.sh"  # step NAME SECONDS CMD...
 PHASE=${1:-all}
 PYT="python3 -m pytest -q -p no:cacheprovider -x"

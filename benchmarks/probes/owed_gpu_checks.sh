@@ -12,10 +12,8 @@
 #   GPU): the default, the composed forward (FUSE_FWD=0), the two ops composed and the two ops timed apart.
 # Each step has its own timeout; logs under $OUT; a summary (each tool's summary line, pytest's result) last.
 set -u
-OUT=${OUT:-.}
-SUM="$OUT/summary.txt"
-: > "$SUM"
 . "$(dirname "$0")/_steps.sh"  # step NAME SECONDS CMD...
+: > "$SUM"  # a fresh summary
 ls /tmp/tk-cutile > /dev/null || { echo "cuTile is not unpacked (call 1 first)"; exit 3; }
 SAN="compute-sanitizer --report-api-errors no --print-limit 50"
 PYT="python3 -m pytest -q -p no:cacheprovider -m gpu"
