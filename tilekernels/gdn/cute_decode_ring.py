@@ -327,6 +327,21 @@ def _chan(cfg, c: int, t, kh):
 
 
 @cute.jit
+def _item_slot(cfg: cutlass.Constexpr, idx: cute.Pointer, b, nb, held: cute.Tensor, k: cutlass.Constexpr):
+    """The state slot of row b (b itself without state_indices, else state_indices[b]). AHEAD: the value in
+    held[k] (loaded by the call an item before, or before the first call), and row nb's slot loaded into held[k]
+    for the next call, so no branch on a slot waits for its load (producer and consumers alike)."""
+    s = Int32(b)
+    if cutlass.const_expr(cfg.has_idx):
+        if cutlass.const_expr(cfg.AHEAD):
+            s = held[k]
+            held[k] = _vec(idx, Int64(nb), 1)[0]
+        else:
+            s = _vec(idx, Int64(b), 1)[0]
+    return s
+
+
+@cute.jit
 def _prefetch(cfg: cutlass.Constexpr, it, t, mixed: cute.Pointer, conv: cute.Pointer, cw: cute.Pointer,
               A_log: cute.Pointer, dt_bias: cute.Pointer, idx: cute.Pointer, px: cute.Tensor, pcv: cute.Tensor,
               pw: cute.Tensor, pg: cute.Tensor, pgm: cute.Tensor, pslot: cute.Tensor, nxt, B):
@@ -343,13 +358,7 @@ def _prefetch(cfg: cutlass.Constexpr, it, t, mixed: cute.Pointer, conv: cute.Poi
     NC = CU.cdiv(2 * dk, cfg.CONSUMERS) + CU.cdiv(R * dv, cfg.CONSUMERS)
     b_ = it // Hk
     kh_ = it - b_ * Hk
-    s_ = Int32(b_)
-    if cutlass.const_expr(cfg.has_idx):
-        if cutlass.const_expr(cfg.AHEAD):
-            s_ = pslot[1]
-            pslot[1] = _vec(idx, Int64(cutlass.min(nxt // Hk, B - 1)), 1)[0]
-        else:
-            s_ = _vec(idx, Int64(b_), 1)[0]
+    s_ = _item_slot(cfg, idx, b_, cutlass.min(nxt // Hk, B - 1), pslot, 1)
     pslot[0] = s_
     if s_ >= 0:
         xr = Int64(b_) * D
@@ -415,13 +424,7 @@ def _ring_kernel(cfg: cutlass.Constexpr, tma: cute.CopyAtom, mS: cute.Tensor, mi
         for item in cutlass.range(bid, items, nctas, unroll=1):
             b = item // Hk
             kh = item - b * Hk
-            slot = Int32(b)
-            if cutlass.const_expr(cfg.has_idx):
-                if cutlass.const_expr(cfg.AHEAD):
-                    slot = nslot[0]
-                    nslot[0] = _vec(idx, Int64(cutlass.min((item + nctas) // Hk, B - 1)), 1)[0]
-                else:
-                    slot = _vec(idx, Int64(b), 1)[0]
+            slot = _item_slot(cfg, idx, b, cutlass.min((item + nctas) // Hk, B - 1), nslot, 0)
             if slot >= 0:
                 for tl in cutlass.range(TILES, unroll=1):
                     r = tl // NCB
