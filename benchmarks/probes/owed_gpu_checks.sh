@@ -9,7 +9,8 @@
 # Steps (session 17): tests/mhc/test_mhc_cute_post_pre.py -m gpu whole (every case takes the default fused forward,
 #   cute_post_pre_fwd, FUSE_FWD on since session 17; test_cute_composed_forward_* the composition); memcheck /
 #   initcheck / racecheck on two small default cases; then the timing rows (mhc_post_pre_variants.py, alone on the
-#   GPU): the default, the composed forward (FUSE_FWD=0), the two ops composed and the two ops timed apart.
+#   GPU): the default, the composed forward (FUSE_FWD=0), the two ops composed and the two ops timed apart
+#   (ROWS=... replaces the rows; PROFILE=1 adds each row's kernel table).
 # Each step has its own timeout; logs under $OUT; a summary (each tool's summary line, pytest's result) last.
 set -u
 . "$(dirname "$0")/_steps.sh"  # step NAME SECONDS CMD...
@@ -17,7 +18,9 @@ set -u
 ls /tmp/tk-cutile > /dev/null || { echo "cuTile is not unpacked (call 1 first)"; exit 3; }
 SAN="compute-sanitizer --report-api-errors no --print-limit 50"
 PYT="python3 -m pytest -q -p no:cacheprovider -m gpu"
-K='cute_matches_float64 and (T37-n3 or T1-n1)'
+# sanitized cases: two small default ones, the 4-warpgroup forward's, the in-pass dh sums' (session 19)
+K='(cute_matches_float64 or four_consumer) and (T37-n3 or T1-n1) or dh_summed'
+ROWS=${ROWS:-separate,h_post_bda,mhc_pre,cute,cute:FUSE_FWD=0,cute,cute:FUSE_FWD=0,separate,h_post_bda,mhc_pre}
 PHASE=${1:-all}  # tests | timing | all (one device call may run 600 s: tests and timing fit two calls)
 if [ "$PHASE" != timing ]; then
 step post_pre_tests 240 $PYT tests/mhc/test_mhc_cute_post_pre.py
@@ -27,6 +30,6 @@ step fwd_racecheck 150 $SAN --tool racecheck $PYT tests/mhc/test_mhc_cute_post_p
 wait
 fi
 [ "$PHASE" = tests ] || step variants 240 python3 benchmarks/probes/mhc_post_pre_variants.py \
-  --rows separate,h_post_bda,mhc_pre,cute,cute:FUSE_FWD=0,cute,cute:FUSE_FWD=0,separate,h_post_bda,mhc_pre --out "$OUT"
-[ "$PHASE" = tests ] || tail -12 "$OUT/variants.log"
+  --rows "$ROWS" ${PROFILE:+--profile} --out "$OUT"
+[ "$PHASE" = tests ] || tail -16 "$OUT/variants.log"
 cat "$SUM"

@@ -35,9 +35,11 @@ CTA = 64 tokens (the wgmma M), 3 warpgroups (384 threads), walking C in chunks o
   cuTile kernels, so d_total keeps fp32's precision), [64, NP] each, built once per CTA.
   Epilogue per (token, channel): out recomputed, d_total, dresidual and dx written in place over the
   stage (bf16), dh sums in registers, dbias summed over the warp's 16 tokens by shuffles; one dbias
-  partial per warp and chunk (``p_bias`` [4 * row tiles, C]), the dh sums of each warpgroup
-  (``p_dhr`` [2, T, n, n], ``p_dhp`` [2, T, n]) at the end: reduced in a fixed order by the cuTile
-  reductions (deterministic, no atomics).
+  partial per warp and chunk (``p_bias`` [4 * row tiles, C], reduced in a fixed order by a cuTile
+  kernel). At the end (DH_FINAL) warpgroup 1's dh sums go through shared memory to warpgroup 0's threads of
+  the same tokens, which store dh_res [T, n, n] and dh_post [T, n] (fp32: WG0's + WG1's, the sum the two-row
+  reduction kernels formed, bitwise); without DH_FINAL each warpgroup's sums are stored (``p_dhr`` [2, T, n,
+  n], ``p_dhp`` [2, T, n]) for the cuTile reductions. Deterministic, no atomics.
 
 Tails: TMA zero-fills loads past T and C (those d_total are 0: the weight copy is zero there too) and
 clips the stores; partial stores skip channels past C and tokens past T.
@@ -86,6 +88,7 @@ class PostPreBwdCuteCfg:
     STAGES: int = 2
     HAS_BIAS: bool = True
     CW: int = 32   # channels of a chunk a consumer warpgroup owns (of every stream); a chunk is 2*CW
+    DH_FINAL: bool = True   # the two warpgroups' dh sums added in the kernel (else partials for a reduction)
 
     def __post_init__(self):
         if not (1 <= self.n <= 4 and self.N == self.n * self.n + 2 * self.n and self.N <= self.NP
@@ -121,8 +124,14 @@ class PostPreBwdCuteCfg:
 
     @property
     def smem_bytes(self) -> int:
-        # the allocations (each 1024-aligned: sT, sW, sH, sB, then the barriers)
-        return self.STAGES * (self.stage_bytes + 128) + TERMS * BM * self.NP * 2 + 2 * self.STAGES * 8 + 5 * 1024
+        # the allocations (each 1024-aligned: sT, sW, sH, sB, sD, then the barriers)
+        return (self.STAGES * (self.stage_bytes + 128) + TERMS * BM * self.NP * 2 + 2 * self.STAGES * 8 + 5 * 1024
+                + (BM * self.ND * 4 if self.DH_FINAL else 0))
+
+    @property
+    def ND(self) -> int:
+        """dh values a token: dh_post's n, then dh_res's n*n."""
+        return self.n + self.n * self.n
 
     @classmethod
     @functools.lru_cache(maxsize=256)
@@ -212,6 +221,9 @@ def _kernel(cfg: cutlass.Constexpr, tma_dout: cute.CopyAtom, mDout: cute.Tensor,
     _, sW = _smem_tensor(smem, sW_l)
     _, sH = _smem_tensor(smem, sH_l)
     sB = bias_ring(smem, CC, S)
+    sD = None
+    if const_expr(cfg.DH_FINAL):   # warpgroup 1's dh sums of its tokens, for warpgroup 0 (column k: dh value k)
+        sD = smem.allocate_tensor(Float32, cute.make_layout((BM, cfg.ND)), byte_alignment=16)
     pipe = CU.tma_pipeline(smem, S, cfg.stage_bytes, 8)
 
     # the [C, T]-like tensors tiled [CC, BM]: (tile, chunk, row tile[, stream])
@@ -436,16 +448,38 @@ def _kernel(cfg: cutlass.Constexpr, tma_dout: cute.CopyAtom, mDout: cute.Tensor,
                     for sh in cutlass.range_constexpr(2):
                         v = v + cute.arch.shuffle_sync_bfly(v, offset=1 << sh)
                     dhr[h, i, j] = v
-        if lane % 4 == 0:
-            gDhr = cute.make_tensor(p_dhr, cute.make_layout((2, T, n, n), stride=(T * n * n, n * n, n, 1)))
-            gDhp = cute.make_tensor(p_dhp, cute.make_layout((2, T, n), stride=(T * n, n, 1)))
-            for h in cutlass.range_constexpr(2):
-                tg = t_base + t0 + 8 * h
-                if tg < T:
+        if const_expr(cfg.DH_FINAL):
+            # warpgroup 1's sums to shared memory; warpgroup 0's threads of the same tokens add them (WG0 + WG1)
+            if lane % 4 == 0 and wc == 1:
+                for h in cutlass.range_constexpr(2):
+                    tl = t0 + 8 * h
                     for i in cutlass.range_constexpr(n):
-                        gDhp[wc, tg, i] = dhp[h, i]
+                        sD[tl, i] = dhp[h, i]
                         for j in cutlass.range_constexpr(n):
-                            gDhr[wc, tg, i, j] = dhr[h, i, j]
+                            sD[tl, n + i * n + j] = dhr[h, i, j]
+            cute.arch.barrier(barrier_id=1, number_of_threads=256)
+            if lane % 4 == 0 and wc == 0:
+                gDhr = cute.make_tensor(p_dhr, cute.make_layout((T, n, n), stride=(n * n, n, 1)))
+                gDhp = cute.make_tensor(p_dhp, cute.make_layout((T, n), stride=(n, 1)))
+                for h in cutlass.range_constexpr(2):
+                    tl = t0 + 8 * h
+                    tg = t_base + tl
+                    if tg < T:
+                        for i in cutlass.range_constexpr(n):
+                            gDhp[tg, i] = dhp[h, i] + sD[tl, i]
+                            for j in cutlass.range_constexpr(n):
+                                gDhr[tg, i, j] = dhr[h, i, j] + sD[tl, n + i * n + j]
+        else:
+            if lane % 4 == 0:
+                gDhr = cute.make_tensor(p_dhr, cute.make_layout((2, T, n, n), stride=(T * n * n, n * n, n, 1)))
+                gDhp = cute.make_tensor(p_dhp, cute.make_layout((2, T, n), stride=(T * n, n, 1)))
+                for h in cutlass.range_constexpr(2):
+                    tg = t_base + t0 + 8 * h
+                    if tg < T:
+                        for i in cutlass.range_constexpr(n):
+                            gDhp[wc, tg, i] = dhp[h, i]
+                            for j in cutlass.range_constexpr(n):
+                                gDhr[wc, tg, i, j] = dhr[h, i, j]
 
 
 @cute.jit
@@ -485,8 +519,8 @@ def _host(cfg: cutlass.Constexpr, dout: cute.Pointer, res: cute.Pointer, x: cute
 @functools.lru_cache(maxsize=256)
 def launch(cfg: PostPreBwdCuteCfg) -> CU.Launch:
     """run args (dout, residual, x, dlayer_in, bias (x when None), permuted weight, dproj, dr, r, h_res fp32,
-    h_post fp32, h_pre^T [n, T] fp32, dresidual, dx, p_bias [4 * row tiles, C], p_dhr [2, T, n, n],
-    p_dhp [2, T, n] (fp32), T, eps)."""
+    h_post fp32, h_pre^T [n, T] fp32, dresidual, dx, p_bias [4 * row tiles, C], p_dhr, p_dhp (fp32, contiguous:
+    with DH_FINAL dh_res [T, n, n] and dh_post [T, n], else [2, T, n, n] and [2, T, n]), T, eps)."""
     bf, f4 = CU.Ptr(torch.bfloat16, 16), CU.Ptr(torch.float32, 4)
     sig = (bf, bf, bf, bf, bf, bf, f4, f4, f4, f4, f4, f4, bf, bf, f4, f4, f4, CU.Scalar(Int32), CU.Scalar(Float32))
     return CU.Launch(f"{_NAME}.one", _host, cfg, sig)
