@@ -21,7 +21,11 @@ PYT="python3 -m pytest -q -p no:cacheprovider -m gpu"
 # sanitized cases: two small default ones, the 4-warpgroup forward's, the in-pass dh sums' (session 19)
 K='(cute_matches_float64 or four_consumer) and (T37-n3 or T1-n1) or dh_summed'
 ROWS=${ROWS:-separate,h_post_bda,mhc_pre,cute,cute:FUSE_FWD=0,cute,cute:FUSE_FWD=0,separate,h_post_bda,mhc_pre}
-PHASE=${1:-all}  # tests | timing | all (one device call may run 600 s: tests and timing fit two calls)
+PHASE=${1:-all}  # smoke | tests | timing | all (one device call may run 600 s: tests and timing fit two calls)
+if [ "$PHASE" = smoke ]; then   # one small case of each new kernel config first: a hang costs 60 s, not the call
+  step smoke 60 $PYT tests/mhc/test_mhc_cute_post_pre.py -k "(four_consumer or cute_matches_float64) and T1-n1"
+  tail -3 "$SUM"; grep -q "rc=0 " "$SUM"; exit $?
+fi
 if [ "$PHASE" != timing ]; then
 step post_pre_tests 240 $PYT tests/mhc/test_mhc_cute_post_pre.py
 step fwd_memcheck 150 $SAN --tool memcheck $PYT tests/mhc/test_mhc_cute_post_pre.py -k "$K" &

@@ -56,8 +56,11 @@ from .cute_proj_rms import _smem_tensor
 from .cute_proj_rms_fwd import _kahan
 
 _NAME = "mhc.cute_post_pre_fwd"
-PRODUCER_REGS = 40
-CONSUMER_REGS = {2: 232, 4: 112}   # by CWG: 40 x 128 + CONSUMER_REGS x 128 CWG <= 64 Ki registers
+# by CWG: PRODUCER_REGS x 128 + CONSUMER_REGS x 128 CWG within the registers the CTA launched with (setmaxnreg.inc
+# waits for registers the CTA's other warps gave back: past the launch's 168 x 384 / 96 x 640 it never returns, a
+# hang); CWG 4 at 104 consumer registers spills, so its producer warpgroup keeps 24
+PRODUCER_REGS = {2: 40, 4: 24}
+CONSUMER_REGS = {2: 232, 4: 112}
 BM = 64   # tokens a CTA
 CC = 64   # channels a chunk
 SMEM_LIMIT = 225 * 1024
@@ -190,7 +193,7 @@ def _kernel(cfg: cutlass.Constexpr, tma_r: cute.CopyAtom, mR: cute.Tensor, tma_o
     tBs, tBg = CU.tma_tiles(tma_b, sB, mB, (CC, 1), (None, 0))
 
     if wg == 0:
-        cute.arch.setmaxregister_decrease(PRODUCER_REGS)
+        cute.arch.setmaxregister_decrease(PRODUCER_REGS[CWG])
         if warp == 0:
             def load(st, ch, bar):
                 for i in cutlass.range_constexpr(n):
