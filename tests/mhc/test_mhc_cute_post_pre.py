@@ -55,7 +55,8 @@ def test_pass_compiles_for_sm90a(n, C, bias, CW, dh_final):
 
 
 FWD_COMPILE = [(4, 7168, True, 2), (4, 7168, False, 2), (3, 200, True, 2), (1, 64, False, 2), (2, 104, True, 2),
-               (4, 7168, True, 4), (3, 200, True, 4), (1, 64, False, 4)]
+               (4, 7168, True, 4), (3, 200, True, 4), (1, 64, False, 4), (4, 7168, True, "2-cstore"),
+               (2, 104, True, "2-cstore")]
 
 
 @pytest.mark.parametrize("n,C,bias,cwg", FWD_COMPILE, ids=[f"n{n}-C{c}-bias{b}-CWG{w}" for n, c, b, w in FWD_COMPILE])
@@ -67,8 +68,10 @@ def test_fused_forward_compiles_for_sm90a(n, C, bias, cwg):
     from tilekernels.mhc import cute_post_pre_fwd as F
 
     N = n * n + 2 * n
+    cstore = isinstance(cwg, str)
+    cwg = 2 if cstore else cwg
     cfg = dataclasses.replace(F.PostPreFwdCuteCfg.heuristic(n, C, N, max(16, 1 << (N - 1).bit_length()), bias),
-                              CWG=cwg)
+                              CWG=cwg, CSTORE=cstore)
     art = F.launch(cfg).export("sm_90a")
     res = [v for k, v in cubin_resources(art.cubin).items() if "kernel" in k]
     assert len(res) == 1 and res[0]["frame"] == 0, res
@@ -165,6 +168,21 @@ def test_cute_fused_forward_four_consumer_warpgroups(c, monkeypatch):
     inner = F.PostPreFwdCuteCfg.__dict__["heuristic"].__func__.__wrapped__
     monkeypatch.setattr(F.PostPreFwdCuteCfg, "heuristic",
                         classmethod(lambda cls, *a: dataclasses.replace(inner(cls, *a), CWG=4)))
+    run_cutile(c, backend="cute")
+
+
+@on_gpu
+@pytest.mark.parametrize("c", [GPU_CASES[1], GPU_CASES[2], GPU_CASES[3], GPU_CASES[8], GPU_CASES[9]], ids=case_id)
+def test_cute_fused_forward_consumer_stores(c, monkeypatch):
+    """The fused forward pass with CSTORE (a consumer thread stores each stage's out after the stage's barrier, the
+    producer none): the same float64 checks."""
+    import dataclasses
+
+    from tilekernels.mhc import cute_post_pre_fwd as F
+
+    inner = F.PostPreFwdCuteCfg.__dict__["heuristic"].__func__.__wrapped__
+    monkeypatch.setattr(F.PostPreFwdCuteCfg, "heuristic",
+                        classmethod(lambda cls, *a: dataclasses.replace(inner(cls, *a), CSTORE=True)))
     run_cutile(c, backend="cute")
 
 

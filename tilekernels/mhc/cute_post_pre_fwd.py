@@ -80,6 +80,7 @@ class PostPreFwdCuteCfg:
     STAGES: int = 3
     HAS_BIAS: bool = True
     CWG: int = 2
+    CSTORE: bool = False   # out stored by a consumer thread after the stage's barrier (else by the producer)
 
     def __post_init__(self):
         if not (1 <= self.n <= 4 and self.N == self.n * self.n + 2 * self.n and self.N <= self.NP
@@ -131,12 +132,13 @@ def _layouts(cfg):
 
 @cute.jit
 def _store_out(cfg: cutlass.Constexpr, tma_o: cute.CopyAtom, tOs: cute.Tensor, tOg: cute.Tensor, st: Int32,
-               ch: Int32, m: Int32):
-    """TMA stores of stage st's out tiles (chunk ch of row tile m), one bulk group, waited until read."""
+               ch: Int32, m: Int32, wait: cutlass.Constexpr = True):
+    """TMA stores of stage st's out tiles (chunk ch of row tile m), one bulk group, waited until read (wait)."""
     for i in cutlass.range_constexpr(cfg.n):
         cute.copy(tma_o, tOs[None, st * cfg.n + i], tOg[None, m, ch, i])
     cute.arch.cp_async_bulk_commit_group()
-    cute.arch.cp_async_bulk_wait_group(0, read=True)
+    if const_expr(wait):
+        cute.arch.cp_async_bulk_wait_group(0, read=True)
 
 
 @cute.jit
@@ -203,8 +205,9 @@ def _kernel(cfg: cutlass.Constexpr, tma_r: cute.CopyAtom, mR: cute.Tensor, tma_o
                 if const_expr(cfg.HAS_BIAS):
                     cute.copy(tma_b, tBg[None, ch], tBs[None, st], tma_bar_ptr=bar)
 
-            def store(st, ch):   # the stage's out, in its residual slots
-                _store_out(cfg, tma_o, tRs, tOg, st, ch, m)
+            def store(st, ch):   # the stage's out, in its residual slots (CSTORE: the consumers stored it)
+                if const_expr(not cfg.CSTORE):
+                    _store_out(cfg, tma_o, tRs, tOg, st, ch, m)
 
             CU.ring_producer(pipe, S, nch, load, store)
     else:
@@ -289,15 +292,24 @@ def _kernel(cfg: cutlass.Constexpr, tma_r: cute.CopyAtom, mR: cute.Tensor, tma_o
             ss = t_s
             cute.arch.fence_proxy("async.shared", space="cta")
             cute.arch.barrier(barrier_id=1, number_of_threads=NC)   # every out tile of the stage written
+            if const_expr(cfg.CSTORE):   # the stage's out stored now, read by TMA while the projection runs
+                if cidx == 0:
+                    _store_out(cfg, tma_o, tRs, tOg, st, ch, m, False)
             if const_expr(n >= CWG):   # every warpgroup has streams
                 _proj_chunk(mma, acc, tot, comp, tA, tB, st, wc, n, CWG)
             else:
                 if wc < n:
                     _proj_chunk(mma, acc, tot, comp, tA, tB, st, wc, n, CWG)
+            if const_expr(cfg.CSTORE):
+                if cidx == 0:   # its stores have read the stage before warp 0 releases it
+                    cute.arch.cp_async_bulk_wait_group(0, read=True)
             cute.arch.sync_warp()
             pipe.consumer_release(rst)
             rst.advance()
 
+        if const_expr(cfg.CSTORE):
+            if cidx == 0:
+                cute.arch.cp_async_bulk_wait_group(0, read=False)
         # ---- warpgroups 1 .. CWG-1's projection sums into warpgroup 0's (shared memory, in order), then p_proj;
         # the squares: the token's 4 lanes, then the second half's (CWG = 4) into the first's; p_ss per token
         for sh in cutlass.range_constexpr(2):
