@@ -10,8 +10,8 @@ bwd, in order (every scratch written before it is read; reductions in a fixed or
   mhc_pre's head (cutile_pre.bwd_launches without its dx pass): the dh_pre pass over out and dlayer_in,
       the bwd mix (dproj, dr, h_pre^T), the hbias reduction;
   h_res / h_post staged to fp32 when bf16 (cutile_post_bda._h32);
-  cute_post_pre_bwd's pass: dresidual, dx, dh_res and dh_post (DH_FINAL: the two warpgroups' sums added in
-      the kernel), dbias partials per warp;
+  cute_post_pre_bwd's pass: dresidual, dx, dh_res and dh_post (the two warpgroups' sums added in the kernel),
+      dbias partials per warp;
   the dbias partials' reduction; mhc_pre's dweight from the saved out (cute_proj_rms.dweight_into:
       its backward kernel without dx, then its fixed-order reduction).
 Ideal traffic (T=32768, n=4, C=7168, bf16; s = one [T, n, C] stream = 1.879 GB, x = [T, C] = 0.470):
@@ -60,10 +60,10 @@ def bwd_launches(dout, dlayer_in, dh_post_next, dh_res_next, h_res, residual, h_
     dev, f32 = residual.device, torch.float32
     ntm = cdiv(T, K.BM)
     p_bias = torch.empty((4 * ntm, C) if has_bias else (1, 1), dtype=f32, device=dev)
-    fin = kcfg.DH_FINAL   # the pass stores dh itself (fp32; through a scratch copy when dh is not fp32 contiguous)
-    direct = [fin and t.dtype == f32 and t.is_contiguous() for t in (dh_res, dh_post)]
-    p_dhr = dh_res if direct[0] else torch.empty((T, n, n) if fin else (2, T, n, n), dtype=f32, device=dev)
-    p_dhp = dh_post if direct[1] else torch.empty((T, n) if fin else (2, T, n), dtype=f32, device=dev)
+    # the pass stores dh itself (fp32; through a scratch copy when dh is not fp32 contiguous)
+    direct = [t.dtype == f32 and t.is_contiguous() for t in (dh_res, dh_post)]
+    p_dhr = dh_res if direct[0] else torch.empty((T, n, n), dtype=f32, device=dev)
+    p_dhp = dh_post if direct[1] else torch.empty((T, n), dtype=f32, device=dev)
     dres = dresidual if dresidual.data_ptr() % 16 == 0 else torch.empty_like(dresidual)
     dxx = dx if dx.data_ptr() % 16 == 0 else torch.empty_like(dx)
     srcs = [aligned16(t) for t in (dout, residual, x, dlayer_in)]
@@ -77,11 +77,8 @@ def bwd_launches(dout, dlayer_in, dh_post_next, dh_res_next, h_res, residual, h_
             steps.append(functools.partial(dresidual.copy_, dres))
         if dxx is not dx:
             steps.append(functools.partial(dx.copy_, dxx))
-        if not fin:
-            steps += ppb._dh_reductions(p_dhr, p_dhp, dh_res, dh_post, cfg)
-        else:
-            steps += [functools.partial(o.copy_, p) for o, p, d in ((dh_res, p_dhr, direct[0]),
-                                                                   (dh_post, p_dhp, direct[1])) if not d]
+        steps += [functools.partial(o.copy_, p) for o, p, d in ((dh_res, p_dhr, direct[0]),
+                                                               (dh_post, p_dhp, direct[1])) if not d]
         if has_bias:
             steps.append(ppb.dbias_launch(p_bias, dbias, cfg))
     else:

@@ -36,10 +36,9 @@ CTA = 64 tokens (the wgmma M), 3 warpgroups (384 threads), walking C in chunks o
   Epilogue per (token, channel): out recomputed, d_total, dresidual and dx written in place over the
   stage (bf16), dh sums in registers, dbias summed over the warp's 16 tokens by shuffles; one dbias
   partial per warp and chunk (``p_bias`` [4 * row tiles, C], reduced in a fixed order by a cuTile
-  kernel). At the end (DH_FINAL) warpgroup 1's dh sums go through shared memory to warpgroup 0's threads of
-  the same tokens, which store dh_res [T, n, n] and dh_post [T, n] (fp32: WG0's + WG1's, the sum the two-row
-  reduction kernels formed, bitwise); without DH_FINAL each warpgroup's sums are stored (``p_dhr`` [2, T, n,
-  n], ``p_dhp`` [2, T, n]) for the cuTile reductions. Deterministic, no atomics.
+  kernel). At the end warpgroup 1's dh sums go through shared memory to warpgroup 0's threads of the same
+  tokens, which store dh_res [T, n, n] and dh_post [T, n] (fp32: WG0's + WG1's, in that order; until session
+  19 two reduction kernels summed per-warpgroup partials, 29-37 us more a step). Deterministic, no atomics.
 
 Tails: TMA zero-fills loads past T and C (those d_total are 0: the weight copy is zero there too) and
 clips the stores; partial stores skip channels past C and tokens past T.
@@ -88,7 +87,6 @@ class PostPreBwdCuteCfg:
     STAGES: int = 2
     HAS_BIAS: bool = True
     CW: int = 32   # channels of a chunk a consumer warpgroup owns (of every stream); a chunk is 2*CW
-    DH_FINAL: bool = True   # the two warpgroups' dh sums added in the kernel (else partials for a reduction)
 
     def __post_init__(self):
         if not (1 <= self.n <= 4 and self.N == self.n * self.n + 2 * self.n and self.N <= self.NP
@@ -126,7 +124,7 @@ class PostPreBwdCuteCfg:
     def smem_bytes(self) -> int:
         # the allocations (each 1024-aligned: sT, sW, sH, sB, sD, then the barriers)
         return (self.STAGES * (self.stage_bytes + 128) + TERMS * BM * self.NP * 2 + 2 * self.STAGES * 8 + 5 * 1024
-                + (BM * self.ND * 4 if self.DH_FINAL else 0))
+                + BM * self.ND * 4)
 
     @property
     def ND(self) -> int:
@@ -201,7 +199,7 @@ def _kernel(cfg: cutlass.Constexpr, tma_dout: cute.CopyAtom, mDout: cute.Tensor,
             tma_dg: cute.CopyAtom, mDg: cute.Tensor, tma_dx: cute.CopyAtom, mDx: cute.Tensor,
             tma_w: cute.CopyAtom, mW: cute.Tensor, tma_b: cute.CopyAtom, mB: cute.Tensor,
             dproj: cute.Pointer, dr: cute.Pointer, r: cute.Pointer, hres: cute.Pointer, hpost: cute.Pointer,
-            hpre_t: cute.Pointer, p_bias: cute.Pointer, p_dhr: cute.Pointer, p_dhp: cute.Pointer,
+            hpre_t: cute.Pointer, p_bias: cute.Pointer, dh_res: cute.Pointer, dh_post: cute.Pointer,
             T: Int32, eps: Float32):
     n, C, N, NP, S, NW, NT = cfg.n, cfg.C, cfg.N, cfg.NP, cfg.STAGES, cfg.NW, cfg.tiles
     nch, CW, CC = cfg.nch, cfg.CW, cfg.CC
@@ -221,9 +219,8 @@ def _kernel(cfg: cutlass.Constexpr, tma_dout: cute.CopyAtom, mDout: cute.Tensor,
     _, sW = _smem_tensor(smem, sW_l)
     _, sH = _smem_tensor(smem, sH_l)
     sB = bias_ring(smem, CC, S)
-    sD = None
-    if const_expr(cfg.DH_FINAL):   # warpgroup 1's dh sums of its tokens, for warpgroup 0 (column k: dh value k)
-        sD = smem.allocate_tensor(Float32, cute.make_layout((BM, cfg.ND)), byte_alignment=16)
+    # warpgroup 1's dh sums of its tokens, for warpgroup 0 (column k: dh value k)
+    sD = smem.allocate_tensor(Float32, cute.make_layout((BM, cfg.ND)), byte_alignment=16)
     pipe = CU.tma_pipeline(smem, S, cfg.stage_bytes, 8)
 
     # the [C, T]-like tensors tiled [CC, BM]: (tile, chunk, row tile[, stream])
@@ -436,7 +433,7 @@ def _kernel(cfg: cutlass.Constexpr, tma_dout: cute.CopyAtom, mDout: cute.Tensor,
                             pb[row, c] = db[cb, 0]
                             pb[row, c + 1] = db[cb, 1]
 
-        # ---- the warpgroup's dh sums over its channels: the 4 lanes of a token, then one store a token
+        # ---- the warpgroup's dh sums over its channels: the 4 lanes of a token
         for h in cutlass.range_constexpr(2):
             for i in cutlass.range_constexpr(n):
                 v = dhp[h, i]
@@ -448,45 +445,33 @@ def _kernel(cfg: cutlass.Constexpr, tma_dout: cute.CopyAtom, mDout: cute.Tensor,
                     for sh in cutlass.range_constexpr(2):
                         v = v + cute.arch.shuffle_sync_bfly(v, offset=1 << sh)
                     dhr[h, i, j] = v
-        if const_expr(cfg.DH_FINAL):
-            # warpgroup 1's sums to shared memory; warpgroup 0's threads of the same tokens add them (WG0 + WG1)
-            if lane % 4 == 0 and wc == 1:
-                for h in cutlass.range_constexpr(2):
-                    tl = t0 + 8 * h
+        # warpgroup 1's sums to shared memory; warpgroup 0's threads of the same tokens add them (WG0 + WG1)
+        if lane % 4 == 0 and wc == 1:
+            for h in cutlass.range_constexpr(2):
+                tl = t0 + 8 * h
+                for i in cutlass.range_constexpr(n):
+                    sD[tl, i] = dhp[h, i]
+                    for j in cutlass.range_constexpr(n):
+                        sD[tl, n + i * n + j] = dhr[h, i, j]
+        cute.arch.barrier(barrier_id=1, number_of_threads=256)
+        if lane % 4 == 0 and wc == 0:
+            gDhr = cute.make_tensor(dh_res, cute.make_layout((T, n, n), stride=(n * n, n, 1)))
+            gDhp = cute.make_tensor(dh_post, cute.make_layout((T, n), stride=(n, 1)))
+            for h in cutlass.range_constexpr(2):
+                tl = t0 + 8 * h
+                tg = t_base + tl
+                if tg < T:
                     for i in cutlass.range_constexpr(n):
-                        sD[tl, i] = dhp[h, i]
+                        gDhp[tg, i] = dhp[h, i] + sD[tl, i]
                         for j in cutlass.range_constexpr(n):
-                            sD[tl, n + i * n + j] = dhr[h, i, j]
-            cute.arch.barrier(barrier_id=1, number_of_threads=256)
-            if lane % 4 == 0 and wc == 0:
-                gDhr = cute.make_tensor(p_dhr, cute.make_layout((T, n, n), stride=(n * n, n, 1)))
-                gDhp = cute.make_tensor(p_dhp, cute.make_layout((T, n), stride=(n, 1)))
-                for h in cutlass.range_constexpr(2):
-                    tl = t0 + 8 * h
-                    tg = t_base + tl
-                    if tg < T:
-                        for i in cutlass.range_constexpr(n):
-                            gDhp[tg, i] = dhp[h, i] + sD[tl, i]
-                            for j in cutlass.range_constexpr(n):
-                                gDhr[tg, i, j] = dhr[h, i, j] + sD[tl, n + i * n + j]
-        else:
-            if lane % 4 == 0:
-                gDhr = cute.make_tensor(p_dhr, cute.make_layout((2, T, n, n), stride=(T * n * n, n * n, n, 1)))
-                gDhp = cute.make_tensor(p_dhp, cute.make_layout((2, T, n), stride=(T * n, n, 1)))
-                for h in cutlass.range_constexpr(2):
-                    tg = t_base + t0 + 8 * h
-                    if tg < T:
-                        for i in cutlass.range_constexpr(n):
-                            gDhp[wc, tg, i] = dhp[h, i]
-                            for j in cutlass.range_constexpr(n):
-                                gDhr[wc, tg, i, j] = dhr[h, i, j]
+                            gDhr[tg, i, j] = dhr[h, i, j] + sD[tl, n + i * n + j]
 
 
 @cute.jit
 def _host(cfg: cutlass.Constexpr, dout: cute.Pointer, res: cute.Pointer, x: cute.Pointer, dg: cute.Pointer,
           bias: cute.Pointer, wp: cute.Pointer, dproj: cute.Pointer, dr: cute.Pointer, r: cute.Pointer,
           hres: cute.Pointer, hpost: cute.Pointer, hpre_t: cute.Pointer, dres: cute.Pointer, dx: cute.Pointer,
-          p_bias: cute.Pointer, p_dhr: cute.Pointer, p_dhp: cute.Pointer, T: Int32, eps: Float32,
+          p_bias: cute.Pointer, dh_res: cute.Pointer, dh_post: cute.Pointer, T: Int32, eps: Float32,
           stream: CU.cuda.CUstream):
     n, C, CC = cfg.n, cfg.C, cfg.CC
     Q = cfg.nch * 2 * cfg.NW
@@ -511,7 +496,7 @@ def _host(cfg: cutlass.Constexpr, dout: cute.Pointer, res: cute.Pointer, x: cute
     mB = cute.make_tensor(bias, cute.make_layout((C, 1), stride=(1, C)))
     tma_b, tB = cpasync.make_tiled_tma_atom(g2s, mB, cute.make_layout((CC, 1)), (CC, 1))
     _kernel(cfg, tma_dout, tDout, tma_res, tRes, tma_dres, tDres, tma_x, tX, tma_dg, tDg, tma_dx, tDx, tma_w, tW,
-            tma_b, tB, dproj, dr, r, hres, hpost, hpre_t, p_bias, p_dhr, p_dhp, T, eps).launch(
+            tma_b, tB, dproj, dr, r, hres, hpost, hpre_t, p_bias, dh_res, dh_post, T, eps).launch(
         grid=((T + BM - 1) // BM, 1, 1), block=(THREADS, 1, 1), stream=stream, min_blocks_per_mp=1,
         preferred_smem_carveout=100)
 
@@ -519,8 +504,8 @@ def _host(cfg: cutlass.Constexpr, dout: cute.Pointer, res: cute.Pointer, x: cute
 @functools.lru_cache(maxsize=256)
 def launch(cfg: PostPreBwdCuteCfg) -> CU.Launch:
     """run args (dout, residual, x, dlayer_in, bias (x when None), permuted weight, dproj, dr, r, h_res fp32,
-    h_post fp32, h_pre^T [n, T] fp32, dresidual, dx, p_bias [4 * row tiles, C], p_dhr, p_dhp (fp32, contiguous:
-    with DH_FINAL dh_res [T, n, n] and dh_post [T, n], else [2, T, n, n] and [2, T, n]), T, eps)."""
+    h_post fp32, h_pre^T [n, T] fp32, dresidual, dx, p_bias [4 * row tiles, C], dh_res [T, n, n] and dh_post
+    [T, n] (fp32, contiguous), T, eps)."""
     bf, f4 = CU.Ptr(torch.bfloat16, 16), CU.Ptr(torch.float32, 4)
     sig = (bf, bf, bf, bf, bf, bf, f4, f4, f4, f4, f4, f4, bf, bf, f4, f4, f4, CU.Scalar(Int32), CU.Scalar(Float32))
     return CU.Launch(f"{_NAME}.one", _host, cfg, sig)

@@ -14,22 +14,19 @@ h_pre, h_post and h_res; cutile_aggregate's forward then reads out once more for
 the new streams twice after writing them (mhc_pre's projection pass and its aggregate); this pass folds the
 projection into the write: the forward moves 3s + 2x instead of 4s + 2x (s = one [T, n, C] stream).
 
-CTA = 64 tokens (the wgmma M) over all of C in chunks of 64 channels, 1 + CWG warpgroups (CWG = 2: 384 threads,
-as cute_post_pre_bwd's pass; CWG = 4: 640):
+CTA = 64 tokens (the wgmma M) over all of C in chunks of 64 channels, 3 warpgroups (384 threads), as
+cute_post_pre_bwd's pass:
 
 * warp 0 (producer): per chunk, TMA loads of the residual tiles ([64 tok x 64 ch], channel-contiguous rows, the
   wgmma's K-major A layout; one box a stream), x, bias and the weight's [NP, 64] K-major B tiles (one a stream;
   rows past N read as zeros) into a STAGES-deep ring. A stage released by the consumers holds the chunk's out (in
   place of the residual tiles): the producer stores it by TMA before it loads the stage again.
-* warpgroups 1 .. CWG (consumers): thread k (0 .. 128 CWG - 1) takes token (k // 4) % 64 and channel pairs
-  2*(k % 4 + 4q) of every stream, q in its share of 0..7 (all 8 for CWG = 2; half k // 256 of them for CWG = 4):
-  out from the stage's residual, x and bias and the token's h (registers, loaded once), written in place as
-  bf16, its squares summed per token. Then (every consumer's tiles written: a named barrier) warpgroup wc runs
-  the projection's wgmmas m64 nNP of its streams i (i % CWG == wc), 4 k-steps each, into a per-chunk
-  accumulator that is Kahan-added to its running sum; the stage is released once they retired. A warp row of
-  8 tokens x 4 channel pairs reads 8 16-byte pieces, one per 128-byte swizzled row: no bank conflicts.
-  At the end: warpgroups 1 .. CWG - 1's sums (and the second half's squares) added to warpgroup 0's in order
-  through shared memory, p_proj and p_ss stored.
+* warpgroups 1, 2 (consumers): thread k (0..255) takes token k // 4 and channel pairs 2*(k % 4 + 4q), q = 0..7,
+  of every stream: out from the stage's residual, x and bias and the token's h (registers, loaded once), written
+  in place as bf16, its squares summed per token. Then (all 256 threads' tiles written: a named barrier)
+  warpgroup wc runs the projection's wgmmas m64 nNP of its streams i (i % 2 == wc), 4 k-steps each, into a
+  per-chunk accumulator that is Kahan-added to its running sum; the stage is released once they retired.
+  At the end: warpgroup 1's sums added to warpgroup 0's through shared memory, p_proj and p_ss stored.
 
 Constraints: those of cute_post_pre_bwd's pass (n <= 4, C % 8 == 0, bf16 streams / bias / weight, fp32 h: bf16 h
 staged first), sm_90a. Compile key: PostPreFwdCuteCfg; T is a runtime scalar (the grid).
@@ -56,11 +53,8 @@ from .cute_proj_rms import _smem_tensor
 from .cute_proj_rms_fwd import _kahan
 
 _NAME = "mhc.cute_post_pre_fwd"
-# by CWG: PRODUCER_REGS x 128 + CONSUMER_REGS x 128 CWG within the registers the CTA launched with (setmaxnreg.inc
-# waits for registers the CTA's other warps gave back: past the launch's 168 x 384 / 96 x 640 it never returns, a
-# hang); CWG 4 at 104 consumer registers spills, so its producer warpgroup keeps 24
-PRODUCER_REGS = {2: 40, 4: 24}
-CONSUMER_REGS = {2: 232, 4: 112}
+THREADS = 384
+PRODUCER_REGS, CONSUMER_REGS = 40, 232
 BM = 64   # tokens a CTA
 CC = 64   # channels a chunk
 SMEM_LIMIT = 225 * 1024
@@ -69,8 +63,7 @@ SMEM_LIMIT = 225 * 1024
 @dataclasses.dataclass(frozen=True)
 class PostPreFwdCuteCfg:
     """Launch config = compile key (with the dtypes). n, C, N static; NP: the projection's wgmma N (16 or 32);
-    NPAD: p_proj's row width (cuTile mhc_pp_mix's); STAGES: the ring; HAS_BIAS; CWG: consumer warpgroups (2 or 4:
-    more warps to hide the consumers' shared-memory and barrier latency, each with half the elementwise work)."""
+    NPAD: p_proj's row width (cuTile mhc_pp_mix's); STAGES: the ring; HAS_BIAS."""
 
     n: int
     C: int
@@ -79,15 +72,13 @@ class PostPreFwdCuteCfg:
     NP: int = 32
     STAGES: int = 3
     HAS_BIAS: bool = True
-    CWG: int = 2
-    CSTORE: bool = False   # out stored by a consumer thread after the stage's barrier (else by the producer)
 
     def __post_init__(self):
         if not (1 <= self.n <= 4 and self.N == self.n * self.n + 2 * self.n and self.N <= self.NP
                 and self.NP in (16, 32) and self.NPAD >= self.N and self.C % 8 == 0 and self.C > 0
-                and self.STAGES >= 2 and self.CWG in CONSUMER_REGS):
+                and self.STAGES >= 2):
             raise ValueError(f"mhc_post_pre cute fwd: config {self}: needs n <= 4, N = n*n + 2n <= NP in (16, 32), "
-                             f"NPAD >= N, C % 8 == 0, STAGES >= 2, CWG in {tuple(CONSUMER_REGS)}")
+                             f"NPAD >= N, C % 8 == 0, STAGES >= 2")
         if self.smem_bytes > SMEM_LIMIT:
             raise ValueError(f"mhc_post_pre cute fwd: config {self} needs {self.smem_bytes} bytes of shared memory")
 
@@ -101,13 +92,8 @@ class PostPreFwdCuteCfg:
         return (self.n + 1) * BM * CC * 2 + self.n * self.NP * CC * 2 + (CC * 2 if self.HAS_BIAS else 0)
 
     @property
-    def threads(self) -> int:
-        return 128 * (1 + self.CWG)
-
-    @property
     def smem_bytes(self) -> int:
-        return (self.STAGES * (self.stage_bytes + 128) + (self.CWG - 1) * BM * (self.NP + 1) * 4 + BM * 4
-                + 2 * self.STAGES * 8 + 5 * 1024)
+        return self.STAGES * (self.stage_bytes + 128) + BM * (self.NP + 1) * 4 + 2 * self.STAGES * 8 + 5 * 1024
 
     @classmethod
     @functools.lru_cache(maxsize=256)
@@ -132,23 +118,22 @@ def _layouts(cfg):
 
 @cute.jit
 def _store_out(cfg: cutlass.Constexpr, tma_o: cute.CopyAtom, tOs: cute.Tensor, tOg: cute.Tensor, st: Int32,
-               ch: Int32, m: Int32, wait: cutlass.Constexpr = True):
-    """TMA stores of stage st's out tiles (chunk ch of row tile m), one bulk group, waited until read (wait)."""
+               ch: Int32, m: Int32):
+    """TMA stores of stage st's out tiles (chunk ch of row tile m), one bulk group, waited until read."""
     for i in cutlass.range_constexpr(cfg.n):
         cute.copy(tma_o, tOs[None, st * cfg.n + i], tOg[None, m, ch, i])
     cute.arch.cp_async_bulk_commit_group()
-    if const_expr(wait):
-        cute.arch.cp_async_bulk_wait_group(0, read=True)
+    cute.arch.cp_async_bulk_wait_group(0, read=True)
 
 
 @cute.jit
 def _proj_chunk(mma, acc: cute.Tensor, tot: cute.Tensor, comp: cute.Tensor, tA: cute.Tensor, tB: cute.Tensor,
-                st: Int32, wc: Int32, n: cutlass.Constexpr, cwg: cutlass.Constexpr):
-    """Warpgroup wc's projection products of stage st (its streams i = wc, wc + cwg, ...: 4 k-steps each) into
+                st: Int32, wc: Int32, n: cutlass.Constexpr):
+    """Warpgroup wc's projection products of stage st (its streams i = wc, wc + 2, ...: 4 k-steps each) into
     acc (the first from zero by its scale-d flag), retired, then Kahan-added to tot (compensation comp)."""
     warpgroup.fence()
-    for s_ in cutlass.range_constexpr((n + cwg - 1) // cwg):
-        i = cwg * s_ + wc
+    for s_ in cutlass.range_constexpr((n + 1) // 2):
+        i = 2 * s_ + wc
         if i < n:
             for kb in cutlass.range_constexpr(CC // 16):
                 mma.set(warpgroup.Field.ACCUMULATE, not (s_ == 0 and kb == 0))
@@ -180,13 +165,8 @@ def _kernel(cfg: cutlass.Constexpr, tma_r: cute.CopyAtom, mR: cute.Tensor, tma_o
     _, sX = _smem_tensor(smem, sX_l)
     _, sW = _smem_tensor(smem, sW_l)
     sB = bias_ring(smem, CC, S)
-    CWG = cfg.CWG
-    NC = 128 * CWG   # consumer threads
-    # warpgroups 1 .. CWG-1's projection sums [BM, NP] each (padded rows), the second half's squares [BM]
-    sP = smem.allocate_tensor(Float32, cute.make_layout((BM, NP, CWG - 1), stride=(NP + 1, 1, BM * (NP + 1))),
-                              byte_alignment=16)
-    sS = smem.allocate_tensor(Float32, cute.make_layout(BM), byte_alignment=16)
-    pipe = CU.tma_pipeline(smem, S, cfg.stage_bytes, 4 * CWG)   # one release a consumer warp
+    sP = smem.allocate_tensor(Float32, cute.make_layout((BM, NP), stride=(NP + 1, 1)), byte_alignment=16)
+    pipe = CU.tma_pipeline(smem, S, cfg.stage_bytes, 8)
 
     tRs, tRg = CU.tma_tiles(tma_r, sO, mR, (BM, CC))     # (tile, row tile, chunk, stream)
     _, tOg = CU.tma_tiles(tma_o, sO, mO, (BM, CC))
@@ -195,7 +175,7 @@ def _kernel(cfg: cutlass.Constexpr, tma_r: cute.CopyAtom, mR: cute.Tensor, tma_o
     tBs, tBg = CU.tma_tiles(tma_b, sB, mB, (CC, 1), (None, 0))
 
     if wg == 0:
-        cute.arch.setmaxregister_decrease(PRODUCER_REGS[CWG])
+        cute.arch.setmaxregister_decrease(PRODUCER_REGS)
         if warp == 0:
             def load(st, ch, bar):
                 for i in cutlass.range_constexpr(n):
@@ -205,21 +185,18 @@ def _kernel(cfg: cutlass.Constexpr, tma_r: cute.CopyAtom, mR: cute.Tensor, tma_o
                 if const_expr(cfg.HAS_BIAS):
                     cute.copy(tma_b, tBg[None, ch], tBs[None, st], tma_bar_ptr=bar)
 
-            def store(st, ch):   # the stage's out, in its residual slots (CSTORE: the consumers stored it)
-                if const_expr(not cfg.CSTORE):
-                    _store_out(cfg, tma_o, tRs, tOg, st, ch, m)
+            def store(st, ch):   # the stage's out, in its residual slots
+                _store_out(cfg, tma_o, tRs, tOg, st, ch, m)
 
             CU.ring_producer(pipe, S, nch, load, store)
     else:
-        cute.arch.setmaxregister_increase(CONSUMER_REGS[CWG])
+        cute.arch.setmaxregister_increase(CONSUMER_REGS)
         wc = wg - 1
         cidx = tidx - 128
         ct_ = tidx - 128 * wg
-        QH = 8 * 2 // CWG         # channel pairs q a thread takes (of 8)
-        tk = (cidx // 4) % BM     # this thread's token (local) in the elementwise step
-        half = cidx // 256        # its share of q: half * QH .. half * QH + QH - 1
+        tk = cidx // 4            # this thread's token (local) in the elementwise step
         gt = m * BM + tk
-        cp0 = cidx % 4            # its first channel pair; pairs cp0 + 4q
+        cp0 = cidx % 4            # its first channel pair; pairs cp0 + 4q, q = 0..7
         hr = cute.make_rmem_tensor((n, n), Float32)
         hp = cute.make_rmem_tensor((n,), Float32)
         gHr = cute.make_tensor(hres, cute.make_layout((T, n, n), stride=(n * n, n, 1)))
@@ -258,8 +235,8 @@ def _kernel(cfg: cutlass.Constexpr, tma_r: cute.CopyAtom, mR: cute.Tensor, tma_o
             pipe.consumer_wait(rst)
             st = rst.index
             sc = Float32(0.0)
-            for qq in cutlass.range_constexpr(QH):
-                cl = 2 * (cp0 + 4 * (half * QH + qq))
+            for q in cutlass.range_constexpr(8):
+                cl = 2 * (cp0 + 4 * q)
 
                 def tile_pair(t_, buf):
                     return cute.logical_divide(t_[None, None, buf], (None, cute.make_layout(2)))[tk, (None, cl // 2)]
@@ -291,45 +268,30 @@ def _kernel(cfg: cutlass.Constexpr, tma_r: cute.CopyAtom, mR: cute.Tensor, tma_o
             ssc = (t_s - ss) - y_
             ss = t_s
             cute.arch.fence_proxy("async.shared", space="cta")
-            cute.arch.barrier(barrier_id=1, number_of_threads=NC)   # every out tile of the stage written
-            if const_expr(cfg.CSTORE):   # the stage's out stored now, read by TMA while the projection runs
-                if cidx == 0:
-                    _store_out(cfg, tma_o, tRs, tOg, st, ch, m, False)
-            if const_expr(n >= CWG):   # every warpgroup has streams
-                _proj_chunk(mma, acc, tot, comp, tA, tB, st, wc, n, CWG)
+            cute.arch.barrier(barrier_id=1, number_of_threads=256)   # every out tile of the stage written
+            if const_expr(n > 1):   # both warpgroups have streams
+                _proj_chunk(mma, acc, tot, comp, tA, tB, st, wc, n)
             else:
-                if wc < n:
-                    _proj_chunk(mma, acc, tot, comp, tA, tB, st, wc, n, CWG)
-            if const_expr(cfg.CSTORE):
-                if cidx == 0:   # its stores have read the stage before warp 0 releases it
-                    cute.arch.cp_async_bulk_wait_group(0, read=True)
+                if wc == 0:
+                    _proj_chunk(mma, acc, tot, comp, tA, tB, st, wc, n)
             cute.arch.sync_warp()
             pipe.consumer_release(rst)
             rst.advance()
 
-        if const_expr(cfg.CSTORE):
-            if cidx == 0:
-                cute.arch.cp_async_bulk_wait_group(0, read=False)
-        # ---- warpgroups 1 .. CWG-1's projection sums into warpgroup 0's (shared memory, in order), then p_proj;
-        # the squares: the token's 4 lanes, then the second half's (CWG = 4) into the first's; p_ss per token
-        for sh in cutlass.range_constexpr(2):
-            ss = ss + cute.arch.shuffle_sync_bfly(ss, offset=1 << sh)
-        if wc >= 1 and wc < n:
+        # ---- warpgroup 1's projection sums into warpgroup 0's (shared memory), then p_proj; p_ss per token
+        if wc == 1:
             for e in cutlass.range_constexpr(cute.size(tot)):
                 t_, j_ = cAcc[e]
-                sP[t_, j_, wc - 1] = tot[e]
-        if const_expr(CWG > 2):
-            if half == 1 and cidx % 4 == 0:
-                sS[tk] = ss
-        cute.arch.barrier(barrier_id=1, number_of_threads=NC)
+                sP[t_, j_] = tot[e]
+        cute.arch.barrier(barrier_id=1, number_of_threads=256)
         if wc == 0:
             gP = cute.make_tensor(p_proj, cute.make_layout((T, cfg.NPAD), stride=(cfg.NPAD, 1)))
             for e in cutlass.range_constexpr(cute.size(tot)):
                 t_, j_ = cAcc[e]
                 g_ = m * BM + t_
                 v = tot[e]
-                for w_ in cutlass.range_constexpr(1, min(n, CWG)):
-                    v = v + sP[t_, j_, w_ - 1]
+                if const_expr(n > 1):
+                    v = v + sP[t_, j_]
                 if g_ < T and j_ < cfg.NPAD:
                     gP[g_, j_] = v
             if const_expr(cfg.NPAD > NP):   # p_proj's padding columns
@@ -337,9 +299,9 @@ def _kernel(cfg: cutlass.Constexpr, tma_r: cute.CopyAtom, mR: cute.Tensor, tma_o
                     if ct_ < BM:
                         if m * BM + ct_ < T:
                             gP[m * BM + ct_, NP + jj] = Float32(0.0)
-        if half == 0 and cidx % 4 == 0 and gt < T:
-            if const_expr(CWG > 2):
-                ss = ss + sS[tk]
+        for sh in cutlass.range_constexpr(2):
+            ss = ss + cute.arch.shuffle_sync_bfly(ss, offset=1 << sh)
+        if cidx % 4 == 0 and gt < T:
             gS = cute.make_tensor(p_ss, cute.make_layout(T))
             gS[gt] = ss
 
@@ -363,7 +325,7 @@ def _host(cfg: cutlass.Constexpr, res: cute.Pointer, x: cute.Pointer, bias: cute
     tma_w, tW = cpasync.make_tiled_tma_atom(g2s, mW, cute.slice_(sW_l, (None, None, 0)), (cfg.NP, CC))
     tma_b, tB = cpasync.make_tiled_tma_atom(g2s, mB, cute.make_layout((CC, 1)), (CC, 1))
     _kernel(cfg, tma_r, tR, tma_o, tO, tma_x, tX, tma_w, tW, tma_b, tB, hres, hpost, p_proj, p_ss, T).launch(
-        grid=((T + BM - 1) // BM, 1, 1), block=(cfg.threads, 1, 1), stream=stream, min_blocks_per_mp=1,
+        grid=((T + BM - 1) // BM, 1, 1), block=(THREADS, 1, 1), stream=stream, min_blocks_per_mp=1,
         preferred_smem_carveout=100)
 
 
