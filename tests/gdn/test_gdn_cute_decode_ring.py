@@ -95,17 +95,14 @@ def test_variants_compile(name, sd):
         rg.DecodeRingCfg.heuristic(16, 32, 128, 128, 4, sd.itemsize), STAGES=2, STREAM=True)
 
 
-@pytest.mark.parametrize("level", [1, 2, 3])
+@pytest.mark.parametrize("level", [1, 2])
 def test_skeleton_probe_compiles(level):
     """SKELETON (a probe config of the ring's memory pattern: benchmarks/gdn_decode_check.py --ring-cfg SKELETON=1)
-    still compiles, with the state loads and stores and without the delta rule's exchange barriers (levels 2, 3: no
-    consumer barrier at all; level 3 stores the tiles by TMA, not from registers)."""
+    still compiles, with the state loads and stores and without the delta rule's exchange barriers (level 2: no
+    consumer barrier at all)."""
     cfg = dataclasses.replace(rg.DecodeRingCfg.heuristic(16, 32, 128, 128, 4, 4), SKELETON=level)
     art = _export(rg.representative_launch(**QWEN, cfg=cfg))
-    st_regs = re.search(r"st\.global\.v4\.b32", art.ptx) is not None
-    tma_st = "cp.async.bulk.tensor.2d.global.shared::cta" in art.ptx
-    assert (st_regs, tma_st) == ((True, False) if level < 3 else (False, True))
-    assert "shfl.sync.bfly" not in art.ptx or level == 1
+    assert re.search(r"st\.global\.v4\.b32", art.ptx) and "shfl.sync.bfly" not in art.ptx or level == 1
     assert ("bar.sync \t1," in art.ptx) == (level == 1)
 
 

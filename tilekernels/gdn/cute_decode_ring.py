@@ -146,9 +146,7 @@ class DecodeRingCfg:
     PF: bool = True  # the next item's prologue inputs loaded into registers before this item's tiles
     AHEAD: bool = True  # PF's slot loaded an item earlier still (no stall on it), its gate inputs kept raw
     HOIST: bool = True  # a thread's rows' k rk and q' computed once an item (registers), not read every tile
-    SKELETON: int = 0  # probe only, wrong results: 1 each tile stored back unchanged (no delta rule), 2 also no
-    # prologue, 3 as 2 with the tile stored back from shared memory by TMA (a consumer thread, the stage released
-    # once the store has read it) instead of from registers
+    SKELETON: int = 0  # probe only, wrong results: 1 each tile stored back unchanged (no delta rule), 2 also no prologue
 
     def __post_init__(self):
         es = self.state_bytes
@@ -387,8 +385,7 @@ def _prefetch(cfg: cutlass.Constexpr, it, t, mixed: cute.Pointer, conv: cute.Poi
 
 
 @cute.kernel
-def _ring_kernel(cfg: cutlass.Constexpr, tma: cute.CopyAtom, mS: cute.Tensor, tma_st: cute.CopyAtom, mSt: cute.Tensor,
-                 mixed: cute.Pointer,
+def _ring_kernel(cfg: cutlass.Constexpr, tma: cute.CopyAtom, mS: cute.Tensor, mixed: cute.Pointer,
                  conv: cute.Pointer, cw: cute.Pointer, A_log: cute.Pointer, dt_bias: cute.Pointer,
                  ssm: cute.Pointer, idx: cute.Pointer, o: cute.Pointer, B: Int32, eps: Float32, scale: Float32):
     Hk, R, dk, dv, W, BV, VEC, S = cfg.Hk, cfg.R, cfg.dk, cfg.dv, cfg.W, cfg.BV, cfg.VEC, cfg.STAGES
@@ -536,41 +533,31 @@ def _ring_kernel(cfg: cutlass.Constexpr, tma: cute.CopyAtom, mS: cute.Tensor, tm
                     hv = kh * R + r
                     # the stage into registers, then release it at once (the producer refills it)
                     pipe.consumer_wait(cst)
-                    if cutlass.const_expr(cfg.SKELETON == 3):  # the stage stored back by TMA, then released
-                        if t == 0:
-                            tSs3, tSg3 = CU.tma_tiles(tma_st, ring, mSt, (BV, dk))
-                            cute.copy(tma_st, tSs3[None, cst.index], tSg3[None, tl - r * NCB, slot * Hv + hv])
-                            cute.arch.cp_async_bulk_commit_group()
-                            cute.arch.cp_async_bulk_wait_group(0, read=True)
-                        cute.arch.sync_warp()
-                        pipe.consumer_release(cst)
-                        cst.advance()
-                    else:
-                        sp = ring.iterator + (cst.index * SE + p * BV + j0)
-                        s = cute.make_rmem_tensor((RPT, VEC), Float32)
+                    sp = ring.iterator + (cst.index * SE + p * BV + j0)
+                    s = cute.make_rmem_tensor((RPT, VEC), Float32)
+                    for rr in cutlass.range_constexpr(RPT):
+                        roff = KS * rr * BV
+                        if cutlass.const_expr(dk % KS != 0):  # rows past dk: row dk-1 (zero weights)
+                            roff = (cutlass.min(p + KS * rr, dk - 1) - p) * BV
+                        vals = _ld_state(sp, roff, VEC, False)
+                        for e in cutlass.range_constexpr(VEC):
+                            s[rr, e] = vals[e].to(Float32)
+                    cute.arch.sync_warp()
+                    pipe.consumer_release(cst)
+                    buf = red.iterator + (cst.count % 2) * (KW * BV * 2)
+                    cst.advance()
+                    if cutlass.const_expr(cfg.SKELETON > 0):  # the memory pattern alone: the tile stored back
+                        stp = ssm + (Int64(slot) * (Hv * dk * dv) + Int64(hv * dk * dv) + Int64(p * dv + col))
                         for rr in cutlass.range_constexpr(RPT):
-                            roff = KS * rr * BV
-                            if cutlass.const_expr(dk % KS != 0):  # rows past dk: row dk-1 (zero weights)
-                                roff = (cutlass.min(p + KS * rr, dk - 1) - p) * BV
-                            vals = _ld_state(sp, roff, VEC, False)
-                            for e in cutlass.range_constexpr(VEC):
-                                s[rr, e] = vals[e].to(Float32)
-                        cute.arch.sync_warp()
-                        pipe.consumer_release(cst)
-                        buf = red.iterator + (cst.count % 2) * (KW * BV * 2)
-                        cst.advance()
-                        if cutlass.const_expr(cfg.SKELETON > 0):  # the memory pattern alone: the tile stored back
-                            stp = ssm + (Int64(slot) * (Hv * dk * dv) + Int64(hv * dk * dv) + Int64(p * dv + col))
-                            for rr in cutlass.range_constexpr(RPT):
-                                if col < dv and p + KS * rr < dk:
-                                    _st_state(stp, KS * rr * dv, [s[rr, e] for e in range(VEC)], VEC, cfg.STREAM)
-                        else:
-                            vcol = cute.make_tensor(vs.iterator + (r * dv + col - j0), cute.make_layout(BV))
-                            _delta_tile(cfg, s, qs, ks, vcol,
-                                        cute.make_tensor(buf, cute.make_layout((KW, BV, 2), stride=(BV, 1, KW * BV))),
-                                        _vec(o, Int64(b) * (Hv * dv) + hv * dv, dv), ssm,
-                                        Int64(slot) * (Hv * dk * dv) + Int64(hv * dk * dv), rq, rk, scale, gate[r, 1],
-                                        gate[r, 0], kq, p, j0, col, sync, kqr)
+                            if col < dv and p + KS * rr < dk:
+                                _st_state(stp, KS * rr * dv, [s[rr, e] for e in range(VEC)], VEC, cfg.STREAM)
+                    else:
+                        vcol = cute.make_tensor(vs.iterator + (r * dv + col - j0), cute.make_layout(BV))
+                        _delta_tile(cfg, s, qs, ks, vcol,
+                                    cute.make_tensor(buf, cute.make_layout((KW, BV, 2), stride=(BV, 1, KW * BV))),
+                                    _vec(o, Int64(b) * (Hv * dv) + hv * dv, dv), ssm,
+                                    Int64(slot) * (Hv * dk * dv) + Int64(hv * dk * dv), rq, rk, scale, gate[r, 1],
+                                    gate[r, 0], kq, p, j0, col, sync, kqr)
 
 
 @cute.jit
@@ -579,12 +566,9 @@ def _ring_host(cfg: cutlass.Constexpr, mixed: cute.Pointer, conv: cute.Pointer, 
                B: Int32, rows: Int32, ctas: Int32, eps: Float32, scale: Float32, stream: CU.cuda.CUstream):
     # the state as [rows = N * Hv * dk, dv] row-major, seen (dv, rows): TMA boxes (BV, dk), zeros past dv
     mS = cute.make_tensor(ssm, cute.make_layout((cfg.dv, rows), stride=(1, cfg.dv)))
-    box = cute.make_layout((cfg.BV, cfg.dk), stride=(1, cfg.BV))
-    tma, tS = cpasync.make_tiled_tma_atom(cpasync.CopyBulkTensorTileG2SOp(), mS, box, (cfg.BV, cfg.dk))
-    tma_st, tSt = tma, tS   # SKELETON 3's store atom (the other configs never use it)
-    if cutlass.const_expr(cfg.SKELETON == 3):
-        tma_st, tSt = cpasync.make_tiled_tma_atom(cpasync.CopyBulkTensorTileS2GOp(), mS, box, (cfg.BV, cfg.dk))
-    _ring_kernel(cfg, tma, tS, tma_st, tSt, mixed, conv, cw, A_log, dt_bias, ssm, idx, o, B, eps, scale).launch(
+    tma, tS = cpasync.make_tiled_tma_atom(cpasync.CopyBulkTensorTileG2SOp(), mS,
+                                          cute.make_layout((cfg.BV, cfg.dk), stride=(1, cfg.BV)), (cfg.BV, cfg.dk))
+    _ring_kernel(cfg, tma, tS, mixed, conv, cw, A_log, dt_bias, ssm, idx, o, B, eps, scale).launch(
         grid=[ctas, 1, 1], block=[cfg.threads, 1, 1], stream=stream, min_blocks_per_mp=cfg.CPS,
         preferred_smem_carveout=100)
 
