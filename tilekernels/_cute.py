@@ -478,6 +478,24 @@ class BoundLaunch:
         self.launch.run(*self.values)
 
 
+def setmaxnreg_budget(art: "Artifacts", producer_threads: int = 128) -> tuple[int, int]:
+    """(registers a warp-specialized kernel's roles hold after their setmaxnreg, registers its CTA launched with):
+    ``producer_threads`` at the ``setmaxnreg.dec`` value, the rest of the CTA (``.reqntid``) at the ``.inc`` one,
+    against the cubin's registers a thread x threads. setmaxnreg only moves registers within the CTA's launch
+    allocation: a first value above the second makes ``setmaxnreg.inc`` wait forever (a hang on the GPU, nothing on
+    the CPU; session 19: 40 x 128 + 112 x 512 > 96 x 640). (0, launch) for a kernel without setmaxnreg."""
+    import re
+
+    threads = int(re.search(r"\.reqntid\s+(\d+)", art.ptx).group(1))
+    regs = [v["regs"] for k, v in cubin_resources(art.cubin).items() if "regs" in v and "kernel" in k]
+    have = max(regs) * threads
+    dec = re.findall(r"setmaxnreg\.dec\.sync\.aligned\.u32\s+(\d+)", art.ptx)
+    inc = re.findall(r"setmaxnreg\.inc\.sync\.aligned\.u32\s+(\d+)", art.ptx)
+    if not dec and not inc:
+        return 0, have
+    return max(map(int, dec)) * producer_threads + max(map(int, inc)) * (threads - producer_threads), have
+
+
 def cubin_resources(cubin: bytes) -> dict[str, dict[str, int]]:
     """Per kernel in a cubin: ``{"regs": registers per thread, "frame": stack frame bytes}``
     (the EIATTR_REGCOUNT / EIATTR_FRAME_SIZE records of its ``.nv.info`` section, what

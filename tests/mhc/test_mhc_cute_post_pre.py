@@ -21,7 +21,7 @@ pytest.importorskip("cutlass")
 pytest.importorskip("cuda.tile")
 
 import registry  # noqa: E402
-from tilekernels._cute import cubin_resources  # noqa: E402
+from tilekernels._cute import cubin_resources, setmaxnreg_budget  # noqa: E402
 from tilekernels.mhc import cute_post_pre_bwd as K  # noqa: E402
 from tilekernels.testing import assert_close  # noqa: E402
 
@@ -43,6 +43,8 @@ def test_pass_compiles_for_sm90a(n, C, bias, CW):
     art = K.launch(cfg).export("sm_90a")
     res = [v for k, v in cubin_resources(art.cubin).items() if "kernel" in k]
     assert len(res) == 1 and res[0]["frame"] == 0, f"register spills or a local array: {res}"
+    need, have = setmaxnreg_budget(art)
+    assert 0 < need <= have, (need, have)
     mmas = re.findall(r"wgmma\.mma_async\.sync\.aligned\.(m64n\d+k16)\.f32\.bf16\.bf16", art.ptx)
     assert set(mmas) == {f"m64n{CW * n}k16"} and len(mmas) == 3 * cfg.NP // 16, mmas
     d = "3d" if n > 1 else "2d"   # (the stream mode is a batch mode of the TMA tensor; extent 1 drops it)
@@ -65,11 +67,28 @@ def test_fused_forward_compiles_for_sm90a(n, C, bias):
     art = F.launch(cfg).export("sm_90a")
     res = [v for k, v in cubin_resources(art.cubin).items() if "kernel" in k]
     assert len(res) == 1 and res[0]["frame"] == 0, res
+    need, have = setmaxnreg_budget(art)
+    assert 0 < need <= have, (need, have)
     mmas = re.findall(r"wgmma\.mma_async\.sync\.aligned\.(m64n\d+k16)\.f32\.bf16\.bf16", art.ptx)
     assert set(mmas) == {f"m64n{cfg.NP}k16"} and len(mmas) == 4 * ((n + 1) // 2), mmas
     d = "3d" if n > 1 else "2d"
     assert f"cp.async.bulk.tensor.{d}.shared::cta.global" in art.ptx
     assert f"cp.async.bulk.tensor.{d}.global.shared::cta" in art.ptx
+
+
+def test_setmaxnreg_budget_flags_a_hang():
+    """setmaxnreg_budget (the compile tests' guard): the fused forward's roles fit its launch allocation (40 x 128 +
+    232 x 256 = 168 x 384); consumers asking 240 would not (setmaxnreg.inc would wait forever on the GPU)."""
+    import types
+
+    from tilekernels.mhc import cute_post_pre_fwd as F
+
+    art = F.representative_launches()["fwd_biasTrue"].export("sm_90a")
+    assert setmaxnreg_budget(art) == (40 * 128 + 232 * 256, 168 * 384)
+    bad = types.SimpleNamespace(ptx=re.sub(r"(setmaxnreg\.inc\.sync\.aligned\.u32\s+)232", r"\g<1>240", art.ptx),
+                                cubin=art.cubin)
+    need, have = setmaxnreg_budget(bad)
+    assert need > have
 
 
 def test_config_limits():

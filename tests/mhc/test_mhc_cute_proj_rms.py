@@ -19,7 +19,7 @@ import torch
 pytest.importorskip("cutlass")
 
 import registry  # noqa: E402
-from tilekernels._cute import cubin_resources  # noqa: E402
+from tilekernels._cute import cubin_resources, setmaxnreg_budget  # noqa: E402
 from tilekernels.mhc import cute_proj_rms as cpr  # noqa: E402
 from tilekernels.mhc import reference as ref  # noqa: E402
 from tilekernels.testing import assert_close, upcast  # noqa: E402
@@ -40,6 +40,8 @@ def test_bwd_compiles_for_sm90a(N, K):
     art = launches["bwd"].export("sm_90a")
     res = list(cubin_resources(art.cubin).values())
     assert len(res) == 1 and res[0]["frame"] == 0, f"register spills or a local array: {res}"
+    need, have = setmaxnreg_budget(art)
+    assert 0 < need <= have, (need, have)
     NP = 16 if N <= 16 else 32
     mmas = re.findall(r"wgmma\.mma_async\.sync\.aligned\.(m64n\d+k16)\.f32\.bf16\.bf16", art.ptx)
     # dx: 2*NP / 16 k-steps (hi, lo) and dweight [hi | lo rows, 128 channels]: 4 k-steps of 16 tokens
@@ -56,6 +58,8 @@ def test_dweight_only_compiles_for_sm90a(N, K):
     art = cpr.representative_launches(N, K)["dweight"].export("sm_90a")
     res = list(cubin_resources(art.cubin).values())
     assert len(res) == 1 and res[0]["frame"] == 0, f"register spills or a local array: {res}"
+    need, have = setmaxnreg_budget(art)
+    assert 0 < need <= have, (need, have)
     mmas = re.findall(r"wgmma\.mma_async\.sync\.aligned\.(m64n\d+k16)\.f32\.bf16\.bf16", art.ptx)
     assert mmas == ["m64n128k16"] * 4, mmas
     assert "cp.async.bulk.tensor.2d.shared::cta.global" in art.ptx

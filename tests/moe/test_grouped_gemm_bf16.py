@@ -37,7 +37,7 @@ RAGGED_M = ("fwd", "dgrad")
 
 @pytest.mark.parametrize("variant,G,N,K", HEUR_SHAPES)
 def test_heuristic_configs_compile_for_sm90a(variant, G, N, K):
-    from tilekernels._cute import cubin_resources
+    from tilekernels._cute import cubin_resources, setmaxnreg_budget
 
     cfg = kb.Bf16GemmCfg.heuristic(variant, G, N, K)
     nc = N if variant == "fwd" else K
@@ -49,6 +49,8 @@ def test_heuristic_configs_compile_for_sm90a(variant, G, N, K):
         assert "setmaxnreg" in art.ptx
         res = cubin_resources(art.cubin)
         assert res and all(r.get("frame", 0) == 0 for r in res.values()), res
+        need, have = setmaxnreg_budget(art)
+        assert 0 < need <= have, (need, have)
 
 
 def test_heuristic_uses_static_dims_only():
