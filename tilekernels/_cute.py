@@ -482,8 +482,8 @@ def setmaxnreg_budget(art: "Artifacts", producer_threads: int = 128) -> tuple[in
     """(registers a warp-specialized kernel's roles hold after their setmaxnreg, registers its CTA launched with):
     ``producer_threads`` at the ``setmaxnreg.dec`` value, the rest of the CTA (``.reqntid``) at the ``.inc`` one,
     against the cubin's registers a thread x threads. setmaxnreg only moves registers within the CTA's launch
-    allocation: a first value above the second makes ``setmaxnreg.inc`` wait forever (a hang on the GPU, nothing on
-    the CPU; session 19: 40 x 128 + 112 x 512 > 96 x 640). (0, launch) for a kernel without setmaxnreg."""
+    allocation: a first value above the second makes ``setmaxnreg.inc`` wait forever (a hang on the GPU that no CPU
+    compile shows, e.g. 40 x 128 + 112 x 512 > 96 x 640). (0, launch) for a kernel without setmaxnreg."""
     import re
 
     threads = int(re.search(r"\.reqntid\s+(\d+)", art.ptx).group(1))

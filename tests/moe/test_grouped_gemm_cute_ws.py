@@ -78,11 +78,16 @@ def test_ws_configs_compile(variant, cfg_name):
     """Every ws config compiles with tails (N, K not tile multiples) and int32 offsets."""
     G, N, K = 3, 352, 224
     cfg = ws_cfg(variant, G, N, K, BF, cfg_name)
-    ptx = gg.gemm_launch(variant, G, N, K, BF, torch.int32, cfg).export("sm_90a").ptx
+    art = gg.gemm_launch(variant, G, N, K, BF, torch.int32, cfg).export("sm_90a")
+    ptx = art.ptx
     assert "wgmma.mma_async" in ptx
     if cfg_name == "ws_regs":
         flat = " ".join(ptx.split())
         assert "setmaxnreg.dec.sync.aligned.u32 152" in flat and "setmaxnreg.inc.sync.aligned.u32 176" in flat
+        from tilekernels._cute import setmaxnreg_budget
+
+        need, have = setmaxnreg_budget(art, 128 * cfg.producers)   # within the CTA's launch registers
+        assert 0 < need <= have, (need, have)
 
 
 def test_ws_config_rejects_unsupported():

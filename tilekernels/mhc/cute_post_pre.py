@@ -60,10 +60,9 @@ def bwd_launches(dout, dlayer_in, dh_post_next, dh_res_next, h_res, residual, h_
     dev, f32 = residual.device, torch.float32
     ntm = cdiv(T, K.BM)
     p_bias = torch.empty((4 * ntm, C) if has_bias else (1, 1), dtype=f32, device=dev)
-    # the pass stores dh itself (fp32; through a scratch copy when dh is not fp32 contiguous)
-    direct = [t.dtype == f32 and t.is_contiguous() for t in (dh_res, dh_post)]
-    p_dhr = dh_res if direct[0] else torch.empty((T, n, n), dtype=f32, device=dev)
-    p_dhp = dh_post if direct[1] else torch.empty((T, n), dtype=f32, device=dev)
+    # the pass stores dh itself, fp32 contiguous (else into a scratch copied into dh after it)
+    p_dhr, p_dhp = (t if t.dtype == f32 and t.is_contiguous() else torch.empty(t.shape, dtype=f32, device=dev)
+                    for t in (dh_res, dh_post))
     dres = dresidual if dresidual.data_ptr() % 16 == 0 else torch.empty_like(dresidual)
     dxx = dx if dx.data_ptr() % 16 == 0 else torch.empty_like(dx)
     srcs = [aligned16(t) for t in (dout, residual, x, dlayer_in)]
@@ -77,8 +76,7 @@ def bwd_launches(dout, dlayer_in, dh_post_next, dh_res_next, h_res, residual, h_
             steps.append(functools.partial(dresidual.copy_, dres))
         if dxx is not dx:
             steps.append(functools.partial(dx.copy_, dxx))
-        steps += [functools.partial(o.copy_, p) for o, p, d in ((dh_res, p_dhr, direct[0]),
-                                                               (dh_post, p_dhp, direct[1])) if not d]
+        steps += [functools.partial(o.copy_, p) for o, p in ((dh_res, p_dhr), (dh_post, p_dhp)) if p is not o]
         if has_bias:
             steps.append(ppb.dbias_launch(p_bias, dbias, cfg))
     else:

@@ -37,8 +37,8 @@ CTA = 64 tokens (the wgmma M), 3 warpgroups (384 threads), walking C in chunks o
   stage (bf16), dh sums in registers, dbias summed over the warp's 16 tokens by shuffles; one dbias
   partial per warp and chunk (``p_bias`` [4 * row tiles, C], reduced in a fixed order by a cuTile
   kernel). At the end warpgroup 1's dh sums go through shared memory to warpgroup 0's threads of the same
-  tokens, which store dh_res [T, n, n] and dh_post [T, n] (fp32: WG0's + WG1's, in that order; until session
-  19 two reduction kernels summed per-warpgroup partials, 29-37 us more a step). Deterministic, no atomics.
+  tokens, which store dh_res [T, n, n] and dh_post [T, n] (fp32: WG0's + WG1's, in that order: no partials in
+  memory and no reduction launches for them). Deterministic, no atomics.
 
 Tails: TMA zero-fills loads past T and C (those d_total are 0: the weight copy is zero there too) and
 clips the stores; partial stores skip channels past C and tokens past T.
