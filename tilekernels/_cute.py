@@ -496,6 +496,29 @@ def setmaxnreg_budget(art: "Artifacts", producer_threads: int = 128) -> tuple[in
     return max(map(int, dec)) * producer_threads + max(map(int, inc)) * (threads - producer_threads), have
 
 
+def unfenced_releases(ptx: str) -> list[int]:
+    """PTX line numbers of mbarrier arrives (no expect_tx: a consumer's release of a TMA stage) that follow an
+    ``ld.shared`` with no ``fence.proxy.async`` between them (scanning back to the last mbarrier wait).
+
+    Why: ptxas lets such an arrive go while the loads are still in flight (no scoreboard wait in the SASS), and the
+    producer's next TMA load writes the stage through the async proxy, which the arrive's release does not order
+    against: the loads can read the refilled stage. Measured on the H200 (session 20, benchmarks/probes/
+    ring_war_check.py): gdn_decode's ring at its memory-pattern probe config rewrote whole tile rows with another
+    tile's data in 10 of 10 runs at B=256 without the fence, 0 of 10 with it. Empty for a kernel whose every release
+    of a stage it read with ld.shared is fenced."""
+    import re
+
+    bad, loaded = [], False
+    for i, line in enumerate(ptx.splitlines()):
+        if re.search(r"\bmbarrier\.(try_wait|test_wait)", line) or "fence.proxy.async" in line:
+            loaded = False
+        elif re.search(r"\bld\.shared", line):
+            loaded = True
+        elif re.search(r"\bmbarrier\.arrive", line) and "expect_tx" not in line and loaded:
+            bad.append(i)
+    return bad
+
+
 def cubin_resources(cubin: bytes) -> dict[str, dict[str, int]]:
     """Per kernel in a cubin: ``{"regs": registers per thread, "frame": stack frame bytes}``
     (the EIATTR_REGCOUNT / EIATTR_FRAME_SIZE records of its ``.nv.info`` section, what

@@ -31,7 +31,7 @@ from test_gdn_cute_decode import mk_meta
 from test_gdn_cutile_decode import BF, F32, GPU_CASES, QWEN, _indices, _inputs, _ref64
 
 import registry
-from tilekernels._cute import cubin_resources, record_compile_keys
+from tilekernels._cute import cubin_resources, record_compile_keys, unfenced_releases
 from tilekernels.gdn import cute_decode as cq
 from tilekernels.gdn import cute_decode_ring as rg
 from tilekernels.testing import assert_close
@@ -64,6 +64,8 @@ def _export(ln):
     res = [r for n, r in cubin_resources(art.cubin).items() if "ring_kernel" in n]
     assert len(res) == 1 and res[0]["frame"] == 0, f"{ln.cfg}: register spills or a local array: {res}"
     assert "cp.async.bulk.tensor.2d.shared::cta.global" in art.ptx and "mbarrier.try_wait" in art.ptx
+    if ln.cfg.FENCE:  # every release of a stage the consumers read is fenced (the WAR race: cute_decode_ring)
+        assert not unfenced_releases(art.ptx), f"{ln.cfg}: unfenced stage releases at PTX lines"
     return art
 
 
@@ -104,6 +106,38 @@ def test_skeleton_probe_compiles(level):
     art = _export(rg.representative_launch(**QWEN, cfg=cfg))
     assert re.search(r"st\.global\.v4\.b32", art.ptx) and "shfl.sync.bfly" not in art.ptx or level == 1
     assert ("bar.sync \t1," in art.ptx) == (level == 1)
+
+
+def test_unfenced_release_is_flagged_and_refused():
+    """The PTX check catches a release that follows the stage's ld.shared without the fence (the memory-pattern
+    probe may still build one, to show the race on the GPU: benchmarks/probes/ring_war_check.py); a production
+    config cannot turn the fence off."""
+    base_ = rg.DecodeRingCfg.heuristic(16, 32, 128, 128, 4, 4)
+    art = rg.representative_launch(**QWEN, cfg=dataclasses.replace(base_, SKELETON=2, FENCE=False)).export("sm_90a")
+    assert len(unfenced_releases(art.ptx)) >= 1
+    with pytest.raises(ValueError, match="gdn_decode cute ring.*FENCE"):
+        dataclasses.replace(base_, FENCE=False)
+
+
+def test_stream_probe_compiles():
+    """benchmarks/probes/tma_promo_probe.py (session 20: L2 promotion, row-piece widths, the WAR race): its
+    hand-built TMA descriptor kernel compiles; unfenced releases flagged only where FENCE is off."""
+    import importlib.util
+    import pathlib
+
+    path = pathlib.Path(__file__).resolve().parents[2] / "benchmarks" / "probes" / "tma_promo_probe.py"
+    spec = importlib.util.spec_from_file_location("tma_promo_probe", path)
+    probe = importlib.util.module_from_spec(spec)
+    import sys
+
+    sys.modules.setdefault(spec.name, probe)  # its dataclass looks its module up
+    spec.loader.exec_module(sys.modules[spec.name])
+    probe = sys.modules[spec.name]
+    for fence in (False, True):
+        cfg = probe.StreamCfg(COLS=128, BR=128, BC=64, GROUP=4, PROMO=3, FENCE=fence)
+        art = probe.launch(cfg).export("sm_90a")
+        assert "cp.async.bulk.tensor.2d.shared::cta.global" in art.ptx
+        assert bool(unfenced_releases(art.ptx)) != fence
 
 
 def test_heuristic():
@@ -285,6 +319,27 @@ def test_ring_variants_match_reference(name, sd, monkeypatch):
     if cfg is None:
         pytest.skip(f"{name}: not a {sd} variant")
     _check(monkeypatch, 33, 40, QWEN, sd, "pad", cfg=cfg)
+
+
+@pytest.mark.gpu
+@needs_gpu
+@pytest.mark.parametrize("sd", [F32, BF], ids=["fp32state", "bf16state"])
+def test_ring_memory_pattern_writes_back_what_it_read(sd):
+    """The WAR race's detector: SKELETON 2 stores every tile back unchanged, so after the launch the state must
+    be bitwise what it was. Without the fence a consumer's ld.shared could read the refilled stage and store the
+    next tile's rows in place of its own (H200, session 20: fp32 B=32 9-10 of 10 runs changed, B=256 10 of 10; none
+    fenced). Several runs on fresh state, B = 32 (512 items over the persistent CTAs)."""
+    cfg = dataclasses.replace(rg.DecodeRingCfg.heuristic(16, 32, 128, 128, 4, sd.itemsize), SKELETON=2)
+    for _ in range(4):
+        x, conv, w, A, dt, ssm = _inputs(32, 32, **QWEN, state_dtype=sd)
+        idx = torch.arange(32, dtype=torch.int32, device="cuda")
+        o = torch.empty(32, 32, 128, dtype=x.dtype, device=x.device)
+        before = ssm.clone()
+        rg.decode_launch(x, conv, w, A, dt, ssm, idx, o, 16, cfg=cfg).run()
+        torch.cuda.synchronize()
+        assert torch.equal(ssm.view(torch.int16 if sd == BF else torch.int32),
+                           before.view(torch.int16 if sd == BF else torch.int32)), \
+            f"{int((ssm != before).sum())} state values rewritten by the ring's memory pattern"
 
 
 @pytest.mark.gpu

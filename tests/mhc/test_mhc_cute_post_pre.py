@@ -21,7 +21,7 @@ pytest.importorskip("cutlass")
 pytest.importorskip("cuda.tile")
 
 import registry  # noqa: E402
-from tilekernels._cute import cubin_resources, setmaxnreg_budget  # noqa: E402
+from tilekernels._cute import cubin_resources, setmaxnreg_budget, unfenced_releases  # noqa: E402
 from tilekernels.mhc import cute_post_pre_bwd as K  # noqa: E402
 from tilekernels.testing import assert_close  # noqa: E402
 
@@ -44,6 +44,7 @@ def test_pass_compiles_for_sm90a(n, C, bias, CW):
     res = [v for k, v in cubin_resources(art.cubin).items() if "kernel" in k]
     assert len(res) == 1 and res[0]["frame"] == 0, f"register spills or a local array: {res}"
     need, have = setmaxnreg_budget(art)
+    assert not unfenced_releases(art.ptx), "a stage released after its ld.shared, unfenced"
     assert 0 < need <= have, (need, have)
     mmas = re.findall(r"wgmma\.mma_async\.sync\.aligned\.(m64n\d+k16)\.f32\.bf16\.bf16", art.ptx)
     assert set(mmas) == {f"m64n{CW * n}k16"} and len(mmas) == 3 * cfg.NP // 16, mmas
@@ -68,6 +69,7 @@ def test_fused_forward_compiles_for_sm90a(n, C, bias):
     res = [v for k, v in cubin_resources(art.cubin).items() if "kernel" in k]
     assert len(res) == 1 and res[0]["frame"] == 0, res
     need, have = setmaxnreg_budget(art)
+    assert not unfenced_releases(art.ptx), "a stage released after its ld.shared, unfenced"
     assert 0 < need <= have, (need, have)
     mmas = re.findall(r"wgmma\.mma_async\.sync\.aligned\.(m64n\d+k16)\.f32\.bf16\.bf16", art.ptx)
     assert set(mmas) == {f"m64n{cfg.NP}k16"} and len(mmas) == 4 * ((n + 1) // 2), mmas

@@ -19,7 +19,7 @@ import torch
 pytest.importorskip("cutlass")
 
 import registry  # noqa: E402
-from tilekernels._cute import cubin_resources, setmaxnreg_budget  # noqa: E402
+from tilekernels._cute import cubin_resources, setmaxnreg_budget, unfenced_releases  # noqa: E402
 from tilekernels.mhc import cute_proj_rms as cpr  # noqa: E402
 from tilekernels.mhc import reference as ref  # noqa: E402
 from tilekernels.testing import assert_close, upcast  # noqa: E402
@@ -41,6 +41,7 @@ def test_bwd_compiles_for_sm90a(N, K):
     res = list(cubin_resources(art.cubin).values())
     assert len(res) == 1 and res[0]["frame"] == 0, f"register spills or a local array: {res}"
     need, have = setmaxnreg_budget(art)
+    assert not unfenced_releases(art.ptx), "a stage released after its ld.shared, unfenced"
     assert 0 < need <= have, (need, have)
     NP = 16 if N <= 16 else 32
     mmas = re.findall(r"wgmma\.mma_async\.sync\.aligned\.(m64n\d+k16)\.f32\.bf16\.bf16", art.ptx)
@@ -59,6 +60,7 @@ def test_dweight_only_compiles_for_sm90a(N, K):
     res = list(cubin_resources(art.cubin).values())
     assert len(res) == 1 and res[0]["frame"] == 0, f"register spills or a local array: {res}"
     need, have = setmaxnreg_budget(art)
+    assert not unfenced_releases(art.ptx), "a stage released after its ld.shared, unfenced"
     assert 0 < need <= have, (need, have)
     mmas = re.findall(r"wgmma\.mma_async\.sync\.aligned\.(m64n\d+k16)\.f32\.bf16\.bf16", art.ptx)
     assert mmas == ["m64n128k16"] * 4, mmas

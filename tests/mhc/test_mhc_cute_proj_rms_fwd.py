@@ -21,7 +21,7 @@ import torch
 
 pytest.importorskip("cutlass")
 
-from tilekernels._cute import cubin_resources, record_compile_keys, setmaxnreg_budget  # noqa: E402
+from tilekernels._cute import cubin_resources, record_compile_keys, setmaxnreg_budget, unfenced_releases  # noqa: E402
 from tilekernels.mhc import cute_proj_rms_fwd as pr  # noqa: E402
 from tilekernels.mhc import reference as ref  # noqa: E402
 from tilekernels.testing import assert_close, upcast  # noqa: E402
@@ -49,6 +49,7 @@ def _check_export(ln, N):
     assert len(kern) == 1 and kern[0]["frame"] == 0, f"register spills or a local array: {res}"
     assert kern[0]["regs"] <= 65536 // (384 * ln.cfg.ctas) // 8 * 8, f"the launch bound's registers: {kern}"
     need, have = setmaxnreg_budget(art)
+    assert not unfenced_releases(art.ptx), "a stage released after its ld.shared, unfenced"
     assert 0 < need <= have, (need, have)
     NP, atoms = ln.cfg.NP, ln.cfg.BK // 64
     assert NP == (16 if N <= 16 else 32)

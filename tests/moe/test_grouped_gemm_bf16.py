@@ -37,7 +37,7 @@ RAGGED_M = ("fwd", "dgrad")
 
 @pytest.mark.parametrize("variant,G,N,K", HEUR_SHAPES)
 def test_heuristic_configs_compile_for_sm90a(variant, G, N, K):
-    from tilekernels._cute import cubin_resources, setmaxnreg_budget
+    from tilekernels._cute import cubin_resources, setmaxnreg_budget, unfenced_releases
 
     cfg = kb.Bf16GemmCfg.heuristic(variant, G, N, K)
     nc = N if variant == "fwd" else K
@@ -50,6 +50,7 @@ def test_heuristic_configs_compile_for_sm90a(variant, G, N, K):
         res = cubin_resources(art.cubin)
         assert res and all(r.get("frame", 0) == 0 for r in res.values()), res
         need, have = setmaxnreg_budget(art)
+        assert not unfenced_releases(art.ptx), "a stage released after its ld.shared, unfenced"
         assert 0 < need <= have, (need, have)
 
 

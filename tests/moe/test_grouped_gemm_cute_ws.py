@@ -84,9 +84,10 @@ def test_ws_configs_compile(variant, cfg_name):
     if cfg_name == "ws_regs":
         flat = " ".join(ptx.split())
         assert "setmaxnreg.dec.sync.aligned.u32 152" in flat and "setmaxnreg.inc.sync.aligned.u32 176" in flat
-        from tilekernels._cute import setmaxnreg_budget
+        from tilekernels._cute import setmaxnreg_budget, unfenced_releases
 
         need, have = setmaxnreg_budget(art, 128 * cfg.producers)   # within the CTA's launch registers
+        assert not unfenced_releases(art.ptx), "a stage released after its ld.shared, unfenced"
         assert 0 < need <= have, (need, have)
 
 

@@ -25,7 +25,11 @@ shared-memory ring ([dk, BV] row-major a stage, stages 128-byte aligned). Column
 last tile are out of the tensor's bounds: TMA writes zeros there (and counts their bytes), the
 kernel stores nothing there. Barriers: cutlass.pipeline.PipelineTmaAsync (``_cute.tma_pipeline``):
 a full mbarrier a stage (the producer's arrive with the tile's bytes + TMA's transaction bytes) and
-an empty one (one arrive per consumer warp).
+an empty one (one arrive per consumer warp). A consumer warp fences (fence.proxy.async.shared::cta) before
+it releases a stage: ptxas issues the release without waiting for the warp's ld.shared of the stage, and the
+refill is an async-proxy write the release does not order against, so without the fence the loads could
+read the next tile (H200, session 20: the memory-pattern probe, SKELETON 2, rewrote whole tile rows in 10 of
+10 runs at B=256 unfenced, none fenced; ``_cute.unfenced_releases`` checks the PTX in the compile tests).
 
 Threads: CONSUMERS threads (warps 0 .. CONSUMERS/32 - 1) + one producer warp (the last).
 * Producer warp: walks the CTA's items; for a row with slot >= 0 (slot = state_indices[b], or b)
@@ -147,6 +151,7 @@ class DecodeRingCfg:
     AHEAD: bool = True  # PF's slot loaded an item earlier still (no stall on it), its gate inputs kept raw
     HOIST: bool = True  # a thread's rows' k rk and q' computed once an item (registers), not read every tile
     SKELETON: int = 0  # probe only, wrong results: 1 each tile stored back unchanged (no delta rule), 2 also no prologue
+    FENCE: bool = True  # fence.proxy.async before a consumer warp releases a stage; False: probe only (SKELETON > 0)
 
     def __post_init__(self):
         es = self.state_bytes
@@ -173,6 +178,8 @@ class DecodeRingCfg:
                 self.CPS * (self.smem_bytes + 1024) > SMEM_SM:
             bad.append(f"STAGES >= 2, CPS >= 1, {self.smem_bytes} bytes of shared memory a CTA <= {SMEM_CTA} and "
                        f"CPS x (that + 1024) <= {SMEM_SM}")
+        if not self.FENCE and not self.SKELETON:
+            bad.append("FENCE (a stage released unfenced can be refilled under its readers; off only in SKELETON probes)")
         if self.PF and self.R > self.CONSUMERS:
             bad.append("PF: Hv / Hk <= CONSUMERS (one consumer thread a value head's gates)")
         if bad:
@@ -542,6 +549,8 @@ def _ring_kernel(cfg: cutlass.Constexpr, tma: cute.CopyAtom, mS: cute.Tensor, mi
                         vals = _ld_state(sp, roff, VEC, False)
                         for e in cutlass.range_constexpr(VEC):
                             s[rr, e] = vals[e].to(Float32)
+                    if cutlass.const_expr(cfg.FENCE):  # the loads done before TMA refills the stage
+                        cute.arch.fence_proxy("async.shared", space="cta")
                     cute.arch.sync_warp()
                     pipe.consumer_release(cst)
                     buf = red.iterator + (cst.count % 2) * (KW * BV * 2)

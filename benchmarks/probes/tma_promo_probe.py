@@ -1,0 +1,291 @@
+"""Probe: does the TMA descriptor's L2 promotion move a streaming kernel's DRAM rate (H200)?
+
+Why: our streaming kernels sit a few percent under a copy's rate and the gap is in their memory pattern, not their
+math (gdn_decode's ring: the pattern alone 275 us at B=256 fp32 against a 261 us copy of the same bytes; its bf16
+tiles of 128-byte row pieces 161.5 against 142.9 with 256-byte pieces; mhc_proj_rms's backward skeleton 87-90% of
+copy; benchmarks/results/gdn.md, nvidia-h200-mhc-cutile.md). One knob of that pattern was never tried: the
+descriptor's L2 promotion (how much L2 fetches from DRAM for each request TMA makes: none, 64, 128 or 256 bytes).
+CuTe DSL's ``make_tiled_tma_atom`` picks it itself (CUTLASS C++ asks 128 B, DeepGEMM 256 B). This kernel is the
+ring's memory pattern with a descriptor built by hand
+(``cutlass.experimental.cuda.create_tensor_map_tiled_from_view``), so the promotion is a config field.
+
+The pattern: a row-major matrix X [ROWS, COLS] of 4-byte words (any dtype, seen as bytes) cut into [BR rows, BC
+words] tiles; tile id = row block * NCB + column block (NCB = COLS / BC). An item is GROUP consecutive tile ids;
+persistent CTAs take items g, g + grid, ... (gdn_decode's (row, key head) items: GROUP 4 = 2 heads x 2 column
+blocks of [128 rows, 64 fp32]). NS > 1 (GROUP == NCB: an item is a row band) walks a band's tiles channel-major
+over NS streams, as mhc_post_pre's passes do ([64 tokens, 64 bf16 channels] of each of n streams per chunk).
+One producer warp (one elected lane) issues a TMA load per tile into a STAGES-deep ring
+(``_cute.tma_pipeline``); CONSUMERS threads wait for a stage, read it in 16-byte vectors (thread t: vectors t,
+t + CONSUMERS, ..), release it and, with STORE, store the vectors back in place (st.global.v4), as the ring's
+consumers store the new state. Results are the input unchanged (the tests check that: every word rewritten).
+Not a library kernel: benchmarks/probes only.
+
+Run on the GPU: ``python benchmarks/probes/tma_promo_probe.py`` (cute bundle); prints a table of us and % of the
+bytes' copy time measured in the same run (torch copy_ and an in-place mul_ of the same buffer).
+"""
+from __future__ import annotations
+
+import dataclasses
+import functools
+import sys
+
+import torch
+
+import cutlass
+import cutlass.cute as cute
+import cutlass.pipeline as pipeline
+from cutlass import Int32, Int64
+from cutlass._mlir import ir
+from cutlass.experimental import primitives as prims
+from cutlass.experimental.cuda import TensorMap, TensorMapL2Promotion, create_tensor_map_tiled_from_view
+from cutlass.utils import SmemAllocator
+
+from tilekernels import _cute as CU
+
+_NAME = "probes.tma_promo"
+SMEM_CTA = 227 * 1024
+
+
+@dataclasses.dataclass(frozen=True)
+class StreamCfg:
+    """Compile key. COLS, BR, BC in 4-byte words; PROMO: the descriptor's L2 promotion (0 none, 1 64 B, 2 128 B,
+    3 256 B); STORE: consumers store each tile back in place; CPS: CTAs an SM."""
+
+    COLS: int
+    BR: int
+    BC: int
+    GROUP: int
+    NS: int = 1
+    STAGES: int = 2
+    CONSUMERS: int = 256
+    CPS: int = 2
+    PROMO: int = 2
+    STORE: bool = True
+    PAIR: bool = False  # consumers store tiles j, j + 1 of an item together (their rows' pieces side by side)
+    FENCE: bool = False  # fence.proxy.async before a consumer warp releases a stage
+
+    def __post_init__(self):
+        bad = []
+        if self.COLS % self.BC or not 1 <= self.BR <= 256 or not 4 <= self.BC <= 256 or self.BC % 4:
+            bad.append("BC | COLS, BR <= 256, BC a multiple of 4 words (16 bytes) <= 256")
+        if self.vectors % self.CONSUMERS or self.CONSUMERS % 32:
+            bad.append("whole warps of consumers dividing the tile's 16-byte vectors")
+        if self.NS > 1 and (self.GROUP != self.NCB or self.NCB % self.NS):
+            bad.append("NS > 1: GROUP == NCB, NS | NCB")
+        if self.PROMO not in (0, 1, 2, 3) or self.STAGES < 2:
+            bad.append("PROMO in 0..3, STAGES >= 2")
+        if self.PAIR and (self.GROUP % 2 or self.NS > 1 or self.STAGES < 2):
+            bad.append("PAIR: GROUP even, NS 1")
+        if self.smem_bytes > SMEM_CTA:
+            bad.append(f"{self.smem_bytes} bytes of shared memory <= {SMEM_CTA}")
+        if bad:
+            raise ValueError(f"tma_promo probe: config {self} needs " + "; ".join(bad))
+
+    @property
+    def NCB(self) -> int:
+        return self.COLS // self.BC
+
+    @property
+    def tile_bytes(self) -> int:
+        return self.BR * self.BC * 4
+
+    @property
+    def vectors(self) -> int:
+        return self.tile_bytes // 16
+
+    @property
+    def stage_words(self) -> int:
+        return CU.cdiv(self.tile_bytes, 1024) * 1024 // 4
+
+    @property
+    def smem_bytes(self) -> int:
+        return self.STAGES * self.stage_words * 4 + 16 * self.STAGES + 2048
+
+
+@cute.kernel
+def _stream_kernel(cfg: cutlass.Constexpr, desc: cutlass.GridConstant[TensorMap], x: cute.Pointer, items: Int32):
+    S, NT, BR, BC, NCB, GROUP, NS = cfg.STAGES, cfg.CONSUMERS, cfg.BR, cfg.BC, cfg.NCB, cfg.GROUP, cfg.NS
+    VPR = BC // 4  # 16-byte vectors a tile row
+    tidx, _, _ = cute.arch.thread_idx()
+    bid, _, _ = cute.arch.block_idx()
+    nctas, _, _ = cute.arch.grid_dim()
+    warp = cute.arch.make_warp_uniform(cute.arch.warp_idx())
+
+    smem = SmemAllocator()
+    ring = smem.allocate_tensor(Int32, cute.make_layout(S * cfg.stage_words), byte_alignment=1024)
+    pipe = CU.tma_pipeline(smem, S, cfg.tile_bytes, NT // 32)
+
+    if warp == NT // 32:
+        if prims.elect_sync():
+            prims.prefetch_tensormap(desc.get_ptr())
+        pst = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, S)
+        for item in cutlass.range(bid, items, nctas, unroll=1):
+            for j in cutlass.range(GROUP, unroll=1):
+                tid = item * GROUP + j
+                rb = tid // NCB
+                cb = tid - rb * NCB
+                if cutlass.const_expr(NS > 1):
+                    cb = (j % NS) * (NCB // NS) + j // NS
+                pipe.producer_acquire(pst)
+                if prims.elect_sync():
+                    prims.cp_async_bulk_tensor_shared_cta_global(
+                        ring.iterator + pst.index * cfg.stage_words, desc.get_ptr(), [cb * BC, rb * BR],
+                        pipe.producer_get_barrier(pst))
+                pst.advance()
+        pipe.producer_tail(pst)
+    else:
+        cst = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, S)
+        vt = ir.VectorType.get([4], Int32.mlir_type)
+        P = 2 if cfg.PAIR else 1
+        for item in cutlass.range(bid, items, nctas, unroll=1):
+            for jj in cutlass.range(GROUP // P, unroll=1):
+                held = []
+                for u in cutlass.range_constexpr(P):
+                    j = jj * P + u
+                    tid = item * GROUP + j
+                    rb = tid // NCB
+                    cb = tid - rb * NCB
+                    if cutlass.const_expr(NS > 1):
+                        cb = (j % NS) * (NCB // NS) + j // NS
+                    pipe.consumer_wait(cst)
+                    base = ring.iterator + cst.index * cfg.stage_words
+                    vals = []
+                    for q in cutlass.range_constexpr(cfg.vectors // NT):
+                        vals.append(cute.arch.load(base + (tidx + q * NT) * 4, vt))
+                    if cutlass.const_expr(cfg.FENCE):
+                        cute.arch.fence_proxy("async.shared", space="cta")
+                    cute.arch.sync_warp()
+                    pipe.consumer_release(cst)
+                    cst.advance()
+                    held.append((rb, cb, vals))
+                if cutlass.const_expr(cfg.STORE):
+                    for rb, cb, vals in held:
+                        g0 = Int64(rb * BR) * cfg.COLS + cb * BC
+                        for q in cutlass.range_constexpr(cfg.vectors // NT):
+                            v = tidx + q * NT
+                            r = v // VPR
+                            cute.arch.store(x + (g0 + Int64(r) * cfg.COLS + (v - r * VPR) * 4), vals[q])
+
+
+@cute.jit
+def _stream_host(cfg: cutlass.Constexpr, x: cute.Pointer, rows: Int32, items: Int32, ctas: Int32,
+                 stream: CU.cuda.CUstream):
+    mX = cute.make_tensor(x, cute.make_layout((cfg.COLS, rows), stride=(1, cfg.COLS)))
+    desc = create_tensor_map_tiled_from_view(mX, (cfg.BC, cfg.BR), l2_promotion=TensorMapL2Promotion(cfg.PROMO))
+    _stream_kernel(cfg, desc, x, items).launch(grid=[ctas, 1, 1], block=[cfg.CONSUMERS + 32, 1, 1], stream=stream,
+                                              min_blocks_per_mp=cfg.CPS, preferred_smem_carveout=100)
+
+
+@functools.lru_cache(maxsize=64)
+def launch(cfg: StreamCfg) -> CU.Launch:
+    return CU.Launch(f"{_NAME}.stream", _stream_host, cfg,
+                     (CU.Ptr(torch.int32, 16), CU.Scalar(Int32), CU.Scalar(Int32), CU.Scalar(Int32)))
+
+
+def run(cfg: StreamCfg, x: torch.Tensor, ctas: int | None = None) -> None:
+    """Stream x ([rows, COLS] int32 view of the buffer) through the ring once."""
+    rows = x.shape[0]
+    tiles = rows // cfg.BR * cfg.NCB
+    items = tiles // cfg.GROUP
+    sms = torch.cuda.get_device_properties(x.device).multi_processor_count
+    launch(cfg).run(x, rows, items, min(items, ctas or sms * cfg.CPS))
+
+
+# ------------------------------------------------------------------ the GPU run
+
+def _cases():
+    """(name, cfg, rows): gdn_decode's fp32 state at B=256 (Qwen3-Next: 256 x 32 heads x [128, 128] fp32 = 128
+    words a row) and mhc_post_pre's streams (T=32768, n=4, C=7168 bf16: 14336 words a row). A tile's row piece
+    is BC words: 32 = 128 bytes, 64 = 256, 128 = 512."""
+    gdn = dict(COLS=128, BR=128, BC=64, GROUP=4, PROMO=0)
+    G = 256 * 32 * 128
+    out = [("gdn [128,64w] 256B", StreamCfg(**gdn), G),
+           ("gdn [128,64w] 256B PAIR", StreamCfg(**gdn, PAIR=True), G),
+           ("gdn [64,128w] 512B", StreamCfg(**{**gdn, "BR": 64, "BC": 128}), G),
+           ("gdn [128,128w] 512B cps1", StreamCfg(**{**gdn, "BC": 128, "GROUP": 2, "CPS": 1, "STAGES": 3}), G)]
+    mhc = dict(COLS=14336, BR=64, BC=32, GROUP=14336 // 32, NS=4, STAGES=8, CONSUMERS=128, PROMO=0)
+    out += [("mhc [64,32w] 128B", StreamCfg(**mhc), 32768),
+            ("mhc [64,32w] 128B NS1", StreamCfg(**{**mhc, "NS": 1}), 32768),
+            ("mhc [64,32w] 128B NS1 PAIR", StreamCfg(**{**mhc, "NS": 1}, PAIR=True), 32768),
+            ("mhc [64,64w] 256B", StreamCfg(**{**mhc, "BC": 64, "GROUP": 14336 // 64, "STAGES": 6}), 32768),
+            ("mhc [64,64w] 256B PAIR", StreamCfg(**{**mhc, "BC": 64, "GROUP": 14336 // 64, "NS": 1, "STAGES": 6},
+                                                 PAIR=True), 32768),
+            ("mhc [64,128w] 512B", StreamCfg(**{**mhc, "BC": 128, "GROUP": 14336 // 128, "STAGES": 3}), 32768)]
+    return out
+
+
+def sass_dump(out: str) -> None:
+    """Cubins of the first case and of gdn_decode's ring at its fp32 heuristic, for nvdisasm on the GPU host
+    (does ptxas keep the stage's shared loads before the consumers' release?)."""
+    import os
+
+    from tilekernels.gdn import cute_decode_ring as R
+
+    name, cfg, _ = _cases()[0]
+    with open(os.path.join(out, "probe.cubin"), "wb") as fh:
+        fh.write(launch(cfg).export("sm_90a").cubin)
+    rc = R.DecodeRingCfg.heuristic(16, 32, 128, 128, 4, 4, True)
+    ln = R._launch(rc, torch.bfloat16, torch.bfloat16, torch.float32)
+    with open(os.path.join(out, "ring.cubin"), "wb") as fh:
+        fh.write(ln.export("sm_90a").cubin)
+
+
+def main(argv=None) -> int:
+    import json
+    import os
+
+    if argv and "--sass" in argv:
+        sass_dump(os.environ["OUT"])
+        return 0
+    from triton.testing import do_bench
+
+    only = set(argv[1:]) if argv and len(argv) > 1 else None
+    rows_done = []
+    bufs = {}
+    for name, cfg, rows in _cases():
+        if only and not any(o in name for o in only):
+            continue
+        n = rows * cfg.COLS
+        if n not in bufs:
+            bufs.clear()
+            torch.cuda.empty_cache()
+            x = torch.randint(-2 ** 31, 2 ** 31 - 1, (n,), dtype=torch.int32, device="cuda")
+            y = torch.empty_like(x)
+            f = x.view(torch.float32)
+            t_copy = do_bench(lambda: y.copy_(x), warmup=25, rep=200) * 1e3
+            t_mul = do_bench(lambda: f.mul_(1.0), warmup=25, rep=200) * 1e3
+            bufs[n] = (x, y, t_copy, t_mul)
+            rows_done.append(dict(name=f"copy_ {n * 4 / 1e9:.2f} GB", us=t_copy, pct=100.0))
+            rows_done.append(dict(name=f"mul_(1) in place {n * 4 / 1e9:.2f} GB", us=t_mul, pct=100 * t_copy / t_mul))
+        x, y, t_copy, _ = bufs[n]
+        xv = x.view(rows, cfg.COLS)
+        ref = xv.clone() if cfg.STORE else None
+        try:
+            run(cfg, xv)
+            torch.cuda.synchronize()
+            ok = "ok"
+            if ref is not None and not torch.equal(ref, xv):
+                bad = (ref != xv).nonzero()
+                r0, c0 = (int(v) for v in bad[0])
+                ok = (f"CHANGED {bad.shape[0]} words, first [{r0}, {c0}] (tile {r0 // cfg.BR}, {c0 // cfg.BC}), "
+                      f"rows {int(bad[:, 0].min())}..{int(bad[:, 0].max())}")
+            del ref
+            t = do_bench(lambda: run(cfg, xv), warmup=25, rep=200) * 1e3
+        except Exception as e:  # noqa: BLE001  (a probe: report and go on)
+            rows_done.append(dict(name=name, us=float("nan"), pct=float("nan"), ok=f"error {type(e).__name__}: {e}"))
+            continue
+        bytes_ = n * 4 * (2 if cfg.STORE else 1)
+        pct = 100 * t_copy * bytes_ / (2 * n * 4) / t
+        rows_done.append(dict(name=name, us=t, pct=pct, ok=ok, cfg=dataclasses.asdict(cfg)))
+    out = os.environ.get("OUT")
+    if out:
+        with open(os.path.join(out, "tma_promo_probe.json"), "w") as fh:
+            json.dump(dict(device=torch.cuda.get_device_name(), rows=rows_done), fh, indent=1)
+    print(f"{'case':<32} {'us':>9} {'%copy':>7}  check")
+    for r in rows_done:
+        print(f"{r['name']:<32} {r['us']:9.2f} {r['pct']:7.1f}  {r.get('ok', '')}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv))
