@@ -63,12 +63,14 @@ class StreamCfg:
     STORE: bool = True
     PAIR: bool = False  # consumers store tiles j, j + 1 of an item together (their rows' pieces side by side)
     FENCE: bool = False  # fence.proxy.async before a consumer warp releases a stage
+    LDG: int = 0  # 1: no TMA, consumers load each tile from global themselves (16-byte loads); 2: two tiles at once
+    CTAS: int = 0  # the grid (0: SMs x CPS, persistent; items: one item a CTA)
 
     def __post_init__(self):
         bad = []
         if self.COLS % self.BC or not 1 <= self.BR <= 256 or not 4 <= self.BC <= 256 or self.BC % 4:
             bad.append("BC | COLS, BR <= 256, BC a multiple of 4 words (16 bytes) <= 256")
-        if self.vectors % self.CONSUMERS or self.CONSUMERS % 32:
+        if self.vectors % self.CONSUMERS or self.CONSUMERS % 32 or self.CONSUMERS % (self.BC // 4):
             bad.append("whole warps of consumers dividing the tile's 16-byte vectors")
         if self.NS > 1 and (self.GROUP != self.NCB or self.NCB % self.NS):
             bad.append("NS > 1: GROUP == NCB, NS | NCB")
@@ -76,6 +78,8 @@ class StreamCfg:
             bad.append("PROMO in 0..3, STAGES >= 2")
         if self.PAIR and (self.GROUP % 2 or self.NS > 1 or self.STAGES < 2):
             bad.append("PAIR: GROUP even, NS 1")
+        if self.LDG not in (0, 1, 2) or self.GROUP % max(1, self.LDG):
+            bad.append("LDG in 0, 1, 2 dividing GROUP")
         if self.smem_bytes > SMEM_CTA:
             bad.append(f"{self.smem_bytes} bytes of shared memory <= {SMEM_CTA}")
         if bad:
@@ -99,25 +103,37 @@ class StreamCfg:
 
     @property
     def smem_bytes(self) -> int:
-        return self.STAGES * self.stage_words * 4 + 16 * self.STAGES + 2048
+        return 0 if self.LDG else self.STAGES * self.stage_words * 4 + 16 * self.STAGES + 2048
 
 
 @cute.kernel
 def _stream_kernel(cfg: cutlass.Constexpr, desc: cutlass.GridConstant[TensorMap], x: cute.Pointer, items: Int32):
-    S, NT, BR, BC, NCB, GROUP, NS = cfg.STAGES, cfg.CONSUMERS, cfg.BR, cfg.BC, cfg.NCB, cfg.GROUP, cfg.NS
-    VPR = BC // 4  # 16-byte vectors a tile row
+    NT = cfg.CONSUMERS
     tidx, _, _ = cute.arch.thread_idx()
     bid, _, _ = cute.arch.block_idx()
     nctas, _, _ = cute.arch.grid_dim()
     warp = cute.arch.make_warp_uniform(cute.arch.warp_idx())
 
+    if cutlass.const_expr(cfg.LDG > 0):
+        if warp < NT // 32:
+            _ldg_consumer(cfg, x, items, tidx, bid, nctas)
+    else:
+        _ring_stream(cfg, desc.get_ptr(), x, items, tidx, bid, nctas, warp)
+
+
+@cute.jit
+def _ring_stream(cfg: cutlass.Constexpr, dptr, x: cute.Pointer, items: Int32, tidx: Int32, bid: Int32, nctas: Int32,
+                 warp: Int32):
+    """The ring: one producer warp's TMA loads, the consumers' ld.shared, release, stores."""
+    S, NT, BR, BC, NCB, GROUP, NS = cfg.STAGES, cfg.CONSUMERS, cfg.BR, cfg.BC, cfg.NCB, cfg.GROUP, cfg.NS
+    VPR = BC // 4
     smem = SmemAllocator()
     ring = smem.allocate_tensor(Int32, cute.make_layout(S * cfg.stage_words), byte_alignment=1024)
     pipe = CU.tma_pipeline(smem, S, cfg.tile_bytes, NT // 32)
 
     if warp == NT // 32:
         if prims.elect_sync():
-            prims.prefetch_tensormap(desc.get_ptr())
+            prims.prefetch_tensormap(dptr)
         pst = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, S)
         for item in cutlass.range(bid, items, nctas, unroll=1):
             for j in cutlass.range(GROUP, unroll=1):
@@ -129,7 +145,7 @@ def _stream_kernel(cfg: cutlass.Constexpr, desc: cutlass.GridConstant[TensorMap]
                 pipe.producer_acquire(pst)
                 if prims.elect_sync():
                     prims.cp_async_bulk_tensor_shared_cta_global(
-                        ring.iterator + pst.index * cfg.stage_words, desc.get_ptr(), [cb * BC, rb * BR],
+                        ring.iterator + pst.index * cfg.stage_words, dptr, [cb * BC, rb * BR],
                         pipe.producer_get_barrier(pst))
                 pst.advance()
         pipe.producer_tail(pst)
@@ -168,6 +184,32 @@ def _stream_kernel(cfg: cutlass.Constexpr, desc: cutlass.GridConstant[TensorMap]
 
 
 @cute.jit
+def _ldg_consumer(cfg: cutlass.Constexpr, x: cute.Pointer, items: Int32, tidx: Int32, bid: Int32, nctas: Int32):
+    """LDG probe: each consumer thread loads its 16-byte vectors of LDG tiles from global, then stores them back."""
+    BR, BC, NCB, GROUP, NT = cfg.BR, cfg.BC, cfg.NCB, cfg.GROUP, cfg.CONSUMERS
+    VPR = BC // 4
+    vt = ir.VectorType.get([4], Int32.mlir_type)
+    P = cfg.LDG
+    for item in cutlass.range(bid, items, nctas, unroll=1):
+        for jj in cutlass.range(GROUP // P, unroll=1):
+            held = []
+            for u in cutlass.range_constexpr(P):
+                j = jj * P + u
+                tid = item * GROUP + j
+                rb = tid // NCB
+                cb = tid - rb * NCB
+                if cutlass.const_expr(cfg.NS > 1):
+                    cb = (j % cfg.NS) * (NCB // cfg.NS) + j // cfg.NS
+                g0 = Int64(rb * BR) * cfg.COLS + cb * BC
+                p0 = x + (g0 + Int64(tidx // VPR) * cfg.COLS + (tidx % VPR) * 4)  # rows NT // VPR apart a q
+                held.append((p0, [cute.arch.load(p0 + q * (NT // VPR) * cfg.COLS, vt)
+                                  for q in range(cfg.vectors // NT)]))
+            for p0, vals in held:
+                for q in cutlass.range_constexpr(cfg.vectors // NT):
+                    cute.arch.store(p0 + q * (NT // VPR) * cfg.COLS, vals[q])
+
+
+@cute.jit
 def _stream_host(cfg: cutlass.Constexpr, x: cute.Pointer, rows: Int32, items: Int32, ctas: Int32,
                  stream: CU.cuda.CUstream):
     mX = cute.make_tensor(x, cute.make_layout((cfg.COLS, rows), stride=(1, cfg.COLS)))
@@ -188,7 +230,7 @@ def run(cfg: StreamCfg, x: torch.Tensor, ctas: int | None = None) -> None:
     tiles = rows // cfg.BR * cfg.NCB
     items = tiles // cfg.GROUP
     sms = torch.cuda.get_device_properties(x.device).multi_processor_count
-    launch(cfg).run(x, rows, items, min(items, ctas or sms * cfg.CPS))
+    launch(cfg).run(x, rows, items, min(items, ctas or cfg.CTAS or sms * cfg.CPS))
 
 
 # ------------------------------------------------------------------ the GPU run
@@ -196,21 +238,18 @@ def run(cfg: StreamCfg, x: torch.Tensor, ctas: int | None = None) -> None:
 def _cases():
     """(name, cfg, rows): gdn_decode's fp32 state at B=256 (Qwen3-Next: 256 x 32 heads x [128, 128] fp32 = 128
     words a row) and mhc_post_pre's streams (T=32768, n=4, C=7168 bf16: 14336 words a row). A tile's row piece
-    is BC words: 32 = 128 bytes, 64 = 256, 128 = 512."""
-    gdn = dict(COLS=128, BR=128, BC=64, GROUP=4, PROMO=0)
+    is BC words: 32 = 128 bytes, 64 = 256, 128 = 512. Session 20 call 2's cases (promotion, piece widths, PAIR)
+    are in benchmarks/results/h200-tma-stream-probe.txt; these: TMA ring against plain 16-byte loads (LDG)."""
+    gdn = dict(COLS=128, BR=128, BC=64, GROUP=4, PROMO=0, FENCE=True)
     G = 256 * 32 * 128
-    out = [("gdn [128,64w] 256B", StreamCfg(**gdn), G),
-           ("gdn [128,64w] 256B PAIR", StreamCfg(**gdn, PAIR=True), G),
-           ("gdn [64,128w] 512B", StreamCfg(**{**gdn, "BR": 64, "BC": 128}), G),
-           ("gdn [128,128w] 512B cps1", StreamCfg(**{**gdn, "BC": 128, "GROUP": 2, "CPS": 1, "STAGES": 3}), G)]
-    mhc = dict(COLS=14336, BR=64, BC=32, GROUP=14336 // 32, NS=4, STAGES=8, CONSUMERS=128, PROMO=0)
-    out += [("mhc [64,32w] 128B", StreamCfg(**mhc), 32768),
-            ("mhc [64,32w] 128B NS1", StreamCfg(**{**mhc, "NS": 1}), 32768),
-            ("mhc [64,32w] 128B NS1 PAIR", StreamCfg(**{**mhc, "NS": 1}, PAIR=True), 32768),
-            ("mhc [64,64w] 256B", StreamCfg(**{**mhc, "BC": 64, "GROUP": 14336 // 64, "STAGES": 6}), 32768),
-            ("mhc [64,64w] 256B PAIR", StreamCfg(**{**mhc, "BC": 64, "GROUP": 14336 // 64, "NS": 1, "STAGES": 6},
-                                                 PAIR=True), 32768),
-            ("mhc [64,128w] 512B", StreamCfg(**{**mhc, "BC": 128, "GROUP": 14336 // 128, "STAGES": 3}), 32768)]
+    out = []
+    for ctas in (0, 256, 132, 4096):
+        out.append((f"gdn TMA ring ctas {ctas or 264}", StreamCfg(**gdn, CTAS=ctas), G))
+        out.append((f"gdn LDG1 c512 ctas {ctas or 264}", StreamCfg(**gdn, LDG=1, CONSUMERS=512, CTAS=ctas), G))
+    out.append(("gdn LDG1 c512 cps4 ctas 4096", StreamCfg(**gdn, LDG=1, CONSUMERS=512, CPS=4, CTAS=4096), G))
+    out.append(("gdn LDG1 c128 cps8 ctas 4096", StreamCfg(**gdn, LDG=1, CONSUMERS=128, CPS=8, CTAS=4096), G))
+    out.append(("gdn [128,128w] LDG1 c512 cps4 ctas 8192", StreamCfg(**{**gdn, "BC": 128, "GROUP": 1}, LDG=1,
+                                                                    CONSUMERS=512, CPS=4, CTAS=8192), G))
     return out
 
 

@@ -143,7 +143,8 @@ def test_stream_probe_compiles():
 def test_heuristic():
     """From the static dims and the state's element size only; Qwen3-Next as designed (session 17's sweep:
     2 CTAs an SM of 256 consumer threads, 32 state values each, 2 stages each; one CTA: as many as fit;
-    session 18's bf16: 128 columns, one CTA of 256 consumers, 2 stages)."""
+    session 18's bf16: 128 columns, one CTA of 256 consumers, 2 stages; session 20: one item a CTA where 2 CTAs
+    share an SM, persistent CTAs where one CTA has it)."""
     f = rg.DecodeRingCfg.heuristic(16, 32, 128, 128, 4, 4)
     assert (f.BV, f.VEC, f.CONSUMERS, f.KS, f.RPT, f.STAGES, f.NCB, f.threads, f.CPS) == \
         (64, 4, 256, 16, 8, 2, 2, 288, 2)
@@ -152,6 +153,7 @@ def test_heuristic():
     assert (b.BV, b.VEC, b.CONSUMERS, b.RPT, b.STAGES, b.CPS) == (128, 4, 256, 16, 2, 1)
     w = rg.DecodeRingCfg.heuristic(**WIDE, state_bytes=4)  # dk 256: 512 consumers, so one CTA an SM
     assert (w.CONSUMERS, w.RPT, w.CPS) == (512, 8, 1)
+    assert (f.ITEM_GRID, b.ITEM_GRID, w.ITEM_GRID) == (True, False, False)
     assert rg.DecodeRingCfg.heuristic(1, 2, 64, 16, 2, 4).BV == 16  # narrow heads: narrower tiles
     assert rg.DecodeRingCfg.heuristic(16, 32, 128, 128, 4, 4, CPS=1).STAGES == 6
     # the register kernel's column mapping at Qwen3-Next (its KS is half the ring's: 64 values a thread)
@@ -180,20 +182,25 @@ def test_config_validation():
 
 
 def test_config_is_the_compile_key():
-    """B and N are runtime: one launch key at every B, the grid min(B * Hk, SMs * CPS) (132 SMs for
-    meta tensors, CPS 2 at Qwen3-Next); a config that does not fit the call is refused."""
+    """B and N are runtime: one launch key at every B below STAGES3_FROM items (3 stages from there); the grid
+    B * Hk at Qwen3-Next fp32 (ITEM_GRID: one item a CTA), min(B * Hk, SMs * CPS) with persistent CTAs (132 SMs
+    for meta tensors, CPS 2); a config that does not fit the call is refused."""
     meta = torch.device("meta")
-    keys, grids = set(), []
-    for B in (1, 8, 33, 256):
+    keys, grids, stages = set(), [], []
+    for B in (1, 8, 33, 127, 128, 256):
         x, conv, w, A, dt, ssm = mk_meta(B, **QWEN, N=B + 5)
         o = torch.empty(B, 32, 128, dtype=BF, device=meta)
         ln = rg.decode_launch(x, conv, w, A, dt, ssm, None, o, 16)
         keys.add(ln.launch.key("sm_90a"))
-        grids.append(ln.grid)
+        grids.append(ln.grid[0])
+        stages.append(ln.cfg.STAGES)
         assert ln.values[9] == (B + 5) * 32 * 128  # the TMA tensor's rows
-    assert len(keys) == 1 and grids == [(16, 1, 1), (128, 1, 1), (264, 1, 1), (264, 1, 1)]  # CPS 2
+    assert grids == [16, 128, 528, 2032, 2048, 4096]  # one item a CTA
+    assert stages == [2, 2, 2, 2, 3, 3] and len(keys) == 2 and rg.STAGES3_FROM == 2048
     x, conv, w, A, dt, ssm = mk_meta(40, **QWEN)
     o = torch.empty(40, 32, 128, dtype=BF, device=meta)
+    pers = dataclasses.replace(rg.DecodeRingCfg.heuristic(16, 32, 128, 128, 4, 4, False), ITEM_GRID=False)
+    assert rg.decode_launch(x, conv, w, A, dt, ssm, None, o, 16, cfg=pers).grid == (264, 1, 1)  # CPS 2
     assert rg.decode_launch(x, conv, w, A, dt, ssm, None, o, 16, ctas=3).grid == (3, 1, 1)
     with pytest.raises(ValueError, match="does not fit"):
         rg.decode_launch(x, conv, w, A, dt, ssm, None, o, 16, cfg=rg.DecodeRingCfg.heuristic(16, 32, 128, 128, 4, 2))

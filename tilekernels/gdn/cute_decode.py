@@ -71,8 +71,8 @@ or bf16; W >= 2; Hv/Hk <= 8 (cluster size); B < 65536 (the grid's y extent); Hv*
 the state's element size and whether its address is a multiple of 16 bytes: VEC > 1 needs that,
 a view that is not gets VEC 1; the grid's regime: B picks one of up to four precompiled configs) +
 the dtypes + HAS_IDX; B is a runtime scalar (the grid).
-Alternative kernel: tilekernels/gdn/cute_decode_ring.py (persistent CTAs, the state streamed through a
-TMA ring in shared memory; same helpers, so the same fp32 op order). The registered fwd kernel
+Alternative kernel: tilekernels/gdn/cute_decode_ring.py (CTAs over (row, key head) items, the state streamed through
+a TMA ring in shared memory; same helpers, so the same fp32 op order). The registered fwd kernel
 (``decode_fwd``) runs it where ``RING`` is on (env TILEKERNELS_GDN_DECODE_RING=1) and its limits hold.
 Importing this module needs ``cutlass`` but no GPU.
 """

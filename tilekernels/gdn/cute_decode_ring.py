@@ -12,8 +12,9 @@ busy, the warps stalled on the loads' scoreboards (H200, Qwen3-Next: 42.4 / 303 
 a plain copy of the same bytes 34.6 / 262 us). Here one producer warp keeps STAGES state tiles in
 flight per CTA by TMA, running ahead of the math across heads and rows.
 
-Work split: persistent CTAs, grid = min(B * Hk, SMs * CPS). A work item is (row b, key head kh):
-item = b * Hk + kh; CTA g takes items g, g + grid, g + 2 grid, ... An item covers the R = Hv/Hk
+Work split: a work item is (row b, key head kh): item = b * Hk + kh; CTA g takes items g, g + grid,
+g + 2 grid, ... with grid = B * Hk for an fp32 state (ITEM_GRID: one item a CTA, CPS resident an SM, the
+hardware handing out the rest) and min(B * Hk, SMs * CPS) persistent CTAs for bf16. An item covers the R = Hv/Hk
 value heads hv = kh R .. kh R + R - 1 and all their columns, so its CTA alone owns the conv windows
 of the key head's q|k channels and of those heads' v channels (reads the old window, writes the
 shifted one itself): no clusters, no cross-CTA sync, Hv/Hk unbounded.
@@ -56,11 +57,12 @@ config with its BV, VEC and KS) o and the state are expected bitwise equal to cu
 heuristic's (KS 16 at Qwen3-Next: twice the register kernel's row parts) the dk-sums split differently,
 so they agree within fp32 rounding.
 
-Measured (H200, Qwen3-Next, CUDA-graph replay, session 18; benchmarks/results/gdn.md, h200-gdn-decode-cute.txt):
-the register kernel / this one at the heuristic's config, us: fp32 B=4 6.5 / 6.6, B=8 9.6 / 7.3, B=32 41.8 / 37.9,
-B=256 301 / 289; bf16 B=4 4.8 / 5.0, B=8 6.3 / 5.7, B=32 20.7 / 15.9, B=256 208 / 154. Hence cute_decode's dispatch
-(RING_FROM): this kernel from B * Hk >= 128 items. The ring's memory pattern alone (tiles loaded and stored back, no
-prologue or math) takes 275 us at B=256 fp32, against 261 for a copy of the same bytes.
+Measured (H200, Qwen3-Next, CUDA-graph replay; benchmarks/results/gdn.md, h200-gdn-decode-cute.txt): the register
+kernel / this one at the heuristic's config, us (session 18): fp32 B=4 6.5 / 6.6, B=8 9.6 / 7.3; bf16 B=4 4.8 / 5.0,
+B=8 6.3 / 5.7, B=32 20.7 / 15.9, B=256 208 / 154. Hence cute_decode's dispatch (RING_FROM): this kernel from
+B * Hk >= 128 items. fp32 with one item a CTA (session 20): B=32 42.3 / 38.0, B=256 301 / 279-280 (persistent CTAs
+289); the memory pattern alone (tiles loaded and stored back, no prologue or math) 270 us at B=256, a copy of the
+same bytes 261.
 
 Layout: raw pointers to the caller's contiguous tensors: mixed [B, D], conv_state [N, C, W-1],
 conv_weight [C, W], A_log, dt_bias [Hv] fp32, ssm_state [N, Hv, dk, dv] (16-byte aligned, TMA),
@@ -113,6 +115,11 @@ MAX_STAGES = 16
 RING_VALUES = 32  # fp32 state values a consumer thread holds (the heuristic's KS): 128 bytes, bf16 64 values
 ROW_BYTES = 256  # the heuristic's tile row: at least this many bytes of a state row (BV columns)
 BAR_CONSUMERS = 1  # named barrier of the consumer warps (0 is __syncthreads)
+# one item a CTA (ITEM_GRID) with 3 stages from this many items (B * Hk): the producer has 3 of an item's tiles in
+# flight from the start. H200, graph-replayed, Qwen3-Next fp32, us, 2 / 3 stages (session 20, calls 8-9): B=32
+# 38.02-38.04 / 38.60, B=64 73.02 / 73.49, B=128 142.42 / 142.07, B=256 279.45-279.89 / 278.53-279.02. B is a host
+# value: a CUDA graph captures the one kernel its B takes.
+STAGES3_FROM = 2048
 
 
 @dataclasses.dataclass(frozen=True)
@@ -132,7 +139,8 @@ class DecodeRingCfg:
     stay in their dtype until used (a conversion right after the load waited for it; Nsight, B=256 fp32 without it:
     35% of the warps' stall cycles on global-load scoreboards). HOIST: the 2 RPT values of k and q' a thread's rows
     need are the same in every tile of an item: computed once after the norms (cute_decode._row_kq) instead of
-    read from shared memory and scaled three times a tile."""
+    read from shared memory and scaled three times a tile. ITEM_GRID: one item a CTA (grid B * Hk) instead of
+    persistent CTAs (grid SMs * CPS): same kernel, only the launch's grid differs."""
 
     Hk: int
     R: int
@@ -151,6 +159,7 @@ class DecodeRingCfg:
     AHEAD: bool = True  # PF's slot loaded an item earlier still (no stall on it), its gate inputs kept raw
     HOIST: bool = True  # a thread's rows' k rk and q' computed once an item (registers), not read every tile
     SKELETON: int = 0  # probe only, wrong results: 1 each tile stored back unchanged (no delta rule), 2 also no prologue
+    ITEM_GRID: bool = False  # grid B * Hk (one item a CTA), else persistent (SMs * CPS)
     FENCE: bool = True  # fence.proxy.async before a consumer warp releases a stage; False: probe only (SKELETON > 0)
 
     def __post_init__(self):
@@ -253,6 +262,10 @@ class DecodeRingCfg:
         (32 values) 21.35 / 155.11. Tiles of 128-byte row pieces stream worse: the ring's memory pattern alone (no
         math) 161.48 us at 64 columns, 142.90 at 128. fp32 at 128 columns (1 CTA, 256 / 512 consumers) 293.4 /
         294.1 us at B=256 against 288.8.
+        ITEM_GRID where CPS is 2 (fp32; session 20, H200, graph-replayed, Qwen3-Next fp32, us, one item a CTA /
+        persistent: B=32 38.02 / 38.43, B=64 73.02 / 75.95, B=128 142.42 / 148.54, B=256 279.45 / 288.97; the memory
+        pattern alone 269.98 / 274.73 at B=256: the hardware's block scheduler keeps the CTAs' items together and
+        balances the last wave); bf16 (1 CTA an SM) stays persistent (157.63 / 162.81 one item a CTA at B=256).
         Why: the consumers are the bound, not the ring (session 17, H200, graph-replayed, Qwen3-Next fp32
         B=256: 1 CTA of 128 consumers and 6 stages 345 us, 2 CTAs of 128 300, 1 of 256 315, 2 of 256 294-296,
         1 of 512 335; each item's prologue waits on dependent global loads, which more resident consumer warps
@@ -273,7 +286,7 @@ class DecodeRingCfg:
         if CPS > 1 and (CPS * (G * KS + 32) > 576 or values > RING_VALUES):
             CPS = 1
         base = cls(Hk=Hk, R=Hv // Hk, dk=dk, dv=dv, W=W, state_bytes=state_bytes, BV=BV, VEC=VEC, STAGES=2,
-                   CONSUMERS=G * KS, CPS=CPS, has_idx=has_idx)
+                   CONSUMERS=G * KS, CPS=CPS, has_idx=has_idx, ITEM_GRID=CPS > 1)
         if CPS > 1 or state_bytes == 2:  # 2 stages: CPS 2 (session 17, call 17: faster than 3 / 6 in every
             return base                  # cell), bf16 (session 18, as measured)
         for stages in range(min(MAX_STAGES, RING_BYTES // CPS // (base.stage_elems * state_bytes)), 2, -1):
@@ -298,6 +311,7 @@ VARIANTS = {
     "bf16-first": (2, {"BV": 64, "CPS": 1, "CONSUMERS": 128, "STAGES": 12}),
     "bf16-s17": (2, {"BV": 64, "CONSUMERS": 256, "CPS": 2, "STAGES": 2}),  # session 17's bf16 heuristic
     "bf16-c512": (2, {"CONSUMERS": 512}),
+    "persistent": (4, {"ITEM_GRID": False}),  # the fp32 grid before session 20
 }
 
 
@@ -596,18 +610,25 @@ def _launch(cfg: DecodeRingCfg, mdt: torch.dtype, wdt: torch.dtype, sdt: torch.d
 
 
 def ring_config(mixed, conv_state, conv_weight, ssm_state, state_indices, Hk: int) -> DecodeRingCfg | None:
-    """The heuristic's config for these tensors, or None where the ring kernel's limits do not hold
-    (state dtype, 16-byte aligned state, dk <= 256, 16-byte rows, N * Hv * dk < 2^31, shared memory)."""
+    """The heuristic's config for these tensors (3 stages from STAGES3_FROM items with ITEM_GRID), or None where
+    the ring kernel's limits do not hold (state dtype, 16-byte aligned state, dk <= 256, 16-byte rows,
+    N * Hv * dk < 2^31, shared memory)."""
     N, Hv, dk, dv = ssm_state.shape
     if ssm_state.dtype not in (torch.float32, torch.bfloat16) or ssm_state.data_ptr() % 16:
         return None
     if N * Hv * dk >= 2 ** 31 or Hv * dk * dv >= 2 ** 31:
         return None
     try:
-        return DecodeRingCfg.heuristic(Hk, Hv, dk, dv, conv_weight.shape[1], ssm_state.element_size(),
-                                       state_indices is not None)
+        cfg = DecodeRingCfg.heuristic(Hk, Hv, dk, dv, conv_weight.shape[1], ssm_state.element_size(),
+                                      state_indices is not None)
     except ValueError:
         return None
+    if cfg.ITEM_GRID and cfg.STAGES == 2 and mixed.shape[0] * Hk >= STAGES3_FROM:
+        try:
+            return dataclasses.replace(cfg, STAGES=3)
+        except ValueError:  # 3 stages do not fit beside the CTA's buffers
+            pass
+    return cfg
 
 
 def ring_fits(mixed, conv_state, conv_weight, A_log, dt_bias, ssm_state, state_indices, o, Hk: int, *_) -> bool:
@@ -619,8 +640,8 @@ def decode_launch(mixed, conv_state, conv_weight, A_log, dt_bias, ssm_state, sta
                   Hk: int = 16, eps: float = 1e-6, scale: float | None = None,
                   cfg: DecodeRingCfg | None = None, ctas: int | None = None) -> CU.BoundLaunch:
     """The one launch of a decode step (argument order as the registry's fwd kernel, cute_decode's
-    ``decode_launch``); grid min(B * Hk, SMs * CPS), or ``ctas`` CTAs where given (tests: few CTAs, each
-    walking many items). B = 0: an empty grid, never to be run (``decode_ring_into`` launches nothing)."""
+    ``decode_launch``); grid B * Hk (cfg.ITEM_GRID) or min(B * Hk, SMs * CPS), or ``ctas`` CTAs where given
+    (tests: few CTAs, each walking many items). B = 0: an empty grid, never to be run (``decode_ring_into`` launches nothing)."""
     B = mixed.shape[0]
     N, Hv, dk, dv = ssm_state.shape
     W = conv_weight.shape[1]
@@ -640,7 +661,7 @@ def decode_launch(mixed, conv_state, conv_weight, A_log, dt_bias, ssm_state, sta
                          f"W={W}, a {ssm_state.element_size()}-byte state, state_indices "
                          f"{'given' if has_idx else 'absent'}")
     scale = float(dk ** -0.5 if scale is None else scale)
-    ctas = min(B * Hk, ctas or sm_count(ssm_state.device) * cfg.CPS)
+    ctas = min(B * Hk, ctas or (B * Hk if cfg.ITEM_GRID else sm_count(ssm_state.device) * cfg.CPS))
     ln = _launch(cfg, mixed.dtype, conv_weight.dtype, ssm_state.dtype)
     idx = state_indices if has_idx else A_log  # never read without state_indices
     return CU.BoundLaunch(ln, (mixed, conv_state, conv_weight, A_log, dt_bias, ssm_state, idx, o, B, N * Hv * dk,
