@@ -38,6 +38,8 @@ def main():
     ap.add_argument("--out", default=os.environ.get("OUT", "."))
     ap.add_argument("--rep", type=int, default=100)
     ap.add_argument("--backend", default="cute")
+    ap.add_argument("--grids", default="", help="also the bwd kernel on these grids (comma list; T: a token a CTA)")
+    ap.add_argument("--no-ab", action="store_true", help="skip the A/B configs")
     a = ap.parse_args()
     import registry
 
@@ -69,8 +71,13 @@ def main():
                 want = (out.clone(), dx.clone(), dh.clone())
                 row("fwd kernel", bench(lambda: ca.fwd_into(x, h, out), a.rep), bytes_f)
                 row("bwd kernel", bench(lambda: ca.bwd_into(dout, x, h, dx, dh), a.rep), bytes_b)
+                for g in [int(v) for v in a.grids.split(",") if v]:  # session 20: the persistent grid vs more CTAs
+                    ca.bwd_into(dout, x, h, dx, dh, grid=g)
+                    same = torch.equal(dx, want[1]) and torch.equal(dh, want[2])
+                    row(f"bwd grid {g}{'' if same else ' (DIFFERS)'}",
+                        bench(lambda: ca.bwd_into(dout, x, h, dx, dh, grid=g), a.rep), bytes_b)
                 base = ca.AggCuteCfg.heuristic(n, C, 2)
-                for name, kw in tc.AB_CONFIGS.items():
+                for name, kw in ({} if a.no_ab else tc.AB_CONFIGS).items():
                     cfg = dataclasses.replace(base, **kw)
                     try:
                         if name in tc.FWD_AB:

@@ -94,6 +94,8 @@ def main():
     ap.add_argument("--backend", default="cute",
                     help="cute: kernels, A/B configs and the registry; another (cutile): the registry rows only")
     ap.add_argument("--registry-only", action="store_true", help="the registry rows only (any backend)")
+    ap.add_argument("--grids", default="", help="also the bwd kernels on these grids (comma list; session 20)")
+    ap.add_argument("--no-ab", action="store_true", help="skip the A/B configs (and the proposal)")
     a = ap.parse_args()
     import registry
     if a.backend != "cute" or a.registry_only:
@@ -131,7 +133,12 @@ def main():
             want = [out.clone()] + [t.clone() for t in grads]
             row("fwd kernel", bench(lambda: cp.fwd_into(*ins, out), a.rep), bytes_f)
             row("bwd kernels", bench(lambda: cp.bwd_into(dout, *ins, *grads), a.rep), bytes_b)
-            for name, kw in AB.items():
+            for gr in [int(v) for v in a.grids.split(",") if v]:  # the persistent grid vs more CTAs (dbias partials)
+                cp.bwd_into(dout, *ins, *grads, grid=gr)
+                same = all(torch.equal(x, y) for x, y in zip(grads[:4], want[1:5]))
+                row(f"bwd grid {gr}{'' if same else ' (DIFFERS)'}",
+                    bench(lambda: cp.bwd_into(dout, *ins, *grads, grid=gr), a.rep), bytes_b)
+            for name, kw in ({} if a.no_ab else AB).items():
                 cfg = dataclasses.replace(base, **kw)
                 try:
                     if set(kw) <= set(FWD_FIELDS):   # a fwd variant

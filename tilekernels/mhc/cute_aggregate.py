@@ -16,8 +16,8 @@ streams of one token.
 * fwd, 1-D grid of T * FCHG CTAs of NT threads: token t's FCHG CTAs are adjacent (what runs at once
   covers a few contiguous stretches of memory), one chunk a thread: n vector loads of x, h_pre[t]
   (scalar loads, the warp's broadcast), n * V FMAs, one vector store.
-* bwd, one streaming pass, grid (G,) persistent over tokens t = g, g+G, ... (G = min(T, SMs * CPS)):
-  a CTA of NTB threads takes a whole token (thread tid its chunks k * NTB + tid, k < KC), reads
+* bwd, one streaming pass, grid (G,) over tokens t = g, g+G, ...: G = T (CPS 0, the heuristic: one token a CTA,
+  the hardware handing them out) or persistent G = min(T, SMs * CPS): a CTA of NTB threads takes a whole token (thread tid its chunks k * NTB + tid, k < KC), reads
   dout and x once, writes dx from registers and sums the n dh_pre partials over the warp by
   butterfly shuffles and over the warps through shared memory (one barrier a token).
 
@@ -55,7 +55,8 @@ class AggCuteCfg:
 
     n, C: static problem dims; V: elements per vector access; NT: fwd threads a CTA (one chunk
     each); NTB, KC: bwd threads a CTA (one token at a time) and chunks a thread; CPS: bwd CTAs an
-    SM (grid = min(T, SMs * CPS), at launch; the compiled code sees it through MINB); MINB: bwd
+    SM walking tokens (grid = min(T, SMs * CPS), at launch; the compiled code sees it through MINB), 0: one
+    token a CTA (grid T); MINB: bwd
     CTAs an SM asked of ptxas (0: no bound); UNR: bwd chunk loop, 0 unrolled at trace time, else a
     loop unrolled UNR times; FMINB: the fwd's CTAs an SM asked of ptxas."""
 
@@ -75,8 +76,8 @@ class AggCuteCfg:
             raise ValueError(f"AggCuteCfg: C % V == 0 and thread counts multiples of 32 in [32, 1024]: {self}")
         if self.KC * self.NTB < self.CH:
             raise ValueError(f"AggCuteCfg: KC * NTB must cover the {self.CH} chunks: {self}")
-        if self.CPS < 1 or self.MINB < 0 or self.UNR < 0:
-            raise ValueError(f"AggCuteCfg: CPS >= 1, MINB, UNR >= 0: {self}")
+        if self.CPS < 0 or self.MINB < 0 or self.UNR < 0:
+            raise ValueError(f"AggCuteCfg: CPS, MINB, UNR >= 0: {self}")
 
     @property
     def CH(self) -> int:
@@ -96,11 +97,13 @@ class AggCuteCfg:
         measured best: fewer tokens' rows open at once), the chunk loop unrolled at trace time up to 4
         chunks a thread (ptxas hoists the chunks' loads; at 8, fp32 n = 4, it spills: a loop there).
         H200, T=32768, n=4, C=7168: bwd 1.020 ms unrolled, 1.027-1.031 as a loop; 3 or 4 CTAs an SM
-        slower (benchmarks/results/h200-mhc-cute-aggregate.txt)."""
+        slower (benchmarks/results/h200-mhc-cute-aggregate.txt). One token a CTA (CPS 0) instead of 2 persistent
+        CTAs an SM walking tokens: bwd 0.994 / 0.993 ms (fp32 / bf16 h) against 1.020 (session 20; grids 528, 1056,
+        4096: 1.016, 1.013, 1.011): the hardware's block scheduler keeps the tokens in flight together."""
         V = (16 if n <= 4 else 8) // act_bytes
         ch = C // V
         ntb, kc = _pick_threads(ch, 224)
-        return cls(n=n, C=C, V=V, NT=min(128, 32 * -(-ch // 32)), NTB=ntb, KC=kc, UNR=0 if kc <= 4 else 1)
+        return cls(n=n, C=C, V=V, NT=min(128, 32 * -(-ch // 32)), NTB=ntb, KC=kc, UNR=0 if kc <= 4 else 1, CPS=0)
 
 
 # ------------------------------------------------------------------ kernels
@@ -236,14 +239,14 @@ def fwd_into(x, h_pre, out, cfg: AggCuteCfg | None = None):
 @kernel("mhc_h_aggregate", "cute", "bwd")
 def bwd_into(dout, x, h_pre, dx, dh_pre, cfg: AggCuteCfg | None = None, grid: int | None = None):
     """dx [T, n, C] and dh_pre [T, n], destination-passing (the registry's bwd signature); ``grid``
-    overrides the CTA count (tests: the persistent token loop; results do not depend on it)."""
+    overrides the CTA count (tests: a token loop of several tokens a CTA; results do not depend on it)."""
     T = x.shape[0]
     if T == 0:
         return
     cfg = cfg or config(x)
     dout, x = aligned16(dout), aligned16(x)
     dst = dx if _aligned(dx) else torch.empty_like(dx)
-    G = min(T, grid or _sms(x.device) * cfg.CPS)
+    G = min(T, grid or (T if cfg.CPS == 0 else _sms(x.device) * cfg.CPS))
     bwd_launch(cfg, x.dtype, h_pre.dtype).run(dout, x, h_pre, dst, dh_pre, T, G)
     if dst is not dx:
         dx.copy_(dst)
