@@ -93,11 +93,11 @@ class AggCuteCfg:
     def heuristic(cls, n: int, C: int, act_bytes: int) -> "AggCuteCfg":
         """16-byte vectors for n <= 4, 8-byte above (h_post_bda's rule: n rows of V fp32 values at
         once); fwd up to 128 threads a CTA, one chunk each; bwd 32..256 threads a token with the
-        fewest idle chunk slots, then nearest 224 (C = 7168 bf16: 224 x 4), 2 CTAs an SM (h_post_bda's
-        measured best: fewer tokens' rows open at once), the chunk loop unrolled at trace time up to 4
-        chunks a thread (ptxas hoists the chunks' loads; at 8, fp32 n = 4, it spills: a loop there).
-        H200, T=32768, n=4, C=7168: bwd 1.020 ms unrolled, 1.027-1.031 as a loop; 3 or 4 CTAs an SM
-        slower (benchmarks/results/h200-mhc-cute-aggregate.txt). One token a CTA (CPS 0) instead of 2 persistent
+        fewest idle chunk slots, then nearest 224 (C = 7168 bf16: 224 x 4), ptxas bound to 2 CTAs an SM
+        (MINB), the chunk loop unrolled at trace time up to 4 chunks a thread (ptxas hoists the chunks' loads;
+        at 8, fp32 n = 4, it spills: a loop there). H200, T=32768, n=4, C=7168, with 2 persistent CTAs an SM
+        (h_post_bda's measured best): bwd 1.020 ms unrolled, 1.027-1.031 as a loop; 3 or 4 CTAs an SM slower
+        (benchmarks/results/h200-mhc-cute-aggregate.txt). One token a CTA (CPS 0) instead of 2 persistent
         CTAs an SM walking tokens: bwd 0.994 / 0.993 ms (fp32 / bf16 h) against 1.020 (session 20; grids 528, 1056,
         4096: 1.016, 1.013, 1.011): the hardware's block scheduler keeps the tokens in flight together."""
         V = (16 if n <= 4 else 8) // act_bytes
