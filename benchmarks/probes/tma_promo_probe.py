@@ -106,6 +106,17 @@ class StreamCfg:
         return 0 if self.LDG else self.STAGES * self.stage_words * 4 + 16 * self.STAGES + 2048
 
 
+def _tile(cfg, item, j):
+    """(row block, column block) of tile j of an item (traced inline): row-major tile ids, or with NS > 1 a band's
+    tiles channel-major over NS streams."""
+    tid = item * cfg.GROUP + j
+    rb = tid // cfg.NCB
+    cb = tid - rb * cfg.NCB
+    if cutlass.const_expr(cfg.NS > 1):
+        cb = (j % cfg.NS) * (cfg.NCB // cfg.NS) + j // cfg.NS
+    return rb, cb
+
+
 @cute.kernel
 def _stream_kernel(cfg: cutlass.Constexpr, desc: cutlass.GridConstant[TensorMap], x: cute.Pointer, items: Int32):
     NT = cfg.CONSUMERS
@@ -125,7 +136,7 @@ def _stream_kernel(cfg: cutlass.Constexpr, desc: cutlass.GridConstant[TensorMap]
 def _ring_stream(cfg: cutlass.Constexpr, dptr, x: cute.Pointer, items: Int32, tidx: Int32, bid: Int32, nctas: Int32,
                  warp: Int32):
     """The ring: one producer warp's TMA loads, the consumers' ld.shared, release, stores."""
-    S, NT, BR, BC, NCB, GROUP, NS = cfg.STAGES, cfg.CONSUMERS, cfg.BR, cfg.BC, cfg.NCB, cfg.GROUP, cfg.NS
+    S, NT, BR, BC, GROUP = cfg.STAGES, cfg.CONSUMERS, cfg.BR, cfg.BC, cfg.GROUP
     VPR = BC // 4
     smem = SmemAllocator()
     ring = smem.allocate_tensor(Int32, cute.make_layout(S * cfg.stage_words), byte_alignment=1024)
@@ -137,11 +148,7 @@ def _ring_stream(cfg: cutlass.Constexpr, dptr, x: cute.Pointer, items: Int32, ti
         pst = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, S)
         for item in cutlass.range(bid, items, nctas, unroll=1):
             for j in cutlass.range(GROUP, unroll=1):
-                tid = item * GROUP + j
-                rb = tid // NCB
-                cb = tid - rb * NCB
-                if cutlass.const_expr(NS > 1):
-                    cb = (j % NS) * (NCB // NS) + j // NS
+                rb, cb = _tile(cfg, item, j)
                 pipe.producer_acquire(pst)
                 if prims.elect_sync():
                     prims.cp_async_bulk_tensor_shared_cta_global(
@@ -158,11 +165,7 @@ def _ring_stream(cfg: cutlass.Constexpr, dptr, x: cute.Pointer, items: Int32, ti
                 held = []
                 for u in cutlass.range_constexpr(P):
                     j = jj * P + u
-                    tid = item * GROUP + j
-                    rb = tid // NCB
-                    cb = tid - rb * NCB
-                    if cutlass.const_expr(NS > 1):
-                        cb = (j % NS) * (NCB // NS) + j // NS
+                    rb, cb = _tile(cfg, item, j)
                     pipe.consumer_wait(cst)
                     base = ring.iterator + cst.index * cfg.stage_words
                     vals = []
@@ -186,7 +189,7 @@ def _ring_stream(cfg: cutlass.Constexpr, dptr, x: cute.Pointer, items: Int32, ti
 @cute.jit
 def _ldg_consumer(cfg: cutlass.Constexpr, x: cute.Pointer, items: Int32, tidx: Int32, bid: Int32, nctas: Int32):
     """LDG probe: each consumer thread loads its 16-byte vectors of LDG tiles from global, then stores them back."""
-    BR, BC, NCB, GROUP, NT = cfg.BR, cfg.BC, cfg.NCB, cfg.GROUP, cfg.CONSUMERS
+    BR, BC, GROUP, NT = cfg.BR, cfg.BC, cfg.GROUP, cfg.CONSUMERS
     VPR = BC // 4
     vt = ir.VectorType.get([4], Int32.mlir_type)
     P = cfg.LDG
@@ -195,11 +198,7 @@ def _ldg_consumer(cfg: cutlass.Constexpr, x: cute.Pointer, items: Int32, tidx: I
             held = []
             for u in cutlass.range_constexpr(P):
                 j = jj * P + u
-                tid = item * GROUP + j
-                rb = tid // NCB
-                cb = tid - rb * NCB
-                if cutlass.const_expr(cfg.NS > 1):
-                    cb = (j % cfg.NS) * (NCB // cfg.NS) + j // cfg.NS
+                rb, cb = _tile(cfg, item, j)
                 g0 = Int64(rb * BR) * cfg.COLS + cb * BC
                 p0 = x + (g0 + Int64(tidx // VPR) * cfg.COLS + (tidx % VPR) * 4)  # rows NT // VPR apart a q
                 held.append((p0, [cute.arch.load(p0 + q * (NT // VPR) * cfg.COLS, vt)
