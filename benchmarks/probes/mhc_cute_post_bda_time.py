@@ -70,7 +70,7 @@ def registry_only(a):
 
     op = registry.get("mhc_h_post_bda")
     res = {"env": device_env(), "backend": a.backend, "rows": []}
-    for hd in (F32, BF):
+    for hd in [{"fp32": F32, "bf16": BF}[v] for v in a.h_order.split(",")]:
         g = lambda *s, dt=BF: torch.randn(*s, device="cuda").to(dt)  # noqa: E731
         ins = (g(T, n, n, dt=hd) * 0.5, g(T, n, C), g(T, n, dt=hd), g(T, C), g(C))
         dout = g(T, n, C)
@@ -96,6 +96,9 @@ def main():
     ap.add_argument("--registry-only", action="store_true", help="the registry rows only (any backend)")
     ap.add_argument("--grids", default="", help="also the bwd kernels on these grids (comma list; session 20)")
     ap.add_argument("--no-ab", action="store_true", help="skip the A/B configs (and the proposal)")
+    ap.add_argument("--ab", default="", help="only these A/B configs (comma list of names)")
+    ap.add_argument("--h-order", default="fp32,bf16",
+                    help="--registry-only: the h dtypes in turn (repeatable, e.g. bf16,fp32,bf16,fp32: an order effect?)")
     a = ap.parse_args()
     import registry
     if a.backend != "cute" or a.registry_only:
@@ -138,7 +141,8 @@ def main():
                 same = all(torch.equal(x, y) for x, y in zip(grads[:4], want[1:5]))
                 row(f"bwd grid {gr}{'' if same else ' (DIFFERS)'}",
                     bench(lambda: cp.bwd_into(dout, *ins, *grads, grid=gr), a.rep), bytes_b)
-            for name, kw in ({} if a.no_ab else AB).items():
+            only = set(a.ab.split(",")) if a.ab else None
+            for name, kw in ({} if a.no_ab else {k: v for k, v in AB.items() if not only or k in only}).items():
                 cfg = dataclasses.replace(base, **kw)
                 try:
                     if set(kw) <= set(FWD_FIELDS):   # a fwd variant
