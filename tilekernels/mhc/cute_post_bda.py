@@ -132,7 +132,6 @@ class PostBdaCuteCfg:
     FCM: bool = False  # fwd: 1-D grid, a token's CTAs adjacent (chunk groups fastest); not with FG
     PDL: bool = True   # bwd: the dbias reduction a programmatic dependent launch (triggered at the bwd's start,
     #                    resident beside it, it waits for the bwd grid's end and partials: griddepcontrol.wait)
-    BPF: bool = False  # bwd: the CTA's next token's h_res / h_post loaded (raw dtype) while this token streams
 
     def __post_init__(self):
         if self.C % self.V or self.NT % 32 or self.NTB % 32 or self.NTB > 1024 or self.NT > 1024:
@@ -275,17 +274,6 @@ def _load_h(hr_ptr, hp_ptr, t, hr: cute.Tensor, hp: cute.Tensor, n: cutlass.Cons
     p = _vec(hp_ptr, Int64(t) * n, n)
     for e in cutlass.range_constexpr(n):
         hp[e] = p[e].to(Float32)
-
-
-@cute.jit
-def _load_h_raw(hr_ptr, hp_ptr, t, hr: cute.Tensor, hp: cute.Tensor, n: cutlass.Constexpr):
-    """hr [n*n], hp [n] = h_res[t], h_post[t] in h's dtype (scalar loads; no conversion, so nothing waits on them)."""
-    g = _vec(hr_ptr, Int64(t) * (n * n), n * n)
-    for e in cutlass.range_constexpr(n * n):
-        hr[e] = g[e]
-    p = _vec(hp_ptr, Int64(t) * n, n)
-    for e in cutlass.range_constexpr(n):
-        hp[e] = p[e]
 
 
 def _hwidth(cnt: int, nbytes: int) -> int:
@@ -530,19 +518,8 @@ def _bwd_kernel(cfg: cutlass.Constexpr, mD: cute.Tensor, hr_ptr: cute.Pointer, m
     acc = cute.make_rmem_tensor((NV,), Float32)
     d = cute.make_rmem_tensor(cute.make_layout((n, V), stride=(V, 1)), Float32)
     dx = cute.make_rmem_tensor(cute.make_layout((1, V), stride=(V, 1)), Float32)
-    hrn = cute.make_rmem_tensor((n * n,), hr_ptr.dtype)  # BPF: the next token's h, raw until used
-    hpn = cute.make_rmem_tensor((n,), hp_ptr.dtype)
-    if cutlass.const_expr(cfg.BPF):
-        _load_h_raw(hr_ptr, hp_ptr, cutlass.min(g, T - 1), hrn, hpn, n)
     for t in cutlass.range(g, T, G, unroll=1):
-        if cutlass.const_expr(cfg.BPF):
-            for e in cutlass.range_constexpr(n * n):
-                hr[e] = hrn[e].to(Float32)
-            for e in cutlass.range_constexpr(n):
-                hp[e] = hpn[e].to(Float32)
-            _load_h_raw(hr_ptr, hp_ptr, cutlass.min(t + G, T - 1), hrn, hpn, n)  # past T: the last token, unused
-        else:
-            _load_h(hr_ptr, hp_ptr, t, hr, hp, n)
+        _load_h(hr_ptr, hp_ptr, t, hr, hp, n)
         for v in cutlass.range_constexpr(NV):
             acc[v] = Float32(0.0)
         rows = Int64(t) * n
