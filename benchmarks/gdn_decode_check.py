@@ -366,6 +366,8 @@ def main():
     if a.ring or a.ring_variants or a.ring_cfg:
         RESULTS["env"]["ring_cfg"] = {sd: dataclasses.asdict(_ring_mod().DecodeRingCfg.heuristic(16, 32, 128, 128, 4, n))
                                       for sd, n in (("fp32", 4), ("bf16", 2))}
+        # the registry's ring takes 3 stages from this many items (ring_config): the cute-ring rows' config there
+        RESULTS["env"]["ring_stages3_from_items"] = _ring_mod().STAGES3_FROM
     try:
         RESULTS["env"]["copy_tbs_measured"] = copy_tbs()
         RESULTS["env"]["copy_tbs_sm_kernel"] = copy_tbs(sm_kernel=True)

@@ -497,22 +497,27 @@ def setmaxnreg_budget(art: "Artifacts", producer_threads: int = 128) -> tuple[in
 
 
 def unfenced_releases(ptx: str) -> list[int]:
-    """PTX line numbers of mbarrier arrives (no expect_tx: a consumer's release of a TMA stage) that follow an
-    ``ld.shared`` with no ``fence.proxy.async`` between them (scanning back to the last mbarrier wait).
+    """PTX line numbers (1-based) of mbarrier arrives without expect_tx (a consumer's release of a TMA stage) that
+    follow a shared-memory load (ld.shared in any form, ldmatrix) with no ``fence.proxy.async`` (of shared memory
+    or of every state space) between them, scanning in text order back to the last mbarrier wait.
 
     Why: ptxas lets such an arrive go while the loads are still in flight (no scoreboard wait in the SASS), and the
     producer's next TMA load writes the stage through the async proxy, which the arrive's release does not order
     against: the loads can read the refilled stage. Measured on the H200 (session 20, benchmarks/probes/
     ring_war_check.py): gdn_decode's ring at its memory-pattern probe config rewrote whole tile rows with another
-    tile's data in 10 of 10 runs at B=256 without the fence, 0 of 10 with it. Empty for a kernel whose every release
-    of a stage it read with ld.shared is fenced."""
+    tile's data in 10 of 10 runs at B=256 without the fence, 0 of 10 with it.
+
+    A text-order heuristic for the ring kernels here (one release site a consumer loop, released before its next
+    wait): a release issued after the next stage's wait (releasing the previous stage) or a fence in another role's
+    code between the loads and the release in the text is not seen. Empty where every release is fenced."""
     import re
 
     bad, loaded = [], False
-    for i, line in enumerate(ptx.splitlines()):
-        if re.search(r"\bmbarrier\.(try_wait|test_wait)", line) or "fence.proxy.async" in line:
+    for i, line in enumerate(ptx.splitlines(), 1):
+        if re.search(r"\bmbarrier\.(try_wait|test_wait)", line) or \
+                re.search(r"\bfence\.proxy\.async(\.shared(::cta|::cluster)?)?\s*;", line):
             loaded = False
-        elif re.search(r"\bld\.shared", line):
+        elif re.search(r"\bld(\.\w+)*\.shared\b|\bldmatrix\b", line):
             loaded = True
         elif re.search(r"\bmbarrier\.arrive", line) and "expect_tx" not in line and loaded:
             bad.append(i)

@@ -25,7 +25,10 @@ def main(argv) -> int:
     for sd in (torch.float32,):
         for B in batches:
             args = G.problem(B, sd)
-            base = R.ring_config(args[0], args[1], args[2], args[5], args[6], G.SHAPE["Hk"])
+            # calls 7-8's base: persistent CTAs, 2 stages (the heuristic then; ring_config now picks ITEM_GRID and
+            # 3 stages from STAGES3_FROM items itself)
+            base = dataclasses.replace(R.ring_config(args[0], args[1], args[2], args[5], args[6], G.SHAPE["Hk"]),
+                                       ITEM_GRID=False, STAGES=2)
             items = B * G.SHAPE["Hk"]
             variants = [("persistent", base, None), ("item a CTA", base, items),
                         ("item a CTA, 3 stages", dataclasses.replace(base, STAGES=3), items),

@@ -98,7 +98,7 @@ def main():
     ap.add_argument("--no-ab", action="store_true", help="skip the A/B configs (and the proposal)")
     ap.add_argument("--ab", default="", help="only these A/B configs (comma list of names)")
     ap.add_argument("--h-order", default="fp32,bf16",
-                    help="--registry-only: the h dtypes in turn (repeatable, e.g. bf16,fp32,bf16,fp32: an order effect?)")
+                    help="--registry-only: the h dtypes in turn (e.g. bf16,fp32,bf16,fp32: an order effect?)")
     a = ap.parse_args()
     import registry
     if a.backend != "cute" or a.registry_only:

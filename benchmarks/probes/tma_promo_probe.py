@@ -237,8 +237,9 @@ def run(cfg: StreamCfg, x: torch.Tensor, ctas: int | None = None) -> None:
 def _cases():
     """(name, cfg, rows): gdn_decode's fp32 state at B=256 (Qwen3-Next: 256 x 32 heads x [128, 128] fp32 = 128
     words a row) and mhc_post_pre's streams (T=32768, n=4, C=7168 bf16: 14336 words a row). A tile's row piece
-    is BC words: 32 = 128 bytes, 64 = 256, 128 = 512. Session 20 call 2's cases (promotion, piece widths, PAIR)
-    are in benchmarks/results/h200-tma-stream-probe.txt; these: TMA ring against plain 16-byte loads (LDG)."""
+    is BC words: 32 = 128 bytes, 64 = 256, 128 = 512. These are call 6's cases (the grid: persistent CTAs
+    against one item a CTA); calls 1, 2 and 5 ran other lists (promotion, piece widths, PAIR, LDG), their rows
+    and configs in benchmarks/results/h200-tma-stream-probe.txt."""
     gdn = dict(COLS=128, BR=128, BC=64, GROUP=4, PROMO=0, FENCE=True)
     G = 256 * 32 * 128
     out = []

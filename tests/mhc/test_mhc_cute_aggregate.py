@@ -36,7 +36,8 @@ BF, F32 = torch.bfloat16, torch.float32
 COMPILE_VARIANTS = [(n, 7168, BF, F32) for n in (1, 2, 3, 4, 5, 8)] + [
     (4, 7168, F32, F32), (4, 7168, BF, BF), (8, 7168, F32, BF), (3, 1000, BF, F32), (6, 8, F32, BF)]
 # the timing script's variants (benchmarks/probes/mhc_cute_aggregate_time.py): 2 persistent CTAs an SM walking tokens
-# (the default before session 20's one token a CTA), the chunk loop as a loop
+# (the default before session 20's one token a CTA; cps3, cps3unr1 and nt448c1 are persistent too, so against
+# today's default they change the grid as well), the chunk loop as a loop
 # (unrolled 1 / 2 times), 3 CTAs an SM (unrolled or not), 448 threads x 2 chunks at one CTA an SM, no
 # register bound; the fwd with ptxas asked for 16 CTAs an SM. (Measured and dropped, code at c4dc12b:
 # 4 CTAs an SM, the next token's first chunk prefetched before the dh reduction, vector h_pre loads.)

@@ -44,7 +44,8 @@ def test_pass_compiles_for_sm90a(n, C, bias, CW):
     res = [v for k, v in cubin_resources(art.cubin).items() if "kernel" in k]
     assert len(res) == 1 and res[0]["frame"] == 0, f"register spills or a local array: {res}"
     need, have = setmaxnreg_budget(art)
-    assert not unfenced_releases(art.ptx), "a stage released after its ld.shared, unfenced"
+    unfenced = unfenced_releases(art.ptx)
+    assert not unfenced, f"stages released after ld.shared, unfenced: PTX lines {unfenced}"
     assert 0 < need <= have, (need, have)
     mmas = re.findall(r"wgmma\.mma_async\.sync\.aligned\.(m64n\d+k16)\.f32\.bf16\.bf16", art.ptx)
     assert set(mmas) == {f"m64n{CW * n}k16"} and len(mmas) == 3 * cfg.NP // 16, mmas
@@ -69,7 +70,8 @@ def test_fused_forward_compiles_for_sm90a(n, C, bias):
     res = [v for k, v in cubin_resources(art.cubin).items() if "kernel" in k]
     assert len(res) == 1 and res[0]["frame"] == 0, res
     need, have = setmaxnreg_budget(art)
-    assert not unfenced_releases(art.ptx), "a stage released after its ld.shared, unfenced"
+    unfenced = unfenced_releases(art.ptx)
+    assert not unfenced, f"stages released after ld.shared, unfenced: PTX lines {unfenced}"
     assert 0 < need <= have, (need, have)
     mmas = re.findall(r"wgmma\.mma_async\.sync\.aligned\.(m64n\d+k16)\.f32\.bf16\.bf16", art.ptx)
     assert set(mmas) == {f"m64n{cfg.NP}k16"} and len(mmas) == 4 * ((n + 1) // 2), mmas

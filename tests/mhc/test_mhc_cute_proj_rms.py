@@ -41,7 +41,8 @@ def test_bwd_compiles_for_sm90a(N, K):
     res = list(cubin_resources(art.cubin).values())
     assert len(res) == 1 and res[0]["frame"] == 0, f"register spills or a local array: {res}"
     need, have = setmaxnreg_budget(art)
-    assert not unfenced_releases(art.ptx), "a stage released after its ld.shared, unfenced"
+    unfenced = unfenced_releases(art.ptx)
+    assert not unfenced, f"stages released after ld.shared, unfenced: PTX lines {unfenced}"
     assert 0 < need <= have, (need, have)
     NP = 16 if N <= 16 else 32
     mmas = re.findall(r"wgmma\.mma_async\.sync\.aligned\.(m64n\d+k16)\.f32\.bf16\.bf16", art.ptx)
@@ -60,7 +61,8 @@ def test_dweight_only_compiles_for_sm90a(N, K):
     res = list(cubin_resources(art.cubin).values())
     assert len(res) == 1 and res[0]["frame"] == 0, f"register spills or a local array: {res}"
     need, have = setmaxnreg_budget(art)
-    assert not unfenced_releases(art.ptx), "a stage released after its ld.shared, unfenced"
+    unfenced = unfenced_releases(art.ptx)
+    assert not unfenced, f"stages released after ld.shared, unfenced: PTX lines {unfenced}"
     assert 0 < need <= have, (need, have)
     mmas = re.findall(r"wgmma\.mma_async\.sync\.aligned\.(m64n\d+k16)\.f32\.bf16\.bf16", art.ptx)
     assert mmas == ["m64n128k16"] * 4, mmas

@@ -49,7 +49,8 @@ def _check_export(ln, N):
     assert len(kern) == 1 and kern[0]["frame"] == 0, f"register spills or a local array: {res}"
     assert kern[0]["regs"] <= 65536 // (384 * ln.cfg.ctas) // 8 * 8, f"the launch bound's registers: {kern}"
     need, have = setmaxnreg_budget(art)
-    assert not unfenced_releases(art.ptx), "a stage released after its ld.shared, unfenced"
+    unfenced = unfenced_releases(art.ptx)
+    assert not unfenced, f"stages released after ld.shared, unfenced: PTX lines {unfenced}"
     assert 0 < need <= have, (need, have)
     NP, atoms = ln.cfg.NP, ln.cfg.BK // 64
     assert NP == (16 if N <= 16 else 32)

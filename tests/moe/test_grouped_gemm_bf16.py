@@ -50,7 +50,8 @@ def test_heuristic_configs_compile_for_sm90a(variant, G, N, K):
         res = cubin_resources(art.cubin)
         assert res and all(r.get("frame", 0) == 0 for r in res.values()), res
         need, have = setmaxnreg_budget(art)
-        assert not unfenced_releases(art.ptx), "a stage released after its ld.shared, unfenced"
+        unfenced = unfenced_releases(art.ptx)
+        assert not unfenced, f"stages released after ld.shared, unfenced: PTX lines {unfenced}"
         assert 0 < need <= have, (need, have)
 
 

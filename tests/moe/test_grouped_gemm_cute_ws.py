@@ -87,7 +87,8 @@ def test_ws_configs_compile(variant, cfg_name):
         from tilekernels._cute import setmaxnreg_budget, unfenced_releases
 
         need, have = setmaxnreg_budget(art, 128 * cfg.producers)   # within the CTA's launch registers
-        assert not unfenced_releases(art.ptx), "a stage released after its ld.shared, unfenced"
+        unfenced = unfenced_releases(art.ptx)
+        assert not unfenced, f"stages released after ld.shared, unfenced: PTX lines {unfenced}"
         assert 0 < need <= have, (need, have)
 
 

@@ -13,8 +13,9 @@ a plain copy of the same bytes 34.6 / 262 us). Here one producer warp keeps STAG
 flight per CTA by TMA, running ahead of the math across heads and rows.
 
 Work split: a work item is (row b, key head kh): item = b * Hk + kh; CTA g takes items g, g + grid,
-g + 2 grid, ... with grid = B * Hk for an fp32 state (ITEM_GRID: one item a CTA, CPS resident an SM, the
-hardware handing out the rest) and min(B * Hk, SMs * CPS) persistent CTAs for bf16. An item covers the R = Hv/Hk
+g + 2 grid, ... with grid = B * Hk where the heuristic puts 2 CTAs on an SM (ITEM_GRID: one item a CTA, the
+hardware handing out the rest; the fp32 state at Qwen3-Next) and min(B * Hk, SMs * CPS) persistent CTAs where one
+CTA has the SM (the bf16 state, dk 256). An item covers the R = Hv/Hk
 value heads hv = kh R .. kh R + R - 1 and all their columns, so its CTA alone owns the conv windows
 of the key head's q|k channels and of those heads' v channels (reads the old window, writes the
 shifted one itself): no clusters, no cross-CTA sync, Hv/Hk unbounded.
@@ -72,7 +73,9 @@ Backend limits (beyond them ``ring_config`` is None and cute_decode's kernel run
 box dims), dv * element size a multiple of 16 bytes (the TMA row stride), ssm_state 16-byte aligned,
 N * Hv * dk < 2^31 (TMA row coordinate), fp32 or bf16 state, W >= 2, Hv % Hk == 0, the ring and the
 buffers within shared memory. Compile key: DecodeRingCfg (static dims, element size, tiling,
-has_idx) + dtypes; B and N are runtime scalars. Run by the cute backend's fwd kernel
+has_idx) + dtypes; B and N are runtime scalars, except that ``ring_config`` picks 3 stages from STAGES3_FROM
+items (a second compiled config: a CUDA graph captured at such a B compiles it first unless a call at that B
+came before). Run by the cute backend's fwd kernel
 (``cute_decode.decode_fwd``) where the grid is large enough (``cute_decode.RING_FROM``) and its limits hold.
 Importing this module needs ``cutlass`` but no GPU.
 """
@@ -129,8 +132,8 @@ class DecodeRingCfg:
     Hk, R (= Hv/Hk), dk, dv, W: the static dims; state_bytes: the state's element size (4 fp32,
     2 bf16); BV: state columns a tile (the TMA box is (BV, dk)); VEC: adjacent columns a thread (one
     VEC-wide smem read and global store a row); STAGES: tiles in the ring; CONSUMERS: math threads
-    (whole warps; plus one producer warp); CPS: CTAs an SM (the grid is SMs * CPS at most, ptxas
-    bound to that many, their rings share the SM's shared memory); STREAM: the state's stores
+    (whole warps; plus one producer warp); CPS: CTAs an SM (ptxas bound to that many, their rings share the
+    SM's shared memory; without ITEM_GRID the grid is SMs * CPS at most); STREAM: the state's stores
     .cs (streaming); has_idx: state_indices given; PF: each consumer thread loads its conv channels' inputs
     (x, old window, taps) and its head's gate inputs of the CTA's next item into registers right after this
     item's prologue, so their dependent global loads (state_indices, then conv_state) overlap this item's tiles
@@ -158,7 +161,8 @@ class DecodeRingCfg:
     PF: bool = True  # the next item's prologue inputs loaded into registers before this item's tiles
     AHEAD: bool = True  # PF's slot loaded an item earlier still (no stall on it), its gate inputs kept raw
     HOIST: bool = True  # a thread's rows' k rk and q' computed once an item (registers), not read every tile
-    SKELETON: int = 0  # probe only, wrong results: 1 each tile stored back unchanged (no delta rule), 2 also no prologue
+    SKELETON: int = 0  # probe only, wrong results: 1 each tile stored back unchanged (no delta rule), 2 also no
+    #                    prologue
     ITEM_GRID: bool = False  # grid B * Hk (one item a CTA), else persistent (SMs * CPS)
     FENCE: bool = True  # fence.proxy.async before a consumer warp releases a stage; False: probe only (SKELETON > 0)
 
@@ -188,7 +192,8 @@ class DecodeRingCfg:
             bad.append(f"STAGES >= 2, CPS >= 1, {self.smem_bytes} bytes of shared memory a CTA <= {SMEM_CTA} and "
                        f"CPS x (that + 1024) <= {SMEM_SM}")
         if not self.FENCE and not self.SKELETON:
-            bad.append("FENCE (a stage released unfenced can be refilled under its readers; off only in SKELETON probes)")
+            bad.append("FENCE (a stage released unfenced can be refilled under its readers; off only in SKELETON "
+                       "probes)")
         if self.PF and self.R > self.CONSUMERS:
             bad.append("PF: Hv / Hk <= CONSUMERS (one consumer thread a value head's gates)")
         if bad:
@@ -287,8 +292,9 @@ class DecodeRingCfg:
             CPS = 1
         base = cls(Hk=Hk, R=Hv // Hk, dk=dk, dv=dv, W=W, state_bytes=state_bytes, BV=BV, VEC=VEC, STAGES=2,
                    CONSUMERS=G * KS, CPS=CPS, has_idx=has_idx, ITEM_GRID=CPS > 1)
-        if CPS > 1 or state_bytes == 2:  # 2 stages: CPS 2 (session 17, call 17: faster than 3 / 6 in every
-            return base                  # cell), bf16 (session 18, as measured)
+        if CPS > 1 or state_bytes == 2:  # 2 stages: CPS 2 (session 17, call 17, persistent CTAs: faster than 3 / 6
+            return base                  # in every cell; ring_config takes 3 from STAGES3_FROM items since session
+            #                              20's one item a CTA), bf16 (session 18, as measured)
         for stages in range(min(MAX_STAGES, RING_BYTES // CPS // (base.stage_elems * state_bytes)), 2, -1):
             try:  # the most that fit beside the CTA's other buffers
                 return dataclasses.replace(base, STAGES=stages)
@@ -641,7 +647,8 @@ def decode_launch(mixed, conv_state, conv_weight, A_log, dt_bias, ssm_state, sta
                   cfg: DecodeRingCfg | None = None, ctas: int | None = None) -> CU.BoundLaunch:
     """The one launch of a decode step (argument order as the registry's fwd kernel, cute_decode's
     ``decode_launch``); grid B * Hk (cfg.ITEM_GRID) or min(B * Hk, SMs * CPS), or ``ctas`` CTAs where given
-    (tests: few CTAs, each walking many items). B = 0: an empty grid, never to be run (``decode_ring_into`` launches nothing)."""
+    (tests: few CTAs, each walking many items). B = 0: an empty grid, never to be run (``decode_ring_into``
+    launches nothing)."""
     B = mixed.shape[0]
     N, Hv, dk, dv = ssm_state.shape
     W = conv_weight.shape[1]

@@ -16,8 +16,9 @@ streams of one token.
 * fwd, 1-D grid of T * FCHG CTAs of NT threads: token t's FCHG CTAs are adjacent (what runs at once
   covers a few contiguous stretches of memory), one chunk a thread: n vector loads of x, h_pre[t]
   (scalar loads, the warp's broadcast), n * V FMAs, one vector store.
-* bwd, one streaming pass, grid (G,) over tokens t = g, g+G, ...: G = T (CPS 0, the heuristic: one token a CTA,
-  the hardware handing them out) or persistent G = min(T, SMs * CPS): a CTA of NTB threads takes a whole token (thread tid its chunks k * NTB + tid, k < KC), reads
+* bwd, one streaming pass, grid (G,) over tokens t = g, g+G, ...: G = T (CPS 0, the heuristic: one token a
+  CTA, the hardware handing them out) or persistent G = min(T, SMs * CPS): a CTA of NTB threads takes a whole
+  token (thread tid its chunks k * NTB + tid, k < KC), reads
   dout and x once, writes dx from registers and sums the n dh_pre partials over the warp by
   butterfly shuffles and over the warps through shared memory (one barrier a token).
 
@@ -54,11 +55,10 @@ class AggCuteCfg:
     """Launch config of both kernels (compile key, with the dtypes).
 
     n, C: static problem dims; V: elements per vector access; NT: fwd threads a CTA (one chunk
-    each); NTB, KC: bwd threads a CTA (one token at a time) and chunks a thread; CPS: bwd CTAs an
-    SM walking tokens (grid = min(T, SMs * CPS), at launch; the compiled code sees it through MINB), 0: one
-    token a CTA (grid T); MINB: bwd
-    CTAs an SM asked of ptxas (0: no bound); UNR: bwd chunk loop, 0 unrolled at trace time, else a
-    loop unrolled UNR times; FMINB: the fwd's CTAs an SM asked of ptxas."""
+    each); NTB, KC: bwd threads a CTA (one token at a time) and chunks a thread; CPS: bwd CTAs an SM
+    walking tokens (grid = min(T, SMs * CPS), at launch only: the compiled code is the same), 0: one token a
+    CTA (grid T); MINB: bwd CTAs an SM asked of ptxas (0: no bound); UNR: bwd chunk loop, 0 unrolled at trace
+    time, else a loop unrolled UNR times; FMINB: the fwd's CTAs an SM asked of ptxas."""
 
     n: int
     C: int
