@@ -115,16 +115,15 @@ AB_CONFIGS = {"nt448c1": dict(NTB=448, KC=2, CPS=1, MINB=1), "nt256c2": dict(NTB
               "fsplit7cm": dict(FSPLIT=7, FCM=True), "fsplit2cmhv": dict(FSPLIT=2, FCM=True, FHV=True),
               # session 14: the dbias reduction a plain launch (PDL off; the default since: PDL on, 1-2.5 us
               # faster in both runs; vector h loads in the bwd (BHV, code at c4dc12b) tied)
-              "nopdl": dict(PDL=False),
-              # session 20: the dbias slots channel-plane major (Nsight: 48% of the bwd's shared wavefronts excess)
-              "sbt": dict(SBT=True)}
-# (session 20: BPF, the next token's h loaded while this one streams, tied / lost; code at df04f69)
+              "nopdl": dict(PDL=False)}
+# (session 20: BPF, the next token's h loaded while this one streams, tied / lost, code at df04f69; SBT, the dbias
+# slots channel-plane major (conflict-free shared adds), tied, code at 05d97d1)
 # what a config changes of the fwd kernel (the rest: bwd)
 FWD_FIELDS = ("FG", "FSTREAM", "NT", "KF", "FPF", "FTOK", "FLD", "FST", "FHV", "FMINB", "FSPLIT", "FCM")
 # knobs that hold at any shape: what the timing script may propose as a new default (and the test file
 # then runs at, through TK_TEST_PB_CUTE_CFG)
 GENERAL_FIELDS = ("FG", "FSTREAM", "BSTREAM", "UNR", "FPF", "FTOK", "FLD", "FST", "FHV", "FMINB", "FSPLIT", "FCM",
-                  "PDL", "SBT")
+                  "PDL")
 
 
 @pytest.fixture(autouse=True)

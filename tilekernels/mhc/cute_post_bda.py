@@ -132,8 +132,6 @@ class PostBdaCuteCfg:
     FCM: bool = False  # fwd: 1-D grid, a token's CTAs adjacent (chunk groups fastest); not with FG
     PDL: bool = True   # bwd: the dbias reduction a programmatic dependent launch (triggered at the bwd's start,
     #                    resident beside it, it waits for the bwd grid's end and partials: griddepcontrol.wait)
-    SBT: bool = False  # bwd: the CTA's dbias slots channel-plane major (slot (q, e) at e * CH + q: a warp's
-    #                    adds hit 32 banks; row-major, V fp32 a thread, they hit 32 / V banks: Nsight, session 20)
 
     def __post_init__(self):
         if self.C % self.V or self.NT % 32 or self.NTB % 32 or self.NTB > 1024 or self.NT > 1024:
@@ -457,13 +455,6 @@ def _fwd_host(cfg: cutlass.Constexpr, hr: cute.Pointer, res: cute.Pointer, hp: c
 
 # ------------------------------------------------------------------ backward
 
-def _slots(cfg, sb: cute.Tensor, q):
-    """[1, V] view of chunk q's dbias slots in the CTA's [C] fp32 shared array (SBT: channel-plane major)."""
-    if cutlass.const_expr(cfg.SBT):
-        return cute.make_tensor(sb.iterator + q, cute.make_layout((1, cfg.V), stride=(0, cfg.CH)))
-    return _rows(sb, 0, 1, cfg.V, q)
-
-
 @cute.jit
 def _bwd_chunk(cfg: cutlass.Constexpr, q, t, rows, mD, mR, mX, mB, mDR, mDX, sb, hr, hp, acc, d, r, xb, bb, dr, dx):
     """One chunk (V channels of token t, all n streams) of the backward: dresidual and dx
@@ -495,7 +486,7 @@ def _bwd_chunk(cfg: cutlass.Constexpr, q, t, rows, mD, mR, mX, mB, mDR, mDX, sb,
         _store(dr, _rows(mDR, rows, n, V, q), n, cfg.BSTREAM)
         _store(dx, _rows(mDX, Int64(t), 1, V, q), 1, cfg.BSTREAM)
         if cutlass.const_expr(cfg.has_bias):
-            w = _slots(cfg, sb, q)
+            w = _rows(sb, 0, 1, V, q)
             for e in cutlass.range_constexpr(V):
                 w[0, e] = w[0, e] + dx[0, e]
 
@@ -519,7 +510,7 @@ def _bwd_kernel(cfg: cutlass.Constexpr, mD: cute.Tensor, hr_ptr: cute.Pointer, m
         for k in cutlass.range_constexpr(KC):
             q0 = k * NT + tid
             if q0 < CH:
-                w0 = _slots(cfg, sb, q0)
+                w0 = _rows(sb, 0, 1, V, q0)
                 for e in cutlass.range_constexpr(V):
                     w0[0, e] = Float32(0.0)
 
@@ -543,13 +534,8 @@ def _bwd_kernel(cfg: cutlass.Constexpr, mD: cute.Tensor, hr_ptr: cute.Pointer, m
         for k in cutlass.range_constexpr(KC):
             q1 = k * NT + tid
             if q1 < CH:
-                src = _slots(cfg, sb, q1)
-                if cutlass.const_expr(cfg.SBT):  # gather the planes into registers, one vector store
-                    for e in cutlass.range_constexpr(V):
-                        dx[0, e] = src[0, e]
-                    cute.autovec_copy(dx[0, None], _rows(mPB, Int64(g), 1, V, q1)[0, None])
-                else:
-                    cute.autovec_copy(src[0, None], _rows(mPB, Int64(g), 1, V, q1)[0, None])
+                src = _rows(sb, 0, 1, V, q1)
+                cute.autovec_copy(src[0, None], _rows(mPB, Int64(g), 1, V, q1)[0, None])
 
 
 @cute.jit
