@@ -294,6 +294,17 @@ def tma_pipeline(smem, stages: int, tx_count: int, consumer_warps: int):
         tx_count=tx_count, barrier_storage=bars, cta_layout_vmnk=cute.make_layout((1, 1, 1, 1)))
 
 
+def release_read_stage(pipe, state, fence: bool = True) -> None:
+    """A consumer warp's release of a TMA ring stage it read (called from a ``@cute.kernel``, by every lane of the
+    warp): ``fence.proxy.async.shared::cta`` first, so its ld.shared of the stage are done before the producer's TMA
+    (an async-proxy write) refills it (the arrive alone does not order them: :func:`unfenced_releases`), then the
+    warp's lanes converge and its elected lane arrives. ``fence`` False: only the memory-pattern probes."""
+    if fence:  # a Python bool: decided at trace time
+        cute.arch.fence_proxy("async.shared", space="cta")
+    cute.arch.sync_warp()
+    pipe.consumer_release(state)
+
+
 @cute.jit
 def ring_producer(pipe: cutlass.Constexpr, stages: cutlass.Constexpr, items: cutlass.Int32, load: cutlass.Constexpr,
                   store: cutlass.Constexpr) -> None:
@@ -509,7 +520,8 @@ def unfenced_releases(ptx: str) -> list[int]:
 
     A text-order heuristic for the ring kernels here (one release site a consumer loop, released before its next
     wait): a release issued after the next stage's wait (releasing the previous stage) or a fence in another role's
-    code between the loads and the release in the text is not seen. Empty where every release is fenced."""
+    code between the loads and the release in the text is not seen. Empty where every release is fenced
+    (:func:`release_read_stage` fences)."""
     import re
 
     bad, loaded = [], False

@@ -569,10 +569,7 @@ def _ring_kernel(cfg: cutlass.Constexpr, tma: cute.CopyAtom, mS: cute.Tensor, mi
                         vals = _ld_state(sp, roff, VEC, False)
                         for e in cutlass.range_constexpr(VEC):
                             s[rr, e] = vals[e].to(Float32)
-                    if cutlass.const_expr(cfg.FENCE):  # the loads done before TMA refills the stage
-                        cute.arch.fence_proxy("async.shared", space="cta")
-                    cute.arch.sync_warp()
-                    pipe.consumer_release(cst)
+                    CU.release_read_stage(pipe, cst, cfg.FENCE)
                     buf = red.iterator + (cst.count % 2) * (KW * BV * 2)
                     cst.advance()
                     if cutlass.const_expr(cfg.SKELETON > 0):  # the memory pattern alone: the tile stored back
@@ -629,12 +626,18 @@ def ring_config(mixed, conv_state, conv_weight, ssm_state, state_indices, Hk: in
                                       state_indices is not None)
     except ValueError:
         return None
-    if cfg.ITEM_GRID and cfg.STAGES == 2 and mixed.shape[0] * Hk >= STAGES3_FROM:
-        try:
-            return dataclasses.replace(cfg, STAGES=3)
-        except ValueError:  # 3 stages do not fit beside the CTA's buffers
-            pass
-    return cfg
+    return _stages3(cfg) if cfg.ITEM_GRID and mixed.shape[0] * Hk >= STAGES3_FROM else cfg
+
+
+@functools.lru_cache(maxsize=256)
+def _stages3(cfg: DecodeRingCfg) -> DecodeRingCfg:
+    """cfg with 3 stages where they fit beside the CTA's buffers (cached: ring_config runs every decode step)."""
+    if cfg.STAGES != 2:
+        return cfg
+    try:
+        return dataclasses.replace(cfg, STAGES=3)
+    except ValueError:
+        return cfg
 
 
 def ring_fits(mixed, conv_state, conv_weight, A_log, dt_bias, ssm_state, state_indices, o, Hk: int, *_) -> bool:

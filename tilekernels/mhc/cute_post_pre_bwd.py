@@ -413,9 +413,7 @@ def _kernel(cfg: cutlass.Constexpr, tma_dout: cute.CopyAtom, mDout: cute.Tensor,
                     for j in cutlass.range_constexpr(n):
                         cute.autovec_copy(dres[j, None], tile_pair(n + j))
                     cute.autovec_copy(dxp, tile_pair(2 * n))
-            cute.arch.fence_proxy("async.shared", space="cta")
-            cute.arch.sync_warp()
-            pipe.consumer_release(rst)
+            CU.release_read_stage(pipe, rst)  # its stores read by TMA, its loads done before the refill
             rst.advance()
             if const_expr(cfg.HAS_BIAS):
                 # the warp's 16 tokens: lanes with the same lane % 4 hold the same channels

@@ -216,11 +216,7 @@ def _kernel(cfg: cutlass.Constexpr, tma_x: cute.CopyAtom, mX: cute.Tensor, tma_w
             # under the wgmmas: this row's sum of squares from the same stage
             tile_ss = _row_sumsq(sA[row, None, st.index], half, frag, atom16, BK // 64)
             warpgroup.wait_group(0)
-            # the sums' ld.shared done before TMA refills the stage (the release alone does not order them:
-            # _cute.unfenced_releases)
-            cute.arch.fence_proxy("async.shared", space="cta")
-            cute.arch.sync_warp()
-            pipe.consumer_release(st)
+            CU.release_read_stage(pipe, st)  # fenced: the sums' ld.shared done before TMA refills the stage
             st.advance()
             _kahan(acc, comp, part)
             y = tile_ss - ssc
