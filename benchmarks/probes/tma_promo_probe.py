@@ -171,10 +171,7 @@ def _ring_stream(cfg: cutlass.Constexpr, dptr, x: cute.Pointer, items: Int32, ti
                     vals = []
                     for q in cutlass.range_constexpr(cfg.vectors // NT):
                         vals.append(cute.arch.load(base + (tidx + q * NT) * 4, vt))
-                    if cutlass.const_expr(cfg.FENCE):
-                        cute.arch.fence_proxy("async.shared", space="cta")
-                    cute.arch.sync_warp()
-                    pipe.consumer_release(cst)
+                    CU.release_read_stage(pipe, cst, cfg.FENCE)
                     cst.advance()
                     held.append((rb, cb, vals))
                 if cutlass.const_expr(cfg.STORE):
