@@ -182,7 +182,7 @@ class ProjRmsCfg:
         """``pre``: the config of mhc_pre's dx pass (the same bwd kernel with the
         h_aggregate term; K is then C, the per-stream width)."""
         NPAD = max(16, next_pow2(N))
-        # fwd (H200, M=32768; h200-mhc-sweep-fwd-2bc1177.txt): n=8 (NPAD 128, K=32768) at
+        # fwd (H200, M=32768; h200-mhc-sweep-fwd-2bc1177.txt at 160b993, in git history): n=8 (NPAD 128, K=32768) at
         # TK 64: 1.080 ms, at 128: 1.501; n=4 (K=28672) with 128-row tiles: 0.441 ms, 64
         # rows: 0.452, 32 rows: 0.695. mhc_pre's fwd (same TK, its own kernel) is unchanged.
         TK = min(64 if NPAD >= 64 and not pre else 128, max(16, next_pow2(K)))
