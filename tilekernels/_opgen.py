@@ -25,7 +25,10 @@ positional in spec order):
        inputs, *params)
 
 Absent optional tensors are passed as None. Eager calls run the kernel directly
-(``_glue.run_pass``: no dispatcher cost); traced calls go through the custom op.
+(``_glue.run_pass``: no dispatcher cost); traced calls go through the custom op. A
+differentiable op's eager call that records no graph (grad mode off, or no input that
+requires grad: inference) runs its fwd pass without the autograd.Function, whose
+machinery would be most of the host cost of a small op's call.
 """
 from __future__ import annotations
 
@@ -33,6 +36,7 @@ from dataclasses import dataclass, field
 from typing import Callable, Optional
 
 import torch
+import torch.autograd.forward_ad as _fwad
 from torch import Tensor
 from torch.autograd.function import once_differentiable
 
@@ -202,48 +206,72 @@ class _Gen:
     def _autograd(self):
         gen = self
         n_in, n_out = len(self.ins), len(self.outs)
+        # Positions fixed at definition, so a call does index lookups only (no name maps per call).
+        every = self.ins + self.outs + [s.name for s in self.decl.scratch]
+        save_at = tuple(every.index(n) for n in self.decl.saves)            # in (*inputs, *outputs, *scratch)
+        diff_in_at = tuple(self.ins.index(n) for n in self.diff_in)
+        diff_out_at = tuple(self.outs.index(n) for n in self.diff_out)
+        nondiff_at = tuple(i for i, t in enumerate(self.spec.outputs) if not t.differentiable)
+        grad_slot = tuple(self.diff_in.index(n) if n in self.diff_in else None for n in self.ins)
+        no_grads = (None,) * (len(self.params) + 1)                        # the params' and backend's
+
+        def bwd(ctx, *grads):
+            ret = ctx.returned  # None: every output returned, grads in output order
+            gout = [(grads[i] if ret is None else grads[ret.index(i)]).contiguous() for i in diff_out_at]
+            dins = [None if m is None else empty(*m) for m in ctx.in_meta]
+            run_pass(gen.bwd_op, gen.name, "bwd", *gout, *ctx.saved_tensors, *dins, *ctx.params, backend=ctx.backend)
+            return (*[None if k is None else dins[k] for k in grad_slot], *no_grads)
+
+        bwd_once = once_differentiable(bwd)
 
         class Fn(torch.autograd.Function):
             @staticmethod
             def forward(ctx, *args):
-                tensors, params, backend = list(args[:n_in]), list(args[n_in:-1]), args[-1]
+                tensors, params, backend = args[:n_in], args[n_in:-1], args[-1]
                 made = gen.forward(tensors, params, backend)
-                named = dict(zip(gen.ins, tensors))
-                named.update(zip(gen.outs + [s.name for s in gen.decl.scratch], made))
-                ctx.save_for_backward(*[named[n] for n in gen.decl.saves])
+                both = (*tensors, *made)
+                ctx.save_for_backward(*[both[i] for i in save_at])
                 ctx.params, ctx.backend = params, backend
-                ctx.in_meta = [None if named[n] is None else (named[n].shape, named[n].dtype, named[n].device)
-                               for n in gen.diff_in]
-                ctx.out_names = [n for n, o in zip(gen.outs, made[:n_out]) if o is not None]
-                outs = [o for o in made[:n_out] if o is not None]
-                nondiff = [named[t.name] for t in gen.spec.outputs
-                           if not t.differentiable and named[t.name] is not None]
+                ins = [tensors[i] for i in diff_in_at]
+                ctx.in_meta = [None if t is None else (t.shape, t.dtype, t.device) for t in ins]
+                outs = made[:n_out]
+                present = [i for i, o in enumerate(outs) if o is not None]
+                ctx.returned = None if len(present) == n_out else present
+                nondiff = [outs[i] for i in nondiff_at if outs[i] is not None]
                 if nondiff:
                     ctx.mark_non_differentiable(*nondiff)
-                return outs[0] if len(outs) == 1 else tuple(outs)
+                return outs[present[0]] if len(present) == 1 else tuple(outs[i] for i in present)
 
             @staticmethod
-            @once_differentiable
             def backward(ctx, *grads):
-                by_name = dict(zip(ctx.out_names, grads))
-                gout = [by_name[n].contiguous() for n in gen.diff_out]
-                saved = list(ctx.saved_tensors)
-                dins = [None if m is None else empty(*m) for m in ctx.in_meta]
-                run_pass(gen.bwd_op, gen.name, "bwd", *gout, *saved, *dins, *ctx.params, backend=ctx.backend)
-                it = iter(dins)
-                grads_in = [next(it) if t.name in gen.diff_in else None for t in gen.spec.inputs]
-                return (*grads_in, *([None] * len(ctx.params)), None)
+                # once-differentiable: the engine runs a backward with grad mode off unless create_graph,
+                # where once_differentiable's wrapper makes a second backward raise; off, its no_grad
+                # block would change nothing, so it is skipped (~2 us a call)
+                return bwd_once(ctx, *grads) if torch.is_grad_enabled() else bwd(ctx, *grads)
 
         Fn.__name__ = Fn.__qualname__ = "".join(w.title() for w in self.name.split("_"))
         return Fn
 
-    def call(self, tensors: list, params: list, backend: str):
-        if self.fn is not None:
+    def call(self, tensors, params, backend: str):
+        if self.fn is not None and _needs_autograd(tensors):
             return self.fn.apply(*tensors, *params, backend)
-        with torch.no_grad():
+        if self.fn is None and torch.is_grad_enabled():  # a non-differentiable op records no graph, whatever its inputs
+            with torch.no_grad():
+                made = self.forward(tensors, params, backend)
+        else:  # no graph to record: autograd.Function.apply would only add its cost (~13 us a call, CPU host)
             made = self.forward(tensors, params, backend)
         outs = [o for o in made[:len(self.outs)] if o is not None]
         return outs[0] if len(outs) == 1 else tuple(outs)
+
+
+def _needs_autograd(tensors) -> bool:
+    """Whether a differentiable op's call goes through its autograd.Function: grad mode on and an input
+    that requires grad (autograd's own rule for a Function's outputs), or a tracer or transform that
+    must see the Function (torch.compile, functorch transforms, forward-mode AD, which raises there:
+    no jvp). Otherwise the call records nothing and runs the fwd pass directly, with the same outputs."""
+    if torch.compiler.is_compiling() or torch._C._are_functorch_transforms_active() or _fwad._current_level >= 0:
+        return True
+    return torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in tensors)
 
 
 def define(spec: OpSpec, decl: Decl = Decl(), doc: str = "") -> Callable:

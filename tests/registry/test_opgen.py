@@ -1,0 +1,117 @@
+"""The generated autograd wrapper (tilekernels/_opgen.py), on the CPU (torch backends), for every
+generated differentiable op of the families' CPU bench cases.
+
+A call that records no graph (grad mode off, inference mode, or no input that requires grad) runs
+the fwd pass without the op's autograd.Function (whose machinery is most of a small op's host
+cost) and returns what the Function returns: the same tensors, bit for bit (the torch reference
+is deterministic on the CPU), none with a grad_fn. A call that records a graph goes through the
+Function. Forward-mode AD and a second backward through the first one still refuse, as they did
+when every call went through the Function."""
+from __future__ import annotations
+
+import importlib
+
+import pytest
+import torch
+import torch.autograd.forward_ad as fwad
+
+import registry
+from specs import all_specs
+
+_FAMILIES = ("mhc", "moe", "gdn", "cp")
+_DIFF = {s.name for s in all_specs() if s.differentiable}
+
+
+def _cases():
+    out = []
+    for fam in _FAMILIES:
+        for c in importlib.import_module(f"tilekernels.{fam}.bench").cases("cpu"):
+            if c.op in _DIFF and c.grad_inputs and hasattr(registry.get(c.op).entry, "gen"):
+                out.append(pytest.param(c, id=f"{c.op}-{c.variant}" if c.variant else c.op))
+    return out
+
+
+CASES = _cases()
+
+
+def _results(r) -> list:
+    return [t for t in (r if isinstance(r, tuple) else (r,))]
+
+
+def _counted(monkeypatch, op) -> list:
+    """Calls of the op's autograd.Function forward, counted."""
+    fn, calls = op.entry.gen.fn, []
+    real = fn.forward
+
+    def forward(ctx, *args):
+        calls.append(1)
+        return real(ctx, *args)
+
+    monkeypatch.setattr(fn, "forward", staticmethod(forward))
+    return calls
+
+
+def _inputs(case, requires_grad: bool):
+    torch.manual_seed(0)  # the same values for every call of one test
+    args, params = case.make(case.dims, torch.device("cpu"))
+    names = [t.name for t in registry.get(case.op).spec.inputs]
+    args = [a.detach().clone() if isinstance(a, torch.Tensor) else a for a in args]
+    if requires_grad:
+        for n, a in zip(names, args):
+            if n in case.grad_inputs and a is not None:
+                a.requires_grad_()
+    return args, params
+
+
+def test_cases_cover_the_generated_differentiable_ops():
+    """Every generated differentiable op is here (so no op's wrapper goes untested by this file)."""
+    assert {p.values[0].op for p in CASES} == {n for n in _DIFF if hasattr(registry.get(n).entry, "gen")}
+    assert {"mhc_sinkhorn", "mhc_pre", "gdn_pre_gated", "grouped_mlp_mxfp8"} <= {p.values[0].op for p in CASES}
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_calls_without_a_graph_skip_the_function_with_the_same_results(case, monkeypatch):
+    op = registry.get(case.op)
+    calls = _counted(monkeypatch, op)
+    args, params = _inputs(case, requires_grad=True)
+    graph = _results(op(*args, **params))
+    assert calls == [1], "a call that records a graph goes through the Function"
+    assert any(t.grad_fn is not None for t in graph)
+    want = [t.detach() for t in graph]
+    plain, _ = _inputs(case, requires_grad=False)
+    for how in ("grad mode, no input requires grad", "no_grad", "inference_mode"):
+        ctx = {"no_grad": torch.no_grad(), "inference_mode": torch.inference_mode()}.get(how)
+        a = plain if how != "no_grad" else args  # under no_grad: even inputs that require grad
+        if ctx is None:
+            got = _results(op(*a, **params))
+        else:
+            with ctx:
+                got = _results(op(*a, **params))
+        assert calls == [1], f"{how}: the Function ran"
+        assert len(got) == len(want), how
+        for g, w in zip(got, want):
+            assert g.grad_fn is None and not g.requires_grad, how
+            assert g.dtype == w.dtype and g.shape == w.shape and torch.equal(g, w), how
+
+
+@pytest.mark.parametrize("case", [c for c in CASES if c.values[0].op in ("mhc_sinkhorn", "gdn_pre_gated")])
+def test_forward_ad_and_double_backward_still_refused(case):
+    """No jvp: a dual input raises, as through the Function before; with create_graph and grad
+    outputs that require grad, the first backward's results carry a node that raises when a
+    second backward reaches it (once-differentiable)."""
+    op = registry.get(case.op)
+    args, params = _inputs(case, requires_grad=False)
+    with fwad.dual_level():
+        dual = [fwad.make_dual(a, torch.randn_like(a)) if isinstance(a, torch.Tensor) and a.is_floating_point()
+                else a for a in args]
+        with pytest.raises(NotImplementedError, match="jvp"):
+            op(*dual, **params)
+    args, params = _inputs(case, requires_grad=True)
+    outs = [t for t in _results(op(*args, **params)) if t.requires_grad]
+    leaves = [a for a in args if isinstance(a, torch.Tensor) and a.requires_grad]
+    v = [torch.randn_like(t).requires_grad_() for t in outs]
+    g = torch.autograd.grad(outs, leaves, v, create_graph=True, allow_unused=True)
+    g0 = next(t for t in g if t is not None)
+    assert g0.requires_grad  # a grad_fn that refuses (once_differentiable's), not a plain tensor
+    with pytest.raises(RuntimeError, match="differentiate twice"):
+        g0.sum().backward()
