@@ -246,7 +246,7 @@ class _Gen:
             def backward(ctx, *grads):
                 # once-differentiable: the engine runs a backward with grad mode off unless create_graph,
                 # where once_differentiable's wrapper makes a second backward raise; off, its no_grad
-                # block would change nothing, so it is skipped (~2 us a call)
+                # block would change nothing, so it is skipped (host cost: benchmarks/results/registry.md)
                 return bwd_once(ctx, *grads) if torch.is_grad_enabled() else bwd(ctx, *grads)
 
         Fn.__name__ = Fn.__qualname__ = "".join(w.title() for w in self.name.split("_"))
@@ -258,7 +258,7 @@ class _Gen:
         if self.fn is None and torch.is_grad_enabled():  # a non-differentiable op records no graph, whatever its inputs
             with torch.no_grad():
                 made = self.forward(tensors, params, backend)
-        else:  # no graph to record: autograd.Function.apply would only add its cost (~13 us a call, CPU host)
+        else:  # no graph to record: autograd.Function.apply would only add its host cost (registry.md)
             made = self.forward(tensors, params, backend)
         outs = [o for o in made[:len(self.outs)] if o is not None]
         return outs[0] if len(outs) == 1 else tuple(outs)

@@ -35,7 +35,7 @@ CASES = _cases()
 
 
 def _results(r) -> list:
-    return [t for t in (r if isinstance(r, tuple) else (r,))]
+    return list(r) if isinstance(r, tuple) else [r]
 
 
 def _counted(monkeypatch, op) -> list:
