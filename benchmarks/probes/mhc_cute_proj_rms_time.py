@@ -35,7 +35,50 @@ from _gpu import bench, log_error, probe_record  # noqa: E402
 
 M, N, K = 32768, 24, 28672
 BF, F32 = torch.bfloat16, torch.float32
-AB = {"st4": dict(STAGES=4), "gm5": dict(GM=5), "gm8": dict(GM=8), "gm12": dict(GM=12), "gm14": dict(GM=14)}
+AB = {"st4": dict(STAGES=4), "gm5": dict(GM=5), "gm8": dict(GM=8), "gm12": dict(GM=12), "gm14": dict(GM=14),
+      "dxst": dict(DXST=True)}
+
+
+def _registry_ab_rows(res, row, a, x, w, dproj, dr):
+    """The registry's cute fwd+bwd (issue 15's harness) at the heuristic's bwd config and with each A/B config of
+    ``a.registry_ab`` put into it (the heuristic patched), in ``a.rounds`` rounds of alternating order; every
+    variant's dx and dweight compared bitwise with the default's first."""
+    import registry
+    from tilekernels.mhc import cute_proj_rms as cpr
+
+    op = registry.get("mhc_proj_rms")
+    xl, wl = x.clone().requires_grad_(), w.clone().requires_grad_()
+    orig = cpr.ProjRmsBwdCuteCfg.heuristic
+    nbytes = 3 * 2 * M * K + 4 * M * (2 * N + 3) + 2 * N * K
+
+    def step():
+        p_, r_ = op(xl, wl, backend="cute")
+        return torch.autograd.grad((p_, r_), (xl, wl), (dproj, dr))
+
+    def use(kw):
+        cpr.ProjRmsBwdCuteCfg.heuristic = classmethod(lambda cls, *args: dataclasses.replace(orig(*args), **kw))
+
+    names = ["default"] + [s_ for s_ in a.registry_ab.split(",") if s_]
+    try:
+        want = [t.clone() for t in step()]
+        ok = {}
+        for name in names[1:]:
+            use(AB[name])
+            ok[name] = all(torch.equal(u, v) for u, v in zip(step(), want))
+            res["checks"][f"registry {name} bitwise"] = ok[name]
+        times = {n: [] for n in names}
+        for rnd in range(a.rounds):
+            for name in names if rnd % 2 == 0 else names[::-1]:
+                use(AB.get(name, {}))
+                times[name].append(bench(step, a.rep))
+        for name in names:
+            ms = sorted(times[name])[len(times[name]) // 2]
+            tag = "" if name == "default" else f" ({name}{'' if ok[name] else ', DIFFERS'})"
+            row(f"registry cute fwd+bwd{tag} median of {a.rounds}", ms, nbytes, rounds=[round(t, 4) for t in times[name]])
+    except Exception:
+        log_error(res["errors"], "registry A/B")
+    finally:
+        cpr.ProjRmsBwdCuteCfg.heuristic = orig
 
 
 def _registry_rows(res, row, a, x, w, dproj, dr, rel_err):
@@ -80,6 +123,8 @@ def main():
     ap.add_argument("--ab", default="st4,gm14")
     ap.add_argument("--fwd-ab", default="bk64,ctas1,bk64ctas1,evict")
     ap.add_argument("--registry", default="", help="backends timed through the registry, e.g. cutile,cute")
+    ap.add_argument("--registry-ab", default="", help="A/B configs (AB names) timed through the registry's cute backend")
+    ap.add_argument("--rounds", type=int, default=5, help="--registry-ab: rounds, alternating order")
     a = ap.parse_args()
     from tilekernels.mhc import cute_proj_rms as cpr
     from tilekernels.mhc import reference as ref
@@ -105,6 +150,8 @@ def main():
 
     if a.registry:
         _registry_rows(res, row, a, x, w, dproj, dr, rel_err)
+    if a.registry_ab:
+        _registry_ab_rows(res, row, a, x, w, dproj, dr)
     # correctness at the headline shape (float64 reference in column chunks)
     cpr.bwd_into(dproj, dr, x, w, r, dx, dw, 1e-6)
     torch.cuda.synchronize()
