@@ -74,7 +74,6 @@ _NAME = "mhc.cute_proj_rms"
 THREADS = 384
 PRODUCER_REGS, CONSUMER_REGS = 40, 232
 HALF = 128  # channels a consumer warpgroup owns
-_DX_FULL, _DX_EMPTY = 4, 5  # named barriers of the DXST variant (1, 2: each consumer warpgroup's; 3: the end)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -93,10 +92,6 @@ class ProjRmsBwdCuteCfg:
     STAGES: int = 3
     GM: int = 7
     DW_ONLY: bool = False   # dweight's partials only (no dx: no r, dr loads, no dx products or stores)
-    # dx staged: the consumers write dx into a separate [BM tokens, BK channels] row-major buffer (512-byte rows,
-    # no swizzle) and release the x stage at once; warp 1 stores the buffer with one TMA box a tile (each token's
-    # 512 bytes in one piece, against four 128-byte pieces from the swizzled stage). Variant (A/B).
-    DXST: bool = False
 
     def __post_init__(self):
         if not (1 <= self.N <= self.NP and self.NP in (16, 32) and self.BM == 64 and self.BK == 2 * HALF
@@ -118,8 +113,7 @@ class ProjRmsBwdCuteCfg:
         w = 2 * HALF * 64 * 2
         hl = 2 * self.BM * 64 * 2
         rows = self.STAGES * self.BM * (self.N + 2) * 4   # dproj, r, dr per stage (r, dr unused by DW_ONLY)
-        dxs = self.BK * self.BM * 2 if self.DXST and not self.DW_ONLY else 0
-        return x + w + hl + rows + dxs + 2 * self.BM * 4 * self.STAGES + 2 * self.STAGES * 8 + 1024
+        return x + w + hl + rows + 2 * self.BM * 4 * self.STAGES + 2 * self.STAGES * 8 + 1024
 
     @classmethod
     @functools.lru_cache(maxsize=256)
@@ -208,13 +202,7 @@ def _bwd_kernel(cfg: cutlass.Constexpr, tma_x: cute.CopyAtom, mX: cute.Tensor, t
     tPs, tPg = CU.tma_tiles(tma_p, sP, mP, (PB, 1), (None, 0))
     tRs, tRg = CU.tma_tiles(tma_r, sR, mR, (BM, 1), (None, 0))
     _, tDRg = CU.tma_tiles(tma_dr, sR, mDR, (BM, 1), (None, 0))   # (each TMA atom holds its own tensor's descriptor)
-    DXST = cfg.DXST and not DWO
-    if const_expr(DXST):   # the dx staging buffer [BK channels, BM tokens], channel fastest (row-major dx rows)
-        sD = smem.allocate_tensor(BFloat16, cute.make_layout((2 * HALF, BM, 1), stride=(1, 2 * HALF, 0)),
-                                  byte_alignment=1024)
-        tDs, tDg = CU.tma_tiles(tma_dx, sD, mDX, (2 * HALF, BM))
-    else:
-        tDs, tDg = CU.tma_tiles(tma_dx, sX, mDX, (HALF, BM))
+    tDs, tDg = CU.tma_tiles(tma_dx, sX, mDX, (HALF, BM))
     half1 = cs * (2 * HALF) + HALF < K   # the second half has channels below K
     if wg == 0:
         cute.arch.setmaxregister_decrease(PRODUCER_REGS)
@@ -229,7 +217,7 @@ def _bwd_kernel(cfg: cutlass.Constexpr, tma_x: cute.CopyAtom, mX: cute.Tensor, t
             lane0 = cute.arch.lane_idx() == 0
             for m in cutlass.range(g0, ntm, GMe, unroll=1):
                 pipe.producer_acquire(pst)
-                if const_expr(not DWO and not DXST):
+                if const_expr(not DWO):
                     if m - g0 >= S * GMe:   # the stage holds tile m - S*GMe's dx: store it first
                         if lane0:
                             _store_dx(tma_dx, tDs, tDg, sst.index, S, cs, m - S * GMe, half1)
@@ -247,26 +235,13 @@ def _bwd_kernel(cfg: cutlass.Constexpr, tma_x: cute.CopyAtom, mX: cute.Tensor, t
             ntc = (ntm - g0 + GMe - 1) // GMe   # this CTA's tiles: the last min(S, ntc) are still to store
             # (DW_ONLY stores nothing; each consumer warpgroup's dweight sums reuse only its own x buffers,
             # which every load it consumed has landed in)
-            if const_expr(not DWO and not DXST):
+            if const_expr(not DWO):
                 for q in cutlass.range(cutlass.max(ntc - S, 0), ntc, unroll=1):
                     pipe.sync_object_empty.wait(sst.index, sst.phase)
                     if lane0:
                         _store_dx(tma_dx, tDs, tDg, sst.index, S, cs, g0 + q * GMe, half1)
                     sst.advance()
             cute.arch.barrier(barrier_id=3, number_of_threads=32 + 256)  # stores have read: x buffers free
-        if const_expr(DXST):
-            if warp == 1:   # the dx store warp: staging full (barrier 4) -> one TMA store -> staging empty (5)
-                ntc = (ntm - g0 + GMe - 1) // GMe
-                lane0 = cute.arch.lane_idx() == 0
-                for q in cutlass.range(ntc, unroll=1):
-                    cute.arch.barrier(barrier_id=_DX_FULL, number_of_threads=32 + 256)
-                    if lane0:
-                        cute.copy(tma_dx, tDs[None, 0], tDg[None, cs, g0 + q * GMe])
-                        cute.arch.cp_async_bulk_commit_group()
-                        cute.arch.cp_async_bulk_wait_group(0, read=True)
-                    cute.arch.sync_warp()
-                    if q < ntc - 1:   # (no arrival after the last tile: the consumers wait for none)
-                        cute.arch.barrier_arrive(barrier_id=_DX_EMPTY, number_of_threads=32 + 256)
     else:
         cute.arch.setmaxregister_increase(CONSUMER_REGS)
         wc = wg - 1
@@ -365,23 +340,14 @@ def _bwd_kernel(cfg: cutlass.Constexpr, tma_x: cute.CopyAtom, mX: cute.Tensor, t
             if const_expr(not DWO):
                 sXp = cute.logical_divide(sX[None, None, buf], (cute.make_layout(2), None))
                 cf = (sCoef[t0, wc, st], sCoef[t0 + 8, wc, st])
-                if const_expr(DXST):
-                    sDp = cute.logical_divide(sD[None, None, 0], (cute.make_layout(2), None))
-                    if m != g0:   # the store warp has read the previous tile's dx out of the staging buffer
-                        cute.arch.barrier(barrier_id=_DX_EMPTY, number_of_threads=32 + 256)
                 for q in cutlass.range_constexpr(cute.size(acc_dx) // 2):
                     t_, c_ = cDX[2 * q]
                     pr = sXp[(None, c_ // 2), t_]
                     cute.autovec_copy(pr, xpair)
                     for e in cutlass.range_constexpr(2):
                         xpair[e] = BFloat16(acc_dx[2 * q + e] + cf[q % 2] * xpair[e].to(Float32))
-                    if const_expr(DXST):
-                        cute.autovec_copy(xpair, sDp[(None, (wc * HALF + c_) // 2), t_])
-                    else:
-                        cute.autovec_copy(xpair, pr)
+                    cute.autovec_copy(xpair, pr)
                 cute.arch.fence_proxy("async.shared", space="cta")
-                if const_expr(DXST):
-                    cute.arch.barrier_arrive(barrier_id=_DX_FULL, number_of_threads=32 + 256)
             # the producer warp stores the stage's dx once all 8 consumer warps have released it
             cute.arch.sync_warp()
             pipe.consumer_release(rst)
@@ -439,11 +405,7 @@ def _bwd_host(cfg: cutlass.Constexpr, x: cute.Pointer, w: cute.Pointer, dproj: c
     one = cute.slice_(sX_l, (None, None, 0))
     g2s = cpasync.CopyBulkTensorTileG2SOp()
     tma_x, tX = cpasync.make_tiled_tma_atom(g2s, mX, one, (HALF, BM))
-    if const_expr(cfg.DXST and not cfg.DW_ONLY):   # one box a tile: [BK channels, BM tokens], rows of 512 bytes, no swizzle
-        tma_dx, tDX = cpasync.make_tiled_tma_atom(cpasync.CopyBulkTensorTileS2GOp(), mDX,
-                                                  cute.make_layout((2 * HALF, BM), stride=(1, 2 * HALF)), (2 * HALF, BM))
-    else:
-        tma_dx, tDX = cpasync.make_tiled_tma_atom(cpasync.CopyBulkTensorTileS2GOp(), mDX, one, (HALF, BM))
+    tma_dx, tDX = cpasync.make_tiled_tma_atom(cpasync.CopyBulkTensorTileS2GOp(), mDX, one, (HALF, BM))
     tma_p, tP = cpasync.make_tiled_tma_atom(g2s, mP, cute.make_layout((cfg.PBOX, 1)), (cfg.PBOX, 1))
     tma_r, tR = cpasync.make_tiled_tma_atom(g2s, mR, cute.make_layout((BM, 1)), (BM, 1))
     tma_dr, tDR = cpasync.make_tiled_tma_atom(g2s, mDR, cute.make_layout((BM, 1)), (BM, 1))
