@@ -16,12 +16,17 @@ wrote the same bytes.
 """
 from __future__ import annotations
 
+import os
 import statistics
+import sys
 import time
 
 import torch
 
 import cuda.tile as ct
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # benchmarks/ (for _host)
+from _host import per_call_us  # noqa: E402
 
 N = 256
 
@@ -93,16 +98,9 @@ class CAI:
                                          "typestr": _TYPESTR[t.dtype], "version": 3, "stream": None}
 
 
-def per_call_us(fn, calls=2000, rounds=7):
-    out = []
-    for _ in range(rounds):
-        torch.cuda.synchronize()
-        t0 = time.perf_counter()
-        for _ in range(calls):
-            fn()
-        torch.cuda.synchronize()
-        out.append((time.perf_counter() - t0) / calls * 1e6)
-    return statistics.median(out)
+def median_us(fn, rounds=7):
+    """Median over ``rounds`` of ``_host.per_call_us`` (host us a call, queued back to back, one sync)."""
+    return statistics.median(per_call_us(fn) for _ in range(rounds))
 
 
 def sinkhorn_launches(s, ways):
@@ -120,7 +118,7 @@ def sinkhorn_launches(s, ways):
         try:
             out.fill_(float("nan"))
             dl.fill_(float("nan"))
-            uf, ub = per_call_us(lambda: go(fl)), per_call_us(lambda: go(bl))
+            uf, ub = median_us(lambda: go(fl)), median_us(lambda: go(bl))
             torch.cuda.synchronize()
             got = (out.clone(), dl.clone())
             ref = ref or got
@@ -155,8 +153,8 @@ def main():
         try:
             b.fill_(float("nan"))
             d.fill_(float("nan"))
-            u2 = per_call_us(lambda: ct.launch(s, (N, 1, 1), copy2, (*wrap(a, b), 64)))
-            u4 = per_call_us(lambda: ct.launch(s, (N, 1, 1), copy4, (*wrap(a, b, c, d), 64)))
+            u2 = median_us(lambda: ct.launch(s, (N, 1, 1), copy2, (*wrap(a, b), 64)))
+            u4 = median_us(lambda: ct.launch(s, (N, 1, 1), copy4, (*wrap(a, b, c, d), 64)))
             torch.cuda.synchronize()
             same = torch.equal(a, b) and torch.equal(c, d)
             print(f"{name:34s} {u2:13.2f} {u4:13.2f}  {same}")
