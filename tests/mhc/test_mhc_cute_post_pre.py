@@ -12,6 +12,7 @@ the same results as the cuTile backend's default design and as the two ops calle
 """
 from __future__ import annotations
 
+import dataclasses
 import re
 
 import pytest
@@ -53,6 +54,20 @@ def test_pass_compiles_for_sm90a(n, C, bias, CW):
     assert f"cp.async.bulk.tensor.{d}.shared::cta.global" in art.ptx    # dout / residual
     assert f"cp.async.bulk.tensor.{d}.global.shared::cta" in art.ptx    # dresidual stores
     assert "cp.async.bulk.tensor.2d.global.shared::cta" in art.ptx      # dx stores
+
+
+@pytest.mark.parametrize("split", [1, 3])
+def test_split_configs_compile_for_sm90a(split):
+    """Both passes with SPLIT CTAs a row tile other than the heuristic's 4 (1: one CTA over all of C; 3 does not
+    divide C=7168's 112 chunks): no spills, every stage release fenced."""
+    from tilekernels.mhc import cute_post_pre_fwd as F
+
+    b = dataclasses.replace(K.PostPreBwdCuteCfg.heuristic(4, 7168, 24, True), SPLIT=split)
+    f = dataclasses.replace(F.PostPreFwdCuteCfg.heuristic(4, 7168, 24, 32, True), SPLIT=split)
+    for art in (K.launch(b).export("sm_90a"), F.launch(f).export("sm_90a")):
+        res = [v for k, v in cubin_resources(art.cubin).items() if "kernel" in k]
+        assert len(res) == 1 and res[0]["frame"] == 0, res
+        assert not unfenced_releases(art.ptx)
 
 
 FWD_COMPILE = [(4, 7168, True), (4, 7168, False), (3, 200, True), (1, 64, False), (2, 104, True)]
@@ -101,8 +116,18 @@ def test_config_limits():
     with pytest.raises(ValueError, match="C % 8"):
         K.PostPreBwdCuteCfg(n=4, C=100, N=24)
     cfg = K.PostPreBwdCuteCfg.heuristic(4, 7168, 24, True)
-    assert (cfg.NP, cfg.STAGES, cfg.NW) == (32, 2, 128) and cfg.smem_bytes <= K.SMEM_LIMIT
+    assert (cfg.NP, cfg.STAGES, cfg.NW, cfg.SPLIT) == (32, 2, 128, 4) and cfg.smem_bytes <= K.SMEM_LIMIT
     assert K.PostPreBwdCuteCfg.heuristic(1, 64, 3, False).STAGES == 4
+    # SPLIT CTAs a row tile, at most one a chunk (C=104: 2 chunks of 64; C=64: 1)
+    assert [K.PostPreBwdCuteCfg.heuristic(2, c, 8, True).SPLIT for c in (64, 104, 200)] == [1, 2, 4]
+    with pytest.raises(ValueError, match="SPLIT <= chunks"):
+        K.PostPreBwdCuteCfg(n=2, C=104, N=8, SPLIT=3)
+    from tilekernels.mhc import cute_post_pre_fwd as F
+
+    assert F.PostPreFwdCuteCfg.heuristic(4, 7168, 24, 32, True).SPLIT == 8
+    assert F.PostPreFwdCuteCfg.heuristic(2, 104, 8, 16, True).SPLIT == 2
+    with pytest.raises(ValueError, match="SPLIT <= chunks"):
+        F.PostPreFwdCuteCfg(n=2, C=104, N=8, NPAD=16, SPLIT=3)
 
 
 @pytest.mark.parametrize("n,C,CW", [(4, 96, 32), (3, 200, 32), (1, 64, 32), (4, 104, 16)])
@@ -161,6 +186,30 @@ def test_cute_chunks_of_32_channels(c, monkeypatch):
     """CW = 16 (the sweep's 32-channel chunks, measured slower): the same checks."""
     orig = K.PostPreBwdCuteCfg.heuristic
     monkeypatch.setattr(K.PostPreBwdCuteCfg, "heuristic", lambda n, C, N, hb, CW=32: orig(n, C, N, hb, 16))
+    run_cutile(c, backend="cute")
+
+
+@on_gpu
+@pytest.mark.parametrize("split", [1, 3])
+@pytest.mark.parametrize("c", [dict(T=130, n=4, C=520, h=F32, bias=True), dict(T=65, n=3, C=200, h=BF16, bias=False)],
+                         ids=case_id)
+def test_cute_split_configs_match_float64(c, split, monkeypatch):
+    """Both passes with SPLIT CTAs a row tile other than the heuristic's 4 (1: one CTA over all of C; 3: siblings
+    with unequal chunk counts, C=520's 9 chunks and C=200's 4): the same float64 checks."""
+    from tilekernels.mhc import cute_post_pre_fwd as F
+
+    kb, fb = K.PostPreBwdCuteCfg.heuristic, F.PostPreFwdCuteCfg.heuristic
+
+    def bwd(n, C, N, hb, CW=32):
+        cfg = kb(n, C, N, hb, CW)
+        return dataclasses.replace(cfg, SPLIT=min(split, cfg.nch))
+
+    def fwd(*a):
+        cfg = fb(*a)
+        return dataclasses.replace(cfg, SPLIT=min(split, cfg.nch))
+
+    monkeypatch.setattr(K.PostPreBwdCuteCfg, "heuristic", bwd)
+    monkeypatch.setattr(F.PostPreFwdCuteCfg, "heuristic", fwd)
     run_cutile(c, backend="cute")
 
 

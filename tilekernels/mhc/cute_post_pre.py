@@ -5,13 +5,14 @@ epilogue and aggregate; mhc_pre's cuTile backward head, then the CuTe DSL one-pa
 fwd (FUSE_FWD, default on): cute_post_pre_fwd's pass writes out and mhc_pre's projection partials in one read of
   the streams, then cuTile's mhc_pp_mix epilogue and the aggregate (3s + 2x bytes instead of 4s + 2x). Off: the
   composition, h_post_bda's CuTe DSL forward (cute_post_bda), then mhc_pre's cuTile forward on its out. H200,
-  T=32768, n=4, C=7168 (session 17, benchmarks/results/nvidia-h200-mhc-cutile.md): fwd 1.78 ms against 1.98-2.07.
+  T=32768, n=4, C=7168 (benchmarks/results/nvidia-h200-mhc-cutile.md): fwd 1.69-1.74 ms (session 22, the passes split
+  over SPLIT CTAs a row tile) against the composition's 1.98-2.07.
 bwd, in order (every scratch written before it is read; reductions in a fixed order, deterministic):
   mhc_pre's head (cutile_pre.bwd_launches without its dx pass): the dh_pre pass over out and dlayer_in,
       the bwd mix (dproj, dr, h_pre^T), the hbias reduction;
   h_res / h_post staged to fp32 when bf16 (cutile_post_bda._h32);
-  cute_post_pre_bwd's pass: dresidual, dx, dh_res and dh_post (the two warpgroups' sums added in the kernel),
-      dbias partials per warp;
+  cute_post_pre_bwd's pass: dresidual, dx, dh_res and dh_post (the two warpgroups' sums added in the kernel; with
+      SPLIT CTAs a row tile one plane each, summed after it), dbias partials per warp;
   the dbias partials' reduction; mhc_pre's dweight from the saved out (cute_proj_rms.dweight_into:
       its backward kernel without dx, then its fixed-order reduction).
 Ideal traffic (T=32768, n=4, C=7168, bf16; s = one [T, n, C] stream = 1.879 GB, x = [T, C] = 0.470):
@@ -60,8 +61,11 @@ def bwd_launches(dout, dlayer_in, dh_post_next, dh_res_next, h_res, residual, h_
     dev, f32 = residual.device, torch.float32
     ntm = cdiv(T, K.BM)
     p_bias = torch.empty((4 * ntm, C) if has_bias else (1, 1), dtype=f32, device=dev)
-    # the pass stores dh itself, fp32 contiguous (else into a scratch copied into dh after it)
-    p_dhr, p_dhp = (t if t.dtype == f32 and t.is_contiguous() else torch.empty(t.shape, dtype=f32, device=dev)
+    # the pass stores dh itself, fp32 contiguous (else into a scratch copied into dh after it); with SPLIT CTAs a
+    # row tile, one plane each, summed in plane order after it
+    sp = kcfg.SPLIT
+    p_dhr, p_dhp = (t if sp == 1 and t.dtype == f32 and t.is_contiguous()
+                    else torch.empty((sp, *t.shape) if sp > 1 else t.shape, dtype=f32, device=dev)
                     for t in (dh_res, dh_post))
     dres = dresidual if dresidual.data_ptr() % 16 == 0 else torch.empty_like(dresidual)
     dxx = dx if dx.data_ptr() % 16 == 0 else torch.empty_like(dx)
@@ -76,13 +80,24 @@ def bwd_launches(dout, dlayer_in, dh_post_next, dh_res_next, h_res, residual, h_
             steps.append(functools.partial(dresidual.copy_, dres))
         if dxx is not dx:
             steps.append(functools.partial(dx.copy_, dxx))
-        steps += [functools.partial(o.copy_, p) for o, p in ((dh_res, p_dhr), (dh_post, p_dhp)) if p is not o]
+        steps += [functools.partial(_planes_into, p, o) for o, p in ((dh_res, p_dhr), (dh_post, p_dhp)) if p is not o]
         if has_bias:
             steps.append(ppb.dbias_launch(p_bias, dbias, cfg))
     else:
         steps += [dh_res.zero_, dh_post.zero_] + ([dbias.zero_] if has_bias else [])
     steps.append(functools.partial(cpr.dweight_into, dproj, out.view(T, n * C), dweight))
     return steps
+
+
+def _planes_into(p: torch.Tensor, out: torch.Tensor) -> None:
+    """out = p when p is out's shape, else the sum of p's planes (dim 0; torch's reduction: no atomics, the same
+    order every run)."""
+    if p.dim() == out.dim():
+        out.copy_(p)
+    elif out.dtype == p.dtype and out.is_contiguous():
+        torch.sum(p, 0, out=out)
+    else:
+        out.copy_(p.sum(0))
 
 
 # The fused forward (cute_post_pre_fwd: out and mhc_pre's projection in one read of the streams, then cuTile's
@@ -101,8 +116,8 @@ def fused_fwd_launches(h_res, residual, h_post, x, weight, hbias, bias, out, lay
     dev, f32 = residual.device, torch.float32
     stage, h_res, h_post = pb._h32(h_res, h_post, cfg.pb, force=True)
     fcfg = F.PostPreFwdCuteCfg.heuristic(n, C, N, p.pr.NPAD, bias is not None)
-    p_proj = torch.empty((1, T, p.pr.NPAD), dtype=f32, device=dev)
-    p_ss = torch.empty((1, T), dtype=f32, device=dev)
+    p_proj = torch.empty((fcfg.SPLIT, T, p.pr.NPAD), dtype=f32, device=dev)   # one plane a split
+    p_ss = torch.empty((fcfg.SPLIT, T), dtype=f32, device=dev)
     h_pre = torch.empty((T, n), dtype=f32, device=dev)
     dst = out if out.data_ptr() % 16 == 0 else torch.empty_like(out)
     xs = aligned16(x)
@@ -114,7 +129,7 @@ def fused_fwd_launches(h_res, residual, h_post, x, weight, hbias, bias, out, lay
     scal = (float(rms_eps), float(alpha_pre), float(alpha_post), float(alpha_res), float(sinkhorn_eps))
     steps.append(Launch(pp.mhc_pp_mix, (cdiv(T, cfg.TE),),
                         (p_proj, p_ss, hbias, proj, r, h_pre, h_post_next, h_res_next, float(n * C), *scal, n, p.NP,
-                         p.pr.NPAD, cfg.TE, 1, p.ITERS, p.APPROX, False), cfg))
+                         p.pr.NPAD, cfg.TE, fcfg.SPLIT, p.ITERS, p.APPROX, False), cfg))
     return steps + [agg.fwd_launch(out, h_pre, layer_in, p.agg)]
 
 

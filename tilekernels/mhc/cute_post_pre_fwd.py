@@ -1,21 +1,23 @@
 """CuTe DSL fused forward pass of mhc_post_pre (Hopper sm_90a): h_post_bda's out and mhc_pre's projection in one
 read of the streams: mhc_post_pre's cute forward (``cute_post_pre.FUSE_FWD``, default since session 17). H200,
-T=32768, n=4, C=7168, bf16: this pass 1238 us (out and the partials: 4.23 GB of streams, 80% of the 4.27 TB/s
-copy) where the composition's h_post_bda forward and mhc_pre projection took 978 + 460 us.
+T=32768, n=4, C=7168, bf16: this pass 1115 us (out and the partials: 4.23 GB of streams, 89% of the 4.27 TB/s
+copy) where the composition's h_post_bda forward and mhc_pre projection take 978 + 460 us.
 
 Per token t, stream i, channel c (fp32, rounded once):
 
     out[t,i,c]  = sum_j h_res[t,i,j] residual[t,j,c] + h_post[t,i] (x[t,c] + bias[c])    (bf16, stored)
-    p_proj[t,:] = sum over (i, c) of out[t,i,c] weight[:, i*C + c]     (fp32, the rounded out, Kahan per chunk)
-    p_ss[t]     = sum over (i, c) of out[t,i,c]^2                      (fp32, the rounded out, Kahan per chunk)
+    p_proj[r,t,:] = sum over (i, c of split r) of out[t,i,c] weight[:, i*C + c]   (fp32, the rounded out, Kahan
+    p_ss[r,t]     = sum over (i, c of split r) of out[t,i,c]^2                    per chunk)
 
-which cutile_post_pre.mhc_pp_mix (its C-split design's epilogue, with one split) turns into mhc_pre's proj, r,
+which cutile_post_pre.mhc_pp_mix (its C-split design's epilogue: the SPLIT planes summed in order) turns into mhc_pre's proj, r,
 h_pre, h_post and h_res; cutile_aggregate's forward then reads out once more for layer_in. The composition reads
 the new streams twice after writing them (mhc_pre's projection pass and its aggregate); this pass folds the
 projection into the write: the forward moves 3s + 2x instead of 4s + 2x (s = one [T, n, C] stream).
 
-CTA = 64 tokens (the wgmma M) over all of C in chunks of 64 channels, 3 warpgroups (384 threads), as
-cute_post_pre_bwd's pass:
+CTA = 64 tokens (the wgmma M) over C in chunks of 64 channels, 3 warpgroups (384 threads), as cute_post_pre_bwd's
+pass, SPLIT CTAs a row tile as there: CTA r takes chunks r, r + SPLIT, ... and writes plane r of p_proj [SPLIT, T, NPAD]
+and p_ss [SPLIT, T], which mhc_pp_mix sums in plane order (H200, T=32768, n=4, C=7168: this pass 1115 us at SPLIT 8
+against 1226 unsplit, the mHC ledger, session 22):
 
 * warp 0 (producer): per chunk, TMA loads of the residual tiles ([64 tok x 64 ch], channel-contiguous rows, the
   wgmma's K-major A layout; one box a stream), x, bias and the weight's [NP, 64] K-major B tiles (one a stream;
@@ -58,6 +60,7 @@ PRODUCER_REGS, CONSUMER_REGS = 40, 232
 BM = 64   # tokens a CTA
 CC = 64   # channels a chunk
 SMEM_LIMIT = 225 * 1024
+SPLIT_DEFAULT = 8   # CTAs a row tile (each takes every 8th chunk): the heuristic's
 
 
 @dataclasses.dataclass(frozen=True)
@@ -72,13 +75,14 @@ class PostPreFwdCuteCfg:
     NP: int = 32
     STAGES: int = 3
     HAS_BIAS: bool = True
+    SPLIT: int = 1   # CTAs a row tile: CTA (r, m) takes chunks r, r + SPLIT, ... and writes partials plane r
 
     def __post_init__(self):
         if not (1 <= self.n <= 4 and self.N == self.n * self.n + 2 * self.n and self.N <= self.NP
                 and self.NP in (16, 32) and self.NPAD >= self.N and self.C % 8 == 0 and self.C > 0
-                and self.STAGES >= 2):
+                and self.STAGES >= 2 and 1 <= self.SPLIT <= self.nch):
             raise ValueError(f"mhc_post_pre cute fwd: config {self}: needs n <= 4, N = n*n + 2n <= NP in (16, 32), "
-                             f"NPAD >= N, C % 8 == 0, STAGES >= 2")
+                             f"NPAD >= N, C % 8 == 0, STAGES >= 2, 1 <= SPLIT <= chunks")
         if self.smem_bytes > SMEM_LIMIT:
             raise ValueError(f"mhc_post_pre cute fwd: config {self} needs {self.smem_bytes} bytes of shared memory")
 
@@ -98,12 +102,13 @@ class PostPreFwdCuteCfg:
     @classmethod
     @functools.lru_cache(maxsize=256)
     def heuristic(cls, n: int, C: int, N: int, NPAD: int, has_bias: bool) -> "PostPreFwdCuteCfg":
-        """Static dims only: NP the smallest of 16, 32 holding N; as many stages (<= 4) as fit."""
+        """Static dims only: NP the smallest of 16, 32 holding N; as many stages (<= 4) as fit; SPLIT as the backward
+        pass's (H200, T=32768, n=4, C=7168: this pass 1140 us at 4 against 1212 unsplit, 1170 with 2)."""
         base = cls(n=n, C=C, N=N, NPAD=NPAD, NP=16 if N <= 16 else 32, STAGES=2, HAS_BIAS=has_bias)
         st = 2
         while st < 4 and base.smem_bytes + (st - 1) * (base.stage_bytes + 144) <= SMEM_LIMIT:
             st += 1
-        return dataclasses.replace(base, STAGES=st)
+        return dataclasses.replace(base, STAGES=st, SPLIT=min(SPLIT_DEFAULT, base.nch))
 
 
 def _layouts(cfg):
@@ -148,10 +153,12 @@ def _kernel(cfg: cutlass.Constexpr, tma_r: cute.CopyAtom, mR: cute.Tensor, tma_o
             tma_x: cute.CopyAtom, mX: cute.Tensor, tma_w: cute.CopyAtom, mW: cute.Tensor, tma_b: cute.CopyAtom,
             mB: cute.Tensor, hres: cute.Pointer, hpost: cute.Pointer, p_proj: cute.Pointer, p_ss: cute.Pointer,
             T: Int32):
-    n, NP, S = cfg.n, cfg.NP, cfg.STAGES
-    nch = cfg.nch
+    n, NP, S, SP = cfg.n, cfg.NP, cfg.STAGES, cfg.SPLIT
     tidx, _, _ = cute.arch.thread_idx()
-    m, _, _ = cute.arch.block_idx()
+    bid, _, _ = cute.arch.block_idx()
+    m = bid // SP   # the row tile; siblings r = 0 .. SP-1 of one tile are adjacent in launch order
+    r = bid - m * SP
+    nk = (cfg.nch - r + SP - 1) // SP   # this CTA's chunks: r, r + SP, ...
     warp = cute.arch.make_warp_uniform(cute.arch.warp_idx())
     wg = cute.arch.make_warp_uniform(tidx // 128)
     if warp == 0:
@@ -177,7 +184,8 @@ def _kernel(cfg: cutlass.Constexpr, tma_r: cute.CopyAtom, mR: cute.Tensor, tma_o
     if wg == 0:
         cute.arch.setmaxregister_decrease(PRODUCER_REGS)
         if warp == 0:
-            def load(st, ch, bar):
+            def load(st, k, bar):
+                ch = r + k * SP
                 for i in cutlass.range_constexpr(n):
                     cute.copy(tma_r, tRg[None, m, ch, i], tRs[None, st * n + i], tma_bar_ptr=bar)
                     cute.copy(tma_w, tWg[None, 0, ch, i], tWs[None, st * n + i], tma_bar_ptr=bar)
@@ -185,10 +193,10 @@ def _kernel(cfg: cutlass.Constexpr, tma_r: cute.CopyAtom, mR: cute.Tensor, tma_o
                 if const_expr(cfg.HAS_BIAS):
                     cute.copy(tma_b, tBg[None, ch], tBs[None, st], tma_bar_ptr=bar)
 
-            def store(st, ch):   # the stage's out, in its residual slots
-                _store_out(cfg, tma_o, tRs, tOg, st, ch, m)
+            def store(st, k):   # the stage's out, in its residual slots
+                _store_out(cfg, tma_o, tRs, tOg, st, r + k * SP, m)
 
-            CU.ring_producer(pipe, S, nch, load, store)
+            CU.ring_producer(pipe, S, nk, load, store)
     else:
         cute.arch.setmaxregister_increase(CONSUMER_REGS)
         wc = wg - 1
@@ -231,7 +239,7 @@ def _kernel(cfg: cutlass.Constexpr, tma_r: cute.CopyAtom, mR: cute.Tensor, tma_o
         opair = cute.make_rmem_tensor((2,), BFloat16)
 
         rst = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, S)
-        for ch in cutlass.range(nch, unroll=1):
+        for _k in cutlass.range(nk, unroll=1):
             pipe.consumer_wait(rst)
             st = rst.index
             sc = Float32(0.0)
@@ -285,7 +293,7 @@ def _kernel(cfg: cutlass.Constexpr, tma_r: cute.CopyAtom, mR: cute.Tensor, tma_o
                 sP[t_, j_] = tot[e]
         cute.arch.barrier(barrier_id=1, number_of_threads=256)
         if wc == 0:
-            gP = cute.make_tensor(p_proj, cute.make_layout((T, cfg.NPAD), stride=(cfg.NPAD, 1)))
+            gP = cute.make_tensor(p_proj + r * T * cfg.NPAD, cute.make_layout((T, cfg.NPAD), stride=(cfg.NPAD, 1)))
             for e in cutlass.range_constexpr(cute.size(tot)):
                 t_, j_ = cAcc[e]
                 g_ = m * BM + t_
@@ -302,7 +310,7 @@ def _kernel(cfg: cutlass.Constexpr, tma_r: cute.CopyAtom, mR: cute.Tensor, tma_o
         for sh in cutlass.range_constexpr(2):
             ss = ss + cute.arch.shuffle_sync_bfly(ss, offset=1 << sh)
         if cidx % 4 == 0 and gt < T:
-            gS = cute.make_tensor(p_ss, cute.make_layout(T))
+            gS = cute.make_tensor(p_ss + r * T, cute.make_layout(T))
             gS[gt] = ss
 
 
@@ -325,14 +333,14 @@ def _host(cfg: cutlass.Constexpr, res: cute.Pointer, x: cute.Pointer, bias: cute
     tma_w, tW = cpasync.make_tiled_tma_atom(g2s, mW, cute.slice_(sW_l, (None, None, 0)), (cfg.NP, CC))
     tma_b, tB = cpasync.make_tiled_tma_atom(g2s, mB, cute.make_layout((CC, 1)), (CC, 1))
     _kernel(cfg, tma_r, tR, tma_o, tO, tma_x, tX, tma_w, tW, tma_b, tB, hres, hpost, p_proj, p_ss, T).launch(
-        grid=((T + BM - 1) // BM, 1, 1), block=(THREADS, 1, 1), stream=stream, min_blocks_per_mp=1,
+        grid=(cfg.SPLIT * ((T + BM - 1) // BM), 1, 1), block=(THREADS, 1, 1), stream=stream, min_blocks_per_mp=1,
         preferred_smem_carveout=100)
 
 
 @functools.lru_cache(maxsize=256)
 def launch(cfg: PostPreFwdCuteCfg) -> CU.Launch:
-    """run args (residual, x, bias (x when None), weight, h_res fp32, h_post fp32, out, p_proj [T, NPAD] fp32,
-    p_ss [T] fp32, T)."""
+    """run args (residual, x, bias (x when None), weight, h_res fp32, h_post fp32, out, p_proj [SPLIT, T, NPAD] fp32,
+    p_ss [SPLIT, T] fp32, T)."""
     bf, f4 = CU.Ptr(torch.bfloat16, 16), CU.Ptr(torch.float32, 4)
     return CU.Launch(f"{_NAME}.fwd", _host, cfg, (bf, bf, bf, bf, f4, f4, bf, f4, f4, CU.Scalar(Int32)))
 
