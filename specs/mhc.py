@@ -287,6 +287,9 @@ POST_PRE = OpSpec(
                     Constraint(expr="C % 8 == 0", message="TMA row strides are multiples of 16 bytes"),
                     Constraint(expr="7 * (n*n + 2*n) * n * C < 2**31",
                                message="mhc_pre's dweight partials [7, n*n + 2n, n*C] fp32 are indexed with int32"),
+                    Constraint(expr="256 * T < 2**31",
+                               message="the split passes' per-token partial planes (forward [8, T, 32] fp32) are "
+                                       "indexed with int32"),
                     _BIAS_LIKE_X, toolchain=("cutile", "cute"),
                     h_res=_BF_F32, residual=["bfloat16"], h_post=_BF_F32, x=["bfloat16"],
                     bias=["bfloat16"], weight=["bfloat16"], hbias=["float32"],

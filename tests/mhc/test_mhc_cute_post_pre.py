@@ -58,8 +58,8 @@ def test_pass_compiles_for_sm90a(n, C, bias, CW):
 
 @pytest.mark.parametrize("split", [1, 3])
 def test_split_configs_compile_for_sm90a(split):
-    """Both passes with SPLIT CTAs a row tile other than the heuristic's 4 (1: one CTA over all of C; 3 does not
-    divide C=7168's 112 chunks): no spills, every stage release fenced."""
+    """Both passes with SPLIT CTAs a row tile other than the heuristics' (forward 8, backward 4; 1: one CTA over all
+    of C; 3 does not divide C=7168's 112 chunks): no spills, every stage release fenced."""
     from tilekernels.mhc import cute_post_pre_fwd as F
 
     b = dataclasses.replace(K.PostPreBwdCuteCfg.heuristic(4, 7168, 24, True), SPLIT=split)
@@ -194,8 +194,9 @@ def test_cute_chunks_of_32_channels(c, monkeypatch):
 @pytest.mark.parametrize("c", [dict(T=130, n=4, C=520, h=F32, bias=True), dict(T=65, n=3, C=200, h=BF16, bias=False)],
                          ids=case_id)
 def test_cute_split_configs_match_float64(c, split, monkeypatch):
-    """Both passes with SPLIT CTAs a row tile other than the heuristic's 4 (1: one CTA over all of C; 3: siblings
-    with unequal chunk counts, C=520's 9 chunks and C=200's 4): the same float64 checks."""
+    """Both passes with SPLIT CTAs a row tile other than the heuristics' (forward 8, backward 4): 1, one CTA over
+    all of C; 3, siblings with equal (C=520's 9 chunks: 3 / 3 / 3) and unequal (C=200's 4: 2 / 1 / 1) chunk counts.
+    The same float64 checks (scratch planes are not zeroed: a plane a sibling did not write fails them)."""
     from tilekernels.mhc import cute_post_pre_fwd as F
 
     kb, fb = K.PostPreBwdCuteCfg.heuristic, F.PostPreFwdCuteCfg.heuristic

@@ -108,7 +108,8 @@ FUSE_FWD = True
 def fused_fwd_launches(h_res, residual, h_post, x, weight, hbias, bias, out, layer_in, h_post_next, h_res_next, proj,
                        r, alpha_pre, alpha_post, alpha_res, iters, rms_eps, sinkhorn_eps) -> list:
     """The fused forward's steps (T > 0): h staged to fp32 when bf16, the CuTe DSL pass (out, projection and
-    squares partials of one split), cutile_post_pre.mhc_pp_mix (the epilogue), the aggregate."""
+    squares partials, one plane a sibling CTA of a row tile), cutile_post_pre.mhc_pp_mix (the planes summed in order,
+    then the epilogue), the aggregate."""
     T, n, C = residual.shape
     N = weight.shape[0]
     cfg = pp._cfg(residual, iters, None)

@@ -17,14 +17,15 @@ value mhc_pre read), so the pass reads dout, residual, x and dlayer_in and write
 sums see no bf16 rounding of it (tests/mhc/test_mhc_post_pre.py's fp32 tolerance).
 
 Why CuTe DSL: the cuTile one-pass kernel (mhc_pp_bwd_one) ran this pass at 1.1-1.6 TB/s (its per-row
-sums over [16, n, TK] tiles); here one CTA owns 64 tokens over the whole of C, so the dh sums stay in
-registers for the CTA's life (no partials per C tile), and TMA streams the tiles.
+sums over [16, n, TK] tiles); here a CTA owns 64 tokens over every SPLIT-th chunk of C, so the dh sums stay in
+registers for the CTA's life (SPLIT partials a token, not one per C tile), and TMA streams the tiles.
 
 CTA = 64 tokens (the wgmma M), 3 warpgroups (384 threads), walking C in chunks of 64 channels; SPLIT CTAs a row tile
 (adjacent in launch order, so they run together): CTA r takes chunks r, r + SPLIT, ..., so the siblings stream
-adjacent 128-byte pieces of the same rows at about the same time (DRAM locality: H200, T=32768, n=4, C=7168, this pass
-1924 us at SPLIT 4 against 2003 unsplit, the mHC ledger, session 22); each writes its dh sums to plane r of a scratch
-[SPLIT, T, ...] that cute_post_pre sums in plane order (with SPLIT 1 the pass stores dh itself):
+adjacent pieces (128 bytes with CW 32) of the same rows at about the same time (DRAM locality: H200, T=32768, n=4,
+C=7168, this pass 1924 us at SPLIT 4 against 2003 unsplit, the mHC ledger, session 22); each writes its dh sums to
+plane r of a scratch [SPLIT, T, ...] that cute_post_pre sums with torch.sum (deterministic; with SPLIT 1 the pass
+stores dh itself):
 
 * warp 0 (producer, 40 registers): per chunk, TMA loads into a STAGES-deep ring: dout and residual
   ([64 ch x 64 tok] channel-major, one box a stream), x and dlayer_in (one box each), bias, and the
@@ -49,7 +50,8 @@ clips the stores; partial stores skip channels past C and tokens past T.
 
 Constraints (the spec's cute backend): n <= 4 (N = n*n + 2n <= 24, NP <= 32), bf16 dout / residual / x
 / dlayer_in / bias / weight, C % 8 == 0 (16-byte TMA row strides), fp32 h (bf16 h is staged to fp32
-first, as the cuTile one-pass backward does), sm_90a. Compile key: PostPreBwdCuteCfg (n, C, N and the
+first, as the cuTile one-pass backward does), sm_90a; 256 T < 2**31 (the int32 offsets of the split planes, this
+pass's and the forward pass's). Compile key: PostPreBwdCuteCfg (n, C, N and the
 tiling, HAS_BIAS); T is a runtime scalar (the grid). Importing this module needs ``cutlass`` but no GPU.
 """
 from __future__ import annotations
