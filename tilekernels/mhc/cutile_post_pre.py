@@ -54,7 +54,8 @@ bwd: the gradient entering h_post_bda's backward is d_total = dout + d(out) of m
   d_total times the residual tiles cost more in cuTile than the fp32 round trip they save.
 Measured times (H200): benchmarks/mhc_post_pre_check.py, benchmarks/results/.
 The registry's first choice on sm_90a is the ``cute`` backend (cute_post_pre.py): these kernels' forward
-and mhc_pre's backward head, then ONE_BWD's design as one CuTe DSL pass (64 tokens a CTA over all of C).
+and mhc_pre's backward head, then ONE_BWD's design as one CuTe DSL pass (64 tokens a CTA over every SPLIT-th chunk
+of C).
 """
 from __future__ import annotations
 
