@@ -1,6 +1,6 @@
 """mhc_post_pre's ``cute`` backend: the CuTe DSL one-pass backward (tilekernels/mhc/cute_post_pre_bwd.py).
 
-CPU (CI): the pass compiles for sm_90a from fake arguments (n = 1..4, bias or None, C with a chunk tail) with
+CPU (CI): the split planes' host sum; the pass compiles for sm_90a from fake arguments (n = 1..4, bias or None, C with a chunk tail) with
 no register spills, its wgmma shape (m64 n(32 n), three dproj terms), TMA loads and stores; the permuted
 weight copy puts weight[:, i*C + c] where the kernel's accumulator column for stream i, channel c reads it;
 the config limits; explain names the backend's limits.
@@ -68,6 +68,28 @@ def test_split_configs_compile_for_sm90a(split):
         res = [v for k, v in cubin_resources(art.cubin).items() if "kernel" in k]
         assert len(res) == 1 and res[0]["frame"] == 0, res
         assert not unfenced_releases(art.ptx)
+
+
+@pytest.mark.parametrize("planes", [None, 1, 2, 4])
+@pytest.mark.parametrize("dst", ["f32", "bf16", "strided"])
+def test_split_planes_sum_into_dh(planes, dst):
+    """cute_post_pre._planes_into (the backward pass's dh planes into dh_res / dh_post): the planes' sum, whatever
+    dh's dtype and strides; the same bits on a second call; a plain copy when the pass wrote dh's shape itself."""
+    from tilekernels.mhc.cute_post_pre import _planes_into
+
+    shape = (37, 3, 3)
+    p = rand(*((planes,) if planes else ()), *shape, dtype=F32)
+    want = (p.double().sum(0) if planes else p.double())
+    outs = []
+    for _ in range(2):
+        if dst == "strided":
+            out = torch.full((3, 3, 37), float("nan")).permute(2, 0, 1)
+        else:
+            out = torch.full(shape, float("nan"), dtype=BF16 if dst == "bf16" else F32)
+        _planes_into(p, out)
+        outs.append(out.clone())
+    assert torch.equal(outs[0], outs[1])
+    assert_close(outs[0].double(), want, kind="bfloat16" if dst == "bf16" else "float32", what="dh")
 
 
 FWD_COMPILE = [(4, 7168, True), (4, 7168, False), (3, 200, True), (1, 64, False), (2, 104, True)]
