@@ -1,7 +1,7 @@
 """mhc_post_pre's ``cute`` backend: the CuTe DSL one-pass backward (tilekernels/mhc/cute_post_pre_bwd.py).
 
-CPU (CI): the split planes' host sum; the pass compiles for sm_90a from fake arguments (n = 1..4, bias or None, C with a chunk tail) with
-no register spills, its wgmma shape (m64 n(32 n), three dproj terms), TMA loads and stores; the permuted
+CPU (CI): the split planes' host sum; the pass compiles for sm_90a from fake arguments (n = 1..4, bias or None,
+C with a chunk tail) with no register spills, its wgmma shape (m64 n(32 n), three dproj terms), TMA loads and stores; the permuted
 weight copy puts weight[:, i*C + c] where the kernel's accumulator column for stream i, channel c reads it;
 the config limits; explain names the backend's limits.
 GPU (marked ``gpu``): fwd + bwd against the float64 oracle through test_mhc_post_pre.run_cutile (its
