@@ -150,6 +150,9 @@ def test_config_limits():
     assert F.PostPreFwdCuteCfg.heuristic(2, 104, 8, 16, True).SPLIT == 2
     with pytest.raises(ValueError, match="SPLIT <= chunks"):
         F.PostPreFwdCuteCfg(n=2, C=104, N=8, NPAD=16, SPLIT=3)
+    # the spec's "256 * T < 2**31" bounds the planes' int32 offsets (SPLIT * T * plane width) at the heuristics' SPLIT
+    # for every admitted n (the forward's NPAD <= 32, the backward's n*n <= 16)
+    assert F.SPLIT_DEFAULT * 32 <= 256 and K.SPLIT_DEFAULT * 16 <= 256
 
 
 @pytest.mark.parametrize("n,C,CW", [(4, 96, 32), (3, 200, 32), (1, 64, 32), (4, 104, 16)])

@@ -62,7 +62,7 @@ def bwd_launches(dout, dlayer_in, dh_post_next, dh_res_next, h_res, residual, h_
     ntm = cdiv(T, K.BM)
     p_bias = torch.empty((4 * ntm, C) if has_bias else (1, 1), dtype=f32, device=dev)
     # the pass stores dh itself, fp32 contiguous (else into a scratch copied into dh after it); with SPLIT CTAs a
-    # row tile, one plane each, summed in plane order after it
+    # row tile, one plane each, summed by _planes_into after it
     sp = kcfg.SPLIT
     p_dhr, p_dhp = (t if sp == 1 and t.dtype == f32 and t.is_contiguous()
                     else torch.empty((sp, *t.shape) if sp > 1 else t.shape, dtype=f32, device=dev)
