@@ -132,7 +132,8 @@ def _host_ms(fn, args, cots, reps: int = 20) -> float:
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--rows", default="separate,cute,cutile,cute,separate")
-    ap.add_argument("--T", type=int, default=32768)
+    ap.add_argument("--T", default="32768", help="tokens; a comma list runs every row at each T in turn (the kernels\n"
+                    "                    compile once: T is a runtime scalar)")
     ap.add_argument("--n", type=int, default=4)
     ap.add_argument("--C", type=int, default=7168)
     ap.add_argument("--hbf16", action="store_true")
@@ -140,8 +141,23 @@ def main():
     ap.add_argument("--host", action="store_true", help="each row's host enqueue time")
     ap.add_argument("--out")
     o = ap.parse_args()
-    args, cots = make(o.T, o.n, o.C, "cuda", torch.bfloat16 if o.hbf16 else torch.float32)
-    res = probe_record(T=o.T, n=o.n, C=o.C, h="bf16" if o.hbf16 else "fp32")
+    Ts = [int(t) for t in o.T.split(",")]
+    if len(Ts) > 1:   # one record a T: <out>/T<T>/mhc_post_pre_variants.json
+        for t in Ts:
+            sub = None
+            if o.out:
+                sub = os.path.join(o.out, f"T{t}")
+                os.makedirs(sub, exist_ok=True)
+            _one(o, t, sub)
+            torch.cuda.empty_cache()
+        return
+    _one(o, Ts[0], o.out)
+
+
+def _one(o, T: int, out: str | None):
+    """Every row at T tokens (the table and the JSON record)."""
+    args, cots = make(T, o.n, o.C, "cuda", torch.bfloat16 if o.hbf16 else torch.float32)
+    res = probe_record(T=T, n=o.n, C=o.C, h="bf16" if o.hbf16 else "fp32")
     apart = _apart(args, cots) if any(r in ("h_post_bda", "mhc_pre") for r in o.rows.split(",")) else {}
     for spec in o.rows.split(","):
         fn, changes = _row_fn(spec)
@@ -168,7 +184,7 @@ def main():
     base = min(sep) if sep else None
     alone = {k: min((r["step_ms"] for r in res["rows"] if r["row"] == k), default=None) for k in apart}
     apart_ms = sum(alone.values()) if len(alone) == 2 and None not in alone.values() else None
-    print(f"\nmhc_post_pre variants, {res['env'].get('device', '?')}, T={o.T} n={o.n} C={o.C}, "
+    print(f"\nmhc_post_pre variants, {res['env'].get('device', '?')}, T={T} n={o.n} C={o.C}, "
           f"{'bf16' if o.hbf16 else 'fp32'} h; do_bench median")
     if apart_ms:
         res["apart_ms"] = apart_ms
@@ -178,8 +194,8 @@ def main():
         vs = f"{100 * (1 - r['step_ms'] / base):11.1f}%" if base else f"{'-':>12s}"
         va = f"{100 * (1 - r['step_ms'] / apart_ms):8.1f}%" if apart_ms and r["row"] not in apart else f"{'-':>9s}"
         print(f"{r['row']:28s} {r['fwd_ms']:8.3f} {r['step_ms']:8.3f} {vs} {va}")
-    if o.out:
-        with open(os.path.join(o.out, "mhc_post_pre_variants.json"), "w") as fh:
+    if out:
+        with open(os.path.join(out, "mhc_post_pre_variants.json"), "w") as fh:
             json.dump(res, fh, indent=1)
 
 

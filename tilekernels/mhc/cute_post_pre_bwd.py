@@ -39,9 +39,11 @@ stores dh itself):
   exchange. dproj enters as three bf16 terms (hi, mid, lo: products exact, fp32 sums; as DP3 in the
   cuTile kernels, so d_total keeps fp32's precision), [64, NP] each, built once per CTA.
   Epilogue per (token, channel): out recomputed, d_total, dresidual and dx written in place over the
-  stage (bf16), dh sums in registers, dbias summed over the warp's 16 tokens by shuffles; one dbias
-  partial per warp and chunk (``p_bias`` [4 * row tiles, C], reduced in a fixed order by a cuTile
-  kernel). At the end warpgroup 1's dh sums go through shared memory to warpgroup 0's threads of the same
+  stage (bf16), dh sums in registers, dbias summed over the warp's 16 tokens by shuffles, then over the
+  warpgroup's 4 warps in warp order through shared memory (``sPB``, two buffers by chunk parity: one named
+  barrier of the warpgroup a chunk); one dbias partial per row tile and chunk (``p_bias`` [row tiles, C],
+  reduced in a fixed order by a cuTile kernel; a row a warp instead made the partials 4x larger: at T=32768,
+  C=7168 58.7 MB written here and read by the reduction, 23 us of it, the mHC ledger, session 23). At the end warpgroup 1's dh sums go through shared memory to warpgroup 0's threads of the same
   tokens, which store dh_res [T, n, n] and dh_post [T, n] (fp32: WG0's + WG1's, in that order: no partials in
   memory and no reduction launches for them). Deterministic, no atomics.
 
@@ -130,9 +132,14 @@ class PostPreBwdCuteCfg:
 
     @property
     def smem_bytes(self) -> int:
-        # the allocations (each 1024-aligned: sT, sW, sH, sB, sD, then the barriers)
+        # the allocations (each 1024-aligned: sT, sW, sH, sB, sD, sPB, then the barriers)
         return (self.STAGES * (self.stage_bytes + 128) + TERMS * BM * self.NP * 2 + 2 * self.STAGES * 8 + 5 * 1024
-                + BM * self.ND * 4)
+                + BM * self.ND * 4 + (self.pb_bytes + 1024 if self.HAS_BIAS else 0))
+
+    @property
+    def pb_bytes(self) -> int:
+        """sPB: the dbias sums of each consumer warpgroup's 4 warps, [CW, 4 warps, 2 warpgroups, 2 parities] fp32."""
+        return self.CW * 4 * 2 * 2 * 4
 
     @property
     def ND(self) -> int:
@@ -235,6 +242,8 @@ def _kernel(cfg: cutlass.Constexpr, tma_dout: cute.CopyAtom, mDout: cute.Tensor,
     sB = bias_ring(smem, CC, S)
     # warpgroup 1's dh sums of its tokens, for warpgroup 0 (column k: dh value k)
     sD = smem.allocate_tensor(Float32, cute.make_layout((BM, cfg.ND)), byte_alignment=16)
+    if const_expr(cfg.HAS_BIAS):   # the warps' dbias sums of a chunk: [channel, warp, warpgroup, chunk parity]
+        sPB = smem.allocate_tensor(Float32, cute.make_layout((CW, 4, 2, 2)), byte_alignment=16)
     pipe = CU.tma_pipeline(smem, S, cfg.stage_bytes, 8)
 
     # the [C, T]-like tensors tiled [CC, BM]: (tile, chunk, row tile[, stream])
@@ -357,7 +366,7 @@ def _kernel(cfg: cutlass.Constexpr, tma_dout: cute.CopyAtom, mDout: cute.Tensor,
         xv = cute.make_rmem_tensor((2,), Float32)
         av = cute.make_rmem_tensor((2,), Float32)
         bv = cute.make_rmem_tensor((2,), Float32)
-        pb = cute.make_tensor(p_bias, cute.make_layout((ntm * 4, C), stride=(C, 1)))
+        pb = cute.make_tensor(p_bias, cute.make_layout((ntm, C), stride=(C, 1)))
 
         rst = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, S)
         for k_ in cutlass.range(nk, unroll=1):
@@ -439,13 +448,22 @@ def _kernel(cfg: cutlass.Constexpr, tma_dout: cute.CopyAtom, mDout: cute.Tensor,
                         for sh in cutlass.range_constexpr(3):
                             v = v + cute.arch.shuffle_sync_bfly(v, offset=4 << sh)
                         db[cb, e] = v
+                # then the warpgroup's 4 warps in warp order: lane l of warp 0 sums channel l (the buffer of this
+                # chunk's parity: a warp writes it again two chunks on, after the next barrier, which warp 0 reaches
+                # only once it has read it)
+                par = k_ % 2
                 if lane < 4:
-                    row = m * 4 + wq
                     for cb in cutlass.range_constexpr(CW // 8):
-                        c = ch * CC + wc * CW + cb * 8 + cq
-                        if c < C:   # C % 8 == 0: the pair is wholly inside or outside
-                            pb[row, c] = db[cb, 0]
-                            pb[row, c + 1] = db[cb, 1]
+                        sPB[cb * 8 + cq, wq, wc, par] = db[cb, 0]
+                        sPB[cb * 8 + cq + 1, wq, wc, par] = db[cb, 1]
+                cute.arch.barrier(barrier_id=2 + wc, number_of_threads=128)
+                if wq == 0 and lane < CW:
+                    v = sPB[lane, 0, wc, par]
+                    for w_ in cutlass.range_constexpr(1, 4):
+                        v = v + sPB[lane, w_, wc, par]
+                    c = ch * CC + wc * CW + lane
+                    if c < C:
+                        pb[m, c] = v
 
         # ---- the warpgroup's dh sums over its channels: the 4 lanes of a token
         for h in cutlass.range_constexpr(2):
@@ -518,7 +536,7 @@ def _host(cfg: cutlass.Constexpr, dout: cute.Pointer, res: cute.Pointer, x: cute
 @functools.lru_cache(maxsize=256)
 def launch(cfg: PostPreBwdCuteCfg) -> CU.Launch:
     """run args (dout, residual, x, dlayer_in, bias (x when None), permuted weight, dproj, dr, r, h_res fp32,
-    h_post fp32, h_pre^T [n, T] fp32, dresidual, dx, p_bias [4 * row tiles, C], dh_res [SPLIT, T, n, n] and dh_post
+    h_post fp32, h_pre^T [n, T] fp32, dresidual, dx, p_bias [row tiles, C], dh_res [SPLIT, T, n, n] and dh_post
     [SPLIT, T, n] (fp32, contiguous; the leading dim absent with SPLIT 1), T, eps)."""
     bf, f4 = CU.Ptr(torch.bfloat16, 16), CU.Ptr(torch.float32, 4)
     sig = (bf, bf, bf, bf, bf, bf, f4, f4, f4, f4, f4, f4, bf, bf, f4, f4, f4, CU.Scalar(Int32), CU.Scalar(Float32))
