@@ -10,7 +10,8 @@ Rows (--rows, comma list, each run in the order given; repeat a name to see the 
                     issue's table times them apart: "2.90 + 3.13"); with both rows the table adds their sum
   cute:K=V[:K=V]    the cute backend with its backward pass's config changed (PostPreBwdCuteCfg fields, e.g.
                     cute:CW=16, cute:STAGES=3), FWD_<field>=V the fused forward pass's (PostPreFwdCuteCfg, e.g.
-                    cute:FWD_STAGES=2), or FUSE_FWD=0/1 (cute_post_pre.FUSE_FWD: the fused forward pass)
+                    cute:FWD_STAGES=2), PP_<field>=V cutile_post_pre.PostPreCfg's (e.g. PP_TE=32: mhc_pp_mix's
+                    tokens a block), or FUSE_FWD=0/1 (cute_post_pre.FUSE_FWD: the fused forward pass)
 A row whose changes make a config the kernels refuse prints the error and goes on.
 
     (call 1) source .gpu-cutile/env.sh                      # unpacks cuTile into /tmp/tk-cutile
@@ -74,8 +75,10 @@ class _patched:
         from tilekernels.mhc import cute_post_pre_bwd as K
 
         from tilekernels.mhc import cute_post_pre_fwd as F
+        from tilekernels.mhc import cutile_post_pre as pp
 
-        self.cpp, self.K, self.F = cpp, K, F
+        self.cpp, self.K, self.F, self.pp = cpp, K, F, pp
+        self.pheur = pp.PostPreCfg.__dict__["heuristic"]
         self.fuse, self.heur = cpp.FUSE_FWD, K.PostPreBwdCuteCfg.heuristic
         self.fheur = F.PostPreFwdCuteCfg.__dict__["heuristic"]
         ch = {k: int(v) for k, v in self.changes.items()}
@@ -86,6 +89,10 @@ class _patched:
             inner = self.fheur.__func__.__wrapped__
             F.PostPreFwdCuteCfg.heuristic = classmethod(
                 lambda cls, *a: dataclasses.replace(inner(cls, *a), **fch))
+        pch = {k[3:]: ch.pop(k) for k in list(ch) if k.startswith("PP_")}
+        if pch:   # the cuTile kernels' PostPreCfg (e.g. PP_TE=32: mhc_pp_mix's tokens a block)
+            pinner = self.pheur.__func__.__wrapped__
+            pp.PostPreCfg.heuristic = classmethod(lambda cls, *a: dataclasses.replace(pinner(cls, *a), **pch))
         if ch:
             orig = self.heur
             cw = ch.pop("CW", 32)
@@ -95,6 +102,7 @@ class _patched:
         self.cpp.FUSE_FWD = self.fuse
         self.K.PostPreBwdCuteCfg.heuristic = self.heur
         self.F.PostPreFwdCuteCfg.heuristic = self.fheur
+        self.pp.PostPreCfg.heuristic = self.pheur
 
 
 def _profile(fn, args, cots, steps: int = 5) -> list[tuple[float, int, str]]:

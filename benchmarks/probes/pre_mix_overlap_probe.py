@@ -1,0 +1,83 @@
+#!/usr/bin/env python3
+"""Could mhc_pre's backward mix run beside the dh_pre pass instead of after it?
+
+mhc_pre's backward head (cutile_pre.bwd_launches) runs the dh_pre pass (mhc_agg_bwd: reads out and dlayer_in, a
+bandwidth-bound stream, ~530 us at T=32768, n=4, C=7168) and then the mix (mhc_pre_bwd_mix: Sinkhorn backward and
+dproj, ~85 us, bound by its dependent chains, not by memory). Only the mix's pre entries need the pass's dh_pre;
+its Sinkhorn backward does not. This times, on the same launches (timing only: the concurrent mix reads dh_pre
+before the pass has written it, so its results are not used):
+
+  pass, then mix (today's order)   |   pass alone   |   mix alone   |   mix on a side stream beside the pass
+
+If "beside" is close to "pass alone", splitting the mix (Sinkhorn backward beside the pass, a small dh_pre-dependent
+tail after it) would save about the mix's time in both mhc_pre's and mhc_post_pre's backward.
+
+    source .gpu-cutile/env.sh && python3 benchmarks/probes/pre_mix_overlap_probe.py [--T 32768]
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+sys.path[:0] = [ROOT, os.path.join(ROOT, "benchmarks")]
+
+import torch  # noqa: E402
+
+from _gpu import bench  # noqa: E402
+
+
+def main():
+    from tilekernels.mhc import cutile_pre as pre
+
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--T", type=int, default=32768)
+    ap.add_argument("--n", type=int, default=4)
+    ap.add_argument("--C", type=int, default=7168)
+    ap.add_argument("--rep", type=int, default=200)
+    o = ap.parse_args()
+    T, n, C = o.T, o.n, o.C
+    N = n * n + 2 * n
+    dev, bf, f32 = "cuda", torch.bfloat16, torch.float32
+    x = torch.randn(T, n, C, device=dev).to(bf)
+    weight = (torch.randn(N, n * C, device=dev) * 0.02).to(bf)
+    hbias = torch.randn(N, device=dev) * 0.1
+    layer_in, h_post, h_res = torch.empty(T, C, device=dev, dtype=bf), torch.empty(T, n, device=dev), \
+        torch.empty(T, n, n, device=dev)
+    proj, r = torch.empty(T, N, device=dev), torch.empty(T, device=dev)
+    sc = dict(alpha_pre=0.7, alpha_post=1.3, alpha_res=0.4, iters=20, rms_eps=1e-6, sinkhorn_eps=1e-6)
+    for ln in pre.fwd_launches(x, weight, hbias, layer_in, h_post, h_res, proj, r, *sc.values()):
+        ln.run()
+    dl, dhp, dhr = torch.randn(T, C, device=dev).to(bf), torch.randn(T, n, device=dev), torch.randn(T, n, n, device=dev)
+    dweight, dbias = torch.empty(N, n * C, device=dev, dtype=bf), torch.empty(N, device=dev)
+    pass_, mix, red = pre.bwd_launches(dl, dhp, dhr, x, weight, hbias, proj, r, None, dweight, dbias, *sc.values())
+    side = torch.cuda.Stream()
+    main_s = torch.cuda.current_stream()
+
+    def beside():
+        ev = torch.cuda.Event()
+        ev.record(main_s)
+        with torch.cuda.stream(side):
+            side.wait_event(ev)
+            mix.run()
+            done = torch.cuda.Event()
+            done.record(side)
+        pass_.run()
+        main_s.wait_event(done)
+
+    rows = [("pass, then mix", lambda: (pass_.run(), mix.run())), ("pass alone", pass_.run), ("mix alone", mix.run),
+            ("mix beside the pass", beside)]
+    res = {}
+    for rnd in range(2):
+        for name, fn in rows:
+            ms = bench(fn, o.rep)
+            res.setdefault(name, []).append(ms * 1e3)
+            print(f"round {rnd} {name:24s} {ms * 1e3:8.1f} us", flush=True)
+    print(f"\nT={T} n={n} C={C}: us (two rounds)")
+    for name, v in res.items():
+        print(f"{name:24s} " + " ".join(f"{u:8.1f}" for u in v))
+
+
+if __name__ == "__main__":
+    main()
