@@ -239,17 +239,20 @@ def test_pre(c):
     run_pre(c)
 
 
-# mhc_pre's bwd mix with either Sinkhorn backward (the padded tile: n <= 4; entries: n > 4)
+# mhc_pre's bwd mix designs: one kernel with the padded-tile or the entries Sinkhorn backward (entries: n > 4), or
+# split in two (the entries Sinkhorn backward alone, then the elementwise rest: n <= 4); T=130 and 1000 leave a
+# partial last token tile in the split's kernels (128 tokens a block)
 PRE_MIX_CASES = [dict(T=37, n=3, C=100, iters=3), dict(T=1000, n=4, C=256, iters=20),
-                 dict(T=1, n=1, C=64, iters=20), dict(T=300, n=8, C=64, iters=3)]
+                 dict(T=1, n=1, C=64, iters=20), dict(T=300, n=8, C=64, iters=3), dict(T=130, n=2, C=96, iters=20)]
+MIX_DESIGNS = {"tile": dict(mix_entries=False), "entries": dict(mix_entries=True), "split": dict(mix_split=True)}
 
 
-@pytest.mark.parametrize("entries", [False, True], ids=["tile", "entries"])
+@pytest.mark.parametrize("design", list(MIX_DESIGNS))
 @pytest.mark.parametrize("c", _params(PRE_MIX_CASES))
-def test_pre_backward_either_mix(c, entries, monkeypatch):
+def test_pre_backward_either_mix(c, design, monkeypatch):
     from tilekernels.mhc import cutile_pre as pre
 
-    _pin_heuristic(monkeypatch, pre.PreCfg, mix_entries=entries)
+    _pin_heuristic(monkeypatch, pre.PreCfg, **MIX_DESIGNS[design])
     run_pre(c)
 
 

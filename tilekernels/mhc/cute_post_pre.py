@@ -55,7 +55,7 @@ def bwd_launches(dout, dlayer_in, dh_post_next, dh_res_next, h_res, residual, h_
     kcfg = kcfg or K.PostPreBwdCuteCfg.heuristic(n, C, N, has_bias)
     head = pre.bwd_launches(dlayer_in, dh_post_next, dh_res_next, out, weight, hbias, proj, r, None, dweight, dhbias,
                             alpha_pre, alpha_post, alpha_res, iters, rms_eps, sinkhorn_eps, cfg=cfg.pre)
-    mix = next(ln for ln in head if ln.kernel in (pre.mhc_pre_bwd_mix, pre.mhc_pre_bwd_mix_e))
+    mix = next(ln for ln in head if ln.kernel in pre.MIX_KERNELS)
     dproj, dr, hpre_t = mix.args[6:9]
     stage, h_res, h_post = pb._h32(h_res, h_post, cfg.pb, force=True)
     dev, f32 = residual.device, torch.float32

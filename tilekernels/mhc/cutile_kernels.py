@@ -159,8 +159,9 @@ def representative_launches(n: int = 4, C: int = 7168, T: int = 32768, hdtype=No
                                                 cfg=sk.SinkhornCfg.heuristic(T, n, 20, entries=False))],
         "mhc_pre.fwd": pre.fwd_launches(x3, w, pb_, x2, hp, hr, p, r, *pre_args),
         "mhc_pre.bwd": pre.bwd_launches(x2, hp, hr, x3, w, pb_, p, r, x3, w, pb_, *pre_args),
-        # the bwd mix kernel with the entries Sinkhorn backward (what n > 4 uses)
+        # the one-kernel bwd mixes: with the entries Sinkhorn backward (what n > 4 uses) and with the padded tile
         "mhc_pre.variants": [pre.bwd_launches(x2, hp, hr, x3, w, pb_, p, r, x3, w, pb_, *pre_args,
-                                              cfg=pre.PreCfg.heuristic(T, n, C, 20, mix_entries=True))[1]],
+                                              cfg=pre.PreCfg.heuristic(T, n, C, 20, mix_entries=e))[1]
+                             for e in (True, False)],
     }
     return out

@@ -255,7 +255,7 @@ def dh_in_dx_launches(head, dout, dlayer_in, h_res, residual, h_post, x, weight,
     fixed-order reductions. Only dresidual, dx and dbias (bf16 results) see the bf16 d_total."""
     T, n, C = residual.shape
     N = weight.shape[0]
-    mix = next(ln for ln in head if ln.kernel in (pre.mhc_pre_bwd_mix, pre.mhc_pre_bwd_mix_e))
+    mix = next(ln for ln in head if ln.kernel in pre.MIX_KERNELS)
     dproj, dr, hpre_t = mix.args[6:9]
     p, TK = cfg.pre.pr, cfg.TK_X
     has_bias = bias is not None
@@ -294,7 +294,7 @@ def one_pass_launches(head, dout, dlayer_in, h_res, residual, h_post, x, weight,
     DW_B, RECOMP, OCC_B; pb for the reductions' tiles)."""
     T, n, C = residual.shape
     N = weight.shape[0]
-    mix = next(ln for ln in head if ln.kernel in (pre.mhc_pre_bwd_mix, pre.mhc_pre_bwd_mix_e))
+    mix = next(ln for ln in head if ln.kernel in pre.MIX_KERNELS)
     dproj, dr, hpre_t = mix.args[6:9]
     p = cfg.pre
     NP, NPAD, TK, KC = p.NP, p.pr.NPAD, cfg.TK_B, cfg.KC_B

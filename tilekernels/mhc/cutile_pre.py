@@ -179,6 +179,47 @@ def mhc_pre_bwd_mix_e(dpre, proj, r, bias, dhpost, dhres, dproj, dr, hpre_t, p_d
 
 
 @ct.kernel
+def mhc_pre_bwd_sk(proj, r, bias, dhres, dlres, scratch, a_pre: float, a_post: float, a_res: float, sk_eps: float,
+                   NS: ConstInt, NP: ConstInt, NPAD: ConstInt, TT: ConstInt, ITERS: ConstInt, APPROX: ConstInt,
+                   PF: ConstInt):
+    """The split mix's first kernel (MIX_SPLIT): the Sinkhorn backward alone, in the entries layout
+    (cutile_sinkhorn.sk_bwd_walk, TT tokens a block, ``scratch`` [ITERS, 2n, T] fp32), from the res logits of h
+    (recomputed from proj, r, bias; read again after the walk, as mhc_pre_bwd_mix_e does, so h is not live
+    through its loops) and dh_res: dlres [T, NP, NP] fp32, the res logits' gradient (padded entries 0; the
+    store drops rows past T). Nothing else is live, which is what keeps it as fast as the Sinkhorn op's own
+    backward; the rest of the mix is elementwise (mhc_pre_bwd_rest)."""
+    t = ct.bid(0)
+    _pj, _rr, h, _alpha = _h(proj, r, bias, t, a_pre, a_post, a_res, NS, NPAD, TT)
+    M0, _m = init_entries(_res_entries(h, NS, TT), NS)
+    gres = ct.load(dhres, index=(t, 0, 0), shape=(TT, NP, NP), padding_mode=PAD_ZERO).astype(ct.float32)
+    g = sk_bwd_walk(M0, to_entries(gres, NS, TT), scratch, sk_eps, NS, TT, ITERS, APPROX, PF)
+    _pj, _rr, h, _alpha = _h(proj, r, bias, t, a_pre, a_post, a_res, NS, NPAD, TT)
+    dl = sk_bwd_through_exp(g, _res_entries(h, NS, TT), NS, TT)
+    ct.store(dlres, index=(t, 0, 0), tile=assemble(dl, NS, NP, TT))
+
+
+@ct.kernel
+def mhc_pre_bwd_rest(dpre, proj, r, bias, dhpost, dlres, dproj, dr, hpre_t, p_db, a_pre: float, a_post: float,
+                     a_res: float, NS: ConstInt, NP: ConstInt, NPAD: ConstInt, TT: ConstInt):
+    """The split mix's second kernel: mhc_pre_bwd_mix with the res columns of dh read from dlres
+    (mhc_pre_bwd_sk's) instead of computed: the sigmoid derivatives of pre and post, then dproj, dr, h_pre^T and
+    one dbias partial per TT-token tile (elementwise per token; rows past T read zeros and are not stored)."""
+    t = ct.bid(0)
+    pj, rr, h, alpha = _h(proj, r, bias, t, a_pre, a_post, a_res, NS, NPAD, TT)
+    sg = 1.0 / (1.0 + ct.exp(-h))
+    dh = _up(dpre, dhpost, t, NS, NP, NPAD, TT) * sg * (1.0 - sg)
+    dl = ct.load(dlres, index=(t, 0, 0), shape=(TT, NP, NP), padding_mode=PAD_ZERO)
+    for i in ct.static_iter(range(NS)):
+        for j in ct.static_iter(range(NS)):
+            dh = ct.insert(dh, (0, 2 * NS + i * NS + j),
+                           ct.reshape(ct.extract(dl, (0, i, j), shape=(TT, 1, 1)), (TT, 1)))
+    _mix_store(dh, pj, rr, alpha, sg, t, dproj, dr, p_db, hpre_t, NS, NP, TT)
+
+
+MIX_KERNELS = (mhc_pre_bwd_mix, mhc_pre_bwd_mix_e, mhc_pre_bwd_rest)  # whichever writes dproj, dr, h_pre^T (args 6:9)
+
+
+@ct.kernel
 def mhc_pre_dbias(p_db, dbias, NPAD: ConstInt, TG: ConstInt, PDL: ConstBool):
     """dbias = the per-tile partials [G, NPAD] summed in a fixed order (one block)."""
     if PDL:  # launched while the kernel before finishes: its writes are visible after this
@@ -203,21 +244,29 @@ class PreCfg:
     OCC_F: int = 0      # occupancy hints (0: compiler's choice)
     OCC_M: int = 0
     MIX_ENTRIES: bool = True  # bwd mix: the entries Sinkhorn backward (else the padded tile)
+    # bwd mix split in two kernels (wins over MIX_ENTRIES): the entries Sinkhorn backward alone (mhc_pre_bwd_sk, TT
+    # tokens a block), then the elementwise rest (mhc_pre_bwd_rest, TT_R tokens a block)
+    MIX_SPLIT: bool = False
+    TT_R: int = 128
     APPROX: int = 1     # approximate divides in the Sinkhorn steps (cutile_sinkhorn)
     PF: int = 1         # entries backward: each step's sums loaded one step ahead
     PDL: bool = True    # the dbias reduction as a programmatic dependent launch
 
     @classmethod
     @functools.lru_cache(maxsize=1024)  # pure in its arguments; runs on every call's host path
-    def heuristic(cls, T: int, n: int, C: int, iters: int, mix_entries: bool | None = None) -> "PreCfg":
-        """``mix_entries``: the bwd mix kernel's Sinkhorn backward (None: by n): the padded
-        tile for n <= 4, where the entries one is slower (its 128-token tile needs 210 KB of
-        shared memory, so one 4-warp block per SM), the entries one for n > 4, where it is
-        several times faster (benchmarks/probes/pre_mix_probe.py; numbers in
-        benchmarks/results/nvidia-h200-mhc-cutile.md)."""
+    def heuristic(cls, T: int, n: int, C: int, iters: int, mix_entries: bool | None = None,
+                  mix_split: bool | None = None) -> "PreCfg":
+        """The bwd mix's design: ``mix_entries`` True / False picks the one-kernel mix with the entries / the
+        padded-tile Sinkhorn backward; else ``mix_split`` (None: n <= 4) the split mix (the entries Sinkhorn
+        backward in a kernel of its own, then the elementwise rest: H200, T=32768, n=4, 84-87 us as one kernel
+        with the padded tile; the mHC ledger, session 23), else the one-kernel entries mix (n > 4, where it is
+        several times faster than the padded tile; at n = 4 its 128-token tile needed 210 KB of shared memory:
+        benchmarks/probes/pre_mix_probe.py)."""
         NP = next_pow2(n)
         base = dict(pr=pr.ProjRmsCfg.heuristic(T, n * n + 2 * n, C, pre=True), agg=agg.AggCfg.heuristic(T, n, C),
                     NS=n, NP=NP, ITERS=iters)
+        if mix_entries is None and (mix_split if mix_split is not None else n <= 4):
+            return cls(**base, TT=128, MIX_SPLIT=True)
         if mix_entries if mix_entries is not None else n > 4:
             return cls(**base, TT=128)
         # the padded-tile Sinkhorn backward's: 8 tokens at n = 4, occupancy 8
@@ -254,7 +303,7 @@ def bwd_launches(dlayer_in, dh_post, dh_res, x, weight, bias, proj, r, dx, dweig
     cfg = _cfg(x, iters, cfg)
     NPAD = cfg.pr.NPAD
     dev = x.device
-    nt = cdiv(T, cfg.TT)
+    nt = cdiv(T, cfg.TT_R if cfg.MIX_SPLIT else cfg.TT)   # token tiles of the kernel writing p_db
     dpre = torch.empty((T, n), dtype=torch.float32, device=dev)
     dproj = torch.empty((T, N), dtype=torch.float32, device=dev)
     dr = torch.empty((T,), dtype=torch.float32, device=dev)
@@ -264,14 +313,24 @@ def bwd_launches(dlayer_in, dh_post, dh_res, x, weight, bias, proj, r, dx, dweig
     head = (dpre, proj, r, bias, dh_post, dh_res, dproj, dr, hpre_t, p_db)
     scal = (float(alpha_pre), float(alpha_post), float(alpha_res), float(sinkhorn_eps), n, cfg.NP, NPAD,
             cfg.TT, cfg.ITERS)
-    if cfg.MIX_ENTRIES:
+    if cfg.MIX_SPLIT:
         scratch = torch.empty((cfg.ITERS, 2 * n, T), dtype=torch.float32, device=dev)
-        mix = Launch(mhc_pre_bwd_mix_e, (nt,), (*head, scratch, *scal, cfg.APPROX, cfg.PF), cfg,
-                     occ(cfg.OCC_M))
+        dlres = torch.empty((T, cfg.NP, cfg.NP), dtype=torch.float32, device=dev)
+        a3 = (float(alpha_pre), float(alpha_post), float(alpha_res))
+        sk = Launch(mhc_pre_bwd_sk, (cdiv(T, cfg.TT),), (proj, r, bias, dh_res, dlres, scratch, *a3,
+                                                         float(sinkhorn_eps), n, cfg.NP, NPAD, cfg.TT, cfg.ITERS,
+                                                         cfg.APPROX, cfg.PF), cfg, occ(cfg.OCC_M))
+        rest = Launch(mhc_pre_bwd_rest, (nt,), (dpre, proj, r, bias, dh_post, dlres, dproj, dr, hpre_t, p_db, *a3,
+                                                n, cfg.NP, NPAD, cfg.TT_R), cfg)
+        mixes = [sk, dh_pre, rest]   # the Sinkhorn backward needs nothing from the dh_pre pass
+    elif cfg.MIX_ENTRIES:
+        scratch = torch.empty((cfg.ITERS, 2 * n, T), dtype=torch.float32, device=dev)
+        mixes = [dh_pre, Launch(mhc_pre_bwd_mix_e, (nt,), (*head, scratch, *scal, cfg.APPROX, cfg.PF), cfg,
+                                occ(cfg.OCC_M))]
     else:
-        mix = Launch(mhc_pre_bwd_mix, (nt,), (*head, *scal), cfg, occ(cfg.OCC_M))
+        mixes = [dh_pre, Launch(mhc_pre_bwd_mix, (nt,), (*head, *scal), cfg, occ(cfg.OCC_M))]
     # dx None: the caller forms dx and dweight itself (mhc_post_pre's one-pass designs): no dx pass
     dxw = [] if dx is None else pr.bwd_launches(dproj, dr, x.view(T, n * C), weight, r, dx.view(T, n * C), dweight,
                                                 rms_eps, cfg.pr, groups=n, agg=(dlayer_in, hpre_t))
     red_b = Launch(mhc_pre_dbias, (1,), (p_db, dbias, NPAD, cfg.TG, cfg.PDL), cfg, pdl=cfg.PDL)
-    return [dh_pre, mix, *dxw, red_b]
+    return [*mixes, *dxw, red_b]
