@@ -13,15 +13,19 @@ fwd, two passes over x (h_pre needs the whole K reduction before x can be mixed)
   mhc_agg_fwd    (cutile_aggregate) layer_in from x and that h_pre.
 bwd, two passes over x (the parts one after another make three, plus an add):
   mhc_agg_bwd    (cutile_aggregate, without dx) dh_pre = sum_c dlayer_in * x, fp32 [T, n].
-  mhc_pre_bwd_mix  per token tile, in registers: the sigmoid derivatives and the
-                 Sinkhorn backward (recomputed: for n <= 4 the padded-tile one,
-                 cutile_sinkhorn.sk_bwd_tile; for n > 4, mhc_pre_bwd_mix_e, the
-                 entries layout, sk_bwd_walk, 128 tokens per block, with its
-                 [iters, 2n, T] fp32 scratch; see PreCfg.heuristic) give dh [T, N];
-                 writes dproj = dh * r * alpha, dr = sum_N dh * proj * alpha,
-                 h_pre transposed [n, T] (fp32 scratch) and one dbias partial per
-                 tile. (A kernel of its own: folded into the dh_pre pass's blocks,
-                 the latency-bound Sinkhorn chain stalled the stream.)
+  the mix     per token tile: the sigmoid derivatives and the Sinkhorn backward
+                 (recomputed) give dh [T, N]; writes dproj = dh * r * alpha,
+                 dr = sum_N dh * proj * alpha, h_pre transposed [n, T] (fp32 scratch)
+                 and one dbias partial per tile. n <= 4 (MIX_SPLIT): two kernels,
+                 mhc_pre_bwd_sk (the entries Sinkhorn backward alone, sk_bwd_walk, 128
+                 tokens a block, its [iters, 2n, T] fp32 scratch; launched before the
+                 dh_pre pass, which it does not need) writing the res logits' gradient,
+                 then mhc_pre_bwd_rest (elementwise); n > 4: one kernel,
+                 mhc_pre_bwd_mix_e (the same entries backward inside). The padded-tile
+                 one-kernel mix (mhc_pre_bwd_mix, cutile_sinkhorn.sk_bwd_tile) is an
+                 option. (The mix is not folded into the dh_pre pass's blocks: the
+                 latency-bound Sinkhorn chain stalled the stream; nor run beside it on
+                 another stream: 7 of its 87 us hid, the mHC ledger, session 23.)
   mhc_pr_bwd     (cutile_proj_rms, AGG) dx = dproj @ weight + dr * dr/dx
                  + h_pre * dlayer_in in one pass over x, with x seen as [T, n, C];
                  fp32 dweight partials per row group.
