@@ -12,6 +12,9 @@ before the pass has written it, so its results are not used):
 If "beside" is close to "pass alone", splitting the mix (Sinkhorn backward beside the pass, a small dh_pre-dependent
 tail after it) would save about the mix's time in both mhc_pre's and mhc_post_pre's backward.
 
+The mix is the one-kernel design (padded-tile Sinkhorn backward), the n <= 4 default when this ran (session 23, tree
+313fd2c); since 346632d the default splits it (pre_mix_split_probe.py), and this probe pins the old design.
+
     source .gpu-cutile/env.sh && python3 benchmarks/probes/pre_mix_overlap_probe.py [--T 32768]
 """
 from __future__ import annotations
@@ -28,6 +31,27 @@ import torch  # noqa: E402
 from _gpu import bench  # noqa: E402
 
 
+PARAMS = (0.7, 1.3, 0.4, 20, 1e-6, 1e-6)   # alpha_pre, alpha_post, alpha_res, iters, rms_eps, sinkhorn_eps
+
+
+def pre_inputs(T: int, n: int, C: int, cfg):
+    """mhc_pre's forward (cutile_pre.fwd_launches at ``cfg``) on random bf16 streams, then random incoming grads:
+    (x, weight, hbias, proj, r, (dlayer_in, dh_post, dh_res)). Shared with pre_mix_split_probe.py."""
+    from tilekernels.mhc import cutile_pre as pre
+
+    N, dev, bf = n * n + 2 * n, "cuda", torch.bfloat16
+    x = torch.randn(T, n, C, device=dev).to(bf)
+    weight = (torch.randn(N, n * C, device=dev) * (n * C) ** -0.5).to(bf)
+    hbias = torch.randn(N, device=dev) * 0.1
+    layer_in, h_post, h_res = (torch.empty(T, C, device=dev, dtype=bf), torch.empty(T, n, device=dev),
+                               torch.empty(T, n, n, device=dev))
+    proj, r = torch.empty(T, N, device=dev), torch.empty(T, device=dev)
+    for ln in pre.fwd_launches(x, weight, hbias, layer_in, h_post, h_res, proj, r, *PARAMS, cfg=cfg):
+        ln.run()
+    grads = (torch.randn(T, C, device=dev).to(bf), torch.randn(T, n, device=dev), torch.randn(T, n, n, device=dev))
+    return x, weight, hbias, proj, r, grads
+
+
 def main():
     from tilekernels.mhc import cutile_pre as pre
 
@@ -39,19 +63,10 @@ def main():
     o = ap.parse_args()
     T, n, C = o.T, o.n, o.C
     N = n * n + 2 * n
-    dev, bf, f32 = "cuda", torch.bfloat16, torch.float32
-    x = torch.randn(T, n, C, device=dev).to(bf)
-    weight = (torch.randn(N, n * C, device=dev) * 0.02).to(bf)
-    hbias = torch.randn(N, device=dev) * 0.1
-    layer_in, h_post, h_res = torch.empty(T, C, device=dev, dtype=bf), torch.empty(T, n, device=dev), \
-        torch.empty(T, n, n, device=dev)
-    proj, r = torch.empty(T, N, device=dev), torch.empty(T, device=dev)
-    sc = dict(alpha_pre=0.7, alpha_post=1.3, alpha_res=0.4, iters=20, rms_eps=1e-6, sinkhorn_eps=1e-6)
-    for ln in pre.fwd_launches(x, weight, hbias, layer_in, h_post, h_res, proj, r, *sc.values()):
-        ln.run()
-    dl, dhp, dhr = torch.randn(T, C, device=dev).to(bf), torch.randn(T, n, device=dev), torch.randn(T, n, n, device=dev)
-    dweight, dbias = torch.empty(N, n * C, device=dev, dtype=bf), torch.empty(N, device=dev)
-    pass_, mix, red = pre.bwd_launches(dl, dhp, dhr, x, weight, hbias, proj, r, None, dweight, dbias, *sc.values())
+    cfg = pre.PreCfg.heuristic(T, n, C, 20, mix_entries=False)   # the one-kernel mix
+    x, weight, hbias, proj, r, grads = pre_inputs(T, n, C, cfg)
+    dweight, dbias = torch.empty(N, n * C, device="cuda", dtype=torch.bfloat16), torch.empty(N, device="cuda")
+    pass_, mix, red = pre.bwd_launches(*grads, x, weight, hbias, proj, r, None, dweight, dbias, *PARAMS, cfg=cfg)
     side = torch.cuda.Stream()
     main_s = torch.cuda.current_stream()
 

@@ -20,6 +20,7 @@ sys.path[:0] = [ROOT, os.path.join(ROOT, "benchmarks")]
 import torch  # noqa: E402
 
 from _gpu import bench  # noqa: E402
+from pre_mix_overlap_probe import PARAMS, pre_inputs  # noqa: E402
 
 
 def main():
@@ -36,24 +37,15 @@ def main():
     T, n, C = o.T, o.n, o.C
     N = n * n + 2 * n
     dev, bf = "cuda", torch.bfloat16
-    x = torch.randn(T, n, C, device=dev).to(bf)
-    weight = (torch.randn(N, n * C, device=dev) * (n * C) ** -0.5).to(bf)
-    hbias = torch.randn(N, device=dev) * 0.1
-    layer_in, h_post, h_res = torch.empty(T, C, device=dev, dtype=bf), torch.empty(T, n, device=dev), \
-        torch.empty(T, n, n, device=dev)
-    proj, r = torch.empty(T, N, device=dev), torch.empty(T, device=dev)
-    sc = (0.7, 1.3, 0.4, 20, 1e-6, 1e-6)
     base = pre.PreCfg.heuristic(T, n, C, 20, mix_entries=False)
-    for ln in pre.fwd_launches(x, weight, hbias, layer_in, h_post, h_res, proj, r, *sc, cfg=base):
-        ln.run()
-    dl, dhp, dhr = torch.randn(T, C, device=dev).to(bf), torch.randn(T, n, device=dev), torch.randn(T, n, n, device=dev)
+    x, weight, hbias, proj, r, grads = pre_inputs(T, n, C, base)
     designs = {"one kernel (tile)": base}
     for tr in [int(v) for v in o.tt_r.split(",")]:
         designs[f"split TT_R={tr}"] = dataclasses.replace(pre.PreCfg.heuristic(T, n, C, 20, mix_split=True), TT_R=tr)
     res, ref = {}, None
     for name, cfg in designs.items():
         dweight, dbias = torch.empty(N, n * C, device=dev, dtype=bf), torch.empty(N, device=dev)
-        lns = pre.bwd_launches(dl, dhp, dhr, x, weight, hbias, proj, r, None, dweight, dbias, *sc, cfg=cfg)
+        lns = pre.bwd_launches(*grads, x, weight, hbias, proj, r, None, dweight, dbias, *PARAMS, cfg=cfg)
         for ln in lns:
             ln.run()
         mix = next(ln for ln in lns if ln.kernel in pre.MIX_KERNELS)

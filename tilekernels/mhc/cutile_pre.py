@@ -155,6 +155,17 @@ def mhc_pre_bwd_mix(dpre, proj, r, bias, dhpost, dhres, dproj, dr, hpre_t, p_db,
     _mix_store(dh, pj, rr, alpha, sg, t, dproj, dr, p_db, hpre_t, NS, NP, TT)
 
 
+def _sk_walk(proj, r, bias, dhres, scratch, t, a_pre, a_post, a_res, sk_eps, NS: ConstInt, NP: ConstInt,
+             NPAD: ConstInt, TT: ConstInt, ITERS: ConstInt, APPROX: ConstInt, PF: ConstInt):
+    """Token tile t's entries Sinkhorn backward walk (cutile_sinkhorn.sk_bwd_walk, ``scratch`` [ITERS, 2n, T])
+    from the res logits of h, recomputed from proj, r, bias, and dh_res. h is not returned: the callers read
+    proj again after the walk, so it is not live through the loops."""
+    _pj, _rr, h, _alpha = _h(proj, r, bias, t, a_pre, a_post, a_res, NS, NPAD, TT)
+    M0, _m = init_entries(_res_entries(h, NS, TT), NS)
+    gres = ct.load(dhres, index=(t, 0, 0), shape=(TT, NP, NP), padding_mode=PAD_ZERO).astype(ct.float32)
+    return sk_bwd_walk(M0, to_entries(gres, NS, TT), scratch, sk_eps, NS, TT, ITERS, APPROX, PF)
+
+
 @ct.kernel
 def mhc_pre_bwd_mix_e(dpre, proj, r, bias, dhpost, dhres, dproj, dr, hpre_t, p_db, scratch,
                       a_pre: float, a_post: float, a_res: float, sk_eps: float, NS: ConstInt,
@@ -165,10 +176,7 @@ def mhc_pre_bwd_mix_e(dpre, proj, r, bias, dhpost, dhres, dproj, dr, hpre_t, p_d
     res columns of h only; proj and r are read again after it, so h is not live
     through the loops."""
     t = ct.bid(0)
-    _pj, _rr, h, _alpha = _h(proj, r, bias, t, a_pre, a_post, a_res, NS, NPAD, TT)
-    M0, _m = init_entries(_res_entries(h, NS, TT), NS)
-    gres = ct.load(dhres, index=(t, 0, 0), shape=(TT, NP, NP), padding_mode=PAD_ZERO).astype(ct.float32)
-    g = sk_bwd_walk(M0, to_entries(gres, NS, TT), scratch, sk_eps, NS, TT, ITERS, APPROX, PF)
+    g = _sk_walk(proj, r, bias, dhres, scratch, t, a_pre, a_post, a_res, sk_eps, NS, NP, NPAD, TT, ITERS, APPROX, PF)
     pj, rr, h, alpha = _h(proj, r, bias, t, a_pre, a_post, a_res, NS, NPAD, TT)
     sg = 1.0 / (1.0 + ct.exp(-h))
     dh = _up(dpre, dhpost, t, NS, NP, NPAD, TT) * sg * (1.0 - sg)
@@ -193,10 +201,7 @@ def mhc_pre_bwd_sk(proj, r, bias, dhres, dlres, scratch, a_pre: float, a_post: f
     store drops rows past T). Nothing else is live, which is what keeps it as fast as the Sinkhorn op's own
     backward; the rest of the mix is elementwise (mhc_pre_bwd_rest)."""
     t = ct.bid(0)
-    _pj, _rr, h, _alpha = _h(proj, r, bias, t, a_pre, a_post, a_res, NS, NPAD, TT)
-    M0, _m = init_entries(_res_entries(h, NS, TT), NS)
-    gres = ct.load(dhres, index=(t, 0, 0), shape=(TT, NP, NP), padding_mode=PAD_ZERO).astype(ct.float32)
-    g = sk_bwd_walk(M0, to_entries(gres, NS, TT), scratch, sk_eps, NS, TT, ITERS, APPROX, PF)
+    g = _sk_walk(proj, r, bias, dhres, scratch, t, a_pre, a_post, a_res, sk_eps, NS, NP, NPAD, TT, ITERS, APPROX, PF)
     _pj, _rr, h, _alpha = _h(proj, r, bias, t, a_pre, a_post, a_res, NS, NPAD, TT)
     dl = sk_bwd_through_exp(g, _res_entries(h, NS, TT), NS, TT)
     ct.store(dlres, index=(t, 0, 0), tile=assemble(dl, NS, NP, TT))
