@@ -8,11 +8,12 @@ fwd (FUSE_FWD, default on): cute_post_pre_fwd's pass writes out and mhc_pre's pr
   T=32768, n=4, C=7168 (benchmarks/results/nvidia-h200-mhc-cutile.md): fwd 1.69-1.74 ms (session 22, the passes split
   over SPLIT CTAs a row tile) against the composition's 1.98-2.07.
 bwd, in order (every scratch written before it is read; reductions in a fixed order, deterministic):
-  mhc_pre's head (cutile_pre.bwd_launches without its dx pass): the dh_pre pass over out and dlayer_in,
-      the bwd mix (dproj, dr, h_pre^T), the hbias reduction;
+  mhc_pre's head (cutile_pre.bwd_launches without its dx pass): the dh_pre pass over out and dlayer_in and
+      the bwd mix (dproj, dr, h_pre^T; for n <= 4 its Sinkhorn kernel runs before the pass, its rest after), the
+      hbias reduction;
   h_res / h_post staged to fp32 when bf16 (cutile_post_bda._h32);
   cute_post_pre_bwd's pass: dresidual, dx, dh_res and dh_post (the two warpgroups' sums added in the kernel; with
-      SPLIT CTAs a row tile one plane each, summed after it), dbias partials per warp;
+      SPLIT CTAs a row tile one plane each, summed after it by one launch), dbias partials per row tile;
   the dbias partials' reduction; mhc_pre's dweight from the saved out (cute_proj_rms.dweight_into:
       its backward kernel without dx, then its fixed-order reduction).
 Ideal traffic (T=32768, n=4, C=7168, bf16; s = one [T, n, C] stream = 1.879 GB, x = [T, C] = 0.470):
@@ -62,7 +63,7 @@ def bwd_launches(dout, dlayer_in, dh_post_next, dh_res_next, h_res, residual, h_
     ntm = cdiv(T, K.BM)
     p_bias = torch.empty((ntm, C) if has_bias else (1, 1), dtype=f32, device=dev)
     # the pass stores dh itself, fp32 contiguous (else into a scratch copied into dh after it); with SPLIT CTAs a
-    # row tile, one plane each, summed by _planes_into after it
+    # row tile, one plane each, summed after it (_planes_launch; _planes_into for outputs that are not contiguous)
     sp = kcfg.SPLIT
     p_dhr, p_dhp = (t if sp == 1 and t.dtype == f32 and t.is_contiguous()
                     else torch.empty((sp, *t.shape) if sp > 1 else t.shape, dtype=f32, device=dev)
@@ -83,7 +84,8 @@ def bwd_launches(dout, dlayer_in, dh_post_next, dh_res_next, h_res, residual, h_
         if sp > 1 and dh_res.is_contiguous() and dh_post.is_contiguous():
             steps.append(_planes_launch(p_dhr, p_dhp, dh_res, dh_post, cfg))
         else:
-            steps += [functools.partial(_planes_into, p, o) for o, p in ((dh_res, p_dhr), (dh_post, p_dhp)) if p is not o]
+            steps += [functools.partial(_planes_into, p, o)
+                      for o, p in ((dh_res, p_dhr), (dh_post, p_dhp)) if p is not o]
         if has_bias:
             steps.append(ppb.dbias_launch(p_bias, dbias, cfg))
     else:

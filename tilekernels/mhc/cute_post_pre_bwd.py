@@ -24,8 +24,8 @@ CTA = 64 tokens (the wgmma M), 3 warpgroups (384 threads), walking C in chunks o
 (adjacent in launch order, so they run together): CTA r takes chunks r, r + SPLIT, ..., so the siblings stream
 adjacent pieces (128 bytes with CW 32) of the same rows at about the same time (DRAM locality: H200, T=32768, n=4,
 C=7168, this pass 1924 us at SPLIT 4 against 2003 unsplit, the mHC ledger, session 22); each writes its dh sums to
-plane r of a scratch [SPLIT, T, ...] that cute_post_pre sums with torch.sum (deterministic; with SPLIT 1 the pass
-stores dh itself):
+plane r of a scratch [SPLIT, T, ...] that cute_post_pre sums in plane order (one cuTile launch, deterministic; with
+SPLIT 1 the pass stores dh itself):
 
 * warp 0 (producer, 40 registers): per chunk, TMA loads into a STAGES-deep ring: dout and residual
   ([64 ch x 64 tok] channel-major, one box a stream), x and dlayer_in (one box each), bias, and the
@@ -43,9 +43,10 @@ stores dh itself):
   warpgroup's 4 warps in warp order through shared memory (``sPB``, two buffers by chunk parity: one named
   barrier of the warpgroup a chunk); one dbias partial per row tile and chunk (``p_bias`` [row tiles, C],
   reduced in a fixed order by a cuTile kernel; a row a warp instead made the partials 4x larger: at T=32768,
-  C=7168 58.7 MB written here and read by the reduction, 23 us of it, the mHC ledger, session 23). At the end warpgroup 1's dh sums go through shared memory to warpgroup 0's threads of the same
-  tokens, which store dh_res [T, n, n] and dh_post [T, n] (fp32: WG0's + WG1's, in that order: no partials in
-  memory and no reduction launches for them). Deterministic, no atomics.
+  C=7168 58.7 MB written here and read by the reduction, 23 us of it, the mHC ledger, session 23; sPB's 2 KB cost
+  n = 3 at C = 7168 its third stage, not measured). At the end warpgroup 1's dh sums go through shared memory to
+  warpgroup 0's threads of the same tokens, which store dh_res [T, n, n] and dh_post [T, n] (fp32: WG0's + WG1's,
+  in that order; with SPLIT > 1 into the CTA's plane). Deterministic, no atomics.
 
 Tails: TMA zero-fills loads past T and C (those d_total are 0: the weight copy is zero there too) and
 clips the stores; partial stores skip channels past C and tokens past T.

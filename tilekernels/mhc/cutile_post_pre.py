@@ -37,7 +37,8 @@ bwd: the gradient entering h_post_bda's backward is d_total = dout + d(out) of m
   summed in fp32 and kept in fp32 ([T, n, C] scratch): h_post_bda's fp32 dh_res / dh_post
   are sums over C of d_total, so a bf16 d_total would cost them ~2^-9 relative accuracy
   (the separate ops, whose autograd sums d(out) in bf16, are 2e-3 off float64 there).
-  mhc_agg_bwd, mhc_pre_bwd_mix (cutile_pre): dh_pre, then dh [T, N], dproj, dr, h_pre^T.
+  mhc_agg_bwd and the mix (cutile_pre: for n <= 4 mhc_pre_bwd_sk before the pass, mhc_pre_bwd_rest after it):
+               dh_pre, then dh [T, N], dproj, dr, h_pre^T.
   mhc_pp_bwd_dx (FUSE_BWD, the default) is cutile_proj_rms.mhc_pr_bwd's mhc_pre pass (dx =
                dproj @ weight + dr * dr/dx + h_pre * dlayer_in, fp32 dweight partials) with
                the incoming dout added before the store: d_total written once, in fp32.
@@ -303,7 +304,8 @@ def bwd_launches(dout, dlayer_in, dh_post_next, dh_res_next, h_res, residual, h_
                            cfg.pb)
     if not cfg.FUSE_BWD:
         return [*head, functools.partial(d_total.add_, dout), *tail]
-    # head = [dh_pre pass, mix, mhc_pr_bwd (the dx pass), mhc_pr_reduce, dbias reduction]
+    # head = [the mix's Sinkhorn kernel (split mix), dh_pre pass, mix, mhc_pr_bwd (the dx pass), mhc_pr_reduce,
+    # dbias reduction]: found by kernel, not position
     i = next(k for k, ln in enumerate(head) if ln.kernel is pr.mhc_pr_bwd)
     a = head[i].args  # (dproj, dr, x, w, r, dx, p_dw, dagg, hpre_t, eps, NPAD, TM, TK, AGG, DWT)
     if not a[13]:

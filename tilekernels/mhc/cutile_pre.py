@@ -267,8 +267,8 @@ class PreCfg:
                   mix_split: bool | None = None) -> "PreCfg":
         """The bwd mix's design: ``mix_entries`` True / False picks the one-kernel mix with the entries / the
         padded-tile Sinkhorn backward; else ``mix_split`` (None: n <= 4) the split mix (the entries Sinkhorn
-        backward in a kernel of its own, then the elementwise rest: H200, T=32768, n=4, 84-87 us as one kernel
-        with the padded tile; the mHC ledger, session 23), else the one-kernel entries mix (n > 4, where it is
+        backward in a kernel of its own, then the elementwise rest: H200, T=32768, n=4, 59 us against 86 as one
+        kernel with the padded tile; the mHC ledger, session 23), else the one-kernel entries mix (n > 4, where it is
         several times faster than the padded tile; at n = 4 its 128-token tile needed 210 KB of shared memory:
         benchmarks/probes/pre_mix_probe.py)."""
         NP = next_pow2(n)
