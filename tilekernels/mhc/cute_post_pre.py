@@ -13,7 +13,7 @@ bwd, in order (every scratch written before it is read; reductions in a fixed or
       hbias reduction;
   h_res / h_post staged to fp32 when bf16 (cutile_post_bda._h32);
   cute_post_pre_bwd's pass: dresidual, dx, dh_res and dh_post (the two warpgroups' sums added in the kernel; with
-      SPLIT CTAs a row tile one plane each, summed after it by one launch), dbias partials per row tile;
+      SPLIT CTAs a row tile one plane each, summed after it), dbias partials per row tile;
   the dbias partials' reduction; mhc_pre's dweight from the saved out (cute_proj_rms.dweight_into:
       its backward kernel without dx, then its fixed-order reduction).
 Ideal traffic (T=32768, n=4, C=7168, bf16; s = one [T, n, C] stream = 1.879 GB, x = [T, C] = 0.470):
@@ -63,7 +63,8 @@ def bwd_launches(dout, dlayer_in, dh_post_next, dh_res_next, h_res, residual, h_
     ntm = cdiv(T, K.BM)
     p_bias = torch.empty((ntm, C) if has_bias else (1, 1), dtype=f32, device=dev)
     # the pass stores dh itself, fp32 contiguous (else into a scratch copied into dh after it); with SPLIT CTAs a
-    # row tile, one plane each, summed after it (_planes_launch; _planes_into for outputs that are not contiguous)
+    # row tile, one plane each, summed by _planes_into after it (one cuTile launch of mhc_pb_dh_reduce instead of its
+    # two torch.sum measured the same, 10-11 us at T=32768, n=4: the mHC ledger, session 23)
     sp = kcfg.SPLIT
     p_dhr, p_dhp = (t if sp == 1 and t.dtype == f32 and t.is_contiguous()
                     else torch.empty((sp, *t.shape) if sp > 1 else t.shape, dtype=f32, device=dev)
@@ -81,29 +82,13 @@ def bwd_launches(dout, dlayer_in, dh_post_next, dh_res_next, h_res, residual, h_
             steps.append(functools.partial(dresidual.copy_, dres))
         if dxx is not dx:
             steps.append(functools.partial(dx.copy_, dxx))
-        if sp > 1 and dh_res.is_contiguous() and dh_post.is_contiguous():
-            steps.append(_planes_launch(p_dhr, p_dhp, dh_res, dh_post, cfg))
-        else:
-            steps += [functools.partial(_planes_into, p, o)
-                      for o, p in ((dh_res, p_dhr), (dh_post, p_dhp)) if p is not o]
+        steps += [functools.partial(_planes_into, p, o) for o, p in ((dh_res, p_dhr), (dh_post, p_dhp)) if p is not o]
         if has_bias:
             steps.append(ppb.dbias_launch(p_bias, dbias, cfg))
     else:
         steps += [dh_res.zero_, dh_post.zero_] + ([dbias.zero_] if has_bias else [])
     steps.append(functools.partial(cpr.dweight_into, dproj, out.view(T, n * C), dweight))
     return steps
-
-
-def _planes_launch(p_dhr, p_dhp, dh_res, dh_post, cfg) -> Launch:
-    """dh_res, dh_post (contiguous, fp32 or bf16) = the sums of the split pass's planes p_dhr [SPLIT, T, n, n] and
-    p_dhp [SPLIT, T, n] in plane order: one cuTile launch (cutile_post_bda.mhc_pb_dh_reduce with one partial a plane
-    row) instead of two torch.sum launches (H200, T=32768, n=4: 10-11 us either way, one launch fewer; the mHC
-    ledger, session 23)."""
-    sp, q = p_dhr.shape[0], cfg.pb
-    a, b = dh_res.numel(), dh_post.numel()
-    return Launch(pb.mhc_pb_dh_reduce, (cdiv(a, q.TR) + cdiv(b, q.TR),),
-                  (p_dhr.view(sp, a, 1), p_dhp.view(sp, b, 1), dh_res.view(a), dh_post.view(b), q.TR, 1, sp, q.PDL),
-                  cfg, pdl=q.PDL)
 
 
 def _planes_into(p: torch.Tensor, out: torch.Tensor) -> None:

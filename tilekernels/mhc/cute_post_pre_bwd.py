@@ -24,8 +24,8 @@ CTA = 64 tokens (the wgmma M), 3 warpgroups (384 threads), walking C in chunks o
 (adjacent in launch order, so they run together): CTA r takes chunks r, r + SPLIT, ..., so the siblings stream
 adjacent pieces (128 bytes with CW 32) of the same rows at about the same time (DRAM locality: H200, T=32768, n=4,
 C=7168, this pass 1924 us at SPLIT 4 against 2003 unsplit, the mHC ledger, session 22); each writes its dh sums to
-plane r of a scratch [SPLIT, T, ...] that cute_post_pre sums in plane order (one cuTile launch, deterministic; with
-SPLIT 1 the pass stores dh itself):
+plane r of a scratch [SPLIT, T, ...] that cute_post_pre sums with torch.sum (deterministic; with SPLIT 1 the pass
+stores dh itself):
 
 * warp 0 (producer, 40 registers): per chunk, TMA loads into a STAGES-deep ring: dout and residual
   ([64 ch x 64 tok] channel-major, one box a stream), x and dlayer_in (one box each), bias, and the
