@@ -11,7 +11,9 @@ Rows (--rows, comma list, each run in the order given; repeat a name to see the 
   cute:K=V[:K=V]    the cute backend with its backward pass's config changed (PostPreBwdCuteCfg fields, e.g.
                     cute:CW=16, cute:STAGES=3), FWD_<field>=V the fused forward pass's (PostPreFwdCuteCfg, e.g.
                     cute:FWD_STAGES=2), PP_<field>=V cutile_post_pre.PostPreCfg's (e.g. PP_TE=32: mhc_pp_mix's
-                    tokens a block), or FUSE_FWD=0/1 (cute_post_pre.FUSE_FWD: the fused forward pass)
+                    tokens a block), DHW_<field>=V the dh_pre + dweight pass's (PostPreDhwCuteCfg, e.g. DHW_LAG=2),
+                    FUSE_FWD=0/1 (cute_post_pre.FUSE_FWD: the fused forward pass) or FUSE_DHW=0/1
+                    (cute_post_pre.FUSE_DHW: dh_pre and dweight in one pass over out, cute_post_pre_dhw)
 A row whose changes make a config the kernels refuse prints the error and goes on.
 
     (call 1) source .gpu-cutile/env.sh                      # unpacks cuTile into /tmp/tk-cutile
@@ -79,11 +81,21 @@ class _patched:
 
         self.cpp, self.K, self.F, self.pp = cpp, K, F, pp
         self.pheur = pp.PostPreCfg.__dict__["heuristic"]
+        from tilekernels.mhc import cute_post_pre_dhw as D
+
+        self.D = D
         self.fuse, self.heur = cpp.FUSE_FWD, K.PostPreBwdCuteCfg.heuristic
+        self.dfuse, self.dheur = cpp.FUSE_DHW, D.PostPreDhwCuteCfg.__dict__["heuristic"]
         self.fheur = F.PostPreFwdCuteCfg.__dict__["heuristic"]
         ch = {k: int(v) for k, v in self.changes.items()}
         if "FUSE_FWD" in ch:
             cpp.FUSE_FWD = bool(ch.pop("FUSE_FWD"))
+        if "FUSE_DHW" in ch:
+            cpp.FUSE_DHW = bool(ch.pop("FUSE_DHW"))
+        dch = {k[4:]: ch.pop(k) for k in list(ch) if k.startswith("DHW_")}
+        if dch:   # the dh_pre + dweight pass's config (PostPreDhwCuteCfg fields, e.g. DHW_LAG=2)
+            dinner = self.dheur.__func__.__wrapped__
+            D.PostPreDhwCuteCfg.heuristic = classmethod(lambda cls, *a: dataclasses.replace(dinner(cls, *a), **dch))
         fch = {k[4:]: ch.pop(k) for k in list(ch) if k.startswith("FWD_")}
         if fch:   # the fused forward pass's config (PostPreFwdCuteCfg fields, e.g. FWD_STAGES=2)
             inner = self.fheur.__func__.__wrapped__
@@ -100,6 +112,8 @@ class _patched:
 
     def __exit__(self, *exc):
         self.cpp.FUSE_FWD = self.fuse
+        self.cpp.FUSE_DHW = self.dfuse
+        self.D.PostPreDhwCuteCfg.heuristic = self.dheur
         self.K.PostPreBwdCuteCfg.heuristic = self.heur
         self.F.PostPreFwdCuteCfg.heuristic = self.fheur
         self.pp.PostPreCfg.heuristic = self.pheur

@@ -9,6 +9,9 @@ tolerance table: bf16 results 1e-2, fp32 dh_res / dh_post / dhbias 1e-5, as the 
 fp32 d_total out of memory), outputs poisoned: n = 1..4, T = 1, 65 (one past a row tile), 1001, 0, C with a
 partial last chunk (C % 64 != 0), the headline C = 7168, fp32 and bf16 h, bias or None; two runs bitwise equal;
 the same results as the cuTile backend's default design and as the two ops called in sequence.
+The FUSE_DHW pass (cute_post_pre_dhw, off by default): CPU, it compiles for n = 1..4 (C = 8448: 132 CTAs) with its
+exchange's memory operations, and its config limits; GPU, the float64 checks with it on, two runs bitwise equal and
+neither the dh_pre pass nor the dweight pass in its backward's kernels.
 """
 from __future__ import annotations
 
@@ -24,6 +27,7 @@ pytest.importorskip("cuda.tile")
 import registry  # noqa: E402
 from tilekernels._cute import cubin_resources, setmaxnreg_budget, unfenced_releases  # noqa: E402
 from tilekernels.mhc import cute_post_pre_bwd as K  # noqa: E402
+from tilekernels.mhc import cute_post_pre_dhw as D  # noqa: E402
 from tilekernels.testing import assert_close  # noqa: E402
 
 from mhc_helpers import BF16, F32, case_id, on_gpu, rand  # noqa: E402
@@ -54,6 +58,41 @@ def test_pass_compiles_for_sm90a(n, C, bias, CW):
     assert f"cp.async.bulk.tensor.{d}.shared::cta.global" in art.ptx    # dout / residual
     assert f"cp.async.bulk.tensor.{d}.global.shared::cta" in art.ptx    # dresidual stores
     assert "cp.async.bulk.tensor.2d.global.shared::cta" in art.ptx      # dx stores
+
+
+DHW_COMPILE = [(4, 7168), (4, 8448), (3, 200), (2, 104), (1, 64)]
+
+
+@pytest.mark.parametrize("n,C", DHW_COMPILE, ids=[f"n{n}-C{c}" for n, c in DHW_COMPILE])
+def test_dhw_pass_compiles_for_sm90a(n, C):
+    """cute_post_pre_dhw (FUSE_DHW): no spills, the setmaxnreg budget of 4 warpgroups (two at the side registers),
+    every ring release fenced, the dweight wgmma m64 n64, and the exchange's memory operations: tagged relaxed 8-byte
+    stores and loads of the partials, release stores of dpp, the fetchers' acquire fence, the trap of a stuck wait."""
+    N = n * n + 2 * n
+    cfg = D.PostPreDhwCuteCfg.heuristic(n, C, N, 32 if N > 16 else 16)
+    art = D.launch(cfg).export("sm_90a")
+    res = [v for k, v in cubin_resources(art.cubin).items() if "kernel" in k]
+    assert len(res) == 1 and res[0]["frame"] == 0, f"register spills or a local array: {res}"
+    need, have = setmaxnreg_budget(art, 256)
+    assert 0 < need <= have, (need, have)
+    assert not unfenced_releases(art.ptx)
+    assert set(re.findall(r"wgmma\.mma_async\.sync\.aligned\.(m64n\d+k16)\.f32\.bf16\.bf16", art.ptx)) == {"m64n64k16"}
+    for op in ("st.relaxed.gpu.global.b64", "ld.relaxed.gpu.global", "st.release.gpu.global.b64", "fence.acq_rel.gpu",
+               "trap;", "nanosleep"):
+        assert op in art.ptx, op
+
+
+def test_dhw_config_limits():
+    cfg = D.PostPreDhwCuteCfg.heuristic(4, 7168, 24, 32)
+    assert cfg.S == 112 and cfg.smem_bytes <= D.SMEM_LIMIT and cfg.R > cfg.LAG
+    assert D.PostPreDhwCuteCfg.heuristic(4, 8448, 24, 32).S == 132
+    with pytest.raises(ValueError, match="R > LAG"):
+        D.PostPreDhwCuteCfg(n=4, C=64, N=24, NPAD=32, LAG=8, R=8)
+    with pytest.raises(ValueError, match="multiple of 3"):
+        D.PostPreDhwCuteCfg(n=2, C=64, N=8, NPAD=16, FS=4)
+    with pytest.raises(ValueError, match="shared memory"):
+        D.PostPreDhwCuteCfg(n=4, C=64, N=24, NPAD=32, SP=3, FS=6)
+    assert D.scratch_words(cfg, 65) == (cfg.R * 112 * 64 * 4, 128 * 4)
 
 
 @pytest.mark.parametrize("split", [1, 3])
@@ -249,6 +288,48 @@ def test_cute_composed_forward_matches_float64(c, monkeypatch):
 
     monkeypatch.setattr(cpp, "FUSE_FWD", False)
     run_cutile(c, backend="cute")
+
+
+DHW_CASES = [dict(T=1001, n=4, C=2560, h=F32, bias=True), dict(T=37, n=3, C=200, h=BF16, bias=True),
+             dict(T=1, n=1, C=64, h=F32, bias=False), dict(T=130, n=2, C=7168, h=F32, bias=False),
+             dict(T=300, n=4, C=520, h=F32, bias=False), dict(T=65, n=4, C=8448, h=BF16, bias=True)]
+
+
+@on_gpu
+@pytest.mark.parametrize("c", DHW_CASES, ids=case_id)
+def test_cute_dhw_pass_matches_float64(c, monkeypatch):
+    """FUSE_DHW on (cute_post_pre_dhw: dh_pre and dweight in one pass, its CTAs through a device-wide exchange; off
+    by default, measured slower): the same float64 checks, C = 8448 with 132 CTAs (one an SM of the H200), T = 1
+    (one group), 1001 (a partial last group), C % 64 != 0 (a partial last slice)."""
+    from tilekernels.mhc import cute_post_pre as cpp
+
+    monkeypatch.setattr(cpp, "FUSE_DHW", True)
+    run_cutile(c, backend="cute")
+
+
+@on_gpu
+def test_cute_dhw_pass_is_deterministic_and_replaces_both_passes(monkeypatch):
+    """Two FUSE_DHW runs bitwise equal (the exchange sums in a fixed order whatever order the CTAs arrive in), and
+    the backward runs no dh_pre pass and no dweight pass then (a torch.profiler kernel list)."""
+    from tilekernels.mhc import cute_post_pre as cpp
+
+    monkeypatch.setattr(cpp, "FUSE_DHW", True)
+    args = inputs(2000, 4, 7168, device="cuda")
+    cots = None
+    res = []
+    for _ in range(2):
+        leaves = [t.clone().requires_grad_() for t in args]
+        outs = OP(*leaves, **PARAMS, backend="cute")
+        if cots is None:
+            cots = [rand(*o.shape, dtype=o.dtype).cuda() for o in outs]
+        with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
+            torch.autograd.backward(outs, cots)
+            torch.cuda.synchronize()
+        res.append([t.grad for t in leaves])
+    names = " ".join(e.name for e in prof.events())
+    assert "PostPreDhwCuteCfg" in names and "mhc_agg_bwd" not in names and "DW_ONLYTrue" not in names
+    for i, (a, b) in enumerate(zip(*res)):
+        assert torch.equal(a, b), f"gradient {i} differs between runs"
 
 
 @on_gpu

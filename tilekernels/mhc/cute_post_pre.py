@@ -16,6 +16,9 @@ bwd, in order (every scratch written before it is read; reductions in a fixed or
       SPLIT CTAs a row tile one plane each, summed after it), dbias partials per row tile;
   the dbias partials' reduction; mhc_pre's dweight from the saved out (cute_proj_rms.dweight_into:
       its backward kernel without dx, then its fixed-order reduction).
+  FUSE_DHW (off by default, measured slower): the dh_pre pass and the dweight pass replaced by one pass over out
+      (cute_post_pre_dhw), the mix's rest run before it with dh_pre read as 0 (dproj's post / res columns) and again
+      after it.
 Ideal traffic (T=32768, n=4, C=7168, bf16; s = one [T, n, C] stream = 1.879 GB, x = [T, C] = 0.470):
   dh_pre pass s + x, this pass 3s + 3x, dweight pass s: 5s + 4x = 11.3 GB (the separate ops: 18.8).
 
@@ -25,6 +28,7 @@ and the cuTile backend's own limits.
 """
 from __future__ import annotations
 
+import dataclasses
 import functools
 
 import torch
@@ -33,6 +37,7 @@ from tilekernels._cutile import Launch, cdiv
 from tilekernels._glue import aligned16, kernel
 
 from . import cute_post_bda as cpb
+from . import cute_post_pre_dhw as D
 from . import cute_post_pre_fwd as F
 from . import cute_post_pre_bwd as K
 from . import cute_proj_rms as cpr
@@ -58,6 +63,9 @@ def bwd_launches(dout, dlayer_in, dh_post_next, dh_res_next, h_res, residual, h_
                             alpha_pre, alpha_post, alpha_res, iters, rms_eps, sinkhorn_eps, cfg=cfg.pre)
     mix = next(ln for ln in head if ln.kernel in pre.MIX_KERNELS)
     dproj, dr, hpre_t = mix.args[6:9]
+    dhw = _dhw_head(head, mix, out, dlayer_in, proj, r, hbias, dproj, dweight, alpha_pre, cfg.pre.pr.NPAD)
+    if dhw is not None:
+        head = dhw
     stage, h_res, h_post = pb._h32(h_res, h_post, cfg.pb, force=True)
     dev, f32 = residual.device, torch.float32
     ntm = cdiv(T, K.BM)
@@ -87,7 +95,52 @@ def bwd_launches(dout, dlayer_in, dh_post_next, dh_res_next, h_res, residual, h_
             steps.append(ppb.dbias_launch(p_bias, dbias, cfg))
     else:
         steps += [dh_res.zero_, dh_post.zero_] + ([dbias.zero_] if has_bias else [])
-    steps.append(functools.partial(cpr.dweight_into, dproj, out.view(T, n * C), dweight))
+    if dhw is None:
+        steps.append(functools.partial(cpr.dweight_into, dproj, out.view(T, n * C), dweight))
+    return steps
+
+
+# mhc_pre's dh_pre and dweight in one pass over out from DRAM (cute_post_pre_dhw, its CTAs in step through a
+# device-wide exchange) where it applies; False (the default): the dh_pre pass (cutile_aggregate) and the dweight
+# pass (cute_proj_rms.dweight_into), each a read of out. Measured slower (H200, T=32768, n=4, C=7168: the pass
+# 4.0 ms at its default config, 3.1-8.3 across those tried, against 534 + 447 us; the mHC ledger, session 24): an
+# option, correct and tested, not the default.
+FUSE_DHW = False
+
+
+@functools.lru_cache(maxsize=16)
+def _sm_count(index: int) -> int:
+    return torch.cuda.get_device_properties(index).multi_processor_count
+
+
+def _dhw_head(head, mix, out, dlayer_in, proj, r, hbias, dproj, dweight, alpha_pre, npad):
+    """mhc_pre's backward head with cute_post_pre_dhw's pass in place of the dh_pre pass and the dweight pass, or None
+    where it does not apply (FUSE_DHW off, T = 0, the mix not split, more 64-channel slices than SMs: its CTAs must
+    all be resident). In order: the Sinkhorn backward; the rest of the mix with dh_pre read as 0 into dproj0 [T, NPAD]
+    (dproj's post and res columns, which the pass's dweight products read); the pass (dh_pre, dweight); the mix's
+    rest again with dh_pre (dproj, dr, h_pre^T and the hbias partials the later steps read); the hbias reduction."""
+    T, n, C = out.shape
+    N = dproj.shape[1]
+    if not FUSE_DHW or T == 0 or mix.kernel is not pre.mhc_pre_bwd_rest or out.device.type != "cuda":
+        return None
+    dcfg = D.PostPreDhwCuteCfg.heuristic(n, C, N, npad)
+    if dcfg.S > _sm_count(out.device.index if out.device.index is not None else torch.cuda.current_device()):
+        return None
+    dev = out.device
+    wp, wd = D.scratch_words(dcfg, T)
+    scr = torch.zeros(wp + wd + -(-T * n // 2), dtype=torch.int64, device=dev)   # tags 0: nothing written yet
+    zero = scr[wp + wd:].view(torch.float32)[:T * n].view(T, n)                     # dh_pre = 0 for the first mix
+    dproj0 = torch.empty((T, npad), dtype=torch.float32, device=dev)
+    dw = dweight if dweight.is_contiguous() else torch.empty_like(dweight)
+    i = head.index(mix)
+    sk, rest, tail = head[:i - 1], head[i], head[i + 1:]   # head[i - 1] is the dh_pre pass
+    dpre = rest.args[0]
+    rest0 = dataclasses.replace(rest, args=(zero, *rest.args[1:6], dproj0, *rest.args[7:]))
+    run = functools.partial(D.launch(dcfg).run, aligned16(out), aligned16(dlayer_in), dproj0, proj, r, hbias, dpre,
+                            scr[:wp], scr[wp:wp + wd], dw, T, float(alpha_pre))
+    steps = [*sk, rest0, run, rest, *tail]
+    if dw is not dweight:
+        steps.append(functools.partial(dweight.copy_, dw))
     return steps
 
 
