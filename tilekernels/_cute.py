@@ -71,12 +71,15 @@ from tilekernels._glue import COMPILE_KEYS, _RECORD_KEYS, record_compile_keys  #
 import cutlass
 import cutlass.cute as cute
 from cuda.bindings import driver as cuda  # noqa: F401  (re-exported: host functions annotate `stream: cuda.CUstream`)
+from cutlass._mlir.dialects import llvm
+from cutlass._mlir.extras import types as _mlir_types
 from cutlass.base_dsl.compiler import DumpDir, PtxasOptions
+from cutlass.cutlass_dsl import dsl_user_op
 from cutlass.cute.runtime import from_dlpack, make_fake_compact_tensor, make_fake_stream, make_ptr
 
 __all__ = [
     "COMPILE_KEYS", "record_compile_keys", "cute_dtype", "device_arch", "cdiv",
-    "Ptr", "Tensor", "Scalar", "Launch", "Artifacts", "clear_cache", "cuda", "cubin_resources",
+    "Ptr", "Tensor", "Scalar", "Launch", "Artifacts", "clear_cache", "cuda", "cubin_resources", "f32_bits", "bits_f32",
 ]
 
 _DTYPES = {
@@ -240,6 +243,18 @@ class Artifacts:
     compiled: Any
     ptx: str
     cubin: bytes
+
+
+@dsl_user_op
+def f32_bits(x, *, loc=None, ip=None) -> cutlass.Int32:
+    """The bits of an fp32 value as an int32 (a bitcast; called from a ``@cute.kernel`` / ``@cute.jit``)."""
+    return cutlass.Int32(llvm.bitcast(_mlir_types.i32(), cutlass.Float32(x).ir_value(loc=loc, ip=ip), loc=loc, ip=ip))
+
+
+@dsl_user_op
+def bits_f32(i, *, loc=None, ip=None) -> cutlass.Float32:
+    """The fp32 value of an int32's bits (a bitcast; called from a ``@cute.kernel`` / ``@cute.jit``)."""
+    return cutlass.Float32(llvm.bitcast(_mlir_types.f32(), cutlass.Int32(i).ir_value(loc=loc, ip=ip), loc=loc, ip=ip))
 
 
 def launch_bounded(kernel, min_blocks: int, **launch) -> None:

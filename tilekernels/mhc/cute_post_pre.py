@@ -34,7 +34,7 @@ import functools
 import torch
 
 from tilekernels._cutile import Launch, cdiv
-from tilekernels._glue import aligned16, kernel
+from tilekernels._glue import aligned16, kernel, sm_count
 
 from . import cute_post_bda as cpb
 from . import cute_post_pre_dhw as D
@@ -108,11 +108,6 @@ def bwd_launches(dout, dlayer_in, dh_post_next, dh_res_next, h_res, residual, h_
 FUSE_DHW = False
 
 
-@functools.lru_cache(maxsize=16)
-def _sm_count(index: int) -> int:
-    return torch.cuda.get_device_properties(index).multi_processor_count
-
-
 def _dhw_head(head, mix, out, dlayer_in, proj, r, hbias, dproj, dweight, alpha_pre, npad):
     """mhc_pre's backward head with cute_post_pre_dhw's pass in place of the dh_pre pass and the dweight pass, or None
     where it does not apply (FUSE_DHW off, T = 0, the mix not split, more 64-channel slices than SMs: its CTAs must
@@ -124,7 +119,7 @@ def _dhw_head(head, mix, out, dlayer_in, proj, r, hbias, dproj, dweight, alpha_p
     if not FUSE_DHW or T == 0 or mix.kernel is not pre.mhc_pre_bwd_rest or out.device.type != "cuda":
         return None
     dcfg = D.PostPreDhwCuteCfg.heuristic(n, C, N, npad)
-    if dcfg.S > _sm_count(out.device.index if out.device.index is not None else torch.cuda.current_device()):
+    if dcfg.S > sm_count(out.device):
         return None
     dev = out.device
     wp, wd = D.scratch_words(dcfg, T)

@@ -41,11 +41,11 @@ Tails: TMA zero-fills tokens past T and channels past C (partials and products 0
 are not fetched (0); dweight columns past C are not stored.
 
 Status (off by default: cute_post_pre.FUSE_DHW): correct (float64 tests, bitwise deterministic, memcheck 0 errors,
-racecheck 0 hazards) and slower. H200, T=32768, n=4, C=7168: this pass 4.0 ms at the default config (3.1-8.3 across
-the configs tried) against the two passes' 534 + 447 us. The same rings and products without the exchange (SKEL) take
-1.49 ms: 112 CTAs with two 2-stage rings keep too few bytes in flight. Each group's exchange (S partial stores, a
-reducer's poll, its release, a fetcher's poll and fence) costs several loaded L2 round trips. Numbers and the earlier
-design: the mHC ledger, session 24, and benchmarks/results/h200-mhc-post-pre-dhw.txt.
+racecheck 0 hazards; initcheck not run yet) and slower. H200, T=32768, n=4, C=7168: this pass 4.0 ms at the default
+config (3.1-8.3 across the configs tried) against the two passes' 534 + 447 us. The same rings and products without
+the exchange (SKEL) take 1.49 ms: 112 CTAs with two 2-stage rings keep too few bytes in flight. Each group's
+exchange (S partial stores, a reducer's poll, its release, a fetcher's poll and fence) costs several loaded L2 round
+trips. Numbers and the earlier design: the mHC ledger, session 24, and benchmarks/results/h200-mhc-post-pre-dhw.txt.
 
 Constraints: n <= 4, N <= 32, C % 8 == 0, bf16 out / dlayer_in, fp32 dproj0 / proj / r / hbias, contiguous. Compile
 key: PostPreDhwCuteCfg (n, C, N, NPAD and the ring depths); T is a runtime scalar. Importing this module needs
@@ -64,7 +64,6 @@ import cutlass.pipeline as pipeline
 import cutlass.utils.hopper_helpers as sm90_utils
 from cutlass import BFloat16, Float32, Int32, Int64, const_expr
 from cutlass._mlir.dialects import llvm
-from cutlass._mlir.extras import types as _ty
 from cutlass.cute.nvgpu import cpasync, warpgroup
 from cutlass.cutlass_dsl import dsl_user_op
 from cutlass.utils import LayoutEnum
@@ -101,7 +100,8 @@ class PostPreDhwCuteCfg:
     LAG: int = 8
     R: int = 10
     FS: int = 6
-    SKEL: bool = False   # probe only: the rings and products without the exchange (no waits on other CTAs; wrong dweight)
+    # probe only: the rings and products without the exchange (no waits on other CTAs; wrong dweight)
+    SKEL: bool = False
 
     def __post_init__(self):
         if not (1 <= self.n <= 4 and self.N == self.n * self.n + 2 * self.n and self.N <= self.NPAD <= NP
@@ -156,16 +156,9 @@ def _trap(*, loc=None, ip=None) -> None:
                     asm_dialect=llvm.AsmDialect.AD_ATT, loc=loc, ip=ip)
 
 
-@dsl_user_op
-def _pack(v, tag, *, loc=None, ip=None) -> Int64:
+def _pack(v, tag) -> Int64:
     """(tag << 32) | bits(v): a tagged fp32 value, stored with one 8-byte (single-copy atomic) store."""
-    bits = Int32(llvm.bitcast(_ty.i32(), Float32(v).ir_value(loc=loc, ip=ip), loc=loc, ip=ip))
-    return (Int64(tag) << 32) | (Int64(bits) & Int64(0xFFFFFFFF))
-
-
-@dsl_user_op
-def _value(w, *, loc=None, ip=None) -> Float32:
-    return Float32(llvm.bitcast(_ty.f32(), Int32(w).ir_value(loc=loc, ip=ip), loc=loc, ip=ip))
+    return (Int64(tag) << 32) | (Int64(CU.f32_bits(v)) & Int64(0xFFFFFFFF))
 
 
 def _tag(w) -> Int32:
@@ -273,7 +266,7 @@ def _kernel(cfg: cutlass.Constexpr, tma_o: cute.CopyAtom, mO: cute.Tensor, tma_l
                         if tg < T:
                             w_ = cute.arch.load(d64 + g * BM * NQ + idx, Int64, sem="relaxed", scope="gpu")
                             good = good & (_tag(w_) == 1)
-                            v = _value(Int32(w_))
+                            v = CU.bits_f32(Int32(w_))
                         vals[e] = v
                     ok = Int32(cute.arch.vote_all_sync(good))
                     if ok == 0:
@@ -308,7 +301,7 @@ def _kernel(cfg: cutlass.Constexpr, tma_o: cute.CopyAtom, mO: cute.Tensor, tma_l
                                     w_ = cute.arch.load(p64 + ((slot * S + src) * BM + t) * NQ + e, Int64,
                                                         sem="relaxed", scope="gpu")
                                     good = good & (_tag(w_) == g + 1)
-                                    v = _value(Int32(w_))
+                                    v = CU.bits_f32(Int32(w_))
                                 vals[q * NQ + e] = v
                         ok = Int32(cute.arch.vote_all_sync(good))
                         if ok == 0:

@@ -13,6 +13,9 @@ from cutlass import Float32, Int32, Int64, Uint32
 from cutlass._mlir.dialects import llvm
 from cutlass._mlir.extras import types as T
 from cutlass.cutlass_dsl import dsl_user_op
+
+from tilekernels._cute import bits_f32 as _bits_f32  # noqa: F401 (cute_quantize_pipe imports it from here)
+from tilekernels._cute import f32_bits as _f32_bits
 # Straight-line trace-time helpers (no dynamic control flow), inlined into the kernels.
 
 # torch's CUDA sigmoid for fp32, ``1.f / (1.f + expf(-x))``, as nvcc 13 compiles it (libdevice
@@ -43,16 +46,6 @@ def _asm_f32(asm: str, *args, loc=None, ip=None) -> Float32:
     vals = [Float32(a).ir_value(loc=loc, ip=ip) for a in args]
     cons = "=f" + "".join(",f" for _ in args)
     return Float32(llvm.inline_asm(T.f32(), vals, asm, cons, loc=loc, ip=ip))
-
-
-@dsl_user_op
-def _f32_bits(x, *, loc=None, ip=None) -> Int32:
-    return Int32(llvm.bitcast(T.i32(), Float32(x).ir_value(loc=loc, ip=ip), loc=loc, ip=ip))
-
-
-@dsl_user_op
-def _bits_f32(i, *, loc=None, ip=None) -> Float32:
-    return Float32(llvm.bitcast(T.f32(), Int32(i).ir_value(loc=loc, ip=ip), loc=loc, ip=ip))
 
 
 @dsl_user_op
