@@ -1,8 +1,12 @@
 #!/usr/bin/env bash
-# Session 24's GPU checks (cute bundle, cuTile unpacked by a call before: see owed_gpu_checks.sh): mhc_post_pre's
-# FUSE_DHW pass (cute_post_pre_dhw) against float64 and under the sanitizers, the default backward unchanged, and the
-# checks session 23 owed on mhc_pre's split mix (initcheck / racecheck on mhc_pre_bwd_sk / _rest, the whole test_pre).
-# PHASE: dhw (the dhw pass's tests and sanitizers, the post_pre file) | pre (the mix checks) | all.
+# GPU checks of mhc_post_pre's backward designs for mhc_pre's dh_pre and dweight (cute bundle, cuTile unpacked by a call
+# before: see owed_gpu_checks.sh). PHASE:
+#   split      (session 25) SPLIT_DW, the default: a smoke case, then post_pre_dhw_check.py --flag SPLIT_DW (every
+#              output against SPLIT_DW off at 8 shapes, two runs bitwise equal, the backward timed both ways)
+#   splittests (session 25) the post_pre file whole, memcheck / initcheck / racecheck on small SPLIT_DW cases
+#   dhw        (session 24) FUSE_DHW's tests and sanitizers, the post_pre file
+#   pre        (session 24) session 23's mix checks (initcheck / racecheck on mhc_pre_bwd_sk / _rest, test_pre)
+#   all        dhw and pre
 set -u
 . "$(dirname "$0")/_steps.sh"
 : > "$SUM"
@@ -12,13 +16,27 @@ ls /tmp/tk-cutile > /dev/null || { echo "cuTile is not unpacked (call 1 first)";
 PHASE=${1:-all}
 K='dhw_pass_matches_float64 and (T37-n3 or T1-n1)'
 M='pre_backward_either_mix and split and (T37-n3 or T1-n1)'
-if [ "$PHASE" != pre ]; then
+S='cute_matches_float64 and (T37-n3 or T1-n1 or T300-n4)'
+if [ "$PHASE" = split ]; then
+  step smoke 90 $PYT tests/mhc/test_mhc_cute_post_pre.py -k "cute_matches_float64 and (T1-n1 or T37-n3)"
+  grep -q "rc=0 " "$SUM" || { cat "$SUM"; tail -30 "$OUT/smoke.log"; exit 1; }
+  step check 300 python3 benchmarks/probes/post_pre_dhw_check.py --flag SPLIT_DW --out "$OUT"
+  tail -14 "$OUT/check.log"
+fi
+if [ "$PHASE" = splittests ]; then
+  step post_pre_tests 300 $PYT tests/mhc/test_mhc_cute_post_pre.py
+  step split_memcheck 200 $SAN --tool memcheck $PYT tests/mhc/test_mhc_cute_post_pre.py -k "$S" &
+  step split_initcheck 200 $SAN --tool initcheck $PYT tests/mhc/test_mhc_cute_post_pre.py -k "$S" &
+  step split_racecheck 200 $SAN --tool racecheck $PYT tests/mhc/test_mhc_cute_post_pre.py -k "$S" &
+  wait
+fi
+if [ "$PHASE" = dhw ] || [ "$PHASE" = all ]; then
   step post_pre_tests 300 $PYT tests/mhc/test_mhc_cute_post_pre.py
   step dhw_memcheck 200 $SAN --tool memcheck $PYT tests/mhc/test_mhc_cute_post_pre.py -k "$K" &
   step dhw_racecheck 200 $SAN --tool racecheck $PYT tests/mhc/test_mhc_cute_post_pre.py -k "$K" &
   wait
 fi
-if [ "$PHASE" != dhw ]; then
+if [ "$PHASE" = pre ] || [ "$PHASE" = all ]; then
   step pre_tests 300 $PYT tests/mhc/test_mhc_cutile_gpu.py -k "test_pre"
   step mix_initcheck 200 $SAN --tool initcheck $PYT tests/mhc/test_mhc_cutile_gpu.py -k "$M" &
   step mix_racecheck 200 $SAN --tool racecheck $PYT tests/mhc/test_mhc_cutile_gpu.py -k "$M" &

@@ -12,8 +12,10 @@ Rows (--rows, comma list, each run in the order given; repeat a name to see the 
                     cute:CW=16, cute:STAGES=3), FWD_<field>=V the fused forward pass's (PostPreFwdCuteCfg, e.g.
                     cute:FWD_STAGES=2), PP_<field>=V cutile_post_pre.PostPreCfg's (e.g. PP_TE=32: mhc_pp_mix's
                     tokens a block), DHW_<field>=V the dh_pre + dweight pass's (PostPreDhwCuteCfg, e.g. DHW_LAG=2),
-                    FUSE_FWD=0/1 (cute_post_pre.FUSE_FWD: the fused forward pass) or FUSE_DHW=0/1
-                    (cute_post_pre.FUSE_DHW: dh_pre and dweight in one pass over out, cute_post_pre_dhw)
+                    FUSE_FWD=0/1 (cute_post_pre.FUSE_FWD: the fused forward pass), FUSE_DHW=0/1
+                    (cute_post_pre.FUSE_DHW: dh_pre and dweight in one pass over out, cute_post_pre_dhw) or
+                    SPLIT_DW=0/1 (cute_post_pre.SPLIT_DW: dweight split between the dh_pre pass and the backward
+                    pass, cute_post_pre_dhdw)
 A row whose changes make a config the kernels refuse prints the error and goes on.
 
     (call 1) source .gpu-cutile/env.sh                      # unpacks cuTile into /tmp/tk-cutile
@@ -86,12 +88,15 @@ class _patched:
         self.D = D
         self.fuse, self.heur = cpp.FUSE_FWD, K.PostPreBwdCuteCfg.heuristic
         self.dfuse, self.dheur = cpp.FUSE_DHW, D.PostPreDhwCuteCfg.__dict__["heuristic"]
+        self.sdw = cpp.SPLIT_DW
         self.fheur = F.PostPreFwdCuteCfg.__dict__["heuristic"]
         ch = {k: int(v) for k, v in self.changes.items()}
         if "FUSE_FWD" in ch:
             cpp.FUSE_FWD = bool(ch.pop("FUSE_FWD"))
         if "FUSE_DHW" in ch:
             cpp.FUSE_DHW = bool(ch.pop("FUSE_DHW"))
+        if "SPLIT_DW" in ch:
+            cpp.SPLIT_DW = bool(ch.pop("SPLIT_DW"))
         dch = {k[4:]: ch.pop(k) for k in list(ch) if k.startswith("DHW_")}
         if dch:   # the dh_pre + dweight pass's config (PostPreDhwCuteCfg fields, e.g. DHW_LAG=2)
             dinner = self.dheur.__func__.__wrapped__
@@ -113,6 +118,7 @@ class _patched:
     def __exit__(self, *exc):
         self.cpp.FUSE_FWD = self.fuse
         self.cpp.FUSE_DHW = self.dfuse
+        self.cpp.SPLIT_DW = self.sdw
         self.D.PostPreDhwCuteCfg.heuristic = self.dheur
         self.K.PostPreBwdCuteCfg.heuristic = self.heur
         self.F.PostPreFwdCuteCfg.heuristic = self.fheur

@@ -1,13 +1,14 @@
 #!/usr/bin/env python3
-"""GPU check of mhc_post_pre's dh_pre + dweight pass (cute_post_pre_dhw, FUSE_DHW) against the two passes it replaces
-(the dh_pre pass and the dweight pass, FUSE_DHW off), at the shapes given: every output and gradient of the cute
-backend both ways (relative L2 difference; the pass sums dh_pre and dweight in other orders, so not bitwise), two
-FUSE_DHW runs bitwise equal (its exchange sums in a fixed order), then the backward's time both ways (do_bench median
-of torch.autograd.backward on one forward's graph, retain_graph).
+"""GPU check of one of mhc_post_pre's backward designs for mhc_pre's dh_pre and dweight (--flag: FUSE_DHW, the one
+pass of cute_post_pre_dhw; SPLIT_DW, cute_post_pre_dhdw's slices pass plus the backward pass's pre rows) against the
+dh_pre pass and the dweight pass (both flags off), at the shapes given: every output and gradient of the cute backend
+both ways (relative L2 difference; the designs sum dh_pre and dweight in other orders, so not bitwise), two runs with
+the flag bitwise equal (fixed-order sums), then the backward's time both ways (do_bench median of
+torch.autograd.backward on one forward's graph, retain_graph).
 
     (call 1) source .gpu-cutile/env.sh
     (call 2) source .gpu-cute/env.sh; export PYTHONPATH=$PYTHONPATH:/tmp/tk-cutile/site PATH=/tmp/tk-cutile/cu13/bin:$PATH
-             unset CUDA_HOME CUDA_PATH; python3 benchmarks/probes/post_pre_dhw_check.py [--shapes T:n:C,..] [--out $OUT]
+             unset CUDA_HOME CUDA_PATH; python3 benchmarks/probes/post_pre_dhw_check.py [--flag SPLIT_DW] [--shapes T:n:C,..] [--out $OUT]
 """
 from __future__ import annotations
 
@@ -26,6 +27,7 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--shapes", default="1:1:64,65:4:200,1001:3:520,300:2:7168,37:4:8448,5:2:8512,4096:4:7168,32768:4:7168")
     ap.add_argument("--time", default="32768:4:7168")
+    ap.add_argument("--flag", default="SPLIT_DW", choices=("FUSE_DHW", "SPLIT_DW"))
     ap.add_argument("--out")
     o = ap.parse_args()
     import registry
@@ -37,8 +39,12 @@ def main():
     names = ["out", "layer_in", "h_post_next", "h_res_next", "dh_res", "dresidual", "dh_post", "dx", "dweight",
              "dhbias", "dbias"]
 
+    def use(on):
+        cpp.FUSE_DHW = cpp.SPLIT_DW = False
+        setattr(cpp, o.flag, on)
+
     def run(args, cots, fuse):
-        cpp.FUSE_DHW = fuse
+        use(fuse)
         leaves = [t.clone().requires_grad_() for t in args]
         outs = op(*leaves, **PARAMS, backend="cute")
         torch.autograd.backward(outs, cots)
@@ -70,7 +76,7 @@ def main():
     leaves, _ = make(T, n, C, "cuda")
     times = {}
     for fuse in (True, False, True, False):
-        cpp.FUSE_DHW = fuse
+        use(fuse)
         outs = op(*leaves, **PARAMS, backend="cute")
         cots = [torch.randn_like(x, dtype=torch.float32).to(x.dtype) for x in outs]
 
@@ -81,10 +87,10 @@ def main():
 
         ms = tt.do_bench(step, warmup=5, rep=60, return_mode="median")
         times.setdefault(str(fuse), []).append(ms)
-        print(f"bwd FUSE_DHW={fuse}: {ms:.4f} ms", flush=True)
-    cpp.FUSE_DHW = False
+        print(f"bwd {o.flag}={fuse}: {ms:.4f} ms", flush=True)
+    use(False)
     if o.out:
-        with open(os.path.join(o.out, "dhw_check.json"), "w") as f:
+        with open(os.path.join(o.out, f"{o.flag.lower()}_check.json"), "w") as f:
             json.dump(dict(rows=rows, bwd_ms=times, device=torch.cuda.get_device_name()), f, indent=1)
     ok = all(r["deterministic"] and not r["bad"] for r in rows)
     print("ALL OK" if ok else "FAILED")

@@ -12,6 +12,10 @@ the same results as the cuTile backend's default design and as the two ops calle
 The FUSE_DHW pass (cute_post_pre_dhw, off by default): CPU, it compiles for n = 1..4 (C = 8448: 132 CTAs) with its
 exchange's memory operations, and its config limits; GPU, the float64 checks with it on, two runs bitwise equal and
 neither the dh_pre pass nor the dweight pass in its backward's kernels.
+SPLIT_DW (the default where it applies: cute_post_pre_dhdw's slices pass for dh_pre's partials and dweight's post / res
+rows, the backward pass's DWPRE pre rows): CPU, both kernels compile (the pre rows' wgmma m64 n8 beside the pass's own)
+and DWPRE's limits; GPU, every GPU case above runs it, the float64 checks with it off (the dh_pre and dweight passes),
+two runs bitwise equal and its kernel list (no dh_pre pass, no dweight pass).
 """
 from __future__ import annotations
 
@@ -27,6 +31,7 @@ pytest.importorskip("cuda.tile")
 import registry  # noqa: E402
 from tilekernels._cute import cubin_resources, setmaxnreg_budget, unfenced_releases  # noqa: E402
 from tilekernels.mhc import cute_post_pre_bwd as K  # noqa: E402
+from tilekernels.mhc import cute_post_pre_dhdw as DD  # noqa: E402
 from tilekernels.mhc import cute_post_pre_dhw as D  # noqa: E402
 from tilekernels.testing import assert_close  # noqa: E402
 
@@ -93,6 +98,53 @@ def test_dhw_config_limits():
     with pytest.raises(ValueError, match="shared memory"):
         D.PostPreDhwCuteCfg(n=4, C=64, N=24, NPAD=32, SP=3, FS=6)
     assert D.scratch_words(cfg, 65) == (cfg.R * 112 * 64 * 4, 128 * 4)
+
+
+DHDW_COMPILE = [(4, 7168), (3, 200), (2, 104), (1, 64)]
+
+
+@pytest.mark.parametrize("n,C", DHDW_COMPILE, ids=[f"n{n}-C{c}" for n, c in DHDW_COMPILE])
+def test_split_dw_kernels_compile_for_sm90a(n, C):
+    """SPLIT_DW's kernels: cute_post_pre_dhdw (no spills, the setmaxnreg budget of its two side warpgroups (producer,
+    dh partials) and two consumers, fenced releases, the dweight wgmma
+    m64 n64 over k = 64 tokens a stream, TMA loads only) and the backward pass with DWPRE (its own wgmma m64 n(32 n)
+    plus the pre rows' m64 n8: 4 k-steps for each of a warpgroup's up to 2 streams)."""
+    N = n * n + 2 * n
+    cfg = DD.PostPreDhdwCuteCfg.heuristic(n, C, N, 32 if N > 16 else 16)
+    kq = K.PostPreBwdCuteCfg.heuristic(n, C, N, True, dwpre=True)
+    arts = (DD.launch(cfg).export("sm_90a"), K.launch(kq).export("sm_90a"))
+    for art, side in zip(arts, (256, 128)):
+        res = [v for k, v in cubin_resources(art.cubin).items() if "kernel" in k]
+        assert len(res) == 1 and res[0]["frame"] == 0, f"register spills or a local array: {res}"
+        need, have = setmaxnreg_budget(art, side)
+        assert 0 < need <= have, (need, have)
+        assert not unfenced_releases(art.ptx)
+    mma = r"wgmma\.mma_async\.sync\.aligned\.(m64n\d+k16)\.f32\.bf16\.bf16"
+    mm = re.findall(mma, arts[0].ptx)
+    assert set(mm) == {"m64n64k16"} and len(mm) == 8, mm   # the code of a warpgroup's up to 2 streams x 4 k-steps
+    mm = re.findall(mma, arts[1].ptx)
+    assert mm.count("m64n8k16") == 8 and mm.count(f"m64n{32 * n}k16") == 3 * kq.NP // 16, mm
+
+
+def test_split_dw_config_limits():
+    cfg = DD.PostPreDhdwCuteCfg.heuristic(4, 7168, 24, 32)
+    assert cfg.S == 112 and cfg.STAGES == 4 and cfg.smem_bytes <= DD.SMEM_LIMIT
+    assert [DD.row_groups(t) for t in (1, 64, 65, 32768)] == [1, 1, 2, 7]
+    kq = K.PostPreBwdCuteCfg.heuristic(4, 7168, 24, True, dwpre=True)
+    assert kq.DWPRE and kq.STAGES == 2 and kq.smem_bytes <= K.SMEM_LIMIT
+    # with_dwpre (the backward's config for SPLIT_DW): the most stages that fit beside sQ, none at CW 16
+    for n, C, N in [(4, 7168, 24), (2, 7168, 8), (3, 200, 15), (1, 64, 3)]:
+        base = K.PostPreBwdCuteCfg.heuristic(n, C, N, True)
+        q = K.with_dwpre(base)
+        assert q.DWPRE and q.smem_bytes <= K.SMEM_LIMIT and q.STAGES <= base.STAGES
+        assert q.STAGES == base.STAGES or dataclasses.replace(q, STAGES=q.STAGES + 1, DWPRE=False).smem_bytes + 2048 > \
+            K.SMEM_LIMIT
+    assert K.with_dwpre(K.PostPreBwdCuteCfg.heuristic(2, 7168, 8, True)).STAGES == 3
+    assert K.with_dwpre(K.PostPreBwdCuteCfg.heuristic(4, 7168, 24, True, 16)) is None
+    with pytest.raises(ValueError, match="32 with DWPRE"):
+        K.PostPreBwdCuteCfg(n=4, C=7168, N=24, CW=16, DWPRE=True)
+    with pytest.raises(ValueError, match="n <= 4"):
+        DD.PostPreDhdwCuteCfg(n=5, C=64, N=35, NPAD=32)
 
 
 @pytest.mark.parametrize("split", [1, 3])
@@ -290,6 +342,48 @@ def test_cute_composed_forward_matches_float64(c, monkeypatch):
     run_cutile(c, backend="cute")
 
 
+@on_gpu
+@pytest.mark.parametrize("c", [GPU_CASES[0], GPU_CASES[2], GPU_CASES[3], GPU_CASES[7], dict(T=65, n=4, C=7168, h=F32,
+                                                                                          bias=True)], ids=case_id)
+def test_cute_without_split_dw_matches_float64(c, monkeypatch):
+    """SPLIT_DW off (the dh_pre pass, then the dweight pass: a third read of out; every other GPU test here runs the
+    default, SPLIT_DW): the same float64 checks."""
+    from tilekernels.mhc import cute_post_pre as cpp
+
+    monkeypatch.setattr(cpp, "SPLIT_DW", False)
+    run_cutile(c, backend="cute")
+
+
+@on_gpu
+def test_cute_split_dw_is_deterministic_and_drops_the_dweight_pass():
+    """Two runs bitwise equal (every partial written once and summed in a fixed order), and the default backward runs
+    the slices pass and the backward pass with DWPRE, but neither the dh_pre pass nor the dweight pass (a
+    torch.profiler kernel list)."""
+    names = _twice_bitwise_equal()
+    assert "PostPreDhdwCuteCfg" in names and "DWPRETrue" in names, names
+    assert "mhc_agg_bwd" not in names and "DW_ONLYTrue" not in names
+
+
+def _twice_bitwise_equal(T: int = 2000, n: int = 4, C: int = 7168) -> str:
+    """Two fwd + bwd runs on the same inputs and grad outputs: every gradient bitwise equal; the second backward's
+    kernel names (torch.profiler), space-separated."""
+    args = inputs(T, n, C, device="cuda")
+    cots = None
+    res = []
+    for _ in range(2):
+        leaves = [t.clone().requires_grad_() for t in args]
+        outs = OP(*leaves, **PARAMS, backend="cute")
+        if cots is None:
+            cots = [rand(*o.shape, dtype=o.dtype).cuda() for o in outs]
+        with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
+            torch.autograd.backward(outs, cots)
+            torch.cuda.synchronize()
+        res.append([t.grad for t in leaves])
+    for i, (a, b) in enumerate(zip(*res)):
+        assert torch.equal(a, b), f"gradient {i} differs between runs"
+    return " ".join(e.name for e in prof.events())
+
+
 DHW_CASES = [dict(T=1001, n=4, C=2560, h=F32, bias=True), dict(T=37, n=3, C=200, h=BF16, bias=True),
              dict(T=1, n=1, C=64, h=F32, bias=False), dict(T=130, n=2, C=7168, h=F32, bias=False),
              dict(T=300, n=4, C=520, h=F32, bias=False), dict(T=65, n=4, C=8448, h=BF16, bias=True)]
@@ -314,22 +408,8 @@ def test_cute_dhw_pass_is_deterministic_and_replaces_both_passes(monkeypatch):
     from tilekernels.mhc import cute_post_pre as cpp
 
     monkeypatch.setattr(cpp, "FUSE_DHW", True)
-    args = inputs(2000, 4, 7168, device="cuda")
-    cots = None
-    res = []
-    for _ in range(2):
-        leaves = [t.clone().requires_grad_() for t in args]
-        outs = OP(*leaves, **PARAMS, backend="cute")
-        if cots is None:
-            cots = [rand(*o.shape, dtype=o.dtype).cuda() for o in outs]
-        with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
-            torch.autograd.backward(outs, cots)
-            torch.cuda.synchronize()
-        res.append([t.grad for t in leaves])
-    names = " ".join(e.name for e in prof.events())
+    names = _twice_bitwise_equal()
     assert "PostPreDhwCuteCfg" in names and "mhc_agg_bwd" not in names and "DW_ONLYTrue" not in names
-    for i, (a, b) in enumerate(zip(*res)):
-        assert torch.equal(a, b), f"gradient {i} differs between runs"
 
 
 @on_gpu

@@ -16,11 +16,16 @@ bwd, in order (every scratch written before it is read; reductions in a fixed or
       SPLIT CTAs a row tile one plane each, summed after it), dbias partials per row tile;
   the dbias partials' reduction; mhc_pre's dweight from the saved out (cute_proj_rms.dweight_into:
       its backward kernel without dx, then its fixed-order reduction).
+  SPLIT_DW (the default where it applies): no dweight pass. The dh_pre pass is cute_post_pre_dhdw's pass over
+      64-channel slices of out and dlayer_in (dh_pre partials, summed after it, and dweight's post / res rows from
+      dproj0, the mix's rest run before it with dh_pre read as 0); the backward pass (DWPRE) adds dweight's pre rows
+      from the out it recomputes (partials a row tile); their sums and the slices pass's planes reduce into dweight.
   FUSE_DHW (off by default, measured slower): the dh_pre pass and the dweight pass replaced by one pass over out
       (cute_post_pre_dhw), the mix's rest run before it with dh_pre read as 0 (dproj's post / res columns) and again
       after it.
 Ideal traffic (T=32768, n=4, C=7168, bf16; s = one [T, n, C] stream = 1.879 GB, x = [T, C] = 0.470):
-  dh_pre pass s + x, this pass 3s + 3x, dweight pass s: 5s + 4x = 11.3 GB (the separate ops: 18.8).
+  dh_pre pass s + x, this pass 3s + 3x, dweight pass s: 5s + 4x = 11.3 GB (the separate ops: 18.8); SPLIT_DW
+  4s + 4x = 9.4 GB plus its fp32 partials (dh_pre's 59 MB, the pre rows' 235 MB, each written and read once).
 
 Backend limits (the spec's entry): both toolchains (cuTile for the forward and the head, CuTe DSL for the
 pass), sm_90a, n <= 4, C % 8 == 0, bf16 residual / x / bias / weight, dweight's partials indexable in int32,
@@ -37,6 +42,7 @@ from tilekernels._cutile import Launch, cdiv
 from tilekernels._glue import aligned16, kernel, sm_count
 
 from . import cute_post_bda as cpb
+from . import cute_post_pre_dhdw as DD
 from . import cute_post_pre_dhw as D
 from . import cute_post_pre_fwd as F
 from . import cute_post_pre_bwd as K
@@ -64,8 +70,11 @@ def bwd_launches(dout, dlayer_in, dh_post_next, dh_res_next, h_res, residual, h_
     mix = next(ln for ln in head if ln.kernel in pre.MIX_KERNELS)
     dproj, dr, hpre_t = mix.args[6:9]
     dhw = _dhw_head(head, mix, out, dlayer_in, proj, r, hbias, dproj, dweight, alpha_pre, cfg.pre.pr.NPAD)
+    sdw = None if dhw is not None else _split_dw(head, mix, out, dlayer_in, dweight, cfg.pre.pr.NPAD, kcfg)
     if dhw is not None:
         head = dhw
+    elif sdw is not None:
+        head, kcfg, p_pre, finish = sdw
     stage, h_res, h_post = pb._h32(h_res, h_post, cfg.pb, force=True)
     dev, f32 = residual.device, torch.float32
     ntm = cdiv(T, K.BM)
@@ -85,7 +94,8 @@ def bwd_launches(dout, dlayer_in, dh_post_next, dh_res_next, h_res, residual, h_
     steps = [*head, *stage]
     if T > 0:
         steps.append(functools.partial(K.launch(kcfg).run, *srcs, b, wp, dproj, dr, r, h_res, h_post, hpre_t, dres,
-                                       dxx, p_bias, p_dhr, p_dhp, T, float(rms_eps)))
+                                       dxx, p_bias, p_dhr, p_dhp, p_pre if sdw is not None else p_bias, T,
+                                       float(rms_eps)))
         if dres is not dresidual:
             steps.append(functools.partial(dresidual.copy_, dres))
         if dxx is not dx:
@@ -95,9 +105,61 @@ def bwd_launches(dout, dlayer_in, dh_post_next, dh_res_next, h_res, residual, h_
             steps.append(ppb.dbias_launch(p_bias, dbias, cfg))
     else:
         steps += [dh_res.zero_, dh_post.zero_] + ([dbias.zero_] if has_bias else [])
-    if dhw is None:
+    if sdw is not None:
+        steps += finish
+    elif dhw is None:
         steps.append(functools.partial(cpr.dweight_into, dproj, out.view(T, n * C), dweight))
     return steps
+
+
+# mhc_pre's dweight split between two reads of out that happen anyway (cute_post_pre_dhdw; the default where it
+# applies): the dh_pre pass becomes a pass over 64-channel slices that also forms dweight's post / res rows (their
+# dproj columns need no dh_pre), and the backward pass adds the pre rows from the out it recomputes (DWPRE); the
+# separate dweight pass (a third read of out) is gone. False: the dh_pre pass and the dweight pass. H200, T=32768,
+# n=4, C=7168: fwd+bwd 4.44-4.51 ms against 4.61-4.62 (the slices pass ~610 us and the partials' sums ~80 against the
+# two passes' 529 + 443; the backward pass +70; the mHC ledger, session 25).
+SPLIT_DW = True
+
+
+def _split_dw(head, mix, out, dlayer_in, dweight, npad, kcfg):
+    """(head, kcfg, p_pre, finish) of the SPLIT_DW backward, or None where it does not apply (SPLIT_DW off, T = 0,
+    the mix not split, kcfg not the heuristic's 32-channel config, int32 offsets). head, in order: the Sinkhorn
+    backward; the mix's rest with dh_pre read as 0 into dproj0 [T, NPAD] (dproj's post / res columns); the slices pass
+    (dh_pre partials [S, T, n], dweight partials [GM + 1, N, n C] planes 0 .. GM-1 with zero pre rows); dh_pre = the
+    partials summed in slice order; the mix's rest again with dh_pre; the hbias reduction. The backward pass then
+    writes the pre-row partials p_pre [row tiles, n, n C]; finish sums them in row-tile order into plane GM's pre rows
+    (its other rows 0) and reduces the GM + 1 planes in order into dweight (bf16)."""
+    T, n, C = out.shape
+    N = dweight.shape[0]
+    if not SPLIT_DW or T == 0 or mix.kernel is not pre.mhc_pre_bwd_rest or out.device.type != "cuda":
+        return None
+    kq = K.with_dwpre(kcfg)
+    if kq is None:
+        return None
+    dcfg = DD.PostPreDhdwCuteCfg.heuristic(n, C, N, npad)
+    gm = DD.row_groups(T)
+    ntm = cdiv(T, K.BM)
+    if max(ntm * n * n * C, dcfg.S * T * n, (gm + 1) * N * n * C) >= 2 ** 31:
+        return None
+    dev, f32 = out.device, torch.float32
+    p_dh = torch.empty((dcfg.S, T, n), dtype=f32, device=dev)
+    p_dw = torch.empty((gm + 1, N, n * C), dtype=f32, device=dev)
+    p_pre = torch.empty((ntm, n, n * C), dtype=f32, device=dev)
+    zero = torch.zeros((T, n), dtype=f32, device=dev)
+    dproj0 = torch.empty((T, npad), dtype=f32, device=dev)
+    i = head.index(mix)
+    sk, rest, tail = head[:i - 1], head[i], head[i + 1:]   # head[i - 1] is the dh_pre pass
+    dpre = rest.args[0]
+    rest0 = dataclasses.replace(rest, args=(zero, *rest.args[1:6], dproj0, *rest.args[7:]))
+    run = functools.partial(DD.launch(dcfg).run, aligned16(out), aligned16(dlayer_in), dproj0, p_dh, p_dw, T, gm)
+    steps = [*sk, rest0, run, functools.partial(torch.sum, p_dh, 0, out=dpre), rest, *tail]
+    dw = dweight if dweight.is_contiguous() and dweight.data_ptr() % 8 == 0 else torch.empty_like(dweight)
+    rcfg = cpr.ProjRmsBwdCuteCfg.heuristic(N, n * C)
+    finish = [functools.partial(torch.sum, p_pre, 0, out=p_dw[gm, :n]), p_dw[gm, n:].zero_,
+              functools.partial(cpr.reduce_launch(rcfg).run, p_dw, dw, gm + 1)]
+    if dw is not dweight:
+        finish.append(functools.partial(dweight.copy_, dw))
+    return steps, kq, p_pre, finish
 
 
 # mhc_pre's dh_pre and dweight in one pass over out from DRAM (cute_post_pre_dhw, its CTAs in step through a

@@ -48,6 +48,14 @@ stores dh itself):
   warpgroup 0's threads of the same tokens, which store dh_res [T, n, n] and dh_post [T, n] (fp32: WG0's + WG1's,
   in that order; with SPLIT > 1 into the CTA's plane). Deterministic, no atomics.
 
+With DWPRE (cute_post_pre.SPLIT_DW) the pass also forms mhc_pre's dweight pre rows, whose dproj columns need dh_pre
+and so could not come from the slices pass before it (cute_post_pre_dhdw): each thread writes the out it recomputed
+(bf16, the value mhc_pre read) over the dout it read, both warpgroups meet at a named barrier, and each issues
+D [64 ch, 8] = out^T @ Q (wgmma m64 n8, k = 64 tokens; A the dout slot as it lies, M-major; B ``sQ``: dproj's pre
+columns as hi and mid bf16 terms, interleaved, so a thread's column pair 2j, 2j + 1 sums to pre column j) for
+streams wc and wc + 2, before the stage is released. The row tile's partial goes to p_pre[row tile, j, i C + c] (fp32,
+one writer each, summed in row-tile order after the pass). CW must be 32 (the chunk's 64 channels are the wgmma M).
+
 Tails: TMA zero-fills loads past T and C (those d_total are 0: the weight copy is zero there too) and
 clips the stores; partial stores skip channels past C and tokens past T.
 
@@ -98,13 +106,15 @@ class PostPreBwdCuteCfg:
     HAS_BIAS: bool = True
     CW: int = 32   # channels of a chunk a consumer warpgroup owns (of every stream); a chunk is 2*CW
     SPLIT: int = 1  # CTAs a row tile: CTA (r, m) takes chunks r, r + SPLIT, ... and writes dh plane r
+    DWPRE: bool = False  # also mhc_pre's dweight pre rows from the recomputed out: partials [row tiles, n, n C]
 
     def __post_init__(self):
         if not (1 <= self.n <= 4 and self.N == self.n * self.n + 2 * self.n and self.N <= self.NP
                 and self.NP in (16, 32) and self.C % 8 == 0 and self.C > 0 and self.STAGES >= 2
-                and self.CW in (16, 32) and 1 <= self.SPLIT <= self.nch):
+                and self.CW in (16, 32) and 1 <= self.SPLIT <= self.nch and (self.CW == 32 or not self.DWPRE)):
             raise ValueError(f"mhc_post_pre cute bwd: config {self}: needs n <= 4, N = n*n + 2n <= NP in (16, 32), "
-                             f"C % 8 == 0, STAGES >= 2, CW 16 or 32, 1 <= SPLIT <= chunks")
+                             f"C % 8 == 0, STAGES >= 2, CW 16 or 32 (32 with DWPRE: the wgmma's M), "
+                             f"1 <= SPLIT <= chunks")
         if self.smem_bytes > SMEM_LIMIT:
             raise ValueError(f"mhc_post_pre cute bwd: config {self} needs {self.smem_bytes} bytes of shared memory")
 
@@ -135,7 +145,7 @@ class PostPreBwdCuteCfg:
     def smem_bytes(self) -> int:
         # the allocations (each 1024-aligned: sT, sW, sH, sB, sD, sPB, then the barriers)
         return (self.STAGES * (self.stage_bytes + 128) + TERMS * BM * self.NP * 2 + 2 * self.STAGES * 8 + 5 * 1024
-                + BM * self.ND * 4 + (self.pb_bytes + 1024 if self.HAS_BIAS else 0))
+                + BM * self.ND * 4 + (self.pb_bytes + 1024 if self.HAS_BIAS else 0) + (2048 if self.DWPRE else 0))
 
     @property
     def pb_bytes(self) -> int:
@@ -149,19 +159,33 @@ class PostPreBwdCuteCfg:
 
     @classmethod
     @functools.lru_cache(maxsize=256)
-    def heuristic(cls, n: int, C: int, N: int, has_bias: bool, CW: int = 32) -> "PostPreBwdCuteCfg":
+    def heuristic(cls, n: int, C: int, N: int, has_bias: bool, CW: int = 32,
+                  dwpre: bool = False) -> "PostPreBwdCuteCfg":
         """Static dims only: NP the smallest of 16, 32 holding N; as many stages (<= 4) as fit; SPLIT = 4 CTAs a row
         tile (fewer when C has fewer chunks): sibling CTAs stream adjacent chunks of the same rows (H200, T=32768,
         n=4, C=7168: the pass 1891 us against 1962 unsplit, 1905 with 2; the mHC ledger, session 22)."""
-        base = cls(n=n, C=C, N=N, NP=16 if N <= 16 else 32, STAGES=2, HAS_BIAS=has_bias, CW=CW)
+        base = cls(n=n, C=C, N=N, NP=16 if N <= 16 else 32, STAGES=2, HAS_BIAS=has_bias, CW=CW, DWPRE=dwpre)
         st = 2
         while st < 4 and _fits(base, st + 1):
             st += 1
         return dataclasses.replace(base, STAGES=st, SPLIT=min(SPLIT_DEFAULT, base.nch))
 
 
-def _fits(cfg: PostPreBwdCuteCfg, stages: int) -> bool:
-    return dataclasses.replace(cfg, STAGES=2).smem_bytes + (stages - 2) * (cfg.stage_bytes + 144) <= SMEM_LIMIT
+def with_dwpre(cfg: PostPreBwdCuteCfg) -> PostPreBwdCuteCfg | None:
+    """cfg with DWPRE, at the most stages <= cfg's that fit beside sQ (n = 2 at C = 7168: 3 instead of 4), or None
+    where DWPRE does not apply (CW 16)."""
+    if cfg.CW != 32:
+        return None
+    for st in range(cfg.STAGES, 1, -1):
+        if _fits(cfg, st, dwpre=True):
+            return dataclasses.replace(cfg, STAGES=st, DWPRE=True)
+    return None
+
+
+def _fits(cfg: PostPreBwdCuteCfg, stages: int, dwpre: bool = False) -> bool:
+    """Whether cfg at ``stages`` (with DWPRE's sQ when ``dwpre``) fits SMEM_LIMIT; cfg itself may be DWPRE already."""
+    base = dataclasses.replace(cfg, STAGES=2).smem_bytes + (2048 if dwpre and not cfg.DWPRE else 0)
+    return base + (stages - 2) * (cfg.stage_bytes + 144) <= SMEM_LIMIT
 
 
 def permuted_weight(weight: torch.Tensor, cfg: PostPreBwdCuteCfg) -> torch.Tensor:
@@ -181,12 +205,15 @@ def permuted_weight(weight: torch.Tensor, cfg: PostPreBwdCuteCfg) -> torch.Tenso
 def _layouts(cfg):
     """(sT, sW, sH): the stage tiles [CC ch, BM tok] channel-major x tiles*STAGES (index stage*tiles +
     slot: dout i -> i, residual j -> n + j, x -> 2n, dlayer_in -> 2n + 1); the weight B operands [NW, NP]
-    MN-major x 2*STAGES (index wc*STAGES + stage); dproj's terms as the A operand [BM, NP] K-major x 3."""
+    MN-major x 2*STAGES (index wc*STAGES + stage); dproj's terms as the A operand [BM, NP] K-major x 3; with DWPRE
+    the pre columns' hi and mid terms interleaved (column 2j hi, 2j + 1 mid of pre column j; zeros past n) as the
+    dweight wgmma's B operand [8, BM] K-major."""
     mn, km = LayoutEnum.COL_MAJOR, LayoutEnum.ROW_MAJOR
     sT = sm90_utils.make_smem_layout_a(mn, (cfg.CC, 16, BM), BFloat16, cfg.tiles * cfg.STAGES)
     sW = sm90_utils.make_smem_layout_b(mn, (BM, cfg.NW, cfg.NP), BFloat16, 2 * cfg.STAGES)
     sH = sm90_utils.make_smem_layout_a(km, (BM, cfg.NW, cfg.NP), BFloat16, TERMS)
-    return sT, sW, sH
+    sQ = sm90_utils.make_smem_layout_b(km, (64, 8, BM), BFloat16, 1)
+    return sT, sW, sH, sQ
 
 
 # ------------------------------------------------------------------ kernel
@@ -218,7 +245,7 @@ def _kernel(cfg: cutlass.Constexpr, tma_dout: cute.CopyAtom, mDout: cute.Tensor,
             tma_w: cute.CopyAtom, mW: cute.Tensor, tma_b: cute.CopyAtom, mB: cute.Tensor,
             dproj: cute.Pointer, dr: cute.Pointer, r: cute.Pointer, hres: cute.Pointer, hpost: cute.Pointer,
             hpre_t: cute.Pointer, p_bias: cute.Pointer, dh_res: cute.Pointer, dh_post: cute.Pointer,
-            T: Int32, eps: Float32):
+            p_pre: cute.Pointer, T: Int32, eps: Float32):
     n, C, N, NP, S, NW, NT = cfg.n, cfg.C, cfg.N, cfg.NP, cfg.STAGES, cfg.NW, cfg.tiles
     CW, CC, SP = cfg.CW, cfg.CC, cfg.SPLIT
     tidx, _, _ = cute.arch.thread_idx()
@@ -236,10 +263,12 @@ def _kernel(cfg: cutlass.Constexpr, tma_dout: cute.CopyAtom, mDout: cute.Tensor,
             CU.prefetch_tma(tma_b)
 
     smem = cutlass.memory.SmemAllocator()
-    sT_l, sW_l, sH_l = _layouts(cfg)
+    sT_l, sW_l, sH_l, sQ_l = _layouts(cfg)
     _, sT = _smem_tensor(smem, sT_l)
     _, sW = _smem_tensor(smem, sW_l)
     _, sH = _smem_tensor(smem, sH_l)
+    if const_expr(cfg.DWPRE):
+        _, sQ = _smem_tensor(smem, sQ_l)
     sB = bias_ring(smem, CC, S)
     # warpgroup 1's dh sums of its tokens, for warpgroup 0 (column k: dh value k)
     sD = smem.allocate_tensor(Float32, cute.make_layout((BM, cfg.ND)), byte_alignment=16)
@@ -305,6 +334,15 @@ def _kernel(cfg: cutlass.Constexpr, tma_dout: cute.CopyAtom, mDout: cute.Tensor,
             sH[tk, j, 0] = hi
             sH[tk, j, 1] = mid
             sH[tk, j, 2] = lo
+            if const_expr(cfg.DWPRE and q < 4 and q < QC):   # the threads cidx % 4 == 0 hold columns 0 .. 3 (j = q)
+                if cidx % 4 == 0:
+                    qh = BFloat16(0.0)
+                    qm = BFloat16(0.0)
+                    if const_expr(q < n):
+                        qh = hi
+                        qm = mid
+                    sQ[2 * q, tk, 0] = qh
+                    sQ[2 * q + 1, tk, 0] = qm
         cute.arch.fence_proxy("async.shared", space="cta")
         cute.arch.barrier(barrier_id=1, number_of_threads=256)
 
@@ -318,6 +356,22 @@ def _kernel(cfg: cutlass.Constexpr, tma_dout: cute.CopyAtom, mDout: cute.Tensor,
         acc = cute.make_rmem_tensor(cAcc.shape, Float32)
         t0 = cAcc[0][0]        # this thread's first token (local); the other is t0 + 8
         cq = cAcc[0][1]        # its first channel within each 8-channel block (0, 2, 4, 6)
+        if const_expr(cfg.DWPRE):
+            # dweight's pre rows of the chunk: [64 ch, 8] += out^T [64 ch, 64 tok] (the dout slot, out written over
+            # it) @ the pre terms [64 tok, 8] (wgmma m64 n8, k = 64 tokens), streams wc and wc + 2
+            mma_q = sm90_utils.make_trivial_tiled_mma(
+                BFloat16, BFloat16, LayoutEnum.COL_MAJOR.sm90_mma_major_mode(),
+                LayoutEnum.ROW_MAJOR.sm90_mma_major_mode(), Float32, (1, 1, 1), tiler_mn=(64, 8))
+            thr_q = mma_q.get_slice(0)
+            tQa = mma_q.make_fragment_A(thr_q.partition_A(sT))
+            tQb = mma_q.make_fragment_B(thr_q.partition_B(sQ))
+            cQ = mma_q.get_slice(ct_).partition_C(cute.make_identity_tensor((64, 8)))
+            accq0 = cute.make_rmem_tensor(cQ.shape, Float32)
+            accq1 = cute.make_rmem_tensor(cQ.shape, Float32)
+            accqs = (accq0, accq1)
+            NSW = (n - wc + 1) // 2
+            jq = cQ[0][1] // 2   # the thread's pre column: its accumulator columns 2 jq (hi), 2 jq + 1 (mid)
+            gQ = cute.make_tensor(p_pre + m * n * n * C, cute.make_layout((n, n * C), stride=(n * C, 1)))
 
         # ---- per-token constants of the thread's two tokens (zeros past T)
         hr = cute.make_rmem_tensor((2, n, n), Float32)
@@ -411,6 +465,7 @@ def _kernel(cfg: cutlass.Constexpr, tma_dout: cute.CopyAtom, mDout: cute.Tensor,
                         bv[1] = sB[cl + 1, 0, st].to(Float32)
                     dres = cute.make_rmem_tensor((n, 2), BFloat16)
                     dxp = cute.make_rmem_tensor((2,), BFloat16)
+                    ov = cute.make_rmem_tensor((n, 2), BFloat16)
                     for e in cutlass.range_constexpr(2):
                         xb = xv[e]
                         if const_expr(cfg.HAS_BIAS):
@@ -419,7 +474,8 @@ def _kernel(cfg: cutlass.Constexpr, tma_dout: cute.CopyAtom, mDout: cute.Tensor,
                             o = hp[h, i] * xb
                             for j in cutlass.range_constexpr(n):
                                 o = o + hr[h, i, j] * rv[j, e]
-                            ob = BFloat16(o).to(Float32)
+                            ov[i, e] = BFloat16(o)
+                            ob = ov[i, e].to(Float32)
                             q = e + 2 * h + 4 * (cb * n + i)
                             dv[i] = acc[q] + coef[h] * ob + hq[h, i] * av[e] + gv[i, e]
                         gx = Float32(0.0)
@@ -439,6 +495,30 @@ def _kernel(cfg: cutlass.Constexpr, tma_dout: cute.CopyAtom, mDout: cute.Tensor,
                     for j in cutlass.range_constexpr(n):
                         cute.autovec_copy(dres[j, None], tile_pair(n + j))
                     cute.autovec_copy(dxp, tile_pair(2 * n))
+                    if const_expr(cfg.DWPRE):   # out over the dout it was read from (this thread's pairs only)
+                        for i in cutlass.range_constexpr(n):
+                            cute.autovec_copy(ov[i, None], tile_pair(i))
+            if const_expr(cfg.DWPRE):
+                # both warpgroups' out in the dout slots (each wrote its 32 channels of every stream), then the
+                # chunk's pre rows of dweight; the stage is released once the wgmma has read it
+                cute.arch.fence_proxy("async.shared", space="cta")
+                cute.arch.barrier(barrier_id=1, number_of_threads=256)
+                warpgroup.fence()
+                for q in cutlass.range_constexpr(2):
+                    if q < NSW:
+                        for kb in cutlass.range_constexpr(BM // 16):
+                            mma_q.set(warpgroup.Field.ACCUMULATE, kb != 0)
+                            cute.gemm(mma_q, accqs[q], tQa[None, None, kb, base + wc + 2 * q], tQb[None, None, kb, 0],
+                                      accqs[q])
+                warpgroup.commit_group()
+                warpgroup.wait_group(0)
+                for q in cutlass.range_constexpr(2):
+                    if q < NSW:
+                        if jq < n:
+                            for h in cutlass.range_constexpr(2):   # fragment rows (channels) r0, r0 + 8
+                                c = ch * CC + cQ[2 * h][0]
+                                if c < C:
+                                    gQ[jq, (wc + 2 * q) * C + c] = accqs[q][2 * h] + accqs[q][2 * h + 1]
             CU.release_read_stage(pipe, rst)  # its stores read by TMA, its loads done before the refill
             rst.advance()
             if const_expr(cfg.HAS_BIAS):
@@ -504,8 +584,8 @@ def _kernel(cfg: cutlass.Constexpr, tma_dout: cute.CopyAtom, mDout: cute.Tensor,
 def _host(cfg: cutlass.Constexpr, dout: cute.Pointer, res: cute.Pointer, x: cute.Pointer, dg: cute.Pointer,
           bias: cute.Pointer, wp: cute.Pointer, dproj: cute.Pointer, dr: cute.Pointer, r: cute.Pointer,
           hres: cute.Pointer, hpost: cute.Pointer, hpre_t: cute.Pointer, dres: cute.Pointer, dx: cute.Pointer,
-          p_bias: cute.Pointer, dh_res: cute.Pointer, dh_post: cute.Pointer, T: Int32, eps: Float32,
-          stream: CU.cuda.CUstream):
+          p_bias: cute.Pointer, dh_res: cute.Pointer, dh_post: cute.Pointer, p_pre: cute.Pointer, T: Int32,
+          eps: Float32, stream: CU.cuda.CUstream):
     n, C, CC = cfg.n, cfg.C, cfg.CC
     Q = cfg.nch * 2 * cfg.NW
 
@@ -515,7 +595,7 @@ def _host(cfg: cutlass.Constexpr, dout: cute.Pointer, res: cute.Pointer, x: cute
     def plain(p):     # [T, C] seen (C, T)
         return cute.make_tensor(p, cute.make_layout((C, T), stride=(1, C)))
 
-    sT_l, sW_l, _ = _layouts(cfg)
+    sT_l, sW_l, _, _ = _layouts(cfg)
     one = cute.slice_(sT_l, (None, None, 0))
     g2s, s2g = cpasync.CopyBulkTensorTileG2SOp(), cpasync.CopyBulkTensorTileS2GOp()
     tma_dout, tDout = cpasync.make_tiled_tma_atom(g2s, streams(dout), one, (CC, BM))
@@ -529,7 +609,7 @@ def _host(cfg: cutlass.Constexpr, dout: cute.Pointer, res: cute.Pointer, x: cute
     mB = cute.make_tensor(bias, cute.make_layout((C, 1), stride=(1, C)))
     tma_b, tB = cpasync.make_tiled_tma_atom(g2s, mB, cute.make_layout((CC, 1)), (CC, 1))
     _kernel(cfg, tma_dout, tDout, tma_res, tRes, tma_dres, tDres, tma_x, tX, tma_dg, tDg, tma_dx, tDx, tma_w, tW,
-            tma_b, tB, dproj, dr, r, hres, hpost, hpre_t, p_bias, dh_res, dh_post, T, eps).launch(
+            tma_b, tB, dproj, dr, r, hres, hpost, hpre_t, p_bias, dh_res, dh_post, p_pre, T, eps).launch(
         grid=(cfg.SPLIT * ((T + BM - 1) // BM), 1, 1), block=(THREADS, 1, 1), stream=stream, min_blocks_per_mp=1,
         preferred_smem_carveout=100)
 
@@ -538,13 +618,16 @@ def _host(cfg: cutlass.Constexpr, dout: cute.Pointer, res: cute.Pointer, x: cute
 def launch(cfg: PostPreBwdCuteCfg) -> CU.Launch:
     """run args (dout, residual, x, dlayer_in, bias (x when None), permuted weight, dproj, dr, r, h_res fp32,
     h_post fp32, h_pre^T [n, T] fp32, dresidual, dx, p_bias [row tiles, C], dh_res [SPLIT, T, n, n] and dh_post
-    [SPLIT, T, n] (fp32, contiguous; the leading dim absent with SPLIT 1), T, eps)."""
+    [SPLIT, T, n] (fp32, contiguous; the leading dim absent with SPLIT 1), with DWPRE dweight's pre-row partials
+    [row tiles, n, n C] fp32 (out; else any fp32 stand-in, untouched), T, eps)."""
     bf, f4 = CU.Ptr(torch.bfloat16, 16), CU.Ptr(torch.float32, 4)
-    sig = (bf, bf, bf, bf, bf, bf, f4, f4, f4, f4, f4, f4, bf, bf, f4, f4, f4, CU.Scalar(Int32), CU.Scalar(Float32))
+    sig = (bf, bf, bf, bf, bf, bf, f4, f4, f4, f4, f4, f4, bf, bf, f4, f4, f4, f4, CU.Scalar(Int32),
+           CU.Scalar(Float32))
     return CU.Launch(f"{_NAME}.one", _host, cfg, sig)
 
 
 def representative_launches(n: int = 4, C: int = 7168) -> dict[str, CU.Launch]:
     """The kernel at one static shape, with and without bias (what the CPU compile test exports)."""
     N = n * n + 2 * n
-    return {f"one_bias{b}": launch(PostPreBwdCuteCfg.heuristic(n, C, N, b)) for b in (True, False)}
+    return {**{f"one_bias{b}": launch(PostPreBwdCuteCfg.heuristic(n, C, N, b)) for b in (True, False)},
+            "one_dwpre": launch(PostPreBwdCuteCfg.heuristic(n, C, N, True, dwpre=True))}

@@ -70,6 +70,7 @@ from cutlass.utils import LayoutEnum
 
 from tilekernels import _cute as CU
 
+from .cute_post_pre_dhdw import slice_dims_ok, slice_mma, store_slice_rows
 from .cute_proj_rms import _smem_tensor
 
 _NAME = "mhc.cute_post_pre_dhw"
@@ -104,9 +105,8 @@ class PostPreDhwCuteCfg:
     SKEL: bool = False
 
     def __post_init__(self):
-        if not (1 <= self.n <= 4 and self.N == self.n * self.n + 2 * self.n and self.N <= self.NPAD <= NP
-                and self.NPAD in (16, 32) and self.C % 8 == 0 and self.C > 0 and self.LAG >= 1 and self.SP >= 2
-                and self.SM >= 2 and self.R >= self.LAG + 1 and self.FS % FETCHERS == 0 and self.FS > 0):
+        if not (slice_dims_ok(self.n, self.C, self.N, self.NPAD) and self.LAG >= 1 and self.SP >= 2 and self.SM >= 2
+                and self.R >= self.LAG + 1 and self.FS % FETCHERS == 0 and self.FS > 0):
             raise ValueError(f"mhc_post_pre cute dhw: config {self}: needs n <= 4, N = n*n + 2n <= NPAD in (16, 32), "
                              f"C % 8 == 0, LAG >= 1, SP >= 2, SM >= 2, R > LAG, FS a multiple of {FETCHERS}")
         if self.smem_bytes > SMEM_LIMIT:
@@ -173,6 +173,29 @@ def _spin(k: Int32) -> Int32:
     if k > SPIN_LIMIT:
         _trap()
     return k + 1
+
+
+def _put_hi_lo(sHw, col, tok, x) -> None:
+    """Row col (hi) and NP + col (lo) of token tok's [hi | lo] column: bf16(x) and bf16(x - hi)."""
+    hi = BFloat16(x)
+    sHw[col, tok] = hi
+    sHw[NP + col, tok] = BFloat16(x - hi.to(Float32))
+
+
+@cute.jit
+def _slice_dh_half(sT: cute.Tensor, o_slot: Int32, l_slot: Int32, t: Int32, hh: Int32, pv: cute.Tensor,
+                  lv: cute.Tensor) -> Float32:
+    """sum over channel half hh (32 of the tile's 64) of out * dlayer_in at token t: the out tile sT[.., o_slot] and
+    the dlayer_in tile sT[.., l_slot] (16-byte shared-memory loads into pv / lv)."""
+    ot = cute.logical_divide(sT[None, None, o_slot], (cute.make_layout(8), None))
+    lt = cute.logical_divide(sT[None, None, l_slot], (cute.make_layout(8), None))
+    v = Float32(0.0)
+    for q in cutlass.range_constexpr(4):
+        cute.autovec_copy(ot[(None, hh * 4 + q), t], pv)
+        cute.autovec_copy(lt[(None, hh * 4 + q), t], lv)
+        for e in cutlass.range_constexpr(8):
+            v = v + pv[e].to(Float32) * lv[e].to(Float32)
+    return v
 
 
 def _layouts(cfg):
@@ -332,16 +355,8 @@ def _kernel(cfg: cutlass.Constexpr, tma_o: cute.CopyAtom, mO: cute.Tensor, tma_l
         wc = wg - 1
         ct = tidx - 128 * wg
 
-        mma = sm90_utils.make_trivial_tiled_mma(
-            BFloat16, BFloat16, LayoutEnum.COL_MAJOR.sm90_mma_major_mode(),
-            LayoutEnum.COL_MAJOR.sm90_mma_major_mode(), Float32, (1, 1, 1), tiler_mn=(64, CW))
-        thr = mma.get_slice(0)
-        tA = mma.make_fragment_A(thr.partition_A(sH))
-        tB = mma.make_fragment_B(thr.partition_B(sT))
-        cAcc = mma.get_slice(ct).partition_C(cute.make_identity_tensor((64, CW)))
+        mma, tA, tB, cAcc, acc0, acc1 = slice_mma(sT, sH, ct)
         NSW = (n - wc + 1) // 2          # streams of this warpgroup: wc, wc + 2 (< n)
-        acc0 = cute.make_rmem_tensor(cAcc.shape, Float32)
-        acc1 = cute.make_rmem_tensor(cAcc.shape, Float32)
         accs = (acc0, acc1)
         sHw = sH[None, None, wc]
 
@@ -368,13 +383,7 @@ def _kernel(cfg: cutlass.Constexpr, tma_o: cute.CopyAtom, mO: cute.Tensor, tma_l
                     t = tp + 32 * half
                     v = Float32(0.0)
                     if si < n:
-                        ot = cute.logical_divide(sT[None, None, rp.index * (n + 1) + si], (cute.make_layout(8), None))
-                        lt = cute.logical_divide(sT[None, None, rp.index * (n + 1) + n], (cute.make_layout(8), None))
-                        for q in cutlass.range_constexpr(4):
-                            cute.autovec_copy(ot[(None, hh * 4 + q), t], pv)
-                            cute.autovec_copy(lt[(None, hh * 4 + q), t], lv)
-                            for e in cutlass.range_constexpr(8):
-                                v = v + pv[e].to(Float32) * lv[e].to(Float32)
+                        v = _slice_dh_half(sT, rp.index * (n + 1) + si, rp.index * (n + 1) + n, t, hh, pv, lv)
                     v = v + cute.arch.shuffle_sync_bfly(v, offset=1)
                     if hh == 0:
                         cute.arch.store(p64 + ((slot * S + s) * BM + t) * NQ + si, _pack(v, k + 1), sem="relaxed",
@@ -395,9 +404,7 @@ def _kernel(cfg: cutlass.Constexpr, tma_o: cute.CopyAtom, mO: cute.Tensor, tma_l
                         x = sF[tok * NQ + col, f]
                     elif col < N:
                         x = sD[col, tok, rm.index]
-                    hi = BFloat16(x)
-                    sHw[col, tok] = hi
-                    sHw[NP + col, tok] = BFloat16(x - hi.to(Float32))
+                    _put_hi_lo(sHw, col, tok, x)
                 cute.arch.fence_proxy("async.shared", space="cta")
                 cute.arch.barrier(barrier_id=2 + wc, number_of_threads=128)
                 warpgroup.fence()
@@ -426,18 +433,13 @@ def _kernel(cfg: cutlass.Constexpr, tma_o: cute.CopyAtom, mO: cute.Tensor, tma_l
         scr = cute.make_tensor(cute.recast_ptr(sT_raw.iterator + wc * (64 * (CW + 1) * 4), dtype=Float32),
                                cute.make_layout((64, CW), stride=(CW + 1, 1)))
         wrow = cute.make_tensor(dw, cute.make_layout((N, n * C), stride=(n * C, 1)))
-        c = s * CW + ct % CW
+
+        def put(j, col, v):
+            wrow[j, col] = BFloat16(v)
+
         for q in cutlass.range_constexpr(2):
             if q < NSW:
-                i = wc + 2 * q
-                for e in cutlass.range_constexpr(cute.size(accs[q])):
-                    j_, c_ = cAcc[e]
-                    scr[j_, c_] = accs[q][e]
-                cute.arch.barrier(barrier_id=2 + wc, number_of_threads=128)
-                if c < C:
-                    for j in cutlass.range(ct // CW, N, 128 // CW, unroll=1):
-                        wrow[j, i * C + c] = BFloat16(scr[j, ct % CW] + scr[NP + j, ct % CW])
-                cute.arch.barrier(barrier_id=2 + wc, number_of_threads=128)
+                store_slice_rows(accs[q], cAcc, scr, ct, s * CW + ct % CW, wc + 2 * q, C, N, 2 + wc, put)
 
 
 @cute.jit
