@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """GPU timing of cute_post_pre_dhdw's pass alone (SPLIT_DW's dh_pre partials + dweight post / res rows) at issue 15's
-shape, under config variants: STAGES, row groups (GM), and the probe-only SKIP bits (1: no dh partials, 2: no wgmmas,
+shape (bytes: out and dlayer_in read once; the reference rows count their own), under config variants: STAGES, row groups (GM), and the probe-only SKIP bits (1: no dh partials, 2: no wgmmas,
 4: no [hi | lo] build; their results are wrong), against the two passes it stands for (the dh_pre pass and the dweight
 pass) and a torch copy of the same bytes. do_bench median, us; a table last.
 
@@ -43,15 +43,17 @@ def main():
     nbytes = (out.numel() + dl.numel()) * 2
     res = []
 
-    def add(name, fn):
+    def add(name, fn, nb=nbytes):
+        """One row: do_bench median of fn, and nb (the row's own bytes moved, counted by hand) / time."""
         us = tt.do_bench(fn, warmup=5, rep=60, return_mode="median") * 1e3
-        res.append(dict(row=name, us=us, tbps=nbytes / us / 1e6))
-        print(f"{name:22s} {us:8.1f} us  {nbytes / us / 1e6:6.2f} TB/s", flush=True)
+        res.append(dict(row=name, us=us, gb=nb / 1e9, tbps=nb / us / 1e6))
+        print(f"{name:22s} {us:8.1f} us  {nb / us / 1e6:6.2f} TB/s", flush=True)
 
     dst = torch.empty_like(out)
-    add("copy out (read+write)", lambda: dst.copy_(out))
+    add("copy out (read+write)", lambda: dst.copy_(out), 2 * out.numel() * 2)
     dw = torch.empty(N, n * C, device=dev, dtype=bf)
-    add("dweight pass", lambda: cpr.dweight_into(dproj0[:, :N].contiguous(), out.view(T, n * C), dw))
+    dpn = dproj0[:, :N].contiguous()
+    add("dweight pass", lambda: cpr.dweight_into(dpn, out.view(T, n * C), dw), out.numel() * 2)
     for spec in o.rows.split(","):
         ch = {} if spec == "default" else {k: int(v) for k, v in (kv.split("=") for kv in spec.split(":"))}
         gm = ch.pop("GM", DD.row_groups(T))
