@@ -75,6 +75,8 @@ def bwd_launches(dout, dlayer_in, dh_post_next, dh_res_next, h_res, residual, h_
         head = dhw
     elif sdw is not None:
         head, kcfg, p_pre, finish = sdw
+    if sdw is None and kcfg.DWPRE:   # (a caller's DWPRE config without SPLIT_DW's scratch: the pass writes no pre rows)
+        kcfg = dataclasses.replace(kcfg, DWPRE=False)
     stage, h_res, h_post = pb._h32(h_res, h_post, cfg.pb, force=True)
     dev, f32 = residual.device, torch.float32
     ntm = cdiv(T, K.BM)
@@ -123,12 +125,15 @@ SPLIT_DW = True
 
 def _split_dw(head, mix, out, dlayer_in, dweight, npad, kcfg):
     """(head, kcfg, p_pre, finish) of the SPLIT_DW backward, or None where it does not apply (SPLIT_DW off, T = 0,
-    the mix not split, kcfg not the heuristic's 32-channel config, int32 offsets). head, in order: the Sinkhorn
+    the mix not split, kcfg with CW 16 or no stage count that fits DWPRE, int32 offsets). head, in order: the Sinkhorn
     backward; the mix's rest with dh_pre read as 0 into dproj0 [T, NPAD] (dproj's post / res columns); the slices pass
     (dh_pre partials [S, T, n], dweight partials [GM + 1, N, n C] planes 0 .. GM-1 with zero pre rows); dh_pre = the
-    partials summed in slice order; the mix's rest again with dh_pre; the hbias reduction. The backward pass then
-    writes the pre-row partials p_pre [row tiles, n, n C]; finish sums them in row-tile order into plane GM's pre rows
-    (its other rows 0) and reduces the GM + 1 planes in order into dweight (bf16)."""
+    partials' sum (torch.sum over dim 0: deterministic); the mix's rest again with dh_pre; the hbias reduction. The
+    backward pass then writes the pre-row partials p_pre [row tiles, n, n C]; finish sums them (torch.sum) into plane
+    GM's pre rows (its other rows 0) and reduces the GM + 1 planes in order into dweight (bf16). Scratch (fp32), all
+    live from the step list's building to its end: p_dh 4 S T n bytes, p_dw 4 (GM + 1) N n C, p_pre 4 cdiv(T, 64)
+    n n C, dproj0 and the zero dh_pre 4 T (NPAD + n): ~320 MB at T=32768, n=4, C=7168 (59 + 22 + 235 + 5; the
+    dweight pass's partials it replaces: ~19 MB)."""
     T, n, C = out.shape
     N = dweight.shape[0]
     if not SPLIT_DW or T == 0 or mix.kernel is not pre.mhc_pre_bwd_rest or out.device.type != "cuda":
@@ -153,7 +158,8 @@ def _split_dw(head, mix, out, dlayer_in, dweight, npad, kcfg):
     rest0 = dataclasses.replace(rest, args=(zero, *rest.args[1:6], dproj0, *rest.args[7:]))
     run = functools.partial(DD.launch(dcfg).run, aligned16(out), aligned16(dlayer_in), dproj0, p_dh, p_dw, T, gm)
     steps = [*sk, rest0, run, functools.partial(torch.sum, p_dh, 0, out=dpre), rest, *tail]
-    dw = dweight if dweight.is_contiguous() and dweight.data_ptr() % 8 == 0 else torch.empty_like(dweight)
+    dw = (dweight if dweight.is_contiguous() and dweight.data_ptr() % 8 == 0
+          else torch.empty(dweight.shape, dtype=dweight.dtype, device=dweight.device))   # (row-major: the reduce's)
     rcfg = cpr.ProjRmsBwdCuteCfg.heuristic(N, n * C)
     finish = [functools.partial(torch.sum, p_pre, 0, out=p_dw[gm, :n]), p_dw[gm, n:].zero_,
               functools.partial(cpr.reduce_launch(rcfg).run, p_dw, dw, gm + 1)]
@@ -188,7 +194,7 @@ def _dhw_head(head, mix, out, dlayer_in, proj, r, hbias, dproj, dweight, alpha_p
     scr = torch.zeros(wp + wd + -(-T * n // 2), dtype=torch.int64, device=dev)   # tags 0: nothing written yet
     zero = scr[wp + wd:].view(torch.float32)[:T * n].view(T, n)                     # dh_pre = 0 for the first mix
     dproj0 = torch.empty((T, npad), dtype=torch.float32, device=dev)
-    dw = dweight if dweight.is_contiguous() else torch.empty_like(dweight)
+    dw = dweight if dweight.is_contiguous() else torch.empty(dweight.shape, dtype=dweight.dtype, device=dweight.device)
     i = head.index(mix)
     sk, rest, tail = head[:i - 1], head[i], head[i + 1:]   # head[i - 1] is the dh_pre pass
     dpre = rest.args[0]
