@@ -60,14 +60,29 @@ SMEM_LIMIT = 225 * 1024
 GM_DEFAULT = 7  # row groups: 112 slices x 7 = 784 CTAs at C=7168, 5.94 waves of 132 (as cute_proj_rms's)
 
 
-def slice_dims_ok(n: int, C: int, N: int, NPAD: int) -> bool:
-    """The static dims a slices pass takes (this one and cute_post_pre_dhw's): n <= 4, N = n*n + 2n <= NPAD in
-    (16, 32), C % 8 == 0."""
-    return 1 <= n <= 4 and N == n * n + 2 * n and N <= NPAD <= NP and NPAD in (16, 32) and C % 8 == 0 and C > 0
+class SliceCfg:
+    """What the configs of a slices pass share (this one's and cute_post_pre_dhw's; fields n, C, N, NPAD and a
+    ``smem_bytes``): the static dims it takes, its CTAs a row group, its shared-memory check."""
+
+    def check(self, name: str, ok: bool, needs: str) -> None:
+        """Raise unless n <= 4, N = n*n + 2n <= NPAD in (16, 32), C % 8 == 0, ``ok`` (the config's own limits, said
+        by ``needs``) and the shared memory fits."""
+        n, C, N, NPAD = self.n, self.C, self.N, self.NPAD
+        if not (1 <= n <= 4 and N == n * n + 2 * n and N <= NPAD <= NP and NPAD in (16, 32) and C % 8 == 0 and C > 0
+                and ok):
+            raise ValueError(f"mhc_post_pre cute {name}: config {self}: needs n <= 4, N = n*n + 2n <= NPAD in "
+                             f"(16, 32), C % 8 == 0, {needs}")
+        if self.smem_bytes > SMEM_LIMIT:
+            raise ValueError(f"mhc_post_pre cute {name}: config {self} needs {self.smem_bytes} bytes of shared memory")
+
+    @property
+    def S(self) -> int:
+        """64-channel slices (the grid's x)."""
+        return -(-self.C // CW)
 
 
 @dataclasses.dataclass(frozen=True)
-class PostPreDhdwCuteCfg:
+class PostPreDhdwCuteCfg(SliceCfg):
     """Launch config = compile key. n, C, N: static dims; NPAD: dproj0's row width (16 or 32); STAGES: the ring."""
 
     n: int
@@ -80,16 +95,7 @@ class PostPreDhdwCuteCfg:
     SKIP: int = 0
 
     def __post_init__(self):
-        if not (slice_dims_ok(self.n, self.C, self.N, self.NPAD) and self.STAGES >= 2):
-            raise ValueError(f"mhc_post_pre cute dhdw: config {self}: needs n <= 4, N = n*n + 2n <= NPAD in (16, 32), "
-                             f"C % 8 == 0, STAGES >= 2")
-        if self.smem_bytes > SMEM_LIMIT:
-            raise ValueError(f"mhc_post_pre cute dhdw: config {self} needs {self.smem_bytes} bytes of shared memory")
-
-    @property
-    def S(self) -> int:
-        """64-channel slices (the grid's x)."""
-        return -(-self.C // CW)
+        self.check("dhdw", self.STAGES >= 2, "STAGES >= 2")
 
     @property
     def tiles(self) -> int:
@@ -325,20 +331,24 @@ def _kernel(cfg: cutlass.Constexpr, tma_o: cute.CopyAtom, mO: cute.Tensor, tma_l
                 store_slice_rows(accs[q], cAcc, scr, ct, s * CW + ct % CW, wc + 2 * q, C, N, bar_wg, put)
 
 
+def slice_tma_atoms(cfg, sT_l, out, dli, dproj0, T):
+    """(called from a ``@cute.jit`` host function) The TMA loads of a slices pass (this one's, cute_post_pre_dhw's):
+    (atom, tensor) of out [T, n, C] seen (C, T, n) channel-major with the stream a mode, of dlayer_in [T, C] seen
+    (C, T), both in [CW, BM] tiles of sT_l's layout, and of dproj0 [T, NPAD] in [NPAD, BM] boxes."""
+    n, C, NPD = cfg.n, cfg.C, cfg.NPAD
+    mO = cute.make_tensor(out, cute.make_layout((C, T, n), stride=(1, n * C, C)))
+    mL = cute.make_tensor(dli, cute.make_layout((C, T), stride=(1, C)))
+    mD = cute.make_tensor(dproj0, cute.make_layout((NPD, T), stride=(1, NPD)))
+    one = cute.slice_(sT_l, (None, None, 0))
+    g2s = cpasync.CopyBulkTensorTileG2SOp()
+    return (*cpasync.make_tiled_tma_atom(g2s, mO, one, (CW, BM)), *cpasync.make_tiled_tma_atom(g2s, mL, one, (CW, BM)),
+            *cpasync.make_tiled_tma_atom(g2s, mD, cute.make_layout((NPD, BM), stride=(1, NPD)), (NPD, BM)))
+
+
 @cute.jit
 def _host(cfg: cutlass.Constexpr, out: cute.Pointer, dli: cute.Pointer, dproj0: cute.Pointer, p_dh: cute.Pointer,
           p_dw: cute.Pointer, T: Int32, GMe: Int32, stream: CU.cuda.CUstream):
-    n, C, NPD = cfg.n, cfg.C, cfg.NPAD
-    mO = cute.make_tensor(out, cute.make_layout((C, T, n), stride=(1, n * C, C)))   # channel-major, stream a mode
-    mL = cute.make_tensor(dli, cute.make_layout((C, T), stride=(1, C)))
-    mD = cute.make_tensor(dproj0, cute.make_layout((NPD, T), stride=(1, NPD)))
-    sT_l, _ = _layouts(cfg)
-    one = cute.slice_(sT_l, (None, None, 0))
-    g2s = cpasync.CopyBulkTensorTileG2SOp()
-    tma_o, tO = cpasync.make_tiled_tma_atom(g2s, mO, one, (CW, BM))
-    tma_l, tL = cpasync.make_tiled_tma_atom(g2s, mL, one, (CW, BM))
-    tma_d, tD = cpasync.make_tiled_tma_atom(g2s, mD, cute.make_layout((NPD, BM), stride=(1, NPD)), (NPD, BM))
-    _kernel(cfg, tma_o, tO, tma_l, tL, tma_d, tD, p_dh, p_dw, T).launch(
+    _kernel(cfg, *slice_tma_atoms(cfg, _layouts(cfg)[0], out, dli, dproj0, T), p_dh, p_dw, T).launch(
         grid=(cfg.S, GMe, 1), block=(THREADS, 1, 1), stream=stream, min_blocks_per_mp=1, preferred_smem_carveout=100)
 
 

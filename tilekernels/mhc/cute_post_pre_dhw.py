@@ -70,7 +70,7 @@ from cutlass.utils import LayoutEnum
 
 from tilekernels import _cute as CU
 
-from .cute_post_pre_dhdw import slice_dims_ok, slice_mma, store_slice_rows
+from .cute_post_pre_dhdw import SliceCfg, slice_mma, slice_tma_atoms, store_slice_rows
 from .cute_proj_rms import _smem_tensor
 
 _NAME = "mhc.cute_post_pre_dhw"
@@ -87,7 +87,7 @@ SPIN_LIMIT = 1 << 24
 
 
 @dataclasses.dataclass(frozen=True)
-class PostPreDhwCuteCfg:
+class PostPreDhwCuteCfg(SliceCfg):
     """Launch config = compile key. n, C, N: static dims; NPAD: dproj0's row width (mhc_pre's padded N, 16 or 32);
     SP / SM: ring P / ring M stages; LAG: groups between a group's P step and its product step; R: partial slots
     (> LAG); FS: fetched slots (a multiple of FETCHERS: each fetcher owns its slots)."""
@@ -105,17 +105,9 @@ class PostPreDhwCuteCfg:
     SKEL: bool = False
 
     def __post_init__(self):
-        if not (slice_dims_ok(self.n, self.C, self.N, self.NPAD) and self.LAG >= 1 and self.SP >= 2 and self.SM >= 2
-                and self.R >= self.LAG + 1 and self.FS % FETCHERS == 0 and self.FS > 0):
-            raise ValueError(f"mhc_post_pre cute dhw: config {self}: needs n <= 4, N = n*n + 2n <= NPAD in (16, 32), "
-                             f"C % 8 == 0, LAG >= 1, SP >= 2, SM >= 2, R > LAG, FS a multiple of {FETCHERS}")
-        if self.smem_bytes > SMEM_LIMIT:
-            raise ValueError(f"mhc_post_pre cute dhw: config {self} needs {self.smem_bytes} bytes of shared memory")
-
-    @property
-    def S(self) -> int:
-        """CTAs (64-channel slices)."""
-        return -(-self.C // CW)
+        self.check("dhw", self.LAG >= 1 and self.SP >= 2 and self.SM >= 2 and self.R >= self.LAG + 1
+                   and self.FS % FETCHERS == 0 and self.FS > 0,
+                   f"LAG >= 1, SP >= 2, SM >= 2, R > LAG, FS a multiple of {FETCHERS}")
 
     @property
     def tiles(self) -> int:
@@ -446,17 +438,8 @@ def _kernel(cfg: cutlass.Constexpr, tma_o: cute.CopyAtom, mO: cute.Tensor, tma_l
 def _host(cfg: cutlass.Constexpr, out: cute.Pointer, dli: cute.Pointer, dproj0: cute.Pointer, proj: cute.Pointer,
           r: cute.Pointer, hb: cute.Pointer, dpre: cute.Pointer, part: cute.Pointer, dpp: cute.Pointer,
           dw: cute.Pointer, T: Int32, a_pre: Float32, stream: CU.cuda.CUstream):
-    n, C, NPD = cfg.n, cfg.C, cfg.NPAD
-    mO = cute.make_tensor(out, cute.make_layout((C, T, n), stride=(1, n * C, C)))   # channel-major, stream a mode
-    mL = cute.make_tensor(dli, cute.make_layout((C, T), stride=(1, C)))
-    mD = cute.make_tensor(dproj0, cute.make_layout((NPD, T), stride=(1, NPD)))
-    sT_l, _ = _layouts(cfg)
-    one = cute.slice_(sT_l, (None, None, 0))
-    g2s = cpasync.CopyBulkTensorTileG2SOp()
-    tma_o, tO = cpasync.make_tiled_tma_atom(g2s, mO, one, (CW, BM))
-    tma_l, tL = cpasync.make_tiled_tma_atom(g2s, mL, one, (CW, BM))
-    tma_d, tD = cpasync.make_tiled_tma_atom(g2s, mD, cute.make_layout((NPD, BM), stride=(1, NPD)), (NPD, BM))
-    _kernel(cfg, tma_o, tO, tma_l, tL, tma_d, tD, proj, r, hb, dpre, part, dpp, dw, T, a_pre).launch(
+    _kernel(cfg, *slice_tma_atoms(cfg, _layouts(cfg)[0], out, dli, dproj0, T), proj, r, hb, dpre, part, dpp, dw, T,
+            a_pre).launch(
         grid=(cfg.S, 1, 1), block=(THREADS, 1, 1), stream=stream, min_blocks_per_mp=1, preferred_smem_carveout=100)
 
 
