@@ -111,7 +111,7 @@ def test_split_dw_kernels_compile_for_sm90a(n, C):
     plus the pre rows' m64 n8: 4 k-steps for each of a warpgroup's up to 2 streams)."""
     N = n * n + 2 * n
     cfg = DD.PostPreDhdwCuteCfg.heuristic(n, C, N, 32 if N > 16 else 16)
-    kq = K.PostPreBwdCuteCfg.heuristic(n, C, N, n % 2 == 0, dwpre=True)   # (bias for even n, none for odd)
+    kq = K.with_dwpre(K.PostPreBwdCuteCfg.heuristic(n, C, N, n % 2 == 0))   # (bias for even n, none for odd)
     arts = (DD.launch(cfg).export("sm_90a"), K.launch(kq).export("sm_90a"))
     for art, side in zip(arts, (256, 128)):
         res = [v for k, v in cubin_resources(art.cubin).items() if "kernel" in k]
@@ -131,7 +131,7 @@ def test_split_dw_config_limits():
     cfg = DD.PostPreDhdwCuteCfg.heuristic(4, 7168, 24, 32)
     assert cfg.S == 112 and cfg.STAGES == 4
     assert [DD.row_groups(t) for t in (1, 64, 65, 32768)] == [1, 1, 2, 7]
-    kq = K.PostPreBwdCuteCfg.heuristic(4, 7168, 24, True, dwpre=True)
+    kq = K.with_dwpre(K.PostPreBwdCuteCfg.heuristic(4, 7168, 24, True))
     assert kq.DWPRE and kq.STAGES == 2
     # with_dwpre (the backward's config for SPLIT_DW): the most stages that fit beside sQ, none at CW 16
     for n, C, N in [(4, 7168, 24), (2, 7168, 8), (3, 200, 15), (1, 64, 3)]:
@@ -182,6 +182,19 @@ def test_split_planes_sum_into_dh(planes, dst):
         outs.append(out.clone())
     assert torch.equal(outs[0], outs[1])
     assert_close(outs[0].double(), want, kind="bfloat16" if dst == "bf16" else "float32", what="dh")
+
+
+def test_dweight_stand_in_is_row_major():
+    """cute_post_pre._row_major (the dweight the SPLIT_DW / FUSE_DHW reductions write): dweight itself when
+    contiguous and 8-byte aligned, else a fresh row-major tensor of its shape (a permuted view's strides would scramble
+    the kernels' [N, n C] rows)."""
+    from tilekernels.mhc.cute_post_pre import _row_major
+
+    w = torch.empty(24, 512, dtype=BF16)
+    assert _row_major(w) is w
+    for v in (torch.empty(512, 24, dtype=BF16).t(), torch.empty(24 * 512 + 1, dtype=BF16)[1:].view(24, 512)):
+        sb = _row_major(v)
+        assert sb is not v and sb.shape == v.shape and sb.dtype == v.dtype and sb.stride() == (512, 1)
 
 
 FWD_COMPILE = [(4, 7168, True), (4, 7168, False), (3, 200, True), (1, 64, False), (2, 104, True)]

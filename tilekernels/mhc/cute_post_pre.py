@@ -75,8 +75,8 @@ def bwd_launches(dout, dlayer_in, dh_post_next, dh_res_next, h_res, residual, h_
         head = dhw
     elif sdw is not None:
         head, kcfg, p_pre, finish = sdw
-    if sdw is None and kcfg.DWPRE:   # (a caller's DWPRE config without SPLIT_DW's scratch: the pass writes no pre rows)
-        kcfg = dataclasses.replace(kcfg, DWPRE=False)
+    if sdw is None and kcfg.DWPRE:
+        raise ValueError("mhc_post_pre cute bwd: a DWPRE config needs the SPLIT_DW backward (its pre-row partials)")
     stage, h_res, h_post = pb._h32(h_res, h_post, cfg.pb, force=True)
     dev, f32 = residual.device, torch.float32
     ntm = cdiv(T, K.BM)
@@ -150,16 +150,11 @@ def _split_dw(head, mix, out, dlayer_in, dweight, npad, kcfg):
     p_dh = torch.empty((dcfg.S, T, n), dtype=f32, device=dev)
     p_dw = torch.empty((gm + 1, N, n * C), dtype=f32, device=dev)
     p_pre = torch.empty((ntm, n, n * C), dtype=f32, device=dev)
-    zero = torch.zeros((T, n), dtype=f32, device=dev)
     dproj0 = torch.empty((T, npad), dtype=f32, device=dev)
-    i = head.index(mix)
-    sk, rest, tail = head[:i - 1], head[i], head[i + 1:]   # head[i - 1] is the dh_pre pass
-    dpre = rest.args[0]
-    rest0 = dataclasses.replace(rest, args=(zero, *rest.args[1:6], dproj0, *rest.args[7:]))
+    sk, rest0, rest, tail = _mix_around(head, mix, torch.zeros((T, n), dtype=f32, device=dev), dproj0)
     run = functools.partial(DD.launch(dcfg).run, aligned16(out), aligned16(dlayer_in), dproj0, p_dh, p_dw, T, gm)
-    steps = [*sk, rest0, run, functools.partial(torch.sum, p_dh, 0, out=dpre), rest, *tail]
-    dw = (dweight if dweight.is_contiguous() and dweight.data_ptr() % 8 == 0
-          else torch.empty(dweight.shape, dtype=dweight.dtype, device=dweight.device))   # (row-major: the reduce's)
+    steps = [*sk, rest0, run, functools.partial(torch.sum, p_dh, 0, out=rest.args[0]), rest, *tail]
+    dw = _row_major(dweight)
     rcfg = cpr.ProjRmsBwdCuteCfg.heuristic(N, n * C)
     finish = [functools.partial(torch.sum, p_pre, 0, out=p_dw[gm, :n]), p_dw[gm, n:].zero_,
               functools.partial(cpr.reduce_launch(rcfg).run, p_dw, dw, gm + 1)]
@@ -194,17 +189,33 @@ def _dhw_head(head, mix, out, dlayer_in, proj, r, hbias, dproj, dweight, alpha_p
     scr = torch.zeros(wp + wd + -(-T * n // 2), dtype=torch.int64, device=dev)   # tags 0: nothing written yet
     zero = scr[wp + wd:].view(torch.float32)[:T * n].view(T, n)                     # dh_pre = 0 for the first mix
     dproj0 = torch.empty((T, npad), dtype=torch.float32, device=dev)
-    dw = dweight if dweight.is_contiguous() else torch.empty(dweight.shape, dtype=dweight.dtype, device=dweight.device)
-    i = head.index(mix)
-    sk, rest, tail = head[:i - 1], head[i], head[i + 1:]   # head[i - 1] is the dh_pre pass
-    dpre = rest.args[0]
-    rest0 = dataclasses.replace(rest, args=(zero, *rest.args[1:6], dproj0, *rest.args[7:]))
-    run = functools.partial(D.launch(dcfg).run, aligned16(out), aligned16(dlayer_in), dproj0, proj, r, hbias, dpre,
-                            scr[:wp], scr[wp:wp + wd], dw, T, float(alpha_pre))
+    dw = _row_major(dweight)
+    sk, rest0, rest, tail = _mix_around(head, mix, zero, dproj0)
+    run = functools.partial(D.launch(dcfg).run, aligned16(out), aligned16(dlayer_in), dproj0, proj, r, hbias,
+                            rest.args[0], scr[:wp], scr[wp:wp + wd], dw, T, float(alpha_pre))
     steps = [*sk, rest0, run, rest, *tail]
     if dw is not dweight:
         steps.append(functools.partial(dweight.copy_, dw))
     return steps
+
+
+def _mix_around(head, mix, zero, dproj0):
+    """(Sinkhorn steps, rest0, rest, tail) of mhc_pre's split-mix backward head around a pass that replaces its dh_pre
+    pass (head[index(mix) - 1]): rest0 is the mix's rest reading dh_pre from ``zero`` [T, n] and writing dproj into
+    ``dproj0`` [T, NPAD] (its post / res columns need no dh_pre); rest (the mix's rest as built, dh_pre from
+    rest.args[0]) and tail (the hbias reduction) run after the pass."""
+    i = head.index(mix)
+    rest = head[i]
+    return head[:i - 1], dataclasses.replace(rest, args=(zero, *rest.args[1:6], dproj0, *rest.args[7:])), rest, \
+        head[i + 1:]
+
+
+def _row_major(dweight: torch.Tensor) -> torch.Tensor:
+    """dweight, or a row-major stand-in (copied into it after) where it is not contiguous or 8-byte aligned: the
+    dweight kernels write [N, n C] rows."""
+    if dweight.is_contiguous() and dweight.data_ptr() % 8 == 0:
+        return dweight
+    return torch.empty(dweight.shape, dtype=dweight.dtype, device=dweight.device)
 
 
 def _planes_into(p: torch.Tensor, out: torch.Tensor) -> None:

@@ -159,12 +159,11 @@ class PostPreBwdCuteCfg:
 
     @classmethod
     @functools.lru_cache(maxsize=256)
-    def heuristic(cls, n: int, C: int, N: int, has_bias: bool, CW: int = 32,
-                  dwpre: bool = False) -> "PostPreBwdCuteCfg":
+    def heuristic(cls, n: int, C: int, N: int, has_bias: bool, CW: int = 32) -> "PostPreBwdCuteCfg":
         """Static dims only: NP the smallest of 16, 32 holding N; as many stages (<= 4) as fit; SPLIT = 4 CTAs a row
         tile (fewer when C has fewer chunks): sibling CTAs stream adjacent chunks of the same rows (H200, T=32768,
         n=4, C=7168: the pass 1891 us against 1962 unsplit, 1905 with 2; the mHC ledger, session 22)."""
-        base = cls(n=n, C=C, N=N, NP=16 if N <= 16 else 32, STAGES=2, HAS_BIAS=has_bias, CW=CW, DWPRE=dwpre)
+        base = cls(n=n, C=C, N=N, NP=16 if N <= 16 else 32, STAGES=2, HAS_BIAS=has_bias, CW=CW)
         st = 2
         while st < 4 and _fits(base, st + 1):
             st += 1
@@ -176,16 +175,15 @@ def with_dwpre(cfg: PostPreBwdCuteCfg) -> PostPreBwdCuteCfg | None:
     where DWPRE does not apply (CW 16)."""
     if cfg.CW != 32:
         return None
-    for st in range(cfg.STAGES, 1, -1):
-        if _fits(cfg, st, dwpre=True):
-            return dataclasses.replace(cfg, STAGES=st, DWPRE=True)
-    return None
+    try:
+        q = dataclasses.replace(cfg, STAGES=2, DWPRE=True)
+    except ValueError:   # (not even 2 stages fit beside sQ)
+        return None
+    return dataclasses.replace(q, STAGES=max(s for s in range(2, cfg.STAGES + 1) if _fits(q, s)))
 
 
-def _fits(cfg: PostPreBwdCuteCfg, stages: int, dwpre: bool = False) -> bool:
-    """Whether cfg at ``stages`` (with DWPRE's sQ when ``dwpre``) fits SMEM_LIMIT; cfg itself may be DWPRE already."""
-    base = dataclasses.replace(cfg, STAGES=2).smem_bytes + (2048 if dwpre and not cfg.DWPRE else 0)
-    return base + (stages - 2) * (cfg.stage_bytes + 144) <= SMEM_LIMIT
+def _fits(cfg: PostPreBwdCuteCfg, stages: int) -> bool:
+    return dataclasses.replace(cfg, STAGES=2).smem_bytes + (stages - 2) * (cfg.stage_bytes + 144) <= SMEM_LIMIT
 
 
 def permuted_weight(weight: torch.Tensor, cfg: PostPreBwdCuteCfg) -> torch.Tensor:
@@ -630,4 +628,4 @@ def representative_launches(n: int = 4, C: int = 7168) -> dict[str, CU.Launch]:
     """The kernel at one static shape, with and without bias (what the CPU compile test exports)."""
     N = n * n + 2 * n
     return {**{f"one_bias{b}": launch(PostPreBwdCuteCfg.heuristic(n, C, N, b)) for b in (True, False)},
-            "one_dwpre": launch(PostPreBwdCuteCfg.heuristic(n, C, N, True, dwpre=True))}
+            "one_dwpre": launch(with_dwpre(PostPreBwdCuteCfg.heuristic(n, C, N, True)))}
