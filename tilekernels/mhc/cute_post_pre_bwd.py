@@ -79,6 +79,7 @@ import cutlass.utils.hopper_helpers as sm90_utils
 from cutlass import BFloat16, Float32, Int32, const_expr
 from cutlass.cute.nvgpu import cpasync, warpgroup
 from cutlass.utils import LayoutEnum
+from cutlass._mlir.dialects.nvvm import MemScopeKind
 
 from tilekernels import _cute as CU
 
@@ -91,6 +92,7 @@ BM = 64    # tokens a CTA (the wgmma M)
 TERMS = 3  # bf16 terms of dproj
 SMEM_LIMIT = 225 * 1024  # of the 227 KiB a CTA may have
 SPLIT_DEFAULT = 4        # CTAs a row tile (each takes every 4th chunk): the heuristic's
+PAIR_RECV = 256 * 16     # PAIR's DSMEM mailbox: 4 fp32 a consumer thread
 
 
 @dataclasses.dataclass(frozen=True)
@@ -107,14 +109,16 @@ class PostPreBwdCuteCfg:
     CW: int = 32   # channels of a chunk a consumer warpgroup owns (of every stream); a chunk is 2*CW
     SPLIT: int = 1  # CTAs a row tile: CTA (r, m) takes chunks r, r + SPLIT, ... and writes dh plane r
     DWPRE: bool = False  # also mhc_pre's dweight pre rows from the recomputed out: partials [row tiles, n, n C]
+    PAIR: bool = False   # DWPRE's partials a pair of row tiles: the two CTAs (a cluster) sum theirs through DSMEM
 
     def __post_init__(self):
         if not (1 <= self.n <= 4 and self.N == self.n * self.n + 2 * self.n and self.N <= self.NP
                 and self.NP in (16, 32) and self.C % 8 == 0 and self.C > 0 and self.STAGES >= 2
-                and self.CW in (16, 32) and 1 <= self.SPLIT <= self.nch and (self.CW == 32 or not self.DWPRE)):
+                and self.CW in (16, 32) and 1 <= self.SPLIT <= self.nch and (self.CW == 32 or not self.DWPRE)
+                and (self.DWPRE or not self.PAIR)):
             raise ValueError(f"mhc_post_pre cute bwd: config {self}: needs n <= 4, N = n*n + 2n <= NP in (16, 32), "
                              f"C % 8 == 0, STAGES >= 2, CW 16 or 32 (32 with DWPRE: the wgmma's M), "
-                             f"1 <= SPLIT <= chunks")
+                             f"1 <= SPLIT <= chunks, PAIR only with DWPRE")
         if self.smem_bytes > SMEM_LIMIT:
             raise ValueError(f"mhc_post_pre cute bwd: config {self} needs {self.smem_bytes} bytes of shared memory")
 
@@ -145,7 +149,18 @@ class PostPreBwdCuteCfg:
     def smem_bytes(self) -> int:
         # the allocations (each 1024-aligned: sT, sW, sH, sB, sD, sPB, then the barriers)
         return (self.STAGES * (self.stage_bytes + 128) + TERMS * BM * self.NP * 2 + 2 * self.STAGES * 8 + 5 * 1024
-                + BM * self.ND * 4 + (self.pb_bytes + 1024 if self.HAS_BIAS else 0) + (2048 if self.DWPRE else 0))
+                + BM * self.ND * 4 + (self.pb_bytes + 1024 if self.HAS_BIAS else 0) + (2048 if self.DWPRE else 0)
+                + (PAIR_RECV + 32 if self.PAIR else 0))
+
+    def row_tiles(self, T: int) -> int:
+        """Row tiles the grid covers (the p_bias rows): cdiv(T, BM), even with PAIR (a pair's second tile may lie
+        wholly past T: its loads read zeros, it stores nothing but zero dbias partials)."""
+        t = -(-T // BM)
+        return t + t % 2 if self.PAIR else t
+
+    def pre_tiles(self, T: int) -> int:
+        """DWPRE's partial planes: one a row tile, or a pair of them with PAIR."""
+        return self.row_tiles(T) // (2 if self.PAIR else 1)
 
     @property
     def pb_bytes(self) -> int:
@@ -170,13 +185,13 @@ class PostPreBwdCuteCfg:
         return dataclasses.replace(base, STAGES=st, SPLIT=min(SPLIT_DEFAULT, base.nch))
 
 
-def with_dwpre(cfg: PostPreBwdCuteCfg) -> PostPreBwdCuteCfg | None:
-    """cfg with DWPRE, at the most stages <= cfg's that fit beside sQ (n = 2 at C = 7168: 3 instead of 4), or None
-    where DWPRE does not apply (CW 16)."""
+def with_dwpre(cfg: PostPreBwdCuteCfg, pair: bool = False) -> PostPreBwdCuteCfg | None:
+    """cfg with DWPRE (and PAIR), at the most stages <= cfg's that fit beside sQ (and PAIR's mailbox; n = 2 at C = 7168:
+    3 instead of 4), or None where DWPRE does not apply (CW 16)."""
     if cfg.CW != 32:
         return None
     try:
-        q = dataclasses.replace(cfg, STAGES=2, DWPRE=True)
+        q = dataclasses.replace(cfg, STAGES=2, DWPRE=True, PAIR=pair)
     except ValueError:   # (not even 2 stages fit beside sQ)
         return None
     return dataclasses.replace(q, STAGES=max(s for s in range(2, cfg.STAGES + 1) if _fits(q, s)))
@@ -250,6 +265,11 @@ def _kernel(cfg: cutlass.Constexpr, tma_dout: cute.CopyAtom, mDout: cute.Tensor,
     bid, _, _ = cute.arch.block_idx()
     m = bid // SP   # the row tile; siblings r = 0 .. SP-1 of one tile are adjacent in launch order
     r_ = bid - m * SP
+    pq = Int32(0)
+    if const_expr(cfg.PAIR):   # clusters of 2: row tiles 2p (rank 0), 2p + 1 (rank 1) of sibling r_
+        pq = bid % 2
+        m = (bid // (2 * SP)) * 2 + pq
+        r_ = (bid // 2) % SP
     nk = (cfg.nch - r_ + SP - 1) // SP   # this CTA's chunks: r_, r_ + SP, ...
     gdim, _, _ = cute.arch.grid_dim()
     ntm = gdim // SP
@@ -273,6 +293,17 @@ def _kernel(cfg: cutlass.Constexpr, tma_dout: cute.CopyAtom, mDout: cute.Tensor,
     if const_expr(cfg.HAS_BIAS):   # the warps' dbias sums of a chunk: [channel, warp, warpgroup, chunk parity]
         sPB = smem.allocate_tensor(Float32, cute.make_layout((CW, 4, 2, 2)), byte_alignment=16)
     pipe = CU.tma_pipeline(smem, S, cfg.stage_bytes, 8)
+    if const_expr(cfg.PAIR):
+        # rank 0's mailbox (rank 1's consumer thread t sends its 4 pre-row sums a chunk to row t), its full barrier
+        # (one arrival with the mailbox's bytes) and rank 1's empty barrier (each of rank 0's 256 consumer threads)
+        recv = smem.allocate_tensor(Float32, cute.make_layout((4, 256), stride=(1, 4)), byte_alignment=16)
+        pbar = smem.allocate_array(cutlass.Int64, 2, byte_alignment=8)
+        if tidx == 0:
+            cute.arch.mbarrier_init(pbar, 1)
+            cute.arch.mbarrier_init(pbar + 1, 256)
+            cute.arch.mbarrier_init_fence()
+        cute.arch.cluster_arrive_relaxed()
+        cute.arch.cluster_wait()
 
     # the [C, T]-like tensors tiled [CC, BM]: (tile, chunk, row tile[, stream])
     tDs, tDg = CU.tma_tiles(tma_dout, sT, mDout, (CC, BM))
@@ -369,7 +400,8 @@ def _kernel(cfg: cutlass.Constexpr, tma_dout: cute.CopyAtom, mDout: cute.Tensor,
             accqs = (accq0, accq1)
             NSW = (n - wc + 1) // 2
             jq = cQ[0][1] // 2   # the thread's pre column: its accumulator columns 2 jq (hi), 2 jq + 1 (mid)
-            gQ = cute.make_tensor(p_pre + m * n * n * C, cute.make_layout((n, n * C), stride=(n * C, 1)))
+            gQ = cute.make_tensor(p_pre + (m // 2 if const_expr(cfg.PAIR) else m) * n * n * C,
+                                  cute.make_layout((n, n * C), stride=(n * C, 1)))
 
         # ---- per-token constants of the thread's two tokens (zeros past T)
         hr = cute.make_rmem_tensor((2, n, n), Float32)
@@ -510,14 +542,19 @@ def _kernel(cfg: cutlass.Constexpr, tma_dout: cute.CopyAtom, mDout: cute.Tensor,
                                       accqs[q])
                 warpgroup.commit_group()
                 warpgroup.wait_group(0)
-                for q in cutlass.range_constexpr(2):
-                    if q < NSW:
-                        if jq < n:
-                            for h in cutlass.range_constexpr(2):   # fragment rows (channels) r0, r0 + 8
-                                c = ch * CC + cQ[2 * h][0]
-                                if c < C:
-                                    gQ[jq, (wc + 2 * q) * C + c] = accqs[q][2 * h] + accqs[q][2 * h + 1]
-            CU.release_read_stage(pipe, rst)  # its stores read by TMA, its loads done before the refill
+                if const_expr(cfg.PAIR):
+                    CU.release_read_stage(pipe, rst)  # the pre wgmma has read the stage
+                    _pair_exchange(cfg, accqs, NSW, jq, cQ, gQ, recv, pbar, pq, cidx, k_, nk, wc, ch)
+                else:
+                    for q in cutlass.range_constexpr(2):
+                        if q < NSW:
+                            if jq < n:
+                                for h in cutlass.range_constexpr(2):   # fragment rows (channels) r0, r0 + 8
+                                    c = ch * CC + cQ[2 * h][0]
+                                    if c < C:
+                                        gQ[jq, (wc + 2 * q) * C + c] = accqs[q][2 * h] + accqs[q][2 * h + 1]
+            if const_expr(not cfg.PAIR):
+                CU.release_read_stage(pipe, rst)  # its stores read by TMA, its loads done before the refill
             rst.advance()
             if const_expr(cfg.HAS_BIAS):
                 # the warp's 16 tokens: lanes with the same lane % 4 hold the same channels
@@ -576,6 +613,50 @@ def _kernel(cfg: cutlass.Constexpr, tma_dout: cute.CopyAtom, mDout: cute.Tensor,
                         gDhp[tg, i] = dhp[h, i] + sD[tl, i]
                         for j in cutlass.range_constexpr(n):
                             gDhr[tg, i, j] = dhr[h, i, j] + sD[tl, n + i * n + j]
+    if const_expr(cfg.PAIR):   # neither CTA leaves while the other may still address its shared memory
+        cute.arch.cluster_arrive()
+        cute.arch.cluster_wait()
+
+
+@cute.jit
+def _pair_exchange(cfg: cutlass.Constexpr, accqs, NSW: Int32, jq: Int32, cQ: cute.Tensor, gQ: cute.Tensor,
+                   recv: cute.Tensor, pbar: cute.Pointer, pq: Int32, cidx: Int32, k_: Int32, nk: Int32, wc: Int32,
+                   ch: Int32):
+    """PAIR: chunk k_'s pre-row sums of a consumer thread (streams wc, wc + 2; fragment rows r0, r0 + 8), 4 fp32.
+    Rank 1 sends them to rank 0's mailbox row cidx (st.async, counted in bytes by rank 0's full barrier; after rank 0
+    has freed the mailbox from chunk k_ - 1); rank 0 adds them to its own (rank 0's tile first, then rank 1's: one
+    order every run) and stores the pair's partial."""
+    n, C, CC = cfg.n, cfg.C, cfg.CC
+    v = cute.make_rmem_tensor((4,), Float32)
+    for q in cutlass.range_constexpr(2):
+        for h in cutlass.range_constexpr(2):
+            a = Float32(0.0)
+            if q < NSW:
+                a = accqs[q][2 * h] + accqs[q][2 * h + 1]
+            v[2 * q + h] = a
+    if pq == 1:
+        if k_ > 0:
+            cute.arch.mbarrier_wait(pbar + 1, (k_ - 1) % 2)
+        dst = cute.make_ptr(Float32, recv.iterator.toint() + cidx * 16, cute.AddressSpace.smem, assumed_align=16)
+        cute.arch.store_async_dsmem(dst, (CU.f32_bits(v[0]), CU.f32_bits(v[1]), CU.f32_bits(v[2]),
+                                          CU.f32_bits(v[3])), pbar, 0)
+    else:
+        if cidx == 0:
+            cute.arch.mbarrier_arrive_and_expect_tx(pbar, PAIR_RECV)
+        cute.arch.mbarrier_wait(pbar, k_ % 2)
+        w = cute.make_rmem_tensor((4,), Float32)
+        for e in cutlass.range_constexpr(4):
+            w[e] = recv[e, cidx]
+        if k_ + 1 < nk:   # the mailbox read: rank 1 may send chunk k_ + 1 (none after the last chunk)
+            cute.arch.fence_proxy("async.shared", space="cta")
+            cute.arch.mbarrier_arrive(pbar + 1, 1, scope=MemScopeKind.CLUSTER)
+        for q in cutlass.range_constexpr(2):
+            if q < NSW:
+                if jq < n:
+                    for h in cutlass.range_constexpr(2):
+                        c = ch * CC + cQ[2 * h][0]
+                        if c < C:
+                            gQ[jq, (wc + 2 * q) * C + c] = v[2 * q + h] + w[2 * q + h]
 
 
 @cute.jit
@@ -606,10 +687,14 @@ def _host(cfg: cutlass.Constexpr, dout: cute.Pointer, res: cute.Pointer, x: cute
     tma_w, tW = cpasync.make_tiled_tma_atom(g2s, mW, cute.slice_(sW_l, (None, None, 0)), (cfg.NW, cfg.NP))
     mB = cute.make_tensor(bias, cute.make_layout((C, 1), stride=(1, C)))
     tma_b, tB = cpasync.make_tiled_tma_atom(g2s, mB, cute.make_layout((CC, 1)), (CC, 1))
-    _kernel(cfg, tma_dout, tDout, tma_res, tRes, tma_dres, tDres, tma_x, tX, tma_dg, tDg, tma_dx, tDx, tma_w, tW,
-            tma_b, tB, dproj, dr, r, hres, hpost, hpre_t, p_bias, dh_res, dh_post, p_pre, T, eps).launch(
-        grid=(cfg.SPLIT * ((T + BM - 1) // BM), 1, 1), block=(THREADS, 1, 1), stream=stream, min_blocks_per_mp=1,
-        preferred_smem_carveout=100)
+    k = _kernel(cfg, tma_dout, tDout, tma_res, tRes, tma_dres, tDres, tma_x, tX, tma_dg, tDg, tma_dx, tDx, tma_w, tW,
+                tma_b, tB, dproj, dr, r, hres, hpost, hpre_t, p_bias, dh_res, dh_post, p_pre, T, eps)
+    if const_expr(cfg.PAIR):
+        k.launch(grid=(cfg.SPLIT * 2 * ((T + 2 * BM - 1) // (2 * BM)), 1, 1), block=(THREADS, 1, 1),
+                 cluster=(2, 1, 1), stream=stream, min_blocks_per_mp=1, preferred_smem_carveout=100)
+    else:
+        k.launch(grid=(cfg.SPLIT * ((T + BM - 1) // BM), 1, 1), block=(THREADS, 1, 1), stream=stream,
+                 min_blocks_per_mp=1, preferred_smem_carveout=100)
 
 
 @functools.lru_cache(maxsize=256)
@@ -628,4 +713,5 @@ def representative_launches(n: int = 4, C: int = 7168) -> dict[str, CU.Launch]:
     """The kernel at one static shape, with and without bias (what the CPU compile test exports)."""
     N = n * n + 2 * n
     return {**{f"one_bias{b}": launch(PostPreBwdCuteCfg.heuristic(n, C, N, b)) for b in (True, False)},
-            "one_dwpre": launch(with_dwpre(PostPreBwdCuteCfg.heuristic(n, C, N, True)))}
+            "one_dwpre": launch(with_dwpre(PostPreBwdCuteCfg.heuristic(n, C, N, True))),
+            "one_pair": launch(with_dwpre(PostPreBwdCuteCfg.heuristic(n, C, N, True), pair=True))}
