@@ -155,7 +155,7 @@ PAIR_COMPILE = [(4, 7168), (3, 520), (2, 1000), (1, 640)]   # more chunks than S
 def test_pair_pre_pass_compiles_for_sm90a(n, C):
     """The backward pass with PAIR (cute_post_pre.PAIR_PRE: a cluster of two row tiles' CTAs sums their pre-row
     partials): no spills, the setmaxnreg budget, fenced releases; rank 1 sends its sums by one st.async v4 a thread
-    (counted in bytes by rank 0's barrier), rank 0 frees the mailbox with a cluster-scope arrive, and the CTAs meet at
+    (counted in bytes by rank 0's barrier), rank 0 frees the mailbox with one remote arrive a warp, and the CTAs meet at
     cluster barriers after their barriers' init and before they exit."""
     N = n * n + 2 * n
     kq = K.with_dwpre(K.PostPreBwdCuteCfg.heuristic(n, C, N, n % 2 == 0), pair=True)

@@ -79,7 +79,6 @@ import cutlass.utils.hopper_helpers as sm90_utils
 from cutlass import BFloat16, Float32, Int32, const_expr
 from cutlass.cute.nvgpu import cpasync, warpgroup
 from cutlass.utils import LayoutEnum
-from cutlass._mlir.dialects.nvvm import MemScopeKind
 
 from tilekernels import _cute as CU
 
@@ -110,12 +109,15 @@ class PostPreBwdCuteCfg:
     SPLIT: int = 1  # CTAs a row tile: CTA (r, m) takes chunks r, r + SPLIT, ... and writes dh plane r
     DWPRE: bool = False  # also mhc_pre's dweight pre rows from the recomputed out: partials [row tiles, n, n C]
     PAIR: bool = False   # DWPRE's partials a pair of row tiles: the two CTAs (a cluster) sum theirs through DSMEM
+    PLAG: int = 0        # PAIR: rank 0 takes chunk k's sums from the mailbox at chunk k + PLAG (PLAG + 1 slots; 0, 1)
+    PSKIP: int = 0       # probes only (wrong dweight): 1 = PAIR without the exchange (rank 0 stores its own sums),
+    #                      2 = without the cluster barriers (with 1: a cluster launch of CTAs that never meet)
 
     def __post_init__(self):
         if not (1 <= self.n <= 4 and self.N == self.n * self.n + 2 * self.n and self.N <= self.NP
                 and self.NP in (16, 32) and self.C % 8 == 0 and self.C > 0 and self.STAGES >= 2
                 and self.CW in (16, 32) and 1 <= self.SPLIT <= self.nch and (self.CW == 32 or not self.DWPRE)
-                and (self.DWPRE or not self.PAIR)):
+                and (self.DWPRE or not self.PAIR) and self.PLAG in (0, 1)):
             raise ValueError(f"mhc_post_pre cute bwd: config {self}: needs n <= 4, N = n*n + 2n <= NP in (16, 32), "
                              f"C % 8 == 0, STAGES >= 2, CW 16 or 32 (32 with DWPRE: the wgmma's M), "
                              f"1 <= SPLIT <= chunks, PAIR only with DWPRE")
@@ -150,7 +152,8 @@ class PostPreBwdCuteCfg:
         # the allocations (each 1024-aligned: sT, sW, sH, sB, sD, sPB, then the barriers)
         return (self.STAGES * (self.stage_bytes + 128) + TERMS * BM * self.NP * 2 + 2 * self.STAGES * 8 + 5 * 1024
                 + BM * self.ND * 4 + (self.pb_bytes + 1024 if self.HAS_BIAS else 0) + (2048 if self.DWPRE else 0)
-                + (PAIR_RECV + 32 if self.PAIR else 0))
+                + (PAIR_RECV + 32 if self.PAIR else 0)
+                + (max(PAIR_RECV - BM * self.ND * 4, 0) + 16 if self.PAIR and self.PLAG else 0))
 
     def row_tiles(self, T: int) -> int:
         """Row tiles the grid covers (the p_bias rows): cdiv(T, BM), even with PAIR (a pair's second tile may lie
@@ -289,21 +292,30 @@ def _kernel(cfg: cutlass.Constexpr, tma_dout: cute.CopyAtom, mDout: cute.Tensor,
         _, sQ = _smem_tensor(smem, sQ_l)
     sB = bias_ring(smem, CC, S)
     # warpgroup 1's dh sums of its tokens, for warpgroup 0 (column k: dh value k)
-    sD = smem.allocate_tensor(Float32, cute.make_layout((BM, cfg.ND)), byte_alignment=16)
+    if const_expr(cfg.PAIR and cfg.PLAG > 0):   # sD's buffer is also PAIR's second mailbox slot (sD is used last)
+        sDb = smem.allocate_tensor(Float32, cute.make_layout(max(BM * cfg.ND, PAIR_RECV // 4)), byte_alignment=16)
+        sD = cute.make_tensor(sDb.iterator, cute.make_layout((BM, cfg.ND)))
+    else:
+        sD = smem.allocate_tensor(Float32, cute.make_layout((BM, cfg.ND)), byte_alignment=16)
     if const_expr(cfg.HAS_BIAS):   # the warps' dbias sums of a chunk: [channel, warp, warpgroup, chunk parity]
         sPB = smem.allocate_tensor(Float32, cute.make_layout((CW, 4, 2, 2)), byte_alignment=16)
     pipe = CU.tma_pipeline(smem, S, cfg.stage_bytes, 8)
     if const_expr(cfg.PAIR):
-        # rank 0's mailbox (rank 1's consumer thread t sends its 4 pre-row sums a chunk to row t), its full barrier
-        # (one arrival with the mailbox's bytes) and rank 1's empty barrier (each of rank 0's 256 consumer threads)
-        recv = smem.allocate_tensor(Float32, cute.make_layout((4, 256), stride=(1, 4)), byte_alignment=16)
-        pbar = smem.allocate_array(cutlass.Int64, 2, byte_alignment=8)
+        # rank 0's mailbox slots (rank 1's consumer thread t sends its 4 pre-row sums a chunk to row t of slot
+        # k % NS), their full barriers (pbar + s: one arrival with the slot's bytes) and rank 1's empty barriers
+        # (pbar + NS + s: one arrival from each of rank 0's 8 consumer warps)
+        NS = cfg.PLAG + 1
+        recv = smem.allocate_tensor(Float32, cute.make_layout(PAIR_RECV // 4), byte_alignment=16)
+        slots = (recv.iterator.toint(), sDb.iterator.toint() if const_expr(NS > 1) else recv.iterator.toint())
+        pbar = smem.allocate_array(cutlass.Int64, 2 * NS, byte_alignment=8)
         if tidx == 0:
-            cute.arch.mbarrier_init(pbar, 1)
-            cute.arch.mbarrier_init(pbar + 1, 256)
+            for s_ in cutlass.range_constexpr(NS):
+                cute.arch.mbarrier_init(pbar + s_, 1)
+                cute.arch.mbarrier_init(pbar + NS + s_, 8)
             cute.arch.mbarrier_init_fence()
-        cute.arch.cluster_arrive_relaxed()
-        cute.arch.cluster_wait()
+        if const_expr(cfg.PSKIP & 2 == 0):
+            cute.arch.cluster_arrive_relaxed()
+            cute.arch.cluster_wait()
 
     # the [C, T]-like tensors tiled [CC, BM]: (tile, chunk, row tile[, stream])
     tDs, tDg = CU.tma_tiles(tma_dout, sT, mDout, (CC, BM))
@@ -453,6 +465,8 @@ def _kernel(cfg: cutlass.Constexpr, tma_dout: cute.CopyAtom, mDout: cute.Tensor,
         bv = cute.make_rmem_tensor((2,), Float32)
         pb = cute.make_tensor(p_bias, cute.make_layout((ntm, C), stride=(C, 1)))
 
+        if const_expr(cfg.PAIR and cfg.PLAG > 0):
+            pend = cute.make_rmem_tensor((4,), Float32)   # rank 0: the previous chunk's sums, taken with rank 1's next
         rst = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, S)
         for k_ in cutlass.range(nk, unroll=1):
             ch = r_ + k_ * SP
@@ -544,7 +558,25 @@ def _kernel(cfg: cutlass.Constexpr, tma_dout: cute.CopyAtom, mDout: cute.Tensor,
                 warpgroup.wait_group(0)
                 if const_expr(cfg.PAIR):
                     CU.release_read_stage(pipe, rst)  # the pre wgmma has read the stage
-                    _pair_exchange(cfg, accqs, NSW, jq, cQ, gQ, recv, pbar, pq, cidx, k_, nk, wc, ch)
+                    v = cute.make_rmem_tensor((4,), Float32)   # this chunk's sums (streams wc, wc + 2; rows r0, r0 + 8)
+                    for q in cutlass.range_constexpr(2):
+                        for h in cutlass.range_constexpr(2):
+                            a = Float32(0.0)
+                            if q < NSW:
+                                a = accqs[q][2 * h] + accqs[q][2 * h + 1]
+                            v[2 * q + h] = a
+                    if pq == 1:
+                        _pair_send(cfg, v, slots, pbar, cidx, k_)
+                    else:
+                        if cidx == 0 and const_expr(cfg.PSKIP & 1 == 0):   # chunk k_'s slot: one arrival, its bytes
+                            cute.arch.mbarrier_arrive_and_expect_tx(pbar + k_ % NS, PAIR_RECV)
+                        if const_expr(cfg.PLAG == 0):
+                            _pair_take(cfg, v, slots, pbar, cidx, k_, nk, NSW, jq, cQ, gQ, wc, ch)
+                        else:
+                            if k_ > 0:
+                                _pair_take(cfg, pend, slots, pbar, cidx, k_ - 1, nk, NSW, jq, cQ, gQ, wc, ch - SP)
+                            for e in cutlass.range_constexpr(4):
+                                pend[e] = v[e]
                 else:
                     for q in cutlass.range_constexpr(2):
                         if q < NSW:
@@ -581,6 +613,10 @@ def _kernel(cfg: cutlass.Constexpr, tma_dout: cute.CopyAtom, mDout: cute.Tensor,
                     if c < C:
                         pb[m, c] = v
 
+        if const_expr(cfg.PAIR and cfg.PLAG > 0):
+            if pq == 0:   # the last chunk's sums
+                _pair_take(cfg, pend, slots, pbar, cidx, nk - 1, nk, NSW, jq, cQ, gQ, wc, r_ + (nk - 1) * SP)
+            cute.arch.barrier(barrier_id=1, number_of_threads=256)   # every slot read before sD (slot 1) is written
         # ---- the warpgroup's dh sums over its channels: the 4 lanes of a token
         for h in cutlass.range_constexpr(2):
             for i in cutlass.range_constexpr(n):
@@ -613,50 +649,54 @@ def _kernel(cfg: cutlass.Constexpr, tma_dout: cute.CopyAtom, mDout: cute.Tensor,
                         gDhp[tg, i] = dhp[h, i] + sD[tl, i]
                         for j in cutlass.range_constexpr(n):
                             gDhr[tg, i, j] = dhr[h, i, j] + sD[tl, n + i * n + j]
-    if const_expr(cfg.PAIR):   # neither CTA leaves while the other may still address its shared memory
+    if const_expr(cfg.PAIR and cfg.PSKIP & 2 == 0):   # neither CTA leaves while the other may address its smem
         cute.arch.cluster_arrive()
         cute.arch.cluster_wait()
 
 
 @cute.jit
-def _pair_exchange(cfg: cutlass.Constexpr, accqs, NSW: Int32, jq: Int32, cQ: cute.Tensor, gQ: cute.Tensor,
-                   recv: cute.Tensor, pbar: cute.Pointer, pq: Int32, cidx: Int32, k_: Int32, nk: Int32, wc: Int32,
-                   ch: Int32):
-    """PAIR: chunk k_'s pre-row sums of a consumer thread (streams wc, wc + 2; fragment rows r0, r0 + 8), 4 fp32.
-    Rank 1 sends them to rank 0's mailbox row cidx (st.async, counted in bytes by rank 0's full barrier; after rank 0
-    has freed the mailbox from chunk k_ - 1); rank 0 adds them to its own (rank 0's tile first, then rank 1's: one
-    order every run) and stores the pair's partial."""
-    n, C, CC = cfg.n, cfg.C, cfg.CC
-    v = cute.make_rmem_tensor((4,), Float32)
-    for q in cutlass.range_constexpr(2):
-        for h in cutlass.range_constexpr(2):
-            a = Float32(0.0)
-            if q < NSW:
-                a = accqs[q][2 * h] + accqs[q][2 * h + 1]
-            v[2 * q + h] = a
-    if pq == 1:
-        if k_ > 0:
-            cute.arch.mbarrier_wait(pbar + 1, (k_ - 1) % 2)
-        dst = cute.make_ptr(Float32, recv.iterator.toint() + cidx * 16, cute.AddressSpace.smem, assumed_align=16)
+def _pair_send(cfg: cutlass.Constexpr, v: cute.Tensor, slots, pbar: cute.Pointer, cidx: Int32, k_: Int32):
+    """PAIR, rank 1: chunk k_'s 4 sums of this consumer thread to row cidx of rank 0's slot k_ % NS (st.async,
+    counted in bytes by that slot's full barrier), once rank 0 has taken the slot's previous chunk k_ - NS."""
+    NS = cfg.PLAG + 1
+    s_ = k_ % NS
+    if const_expr(cfg.PSKIP & 1 == 0):
+        if k_ >= NS:
+            cute.arch.mbarrier_wait(pbar + NS + s_, ((k_ - NS) // NS) % 2)
+        base = slots[0] if const_expr(NS == 1) else slots[0] + s_ * (slots[1] - slots[0])
+        dst = cute.make_ptr(Float32, base + cidx * 16, cute.AddressSpace.smem, assumed_align=16)
         cute.arch.store_async_dsmem(dst, (CU.f32_bits(v[0]), CU.f32_bits(v[1]), CU.f32_bits(v[2]),
-                                          CU.f32_bits(v[3])), pbar, 0)
-    else:
-        if cidx == 0:
-            cute.arch.mbarrier_arrive_and_expect_tx(pbar, PAIR_RECV)
-        cute.arch.mbarrier_wait(pbar, k_ % 2)
-        w = cute.make_rmem_tensor((4,), Float32)
+                                          CU.f32_bits(v[3])), pbar + s_, 0)
+
+
+@cute.jit
+def _pair_take(cfg: cutlass.Constexpr, v: cute.Tensor, slots, pbar: cute.Pointer, cidx: Int32, j: Int32, nk: Int32,
+               NSW: Int32, jq: Int32, cQ: cute.Tensor, gQ: cute.Tensor, wc: Int32, ch: Int32):
+    """PAIR, rank 0: chunk j's sums (v: this thread's own) plus rank 1's from row cidx of slot j % NS (rank 0's
+    first: one order every run) into the pair's partial; the slot freed for rank 1's chunk j + NS if there is one."""
+    n, C, CC, NS = cfg.n, cfg.C, cfg.CC, cfg.PLAG + 1
+    s_ = j % NS
+    w = cute.make_rmem_tensor((4,), Float32)
+    for e in cutlass.range_constexpr(4):
+        w[e] = v[e]
+    if const_expr(cfg.PSKIP & 1 == 0):
+        cute.arch.mbarrier_wait(pbar + s_, (j // NS) % 2)
+        base = slots[0] if const_expr(NS == 1) else slots[0] + s_ * (slots[1] - slots[0])
+        src = cute.make_tensor(cute.make_ptr(Float32, base + cidx * 16, cute.AddressSpace.smem, assumed_align=16),
+                               cute.make_layout(4))
         for e in cutlass.range_constexpr(4):
-            w[e] = recv[e, cidx]
-        if k_ + 1 < nk:   # the mailbox read: rank 1 may send chunk k_ + 1 (none after the last chunk)
-            cute.arch.fence_proxy("async.shared", space="cta")
-            cute.arch.mbarrier_arrive(pbar + 1, 1, scope=MemScopeKind.CLUSTER)
-        for q in cutlass.range_constexpr(2):
-            if q < NSW:
-                if jq < n:
-                    for h in cutlass.range_constexpr(2):
-                        c = ch * CC + cQ[2 * h][0]
-                        if c < C:
-                            gQ[jq, (wc + 2 * q) * C + c] = v[2 * q + h] + w[2 * q + h]
+            w[e] = w[e] + src[e]
+        if j + NS < nk:   # the slot read (its values summed above): one arrival a warp on rank 1's empty barrier
+            cute.arch.sync_warp()
+            if cute.arch.lane_idx() == 0:
+                cute.arch.mbarrier_arrive(pbar + NS + s_, 1)
+    for q in cutlass.range_constexpr(2):
+        if q < NSW:
+            if jq < n:
+                for h in cutlass.range_constexpr(2):   # fragment rows (channels) r0, r0 + 8
+                    c = ch * CC + cQ[2 * h][0]
+                    if c < C:
+                        gQ[jq, (wc + 2 * q) * C + c] = w[2 * q + h]
 
 
 @cute.jit
