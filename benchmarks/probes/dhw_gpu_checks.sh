@@ -4,9 +4,6 @@
 #   split      (session 25) SPLIT_DW, the default: a smoke case, then post_pre_dhw_check.py --flag SPLIT_DW (every
 #              output against SPLIT_DW off at 8 shapes, two runs bitwise equal, the backward timed both ways)
 #   splittests (session 25) the post_pre file whole, memcheck / initcheck / racecheck on small SPLIT_DW cases
-#   pair       (session 26) PAIR_PRE: its GPU tests, then post_pre_dhw_check.py --flag PAIR_PRE (against SPLIT_DW
-#              without it at 8 shapes, two runs bitwise equal, the backward timed both ways)
-#   pairtests  (session 26) the post_pre file whole, the three sanitizers on small SPLIT_DW and PAIR_PRE cases
 #   dhw        (session 24) FUSE_DHW's tests and sanitizers, the post_pre file
 #   pre        (session 24) session 23's mix checks (initcheck / racecheck on mhc_pre_bwd_sk / _rest, test_pre)
 #   all        dhw and pre
@@ -25,20 +22,6 @@ if [ "$PHASE" = split ]; then
   grep -q "rc=0 " "$SUM" || { cat "$SUM"; tail -30 "$OUT/smoke.log"; exit 1; }
   step check 300 python3 benchmarks/probes/post_pre_dhw_check.py --flag SPLIT_DW --out "$OUT"
   tail -14 "$OUT/check.log"
-fi
-if [ "$PHASE" = pair ]; then
-  step smoke 150 $PYT tests/mhc/test_mhc_cute_post_pre.py -k "pair_pre"
-  grep -q "rc=0 " "$SUM" || { cat "$SUM"; tail -30 "$OUT/smoke.log"; exit 1; }
-  step check 330 python3 benchmarks/probes/post_pre_dhw_check.py --flag PAIR_PRE --out "$OUT"
-  tail -14 "$OUT/check.log"
-fi
-if [ "$PHASE" = pairtests ]; then
-  P="$S or (pair_pre_matches and (T37-n3 or T1-n1 or T130-n4))"
-  step post_pre_tests 420 $PYT tests/mhc/test_mhc_cute_post_pre.py &
-  step pair_memcheck 300 $SAN --tool memcheck $PYT tests/mhc/test_mhc_cute_post_pre.py -k "$P" &
-  step pair_initcheck 300 $SAN --tool initcheck $PYT tests/mhc/test_mhc_cute_post_pre.py -k "$P" &
-  step pair_racecheck 300 $SAN --tool racecheck $PYT tests/mhc/test_mhc_cute_post_pre.py -k "$P" &
-  wait
 fi
 if [ "$PHASE" = splittests ]; then
   step post_pre_tests 300 $PYT tests/mhc/test_mhc_cute_post_pre.py

@@ -14,7 +14,6 @@ Rows (--rows, comma list, each run in the order given; repeat a name to see the 
                     tokens a block), DHW_<field>=V the dh_pre + dweight pass's (PostPreDhwCuteCfg, e.g. DHW_LAG=2),
                     FUSE_FWD=0/1 (cute_post_pre.FUSE_FWD: the fused forward pass), FUSE_DHW=0/1
                     (cute_post_pre.FUSE_DHW: dh_pre and dweight in one pass over out, cute_post_pre_dhw) or
-                    PAIR_PRE=0/1 (cute_post_pre.PAIR_PRE: SPLIT_DW's pre-row partials a pair of row tiles) or
                     SPLIT_DW=0/1 (cute_post_pre.SPLIT_DW: dweight split between the dh_pre pass and the backward
                     pass, cute_post_pre_dhdw)
 A row whose changes make a config the kernels refuse prints the error and goes on.
@@ -89,7 +88,7 @@ class _patched:
         self.D = D
         self.fuse, self.heur = cpp.FUSE_FWD, K.PostPreBwdCuteCfg.heuristic
         self.dfuse, self.dheur = cpp.FUSE_DHW, D.PostPreDhwCuteCfg.__dict__["heuristic"]
-        self.sdw, self.ppre = cpp.SPLIT_DW, cpp.PAIR_PRE
+        self.sdw = cpp.SPLIT_DW
         self.fheur = F.PostPreFwdCuteCfg.__dict__["heuristic"]
         ch = {k: int(v) for k, v in self.changes.items()}
         if "FUSE_FWD" in ch:
@@ -98,8 +97,6 @@ class _patched:
             cpp.FUSE_DHW = bool(ch.pop("FUSE_DHW"))
         if "SPLIT_DW" in ch:
             cpp.SPLIT_DW = bool(ch.pop("SPLIT_DW"))
-        if "PAIR_PRE" in ch:
-            cpp.PAIR_PRE = bool(ch.pop("PAIR_PRE"))
         dch = {k[4:]: ch.pop(k) for k in list(ch) if k.startswith("DHW_")}
         if dch:   # the dh_pre + dweight pass's config (PostPreDhwCuteCfg fields, e.g. DHW_LAG=2)
             dinner = self.dheur.__func__.__wrapped__
@@ -121,7 +118,7 @@ class _patched:
     def __exit__(self, *exc):
         self.cpp.FUSE_FWD = self.fuse
         self.cpp.FUSE_DHW = self.dfuse
-        self.cpp.SPLIT_DW, self.cpp.PAIR_PRE = self.sdw, self.ppre
+        self.cpp.SPLIT_DW = self.sdw
         self.D.PostPreDhwCuteCfg.heuristic = self.dheur
         self.K.PostPreBwdCuteCfg.heuristic = self.heur
         self.F.PostPreFwdCuteCfg.heuristic = self.fheur

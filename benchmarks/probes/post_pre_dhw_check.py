@@ -1,7 +1,6 @@
 #!/usr/bin/env python3
 """GPU check of one of mhc_post_pre's backward designs for mhc_pre's dh_pre and dweight (--flag: FUSE_DHW, the one
-pass of cute_post_pre_dhw; SPLIT_DW, cute_post_pre_dhdw's slices pass plus the backward pass's pre rows; PAIR_PRE,
-SPLIT_DW with its pre-row partials a pair of row tiles, against SPLIT_DW without it) against the
+pass of cute_post_pre_dhw; SPLIT_DW, cute_post_pre_dhdw's slices pass plus the backward pass's pre rows) against the
 dh_pre pass and the dweight pass (both flags off), at the shapes given: every output and gradient of the cute backend
 both ways (relative L2 difference; the designs sum dh_pre and dweight in other orders, so not bitwise), two runs with
 the flag bitwise equal (fixed-order sums), then the backward's time both ways (do_bench median of
@@ -28,7 +27,7 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--shapes", default="1:1:64,65:4:200,1001:3:520,300:2:7168,37:4:8448,5:2:8512,4096:4:7168,32768:4:7168")
     ap.add_argument("--time", default="32768:4:7168")
-    ap.add_argument("--flag", default="SPLIT_DW", choices=("FUSE_DHW", "SPLIT_DW", "PAIR_PRE"))
+    ap.add_argument("--flag", default="SPLIT_DW", choices=("FUSE_DHW", "SPLIT_DW"))
     ap.add_argument("--out")
     o = ap.parse_args()
     import registry
@@ -40,9 +39,8 @@ def main():
     names = ["out", "layer_in", "h_post_next", "h_res_next", "dh_res", "dresidual", "dh_post", "dx", "dweight",
              "dhbias", "dbias"]
 
-    def use(on):   # PAIR_PRE: against SPLIT_DW without it
-        cpp.FUSE_DHW = cpp.SPLIT_DW = cpp.PAIR_PRE = False
-        cpp.SPLIT_DW = o.flag == "PAIR_PRE"
+    def use(on):
+        cpp.FUSE_DHW = cpp.SPLIT_DW = False
         setattr(cpp, o.flag, on)
 
     def run(args, cots, fuse):
@@ -91,7 +89,6 @@ def main():
         times.setdefault(str(fuse), []).append(ms)
         print(f"bwd {o.flag}={fuse}: {ms:.4f} ms", flush=True)
     use(False)
-    cpp.SPLIT_DW = True
     if o.out:
         with open(os.path.join(o.out, f"{o.flag.lower()}_check.json"), "w") as f:
             json.dump(dict(rows=rows, bwd_ms=times, device=torch.cuda.get_device_name()), f, indent=1)

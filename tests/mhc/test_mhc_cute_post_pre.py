@@ -148,43 +148,6 @@ def test_split_dw_config_limits():
         DD.PostPreDhdwCuteCfg(n=5, C=64, N=35, NPAD=32)
 
 
-PAIR_COMPILE = [(4, 7168), (3, 520), (2, 1000), (1, 640)]   # more chunks than SPLIT (else no mailbox is freed)
-
-
-@pytest.mark.parametrize("n,C", PAIR_COMPILE, ids=[f"n{n}-C{c}" for n, c in PAIR_COMPILE])
-def test_pair_pre_pass_compiles_for_sm90a(n, C):
-    """The backward pass with PAIR (cute_post_pre.PAIR_PRE: a cluster of two row tiles' CTAs sums their pre-row
-    partials): no spills, the setmaxnreg budget, fenced releases; rank 1 sends its sums by one st.async v4 a thread
-    (counted in bytes by rank 0's barrier), rank 0 frees the mailbox with one remote arrive a warp, and the CTAs meet at
-    cluster barriers after their barriers' init and before they exit."""
-    N = n * n + 2 * n
-    kq = K.with_dwpre(K.PostPreBwdCuteCfg.heuristic(n, C, N, n % 2 == 0), pair=True)
-    assert kq.PAIR and kq.DWPRE
-    art = K.launch(kq).export("sm_90a")
-    res = [v for k, v in cubin_resources(art.cubin).items() if "kernel" in k]
-    assert len(res) == 1 and res[0]["frame"] == 0, f"register spills or a local array: {res}"
-    need, have = setmaxnreg_budget(art, 128)
-    assert 0 < need <= have, (need, have)
-    assert not unfenced_releases(art.ptx)
-    ptx = art.ptx
-    assert len(re.findall(r"st\.async\.shared::cluster\.mbarrier::complete_tx::bytes\.v4\.b32", ptx)) == 1
-    assert len(re.findall(r"mbarrier\.arrive\.release\.cluster\.shared::cluster", ptx)) == 1
-    assert ptx.count("barrier.cluster.wait") == 2 and "fence.mbarrier_init" in ptx
-
-
-def test_pair_pre_config():
-    """PAIR only with DWPRE; the grid's row tiles even with PAIR (p_bias rows), a pre-row partial a pair."""
-    base = K.PostPreBwdCuteCfg.heuristic(4, 7168, 24, True)
-    with pytest.raises(ValueError, match="PAIR only with DWPRE"):
-        dataclasses.replace(base, PAIR=True)
-    q, p = K.with_dwpre(base), K.with_dwpre(base, pair=True)
-    assert p.STAGES == q.STAGES == 2 and p.smem_bytes <= K.SMEM_LIMIT
-    assert [q.row_tiles(t) for t in (1, 64, 65, 129, 32768)] == [1, 1, 2, 3, 512]
-    assert [p.row_tiles(t) for t in (1, 64, 65, 129, 32768)] == [2, 2, 2, 4, 512]
-    assert [p.pre_tiles(t) for t in (1, 64, 65, 129, 32768)] == [1, 1, 1, 2, 256]
-    assert [q.pre_tiles(t) for t in (1, 129)] == [1, 3]
-
-
 @pytest.mark.parametrize("split", [1, 3])
 def test_split_configs_compile_for_sm90a(split):
     """Both passes with SPLIT CTAs a row tile other than the heuristics' (forward 8, backward 4; 1: one CTA over all
@@ -420,36 +383,6 @@ def test_cute_split_dw_is_deterministic_and_drops_the_dweight_pass():
     names = _twice_bitwise_equal()
     assert "PostPreDhdwCuteCfg" in names and "DWPRETrue" in names, names
     assert "mhc_agg_bwd" not in names and "DW_ONLYTrue" not in names
-
-
-PAIR_CASES = [dict(T=1001, n=4, C=2560, h=F32, bias=True), dict(T=130, n=4, C=7168, h=BF16, bias=True),
-              dict(T=37, n=3, C=200, h=BF16, bias=True), dict(T=1, n=1, C=64, h=F32, bias=False),
-              dict(T=200, n=2, C=104, h=F32, bias=True), dict(T=65, n=4, C=520, h=F32, bias=False)]
-
-
-@on_gpu
-@pytest.mark.parametrize("c", PAIR_CASES, ids=case_id)
-def test_cute_pair_pre_matches_float64(c, monkeypatch):
-    """PAIR_PRE on (SPLIT_DW's pre-row partials a pair of row tiles; odd row-tile counts 1 and 3 leave a pair's second
-    CTA wholly past T): the same float64 checks, and the pair's backward pass ran."""
-    from tilekernels.mhc import cute_post_pre as cpp
-
-    monkeypatch.setattr(cpp, "PAIR_PRE", True)
-    used = []
-    orig = K.launch
-    monkeypatch.setattr(K, "launch", lambda cfg: used.append(cfg) or orig(cfg))
-    run_cutile(c, backend="cute")
-    assert c["T"] == 0 or any(u.PAIR for u in used), used
-
-
-@on_gpu
-def test_cute_pair_pre_is_deterministic(monkeypatch):
-    """PAIR_PRE on: two runs bitwise equal (rank 0 adds rank 1's sums to its own, then the pairs are summed in order),
-    the pass with PAIR in the kernel list."""
-    from tilekernels.mhc import cute_post_pre as cpp
-
-    monkeypatch.setattr(cpp, "PAIR_PRE", True)
-    assert "PAIRTrue" in _twice_bitwise_equal(T=2000 - 64)
 
 
 def _twice_bitwise_equal(T: int = 2000, n: int = 4, C: int = 7168) -> str:

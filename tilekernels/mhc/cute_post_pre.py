@@ -79,7 +79,8 @@ def bwd_launches(dout, dlayer_in, dh_post_next, dh_res_next, h_res, residual, h_
         raise ValueError("mhc_post_pre cute bwd: a DWPRE config needs the SPLIT_DW backward (its pre-row partials)")
     stage, h_res, h_post = pb._h32(h_res, h_post, cfg.pb, force=True)
     dev, f32 = residual.device, torch.float32
-    p_bias = torch.empty((kcfg.row_tiles(T), C) if has_bias else (1, 1), dtype=f32, device=dev)
+    ntm = cdiv(T, K.BM)
+    p_bias = torch.empty((ntm, C) if has_bias else (1, 1), dtype=f32, device=dev)
     # the pass stores dh itself, fp32 contiguous (else into a scratch copied into dh after it); with SPLIT CTAs a
     # row tile, one plane each, summed by _planes_into after it (one cuTile launch of mhc_pb_dh_reduce instead of its
     # two torch.sum measured the same, 10-11 us at T=32768, n=4: the mHC ledger, session 23)
@@ -120,9 +121,6 @@ def bwd_launches(dout, dlayer_in, dh_post_next, dh_res_next, h_res, residual, h_
 # n=4, C=7168: fwd+bwd 4.44-4.51 ms against 4.61-4.62 (the slices pass ~610 us and the partials' sums ~80 against the
 # two passes' 529 + 443; the backward pass +70; the mHC ledger, session 25).
 SPLIT_DW = True
-# SPLIT_DW's pre-row partials a pair of row tiles (cute_post_pre_bwd's PAIR: the pair's two CTAs, a cluster, sum theirs
-# through distributed shared memory), halving them; False: one a row tile.
-PAIR_PRE = False
 
 
 def _split_dw(head, mix, out, dlayer_in, dweight, npad, kcfg):
@@ -134,18 +132,18 @@ def _split_dw(head, mix, out, dlayer_in, dweight, npad, kcfg):
     backward pass then writes the pre-row partials p_pre [row tiles, n, n C]; finish sums them (torch.sum) into plane
     GM's pre rows (its other rows 0) and reduces the GM + 1 planes in order into dweight (bf16). Scratch (fp32), all
     live from the step list's building to its end: p_dh 4 S T n bytes, p_dw 4 (GM + 1) N n C, p_pre 4 cdiv(T, 64)
-    n n C (half with PAIR_PRE), dproj0 and the zero dh_pre 4 T (NPAD + n): ~320 MB at T=32768, n=4, C=7168 (59 + 22 + 235 + 5; the
+    n n C, dproj0 and the zero dh_pre 4 T (NPAD + n): ~320 MB at T=32768, n=4, C=7168 (59 + 22 + 235 + 5; the
     dweight pass's partials it replaces: ~19 MB)."""
     T, n, C = out.shape
     N = dweight.shape[0]
     if not SPLIT_DW or T == 0 or mix.kernel is not pre.mhc_pre_bwd_rest or out.device.type != "cuda":
         return None
-    kq = K.with_dwpre(kcfg, PAIR_PRE)
+    kq = K.with_dwpre(kcfg)
     if kq is None:
         return None
     dcfg = DD.PostPreDhdwCuteCfg.heuristic(n, C, N, npad)
     gm = DD.row_groups(T)
-    ntm = kq.pre_tiles(T)
+    ntm = cdiv(T, K.BM)
     if max(ntm * n * n * C, dcfg.S * T * n, (gm + 1) * N * n * C) >= 2 ** 31:
         return None
     dev, f32 = out.device, torch.float32

@@ -91,7 +91,6 @@ BM = 64    # tokens a CTA (the wgmma M)
 TERMS = 3  # bf16 terms of dproj
 SMEM_LIMIT = 225 * 1024  # of the 227 KiB a CTA may have
 SPLIT_DEFAULT = 4        # CTAs a row tile (each takes every 4th chunk): the heuristic's
-PAIR_RECV = 256 * 16     # PAIR's DSMEM mailbox: 4 fp32 a consumer thread
 
 
 @dataclasses.dataclass(frozen=True)
@@ -108,19 +107,14 @@ class PostPreBwdCuteCfg:
     CW: int = 32   # channels of a chunk a consumer warpgroup owns (of every stream); a chunk is 2*CW
     SPLIT: int = 1  # CTAs a row tile: CTA (r, m) takes chunks r, r + SPLIT, ... and writes dh plane r
     DWPRE: bool = False  # also mhc_pre's dweight pre rows from the recomputed out: partials [row tiles, n, n C]
-    PAIR: bool = False   # DWPRE's partials a pair of row tiles: the two CTAs (a cluster) sum theirs through DSMEM
-    PLAG: int = 0        # PAIR: rank 0 takes chunk k's sums from the mailbox at chunk k + PLAG (PLAG + 1 slots; 0, 1)
-    PSKIP: int = 0       # probes only (wrong dweight): 1 = PAIR without the exchange (rank 0 stores its own sums),
-    #                      2 = without the cluster barriers (with 1: a cluster launch of CTAs that never meet)
 
     def __post_init__(self):
         if not (1 <= self.n <= 4 and self.N == self.n * self.n + 2 * self.n and self.N <= self.NP
                 and self.NP in (16, 32) and self.C % 8 == 0 and self.C > 0 and self.STAGES >= 2
-                and self.CW in (16, 32) and 1 <= self.SPLIT <= self.nch and (self.CW == 32 or not self.DWPRE)
-                and (self.DWPRE or not self.PAIR) and self.PLAG in (0, 1)):
+                and self.CW in (16, 32) and 1 <= self.SPLIT <= self.nch and (self.CW == 32 or not self.DWPRE)):
             raise ValueError(f"mhc_post_pre cute bwd: config {self}: needs n <= 4, N = n*n + 2n <= NP in (16, 32), "
                              f"C % 8 == 0, STAGES >= 2, CW 16 or 32 (32 with DWPRE: the wgmma's M), "
-                             f"1 <= SPLIT <= chunks, PAIR only with DWPRE")
+                             f"1 <= SPLIT <= chunks")
         if self.smem_bytes > SMEM_LIMIT:
             raise ValueError(f"mhc_post_pre cute bwd: config {self} needs {self.smem_bytes} bytes of shared memory")
 
@@ -151,19 +145,7 @@ class PostPreBwdCuteCfg:
     def smem_bytes(self) -> int:
         # the allocations (each 1024-aligned: sT, sW, sH, sB, sD, sPB, then the barriers)
         return (self.STAGES * (self.stage_bytes + 128) + TERMS * BM * self.NP * 2 + 2 * self.STAGES * 8 + 5 * 1024
-                + BM * self.ND * 4 + (self.pb_bytes + 1024 if self.HAS_BIAS else 0) + (2048 if self.DWPRE else 0)
-                + (PAIR_RECV + 32 if self.PAIR else 0)
-                + (max(PAIR_RECV - BM * self.ND * 4, 0) + 16 if self.PAIR and self.PLAG else 0))
-
-    def row_tiles(self, T: int) -> int:
-        """Row tiles the grid covers (the p_bias rows): cdiv(T, BM), even with PAIR (a pair's second tile may lie
-        wholly past T: its loads read zeros, it stores nothing but zero dbias partials)."""
-        t = -(-T // BM)
-        return t + t % 2 if self.PAIR else t
-
-    def pre_tiles(self, T: int) -> int:
-        """DWPRE's partial planes: one a row tile, or a pair of them with PAIR."""
-        return self.row_tiles(T) // (2 if self.PAIR else 1)
+                + BM * self.ND * 4 + (self.pb_bytes + 1024 if self.HAS_BIAS else 0) + (2048 if self.DWPRE else 0))
 
     @property
     def pb_bytes(self) -> int:
@@ -188,13 +170,13 @@ class PostPreBwdCuteCfg:
         return dataclasses.replace(base, STAGES=st, SPLIT=min(SPLIT_DEFAULT, base.nch))
 
 
-def with_dwpre(cfg: PostPreBwdCuteCfg, pair: bool = False) -> PostPreBwdCuteCfg | None:
-    """cfg with DWPRE (and PAIR), at the most stages <= cfg's that fit beside sQ (and PAIR's mailbox; n = 2 at C = 7168:
-    3 instead of 4), or None where DWPRE does not apply (CW 16)."""
+def with_dwpre(cfg: PostPreBwdCuteCfg) -> PostPreBwdCuteCfg | None:
+    """cfg with DWPRE, at the most stages <= cfg's that fit beside sQ (n = 2 at C = 7168: 3 instead of 4), or None
+    where DWPRE does not apply (CW 16)."""
     if cfg.CW != 32:
         return None
     try:
-        q = dataclasses.replace(cfg, STAGES=2, DWPRE=True, PAIR=pair)
+        q = dataclasses.replace(cfg, STAGES=2, DWPRE=True)
     except ValueError:   # (not even 2 stages fit beside sQ)
         return None
     return dataclasses.replace(q, STAGES=max(s for s in range(2, cfg.STAGES + 1) if _fits(q, s)))
@@ -268,11 +250,6 @@ def _kernel(cfg: cutlass.Constexpr, tma_dout: cute.CopyAtom, mDout: cute.Tensor,
     bid, _, _ = cute.arch.block_idx()
     m = bid // SP   # the row tile; siblings r = 0 .. SP-1 of one tile are adjacent in launch order
     r_ = bid - m * SP
-    pq = Int32(0)
-    if const_expr(cfg.PAIR):   # clusters of 2: row tiles 2p (rank 0), 2p + 1 (rank 1) of sibling r_
-        pq = bid % 2
-        m = (bid // (2 * SP)) * 2 + pq
-        r_ = (bid // 2) % SP
     nk = (cfg.nch - r_ + SP - 1) // SP   # this CTA's chunks: r_, r_ + SP, ...
     gdim, _, _ = cute.arch.grid_dim()
     ntm = gdim // SP
@@ -292,30 +269,10 @@ def _kernel(cfg: cutlass.Constexpr, tma_dout: cute.CopyAtom, mDout: cute.Tensor,
         _, sQ = _smem_tensor(smem, sQ_l)
     sB = bias_ring(smem, CC, S)
     # warpgroup 1's dh sums of its tokens, for warpgroup 0 (column k: dh value k)
-    if const_expr(cfg.PAIR and cfg.PLAG > 0):   # sD's buffer is also PAIR's second mailbox slot (sD is used last)
-        sDb = smem.allocate_tensor(Float32, cute.make_layout(max(BM * cfg.ND, PAIR_RECV // 4)), byte_alignment=16)
-        sD = cute.make_tensor(sDb.iterator, cute.make_layout((BM, cfg.ND)))
-    else:
-        sD = smem.allocate_tensor(Float32, cute.make_layout((BM, cfg.ND)), byte_alignment=16)
+    sD = smem.allocate_tensor(Float32, cute.make_layout((BM, cfg.ND)), byte_alignment=16)
     if const_expr(cfg.HAS_BIAS):   # the warps' dbias sums of a chunk: [channel, warp, warpgroup, chunk parity]
         sPB = smem.allocate_tensor(Float32, cute.make_layout((CW, 4, 2, 2)), byte_alignment=16)
     pipe = CU.tma_pipeline(smem, S, cfg.stage_bytes, 8)
-    if const_expr(cfg.PAIR):
-        # rank 0's mailbox slots (rank 1's consumer thread t sends its 4 pre-row sums a chunk to row t of slot
-        # k % NS), their full barriers (pbar + s: one arrival with the slot's bytes) and rank 1's empty barriers
-        # (pbar + NS + s: one arrival from each of rank 0's 8 consumer warps)
-        NS = cfg.PLAG + 1
-        recv = smem.allocate_tensor(Float32, cute.make_layout(PAIR_RECV // 4), byte_alignment=16)
-        slots = (recv.iterator.toint(), sDb.iterator.toint() if const_expr(NS > 1) else recv.iterator.toint())
-        pbar = smem.allocate_array(cutlass.Int64, 2 * NS, byte_alignment=8)
-        if tidx == 0:
-            for s_ in cutlass.range_constexpr(NS):
-                cute.arch.mbarrier_init(pbar + s_, 1)
-                cute.arch.mbarrier_init(pbar + NS + s_, 8)
-            cute.arch.mbarrier_init_fence()
-        if const_expr(cfg.PSKIP & 2 == 0):
-            cute.arch.cluster_arrive_relaxed()
-            cute.arch.cluster_wait()
 
     # the [C, T]-like tensors tiled [CC, BM]: (tile, chunk, row tile[, stream])
     tDs, tDg = CU.tma_tiles(tma_dout, sT, mDout, (CC, BM))
@@ -412,8 +369,7 @@ def _kernel(cfg: cutlass.Constexpr, tma_dout: cute.CopyAtom, mDout: cute.Tensor,
             accqs = (accq0, accq1)
             NSW = (n - wc + 1) // 2
             jq = cQ[0][1] // 2   # the thread's pre column: its accumulator columns 2 jq (hi), 2 jq + 1 (mid)
-            gQ = cute.make_tensor(p_pre + (m // 2 if const_expr(cfg.PAIR) else m) * n * n * C,
-                                  cute.make_layout((n, n * C), stride=(n * C, 1)))
+            gQ = cute.make_tensor(p_pre + m * n * n * C, cute.make_layout((n, n * C), stride=(n * C, 1)))
 
         # ---- per-token constants of the thread's two tokens (zeros past T)
         hr = cute.make_rmem_tensor((2, n, n), Float32)
@@ -465,8 +421,6 @@ def _kernel(cfg: cutlass.Constexpr, tma_dout: cute.CopyAtom, mDout: cute.Tensor,
         bv = cute.make_rmem_tensor((2,), Float32)
         pb = cute.make_tensor(p_bias, cute.make_layout((ntm, C), stride=(C, 1)))
 
-        if const_expr(cfg.PAIR and cfg.PLAG > 0):
-            pend = cute.make_rmem_tensor((4,), Float32)   # rank 0: the previous chunk's sums, taken with rank 1's next
         rst = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, S)
         for k_ in cutlass.range(nk, unroll=1):
             ch = r_ + k_ * SP
@@ -556,37 +510,14 @@ def _kernel(cfg: cutlass.Constexpr, tma_dout: cute.CopyAtom, mDout: cute.Tensor,
                                       accqs[q])
                 warpgroup.commit_group()
                 warpgroup.wait_group(0)
-                if const_expr(cfg.PAIR):
-                    CU.release_read_stage(pipe, rst)  # the pre wgmma has read the stage
-                    v = cute.make_rmem_tensor((4,), Float32)   # this chunk's sums (streams wc, wc + 2; rows r0, r0 + 8)
-                    for q in cutlass.range_constexpr(2):
-                        for h in cutlass.range_constexpr(2):
-                            a = Float32(0.0)
-                            if q < NSW:
-                                a = accqs[q][2 * h] + accqs[q][2 * h + 1]
-                            v[2 * q + h] = a
-                    if pq == 1:
-                        _pair_send(cfg, v, slots, pbar, cidx, k_)
-                    else:
-                        if cidx == 0 and const_expr(cfg.PSKIP & 1 == 0):   # chunk k_'s slot: one arrival, its bytes
-                            cute.arch.mbarrier_arrive_and_expect_tx(pbar + k_ % NS, PAIR_RECV)
-                        if const_expr(cfg.PLAG == 0):
-                            _pair_take(cfg, v, slots, pbar, cidx, k_, nk, NSW, jq, cQ, gQ, wc, ch)
-                        else:
-                            if k_ > 0:
-                                _pair_take(cfg, pend, slots, pbar, cidx, k_ - 1, nk, NSW, jq, cQ, gQ, wc, ch - SP)
-                            for e in cutlass.range_constexpr(4):
-                                pend[e] = v[e]
-                else:
-                    for q in cutlass.range_constexpr(2):
-                        if q < NSW:
-                            if jq < n:
-                                for h in cutlass.range_constexpr(2):   # fragment rows (channels) r0, r0 + 8
-                                    c = ch * CC + cQ[2 * h][0]
-                                    if c < C:
-                                        gQ[jq, (wc + 2 * q) * C + c] = accqs[q][2 * h] + accqs[q][2 * h + 1]
-            if const_expr(not cfg.PAIR):
-                CU.release_read_stage(pipe, rst)  # its stores read by TMA, its loads done before the refill
+                for q in cutlass.range_constexpr(2):
+                    if q < NSW:
+                        if jq < n:
+                            for h in cutlass.range_constexpr(2):   # fragment rows (channels) r0, r0 + 8
+                                c = ch * CC + cQ[2 * h][0]
+                                if c < C:
+                                    gQ[jq, (wc + 2 * q) * C + c] = accqs[q][2 * h] + accqs[q][2 * h + 1]
+            CU.release_read_stage(pipe, rst)  # its stores read by TMA, its loads done before the refill
             rst.advance()
             if const_expr(cfg.HAS_BIAS):
                 # the warp's 16 tokens: lanes with the same lane % 4 hold the same channels
@@ -613,10 +544,6 @@ def _kernel(cfg: cutlass.Constexpr, tma_dout: cute.CopyAtom, mDout: cute.Tensor,
                     if c < C:
                         pb[m, c] = v
 
-        if const_expr(cfg.PAIR and cfg.PLAG > 0):
-            if pq == 0:   # the last chunk's sums
-                _pair_take(cfg, pend, slots, pbar, cidx, nk - 1, nk, NSW, jq, cQ, gQ, wc, r_ + (nk - 1) * SP)
-            cute.arch.barrier(barrier_id=1, number_of_threads=256)   # every slot read before sD (slot 1) is written
         # ---- the warpgroup's dh sums over its channels: the 4 lanes of a token
         for h in cutlass.range_constexpr(2):
             for i in cutlass.range_constexpr(n):
@@ -649,54 +576,6 @@ def _kernel(cfg: cutlass.Constexpr, tma_dout: cute.CopyAtom, mDout: cute.Tensor,
                         gDhp[tg, i] = dhp[h, i] + sD[tl, i]
                         for j in cutlass.range_constexpr(n):
                             gDhr[tg, i, j] = dhr[h, i, j] + sD[tl, n + i * n + j]
-    if const_expr(cfg.PAIR and cfg.PSKIP & 2 == 0):   # neither CTA leaves while the other may address its smem
-        cute.arch.cluster_arrive()
-        cute.arch.cluster_wait()
-
-
-@cute.jit
-def _pair_send(cfg: cutlass.Constexpr, v: cute.Tensor, slots, pbar: cute.Pointer, cidx: Int32, k_: Int32):
-    """PAIR, rank 1: chunk k_'s 4 sums of this consumer thread to row cidx of rank 0's slot k_ % NS (st.async,
-    counted in bytes by that slot's full barrier), once rank 0 has taken the slot's previous chunk k_ - NS."""
-    NS = cfg.PLAG + 1
-    s_ = k_ % NS
-    if const_expr(cfg.PSKIP & 1 == 0):
-        if k_ >= NS:
-            cute.arch.mbarrier_wait(pbar + NS + s_, ((k_ - NS) // NS) % 2)
-        base = slots[0] if const_expr(NS == 1) else slots[0] + s_ * (slots[1] - slots[0])
-        dst = cute.make_ptr(Float32, base + cidx * 16, cute.AddressSpace.smem, assumed_align=16)
-        cute.arch.store_async_dsmem(dst, (CU.f32_bits(v[0]), CU.f32_bits(v[1]), CU.f32_bits(v[2]),
-                                          CU.f32_bits(v[3])), pbar + s_, 0)
-
-
-@cute.jit
-def _pair_take(cfg: cutlass.Constexpr, v: cute.Tensor, slots, pbar: cute.Pointer, cidx: Int32, j: Int32, nk: Int32,
-               NSW: Int32, jq: Int32, cQ: cute.Tensor, gQ: cute.Tensor, wc: Int32, ch: Int32):
-    """PAIR, rank 0: chunk j's sums (v: this thread's own) plus rank 1's from row cidx of slot j % NS (rank 0's
-    first: one order every run) into the pair's partial; the slot freed for rank 1's chunk j + NS if there is one."""
-    n, C, CC, NS = cfg.n, cfg.C, cfg.CC, cfg.PLAG + 1
-    s_ = j % NS
-    w = cute.make_rmem_tensor((4,), Float32)
-    for e in cutlass.range_constexpr(4):
-        w[e] = v[e]
-    if const_expr(cfg.PSKIP & 1 == 0):
-        cute.arch.mbarrier_wait(pbar + s_, (j // NS) % 2)
-        base = slots[0] if const_expr(NS == 1) else slots[0] + s_ * (slots[1] - slots[0])
-        src = cute.make_tensor(cute.make_ptr(Float32, base + cidx * 16, cute.AddressSpace.smem, assumed_align=16),
-                               cute.make_layout(4))
-        for e in cutlass.range_constexpr(4):
-            w[e] = w[e] + src[e]
-        if j + NS < nk:   # the slot read (its values summed above): one arrival a warp on rank 1's empty barrier
-            cute.arch.sync_warp()
-            if cute.arch.lane_idx() == 0:
-                cute.arch.mbarrier_arrive(pbar + NS + s_, 1)
-    for q in cutlass.range_constexpr(2):
-        if q < NSW:
-            if jq < n:
-                for h in cutlass.range_constexpr(2):   # fragment rows (channels) r0, r0 + 8
-                    c = ch * CC + cQ[2 * h][0]
-                    if c < C:
-                        gQ[jq, (wc + 2 * q) * C + c] = w[2 * q + h]
 
 
 @cute.jit
@@ -727,14 +606,10 @@ def _host(cfg: cutlass.Constexpr, dout: cute.Pointer, res: cute.Pointer, x: cute
     tma_w, tW = cpasync.make_tiled_tma_atom(g2s, mW, cute.slice_(sW_l, (None, None, 0)), (cfg.NW, cfg.NP))
     mB = cute.make_tensor(bias, cute.make_layout((C, 1), stride=(1, C)))
     tma_b, tB = cpasync.make_tiled_tma_atom(g2s, mB, cute.make_layout((CC, 1)), (CC, 1))
-    k = _kernel(cfg, tma_dout, tDout, tma_res, tRes, tma_dres, tDres, tma_x, tX, tma_dg, tDg, tma_dx, tDx, tma_w, tW,
-                tma_b, tB, dproj, dr, r, hres, hpost, hpre_t, p_bias, dh_res, dh_post, p_pre, T, eps)
-    if const_expr(cfg.PAIR):
-        k.launch(grid=(cfg.SPLIT * 2 * ((T + 2 * BM - 1) // (2 * BM)), 1, 1), block=(THREADS, 1, 1),
-                 cluster=(2, 1, 1), stream=stream, min_blocks_per_mp=1, preferred_smem_carveout=100)
-    else:
-        k.launch(grid=(cfg.SPLIT * ((T + BM - 1) // BM), 1, 1), block=(THREADS, 1, 1), stream=stream,
-                 min_blocks_per_mp=1, preferred_smem_carveout=100)
+    _kernel(cfg, tma_dout, tDout, tma_res, tRes, tma_dres, tDres, tma_x, tX, tma_dg, tDg, tma_dx, tDx, tma_w, tW,
+            tma_b, tB, dproj, dr, r, hres, hpost, hpre_t, p_bias, dh_res, dh_post, p_pre, T, eps).launch(
+        grid=(cfg.SPLIT * ((T + BM - 1) // BM), 1, 1), block=(THREADS, 1, 1), stream=stream, min_blocks_per_mp=1,
+        preferred_smem_carveout=100)
 
 
 @functools.lru_cache(maxsize=256)
@@ -753,5 +628,4 @@ def representative_launches(n: int = 4, C: int = 7168) -> dict[str, CU.Launch]:
     """The kernel at one static shape, with and without bias (what the CPU compile test exports)."""
     N = n * n + 2 * n
     return {**{f"one_bias{b}": launch(PostPreBwdCuteCfg.heuristic(n, C, N, b)) for b in (True, False)},
-            "one_dwpre": launch(with_dwpre(PostPreBwdCuteCfg.heuristic(n, C, N, True))),
-            "one_pair": launch(with_dwpre(PostPreBwdCuteCfg.heuristic(n, C, N, True), pair=True))}
+            "one_dwpre": launch(with_dwpre(PostPreBwdCuteCfg.heuristic(n, C, N, True)))}
