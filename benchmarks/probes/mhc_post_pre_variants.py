@@ -12,6 +12,7 @@ Rows (--rows, comma list, each run in the order given; repeat a name to see the 
                     cute:CW=16, cute:STAGES=3), FWD_<field>=V the fused forward pass's (PostPreFwdCuteCfg, e.g.
                     cute:FWD_STAGES=2), PP_<field>=V cutile_post_pre.PostPreCfg's (e.g. PP_TE=32: mhc_pp_mix's
                     tokens a block), DHW_<field>=V the dh_pre + dweight pass's (PostPreDhwCuteCfg, e.g. DHW_LAG=2),
+                    DHDW_<field>=V the slices pass's (PostPreDhdwCuteCfg, e.g. DHDW_PROMO=3),
                     FUSE_FWD=0/1 (cute_post_pre.FUSE_FWD: the fused forward pass), FUSE_DHW=0/1
                     (cute_post_pre.FUSE_DHW: dh_pre and dweight in one pass over out, cute_post_pre_dhw) or
                     SPLIT_DW=0/1 (cute_post_pre.SPLIT_DW: dweight split between the dh_pre pass and the backward
@@ -86,6 +87,9 @@ class _patched:
         from tilekernels.mhc import cute_post_pre_dhw as D
 
         self.D = D
+        from tilekernels.mhc import cute_post_pre_dhdw as DD
+
+        self.DD, self.ddheur = DD, DD.PostPreDhdwCuteCfg.__dict__["heuristic"]
         self.fuse, self.heur = cpp.FUSE_FWD, K.PostPreBwdCuteCfg.heuristic
         self.dfuse, self.dheur = cpp.FUSE_DHW, D.PostPreDhwCuteCfg.__dict__["heuristic"]
         self.sdw = cpp.SPLIT_DW
@@ -97,6 +101,11 @@ class _patched:
             cpp.FUSE_DHW = bool(ch.pop("FUSE_DHW"))
         if "SPLIT_DW" in ch:
             cpp.SPLIT_DW = bool(ch.pop("SPLIT_DW"))
+        ddch = {k[5:]: ch.pop(k) for k in list(ch) if k.startswith("DHDW_")}
+        if ddch:   # the slices pass's config (PostPreDhdwCuteCfg fields, e.g. DHDW_PROMO=3)
+            ddinner = self.ddheur.__func__.__wrapped__
+            DD.PostPreDhdwCuteCfg.heuristic = classmethod(
+                lambda cls, *a: dataclasses.replace(ddinner(cls, *a), **ddch))
         dch = {k[4:]: ch.pop(k) for k in list(ch) if k.startswith("DHW_")}
         if dch:   # the dh_pre + dweight pass's config (PostPreDhwCuteCfg fields, e.g. DHW_LAG=2)
             dinner = self.dheur.__func__.__wrapped__
@@ -120,6 +129,7 @@ class _patched:
         self.cpp.FUSE_DHW = self.dfuse
         self.cpp.SPLIT_DW = self.sdw
         self.D.PostPreDhwCuteCfg.heuristic = self.dheur
+        self.DD.PostPreDhdwCuteCfg.heuristic = self.ddheur
         self.K.PostPreBwdCuteCfg.heuristic = self.heur
         self.F.PostPreFwdCuteCfg.heuristic = self.fheur
         self.pp.PostPreCfg.heuristic = self.pheur
