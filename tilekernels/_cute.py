@@ -284,35 +284,6 @@ def prefetch_tma(*atoms) -> None:
         cpasync.prefetch_descriptor(a)
 
 
-def promoted_map(g, box, order, promo: int):
-    """(called from a ``@cute.jit`` host function) A TMA descriptor over ``g`` that an atom made by
-    ``cpasync.make_tiled_tma_atom`` from the same view can use instead of its own (``cute.copy(...,
-    tma_desc_ptr=map.get_ptr())``): 128-byte swizzle, box ``box`` and dims in ``order`` (both in g's mode order
-    and as the atom's ``tma_gbasis`` has them: modes of static size 1 dropped), zero fill; only the L2 promotion
-    differs: ``promo`` 0 none, 1 64 B, 2 128 B, 3 256 B (the atoms' own descriptors take 128 B). Why: an L2
-    miss of a 128-byte TMA row piece then fetches 256 bytes (session 20's stream probe)."""
-    from cutlass.experimental.cuda import TensorMapL2Promotion, TensorMapSwizzle, create_tensor_map_tiled_from_view
-
-    return create_tensor_map_tiled_from_view(g, box, stride_order=order, swizzle=TensorMapSwizzle.s128b,
-                                             l2_promotion=TensorMapL2Promotion(promo))
-
-
-@dsl_user_op
-def map_desc_ptr(m, *, loc=None, ip=None):
-    """(called from a ``@cute.kernel``) The descriptor of TensorMap ``m`` (a ``cutlass.GridConstant[TensorMap]``
-    kernel parameter, e.g. from :func:`promoted_map`) as the pointer ``cute.copy``'s ``tma_desc_ptr`` takes (a
-    generic pointer to a tiled TMA descriptor, 128-byte aligned)."""
-    from cutlass._mlir.dialects import cuda as cuda_dialect
-    from cutlass._mlir.dialects import cute as _cute_ir
-    from cutlass._mlir.dialects import cute_nvgpu as _cute_nvgpu_ir
-
-    raw = cuda_dialect.cast(llvm.PointerType.get(), m.value, loc=loc, ip=ip)
-    i64 = llvm.ptrtoint(_mlir_types.i64(), raw, loc=loc, ip=ip)
-    i64 = _cute_ir.assume(_cute_ir.ConstrainedIntType.get(128, 64), i64, loc=loc, ip=ip)
-    ty = _cute_ir.PtrType.get(_cute_nvgpu_ir.TmaDescriptorTiledType.get(), cute.AddressSpace.generic, 128)
-    return _cute_ir.inttoptr(ty, i64, loc=loc, ip=ip)
-
-
 def tma_tiles(atom, s, g, tiler, coord=None):
     """(smem view, gmem view) of a one-CTA TMA atom (called from a ``@cute.kernel``): ``s`` the shared-memory
     buffers (a tile's modes first, then the buffer index), ``g`` the global tensor cut into ``tiler`` tiles

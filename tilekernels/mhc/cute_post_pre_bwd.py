@@ -78,7 +78,6 @@ import cutlass.pipeline as pipeline
 import cutlass.utils.hopper_helpers as sm90_utils
 from cutlass import BFloat16, Float32, Int32, const_expr
 from cutlass.cute.nvgpu import cpasync, warpgroup
-from cutlass.experimental.cuda import TensorMap
 from cutlass.utils import LayoutEnum
 
 from tilekernels import _cute as CU
@@ -108,13 +107,11 @@ class PostPreBwdCuteCfg:
     CW: int = 32   # channels of a chunk a consumer warpgroup owns (of every stream); a chunk is 2*CW
     SPLIT: int = 1  # CTAs a row tile: CTA (r, m) takes chunks r, r + SPLIT, ... and writes dh plane r
     DWPRE: bool = False  # also mhc_pre's dweight pre rows from the recomputed out: partials [row tiles, n, n C]
-    PROMO: int = 0  # the loads of dout, residual, x, dlayer_in through descriptors of this L2 promotion (CU.promoted_map)
 
     def __post_init__(self):
         if not (1 <= self.n <= 4 and self.N == self.n * self.n + 2 * self.n and self.N <= self.NP
                 and self.NP in (16, 32) and self.C % 8 == 0 and self.C > 0 and self.STAGES >= 2
-                and self.CW in (16, 32) and 1 <= self.SPLIT <= self.nch and (self.CW == 32 or not self.DWPRE)
-                and self.PROMO in (0, 1, 2, 3) and (self.CW == 32 or not self.PROMO)):
+                and self.CW in (16, 32) and 1 <= self.SPLIT <= self.nch and (self.CW == 32 or not self.DWPRE)):
             raise ValueError(f"mhc_post_pre cute bwd: config {self}: needs n <= 4, N = n*n + 2n <= NP in (16, 32), "
                              f"C % 8 == 0, STAGES >= 2, CW 16 or 32 (32 with DWPRE: the wgmma's M), "
                              f"1 <= SPLIT <= chunks")
@@ -246,9 +243,7 @@ def _kernel(cfg: cutlass.Constexpr, tma_dout: cute.CopyAtom, mDout: cute.Tensor,
             tma_w: cute.CopyAtom, mW: cute.Tensor, tma_b: cute.CopyAtom, mB: cute.Tensor,
             dproj: cute.Pointer, dr: cute.Pointer, r: cute.Pointer, hres: cute.Pointer, hpost: cute.Pointer,
             hpre_t: cute.Pointer, p_bias: cute.Pointer, dh_res: cute.Pointer, dh_post: cute.Pointer,
-            p_pre: cute.Pointer, T: Int32, eps: Float32, map_dout: cutlass.GridConstant[TensorMap],
-            map_res: cutlass.GridConstant[TensorMap], map_x: cutlass.GridConstant[TensorMap],
-            map_dg: cutlass.GridConstant[TensorMap]):
+            p_pre: cute.Pointer, T: Int32, eps: Float32):
     n, C, N, NP, S, NW, NT = cfg.n, cfg.C, cfg.N, cfg.NP, cfg.STAGES, cfg.NW, cfg.tiles
     CW, CC, SP = cfg.CW, cfg.CC, cfg.SPLIT
     tidx, _, _ = cute.arch.thread_idx()
@@ -292,18 +287,14 @@ def _kernel(cfg: cutlass.Constexpr, tma_dout: cute.CopyAtom, mDout: cute.Tensor,
     if wg == 0:
         cute.arch.setmaxregister_decrease(PRODUCER_REGS)
         if warp == 0:
-            pd = pr = px = pg = None
-            if const_expr(cfg.PROMO):
-                pd, pr, px, pg = (CU.map_desc_ptr(m_) for m_ in (map_dout, map_res, map_x, map_dg))
-
             def load(st, k, bar):
                 ch = r_ + k * SP
                 base = st * NT
                 for i in cutlass.range_constexpr(n):
-                    cute.copy(tma_dout, tDg[None, ch, m, i], tDs[None, base + i], tma_bar_ptr=bar, tma_desc_ptr=pd)
-                    cute.copy(tma_res, tRg[None, ch, m, i], tDs[None, base + n + i], tma_bar_ptr=bar, tma_desc_ptr=pr)
-                cute.copy(tma_x, tXg[None, ch, m], tDs[None, base + 2 * n], tma_bar_ptr=bar, tma_desc_ptr=px)
-                cute.copy(tma_dg, tGg[None, ch, m], tDs[None, base + 2 * n + 1], tma_bar_ptr=bar, tma_desc_ptr=pg)
+                    cute.copy(tma_dout, tDg[None, ch, m, i], tDs[None, base + i], tma_bar_ptr=bar)
+                    cute.copy(tma_res, tRg[None, ch, m, i], tDs[None, base + n + i], tma_bar_ptr=bar)
+                cute.copy(tma_x, tXg[None, ch, m], tDs[None, base + 2 * n], tma_bar_ptr=bar)
+                cute.copy(tma_dg, tGg[None, ch, m], tDs[None, base + 2 * n + 1], tma_bar_ptr=bar)
                 for w_ in cutlass.range_constexpr(2):
                     cute.copy(tma_w, tWg[None, 2 * ch + w_, 0], tWs[None, w_ * S + st], tma_bar_ptr=bar)
                 if const_expr(cfg.HAS_BIAS):
@@ -615,15 +606,8 @@ def _host(cfg: cutlass.Constexpr, dout: cute.Pointer, res: cute.Pointer, x: cute
     tma_w, tW = cpasync.make_tiled_tma_atom(g2s, mW, cute.slice_(sW_l, (None, None, 0)), (cfg.NW, cfg.NP))
     mB = cute.make_tensor(bias, cute.make_layout((C, 1), stride=(1, C)))
     tma_b, tB = cpasync.make_tiled_tma_atom(g2s, mB, cute.make_layout((CC, 1)), (CC, 1))
-
-    def pmap(p, stream_mode):   # the atoms' TMA dims: (C, T[, n]) with n == 1's mode dropped
-        if const_expr(stream_mode and n > 1):
-            return CU.promoted_map(streams(p), (CC, BM, 1), (0, 1, 2), cfg.PROMO or 2)
-        return CU.promoted_map(plain(p), (CC, BM), (0, 1), cfg.PROMO or 2)
-
     _kernel(cfg, tma_dout, tDout, tma_res, tRes, tma_dres, tDres, tma_x, tX, tma_dg, tDg, tma_dx, tDx, tma_w, tW,
-            tma_b, tB, dproj, dr, r, hres, hpost, hpre_t, p_bias, dh_res, dh_post, p_pre, T, eps,
-            pmap(dout, True), pmap(res, True), pmap(x, False), pmap(dg, False)).launch(
+            tma_b, tB, dproj, dr, r, hres, hpost, hpre_t, p_bias, dh_res, dh_post, p_pre, T, eps).launch(
         grid=(cfg.SPLIT * ((T + BM - 1) // BM), 1, 1), block=(THREADS, 1, 1), stream=stream, min_blocks_per_mp=1,
         preferred_smem_carveout=100)
 

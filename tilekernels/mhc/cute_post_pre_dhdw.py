@@ -44,7 +44,6 @@ import cutlass.pipeline as pipeline
 import cutlass.utils.hopper_helpers as sm90_utils
 from cutlass import BFloat16, Float32, Int32, const_expr
 from cutlass.cute.nvgpu import cpasync, warpgroup
-from cutlass.experimental.cuda import TensorMap
 from cutlass.utils import LayoutEnum
 
 from tilekernels import _cute as CU
@@ -94,10 +93,9 @@ class PostPreDhdwCuteCfg(SliceCfg):
     # probe only (benchmarks/probes/dhdw_probe.py; wrong results): bit 1 skips the dh partials, 2 the wgmmas, 4 the
     # [hi | lo] build
     SKIP: int = 0
-    PROMO: int = 0   # out's and dlayer_in's loads through descriptors of this L2 promotion (CU.promoted_map)
 
     def __post_init__(self):
-        self.check("dhdw", self.STAGES >= 2 and self.PROMO in (0, 1, 2, 3), "STAGES >= 2, PROMO in 0..3")
+        self.check("dhdw", self.STAGES >= 2, "STAGES >= 2")
 
     @property
     def tiles(self) -> int:
@@ -212,8 +210,7 @@ def _dh_token(sT: cute.Tensor, base: Int32, t: Int32, hh: Int32, lv: cute.Tensor
 
 @cute.kernel
 def _kernel(cfg: cutlass.Constexpr, tma_o: cute.CopyAtom, mO: cute.Tensor, tma_l: cute.CopyAtom, mL: cute.Tensor,
-            tma_d: cute.CopyAtom, mD: cute.Tensor, p_dh: cute.Pointer, p_dw: cute.Pointer, T: Int32,
-            map_o: cutlass.GridConstant[TensorMap], map_l: cutlass.GridConstant[TensorMap]):
+            tma_d: cute.CopyAtom, mD: cute.Tensor, p_dh: cute.Pointer, p_dw: cute.Pointer, T: Int32):
     n, C, N, ST, NT, NPD = cfg.n, cfg.C, cfg.N, cfg.STAGES, cfg.tiles, cfg.NPAD
     S = cfg.S
     tidx, _, _ = cute.arch.thread_idx()
@@ -240,16 +237,12 @@ def _kernel(cfg: cutlass.Constexpr, tma_o: cute.CopyAtom, mO: cute.Tensor, tma_l
         cute.arch.setmaxregister_decrease(SIDE_REGS)
         if warp == 0:
             pst = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, ST)
-            po = pl = None
-            if const_expr(cfg.PROMO):
-                po, pl = CU.map_desc_ptr(map_o), CU.map_desc_ptr(map_l)
             for m in cutlass.range(g0, G, GMe, unroll=1):
                 pipe.producer_acquire(pst)
                 bar = pipe.producer_get_barrier(pst)
                 for i in cutlass.range_constexpr(n):
-                    cute.copy(tma_o, tOg[None, s, m, i], tTs[None, pst.index * NT + i], tma_bar_ptr=bar,
-                              tma_desc_ptr=po)
-                cute.copy(tma_l, tLg[None, s, m], tTs[None, pst.index * NT + n], tma_bar_ptr=bar, tma_desc_ptr=pl)
+                    cute.copy(tma_o, tOg[None, s, m, i], tTs[None, pst.index * NT + i], tma_bar_ptr=bar)
+                cute.copy(tma_l, tLg[None, s, m], tTs[None, pst.index * NT + n], tma_bar_ptr=bar)
                 cute.copy(tma_d, tDg[None, 0, m], tDs[None, pst.index], tma_bar_ptr=bar)
                 pipe.producer_commit(pst)
                 pst.advance()
@@ -355,16 +348,7 @@ def slice_tma_atoms(cfg, sT_l, out, dli, dproj0, T):
 @cute.jit
 def _host(cfg: cutlass.Constexpr, out: cute.Pointer, dli: cute.Pointer, dproj0: cute.Pointer, p_dh: cute.Pointer,
           p_dw: cute.Pointer, T: Int32, GMe: Int32, stream: CU.cuda.CUstream):
-    n, C = cfg.n, cfg.C
-    mO = cute.make_tensor(out, cute.make_layout((C, T, n), stride=(1, n * C, C)))
-    mL = cute.make_tensor(dli, cute.make_layout((C, T), stride=(1, C)))
-    if const_expr(n > 1):   # the atoms' TMA dims: (C, T[, n]), n == 1's mode dropped
-        map_o = CU.promoted_map(mO, (CW, BM, 1), (0, 1, 2), cfg.PROMO or 2)
-    else:
-        map_o = CU.promoted_map(cute.make_tensor(out, cute.make_layout((C, T), stride=(1, C))), (CW, BM), (0, 1),
-                                cfg.PROMO or 2)
-    map_l = CU.promoted_map(mL, (CW, BM), (0, 1), cfg.PROMO or 2)
-    _kernel(cfg, *slice_tma_atoms(cfg, _layouts(cfg)[0], out, dli, dproj0, T), p_dh, p_dw, T, map_o, map_l).launch(
+    _kernel(cfg, *slice_tma_atoms(cfg, _layouts(cfg)[0], out, dli, dproj0, T), p_dh, p_dw, T).launch(
         grid=(cfg.S, GMe, 1), block=(THREADS, 1, 1), stream=stream, min_blocks_per_mp=1, preferred_smem_carveout=100)
 
 

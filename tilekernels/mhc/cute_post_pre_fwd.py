@@ -47,7 +47,6 @@ import cutlass.pipeline as pipeline
 import cutlass.utils.hopper_helpers as sm90_utils
 from cutlass import BFloat16, Float32, Int32, const_expr
 from cutlass.cute.nvgpu import cpasync, warpgroup
-from cutlass.experimental.cuda import TensorMap
 from cutlass.utils import LayoutEnum
 
 from tilekernels import _cute as CU
@@ -78,12 +77,11 @@ class PostPreFwdCuteCfg:
     STAGES: int = 3
     HAS_BIAS: bool = True
     SPLIT: int = 1   # CTAs a row tile: CTA (r, m) takes chunks r, r + SPLIT, ... and writes partials plane r
-    PROMO: int = 0   # residual's and x's loads through descriptors of this L2 promotion (CU.promoted_map)
 
     def __post_init__(self):
         if not (1 <= self.n <= 4 and self.N == self.n * self.n + 2 * self.n and self.N <= self.NP
                 and self.NP in (16, 32) and self.NPAD >= self.N and self.C % 8 == 0 and self.C > 0
-                and self.STAGES >= 2 and 1 <= self.SPLIT <= self.nch and self.PROMO in (0, 1, 2, 3)):
+                and self.STAGES >= 2 and 1 <= self.SPLIT <= self.nch):
             raise ValueError(f"mhc_post_pre cute fwd: config {self}: needs n <= 4, N = n*n + 2n <= NP in (16, 32), "
                              f"NPAD >= N, C % 8 == 0, STAGES >= 2, 1 <= SPLIT <= chunks")
         if self.smem_bytes > SMEM_LIMIT:
@@ -155,7 +153,7 @@ def _proj_chunk(mma, acc: cute.Tensor, tot: cute.Tensor, comp: cute.Tensor, tA: 
 def _kernel(cfg: cutlass.Constexpr, tma_r: cute.CopyAtom, mR: cute.Tensor, tma_o: cute.CopyAtom, mO: cute.Tensor,
             tma_x: cute.CopyAtom, mX: cute.Tensor, tma_w: cute.CopyAtom, mW: cute.Tensor, tma_b: cute.CopyAtom,
             mB: cute.Tensor, hres: cute.Pointer, hpost: cute.Pointer, p_proj: cute.Pointer, p_ss: cute.Pointer,
-            T: Int32, map_r: cutlass.GridConstant[TensorMap], map_x: cutlass.GridConstant[TensorMap]):
+            T: Int32):
     n, NP, S, SP = cfg.n, cfg.NP, cfg.STAGES, cfg.SPLIT
     tidx, _, _ = cute.arch.thread_idx()
     bid, _, _ = cute.arch.block_idx()
@@ -187,16 +185,12 @@ def _kernel(cfg: cutlass.Constexpr, tma_r: cute.CopyAtom, mR: cute.Tensor, tma_o
     if wg == 0:
         cute.arch.setmaxregister_decrease(PRODUCER_REGS)
         if warp == 0:
-            pr = px = None
-            if const_expr(cfg.PROMO):
-                pr, px = CU.map_desc_ptr(map_r), CU.map_desc_ptr(map_x)
-
             def load(st, k, bar):
                 ch = r + k * SP
                 for i in cutlass.range_constexpr(n):
-                    cute.copy(tma_r, tRg[None, m, ch, i], tRs[None, st * n + i], tma_bar_ptr=bar, tma_desc_ptr=pr)
+                    cute.copy(tma_r, tRg[None, m, ch, i], tRs[None, st * n + i], tma_bar_ptr=bar)
                     cute.copy(tma_w, tWg[None, 0, ch, i], tWs[None, st * n + i], tma_bar_ptr=bar)
-                cute.copy(tma_x, tXg[None, m, ch], tXs[None, st], tma_bar_ptr=bar, tma_desc_ptr=px)
+                cute.copy(tma_x, tXg[None, m, ch], tXs[None, st], tma_bar_ptr=bar)
                 if const_expr(cfg.HAS_BIAS):
                     cute.copy(tma_b, tBg[None, ch], tBs[None, st], tma_bar_ptr=bar)
 
@@ -339,14 +333,7 @@ def _host(cfg: cutlass.Constexpr, res: cute.Pointer, x: cute.Pointer, bias: cute
     tma_x, tX = cpasync.make_tiled_tma_atom(g2s, mX, cute.slice_(sX_l, (None, None, 0)), (BM, CC))
     tma_w, tW = cpasync.make_tiled_tma_atom(g2s, mW, cute.slice_(sW_l, (None, None, 0)), (cfg.NP, CC))
     tma_b, tB = cpasync.make_tiled_tma_atom(g2s, mB, cute.make_layout((CC, 1)), (CC, 1))
-    if const_expr(n > 1):   # the atoms' TMA dims: (C, T[, n]), n == 1's mode dropped
-        map_r = CU.promoted_map(mR, (BM, CC, 1), (1, 0, 2), cfg.PROMO or 2)
-    else:
-        map_r = CU.promoted_map(cute.make_tensor(res, cute.make_layout((T, C), stride=(C, 1))), (BM, CC), (1, 0),
-                                cfg.PROMO or 2)
-    map_x = CU.promoted_map(mX, (BM, CC), (1, 0), cfg.PROMO or 2)
-    _kernel(cfg, tma_r, tR, tma_o, tO, tma_x, tX, tma_w, tW, tma_b, tB, hres, hpost, p_proj, p_ss, T, map_r,
-            map_x).launch(
+    _kernel(cfg, tma_r, tR, tma_o, tO, tma_x, tX, tma_w, tW, tma_b, tB, hres, hpost, p_proj, p_ss, T).launch(
         grid=(cfg.SPLIT * ((T + BM - 1) // BM), 1, 1), block=(THREADS, 1, 1), stream=stream, min_blocks_per_mp=1,
         preferred_smem_carveout=100)
 
