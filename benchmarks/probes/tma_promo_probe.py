@@ -20,7 +20,8 @@ t + CONSUMERS, ..), release it and, with STORE, store the vectors back in place 
 consumers store the new state. Results are the input unchanged (the tests check that: every word rewritten).
 Not a library kernel: benchmarks/probes only.
 
-Run on the GPU: ``python benchmarks/probes/tma_promo_probe.py`` (cute bundle); prints a table of us and % of the
+Run on the GPU: ``python benchmarks/probes/tma_promo_probe.py [--wide]`` (cute bundle; --wide: session 27's tile
+shapes, ``_wide_cases``); prints a table of us and % of the
 bytes' copy time measured in the same run (torch copy_ and an in-place mul_ of the same buffer).
 """
 from __future__ import annotations
@@ -65,6 +66,8 @@ class StreamCfg:
     FENCE: bool = False  # fence.proxy.async before a consumer warp releases a stage
     LDG: int = 0  # 1: no TMA, consumers load each tile from global themselves (16-byte loads); 2: two tiles at once
     CTAS: int = 0  # the grid (0: SMs x CPS, persistent; items: one item a CTA)
+    DOWN: bool = False  # tile ids column-block-major (an item walks down the rows of one column block, as a CTA
+    # of mhc_proj_rms's backward walks its channel slice's row tiles)
 
     def __post_init__(self):
         bad = []
@@ -106,12 +109,16 @@ class StreamCfg:
         return 0 if self.LDG else self.STAGES * self.stage_words * 4 + 16 * self.STAGES + 2048
 
 
-def _tile(cfg, item, j):
-    """(row block, column block) of tile j of an item (traced inline): row-major tile ids, or with NS > 1 a band's
-    tiles channel-major over NS streams."""
+def _tile(cfg, item, j, items):
+    """(row block, column block) of tile j of an item (traced inline): row-major tile ids (DOWN: column-block-major),
+    or with NS > 1 a band's tiles channel-major over NS streams."""
     tid = item * cfg.GROUP + j
     rb = tid // cfg.NCB
     cb = tid - rb * cfg.NCB
+    if cutlass.const_expr(cfg.DOWN):
+        nrb = items * cfg.GROUP // cfg.NCB
+        cb = tid // nrb
+        rb = tid - cb * nrb
     if cutlass.const_expr(cfg.NS > 1):
         cb = (j % cfg.NS) * (cfg.NCB // cfg.NS) + j // cfg.NS
     return rb, cb
@@ -148,7 +155,7 @@ def _ring_stream(cfg: cutlass.Constexpr, dptr, x: cute.Pointer, items: Int32, ti
         pst = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, S)
         for item in cutlass.range(bid, items, nctas, unroll=1):
             for j in cutlass.range(GROUP, unroll=1):
-                rb, cb = _tile(cfg, item, j)
+                rb, cb = _tile(cfg, item, j, items)
                 pipe.producer_acquire(pst)
                 if prims.elect_sync():
                     prims.cp_async_bulk_tensor_shared_cta_global(
@@ -165,7 +172,7 @@ def _ring_stream(cfg: cutlass.Constexpr, dptr, x: cute.Pointer, items: Int32, ti
                 held = []
                 for u in cutlass.range_constexpr(P):
                     j = jj * P + u
-                    rb, cb = _tile(cfg, item, j)
+                    rb, cb = _tile(cfg, item, j, items)
                     pipe.consumer_wait(cst)
                     base = ring.iterator + cst.index * cfg.stage_words
                     vals = []
@@ -195,7 +202,7 @@ def _ldg_consumer(cfg: cutlass.Constexpr, x: cute.Pointer, items: Int32, tidx: I
             held = []
             for u in cutlass.range_constexpr(P):
                 j = jj * P + u
-                rb, cb = _tile(cfg, item, j)
+                rb, cb = _tile(cfg, item, j, items)
                 g0 = Int64(rb * BR) * cfg.COLS + cb * BC
                 p0 = x + (g0 + Int64(tidx // VPR) * cfg.COLS + (tidx % VPR) * 4)  # rows NT // VPR apart a q
                 held.append((p0, [cute.arch.load(p0 + q * (NT // VPR) * cfg.COLS, vt)
@@ -250,6 +257,31 @@ def _cases():
     return out
 
 
+def _wide_cases():
+    """(name, cfg, rows) of session 27's question: does a stream of [T, K] row-major bf16 (mhc_proj_rms's x at
+    T=32768, K=28672: 14336 words a row) move faster in tiles of fewer rows and longer row pieces (1 KB: the TMA
+    box's limit of 256 elements) than in proj_rms's backward's [64 tokens, 256 channels] (512-byte pieces)? DOWN:
+    a CTA walks row tiles down one column block, as proj_rms's CTAs walk their channel slice."""
+    base = dict(COLS=14336, FENCE=True, CPS=1, PROMO=2)
+    R = 32768
+    return [
+        ("wide [64,128w] DOWN g8 st3", StreamCfg(**base, BR=64, BC=128, GROUP=8, STAGES=3, DOWN=True), R),
+        ("wide [64,128w] rows g8 st3", StreamCfg(**base, BR=64, BC=128, GROUP=8, STAGES=3), R),
+        ("wide [32,256w] DOWN g16 st3", StreamCfg(**base, BR=32, BC=256, GROUP=16, STAGES=3, DOWN=True), R),
+        ("wide [16,256w] DOWN g32 st6", StreamCfg(**base, BR=16, BC=256, GROUP=32, STAGES=6, DOWN=True), R),
+        ("wide [16,256w] rows g8 st6", StreamCfg(**base, BR=16, BC=256, GROUP=8, STAGES=6), R),
+        ("wide [8,256w] DOWN g64 st12", StreamCfg(**base, BR=8, BC=256, GROUP=64, STAGES=12, DOWN=True), R),
+        ("wide [4,256w] rows g8 st24", StreamCfg(**base, BR=4, BC=256, GROUP=8, STAGES=24), R),
+        ("wide [16,256w] DOWN g32 st6 cps2", StreamCfg(**{**base, "CPS": 2}, BR=16, BC=256, GROUP=32, STAGES=6,
+                                                         DOWN=True), R),
+        ("wide [16,256w] LDG1 c256 cps2 DOWN", StreamCfg(**{**base, "CPS": 2}, BR=16, BC=256, GROUP=32, LDG=1,
+                                                           DOWN=True), R),
+        ("wide [64,128w] LDG1 c256 cps2 DOWN", StreamCfg(**{**base, "CPS": 2}, BR=64, BC=128, GROUP=8, LDG=1,
+                                                           DOWN=True), R),
+        ("wide [64,128w] DOWN g8 st3 (again)", StreamCfg(**base, BR=64, BC=128, GROUP=8, STAGES=3, DOWN=True), R),
+    ]
+
+
 def sass_dump(out: str) -> None:
     """Cubins of the first case and of gdn_decode's ring at its fp32 heuristic, for nvdisasm on the GPU host
     (does ptxas keep the stage's shared loads before the consumers' release?)."""
@@ -275,10 +307,12 @@ def main(argv=None) -> int:
         return 0
     from triton.testing import do_bench
 
-    only = set(argv[1:]) if argv and len(argv) > 1 else None
+    wide = bool(argv and "--wide" in argv)
+    argv = [a for a in (argv or []) if a != "--wide"]
+    only = set(argv[1:]) if len(argv) > 1 else None
     rows_done = []
     bufs = {}
-    for name, cfg, rows in _cases():
+    for name, cfg, rows in (_wide_cases() if wide else _cases()):
         if only and not any(o in name for o in only):
             continue
         n = rows * cfg.COLS
