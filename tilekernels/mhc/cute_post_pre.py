@@ -219,9 +219,9 @@ def _row_major(dweight: torch.Tensor) -> torch.Tensor:
     return torch.empty(dweight.shape, dtype=dweight.dtype, device=dweight.device)
 
 
-# The partials' plane sums by cute_planes (fp32, contiguous, on the GPU); False: torch.sum. H200, T=32768, n=4,
-# C=7168: see the mHC ledger, session 27.
-SUM_PLANES = True
+# The partials' plane sums by cute_planes (fp32, contiguous, on the GPU); False (the default until it has run on a
+# GPU: session 27 got no device time for it): torch.sum.
+SUM_PLANES = False
 
 
 def _planes_into(p: torch.Tensor, out: torch.Tensor) -> None:
