@@ -378,17 +378,11 @@ def test_cute_without_split_dw_matches_float64(c, monkeypatch):
 @on_gpu
 def test_cute_split_dw_is_deterministic_and_drops_the_dweight_pass():
     """Two runs bitwise equal (every partial written once and summed in a fixed order), and the default backward runs
-    the slices pass and the backward pass with DWPRE, but neither the dh_pre pass nor the dweight pass, and sums the
-    partials with cute_planes or torch.sum as SUM_PLANES says (a torch.profiler kernel list)."""
-    from tilekernels.mhc import cute_post_pre as cpp
-
+    the slices pass and the backward pass with DWPRE, but neither the dh_pre pass nor the dweight pass (a
+    torch.profiler kernel list)."""
     names = _twice_bitwise_equal()
     assert "PostPreDhdwCuteCfg" in names and "DWPRETrue" in names, names
     assert "mhc_agg_bwd" not in names and "DW_ONLYTrue" not in names
-    if cpp.SUM_PLANES:
-        assert "PlanesCfgVW4" in names and "reduce_kernel" not in names, "the partials' sums are cute_planes'"
-    else:
-        assert "PlanesCfg" not in names and "reduce_kernel" in names, "the partials' sums are torch.sum's"
 
 
 def _twice_bitwise_equal(T: int = 2000, n: int = 4, C: int = 7168) -> str:

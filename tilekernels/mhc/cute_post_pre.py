@@ -46,7 +46,6 @@ from . import cute_post_pre_dhdw as DD
 from . import cute_post_pre_dhw as D
 from . import cute_post_pre_fwd as F
 from . import cute_post_pre_bwd as K
-from . import cute_planes as CPL
 from . import cute_proj_rms as cpr
 from . import cutile_aggregate as agg
 from . import cutile_post_bda as pb
@@ -129,8 +128,8 @@ def _split_dw(head, mix, out, dlayer_in, dweight, npad, kcfg):
     the mix not split, kcfg with CW 16 or no stage count that fits DWPRE, int32 offsets). head, in order: the Sinkhorn
     backward; the mix's rest with dh_pre read as 0 into dproj0 [T, NPAD] (dproj's post / res columns); the slices pass
     (dh_pre partials [S, T, n], dweight partials [GM + 1, N, n C] planes 0 .. GM-1 with zero pre rows); dh_pre = the
-    partials' sum (_planes_into: deterministic); the mix's rest again with dh_pre; the hbias reduction. The
-    backward pass then writes the pre-row partials p_pre [row tiles, n, n C]; finish sums them (_planes_into) into plane
+    partials' sum (torch.sum over dim 0: deterministic); the mix's rest again with dh_pre; the hbias reduction. The
+    backward pass then writes the pre-row partials p_pre [row tiles, n, n C]; finish sums them (torch.sum) into plane
     GM's pre rows (its other rows 0) and reduces the GM + 1 planes in order into dweight (bf16). Scratch (fp32), all
     live from the step list's building to its end: p_dh 4 S T n bytes, p_dw 4 (GM + 1) N n C, p_pre 4 cdiv(T, 64)
     n n C, dproj0 and the zero dh_pre 4 T (NPAD + n): ~320 MB at T=32768, n=4, C=7168 (59 + 22 + 235 + 5; the
@@ -154,10 +153,10 @@ def _split_dw(head, mix, out, dlayer_in, dweight, npad, kcfg):
     dproj0 = torch.empty((T, npad), dtype=f32, device=dev)
     sk, rest0, rest, tail = _mix_around(head, mix, torch.zeros((T, n), dtype=f32, device=dev), dproj0)
     run = functools.partial(DD.launch(dcfg).run, aligned16(out), aligned16(dlayer_in), dproj0, p_dh, p_dw, T, gm)
-    steps = [*sk, rest0, run, functools.partial(_planes_into, p_dh, rest.args[0]), rest, *tail]
+    steps = [*sk, rest0, run, functools.partial(torch.sum, p_dh, 0, out=rest.args[0]), rest, *tail]
     dw = _row_major(dweight)
     rcfg = cpr.ProjRmsBwdCuteCfg.heuristic(N, n * C)
-    finish = [functools.partial(_planes_into, p_pre, p_dw[gm, :n]), p_dw[gm, n:].zero_,
+    finish = [functools.partial(torch.sum, p_pre, 0, out=p_dw[gm, :n]), p_dw[gm, n:].zero_,
               functools.partial(cpr.reduce_launch(rcfg).run, p_dw, dw, gm + 1)]
     if dw is not dweight:
         finish.append(functools.partial(dweight.copy_, dw))
@@ -219,19 +218,11 @@ def _row_major(dweight: torch.Tensor) -> torch.Tensor:
     return torch.empty(dweight.shape, dtype=dweight.dtype, device=dweight.device)
 
 
-# The partials' plane sums by cute_planes (fp32, contiguous, on the GPU); False (the default until it has run on a
-# GPU: session 27 got no device time for it): torch.sum.
-SUM_PLANES = False
-
-
 def _planes_into(p: torch.Tensor, out: torch.Tensor) -> None:
-    """out = p when p is out's shape, else the sum of p's planes (dim 0; cute_planes' or torch's reduction: no
-    atomics, the same order every run)."""
+    """out = p when p is out's shape, else the sum of p's planes (dim 0; torch's reduction: no atomics, the same
+    order every run)."""
     if p.dim() == out.dim():
         out.copy_(p)
-    elif (SUM_PLANES and p.dtype == out.dtype == torch.float32 and p.is_cuda and p.is_contiguous()
-          and out.is_contiguous()):
-        CPL.sum_planes_into(p, out)
     elif out.dtype == p.dtype and out.is_contiguous():
         torch.sum(p, 0, out=out)
     else:
