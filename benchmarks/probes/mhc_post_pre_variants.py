@@ -16,8 +16,7 @@ Rows (--rows, comma list, each run in the order given; repeat a name to see the 
                     FUSE_FWD=0/1 (cute_post_pre.FUSE_FWD: the fused forward pass), FUSE_DHW=0/1
                     (cute_post_pre.FUSE_DHW: dh_pre and dweight in one pass over out, cute_post_pre_dhw) or
                     SPLIT_DW=0/1 (cute_post_pre.SPLIT_DW: dweight split between the dh_pre pass and the backward
-                    pass, cute_post_pre_dhdw), SUM_PLANES=0/1 (cute_post_pre.SUM_PLANES: the partials' plane sums
-                    by cute_planes or torch.sum)
+                    pass, cute_post_pre_dhdw)
 A row whose changes make a config the kernels refuse prints the error and goes on.
 
     (call 1) source .gpu-cutile/env.sh                      # unpacks cuTile into /tmp/tk-cutile
@@ -94,7 +93,6 @@ class _patched:
         self.fuse, self.heur = cpp.FUSE_FWD, K.PostPreBwdCuteCfg.heuristic
         self.dfuse, self.dheur = cpp.FUSE_DHW, D.PostPreDhwCuteCfg.__dict__["heuristic"]
         self.sdw = cpp.SPLIT_DW
-        self.sump = cpp.SUM_PLANES
         self.fheur = F.PostPreFwdCuteCfg.__dict__["heuristic"]
         ch = {k: int(v) for k, v in self.changes.items()}
         if "FUSE_FWD" in ch:
@@ -103,8 +101,6 @@ class _patched:
             cpp.FUSE_DHW = bool(ch.pop("FUSE_DHW"))
         if "SPLIT_DW" in ch:
             cpp.SPLIT_DW = bool(ch.pop("SPLIT_DW"))
-        if "SUM_PLANES" in ch:
-            cpp.SUM_PLANES = bool(ch.pop("SUM_PLANES"))
         ddch = {k[5:]: ch.pop(k) for k in list(ch) if k.startswith("DHDW_")}
         if ddch:   # the slices pass's config (PostPreDhdwCuteCfg fields, e.g. DHDW_PROMO=3)
             ddinner = self.ddheur.__func__.__wrapped__
@@ -132,7 +128,6 @@ class _patched:
         self.cpp.FUSE_FWD = self.fuse
         self.cpp.FUSE_DHW = self.dfuse
         self.cpp.SPLIT_DW = self.sdw
-        self.cpp.SUM_PLANES = self.sump
         self.D.PostPreDhwCuteCfg.heuristic = self.dheur
         self.DD.PostPreDhdwCuteCfg.heuristic = self.ddheur
         self.K.PostPreBwdCuteCfg.heuristic = self.heur
