@@ -12,7 +12,7 @@ Rows (--rows, comma list, each run in the order given; repeat a name to see the 
                     cute:CW=16, cute:STAGES=3), FWD_<field>=V the fused forward pass's (PostPreFwdCuteCfg, e.g.
                     cute:FWD_STAGES=2), PP_<field>=V cutile_post_pre.PostPreCfg's (e.g. PP_TE=32: mhc_pp_mix's
                     tokens a block), DHW_<field>=V the dh_pre + dweight pass's (PostPreDhwCuteCfg, e.g. DHW_LAG=2),
-                    DHDW_<field>=V the slices pass's (PostPreDhdwCuteCfg, e.g. DHDW_PROMO=3),
+                    DHDW_<field>=V the slices pass's (PostPreDhdwCuteCfg, e.g. DHDW_STAGES=3),
                     FUSE_FWD=0/1 (cute_post_pre.FUSE_FWD: the fused forward pass), FUSE_DHW=0/1
                     (cute_post_pre.FUSE_DHW: dh_pre and dweight in one pass over out, cute_post_pre_dhw) or
                     SPLIT_DW=0/1 (cute_post_pre.SPLIT_DW: dweight split between the dh_pre pass and the backward
@@ -102,7 +102,7 @@ class _patched:
         if "SPLIT_DW" in ch:
             cpp.SPLIT_DW = bool(ch.pop("SPLIT_DW"))
         ddch = {k[5:]: ch.pop(k) for k in list(ch) if k.startswith("DHDW_")}
-        if ddch:   # the slices pass's config (PostPreDhdwCuteCfg fields, e.g. DHDW_PROMO=3)
+        if ddch:   # the slices pass's config (PostPreDhdwCuteCfg fields, e.g. DHDW_STAGES=3)
             ddinner = self.ddheur.__func__.__wrapped__
             DD.PostPreDhdwCuteCfg.heuristic = classmethod(
                 lambda cls, *a: dataclasses.replace(ddinner(cls, *a), **ddch))
@@ -153,18 +153,21 @@ def _profile(fn, args, cots, steps: int = 5) -> list[tuple[float, int, str]]:
     return sorted(rows, reverse=True)
 
 
-def _host_ms(fn, args, cots, reps: int = 20) -> float:
-    """Median host time to enqueue one fwd+bwd step (synchronized before each)."""
-    ts = []
+def _host_ms(fn, args, cots, reps: int = 20) -> tuple[float, float]:
+    """Median host ms to enqueue the forward alone and one whole fwd+bwd step (synchronized before each)."""
+    fw, st = [], []
     for _ in range(reps):
         for a in args:
             a.grad = None
         torch.cuda.synchronize()
         t0 = time.perf_counter()
-        torch.autograd.backward(fn(args), cots)
-        ts.append((time.perf_counter() - t0) * 1e3)
+        outs = fn(args)
+        t1 = time.perf_counter()
+        torch.autograd.backward(outs, cots)
+        st.append((time.perf_counter() - t0) * 1e3)
+        fw.append((t1 - t0) * 1e3)
         torch.cuda.synchronize()
-    return sorted(ts)[reps // 2]
+    return sorted(fw)[reps // 2], sorted(st)[reps // 2]
 
 
 def main():
@@ -207,7 +210,7 @@ def _one(o, T: int, out: str | None):
                 f, st = timings(fn, a_, c_)
                 row = dict(row=spec, fwd_ms=f, step_ms=st)
                 if o.host:
-                    row["host_ms"] = _host_ms(fn, a_, c_)
+                    row["host_ms"] = _host_ms(fn, a_, c_)[1]
                 if o.profile:
                     row["kernels"] = _profile(fn, a_, c_)
         except Exception as e:  # noqa: BLE001 (a refused config is a row's result)
