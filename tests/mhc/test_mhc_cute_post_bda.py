@@ -90,10 +90,6 @@ def test_ab_configs_compile():
         cfg = dataclasses.replace(base, **kw)
         art = _launches(v, cfg)["fwd" if set(kw) <= set(FWD_FIELDS) else "bwd"].export("sm_90a")
         assert len(cubin_resources(art.cubin)) == 1
-        if "DHRED" in kw:   # named barriers 1..4: warps 1.. arrive (bar.arrive), none waits at barrier 0
-            ptx = art.ptx
-            assert re.search(r"bar(rier)?(\.cta)?\.arrive(\.aligned)?\s+%r\d+,\s*224;", ptx), "no named arrive"
-            assert not re.search(r"bar(rier)?(\.cta)?\.sync(\.aligned)?\s+0;", ptx), "a CTA-wide barrier is left"
         if "PDL" in kw:   # PDL (the default): the dbias reduction waits for the bwd grid, the bwd triggers it
             for c, want in ((base, True), (cfg, False)):
                 a_ = _launches(v, c)
@@ -119,9 +115,7 @@ AB_CONFIGS = {"nt448c1": dict(NTB=448, KC=2, CPS=1, MINB=1), "nt256c2": dict(NTB
               "fsplit7cm": dict(FSPLIT=7, FCM=True), "fsplit2cmhv": dict(FSPLIT=2, FCM=True, FHV=True),
               # session 14: the dbias reduction a plain launch (PDL off; the default since: PDL on, 1-2.5 us
               # faster in both runs; vector h loads in the bwd (BHV, code at c4dc12b) tied)
-              "nopdl": dict(PDL=False),
-              # session 28: the per-token dh sums through named barriers (warps 1.. arrive and go on; warp 0 sums)
-              "dhnb": dict(DHRED="nb")}
+              "nopdl": dict(PDL=False)}
 # (session 20: BPF, the next token's h loaded while this one streams, tied / lost, code at df04f69; SBT, the dbias
 # slots channel-plane major (conflict-free shared adds), tied, code at 05d97d1)
 # what a config changes of the fwd kernel (the rest: bwd)
@@ -129,7 +123,7 @@ FWD_FIELDS = ("FG", "FSTREAM", "NT", "KF", "FPF", "FTOK", "FLD", "FST", "FHV", "
 # knobs that hold at any shape: what the timing script may propose as a new default (and the test file
 # then runs at, through TK_TEST_PB_CUTE_CFG)
 GENERAL_FIELDS = ("FG", "FSTREAM", "BSTREAM", "UNR", "FPF", "FTOK", "FLD", "FST", "FHV", "FMINB", "FSPLIT", "FCM",
-                  "PDL", "DHRED")
+                  "PDL")
 
 
 @pytest.fixture(autouse=True)
@@ -159,7 +153,7 @@ def test_config_is_the_compile_key():
     s2 = dataclasses.replace(cfg, FSPLIT=2)
     assert (s2.FKF, s2.FCHG) == (4, 2)
     for bad in (dict(FTOK=2, FG=2), dict(FCM=True, FG=2), dict(FLD="nc"), dict(FST="wt"), dict(FTOK=0),
-                dict(FSPLIT=0), dict(DHRED="atomic")):
+                dict(FSPLIT=0)):
         with pytest.raises(ValueError):
             dataclasses.replace(cfg, **bad)
     assert cp.PostBdaCuteCfg.heuristic(4, 32768, 2, True).CPS == 1  # the dbias slots: 128 KB of smem
@@ -252,27 +246,6 @@ def test_ab_configs(name):
     cfg = dataclasses.replace(cp.PostBdaCuteCfg.heuristic(4, 7168, 2, True), **AB_CONFIGS[name])
     run_case(*make_case(1000, 4, 7168), cfg=cfg)
     run_case(*make_case(37, 4, 7168), cfg=cfg, grid=5)
-
-
-NB_CASES = [dict(T=1000, n=6, C=8), dict(T=37, n=3, C=1000), dict(T=3, n=4, C=7168), dict(T=65, n=8, C=2560),
-            dict(T=37, n=4, C=7168, h=BF)]
-
-
-@pytest.mark.parametrize("c", NB_CASES, ids=[case_id(c) for c in NB_CASES])
-@pytest.mark.parametrize("grid", [None, 1, 2, 7])
-@pytest.mark.gpu
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
-def test_dhred_nb_is_the_default_bitwise(c, grid):
-    """DHRED="nb" sums the same values in the same order as the one-barrier default: every gradient bitwise
-    equal (grids of 1, 2, 7 CTAs: a CTA's 1st / 2nd / later tokens, the buffers' reuse; n = 6, 8: more dh values
-    than a warp's lanes; C = 8: one warp, the sync path), and the float64 reference (run_case)."""
-    ins, dout = make_case(**c)
-    n, C = ins[1].shape[1:]
-    base = cp.PostBdaCuteCfg.heuristic(n, C, ins[1].element_size(), ins[4] is not None)
-    _, want = run_case(ins, dout, cfg=base, grid=grid)
-    _, got = run_case(ins, dout, cfg=dataclasses.replace(base, DHRED="nb"), grid=grid)
-    for name, g, w in zip(("dh_res", "dresidual", "dh_post", "dx", "dbias"), got, want):
-        assert torch.equal(g, w), name
 
 
 @pytest.mark.gpu

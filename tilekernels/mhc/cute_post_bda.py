@@ -132,10 +132,6 @@ class PostBdaCuteCfg:
     FCM: bool = False  # fwd: 1-D grid, a token's CTAs adjacent (chunk groups fastest); not with FG
     PDL: bool = True   # bwd: the dbias reduction a programmatic dependent launch (triggered at the bwd's start,
     #                    resident beside it, it waits for the bwd grid's end and partials: griddepcontrol.wait)
-    DHRED: str = "sync"  # bwd: the per-token dh sums over the CTA's warps: "sync" one barrier a token (all warps
-    #                      wait); "nb" named barriers: warps 1.. arrive, warp 0 sums; they wait only to reuse a
-    #                      buffer 2 tokens on (the same sums, in the same order); "none" probe only: no sum over
-    #                      the warps (wrong dh: the bound of the barrier's cost)
 
     def __post_init__(self):
         if self.C % self.V or self.NT % 32 or self.NTB % 32 or self.NTB > 1024 or self.NT > 1024:
@@ -146,8 +142,6 @@ class PostBdaCuteCfg:
                 or self.FSPLIT < 1):
             raise ValueError(f"PostBdaCuteCfg: FTOK, FSPLIT >= 1, FTOK 1 and FCM off with FG, NT * FTOK <= 1024, "
                              f"FPF >= 0: {self}")
-        if self.DHRED not in ("sync", "nb", "none"):
-            raise ValueError(f"PostBdaCuteCfg: DHRED in 'sync', 'nb', 'none': {self}")
         if self.FLD not in _FLD or self.FST not in ("", "cs", "cg"):
             raise ValueError(f"PostBdaCuteCfg: FLD in {sorted(_FLD)}, FST in '', 'cs', 'cg': {self}")
 
@@ -343,69 +337,6 @@ def _cta_sums_store(acc: cute.Tensor, red: cute.Tensor, par, tid, t, pa, pb, NA:
 
 
 @cute.jit
-def _cta_sums_nb(acc: cute.Tensor, red: cute.Tensor, k, nk, tid, t, pa, pb, NA: cutlass.Constexpr,
-                 NV: cutlass.Constexpr, NT: cutlass.Constexpr, skip: cutlass.Constexpr):
-    """:func:`_cta_sums_store`'s sums (same values, same order) without a barrier every warp waits at: buffer
-    k % 2 of ``red`` holds token k's warp sums (k: the CTA's k-th token of ``nk``). Named barriers (NT threads
-    each): 1 + k % 2 "full" (warps 1.. arrive after writing, warp 0 waits, sums, writes dh), 3 + k % 2 "free"
-    (warp 0 arrives after reading token k's sums if a token k + 2 follows; warps 1.. wait on it before writing
-    token k + 2's). bar.arrive / bar.sync order the shared-memory accesses before them for the barrier's
-    threads. skip: no sum over the warps (probe only: warp 0's own sums written)."""
-    lane = tid % 32
-    warp = tid // 32
-    par = k % 2
-    for v in cutlass.range_constexpr(NV):
-        s = acc[v]
-        for off in cutlass.range_constexpr(5):
-            s = s + cute.arch.shuffle_sync_bfly(s, offset=16 >> off)
-        acc[v] = s
-    if cutlass.const_expr(skip):
-        if lane == 0:   # keeps every warp's shuffles (a race on red: probe only)
-            for v in cutlass.range_constexpr(NV):
-                red[par, warp, v] = acc[v]
-        if warp == 0:
-            for v0 in cutlass.range_constexpr(0, NV, 32):
-                v = v0 + lane
-                if v < NV:
-                    s = acc[0]
-                    for u in cutlass.range_constexpr(NV):
-                        if v == u:
-                            s = acc[u]
-                    if v < NA:
-                        _put(pa, Int64(t) * NA + v, s)
-                    else:
-                        _put(pb, Int64(t) * (NV - NA) + (v - NA), s)
-    else:
-        if warp != 0:
-            if k >= 2:
-                cute.arch.barrier(barrier_id=3 + par, number_of_threads=NT)
-            if lane == 0:
-                for v in cutlass.range_constexpr(NV):
-                    red[par, warp, v] = acc[v]
-            cute.arch.barrier_arrive(barrier_id=1 + par, number_of_threads=NT)
-        else:
-            if lane == 0:
-                for v in cutlass.range_constexpr(NV):
-                    red[par, 0, v] = acc[v]
-            cute.arch.barrier(barrier_id=1 + par, number_of_threads=NT)
-            for v0 in cutlass.range_constexpr(0, NV, 32):
-                v = v0 + lane
-                if v < NV:
-                    s = red[par, 0, v]
-                    for w_ in cutlass.range_constexpr(1, NT // 32):
-                        s = s + red[par, w_, v]
-                    if cutlass.const_expr(NA == NV):
-                        _put(pa, Int64(t) * NA + v, s)
-                    else:
-                        if v < NA:
-                            _put(pa, Int64(t) * NA + v, s)
-                        else:
-                            _put(pb, Int64(t) * (NV - NA) + (v - NA), s)
-            if k + 2 < nk:
-                cute.arch.barrier_arrive(barrier_id=3 + par, number_of_threads=NT)
-
-
-@cute.jit
 def _put(ptr, off, s):
     """ptr[off] = s, rounded to the pointer's dtype."""
     o = _vec(ptr, off, 1)
@@ -598,11 +529,7 @@ def _bwd_kernel(cfg: cutlass.Constexpr, mD: cute.Tensor, hr_ptr: cute.Pointer, m
         else:
             for k in cutlass.range(KC, unroll=cfg.UNR):
                 _bwd_chunk(cfg, k * NT + tid, t, rows, mD, mR, mX, mB, mDR, mDX, sb, hr, hp, acc, d, r, xb, bb, dr, dx)
-        if cutlass.const_expr(cfg.DHRED == "sync" or NW == 1):
-            _cta_sums_store(acc, red, (t // G) % 2, tid, t, dhr_ptr, dhp_ptr, n * n, NV, NT)
-        else:
-            _cta_sums_nb(acc, red, t // G, (T - g + G - 1) // G, tid, t, dhr_ptr, dhp_ptr, n * n, NV, NT,
-                         cfg.DHRED == "none")
+        _cta_sums_store(acc, red, (t // G) % 2, tid, t, dhr_ptr, dhp_ptr, n * n, NV, NT)
     if cutlass.const_expr(cfg.has_bias):
         for k in cutlass.range_constexpr(KC):
             q1 = k * NT + tid
