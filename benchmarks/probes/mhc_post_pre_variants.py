@@ -12,7 +12,9 @@ Rows (--rows, comma list, each run in the order given; repeat a name to see the 
                     cute:CW=16, cute:STAGES=3), FWD_<field>=V the fused forward pass's (PostPreFwdCuteCfg, e.g.
                     cute:FWD_STAGES=2), PP_<field>=V cutile_post_pre.PostPreCfg's (e.g. PP_TE=32: mhc_pp_mix's
                     tokens a block), DHW_<field>=V the dh_pre + dweight pass's (PostPreDhwCuteCfg, e.g. DHW_LAG=2),
-                    DHDW_<field>=V the slices pass's (PostPreDhdwCuteCfg, e.g. DHDW_STAGES=3),
+                    DHDW_<field>=V the slices pass's (PostPreDhdwCuteCfg, e.g. DHDW_STAGES=3), PRE_<field>=V
+                    mhc_pre's cuTile PreCfg (e.g. PRE_TT_R=32: mhc_pre_bwd_rest's tokens a block; it also applies to
+                    an "mhc_pre:PRE_<field>=V" row, timed apart but not counted in "apart"),
                     FUSE_FWD=0/1 (cute_post_pre.FUSE_FWD: the fused forward pass), FUSE_DHW=0/1
                     (cute_post_pre.FUSE_DHW: dh_pre and dweight in one pass over out, cute_post_pre_dhw) or
                     SPLIT_DW=0/1 (cute_post_pre.SPLIT_DW: dweight split between the dh_pre pass and the backward
@@ -90,6 +92,9 @@ class _patched:
         from tilekernels.mhc import cute_post_pre_dhdw as DD
 
         self.DD, self.ddheur = DD, DD.PostPreDhdwCuteCfg.__dict__["heuristic"]
+        from tilekernels.mhc import cutile_pre as P
+
+        self.P, self.preheur = P, P.PreCfg.__dict__["heuristic"]
         self.fuse, self.heur = cpp.FUSE_FWD, K.PostPreBwdCuteCfg.heuristic
         self.dfuse, self.dheur = cpp.FUSE_DHW, D.PostPreDhwCuteCfg.__dict__["heuristic"]
         self.sdw = cpp.SPLIT_DW
@@ -101,6 +106,12 @@ class _patched:
             cpp.FUSE_DHW = bool(ch.pop("FUSE_DHW"))
         if "SPLIT_DW" in ch:
             cpp.SPLIT_DW = bool(ch.pop("SPLIT_DW"))
+        prech = {k[4:]: ch.pop(k) for k in list(ch) if k.startswith("PRE_")}
+        if prech:   # mhc_pre's cuTile config (PreCfg fields, e.g. PRE_TT_R=32)
+            preinner = self.preheur.__func__.__wrapped__
+            P.PreCfg.heuristic = classmethod(lambda cls, *a, **k: dataclasses.replace(preinner(cls, *a, **k), **prech))
+            ppinner = self.pheur.__func__.__wrapped__   # PostPreCfg's cache holds a PreCfg: build it anew
+            pp.PostPreCfg.heuristic = classmethod(lambda cls, *a: ppinner(cls, *a))
         ddch = {k[5:]: ch.pop(k) for k in list(ch) if k.startswith("DHDW_")}
         if ddch:   # the slices pass's config (PostPreDhdwCuteCfg fields, e.g. DHDW_STAGES=3)
             ddinner = self.ddheur.__func__.__wrapped__
@@ -130,6 +141,7 @@ class _patched:
         self.cpp.SPLIT_DW = self.sdw
         self.D.PostPreDhwCuteCfg.heuristic = self.dheur
         self.DD.PostPreDhdwCuteCfg.heuristic = self.ddheur
+        self.P.PreCfg.heuristic = self.preheur
         self.K.PostPreBwdCuteCfg.heuristic = self.heur
         self.F.PostPreFwdCuteCfg.heuristic = self.fheur
         self.pp.PostPreCfg.heuristic = self.pheur
@@ -199,12 +211,12 @@ def _one(o, T: int, out: str | None):
     """Every row at T tokens (the table and the JSON record)."""
     args, cots = make(T, o.n, o.C, "cuda", torch.bfloat16 if o.hbf16 else torch.float32)
     res = probe_record(T=T, n=o.n, C=o.C, h="bf16" if o.hbf16 else "fp32")
-    apart = _apart(args, cots) if any(r in ("h_post_bda", "mhc_pre") for r in o.rows.split(",")) else {}
+    apart = _apart(args, cots) if any(r.split(":")[0] in ("h_post_bda", "mhc_pre") for r in o.rows.split(",")) else {}
     for spec in o.rows.split(","):
         fn, changes = _row_fn(spec)
         a_, c_ = args, cots
-        if spec in apart:
-            fn, a_, c_ = apart[spec]
+        if spec.split(":")[0] in apart:
+            fn, a_, c_ = apart[spec.split(":")[0]]
         try:
             with _patched(changes):
                 f, st = timings(fn, a_, c_)

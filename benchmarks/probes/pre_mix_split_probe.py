@@ -5,7 +5,7 @@ rest), on the same inputs: outputs compared (dproj, dr, h_pre^T, dhbias, each ag
 suite's fp32 tolerance: the designs sum the Sinkhorn steps in different layouts) and the mix's kernels timed alone
 and with the dh_pre pass (do_bench medians, us).
 
-    source .gpu-cutile/env.sh && python3 benchmarks/probes/pre_mix_split_probe.py [--T 32768] [--tt-r 128,64]
+    source .gpu-cutile/env.sh && python3 benchmarks/probes/pre_mix_split_probe.py [--T 32768] [--tt-r 128,64] [--tt 64]
 """
 from __future__ import annotations
 
@@ -32,6 +32,7 @@ def main():
     ap.add_argument("--n", type=int, default=4)
     ap.add_argument("--C", type=int, default=7168)
     ap.add_argument("--tt-r", default="128,64")
+    ap.add_argument("--tt", default="", help="also the split mix with these TT (mhc_pre_bwd_sk's tokens a block)")
     ap.add_argument("--rep", type=int, default=200)
     o = ap.parse_args()
     T, n, C = o.T, o.n, o.C
@@ -42,6 +43,8 @@ def main():
     designs = {"one kernel (tile)": base}
     for tr in [int(v) for v in o.tt_r.split(",")]:
         designs[f"split TT_R={tr}"] = dataclasses.replace(pre.PreCfg.heuristic(T, n, C, 20, mix_split=True), TT_R=tr)
+    for tt in [int(v) for v in o.tt.split(",") if v]:
+        designs[f"split TT={tt}"] = dataclasses.replace(pre.PreCfg.heuristic(T, n, C, 20, mix_split=True), TT=tt)
     res, ref = {}, None
     for name, cfg in designs.items():
         dweight, dbias = torch.empty(N, n * C, device=dev, dtype=bf), torch.empty(N, device=dev)
