@@ -215,8 +215,9 @@ def _one(o, T: int, out: str | None):
     for spec in o.rows.split(","):
         fn, changes = _row_fn(spec)
         a_, c_ = args, cots
-        if spec.split(":")[0] in apart:
-            fn, a_, c_ = apart[spec.split(":")[0]]
+        name = spec.split(":")[0]
+        if name in apart:
+            fn, a_, c_ = apart[name]
         try:
             with _patched(changes):
                 f, st = timings(fn, a_, c_)
