@@ -46,6 +46,7 @@ from . import cute_post_pre_dhdw as DD
 from . import cute_post_pre_dhw as D
 from . import cute_post_pre_fwd as F
 from . import cute_post_pre_bwd as K
+from . import cute_pre_rest as CR
 from . import cute_proj_rms as cpr
 from . import cutile_aggregate as agg
 from . import cutile_post_bda as pb
@@ -75,6 +76,8 @@ def bwd_launches(dout, dlayer_in, dh_post_next, dh_res_next, h_res, residual, h_
         head = dhw
     elif sdw is not None:
         head, kcfg, p_pre, finish = sdw
+    elif mix.kernel is pre.mhc_pre_bwd_rest:
+        head = [_rest_step(ln) if ln is mix else ln for ln in head]
     if sdw is None and kcfg.DWPRE:
         raise ValueError("mhc_post_pre cute bwd: a DWPRE config needs the SPLIT_DW backward (its pre-row partials)")
     stage, h_res, h_post = pb._h32(h_res, h_post, cfg.pb, force=True)
@@ -151,9 +154,10 @@ def _split_dw(head, mix, out, dlayer_in, dweight, npad, kcfg):
     p_dw = torch.empty((gm + 1, N, n * C), dtype=f32, device=dev)
     p_pre = torch.empty((ntm, n, n * C), dtype=f32, device=dev)
     dproj0 = torch.empty((T, npad), dtype=f32, device=dev)
-    sk, rest0, rest, tail = _mix_around(head, mix, torch.zeros((T, n), dtype=f32, device=dev), dproj0)
+    zero = None if CUTE_REST else torch.zeros((T, n), dtype=f32, device=dev)
+    sk, rest0, rest, dpre, tail = _mix_around(head, mix, zero, dproj0)
     run = functools.partial(DD.launch(dcfg).run, aligned16(out), aligned16(dlayer_in), dproj0, p_dh, p_dw, T, gm)
-    steps = [*sk, rest0, run, functools.partial(torch.sum, p_dh, 0, out=rest.args[0]), rest, *tail]
+    steps = [*sk, rest0, run, functools.partial(torch.sum, p_dh, 0, out=dpre), rest, *tail]
     dw = _row_major(dweight)
     rcfg = cpr.ProjRmsBwdCuteCfg.heuristic(N, n * C)
     finish = [functools.partial(torch.sum, p_pre, 0, out=p_dw[gm, :n]), p_dw[gm, n:].zero_,
@@ -190,24 +194,42 @@ def _dhw_head(head, mix, out, dlayer_in, proj, r, hbias, dproj, dweight, alpha_p
     zero = scr[wp + wd:].view(torch.float32)[:T * n].view(T, n)                     # dh_pre = 0 for the first mix
     dproj0 = torch.empty((T, npad), dtype=torch.float32, device=dev)
     dw = _row_major(dweight)
-    sk, rest0, rest, tail = _mix_around(head, mix, zero, dproj0)
+    sk, rest0, rest, dpre, tail = _mix_around(head, mix, zero, dproj0)
     run = functools.partial(D.launch(dcfg).run, aligned16(out), aligned16(dlayer_in), dproj0, proj, r, hbias,
-                            rest.args[0], scr[:wp], scr[wp:wp + wd], dw, T, float(alpha_pre))
+                            dpre, scr[:wp], scr[wp:wp + wd], dw, T, float(alpha_pre))
     steps = [*sk, rest0, run, rest, *tail]
     if dw is not dweight:
         steps.append(functools.partial(dweight.copy_, dw))
     return steps
 
 
+# mhc_pre's elementwise rest of the split mix (both runs of it in the SPLIT_DW / FUSE_DHW backwards, the one run
+# otherwise) as the CuTe DSL kernel (cute_pre_rest, a thread a token); False: cuTile's mhc_pre_bwd_rest (the kernel
+# mhc_pre's own backward runs).
+CUTE_REST = True
+
+
+def _rest_step(rest, args=None, dproj_only: bool = False):
+    """A step running the mix's rest (the Launch record ``rest``, with ``args`` in place of its own): cute_pre_rest's
+    kernel (CUTE_REST) or the record itself. ``dproj_only``: dh_pre taken as 0, dproj alone written (cuTile: dh_pre
+    read from args[0], every output written)."""
+    args = rest.args if args is None else args
+    if CUTE_REST:
+        return functools.partial(CR.run_rest, *args, dproj_only=dproj_only)
+    return dataclasses.replace(rest, args=args)
+
+
 def _mix_around(head, mix, zero, dproj0):
-    """(Sinkhorn steps, rest0, rest, tail) of mhc_pre's split-mix backward head around a pass that replaces its dh_pre
-    pass (head[index(mix) - 1]): rest0 is the mix's rest reading dh_pre from ``zero`` [T, n] and writing dproj into
-    ``dproj0`` [T, NPAD] (its post / res columns need no dh_pre); rest (the mix's rest as built, dh_pre from
-    rest.args[0]) and tail (the hbias reduction) run after the pass."""
+    """(Sinkhorn steps, rest0, rest, dpre, tail) of mhc_pre's split-mix backward head around a pass that replaces its
+    dh_pre pass (head[index(mix) - 1]): rest0 is the mix's rest with dh_pre read as 0 (cuTile: from ``zero`` [T, n];
+    the CuTe DSL kernel reads none) writing dproj into ``dproj0`` [T, NPAD] (its post / res columns need no dh_pre);
+    rest (the mix's rest as built, dh_pre from ``dpre``, the [T, n] fp32 the pass's dh_pre goes to) and tail (the
+    hbias reduction) run after the pass."""
     i = head.index(mix)
     rest = head[i]
-    return head[:i - 1], dataclasses.replace(rest, args=(zero, *rest.args[1:6], dproj0, *rest.args[7:])), rest, \
-        head[i + 1:]
+    a = rest.args
+    return (head[:i - 1], _rest_step(rest, (zero, *a[1:6], dproj0, *a[7:]), dproj_only=True), _rest_step(rest), a[0],
+            head[i + 1:])
 
 
 def _row_major(dweight: torch.Tensor) -> torch.Tensor:

@@ -1,0 +1,179 @@
+"""CuTe DSL kernel for the elementwise rest of mhc_pre's split backward mix (SIMT, Hopper sm_90a; compiles for
+sm_100a): what cutile_pre.mhc_pre_bwd_rest computes, one thread a token. Used by mhc_post_pre's cute backend
+(cute_post_pre), which runs the rest twice a step (SPLIT_DW: first with dh_pre read as 0 for dproj's post / res
+columns, then with dh_pre); mhc_pre's own cuTile backend keeps the cuTile kernel.
+
+Per token t (columns j < N = n*n + 2n in the order pre | post | res; alpha_j = a_pre, a_post, a_res by section):
+
+    h_j     = r[t] * proj[t, j] * alpha_j + bias[j]
+    sg_j    = sigmoid(h_j)                                  (j < 2n)
+    dh_j    = dpre[t, j] * sg_j (1 - sg_j)                  (j < n)
+            = 2 dhpost[t, j - n] * sg_j (1 - sg_j)          (n <= j < 2n)
+            = dlres[t, i, k]                                (j = 2n + i n + k: mhc_pre_bwd_sk's res-logit gradient)
+    dproj[t, j] = dh_j * r[t] * alpha_j  (columns N .. LDP-1 of a padded row: 0)
+    dr[t]       = sum_j dh_j * proj[t, j] * alpha_j
+    hpre_t[i, t] = sg_i  (i < n)
+    p_db[b, j]  = sum over the TT tokens of CTA b of dh_j (columns N .. NPAD-1: 0)
+
+dpre [T, n] fp32, proj [T, N] fp32, r [T] fp32, bias [N] fp32, dhpost [T, n] fp32 or bf16, dlres [T, NP, NP] fp32
+(NP = n padded to a power of two), dproj [T, LDP] fp32 (LDP = N, or NPAD for the padded dproj0), dr [T] fp32,
+hpre_t [n, T] fp32, p_db [cdiv(T, TT), NPAD] fp32; all contiguous. DPROJ_ONLY (the first of the two runs): dpre is
+not read (taken as 0) and only dproj is written.
+
+Why: the cuTile kernel moves ~12 MB at T=32768, n=4 (~3 us at the copy rate) but took ~31 us (its [TT, NPAD] tiles
+are assembled column by column); the two runs a step were ~52 us of mhc_post_pre's backward (the mHC ledger,
+session 25). Here a thread's loads and stores are scalar; the warp's accesses to a row block are contiguous, so
+every line is fetched once through L1.
+
+Deterministic: p_db sums over the warp by butterfly shuffles, then over the warps in order through shared memory.
+Tokens past T (the last CTA) load nothing and add 0. Compile key: PreRestCuteCfg and dhpost's dtype; T is runtime.
+Importing this module needs ``cutlass`` but no GPU.
+"""
+from __future__ import annotations
+
+import dataclasses
+import functools
+
+import torch
+
+import cutlass
+import cutlass.cute as cute
+from cutlass import Float32, Int32, Int64
+from cutlass.memory.smem import SmemAllocator
+
+from tilekernels import _cute as CU
+
+from .cute_post_bda import _vec
+
+_NAME = "mhc.cute_pre_rest"
+
+
+@dataclasses.dataclass(frozen=True)
+class PreRestCuteCfg:
+    """Launch config (compile key, with dhpost's dtype). n: streams; NP: n padded to a power of two (dlres's rows);
+    NPAD: p_db's row length (mhc_pre's padded projection width); LDP: dproj's row stride (N or NPAD); TT: threads =
+    tokens a CTA (the p_db tile: the caller's cdiv(T, TT) rows); DPROJ_ONLY: dh_pre taken as 0, dproj alone
+    written."""
+
+    n: int
+    NP: int
+    NPAD: int
+    LDP: int
+    TT: int = 128
+    DPROJ_ONLY: bool = False
+
+    def __post_init__(self):
+        if not (self.n >= 1 and self.NP >= self.n and self.NPAD >= self.N and self.LDP in (self.N, self.NPAD)):
+            raise ValueError(f"PreRestCuteCfg: NP >= n, NPAD >= N = n*n + 2n, LDP N or NPAD: {self}")
+        if self.TT % 32 or not 32 <= self.TT <= 1024 or self.NPAD > self.TT:
+            raise ValueError(f"PreRestCuteCfg: TT a multiple of 32 in [32, 1024], at least NPAD: {self}")
+
+    @property
+    def N(self) -> int:
+        return self.n * self.n + 2 * self.n
+
+
+def _alpha(j: int, n: int, a_pre, a_post, a_res):
+    """alpha of column j (its section fixed at trace time)."""
+    return a_pre if j < n else (a_post if j < 2 * n else a_res)
+
+
+@cute.kernel
+def _kernel(cfg: cutlass.Constexpr, dpre: cute.Pointer, proj: cute.Pointer, r: cute.Pointer, bias: cute.Pointer,
+            dhpost: cute.Pointer, dlres: cute.Pointer, dproj: cute.Pointer, dr: cute.Pointer, hpre_t: cute.Pointer,
+            p_db: cute.Pointer, a_pre: Float32, a_post: Float32, a_res: Float32, T: Int32):
+    n, N, NP, NPAD, LDP, TT = cfg.n, cfg.N, cfg.NP, cfg.NPAD, cfg.LDP, cfg.TT
+    tid, _, _ = cute.arch.thread_idx()
+    b, _, _ = cute.arch.block_idx()
+    t = b * TT + tid
+    dh = cute.make_rmem_tensor((N,), Float32)
+    for j in cutlass.range_constexpr(N):
+        dh[j] = Float32(0.0)
+    if t < T:
+        t64 = Int64(t)
+        rr = cute.arch.load(r + t64, Float32)
+        s = Float32(0.0)
+        for j in cutlass.range_constexpr(N):
+            al = _alpha(j, n, a_pre, a_post, a_res)
+            d = Float32(0.0)
+            pj = cute.arch.load(proj + (t64 * N + j), Float32)
+            if cutlass.const_expr(j >= 2 * n):
+                k = j - 2 * n
+                d = cute.arch.load(dlres + (t64 * (NP * NP) + (k // n) * NP + k % n), Float32)
+            elif cutlass.const_expr(j >= n or not cfg.DPROJ_ONLY):
+                h = rr * pj * al + cute.arch.load(bias + j, Float32)
+                sg = cute.arch.rcp_approx(Float32(1.0) + cute.arch.exp(-h))
+                if cutlass.const_expr(j < n):
+                    up = cute.arch.load(dpre + (t64 * n + j), Float32)
+                    cute.arch.store(hpre_t + (Int64(j) * T + t64), sg)
+                else:
+                    up = Float32(2.0) * _vec(dhpost, t64 * n + (j - n), 1)[0].to(Float32)
+                d = up * sg * (Float32(1.0) - sg)
+            dh[j] = d
+            cute.arch.store(dproj + (t64 * LDP + j), d * rr * al)
+            s = s + d * pj * al
+        for j in cutlass.range_constexpr(N, LDP):
+            cute.arch.store(dproj + (t64 * LDP + j), Float32(0.0))
+        if cutlass.const_expr(not cfg.DPROJ_ONLY):
+            cute.arch.store(dr + t64, s)
+    if cutlass.const_expr(not cfg.DPROJ_ONLY):
+        smem = SmemAllocator()
+        red = smem.allocate_tensor(Float32, cute.make_layout((TT // 32, N), stride=(N, 1)), 16)
+        lane, warp = tid % 32, tid // 32
+        for j in cutlass.range_constexpr(N):
+            v = dh[j]
+            for off in cutlass.range_constexpr(5):
+                v = v + cute.arch.shuffle_sync_bfly(v, offset=16 >> off)
+            dh[j] = v
+        if lane == 0:
+            for j in cutlass.range_constexpr(N):
+                red[warp, j] = dh[j]
+        cute.arch.sync_threads()
+        if tid < NPAD:
+            v = Float32(0.0)
+            if tid < N:
+                v = red[0, tid]
+                for w in cutlass.range_constexpr(1, TT // 32):
+                    v = v + red[w, tid]
+            cute.arch.store(p_db + (Int64(b) * NPAD + tid), v)
+
+
+@cute.jit
+def _host(cfg: cutlass.Constexpr, dpre: cute.Pointer, proj: cute.Pointer, r: cute.Pointer, bias: cute.Pointer,
+          dhpost: cute.Pointer, dlres: cute.Pointer, dproj: cute.Pointer, dr: cute.Pointer, hpre_t: cute.Pointer,
+          p_db: cute.Pointer, a_pre: Float32, a_post: Float32, a_res: Float32, T: Int32, stream: CU.cuda.CUstream):
+    k = _kernel(cfg, dpre, proj, r, bias, dhpost, dlres, dproj, dr, hpre_t, p_db, a_pre, a_post, a_res, T)
+    k.launch(grid=(cute.ceil_div(T, cfg.TT), 1, 1), block=(cfg.TT, 1, 1), stream=stream)
+
+
+@functools.lru_cache(maxsize=256)
+def launch(cfg: PreRestCuteCfg, hdt: torch.dtype) -> CU.Launch:
+    """run args (dpre, proj, r, bias, dhpost, dlres, dproj, dr, hpre_t, p_db, a_pre, a_post, a_res, T): the
+    tensors contiguous, as the module docstring's (dpre, dr, hpre_t, p_db may be None with DPROJ_ONLY); T >= 1."""
+    f = CU.Ptr(torch.float32, 4)
+    sig = (f, f, f, f, CU.Ptr(hdt, torch.tensor([], dtype=hdt).element_size()), f, f, f, f, f,
+           CU.Scalar(Float32), CU.Scalar(Float32), CU.Scalar(Float32), CU.Scalar(Int32))
+    return CU.Launch(f"{_NAME}.rest", _host, cfg, sig)
+
+
+def run_rest(dpre, proj, r, bias, dhpost, dlres, dproj, dr, hpre_t, p_db, a_pre: float, a_post: float, a_res: float,
+             n: int, NP: int, NPAD: int, TT: int, dproj_only: bool = False) -> None:
+    """cutile_pre.mhc_pre_bwd_rest's arguments (its Launch record's args), run by this kernel; ``dproj_only``: the
+    first of mhc_post_pre's two runs (dh_pre 0, dproj alone written). Nothing runs at T = 0."""
+    T = proj.shape[0]
+    if T == 0:
+        return
+    cfg = PreRestCuteCfg(n=n, NP=NP, NPAD=NPAD, LDP=dproj.shape[1], TT=TT, DPROJ_ONLY=dproj_only)
+    bias, dhpost = bias.contiguous(), dhpost.contiguous()
+    launch(cfg, dhpost.dtype).run(None if dproj_only else dpre, proj, r, bias, dhpost, dlres, dproj,
+                                  *((None,) * 3 if dproj_only else (dr, hpre_t, p_db)), float(a_pre), float(a_post),
+                                  float(a_res), T)
+
+
+def representative_launches(n: int = 4) -> dict[str, CU.Launch]:
+    """Both variants at one static shape (what the CPU compile test exports)."""
+    N = n * n + 2 * n
+    npad = 32 if N > 16 else 16
+    np_ = 1 << (n - 1).bit_length()
+    return {"rest": launch(PreRestCuteCfg(n, np_, npad, N), torch.float32),
+            "rest0": launch(PreRestCuteCfg(n, np_, npad, npad, DPROJ_ONLY=True), torch.float32)}
