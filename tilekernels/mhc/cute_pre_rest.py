@@ -25,7 +25,8 @@ are assembled column by column); the two runs a step were ~52 us of mhc_post_pre
 session 25). Here a thread's loads and stores are scalar; the warp's accesses to a row block are contiguous, so
 every line is fetched once through L1.
 
-Deterministic: p_db sums over the warp by butterfly shuffles, then over the warps in order through shared memory.
+Deterministic: p_db sums over the warp by butterfly shuffles, then over the warps in order through shared memory
+(cute_post_bda's CTA sums).
 Tokens past T (the last CTA) load nothing and add 0. Compile key: PreRestCuteCfg and dhpost's dtype; T is runtime.
 Importing this module needs ``cutlass`` but no GPU.
 """
@@ -43,7 +44,7 @@ from cutlass.memory.smem import SmemAllocator
 
 from tilekernels import _cute as CU
 
-from .cute_post_bda import _vec
+from .cute_post_bda import _cta_sums_store, _vec
 
 _NAME = "mhc.cute_pre_rest"
 
@@ -86,8 +87,8 @@ def _kernel(cfg: cutlass.Constexpr, dpre: cute.Pointer, proj: cute.Pointer, r: c
     tid, _, _ = cute.arch.thread_idx()
     b, _, _ = cute.arch.block_idx()
     t = b * TT + tid
-    dh = cute.make_rmem_tensor((N,), Float32)
-    for j in cutlass.range_constexpr(N):
+    dh = cute.make_rmem_tensor((NPAD,), Float32)
+    for j in cutlass.range_constexpr(NPAD):
         dh[j] = Float32(0.0)
     if t < T:
         t64 = Int64(t)
@@ -116,26 +117,11 @@ def _kernel(cfg: cutlass.Constexpr, dpre: cute.Pointer, proj: cute.Pointer, r: c
             cute.arch.store(dproj + (t64 * LDP + j), Float32(0.0))
         if cutlass.const_expr(not cfg.DPROJ_ONLY):
             cute.arch.store(dr + t64, s)
-    if cutlass.const_expr(not cfg.DPROJ_ONLY):
+    if cutlass.const_expr(not cfg.DPROJ_ONLY):   # p_db[b] = the CTA's sums (columns N .. NPAD-1: sums of 0)
         smem = SmemAllocator()
-        red = smem.allocate_tensor(Float32, cute.make_layout((TT // 32, N), stride=(N, 1)), 16)
-        lane, warp = tid % 32, tid // 32
-        for j in cutlass.range_constexpr(N):
-            v = dh[j]
-            for off in cutlass.range_constexpr(5):
-                v = v + cute.arch.shuffle_sync_bfly(v, offset=16 >> off)
-            dh[j] = v
-        if lane == 0:
-            for j in cutlass.range_constexpr(N):
-                red[warp, j] = dh[j]
-        cute.arch.sync_threads()
-        if tid < NPAD:
-            v = Float32(0.0)
-            if tid < N:
-                v = red[0, tid]
-                for w in cutlass.range_constexpr(1, TT // 32):
-                    v = v + red[w, tid]
-            cute.arch.store(p_db + (Int64(b) * NPAD + tid), v)
+        red = smem.allocate_tensor(Float32, cute.make_layout((2, TT // 32, NPAD), stride=(TT // 32 * NPAD, NPAD, 1)),
+                                   16)
+        _cta_sums_store(dh, red, 0, tid, b, p_db, p_db, NPAD, NPAD, TT)
 
 
 @cute.jit
