@@ -9,8 +9,8 @@ fwd (FUSE_FWD, default on): cute_post_pre_fwd's pass writes out and mhc_pre's pr
   over SPLIT CTAs a row tile) against the composition's 1.98-2.07.
 bwd, in order (every scratch written before it is read; reductions in a fixed order, deterministic):
   mhc_pre's head (cutile_pre.bwd_launches without its dx pass): the dh_pre pass over out and dlayer_in and
-      the bwd mix (dproj, dr, h_pre^T; for n <= 4 its Sinkhorn kernel runs before the pass, its rest after), the
-      hbias reduction;
+      the bwd mix (dproj, dr, h_pre^T; for n <= 4 its Sinkhorn kernel runs before the pass, its rest after: here
+      cute_pre_rest's CuTe DSL kernel, CUTE_REST), the hbias reduction;
   h_res / h_post staged to fp32 when bf16 (cutile_post_bda._h32);
   cute_post_pre_bwd's pass: dresidual, dx, dh_res and dh_post (the two warpgroups' sums added in the kernel; with
       SPLIT CTAs a row tile one plane each, summed after it), dbias partials per row tile;
