@@ -20,10 +20,12 @@ dpre [T, n] fp32, proj [T, N] fp32, r [T] fp32, bias [N] fp32, dhpost [T, n] fp3
 hpre_t [n, T] fp32, p_db [cdiv(T, TT), NPAD] fp32; all contiguous. DPROJ_ONLY (the first of the two runs): dpre is
 not read (taken as 0) and only dproj is written.
 
-Why: the cuTile kernel moves ~12 MB at T=32768, n=4 (~3 us at the copy rate) but took ~31 us (its [TT, NPAD] tiles
-are assembled column by column); the two runs a step were ~52 us of mhc_post_pre's backward (the mHC ledger,
-session 25). Here a thread's loads and stores are scalar; the warp's accesses to a row block are contiguous, so
-every line is fetched once through L1.
+Why: the cuTile kernel moves ~12 MB at T=32768, n=4 (~3 us at the copy rate) but took ~24-34 us (its [TT, NPAD]
+tiles are assembled column by column); the two runs were ~57 us of mhc_post_pre's backward step (the mHC ledger,
+session 29). A CTA stages its TT rows of proj, dlres, dpre and dhpost through shared memory (contiguous, so a warp's
+accesses are adjacent; rows W + 1 floats apart, so a thread reading its row meets no bank conflict), a thread then
+takes a token, and dproj leaves the same way. Reading and writing the rows straight from the threads (a warp's
+accesses 4 N bytes apart) measured 18.7 us (DPROJ_ONLY) and 14.0 us.
 
 Deterministic: p_db sums over the warp by butterfly shuffles, then over the warps in order through shared memory
 (cute_post_bda's CTA sums).
@@ -68,10 +70,19 @@ class PreRestCuteCfg:
             raise ValueError(f"PreRestCuteCfg: NP >= n, NPAD >= N = n*n + 2n, LDP N or NPAD: {self}")
         if self.TT % 32 or not 32 <= self.TT <= 1024 or self.NPAD > self.TT:
             raise ValueError(f"PreRestCuteCfg: TT a multiple of 32 in [32, 1024], at least NPAD: {self}")
+        if self.smem_bytes > 48 * 1024:
+            raise ValueError(f"PreRestCuteCfg: {self.smem_bytes} bytes of shared memory, more than 48 KB: {self}")
 
     @property
     def N(self) -> int:
         return self.n * self.n + 2 * self.n
+
+    @property
+    def smem_bytes(self) -> int:
+        """The staged rows (proj, dlres, dpre | dhpost, dproj; W + 1 floats a row) and the p_db sums' buffers, with
+        each allocation's 16-byte alignment."""
+        tiles = [self.TT * (w + 1) * 4 for w in (self.N, self.NP * self.NP, 2 * self.n, self.LDP)]
+        return sum(-(-b // 16) * 16 for b in tiles + [2 * self.TT // 32 * self.NPAD * 4])
 
 
 def _alpha(j: int, n: int, a_pre, a_post, a_res):
@@ -79,14 +90,52 @@ def _alpha(j: int, n: int, a_pre, a_post, a_res):
     return a_pre if j < n else (a_post if j < 2 * n else a_res)
 
 
+@cute.jit
+def _stage_in(src: cute.Pointer, base, cnt, sm: cute.Tensor, c0: cutlass.Constexpr, W: cutlass.Constexpr,
+              TT: cutlass.Constexpr, tid):
+    """sm[e // W, c0 + e % W] = src[base + e] (as fp32) for e < cnt: the CTA's contiguous rows [rows, W] of a
+    row-major source, read coalesced (a warp's accesses adjacent)."""
+    for k in cutlass.range_constexpr(W):
+        e = k * TT + tid
+        if e < cnt:
+            sm[e // W, c0 + e % W] = _vec(src, base + e, 1)[0].to(Float32)
+
+
+@cute.jit
+def _stage_out(dst: cute.Pointer, base, cnt, sm: cute.Tensor, W: cutlass.Constexpr, TT: cutlass.Constexpr, tid):
+    """dst[base + e] = sm[e // W, e % W] for e < cnt (coalesced, as _stage_in)."""
+    for k in cutlass.range_constexpr(W):
+        e = k * TT + tid
+        if e < cnt:
+            cute.arch.store(dst + (base + e), sm[e // W, e % W])
+
+
+def _rows_smem(smem, TT: int, W: int):
+    """[TT, W] fp32 shared tile, rows W + 1 apart (odd: a thread a row reads conflict-free)."""
+    return smem.allocate_tensor(Float32, cute.make_layout((TT, W), stride=(W + 1, 1)), 16)
+
+
 @cute.kernel
 def _kernel(cfg: cutlass.Constexpr, dpre: cute.Pointer, proj: cute.Pointer, r: cute.Pointer, bias: cute.Pointer,
             dhpost: cute.Pointer, dlres: cute.Pointer, dproj: cute.Pointer, dr: cute.Pointer, hpre_t: cute.Pointer,
             p_db: cute.Pointer, a_pre: Float32, a_post: Float32, a_res: Float32, T: Int32):
     n, N, NP, NPAD, LDP, TT = cfg.n, cfg.N, cfg.NP, cfg.NPAD, cfg.LDP, cfg.TT
+    NL = NP * NP
     tid, _, _ = cute.arch.thread_idx()
     b, _, _ = cute.arch.block_idx()
     t = b * TT + tid
+    rows = cutlass.min(T - b * TT, TT)
+    row0 = Int64(b) * TT
+    smem = SmemAllocator()
+    sP, sL, sU, sD = (_rows_smem(smem, TT, w) for w in (N, NL, 2 * n, LDP))
+    red = smem.allocate_tensor(Float32, cute.make_layout((2, TT // 32, NPAD), stride=(TT // 32 * NPAD, NPAD, 1)), 16)
+    # the CTA's rows of proj, dlres, dpre and dhpost into shared memory (coalesced), then a thread a token
+    _stage_in(proj, row0 * N, rows * N, sP, 0, N, TT, tid)
+    _stage_in(dlres, row0 * NL, rows * NL, sL, 0, NL, TT, tid)
+    if cutlass.const_expr(not cfg.DPROJ_ONLY):
+        _stage_in(dpre, row0 * n, rows * n, sU, 0, n, TT, tid)
+    _stage_in(dhpost, row0 * n, rows * n, sU, n, n, TT, tid)
+    cute.arch.sync_threads()
     dh = cute.make_rmem_tensor((NPAD,), Float32)
     for j in cutlass.range_constexpr(NPAD):
         dh[j] = Float32(0.0)
@@ -97,30 +146,28 @@ def _kernel(cfg: cutlass.Constexpr, dpre: cute.Pointer, proj: cute.Pointer, r: c
         for j in cutlass.range_constexpr(N):
             al = _alpha(j, n, a_pre, a_post, a_res)
             d = Float32(0.0)
-            pj = cute.arch.load(proj + (t64 * N + j), Float32)
+            pj = sP[tid, j]
             if cutlass.const_expr(j >= 2 * n):
                 k = j - 2 * n
-                d = cute.arch.load(dlres + (t64 * (NP * NP) + (k // n) * NP + k % n), Float32)
+                d = sL[tid, (k // n) * NP + k % n]
             elif cutlass.const_expr(j >= n or not cfg.DPROJ_ONLY):
                 h = rr * pj * al + cute.arch.load(bias + j, Float32)
                 sg = cute.arch.rcp_approx(Float32(1.0) + cute.arch.exp(-h))
                 if cutlass.const_expr(j < n):
-                    up = cute.arch.load(dpre + (t64 * n + j), Float32)
                     cute.arch.store(hpre_t + (Int64(j) * T + t64), sg)
+                    d = sU[tid, j] * sg * (Float32(1.0) - sg)
                 else:
-                    up = Float32(2.0) * _vec(dhpost, t64 * n + (j - n), 1)[0].to(Float32)
-                d = up * sg * (Float32(1.0) - sg)
+                    d = Float32(2.0) * sU[tid, j] * sg * (Float32(1.0) - sg)
             dh[j] = d
-            cute.arch.store(dproj + (t64 * LDP + j), d * rr * al)
+            sD[tid, j] = d * rr * al
             s = s + d * pj * al
         for j in cutlass.range_constexpr(N, LDP):
-            cute.arch.store(dproj + (t64 * LDP + j), Float32(0.0))
+            sD[tid, j] = Float32(0.0)
         if cutlass.const_expr(not cfg.DPROJ_ONLY):
             cute.arch.store(dr + t64, s)
+    cute.arch.sync_threads()
+    _stage_out(dproj, row0 * LDP, rows * LDP, sD, LDP, TT, tid)
     if cutlass.const_expr(not cfg.DPROJ_ONLY):   # p_db[b] = the CTA's sums (columns N .. NPAD-1: sums of 0)
-        smem = SmemAllocator()
-        red = smem.allocate_tensor(Float32, cute.make_layout((2, TT // 32, NPAD), stride=(TT // 32 * NPAD, NPAD, 1)),
-                                   16)
         _cta_sums_store(dh, red, 0, tid, b, p_db, p_db, NPAD, NPAD, TT)
 
 
