@@ -31,7 +31,8 @@ from typing import Any, Sequence
 
 import torch
 
-from tilekernels._glue import COMPILE_KEYS, _RECORD_KEYS, env_flag, record_compile_keys, sm_count  # noqa: F401 (re-exported)
+from tilekernels._glue import (COMPILE_KEYS, _RECORD_KEYS, env_flag, next_pow2, record_compile_keys,  # noqa: F401
+                               sm_count)  # (re-exported)
 
 import cuda.tile as ct
 from cuda.tile.compilation import (ArrayConstraint, CallingConvention, KernelSignature,
@@ -95,11 +96,6 @@ def workspace_reuse(on: bool = True):
         WORKSPACE_REUSE[0] = old
 
 
-
-
-def next_pow2(n: int) -> int:
-    """Smallest power of two >= n (cuTile tile dims are powers of two)."""
-    return 1 if n <= 1 else 1 << (int(n) - 1).bit_length()
 
 
 def pow2_floor(n: int) -> int:

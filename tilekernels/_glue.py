@@ -117,6 +117,11 @@ def record_compile_keys():
         _RECORD_KEYS[0] = old
 
 
+def next_pow2(n: int) -> int:
+    """Smallest power of two >= n (cuTile tile dims are powers of two; mhc's padded widths)."""
+    return 1 if n <= 1 else 1 << (int(n) - 1).bit_length()
+
+
 _SMS: dict = {}
 
 

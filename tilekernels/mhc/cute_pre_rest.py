@@ -20,12 +20,12 @@ dpre [T, n] fp32, proj [T, N] fp32, r [T] fp32, bias [N] fp32, dhpost [T, n] fp3
 hpre_t [n, T] fp32, p_db [cdiv(T, TT), NPAD] fp32; all contiguous. DPROJ_ONLY (the first of the two runs): dpre is
 not read (taken as 0) and only dproj is written.
 
-Why: the cuTile kernel moves ~12 MB at T=32768, n=4 (~3 us at the copy rate) but took ~24-34 us (its [TT, NPAD]
-tiles are assembled column by column); the two runs were ~57 us of mhc_post_pre's backward step (the mHC ledger,
-session 29). A CTA stages its TT rows of proj, dlres, dpre and dhpost through shared memory (contiguous, so a warp's
-accesses are adjacent; rows W + 1 floats apart, so a thread reading its row meets no bank conflict), a thread then
-takes a token, and dproj leaves the same way. Reading and writing the rows straight from the threads (a warp's
-accesses 4 N bytes apart) measured 18.7 us (DPROJ_ONLY) and 14.0 us.
+Why: the cuTile kernel assembles its [TT, NPAD] tiles column by column and ran several times its traffic's floor;
+mhc_post_pre runs the rest twice a step. A CTA stages its TT rows of proj, dlres, dpre and dhpost through shared
+memory (contiguous, so a warp's accesses are adjacent; rows W + 1 floats apart, so a thread reading its row meets no
+bank conflict), a thread then takes a token, and dproj leaves the same way; read and written straight from the
+threads (a warp's accesses 4 N bytes apart) the rows cost several times more. Measured times: the mHC ledger
+(benchmarks/results/nvidia-h200-mhc-cutile.md, session 29).
 
 Deterministic: p_db sums over the warp by butterfly shuffles, then over the warps in order through shared memory
 (cute_post_bda's CTA sums).
@@ -45,8 +45,9 @@ from cutlass import Float32, Int32, Int64
 from cutlass.memory.smem import SmemAllocator
 
 from tilekernels import _cute as CU
+from tilekernels._glue import next_pow2
 
-from .cute_post_bda import _cta_sums_store, _vec
+from .cute_post_bda import _cta_sums_store, _ptr, _vec
 
 _NAME = "mhc.cute_pre_rest"
 
@@ -183,10 +184,16 @@ def _host(cfg: cutlass.Constexpr, dpre: cute.Pointer, proj: cute.Pointer, r: cut
 def launch(cfg: PreRestCuteCfg, hdt: torch.dtype) -> CU.Launch:
     """run args (dpre, proj, r, bias, dhpost, dlres, dproj, dr, hpre_t, p_db, a_pre, a_post, a_res, T): the
     tensors contiguous, as the module docstring's (dpre, dr, hpre_t, p_db may be None with DPROJ_ONLY); T >= 1."""
-    f = CU.Ptr(torch.float32, 4)
-    sig = (f, f, f, f, CU.Ptr(hdt, torch.tensor([], dtype=hdt).element_size()), f, f, f, f, f,
+    f = _ptr(torch.float32, 1)
+    sig = (f, f, f, f, _ptr(hdt, 1), f, f, f, f, f,
            CU.Scalar(Float32), CU.Scalar(Float32), CU.Scalar(Float32), CU.Scalar(Int32))
     return CU.Launch(f"{_NAME}.rest", _host, cfg, sig)
+
+
+@functools.lru_cache(maxsize=256)
+def _launch_for(n: int, NP: int, NPAD: int, LDP: int, TT: int, dproj_only: bool, hdt: torch.dtype) -> CU.Launch:
+    """launch() of a call's static dims (cached: the config's checks run once per shape, not per backward)."""
+    return launch(PreRestCuteCfg(n=n, NP=NP, NPAD=NPAD, LDP=LDP, TT=TT, DPROJ_ONLY=dproj_only), hdt)
 
 
 def run_rest(dpre, proj, r, bias, dhpost, dlres, dproj, dr, hpre_t, p_db, a_pre: float, a_post: float, a_res: float,
@@ -196,17 +203,16 @@ def run_rest(dpre, proj, r, bias, dhpost, dlres, dproj, dr, hpre_t, p_db, a_pre:
     T = proj.shape[0]
     if T == 0:
         return
-    cfg = PreRestCuteCfg(n=n, NP=NP, NPAD=NPAD, LDP=dproj.shape[1], TT=TT, DPROJ_ONLY=dproj_only)
     bias, dhpost = bias.contiguous(), dhpost.contiguous()
-    launch(cfg, dhpost.dtype).run(None if dproj_only else dpre, proj, r, bias, dhpost, dlres, dproj,
-                                  *((None,) * 3 if dproj_only else (dr, hpre_t, p_db)), float(a_pre), float(a_post),
-                                  float(a_res), T)
+    outs = (None,) * 3 if dproj_only else (dr, hpre_t, p_db)
+    _launch_for(n, NP, NPAD, dproj.shape[1], TT, dproj_only, dhpost.dtype).run(
+        None if dproj_only else dpre, proj, r, bias, dhpost, dlres, dproj, *outs, float(a_pre), float(a_post),
+        float(a_res), T)
 
 
 def representative_launches(n: int = 4) -> dict[str, CU.Launch]:
     """Both variants at one static shape (what the CPU compile test exports)."""
     N = n * n + 2 * n
-    npad = 32 if N > 16 else 16
-    np_ = 1 << (n - 1).bit_length()
-    return {"rest": launch(PreRestCuteCfg(n, np_, npad, N), torch.float32),
-            "rest0": launch(PreRestCuteCfg(n, np_, npad, npad, DPROJ_ONLY=True), torch.float32)}
+    npad = max(16, next_pow2(N))   # mhc_pre's padded projection width (cutile_proj_rms)
+    return {"rest": launch(PreRestCuteCfg(n, next_pow2(n), npad, N), torch.float32),
+            "rest0": launch(PreRestCuteCfg(n, next_pow2(n), npad, npad, DPROJ_ONLY=True), torch.float32)}
