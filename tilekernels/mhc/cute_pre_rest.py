@@ -92,19 +92,28 @@ def _alpha(j: int, n: int, a_pre, a_post, a_res):
 
 
 @cute.jit
-def _stage_in(src: cute.Pointer, base, cnt, sm: cute.Tensor, c0: cutlass.Constexpr, W: cutlass.Constexpr,
-              TT: cutlass.Constexpr, tid):
-    """sm[e // W, c0 + e % W] = src[base + e] (as fp32) for e < cnt: the CTA's contiguous rows [rows, W] of a
-    row-major source, read coalesced (a warp's accesses adjacent)."""
+def _load_rows(src: cute.Pointer, base, cnt, buf: cute.Tensor, W: cutlass.Constexpr, TT: cutlass.Constexpr, tid):
+    """buf[k] = src[base + e] (as fp32), e = k * TT + tid clamped to cnt - 1 (cnt >= 1): the loads of the CTA's
+    contiguous rows [rows, W] of a row-major source, unconditional (a warp's accesses adjacent), so every array's
+    loads are in flight before the first store to shared memory (``_store_rows``)."""
+    for k in cutlass.range_constexpr(W):
+        e = cutlass.min(k * TT + tid, cnt - 1)
+        buf[k] = _vec(src, base + e, 1)[0].to(Float32)
+
+
+@cute.jit
+def _store_rows(buf: cute.Tensor, cnt, sm: cute.Tensor, c0: cutlass.Constexpr, W: cutlass.Constexpr,
+                TT: cutlass.Constexpr, tid):
+    """sm[e // W, c0 + e % W] = buf[k] for e = k * TT + tid < cnt (``_load_rows``'s values in place)."""
     for k in cutlass.range_constexpr(W):
         e = k * TT + tid
         if e < cnt:
-            sm[e // W, c0 + e % W] = _vec(src, base + e, 1)[0].to(Float32)
+            sm[e // W, c0 + e % W] = buf[k]
 
 
 @cute.jit
 def _stage_out(dst: cute.Pointer, base, cnt, sm: cute.Tensor, W: cutlass.Constexpr, TT: cutlass.Constexpr, tid):
-    """dst[base + e] = sm[e // W, e % W] for e < cnt (coalesced, as _stage_in)."""
+    """dst[base + e] = sm[e // W, e % W] for e < cnt (coalesced, as _load_rows)."""
     for k in cutlass.range_constexpr(W):
         e = k * TT + tid
         if e < cnt:
@@ -130,19 +139,33 @@ def _kernel(cfg: cutlass.Constexpr, dpre: cute.Pointer, proj: cute.Pointer, r: c
     smem = SmemAllocator()
     sP, sL, sU, sD = (_rows_smem(smem, TT, w) for w in (N, NL, 2 * n, LDP))
     red = smem.allocate_tensor(Float32, cute.make_layout((2, TT // 32, NPAD), stride=(TT // 32 * NPAD, NPAD, 1)), 16)
-    # the CTA's rows of proj, dlres, dpre and dhpost into shared memory (coalesced), then a thread a token
-    _stage_in(proj, row0 * N, rows * N, sP, 0, N, TT, tid)
-    _stage_in(dlres, row0 * NL, rows * NL, sL, 0, NL, TT, tid)
+    # r, bias and the CTA's rows of proj, dlres, dpre and dhpost: every load issued first (no global store or
+    # shared-memory store in between to order them), then the rows into shared memory, then a thread a token
+    bP = cute.make_rmem_tensor((N,), Float32)
+    bL = cute.make_rmem_tensor((NL,), Float32)
+    bU = cute.make_rmem_tensor((n,), Float32)
+    bH = cute.make_rmem_tensor((n,), Float32)
+    _load_rows(proj, row0 * N, rows * N, bP, N, TT, tid)
+    _load_rows(dlres, row0 * NL, rows * NL, bL, NL, TT, tid)
     if cutlass.const_expr(not cfg.DPROJ_ONLY):
-        _stage_in(dpre, row0 * n, rows * n, sU, 0, n, TT, tid)
-    _stage_in(dhpost, row0 * n, rows * n, sU, n, n, TT, tid)
+        _load_rows(dpre, row0 * n, rows * n, bU, n, TT, tid)
+    _load_rows(dhpost, row0 * n, rows * n, bH, n, TT, tid)
+    rr = cute.arch.load(r + Int64(cutlass.min(t, T - 1)), Float32)
+    bv = cute.make_rmem_tensor((N,), Float32)
+    for j in cutlass.range_constexpr(N):
+        bv[j] = cute.arch.load(bias + j, Float32)
+    _store_rows(bP, rows * N, sP, 0, N, TT, tid)
+    _store_rows(bL, rows * NL, sL, 0, NL, TT, tid)
+    if cutlass.const_expr(not cfg.DPROJ_ONLY):
+        _store_rows(bU, rows * n, sU, 0, n, TT, tid)
+    _store_rows(bH, rows * n, sU, n, n, TT, tid)
     cute.arch.sync_threads()
     dh = cute.make_rmem_tensor((NPAD,), Float32)
+    sgp = cute.make_rmem_tensor((n,), Float32)
     for j in cutlass.range_constexpr(NPAD):
         dh[j] = Float32(0.0)
     if t < T:
         t64 = Int64(t)
-        rr = cute.arch.load(r + t64, Float32)
         s = Float32(0.0)
         for j in cutlass.range_constexpr(N):
             al = _alpha(j, n, a_pre, a_post, a_res)
@@ -152,10 +175,10 @@ def _kernel(cfg: cutlass.Constexpr, dpre: cute.Pointer, proj: cute.Pointer, r: c
                 k = j - 2 * n
                 d = sL[tid, (k // n) * NP + k % n]
             elif cutlass.const_expr(j >= n or not cfg.DPROJ_ONLY):
-                h = rr * pj * al + cute.arch.load(bias + j, Float32)
+                h = rr * pj * al + bv[j]
                 sg = cute.arch.rcp_approx(Float32(1.0) + cute.arch.exp(-h))
                 if cutlass.const_expr(j < n):
-                    cute.arch.store(hpre_t + (Int64(j) * T + t64), sg)
+                    sgp[j] = sg
                     d = sU[tid, j] * sg * (Float32(1.0) - sg)
                 else:
                     d = Float32(2.0) * sU[tid, j] * sg * (Float32(1.0) - sg)
@@ -166,6 +189,8 @@ def _kernel(cfg: cutlass.Constexpr, dpre: cute.Pointer, proj: cute.Pointer, r: c
             sD[tid, j] = Float32(0.0)
         if cutlass.const_expr(not cfg.DPROJ_ONLY):
             cute.arch.store(dr + t64, s)
+            for j in cutlass.range_constexpr(n):
+                cute.arch.store(hpre_t + (Int64(j) * T + t64), sgp[j])
     cute.arch.sync_threads()
     _stage_out(dproj, row0 * LDP, rows * LDP, sD, LDP, TT, tid)
     if cutlass.const_expr(not cfg.DPROJ_ONLY):   # p_db[b] = the CTA's sums (columns N .. NPAD-1: sums of 0)
