@@ -97,6 +97,19 @@ def test_ab_configs_compile():
                 assert ("griddepcontrol.wait" in a_["dbias"].export("sm_90a").ptx) is want
 
 
+@pytest.mark.parametrize("n", [1, 4, 6, 8])
+def test_dh_sums_reduce_scatter_shuffles(n):
+    """WSUM (the default): a warp's n*n + n dh sums by a reduce-scatter butterfly, at most 16 + 8 + 4 + 2 + 1 shuffles
+    a group of 32 sums (21 for n = 4's 20) against the all-reduce's 5 a sum; both kernels have one other shuffle."""
+    v = (n, 7168, BF, F32, BF)
+    base = cp.PostBdaCuteCfg.heuristic(n, 7168, 2, True)
+    nv = n * n + n
+    on, off = (_launches(v, dataclasses.replace(base, WSUM=w))["bwd"].export("sm_90a").ptx.count("shfl.sync")
+               for w in (True, False))
+    assert off == 5 * nv + 1
+    assert on <= 31 * -(-nv // 32) + 1 and (n != 4 or on == 22), (on, off)
+
+
 # the heuristic's headline config (bwd: 224 threads x 4 chunks a token, 2 CTAs an SM, chunk loop not
 # unrolled; fwd: one CTA a token) with, bwd: 448 threads x 2 chunks at one CTA an SM, 256 x 4 at two,
 # the loop unrolled twice, evict-first loads / stores; fwd: evict-first loads / stores, 4 or 8 CTAs an
@@ -115,7 +128,10 @@ AB_CONFIGS = {"nt448c1": dict(NTB=448, KC=2, CPS=1, MINB=1), "nt256c2": dict(NTB
               "fsplit7cm": dict(FSPLIT=7, FCM=True), "fsplit2cmhv": dict(FSPLIT=2, FCM=True, FHV=True),
               # session 14: the dbias reduction a plain launch (PDL off; the default since: PDL on, 1-2.5 us
               # faster in both runs; vector h loads in the bwd (BHV, code at c4dc12b) tied)
-              "nopdl": dict(PDL=False)}
+              "nopdl": dict(PDL=False),
+              # session 30: the dh sums over a warp by an all-reduce butterfly a value (the default since: a
+              # reduce-scatter, 21 shuffles a token's 20 sums at n = 4 instead of 100; bitwise the same sums)
+              "allreduce": dict(WSUM=False)}
 # (session 20: BPF, the next token's h loaded while this one streams, tied / lost, code at df04f69; SBT, the dbias
 # slots channel-plane major (conflict-free shared adds), tied, code at 05d97d1)
 # what a config changes of the fwd kernel (the rest: bwd)
@@ -123,7 +139,7 @@ FWD_FIELDS = ("FG", "FSTREAM", "NT", "KF", "FPF", "FTOK", "FLD", "FST", "FHV", "
 # knobs that hold at any shape: what the timing script may propose as a new default (and the test file
 # then runs at, through TK_TEST_PB_CUTE_CFG)
 GENERAL_FIELDS = ("FG", "FSTREAM", "BSTREAM", "UNR", "FPF", "FTOK", "FLD", "FST", "FHV", "FMINB", "FSPLIT", "FCM",
-                  "PDL")
+                  "PDL", "WSUM")
 
 
 @pytest.fixture(autouse=True)
@@ -246,6 +262,19 @@ def test_ab_configs(name):
     cfg = dataclasses.replace(cp.PostBdaCuteCfg.heuristic(4, 7168, 2, True), **AB_CONFIGS[name])
     run_case(*make_case(1000, 4, 7168), cfg=cfg)
     run_case(*make_case(37, 4, 7168), cfg=cfg, grid=5)
+
+
+@pytest.mark.parametrize("n", [1, 2, 3, 4, 6, 8])
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_reduce_scatter_sums_bitwise_the_all_reduce(n):
+    """WSUM on and off give bitwise-equal gradients (the same adds in the same pairs), n*n + n from 2 to 72 sums
+    (groups of 32 from n = 6), against float64 too."""
+    ins, dout = make_case(37, n, 1000 if n > 4 else 2560, h=BF if n == 3 else F32)
+    base = cp.PostBdaCuteCfg.heuristic(n, dout.shape[2], 2, True)
+    got = [run_case(ins, dout, cfg=dataclasses.replace(base, WSUM=w), grid=5)[1] for w in (True, False)]
+    for a, b_ in zip(*got):
+        assert_close(a, b_, kind="exact")
 
 
 @pytest.mark.gpu

@@ -130,6 +130,7 @@ class PostBdaCuteCfg:
     FMINB: int = 0     # fwd: ptxas asked for this many CTAs an SM (0: no bound)
     FSPLIT: int = 1    # fwd: a token's chunks split over FSPLIT times more CTAs (FKF = ceil(KF / FSPLIT) a thread)
     FCM: bool = False  # fwd: 1-D grid, a token's CTAs adjacent (chunk groups fastest); not with FG
+    WSUM: bool = True  # bwd: the dh sums over a warp by a reduce-scatter butterfly (else an all-reduce a value)
     PDL: bool = True   # bwd: the dbias reduction a programmatic dependent launch (triggered at the bwd's start,
     #                    resident beside it, it waits for the bwd grid's end and partials: griddepcontrol.wait)
 
@@ -302,24 +303,66 @@ def _hvec(ptr, off, dst: cute.Tensor, cnt: cutlass.Constexpr):
                 dst[i * w + e] = dt(vector.extract(v, dynamic_position=[], static_position=[e])).to(Float32)
 
 
+def _bitrev5(x: int) -> int:
+    """x's 5 bits reversed (the lane / slot map of ``_warp_scatter``)."""
+    return int(f"{x:05b}"[::-1], 2)
+
+
+def _warp_scatter(acc: cute.Tensor, v0: int, cnt: int, lane):
+    """The warp's sums of acc[v0 .. v0 + cnt) (cnt <= 32) by a butterfly reduce-scatter: lane l ends with the sum
+    of value v0 + bitrev5(l) (0 where that is past cnt), returned. Each level halves the values a lane carries: it
+    keeps the half its lane bit selects and adds the partner's copy of that half, so the levels take 16 + 8 + 4 +
+    2 + 1 shuffles at most (fewer where a pair holds no value: 21 for cnt = 20) where the all-reduce butterfly takes
+    5 a value (100 for cnt = 20). Value v sits at slot bitrev5(v), so the values split evenly at every level. The
+    adds are the all-reduce's (own + partner's, the same pairs at each level), so each sum is bitwise the
+    all-reduce's. Plain Python at trace time (static loops, no branch on a device value)."""
+    slots = [None] * 32
+    for v in range(cnt):
+        slots[_bitrev5(v)] = acc[v0 + v]
+    half = 16
+    while half:
+        up = (lane & half) != 0   # this lane keeps the upper half of its slots
+        nxt = [None] * half
+        for p in range(half):
+            lo, hi = slots[p], slots[p + half]
+            if lo is not None or hi is not None:
+                lo = Float32(0.0) if lo is None else lo
+                hi = Float32(0.0) if hi is None else hi
+                send = Float32(cutlass.select_(up, lo, hi))
+                keep = Float32(cutlass.select_(up, hi, lo))
+                nxt[p] = keep + cute.arch.shuffle_sync_bfly(send, offset=half)
+        slots = nxt
+        half //= 2
+    return Float32(0.0) if slots[0] is None else slots[0]
+
+
 @cute.jit
 def _cta_sums_store(acc: cute.Tensor, red: cute.Tensor, par, tid, t, pa, pb, NA: cutlass.Constexpr,
-                    NV: cutlass.Constexpr, NT: cutlass.Constexpr):
+                    NV: cutlass.Constexpr, NT: cutlass.Constexpr, scatter: cutlass.Constexpr = True):
     """Token t's sums over the CTA (NT threads) of the NV fp32 partials ``acc`` each thread holds:
     over the warp by butterfly shuffles, then over the NT / 32 warps in warp order through ``red``
     (shared [2, NT / 32, NV]; ``par``, the token's parity, picks the buffer: one barrier a token).
     Sum v goes to pa[t * NA + v] (v < NA) or else pb[t * (NV - NA) + v - NA], in the pointers'
-    dtypes; thread v (v0 + v for NV > NT) writes it. Fixed order: deterministic."""
+    dtypes; thread v (v0 + v for NV > NT) writes it. Fixed order: deterministic. ``scatter``: the warp
+    sums by ``_warp_scatter`` (32 values at a time; each lane stores its one sum into ``red``), else an
+    all-reduce butterfly a value (lane 0 stores them all): bitwise the same sums, fewer shuffles."""
     lane = tid % 32
     warp = tid // 32
-    for v in cutlass.range_constexpr(NV):
-        s = acc[v]
-        for off in cutlass.range_constexpr(5):
-            s = s + cute.arch.shuffle_sync_bfly(s, offset=16 >> off)
-        acc[v] = s
-    if lane == 0:
+    if cutlass.const_expr(scatter):
+        col = ((lane & 1) << 4) | ((lane & 2) << 2) | (lane & 4) | ((lane & 8) >> 2) | ((lane & 16) >> 4)
+        for v0 in cutlass.range_constexpr(0, NV, 32):
+            s = _warp_scatter(acc, v0, min(32, NV - v0), lane)
+            if v0 + col < NV:
+                red[par, warp, v0 + col] = s
+    else:
         for v in cutlass.range_constexpr(NV):
-            red[par, warp, v] = acc[v]
+            s = acc[v]
+            for off in cutlass.range_constexpr(5):
+                s = s + cute.arch.shuffle_sync_bfly(s, offset=16 >> off)
+            acc[v] = s
+        if lane == 0:
+            for v in cutlass.range_constexpr(NV):
+                red[par, warp, v] = acc[v]
     cute.arch.sync_threads()
     for v0 in cutlass.range_constexpr(0, NV, NT):  # NV may exceed NT (h_post_bda, n = 6: 42 > 32)
         v = v0 + tid
@@ -529,7 +572,7 @@ def _bwd_kernel(cfg: cutlass.Constexpr, mD: cute.Tensor, hr_ptr: cute.Pointer, m
         else:
             for k in cutlass.range(KC, unroll=cfg.UNR):
                 _bwd_chunk(cfg, k * NT + tid, t, rows, mD, mR, mX, mB, mDR, mDX, sb, hr, hp, acc, d, r, xb, bb, dr, dx)
-        _cta_sums_store(acc, red, (t // G) % 2, tid, t, dhr_ptr, dhp_ptr, n * n, NV, NT)
+        _cta_sums_store(acc, red, (t // G) % 2, tid, t, dhr_ptr, dhp_ptr, n * n, NV, NT, cfg.WSUM)
     if cutlass.const_expr(cfg.has_bias):
         for k in cutlass.range_constexpr(KC):
             q1 = k * NT + tid
