@@ -19,7 +19,8 @@ Rows (--rows, comma list, each run in the order given; repeat a name to see the 
                     (cute_post_pre.FUSE_DHW: dh_pre and dweight in one pass over out, cute_post_pre_dhw) or
                     SPLIT_DW=0/1 (cute_post_pre.SPLIT_DW: dweight split between the dh_pre pass and the backward
                     pass, cute_post_pre_dhdw) or CUTE_REST=0/1 (cute_post_pre.CUTE_REST: the mix's rest as
-                    cute_pre_rest's kernel, else cuTile's mhc_pre_bwd_rest)
+                    cute_pre_rest's kernel, else cuTile's mhc_pre_bwd_rest) or CUTE_MIX=0/1 (cute_post_pre.CUTE_MIX: the
+                    fused forward's epilogue as cute_pp_mix's kernel, else cuTile's mhc_pp_mix)
 A row whose changes make a config the kernels refuse prints the error and goes on.
 
     (call 1) source .gpu-cutile/env.sh                      # unpacks cuTile into /tmp/tk-cutile
@@ -98,7 +99,7 @@ class _patched:
         self.P, self.preheur = P, P.PreCfg.__dict__["heuristic"]
         self.fuse, self.heur = cpp.FUSE_FWD, K.PostPreBwdCuteCfg.heuristic
         self.dfuse, self.dheur = cpp.FUSE_DHW, D.PostPreDhwCuteCfg.__dict__["heuristic"]
-        self.sdw, self.crest = cpp.SPLIT_DW, cpp.CUTE_REST
+        self.sdw, self.crest, self.cmix = cpp.SPLIT_DW, cpp.CUTE_REST, cpp.CUTE_MIX
         self.fheur = F.PostPreFwdCuteCfg.__dict__["heuristic"]
         ch = {k: int(v) for k, v in self.changes.items()}
         if "FUSE_FWD" in ch:
@@ -109,6 +110,8 @@ class _patched:
             cpp.SPLIT_DW = bool(ch.pop("SPLIT_DW"))
         if "CUTE_REST" in ch:
             cpp.CUTE_REST = bool(ch.pop("CUTE_REST"))
+        if "CUTE_MIX" in ch:
+            cpp.CUTE_MIX = bool(ch.pop("CUTE_MIX"))
         prech = {k[4:]: ch.pop(k) for k in list(ch) if k.startswith("PRE_")}
         if prech:   # mhc_pre's cuTile config (PreCfg fields, e.g. PRE_TT_R=32)
             preinner = self.preheur.__func__.__wrapped__
@@ -142,6 +145,7 @@ class _patched:
         self.cpp.FUSE_FWD = self.fuse
         self.cpp.FUSE_DHW = self.dfuse
         self.cpp.CUTE_REST = self.crest
+        self.cpp.CUTE_MIX = self.cmix
         self.cpp.SPLIT_DW = self.sdw
         self.D.PostPreDhwCuteCfg.heuristic = self.dheur
         self.DD.PostPreDhdwCuteCfg.heuristic = self.ddheur

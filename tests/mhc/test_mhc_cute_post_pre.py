@@ -400,6 +400,25 @@ def test_cute_with_cutile_rest_matches_float64(c, monkeypatch):
     assert "mhc_pre_bwd_rest" in names and "PreRestCuteCfg" not in names, names
 
 
+@on_gpu
+@pytest.mark.parametrize("cute_mix", [True, False], ids=["cute_mix", "cutile_mix"])
+@pytest.mark.parametrize("c", [GPU_CASES[0], GPU_CASES[2], dict(T=129, n=4, C=7168, h=BF16, bias=True)], ids=case_id)
+def test_cute_forward_epilogue_matches_float64(c, cute_mix, monkeypatch):
+    """The fused forward's epilogue as cute_pp_mix's CuTe DSL kernel (CUTE_MIX, the default every other GPU test here
+    runs) and as cuTile's mhc_pp_mix: the float64 checks, and the forward's kernel list has the one and not the
+    other."""
+    from tilekernels.mhc import cute_post_pre as cpp
+
+    monkeypatch.setattr(cpp, "CUTE_MIX", cute_mix)
+    run_cutile(c, backend="cute")
+    args = inputs(c["T"], c["n"], c["C"], h=c["h"], bias=c["bias"], device="cuda")
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
+        OP(*args, **PARAMS, backend="cute")
+        torch.cuda.synchronize()
+    names = " ".join(e.name for e in prof.events())
+    assert ("PpMixCuteCfg" in names) is cute_mix and ("mhc_pp_mix" in names) is not cute_mix, names
+
+
 def _twice_bitwise_equal(T: int = 2000, n: int = 4, C: int = 7168) -> str:
     """Two fwd + bwd runs on the same inputs and grad outputs: every gradient bitwise equal; the second backward's
     kernel names (torch.profiler), space-separated."""

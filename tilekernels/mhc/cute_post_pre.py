@@ -3,7 +3,8 @@ epilogue and aggregate; mhc_pre's cuTile backward head, then the CuTe DSL one-pa
 (tilekernels/mhc/cute_post_pre_bwd.py), which keeps the fp32 d_total in registers.
 
 fwd (FUSE_FWD, default on): cute_post_pre_fwd's pass writes out and mhc_pre's projection partials in one read of
-  the streams, then cuTile's mhc_pp_mix epilogue and the aggregate (3s + 2x bytes instead of 4s + 2x). Off: the
+  the streams, then the epilogue (cute_pp_mix's CuTe DSL kernel, CUTE_MIX; else cuTile's mhc_pp_mix) and cuTile's
+  aggregate (3s + 2x bytes instead of 4s + 2x). Off: the
   composition, h_post_bda's CuTe DSL forward (cute_post_bda), then mhc_pre's cuTile forward on its out. H200,
   T=32768, n=4, C=7168 (benchmarks/results/nvidia-h200-mhc-cutile.md): fwd 1.69-1.74 ms (session 22, the passes split
   over SPLIT CTAs a row tile) against the composition's 1.98-2.07.
@@ -46,6 +47,7 @@ from . import cute_post_pre_dhdw as DD
 from . import cute_post_pre_dhw as D
 from . import cute_post_pre_fwd as F
 from . import cute_post_pre_bwd as K
+from . import cute_pp_mix as CM
 from . import cute_pre_rest as CR
 from . import cute_proj_rms as cpr
 from . import cutile_aggregate as agg
@@ -254,6 +256,9 @@ def _planes_into(p: torch.Tensor, out: torch.Tensor) -> None:
 # The fused forward (cute_post_pre_fwd: out and mhc_pre's projection in one read of the streams, then cuTile's
 # mhc_pp_mix epilogue and aggregate); False: the composition (cute_post_bda's forward, then mhc_pre's).
 FUSE_FWD = True
+# The fused forward's epilogue (the planes summed, then mhc_pre's r, h and Sinkhorn) as the CuTe DSL kernel
+# (cute_pp_mix, a thread a token) for fp32 h_post_next / h_res_next; False: cuTile's mhc_pp_mix.
+CUTE_MIX = True
 
 
 def fused_fwd_launches(h_res, residual, h_post, x, weight, hbias, bias, out, layer_in, h_post_next, h_res_next, proj,
@@ -279,9 +284,13 @@ def fused_fwd_launches(h_res, residual, h_post, x, weight, hbias, bias, out, lay
     if dst is not out:
         steps.append(functools.partial(out.copy_, dst))
     scal = (float(rms_eps), float(alpha_pre), float(alpha_post), float(alpha_res), float(sinkhorn_eps))
-    steps.append(Launch(pp.mhc_pp_mix, (cdiv(T, cfg.TE),),
-                        (p_proj, p_ss, hbias, proj, r, h_pre, h_post_next, h_res_next, float(n * C), *scal, n, p.NP,
-                         p.pr.NPAD, cfg.TE, fcfg.SPLIT, p.ITERS, p.APPROX, False), cfg))
+    if CUTE_MIX and h_post_next.dtype == f32 and h_res_next.dtype == f32:
+        steps.append(functools.partial(CM.run_mix, p_proj, p_ss, hbias, proj, r, h_pre, h_post_next, h_res_next,
+                                       float(n * C), *scal, p.ITERS, bool(p.APPROX)))
+    else:
+        steps.append(Launch(pp.mhc_pp_mix, (cdiv(T, cfg.TE),),
+                            (p_proj, p_ss, hbias, proj, r, h_pre, h_post_next, h_res_next, float(n * C), *scal, n,
+                             p.NP, p.pr.NPAD, cfg.TE, fcfg.SPLIT, p.ITERS, p.APPROX, False), cfg))
     return steps + [agg.fwd_launch(out, h_pre, layer_in, p.agg)]
 
 

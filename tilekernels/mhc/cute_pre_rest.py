@@ -112,12 +112,14 @@ def _store_rows(buf: cute.Tensor, cnt, sm: cute.Tensor, c0: cutlass.Constexpr, W
 
 
 @cute.jit
-def _stage_out(dst: cute.Pointer, base, cnt, sm: cute.Tensor, W: cutlass.Constexpr, TT: cutlass.Constexpr, tid):
-    """dst[base + e] = sm[e // W, e % W] for e < cnt (coalesced, as _load_rows)."""
+def _stage_out(dst: cute.Pointer, base, cnt, sm: cute.Tensor, c0: cutlass.Constexpr, W: cutlass.Constexpr,
+               TT: cutlass.Constexpr, tid):
+    """dst[base + e] = sm[e // W, c0 + e % W] for e < cnt: columns c0 .. c0 + W - 1 of the staged rows, coalesced (as
+    _load_rows)."""
     for k in cutlass.range_constexpr(W):
         e = k * TT + tid
         if e < cnt:
-            cute.arch.store(dst + (base + e), sm[e // W, e % W])
+            cute.arch.store(dst + (base + e), sm[e // W, c0 + e % W])
 
 
 def _rows_smem(smem, TT: int, W: int):
@@ -192,7 +194,7 @@ def _kernel(cfg: cutlass.Constexpr, dpre: cute.Pointer, proj: cute.Pointer, r: c
             for j in cutlass.range_constexpr(n):
                 cute.arch.store(hpre_t + (Int64(j) * T + t64), sgp[j])
     cute.arch.sync_threads()
-    _stage_out(dproj, row0 * LDP, rows * LDP, sD, LDP, TT, tid)
+    _stage_out(dproj, row0 * LDP, rows * LDP, sD, 0, LDP, TT, tid)
     if cutlass.const_expr(not cfg.DPROJ_ONLY):   # p_db[b] = the CTA's sums (columns N .. NPAD-1: sums of 0)
         _cta_sums_store(dh, red, 0, tid, b, p_db, p_db, NPAD, NPAD, TT)
 
