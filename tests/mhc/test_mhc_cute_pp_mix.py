@@ -34,18 +34,19 @@ def test_compiles_without_spills(n, arch):
         # barriers: after the planes' sums are staged in, after the outputs are staged
         assert art.ptx.count("bar.sync") == 2, name
         cfg = ln.cfg
-        assert art.ptx.count("ld.global.v4.b32") == cfg.SPLIT * cfg.NPAD // 4, name   # 16-byte plane loads
+        assert art.ptx.count("ld.global.v4.b32") == cfg.SPLIT * cfg.TT * cfg.Q // cfg.NT, name   # 16-byte plane loads
         assert ("rcp.approx" in art.ptx) == cfg.APPROX, name
 
 
 def test_config_limits():
     M.PpMixCuteCfg(4, 32, 8, 20)
-    M.PpMixCuteCfg(1, 16, 1, 0, APPROX=False, TT=32)
+    M.PpMixCuteCfg(1, 16, 1, 0, APPROX=False, TT=32, NT=128)
     assert M.PpMixCuteCfg(4, 32, 8, 20).smem_bytes == 128 * 33 * 4 + 128 * 25 * 4
     for bad in (dict(n=4, NPAD=16, SPLIT=8, ITERS=20), dict(n=4, NPAD=26, SPLIT=8, ITERS=20),
                 dict(n=4, NPAD=32, SPLIT=0, ITERS=20), dict(n=4, NPAD=32, SPLIT=8, ITERS=-1),
                 dict(n=4, NPAD=32, SPLIT=8, ITERS=20, TT=100), dict(n=4, NPAD=32, SPLIT=8, ITERS=20, TT=2048),
-                dict(n=4, NPAD=32, SPLIT=8, ITERS=20, TT=256)):
+                dict(n=4, NPAD=32, SPLIT=8, ITERS=20, TT=256),
+                dict(n=4, NPAD=32, SPLIT=8, ITERS=20, NT=96), dict(n=4, NPAD=32, SPLIT=8, ITERS=20, TT=64, NT=1024)):
         with pytest.raises(ValueError, match="PpMixCuteCfg"):
             M.PpMixCuteCfg(**bad)
 

@@ -50,8 +50,9 @@ _NAME = "mhc.cute_pp_mix"
 @dataclasses.dataclass(frozen=True)
 class PpMixCuteCfg:
     """Launch config (compile key). n: streams; NPAD: the planes' row length (a multiple of 4, >= N); SPLIT: planes;
-    ITERS: Sinkhorn iterations; APPROX: approximate reciprocals in the Sinkhorn steps; TT: threads = tokens a
-    CTA."""
+    ITERS: Sinkhorn iterations; APPROX: approximate reciprocals in the Sinkhorn steps; TT: tokens a CTA (its first
+    TT threads take one each); NT: threads a CTA (all load the planes and store the staged outputs: fewer loads a
+    thread, so all of them are in flight at once)."""
 
     n: int
     NPAD: int
@@ -59,19 +60,32 @@ class PpMixCuteCfg:
     ITERS: int
     APPROX: bool = True
     TT: int = 128
+    NT: int = 512
 
     def __post_init__(self):
         if not (self.n >= 1 and self.NPAD >= self.N and self.NPAD % 4 == 0 and self.SPLIT >= 1 and self.ITERS >= 0):
             raise ValueError(f"PpMixCuteCfg: n >= 1, NPAD >= N = n*n + 2n and a multiple of 4, SPLIT >= 1, "
                              f"ITERS >= 0: {self}")
-        if self.TT % 32 or not 32 <= self.TT <= 1024:
-            raise ValueError(f"PpMixCuteCfg: TT a multiple of 32 in [32, 1024]: {self}")
+        if self.TT % 32 or not 32 <= self.TT <= self.NT <= 1024 or self.NT % self.TT or (self.TT * self.Q) % self.NT:
+            raise ValueError(f"PpMixCuteCfg: TT a multiple of 32, TT <= NT <= 1024, NT a multiple of TT dividing the "
+                             f"CTA's TT * NPAD / 4 16-byte pieces a plane: {self}")
         if self.smem_bytes > 48 * 1024:
             raise ValueError(f"PpMixCuteCfg: {self.smem_bytes} bytes of shared memory, more than 48 KB: {self}")
+
+    @classmethod
+    def heuristic(cls, n: int, NPAD: int, SPLIT: int, ITERS: int, APPROX: bool = True) -> "PpMixCuteCfg":
+        """128 tokens a CTA; 512 threads (n = 4: two 16-byte loads a thread a plane, all 16 in flight at once), 128
+        for n = 1 (at 256 or 512 threads ptxas gives that kernel an 8-byte stack frame)."""
+        return cls(n=n, NPAD=NPAD, SPLIT=SPLIT, ITERS=ITERS, APPROX=APPROX, NT=128 if n == 1 else 512)
 
     @property
     def N(self) -> int:
         return self.n * self.n + 2 * self.n
+
+    @property
+    def Q(self) -> int:
+        """16-byte pieces a row of a plane."""
+        return self.NPAD // 4
 
     @property
     def smem_bytes(self) -> int:
@@ -90,8 +104,8 @@ def _sinkhorn(M: cute.Tensor, n: cutlass.Constexpr, iters: cutlass.Constexpr, ep
             m = cute.arch.fmax(m, M[i * n + k])
         for k in cutlass.range_constexpr(n):
             M[i * n + k] = cute.math.exp(M[i * n + k] - m)
-    d = cute.make_rmem_tensor((n,), Float32)
     for _ in cutlass.range(iters, unroll=1):
+        d = [None] * n   # this step's reciprocals (values of this iteration only)
         for i in cutlass.range_constexpr(n):
             s = M[i * n]
             for k in cutlass.range_constexpr(1, n):
@@ -125,8 +139,8 @@ def _recip(v: Float32, approx: cutlass.Constexpr) -> Float32:
 def _kernel(cfg: cutlass.Constexpr, p_proj: cute.Pointer, p_ss: cute.Pointer, hb: cute.Pointer, proj: cute.Pointer,
             r: cute.Pointer, hpre: cute.Pointer, hpost: cute.Pointer, hres: cute.Pointer, kf: Float32,
             rms_eps: Float32, a_pre: Float32, a_post: Float32, a_res: Float32, sk_eps: Float32, T: Int32):
-    n, N, NPAD, S, TT = cfg.n, cfg.N, cfg.NPAD, cfg.SPLIT, cfg.TT
-    Q = NPAD // 4   # 16-byte loads a thread a plane (the CTA's rows [rows, NPAD] are TT * Q of them)
+    n, N, NPAD, S, TT, NT, Q = cfg.n, cfg.N, cfg.NPAD, cfg.SPLIT, cfg.TT, cfg.NT, cfg.Q
+    KL = TT * Q // NT   # 16-byte loads a thread a plane (the CTA's rows [rows, NPAD] are TT * Q of them)
     tid, _, _ = cute.arch.thread_idx()
     b, _, _ = cute.arch.block_idx()
     t = b * TT + tid
@@ -143,28 +157,28 @@ def _kernel(cfg: cutlass.Constexpr, p_proj: cute.Pointer, p_ss: cute.Pointer, hb
     ss = cute.arch.load(p_ss + tc, Float32)
     for s in cutlass.range_constexpr(1, S):
         ss = ss + cute.arch.load(p_ss + (Int64(s) * T + tc), Float32)
-    acc = cute.make_rmem_tensor((Q * 4,), Float32)
+    acc = cute.make_rmem_tensor((KL * 4,), Float32)
     part = cute.make_rmem_tensor((4,), Float32)
     mP = cute.make_tensor(p_proj, cute.make_layout((4, S * T * Q), stride=(1, 4)))   # 16-byte pieces (int32: the
     for s in cutlass.range_constexpr(S):                                               # spec's SPLIT T NPAD < 2^31)
         base = (s * T + b * TT) * Q
-        for k in cutlass.range_constexpr(Q):
-            e4 = cutlass.min(k * TT + tid, cnt4 - 1)
+        for k in cutlass.range_constexpr(KL):
+            e4 = cutlass.min(k * NT + tid, cnt4 - 1)
             cute.autovec_copy(mP[None, base + e4], part)
             for q in cutlass.range_constexpr(4):
                 if cutlass.const_expr(s == 0):
                     acc[k * 4 + q] = part[q]
                 else:
                     acc[k * 4 + q] = acc[k * 4 + q] + part[q]
-    for k in cutlass.range_constexpr(Q):
-        e4 = k * TT + tid
+    for k in cutlass.range_constexpr(KL):
+        e4 = k * NT + tid
         if e4 < cnt4:
             for q in cutlass.range_constexpr(4):
                 e = e4 * 4 + q
                 sS[e // NPAD, e % NPAD] = acc[k * 4 + q]
     cute.arch.sync_threads()
-    _stage_out(proj, row0 * N, rows * N, sS, 0, N, TT, tid)   # proj: the sums' first N columns
-    if t < T:
+    _stage_out(proj, row0 * N, rows * N, sS, 0, N, TT, tid, NT)   # proj: the sums' first N columns
+    if tid < TT and t < T:
         rr = Float32(1.0) / (cute.math.sqrt(ss / kf) + rms_eps)
         cute.arch.store(r + Int64(t), rr)
         M = cute.make_rmem_tensor((n * n,), Float32)
@@ -182,9 +196,9 @@ def _kernel(cfg: cutlass.Constexpr, p_proj: cute.Pointer, p_ss: cute.Pointer, hb
         for j in cutlass.range_constexpr(n * n):
             sO[tid, 2 * n + j] = M[j]
     cute.arch.sync_threads()
-    _stage_out(hpre, row0 * n, rows * n, sO, 0, n, TT, tid)
-    _stage_out(hpost, row0 * n, rows * n, sO, n, n, TT, tid)
-    _stage_out(hres, row0 * (n * n), rows * (n * n), sO, 2 * n, n * n, TT, tid)
+    _stage_out(hpre, row0 * n, rows * n, sO, 0, n, TT, tid, NT)
+    _stage_out(hpost, row0 * n, rows * n, sO, n, n, TT, tid, NT)
+    _stage_out(hres, row0 * (n * n), rows * (n * n), sO, 2 * n, n * n, TT, tid, NT)
 
 
 @cute.jit
@@ -193,7 +207,7 @@ def _host(cfg: cutlass.Constexpr, p_proj: cute.Pointer, p_ss: cute.Pointer, hb: 
           rms_eps: Float32, a_pre: Float32, a_post: Float32, a_res: Float32, sk_eps: Float32, T: Int32,
           stream: CU.cuda.CUstream):
     k = _kernel(cfg, p_proj, p_ss, hb, proj, r, hpre, hpost, hres, kf, rms_eps, a_pre, a_post, a_res, sk_eps, T)
-    k.launch(grid=(cute.ceil_div(T, cfg.TT), 1, 1), block=(cfg.TT, 1, 1), stream=stream)
+    k.launch(grid=(cute.ceil_div(T, cfg.TT), 1, 1), block=(cfg.NT, 1, 1), stream=stream)
 
 
 @functools.lru_cache(maxsize=256)
@@ -208,7 +222,7 @@ def launch(cfg: PpMixCuteCfg) -> CU.Launch:
 @functools.lru_cache(maxsize=256)
 def _launch_for(n: int, NPAD: int, SPLIT: int, ITERS: int, APPROX: bool) -> CU.Launch:
     """launch() of a call's static dims (cached: the config's checks run once per shape)."""
-    return launch(PpMixCuteCfg(n=n, NPAD=NPAD, SPLIT=SPLIT, ITERS=ITERS, APPROX=APPROX))
+    return launch(PpMixCuteCfg.heuristic(n, NPAD, SPLIT, ITERS, APPROX))
 
 
 def run_mix(p_proj, p_ss, hbias, proj, r, h_pre, h_post, h_res, kf: float, rms_eps: float, a_pre: float,
@@ -228,5 +242,5 @@ def run_mix(p_proj, p_ss, hbias, proj, r, h_pre, h_post, h_res, kf: float, rms_e
 def representative_launches(n: int = 4) -> dict[str, CU.Launch]:
     """mhc_post_pre's config at one static shape, and IEEE reciprocals (what the CPU compile test exports)."""
     npad = max(16, next_pow2(n * n + 2 * n))
-    return {"mix": launch(PpMixCuteCfg(n, npad, 8, 20)),
-            "mix_ieee": launch(PpMixCuteCfg(n, npad, 8, 20, APPROX=False))}
+    return {"mix": launch(PpMixCuteCfg.heuristic(n, npad, 8, 20)),
+            "mix_ieee": launch(PpMixCuteCfg.heuristic(n, npad, 8, 20, APPROX=False))}

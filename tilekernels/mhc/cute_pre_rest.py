@@ -113,11 +113,12 @@ def _store_rows(buf: cute.Tensor, cnt, sm: cute.Tensor, c0: cutlass.Constexpr, W
 
 @cute.jit
 def _stage_out(dst: cute.Pointer, base, cnt, sm: cute.Tensor, c0: cutlass.Constexpr, W: cutlass.Constexpr,
-               TT: cutlass.Constexpr, tid):
-    """dst[base + e] = sm[e // W, c0 + e % W] for e < cnt: columns c0 .. c0 + W - 1 of the staged rows, coalesced (as
-    _load_rows)."""
-    for k in cutlass.range_constexpr(W):
-        e = k * TT + tid
+               TT: cutlass.Constexpr, tid, NT: cutlass.Constexpr = 0):
+    """dst[base + e] = sm[e // W, c0 + e % W] for e < cnt: columns c0 .. c0 + W - 1 of the TT staged rows, coalesced
+    (as _load_rows), by NT threads (0: TT)."""
+    nt = NT if NT else TT
+    for k in cutlass.range_constexpr(-(-W * TT // nt)):
+        e = k * nt + tid
         if e < cnt:
             cute.arch.store(dst + (base + e), sm[e // W, c0 + e % W])
 
