@@ -20,7 +20,8 @@ Rows (--rows, comma list, each run in the order given; repeat a name to see the 
                     SPLIT_DW=0/1 (cute_post_pre.SPLIT_DW: dweight split between the dh_pre pass and the backward
                     pass, cute_post_pre_dhdw) or CUTE_REST=0/1 (cute_post_pre.CUTE_REST: the mix's rest as
                     cute_pre_rest's kernel, else cuTile's mhc_pre_bwd_rest) or CUTE_MIX=0/1 (cute_post_pre.CUTE_MIX: the
-                    fused forward's epilogue as cute_pp_mix's kernel, else cuTile's mhc_pp_mix)
+                    fused forward's epilogue as cute_pp_mix's kernel, else cuTile's mhc_pp_mix) or CUTE_SK=0/1
+                    (cute_post_pre.CUTE_SK: the mix's Sinkhorn backward as cute_sk_bwd's kernel, else mhc_pre_bwd_sk)
 A row whose changes make a config the kernels refuse prints the error and goes on.
 
     (call 1) source .gpu-cutile/env.sh                      # unpacks cuTile into /tmp/tk-cutile
@@ -99,7 +100,7 @@ class _patched:
         self.P, self.preheur = P, P.PreCfg.__dict__["heuristic"]
         self.fuse, self.heur = cpp.FUSE_FWD, K.PostPreBwdCuteCfg.heuristic
         self.dfuse, self.dheur = cpp.FUSE_DHW, D.PostPreDhwCuteCfg.__dict__["heuristic"]
-        self.sdw, self.crest, self.cmix = cpp.SPLIT_DW, cpp.CUTE_REST, cpp.CUTE_MIX
+        self.sdw, self.crest, self.cmix, self.csk = cpp.SPLIT_DW, cpp.CUTE_REST, cpp.CUTE_MIX, cpp.CUTE_SK
         self.fheur = F.PostPreFwdCuteCfg.__dict__["heuristic"]
         ch = {k: int(v) for k, v in self.changes.items()}
         if "FUSE_FWD" in ch:
@@ -112,6 +113,8 @@ class _patched:
             cpp.CUTE_REST = bool(ch.pop("CUTE_REST"))
         if "CUTE_MIX" in ch:
             cpp.CUTE_MIX = bool(ch.pop("CUTE_MIX"))
+        if "CUTE_SK" in ch:
+            cpp.CUTE_SK = bool(ch.pop("CUTE_SK"))
         prech = {k[4:]: ch.pop(k) for k in list(ch) if k.startswith("PRE_")}
         if prech:   # mhc_pre's cuTile config (PreCfg fields, e.g. PRE_TT_R=32)
             preinner = self.preheur.__func__.__wrapped__
@@ -146,6 +149,7 @@ class _patched:
         self.cpp.FUSE_DHW = self.dfuse
         self.cpp.CUTE_REST = self.crest
         self.cpp.CUTE_MIX = self.cmix
+        self.cpp.CUTE_SK = self.csk
         self.cpp.SPLIT_DW = self.sdw
         self.D.PostPreDhwCuteCfg.heuristic = self.dheur
         self.DD.PostPreDhdwCuteCfg.heuristic = self.ddheur

@@ -385,6 +385,22 @@ def test_cute_split_dw_is_deterministic_and_drops_the_dweight_pass():
     assert "mhc_agg_bwd" not in names and "DW_ONLYTrue" not in names
     # the mix's rest twice, as cute_pre_rest's kernel (CUTE_REST): dproj0 alone, then every output
     assert "DPROJ_ONLYTrue" in names and "DPROJ_ONLYFalse" in names and "mhc_pre_bwd_rest" not in names, names
+    # the mix's Sinkhorn backward as cute_sk_bwd's kernel (CUTE_SK)
+    assert "SkBwdCuteCfg" in names and "mhc_pre_bwd_sk" not in names, names
+
+
+@on_gpu
+@pytest.mark.parametrize("c", [GPU_CASES[0], GPU_CASES[2], dict(T=129, n=4, C=7168, h=BF16, bias=True)], ids=case_id)
+def test_cute_with_cutile_sinkhorn_bwd_matches_float64(c, monkeypatch):
+    """CUTE_SK off (the mix's Sinkhorn backward as cuTile's mhc_pre_bwd_sk, mhc_pre's own kernel; every other GPU test
+    here runs cute_sk_bwd's): the same float64 checks, and the kernel list has the cuTile kernel and not the CuTe
+    one."""
+    from tilekernels.mhc import cute_post_pre as cpp
+
+    monkeypatch.setattr(cpp, "CUTE_SK", False)
+    run_cutile(c, backend="cute")
+    names = _twice_bitwise_equal(T=c["T"], n=c["n"], C=c["C"])
+    assert "mhc_pre_bwd_sk" in names and "SkBwdCuteCfg" not in names, names
 
 
 @on_gpu

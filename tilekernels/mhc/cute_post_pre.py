@@ -11,7 +11,7 @@ fwd (FUSE_FWD, default on): cute_post_pre_fwd's pass writes out and mhc_pre's pr
 bwd, in order (every scratch written before it is read; reductions in a fixed order, deterministic):
   mhc_pre's head (cutile_pre.bwd_launches without its dx pass): the dh_pre pass over out and dlayer_in and
       the bwd mix (dproj, dr, h_pre^T; for n <= 4 its Sinkhorn kernel runs before the pass, its rest after: here
-      cute_pre_rest's CuTe DSL kernel, CUTE_REST), the hbias reduction;
+      cute_sk_bwd's and cute_pre_rest's CuTe DSL kernels, CUTE_SK and CUTE_REST), the hbias reduction;
   h_res / h_post staged to fp32 when bf16 (cutile_post_bda._h32);
   cute_post_pre_bwd's pass: dresidual, dx, dh_res and dh_post (the two warpgroups' sums added in the kernel; with
       SPLIT CTAs a row tile one plane each, summed after it), dbias partials per row tile;
@@ -49,6 +49,7 @@ from . import cute_post_pre_fwd as F
 from . import cute_post_pre_bwd as K
 from . import cute_pp_mix as CM
 from . import cute_pre_rest as CR
+from . import cute_sk_bwd as CS
 from . import cute_proj_rms as cpr
 from . import cutile_aggregate as agg
 from . import cutile_post_bda as pb
@@ -79,7 +80,7 @@ def bwd_launches(dout, dlayer_in, dh_post_next, dh_res_next, h_res, residual, h_
     elif sdw is not None:
         head, kcfg, p_pre, finish = sdw
     elif mix.kernel is pre.mhc_pre_bwd_rest:
-        head = [_rest_step(ln) if ln is mix else ln for ln in head]
+        head = [_rest_step(ln) if ln is mix else _sk_step(ln) for ln in head]
     if sdw is None and kcfg.DWPRE:
         raise ValueError("mhc_post_pre cute bwd: a DWPRE config needs the SPLIT_DW backward (its pre-row partials)")
     stage, h_res, h_post = pb._h32(h_res, h_post, cfg.pb, force=True)
@@ -221,6 +222,19 @@ def _rest_step(rest, args=None, dproj_only: bool = False):
     return dataclasses.replace(rest, args=args)
 
 
+# mhc_pre's Sinkhorn backward of the split mix (cutile_pre.mhc_pre_bwd_sk) as the CuTe DSL kernel (cute_sk_bwd, a
+# thread a token, the step sums in shared memory); False: the cuTile kernel (mhc_pre's own backward runs it).
+CUTE_SK = True
+
+
+def _sk_step(step):
+    """``step`` of mhc_pre's backward head, with its Sinkhorn backward (mhc_pre_bwd_sk) as cute_sk_bwd's kernel when
+    CUTE_SK is on."""
+    if CUTE_SK and isinstance(step, Launch) and step.kernel is pre.mhc_pre_bwd_sk:
+        return functools.partial(CS.run_sk, *step.args)
+    return step
+
+
 def _mix_around(head, mix, zero, dproj0):
     """(Sinkhorn steps, rest0, rest, dpre, tail) of mhc_pre's split-mix backward head around a pass that replaces its
     dh_pre pass (head[index(mix) - 1]): rest0 is the mix's rest with dh_pre read as 0 (cuTile: from ``zero`` [T, n];
@@ -230,8 +244,8 @@ def _mix_around(head, mix, zero, dproj0):
     i = head.index(mix)
     rest = head[i]
     a = rest.args
-    return (head[:i - 1], _rest_step(rest, (zero, *a[1:6], dproj0, *a[7:]), dproj_only=True), _rest_step(rest), a[0],
-            head[i + 1:])
+    return ([_sk_step(x) for x in head[:i - 1]], _rest_step(rest, (zero, *a[1:6], dproj0, *a[7:]), dproj_only=True),
+            _rest_step(rest), a[0], head[i + 1:])
 
 
 def _row_major(dweight: torch.Tensor) -> torch.Tensor:

@@ -92,21 +92,25 @@ def _alpha(j: int, n: int, a_pre, a_post, a_res):
 
 
 @cute.jit
-def _load_rows(src: cute.Pointer, base, cnt, buf: cute.Tensor, W: cutlass.Constexpr, TT: cutlass.Constexpr, tid):
-    """buf[k] = src[base + e] (as fp32), e = k * TT + tid clamped to cnt - 1 (cnt >= 1): the loads of the CTA's
-    contiguous rows [rows, W] of a row-major source, unconditional (a warp's accesses adjacent), so every array's
-    loads are in flight before the first store to shared memory (``_store_rows``)."""
-    for k in cutlass.range_constexpr(W):
-        e = cutlass.min(k * TT + tid, cnt - 1)
+def _load_rows(src: cute.Pointer, base, cnt, buf: cute.Tensor, W: cutlass.Constexpr, TT: cutlass.Constexpr, tid,
+               NT: cutlass.Constexpr = 0):
+    """buf[k] = src[base + e] (as fp32), e = k * NT + tid clamped to cnt - 1 (cnt >= 1): the loads of the CTA's
+    contiguous rows [TT, W] of a row-major source by NT threads (0: TT; buf holds ceil(W TT / NT)), unconditional (a
+    warp's accesses adjacent), so every array's loads are in flight before the first store to shared memory
+    (``_store_rows``)."""
+    nt = NT if NT else TT
+    for k in cutlass.range_constexpr(-(-W * TT // nt)):
+        e = cutlass.min(k * nt + tid, cnt - 1)
         buf[k] = _vec(src, base + e, 1)[0].to(Float32)
 
 
 @cute.jit
 def _store_rows(buf: cute.Tensor, cnt, sm: cute.Tensor, c0: cutlass.Constexpr, W: cutlass.Constexpr,
-                TT: cutlass.Constexpr, tid):
-    """sm[e // W, c0 + e % W] = buf[k] for e = k * TT + tid < cnt (``_load_rows``'s values in place)."""
-    for k in cutlass.range_constexpr(W):
-        e = k * TT + tid
+                TT: cutlass.Constexpr, tid, NT: cutlass.Constexpr = 0):
+    """sm[e // W, c0 + e % W] = buf[k] for e = k * NT + tid < cnt (``_load_rows``'s values in place)."""
+    nt = NT if NT else TT
+    for k in cutlass.range_constexpr(-(-W * TT // nt)):
+        e = k * nt + tid
         if e < cnt:
             sm[e // W, c0 + e % W] = buf[k]
 

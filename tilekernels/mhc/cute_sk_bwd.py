@@ -1,0 +1,228 @@
+"""CuTe DSL kernel for the Sinkhorn backward of mhc_pre's split backward mix (SIMT, Hopper sm_90a; compiles for
+sm_100a): what cutile_pre.mhc_pre_bwd_sk computes, a thread a token. mhc_post_pre's cute backend runs it (CUTE_SK);
+mhc_pre's own cuTile backend keeps the cuTile kernel.
+
+Per token t (the res logits of h: L[i][k] = r[t] proj[t, 2n + i n + k] a_res + bias[2n + i n + k], i, k < n):
+
+    M_0 = exp(L - rowmax(L)); for s = 1 .. ITERS: R_s = M_{s-1} / rs_s, M_s = R_s / cs_s
+        (rs_s = rowsum(M_{s-1}) + eps, cs_s = colsum(R_s) + eps: kept, 2n values a step)
+    g = dh_res[t]; for s = ITERS .. 1 (M_s rebuilt backwards by multiplying the sums back in):
+        g = (g - colsum(g * M_s)) / cs_s;  R_s = M_s * cs_s
+        g = (g - rowsum(g * R_s)) / rs_s;  M_{s-1} = R_s * rs_s
+    dlres[t, i, k] = g M_0 - [k is row i's first maximal entry] * rowsum(g M_0)     (entries past n: 0)
+
+proj [T, N] fp32, r [T] fp32, bias [N] fp32, dh_res [T, n, n] fp32 or bf16 -> dlres [T, NP, NP] fp32 (NP = n padded
+to a power of two; the padded entries 0), all contiguous. The divides: approximate reciprocals with APPROX (the
+cuTile kernel's div.approx), else IEEE-rounded.
+
+Why: the cuTile kernel keeps the 2n sums a step in a global scratch [ITERS, 2n, T] (21 MB at T=32768, n=4) and ran
+~26 us; here they stay in shared memory ([ITERS * 2n, TT], a token a column: conflict-free), and the rows of proj and
+dh_res come in (NT threads, every load issued before the first store) and dlres leaves staged through shared memory,
+coalesced. Measured times: the mHC ledger (benchmarks/results/nvidia-h200-mhc-cutile.md).
+
+Tokens past T (the last CTA) load clamped addresses and store nothing. Compile key: SkBwdCuteCfg and dh_res's dtype;
+T is runtime. Importing this module needs ``cutlass`` but no GPU.
+"""
+from __future__ import annotations
+
+import dataclasses
+import functools
+
+import torch
+
+import cutlass
+import cutlass.cute as cute
+from cutlass import Float32, Int32, Int64
+from cutlass.memory.smem import SmemAllocator
+
+from tilekernels import _cute as CU
+
+from .cute_post_bda import _ptr
+from .cute_pp_mix import _recip
+from .cute_pre_rest import _load_rows, _rows_smem, _stage_out, _store_rows
+
+_NAME = "mhc.cute_sk_bwd"
+
+
+@dataclasses.dataclass(frozen=True)
+class SkBwdCuteCfg:
+    """Launch config (compile key, with dh_res's dtype). n: streams; NP: n padded to a power of two (dlres's rows);
+    ITERS: Sinkhorn steps; APPROX: approximate reciprocals; TT: tokens a CTA (its first TT threads take one each);
+    NT: threads a CTA (all load the rows and store dlres)."""
+
+    n: int
+    NP: int
+    ITERS: int
+    APPROX: bool = True
+    TT: int = 32
+    NT: int = 128
+
+    def __post_init__(self):
+        if not (self.n >= 1 and self.NP >= self.n and self.ITERS >= 0):
+            raise ValueError(f"SkBwdCuteCfg: n >= 1, NP >= n, ITERS >= 0: {self}")
+        if self.TT % 32 or not 32 <= self.TT <= self.NT <= 1024 or self.NT % self.TT:
+            raise ValueError(f"SkBwdCuteCfg: TT a multiple of 32, TT <= NT <= 1024, NT a multiple of TT: {self}")
+        if self.smem_bytes > 48 * 1024:
+            raise ValueError(f"SkBwdCuteCfg: {self.smem_bytes} bytes of shared memory, more than 48 KB: {self}")
+
+    @property
+    def N(self) -> int:
+        return self.n * self.n + 2 * self.n
+
+    @property
+    def smem_bytes(self) -> int:
+        """The staged rows of proj, dh_res and dlres (W + 1 floats a row), the step sums [ITERS * 2n, TT]."""
+        rows = [self.TT * (w + 1) * 4 for w in (self.N, self.n * self.n, self.NP * self.NP)]
+        return sum(-(-b // 16) * 16 for b in rows + [self.ITERS * 2 * self.n * self.TT * 4])
+
+
+@cute.kernel
+def _kernel(cfg: cutlass.Constexpr, proj: cute.Pointer, r: cute.Pointer, bias: cute.Pointer, dhres: cute.Pointer,
+            dlres: cute.Pointer, a_res: Float32, eps: Float32, T: Int32):
+    n, N, NP, TT, NT = cfg.n, cfg.N, cfg.NP, cfg.TT, cfg.NT
+    nn = n * n
+    tid, _, _ = cute.arch.thread_idx()
+    b, _, _ = cute.arch.block_idx()
+    t = b * TT + tid
+    rows = cutlass.min(T - b * TT, TT)
+    row0 = Int64(b) * TT
+    smem = SmemAllocator()
+    sP, sG, sD = _rows_smem(smem, TT, N), _rows_smem(smem, TT, nn), _rows_smem(smem, TT, NP * NP)
+    sums = smem.allocate_tensor(Float32, cute.make_layout((cfg.ITERS * 2 * n, TT), stride=(TT, 1)), 16)
+    # every load first (the rows of proj and dh_res, r, the res bias), then the rows into shared memory
+    bP = cute.make_rmem_tensor((-(-N * TT // NT),), Float32)
+    bG = cute.make_rmem_tensor((-(-nn * TT // NT),), Float32)
+    _load_rows(proj, row0 * N, rows * N, bP, N, TT, tid, NT)
+    _load_rows(dhres, row0 * nn, rows * nn, bG, nn, TT, tid, NT)
+    rr = cute.arch.load(r + Int64(cutlass.min(t, T - 1)), Float32)
+    bv = cute.make_rmem_tensor((nn,), Float32)
+    for j in cutlass.range_constexpr(nn):
+        bv[j] = cute.arch.load(bias + (2 * n + j), Float32)
+    _store_rows(bP, rows * N, sP, 0, N, TT, tid, NT)
+    _store_rows(bG, rows * nn, sG, 0, nn, TT, tid, NT)
+    cute.arch.sync_threads()
+    if tid < TT and t < T:
+        M = cute.make_rmem_tensor((nn,), Float32)
+        g = cute.make_rmem_tensor((nn,), Float32)
+        _m0(M, sP, tid, rr, a_res, bv, n)
+        for j in cutlass.range_constexpr(nn):
+            g[j] = sG[tid, j]
+        # forward: the steps' sums kept (step s at rows s * 2n .. s * 2n + 2n - 1 of ``sums``)
+        for s in cutlass.range(cfg.ITERS, unroll=1):
+            for i in cutlass.range_constexpr(n):
+                v = M[i * n]
+                for k in cutlass.range_constexpr(1, n):
+                    v = v + M[i * n + k]
+                v = v + eps
+                sums[s * (2 * n) + i, tid] = v
+                d = _recip(v, cfg.APPROX)
+                for k in cutlass.range_constexpr(n):
+                    M[i * n + k] = M[i * n + k] * d
+            for k in cutlass.range_constexpr(n):
+                v = M[k]
+                for i in cutlass.range_constexpr(1, n):
+                    v = v + M[i * n + k]
+                v = v + eps
+                sums[s * (2 * n) + n + k, tid] = v
+                d = _recip(v, cfg.APPROX)
+                for i in cutlass.range_constexpr(n):
+                    M[i * n + k] = M[i * n + k] * d
+        # backward: the steps walked back, M rebuilt from the kept sums
+        for q in cutlass.range(cfg.ITERS, unroll=1):
+            s = cfg.ITERS - 1 - q
+            for k in cutlass.range_constexpr(n):   # column step
+                cs = sums[s * (2 * n) + n + k, tid]
+                v = g[k] * M[k]
+                for i in cutlass.range_constexpr(1, n):
+                    v = v + g[i * n + k] * M[i * n + k]
+                d = _recip(cs, cfg.APPROX)
+                for i in cutlass.range_constexpr(n):
+                    g[i * n + k] = (g[i * n + k] - v) * d
+                    M[i * n + k] = M[i * n + k] * cs
+            for i in cutlass.range_constexpr(n):   # row step
+                rs = sums[s * (2 * n) + i, tid]
+                v = g[i * n] * M[i * n]
+                for k in cutlass.range_constexpr(1, n):
+                    v = v + g[i * n + k] * M[i * n + k]
+                d = _recip(rs, cfg.APPROX)
+                for k in cutlass.range_constexpr(n):
+                    g[i * n + k] = (g[i * n + k] - v) * d
+                    M[i * n + k] = M[i * n + k] * rs
+        # through M_0 = exp(L - rowmax(L)): the logits again from the staged row (not live through the loops)
+        _m0(M, sP, tid, rr, a_res, bv, n)
+        for i in cutlass.range_constexpr(n):
+            m = _logit(sP, tid, rr, a_res, bv, n, i, 0)
+            for k in cutlass.range_constexpr(1, n):
+                m = cute.arch.fmax(m, _logit(sP, tid, rr, a_res, bv, n, i, k))
+            srow = g[i * n] * M[i * n]
+            for k in cutlass.range_constexpr(1, n):
+                srow = srow + g[i * n + k] * M[i * n + k]
+            taken = Int32(0)   # 1 once the row's first maximal entry is passed
+            for k in cutlass.range_constexpr(n):
+                gm = g[i * n + k] * M[i * n + k]
+                first = (_logit(sP, tid, rr, a_res, bv, n, i, k) == m) & (taken == 0)
+                sD[tid, i * NP + k] = Float32(cutlass.select_(first, gm - srow, gm))
+                taken = Int32(cutlass.select_(first, Int32(1), taken))
+            for k in cutlass.range_constexpr(n, NP):
+                sD[tid, i * NP + k] = Float32(0.0)
+        for e in cutlass.range_constexpr(n * NP, NP * NP):
+            sD[tid, e] = Float32(0.0)
+    cute.arch.sync_threads()
+    _stage_out(dlres, row0 * (NP * NP), rows * (NP * NP), sD, 0, NP * NP, TT, tid, NT)
+
+
+@cute.jit
+def _logit(sP: cute.Tensor, tid, rr: Float32, a_res: Float32, bv: cute.Tensor, n: cutlass.Constexpr,
+           i: cutlass.Constexpr, k: cutlass.Constexpr) -> Float32:
+    """L[i][k] of the thread's token: r proj[2n + i n + k] a_res + bias[2n + i n + k] (mhc_pre's h, res section)."""
+    return rr * sP[tid, 2 * n + i * n + k] * a_res + bv[i * n + k]
+
+
+@cute.jit
+def _m0(M: cute.Tensor, sP: cute.Tensor, tid, rr: Float32, a_res: Float32, bv: cute.Tensor, n: cutlass.Constexpr):
+    """M = exp(L - rowmax(L)) (M [n*n], row-major)."""
+    for i in cutlass.range_constexpr(n):
+        m = _logit(sP, tid, rr, a_res, bv, n, i, 0)
+        for k in cutlass.range_constexpr(1, n):
+            m = cute.arch.fmax(m, _logit(sP, tid, rr, a_res, bv, n, i, k))
+        for k in cutlass.range_constexpr(n):
+            M[i * n + k] = cute.math.exp(_logit(sP, tid, rr, a_res, bv, n, i, k) - m)
+
+
+@cute.jit
+def _host(cfg: cutlass.Constexpr, proj: cute.Pointer, r: cute.Pointer, bias: cute.Pointer, dhres: cute.Pointer,
+          dlres: cute.Pointer, a_res: Float32, eps: Float32, T: Int32, stream: CU.cuda.CUstream):
+    k = _kernel(cfg, proj, r, bias, dhres, dlres, a_res, eps, T)
+    k.launch(grid=(cute.ceil_div(T, cfg.TT), 1, 1), block=(cfg.NT, 1, 1), stream=stream)
+
+
+@functools.lru_cache(maxsize=256)
+def launch(cfg: SkBwdCuteCfg, hdt: torch.dtype) -> CU.Launch:
+    """run args (proj, r, bias, dh_res, dlres, a_res, sk_eps, T): the module docstring's tensors, T >= 1."""
+    f = _ptr(torch.float32, 1)
+    sig = (f, f, f, _ptr(hdt, 1), f, CU.Scalar(Float32), CU.Scalar(Float32), CU.Scalar(Int32))
+    return CU.Launch(f"{_NAME}.sk", _host, cfg, sig)
+
+
+@functools.lru_cache(maxsize=256)
+def _launch_for(n: int, NP: int, ITERS: int, APPROX: bool, hdt: torch.dtype) -> CU.Launch:
+    """launch() of a call's static dims (cached: the config's checks run once per shape)."""
+    return launch(SkBwdCuteCfg(n=n, NP=NP, ITERS=ITERS, APPROX=APPROX), hdt)
+
+
+def run_sk(proj, r, bias, dh_res, dlres, scratch, a_pre: float, a_post: float, a_res: float, sk_eps: float, n: int,
+           NP: int, NPAD: int, TT: int, ITERS: int, APPROX: int, PF: int) -> None:
+    """cutile_pre.mhc_pre_bwd_sk's arguments (its Launch record's args; the scratch, a_pre, a_post and the cuTile
+    tiling unused), run by this kernel. Nothing runs at T = 0."""
+    T = proj.shape[0]
+    if T == 0:
+        return
+    _launch_for(n, NP, ITERS, bool(APPROX), dh_res.dtype).run(proj, r, bias.contiguous(), dh_res.contiguous(), dlres,
+                                                              float(a_res), float(sk_eps), T)
+
+
+def representative_launches(n: int = 4) -> dict[str, CU.Launch]:
+    """mhc_post_pre's config at one static shape, and IEEE reciprocals with bf16 dh_res (the CPU compile test)."""
+    NP = 1 << (n - 1).bit_length()
+    return {"sk": launch(SkBwdCuteCfg(n, NP, 20), torch.float32),
+            "sk_ieee_bf16": launch(SkBwdCuteCfg(n, NP, 20, APPROX=False), torch.bfloat16)}
