@@ -37,10 +37,11 @@ def test_compiles_without_spills(n, arch):
 def test_config_limits():
     R.PreRestCuteCfg(4, 4, 32, 24)
     R.PreRestCuteCfg(4, 4, 32, 32, TT=32, DPROJ_ONLY=True)
-    assert R.PreRestCuteCfg(4, 4, 32, 32).smem_bytes == 128 * (25 + 17 + 9 + 33) * 4 + 2 * 4 * 32 * 4
+    assert R.PreRestCuteCfg(4, 4, 32, 32).smem_bytes == 128 * (25 + 17 + 9 + 33) * 4 + 2 * 16 * 32 * 4
     for bad in (dict(n=4, NP=4, NPAD=16, LDP=24), dict(n=4, NP=2, NPAD=32, LDP=24), dict(n=4, NP=4, NPAD=32, LDP=30),
                 dict(n=4, NP=4, NPAD=32, LDP=24, TT=100), dict(n=4, NP=4, NPAD=32, LDP=24, TT=16),
-                dict(n=4, NP=4, NPAD=32, LDP=24, TT=2048), dict(n=4, NP=4, NPAD=32, LDP=24, TT=256)):
+                dict(n=4, NP=4, NPAD=32, LDP=24, TT=2048), dict(n=4, NP=4, NPAD=32, LDP=24, TT=256),
+                dict(n=4, NP=4, NPAD=32, LDP=24, NT=96)):
         with pytest.raises(ValueError, match="PreRestCuteCfg"):
             R.PreRestCuteCfg(**bad)
 

@@ -22,8 +22,9 @@ not read (taken as 0) and only dproj is written.
 
 Why: the cuTile kernel assembles its [TT, NPAD] tiles column by column and ran several times its traffic's floor;
 mhc_post_pre runs the rest twice a step. A CTA stages its TT rows of proj, dlres, dpre and dhpost through shared
-memory (contiguous, so a warp's accesses are adjacent; rows W + 1 floats apart, so a thread reading its row meets no
-bank conflict), a thread then takes a token, and dproj leaves the same way; read and written straight from the
+memory (contiguous, so a warp's accesses are adjacent; NT = 4 TT threads load them, so each has few loads and all are
+in flight at once; rows W + 1 floats apart, so a thread reading its row meets no bank conflict), a thread then takes
+a token, and dproj leaves the same way; read and written straight from the
 threads (a warp's accesses 4 N bytes apart) the rows cost several times more. Measured times: the mHC ledger
 (benchmarks/results/nvidia-h200-mhc-cutile.md, session 29).
 
@@ -55,8 +56,9 @@ _NAME = "mhc.cute_pre_rest"
 @dataclasses.dataclass(frozen=True)
 class PreRestCuteCfg:
     """Launch config (compile key, with dhpost's dtype). n: streams; NP: n padded to a power of two (dlres's rows);
-    NPAD: p_db's row length (mhc_pre's padded projection width); LDP: dproj's row stride (N or NPAD); TT: threads =
-    tokens a CTA (the p_db tile: the caller's cdiv(T, TT) rows); DPROJ_ONLY: dh_pre taken as 0, dproj alone
+    NPAD: p_db's row length (mhc_pre's padded projection width); LDP: dproj's row stride (N or NPAD); TT: tokens a
+    CTA (the p_db tile: the caller's cdiv(T, TT) rows; its first TT threads take one each); NT: threads a CTA (all
+    load the rows and store dproj: fewer loads a thread, all in flight at once); DPROJ_ONLY: dh_pre taken as 0, dproj alone
     written."""
 
     n: int
@@ -65,12 +67,14 @@ class PreRestCuteCfg:
     LDP: int
     TT: int = 128
     DPROJ_ONLY: bool = False
+    NT: int = 512
 
     def __post_init__(self):
         if not (self.n >= 1 and self.NP >= self.n and self.NPAD >= self.N and self.LDP in (self.N, self.NPAD)):
             raise ValueError(f"PreRestCuteCfg: NP >= n, NPAD >= N = n*n + 2n, LDP N or NPAD: {self}")
-        if self.TT % 32 or not 32 <= self.TT <= 1024 or self.NPAD > self.TT:
-            raise ValueError(f"PreRestCuteCfg: TT a multiple of 32 in [32, 1024], at least NPAD: {self}")
+        if self.TT % 32 or not 32 <= self.TT <= self.NT <= 1024 or self.NT % self.TT or self.NPAD > self.TT:
+            raise ValueError(f"PreRestCuteCfg: TT a multiple of 32, at least NPAD; TT <= NT <= 1024, NT a multiple of "
+                             f"TT: {self}")
         if self.smem_bytes > 48 * 1024:
             raise ValueError(f"PreRestCuteCfg: {self.smem_bytes} bytes of shared memory, more than 48 KB: {self}")
 
@@ -83,7 +87,7 @@ class PreRestCuteCfg:
         """The staged rows (proj, dlres, dpre | dhpost, dproj; W + 1 floats a row) and the p_db sums' buffers, with
         each allocation's 16-byte alignment."""
         tiles = [self.TT * (w + 1) * 4 for w in (self.N, self.NP * self.NP, 2 * self.n, self.LDP)]
-        return sum(-(-b // 16) * 16 for b in tiles + [2 * self.TT // 32 * self.NPAD * 4])
+        return sum(-(-b // 16) * 16 for b in tiles + [2 * self.NT // 32 * self.NPAD * 4])
 
 
 def _alpha(j: int, n: int, a_pre, a_post, a_res):
@@ -136,7 +140,7 @@ def _rows_smem(smem, TT: int, W: int):
 def _kernel(cfg: cutlass.Constexpr, dpre: cute.Pointer, proj: cute.Pointer, r: cute.Pointer, bias: cute.Pointer,
             dhpost: cute.Pointer, dlres: cute.Pointer, dproj: cute.Pointer, dr: cute.Pointer, hpre_t: cute.Pointer,
             p_db: cute.Pointer, a_pre: Float32, a_post: Float32, a_res: Float32, T: Int32):
-    n, N, NP, NPAD, LDP, TT = cfg.n, cfg.N, cfg.NP, cfg.NPAD, cfg.LDP, cfg.TT
+    n, N, NP, NPAD, LDP, TT, NT = cfg.n, cfg.N, cfg.NP, cfg.NPAD, cfg.LDP, cfg.TT, cfg.NT
     NL = NP * NP
     tid, _, _ = cute.arch.thread_idx()
     b, _, _ = cute.arch.block_idx()
@@ -145,33 +149,33 @@ def _kernel(cfg: cutlass.Constexpr, dpre: cute.Pointer, proj: cute.Pointer, r: c
     row0 = Int64(b) * TT
     smem = SmemAllocator()
     sP, sL, sU, sD = (_rows_smem(smem, TT, w) for w in (N, NL, 2 * n, LDP))
-    red = smem.allocate_tensor(Float32, cute.make_layout((2, TT // 32, NPAD), stride=(TT // 32 * NPAD, NPAD, 1)), 16)
+    red = smem.allocate_tensor(Float32, cute.make_layout((2, NT // 32, NPAD), stride=(NT // 32 * NPAD, NPAD, 1)), 16)
     # r, bias and the CTA's rows of proj, dlres, dpre and dhpost: every load issued first (no global store or
     # shared-memory store in between to order them), then the rows into shared memory, then a thread a token
     bP = cute.make_rmem_tensor((N,), Float32)
     bL = cute.make_rmem_tensor((NL,), Float32)
     bU = cute.make_rmem_tensor((n,), Float32)
     bH = cute.make_rmem_tensor((n,), Float32)
-    _load_rows(proj, row0 * N, rows * N, bP, N, TT, tid)
-    _load_rows(dlres, row0 * NL, rows * NL, bL, NL, TT, tid)
+    _load_rows(proj, row0 * N, rows * N, bP, N, TT, tid, NT)
+    _load_rows(dlres, row0 * NL, rows * NL, bL, NL, TT, tid, NT)
     if cutlass.const_expr(not cfg.DPROJ_ONLY):
-        _load_rows(dpre, row0 * n, rows * n, bU, n, TT, tid)
-    _load_rows(dhpost, row0 * n, rows * n, bH, n, TT, tid)
+        _load_rows(dpre, row0 * n, rows * n, bU, n, TT, tid, NT)
+    _load_rows(dhpost, row0 * n, rows * n, bH, n, TT, tid, NT)
     rr = cute.arch.load(r + Int64(cutlass.min(t, T - 1)), Float32)
     bv = cute.make_rmem_tensor((N,), Float32)
     for j in cutlass.range_constexpr(N):
         bv[j] = cute.arch.load(bias + j, Float32)
-    _store_rows(bP, rows * N, sP, 0, N, TT, tid)
-    _store_rows(bL, rows * NL, sL, 0, NL, TT, tid)
+    _store_rows(bP, rows * N, sP, 0, N, TT, tid, NT)
+    _store_rows(bL, rows * NL, sL, 0, NL, TT, tid, NT)
     if cutlass.const_expr(not cfg.DPROJ_ONLY):
-        _store_rows(bU, rows * n, sU, 0, n, TT, tid)
-    _store_rows(bH, rows * n, sU, n, n, TT, tid)
+        _store_rows(bU, rows * n, sU, 0, n, TT, tid, NT)
+    _store_rows(bH, rows * n, sU, n, n, TT, tid, NT)
     cute.arch.sync_threads()
     dh = cute.make_rmem_tensor((NPAD,), Float32)
     sgp = cute.make_rmem_tensor((n,), Float32)
     for j in cutlass.range_constexpr(NPAD):
         dh[j] = Float32(0.0)
-    if t < T:
+    if tid < TT and t < T:
         t64 = Int64(t)
         s = Float32(0.0)
         for j in cutlass.range_constexpr(N):
@@ -199,9 +203,9 @@ def _kernel(cfg: cutlass.Constexpr, dpre: cute.Pointer, proj: cute.Pointer, r: c
             for j in cutlass.range_constexpr(n):
                 cute.arch.store(hpre_t + (Int64(j) * T + t64), sgp[j])
     cute.arch.sync_threads()
-    _stage_out(dproj, row0 * LDP, rows * LDP, sD, 0, LDP, TT, tid)
+    _stage_out(dproj, row0 * LDP, rows * LDP, sD, 0, LDP, TT, tid, NT)
     if cutlass.const_expr(not cfg.DPROJ_ONLY):   # p_db[b] = the CTA's sums (columns N .. NPAD-1: sums of 0)
-        _cta_sums_store(dh, red, 0, tid, b, p_db, p_db, NPAD, NPAD, TT)
+        _cta_sums_store(dh, red, 0, tid, b, p_db, p_db, NPAD, NPAD, NT)   # threads past TT add zeros
 
 
 @cute.jit
@@ -209,7 +213,7 @@ def _host(cfg: cutlass.Constexpr, dpre: cute.Pointer, proj: cute.Pointer, r: cut
           dhpost: cute.Pointer, dlres: cute.Pointer, dproj: cute.Pointer, dr: cute.Pointer, hpre_t: cute.Pointer,
           p_db: cute.Pointer, a_pre: Float32, a_post: Float32, a_res: Float32, T: Int32, stream: CU.cuda.CUstream):
     k = _kernel(cfg, dpre, proj, r, bias, dhpost, dlres, dproj, dr, hpre_t, p_db, a_pre, a_post, a_res, T)
-    k.launch(grid=(cute.ceil_div(T, cfg.TT), 1, 1), block=(cfg.TT, 1, 1), stream=stream)
+    k.launch(grid=(cute.ceil_div(T, cfg.TT), 1, 1), block=(cfg.NT, 1, 1), stream=stream)
 
 
 @functools.lru_cache(maxsize=256)
