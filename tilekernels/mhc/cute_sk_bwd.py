@@ -71,9 +71,10 @@ class SkBwdCuteCfg:
 
     @property
     def smem_bytes(self) -> int:
-        """The staged rows of proj, dh_res and dlres (W + 1 floats a row), the step sums [ITERS * 2n, TT]."""
+        """The staged rows of proj, dh_res and dlres (W + 1 floats a row), the step sums [ITERS * 2n, TT] (one step's
+        room at ITERS = 0: a shared tensor has no empty shape)."""
         rows = [self.TT * (w + 1) * 4 for w in (self.N, self.n * self.n, self.NP * self.NP)]
-        return sum(-(-b // 16) * 16 for b in rows + [self.ITERS * 2 * self.n * self.TT * 4])
+        return sum(-(-b // 16) * 16 for b in rows + [max(self.ITERS, 1) * 2 * self.n * self.TT * 4])
 
 
 @cute.kernel
@@ -88,7 +89,7 @@ def _kernel(cfg: cutlass.Constexpr, proj: cute.Pointer, r: cute.Pointer, bias: c
     row0 = Int64(b) * TT
     smem = SmemAllocator()
     sP, sG, sD = _rows_smem(smem, TT, N), _rows_smem(smem, TT, nn), _rows_smem(smem, TT, NP * NP)
-    sums = smem.allocate_tensor(Float32, cute.make_layout((cfg.ITERS * 2 * n, TT), stride=(TT, 1)), 16)
+    sums = smem.allocate_tensor(Float32, cute.make_layout((max(cfg.ITERS, 1) * 2 * n, TT), stride=(TT, 1)), 16)
     # every load first (the rows of proj and dh_res, r, the res bias), then the rows into shared memory
     bP = cute.make_rmem_tensor((-(-N * TT // NT),), Float32)
     bG = cute.make_rmem_tensor((-(-nn * TT // NT),), Float32)
