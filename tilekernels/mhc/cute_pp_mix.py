@@ -42,13 +42,13 @@ from tilekernels import _cute as CU
 from tilekernels._glue import next_pow2
 
 from .cute_post_bda import _ptr
-from .cute_pre_rest import _alpha, _rows_smem, _stage_out
+from .cute_pre_rest import TokenCtaCfg, _alpha, _cta_tokens, _rows_smem, _stage_out, smem16
 
 _NAME = "mhc.cute_pp_mix"
 
 
 @dataclasses.dataclass(frozen=True)
-class PpMixCuteCfg:
+class PpMixCuteCfg(TokenCtaCfg):
     """Launch config (compile key). n: streams; NPAD: the planes' row length (a multiple of 4, >= N); SPLIT: planes;
     ITERS: Sinkhorn iterations; APPROX: approximate reciprocals in the Sinkhorn steps; TT: tokens a CTA (its first
     TT threads take one each); NT: threads a CTA (all load the planes and store the staged outputs: fewer loads a
@@ -66,21 +66,13 @@ class PpMixCuteCfg:
         if not (self.n >= 1 and self.NPAD >= self.N and self.NPAD % 4 == 0 and self.SPLIT >= 1 and self.ITERS >= 0):
             raise ValueError(f"PpMixCuteCfg: n >= 1, NPAD >= N = n*n + 2n and a multiple of 4, SPLIT >= 1, "
                              f"ITERS >= 0: {self}")
-        if self.TT % 32 or not 32 <= self.TT <= self.NT <= 1024 or self.NT % self.TT or (self.TT * self.Q) % self.NT:
-            raise ValueError(f"PpMixCuteCfg: TT a multiple of 32, TT <= NT <= 1024, NT a multiple of TT dividing the "
-                             f"CTA's TT * NPAD / 4 16-byte pieces a plane: {self}")
-        if self.smem_bytes > 48 * 1024:
-            raise ValueError(f"PpMixCuteCfg: {self.smem_bytes} bytes of shared memory, more than 48 KB: {self}")
+        self._check_cta((self.TT * self.Q) % self.NT != 0, ", dividing the CTA's TT * NPAD / 4 16-byte pieces a plane")
 
     @classmethod
     def heuristic(cls, n: int, NPAD: int, SPLIT: int, ITERS: int, APPROX: bool = True) -> "PpMixCuteCfg":
         """128 tokens a CTA; 512 threads (n = 4: two 16-byte loads a thread a plane, all 16 in flight at once), 128
         for n = 1 (at 256 or 512 threads ptxas gives that kernel an 8-byte stack frame)."""
         return cls(n=n, NPAD=NPAD, SPLIT=SPLIT, ITERS=ITERS, APPROX=APPROX, NT=128 if n == 1 else 512)
-
-    @property
-    def N(self) -> int:
-        return self.n * self.n + 2 * self.n
 
     @property
     def Q(self) -> int:
@@ -90,7 +82,7 @@ class PpMixCuteCfg:
     @property
     def smem_bytes(self) -> int:
         """The summed rows [TT, NPAD + 1] and the outputs' rows [TT, N + 1] (16-byte aligned allocations)."""
-        return sum(-(-(self.TT * (w + 1) * 4) // 16) * 16 for w in (self.NPAD, self.N))
+        return smem16(self.TT * (w + 1) * 4 for w in (self.NPAD, self.N))
 
 
 @cute.jit
@@ -141,11 +133,7 @@ def _kernel(cfg: cutlass.Constexpr, p_proj: cute.Pointer, p_ss: cute.Pointer, hb
             rms_eps: Float32, a_pre: Float32, a_post: Float32, a_res: Float32, sk_eps: Float32, T: Int32):
     n, N, NPAD, S, TT, NT, Q = cfg.n, cfg.N, cfg.NPAD, cfg.SPLIT, cfg.TT, cfg.NT, cfg.Q
     KL = TT * Q // NT   # 16-byte loads a thread a plane (the CTA's rows [rows, NPAD] are TT * Q of them)
-    tid, _, _ = cute.arch.thread_idx()
-    b, _, _ = cute.arch.block_idx()
-    t = b * TT + tid
-    rows = cutlass.min(T - b * TT, TT)
-    row0 = Int64(b) * TT
+    tid, b, t, rows, row0 = _cta_tokens(TT, T)
     cnt4 = rows * Q
     tc = Int64(cutlass.min(t, T - 1))
     smem = SmemAllocator()

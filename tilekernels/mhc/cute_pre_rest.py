@@ -53,8 +53,30 @@ from .cute_post_bda import _cta_sums_store, _ptr, _vec
 _NAME = "mhc.cute_pre_rest"
 
 
+def smem16(sizes) -> int:
+    """Bytes of shared memory of allocations of these sizes, each 16-byte aligned."""
+    return sum(-(-b // 16) * 16 for b in sizes)
+
+
+class TokenCtaCfg:
+    """What the configs of the SIMT token kernels here (cute_pre_rest, cute_pp_mix, cute_sk_bwd) share: n streams
+    (N = n*n + 2n projection columns), a CTA of NT threads over TT tokens, rows staged in at most 48 KB of shared
+    memory (``smem_bytes``)."""
+
+    @property
+    def N(self) -> int:
+        return self.n * self.n + 2 * self.n
+
+    def _check_cta(self, extra_bad: bool = False, extra: str = "") -> None:
+        name = type(self).__name__
+        if self.TT % 32 or not 32 <= self.TT <= self.NT <= 1024 or self.NT % self.TT or extra_bad:
+            raise ValueError(f"{name}: TT a multiple of 32, TT <= NT <= 1024, NT a multiple of TT{extra}: {self}")
+        if self.smem_bytes > 48 * 1024:
+            raise ValueError(f"{name}: {self.smem_bytes} bytes of shared memory, more than 48 KB: {self}")
+
+
 @dataclasses.dataclass(frozen=True)
-class PreRestCuteCfg:
+class PreRestCuteCfg(TokenCtaCfg):
     """Launch config (compile key, with dhpost's dtype). n: streams; NP: n padded to a power of two (dlres's rows);
     NPAD: p_db's row length (mhc_pre's padded projection width); LDP: dproj's row stride (N or NPAD); TT: tokens a
     CTA (the p_db tile: the caller's cdiv(T, TT) rows; its first TT threads take one each); NT: threads a CTA (all
@@ -72,22 +94,14 @@ class PreRestCuteCfg:
     def __post_init__(self):
         if not (self.n >= 1 and self.NP >= self.n and self.NPAD >= self.N and self.LDP in (self.N, self.NPAD)):
             raise ValueError(f"PreRestCuteCfg: NP >= n, NPAD >= N = n*n + 2n, LDP N or NPAD: {self}")
-        if self.TT % 32 or not 32 <= self.TT <= self.NT <= 1024 or self.NT % self.TT or self.NPAD > self.TT:
-            raise ValueError(f"PreRestCuteCfg: TT a multiple of 32, at least NPAD; TT <= NT <= 1024, NT a multiple of "
-                             f"TT: {self}")
-        if self.smem_bytes > 48 * 1024:
-            raise ValueError(f"PreRestCuteCfg: {self.smem_bytes} bytes of shared memory, more than 48 KB: {self}")
-
-    @property
-    def N(self) -> int:
-        return self.n * self.n + 2 * self.n
+        self._check_cta(self.NPAD > self.TT, ", TT at least NPAD")
 
     @property
     def smem_bytes(self) -> int:
         """The staged rows (proj, dlres, dpre | dhpost, dproj; W + 1 floats a row) and the p_db sums' buffers, with
         each allocation's 16-byte alignment."""
         tiles = [self.TT * (w + 1) * 4 for w in (self.N, self.NP * self.NP, 2 * self.n, self.LDP)]
-        return sum(-(-b // 16) * 16 for b in tiles + [2 * self.NT // 32 * self.NPAD * 4])
+        return smem16(tiles + [2 * self.NT // 32 * self.NPAD * 4])
 
 
 def _alpha(j: int, n: int, a_pre, a_post, a_res):
@@ -131,6 +145,14 @@ def _stage_out(dst: cute.Pointer, base, cnt, sm: cute.Tensor, c0: cutlass.Conste
             cute.arch.store(dst + (base + e), sm[e // W, c0 + e % W])
 
 
+def _cta_tokens(TT: int, T):
+    """(tid, b, t, rows, row0) of a token kernel's thread (traced inline): its thread and CTA index, its token
+    b * TT + tid, the CTA's token count (TT but in the last CTA) and first token (64-bit)."""
+    tid, _, _ = cute.arch.thread_idx()
+    b, _, _ = cute.arch.block_idx()
+    return tid, b, b * TT + tid, cutlass.min(T - b * TT, TT), Int64(b) * TT
+
+
 def _rows_smem(smem, TT: int, W: int):
     """[TT, W] fp32 shared tile, rows W + 1 apart (odd: a thread a row reads conflict-free)."""
     return smem.allocate_tensor(Float32, cute.make_layout((TT, W), stride=(W + 1, 1)), 16)
@@ -142,11 +164,7 @@ def _kernel(cfg: cutlass.Constexpr, dpre: cute.Pointer, proj: cute.Pointer, r: c
             p_db: cute.Pointer, a_pre: Float32, a_post: Float32, a_res: Float32, T: Int32):
     n, N, NP, NPAD, LDP, TT, NT = cfg.n, cfg.N, cfg.NP, cfg.NPAD, cfg.LDP, cfg.TT, cfg.NT
     NL = NP * NP
-    tid, _, _ = cute.arch.thread_idx()
-    b, _, _ = cute.arch.block_idx()
-    t = b * TT + tid
-    rows = cutlass.min(T - b * TT, TT)
-    row0 = Int64(b) * TT
+    tid, b, t, rows, row0 = _cta_tokens(TT, T)
     smem = SmemAllocator()
     sP, sL, sU, sD = (_rows_smem(smem, TT, w) for w in (N, NL, 2 * n, LDP))
     red = smem.allocate_tensor(Float32, cute.make_layout((2, NT // 32, NPAD), stride=(NT // 32 * NPAD, NPAD, 1)), 16)

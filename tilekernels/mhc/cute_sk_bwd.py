@@ -39,13 +39,13 @@ from tilekernels import _cute as CU
 
 from .cute_post_bda import _ptr
 from .cute_pp_mix import _recip
-from .cute_pre_rest import _load_rows, _rows_smem, _stage_out, _store_rows
+from .cute_pre_rest import TokenCtaCfg, _cta_tokens, _load_rows, _rows_smem, _stage_out, _store_rows, smem16
 
 _NAME = "mhc.cute_sk_bwd"
 
 
 @dataclasses.dataclass(frozen=True)
-class SkBwdCuteCfg:
+class SkBwdCuteCfg(TokenCtaCfg):
     """Launch config (compile key, with dh_res's dtype). n: streams; NP: n padded to a power of two (dlres's rows);
     ITERS: Sinkhorn steps; APPROX: approximate reciprocals; TT: tokens a CTA (its first TT threads take one each);
     NT: threads a CTA (all load the rows and store dlres)."""
@@ -60,21 +60,14 @@ class SkBwdCuteCfg:
     def __post_init__(self):
         if not (self.n >= 1 and self.NP >= self.n and self.ITERS >= 0):
             raise ValueError(f"SkBwdCuteCfg: n >= 1, NP >= n, ITERS >= 0: {self}")
-        if self.TT % 32 or not 32 <= self.TT <= self.NT <= 1024 or self.NT % self.TT:
-            raise ValueError(f"SkBwdCuteCfg: TT a multiple of 32, TT <= NT <= 1024, NT a multiple of TT: {self}")
-        if self.smem_bytes > 48 * 1024:
-            raise ValueError(f"SkBwdCuteCfg: {self.smem_bytes} bytes of shared memory, more than 48 KB: {self}")
-
-    @property
-    def N(self) -> int:
-        return self.n * self.n + 2 * self.n
+        self._check_cta()
 
     @property
     def smem_bytes(self) -> int:
         """The staged rows of proj, dh_res and dlres (W + 1 floats a row), the step sums [ITERS * 2n, TT] (one step's
         room at ITERS = 0: a shared tensor has no empty shape)."""
         rows = [self.TT * (w + 1) * 4 for w in (self.N, self.n * self.n, self.NP * self.NP)]
-        return sum(-(-b // 16) * 16 for b in rows + [max(self.ITERS, 1) * 2 * self.n * self.TT * 4])
+        return smem16(rows + [max(self.ITERS, 1) * 2 * self.n * self.TT * 4])
 
 
 @cute.kernel
@@ -82,11 +75,7 @@ def _kernel(cfg: cutlass.Constexpr, proj: cute.Pointer, r: cute.Pointer, bias: c
             dlres: cute.Pointer, a_res: Float32, eps: Float32, T: Int32):
     n, N, NP, TT, NT = cfg.n, cfg.N, cfg.NP, cfg.TT, cfg.NT
     nn = n * n
-    tid, _, _ = cute.arch.thread_idx()
-    b, _, _ = cute.arch.block_idx()
-    t = b * TT + tid
-    rows = cutlass.min(T - b * TT, TT)
-    row0 = Int64(b) * TT
+    tid, b, t, rows, row0 = _cta_tokens(TT, T)
     smem = SmemAllocator()
     sP, sG, sD = _rows_smem(smem, TT, N), _rows_smem(smem, TT, nn), _rows_smem(smem, TT, NP * NP)
     sums = smem.allocate_tensor(Float32, cute.make_layout((max(cfg.ITERS, 1) * 2 * n, TT), stride=(TT, 1)), 16)
