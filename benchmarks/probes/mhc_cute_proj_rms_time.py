@@ -36,7 +36,10 @@ from _gpu import bench, log_error, probe_record  # noqa: E402
 M, N, K = 32768, 24, 28672
 BF, F32 = torch.bfloat16, torch.float32
 # (session 21's "dxst", DXST=True: the variant's code is at 65426d5)
-AB = {"st4": dict(STAGES=4), "gm5": dict(GM=5), "gm8": dict(GM=8), "gm12": dict(GM=12), "gm14": dict(GM=14)}
+AB = {"st4": dict(STAGES=4), "gm5": dict(GM=5), "gm8": dict(GM=8), "gm12": dict(GM=12), "gm14": dict(GM=14),
+      # session 30: one CTA a channel slice walking every row tile (112 CTAs at K=28672, one wave, the CTAs side by
+      # side along a row band), two, six
+      "gm1": dict(GM=1), "gm1st4": dict(GM=1, STAGES=4), "gm2": dict(GM=2), "gm6": dict(GM=6)}
 
 
 def _registry_ab_rows(res, row, a, x, w, dproj, dr):
