@@ -28,8 +28,8 @@ Ideal traffic (T=32768, n=4, C=7168, bf16; s = one [T, n, C] stream = 1.879 GB, 
   dh_pre pass s + x, this pass 3s + 3x, dweight pass s: 5s + 4x = 11.3 GB (the separate ops: 18.8); SPLIT_DW
   4s + 4x = 9.4 GB plus its fp32 partials (dh_pre's 59 MB, the pre rows' 235 MB, each written and read once).
 
-Backend limits (the spec's entry): both toolchains (cuTile for the forward and the head, CuTe DSL for the
-pass), sm_90a, n <= 4, C % 8 == 0, bf16 residual / x / bias / weight, dweight's partials indexable in int32,
+Backend limits (the spec's entry): both toolchains (cuTile for the aggregate, the dh_pre pass where SPLIT_DW is off
+and the small reductions; CuTe DSL for the passes, the forward epilogue and the mix's kernels), sm_90a, n <= 4, C % 8 == 0, bf16 residual / x / bias / weight, dweight's partials indexable in int32,
 and the cuTile backend's own limits.
 """
 from __future__ import annotations
