@@ -85,35 +85,48 @@ class PpMixCuteCfg(TokenCtaCfg):
         return smem16(self.TT * (w + 1) * 4 for w in (self.NPAD, self.N))
 
 
+def _at(n: int, line: int, p: int, by_row: bool) -> int:
+    """Index in a row-major [n, n] of entry p of row ``line`` (by_row) or of column ``line``."""
+    return line * n + p if by_row else p * n + line
+
+
 @cute.jit
-def _sinkhorn(M: cute.Tensor, n: cutlass.Constexpr, iters: cutlass.Constexpr, eps: Float32,
-              approx: cutlass.Constexpr):
-    """M [n*n] (row-major logits in, the Sinkhorn matrix out), the cuTile entries kernel's steps and order:
-    exp(L - rowmax), then ``iters`` times rows scaled by 1 / (rowsum + eps), columns by 1 / (colsum + eps)."""
+def _exp_rowmax(M: cute.Tensor, n: cutlass.Constexpr):
+    """M [n*n] (row-major) = exp(M - rowmax(M)) in place: the Sinkhorn iterate M_0 from its logits."""
     for i in cutlass.range_constexpr(n):
         m = M[i * n]
         for k in cutlass.range_constexpr(1, n):
             m = cute.arch.fmax(m, M[i * n + k])
         for k in cutlass.range_constexpr(n):
             M[i * n + k] = cute.math.exp(M[i * n + k] - m)
+
+
+@cute.jit
+def _scale_line(M: cute.Tensor, n: cutlass.Constexpr, line: cutlass.Constexpr, by_row: cutlass.Constexpr,
+                eps: Float32, approx: cutlass.Constexpr) -> Float32:
+    """One Sinkhorn normalisation of row (by_row) or column ``line`` of M [n*n] in place: v = its sum (in index
+    order) + eps, the line scaled by 1 / v; returns v (cute_sk_bwd keeps it for the walk back)."""
+    v = M[_at(n, line, 0, by_row)]
+    for p in cutlass.range_constexpr(1, n):
+        v = v + M[_at(n, line, p, by_row)]
+    v = v + eps
+    d = _recip(v, approx)
+    for p in cutlass.range_constexpr(n):
+        M[_at(n, line, p, by_row)] = M[_at(n, line, p, by_row)] * d
+    return v
+
+
+@cute.jit
+def _sinkhorn(M: cute.Tensor, n: cutlass.Constexpr, iters: cutlass.Constexpr, eps: Float32,
+              approx: cutlass.Constexpr):
+    """M [n*n] (row-major logits in, the Sinkhorn matrix out), the cuTile entries kernel's steps and order:
+    exp(L - rowmax), then ``iters`` times rows scaled by 1 / (rowsum + eps), columns by 1 / (colsum + eps)."""
+    _exp_rowmax(M, n)
     for _ in cutlass.range(iters, unroll=1):
-        d = [None] * n   # this step's reciprocals (values of this iteration only)
         for i in cutlass.range_constexpr(n):
-            s = M[i * n]
-            for k in cutlass.range_constexpr(1, n):
-                s = s + M[i * n + k]
-            d[i] = _recip(s + eps, approx)
-        for i in cutlass.range_constexpr(n):
-            for k in cutlass.range_constexpr(n):
-                M[i * n + k] = M[i * n + k] * d[i]
+            _scale_line(M, n, i, True, eps, approx)
         for k in cutlass.range_constexpr(n):
-            s = M[k]
-            for i in cutlass.range_constexpr(1, n):
-                s = s + M[i * n + k]
-            d[k] = _recip(s + eps, approx)
-        for i in cutlass.range_constexpr(n):
-            for k in cutlass.range_constexpr(n):
-                M[i * n + k] = M[i * n + k] * d[k]
+            _scale_line(M, n, k, False, eps, approx)
 
 
 @cute.jit

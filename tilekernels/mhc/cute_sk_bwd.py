@@ -38,7 +38,7 @@ from cutlass.memory.smem import SmemAllocator
 from tilekernels import _cute as CU
 
 from .cute_post_bda import _ptr
-from .cute_pp_mix import _recip
+from .cute_pp_mix import _at, _exp_rowmax, _recip, _scale_line
 from .cute_pre_rest import TokenCtaCfg, _cta_tokens, _load_rows, _rows_smem, _stage_out, _store_rows, smem16
 
 _NAME = "mhc.cute_sk_bwd"
@@ -100,44 +100,16 @@ def _kernel(cfg: cutlass.Constexpr, proj: cute.Pointer, r: cute.Pointer, bias: c
         # forward: the steps' sums kept (step s at rows s * 2n .. s * 2n + 2n - 1 of ``sums``)
         for s in cutlass.range(cfg.ITERS, unroll=1):
             for i in cutlass.range_constexpr(n):
-                v = M[i * n]
-                for k in cutlass.range_constexpr(1, n):
-                    v = v + M[i * n + k]
-                v = v + eps
-                sums[s * (2 * n) + i, tid] = v
-                d = _recip(v, cfg.APPROX)
-                for k in cutlass.range_constexpr(n):
-                    M[i * n + k] = M[i * n + k] * d
+                sums[s * (2 * n) + i, tid] = _scale_line(M, n, i, True, eps, cfg.APPROX)
             for k in cutlass.range_constexpr(n):
-                v = M[k]
-                for i in cutlass.range_constexpr(1, n):
-                    v = v + M[i * n + k]
-                v = v + eps
-                sums[s * (2 * n) + n + k, tid] = v
-                d = _recip(v, cfg.APPROX)
-                for i in cutlass.range_constexpr(n):
-                    M[i * n + k] = M[i * n + k] * d
-        # backward: the steps walked back, M rebuilt from the kept sums
+                sums[s * (2 * n) + n + k, tid] = _scale_line(M, n, k, False, eps, cfg.APPROX)
+        # backward: the steps walked back, M rebuilt from the kept sums (the column step, then the row step)
         for q in cutlass.range(cfg.ITERS, unroll=1):
             s = cfg.ITERS - 1 - q
-            for k in cutlass.range_constexpr(n):   # column step
-                cs = sums[s * (2 * n) + n + k, tid]
-                v = g[k] * M[k]
-                for i in cutlass.range_constexpr(1, n):
-                    v = v + g[i * n + k] * M[i * n + k]
-                d = _recip(cs, cfg.APPROX)
-                for i in cutlass.range_constexpr(n):
-                    g[i * n + k] = (g[i * n + k] - v) * d
-                    M[i * n + k] = M[i * n + k] * cs
-            for i in cutlass.range_constexpr(n):   # row step
-                rs = sums[s * (2 * n) + i, tid]
-                v = g[i * n] * M[i * n]
-                for k in cutlass.range_constexpr(1, n):
-                    v = v + g[i * n + k] * M[i * n + k]
-                d = _recip(rs, cfg.APPROX)
-                for k in cutlass.range_constexpr(n):
-                    g[i * n + k] = (g[i * n + k] - v) * d
-                    M[i * n + k] = M[i * n + k] * rs
+            for k in cutlass.range_constexpr(n):
+                _unscale_line(g, M, n, k, False, sums[s * (2 * n) + n + k, tid], cfg.APPROX)
+            for i in cutlass.range_constexpr(n):
+                _unscale_line(g, M, n, i, True, sums[s * (2 * n) + i, tid], cfg.APPROX)
         # through M_0 = exp(L - rowmax(L)): the logits again from the staged row (not live through the loops)
         _m0(M, sP, tid, rr, a_res, bv, n)
         for i in cutlass.range_constexpr(n):
@@ -171,12 +143,24 @@ def _logit(sP: cute.Tensor, tid, rr: Float32, a_res: Float32, bv: cute.Tensor, n
 @cute.jit
 def _m0(M: cute.Tensor, sP: cute.Tensor, tid, rr: Float32, a_res: Float32, bv: cute.Tensor, n: cutlass.Constexpr):
     """M = exp(L - rowmax(L)) (M [n*n], row-major)."""
-    for i in cutlass.range_constexpr(n):
-        m = _logit(sP, tid, rr, a_res, bv, n, i, 0)
-        for k in cutlass.range_constexpr(1, n):
-            m = cute.arch.fmax(m, _logit(sP, tid, rr, a_res, bv, n, i, k))
-        for k in cutlass.range_constexpr(n):
-            M[i * n + k] = cute.math.exp(_logit(sP, tid, rr, a_res, bv, n, i, k) - m)
+    for j in cutlass.range_constexpr(n * n):
+        M[j] = _logit(sP, tid, rr, a_res, bv, n, j // n, j % n)
+    _exp_rowmax(M, n)
+
+
+@cute.jit
+def _unscale_line(g: cute.Tensor, M: cute.Tensor, n: cutlass.Constexpr, line: cutlass.Constexpr,
+                  by_row: cutlass.Constexpr, w: Float32, approx: cutlass.Constexpr):
+    """One Sinkhorn normalisation of row (by_row) or column ``line`` walked back, w = the line's kept sum + eps: the
+    gradient g = (g - sum(g * M)) / w along the line (M the step's result), then M *= w (the iterate before it)."""
+    v = g[_at(n, line, 0, by_row)] * M[_at(n, line, 0, by_row)]
+    for p in cutlass.range_constexpr(1, n):
+        v = v + g[_at(n, line, p, by_row)] * M[_at(n, line, p, by_row)]
+    d = _recip(w, approx)
+    for p in cutlass.range_constexpr(n):
+        e = _at(n, line, p, by_row)
+        g[e] = (g[e] - v) * d
+        M[e] = M[e] * w
 
 
 @cute.jit
