@@ -73,9 +73,13 @@ def _row_fn(spec: str):
     return (lambda a: fused(a, name)), changes
 
 
+# cute_post_pre's module switches a row may set (NAME=0/1)
+FLAGS = ("FUSE_FWD", "FUSE_DHW", "SPLIT_DW", "CUTE_REST", "CUTE_MIX", "CUTE_SK")
+
+
 class _patched:
     """Within the block: the cute backward pass's heuristic replaced by a copy with ``changes`` (ints), and
-    cute_post_pre.FUSE_FWD set when asked."""
+    cute_post_pre's switches (FLAGS) set when asked."""
 
     def __init__(self, changes: dict):
         self.changes = dict(changes)
@@ -98,23 +102,14 @@ class _patched:
         from tilekernels.mhc import cutile_pre as P
 
         self.P, self.preheur = P, P.PreCfg.__dict__["heuristic"]
-        self.fuse, self.heur = cpp.FUSE_FWD, K.PostPreBwdCuteCfg.heuristic
-        self.dfuse, self.dheur = cpp.FUSE_DHW, D.PostPreDhwCuteCfg.__dict__["heuristic"]
-        self.sdw, self.crest, self.cmix, self.csk = cpp.SPLIT_DW, cpp.CUTE_REST, cpp.CUTE_MIX, cpp.CUTE_SK
+        self.heur = K.PostPreBwdCuteCfg.heuristic
+        self.dheur = D.PostPreDhwCuteCfg.__dict__["heuristic"]
+        self.flags = {f: getattr(cpp, f) for f in FLAGS}
         self.fheur = F.PostPreFwdCuteCfg.__dict__["heuristic"]
         ch = {k: int(v) for k, v in self.changes.items()}
-        if "FUSE_FWD" in ch:
-            cpp.FUSE_FWD = bool(ch.pop("FUSE_FWD"))
-        if "FUSE_DHW" in ch:
-            cpp.FUSE_DHW = bool(ch.pop("FUSE_DHW"))
-        if "SPLIT_DW" in ch:
-            cpp.SPLIT_DW = bool(ch.pop("SPLIT_DW"))
-        if "CUTE_REST" in ch:
-            cpp.CUTE_REST = bool(ch.pop("CUTE_REST"))
-        if "CUTE_MIX" in ch:
-            cpp.CUTE_MIX = bool(ch.pop("CUTE_MIX"))
-        if "CUTE_SK" in ch:
-            cpp.CUTE_SK = bool(ch.pop("CUTE_SK"))
+        for f in FLAGS:
+            if f in ch:
+                setattr(cpp, f, bool(ch.pop(f)))
         prech = {k[4:]: ch.pop(k) for k in list(ch) if k.startswith("PRE_")}
         if prech:   # mhc_pre's cuTile config (PreCfg fields, e.g. PRE_TT_R=32)
             preinner = self.preheur.__func__.__wrapped__
@@ -145,12 +140,8 @@ class _patched:
             K.PostPreBwdCuteCfg.heuristic = lambda n, C, N, hb, CW=32: dataclasses.replace(orig(n, C, N, hb, cw), **ch)
 
     def __exit__(self, *exc):
-        self.cpp.FUSE_FWD = self.fuse
-        self.cpp.FUSE_DHW = self.dfuse
-        self.cpp.CUTE_REST = self.crest
-        self.cpp.CUTE_MIX = self.cmix
-        self.cpp.CUTE_SK = self.csk
-        self.cpp.SPLIT_DW = self.sdw
+        for f, v in self.flags.items():
+            setattr(self.cpp, f, v)
         self.D.PostPreDhwCuteCfg.heuristic = self.dheur
         self.DD.PostPreDhdwCuteCfg.heuristic = self.ddheur
         self.P.PreCfg.heuristic = self.preheur
