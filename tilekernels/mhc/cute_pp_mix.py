@@ -146,9 +146,8 @@ def _kernel(cfg: cutlass.Constexpr, p_proj: cute.Pointer, p_ss: cute.Pointer, hb
             rms_eps: Float32, a_pre: Float32, a_post: Float32, a_res: Float32, sk_eps: Float32, T: Int32):
     n, N, NPAD, S, TT, NT, Q = cfg.n, cfg.N, cfg.NPAD, cfg.SPLIT, cfg.TT, cfg.NT, cfg.Q
     KL = TT * Q // NT   # 16-byte loads a thread a plane (the CTA's rows [rows, NPAD] are TT * Q of them)
-    tid, b, t, rows, row0 = _cta_tokens(TT, T)
+    tid, b, t, rows, row0, tc = _cta_tokens(TT, T)
     cnt4 = rows * Q
-    tc = Int64(cutlass.min(t, T - 1))
     smem = SmemAllocator()
     sS, sO = _rows_smem(smem, TT, NPAD), _rows_smem(smem, TT, N)
     # every load first: hbias, the squares' partials, then the planes in order, summed as they land

@@ -146,11 +146,14 @@ def _stage_out(dst: cute.Pointer, base, cnt, sm: cute.Tensor, c0: cutlass.Conste
 
 
 def _cta_tokens(TT: int, T):
-    """(tid, b, t, rows, row0) of a token kernel's thread (traced inline): its thread and CTA index, its token
-    b * TT + tid, the CTA's token count (TT but in the last CTA) and first token (64-bit)."""
+    """(tid, b, t, rows, row0, tc) of a token kernel's thread (traced inline): its thread and CTA index, its token
+    b * TT + tid, the CTA's token count (TT but in the last CTA), its first token (64-bit), and tc, the token (64-bit,
+    clamped to T - 1) whose per-token values the thread loads: threads past TT (NT > TT) repeat the first TT's
+    addresses, so their loads fetch nothing the CTA does not read anyway."""
     tid, _, _ = cute.arch.thread_idx()
     b, _, _ = cute.arch.block_idx()
-    return tid, b, b * TT + tid, cutlass.min(T - b * TT, TT), Int64(b) * TT
+    return (tid, b, b * TT + tid, cutlass.min(T - b * TT, TT), Int64(b) * TT,
+            Int64(cutlass.min(b * TT + tid % TT, T - 1)))
 
 
 def _rows_smem(smem, TT: int, W: int):
@@ -164,7 +167,7 @@ def _kernel(cfg: cutlass.Constexpr, dpre: cute.Pointer, proj: cute.Pointer, r: c
             p_db: cute.Pointer, a_pre: Float32, a_post: Float32, a_res: Float32, T: Int32):
     n, N, NP, NPAD, LDP, TT, NT = cfg.n, cfg.N, cfg.NP, cfg.NPAD, cfg.LDP, cfg.TT, cfg.NT
     NL = NP * NP
-    tid, b, t, rows, row0 = _cta_tokens(TT, T)
+    tid, b, t, rows, row0, tc = _cta_tokens(TT, T)
     smem = SmemAllocator()
     sP, sL, sU, sD = (_rows_smem(smem, TT, w) for w in (N, NL, 2 * n, LDP))
     red = smem.allocate_tensor(Float32, cute.make_layout((2, NT // 32, NPAD), stride=(NT // 32 * NPAD, NPAD, 1)), 16)
@@ -179,7 +182,7 @@ def _kernel(cfg: cutlass.Constexpr, dpre: cute.Pointer, proj: cute.Pointer, r: c
     if cutlass.const_expr(not cfg.DPROJ_ONLY):
         _load_rows(dpre, row0 * n, rows * n, bU, n, TT, tid, NT)
     _load_rows(dhpost, row0 * n, rows * n, bH, n, TT, tid, NT)
-    rr = cute.arch.load(r + Int64(cutlass.min(t, T - 1)), Float32)
+    rr = cute.arch.load(r + tc, Float32)
     bv = cute.make_rmem_tensor((N,), Float32)
     for j in cutlass.range_constexpr(N):
         bv[j] = cute.arch.load(bias + j, Float32)

@@ -75,7 +75,7 @@ def _kernel(cfg: cutlass.Constexpr, proj: cute.Pointer, r: cute.Pointer, bias: c
             dlres: cute.Pointer, a_res: Float32, eps: Float32, T: Int32):
     n, N, NP, TT, NT = cfg.n, cfg.N, cfg.NP, cfg.TT, cfg.NT
     nn = n * n
-    tid, b, t, rows, row0 = _cta_tokens(TT, T)
+    tid, b, t, rows, row0, tc = _cta_tokens(TT, T)
     smem = SmemAllocator()
     sP, sG, sD = _rows_smem(smem, TT, N), _rows_smem(smem, TT, nn), _rows_smem(smem, TT, NP * NP)
     sums = smem.allocate_tensor(Float32, cute.make_layout((max(cfg.ITERS, 1) * 2 * n, TT), stride=(TT, 1)), 16)
@@ -84,7 +84,7 @@ def _kernel(cfg: cutlass.Constexpr, proj: cute.Pointer, r: cute.Pointer, bias: c
     bG = cute.make_rmem_tensor((-(-nn * TT // NT),), Float32)
     _load_rows(proj, row0 * N, rows * N, bP, N, TT, tid, NT)
     _load_rows(dhres, row0 * nn, rows * nn, bG, nn, TT, tid, NT)
-    rr = cute.arch.load(r + Int64(cutlass.min(t, T - 1)), Float32)
+    rr = cute.arch.load(r + tc, Float32)
     bv = cute.make_rmem_tensor((nn,), Float32)
     for j in cutlass.range_constexpr(nn):
         bv[j] = cute.arch.load(bias + (2 * n + j), Float32)
