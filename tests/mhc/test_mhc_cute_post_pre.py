@@ -389,31 +389,24 @@ def test_cute_split_dw_is_deterministic_and_drops_the_dweight_pass():
     assert "SkBwdCuteCfg" in names and "mhc_pre_bwd_sk" not in names, names
 
 
-@on_gpu
-@pytest.mark.parametrize("c", [GPU_CASES[0], GPU_CASES[2], dict(T=129, n=4, C=7168, h=BF16, bias=True)], ids=case_id)
-def test_cute_with_cutile_sinkhorn_bwd_matches_float64(c, monkeypatch):
-    """CUTE_SK off (the mix's Sinkhorn backward as cuTile's mhc_pre_bwd_sk, mhc_pre's own kernel; every other GPU test
-    here runs cute_sk_bwd's): the same float64 checks, and the kernel list has the cuTile kernel and not the CuTe
-    one."""
-    from tilekernels.mhc import cute_post_pre as cpp
-
-    monkeypatch.setattr(cpp, "CUTE_SK", False)
-    run_cutile(c, backend="cute")
-    names = _twice_bitwise_equal(T=c["T"], n=c["n"], C=c["C"])
-    assert "mhc_pre_bwd_sk" in names and "SkBwdCuteCfg" not in names, names
+# the mix's kernels, each a CuTe DSL kernel by default: (cute_post_pre's switch, the cuTile kernel it stands in for,
+# the CuTe DSL kernel's config name)
+MIX_SWITCHES = [("CUTE_SK", "mhc_pre_bwd_sk", "SkBwdCuteCfg"), ("CUTE_REST", "mhc_pre_bwd_rest", "PreRestCuteCfg")]
 
 
 @on_gpu
+@pytest.mark.parametrize("flag,cutile,cute", MIX_SWITCHES, ids=[m[0] for m in MIX_SWITCHES])
 @pytest.mark.parametrize("c", [GPU_CASES[0], GPU_CASES[2], dict(T=129, n=4, C=7168, h=BF16, bias=True)], ids=case_id)
-def test_cute_with_cutile_rest_matches_float64(c, monkeypatch):
-    """CUTE_REST off (the mix's rest as cuTile's mhc_pre_bwd_rest, mhc_pre's own kernel; every other GPU test here
-    runs cute_pre_rest's): the same float64 checks, and the kernel list has the cuTile rest and not the CuTe one."""
+def test_cute_with_cutile_mix_kernel_matches_float64(c, flag, cutile, cute, monkeypatch):
+    """One of the mix's CuTe DSL kernels switched off (CUTE_SK: the Sinkhorn backward as cuTile's mhc_pre_bwd_sk;
+    CUTE_REST: the rest as cuTile's mhc_pre_bwd_rest; mhc_pre's own kernels; every other GPU test here runs the CuTe
+    ones): the same float64 checks, and the kernel list has the cuTile kernel and not the CuTe one."""
     from tilekernels.mhc import cute_post_pre as cpp
 
-    monkeypatch.setattr(cpp, "CUTE_REST", False)
+    monkeypatch.setattr(cpp, flag, False)
     run_cutile(c, backend="cute")
     names = _twice_bitwise_equal(T=c["T"], n=c["n"], C=c["C"])
-    assert "mhc_pre_bwd_rest" in names and "PreRestCuteCfg" not in names, names
+    assert cutile in names and cute not in names, names
 
 
 @on_gpu
