@@ -7,10 +7,13 @@ M a runtime scalar). GPU (marked ``gpu``): dx and dweight against the float64 re
 odd, one past a row tile and many tiles (row groups > 1), N = 3, 8, 15, 24, 32 (n = 1..4, and the
 widest the backend takes), K from 8 (one slice, half of it past K) to 28672 with slice tails
 (K % 256 != 0, the second warpgroup's half entirely past K); M = 0 gives dweight = 0; two calls
-are bitwise equal (fixed-order dweight sums).
+are bitwise equal (fixed-order dweight sums). AGG_C (mhc_pre's dx pass, ``bwd_agg_into``): dx gains
+h_pre[t, k // C] * dlayer_in[t, k % C]; C a multiple of the 128-channel warpgroup half (its loads issued before
+the tile's wait) or not (loaded in the epilogue; C = 64: a half spans two streams), against float64.
 """
 from __future__ import annotations
 
+import dataclasses
 import re
 
 import pytest
@@ -70,6 +73,47 @@ def test_dweight_only_compiles_for_sm90a(N, K):
     assert "cp.async.bulk.tensor.2d.global.shared::cta" not in art.ptx
 
 
+# (N, K) of mhc_pre's shapes: n = 4, C = 7168 (each warpgroup's half in one stream: early loads); n = 2, C = 100
+# and n = 3, C = 1000 (per-pair loads in the epilogue); n = 1, C = 8 (one slice, mostly past K); n = 4, C = 64
+AGG_COMPILE = [(24, 28672), (8, 200), (15, 3000), (3, 8), (24, 256)]
+
+
+@pytest.mark.parametrize("N,K", AGG_COMPILE, ids=[f"N{n}-K{k}" for n, k in AGG_COMPILE])
+def test_bwd_agg_compiles_for_sm90a(N, K):
+    """AGG_C: no spills (its consumers take 240 registers, the producer 24), the same wgmmas, and the aggregate
+    term's loads: with C % 128 == 0 (AGG_SM) the tile by 8 16-byte loads a thread and h_pre's two rows; else a column
+    pair's word and its h_pre (in the epilogue). The plain backward has none."""
+    art = cpr.representative_launches(N, K)["bwd_agg"].export("sm_90a")
+    res = list(cubin_resources(art.cubin).values())
+    assert len(res) == 1 and res[0]["frame"] == 0, f"register spills or a local array: {res}"
+    need, have = setmaxnreg_budget(art)
+    assert 0 < need <= have, (need, have)
+    assert re.findall(r"setmaxnreg\.(\w+)\.sync\.aligned\.u32\s+(\d+)", art.ptx) == [("dec", "24"), ("inc", "240")]
+    assert not unfenced_releases(art.ptx)
+    NP = 16 if N <= 16 else 32
+    mmas = re.findall(r"wgmma\.mma_async\.sync\.aligned\.(m64n\d+k16)\.f32\.bf16\.bf16", art.ptx)
+    assert set(mmas) == {"m64n128k16"} and len(mmas) == 2 * NP // 16 + 4, mmas
+    words = len(re.findall(r"ld\.global\.b32", art.ptx))
+    n = next(n for n in range(1, 9) if n * n + 2 * n == N)
+    uni = (K // n) % 128 == 0   # AGG_SM (the default) applies: the tile by 16-byte loads, h_pre's two rows by words
+    assert words == (2 if uni else 64), words
+    assert len(re.findall(r"ld\.global\.v4\.b32", art.ptx)) == (8 if uni else 0)
+    assert "ld.global.b32" not in cpr.representative_launches(N, K)["bwd"].export("sm_90a").ptx
+
+
+def test_bwd_agg_shared_tile_compiles_for_sm90a():
+    """AGG_SM (with AGG_PF): dlayer_in by 8 16-byte loads a thread, 8 16-byte shared stores, no spills, within shared
+    memory."""
+    cfg = dataclasses.replace(cpr.ProjRmsBwdCuteCfg.heuristic(24, 28672), AGG_C=7168, AGG_PF=True)
+    assert cfg.smem_bytes <= 225 * 1024
+    art = cpr.bwd_launch(cfg).export("sm_90a")
+    res = list(cubin_resources(art.cubin).values())
+    assert len(res) == 1 and res[0]["frame"] == 0, f"register spills or a local array: {res}"
+    assert len(re.findall(r"ld\.global\.v4\.b32", art.ptx)) == 16   # the first tile's before the loop, then the next's
+    assert len(re.findall(r"st\.shared(?:::cta)?\.v4\.b32", art.ptx)) >= 8
+    assert len(re.findall(r"ld\.global\.b32", art.ptx)) == 2   # h_pre's two rows
+
+
 def test_config_limits():
     with pytest.raises(ValueError, match="N <= NP"):
         cpr.ProjRmsBwdCuteCfg(N=33, K=64)
@@ -77,6 +121,9 @@ def test_config_limits():
         cpr.ProjRmsBwdCuteCfg(N=24, K=100)
     assert cpr.ProjRmsBwdCuteCfg.heuristic(8, 64).NP == 16 and cpr.ProjRmsBwdCuteCfg.heuristic(24, 64).NP == 32
     assert cpr.ProjRmsBwdCuteCfg.heuristic(24, 28672).smem_bytes <= 225 * 1024
+    for bad in (dict(AGG_C=7), dict(AGG_C=7000), dict(AGG_C=7168, DW_ONLY=True)):
+        with pytest.raises(ValueError, match="aggregate term"):
+            cpr.ProjRmsBwdCuteCfg(N=24, K=28672, **bad)
 
 
 def test_limits_are_explained():
@@ -201,3 +248,82 @@ def test_unaligned_views():
     gx, gw = ref.proj_rms_bwd(upcast(dproj), upcast(dr), upcast(x), upcast(w), upcast(r), 1e-6)
     assert_close(dx, gx, what="dx")
     assert_close(dw, gw, what="dweight")
+
+
+# mhc_pre's dx pass (AGG_C): (T, n, C); C % 128 == 0 (7168, 128, 256) or not (200, 1000, 264, 136, 64: a half spans two
+# streams, 8: one slice mostly past K); T = 1, odd, one past a row tile, many tiles (row groups > 1)
+AGG_CASES = [dict(T=T, n=n, C=C) for T, n, C in [
+    (1, 4, 7168), (65, 4, 200), (1000, 3, 1000), (129, 1, 264), (37, 2, 128), (4099, 4, 7168), (300, 4, 136),
+    (5, 4, 64), (70, 1, 8), (64, 4, 256), (2000, 2, 7168)]]
+
+
+def _agg_inputs(T, n, C):
+    N = n * n + 2 * n
+    x = torch.randn(T, n, C, device="cuda").to(BF)
+    w = (torch.randn(N, n * C, device="cuda") * (n * C) ** -0.5).to(BF)
+    dproj, dr = torch.randn(T, N, device="cuda"), torch.randn(T, device="cuda")
+    r = ref.proj_rms(x.view(T, n * C).float(), w.float(), 1e-6)[1].float()
+    dl = torch.randn(T, C, device="cuda").to(BF)
+    hpre_t = torch.rand(n, T, device="cuda")   # sigmoid's range
+    return x, w, dproj, dr, r, dl, hpre_t
+
+
+@on_gpu
+@pytest.mark.parametrize("c", AGG_CASES, ids=[case_id(c) for c in AGG_CASES])
+def test_bwd_agg_matches_float64(c):
+    """bwd_agg_into: dx = proj_rms's dx + h_pre * dlayer_in and dweight against float64, NaN-poisoned outputs (bf16
+    tolerance: both are bf16); the aggregate term is O(1), the same size as the rest of dx, so a wrong row, stream or
+    channel in it fails; two calls bitwise equal."""
+    T, n, C = c["T"], c["n"], c["C"]
+    x, w, dproj, dr, r, dl, hpre_t = _agg_inputs(T, n, C)
+    dx = torch.full_like(x, float("nan"))
+    dw = torch.full_like(w, float("nan"))
+    cpr.bwd_agg_into(dproj, dr, x, w, r, dl, hpre_t, dx, dw, 1e-6)
+    gx, gw = ref.proj_rms_bwd(upcast(dproj), upcast(dr), upcast(x).view(T, n * C), upcast(w), upcast(r), 1e-6)
+    gx = gx.view(T, n, C) + upcast(hpre_t).t()[:, :, None] * upcast(dl)[:, None, :]
+    assert_close(dx, gx, what="dx")
+    assert_close(dw, gw, what="dweight")
+    dx2, dw2 = torch.empty_like(dx), torch.empty_like(dw)
+    cpr.bwd_agg_into(dproj, dr, x, w, r, dl, hpre_t, dx2, dw2, 1e-6)
+    assert torch.equal(dx, dx2) and torch.equal(dw, dw2), "two calls differ"
+
+
+@on_gpu
+def test_bwd_agg_empty_and_views():
+    """T = 0 gives dweight = 0; a dlayer_in view 2 bytes past a 16-byte boundary and a non-contiguous h_pre^T go
+    through copies."""
+    x, w, dproj, dr, r, dl, hpre_t = _agg_inputs(0, 4, 256)
+    dw = torch.full_like(w, float("nan"))
+    cpr.bwd_agg_into(dproj, dr, x, w, r, dl, hpre_t, torch.empty_like(x), dw, 1e-6)
+    assert torch.equal(dw, torch.zeros_like(dw))
+    T, n, C = 77, 3, 256
+    x, w, dproj, dr, r, dl, hpre_t = _agg_inputs(T, n, C)
+    base = torch.empty(T * C + 1, dtype=BF, device="cuda")
+    dlv = base[1:].view(T, C)
+    dlv.copy_(dl)
+    hp_nc = hpre_t.t().contiguous().t()   # [n, T] with strides (1, n)
+    dx = torch.full_like(x, float("nan"))
+    dw = torch.full_like(w, float("nan"))
+    cpr.bwd_agg_into(dproj, dr, x, w, r, dlv, hp_nc, dx, dw, 1e-6)
+    want = torch.empty_like(dx)
+    cpr.bwd_agg_into(dproj, dr, x, w, r, dl, hpre_t, want, torch.empty_like(dw), 1e-6)
+    assert torch.equal(dx, want)
+
+
+@on_gpu
+@pytest.mark.parametrize("T,n,C", [(4099, 4, 7168), (37, 2, 128), (65, 3, 256), (1, 4, 512)], ids=lambda v: str(v))
+def test_bwd_agg_variants_bitwise(T, n, C):
+    """The slice orders (CHM), the shared-memory dlayer_in tile (AGG_SM) and its loads a tile ahead (AGG_PF) change
+    who loads and computes what, when, not the arithmetic: dx and dweight bitwise the default's."""
+    x, w, dproj, dr, r, dl, hpre_t = _agg_inputs(T, n, C)
+    N = w.shape[0]
+    outs = []
+    for kw in ({}, dict(CHM=False), dict(AGG_SM=False), dict(AGG_SM=False, CHM=False), dict(AGG_PF=True)):
+        cfg = dataclasses.replace(cpr.ProjRmsBwdCuteCfg.heuristic(N, n * C), AGG_C=C, **kw)
+        dx, dw = torch.full_like(x, float("nan")), torch.full_like(w, float("nan"))
+        cpr.bwd_agg_into(dproj, dr, x, w, r, dl, hpre_t, dx, dw, 1e-6, cfg=cfg)
+        outs.append((dx, dw))
+    gx, gw = ref.proj_rms_bwd(upcast(dproj), upcast(dr), upcast(x).view(T, n * C), upcast(w), upcast(r), 1e-6)
+    assert_close(outs[0][0], gx.view(T, n, C) + upcast(hpre_t).t()[:, :, None] * upcast(dl)[:, None, :], what="dx")
+    for dx, dw in outs[1:]:
+        assert torch.equal(dx, outs[0][0]) and torch.equal(dw, outs[0][1])

@@ -8,6 +8,13 @@ fp32 (the forward's), all contiguous ->
 
 (``reference.proj_rms_bwd``; rms = ||x|| / sqrt(K) comes back from the saved r, so x is read once.)
 
+mhc_pre's dx pass is the same kernel with the aggregate term (cfg.AGG_C = C, ``bwd_agg_into``): x is mhc_pre's
+streams [M, n, C] seen as [M, K = n C], and dx[t, k] += h_pre[t, k // C] * dlayer_in[t, k % C] (dlayer_in [M, C]
+bf16, h_pre^T [n, M] fp32, the mix's). With C % 128 == 0 (AGG_SM, the default there) each consumer warpgroup reads
+its dlayer_in tile [64, 128] by 16-byte loads issued before the stage wait and hands it to the accumulator's
+threads through a padded shared tile (one more warpgroup barrier a tile); the n stream slices of a channel are
+adjacent in block order (CHM). Other C: each thread loads its own column pairs in the epilogue.
+
 Why a second backend: the cuTile kernel (cutile_proj_rms.py) moves x and dx at ~85% of the copy
 bandwidth and is not tensor-core bound; here the loads of x run ahead of the math in a TMA ring, the
 tensor-core work is 8 wgmmas a tile, and dx leaves by TMA.
@@ -61,7 +68,9 @@ import cutlass
 import cutlass.cute as cute
 import cutlass.pipeline as pipeline
 import cutlass.utils.hopper_helpers as sm90_utils
-from cutlass import BFloat16, Float32, Int32, const_expr
+from cutlass import BFloat16, Float32, Int32, Int64, const_expr
+from cutlass._mlir import ir
+from cutlass._mlir.dialects import vector
 from cutlass.cute.nvgpu import cpasync, warpgroup
 from cutlass.utils import LayoutEnum
 
@@ -73,6 +82,7 @@ from . import cute_proj_rms_fwd as _fwd
 _NAME = "mhc.cute_proj_rms"
 THREADS = 384
 PRODUCER_REGS, CONSUMER_REGS = 40, 232
+AGG_REGS = (24, 240)   # AGG_C's split: the early dlayer_in loads hold 32 more registers a consumer thread
 HALF = 128  # channels a consumer warpgroup owns
 
 
@@ -92,12 +102,30 @@ class ProjRmsBwdCuteCfg:
     STAGES: int = 3
     GM: int = 7
     DW_ONLY: bool = False   # dweight's partials only (no dx: no r, dr loads, no dx products or stores)
+    # mhc_pre's aggregate term in dx (0: none): x is mhc_pre's [M, n, C] streams seen as [M, K = n C] and
+    # dx[t, k] += h_pre[t, k // C] * dlayer_in[t, k % C] with C = AGG_C (h_pre given transposed, [n, M] fp32)
+    AGG_C: int = 0
+    # with AGG_C % BK == 0: block x walks the slices channel-major (the n streams' slices of a channel adjacent, so
+    # they run together and dlayer_in's tile comes from DRAM once, then from L2); False: stream-major (slice order).
+    # H200, T=32768, n=4, C=7168: 1570 us against 1641 with per-thread loads, the same (1404 / 1407) with AGG_SM
+    CHM: bool = True
+    # with AGG_C % HALF == 0: dlayer_in's tile read by 16-byte coalesced loads and passed to the accumulator's
+    # threads through shared memory (rows padded to HALF + 8: conflict-free 4-byte reads; one more warpgroup barrier a
+    # tile); False: each thread loads its own column pairs (4-byte loads, 8 rows a warp instruction: 1570 us against
+    # 1402-1404, cuTile's pass 1424; the mHC ledger, session 31)
+    AGG_SM: bool = True
+    # AGG_SM: the next row tile's dlayer_in loads issued right after this tile's went to shared memory (a tile of
+    # latency to land); False: at the top of the tile's iteration (measured the same or faster: 1404 against 1423)
+    AGG_PF: bool = False
 
     def __post_init__(self):
         if not (1 <= self.N <= self.NP and self.NP in (16, 32) and self.BM == 64 and self.BK == 2 * HALF
                 and self.K % 8 == 0 and self.K > 0 and self.STAGES >= 3 and self.GM >= 1):
             raise ValueError(f"mhc_proj_rms cute: config {self}: needs N <= NP in (16, 32), BM 64, BK {2 * HALF}, "
                              f"K % 8 == 0, STAGES >= 3 (the dweight sums reuse 3 x buffers)")
+        if self.AGG_C and (self.DW_ONLY or self.AGG_C % 2 or self.K % self.AGG_C):
+            raise ValueError(f"mhc_proj_rms cute: config {self}: the aggregate term needs dx (not DW_ONLY), an even "
+                             f"AGG_C and K % AGG_C == 0")
         if self.smem_bytes > 225 * 1024:
             raise ValueError(f"mhc_proj_rms cute: config {self} needs {self.smem_bytes} bytes of shared memory")
 
@@ -113,7 +141,12 @@ class ProjRmsBwdCuteCfg:
         w = 2 * HALF * 64 * 2
         hl = 2 * self.BM * 64 * 2
         rows = self.STAGES * self.BM * (self.N + 2) * 4   # dproj, r, dr per stage (r, dr unused by DW_ONLY)
-        return x + w + hl + rows + 2 * self.BM * 4 * self.STAGES + 2 * self.STAGES * 8 + 1024
+        dl = 2 * self.BM * (HALF + 8) * 2 if self._agg_sm else 0
+        return x + w + hl + rows + dl + 2 * self.BM * 4 * self.STAGES + 2 * self.STAGES * 8 + 1024
+
+    @property
+    def _agg_sm(self) -> bool:
+        return bool(self.AGG_C and self.AGG_SM and self.AGG_C % HALF == 0)
 
     @classmethod
     @functools.lru_cache(maxsize=256)
@@ -165,13 +198,100 @@ def _store_dx(tma_dx: cute.CopyAtom, tDs: cute.Tensor, tDg: cute.Tensor, st: Int
     cute.arch.cp_async_bulk_wait_group(0, read=True)
 
 
+@cute.jit
+def _agg_word(dl: cute.Pointer, tok: Int32, k: Int32, M: Int32, K: cutlass.Constexpr, C: cutlass.Constexpr) -> Int32:
+    """dlayer_in [M, C] bf16's two values at (tok, k % C .. + 1) as one 32-bit word (low half first), 0 past M or
+    K (k even, C even: 4-byte aligned)."""
+    v = Int32(0)
+    if tok < M:
+        if k < K:
+            v = cute.arch.load(cute.recast_ptr(dl + (Int64(tok) * C + k % C), dtype=Int32), Int32)
+    return v
+
+
+@cute.jit
+def _agg_hp(hp: cute.Pointer, tok: Int32, k: Int32, M: Int32, K: cutlass.Constexpr, C: cutlass.Constexpr) -> Float32:
+    """h_pre^T [n, M] fp32 at (k // C, tok), 0 past M or K."""
+    v = Float32(0.0)
+    if tok < M:
+        if k < K:
+            v = cute.arch.load(hp + (Int64(k // C) * M + tok), Float32)
+    return v
+
+
+@cute.jit
+def _agg_loads(dl: cute.Pointer, hp: cute.Pointer, dlr: cute.Tensor, hpr: cute.Tensor, cDX: cute.Tensor, row0: Int32,
+               c0: Int32, M: Int32, K: cutlass.Constexpr, C: cutlass.Constexpr):
+    """The aggregate term's operands for this thread's dx accumulator pairs of the row tile at row0, where the
+    warpgroup's channels c0 .. c0 + HALF lie in one stream (C % HALF == 0): dlr [pairs] = _agg_word's, hpr [2] =
+    h_pre at the rows t0 and t0 + 8 the pairs alternate between. Issued before the tile's stage is waited for: their
+    latency hides behind the wait and the wgmmas (other C: loaded in the epilogue, latency exposed, registers
+    spared)."""
+    t0, cc0 = cDX[0]
+    base = dl + (Int64(row0 + t0) * C + c0 % C + cc0)   # the pairs' offsets from it fold into immediates
+    for q in cutlass.range_constexpr(cute.size(dlr)):
+        t_, c_ = cDX[2 * q]
+        dlr[q] = Int32(0)
+        if row0 + t_ < M:
+            if c0 < K:   # (C % HALF == 0: the whole half is below K)
+                dlr[q] = cute.arch.load(cute.recast_ptr(base + ((t_ - t0) * C + (c_ - cc0)), dtype=Int32), Int32)
+    _agg_hp_rows(hp, hpr, cDX, row0, c0, M, K, C)
+
+
+@cute.jit
+def _agg_hp_rows(hp: cute.Pointer, hpr: cute.Tensor, cDX: cute.Tensor, row0: Int32, c0: Int32, M: Int32,
+                 K: cutlass.Constexpr, C: cutlass.Constexpr):
+    """hpr [2] = h_pre^T at (c0 // C, the accumulator rows t0 and t0 + 8 of the tile at row0)."""
+    for q in cutlass.range_constexpr(2):
+        t_, _ = cDX[2 * q]
+        hpr[q] = _agg_hp(hp, row0 + t_, c0, M, K, C)
+
+
+_V4 = 4   # 32-bit words a 16-byte access
+DLW = (HALF + 8) // 2   # AGG_SM: 32-bit words a padded dlayer_in row in shared memory
+
+
+@cute.jit
+def _agg_tile_loads(dl: cute.Pointer, dlv: cute.Tensor, ct: Int32, row0: Int32, c0: Int32, M: Int32,
+                    K: cutlass.Constexpr, C: cutlass.Constexpr):
+    """AGG_SM: the warpgroup's dlayer_in tile [BM, HALF] (rows row0 .., channels c0 % C .. of one stream) by 16-byte
+    loads, 8 a thread into dlv [32] Int32: chunk ct + 128 j is row ct // 16 + 8 j, channels 8 (ct % 16) ..; a warp's
+    32 chunks are two whole 256-byte row pieces. 0 past M or K."""
+    vt = ir.VectorType.get([_V4], Int32.mlir_type)
+    r0 = ct // 16
+    base = dl + (Int64(row0 + r0) * C + c0 % C + (ct % 16) * 8)
+    for j in cutlass.range_constexpr(8):
+        for e in cutlass.range_constexpr(_V4):
+            dlv[_V4 * j + e] = Int32(0)
+        if row0 + r0 + 8 * j < M:
+            if c0 < K:
+                v = cute.arch.load(cute.recast_ptr(base + j * 8 * C, dtype=Int32), vt)
+                for e in cutlass.range_constexpr(_V4):
+                    dlv[_V4 * j + e] = Int32(vector.extract(v, dynamic_position=[], static_position=[e]))
+
+
+@cute.jit
+def _agg_tile_store(dlv: cute.Tensor, sdl: cute.Tensor, ct: Int32):
+    """AGG_SM: _agg_tile_loads' words into the warpgroup's shared tile sdl [BM * DLW] Int32 (16-byte stores; a
+    quarter warp's eight are one 128-byte row piece: no bank conflicts)."""
+    vt = ir.VectorType.get([_V4], Int32.mlir_type)
+    off = (ct // 16) * DLW + (ct % 16) * _V4
+    for j in cutlass.range_constexpr(8):
+        w = vector.from_elements(vt, [dlv[_V4 * j + e].ir_value() for e in range(_V4)])
+        cute.arch.store(sdl.iterator + (off + 8 * j * DLW), w)
+
+
 @cute.kernel
 def _bwd_kernel(cfg: cutlass.Constexpr, tma_x: cute.CopyAtom, mX: cute.Tensor, tma_dx: cute.CopyAtom,
                 mDX: cute.Tensor, tma_p: cute.CopyAtom, mP: cute.Tensor, tma_r: cute.CopyAtom, mR: cute.Tensor,
-                tma_dr: cute.CopyAtom, mDR: cute.Tensor, w: cute.Pointer, p_dw: cute.Pointer, M: Int32, eps: Float32):
+                tma_dr: cute.CopyAtom, mDR: cute.Tensor, w: cute.Pointer, p_dw: cute.Pointer, dl: cute.Pointer,
+                hp: cute.Pointer, M: Int32, eps: Float32):
     N, K, NP, BM, S = cfg.N, cfg.K, cfg.NP, cfg.BM, cfg.STAGES
     tidx, _, _ = cute.arch.thread_idx()
     cs, g0, _ = cute.arch.block_idx()
+    if const_expr(cfg.AGG_C > 0 and cfg.CHM and cfg.AGG_C % cfg.BK == 0):
+        nsl = cfg.AGG_C // cfg.BK   # slices a stream
+        cs = (cs % (K // cfg.AGG_C)) * nsl + cs // (K // cfg.AGG_C)
     _, GMe, _ = cute.arch.grid_dim()
     warp = cute.arch.make_warp_uniform(cute.arch.warp_idx())
     wg = cute.arch.make_warp_uniform(tidx // 128)
@@ -193,6 +313,10 @@ def _bwd_kernel(cfg: cutlass.Constexpr, tma_x: cute.CopyAtom, mX: cute.Tensor, t
     sP = smem.allocate_tensor(Float32, cute.make_layout((PB, 1, NPB * S)), byte_alignment=128)
     sR = smem.allocate_tensor(Float32, cute.make_layout((BM, 1, 2 * S)), byte_alignment=128)
     DWO = cfg.DW_ONLY
+    ASM = cfg._agg_sm
+    APF = ASM and cfg.AGG_PF
+    if const_expr(ASM):   # dlayer_in tiles [BM, DLW] Int32 a warpgroup
+        sDL = smem.allocate_tensor(Int32, cute.make_layout(2 * BM * DLW), byte_alignment=16)
     pipe = CU.tma_pipeline(smem, S, 2 * HALF * BM * 2 + BM * N * 4 + (0 if DWO else 2 * BM * 4), 8)
 
     # x viewed [K, M] (channel-major), tiled [HALF, BM]: tile (2 * cs + c, m) is half c of row tile m
@@ -205,7 +329,7 @@ def _bwd_kernel(cfg: cutlass.Constexpr, tma_x: cute.CopyAtom, mX: cute.Tensor, t
     tDs, tDg = CU.tma_tiles(tma_dx, sX, mDX, (HALF, BM))
     half1 = cs * (2 * HALF) + HALF < K   # the second half has channels below K
     if wg == 0:
-        cute.arch.setmaxregister_decrease(PRODUCER_REGS)
+        cute.arch.setmaxregister_decrease(AGG_REGS[0] if const_expr(cfg.AGG_C > 0) else PRODUCER_REGS)
         if warp == 0:
             pst = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, S)
             # this warp also stores dx. sst walks the stages one round behind pst: the consumers'
@@ -243,7 +367,7 @@ def _bwd_kernel(cfg: cutlass.Constexpr, tma_x: cute.CopyAtom, mX: cute.Tensor, t
                     sst.advance()
             cute.arch.barrier(barrier_id=3, number_of_threads=32 + 256)  # stores have read: x buffers free
     else:
-        cute.arch.setmaxregister_increase(CONSUMER_REGS)
+        cute.arch.setmaxregister_increase(AGG_REGS[1] if const_expr(cfg.AGG_C > 0) else CONSUMER_REGS)
         wc = wg - 1
         ct = tidx - 128 * wg
         bar_id = 1 + wc
@@ -281,6 +405,12 @@ def _bwd_kernel(cfg: cutlass.Constexpr, tma_x: cute.CopyAtom, mX: cute.Tensor, t
         acc_dw = cute.make_rmem_tensor(cDW.shape, Float32)
         t0 = cDX[0][0]          # this thread's first accumulator row (token); the other is t0 + 8
         xpair = cute.make_rmem_tensor((2,), BFloat16)
+        AG = cfg.AGG_C
+        NQ = cute.size(acc_dx) // 2   # the accumulator's column pairs
+        dlr = cute.make_rmem_tensor((NQ,), Int32)   # (AGG_SM: the 16-byte loads' words)
+        hpr = cute.make_rmem_tensor((2,), Float32)
+        if const_expr(ASM):
+            sdl = cute.make_tensor(sDL.iterator + wc * (BM * DLW), cute.make_layout(BM * DLW))
 
         # ---- per tile: thread ct takes dproj row ct // 2, columns (ct % 2) * NP/2 .. (of [0, NP))
         HC = NP // 2
@@ -290,7 +420,15 @@ def _bwd_kernel(cfg: cutlass.Constexpr, tma_x: cute.CopyAtom, mX: cute.Tensor, t
         hl = cute.make_rmem_tensor(cute.make_layout((2, HC), stride=(HC, 1)), BFloat16)  # this thread's hi | lo
         sHLv = cute.logical_divide(sHL, (None, cute.make_layout(8)))
         rst = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, S)
+        if const_expr(APF):
+            _agg_tile_loads(dl, dlr, ct, g0 * BM, c0, M, K, AG)
         for m in cutlass.range(g0, ntm, GMe, unroll=1):
+            if const_expr(ASM):
+                if const_expr(not APF):
+                    _agg_tile_loads(dl, dlr, ct, m * BM, c0, M, K, AG)
+                _agg_hp_rows(hp, hpr, cDX, m * BM, c0, M, K, AG)
+            elif const_expr(AG > 0 and AG % HALF == 0):
+                _agg_loads(dl, hp, dlr, hpr, cDX, m * BM, c0, M, K, AG)
             pipe.consumer_wait(rst)
             st = rst.index
             # HL = [hi | lo] of the stage's dproj rows (TMA zeros past M), coef per token
@@ -315,6 +453,11 @@ def _bwd_kernel(cfg: cutlass.Constexpr, tma_x: cute.CopyAtom, mX: cute.Tensor, t
                 if rms > Float32(0.0):
                     cf = -sR[tok, 0, 2 * st + 1] * rr * rr * cute.arch.rcp_approx(kf * rms)
                 sCoef[tok, wc, st] = cf
+            if const_expr(ASM):   # once every warp has read the last tile's (the warpgroup's barrier), this one's
+                cute.arch.barrier(barrier_id=bar_id, number_of_threads=128)
+                _agg_tile_store(dlr, sdl, ct)
+                if const_expr(APF):   # the next tile's (rows past M: none)
+                    _agg_tile_loads(dl, dlr, ct, (m + GMe) * BM, c0, M, K, AG)
             cute.arch.fence_proxy("async.shared", space="cta")
             cute.arch.barrier(barrier_id=bar_id, number_of_threads=128)
             buf = wc * S + st
@@ -336,7 +479,8 @@ def _bwd_kernel(cfg: cutlass.Constexpr, tma_x: cute.CopyAtom, mX: cute.Tensor, t
 
             # dx = acc + coef * x, written in place over the x half (bf16; the producer stores it). The
             # wgmma accumulator holds column pairs (c, c+1) at fragment indices (2q, 2q+1), rows t0
-            # and t0 + 8 alternating every 2 indices: one 4-byte smem access a pair, 2 coefs a thread
+            # and t0 + 8 alternating every 2 indices: one 4-byte smem access a pair, 2 coefs a thread; AGG_C:
+            # + h_pre * dlayer_in (a pair's two bf16 from their 32-bit word: low half first)
             if const_expr(not DWO):
                 sXp = cute.logical_divide(sX[None, None, buf], (cute.make_layout(2), None))
                 cf = (sCoef[t0, wc, st], sCoef[t0 + 8, wc, st])
@@ -344,8 +488,19 @@ def _bwd_kernel(cfg: cutlass.Constexpr, tma_x: cute.CopyAtom, mX: cute.Tensor, t
                     t_, c_ = cDX[2 * q]
                     pr = sXp[(None, c_ // 2), t_]
                     cute.autovec_copy(pr, xpair)
-                    for e in cutlass.range_constexpr(2):
-                        xpair[e] = BFloat16(acc_dx[2 * q + e] + cf[q % 2] * xpair[e].to(Float32))
+                    if const_expr(AG > 0):
+                        hv, wd = hpr[q % 2], dlr[q]
+                        if const_expr(ASM):
+                            wd = sdl[t_ * DLW + c_ // 2]
+                        elif const_expr(AG % HALF != 0):
+                            hv = _agg_hp(hp, m * BM + t_, c0 + c_, M, K, AG)
+                            wd = _agg_word(dl, m * BM + t_, c0 + c_, M, K, AG)
+                        dv = (CU.bits_f32(wd << 16), CU.bits_f32(wd & Int32(-65536)))
+                        for e in cutlass.range_constexpr(2):
+                            xpair[e] = BFloat16(acc_dx[2 * q + e] + cf[q % 2] * xpair[e].to(Float32) + hv * dv[e])
+                    else:
+                        for e in cutlass.range_constexpr(2):
+                            xpair[e] = BFloat16(acc_dx[2 * q + e] + cf[q % 2] * xpair[e].to(Float32))
                     cute.autovec_copy(xpair, pr)
                 cute.arch.fence_proxy("async.shared", space="cta")
             # the producer warp stores the stage's dx once all 8 consumer warps have released it
@@ -393,8 +548,8 @@ def _reduce_kernel(p_dw: cute.Pointer, dw: cute.Pointer, NK: Int32, GMe: Int32):
 
 @cute.jit
 def _bwd_host(cfg: cutlass.Constexpr, x: cute.Pointer, w: cute.Pointer, dproj: cute.Pointer, dr: cute.Pointer,
-              r: cute.Pointer, dx: cute.Pointer, p_dw: cute.Pointer, M: Int32, GMe: Int32, eps: Float32,
-              stream: CU.cuda.CUstream):
+              r: cute.Pointer, dx: cute.Pointer, p_dw: cute.Pointer, dl: cute.Pointer, hp: cute.Pointer, M: Int32,
+              GMe: Int32, eps: Float32, stream: CU.cuda.CUstream):
     K, N, BM = cfg.K, cfg.N, cfg.BM
     mX = cute.make_tensor(x, cute.make_layout((K, M), stride=(1, K)))      # channel-major view
     mDX = cute.make_tensor(dx, cute.make_layout((K, M), stride=(1, K)))
@@ -409,7 +564,7 @@ def _bwd_host(cfg: cutlass.Constexpr, x: cute.Pointer, w: cute.Pointer, dproj: c
     tma_p, tP = cpasync.make_tiled_tma_atom(g2s, mP, cute.make_layout((cfg.PBOX, 1)), (cfg.PBOX, 1))
     tma_r, tR = cpasync.make_tiled_tma_atom(g2s, mR, cute.make_layout((BM, 1)), (BM, 1))
     tma_dr, tDR = cpasync.make_tiled_tma_atom(g2s, mDR, cute.make_layout((BM, 1)), (BM, 1))
-    _bwd_kernel(cfg, tma_x, tX, tma_dx, tDX, tma_p, tP, tma_r, tR, tma_dr, tDR, w, p_dw, M, eps).launch(
+    _bwd_kernel(cfg, tma_x, tX, tma_dx, tDX, tma_p, tP, tma_r, tR, tma_dr, tDR, w, p_dw, dl, hp, M, eps).launch(
         grid=((K + cfg.BK - 1) // cfg.BK, GMe, 1), block=(THREADS, 1, 1), stream=stream, min_blocks_per_mp=1,
         preferred_smem_carveout=100)
 
@@ -427,9 +582,11 @@ def _reduce_host(cfg: cutlass.Constexpr, p_dw: cute.Pointer, dw: cute.Pointer, G
 
 @functools.lru_cache(maxsize=256)
 def bwd_launch(cfg: ProjRmsBwdCuteCfg) -> CU.Launch:
-    """run args (x, weight, dproj, dr, r, dx, p_dw [GMe, N, K] fp32, M, GMe, eps)."""
+    """run args (x, weight, dproj, dr, r, dx, p_dw [GMe, N, K] fp32, dlayer_in [M, AGG_C] bf16, h_pre^T [n, M]
+    fp32, M, GMe, eps); dlayer_in and h_pre^T are read only with AGG_C (stand-ins of their dtypes otherwise)."""
     bf, f32 = CU.Ptr(torch.bfloat16, 16), CU.Ptr(torch.float32, 16)
-    sig = (bf, bf, f32, f32, f32, bf, f32, CU.Scalar(Int32), CU.Scalar(Int32), CU.Scalar(Float32))
+    sig = (bf, bf, f32, f32, f32, bf, f32, CU.Ptr(torch.bfloat16, 4), CU.Ptr(torch.float32, 4), CU.Scalar(Int32),
+           CU.Scalar(Int32), CU.Scalar(Float32))
     return CU.Launch(f"{_NAME}.bwd", _bwd_host, cfg, sig)
 
 
@@ -456,10 +613,38 @@ def bwd_into(dproj, dr, x, weight, r, dx, dweight, eps: float, cfg: ProjRmsBwdCu
     dw = dweight if dweight.data_ptr() % 8 == 0 else torch.empty_like(dweight)
     gme = min(cfg.GM, -(-M // cfg.BM))
     p_dw = torch.empty((gme, N, K), dtype=torch.float32, device=x.device)
-    bwd_launch(cfg).run(x, weight, dproj, dr, r, dst, p_dw, M, gme, float(eps))
+    bwd_launch(cfg).run(x, weight, dproj, dr, r, dst, p_dw, x, dproj, M, gme, float(eps))
     reduce_launch(cfg).run(p_dw, dw, gme)
     if dst is not dx:
         dx.copy_(dst)
+    if dw is not dweight:
+        dweight.copy_(dw)
+
+
+def bwd_agg_into(dproj, dr, x, weight, r, dlayer_in, hpre_t, dx, dweight, eps: float,
+                 cfg: ProjRmsBwdCuteCfg | None = None) -> None:
+    """mhc_pre's dx pass: dx [T, n, C] bf16 = proj_rms's dx of x seen as [T, n C] + h_pre[t, i] * dlayer_in[t, c],
+    and dweight [N, n C] bf16, in one read of x (the AGG_C kernel; dlayer_in read once a CTA stream slice, mostly
+    from L2: the n slices of a channel run at once). x [T, n, C] bf16, dlayer_in [T, C] bf16, hpre_t [n, T] fp32
+    (the mix's h_pre^T), dproj [T, N] / dr [T] / r [T] fp32; contiguous."""
+    T, n, C = x.shape
+    N = weight.shape[0]
+    if T == 0:
+        dweight.zero_()
+        return
+    cfg = cfg or dataclasses.replace(ProjRmsBwdCuteCfg.heuristic(N, n * C), AGG_C=C)
+    if cfg.AGG_C != C or cfg.K != n * C:
+        raise ValueError(f"mhc_proj_rms cute: config {cfg} for x of shape {tuple(x.shape)}")
+    xs, dproj, dr, r = aligned16(x.contiguous().view(T, n * C)), aligned16(dproj), aligned16(dr), aligned16(r)
+    dl, hp = aligned16(dlayer_in.contiguous()), hpre_t.contiguous()
+    dst = dx.view(T, n * C) if dx.is_contiguous() and dx.data_ptr() % 16 == 0 else torch.empty_like(xs)
+    dw = dweight if dweight.is_contiguous() and dweight.data_ptr() % 8 == 0 else torch.empty_like(dweight)
+    gme = min(cfg.GM, -(-T // cfg.BM))
+    p_dw = torch.empty((gme, N, n * C), dtype=torch.float32, device=x.device)
+    bwd_launch(cfg).run(xs, weight, dproj, dr, r, dst, p_dw, dl, hp, T, gme, float(eps))
+    reduce_launch(cfg).run(p_dw, dw, gme)
+    if dst.data_ptr() != dx.data_ptr():
+        dx.copy_(dst.view(dx.shape))
     if dw is not dweight:
         dweight.copy_(dw)
 
@@ -479,7 +664,7 @@ def dweight_into(dproj, x, dweight, cfg: ProjRmsBwdCuteCfg | None = None) -> Non
     gme = min(cfg.GM, -(-M // cfg.BM))
     p_dw = torch.empty((gme, N, K), dtype=torch.float32, device=x.device)
     # (the weight, r, dr and dx arguments are never read or written by DW_ONLY: stand-ins of the right dtype)
-    bwd_launch(cfg).run(x, x, dproj, dproj, dproj, x, p_dw, M, gme, 0.0)
+    bwd_launch(cfg).run(x, x, dproj, dproj, dproj, x, p_dw, x, dproj, M, gme, 0.0)
     reduce_launch(cfg).run(p_dw, dw, gme)
     if dw is not dweight:
         dweight.copy_(dw)
@@ -495,5 +680,9 @@ def fwd_into(x, weight, proj, r, eps: float) -> None:
 def representative_launches(N: int = 24, K: int = 28672) -> dict[str, CU.Launch]:
     """The backward's launches at one static shape (what the CPU compile test exports)."""
     cfg = ProjRmsBwdCuteCfg.heuristic(N, K)
-    return {"bwd": bwd_launch(cfg), "reduce": reduce_launch(cfg),
-            "dweight": bwd_launch(dataclasses.replace(cfg, DW_ONLY=True))}
+    out = {"bwd": bwd_launch(cfg), "reduce": reduce_launch(cfg),
+           "dweight": bwd_launch(dataclasses.replace(cfg, DW_ONLY=True))}
+    n = next((n for n in range(1, 9) if n * n + 2 * n == N), 0)
+    if n and K % (2 * n) == 0:   # mhc_pre's shapes: the aggregate term (C = K / n)
+        out["bwd_agg"] = bwd_launch(dataclasses.replace(cfg, AGG_C=K // n))
+    return out
