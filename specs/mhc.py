@@ -204,6 +204,11 @@ PROJ_RMS = OpSpec(
 
 # the cuTile mhc_pre kernels' limits (also those of mhc_post_pre, which runs them)
 _PRE_LIMITS = (Constraint(expr="T * n * C < 2**31", message=_INT32_INDEX), _SK_SCRATCH, _ITERS_CONST)
+# the CuTe DSL backends of mhc_pre and mhc_post_pre (their passes stream the [T, n*C] rows by TMA; mhc_pre's dweight
+# partials are cute_proj_rms's)
+_TMA_ROWS = Constraint(expr="C % 8 == 0", message="TMA row strides are multiples of 16 bytes")
+_DW_PARTIALS = Constraint(expr="7 * (n*n + 2*n) * n * C < 2**31",
+                          message="mhc_pre's dweight partials [7, n*n + 2n, n*C] fp32 are indexed with int32")
 
 PRE = OpSpec(
     name="mhc_pre",
@@ -240,7 +245,16 @@ PRE = OpSpec(
     differentiable=True,
     reference="tilekernels.mhc.reference:mhc_pre",
     entry="tilekernels.mhc.ops:mhc_pre",
-    backends=[_cutile(*_PRE_LIMITS, x=["bfloat16"], weight=["bfloat16"], bias=["float32"]), _TORCH],
+    backends=[_cute("cute_pre", *_PRE_LIMITS,
+                    Constraint(expr="n <= 4", message="the dx pass holds n*n + 2n <= 32 projection columns; the "
+                               "split mix is n <= 4's"),
+                    _TMA_ROWS, _DW_PARTIALS,
+                    toolchain=("cutile", "cute"), x=["bfloat16"], weight=["bfloat16"], bias=["float32"],
+                    doc="forward: the cuTile backend's; backward: cuTile's dh_pre pass and dbias reduction, the split "
+                        "mix's Sinkhorn backward and rest as CuTe DSL kernels (a thread a token), and the dx pass as "
+                        "cute_proj_rms's kernel with the aggregate term (dx and dweight in one read of x by a TMA "
+                        "ring and wgmma; tilekernels/mhc/cute_pre.py); needs both toolchains"),
+              _cutile(*_PRE_LIMITS, x=["bfloat16"], weight=["bfloat16"], bias=["float32"]), _TORCH],
 )
 
 # The layer boundary: h_post_bda of layer l, then mhc_pre of layer l+1 on its output. Inputs,
@@ -284,9 +298,7 @@ POST_PRE = OpSpec(
     backends=[_cute("cute_post_pre", *_PRE_LIMITS,
                     Constraint(expr="n <= 4", message="the one-pass backward holds n*n + 2n <= 24 projection "
                                "columns and every stream of a channel in registers"),
-                    Constraint(expr="C % 8 == 0", message="TMA row strides are multiples of 16 bytes"),
-                    Constraint(expr="7 * (n*n + 2*n) * n * C < 2**31",
-                               message="mhc_pre's dweight partials [7, n*n + 2n, n*C] fp32 are indexed with int32"),
+                    _TMA_ROWS, _DW_PARTIALS,
                     Constraint(expr="256 * T < 2**31",
                                message="the split passes' per-token partial planes (forward [8, T, 32] fp32) are "
                                        "indexed with int32"),
@@ -294,8 +306,9 @@ POST_PRE = OpSpec(
                     h_res=_BF_F32, residual=["bfloat16"], h_post=_BF_F32, x=["bfloat16"],
                     bias=["bfloat16"], weight=["bfloat16"], hbias=["float32"],
                     doc="forward: one CuTe DSL pass writes out and mhc_pre's projection partials from one read of "
-                        "the streams, then cuTile's mix epilogue and aggregate; backward: "
-                        "mhc_pre's cuTile head, then one CuTe DSL pass that forms "
+                        "the streams, then the mix epilogue (CuTe DSL) and cuTile's aggregate; backward: "
+                        "mhc_pre's head (a CuTe DSL pass over channel slices of out for dh_pre and dweight's post / "
+                        "res rows, the mix's CuTe DSL kernels), then one CuTe DSL pass that forms "
                         "d_total in registers and runs h_post_bda's backward on it (reads dout, residual, x, "
                         "dlayer_in once; tilekernels/mhc/cute_post_pre.py); needs both toolchains"),
               _cutile(*_PRE_LIMITS, _BIAS_LIKE_X,

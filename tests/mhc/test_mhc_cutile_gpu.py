@@ -58,11 +58,14 @@ def _id(c):
     return "-".join(f"{k}{str(v).removeprefix('torch.')}" for k, v in c.items())
 
 
-def _k(op, pass_):
-    import tilekernels.mhc.cutile_kernels  # noqa: F401  (registers the cutile kernels)
+def _k(op, pass_, backend="cutile"):
+    import importlib
+
     from tilekernels._glue import get_kernel
 
-    return get_kernel(op, "cutile", pass_)
+    # (importing a backend's module registers its kernels; the cute ones this file's runners take: mhc_pre's)
+    importlib.import_module("tilekernels.mhc." + {"cutile": "cutile_kernels", "cute": "cute_pre"}[backend])
+    return get_kernel(op, backend, pass_)
 
 
 def _rand(*shape, dtype=BF, scale=1.0):
@@ -146,7 +149,8 @@ def run_proj_rms(c):
                   {"proj": p64, "r": r64, "dx": gx, "dweight": gw})
 
 
-def run_pre(c):
+def run_pre(c, backend="cutile"):
+    """mhc_pre's fwd and bwd kernels of ``backend`` (cutile; cute: tilekernels.mhc.cute_pre) against float64."""
     from tilekernels.mhc import reference as ref
 
     T, n, C, iters, eps = c["T"], c["n"], c["C"], c["iters"], 1e-6
@@ -155,10 +159,10 @@ def run_pre(c):
     params = (PRE_PARAMS["alpha_pre"], PRE_PARAMS["alpha_post"], PRE_PARAMS["alpha_res"], iters, eps, eps)
     outs = [empty(s, dt, x.device) for s, dt in (((T, C), BF), ((T, n), F32), ((T, n, n), F32),
                                                   ((T, N), F32), ((T,), F32))]
-    _k("mhc_pre", "fwd")(x, w, b, *outs, *params)
+    _k("mhc_pre", "fwd", backend)(x, w, b, *outs, *params)
     dli, dhp, dhr = _rand(T, C), _rand(T, n, dtype=F32), _rand(T, n, n, dtype=F32)
     grads = [empty(t.shape, t.dtype, t.device) for t in (x, w, b)]
-    _k("mhc_pre", "bwd")(dli, dhp, dhr, x, w, b, outs[3], outs[4], *grads, *params)
+    _k("mhc_pre", "bwd", backend)(dli, dhp, dhr, x, w, b, outs[3], outs[4], *grads, *params)
     x64, w64, b64 = upcast(x), upcast(w), upcast(b)
     p64, r64 = ref.proj_rms(x64.reshape(T, n * C), w64, eps)
     want = ref.mhc_pre(x64, w64, b64, *params)

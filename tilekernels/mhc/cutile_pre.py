@@ -32,7 +32,9 @@ bwd, two passes over x (the parts one after another make three, plus an add):
   mhc_pr_reduce, mhc_pre_dbias  dweight and dbias from their partials in a fixed
                  order (deterministic).
 Measured times (H200) against the parts run in turn, and the sweeps behind these
-choices: benchmarks/results/nvidia-h200-mhc-cutile.md.
+choices: benchmarks/results/nvidia-h200-mhc-cutile.md. mhc_pre's cute backend
+(cute_pre.py) runs this forward and this backward's head with CuTe DSL kernels for
+the split mix and the dx pass.
 """
 from __future__ import annotations
 
