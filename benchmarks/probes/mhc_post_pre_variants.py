@@ -7,7 +7,8 @@ Rows (--rows, comma list, each run in the order given; repeat a name to see the 
   separate          mhc_h_post_bda then mhc_pre through the registry (autograd sums their two d(out))
   cute, cutile      mhc_post_pre on that backend (its defaults)
   h_post_bda, mhc_pre  one of the two ops alone through the registry, with its own leaves and grad outputs (the
-                    issue's table times them apart: "2.90 + 3.13"); with both rows the table adds their sum
+                    issue's table times them apart: "2.90 + 3.13"); with both rows the table adds their sum;
+                    h_post_bda:BACKEND=b / mhc_pre:BACKEND=b: that op on backend b (timed, not counted in the sum)
   cute:K=V[:K=V]    the cute backend with its backward pass's config changed (PostPreBwdCuteCfg fields, e.g.
                     cute:CW=16, cute:STAGES=3), FWD_<field>=V the fused forward pass's (PostPreFwdCuteCfg, e.g.
                     cute:FWD_STAGES=2), PP_<field>=V cutile_post_pre.PostPreCfg's (e.g. PP_TE=32: mhc_pp_mix's
@@ -35,6 +36,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import functools
 import json
 import os
 import sys
@@ -59,9 +61,9 @@ def _apart(args, cots):
         out = registry.get("mhc_h_post_bda")(*args[:4], args[6])
     out = out.detach().requires_grad_()
     pre_args = [out, args[4], args[5]]
-    return {"h_post_bda": (lambda a: registry.get("mhc_h_post_bda")(*a[:4], a[4]),
+    return {"h_post_bda": (lambda a, be="auto": registry.get("mhc_h_post_bda")(*a[:4], a[4], backend=be),
                            [*args[:4], args[6]], cots[:1]),
-            "mhc_pre": (lambda a: registry.get("mhc_pre")(*a, **PARAMS), pre_args, cots[1:])}
+            "mhc_pre": (lambda a, be="auto": registry.get("mhc_pre")(*a, **PARAMS, backend=be), pre_args, cots[1:])}
 
 
 def _row_fn(spec: str):
@@ -221,6 +223,8 @@ def _one(o, T: int, out: str | None):
         name = spec.split(":")[0]
         if name in apart:
             fn, a_, c_ = apart[name]
+            if "BACKEND" in changes:
+                fn = functools.partial(fn, be=changes.pop("BACKEND"))
         try:
             with _patched(changes):
                 f, st = timings(fn, a_, c_)
