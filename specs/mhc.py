@@ -41,7 +41,7 @@ def _cute(module: str, *constraints: Constraint, doc: str = "", toolchain: tuple
     """A CuTe DSL backend (tilekernels.mhc.<module>: cute_post_bda, cute_aggregate, ...): Hopper sm_90a,
     run and tested on the H200; compiled for sm_90a (and sm_100a where the kernel has no wgmma) in CI.
     No float64 (the torch backend covers reference mode). ``toolchain``: ("cutile", "cute") for a backend
-    that also runs cuTile kernels (mhc_post_pre)."""
+    that also runs cuTile kernels (mhc_pre's, mhc_post_pre's)."""
     return Backend(name="cute", module=f"tilekernels.mhc.{module}", sm=(90, 90), toolchain=list(toolchain),
                    constraints=list(constraints), dtypes=dtypes, doc=doc)
 

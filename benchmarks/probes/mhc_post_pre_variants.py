@@ -253,7 +253,8 @@ def _one(o, T: int, out: str | None):
     print(f"{'row':28s} {'fwd ms':>8s} {'fwd+bwd':>8s} {'vs separate':>12s} {'vs apart':>9s}")
     for r in res["rows"]:
         vs = f"{100 * (1 - r['step_ms'] / base):11.1f}%" if base else f"{'-':>12s}"
-        va = f"{100 * (1 - r['step_ms'] / apart_ms):8.1f}%" if apart_ms and r["row"] not in apart else f"{'-':>9s}"
+        va = (f"{100 * (1 - r['step_ms'] / apart_ms):8.1f}%" if apart_ms and r["row"].split(":")[0] not in apart
+              else f"{'-':>9s}")
         print(f"{r['row']:28s} {r['fwd_ms']:8.3f} {r['step_ms']:8.3f} {vs} {va}")
     if out:
         with open(os.path.join(out, "mhc_post_pre_variants.json"), "w") as fh:

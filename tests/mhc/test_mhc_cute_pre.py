@@ -55,6 +55,23 @@ def test_bwd_steps_in_order(n):
     assert dbias.args[0] is p_db
 
 
+@pytest.mark.parametrize("flag", ["CUTE_SK", "CUTE_REST"])
+def test_bwd_steps_with_a_mix_switch_off(flag, monkeypatch):
+    """cute_post_pre's switches apply here too: off, the step is cuTile's Launch record with the same arguments."""
+    from tilekernels.mhc import cute_post_pre as CP
+
+    on = CPre.bwd_steps(*_meta_args(300, 4, 256))
+    monkeypatch.setattr(CP, flag, False)
+    off = CPre.bwd_steps(*_meta_args(300, 4, 256))
+    i, kernel = (0, pre.mhc_pre_bwd_sk) if flag == "CUTE_SK" else (2, pre.mhc_pre_bwd_rest)
+    assert isinstance(off[i], Launch) and off[i].kernel is kernel
+    def sig(args):
+        return [(tuple(a.shape), a.dtype) if isinstance(a, torch.Tensor) else a for a in args]
+
+    assert sig(off[i].args) == sig(on[i].args)
+    assert all(type(a) is type(b) for a, b in zip(off[:i] + off[i + 1:], on[:i] + on[i + 1:]))
+
+
 def test_limits_are_explained():
     op = registry.get("mhc_pre")
 

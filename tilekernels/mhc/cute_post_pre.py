@@ -208,7 +208,7 @@ def _dhw_head(head, mix, out, dlayer_in, proj, r, hbias, dproj, dweight, alpha_p
 
 # mhc_pre's elementwise rest of the split mix (both runs of it in the SPLIT_DW / FUSE_DHW backwards, the one run
 # otherwise) as the CuTe DSL kernel (cute_pre_rest, a thread a token); False: cuTile's mhc_pre_bwd_rest (the kernel
-# mhc_pre's own backward runs).
+# mhc_pre's cutile backward runs). The switch applies to mhc_pre's cute backend too (cute_pre builds on these steps).
 CUTE_REST = True
 
 
@@ -223,7 +223,8 @@ def _rest_step(rest, args=None, dproj_only: bool = False):
 
 
 # mhc_pre's Sinkhorn backward of the split mix (cutile_pre.mhc_pre_bwd_sk) as the CuTe DSL kernel (cute_sk_bwd, a
-# thread a token, the step sums in shared memory); False: the cuTile kernel (mhc_pre's own backward runs it).
+# thread a token, the step sums in shared memory); False: the cuTile kernel (mhc_pre's cutile backward runs it). Also
+# mhc_pre's cute backend's (cute_pre).
 CUTE_SK = True
 
 

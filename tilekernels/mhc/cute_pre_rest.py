@@ -1,7 +1,8 @@
 """CuTe DSL kernel for the elementwise rest of mhc_pre's split backward mix (SIMT, Hopper sm_90a; compiles for
 sm_100a): what cutile_pre.mhc_pre_bwd_rest computes, one thread a token. Used by mhc_post_pre's cute backend
 (cute_post_pre), which runs the rest twice a step (SPLIT_DW: first with dh_pre read as 0 for dproj's post / res
-columns, then with dh_pre); mhc_pre's own cuTile backend keeps the cuTile kernel.
+columns, then with dh_pre), and by mhc_pre's cute backend (cute_pre, once); its cutile backend keeps the cuTile
+kernel.
 
 Per token t (columns j < N = n*n + 2n in the order pre | post | res; alpha_j = a_pre, a_post, a_res by section):
 

@@ -12,8 +12,8 @@ mhc_pre's dx pass is the same kernel with the aggregate term (cfg.AGG_C = C, ``b
 streams [M, n, C] seen as [M, K = n C], and dx[t, k] += h_pre[t, k // C] * dlayer_in[t, k % C] (dlayer_in [M, C]
 bf16, h_pre^T [n, M] fp32, the mix's). With C % 128 == 0 (AGG_SM, the default there) each consumer warpgroup reads
 its dlayer_in tile [64, 128] by 16-byte loads issued before the stage wait and hands it to the accumulator's
-threads through a padded shared tile (one more warpgroup barrier a tile); the n stream slices of a channel are
-adjacent in block order (CHM). Other C: each thread loads its own column pairs in the epilogue.
+threads through a padded shared tile (one more warpgroup barrier a tile); with C % 256 == 0 the n stream slices of a
+channel are adjacent in block order (CHM). Other C: each thread loads its own column pairs in the epilogue.
 
 Why a second backend: the cuTile kernel (cutile_proj_rms.py) moves x and dx at ~85% of the copy
 bandwidth and is not tensor-core bound; here the loads of x run ahead of the math in a TMA ring, the
@@ -26,7 +26,7 @@ in order into dweight (deterministic, no atomics).
 
 CTA = 3 warpgroups (384 threads):
 
-* warp 0 (the producer; its warpgroup drops to 40 registers) per row tile: TMA loads of x (two
+* warp 0 (the producer; its warpgroup drops to 40 registers, 24 with AGG_C) per row tile: TMA loads of x (two
   halves of the slice, [128 channels x 64 tokens] each, channel-major 128B-swizzled: the layout
   the dweight wgmma reads as its N-major B), of the tile's dproj rows (contiguous: [BM * N] fp32 in
   boxes of <= 256) and of r and dr, into a STAGES-deep mbarrier ring. It also stores dx: a stage
@@ -107,7 +107,8 @@ class ProjRmsBwdCuteCfg:
     AGG_C: int = 0
     # with AGG_C % BK == 0: block x walks the slices channel-major (the n streams' slices of a channel adjacent, so
     # they run together and dlayer_in's tile comes from DRAM once, then from L2); False: stream-major (slice order).
-    # H200, T=32768, n=4, C=7168: 1570 us against 1641 with per-thread loads, the same (1404 / 1407) with AGG_SM
+    # H200, T=32768, n=4, C=7168: 1570 us against 1641 with per-thread loads; with AGG_SM no difference measured
+    # (1402.6 / 1404.1 against 1392.1 / 1407.0 stream-major, two leases)
     CHM: bool = True
     # with AGG_C % HALF == 0: dlayer_in's tile read by 16-byte coalesced loads and passed to the accumulator's
     # threads through shared memory (rows padded to HALF + 8: conflict-free 4-byte reads; one more warpgroup barrier a
@@ -633,7 +634,7 @@ def bwd_agg_into(dproj, dr, x, weight, r, dlayer_in, hpre_t, dx, dweight, eps: f
         dweight.zero_()
         return
     cfg = cfg or dataclasses.replace(ProjRmsBwdCuteCfg.heuristic(N, n * C), AGG_C=C)
-    if cfg.AGG_C != C or cfg.K != n * C:
+    if cfg.AGG_C != C or cfg.K != n * C or cfg.N != N:
         raise ValueError(f"mhc_proj_rms cute: config {cfg} for x of shape {tuple(x.shape)}")
     xs, dproj, dr, r = aligned16(x.contiguous().view(T, n * C)), aligned16(dproj), aligned16(dr), aligned16(r)
     dl, hp = aligned16(dlayer_in.contiguous()), hpre_t.contiguous()

@@ -1,6 +1,6 @@
 """CuTe DSL kernel for the Sinkhorn backward of mhc_pre's split backward mix (SIMT, Hopper sm_90a; compiles for
 sm_100a): what cutile_pre.mhc_pre_bwd_sk computes, a thread a token. mhc_post_pre's cute backend runs it (CUTE_SK);
-mhc_pre's own cuTile backend keeps the cuTile kernel.
+so does mhc_pre's cute backend (cute_pre); its cutile backend keeps the cuTile kernel.
 
 Per token t (the res logits of h: L[i][k] = r[t] proj[t, 2n + i n + k] a_res + bias[2n + i n + k], i, k < n):
 
