@@ -586,3 +586,12 @@ def cubin_resources(cubin: bytes) -> dict[str, dict[str, int]]:
         else:
             j += 4
     return out
+
+
+def no_spill_kernel(cubin: bytes, what: str = "", name_has: str = "") -> dict[str, int]:
+    """The resources (``cubin_resources``) of the cubin's one kernel (whose symbol contains ``name_has``), asserted
+    to have no stack frame (no register spills, no local array): the CPU compile tests' check. ``what`` names the
+    launch in the failure message."""
+    res = [v for k, v in cubin_resources(cubin).items() if name_has in k]
+    assert len(res) == 1 and res[0]["frame"] == 0, f"{what}: register spills or a local array: {res}"
+    return res[0]

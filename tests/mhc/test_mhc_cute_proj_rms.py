@@ -22,7 +22,7 @@ import torch
 pytest.importorskip("cutlass")
 
 import registry  # noqa: E402
-from tilekernels._cute import cubin_resources, setmaxnreg_budget, unfenced_releases  # noqa: E402
+from tilekernels._cute import no_spill_kernel, setmaxnreg_budget, unfenced_releases  # noqa: E402
 from tilekernels.mhc import cute_proj_rms as cpr  # noqa: E402
 from tilekernels.mhc import reference as ref  # noqa: E402
 from tilekernels.testing import assert_close, upcast  # noqa: E402
@@ -41,8 +41,7 @@ COMPILE = [(24, 28672), (3, 8), (8, 200), (15, 7168), (32, 264), (24, 1000)]
 def test_bwd_compiles_for_sm90a(N, K):
     launches = cpr.representative_launches(N, K)
     art = launches["bwd"].export("sm_90a")
-    res = list(cubin_resources(art.cubin).values())
-    assert len(res) == 1 and res[0]["frame"] == 0, f"register spills or a local array: {res}"
+    no_spill_kernel(art.cubin, f"N{N} K{K}")
     need, have = setmaxnreg_budget(art)
     unfenced = unfenced_releases(art.ptx)
     assert not unfenced, f"stages released after ld.shared, unfenced: PTX lines {unfenced}"
@@ -54,15 +53,14 @@ def test_bwd_compiles_for_sm90a(N, K):
     assert "cp.async.bulk.tensor.2d.shared::cta.global" in art.ptx      # TMA loads of x
     assert "cp.async.bulk.tensor.2d.global.shared::cta" in art.ptx      # TMA stores of dx
     red = launches["reduce"].export("sm_90a")
-    assert list(cubin_resources(red.cubin).values())[0]["frame"] == 0
+    no_spill_kernel(red.cubin, "reduce")
 
 
 @pytest.mark.parametrize("N,K", [(24, 28672), (8, 200)], ids=["N24-K28672", "N8-K200"])
 def test_dweight_only_compiles_for_sm90a(N, K):
     """DW_ONLY (cute_post_pre's dweight pass): the dweight wgmmas only, TMA loads, no stores."""
     art = cpr.representative_launches(N, K)["dweight"].export("sm_90a")
-    res = list(cubin_resources(art.cubin).values())
-    assert len(res) == 1 and res[0]["frame"] == 0, f"register spills or a local array: {res}"
+    no_spill_kernel(art.cubin, f"N{N} K{K}")
     need, have = setmaxnreg_budget(art)
     unfenced = unfenced_releases(art.ptx)
     assert not unfenced, f"stages released after ld.shared, unfenced: PTX lines {unfenced}"
@@ -84,8 +82,7 @@ def test_bwd_agg_compiles_for_sm90a(N, K):
     term's loads: with C % 128 == 0 (AGG_SM) the tile by 8 16-byte loads a thread and h_pre's two rows; else a column
     pair's word and its h_pre (in the epilogue). The plain backward has none."""
     art = cpr.representative_launches(N, K)["bwd_agg"].export("sm_90a")
-    res = list(cubin_resources(art.cubin).values())
-    assert len(res) == 1 and res[0]["frame"] == 0, f"register spills or a local array: {res}"
+    no_spill_kernel(art.cubin, f"N{N} K{K}")
     need, have = setmaxnreg_budget(art)
     assert 0 < need <= have, (need, have)
     assert re.findall(r"setmaxnreg\.(\w+)\.sync\.aligned\.u32\s+(\d+)", art.ptx) == [("dec", "24"), ("inc", "240")]
@@ -107,8 +104,7 @@ def test_bwd_agg_pair_loads_compile_for_sm90a():
     """AGG_SM off at C % 128 == 0 (each thread's column-pair words loaded before the stage wait): no spills."""
     cfg = dataclasses.replace(cpr.ProjRmsBwdCuteCfg.heuristic(24, 28672), AGG_C=7168, AGG_SM=False)
     art = cpr.bwd_launch(cfg).export("sm_90a")
-    res = list(cubin_resources(art.cubin).values())
-    assert len(res) == 1 and res[0]["frame"] == 0, f"register spills or a local array: {res}"
+    no_spill_kernel(art.cubin, "AGG_SM off")
     assert "ld.global.v4.b32" not in art.ptx and len(re.findall(r"ld\.global\.b32", art.ptx)) >= 34
 
 
@@ -118,8 +114,7 @@ def test_bwd_agg_shared_tile_compiles_for_sm90a():
     cfg = dataclasses.replace(cpr.ProjRmsBwdCuteCfg.heuristic(24, 28672), AGG_C=7168, AGG_PF=True)
     assert cfg.smem_bytes <= 225 * 1024
     art = cpr.bwd_launch(cfg).export("sm_90a")
-    res = list(cubin_resources(art.cubin).values())
-    assert len(res) == 1 and res[0]["frame"] == 0, f"register spills or a local array: {res}"
+    no_spill_kernel(art.cubin, "AGG_SM + AGG_PF")
     # the first tile's before the loop, then the next's; h_pre's two rows by words
     assert len(re.findall(r"ld\.global\.v4\.b32", art.ptx)) >= 16
     assert len(re.findall(r"st\.shared(?:::cta)?\.v4\.b32", art.ptx)) >= 8

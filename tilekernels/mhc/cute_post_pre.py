@@ -29,8 +29,9 @@ Ideal traffic (T=32768, n=4, C=7168, bf16; s = one [T, n, C] stream = 1.879 GB, 
   4s + 4x = 9.4 GB plus its fp32 partials (dh_pre's 59 MB, the pre rows' 235 MB, each written and read once).
 
 Backend limits (the spec's entry): both toolchains (cuTile for the aggregate, the dh_pre pass where SPLIT_DW is off
-and the small reductions; CuTe DSL for the passes, the forward epilogue and the mix's kernels), sm_90a, n <= 4, C % 8 == 0, bf16 residual / x / bias / weight, dweight's partials indexable in int32,
-and the cuTile backend's own limits.
+and the small reductions; CuTe DSL for the passes, the forward epilogue and the mix's kernels), sm_90a, n <= 4,
+C % 8 == 0, bf16 residual / x / bias / weight, dweight's partials indexable in int32, and the cuTile backend's own
+limits.
 """
 from __future__ import annotations
 
@@ -80,7 +81,7 @@ def bwd_launches(dout, dlayer_in, dh_post_next, dh_res_next, h_res, residual, h_
     elif sdw is not None:
         head, kcfg, p_pre, finish = sdw
     elif mix.kernel is pre.mhc_pre_bwd_rest:
-        head = [_rest_step(ln) if ln is mix else _sk_step(ln) for ln in head]
+        head = cute_mix_head(head, mix)
     if sdw is None and kcfg.DWPRE:
         raise ValueError("mhc_post_pre cute bwd: a DWPRE config needs the SPLIT_DW backward (its pre-row partials)")
     stage, h_res, h_post = pb._h32(h_res, h_post, cfg.pb, force=True)
@@ -236,6 +237,13 @@ def _sk_step(step):
     return step
 
 
+def cute_mix_head(head: list, mix) -> list:
+    """mhc_pre's split-mix backward head (cutile_pre.bwd_launches' steps; ``mix``, its mhc_pre_bwd_rest record) with
+    the Sinkhorn backward and the rest as the CuTe DSL steps (_sk_step, _rest_step: as CUTE_SK / CUTE_REST say).
+    mhc_post_pre's backward where SPLIT_DW and FUSE_DHW do not apply, and mhc_pre's cute backend (cute_pre)."""
+    return [_rest_step(ln) if ln is mix else _sk_step(ln) for ln in head]
+
+
 def _mix_around(head, mix, zero, dproj0):
     """(Sinkhorn steps, rest0, rest, dpre, tail) of mhc_pre's split-mix backward head around a pass that replaces its
     dh_pre pass (head[index(mix) - 1]): rest0 is the mix's rest with dh_pre read as 0 (cuTile: from ``zero`` [T, n];
@@ -268,8 +276,8 @@ def _planes_into(p: torch.Tensor, out: torch.Tensor) -> None:
         out.copy_(p.sum(0))
 
 
-# The fused forward (cute_post_pre_fwd: out and mhc_pre's projection in one read of the streams, then cuTile's
-# mhc_pp_mix epilogue and aggregate); False: the composition (cute_post_bda's forward, then mhc_pre's).
+# The fused forward (cute_post_pre_fwd: out and mhc_pre's projection in one read of the streams, then the epilogue,
+# CUTE_MIX, and cuTile's aggregate); False: the composition (cute_post_bda's forward, then mhc_pre's).
 FUSE_FWD = True
 # The fused forward's epilogue (the planes summed, then mhc_pre's r, h and Sinkhorn) as the CuTe DSL kernel
 # (cute_pp_mix, a thread a token) for fp32 h_post_next / h_res_next; False: cuTile's mhc_pp_mix.

@@ -36,15 +36,15 @@ from . import cutile_pre as pre
 def bwd_steps(dlayer_in, dh_post, dh_res, x, weight, bias, proj, r, dx, dweight, dbias, alpha_pre, alpha_post,
               alpha_res, iters, rms_eps, sinkhorn_eps) -> list:
     """The backward's steps (cuTile Launch records and CuTe DSL calls), run in order by cutile_post_pre.run:
-    cutile_pre.bwd_launches' head without its dx pass, its split mix's kernels as cute_post_pre's CuTe DSL steps
-    (CUTE_SK, CUTE_REST), then cute_proj_rms.bwd_agg_into before the dbias reduction."""
+    cutile_pre.bwd_launches' head without its dx pass, its split mix's kernels as CuTe DSL steps
+    (cute_post_pre.cute_mix_head: CUTE_SK, CUTE_REST), then cute_proj_rms.bwd_agg_into before the dbias reduction."""
     head = pre.bwd_launches(dlayer_in, dh_post, dh_res, x, weight, bias, proj, r, None, dweight, dbias,
                             alpha_pre, alpha_post, alpha_res, iters, rms_eps, sinkhorn_eps)
     mix = next(ln for ln in head if ln.kernel in pre.MIX_KERNELS)
     if mix.kernel is not pre.mhc_pre_bwd_rest:
         raise ValueError(f"mhc_pre cute bwd: n = {x.shape[1]} takes the one-kernel mix (the split mix is n <= 4)")
     dproj, dr, hpre_t = mix.args[6:9]
-    steps = [CP._rest_step(ln) if ln is mix else CP._sk_step(ln) for ln in head]
+    steps = CP.cute_mix_head(head, mix)
     dxw = functools.partial(cpr.bwd_agg_into, dproj, dr, x, weight, r, dlayer_in, hpre_t, dx, dweight, float(rms_eps))
     return [*steps[:-1], dxw, steps[-1]]   # the last step: the dbias reduction
 
