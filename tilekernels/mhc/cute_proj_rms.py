@@ -622,6 +622,12 @@ def bwd_into(dproj, dr, x, weight, r, dx, dweight, eps: float, cfg: ProjRmsBwdCu
         dweight.copy_(dw)
 
 
+@functools.lru_cache(maxsize=256)
+def _agg_cfg(N: int, n: int, C: int) -> ProjRmsBwdCuteCfg:
+    """The heuristic config with the aggregate term (built once a shape: bwd_agg_into runs on every backward)."""
+    return dataclasses.replace(ProjRmsBwdCuteCfg.heuristic(N, n * C), AGG_C=C)
+
+
 def bwd_agg_into(dproj, dr, x, weight, r, dlayer_in, hpre_t, dx, dweight, eps: float,
                  cfg: ProjRmsBwdCuteCfg | None = None) -> None:
     """mhc_pre's dx pass: dx [T, n, C] bf16 = proj_rms's dx of x seen as [T, n C] + h_pre[t, i] * dlayer_in[t, c],
@@ -633,7 +639,7 @@ def bwd_agg_into(dproj, dr, x, weight, r, dlayer_in, hpre_t, dx, dweight, eps: f
     if T == 0:
         dweight.zero_()
         return
-    cfg = cfg or dataclasses.replace(ProjRmsBwdCuteCfg.heuristic(N, n * C), AGG_C=C)
+    cfg = cfg or _agg_cfg(N, n, C)
     if cfg.AGG_C != C or cfg.K != n * C or cfg.N != N:
         raise ValueError(f"mhc_proj_rms cute: config {cfg} for x of shape {tuple(x.shape)}")
     xs, dproj, dr, r = aligned16(x.contiguous().view(T, n * C)), aligned16(dproj), aligned16(dr), aligned16(r)
