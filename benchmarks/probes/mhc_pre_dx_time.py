@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """GPU timing of mhc_pre's dx pass at issue 15's shape: cuTile's mhc_pr_bwd (with the aggregate term) against
-cute_proj_rms's AGG_C kernel (``bwd_agg_into``) and its slice orders, one harness (do_bench median).
+cute_proj_rms's AGG_C kernel (``bwd_agg_into``: AGG_IL by default) and its other variants, one harness (do_bench median).
 
 T=32768, n=4, C=7168 (K = n C = 28672, N = 24), bf16 x / weight / dlayer_in. Bytes by hand: x and dx (2 x 1.879 GB),
 dlayer_in once (0.470 GB), dproj / dr / r / h_pre^T (3.9 MB), the dweight partials (7 N K fp32, written and read)
@@ -24,8 +24,9 @@ import torch  # noqa: E402
 from _gpu import bench, log_error, probe_record  # noqa: E402
 
 BF, F32 = torch.bfloat16, torch.float32
-AB = {"pf": dict(AGG_PF=True), "pf-stream-major": dict(AGG_PF=True, CHM=False), "stream-major": dict(CHM=False),
-      "no-sm": dict(AGG_SM=False), "no-sm-stream-major": dict(AGG_SM=False, CHM=False)}
+AB = {"sm": dict(AGG_IL=False), "sm-pf": dict(AGG_IL=False, AGG_PF=True),
+      "sm-stream-major": dict(AGG_IL=False, CHM=False), "no-sm": dict(AGG_IL=False, AGG_SM=False),
+      "no-sm-stream-major": dict(AGG_IL=False, AGG_SM=False, CHM=False)}
 
 
 def main():
@@ -36,6 +37,8 @@ def main():
     ap.add_argument("--ab", default=",".join(AB))
     ap.add_argument("--rep", type=int, default=200)
     ap.add_argument("--out")
+    ap.add_argument("--only", choices=["agg", "plain", "cutile"],
+                    help="run that pass 3 times and nothing else (for ncu: --launch-skip 2 --launch-count 1)")
     a = ap.parse_args()
     from tilekernels._cutile import run_all
     from tilekernels.mhc import cute_proj_rms as cpr
@@ -60,6 +63,15 @@ def main():
         res["rows"].append(dict(row=name, ms=ms, gb_s=nbytes / ms / 1e6))
         print(f"{name:40s} {ms * 1e3:9.1f} us {nbytes / ms / 1e6:8.0f} GB/s", flush=True)
 
+    if a.only:
+        fn = {"agg": lambda: cpr.bwd_agg_into(dproj, dr, x, w, r, dl, hpre_t, dx, dw, 1e-6),
+              "plain": lambda: cpr.bwd_into(dproj, dr, x.view(T, K), w, r, dx.view(T, K), dw, 1e-6),
+              "cutile": lambda: run_all(pr.bwd_launches(dproj, dr, x.view(T, K), w, r, dx.view(T, K), dw, 1e-6, None,
+                                                        groups=n, agg=(dl, hpre_t)))}[a.only]
+        for _ in range(3):
+            fn()
+        torch.cuda.synchronize()
+        return
     row("copy x -> dx (floor of x + dx)", bench(lambda: dx.copy_(x), a.rep), 2 * sx)
     cut = pr.bwd_launches(dproj, dr, x.view(T, K), w, r, dx.view(T, K), dw, 1e-6, None, groups=n, agg=(dl, hpre_t))
     row("cuTile mhc_pr_bwd + reduce", bench(lambda: run_all(cut), a.rep), 2 * sx + T * C * 2 + small + parts)

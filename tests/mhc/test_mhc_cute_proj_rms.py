@@ -71,29 +71,39 @@ def test_dweight_only_compiles_for_sm90a(N, K):
     assert "cp.async.bulk.tensor.2d.global.shared::cta" not in art.ptx
 
 
-# (N, K) of mhc_pre's shapes: n = 4, C = 7168 (each warpgroup's half in one stream: early loads); n = 2, C = 100
-# and n = 3, C = 1000 (per-pair loads in the epilogue); n = 1, C = 8 (one slice, mostly past K); n = 4, C = 64
-AGG_COMPILE = [(24, 28672), (8, 200), (15, 3000), (3, 8), (24, 256)]
+# (N, K) of mhc_pre's shapes: n = 4, C = 7168 and n = 2, C = 7168 (AGG_IL: per-stream TMA pieces, dlayer_in by
+# TMA); n = 2, C = 100 and n = 3, C = 1000 (per-pair loads in the epilogue); n = 1, C = 8 (one slice, mostly past K);
+# n = 4, C = 64 and n = 2, C = 200 (AGG_IL, the last CTA's pieces partly or wholly past C); n = 1, C = 512 (AGG_SM)
+AGG_COMPILE = [(24, 28672), (8, 14336), (8, 200), (15, 3000), (3, 8), (24, 256), (8, 400), (3, 512)]
 
 
 @pytest.mark.parametrize("N,K", AGG_COMPILE, ids=[f"N{n}-K{k}" for n, k in AGG_COMPILE])
 def test_bwd_agg_compiles_for_sm90a(N, K):
-    """AGG_C: no spills (its consumers take 240 registers, the producer 24), the same wgmmas, and the aggregate
-    term's loads: with C % 128 == 0 (AGG_SM) the tile by 8 16-byte loads a thread and h_pre's two rows; else a column
-    pair's word and its h_pre (in the epilogue). The plain backward has none."""
+    """AGG_C: no spills, the same wgmmas, and the aggregate term's loads. AGG_IL (n in (2, 4), C % 8 == 0): x, dx
+    and dlayer_in by TMA (x and dx as 3-D [C, M, n] boxes, four a stage; dlayer_in 2-D boxes), h_pre's four values by
+    words, no other global loads, the plain register split (40 / 232). Otherwise the producer drops to 24 registers,
+    the consumers take 240: with C % 128 == 0 (AGG_SM) the tile by 8 16-byte loads a thread and h_pre's two rows; else
+    a column pair's word and its h_pre (in the epilogue). The plain backward has none."""
+    n = next(n for n in range(1, 9) if n * n + 2 * n == N)
+    cfg = cpr._agg_cfg(N, n, K // n)
     art = cpr.representative_launches(N, K)["bwd_agg"].export("sm_90a")
     no_spill_kernel(art.cubin, f"N{N} K{K}")
     need, have = setmaxnreg_budget(art)
     assert 0 < need <= have, (need, have)
-    assert re.findall(r"setmaxnreg\.(\w+)\.sync\.aligned\.u32\s+(\d+)", art.ptx) == [("dec", "24"), ("inc", "240")]
+    regs = re.findall(r"setmaxnreg\.(\w+)\.sync\.aligned\.u32\s+(\d+)", art.ptx)
+    assert regs == ([("dec", "40"), ("inc", "232")] if cfg._agg_il else [("dec", "24"), ("inc", "240")])
     assert not unfenced_releases(art.ptx)
     NP = 16 if N <= 16 else 32
     mmas = re.findall(r"wgmma\.mma_async\.sync\.aligned\.(m64n\d+k16)\.f32\.bf16\.bf16", art.ptx)
     assert set(mmas) == {"m64n128k16"} and len(mmas) == 2 * NP // 16 + 4, mmas
     words = len(re.findall(r"ld\.global\.b32", art.ptx))
     vec = len(re.findall(r"ld\.global\.v4\.b32", art.ptx))
-    n = next(n for n in range(1, 9) if n * n + 2 * n == N)
-    if (K // n) % 128 == 0:   # AGG_SM (the default) applies: the tile by 16-byte loads, h_pre's two rows by words
+    if cfg._agg_il:
+        assert vec == 0 and words == 4, (vec, words)
+        assert len(re.findall(r"cp\.async\.bulk\.tensor\.3d\.shared::cta\.global", art.ptx)) >= 4
+        assert len(re.findall(r"cp\.async\.bulk\.tensor\.3d\.global\.shared::cta", art.ptx)) >= 4
+        assert len(re.findall(r"cp\.async\.bulk\.tensor\.2d\.shared::cta\.global", art.ptx)) >= 4 // n
+    elif (K // n) % 128 == 0:   # AGG_SM (the default) applies: the tile by 16-byte loads, h_pre's two rows by words
         assert vec >= 8 and 2 <= words < 32, (vec, words)
     else:                     # a word and an h_pre value a column pair
         assert vec == 0 and words >= 64, (vec, words)
@@ -102,7 +112,7 @@ def test_bwd_agg_compiles_for_sm90a(N, K):
 
 def test_bwd_agg_pair_loads_compile_for_sm90a():
     """AGG_SM off at C % 128 == 0 (each thread's column-pair words loaded before the stage wait): no spills."""
-    cfg = dataclasses.replace(cpr.ProjRmsBwdCuteCfg.heuristic(24, 28672), AGG_C=7168, AGG_SM=False)
+    cfg = dataclasses.replace(cpr.ProjRmsBwdCuteCfg.heuristic(24, 28672), AGG_C=7168, AGG_SM=False, AGG_IL=False)
     art = cpr.bwd_launch(cfg).export("sm_90a")
     no_spill_kernel(art.cubin, "AGG_SM off")
     assert "ld.global.v4.b32" not in art.ptx and len(re.findall(r"ld\.global\.b32", art.ptx)) >= 34
@@ -111,7 +121,7 @@ def test_bwd_agg_pair_loads_compile_for_sm90a():
 def test_bwd_agg_shared_tile_compiles_for_sm90a():
     """AGG_SM (with AGG_PF): dlayer_in by 8 16-byte loads a thread, 8 16-byte shared stores, no spills, within shared
     memory."""
-    cfg = dataclasses.replace(cpr.ProjRmsBwdCuteCfg.heuristic(24, 28672), AGG_C=7168, AGG_PF=True)
+    cfg = dataclasses.replace(cpr.ProjRmsBwdCuteCfg.heuristic(24, 28672), AGG_C=7168, AGG_PF=True, AGG_IL=False)
     assert cfg.smem_bytes <= 225 * 1024
     art = cpr.bwd_launch(cfg).export("sm_90a")
     no_spill_kernel(art.cubin, "AGG_SM + AGG_PF")
@@ -263,7 +273,10 @@ AGG_CASES = [dict(T=T, n=n, C=C) for T, n, C in [
     (1, 4, 7168), (65, 4, 200), (1000, 3, 1000), (129, 1, 264), (37, 2, 128), (4099, 4, 7168), (300, 4, 136),
     (5, 4, 64), (70, 1, 8), (64, 4, 256), (2000, 2, 7168),
     # C % 128 == 0 but K % 256 != 0: the last slice's second half wholly past K (AGG_SM's guards)
-    (65, 3, 384), (37, 1, 128), (129, 4, 384)]]
+    (65, 3, 384), (37, 1, 128), (129, 4, 384),
+    # AGG_IL (n = 2, 4): the last CTA's pieces partly past C (n = 4, C = 200) or wholly (n = 2, C = 136 and 8: loads
+    # clamped onto the last channel tile, stores skipped); n = 1, C = 512 takes AGG_SM
+    (129, 4, 200), (70, 2, 136), (3, 2, 8), (66, 1, 512)]]
 
 
 def _agg_inputs(T, n, C):
@@ -321,14 +334,17 @@ def test_bwd_agg_empty_and_views():
 
 
 @on_gpu
-@pytest.mark.parametrize("T,n,C", [(4099, 4, 7168), (37, 2, 128), (65, 3, 256), (1, 4, 512)], ids=lambda v: str(v))
+@pytest.mark.parametrize("T,n,C", [(4099, 4, 7168), (37, 2, 128), (65, 3, 256), (1, 4, 512), (70, 2, 136)],
+                         ids=lambda v: str(v))
 def test_bwd_agg_variants_bitwise(T, n, C):
-    """The slice orders (CHM), the shared-memory dlayer_in tile (AGG_SM) and its loads a tile ahead (AGG_PF) change
-    who loads and computes what, when, not the arithmetic: dx and dweight bitwise the default's."""
+    """The per-stream pieces (AGG_IL), the slice orders (CHM), the shared-memory dlayer_in tile (AGG_SM) and its loads
+    a tile ahead (AGG_PF) change who loads and computes what, when, not the arithmetic: dx and dweight bitwise the
+    default's."""
     x, w, dproj, dr, r, dl, hpre_t = _agg_inputs(T, n, C)
     N = w.shape[0]
     outs = []
-    for kw in ({}, dict(CHM=False), dict(AGG_SM=False), dict(AGG_SM=False, CHM=False), dict(AGG_PF=True)):
+    for kw in ({}, dict(AGG_IL=False), dict(AGG_IL=False, CHM=False), dict(AGG_IL=False, AGG_SM=False),
+               dict(AGG_IL=False, AGG_SM=False, CHM=False), dict(AGG_IL=False, AGG_PF=True)):
         cfg = dataclasses.replace(cpr.ProjRmsBwdCuteCfg.heuristic(N, n * C), AGG_C=C, **kw)
         dx, dw = torch.full_like(x, float("nan")), torch.full_like(w, float("nan"))
         cpr.bwd_agg_into(dproj, dr, x, w, r, dl, hpre_t, dx, dw, 1e-6, cfg=cfg)
@@ -340,10 +356,11 @@ def test_bwd_agg_variants_bitwise(T, n, C):
 
 
 @on_gpu
-@pytest.mark.parametrize("T,n,C", [(130, 4, 7168), (37, 3, 200)], ids=["T130-n4-C7168", "T37-n3-C200"])
+@pytest.mark.parametrize("T,n,C", [(130, 4, 7168), (37, 3, 200), (37, 2, 136), (20, 1, 256)],
+                         ids=["T130-n4-C7168", "T37-n3-C200", "T37-n2-C136", "T20-n1-C256"])
 def test_bwd_agg_rms_term(T, n, C):
     """AGG_C with dx dominated by the rms term coef * x (dproj and h_pre tiny, dr large): the epilogue's coef row
-    mapping is checked on both the shared-tile (C % 128 == 0) and the per-pair path."""
+    mapping is checked on the per-stream pieces (n = 4, 2), the per-pair path and the shared tile (n = 1)."""
     x, w, dproj, dr, r, dl, hpre_t = _agg_inputs(T, n, C)
     dproj, dr, hpre_t = dproj * 1e-6, dr * (n * C), hpre_t * 1e-6
     dx = torch.full_like(x, float("nan"))

@@ -10,10 +10,13 @@ fp32 (the forward's), all contiguous ->
 
 mhc_pre's dx pass is the same kernel with the aggregate term (cfg.AGG_C = C, ``bwd_agg_into``): x is mhc_pre's
 streams [M, n, C] seen as [M, K = n C], and dx[t, k] += h_pre[t, k // C] * dlayer_in[t, k % C] (dlayer_in [M, C]
-bf16, h_pre^T [n, M] fp32, the mix's). With C % 128 == 0 (AGG_SM, the default there) each consumer warpgroup reads
-its dlayer_in tile [64, 128] by 16-byte loads issued before the stage wait and hands it to the accumulator's
-threads through a padded shared tile (one more warpgroup barrier a tile); with C % 256 == 0 the n stream slices of a
-channel are adjacent in block order (CHM). Other C: each thread loads its own column pairs in the epilogue.
+bf16, h_pre^T [n, M] fp32, the mix's). With n in (2, 4) and C % 8 == 0 (AGG_IL, the default there) a CTA takes
+BK / n channels of every stream: x and dx move as four [64 ch, 64 tok] TMA boxes a stage (x seen [C, M, n]), and the
+row tile's dlayer_in [64 tok, BK / n] comes by TMA into the same stage, read from shared memory for all n streams (the
+SMs load it once, not n times). Otherwise, with C % 128 == 0 (AGG_SM) each consumer warpgroup reads its dlayer_in
+tile [64, 128] by 16-byte loads issued before the stage wait and hands it to the accumulator's threads through a
+padded shared tile (one more warpgroup barrier a tile); with C % 256 == 0 the n stream slices of a channel are
+adjacent in block order (CHM). Other C: each thread loads its own column pairs in the epilogue.
 
 Why a second backend: the cuTile kernel (cutile_proj_rms.py) moves x and dx at ~85% of the copy
 bandwidth and is not tensor-core bound; here the loads of x run ahead of the math in a TMA ring, the
@@ -84,6 +87,7 @@ THREADS = 384
 PRODUCER_REGS, CONSUMER_REGS = 40, 232
 AGG_REGS = (24, 240)   # AGG_C's split: the early dlayer_in loads hold 32 more registers a consumer thread
 HALF = 128  # channels a consumer warpgroup owns
+PIECE = 64  # AGG_IL: channels of one stream a TMA box (x, dx, dlayer_in) holds
 
 
 @dataclasses.dataclass(frozen=True)
@@ -118,6 +122,12 @@ class ProjRmsBwdCuteCfg:
     # AGG_SM: the next row tile's dlayer_in loads issued right after this tile's went to shared memory (a tile of
     # latency to land); False: at the top of the tile's iteration (measured the same or faster: 1404 against 1423)
     AGG_PF: bool = False
+    # with n = K // AGG_C in (2, 4) and AGG_C % 8 == 0 (AGG_IL, the default there): a CTA takes BK // n channels of
+    # every stream (four 64-channel pieces: x and dx by TMA boxes per stream) and its dlayer_in tile [BM, BK // n]
+    # comes by TMA into the stage once, for all n streams: no consumer loads, no extra barrier, dlayer_in read by the
+    # SMs once instead of n times (H200, T=32768, n=4, C=7168: AGG_SM's pass read 4.16 GB from L2 into the SMs against
+    # plain proj_rms's 2.27, at 54% of DRAM bandwidth against 69%: the mHC ledger, session 32)
+    AGG_IL: bool = True
 
     def __post_init__(self):
         if not (1 <= self.N <= self.NP and self.NP in (16, 32) and self.BM == 64 and self.BK == 2 * HALF
@@ -143,11 +153,22 @@ class ProjRmsBwdCuteCfg:
         hl = 2 * self.BM * 64 * 2
         rows = self.STAGES * self.BM * (self.N + 2) * 4   # dproj, r, dr per stage (r, dr unused by DW_ONLY)
         dl = 2 * self.BM * (HALF + 8) * 2 if self._agg_sm else 0
+        dl += self.STAGES * self.PPS * PIECE * self.BM * 2 if self._agg_il else 0
         return x + w + hl + rows + dl + 2 * self.BM * 4 * self.STAGES + 2 * self.STAGES * 8 + 1024
 
     @property
+    def _agg_il(self) -> bool:
+        return bool(self.AGG_C and self.AGG_IL and self.K // self.AGG_C in (2, 4) and self.AGG_C % 8 == 0)
+
+    @property
     def _agg_sm(self) -> bool:
-        return bool(self.AGG_C and self.AGG_SM and self.AGG_C % HALF == 0)
+        return bool(self.AGG_C and self.AGG_SM and self.AGG_C % HALF == 0 and not self._agg_il)
+
+    @property
+    def PPS(self) -> int:
+        """AGG_IL: 64-channel pieces a stream in a CTA (4 // n); the CTA's pieces p = 0..3 are stream p // PPS,
+        channels cs * 64 PPS + 64 (p % PPS) ..; warpgroup wc owns pieces 2 wc, 2 wc + 1."""
+        return 4 // (self.K // self.AGG_C) if self._agg_il else 0
 
     @classmethod
     @functools.lru_cache(maxsize=256)
@@ -175,6 +196,13 @@ def _layouts(cfg):
     return sX, sW, sHa, sHb
 
 
+def _piece_layout(cfg, buffers: int):
+    """AGG_IL: [PIECE ch, BM tok] channel-major buffers, each laid out as the matching half of an x buffer (an x
+    half's 64-channel pieces are its first and second 8 KB: the x layout tiles its atoms along tokens first), so
+    x buffer b is pieces 2 b, 2 b + 1 and the TMA boxes of one stream land in place."""
+    return sm90_utils.make_smem_layout_a(LayoutEnum.COL_MAJOR, (PIECE, 2 * cfg.NP, cfg.BM), BFloat16, buffers)
+
+
 def _smem_tensor(smem, layout, dtype=BFloat16):
     """(raw byte buffer, swizzled tensor) of one 1024-aligned allocation."""
     buf = smem.allocate_tensor(cutlass.Uint8, cute.make_layout(cute.cosize(layout) * dtype.width // 8),
@@ -197,6 +225,32 @@ def _store_dx(tma_dx: cute.CopyAtom, tDs: cute.Tensor, tDg: cute.Tensor, st: Int
         cute.copy(tma_dx, tDs[None, S + st], tDg[None, 2 * cs + 1, m])
     cute.arch.cp_async_bulk_commit_group()
     cute.arch.cp_async_bulk_wait_group(0, read=True)
+
+
+@cute.jit
+def _store_dx_il(cfg: cutlass.Constexpr, tma_dx: cute.CopyAtom, tDs: cute.Tensor, tDg: cute.Tensor, st: Int32,
+                 cs: Int32, m: Int32):
+    """AGG_IL: _store_dx's four pieces (piece p of stage st is buffer 2 ((p // 2) S + st) + p % 2; a piece wholly
+    past C, whose load was clamped onto the last channel tile, stores nothing)."""
+    PPS, S = cfg.PPS, cfg.STAGES
+    nct = (cfg.AGG_C + PIECE - 1) // PIECE
+    for p in cutlass.range_constexpr(4):
+        if cs * PPS + p % PPS < nct:
+            cute.copy(tma_dx, tDs[None, 2 * ((p // 2) * S + st) + p % 2], tDg[None, cs * PPS + p % PPS, m, p // PPS])
+    cute.arch.cp_async_bulk_commit_group()
+    cute.arch.cp_async_bulk_wait_group(0, read=True)
+
+
+@cute.jit
+def _col(cfg: cutlass.Constexpr, cs: Int32, c0: Int32, wc: Int32, c: Int32):
+    """(column of x [M, K], whether it is below K) of the consumer warpgroup wc's column c (0 .. HALF - 1): c0 + c,
+    or with AGG_IL stream p // PPS, channel 64 (cs PPS + p % PPS) + c % 64 of piece p = 2 wc + c // 64."""
+    k, ok = c0 + c, c0 + c < cfg.K
+    if const_expr(cfg._agg_il):
+        p = 2 * wc + c // PIECE
+        ch = (cs * cfg.PPS + p % cfg.PPS) * PIECE + c % PIECE
+        k, ok = (p // cfg.PPS) * cfg.AGG_C + ch, ch < cfg.AGG_C
+    return k, ok
 
 
 @cute.jit
@@ -285,12 +339,13 @@ def _agg_tile_store(dlv: cute.Tensor, sdl: cute.Tensor, ct: Int32):
 @cute.kernel
 def _bwd_kernel(cfg: cutlass.Constexpr, tma_x: cute.CopyAtom, mX: cute.Tensor, tma_dx: cute.CopyAtom,
                 mDX: cute.Tensor, tma_p: cute.CopyAtom, mP: cute.Tensor, tma_r: cute.CopyAtom, mR: cute.Tensor,
-                tma_dr: cute.CopyAtom, mDR: cute.Tensor, w: cute.Pointer, p_dw: cute.Pointer, dl: cute.Pointer,
-                hp: cute.Pointer, M: Int32, eps: Float32):
+                tma_dr: cute.CopyAtom, mDR: cute.Tensor, tma_dl: cute.CopyAtom, mDL: cute.Tensor, w: cute.Pointer,
+                p_dw: cute.Pointer, dl: cute.Pointer, hp: cute.Pointer, M: Int32, eps: Float32):
     N, K, NP, BM, S = cfg.N, cfg.K, cfg.NP, cfg.BM, cfg.STAGES
     tidx, _, _ = cute.arch.thread_idx()
     cs, g0, _ = cute.arch.block_idx()
-    if const_expr(cfg.AGG_C > 0 and cfg.CHM and cfg.AGG_C % cfg.BK == 0):
+    IL = cfg._agg_il   # (x, dx and dlayer_in by per-stream TMA pieces: tma_x / tma_dx / tma_dl are built so)
+    if const_expr(cfg.AGG_C > 0 and cfg.CHM and cfg.AGG_C % cfg.BK == 0 and not IL):
         nsl = cfg.AGG_C // cfg.BK   # slices a stream
         cs = (cs % (K // cfg.AGG_C)) * nsl + cs // (K // cfg.AGG_C)
     _, GMe, _ = cute.arch.grid_dim()
@@ -299,6 +354,8 @@ def _bwd_kernel(cfg: cutlass.Constexpr, tma_x: cute.CopyAtom, mX: cute.Tensor, t
     ntm = (M + BM - 1) // BM
     if warp == 0:
         CU.prefetch_tma(tma_x, tma_dx, tma_p, tma_r, tma_dr)
+        if const_expr(IL):
+            CU.prefetch_tma(tma_dl)
 
     smem = cutlass.memory.SmemAllocator()
     sX_l, sW_l, sHa_l, sHb_l = _layouts(cfg)
@@ -318,19 +375,32 @@ def _bwd_kernel(cfg: cutlass.Constexpr, tma_x: cute.CopyAtom, mX: cute.Tensor, t
     APF = ASM and cfg.AGG_PF
     if const_expr(ASM):   # dlayer_in tiles [BM, DLW] Int32 a warpgroup
         sDL = smem.allocate_tensor(Int32, cute.make_layout(2 * BM * DLW), byte_alignment=16)
-    pipe = CU.tma_pipeline(smem, S, 2 * HALF * BM * 2 + BM * N * 4 + (0 if DWO else 2 * BM * 4), 8)
+    PPS = cfg.PPS
+    if const_expr(IL):   # dlayer_in pieces, PPS a stage (index stage * PPS + q)
+        _, sDL = _smem_tensor(smem, _piece_layout(cfg, S * PPS))
+        lm = _piece_layout(cfg, 4 * S)   # the x buffers as pieces
+        sX64 = cute.make_tensor(cute.recast_ptr(sX_raw.iterator, lm.inner, dtype=BFloat16), lm.outer)
+    pipe = CU.tma_pipeline(smem, S, 2 * HALF * BM * 2 + BM * N * 4 + (0 if DWO else 2 * BM * 4)
+                           + PPS * PIECE * BM * 2, 8)
 
     # x viewed [K, M] (channel-major), tiled [HALF, BM]: tile (2 * cs + c, m) is half c of row tile m
-    tXs, tXg = CU.tma_tiles(tma_x, sX, mX, (HALF, BM))
+    if const_expr(IL):   # x [C, M, n] (channel-major, the stream a batch mode) in pieces [PIECE, BM]
+        tXs, tXg = CU.tma_tiles(tma_x, sX64, mX, (PIECE, BM))
+        tLs, tLg = CU.tma_tiles(tma_dl, sDL, mDL, (PIECE, BM))
+    else:
+        tXs, tXg = CU.tma_tiles(tma_x, sX, mX, (HALF, BM))
     # dproj viewed 1-D [M * N], row tile m = elements [m * BM * N, (m + 1) * BM * N); r, dr [M]
     # (1-D TMA tensors of a dynamic extent do not build in CuTe DSL 4.8.1: [L, 1] views instead)
     tPs, tPg = CU.tma_tiles(tma_p, sP, mP, (PB, 1), (None, 0))
     tRs, tRg = CU.tma_tiles(tma_r, sR, mR, (BM, 1), (None, 0))
     _, tDRg = CU.tma_tiles(tma_dr, sR, mDR, (BM, 1), (None, 0))   # (each TMA atom holds its own tensor's descriptor)
-    tDs, tDg = CU.tma_tiles(tma_dx, sX, mDX, (HALF, BM))
+    if const_expr(IL):
+        tDs, tDg = CU.tma_tiles(tma_dx, sX64, mDX, (PIECE, BM))
+    else:
+        tDs, tDg = CU.tma_tiles(tma_dx, sX, mDX, (HALF, BM))
     half1 = cs * (2 * HALF) + HALF < K   # the second half has channels below K
     if wg == 0:
-        cute.arch.setmaxregister_decrease(AGG_REGS[0] if const_expr(cfg.AGG_C > 0) else PRODUCER_REGS)
+        cute.arch.setmaxregister_decrease(AGG_REGS[0] if const_expr(cfg.AGG_C > 0 and not IL) else PRODUCER_REGS)
         if warp == 0:
             pst = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, S)
             # this warp also stores dx. sst walks the stages one round behind pst: the consumers'
@@ -345,11 +415,23 @@ def _bwd_kernel(cfg: cutlass.Constexpr, tma_x: cute.CopyAtom, mX: cute.Tensor, t
                 if const_expr(not DWO):
                     if m - g0 >= S * GMe:   # the stage holds tile m - S*GMe's dx: store it first
                         if lane0:
-                            _store_dx(tma_dx, tDs, tDg, sst.index, S, cs, m - S * GMe, half1)
+                            if const_expr(IL):
+                                _store_dx_il(cfg, tma_dx, tDs, tDg, sst.index, cs, m - S * GMe)
+                            else:
+                                _store_dx(tma_dx, tDs, tDg, sst.index, S, cs, m - S * GMe, half1)
                         sst.advance()
                 bar = pipe.producer_get_barrier(pst)
-                cute.copy(tma_x, tXg[None, 2 * cs, m], tXs[None, pst.index], tma_bar_ptr=bar)
-                cute.copy(tma_x, tXg[None, 2 * cs + 1, m], tXs[None, S + pst.index], tma_bar_ptr=bar)
+                if const_expr(IL):   # pieces wholly past C: the last channel tile again (its dx is not stored)
+                    nct = (cfg.AGG_C + PIECE - 1) // PIECE
+                    for p in cutlass.range_constexpr(4):
+                        cute.copy(tma_x, tXg[None, cutlass.min(cs * PPS + p % PPS, nct - 1), m, p // PPS],
+                                  tXs[None, 2 * ((p // 2) * S + pst.index) + p % 2], tma_bar_ptr=bar)
+                    for q in cutlass.range_constexpr(PPS):
+                        cute.copy(tma_dl, tLg[None, cutlass.min(cs * PPS + q, nct - 1), m],
+                                  tLs[None, pst.index * PPS + q], tma_bar_ptr=bar)
+                else:
+                    cute.copy(tma_x, tXg[None, 2 * cs, m], tXs[None, pst.index], tma_bar_ptr=bar)
+                    cute.copy(tma_x, tXg[None, 2 * cs + 1, m], tXs[None, S + pst.index], tma_bar_ptr=bar)
                 for q in cutlass.range_constexpr(NPB):   # TMA boxes are at most 256 elements
                     cute.copy(tma_p, tPg[None, m * NPB + q], tPs[None, pst.index * NPB + q], tma_bar_ptr=bar)
                 if const_expr(not DWO):
@@ -364,11 +446,14 @@ def _bwd_kernel(cfg: cutlass.Constexpr, tma_x: cute.CopyAtom, mX: cute.Tensor, t
                 for q in cutlass.range(cutlass.max(ntc - S, 0), ntc, unroll=1):
                     pipe.sync_object_empty.wait(sst.index, sst.phase)
                     if lane0:
-                        _store_dx(tma_dx, tDs, tDg, sst.index, S, cs, g0 + q * GMe, half1)
+                        if const_expr(IL):
+                            _store_dx_il(cfg, tma_dx, tDs, tDg, sst.index, cs, g0 + q * GMe)
+                        else:
+                            _store_dx(tma_dx, tDs, tDg, sst.index, S, cs, g0 + q * GMe, half1)
                     sst.advance()
             cute.arch.barrier(barrier_id=3, number_of_threads=32 + 256)  # stores have read: x buffers free
     else:
-        cute.arch.setmaxregister_increase(AGG_REGS[1] if const_expr(cfg.AGG_C > 0) else CONSUMER_REGS)
+        cute.arch.setmaxregister_increase(AGG_REGS[1] if const_expr(cfg.AGG_C > 0 and not IL) else CONSUMER_REGS)
         wc = wg - 1
         ct = tidx - 128 * wg
         bar_id = 1 + wc
@@ -382,8 +467,9 @@ def _bwd_kernel(cfg: cutlass.Constexpr, tma_x: cute.CopyAtom, mX: cute.Tensor, t
             for i in cutlass.range_constexpr(64):   # rows j of [W; W; 0]: hi's k-rows, then lo's (NP each)
                 val = BFloat16(0.0)
                 if const_expr(i < 2 * NP and i % NP < N):
-                    if c0 + ct < K:
-                        val = wrow[i % NP, c0 + ct]
+                    kc, kok = _col(cfg, cs, c0, wc, ct)
+                    if kok:
+                        val = wrow[i % NP, kc]
                 sWc[ct, i] = val
 
         # ---- MMAs: dx [BM tok, HALF ch] = [hi | lo] @ [W; W] (k = 2*NP); dweight rows [hi | lo] (64) x
@@ -406,10 +492,11 @@ def _bwd_kernel(cfg: cutlass.Constexpr, tma_x: cute.CopyAtom, mX: cute.Tensor, t
         acc_dw = cute.make_rmem_tensor(cDW.shape, Float32)
         t0 = cDX[0][0]          # this thread's first accumulator row (token); the other is t0 + 8
         xpair = cute.make_rmem_tensor((2,), BFloat16)
+        dlpair = cute.make_rmem_tensor((2,), BFloat16)
         AG = cfg.AGG_C
         NQ = cute.size(acc_dx) // 2   # the accumulator's column pairs
         dlr = cute.make_rmem_tensor((NQ,), Int32)   # (AGG_SM: the 16-byte loads' words)
-        hpr = cute.make_rmem_tensor((2,), Float32)
+        hpr = cute.make_rmem_tensor((4 if IL else 2,), Float32)   # (IL: [piece half h, row r] at 2 h + r)
         if const_expr(ASM):
             sdl = cute.make_tensor(sDL.iterator + wc * (BM * DLW), cute.make_layout(BM * DLW))
 
@@ -424,7 +511,13 @@ def _bwd_kernel(cfg: cutlass.Constexpr, tma_x: cute.CopyAtom, mX: cute.Tensor, t
         if const_expr(APF):
             _agg_tile_loads(dl, dlr, ct, g0 * BM, c0, M, K, AG)
         for m in cutlass.range(g0, ntm, GMe, unroll=1):
-            if const_expr(ASM):
+            if const_expr(IL):   # h_pre of the stream of piece 2 wc + h at rows t0, t0 + 8
+                for i in cutlass.range_constexpr(4):
+                    tk = m * BM + cDX[2 * (i % 2)][0]
+                    hpr[i] = Float32(0.0)
+                    if tk < M:
+                        hpr[i] = cute.arch.load(hp + (Int64((2 * wc + i // 2) // PPS) * M + tk), Float32)
+            elif const_expr(ASM):
                 if const_expr(not APF):
                     _agg_tile_loads(dl, dlr, ct, m * BM, c0, M, K, AG)
                 _agg_hp_rows(hp, hpr, cDX, m * BM, c0, M, K, AG)
@@ -489,7 +582,16 @@ def _bwd_kernel(cfg: cutlass.Constexpr, tma_x: cute.CopyAtom, mX: cute.Tensor, t
                     t_, c_ = cDX[2 * q]
                     pr = sXp[(None, c_ // 2), t_]
                     cute.autovec_copy(pr, xpair)
-                    if const_expr(AG > 0):
+                    if const_expr(IL):
+                        # pair q is columns 8 (q // 2) + .. (16 a piece: piece half q // 16), row t0 + 8 (q % 2)
+                        h = q // 16
+                        sLp = cute.logical_divide(sDL[None, None, st * PPS + (2 * wc + h) % PPS],
+                                                  (cute.make_layout(2), None))
+                        cute.autovec_copy(sLp[(None, (c_ - PIECE * h) // 2), t_], dlpair)
+                        for e in cutlass.range_constexpr(2):
+                            xpair[e] = BFloat16(acc_dx[2 * q + e] + cf[q % 2] * xpair[e].to(Float32)
+                                                + hpr[2 * h + q % 2] * dlpair[e].to(Float32))
+                    elif const_expr(AG > 0):
                         hv, wd = hpr[q % 2], dlr[q]
                         if const_expr(ASM):
                             wd = sdl[t_ * DLW + c_ // 2]
@@ -519,10 +621,11 @@ def _bwd_kernel(cfg: cutlass.Constexpr, tma_x: cute.CopyAtom, mX: cute.Tensor, t
             j_, c_ = cDW[i]
             scr[j_, c_] = acc_dw[i]
         cute.arch.barrier(barrier_id=bar_id, number_of_threads=128)
-        if c0 + ct < K:
+        kc, kok = _col(cfg, cs, c0, wc, ct)
+        if kok:
             pd = cute.make_tensor(p_dw, cute.make_layout((GMe, N, K), stride=(N * K, K, 1)))
             for j in cutlass.range_constexpr(N):
-                pd[g0, j, c0 + ct] = scr[j, ct] + scr[NP + j, ct]
+                pd[g0, j, kc] = scr[j, ct] + scr[NP + j, ct]
 
 
 @cute.kernel
@@ -560,13 +663,27 @@ def _bwd_host(cfg: cutlass.Constexpr, x: cute.Pointer, w: cute.Pointer, dproj: c
     sX_l = _layouts(cfg)[0]
     one = cute.slice_(sX_l, (None, None, 0))
     g2s = cpasync.CopyBulkTensorTileG2SOp()
-    tma_x, tX = cpasync.make_tiled_tma_atom(g2s, mX, one, (HALF, BM))
-    tma_dx, tDX = cpasync.make_tiled_tma_atom(cpasync.CopyBulkTensorTileS2GOp(), mDX, one, (HALF, BM))
+    s2g = cpasync.CopyBulkTensorTileS2GOp()
+    if const_expr(cfg._agg_il):   # x, dx [C, M, n] and dlayer_in [C, M] channel-major, in [PIECE, BM] boxes
+        C = cfg.AGG_C
+        pone = cute.slice_(_piece_layout(cfg, 1), (None, None, 0))
+        mX = cute.make_tensor(x, cute.make_layout((C, M, K // C), stride=(1, K, C)))
+        mDX = cute.make_tensor(dx, cute.make_layout((C, M, K // C), stride=(1, K, C)))
+        tma_x, tX = cpasync.make_tiled_tma_atom(g2s, mX, pone, (PIECE, BM))
+        tma_dx, tDX = cpasync.make_tiled_tma_atom(s2g, mDX, pone, (PIECE, BM))
+        tma_dl, tDL = cpasync.make_tiled_tma_atom(g2s, cute.make_tensor(dl, cute.make_layout((C, M), stride=(1, C))),
+                                                  pone, (PIECE, BM))
+        grid_x = (C + PIECE * cfg.PPS - 1) // (PIECE * cfg.PPS)
+    else:
+        tma_x, tX = cpasync.make_tiled_tma_atom(g2s, mX, one, (HALF, BM))
+        tma_dx, tDX = cpasync.make_tiled_tma_atom(s2g, mDX, one, (HALF, BM))
+        tma_dl, tDL = tma_x, tX   # (unused)
+        grid_x = (K + cfg.BK - 1) // cfg.BK
     tma_p, tP = cpasync.make_tiled_tma_atom(g2s, mP, cute.make_layout((cfg.PBOX, 1)), (cfg.PBOX, 1))
     tma_r, tR = cpasync.make_tiled_tma_atom(g2s, mR, cute.make_layout((BM, 1)), (BM, 1))
     tma_dr, tDR = cpasync.make_tiled_tma_atom(g2s, mDR, cute.make_layout((BM, 1)), (BM, 1))
-    _bwd_kernel(cfg, tma_x, tX, tma_dx, tDX, tma_p, tP, tma_r, tR, tma_dr, tDR, w, p_dw, dl, hp, M, eps).launch(
-        grid=((K + cfg.BK - 1) // cfg.BK, GMe, 1), block=(THREADS, 1, 1), stream=stream, min_blocks_per_mp=1,
+    _bwd_kernel(cfg, tma_x, tX, tma_dx, tDX, tma_p, tP, tma_r, tR, tma_dr, tDR, tma_dl, tDL, w, p_dw, dl, hp, M,
+                eps).launch(grid=(grid_x, GMe, 1), block=(THREADS, 1, 1), stream=stream, min_blocks_per_mp=1,
         preferred_smem_carveout=100)
 
 
@@ -586,7 +703,7 @@ def bwd_launch(cfg: ProjRmsBwdCuteCfg) -> CU.Launch:
     """run args (x, weight, dproj, dr, r, dx, p_dw [GMe, N, K] fp32, dlayer_in [M, AGG_C] bf16, h_pre^T [n, M]
     fp32, M, GMe, eps); dlayer_in and h_pre^T are read only with AGG_C (stand-ins of their dtypes otherwise)."""
     bf, f32 = CU.Ptr(torch.bfloat16, 16), CU.Ptr(torch.float32, 16)
-    sig = (bf, bf, f32, f32, f32, bf, f32, CU.Ptr(torch.bfloat16, 4), CU.Ptr(torch.float32, 4), CU.Scalar(Int32),
+    sig = (bf, bf, f32, f32, f32, bf, f32, bf, CU.Ptr(torch.float32, 4), CU.Scalar(Int32),
            CU.Scalar(Int32), CU.Scalar(Float32))
     return CU.Launch(f"{_NAME}.bwd", _bwd_host, cfg, sig)
 
