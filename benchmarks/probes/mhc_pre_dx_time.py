@@ -24,7 +24,7 @@ import torch  # noqa: E402
 from _gpu import bench, log_error, probe_record  # noqa: E402
 
 BF, F32 = torch.bfloat16, torch.float32
-AB = {"sm": dict(AGG_IL=False), "sm-pf": dict(AGG_IL=False, AGG_PF=True),
+AB = {"sm": dict(AGG_IL=False),
       "sm-stream-major": dict(AGG_IL=False, CHM=False), "no-sm": dict(AGG_IL=False, AGG_SM=False),
       "no-sm-stream-major": dict(AGG_IL=False, AGG_SM=False, CHM=False)}
 

@@ -119,14 +119,14 @@ def test_bwd_agg_pair_loads_compile_for_sm90a():
 
 
 def test_bwd_agg_shared_tile_compiles_for_sm90a():
-    """AGG_SM (with AGG_PF): dlayer_in by 8 16-byte loads a thread, 8 16-byte shared stores, no spills, within shared
+    """AGG_SM (AGG_IL off): dlayer_in by 8 16-byte loads a thread, 8 16-byte shared stores, no spills, within shared
     memory."""
-    cfg = dataclasses.replace(cpr.ProjRmsBwdCuteCfg.heuristic(24, 28672), AGG_C=7168, AGG_PF=True, AGG_IL=False)
+    cfg = dataclasses.replace(cpr.ProjRmsBwdCuteCfg.heuristic(24, 28672), AGG_C=7168, AGG_IL=False)
     assert cfg.smem_bytes <= 225 * 1024
     art = cpr.bwd_launch(cfg).export("sm_90a")
-    no_spill_kernel(art.cubin, "AGG_SM + AGG_PF")
-    # the first tile's before the loop, then the next's; h_pre's two rows by words
-    assert len(re.findall(r"ld\.global\.v4\.b32", art.ptx)) >= 16
+    no_spill_kernel(art.cubin, "AGG_SM")
+    # h_pre's two rows by words
+    assert len(re.findall(r"ld\.global\.v4\.b32", art.ptx)) >= 8
     assert len(re.findall(r"st\.shared(?:::cta)?\.v4\.b32", art.ptx)) >= 8
     assert 2 <= len(re.findall(r"ld\.global\.b32", art.ptx)) < 32
 
@@ -337,14 +337,13 @@ def test_bwd_agg_empty_and_views():
 @pytest.mark.parametrize("T,n,C", [(4099, 4, 7168), (37, 2, 128), (65, 3, 256), (1, 4, 512), (70, 2, 136)],
                          ids=lambda v: str(v))
 def test_bwd_agg_variants_bitwise(T, n, C):
-    """The per-stream pieces (AGG_IL), the slice orders (CHM), the shared-memory dlayer_in tile (AGG_SM) and its loads
-    a tile ahead (AGG_PF) change who loads and computes what, when, not the arithmetic: dx and dweight bitwise the
-    default's."""
+    """The per-stream pieces (AGG_IL), the slice orders (CHM) and the shared-memory dlayer_in tile (AGG_SM) change who
+    loads and computes what, when, not the arithmetic: dx and dweight bitwise the default's."""
     x, w, dproj, dr, r, dl, hpre_t = _agg_inputs(T, n, C)
     N = w.shape[0]
     outs = []
     for kw in ({}, dict(AGG_IL=False), dict(AGG_IL=False, CHM=False), dict(AGG_IL=False, AGG_SM=False),
-               dict(AGG_IL=False, AGG_SM=False, CHM=False), dict(AGG_IL=False, AGG_PF=True)):
+               dict(AGG_IL=False, AGG_SM=False, CHM=False)):
         cfg = dataclasses.replace(cpr.ProjRmsBwdCuteCfg.heuristic(N, n * C), AGG_C=C, **kw)
         dx, dw = torch.full_like(x, float("nan")), torch.full_like(w, float("nan"))
         cpr.bwd_agg_into(dproj, dr, x, w, r, dl, hpre_t, dx, dw, 1e-6, cfg=cfg)

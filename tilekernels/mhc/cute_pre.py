@@ -10,8 +10,9 @@ bwd, in order (each scratch written before it is read; fixed-order sums, determi
   mhc_agg_bwd      (cuTile) dh_pre = sum_c dlayer_in * x, fp32 [T, n];
   cute_pre_rest    the mix's elementwise rest: dproj [T, N], dr [T], h_pre^T [n, T], the hbias partials;
   cute_proj_rms    (AGG_C) dx = dproj @ weight + coef * x + h_pre * dlayer_in and dweight's partials, one read of
-                   x (dlayer_in read once a channel slice of each stream: mostly L2 hits), then their fixed-order
-                   reduction;
+                   x and of dlayer_in (n = 2, 4: AGG_IL, a CTA over every stream's pieces of a channel slice, so
+                   dlayer_in's tile serves all n streams from shared memory; n = 1, 3: each stream's slice reads it,
+                   mostly from L2), then their fixed-order reduction;
   mhc_pre_dbias    (cuTile) dbias from its partials.
 The cuTile backend runs the same head with cuTile's mix kernels and cutile_proj_rms's dx pass (which the CuTe DSL
 one replaces: it streams x through a TMA ring and does dx's and dweight's products on wgmma). Measured times: the

@@ -72,8 +72,6 @@ import cutlass.cute as cute
 import cutlass.pipeline as pipeline
 import cutlass.utils.hopper_helpers as sm90_utils
 from cutlass import BFloat16, Float32, Int32, Int64, const_expr
-from cutlass._mlir import ir
-from cutlass._mlir.dialects import vector
 from cutlass.cute.nvgpu import cpasync, warpgroup
 from cutlass.utils import LayoutEnum
 
@@ -81,12 +79,13 @@ from tilekernels import _cute as CU
 from tilekernels._glue import aligned16, kernel
 
 from . import cute_proj_rms_fwd as _fwd
+from .cute_proj_rms_agg import (DLW, HALF, _agg_hp, _agg_hp_rows, _agg_loads, _agg_tile_loads, _agg_tile_store,
+                                _agg_word)
 
 _NAME = "mhc.cute_proj_rms"
 THREADS = 384
 PRODUCER_REGS, CONSUMER_REGS = 40, 232
 AGG_REGS = (24, 240)   # AGG_C's split: the early dlayer_in loads hold 32 more registers a consumer thread
-HALF = 128  # channels a consumer warpgroup owns
 PIECE = 64  # AGG_IL: channels of one stream a TMA box (x, dx, dlayer_in) holds
 
 
@@ -119,9 +118,6 @@ class ProjRmsBwdCuteCfg:
     # tile); False: each thread loads its own column pairs (4-byte loads, 8 rows a warp instruction: 1570 us against
     # 1402-1404, cuTile's pass 1424; the mHC ledger, session 31)
     AGG_SM: bool = True
-    # AGG_SM: the next row tile's dlayer_in loads issued right after this tile's went to shared memory (a tile of
-    # latency to land); False: at the top of the tile's iteration (measured the same or faster: 1404 against 1423)
-    AGG_PF: bool = False
     # with n = K // AGG_C in (2, 4) and AGG_C % 8 == 0 (AGG_IL, the default there): a CTA takes BK // n channels of
     # every stream (four 64-channel pieces: x and dx by TMA boxes per stream) and its dlayer_in tile [BM, BK // n]
     # comes by TMA into the stage once, for all n streams: no consumer loads, no extra barrier, dlayer_in read by the
@@ -253,89 +249,6 @@ def _col(cfg: cutlass.Constexpr, cs: Int32, c0: Int32, wc: Int32, c: Int32):
     return k, ok
 
 
-@cute.jit
-def _agg_word(dl: cute.Pointer, tok: Int32, k: Int32, M: Int32, K: cutlass.Constexpr, C: cutlass.Constexpr) -> Int32:
-    """dlayer_in [M, C] bf16's two values at (tok, k % C .. + 1) as one 32-bit word (low half first), 0 past M or
-    K (k even, C even: 4-byte aligned)."""
-    v = Int32(0)
-    if tok < M:
-        if k < K:
-            v = cute.arch.load(cute.recast_ptr(dl + (Int64(tok) * C + k % C), dtype=Int32), Int32)
-    return v
-
-
-@cute.jit
-def _agg_hp(hp: cute.Pointer, tok: Int32, k: Int32, M: Int32, K: cutlass.Constexpr, C: cutlass.Constexpr) -> Float32:
-    """h_pre^T [n, M] fp32 at (k // C, tok), 0 past M or K."""
-    v = Float32(0.0)
-    if tok < M:
-        if k < K:
-            v = cute.arch.load(hp + (Int64(k // C) * M + tok), Float32)
-    return v
-
-
-@cute.jit
-def _agg_loads(dl: cute.Pointer, hp: cute.Pointer, dlr: cute.Tensor, hpr: cute.Tensor, cDX: cute.Tensor, row0: Int32,
-               c0: Int32, M: Int32, K: cutlass.Constexpr, C: cutlass.Constexpr):
-    """The aggregate term's operands for this thread's dx accumulator pairs of the row tile at row0, where the
-    warpgroup's channels c0 .. c0 + HALF lie in one stream (C % HALF == 0): dlr [pairs] = _agg_word's, hpr [2] =
-    h_pre at the rows t0 and t0 + 8 the pairs alternate between. Issued before the tile's stage is waited for: their
-    latency hides behind the wait and the wgmmas (other C: loaded in the epilogue, latency exposed, registers
-    spared)."""
-    t0, cc0 = cDX[0]
-    base = dl + (Int64(row0 + t0) * C + c0 % C + cc0)   # the pairs' offsets from it fold into immediates
-    for q in cutlass.range_constexpr(cute.size(dlr)):
-        t_, c_ = cDX[2 * q]
-        dlr[q] = Int32(0)
-        if row0 + t_ < M:
-            if c0 < K:   # (C % HALF == 0: the whole half is below K)
-                dlr[q] = cute.arch.load(cute.recast_ptr(base + ((t_ - t0) * C + (c_ - cc0)), dtype=Int32), Int32)
-    _agg_hp_rows(hp, hpr, cDX, row0, c0, M, K, C)
-
-
-@cute.jit
-def _agg_hp_rows(hp: cute.Pointer, hpr: cute.Tensor, cDX: cute.Tensor, row0: Int32, c0: Int32, M: Int32,
-                 K: cutlass.Constexpr, C: cutlass.Constexpr):
-    """hpr [2] = h_pre^T at (c0 // C, the accumulator rows t0 and t0 + 8 of the tile at row0)."""
-    for q in cutlass.range_constexpr(2):
-        t_, _ = cDX[2 * q]
-        hpr[q] = _agg_hp(hp, row0 + t_, c0, M, K, C)
-
-
-_V4 = 4   # 32-bit words a 16-byte access
-DLW = (HALF + 8) // 2   # AGG_SM: 32-bit words a padded dlayer_in row in shared memory
-
-
-@cute.jit
-def _agg_tile_loads(dl: cute.Pointer, dlv: cute.Tensor, ct: Int32, row0: Int32, c0: Int32, M: Int32,
-                    K: cutlass.Constexpr, C: cutlass.Constexpr):
-    """AGG_SM: the warpgroup's dlayer_in tile [BM, HALF] (rows row0 .., channels c0 % C .. of one stream) by 16-byte
-    loads, 8 a thread into dlv [32] Int32: chunk ct + 128 j is row ct // 16 + 8 j, channels 8 (ct % 16) ..; a warp's
-    32 chunks are two whole 256-byte row pieces. 0 past M or K."""
-    vt = ir.VectorType.get([_V4], Int32.mlir_type)
-    r0 = ct // 16
-    base = dl + (Int64(row0 + r0) * C + c0 % C + (ct % 16) * 8)
-    for j in cutlass.range_constexpr(8):
-        for e in cutlass.range_constexpr(_V4):
-            dlv[_V4 * j + e] = Int32(0)
-        if row0 + r0 + 8 * j < M:
-            if c0 < K:
-                v = cute.arch.load(cute.recast_ptr(base + j * 8 * C, dtype=Int32), vt)
-                for e in cutlass.range_constexpr(_V4):
-                    dlv[_V4 * j + e] = Int32(vector.extract(v, dynamic_position=[], static_position=[e]))
-
-
-@cute.jit
-def _agg_tile_store(dlv: cute.Tensor, sdl: cute.Tensor, ct: Int32):
-    """AGG_SM: _agg_tile_loads' words into the warpgroup's shared tile sdl [BM * DLW] Int32 (16-byte stores; a
-    quarter warp's eight are one 128-byte row piece: no bank conflicts)."""
-    vt = ir.VectorType.get([_V4], Int32.mlir_type)
-    off = (ct // 16) * DLW + (ct % 16) * _V4
-    for j in cutlass.range_constexpr(8):
-        w = vector.from_elements(vt, [dlv[_V4 * j + e].ir_value() for e in range(_V4)])
-        cute.arch.store(sdl.iterator + (off + 8 * j * DLW), w)
-
-
 @cute.kernel
 def _bwd_kernel(cfg: cutlass.Constexpr, tma_x: cute.CopyAtom, mX: cute.Tensor, tma_dx: cute.CopyAtom,
                 mDX: cute.Tensor, tma_p: cute.CopyAtom, mP: cute.Tensor, tma_r: cute.CopyAtom, mR: cute.Tensor,
@@ -372,7 +285,6 @@ def _bwd_kernel(cfg: cutlass.Constexpr, tma_x: cute.CopyAtom, mX: cute.Tensor, t
     sR = smem.allocate_tensor(Float32, cute.make_layout((BM, 1, 2 * S)), byte_alignment=128)
     DWO = cfg.DW_ONLY
     ASM = cfg._agg_sm
-    APF = ASM and cfg.AGG_PF
     if const_expr(ASM):   # dlayer_in tiles [BM, DLW] Int32 a warpgroup
         sDL = smem.allocate_tensor(Int32, cute.make_layout(2 * BM * DLW), byte_alignment=16)
     PPS = cfg.PPS
@@ -508,8 +420,6 @@ def _bwd_kernel(cfg: cutlass.Constexpr, tma_x: cute.CopyAtom, mX: cute.Tensor, t
         hl = cute.make_rmem_tensor(cute.make_layout((2, HC), stride=(HC, 1)), BFloat16)  # this thread's hi | lo
         sHLv = cute.logical_divide(sHL, (None, cute.make_layout(8)))
         rst = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, S)
-        if const_expr(APF):
-            _agg_tile_loads(dl, dlr, ct, g0 * BM, c0, M, K, AG)
         for m in cutlass.range(g0, ntm, GMe, unroll=1):
             if const_expr(IL):   # h_pre of the stream of piece 2 wc + h at rows t0, t0 + 8
                 for i in cutlass.range_constexpr(4):
@@ -518,8 +428,7 @@ def _bwd_kernel(cfg: cutlass.Constexpr, tma_x: cute.CopyAtom, mX: cute.Tensor, t
                     if tk < M:
                         hpr[i] = cute.arch.load(hp + (Int64((2 * wc + i // 2) // PPS) * M + tk), Float32)
             elif const_expr(ASM):
-                if const_expr(not APF):
-                    _agg_tile_loads(dl, dlr, ct, m * BM, c0, M, K, AG)
+                _agg_tile_loads(dl, dlr, ct, m * BM, c0, M, K, AG)
                 _agg_hp_rows(hp, hpr, cDX, m * BM, c0, M, K, AG)
             elif const_expr(AG > 0 and AG % HALF == 0):
                 _agg_loads(dl, hp, dlr, hpr, cDX, m * BM, c0, M, K, AG)
@@ -550,8 +459,6 @@ def _bwd_kernel(cfg: cutlass.Constexpr, tma_x: cute.CopyAtom, mX: cute.Tensor, t
             if const_expr(ASM):   # once every warp has read the last tile's (the warpgroup's barrier), this one's
                 cute.arch.barrier(barrier_id=bar_id, number_of_threads=128)
                 _agg_tile_store(dlr, sdl, ct)
-                if const_expr(APF):   # the next tile's (rows past M: none)
-                    _agg_tile_loads(dl, dlr, ct, (m + GMe) * BM, c0, M, K, AG)
             cute.arch.fence_proxy("async.shared", space="cta")
             cute.arch.barrier(barrier_id=bar_id, number_of_threads=128)
             buf = wc * S + st
