@@ -274,9 +274,11 @@ AGG_CASES = [dict(T=T, n=n, C=C) for T, n, C in [
     (5, 4, 64), (70, 1, 8), (64, 4, 256), (2000, 2, 7168),
     # C % 128 == 0 but K % 256 != 0: the last slice's second half wholly past K (AGG_SM's guards)
     (65, 3, 384), (37, 1, 128), (129, 4, 384),
-    # AGG_IL (n = 2, 4): the last CTA's pieces partly past C (n = 4, C = 200) or wholly (n = 2, C = 136 and 8: loads
-    # clamped onto the last channel tile, stores skipped); n = 1, C = 512 takes AGG_SM
-    (129, 4, 200), (70, 2, 136), (3, 2, 8), (66, 1, 512)]]
+    # AGG_IL (n = 2, 4): the last CTA's pieces partly past C (n = 4, C = 200 and 40; n = 2, C = 200) or wholly (n = 2,
+    # C = 136, 8 and 192: loads clamped onto the last channel tile, stores skipped); T = 1500: 24 row tiles over 7 row
+    # groups, so those tails also go through the in-loop stores and the ring's wrap; n = 1, C = 512 takes AGG_SM
+    (129, 4, 200), (70, 2, 136), (3, 2, 8), (1500, 2, 136), (1500, 4, 200), (40, 2, 200), (33, 2, 192), (9, 4, 40),
+    (66, 1, 512)]]
 
 
 def _agg_inputs(T, n, C):
@@ -334,7 +336,8 @@ def test_bwd_agg_empty_and_views():
 
 
 @on_gpu
-@pytest.mark.parametrize("T,n,C", [(4099, 4, 7168), (37, 2, 128), (65, 3, 256), (1, 4, 512), (70, 2, 136)],
+@pytest.mark.parametrize("T,n,C", [(4099, 4, 7168), (37, 2, 128), (65, 3, 256), (1, 4, 512), (70, 2, 136),
+                                   (129, 4, 200)],
                          ids=lambda v: str(v))
 def test_bwd_agg_variants_bitwise(T, n, C):
     """The per-stream pieces (AGG_IL), the slice orders (CHM) and the shared-memory dlayer_in tile (AGG_SM) change who

@@ -375,11 +375,11 @@ def _bwd_kernel(cfg: cutlass.Constexpr, tma_x: cute.CopyAtom, mX: cute.Tensor, t
         # ---- the weight columns [c0, c0 + HALF) of rows 0..NP-1 (zero past N and K), once
         sWc = sW[None, None, wc]
         wrow = cute.make_tensor(w, cute.make_layout((N, K), stride=(K, 1)))
+        kc, kok = _col(cfg, cs, c0, wc, ct)   # this thread's column of x (its weight column, its dweight column)
         if const_expr(not DWO):
             for i in cutlass.range_constexpr(64):   # rows j of [W; W; 0]: hi's k-rows, then lo's (NP each)
                 val = BFloat16(0.0)
                 if const_expr(i < 2 * NP and i % NP < N):
-                    kc, kok = _col(cfg, cs, c0, wc, ct)
                     if kok:
                         val = wrow[i % NP, kc]
                 sWc[ct, i] = val
@@ -528,7 +528,6 @@ def _bwd_kernel(cfg: cutlass.Constexpr, tma_x: cute.CopyAtom, mX: cute.Tensor, t
             j_, c_ = cDW[i]
             scr[j_, c_] = acc_dw[i]
         cute.arch.barrier(barrier_id=bar_id, number_of_threads=128)
-        kc, kok = _col(cfg, cs, c0, wc, ct)
         if kok:
             pd = cute.make_tensor(p_dw, cute.make_layout((GMe, N, K), stride=(N * K, K, 1)))
             for j in cutlass.range_constexpr(N):
