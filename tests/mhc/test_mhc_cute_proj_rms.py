@@ -131,6 +131,67 @@ def test_bwd_agg_shared_tile_compiles_for_sm90a():
     assert 2 <= len(re.findall(r"ld\.global\.b32", art.ptx)) < 32
 
 
+def _trace(fn) -> None:
+    """Trace the ``@cute.jit`` fn for sm_90a (no GPU): its Python side effects record what the layouts say."""
+    import cutlass.cute as cute
+    cute.compile[cute.GPUArch("sm_90a")](fn)
+
+
+def test_agg_il_pieces_alias_the_x_buffers():
+    """AGG_IL's TMA pieces land in the x buffers the wgmma and the epilogue read: with the same swizzle, x buffer b's
+    (channel c, token t) is piece buffer 2 b + c // 64's (c % 64, t) (the x layout tiles its atoms along tokens
+    first). A CuTe DSL release that tiled the other way would scatter every piece on the GPU; this catches it on
+    CPU."""
+    import cutlass
+    import cutlass.cute as cute
+    cfg = cpr.ProjRmsBwdCuteCfg.heuristic(24, 28672)
+    got = {}
+
+    @cute.jit
+    def probe():
+        sx, pl = cpr._layouts(cfg)[0], cpr._piece_layout(cfg, 4 * cfg.STAGES)
+        got["swizzles"] = (str(sx.inner), str(pl.inner))
+        got["pairs"] = []
+        for c in cutlass.range_constexpr(cpr.HALF):
+            for t in (0, 1, 7, 8, 9, 63):
+                for b in cutlass.range_constexpr(2 * cfg.STAGES):
+                    got["pairs"].append((cute.crd2idx((c, t, b), sx.outer),
+                                         cute.crd2idx((c % 64, t, 2 * b + c // 64), pl.outer)))
+
+    _trace(probe)
+    assert got["swizzles"][0] == got["swizzles"][1]
+    assert len(got["pairs"]) == cpr.HALF * 6 * 2 * cfg.STAGES
+    assert all(a == p for a, p in got["pairs"]), [ap for ap in got["pairs"] if ap[0] != ap[1]][:4]
+
+
+def test_agg_il_accumulator_pairs():
+    """The AGG_IL epilogue's static mapping of the dx accumulator (m64 n128): fragment pair q = (2 q, 2 q + 1) is one
+    row's columns (c, c + 1), c even, in piece half q // 16, at row t0 + 8 (q % 2) (t0 = the thread's first row): what
+    its dlayer_in piece, column and h_pre row indices assume, for all 128 threads."""
+    import cutlass
+    import cutlass.cute as cute
+    import cutlass.utils.hopper_helpers as sm90_utils
+    from cutlass import BFloat16, Float32
+    from cutlass.utils import LayoutEnum
+    got = []
+
+    @cute.jit
+    def probe():
+        mma = sm90_utils.make_trivial_tiled_mma(
+            BFloat16, BFloat16, LayoutEnum.ROW_MAJOR.sm90_mma_major_mode(),
+            LayoutEnum.COL_MAJOR.sm90_mma_major_mode(), Float32, (1, 1, 1), tiler_mn=(64, cpr.HALF))
+        for ct in cutlass.range_constexpr(128):
+            cdx = mma.get_slice(ct).partition_C(cute.make_identity_tensor((64, cpr.HALF)))
+            for q in cutlass.range_constexpr(cute.size(cdx) // 2):
+                got.append((ct, q, cdx[0][0], cdx[2 * q], cdx[2 * q + 1]))
+
+    _trace(probe)
+    assert len(got) == 128 * 32
+    for ct, q, t0, (r, c), (r2, c2) in got:
+        assert (r2, c2) == (r, c + 1) and c % 2 == 0, (ct, q)
+        assert c // 64 == q // 16 and r == t0 + 8 * (q % 2), (ct, q, r, c)
+
+
 def test_config_limits():
     with pytest.raises(ValueError, match="N <= NP"):
         cpr.ProjRmsBwdCuteCfg(N=33, K=64)
