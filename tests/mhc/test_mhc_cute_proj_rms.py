@@ -353,6 +353,15 @@ def _agg_inputs(T, n, C):
     return x, w, dproj, dr, r, dl, hpre_t
 
 
+def _agg_ref(x, w, dproj, dr, r, dl, hpre_t):
+    """float64 (dx [T, n, C], dweight, the aggregate term [T, n, C]) of mhc_pre's dx pass: proj_rms's backward of x
+    seen as [T, n C], plus h_pre[t, i] * dlayer_in[t, c]."""
+    T, n, C = x.shape
+    gx, gw = ref.proj_rms_bwd(upcast(dproj), upcast(dr), upcast(x).view(T, n * C), upcast(w), upcast(r), 1e-6)
+    agg = upcast(hpre_t).t()[:, :, None] * upcast(dl)[:, None, :]
+    return gx.view(T, n, C) + agg, gw, agg
+
+
 @on_gpu
 @pytest.mark.parametrize("c", AGG_CASES, ids=[case_id(c) for c in AGG_CASES])
 def test_bwd_agg_matches_float64(c):
@@ -365,8 +374,7 @@ def test_bwd_agg_matches_float64(c):
     dx = torch.full_like(x, float("nan"))
     dw = torch.full_like(w, float("nan"))
     cpr.bwd_agg_into(dproj, dr, x, w, r, dl, hpre_t, dx, dw, 1e-6)
-    gx, gw = ref.proj_rms_bwd(upcast(dproj), upcast(dr), upcast(x).view(T, n * C), upcast(w), upcast(r), 1e-6)
-    gx = gx.view(T, n, C) + upcast(hpre_t).t()[:, :, None] * upcast(dl)[:, None, :]
+    gx, gw, _ = _agg_ref(x, w, dproj, dr, r, dl, hpre_t)
     assert_close(dx, gx, what="dx")
     assert_close(dw, gw, what="dweight")
     dx2, dw2 = torch.empty_like(dx), torch.empty_like(dw)
@@ -376,8 +384,8 @@ def test_bwd_agg_matches_float64(c):
 
 @on_gpu
 def test_bwd_agg_empty_and_views():
-    """T = 0 gives dweight = 0; a dlayer_in view 2 bytes past a 16-byte boundary and a non-contiguous h_pre^T go
-    through copies."""
+    """T = 0 gives dweight = 0; a dlayer_in view 2 bytes past a 16-byte boundary, a non-contiguous h_pre^T and a
+    transposed dweight view go through copies (the dweight scratch contiguous: the reduction writes it row-major)."""
     x, w, dproj, dr, r, dl, hpre_t = _agg_inputs(0, 4, 256)
     dw = torch.full_like(w, float("nan"))
     cpr.bwd_agg_into(dproj, dr, x, w, r, dl, hpre_t, torch.empty_like(x), dw, 1e-6)
@@ -392,8 +400,12 @@ def test_bwd_agg_empty_and_views():
     dw = torch.full_like(w, float("nan"))
     cpr.bwd_agg_into(dproj, dr, x, w, r, dlv, hp_nc, dx, dw, 1e-6)
     want = torch.empty_like(dx)
-    cpr.bwd_agg_into(dproj, dr, x, w, r, dl, hpre_t, want, torch.empty_like(dw), 1e-6)
+    want_w = torch.empty_like(dw)
+    cpr.bwd_agg_into(dproj, dr, x, w, r, dl, hpre_t, want, want_w, 1e-6)
     assert torch.equal(dx, want)
+    dwt = torch.full((w.shape[1], w.shape[0]), float("nan"), dtype=BF, device="cuda").t()   # [N, n C], not contiguous
+    cpr.bwd_agg_into(dproj, dr, x, w, r, dl, hpre_t, torch.empty_like(dx), dwt, 1e-6)
+    assert torch.equal(dwt, want_w)
 
 
 @on_gpu
@@ -412,8 +424,7 @@ def test_bwd_agg_variants_bitwise(T, n, C):
         dx, dw = torch.full_like(x, float("nan")), torch.full_like(w, float("nan"))
         cpr.bwd_agg_into(dproj, dr, x, w, r, dl, hpre_t, dx, dw, 1e-6, cfg=cfg)
         outs.append((dx, dw))
-    gx, gw = ref.proj_rms_bwd(upcast(dproj), upcast(dr), upcast(x).view(T, n * C), upcast(w), upcast(r), 1e-6)
-    assert_close(outs[0][0], gx.view(T, n, C) + upcast(hpre_t).t()[:, :, None] * upcast(dl)[:, None, :], what="dx")
+    assert_close(outs[0][0], _agg_ref(x, w, dproj, dr, r, dl, hpre_t)[0], what="dx")
     for dx, dw in outs[1:]:
         assert torch.equal(dx, outs[0][0]) and torch.equal(dw, outs[0][1])
 
@@ -429,7 +440,6 @@ def test_bwd_agg_rms_term(T, n, C):
     dx = torch.full_like(x, float("nan"))
     dw = torch.full_like(w, float("nan"))
     cpr.bwd_agg_into(dproj, dr, x, w, r, dl, hpre_t, dx, dw, 1e-6)
-    gx, _ = ref.proj_rms_bwd(upcast(dproj), upcast(dr), upcast(x).view(T, n * C), upcast(w), upcast(r), 1e-6)
-    agg = upcast(hpre_t).t()[:, :, None] * upcast(dl)[:, None, :]
-    assert agg.norm() < 1e-3 * gx.norm()
-    assert_close(dx, gx.view(T, n, C) + agg, what="dx")
+    gx, _, agg = _agg_ref(x, w, dproj, dr, r, dl, hpre_t)
+    assert agg.norm() < 1e-3 * (gx - agg).norm()
+    assert_close(dx, gx, what="dx")

@@ -29,8 +29,8 @@ in order into dweight (deterministic, no atomics).
 
 CTA = 3 warpgroups (384 threads):
 
-* warp 0 (the producer; its warpgroup drops to 40 registers, 24 with AGG_C) per row tile: TMA loads of x (two
-  halves of the slice, [128 channels x 64 tokens] each, channel-major 128B-swizzled: the layout
+* warp 0 (the producer; its warpgroup drops to 40 registers, 24 with AGG_C but not AGG_IL) per row tile: TMA
+  loads of x (two halves of the slice, [128 channels x 64 tokens] each, channel-major 128B-swizzled: the layout
   the dweight wgmma reads as its N-major B), of the tile's dproj rows (contiguous: [BM * N] fp32 in
   boxes of <= 256) and of r and dr, into a STAGES-deep mbarrier ring. It also stores dx: a stage
   released by the consumers holds its tile's dx in place of x; the producer stores it by TMA (and
@@ -489,23 +489,22 @@ def _bwd_kernel(cfg: cutlass.Constexpr, tma_x: cute.CopyAtom, mX: cute.Tensor, t
                     t_, c_ = cDX[2 * q]
                     pr = sXp[(None, c_ // 2), t_]
                     cute.autovec_copy(pr, xpair)
-                    if const_expr(IL):
-                        # pair q is columns 8 (q // 2) + .. (16 a piece: piece half q // 16), row t0 + 8 (q % 2)
-                        h = q // 16
-                        sLp = cute.logical_divide(sDL[None, None, st * PPS + (2 * wc + h) % PPS],
-                                                  (cute.make_layout(2), None))
-                        cute.autovec_copy(sLp[(None, (c_ - PIECE * h) // 2), t_], dlpair)
-                        for e in cutlass.range_constexpr(2):
-                            xpair[e] = BFloat16(acc_dx[2 * q + e] + cf[q % 2] * xpair[e].to(Float32)
-                                                + hpr[2 * h + q % 2] * dlpair[e].to(Float32))
-                    elif const_expr(AG > 0):
-                        hv, wd = hpr[q % 2], dlr[q]
-                        if const_expr(ASM):
-                            wd = sdl[t_ * DLW + c_ // 2]
-                        elif const_expr(AG % HALF != 0):
-                            hv = _agg_hp(hp, m * BM + t_, c0 + c_, M, K, AG)
-                            wd = _agg_word(dl, m * BM + t_, c0 + c_, M, K, AG)
-                        dv = (CU.bits_f32(wd << 16), CU.bits_f32(wd & Int32(-65536)))
+                    if const_expr(AG > 0):   # hv = h_pre, dv = the pair's two dlayer_in values
+                        if const_expr(IL):
+                            # pair q is columns 8 (q // 2) + .. (16 a piece: piece half q // 16), row t0 + 8 (q % 2)
+                            h = q // 16
+                            sLp = cute.logical_divide(sDL[None, None, st * PPS + (2 * wc + h) % PPS],
+                                                      (cute.make_layout(2), None))
+                            cute.autovec_copy(sLp[(None, (c_ - PIECE * h) // 2), t_], dlpair)
+                            hv, dv = hpr[2 * h + q % 2], (dlpair[0].to(Float32), dlpair[1].to(Float32))
+                        else:
+                            hv, wd = hpr[q % 2], dlr[q]
+                            if const_expr(ASM):
+                                wd = sdl[t_ * DLW + c_ // 2]
+                            elif const_expr(AG % HALF != 0):
+                                hv = _agg_hp(hp, m * BM + t_, c0 + c_, M, K, AG)
+                                wd = _agg_word(dl, m * BM + t_, c0 + c_, M, K, AG)
+                            dv = (CU.bits_f32(wd << 16), CU.bits_f32(wd & Int32(-65536)))
                         for e in cutlass.range_constexpr(2):
                             xpair[e] = BFloat16(acc_dx[2 * q + e] + cf[q % 2] * xpair[e].to(Float32) + hv * dv[e])
                     else:
@@ -634,13 +633,23 @@ def bwd_into(dproj, dr, x, weight, r, dx, dweight, eps: float, cfg: ProjRmsBwdCu
     cfg = cfg or ProjRmsBwdCuteCfg.heuristic(N, K)
     x, dproj, dr, r = aligned16(x), aligned16(dproj), aligned16(dr), aligned16(r)   # TMA sources
     dst = dx if dx.data_ptr() % 16 == 0 else torch.empty_like(dx)
-    dw = dweight if dweight.data_ptr() % 8 == 0 else torch.empty_like(dweight)
-    gme = min(cfg.GM, -(-M // cfg.BM))
-    p_dw = torch.empty((gme, N, K), dtype=torch.float32, device=x.device)
-    bwd_launch(cfg).run(x, weight, dproj, dr, r, dst, p_dw, x, dproj, M, gme, float(eps))
-    reduce_launch(cfg).run(p_dw, dw, gme)
+    _run_bwd(cfg, x, weight, dproj, dr, r, dst, x, dproj, dweight, float(eps))
     if dst is not dx:
         dx.copy_(dst)
+
+
+def _run_bwd(cfg: ProjRmsBwdCuteCfg, x, weight, dproj, dr, r, dst, dl, hp, dweight, eps: float) -> None:
+    """The backward kernel on prepared operands (x [M, K] and the TMA sources 16-byte aligned, dst [M, K] aligned
+    or DW_ONLY's stand-in; dl / hp the aggregate term's or stand-ins), then its dweight reduction: the partials
+    [row groups, N, K] fp32, summed in order into dweight (through a scratch where dweight is not contiguous and
+    8-byte aligned). The one launch sequence of bwd_into, bwd_agg_into and dweight_into."""
+    M, K = x.shape
+    ok = dweight.is_contiguous() and dweight.data_ptr() % 8 == 0
+    dw = dweight if ok else torch.empty(dweight.shape, dtype=dweight.dtype, device=dweight.device)
+    gme = min(cfg.GM, -(-M // cfg.BM))
+    p_dw = torch.empty((gme, cfg.N, K), dtype=torch.float32, device=x.device)
+    bwd_launch(cfg).run(x, weight, dproj, dr, r, dst, p_dw, dl, hp, M, gme, eps)
+    reduce_launch(cfg).run(p_dw, dw, gme)
     if dw is not dweight:
         dweight.copy_(dw)
 
@@ -654,9 +663,9 @@ def _agg_cfg(N: int, n: int, C: int) -> ProjRmsBwdCuteCfg:
 def bwd_agg_into(dproj, dr, x, weight, r, dlayer_in, hpre_t, dx, dweight, eps: float,
                  cfg: ProjRmsBwdCuteCfg | None = None) -> None:
     """mhc_pre's dx pass: dx [T, n, C] bf16 = proj_rms's dx of x seen as [T, n C] + h_pre[t, i] * dlayer_in[t, c],
-    and dweight [N, n C] bf16, in one read of x (the AGG_C kernel; dlayer_in read once a CTA stream slice, mostly
-    from L2: the n slices of a channel run at once). x [T, n, C] bf16, dlayer_in [T, C] bf16, hpre_t [n, T] fp32
-    (the mix's h_pre^T), dproj [T, N] / dr [T] / r [T] fp32; contiguous."""
+    and dweight [N, n C] bf16, in one read of x and of dlayer_in (the AGG_C kernel: with AGG_IL a CTA's dlayer_in
+    tile serves all n streams; otherwise each stream slice loads it, mostly from L2). x [T, n, C] bf16, dlayer_in
+    [T, C] bf16, hpre_t [n, T] fp32 (the mix's h_pre^T), dproj [T, N] / dr [T] / r [T] fp32; contiguous."""
     T, n, C = x.shape
     N = weight.shape[0]
     if T == 0:
@@ -668,15 +677,9 @@ def bwd_agg_into(dproj, dr, x, weight, r, dlayer_in, hpre_t, dx, dweight, eps: f
     xs, dproj, dr, r = aligned16(x.contiguous().view(T, n * C)), aligned16(dproj), aligned16(dr), aligned16(r)
     dl, hp = aligned16(dlayer_in.contiguous()), hpre_t.contiguous()
     dst = dx.view(T, n * C) if dx.is_contiguous() and dx.data_ptr() % 16 == 0 else torch.empty_like(xs)
-    dw = dweight if dweight.is_contiguous() and dweight.data_ptr() % 8 == 0 else torch.empty_like(dweight)
-    gme = min(cfg.GM, -(-T // cfg.BM))
-    p_dw = torch.empty((gme, N, n * C), dtype=torch.float32, device=x.device)
-    bwd_launch(cfg).run(xs, weight, dproj, dr, r, dst, p_dw, dl, hp, T, gme, float(eps))
-    reduce_launch(cfg).run(p_dw, dw, gme)
+    _run_bwd(cfg, xs, weight, dproj, dr, r, dst, dl, hp, dweight, float(eps))
     if dst.data_ptr() != dx.data_ptr():
         dx.copy_(dst.view(dx.shape))
-    if dw is not dweight:
-        dweight.copy_(dw)
 
 
 def dweight_into(dproj, x, dweight, cfg: ProjRmsBwdCuteCfg | None = None) -> None:
@@ -690,14 +693,9 @@ def dweight_into(dproj, x, dweight, cfg: ProjRmsBwdCuteCfg | None = None) -> Non
         return
     cfg = dataclasses.replace(cfg or ProjRmsBwdCuteCfg.heuristic(N, K), DW_ONLY=True)
     x, dproj = aligned16(x), aligned16(dproj)
-    dw = dweight if dweight.data_ptr() % 8 == 0 else torch.empty_like(dweight)
-    gme = min(cfg.GM, -(-M // cfg.BM))
-    p_dw = torch.empty((gme, N, K), dtype=torch.float32, device=x.device)
-    # (the weight, r, dr and dx arguments are never read or written by DW_ONLY: stand-ins of the right dtype)
-    bwd_launch(cfg).run(x, x, dproj, dproj, dproj, x, p_dw, x, dproj, M, gme, 0.0)
-    reduce_launch(cfg).run(p_dw, dw, gme)
-    if dw is not dweight:
-        dweight.copy_(dw)
+    # (the weight, r, dr, dx, dlayer_in and h_pre arguments are never read or written by DW_ONLY: stand-ins of the
+    # right dtypes)
+    _run_bwd(cfg, x, x, dproj, dproj, dproj, x, x, dproj, dweight, 0.0)
 
 
 @kernel("mhc_proj_rms", "cute", "fwd")
