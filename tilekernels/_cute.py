@@ -322,33 +322,21 @@ def release_read_stage(pipe, state, fence: bool = True) -> None:
 
 @cute.jit
 def ring_producer(pipe: cutlass.Constexpr, stages: cutlass.Constexpr, items: cutlass.Int32, load: cutlass.Constexpr,
-                  store: cutlass.Constexpr, first: cutlass.Constexpr = None, tx: cutlass.Constexpr = None) -> None:
+                  store: cutlass.Constexpr) -> None:
     """One producer warp's loop over a TMA ring whose released stages hold results to store (called from a
     ``@cute.kernel``): item k (0 .. items-1) is loaded by ``load(stage, k, bar)`` into the next free stage; a
     stage that comes back holds item k - stages's results, which lane 0 stores first by ``store(stage, item)``
     (TMA stores waited until they have read the stage), and the last min(stages, items) once released after
-    the loop; then lane 0 waits for the stores to complete. ``pipe``: :func:`tma_pipeline`'s.
-
-    A second loop over the same ring (a kernel's next phase) passes ``first``: the items the ring has carried
-    before (an Int32; its states resume there, as the consumers' do), and ``tx``: the bytes this loop's stages
-    load when they are not the pipe's own count."""
+    the loop; then lane 0 waits for the stores to complete. ``pipe``: :func:`tma_pipeline`'s."""
     import cutlass.pipeline as pipeline
 
     pst = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, stages)
     sst = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, stages)  # one round behind
     for _ in cutlass.range_constexpr(stages):
         sst.advance()
-    if cutlass.const_expr(first is not None):
-        for _ in cutlass.range(first, unroll=1):
-            pst.advance()
-            sst.advance()
     lane0 = cute.arch.lane_idx() == 0
     for k in cutlass.range(items, unroll=1):
-        if cutlass.const_expr(tx is None):
-            pipe.producer_acquire(pst)
-        else:
-            pipe.sync_object_empty.wait(pst.index, pst.phase)
-            pipe.sync_object_full.arrive_and_expect_tx(pst.index, tx)
+        pipe.producer_acquire(pst)
         if k >= stages:
             if lane0:
                 store(sst.index, k - stages)
@@ -363,20 +351,6 @@ def ring_producer(pipe: cutlass.Constexpr, stages: cutlass.Constexpr, items: cut
         sst.advance()
     if lane0:
         cute.arch.cp_async_bulk_wait_group(0, read=False)
-
-
-@cutlass.dsl_user_op
-def st_cluster(sptr, rank, val, *, loc=None, ip=None):
-    """st.shared::cluster of the fp32 ``val`` at the local shared-memory pointer ``sptr``'s place in the shared
-    memory of the cluster's CTA ``rank`` (mapa gives the shared::cluster address); called from a ``@cute.kernel``."""
-    from cutlass._mlir import ir
-    from cutlass._mlir.dialects import nvvm
-
-    dptr = nvvm.mapa(llvm.PointerType.get(7), sptr.to_llvm_ptr(loc=loc, ip=ip),
-                     cutlass.Int32(rank).ir_value(loc=loc, ip=ip), loc=loc, ip=ip)
-    addr = llvm.ptrtoint(ir.IntegerType.get_signless(32), dptr, loc=loc, ip=ip)
-    cute.arch.store(llvm.inttoptr(llvm.PointerType.get(3), addr, loc=loc, ip=ip), cutlass.Float32(val), ss="cluster",
-                    loc=loc, ip=ip)
 
 
 @dataclasses.dataclass(frozen=True)

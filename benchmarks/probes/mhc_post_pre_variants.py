@@ -23,7 +23,6 @@ Rows (--rows, comma list, each run in the order given; repeat a name to see the 
                     cute_pre_rest's kernel, else cuTile's mhc_pre_bwd_rest) or CUTE_MIX=0/1 (cute_post_pre.CUTE_MIX: the
                     fused forward's epilogue as cute_pp_mix's kernel, else cuTile's mhc_pp_mix) or CUTE_SK=0/1
                     (cute_post_pre.CUTE_SK: the mix's Sinkhorn backward as cute_sk_bwd's kernel, else mhc_pre_bwd_sk)
-                    or FWD_AGG=0/1 (cute_post_pre.FWD_AGG: layer_in from the fused forward pass, no aggregate)
 A row whose changes make a config the kernels refuse prints the error and goes on.
 
     (call 1) source .gpu-cutile/env.sh                      # unpacks cuTile into /tmp/tk-cutile
@@ -77,7 +76,7 @@ def _row_fn(spec: str):
 
 
 # cute_post_pre's module switches a row may set (NAME=0/1)
-FLAGS = ("FUSE_FWD", "FUSE_DHW", "SPLIT_DW", "CUTE_REST", "CUTE_MIX", "CUTE_SK", "FWD_AGG")
+FLAGS = ("FUSE_FWD", "FUSE_DHW", "SPLIT_DW", "CUTE_REST", "CUTE_MIX", "CUTE_SK")
 
 
 class _patched:
@@ -132,7 +131,7 @@ class _patched:
         if fch:   # the fused forward pass's config (PostPreFwdCuteCfg fields, e.g. FWD_STAGES=2)
             inner = self.fheur.__func__.__wrapped__
             F.PostPreFwdCuteCfg.heuristic = classmethod(
-                lambda cls, *a, **k: dataclasses.replace(inner(cls, *a, **k), **fch))
+                lambda cls, *a: dataclasses.replace(inner(cls, *a), **fch))
         pch = {k[3:]: ch.pop(k) for k in list(ch) if k.startswith("PP_")}
         if pch:   # the cuTile kernels' PostPreCfg (e.g. PP_TE=32: mhc_pp_mix's tokens a block)
             pinner = self.pheur.__func__.__wrapped__

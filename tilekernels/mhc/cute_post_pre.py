@@ -279,10 +279,6 @@ def _planes_into(p: torch.Tensor, out: torch.Tensor) -> None:
 # The fused forward (cute_post_pre_fwd: out and mhc_pre's projection in one read of the streams, then the epilogue,
 # CUTE_MIX, and cuTile's aggregate); False: the composition (cute_post_bda's forward, then mhc_pre's).
 FUSE_FWD = True
-# The fused forward pass forms layer_in itself (cute_post_pre_fwd's AGG: the row tile's SPLIT CTAs a cluster that
-# exchanges the pre columns' and squares' partials, then each CTA reads its out chunks back, newest first, for
-# layer_in), so the aggregate's read of out is gone; False: cuTile's aggregate after the epilogue.
-FWD_AGG = False
 # The fused forward's epilogue (the planes summed, then mhc_pre's r, h and Sinkhorn) as the CuTe DSL kernel
 # (cute_pp_mix, a thread a token) for fp32 h_post_next / h_res_next; False: cuTile's mhc_pp_mix.
 CUTE_MIX = True
@@ -299,23 +295,17 @@ def fused_fwd_launches(h_res, residual, h_post, x, weight, hbias, bias, out, lay
     p = cfg.pre
     dev, f32 = residual.device, torch.float32
     stage, h_res, h_post = pb._h32(h_res, h_post, cfg.pb, force=True)
-    fcfg = F.PostPreFwdCuteCfg.heuristic(n, C, N, p.pr.NPAD, bias is not None, agg=FWD_AGG)
+    fcfg = F.PostPreFwdCuteCfg.heuristic(n, C, N, p.pr.NPAD, bias is not None)
     p_proj = torch.empty((fcfg.SPLIT, T, p.pr.NPAD), dtype=f32, device=dev)   # one plane a split
     p_ss = torch.empty((fcfg.SPLIT, T), dtype=f32, device=dev)
     h_pre = torch.empty((T, n), dtype=f32, device=dev)
     dst = out if out.data_ptr() % 16 == 0 else torch.empty_like(out)
     xs = aligned16(x)
-    lin = xs   # not read unless AGG
-    if fcfg.AGG:
-        lin = layer_in if layer_in.data_ptr() % 16 == 0 and layer_in.is_contiguous() else torch.empty_like(layer_in)
     steps = [*stage, functools.partial(F.launch(fcfg).run, aligned16(residual), xs,
                                        aligned16(bias) if bias is not None else xs, aligned16(weight), h_res, h_post,
-                                       dst, p_proj, p_ss, hbias.contiguous(), lin, float(n * C), float(rms_eps),
-                                       float(alpha_pre), T)]
+                                       dst, p_proj, p_ss, T)]
     if dst is not out:
         steps.append(functools.partial(out.copy_, dst))
-    if fcfg.AGG and lin is not layer_in:
-        steps.append(functools.partial(layer_in.copy_, lin))
     scal = (float(rms_eps), float(alpha_pre), float(alpha_post), float(alpha_res), float(sinkhorn_eps))
     if CUTE_MIX and h_post_next.dtype == f32 and h_res_next.dtype == f32:
         steps.append(functools.partial(CM.run_mix, p_proj, p_ss, hbias, proj, r, h_pre, h_post_next, h_res_next,
@@ -324,7 +314,7 @@ def fused_fwd_launches(h_res, residual, h_post, x, weight, hbias, bias, out, lay
         steps.append(Launch(pp.mhc_pp_mix, (cdiv(T, cfg.TE),),
                             (p_proj, p_ss, hbias, proj, r, h_pre, h_post_next, h_res_next, float(n * C), *scal, n,
                              p.NP, p.pr.NPAD, cfg.TE, fcfg.SPLIT, p.ITERS, p.APPROX, False), cfg))
-    return steps if fcfg.AGG else steps + [agg.fwd_launch(out, h_pre, layer_in, p.agg)]
+    return steps + [agg.fwd_launch(out, h_pre, layer_in, p.agg)]
 
 
 @kernel("mhc_post_pre", "cute", "fwd")
