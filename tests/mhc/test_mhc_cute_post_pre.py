@@ -260,18 +260,9 @@ def test_config_limits():
     assert F.SPLIT_DEFAULT * 32 <= 256 and K.SPLIT_DEFAULT * 16 <= 256
 
 
-@pytest.mark.parametrize("vec", [True, False], ids=["VEC", "pairs"])
 @pytest.mark.parametrize("n,C,CW", [(4, 96, 32), (3, 200, 32), (1, 64, 32), (4, 104, 16)])
-def test_permuted_weight_matches_the_accumulator_columns(n, C, CW, vec):
-    """The weight copy's column for accumulator block (cb, stream i), column cc holds channel channel_of(cb, cc) of
-    stream i; with VEC a thread's columns cc, cc + 1 of its CW / 8 blocks are CW / 4 adjacent channels (what its
-    vector accesses take)."""
-    cfg = dataclasses.replace(K.PostPreBwdCuteCfg.heuristic(n, C, n * n + 2 * n, True, CW), VEC=vec)
-    if vec:   # written out, not through channel_of: block pair g of thread cq holds channels 16 g + 4 (cq / 2) + 0..3
-        for cq in range(0, 8, 2):
-            for g in range(CW // 16):
-                got = sorted(K.channel_of(cfg, cb, cq + e) for cb in (2 * g, 2 * g + 1) for e in range(2))
-                assert got == list(range(16 * g + 2 * cq, 16 * g + 2 * cq + 4)), (cq, g, got)
+def test_permuted_weight_matches_the_accumulator_columns(n, C, CW):
+    cfg = K.PostPreBwdCuteCfg.heuristic(n, C, n * n + 2 * n, True, CW)
     w = rand(cfg.N, n * C, dtype=BF16)
     wp = K.permuted_weight(w, cfg)
     assert wp.shape == (cfg.NP, cfg.nch * 2 * cfg.NW)
@@ -282,7 +273,7 @@ def test_permuted_weight_matches_the_accumulator_columns(n, C, CW, vec):
                 for i in range(n):
                     for cc in range(8):
                         col = (ch * 2 + wc) * cfg.NW + 8 * (cb * n + i) + cc
-                        c = ch * cfg.CC + wc * cfg.CW + K.channel_of(cfg, cb, cc)
+                        c = ch * cfg.CC + wc * cfg.CW + cb * 8 + cc
                         want = w[:, i * C + c] if c < C else torch.zeros(cfg.N, dtype=BF16)
                         assert torch.equal(wp[:cfg.N, col], want), (ch, wc, cb, i, cc)
 
@@ -332,18 +323,6 @@ def test_cute_chunks_of_32_channels(c, monkeypatch):
     """CW = 16 (the sweep's 32-channel chunks, measured slower): the same checks."""
     orig = K.PostPreBwdCuteCfg.heuristic
     monkeypatch.setattr(K.PostPreBwdCuteCfg, "heuristic", lambda n, C, N, hb, CW=32: orig(n, C, N, hb, 16))
-    run_cutile(c, backend="cute")
-
-
-@on_gpu
-@pytest.mark.parametrize("c", [dict(T=130, n=4, C=200, h=F32, bias=True), dict(T=65, n=3, C=520, h=BF16, bias=False)],
-                         ids=case_id)
-def test_cute_pairs_mapping_matches_float64(c, monkeypatch):
-    """VEC off (a thread's channels as pairs 8 apart, each read and written by its own access; VEC, the default every
-    other GPU test here runs, makes them adjacent): the same checks."""
-    orig = K.PostPreBwdCuteCfg.heuristic
-    monkeypatch.setattr(K.PostPreBwdCuteCfg, "heuristic",
-                        lambda n, C, N, hb, CW=32: dataclasses.replace(orig(n, C, N, hb, CW), VEC=False))
     run_cutile(c, backend="cute")
 
 

@@ -107,7 +107,6 @@ class PostPreBwdCuteCfg:
     CW: int = 32   # channels of a chunk a consumer warpgroup owns (of every stream); a chunk is 2*CW
     SPLIT: int = 1  # CTAs a row tile: CTA (r, m) takes chunks r, r + SPLIT, ... and writes dh plane r
     DWPRE: bool = False  # also mhc_pre's dweight pre rows from the recomputed out: partials [row tiles, n, n C]
-    VEC: bool = True   # a thread's channels of a token contiguous (CW / 4 of them): one vector access a tile
 
     def __post_init__(self):
         if not (1 <= self.n <= 4 and self.N == self.n * self.n + 2 * self.n and self.N <= self.NP
@@ -187,25 +186,14 @@ def _fits(cfg: PostPreBwdCuteCfg, stages: int) -> bool:
     return dataclasses.replace(cfg, STAGES=2).smem_bytes + (stages - 2) * (cfg.stage_bytes + 144) <= SMEM_LIMIT
 
 
-def channel_of(cfg: PostPreBwdCuteCfg, cb: int, cc: int) -> int:
-    """The channel (within a warpgroup's CW) of accumulator column cc of 8-column block cb (of a stream): cb*8 + cc,
-    or with VEC (cb // 2)*16 + (cc // 2)*4 + (cb % 2)*2 + cc % 2: the thread holding columns cc, cc + 1 of every
-    block holds, for each pair of blocks, 4 adjacent channels, and the 4 threads of a token hold 16 adjacent ones
-    (their 8-byte accesses fill 32 adjacent bytes of a tile row: no bank conflicts in the 128-byte swizzle)."""
-    return (cb // 2) * 16 + (cc // 2) * 4 + (cb % 2) * 2 + cc % 2 if cfg.VEC else cb * 8 + cc
-
-
 def permuted_weight(weight: torch.Tensor, cfg: PostPreBwdCuteCfg) -> torch.Tensor:
     """weight [N, n*C] bf16 -> [NP, nch * 2 * NW] bf16: column ((ch*2 + wc)*(CW/8) + cb)*8n + 8i + cc holds
-    weight[:, i*C + c] with c = ch*2*CW + wc*CW + channel_of(cfg, cb, cc) (zeros past C and in rows N..NP-1): the
-    order of the consumers' accumulator columns."""
+    weight[:, i*C + c] with c = ch*2*CW + wc*CW + cb*8 + cc (zeros past C and in rows N..NP-1): the order of
+    the consumers' accumulator columns."""
     n, C, N, NP, nch, CW = cfg.n, cfg.C, cfg.N, cfg.NP, cfg.nch, cfg.CW
     w = torch.zeros((NP, n, nch * cfg.CC), dtype=weight.dtype, device=weight.device)
     w[:N, :, :C] = weight.view(N, n, C)
-    if cfg.VEC:   # the CW channels as (cb // 2, cc // 2, cb % 2, cc % 2)
-        w = w.view(NP, n, nch, 2, CW // 16, 4, 2, 2).permute(0, 2, 3, 4, 6, 1, 5, 7)
-    else:
-        w = w.view(NP, n, nch, 2, CW // 8, 8).permute(0, 2, 3, 4, 1, 5)
+    w = w.view(NP, n, nch, 2, CW // 8, 8).permute(0, 2, 3, 4, 1, 5)
     return w.reshape(NP, nch * 2 * cfg.NW).contiguous()
 
 
@@ -246,87 +234,6 @@ def bias_ring(smem, cc: int, stages: int):
     """The bias ring of both post_pre passes in ``smem``: [cc] bf16 a stage (cc <= 64), each stage's TMA destination
     128-byte aligned, i.e. 64 elements apart (64-byte stages faulted: a misaligned TMA destination, session 16)."""
     return smem.allocate_tensor(BFloat16, cute.make_layout((cc, 1, stages), stride=(1, cc, 64)), byte_alignment=128)
-
-
-@cute.jit
-def _epilogue(cfg: cutlass.Constexpr, sT: cute.Tensor, sB: cute.Tensor, base: Int32, st: Int32, acc: cute.Tensor,
-              t0: Int32, cq: Int32, wc: Int32, hp: cute.Tensor, hr: cute.Tensor, hq: cute.Tensor, coef: cute.Tensor,
-              dhp: cute.Tensor, dhr: cute.Tensor, db: cute.Tensor):
-    """A consumer thread's (token, channel) work of stage st (base: its first tile): for its tokens t0, t0 + 8 and
-    its channels, out recomputed, d_total, dresidual and dx written over the residual and x tiles (bf16; with DWPRE
-    out over dout), the dh sums and the dbias column sums (db [CW/8, 2]: accumulator block cb, column e) added to.
-    Its channels come as groups of W adjacent ones read and written with one vector access a tile: with VEC CW / 16
-    groups of 4 (``channel_of``), else the CW / 8 pairs cb*8 + cq, +1."""
-    n, CW = cfg.n, cfg.CW
-    G, W = (CW // 16, 4) if const_expr(cfg.VEC) else (CW // 8, 2)
-    rows = cute.make_layout((n, W), stride=(W, 1))   # a stream's W channels adjacent: one vector access a tile
-    gb = cute.make_rmem_tensor(rows, BFloat16)   # dout, residual of every stream; x, dlayer_in, bias
-    rb = cute.make_rmem_tensor(rows, BFloat16)
-    xb_ = cute.make_rmem_tensor((W,), BFloat16)
-    ab = cute.make_rmem_tensor((W,), BFloat16)
-    bb = cute.make_rmem_tensor((W,), BFloat16)
-    rv = cute.make_rmem_tensor((n,), Float32)      # residual of one (token, channel), every stream
-    dv = cute.make_rmem_tensor((n,), Float32)      # d_total of one (token, channel)
-    dres = cute.make_rmem_tensor(rows, BFloat16)
-    dxv = cute.make_rmem_tensor((W,), BFloat16)
-    ov = cute.make_rmem_tensor(rows, BFloat16)
-    for h in cutlass.range_constexpr(2):
-        tl = t0 + 8 * h
-        for g in cutlass.range_constexpr(G):
-            c0 = wc * CW + g * 8 + cq   # the group's first channel within the chunk
-            if const_expr(cfg.VEC):
-                c0 = wc * CW + 16 * g + (cq // 2) * W
-
-            def tile_vec(slot):
-                return cute.logical_divide(sT[None, None, base + slot], (cute.make_layout(W), None))[
-                    (None, c0 // W), tl]
-
-            for i in cutlass.range_constexpr(n):
-                cute.autovec_copy(tile_vec(i), gb[i, None])
-                cute.autovec_copy(tile_vec(n + i), rb[i, None])
-            cute.autovec_copy(tile_vec(2 * n), xb_)
-            cute.autovec_copy(tile_vec(2 * n + 1), ab)
-            if const_expr(cfg.HAS_BIAS):
-                cute.autovec_copy(cute.logical_divide(sB[None, 0, st], cute.make_layout(W))[(None, c0 // W)], bb)
-            for k in cutlass.range_constexpr(W):
-                cb = g
-                e = k
-                if const_expr(cfg.VEC):   # channel c0 + k: column e of block cb (channel_of)
-                    cb = 2 * g + k // 2
-                    e = k % 2
-                xb = xb_[k].to(Float32)
-                if const_expr(cfg.HAS_BIAS):
-                    xb = xb + bb[k].to(Float32)
-                for j in cutlass.range_constexpr(n):
-                    rv[j] = rb[j, k].to(Float32)
-                for i in cutlass.range_constexpr(n):
-                    o = hp[h, i] * xb
-                    for j in cutlass.range_constexpr(n):
-                        o = o + hr[h, i, j] * rv[j]
-                    ov[i, k] = BFloat16(o)
-                    ob = ov[i, k].to(Float32)
-                    q = e + 2 * h + 4 * (cb * n + i)
-                    dv[i] = acc[q] + coef[h] * ob + hq[h, i] * ab[k].to(Float32) + gb[i, k].to(Float32)
-                gx = Float32(0.0)
-                for i in cutlass.range_constexpr(n):
-                    gx = gx + hp[h, i] * dv[i]
-                dxv[k] = BFloat16(gx)
-                db[cb, e] = db[cb, e] + gx
-                for j in cutlass.range_constexpr(n):
-                    s_ = Float32(0.0)
-                    for i in cutlass.range_constexpr(n):
-                        s_ = s_ + hr[h, i, j] * dv[i]
-                    dres[j, k] = BFloat16(s_)
-                for i in cutlass.range_constexpr(n):
-                    dhp[h, i] = dhp[h, i] + dv[i] * xb
-                    for j in cutlass.range_constexpr(n):
-                        dhr[h, i, j] = dhr[h, i, j] + dv[i] * rv[j]
-            for j in cutlass.range_constexpr(n):
-                cute.autovec_copy(dres[j, None], tile_vec(n + j))
-            cute.autovec_copy(dxv, tile_vec(2 * n))
-            if const_expr(cfg.DWPRE):   # out over the dout it was read from (this thread's channels only)
-                for i in cutlass.range_constexpr(n):
-                    cute.autovec_copy(ov[i, None], tile_vec(i))
 
 
 @cute.kernel
@@ -505,6 +412,13 @@ def _kernel(cfg: cutlass.Constexpr, tma_dout: cute.CopyAtom, mDout: cute.Tensor,
         dhr.fill(0.0)
         dhp.fill(0.0)
         db = cute.make_rmem_tensor((CW // 8, 2), Float32)
+        pair = cute.make_rmem_tensor((2,), BFloat16)
+        rv = cute.make_rmem_tensor((n, 2), Float32)     # residual of the (token, channel pair), every stream
+        gv = cute.make_rmem_tensor((n, 2), Float32)     # dout
+        dv = cute.make_rmem_tensor((n,), Float32)       # d_total of one (token, channel)
+        xv = cute.make_rmem_tensor((2,), Float32)
+        av = cute.make_rmem_tensor((2,), Float32)
+        bv = cute.make_rmem_tensor((2,), Float32)
         pb = cute.make_tensor(p_bias, cute.make_layout((ntm, C), stride=(C, 1)))
 
         rst = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, S)
@@ -522,7 +436,66 @@ def _kernel(cfg: cutlass.Constexpr, tma_dout: cute.CopyAtom, mDout: cute.Tensor,
 
             base = st * NT
             db.fill(0.0)
-            _epilogue(cfg, sT, sB, base, st, acc, t0, cq, wc, hp, hr, hq, coef, dhp, dhr, db)
+            for h in cutlass.range_constexpr(2):
+                tl = t0 + 8 * h
+                for cb in cutlass.range_constexpr(CW // 8):
+                    cl = wc * CW + cb * 8 + cq      # the pair's first channel within the chunk
+
+                    def tile_pair(slot):
+                        return cute.logical_divide(sT[None, None, base + slot], (cute.make_layout(2), None))[
+                            (None, cl // 2), tl]
+
+                    for i in cutlass.range_constexpr(n):
+                        cute.autovec_copy(tile_pair(i), pair)
+                        gv[i, 0] = pair[0].to(Float32)
+                        gv[i, 1] = pair[1].to(Float32)
+                        cute.autovec_copy(tile_pair(n + i), pair)
+                        rv[i, 0] = pair[0].to(Float32)
+                        rv[i, 1] = pair[1].to(Float32)
+                    cute.autovec_copy(tile_pair(2 * n), pair)
+                    xv[0] = pair[0].to(Float32)
+                    xv[1] = pair[1].to(Float32)
+                    cute.autovec_copy(tile_pair(2 * n + 1), pair)
+                    av[0] = pair[0].to(Float32)
+                    av[1] = pair[1].to(Float32)
+                    if const_expr(cfg.HAS_BIAS):
+                        bv[0] = sB[cl, 0, st].to(Float32)
+                        bv[1] = sB[cl + 1, 0, st].to(Float32)
+                    dres = cute.make_rmem_tensor((n, 2), BFloat16)
+                    dxp = cute.make_rmem_tensor((2,), BFloat16)
+                    ov = cute.make_rmem_tensor((n, 2), BFloat16)
+                    for e in cutlass.range_constexpr(2):
+                        xb = xv[e]
+                        if const_expr(cfg.HAS_BIAS):
+                            xb = xb + bv[e]
+                        for i in cutlass.range_constexpr(n):
+                            o = hp[h, i] * xb
+                            for j in cutlass.range_constexpr(n):
+                                o = o + hr[h, i, j] * rv[j, e]
+                            ov[i, e] = BFloat16(o)
+                            ob = ov[i, e].to(Float32)
+                            q = e + 2 * h + 4 * (cb * n + i)
+                            dv[i] = acc[q] + coef[h] * ob + hq[h, i] * av[e] + gv[i, e]
+                        gx = Float32(0.0)
+                        for i in cutlass.range_constexpr(n):
+                            gx = gx + hp[h, i] * dv[i]
+                        dxp[e] = BFloat16(gx)
+                        db[cb, e] = db[cb, e] + gx
+                        for j in cutlass.range_constexpr(n):
+                            s_ = Float32(0.0)
+                            for i in cutlass.range_constexpr(n):
+                                s_ = s_ + hr[h, i, j] * dv[i]
+                            dres[j, e] = BFloat16(s_)
+                        for i in cutlass.range_constexpr(n):
+                            dhp[h, i] = dhp[h, i] + dv[i] * xb
+                            for j in cutlass.range_constexpr(n):
+                                dhr[h, i, j] = dhr[h, i, j] + dv[i] * rv[j, e]
+                    for j in cutlass.range_constexpr(n):
+                        cute.autovec_copy(dres[j, None], tile_pair(n + j))
+                    cute.autovec_copy(dxp, tile_pair(2 * n))
+                    if const_expr(cfg.DWPRE):   # out over the dout it was read from (this thread's pairs only)
+                        for i in cutlass.range_constexpr(n):
+                            cute.autovec_copy(ov[i, None], tile_pair(i))
             if const_expr(cfg.DWPRE):
                 # both warpgroups' out in the dout slots (each wrote its 32 channels of every stream), then the
                 # chunk's pre rows of dweight; the stage is released once the wgmma has read it
@@ -560,11 +533,8 @@ def _kernel(cfg: cutlass.Constexpr, tma_dout: cute.CopyAtom, mDout: cute.Tensor,
                 par = k_ % 2
                 if lane < 4:
                     for cb in cutlass.range_constexpr(CW // 8):
-                        for e in cutlass.range_constexpr(2):
-                            if const_expr(cfg.VEC):
-                                sPB[(cb // 2) * 16 + (cq // 2) * 4 + (cb % 2) * 2 + e, wq, wc, par] = db[cb, e]
-                            else:
-                                sPB[cb * 8 + cq + e, wq, wc, par] = db[cb, e]
+                        sPB[cb * 8 + cq, wq, wc, par] = db[cb, 0]
+                        sPB[cb * 8 + cq + 1, wq, wc, par] = db[cb, 1]
                 cute.arch.barrier(barrier_id=2 + wc, number_of_threads=128)
                 if wq == 0 and lane < CW:
                     v = sPB[lane, 0, wc, par]
