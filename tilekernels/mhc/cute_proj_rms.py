@@ -166,6 +166,11 @@ class ProjRmsBwdCuteCfg:
         channels cs * 64 PPS + 64 (p % PPS) ..; warpgroup wc owns pieces 2 wc, 2 wc + 1."""
         return 4 // (self.K // self.AGG_C) if self._agg_il else 0
 
+    @property
+    def nct(self) -> int:
+        """AGG_IL: 64-channel pieces a stream (the last partly past C where C % 64 != 0)."""
+        return -(-self.AGG_C // PIECE)
+
     @classmethod
     @functools.lru_cache(maxsize=256)
     def heuristic(cls, N: int, K: int) -> "ProjRmsBwdCuteCfg":
@@ -229,9 +234,8 @@ def _store_dx_il(cfg: cutlass.Constexpr, tma_dx: cute.CopyAtom, tDs: cute.Tensor
     """AGG_IL: _store_dx's four pieces (piece p of stage st is buffer 2 ((p // 2) S + st) + p % 2; a piece wholly
     past C, whose load was clamped onto the last channel tile, stores nothing)."""
     PPS, S = cfg.PPS, cfg.STAGES
-    nct = (cfg.AGG_C + PIECE - 1) // PIECE
     for p in cutlass.range_constexpr(4):
-        if cs * PPS + p % PPS < nct:
+        if cs * PPS + p % PPS < cfg.nct:
             cute.copy(tma_dx, tDs[None, 2 * ((p // 2) * S + st) + p % 2], tDg[None, cs * PPS + p % PPS, m, p // PPS])
     cute.arch.cp_async_bulk_commit_group()
     cute.arch.cp_async_bulk_wait_group(0, read=True)
@@ -334,7 +338,7 @@ def _bwd_kernel(cfg: cutlass.Constexpr, tma_x: cute.CopyAtom, mX: cute.Tensor, t
                         sst.advance()
                 bar = pipe.producer_get_barrier(pst)
                 if const_expr(IL):   # pieces wholly past C: the last channel tile again (its dx is not stored)
-                    nct = (cfg.AGG_C + PIECE - 1) // PIECE
+                    nct = cfg.nct
                     for p in cutlass.range_constexpr(4):
                         cute.copy(tma_x, tXg[None, cutlass.min(cs * PPS + p % PPS, nct - 1), m, p // PPS],
                                   tXs[None, 2 * ((p // 2) * S + pst.index) + p % 2], tma_bar_ptr=bar)
