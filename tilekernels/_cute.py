@@ -322,15 +322,12 @@ def release_read_stage(pipe, state, fence: bool = True) -> None:
 
 @cute.jit
 def ring_producer(pipe: cutlass.Constexpr, stages: cutlass.Constexpr, items: cutlass.Int32, load: cutlass.Constexpr,
-                  store: cutlass.Constexpr, late: cutlass.Constexpr = None) -> None:
+                  store: cutlass.Constexpr) -> None:
     """One producer warp's loop over a TMA ring whose released stages hold results to store (called from a
     ``@cute.kernel``): item k (0 .. items-1) is loaded by ``load(stage, k, bar)`` into the next free stage; a
     stage that comes back holds item k - stages's results, which lane 0 stores first by ``store(stage, item)``
     (TMA stores waited until they have read the stage), and the last min(stages, items) once released after
-    the loop; then lane 0 waits for the stores to complete. ``pipe``: :func:`tma_pipeline`'s.
-    ``late``: the loads split in two: ``load`` then fills only the stage's slots that hold no results and is
-    issued before the stores (its reads from memory overlap them), ``late(stage, k, bar)`` the result slots
-    after the stores have read them (one full barrier for both: the stage's bytes are counted once)."""
+    the loop; then lane 0 waits for the stores to complete. ``pipe``: :func:`tma_pipeline`'s."""
     import cutlass.pipeline as pipeline
 
     pst = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, stages)
@@ -340,16 +337,11 @@ def ring_producer(pipe: cutlass.Constexpr, stages: cutlass.Constexpr, items: cut
     lane0 = cute.arch.lane_idx() == 0
     for k in cutlass.range(items, unroll=1):
         pipe.producer_acquire(pst)
-        if cutlass.const_expr(late is not None):
-            load(pst.index, k, pipe.producer_get_barrier(pst))
         if k >= stages:
             if lane0:
                 store(sst.index, k - stages)
             sst.advance()
-        if cutlass.const_expr(late is None):
-            load(pst.index, k, pipe.producer_get_barrier(pst))
-        else:
-            late(pst.index, k, pipe.producer_get_barrier(pst))
+        load(pst.index, k, pipe.producer_get_barrier(pst))
         pipe.producer_commit(pst)
         pst.advance()
     for q in cutlass.range(cutlass.max(items - stages, 0), items, unroll=1):

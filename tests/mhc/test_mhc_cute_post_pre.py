@@ -162,23 +162,6 @@ def test_split_configs_compile_for_sm90a(split):
         assert not unfenced_releases(art.ptx)
 
 
-@pytest.mark.parametrize("ms,early", [(2, False), (4, False), (1, True), (4, True)])
-def test_wgmma_groups_and_early_loads_compile_for_sm90a(ms, early):
-    """The backward pass with its dproj @ weight wgmma in MS column groups and / or EARLY loads (the producer's
-    non-result slots loaded before the stage's stores), at issue 15's shape with DWPRE and at n = 3 (NW = 96, so
-    groups of 48 and 24 columns): no spills, every stage release fenced, MS + 1 commit groups a chunk's consumers
-    wait on in turn."""
-    for n, C in ((4, 7168), (3, 520)):
-        N = n * n + 2 * n
-        cfg = dataclasses.replace(K.with_dwpre(K.PostPreBwdCuteCfg.heuristic(n, C, N, True)), MS=ms, EARLY=early)
-        art = K.launch(cfg).export("sm_90a")
-        res = [v for k, v in cubin_resources(art.cubin).items() if "kernel" in k]
-        assert len(res) == 1 and res[0]["frame"] == 0, res
-        assert not unfenced_releases(art.ptx)
-        waits = re.findall(r"wgmma\.wait_group\.sync\.aligned\s+(\d+)", art.ptx)
-        assert sorted(set(int(w) for w in waits)) == list(range(ms)), waits
-
-
 @pytest.mark.parametrize("planes", [None, 1, 2, 4])
 @pytest.mark.parametrize("dst", ["f32", "bf16", "strided"])
 def test_split_planes_sum_into_dh(planes, dst):
@@ -266,11 +249,6 @@ def test_config_limits():
     assert [K.PostPreBwdCuteCfg.heuristic(2, c, 8, True).SPLIT for c in (64, 104, 200)] == [1, 2, 4]
     with pytest.raises(ValueError, match="SPLIT <= chunks"):
         K.PostPreBwdCuteCfg(n=2, C=104, N=8, SPLIT=3)
-    # MS column groups of the consumers' wgmma: a divisor of the CW / 8 channel blocks
-    assert K.PostPreBwdCuteCfg(n=4, C=7168, N=24, MS=4).MS == 4
-    for ms, cw in ((3, 32), (4, 16), (0, 32)):
-        with pytest.raises(ValueError, match="MS in"):
-            K.PostPreBwdCuteCfg(n=4, C=7168, N=24, CW=cw, MS=ms)
     from tilekernels.mhc import cute_post_pre_fwd as F
 
     assert F.PostPreFwdCuteCfg.heuristic(4, 7168, 24, 32, True).SPLIT == 8
@@ -345,23 +323,6 @@ def test_cute_chunks_of_32_channels(c, monkeypatch):
     """CW = 16 (the sweep's 32-channel chunks, measured slower): the same checks."""
     orig = K.PostPreBwdCuteCfg.heuristic
     monkeypatch.setattr(K.PostPreBwdCuteCfg, "heuristic", lambda n, C, N, hb, CW=32: orig(n, C, N, hb, 16))
-    run_cutile(c, backend="cute")
-
-
-@on_gpu
-@pytest.mark.parametrize("ms,early", [(2, False), (4, False), (1, True), (2, True)])
-@pytest.mark.parametrize("c", [dict(T=130, n=4, C=520, h=F32, bias=True), dict(T=37, n=3, C=200, h=BF16, bias=True),
-                               dict(T=70, n=2, C=256, h=F32, bias=True), dict(T=65, n=4, C=7168, h=BF16, bias=False)],
-                         ids=case_id)
-def test_cute_wgmma_groups_and_early_loads_match_float64(c, ms, early, monkeypatch):
-    """The backward pass with MS column groups of its dproj @ weight wgmma and / or EARLY loads (C=256 at n=2: as
-    many chunks as stages, so the stores after the loop; C=520: a chunk half past C): the float64 checks."""
-    kb = K.PostPreBwdCuteCfg.heuristic
-
-    def bwd(n, C, N, hb, CW=32):
-        return dataclasses.replace(kb(n, C, N, hb, CW), MS=ms, EARLY=early)
-
-    monkeypatch.setattr(K.PostPreBwdCuteCfg, "heuristic", bwd)
     run_cutile(c, backend="cute")
 
 

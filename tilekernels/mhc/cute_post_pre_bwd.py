@@ -107,19 +107,14 @@ class PostPreBwdCuteCfg:
     CW: int = 32   # channels of a chunk a consumer warpgroup owns (of every stream); a chunk is 2*CW
     SPLIT: int = 1  # CTAs a row tile: CTA (r, m) takes chunks r, r + SPLIT, ... and writes dh plane r
     DWPRE: bool = False  # also mhc_pre's dweight pre rows from the recomputed out: partials [row tiles, n, n C]
-    MS: int = 1  # the consumers' dproj @ weight wgmma as MS column groups (8-channel blocks cb), each its own commit
-    #              group: the epilogue of group s runs while groups s+1.. are still on the tensor cores
-    EARLY: bool = False  # the producer loads a stage's dout, dlayer_in, weight and bias before it stores the
-    #                      stage's dresidual / dx (ring_producer's ``late``), residual and x after
 
     def __post_init__(self):
         if not (1 <= self.n <= 4 and self.N == self.n * self.n + 2 * self.n and self.N <= self.NP
                 and self.NP in (16, 32) and self.C % 8 == 0 and self.C > 0 and self.STAGES >= 2
-                and self.CW in (16, 32) and 1 <= self.SPLIT <= self.nch and (self.CW == 32 or not self.DWPRE)
-                and self.MS in (1, 2, 4) and (self.CW // 8) % self.MS == 0):
+                and self.CW in (16, 32) and 1 <= self.SPLIT <= self.nch and (self.CW == 32 or not self.DWPRE)):
             raise ValueError(f"mhc_post_pre cute bwd: config {self}: needs n <= 4, N = n*n + 2n <= NP in (16, 32), "
                              f"C % 8 == 0, STAGES >= 2, CW 16 or 32 (32 with DWPRE: the wgmma's M), "
-                             f"1 <= SPLIT <= chunks, MS in (1, 2, 4) dividing CW / 8")
+                             f"1 <= SPLIT <= chunks")
         if self.smem_bytes > SMEM_LIMIT:
             raise ValueError(f"mhc_post_pre cute bwd: config {self} needs {self.smem_bytes} bytes of shared memory")
 
@@ -207,13 +202,13 @@ def permuted_weight(weight: torch.Tensor, cfg: PostPreBwdCuteCfg) -> torch.Tenso
 
 def _layouts(cfg):
     """(sT, sW, sH): the stage tiles [CC ch, BM tok] channel-major x tiles*STAGES (index stage*tiles +
-    slot: dout i -> i, residual j -> n + j, x -> 2n, dlayer_in -> 2n + 1); the weight B operands [NW / MS, NP]
-    MN-major x 2*MS*STAGES (index (wc*MS + group)*STAGES + stage); dproj's terms as the A operand [BM, NP]
-    K-major x 3; with DWPRE the pre columns' hi and mid terms interleaved (column 2j hi, 2j + 1 mid of pre column j;
-    zeros past n) as the dweight wgmma's B operand [8, BM] K-major."""
+    slot: dout i -> i, residual j -> n + j, x -> 2n, dlayer_in -> 2n + 1); the weight B operands [NW, NP]
+    MN-major x 2*STAGES (index wc*STAGES + stage); dproj's terms as the A operand [BM, NP] K-major x 3; with DWPRE
+    the pre columns' hi and mid terms interleaved (column 2j hi, 2j + 1 mid of pre column j; zeros past n) as the
+    dweight wgmma's B operand [8, BM] K-major."""
     mn, km = LayoutEnum.COL_MAJOR, LayoutEnum.ROW_MAJOR
     sT = sm90_utils.make_smem_layout_a(mn, (cfg.CC, 16, BM), BFloat16, cfg.tiles * cfg.STAGES)
-    sW = sm90_utils.make_smem_layout_b(mn, (BM, cfg.NW // cfg.MS, cfg.NP), BFloat16, 2 * cfg.MS * cfg.STAGES)
+    sW = sm90_utils.make_smem_layout_b(mn, (BM, cfg.NW, cfg.NP), BFloat16, 2 * cfg.STAGES)
     sH = sm90_utils.make_smem_layout_a(km, (BM, cfg.NW, cfg.NP), BFloat16, TERMS)
     sQ = sm90_utils.make_smem_layout_b(km, (64, 8, BM), BFloat16, 1)
     return sT, sW, sH, sQ
@@ -286,33 +281,12 @@ def _kernel(cfg: cutlass.Constexpr, tma_dout: cute.CopyAtom, mDout: cute.Tensor,
     _, tXg = CU.tma_tiles(tma_x, sT, mX, (CC, BM))
     _, tGg = CU.tma_tiles(tma_dg, sT, mDg, (CC, BM))
     _, tOg = CU.tma_tiles(tma_dx, sT, mDx, (CC, BM))
-    MS = cfg.MS
-    tWs, tWg = CU.tma_tiles(tma_w, sW, mW, (NW // MS, NP))
+    tWs, tWg = CU.tma_tiles(tma_w, sW, mW, (NW, NP))
     tBs, tBg = CU.tma_tiles(tma_b, sB, mB, (CC, 1), (None, 0))
 
     if wg == 0:
         cute.arch.setmaxregister_decrease(PRODUCER_REGS)
         if warp == 0:
-            def load_res(st, k, bar):   # the slots the stage's results go to (residual, x)
-                ch = r_ + k * SP
-                base = st * NT
-                for i in cutlass.range_constexpr(n):
-                    cute.copy(tma_res, tRg[None, ch, m, i], tDs[None, base + n + i], tma_bar_ptr=bar)
-                cute.copy(tma_x, tXg[None, ch, m], tDs[None, base + 2 * n], tma_bar_ptr=bar)
-
-            def load_rest(st, k, bar):  # dout, dlayer_in, the weight groups, bias
-                ch = r_ + k * SP
-                base = st * NT
-                for i in cutlass.range_constexpr(n):
-                    cute.copy(tma_dout, tDg[None, ch, m, i], tDs[None, base + i], tma_bar_ptr=bar)
-                cute.copy(tma_dg, tGg[None, ch, m], tDs[None, base + 2 * n + 1], tma_bar_ptr=bar)
-                for w_ in cutlass.range_constexpr(2):
-                    for g_ in cutlass.range_constexpr(MS):
-                        cute.copy(tma_w, tWg[None, (2 * ch + w_) * MS + g_, 0], tWs[None, (w_ * MS + g_) * S + st],
-                                  tma_bar_ptr=bar)
-                if const_expr(cfg.HAS_BIAS):
-                    cute.copy(tma_b, tBg[None, ch], tBs[None, st], tma_bar_ptr=bar)
-
             def load(st, k, bar):
                 ch = r_ + k * SP
                 base = st * NT
@@ -322,19 +296,14 @@ def _kernel(cfg: cutlass.Constexpr, tma_dout: cute.CopyAtom, mDout: cute.Tensor,
                 cute.copy(tma_x, tXg[None, ch, m], tDs[None, base + 2 * n], tma_bar_ptr=bar)
                 cute.copy(tma_dg, tGg[None, ch, m], tDs[None, base + 2 * n + 1], tma_bar_ptr=bar)
                 for w_ in cutlass.range_constexpr(2):
-                    for g_ in cutlass.range_constexpr(MS):
-                        cute.copy(tma_w, tWg[None, (2 * ch + w_) * MS + g_, 0], tWs[None, (w_ * MS + g_) * S + st],
-                                  tma_bar_ptr=bar)
+                    cute.copy(tma_w, tWg[None, 2 * ch + w_, 0], tWs[None, w_ * S + st], tma_bar_ptr=bar)
                 if const_expr(cfg.HAS_BIAS):
                     cute.copy(tma_b, tBg[None, ch], tBs[None, st], tma_bar_ptr=bar)
 
             def store(st, k):   # the stage's dresidual / dx, in its residual and x slots
                 _store_chunk(cfg, tma_dres, tDs, tSg, tma_dx, tDs, tOg, st, r_ + k * SP, m)
 
-            if const_expr(cfg.EARLY):
-                CU.ring_producer(pipe, S, nk, load_rest, store, load_res)
-            else:
-                CU.ring_producer(pipe, S, nk, load, store)
+            CU.ring_producer(pipe, S, nk, load, store)
     else:
         cute.arch.setmaxregister_increase(CONSUMER_REGS)
         wc = wg - 1
@@ -377,13 +346,12 @@ def _kernel(cfg: cutlass.Constexpr, tma_dout: cute.CopyAtom, mDout: cute.Tensor,
 
         mma = sm90_utils.make_trivial_tiled_mma(
             BFloat16, BFloat16, LayoutEnum.ROW_MAJOR.sm90_mma_major_mode(),
-            LayoutEnum.COL_MAJOR.sm90_mma_major_mode(), Float32, (1, 1, 1), tiler_mn=(BM, NW // MS))
+            LayoutEnum.COL_MAJOR.sm90_mma_major_mode(), Float32, (1, 1, 1), tiler_mn=(BM, NW))
         thr0 = mma.get_slice(0)
         tA = mma.make_fragment_A(thr0.partition_A(sH))
         tB = mma.make_fragment_B(thr0.partition_B(sW))
-        cAcc = mma.get_slice(ct_).partition_C(cute.make_identity_tensor((BM, NW // MS)))
-        accs = tuple(cute.make_rmem_tensor(cAcc.shape, Float32) for _ in range(MS))   # column group g: accs[g]
-        CBG = CW // 8 // MS   # 8-channel blocks a group
+        cAcc = mma.get_slice(ct_).partition_C(cute.make_identity_tensor((BM, NW)))
+        acc = cute.make_rmem_tensor(cAcc.shape, Float32)
         t0 = cAcc[0][0]        # this thread's first token (local); the other is t0 + 8
         cq = cAcc[0][1]        # its first channel within each 8-channel block (0, 2, 4, 6)
         if const_expr(cfg.DWPRE):
@@ -459,82 +427,75 @@ def _kernel(cfg: cutlass.Constexpr, tma_dout: cute.CopyAtom, mDout: cute.Tensor,
             pipe.consumer_wait(rst)
             st = rst.index
             warpgroup.fence()
-            for g_ in cutlass.range_constexpr(MS):
-                for term in cutlass.range_constexpr(TERMS):
-                    for kb in cutlass.range_constexpr(NP // 16):
-                        mma.set(warpgroup.Field.ACCUMULATE, term + kb != 0)
-                        cute.gemm(mma, accs[g_], tA[None, None, kb, term], tB[None, None, kb, (wc * MS + g_) * S + st],
-                                  accs[g_])
-                warpgroup.commit_group()
+            for term in cutlass.range_constexpr(TERMS):
+                for kb in cutlass.range_constexpr(NP // 16):
+                    mma.set(warpgroup.Field.ACCUMULATE, term + kb != 0)
+                    cute.gemm(mma, acc, tA[None, None, kb, term], tB[None, None, kb, wc * S + st], acc)
+            warpgroup.commit_group()
+            warpgroup.wait_group(0)
 
             base = st * NT
             db.fill(0.0)
-            # column group g's epilogue once its wgmmas are done (tokens h, then its blocks cb in order: each
-            # register sum adds the same terms in the same order as with MS = 1)
-            for g_ in cutlass.range_constexpr(MS):
-                warpgroup.wait_group(MS - 1 - g_)
-                acc = accs[g_]
-                for h in cutlass.range_constexpr(2):
-                    tl = t0 + 8 * h
-                    for cbg in cutlass.range_constexpr(CBG):
-                        cb = g_ * CBG + cbg
-                        cl = wc * CW + cb * 8 + cq      # the pair's first channel within the chunk
+            for h in cutlass.range_constexpr(2):
+                tl = t0 + 8 * h
+                for cb in cutlass.range_constexpr(CW // 8):
+                    cl = wc * CW + cb * 8 + cq      # the pair's first channel within the chunk
 
-                        def tile_pair(slot):
-                            return cute.logical_divide(sT[None, None, base + slot], (cute.make_layout(2), None))[
-                                (None, cl // 2), tl]
+                    def tile_pair(slot):
+                        return cute.logical_divide(sT[None, None, base + slot], (cute.make_layout(2), None))[
+                            (None, cl // 2), tl]
 
-                        for i in cutlass.range_constexpr(n):
-                            cute.autovec_copy(tile_pair(i), pair)
-                            gv[i, 0] = pair[0].to(Float32)
-                            gv[i, 1] = pair[1].to(Float32)
-                            cute.autovec_copy(tile_pair(n + i), pair)
-                            rv[i, 0] = pair[0].to(Float32)
-                            rv[i, 1] = pair[1].to(Float32)
-                        cute.autovec_copy(tile_pair(2 * n), pair)
-                        xv[0] = pair[0].to(Float32)
-                        xv[1] = pair[1].to(Float32)
-                        cute.autovec_copy(tile_pair(2 * n + 1), pair)
-                        av[0] = pair[0].to(Float32)
-                        av[1] = pair[1].to(Float32)
+                    for i in cutlass.range_constexpr(n):
+                        cute.autovec_copy(tile_pair(i), pair)
+                        gv[i, 0] = pair[0].to(Float32)
+                        gv[i, 1] = pair[1].to(Float32)
+                        cute.autovec_copy(tile_pair(n + i), pair)
+                        rv[i, 0] = pair[0].to(Float32)
+                        rv[i, 1] = pair[1].to(Float32)
+                    cute.autovec_copy(tile_pair(2 * n), pair)
+                    xv[0] = pair[0].to(Float32)
+                    xv[1] = pair[1].to(Float32)
+                    cute.autovec_copy(tile_pair(2 * n + 1), pair)
+                    av[0] = pair[0].to(Float32)
+                    av[1] = pair[1].to(Float32)
+                    if const_expr(cfg.HAS_BIAS):
+                        bv[0] = sB[cl, 0, st].to(Float32)
+                        bv[1] = sB[cl + 1, 0, st].to(Float32)
+                    dres = cute.make_rmem_tensor((n, 2), BFloat16)
+                    dxp = cute.make_rmem_tensor((2,), BFloat16)
+                    ov = cute.make_rmem_tensor((n, 2), BFloat16)
+                    for e in cutlass.range_constexpr(2):
+                        xb = xv[e]
                         if const_expr(cfg.HAS_BIAS):
-                            bv[0] = sB[cl, 0, st].to(Float32)
-                            bv[1] = sB[cl + 1, 0, st].to(Float32)
-                        dres = cute.make_rmem_tensor((n, 2), BFloat16)
-                        dxp = cute.make_rmem_tensor((2,), BFloat16)
-                        ov = cute.make_rmem_tensor((n, 2), BFloat16)
-                        for e in cutlass.range_constexpr(2):
-                            xb = xv[e]
-                            if const_expr(cfg.HAS_BIAS):
-                                xb = xb + bv[e]
-                            for i in cutlass.range_constexpr(n):
-                                o = hp[h, i] * xb
-                                for j in cutlass.range_constexpr(n):
-                                    o = o + hr[h, i, j] * rv[j, e]
-                                ov[i, e] = BFloat16(o)
-                                ob = ov[i, e].to(Float32)
-                                q = e + 2 * h + 4 * (cbg * n + i)
-                                dv[i] = acc[q] + coef[h] * ob + hq[h, i] * av[e] + gv[i, e]
-                            gx = Float32(0.0)
-                            for i in cutlass.range_constexpr(n):
-                                gx = gx + hp[h, i] * dv[i]
-                            dxp[e] = BFloat16(gx)
-                            db[cb, e] = db[cb, e] + gx
+                            xb = xb + bv[e]
+                        for i in cutlass.range_constexpr(n):
+                            o = hp[h, i] * xb
                             for j in cutlass.range_constexpr(n):
-                                s_ = Float32(0.0)
-                                for i in cutlass.range_constexpr(n):
-                                    s_ = s_ + hr[h, i, j] * dv[i]
-                                dres[j, e] = BFloat16(s_)
-                            for i in cutlass.range_constexpr(n):
-                                dhp[h, i] = dhp[h, i] + dv[i] * xb
-                                for j in cutlass.range_constexpr(n):
-                                    dhr[h, i, j] = dhr[h, i, j] + dv[i] * rv[j, e]
+                                o = o + hr[h, i, j] * rv[j, e]
+                            ov[i, e] = BFloat16(o)
+                            ob = ov[i, e].to(Float32)
+                            q = e + 2 * h + 4 * (cb * n + i)
+                            dv[i] = acc[q] + coef[h] * ob + hq[h, i] * av[e] + gv[i, e]
+                        gx = Float32(0.0)
+                        for i in cutlass.range_constexpr(n):
+                            gx = gx + hp[h, i] * dv[i]
+                        dxp[e] = BFloat16(gx)
+                        db[cb, e] = db[cb, e] + gx
                         for j in cutlass.range_constexpr(n):
-                            cute.autovec_copy(dres[j, None], tile_pair(n + j))
-                        cute.autovec_copy(dxp, tile_pair(2 * n))
-                        if const_expr(cfg.DWPRE):   # out over the dout it was read from (this thread's pairs only)
+                            s_ = Float32(0.0)
                             for i in cutlass.range_constexpr(n):
-                                cute.autovec_copy(ov[i, None], tile_pair(i))
+                                s_ = s_ + hr[h, i, j] * dv[i]
+                            dres[j, e] = BFloat16(s_)
+                        for i in cutlass.range_constexpr(n):
+                            dhp[h, i] = dhp[h, i] + dv[i] * xb
+                            for j in cutlass.range_constexpr(n):
+                                dhr[h, i, j] = dhr[h, i, j] + dv[i] * rv[j, e]
+                    for j in cutlass.range_constexpr(n):
+                        cute.autovec_copy(dres[j, None], tile_pair(n + j))
+                    cute.autovec_copy(dxp, tile_pair(2 * n))
+                    if const_expr(cfg.DWPRE):   # out over the dout it was read from (this thread's pairs only)
+                        for i in cutlass.range_constexpr(n):
+                            cute.autovec_copy(ov[i, None], tile_pair(i))
             if const_expr(cfg.DWPRE):
                 # both warpgroups' out in the dout slots (each wrote its 32 channels of every stream), then the
                 # chunk's pre rows of dweight; the stage is released once the wgmma has read it
@@ -642,8 +603,7 @@ def _host(cfg: cutlass.Constexpr, dout: cute.Pointer, res: cute.Pointer, x: cute
     tma_dg, tDg = cpasync.make_tiled_tma_atom(g2s, plain(dg), one, (CC, BM))
     tma_dx, tDx = cpasync.make_tiled_tma_atom(s2g, plain(dx), one, (CC, BM))
     mW = cute.make_tensor(wp, cute.make_layout((Q, cfg.NP), stride=(1, Q)))
-    tma_w, tW = cpasync.make_tiled_tma_atom(g2s, mW, cute.slice_(sW_l, (None, None, 0)),
-                                           (cfg.NW // cfg.MS, cfg.NP))
+    tma_w, tW = cpasync.make_tiled_tma_atom(g2s, mW, cute.slice_(sW_l, (None, None, 0)), (cfg.NW, cfg.NP))
     mB = cute.make_tensor(bias, cute.make_layout((C, 1), stride=(1, C)))
     tma_b, tB = cpasync.make_tiled_tma_atom(g2s, mB, cute.make_layout((CC, 1)), (CC, 1))
     _kernel(cfg, tma_dout, tDout, tma_res, tRes, tma_dres, tDres, tma_x, tX, tma_dg, tDg, tma_dx, tDx, tma_w, tW,
