@@ -185,10 +185,10 @@ def test_split_planes_sum_into_dh(planes, dst):
 
 
 def test_dweight_stand_in_is_row_major():
-    """cute_post_pre._row_major (the dweight the SPLIT_DW / FUSE_DHW reductions write): dweight itself when
+    """cute_proj_rms.row_major (the dweight its reductions and SPLIT_DW / FUSE_DHW's write): dweight itself when
     contiguous and 8-byte aligned, else a fresh row-major tensor of its shape (a permuted view's strides would scramble
     the kernels' [N, n C] rows)."""
-    from tilekernels.mhc.cute_post_pre import _row_major
+    from tilekernels.mhc.cute_proj_rms import row_major as _row_major
 
     w = torch.empty(24, 512, dtype=BF16)
     assert _row_major(w) is w

@@ -162,7 +162,7 @@ def _split_dw(head, mix, out, dlayer_in, dweight, npad, kcfg):
     sk, rest0, rest, dpre, tail = _mix_around(head, mix, zero, dproj0)
     run = functools.partial(DD.launch(dcfg).run, aligned16(out), aligned16(dlayer_in), dproj0, p_dh, p_dw, T, gm)
     steps = [*sk, rest0, run, functools.partial(torch.sum, p_dh, 0, out=dpre), rest, *tail]
-    dw = _row_major(dweight)
+    dw = cpr.row_major(dweight)
     rcfg = cpr.ProjRmsBwdCuteCfg.heuristic(N, n * C)
     finish = [functools.partial(torch.sum, p_pre, 0, out=p_dw[gm, :n]), p_dw[gm, n:].zero_,
               functools.partial(cpr.reduce_launch(rcfg).run, p_dw, dw, gm + 1)]
@@ -197,7 +197,7 @@ def _dhw_head(head, mix, out, dlayer_in, proj, r, hbias, dproj, dweight, alpha_p
     scr = torch.zeros(wp + wd + -(-T * n // 2), dtype=torch.int64, device=dev)   # tags 0: nothing written yet
     zero = scr[wp + wd:].view(torch.float32)[:T * n].view(T, n)                     # dh_pre = 0 for the first mix
     dproj0 = torch.empty((T, npad), dtype=torch.float32, device=dev)
-    dw = _row_major(dweight)
+    dw = cpr.row_major(dweight)
     sk, rest0, rest, dpre, tail = _mix_around(head, mix, zero, dproj0)
     run = functools.partial(D.launch(dcfg).run, aligned16(out), aligned16(dlayer_in), dproj0, proj, r, hbias,
                             dpre, scr[:wp], scr[wp:wp + wd], dw, T, float(alpha_pre))
@@ -255,14 +255,6 @@ def _mix_around(head, mix, zero, dproj0):
     a = rest.args
     return ([_sk_step(x) for x in head[:i - 1]], _rest_step(rest, (zero, *a[1:6], dproj0, *a[7:]), dproj_only=True),
             _rest_step(rest), a[0], head[i + 1:])
-
-
-def _row_major(dweight: torch.Tensor) -> torch.Tensor:
-    """dweight, or a row-major stand-in (copied into it after) where it is not contiguous or 8-byte aligned: the
-    dweight kernels write [N, n C] rows."""
-    if dweight.is_contiguous() and dweight.data_ptr() % 8 == 0:
-        return dweight
-    return torch.empty(dweight.shape, dtype=dweight.dtype, device=dweight.device)
 
 
 def _planes_into(p: torch.Tensor, out: torch.Tensor) -> None:

@@ -642,14 +642,21 @@ def bwd_into(dproj, dr, x, weight, r, dx, dweight, eps: float, cfg: ProjRmsBwdCu
         dx.copy_(dst)
 
 
+def row_major(dweight: torch.Tensor) -> torch.Tensor:
+    """dweight, or a row-major stand-in (copied into it after) where it is not contiguous or 8-byte aligned: the
+    dweight reductions write [N, K] rows (a permuted view's strides would scramble them). Also mhc_post_pre's."""
+    if dweight.is_contiguous() and dweight.data_ptr() % 8 == 0:
+        return dweight
+    return torch.empty(dweight.shape, dtype=dweight.dtype, device=dweight.device)
+
+
 def _run_bwd(cfg: ProjRmsBwdCuteCfg, x, weight, dproj, dr, r, dst, dl, hp, dweight, eps: float) -> None:
     """The backward kernel on prepared operands (x [M, K] and the TMA sources 16-byte aligned, dst [M, K] aligned
     or DW_ONLY's stand-in; dl / hp the aggregate term's or stand-ins), then its dweight reduction: the partials
     [row groups, N, K] fp32, summed in order into dweight (through a scratch where dweight is not contiguous and
     8-byte aligned). The one launch sequence of bwd_into, bwd_agg_into and dweight_into."""
     M, K = x.shape
-    ok = dweight.is_contiguous() and dweight.data_ptr() % 8 == 0
-    dw = dweight if ok else torch.empty(dweight.shape, dtype=dweight.dtype, device=dweight.device)
+    dw = row_major(dweight)
     gme = min(cfg.GM, -(-M // cfg.BM))
     p_dw = torch.empty((gme, cfg.N, K), dtype=torch.float32, device=x.device)
     bwd_launch(cfg).run(x, weight, dproj, dr, r, dst, p_dw, dl, hp, M, gme, eps)
