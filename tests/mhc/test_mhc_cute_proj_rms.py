@@ -400,8 +400,8 @@ def test_bwd_agg_empty_and_views():
     dx = torch.full_like(x, float("nan"))
     dw = torch.full_like(w, float("nan"))
     cpr.bwd_agg_into(dproj, dr, x, w, r, dlv, hp_nc, dx, dw, 1e-6)
-    want = torch.empty_like(dx)
-    want_w = torch.empty_like(dw)
+    want = torch.full_like(dx, float("nan"))   # poisoned too: the equalities below then check every element
+    want_w = torch.full_like(dw, float("nan"))
     cpr.bwd_agg_into(dproj, dr, x, w, r, dl, hpre_t, want, want_w, 1e-6)
     assert torch.equal(dx, want)
     dwt = torch.full((w.shape[1], w.shape[0]), float("nan"), dtype=BF, device="cuda").t()   # [N, n C], not contiguous
