@@ -5,7 +5,7 @@ On the GPU host, from the repository root (as the results in
 benchmarks/results/nvidia-h200-mhc-cutile.md were made):
 
     source .gpu-cutile/env.sh
-    python3 -m pytest tests/mhc/test_mhc_cutile_gpu.py -n 12 --dist loadgroup   # correctness
+    python3 -m pytest tests/mhc/test_mhc_cutile_gpu.py -n 12   # correctness (big cases one at a time: tests/conftest.py)
     python3 benchmarks/mhc_cutile_check.py --out DIR --phases env,sweep,compile
     compute-sanitizer --tool memcheck python3 benchmarks/mhc_cutile_check.py --memcheck
 

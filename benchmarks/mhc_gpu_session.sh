@@ -15,7 +15,7 @@ has() { [[ "$parts" == *",$1,"* ]]; }
 summary=()
 if has tests; then
   timeout 330 python3 -m pytest -q tests/mhc/test_mhc_cutile_gpu.py tests/mhc/test_mhc_cutile_registry.py \
-    tests/registry/test_registry_hot_path.py -n 8 --dist loadgroup -p no:cacheprovider > "$OUT/gpu-tests.txt" 2>&1
+    tests/registry/test_registry_hot_path.py -n 8 -p no:cacheprovider > "$OUT/gpu-tests.txt" 2>&1
   summary+=("tests: $(grep -E 'passed|failed' "$OUT/gpu-tests.txt" | tail -1)")
 fi
 if has memcheck; then

@@ -3,8 +3,10 @@ every test gets fresh random inputs (seeded from the test's id per run, so a
 failure can be replayed with TK_SEED)."""
 from __future__ import annotations
 
+import gc
 import os
 import random
+import tempfile
 import zlib
 
 import pytest
@@ -30,6 +32,34 @@ def _fresh_seed_and_poison(request):
     torch.manual_seed(_RUN_SEED ^ zlib.crc32(request.node.nodeid.encode()))
     with poisoned(True):
         yield
+
+
+BIG_GPU_LOCK = os.path.join(tempfile.gettempdir(), "tilekernels-big-gpu-test.lock")
+
+
+@pytest.fixture(autouse=True)
+def _one_big_gpu_test_at_a_time(request):
+    """Tests marked ``big_gpu`` (headline shapes with float64 references: up to ~50 GB of GPU
+    memory a process) hold an exclusive lock on one file for their run, so under pytest-xdist
+    (``-n N``, any ``--dist``) or concurrent pytest runs on one host only one runs at a time; the
+    caching allocator's blocks are returned before the lock is released. Without it, plain ``-n 8``
+    put several on one H200 at once and ran it out of memory (session 35). An ``xdist_group`` does
+    not do this: ``--dist loadgroup`` must be asked for, and with pytest 9.2 / pytest-xdist 3.8 it
+    groups nothing (xdist tags the group on ``item._nodeid``, which pytest 9.2's nodeid ignores)."""
+    if request.node.get_closest_marker("big_gpu") is None:
+        yield
+        return
+    import fcntl
+
+    with open(BIG_GPU_LOCK, "a") as f:
+        fcntl.flock(f, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            gc.collect()
+            if torch.cuda.is_available():
+                torch.cuda.empty_cache()
+            fcntl.flock(f, fcntl.LOCK_UN)
 
 
 @pytest.fixture

@@ -8,7 +8,6 @@ CUDA. ``benchmarks/mhc_cutile_check.py`` imports the case lists and runners.
 """
 from __future__ import annotations
 
-import importlib.util
 
 import pytest
 import torch
@@ -177,9 +176,9 @@ RUNNERS = {"mhc_h_aggregate": (run_h_aggregate, CASES), "mhc_h_post_bda": (run_h
 
 
 def _params(cases):
-    """Big (T = 32768) cases share one xdist group: with ``-n N --dist loadgroup``
-    they run one at a time, so their float64 references never pile up in memory."""
-    big = [pytest.mark.xdist_group("big")] if importlib.util.find_spec("xdist") else []
+    """Big (T = 32768) cases are marked ``big_gpu``: under ``-n N`` they run one at a time
+    (tests/conftest.py's lock), so their float64 references never pile up in memory."""
+    big = [pytest.mark.big_gpu]
     return [pytest.param(c, id=_id(c), marks=big if max(c.get("T", 0), c.get("M", 0)) > 4096 else [])
             for c in cases]
 
