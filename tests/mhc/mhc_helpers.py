@@ -18,6 +18,17 @@ def case_id(c: dict) -> str:
     return "-".join(f"{k}{str(v).removeprefix('torch.')}" for k, v in c.items())
 
 
+BIG_TOKENS = 16384
+
+
+def gpu_cases(cases: list[dict], ids=case_id) -> list:
+    """pytest params of case dicts; those with T or M >= BIG_TOKENS (the headline T = 32768, whose
+    float64 references take tens of GB) are marked ``big_gpu``, so under pytest-xdist they run one
+    at a time (tests/conftest.py's lock)."""
+    return [pytest.param(c, id=ids(c), marks=[pytest.mark.big_gpu] if max(c.get("T", 0), c.get("M", 0))
+                         >= BIG_TOKENS else []) for c in cases]
+
+
 def rand(*shape, dtype=F32, scale=1.0):
     return (torch.randn(*shape) * scale).to(dtype)
 

@@ -28,7 +28,7 @@ from tilekernels.mhc import cute_aggregate as ca  # noqa: E402
 from tilekernels.mhc import reference as ref  # noqa: E402
 from tilekernels.testing import assert_close, upcast  # noqa: E402
 
-from mhc_helpers import case_id, on_gpu  # noqa: E402
+from mhc_helpers import gpu_cases, on_gpu  # noqa: E402
 
 BF, F32 = torch.bfloat16, torch.float32
 
@@ -151,7 +151,7 @@ GPU_CASES = [
 ]
 
 
-@pytest.mark.parametrize("c", GPU_CASES, ids=[case_id(c) for c in GPU_CASES])
+@pytest.mark.parametrize("c", gpu_cases(GPU_CASES))
 @on_gpu
 def test_against_float64(c):
     run_case(*make_case(**c))

@@ -30,7 +30,7 @@ from tilekernels.mhc import cute_post_bda as cp  # noqa: E402
 from tilekernels.mhc import reference as ref  # noqa: E402
 from tilekernels.testing import assert_close, upcast  # noqa: E402
 
-from mhc_helpers import case_id  # noqa: E402
+from mhc_helpers import gpu_cases  # noqa: E402
 
 BF, F32 = torch.bfloat16, torch.float32
 gpu = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")]
@@ -239,7 +239,7 @@ GPU_CASES = [
 ]
 
 
-@pytest.mark.parametrize("c", GPU_CASES, ids=[case_id(c) for c in GPU_CASES])
+@pytest.mark.parametrize("c", gpu_cases(GPU_CASES))
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 def test_against_float64(c):

@@ -28,7 +28,7 @@ from tilekernels.mhc import cute_sk_bwd as CS  # noqa: E402
 from tilekernels.mhc import cutile_aggregate as agg  # noqa: E402
 from tilekernels.mhc import cutile_pre as pre  # noqa: E402
 
-from mhc_helpers import case_id, on_gpu  # noqa: E402
+from mhc_helpers import gpu_cases, on_gpu  # noqa: E402
 
 BF, F32 = torch.bfloat16, torch.float32
 PARAMS = (0.7, 1.3, 0.4, 20, 1e-6, 1e-6)
@@ -97,7 +97,7 @@ CASES = [dict(T=T, n=n, C=C, iters=it) for T, n, C, it in [
 
 
 @on_gpu
-@pytest.mark.parametrize("c", CASES, ids=[case_id(c) for c in CASES])
+@pytest.mark.parametrize("c", gpu_cases(CASES))
 def test_matches_float64(c):
     from test_mhc_cutile_gpu import run_pre
 

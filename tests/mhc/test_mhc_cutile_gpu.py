@@ -15,6 +15,8 @@ import torch
 from tilekernels._glue import empty
 from tilekernels.testing import assert_close, upcast
 
+from mhc_helpers import gpu_cases
+
 pytestmark = [
     pytest.mark.gpu,
     pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device"),
@@ -176,11 +178,8 @@ RUNNERS = {"mhc_h_aggregate": (run_h_aggregate, CASES), "mhc_h_post_bda": (run_h
 
 
 def _params(cases):
-    """Big (T = 32768) cases are marked ``big_gpu``: under ``-n N`` they run one at a time
-    (tests/conftest.py's lock), so their float64 references never pile up in memory."""
-    big = [pytest.mark.big_gpu]
-    return [pytest.param(c, id=_id(c), marks=big if max(c.get("T", 0), c.get("M", 0)) > 4096 else [])
-            for c in cases]
+    """The cases as params, the big ones (T = 32768) marked ``big_gpu`` (mhc_helpers.gpu_cases)."""
+    return gpu_cases(cases, _id)
 
 
 @pytest.mark.parametrize("c", _params([c for c in CASES if c["bias"]]))
