@@ -136,11 +136,21 @@ def test_padded_slots_untouched_and_others_updated():
         assert not torch.equal(ssm[s], ssm0[s]) and not torch.equal(conv[s], conv0[s]), f"slot {s} not updated"
         assert torch.equal(conv[s][:, :-1], conv0[s][:, 1:]), "conv_state must shift by one"
     assert torch.equal(o[1], torch.zeros_like(o[1])) and torch.equal(o[3], torch.zeros_like(o[3]))
-    # the valid rows equal a call with only those rows
+    # what a padded row holds reaches nothing: other values in rows 1 and 3, same call shape -> bitwise the same
+    x3 = x.clone()
+    x3[[1, 3]] = (torch.randn(x[[1, 3]].shape) * 3).to(x.dtype)
+    c3, s3 = conv0.clone(), ssm0.clone()
+    o3 = DECODE(x3, c3, w, A, dt, s3, idx, **p)
+    assert_close(o3, o, kind="exact", what="o")
+    assert torch.equal(c3, conv) and torch.equal(s3, ssm)
+    # the valid rows equal a call with only those rows: the conv windows are copies (bitwise); S^T k and S^T q
+    # are batched matmuls, whose rounding on a CPU may follow the batch size (bitwise equal for about half the
+    # seeds on one host), so the state within fp32's tolerance and o within one bf16 rounding
     c2, s2 = conv0.clone(), ssm0.clone()
     o2 = DECODE(x[[0, 2]].contiguous(), c2, w, A, dt, s2, torch.tensor([3, 0], dtype=torch.int32), **p)
-    assert_close(o[[0, 2]], o2, kind="exact")
-    assert torch.equal(c2, conv) and torch.equal(s2, ssm)
+    assert torch.equal(c2, conv)
+    assert_close(s2, ssm, kind=torch.float32, what="ssm_state")
+    assert_close(o2, o[[0, 2]], what="o")
 
 
 def test_in_place_semantics():
