@@ -21,11 +21,11 @@ def case_id(c: dict) -> str:
 BIG_TOKENS = 16384
 
 
-def gpu_cases(cases: list[dict], ids=case_id) -> list:
+def gpu_cases(cases: list[dict]) -> list:
     """pytest params of case dicts; those with T or M >= BIG_TOKENS (the headline T = 32768, whose
     float64 references take tens of GB) are marked ``big_gpu``, so under pytest-xdist they run one
     at a time (tests/conftest.py's lock)."""
-    return [pytest.param(c, id=ids(c), marks=[pytest.mark.big_gpu] if max(c.get("T", 0), c.get("M", 0))
+    return [pytest.param(c, id=case_id(c), marks=[pytest.mark.big_gpu] if max(c.get("T", 0), c.get("M", 0))
                          >= BIG_TOKENS else []) for c in cases]
 
 

@@ -17,7 +17,3 @@ def test_headline_token_counts_are_marked_and_the_rest_not():
     assert [p.id for p in params] == [case_id(c) for c in cases]
     assert [p.values[0] for p in params] == cases
 
-
-def test_ids_can_be_given():
-    (p,) = gpu_cases([dict(T=32768, n=4)], ids=lambda c: "big-one")
-    assert p.id == "big-one" and _big(p)

@@ -8,7 +8,6 @@ CUDA. ``benchmarks/mhc_cutile_check.py`` imports the case lists and runners.
 """
 from __future__ import annotations
 
-
 import pytest
 import torch
 
@@ -53,10 +52,6 @@ PR_CASES = _grid(dict(M=1000, n=4, C=512), n=[1, 2, 3, 8], C=[100, 7168], M=[1, 
 PRE_CASES = _grid(dict(T=1000, n=4, C=2560, iters=20), n=[1, 2, 3, 8], C=[64, 4096, 100],
                   T=[1, 3], iters=[3]) + [dict(T=32768, n=4, C=7168, iters=20)]
 PRE_PARAMS = dict(alpha_pre=0.7, alpha_post=1.3, alpha_res=0.4)
-
-
-def _id(c):
-    return "-".join(f"{k}{str(v).removeprefix('torch.')}" for k, v in c.items())
 
 
 def _k(op, pass_, backend="cutile"):
@@ -177,17 +172,12 @@ RUNNERS = {"mhc_h_aggregate": (run_h_aggregate, CASES), "mhc_h_post_bda": (run_h
            "mhc_pre": (run_pre, PRE_CASES)}
 
 
-def _params(cases):
-    """The cases as params, the big ones (T = 32768) marked ``big_gpu`` (mhc_helpers.gpu_cases)."""
-    return gpu_cases(cases, _id)
-
-
-@pytest.mark.parametrize("c", _params([c for c in CASES if c["bias"]]))
+@pytest.mark.parametrize("c", gpu_cases([c for c in CASES if c["bias"]]))
 def test_h_aggregate(c):
     run_h_aggregate(c)
 
 
-@pytest.mark.parametrize("c", _params(CASES))
+@pytest.mark.parametrize("c", gpu_cases(CASES))
 def test_h_post_bda(c):
     run_h_post_bda(c)
 
@@ -204,7 +194,7 @@ TWO_PASS_CASES = [dict(_BASE, T=37, n=3, h=BF), dict(_BASE, C=100, bias=False), 
 
 
 @pytest.mark.parametrize("one", [False, True], ids=["two_pass", "one_pass"])
-@pytest.mark.parametrize("c", _params(TWO_PASS_CASES))
+@pytest.mark.parametrize("c", gpu_cases(TWO_PASS_CASES))
 def test_h_post_bda_backward_either_design(c, one, monkeypatch):
     from tilekernels.mhc import cutile_post_bda as pb
 
@@ -212,7 +202,7 @@ def test_h_post_bda_backward_either_design(c, one, monkeypatch):
     run_h_post_bda(c)
 
 
-@pytest.mark.parametrize("c", _params(SK_CASES))
+@pytest.mark.parametrize("c", gpu_cases(SK_CASES))
 def test_sinkhorn(c):
     run_sinkhorn(c)
 
@@ -223,7 +213,7 @@ SK_DESIGN_CASES = [dict(T=1000, n=4, iters=20), dict(T=3, n=3, iters=3), dict(T=
 
 
 @pytest.mark.parametrize("entries", [False, True], ids=["tile", "entries"])
-@pytest.mark.parametrize("c", _params(SK_DESIGN_CASES))
+@pytest.mark.parametrize("c", gpu_cases(SK_DESIGN_CASES))
 def test_sinkhorn_backward_either_design(c, entries, monkeypatch):
     from tilekernels.mhc import cutile_sinkhorn as sk
 
@@ -231,12 +221,12 @@ def test_sinkhorn_backward_either_design(c, entries, monkeypatch):
     run_sinkhorn(c)
 
 
-@pytest.mark.parametrize("c", _params(PR_CASES))
+@pytest.mark.parametrize("c", gpu_cases(PR_CASES))
 def test_proj_rms(c):
     run_proj_rms(c)
 
 
-@pytest.mark.parametrize("c", _params(PRE_CASES))
+@pytest.mark.parametrize("c", gpu_cases(PRE_CASES))
 def test_pre(c):
     run_pre(c)
 
@@ -250,7 +240,7 @@ MIX_DESIGNS = {"tile": dict(mix_entries=False), "entries": dict(mix_entries=True
 
 
 @pytest.mark.parametrize("design", list(MIX_DESIGNS))
-@pytest.mark.parametrize("c", _params(PRE_MIX_CASES))
+@pytest.mark.parametrize("c", gpu_cases(PRE_MIX_CASES))
 def test_pre_backward_either_mix(c, design, monkeypatch):
     from tilekernels.mhc import cutile_pre as pre
 
