@@ -175,7 +175,7 @@ def main():
     p_dw = torch.empty((gme, N, K), dtype=F32, device="cuda")
     ln = cpr.bwd_launch(base)
     row("copy x -> dx (floor)", bench(lambda: dx.copy_(x), a.rep), 2 * sx)
-    row("bwd kernel", bench(lambda: ln.run(x, w, dproj, dr, r, dx, p_dw, M, gme, 1e-6), a.rep),
+    row("bwd kernel", bench(lambda: ln.run(x, w, dproj, dr, r, dx, p_dw, x, dproj, M, gme, 1e-6), a.rep),
         2 * sx + small + 4 * gme * N * K)
     row("bwd_into (kernel + reduction)", bench(lambda: cpr.bwd_into(dproj, dr, x, w, r, dx, dw, 1e-6), a.rep),
         2 * sx + small + 8 * gme * N * K + 2 * N * K)

@@ -66,6 +66,11 @@ class StreamCfg:
     FENCE: bool = False  # fence.proxy.async before a consumer warp releases a stage
     LDG: int = 0  # 1: no TMA, consumers load each tile from global themselves (16-byte loads); 2: two tiles at once
     CTAS: int = 0  # the grid (0: SMs x CPS, persistent; items: one item a CTA)
+    SPLIT: int = 1  # NS > 1: SPLIT sibling items a band, item r taking chunks r, r + SPLIT, .. of every stream (as
+    # mhc_post_pre's backward pass's sibling CTAs do)
+    IL: int = 0  # > 0: a tile's two BC/2-word halves land as IL-row groups, [BR/IL][2][IL][BC/2] in shared memory
+    # (a 4-D box: each IL-row group of the left half, then of the right half); the request order of one
+    # [BR, BC] box for IL 1, of two [BR, BC/2] boxes in turn for IL = BR
     DOWN: bool = False  # tile ids column-block-major (an item walks down the rows of one column block, as a CTA
     # of mhc_proj_rms's backward walks its channel slice's row tiles)
 
@@ -83,6 +88,10 @@ class StreamCfg:
             bad.append("PAIR: GROUP even, NS 1")
         if self.LDG not in (0, 1, 2) or self.GROUP % max(1, self.LDG):
             bad.append("LDG in 0, 1, 2 dividing GROUP")
+        if self.SPLIT > 1 and (self.NS == 1 or (self.NCB // self.NS) % self.SPLIT or self.LDG):
+            bad.append("SPLIT > 1: NS > 1, SPLIT | chunks a stream, a TMA ring")
+        if self.IL and (self.BR % self.IL or self.BC % 8 or self.LDG or self.PAIR):
+            bad.append("IL: IL | BR, 8 | BC, a TMA ring without PAIR")
         if self.smem_bytes > SMEM_CTA:
             bad.append(f"{self.smem_bytes} bytes of shared memory <= {SMEM_CTA}")
         if bad:
@@ -91,6 +100,10 @@ class StreamCfg:
     @property
     def NCB(self) -> int:
         return self.COLS // self.BC
+
+    @property
+    def item_tiles(self) -> int:
+        return self.GROUP // self.SPLIT
 
     @property
     def tile_bytes(self) -> int:
@@ -112,6 +125,10 @@ class StreamCfg:
 def _tile(cfg, item, j, items):
     """(row block, column block) of tile j of an item (traced inline): row-major tile ids (DOWN: column-block-major),
     or with NS > 1 a band's tiles channel-major over NS streams."""
+    if cutlass.const_expr(cfg.SPLIT > 1):
+        r = item % cfg.SPLIT
+        j = (j // cfg.NS * cfg.SPLIT + r) * cfg.NS + j % cfg.NS
+        item = item // cfg.SPLIT
     tid = item * cfg.GROUP + j
     rb = tid // cfg.NCB
     cb = tid - rb * cfg.NCB
@@ -154,13 +171,20 @@ def _ring_stream(cfg: cutlass.Constexpr, dptr, x: cute.Pointer, items: Int32, ti
             prims.prefetch_tensormap(dptr)
         pst = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, S)
         for item in cutlass.range(bid, items, nctas, unroll=1):
-            for j in cutlass.range(GROUP, unroll=1):
+            for j in cutlass.range(cfg.item_tiles, unroll=1):
                 rb, cb = _tile(cfg, item, j, items)
                 pipe.producer_acquire(pst)
                 if prims.elect_sync():
-                    prims.cp_async_bulk_tensor_shared_cta_global(
-                        ring.iterator + pst.index * cfg.stage_words, dptr, [cb * BC, rb * BR],
-                        pipe.producer_get_barrier(pst))
+                    dst = ring.iterator + pst.index * cfg.stage_words
+                    if cutlass.const_expr(cfg.IL == 1):
+                        prims.cp_async_bulk_tensor_shared_cta_global(
+                            dst, dptr, [0, cb * 2, rb * BR], pipe.producer_get_barrier(pst))
+                    elif cutlass.const_expr(cfg.IL > 0):
+                        prims.cp_async_bulk_tensor_shared_cta_global(
+                            dst, dptr, [0, 0, cb * 2, rb * (BR // cfg.IL)], pipe.producer_get_barrier(pst))
+                    else:
+                        prims.cp_async_bulk_tensor_shared_cta_global(
+                            dst, dptr, [cb * BC, rb * BR], pipe.producer_get_barrier(pst))
                 pst.advance()
         pipe.producer_tail(pst)
     else:
@@ -168,7 +192,7 @@ def _ring_stream(cfg: cutlass.Constexpr, dptr, x: cute.Pointer, items: Int32, ti
         vt = ir.VectorType.get([4], Int32.mlir_type)
         P = 2 if cfg.PAIR else 1
         for item in cutlass.range(bid, items, nctas, unroll=1):
-            for jj in cutlass.range(GROUP // P, unroll=1):
+            for jj in cutlass.range(cfg.item_tiles // P, unroll=1):
                 held = []
                 for u in cutlass.range_constexpr(P):
                     j = jj * P + u
@@ -186,8 +210,23 @@ def _ring_stream(cfg: cutlass.Constexpr, dptr, x: cute.Pointer, items: Int32, ti
                         g0 = Int64(rb * BR) * cfg.COLS + cb * BC
                         for q in cutlass.range_constexpr(cfg.vectors // NT):
                             v = tidx + q * NT
-                            r = v // VPR
-                            cute.arch.store(x + (g0 + Int64(r) * cfg.COLS + (v - r * VPR) * 4), vals[q])
+                            if cutlass.const_expr(cfg.IL > 0):
+                                r, w = _il_place(cfg, v)
+                                cute.arch.store(x + (g0 + Int64(r) * cfg.COLS + w), vals[q])
+                            else:
+                                r = v // VPR
+                                cute.arch.store(x + (g0 + Int64(r) * cfg.COLS + (v - r * VPR) * 4), vals[q])
+
+
+@cute.jit
+def _il_place(cfg: cutlass.Constexpr, v):
+    """(row in the tile, word in the row) of the stage's 16-byte vector v when the tile lies IL-interleaved:
+    [BR/IL groups][2 halves][IL rows][BC/2 words]."""
+    VH = cfg.BC // 8  # vectors a half row
+    line = v // VH
+    half = (line // cfg.IL) % 2
+    r = (line // (2 * cfg.IL)) * cfg.IL + line % cfg.IL
+    return r, half * (cfg.BC // 2) + (v - line * VH) * 4
 
 
 @cute.jit
@@ -215,8 +254,21 @@ def _ldg_consumer(cfg: cutlass.Constexpr, x: cute.Pointer, items: Int32, tidx: I
 @cute.jit
 def _stream_host(cfg: cutlass.Constexpr, x: cute.Pointer, rows: Int32, items: Int32, ctas: Int32,
                  stream: CU.cuda.CUstream):
-    mX = cute.make_tensor(x, cute.make_layout((cfg.COLS, rows), stride=(1, cfg.COLS)))
-    desc = create_tensor_map_tiled_from_view(mX, (cfg.BC, cfg.BR), l2_promotion=TensorMapL2Promotion(cfg.PROMO))
+    if cutlass.const_expr(cfg.IL > 0):
+        # (word of a half, row of a group, half-column block, row group): box (BC/2, IL, 2, BR/IL)
+        H, G = cfg.BC // 2, cfg.IL
+        if cutlass.const_expr(G == 1):  # a unit row-group dim would repeat a stride: (word, half block, row)
+            mX = cute.make_tensor(x, cute.make_layout((H, cfg.COLS // H, rows), stride=(1, H, cfg.COLS)))
+            desc = create_tensor_map_tiled_from_view(mX, (H, 2, cfg.BR), l2_promotion=TensorMapL2Promotion(cfg.PROMO))
+        else:
+            mX = cute.make_tensor(x, cute.make_layout((H, G, cfg.COLS // H, rows // G),
+                                                      stride=(1, cfg.COLS, H, G * cfg.COLS)))
+            desc = create_tensor_map_tiled_from_view(mX, (H, G, 2, cfg.BR // G), stride_order=(0, 1, 2, 3),
+                                                     l2_promotion=TensorMapL2Promotion(cfg.PROMO))
+    else:
+        mX = cute.make_tensor(x, cute.make_layout((cfg.COLS, rows), stride=(1, cfg.COLS)))
+        desc = create_tensor_map_tiled_from_view(mX, (cfg.BC, cfg.BR),
+                                                 l2_promotion=TensorMapL2Promotion(cfg.PROMO))
     _stream_kernel(cfg, desc, x, items).launch(grid=[ctas, 1, 1], block=[cfg.CONSUMERS + 32, 1, 1], stream=stream,
                                               min_blocks_per_mp=cfg.CPS, preferred_smem_carveout=100)
 
@@ -231,7 +283,7 @@ def run(cfg: StreamCfg, x: torch.Tensor, ctas: int | None = None) -> None:
     """Stream x ([rows, COLS] int32 view of the buffer) through the ring once."""
     rows = x.shape[0]
     tiles = rows // cfg.BR * cfg.NCB
-    items = tiles // cfg.GROUP
+    items = tiles // cfg.GROUP * cfg.SPLIT
     sms = torch.cuda.get_device_properties(x.device).multi_processor_count
     launch(cfg).run(x, rows, items, min(items, ctas or cfg.CTAS or sms * cfg.CPS))
 
@@ -282,6 +334,52 @@ def _wide_cases():
     ]
 
 
+def _il_cases():
+    """(name, cfg, rows) of session 36's question: mhc_post_pre's backward pass streams [64 tokens, 64 channels]
+    bf16 tiles (128-byte row pieces), which session 20 measured at 79% of copy in place against 92% for 256-byte
+    pieces ([64, 64w]). Its tiles are wgmma operands in 128-byte swizzle atoms of 8 rows, so a 256-byte piece can
+    only arrive as two 128-byte halves. IL g: one 4-D box loads both halves, g rows of the left, g of the right,
+    in turn (IL 8 keeps every 8-row atom whole: a layout the wgmma descriptors can still walk). Does the request
+    order of IL 8 stream as the 256-byte box (IL 1) or as two boxes (IL 64)?"""
+    mhc = dict(COLS=14336, BR=64, NS=4, CONSUMERS=128, PROMO=0, FENCE=True)
+    R = 32768
+    p64 = dict(BC=64, GROUP=14336 // 64, STAGES=6)
+    return [
+        ("mhc [64,32w] 128B", StreamCfg(**mhc, BC=32, GROUP=14336 // 32, STAGES=8), R),
+        ("mhc [64,64w] 256B", StreamCfg(**mhc, **p64), R),
+        ("mhc [64,64w] IL1", StreamCfg(**mhc, **p64, IL=1), R),
+        ("mhc [64,64w] IL8", StreamCfg(**mhc, **p64, IL=8), R),
+        ("mhc [64,64w] IL16", StreamCfg(**mhc, **p64, IL=16), R),
+        ("mhc [64,64w] IL64", StreamCfg(**mhc, **p64, IL=64), R),
+        ("mhc [64,32w] 128B (again)", StreamCfg(**mhc, BC=32, GROUP=14336 // 32, STAGES=8), R),
+        ("mhc [64,64w] IL8 (again)", StreamCfg(**mhc, **p64, IL=8), R),
+        ("mhc [64,64w] 256B (again)", StreamCfg(**mhc, **p64), R),
+    ] + _split_cases()
+
+
+def _split_cases():
+    """The backward pass's walk: one CTA an SM (big stages), one item a CTA, SPLIT 4 siblings a 64- or 32-token band.
+    [32 tokens, 256-byte pieces] is the tile a pass with wgmma M over channels would stream (N = 32 tokens)."""
+    b = dict(COLS=14336, NS=4, CONSUMERS=256, PROMO=0, FENCE=True, CPS=1, CTAS=1 << 30)
+    R = 32768
+    t128 = dict(BR=64, BC=32, GROUP=14336 // 32, STAGES=16)
+    t256 = dict(BR=32, BC=64, GROUP=14336 // 64, STAGES=16)
+    return [
+        ("sib [64,32w] 128B S4", StreamCfg(**b, **t128, SPLIT=4), R),
+        ("sib [32,64w] 256B S4", StreamCfg(**b, **t256, SPLIT=4), R),
+        ("sib [64,32w] 128B S1", StreamCfg(**b, **t128), R),
+        ("sib [32,64w] 256B S1", StreamCfg(**b, **t256), R),
+        ("sib [64,32w] 128B S4 (again)", StreamCfg(**b, **t128, SPLIT=4), R),
+        ("sib [32,64w] 256B S4 (again)", StreamCfg(**b, **t256, SPLIT=4), R),
+        ("sib [32,32w] 128B S4", StreamCfg(**b, BR=32, BC=32, GROUP=14336 // 32, STAGES=32, SPLIT=4), R),
+        ("sib [32,64w] IL8 S4", StreamCfg(**b, **t256, SPLIT=4, IL=8), R),
+        ("sib [32,64w] IL16 S4", StreamCfg(**b, **t256, SPLIT=4, IL=16), R),
+        ("sib [32,64w] IL32 S4", StreamCfg(**b, **t256, SPLIT=4, IL=32), R),
+        ("sib [32,64w] IL1 S4", StreamCfg(**b, **t256, SPLIT=4, IL=1), R),
+        ("sib [32,64w] IL16 S4 (again)", StreamCfg(**b, **t256, SPLIT=4, IL=16), R),
+    ]
+
+
 def sass_dump(out: str) -> None:
     """Cubins of the first case and of gdn_decode's ring at its fp32 heuristic, for nvdisasm on the GPU host
     (does ptxas keep the stage's shared loads before the consumers' release?)."""
@@ -308,11 +406,12 @@ def main(argv=None) -> int:
     from triton.testing import do_bench
 
     wide = bool(argv and "--wide" in argv)
-    argv = [a for a in (argv or []) if a != "--wide"]
+    il = bool(argv and "--il" in argv)
+    argv = [a for a in (argv or []) if a not in ("--wide", "--il")]
     only = set(argv[1:]) if len(argv) > 1 else None
     rows_done = []
     bufs = {}
-    for name, cfg, rows in (_wide_cases() if wide else _cases()):
+    for name, cfg, rows in (_wide_cases() if wide else _il_cases() if il else _cases()):
         if only and not any(o in name for o in only):
             continue
         n = rows * cfg.COLS

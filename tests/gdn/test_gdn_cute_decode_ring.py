@@ -158,6 +158,14 @@ def test_stream_probe_compiles():
         art = probe.launch(cfg).export("sm_90a")
         assert "cp.async.bulk.tensor.2d.shared::cta.global" in art.ptx
         assert bool(unfenced_releases(art.ptx)) != fence
+    # session 36's: a tile's halves as IL-row groups (a 4-D box; IL 1 a 3-D one) and SPLIT sibling items
+    mhc = dict(COLS=14336, BR=32, BC=64, GROUP=14336 // 64, NS=4, STAGES=4, SPLIT=4, FENCE=True)
+    for il, dims in ((16, "4d"), (1, "3d")):
+        art = probe.launch(probe.StreamCfg(**mhc, IL=il)).export("sm_90a")
+        assert f"cp.async.bulk.tensor.{dims}.shared::cta.global" in art.ptx
+        assert not unfenced_releases(art.ptx)
+    with pytest.raises(ValueError, match="SPLIT > 1"):
+        probe.StreamCfg(COLS=128, BR=128, BC=64, GROUP=4, SPLIT=2)
 
 
 def test_heuristic():

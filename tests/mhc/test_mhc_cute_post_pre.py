@@ -222,6 +222,29 @@ def test_fused_forward_compiles_for_sm90a(n, C, bias):
     assert f"cp.async.bulk.tensor.{d}.global.shared::cta" in art.ptx
 
 
+def test_pass_skeleton_probe_compiles():
+    """benchmarks/probes/post_pre_bwd_skeleton.py (session 36: the passes' traffic alone, as cut today and as H2):
+    each layout compiles with its TMA loads and stores, fenced releases and the setmaxnreg budget; FWD's ring counts
+    only the bytes it loads (a larger count would never complete its stages)."""
+    import pathlib
+    import sys
+
+    sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[2] / "benchmarks" / "probes"))
+    try:
+        import post_pre_bwd_skeleton as P
+    finally:
+        sys.path.pop(0)
+    for cfg in (P.SkelCfg(), P.SkelCfg(BMT=32, H=2, NPK=48), P.SkelCfg(FWD=True, SPLIT=8, BMT=32, H=2, NPK=48)):
+        art = P.launch(cfg).export("sm_90a")
+        assert "cp.async.bulk.tensor.3d.shared::cta.global" in art.ptx
+        assert "cp.async.bulk.tensor.3d.global.shared::cta" in art.ptx
+        assert not unfenced_releases(art.ptx)
+        need, have = setmaxnreg_budget(art)
+        assert 0 < need <= have
+    assert P.SkelCfg(FWD=True).stage_bytes == 5 * 64 * 64 * 2 + 2 * 128 * 32 * 2
+    assert P.SkelCfg().stage_bytes == 10 * 64 * 64 * 2 + 2 * 128 * 32 * 2
+
+
 def test_setmaxnreg_budget_flags_a_hang():
     """setmaxnreg_budget (the compile tests' guard): the fused forward's roles fit its launch allocation (40 x 128 +
     232 x 256 = 168 x 384); consumers asking 240 would not (setmaxnreg.inc would wait forever on the GPU)."""
