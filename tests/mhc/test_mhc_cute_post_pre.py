@@ -222,32 +222,6 @@ def test_fused_forward_compiles_for_sm90a(n, C, bias):
     assert f"cp.async.bulk.tensor.{d}.global.shared::cta" in art.ptx
 
 
-@pytest.mark.parametrize("n,C,bias", [(4, 7168, True), (3, 200, False), (1, 320, True)], ids=["n4", "n3", "n1"])
-def test_fused_forward_h2_compiles_for_sm90a(n, C, bias):
-    """cute_post_pre_fwd with H2 (32-token row tiles, chunks of two 64-channel boxes): no spills, the projection's
-    wgmma N doubled (m64 n(2 NP): column block h of row half h is used), 4 k-steps a stream a stage (one tile of two
-    halves), both halves' TMA loads and stores, fenced releases, the setmaxnreg budget; 2 stages fit at n = 4."""
-    from tilekernels.mhc import cute_post_pre_fwd as F
-
-    N = n * n + 2 * n
-    cfg = F.PostPreFwdCuteCfg.heuristic(n, C, N, max(16, 1 << (N - 1).bit_length()), bias, h2=True)
-    assert (cfg.H2, cfg.TB, cfg.CH, cfg.NW) == (True, 32, 128, 2 * cfg.NP)
-    assert cfg.smem_bytes <= F.SMEM_LIMIT and (n != 4 or (cfg.STAGES, cfg.SP_IN_W) == (3, True))
-    assert not F.PostPreFwdCuteCfg.heuristic(n, 64, N, max(16, 1 << (N - 1).bit_length()), bias, h2=True).H2
-    with pytest.raises(ValueError, match="C > 64 with H2"):
-        dataclasses.replace(cfg, C=64, SPLIT=1)
-    art = F.launch(cfg).export("sm_90a")
-    res = [v for k, v in cubin_resources(art.cubin).items() if "kernel" in k]
-    assert len(res) == 1 and res[0]["frame"] == 0, res
-    need, have = setmaxnreg_budget(art)
-    assert 0 < need <= have and not unfenced_releases(art.ptx)
-    mmas = re.findall(r"wgmma\.mma_async\.sync\.aligned\.(m64n\d+k16)\.f32\.bf16\.bf16", art.ptx)
-    assert set(mmas) == {f"m64n{2 * cfg.NP}k16"} and len(mmas) == 4 * ((n + 1) // 2), mmas
-    d = "3d" if n > 1 else "2d"
-    assert f"cp.async.bulk.tensor.{d}.shared::cta.global" in art.ptx
-    assert f"cp.async.bulk.tensor.{d}.global.shared::cta" in art.ptx
-
-
 def test_pass_skeleton_probe_compiles():
     """benchmarks/probes/post_pre_bwd_skeleton.py (session 36: the passes' traffic alone, as cut today and as H2):
     each layout compiles with its TMA loads and stores, fenced releases and the setmaxnreg budget; FWD's ring counts
@@ -396,31 +370,6 @@ def test_cute_split_configs_match_float64(c, split, monkeypatch):
         return dataclasses.replace(cfg, SPLIT=min(split, cfg.nch))
 
     monkeypatch.setattr(K.PostPreBwdCuteCfg, "heuristic", bwd)
-    monkeypatch.setattr(F.PostPreFwdCuteCfg, "heuristic", fwd)
-    run_cutile(c, backend="cute")
-
-
-H2_CASES = [GPU_CASES[0], GPU_CASES[1], GPU_CASES[2], GPU_CASES[3], GPU_CASES[4], GPU_CASES[6], GPU_CASES[9],
-            # C % 128: 0 (2560, 7168), 72 (200), 104 (104: one chunk, half 1 in part), 64 (320: the last chunk's half
-            # 1 wholly past C; 64: the only chunk's); T: 32-token tiles with tails (1001, 65, 37, 3, 1, 9)
-            dict(T=64, n=4, C=64, h=F32, bias=True), dict(T=33, n=3, C=8, h=F32, bias=False)]
-
-
-@on_gpu
-@pytest.mark.parametrize("split", [None, 3])
-@pytest.mark.parametrize("c", H2_CASES, ids=case_id)
-def test_cute_h2_forward_matches_float64(c, split, monkeypatch):
-    """The fused forward pass with H2 (32-token row tiles, 128-channel chunks as two boxes: rows (half, token), the
-    projection's column blocks by half), at the heuristic's SPLIT and at 3: the same float64 checks."""
-    from tilekernels.mhc import cute_post_pre_fwd as F
-
-    fb = F.PostPreFwdCuteCfg.heuristic
-
-    def fwd(*a):
-        cfg = fb(*a, h2=True)
-        assert cfg.H2 == (a[1] > 64)   # C <= 64: one 64-channel block, no H2 (the plain pass runs)
-        return cfg if split is None else dataclasses.replace(cfg, SPLIT=min(split, cfg.nch))
-
     monkeypatch.setattr(F.PostPreFwdCuteCfg, "heuristic", fwd)
     run_cutile(c, backend="cute")
 

@@ -231,10 +231,9 @@ def _store_chunk(cfg: cutlass.Constexpr, tma_dres: cute.CopyAtom, tSs: cute.Tens
 
 
 def bias_ring(smem, cc: int, stages: int):
-    """The bias ring of both post_pre passes in ``smem``: [cc] bf16 a stage, each stage's TMA destination 128-byte
-    aligned, i.e. a multiple of 64 elements apart (64-byte stages faulted: a misaligned TMA destination, session 16)."""
-    return smem.allocate_tensor(BFloat16, cute.make_layout((cc, 1, stages), stride=(1, cc, -(-cc // 64) * 64)),
-                                byte_alignment=128)
+    """The bias ring of both post_pre passes in ``smem``: [cc] bf16 a stage (cc <= 64), each stage's TMA destination
+    128-byte aligned, i.e. 64 elements apart (64-byte stages faulted: a misaligned TMA destination, session 16)."""
+    return smem.allocate_tensor(BFloat16, cute.make_layout((cc, 1, stages), stride=(1, cc, 64)), byte_alignment=128)
 
 
 @cute.kernel

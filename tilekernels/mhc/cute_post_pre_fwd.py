@@ -58,11 +58,10 @@ from .cute_proj_rms_fwd import _kahan
 _NAME = "mhc.cute_post_pre_fwd"
 THREADS = 384
 PRODUCER_REGS, CONSUMER_REGS = 40, 232
-BM = 64   # rows of a stage's tiles (the wgmma M): 64 tokens, or with H2 32 tokens x 2 channel halves
-CC = 64   # channels a tile row (one 128-byte swizzle atom)
+BM = 64   # tokens a CTA
+CC = 64   # channels a chunk
 SMEM_LIMIT = 225 * 1024
 SPLIT_DEFAULT = 8   # CTAs a row tile (each takes every 8th chunk): the heuristic's
-H2_DEFAULT = False  # the heuristic's H2
 
 
 @dataclasses.dataclass(frozen=True)
@@ -78,116 +77,57 @@ class PostPreFwdCuteCfg:
     STAGES: int = 3
     HAS_BIAS: bool = True
     SPLIT: int = 1   # CTAs a row tile: CTA (r, m) takes chunks r, r + SPLIT, ... and writes partials plane r
-    H2: bool = False  # row tiles of 32 tokens, chunks of 128 channels: a stage tile's rows are (channel half h,
-    # token t), loaded as two [32 tok, 64 ch] boxes side by side (the traffic streams at ~97% of copy against ~89%
-    # for [64, 64] boxes: h200-tma-stream-probe.txt, session 36); the projection's wgmma N doubles to (h', column),
-    # of which the blocks h' == h are the products
 
     def __post_init__(self):
         if not (1 <= self.n <= 4 and self.N == self.n * self.n + 2 * self.n and self.N <= self.NP
                 and self.NP in (16, 32) and self.NPAD >= self.N and self.C % 8 == 0 and self.C > 0
-                and self.STAGES >= 2 and 1 <= self.SPLIT <= self.nch and (self.C > CC or not self.H2)):
+                and self.STAGES >= 2 and 1 <= self.SPLIT <= self.nch):
             raise ValueError(f"mhc_post_pre cute fwd: config {self}: needs n <= 4, N = n*n + 2n <= NP in (16, 32), "
-                             f"NPAD >= N, C % 8 == 0, STAGES >= 2, 1 <= SPLIT <= chunks, C > 64 with H2 (a view "
-                             f"of one 64-channel block would send the second half's box to the first)")
+                             f"NPAD >= N, C % 8 == 0, STAGES >= 2, 1 <= SPLIT <= chunks")
         if self.smem_bytes > SMEM_LIMIT:
             raise ValueError(f"mhc_post_pre cute fwd: config {self} needs {self.smem_bytes} bytes of shared memory")
 
     @property
-    def TB(self) -> int:
-        """Tokens a row tile."""
-        return 32 if self.H2 else BM
-
-    @property
-    def HV(self) -> int:
-        """Channel halves a chunk (tiles a stage tile's rows hold)."""
-        return 2 if self.H2 else 1
-
-    @property
-    def CH(self) -> int:
-        """Channels a chunk."""
-        return CC * self.HV
-
-    @property
-    def NW(self) -> int:
-        """The projection wgmma's N: NP columns a channel half."""
-        return self.NP * self.HV
-
-    @property
     def nch(self) -> int:
-        return -(-self.C // self.CH)
+        return -(-self.C // CC)
 
     @property
     def stage_bytes(self) -> int:
         """TMA bytes a stage: residual per stream, x, the weight tiles per stream, bias."""
-        return (self.n + 1) * BM * CC * 2 + self.n * self.NW * CC * 2 + (self.CH * 2 if self.HAS_BIAS else 0)
-
-    @property
-    def sp_bytes(self) -> int:
-        """sP: warpgroup 1's sums for warpgroup 0 ([BM, NP + 1] fp32); with H2 every (warpgroup, half)'s [4, 32, NP]
-        and warpgroup 1's squares [2 x 32]."""
-        return 4 * self.TB * self.NP * 4 + self.TB * 8 if self.H2 else BM * (self.NP + 1) * 4
-
-    @property
-    def SP_IN_W(self) -> bool:
-        """H2's sP in the weight tiles' buffer (read for the last time before the sums are written), where it fits."""
-        return self.H2 and self.n * self.STAGES * self.NW * CC * 2 >= self.sp_bytes
+        return (self.n + 1) * BM * CC * 2 + self.n * self.NP * CC * 2 + (CC * 2 if self.HAS_BIAS else 0)
 
     @property
     def smem_bytes(self) -> int:
-        sp = 0 if self.SP_IN_W else self.sp_bytes
-        return self.STAGES * (self.stage_bytes + 128) + sp + 2 * self.STAGES * 8 + 5 * 1024
+        return self.STAGES * (self.stage_bytes + 128) + BM * (self.NP + 1) * 4 + 2 * self.STAGES * 8 + 5 * 1024
 
     @classmethod
     @functools.lru_cache(maxsize=256)
-    def heuristic(cls, n: int, C: int, N: int, NPAD: int, has_bias: bool,
-                  h2: bool | None = None) -> "PostPreFwdCuteCfg":
+    def heuristic(cls, n: int, C: int, N: int, NPAD: int, has_bias: bool) -> "PostPreFwdCuteCfg":
         """Static dims only: NP the smallest of 16, 32 holding N; as many stages (<= 4) as fit; SPLIT 8 (fewer when C
-        has fewer chunks; H200, T=32768, n=4, C=7168: this pass 1115 us at 8 against 1162 at 4 and 1226 unsplit);
-        H2 as asked, else H2_DEFAULT."""
-        h2 = (H2_DEFAULT if h2 is None else h2) and C > CC
-        base = cls(n=n, C=C, N=N, NPAD=NPAD, NP=16 if N <= 16 else 32, STAGES=2, HAS_BIAS=has_bias, H2=h2)
+        has fewer chunks; H200, T=32768, n=4, C=7168: this pass 1115 us at 8 against 1162 at 4 and 1226 unsplit)."""
+        base = cls(n=n, C=C, N=N, NPAD=NPAD, NP=16 if N <= 16 else 32, STAGES=2, HAS_BIAS=has_bias)
         st = 2
-        while st < 4 and _fits(base, st + 1):
+        while st < 4 and base.smem_bytes + (st - 1) * (base.stage_bytes + 144) <= SMEM_LIMIT:
             st += 1
         return dataclasses.replace(base, STAGES=st, SPLIT=min(SPLIT_DEFAULT, base.nch))
 
 
-def _fits(cfg: PostPreFwdCuteCfg, stages: int) -> bool:
-    try:
-        dataclasses.replace(cfg, STAGES=stages)
-    except ValueError:
-        return False
-    return True
-
-
-def _layouts(cfg, boxes: bool = False):
-    """(sO, sX, sW): residual / out tiles [BM rows, CC ch] (K-major A: channels contiguous) x n*STAGES (index
-    stage*n + i), x tiles the same x STAGES, the weight's B tiles [NW, CC] K-major x n*STAGES. boxes (H2): the same
-    buffers as the TMA boxes see them, each tile its two halves in turn ([32 tok, CC] and [NP, CC] x twice the count,
-    index 2 * tile + h): a 128-byte-swizzled tile's rows 32 h .. 32 h + 31 are its bytes 4096 h .. (whole atoms)."""
+def _layouts(cfg):
+    """(sO, sX, sW): residual / out tiles [BM tok, CC ch] (K-major A: channels contiguous) x n*STAGES (index
+    stage*n + i), x tiles the same x STAGES, the weight's B tiles [NP, CC] K-major x n*STAGES."""
     km = LayoutEnum.ROW_MAJOR
-    rows, wrows, per = (cfg.TB, cfg.NP, 2) if boxes else (BM, cfg.NW, 1)
-    sO = sm90_utils.make_smem_layout_a(km, (rows, wrows, CC), BFloat16, per * cfg.n * cfg.STAGES)
-    sX = sm90_utils.make_smem_layout_a(km, (rows, wrows, CC), BFloat16, per * cfg.STAGES)
-    sW = sm90_utils.make_smem_layout_b(km, (rows, wrows, CC), BFloat16, per * cfg.n * cfg.STAGES)
+    sO = sm90_utils.make_smem_layout_a(km, (BM, cfg.NP, CC), BFloat16, cfg.n * cfg.STAGES)
+    sX = sm90_utils.make_smem_layout_a(km, (BM, cfg.NP, CC), BFloat16, cfg.STAGES)
+    sW = sm90_utils.make_smem_layout_b(km, (BM, cfg.NP, CC), BFloat16, cfg.n * cfg.STAGES)
     return sO, sX, sW
-
-
-def _view(buf, layout):
-    """A second swizzled view of one ``_smem_tensor`` buffer."""
-    return cute.make_tensor(cute.recast_ptr(buf.iterator, layout.inner, dtype=BFloat16), layout.outer)
 
 
 @cute.jit
 def _store_out(cfg: cutlass.Constexpr, tma_o: cute.CopyAtom, tOs: cute.Tensor, tOg: cute.Tensor, st: Int32,
                ch: Int32, m: Int32):
-    """TMA stores of stage st's out tiles (chunk ch of row tile m; with H2 each tile's two halves), one bulk group,
-    waited until read."""
-    HV = cfg.HV
+    """TMA stores of stage st's out tiles (chunk ch of row tile m), one bulk group, waited until read."""
     for i in cutlass.range_constexpr(cfg.n):
-        for h in cutlass.range_constexpr(HV):
-            cute.copy(tma_o, tOs[None, (st * cfg.n + i) * HV + h], tOg[None, m, ch * HV + h, i])
+        cute.copy(tma_o, tOs[None, st * cfg.n + i], tOg[None, m, ch, i])
     cute.arch.cp_async_bulk_commit_group()
     cute.arch.cp_async_bulk_wait_group(0, read=True)
 
@@ -214,7 +154,7 @@ def _kernel(cfg: cutlass.Constexpr, tma_r: cute.CopyAtom, mR: cute.Tensor, tma_o
             tma_x: cute.CopyAtom, mX: cute.Tensor, tma_w: cute.CopyAtom, mW: cute.Tensor, tma_b: cute.CopyAtom,
             mB: cute.Tensor, hres: cute.Pointer, hpost: cute.Pointer, p_proj: cute.Pointer, p_ss: cute.Pointer,
             T: Int32):
-    n, NP, S, SP, TB, HV = cfg.n, cfg.NP, cfg.STAGES, cfg.SPLIT, cfg.TB, cfg.HV
+    n, NP, S, SP = cfg.n, cfg.NP, cfg.STAGES, cfg.SPLIT
     tidx, _, _ = cute.arch.thread_idx()
     bid, _, _ = cute.arch.block_idx()
     m = bid // SP   # the row tile; siblings r = 0 .. SP-1 of one tile are adjacent in launch order
@@ -229,30 +169,18 @@ def _kernel(cfg: cutlass.Constexpr, tma_r: cute.CopyAtom, mR: cute.Tensor, tma_o
 
     smem = cutlass.memory.SmemAllocator()
     sO_l, sX_l, sW_l = _layouts(cfg)
-    bO, sO = _smem_tensor(smem, sO_l)
-    bX, sX = _smem_tensor(smem, sX_l)
-    bW, sW = _smem_tensor(smem, sW_l)
-    sOb, sXb, sWb = sO, sX, sW   # the TMA boxes' views (H2: tile halves)
-    if const_expr(cfg.H2):
-        hO_l, hX_l, hW_l = _layouts(cfg, boxes=True)
-        sOb, sXb, sWb = _view(bO, hO_l), _view(bX, hX_l), _view(bW, hW_l)
-    sB = bias_ring(smem, cfg.CH, S)
-    if const_expr(cfg.SP_IN_W):   # every (warpgroup, half)'s projection sums [4, TB, NP]; warpgroup 1's squares
-        pw = cute.recast_ptr(bW.iterator, dtype=Float32)
-        sP = cute.make_tensor(pw, cute.make_layout((4, TB, NP)))
-        sS = cute.make_tensor(pw + 4 * TB * NP, cute.make_layout(2 * TB))
-    elif const_expr(cfg.H2):
-        sP = smem.allocate_tensor(Float32, cute.make_layout((4, TB, NP)), byte_alignment=16)
-        sS = smem.allocate_tensor(Float32, cute.make_layout(2 * TB), byte_alignment=16)
-    else:
-        sP = smem.allocate_tensor(Float32, cute.make_layout((BM, NP), stride=(NP + 1, 1)), byte_alignment=16)
+    _, sO = _smem_tensor(smem, sO_l)
+    _, sX = _smem_tensor(smem, sX_l)
+    _, sW = _smem_tensor(smem, sW_l)
+    sB = bias_ring(smem, CC, S)
+    sP = smem.allocate_tensor(Float32, cute.make_layout((BM, NP), stride=(NP + 1, 1)), byte_alignment=16)
     pipe = CU.tma_pipeline(smem, S, cfg.stage_bytes, 8)
 
-    tRs, tRg = CU.tma_tiles(tma_r, sOb, mR, (TB, CC))     # (tile, row tile, 64-channel block, stream)
-    _, tOg = CU.tma_tiles(tma_o, sOb, mO, (TB, CC))
-    tXs, tXg = CU.tma_tiles(tma_x, sXb, mX, (TB, CC))     # (tile, row tile, 64-channel block)
-    tWs, tWg = CU.tma_tiles(tma_w, sWb, mW, (NP, CC))     # (tile, 0, 64-channel block, stream)
-    tBs, tBg = CU.tma_tiles(tma_b, sB, mB, (cfg.CH, 1), (None, 0))
+    tRs, tRg = CU.tma_tiles(tma_r, sO, mR, (BM, CC))     # (tile, row tile, chunk, stream)
+    _, tOg = CU.tma_tiles(tma_o, sO, mO, (BM, CC))
+    tXs, tXg = CU.tma_tiles(tma_x, sX, mX, (BM, CC))     # (tile, row tile, chunk)
+    tWs, tWg = CU.tma_tiles(tma_w, sW, mW, (NP, CC))     # (tile, 0, chunk, stream)
+    tBs, tBg = CU.tma_tiles(tma_b, sB, mB, (CC, 1), (None, 0))
 
     if wg == 0:
         cute.arch.setmaxregister_decrease(PRODUCER_REGS)
@@ -260,14 +188,9 @@ def _kernel(cfg: cutlass.Constexpr, tma_r: cute.CopyAtom, mR: cute.Tensor, tma_o
             def load(st, k, bar):
                 ch = r + k * SP
                 for i in cutlass.range_constexpr(n):
-                    for h in cutlass.range_constexpr(HV):   # H2: the halves' boxes back to back
-                        cute.copy(tma_r, tRg[None, m, ch * HV + h, i], tRs[None, (st * n + i) * HV + h],
-                                  tma_bar_ptr=bar)
-                    for h in cutlass.range_constexpr(HV):
-                        cute.copy(tma_w, tWg[None, 0, ch * HV + h, i], tWs[None, (st * n + i) * HV + h],
-                                  tma_bar_ptr=bar)
-                for h in cutlass.range_constexpr(HV):
-                    cute.copy(tma_x, tXg[None, m, ch * HV + h], tXs[None, st * HV + h], tma_bar_ptr=bar)
+                    cute.copy(tma_r, tRg[None, m, ch, i], tRs[None, st * n + i], tma_bar_ptr=bar)
+                    cute.copy(tma_w, tWg[None, 0, ch, i], tWs[None, st * n + i], tma_bar_ptr=bar)
+                cute.copy(tma_x, tXg[None, m, ch], tXs[None, st], tma_bar_ptr=bar)
                 if const_expr(cfg.HAS_BIAS):
                     cute.copy(tma_b, tBg[None, ch], tBs[None, st], tma_bar_ptr=bar)
 
@@ -280,16 +203,9 @@ def _kernel(cfg: cutlass.Constexpr, tma_r: cute.CopyAtom, mR: cute.Tensor, tma_o
         wc = wg - 1
         cidx = tidx - 128
         ct_ = tidx - 128 * wg
-        lane = cidx % 32
-        if const_expr(cfg.H2):
-            # token tk of 32; pairs cp0 + 8q, q = 0..7, of the 64 a chunk (q < 4: half 0): a warp's 8 tokens x 4
-            # lanes read 16 bytes a row, so its 8 rows meet 8 distinct swizzled 16-byte columns (no bank conflict)
-            tk = 8 * ((cidx // 32) % 4) + lane // 4
-            cp0 = 4 * wc + lane % 4
-        else:
-            tk = cidx // 4            # this thread's token (local) in the elementwise step
-            cp0 = cidx % 4            # its first channel pair; pairs cp0 + 4q, q = 0..7
-        gt = m * TB + tk
+        tk = cidx // 4            # this thread's token (local) in the elementwise step
+        gt = m * BM + tk
+        cp0 = cidx % 4            # its first channel pair; pairs cp0 + 4q, q = 0..7
         hr = cute.make_rmem_tensor((n, n), Float32)
         hp = cute.make_rmem_tensor((n,), Float32)
         gHr = cute.make_tensor(hres, cute.make_layout((T, n, n), stride=(n * n, n, 1)))
@@ -307,11 +223,11 @@ def _kernel(cfg: cutlass.Constexpr, tma_r: cute.CopyAtom, mR: cute.Tensor, tma_o
 
         mma = sm90_utils.make_trivial_tiled_mma(
             BFloat16, BFloat16, LayoutEnum.ROW_MAJOR.sm90_mma_major_mode(),
-            LayoutEnum.ROW_MAJOR.sm90_mma_major_mode(), Float32, (1, 1, 1), tiler_mn=(BM, cfg.NW))
+            LayoutEnum.ROW_MAJOR.sm90_mma_major_mode(), Float32, (1, 1, 1), tiler_mn=(BM, NP))
         thr0 = mma.get_slice(0)
         tA = mma.make_fragment_A(thr0.partition_A(sO))
         tB = mma.make_fragment_B(thr0.partition_B(sW))
-        cAcc = mma.get_slice(ct_).partition_C(cute.make_identity_tensor((BM, cfg.NW)))
+        cAcc = mma.get_slice(ct_).partition_C(cute.make_identity_tensor((BM, NP)))
         acc = cute.make_rmem_tensor(cAcc.shape, Float32)
         tot = cute.make_rmem_tensor(cAcc.shape, Float32)
         comp = cute.make_rmem_tensor(cAcc.shape, Float32)
@@ -329,13 +245,10 @@ def _kernel(cfg: cutlass.Constexpr, tma_r: cute.CopyAtom, mR: cute.Tensor, tma_o
             st = rst.index
             sc = Float32(0.0)
             for q in cutlass.range_constexpr(8):
-                cl = 2 * (cp0 + 8 * q) if const_expr(cfg.H2) else 2 * (cp0 + 4 * q)   # the pair in the chunk
-                row, col = tk, cl
-                if const_expr(cfg.H2):   # the tile row (half, token), the column in the half
-                    row, col = tk + 32 * (q // 4), cl - CC * (q // 4)
+                cl = 2 * (cp0 + 4 * q)
 
                 def tile_pair(t_, buf):
-                    return cute.logical_divide(t_[None, None, buf], (None, cute.make_layout(2)))[row, (None, col // 2)]
+                    return cute.logical_divide(t_[None, None, buf], (None, cute.make_layout(2)))[tk, (None, cl // 2)]
 
                 for j in cutlass.range_constexpr(n):
                     cute.autovec_copy(tile_pair(sO, st * n + j), pair)
@@ -374,77 +287,32 @@ def _kernel(cfg: cutlass.Constexpr, tma_r: cute.CopyAtom, mR: cute.Tensor, tma_o
             pipe.consumer_release(rst)
             rst.advance()
 
-        if const_expr(cfg.H2):
-            _h2_partials(cfg, tot, cAcc, sP, sS, ss, wc, ct_, lane, tk, m, r, p_proj, p_ss, T)
-        else:
-            # ---- warpgroup 1's projection sums into warpgroup 0's (shared memory), then p_proj; p_ss per token
-            if wc == 1:
-                for e in cutlass.range_constexpr(cute.size(tot)):
-                    t_, j_ = cAcc[e]
-                    sP[t_, j_] = tot[e]
-            cute.arch.barrier(barrier_id=1, number_of_threads=256)
-            if wc == 0:
-                gP = cute.make_tensor(p_proj + r * T * cfg.NPAD, cute.make_layout((T, cfg.NPAD), stride=(cfg.NPAD, 1)))
-                for e in cutlass.range_constexpr(cute.size(tot)):
-                    t_, j_ = cAcc[e]
-                    g_ = m * BM + t_
-                    v = tot[e]
-                    if const_expr(n > 1):
-                        v = v + sP[t_, j_]
-                    if g_ < T and j_ < cfg.NPAD:
-                        gP[g_, j_] = v
-                if const_expr(cfg.NPAD > NP):   # p_proj's padding columns
-                    for jj in cutlass.range_constexpr(cfg.NPAD - NP):
-                        if ct_ < BM:
-                            if m * BM + ct_ < T:
-                                gP[m * BM + ct_, NP + jj] = Float32(0.0)
-            for sh in cutlass.range_constexpr(2):
-                ss = ss + cute.arch.shuffle_sync_bfly(ss, offset=1 << sh)
-            if cidx % 4 == 0 and gt < T:
-                gS = cute.make_tensor(p_ss + r * T, cute.make_layout(T))
-                gS[gt] = ss
-
-
-@cute.jit
-def _h2_partials(cfg: cutlass.Constexpr, tot: cute.Tensor, cAcc: cute.Tensor, sP: cute.Tensor, sS: cute.Tensor,
-                 ss: Float32, wc: Int32, ct_: Int32, lane: Int32, tk: Int32, m: Int32, r: Int32, p_proj: cute.Pointer,
-                 p_ss: cute.Pointer, T: Int32):
-    """H2's p_proj / p_ss rows of the CTA's 32 tokens: a warpgroup's accumulator row (h, t) holds token t's
-    products with half h's channels in its column block h (the other block: half h's tokens times half 1 - h's
-    weights, dropped); each (warpgroup, half) block goes to sP, then warpgroup 0 sums the four in a fixed order
-    (warpgroup 0 half 0, half 1, warpgroup 1 half 0, half 1). A token's squares: the 4 lanes of its warp, then
-    warpgroup 1's to warpgroup 0's."""
-    TB, NP, NPAD = cfg.TB, cfg.NP, cfg.NPAD
-    if const_expr(cfg.SP_IN_W):   # both warpgroups' last wgmma retired: the weight tiles are free
+        # ---- warpgroup 1's projection sums into warpgroup 0's (shared memory), then p_proj; p_ss per token
+        if wc == 1:
+            for e in cutlass.range_constexpr(cute.size(tot)):
+                t_, j_ = cAcc[e]
+                sP[t_, j_] = tot[e]
         cute.arch.barrier(barrier_id=1, number_of_threads=256)
-    for e in cutlass.range_constexpr(cute.size(tot)):
-        t_, j_ = cAcc[e]
-        if j_ // NP == t_ // TB:
-            sP[wc * 2 + t_ // TB, t_ % TB, j_ % NP] = tot[e]
-    for sh in cutlass.range_constexpr(2):
-        ss = ss + cute.arch.shuffle_sync_bfly(ss, offset=1 << sh)
-    if wc == 1 and lane % 4 == 0:
-        sS[tk] = ss
-    cute.arch.barrier(barrier_id=1, number_of_threads=256)
-    if wc == 0:
-        gP = cute.make_tensor(p_proj + r * T * NPAD, cute.make_layout((T, NPAD), stride=(NPAD, 1)))
-        for q in cutlass.range_constexpr(TB * NP // 128):
-            idx = ct_ + 128 * q
-            t_ = idx // NP
-            j_ = idx - t_ * NP
-            g_ = m * TB + t_
-            v = ((sP[0, t_, j_] + sP[1, t_, j_]) + sP[2, t_, j_]) + sP[3, t_, j_]
-            if g_ < T and j_ < NPAD:
-                gP[g_, j_] = v
-        if const_expr(NPAD > NP):   # p_proj's padding columns
-            for jj in cutlass.range_constexpr(NPAD - NP):
-                if ct_ < TB:
-                    if m * TB + ct_ < T:
-                        gP[m * TB + ct_, NP + jj] = Float32(0.0)
-        g_ = m * TB + tk
-        if lane % 4 == 0 and g_ < T:
+        if wc == 0:
+            gP = cute.make_tensor(p_proj + r * T * cfg.NPAD, cute.make_layout((T, cfg.NPAD), stride=(cfg.NPAD, 1)))
+            for e in cutlass.range_constexpr(cute.size(tot)):
+                t_, j_ = cAcc[e]
+                g_ = m * BM + t_
+                v = tot[e]
+                if const_expr(n > 1):
+                    v = v + sP[t_, j_]
+                if g_ < T and j_ < cfg.NPAD:
+                    gP[g_, j_] = v
+            if const_expr(cfg.NPAD > NP):   # p_proj's padding columns
+                for jj in cutlass.range_constexpr(cfg.NPAD - NP):
+                    if ct_ < BM:
+                        if m * BM + ct_ < T:
+                            gP[m * BM + ct_, NP + jj] = Float32(0.0)
+        for sh in cutlass.range_constexpr(2):
+            ss = ss + cute.arch.shuffle_sync_bfly(ss, offset=1 << sh)
+        if cidx % 4 == 0 and gt < T:
             gS = cute.make_tensor(p_ss + r * T, cute.make_layout(T))
-            gS[g_] = ss + sS[tk]
+            gS[gt] = ss
 
 
 @cute.jit
@@ -457,16 +325,16 @@ def _host(cfg: cutlass.Constexpr, res: cute.Pointer, x: cute.Pointer, bias: cute
     mX = cute.make_tensor(x, cute.make_layout((T, C), stride=(C, 1)))
     mW = cute.make_tensor(w, cute.make_layout((N, C, n), stride=(n * C, 1, C)))
     mB = cute.make_tensor(bias, cute.make_layout((C, 1), stride=(1, C)))
-    sO_l, sX_l, sW_l = _layouts(cfg, boxes=cfg.H2)   # the boxes' tiles (H2: the halves)
+    sO_l, sX_l, sW_l = _layouts(cfg)
     g2s, s2g = cpasync.CopyBulkTensorTileG2SOp(), cpasync.CopyBulkTensorTileS2GOp()
     one = cute.slice_(sO_l, (None, None, 0))
-    tma_r, tR = cpasync.make_tiled_tma_atom(g2s, mR, one, (cfg.TB, CC))
-    tma_o, tO = cpasync.make_tiled_tma_atom(s2g, mO, one, (cfg.TB, CC))
-    tma_x, tX = cpasync.make_tiled_tma_atom(g2s, mX, cute.slice_(sX_l, (None, None, 0)), (cfg.TB, CC))
+    tma_r, tR = cpasync.make_tiled_tma_atom(g2s, mR, one, (BM, CC))
+    tma_o, tO = cpasync.make_tiled_tma_atom(s2g, mO, one, (BM, CC))
+    tma_x, tX = cpasync.make_tiled_tma_atom(g2s, mX, cute.slice_(sX_l, (None, None, 0)), (BM, CC))
     tma_w, tW = cpasync.make_tiled_tma_atom(g2s, mW, cute.slice_(sW_l, (None, None, 0)), (cfg.NP, CC))
-    tma_b, tB = cpasync.make_tiled_tma_atom(g2s, mB, cute.make_layout((cfg.CH, 1)), (cfg.CH, 1))
+    tma_b, tB = cpasync.make_tiled_tma_atom(g2s, mB, cute.make_layout((CC, 1)), (CC, 1))
     _kernel(cfg, tma_r, tR, tma_o, tO, tma_x, tX, tma_w, tW, tma_b, tB, hres, hpost, p_proj, p_ss, T).launch(
-        grid=(cfg.SPLIT * ((T + cfg.TB - 1) // cfg.TB), 1, 1), block=(THREADS, 1, 1), stream=stream, min_blocks_per_mp=1,
+        grid=(cfg.SPLIT * ((T + BM - 1) // BM), 1, 1), block=(THREADS, 1, 1), stream=stream, min_blocks_per_mp=1,
         preferred_smem_carveout=100)
 
 
