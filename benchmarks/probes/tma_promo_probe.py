@@ -20,8 +20,12 @@ t + CONSUMERS, ..), release it and, with STORE, store the vectors back in place 
 consumers store the new state. Results are the input unchanged (the tests check that: every word rewritten).
 Not a library kernel: benchmarks/probes only.
 
-Run on the GPU: ``python benchmarks/probes/tma_promo_probe.py [--wide]`` (cute bundle; --wide: session 27's tile
-shapes, ``_wide_cases``); prints a table of us and % of the
+Session 36 added two fields: SPLIT (sibling items of a band, item r taking chunks r, r + SPLIT, ..: the walk of
+mhc_post_pre's passes) and IL (a tile's two halves landing as IL-row groups from one 4-D box: whether two adjacent
+128-byte boxes stream like one 256-byte box).
+
+Run on the GPU: ``python benchmarks/probes/tma_promo_probe.py [--wide | --il] [name filters]`` (cute bundle; --wide:
+session 27's tile shapes, ``_wide_cases``; --il: session 36's, ``_il_cases``); prints a table of us and % of the
 bytes' copy time measured in the same run (torch copy_ and an in-place mul_ of the same buffer).
 """
 from __future__ import annotations
