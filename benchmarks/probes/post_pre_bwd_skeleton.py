@@ -63,6 +63,15 @@ class SkelCfg:
     PAD_KB: int = 0
     FWD: bool = False  # the fused forward pass's traffic instead (cute_post_pre_fwd): residual and x loaded, out
     # stored (from the residual slots, into the dresidual tensor): 3s + x bytes, SPLIT 8 there
+    # LOCK (session 37): 0, or a cluster of LOCK sibling CTAs (LOCK | SPLIT) whose producers issue each chunk's loads
+    # together: before its loads of step k a producer arrives on every peer's lock barrier and waits for all of
+    # theirs, so the siblings' adjacent 128-byte pieces reach DRAM at about the same time (what H2's two boxes do
+    # within one CTA), the consumers and tiles unchanged
+    LOCK: int = 0
+
+    def __post_init__(self):
+        if self.LOCK and (self.LOCK not in (2, 4, 8) or self.SPLIT % self.LOCK):
+            raise ValueError(f"skeleton: LOCK {self.LOCK} must be 2, 4 or 8 and divide SPLIT {self.SPLIT}")
 
     @property
     def CC(self) -> int:
@@ -115,6 +124,10 @@ def _kernel(cfg: cutlass.Constexpr, tma_dout: cute.CopyAtom, mDout: cute.Tensor,
     if cutlass.const_expr(cfg.PAD_KB > 0):
         smem.allocate_tensor(cutlass.Uint8, cute.make_layout(cfg.PAD_KB * 1024), byte_alignment=1024)
     pipe = CU.tma_pipeline(smem, S, cfg.stage_bytes, 8)
+    L = cfg.LOCK
+    if cutlass.const_expr(L > 0):
+        sL = CU.sibling_lock(smem, L)
+        rank, nlock = CU.sibling_steps(cfg.nch, r_, SP, L)
     tDs, tDg = CU.tma_tiles(tma_dout, sT, mDout, (64, BMT))
     _, tRg = CU.tma_tiles(tma_res, sT, mRes, (64, BMT))
     _, tSg = CU.tma_tiles(tma_dres, sT, mDres, (64, BMT))
@@ -129,6 +142,9 @@ def _kernel(cfg: cutlass.Constexpr, tma_dout: cute.CopyAtom, mDout: cute.Tensor,
             def load(st, k, bar):
                 ch = r_ + k * SP
                 base = st * KT
+                if cutlass.const_expr(L > 0):
+                    if k < nlock:
+                        CU.sibling_lock_step(sL, k, rank, L)
                 for i in cutlass.range_constexpr(n):
                     if cutlass.const_expr(not cfg.FWD):
                         for h in cutlass.range_constexpr(H):
@@ -166,6 +182,8 @@ def _kernel(cfg: cutlass.Constexpr, tma_dout: cute.CopyAtom, mDout: cute.Tensor,
             pipe.consumer_wait(rst)
             CU.release_read_stage(pipe, rst)
             rst.advance()
+    if cutlass.const_expr(L > 0):
+        CU.sibling_lock_exit()
 
 
 @cute.jit
@@ -193,7 +211,8 @@ def _host(cfg: cutlass.Constexpr, dout: cute.Pointer, res: cute.Pointer, x: cute
     tma_w, tW = cpasync.make_tiled_tma_atom(g2s, mW, cute.slice_(sW_l, (None, None, 0)), (128, cfg.NPK))
     _kernel(cfg, tma_dout, tDout, tma_res, tRes, tma_dres, tDres, tma_x, tX, tma_dg, tDg, tma_dx, tDx,
             tma_w, tW).launch(grid=(cfg.SPLIT * ((T + cfg.BMT - 1) // cfg.BMT), 1, 1), block=(384, 1, 1),
-                              stream=stream, min_blocks_per_mp=1, preferred_smem_carveout=100)
+                              cluster=(max(cfg.LOCK, 1), 1, 1), stream=stream, min_blocks_per_mp=1,
+                              preferred_smem_carveout=100)
 
 
 @functools.lru_cache(maxsize=16)
@@ -206,16 +225,25 @@ def launch(cfg: SkelCfg) -> CU.Launch:
 def cases():
     return [
         ("[64 tok, 64 ch] (the pass)", SkelCfg()),
+        ("[64 tok, 64 ch] LOCK 2", SkelCfg(LOCK=2)),
+        ("[64 tok, 64 ch] LOCK 4", SkelCfg(LOCK=4)),
         ("[32 tok, 2 x 64 ch] H2", SkelCfg(BMT=32, H=2, NPK=48)),
         ("[32 tok, 64 ch] padded", SkelCfg(BMT=32, PAD_KB=100)),
         ("[64 tok, 64 ch] (again)", SkelCfg()),
+        ("[64 tok, 64 ch] LOCK 2 (again)", SkelCfg(LOCK=2)),
+        ("[64 tok, 64 ch] LOCK 4 (again)", SkelCfg(LOCK=4)),
         ("[32 tok, 2 x 64 ch] H2 (again)", SkelCfg(BMT=32, H=2, NPK=48)),
         ("[64 tok, 64 ch] SPLIT 1", SkelCfg(SPLIT=1)),
+        ("[64 tok, 64 ch] SPLIT 8 LOCK 8", SkelCfg(SPLIT=8, LOCK=8)),
         ("[32 tok, 2 x 64 ch] H2 SPLIT 2", SkelCfg(BMT=32, H=2, NPK=48, SPLIT=2)),
         ("FWD [64 tok, 64 ch] SPLIT 8", SkelCfg(FWD=True, SPLIT=8)),
+        ("FWD [64 tok, 64 ch] SPLIT 8 LOCK 2", SkelCfg(FWD=True, SPLIT=8, LOCK=2)),
+        ("FWD [64 tok, 64 ch] SPLIT 8 LOCK 4", SkelCfg(FWD=True, SPLIT=8, LOCK=4)),
+        ("FWD [64 tok, 64 ch] SPLIT 8 LOCK 8", SkelCfg(FWD=True, SPLIT=8, LOCK=8)),
         ("FWD [32 tok, 2 x 64 ch] H2 SPLIT 8", SkelCfg(FWD=True, SPLIT=8, BMT=32, H=2, NPK=48)),
-        ("FWD [32 tok, 2 x 64 ch] H2 SPLIT 4", SkelCfg(FWD=True, SPLIT=4, BMT=32, H=2, NPK=48)),
         ("FWD [64 tok, 64 ch] SPLIT 8 (again)", SkelCfg(FWD=True, SPLIT=8)),
+        ("FWD [64 tok, 64 ch] SPLIT 8 LOCK 2 (again)", SkelCfg(FWD=True, SPLIT=8, LOCK=2)),
+        ("FWD [64 tok, 64 ch] SPLIT 8 LOCK 4 (again)", SkelCfg(FWD=True, SPLIT=8, LOCK=4)),
     ]
 
 
@@ -261,9 +289,9 @@ def main(argv=None) -> int:
             json.dump(dict(env=device_env(), T=T, n=n, C=C, bytes=nbytes, copy_us_1p88GB=t_copy,
                            rows=rows), fh, indent=1)
     print(f"bytes {nbytes / 1e9:.2f} GB; copy rate {copy_rate / 1e6:.3f} TB/s ({t_copy:.1f} us for 2 x 1.88 GB)")
-    print(f"{'case':<34} {'us':>9} {'%copy':>7}  check")
+    print(f"{'case':<44} {'us':>9} {'%copy':>7}  check")
     for r in rows:
-        print(f"{r['name']:<34} {r['us']:9.1f} {r['pct']:7.1f}  {r['ok']}")
+        print(f"{r['name']:<44} {r['us']:9.1f} {r['pct']:7.1f}  {r['ok']}")
     return 0
 
 

@@ -162,6 +162,37 @@ def test_split_configs_compile_for_sm90a(split):
         assert not unfenced_releases(art.ptx)
 
 
+@pytest.mark.parametrize("lock", [2, 4, 8])
+def test_lock_configs_compile_for_sm90a(lock):
+    """Both passes with LOCK (siblings in clusters of ``lock``, _cute.sibling_lock): each producer arrives on its
+    lock - 1 peers' barriers (remote mbarrier arrives), the kernel ends in a cluster barrier, no spills, fenced
+    releases, the setmaxnreg budget; LOCK must divide SPLIT."""
+    from tilekernels.mhc import cute_post_pre_fwd as F
+
+    b = K.with_dwpre(K.PostPreBwdCuteCfg.heuristic(4, 7168, 24, True))
+    b = dataclasses.replace(b, SPLIT=max(b.SPLIT, lock), LOCK=lock)
+    f = dataclasses.replace(F.PostPreFwdCuteCfg.heuristic(4, 7168, 24, 32, True), LOCK=lock)
+    for art in (K.launch(b).export("sm_90a"), F.launch(f).export("sm_90a")):
+        res = [v for k, v in cubin_resources(art.cubin).items() if "kernel" in k]
+        assert len(res) == 1 and res[0]["frame"] == 0, res
+        assert not unfenced_releases(art.ptx)
+        remote = [ln for ln in art.ptx.splitlines() if "mbarrier.arrive" in ln and "shared::cluster" in ln]
+        assert len(remote) == lock - 1, remote
+        assert "barrier.cluster.wait" in art.ptx
+        need, have = setmaxnreg_budget(art)
+        assert 0 < need <= have
+    with pytest.raises(ValueError, match="LOCK"):
+        dataclasses.replace(b, SPLIT=lock + 1)
+    with pytest.raises(ValueError, match="LOCK"):
+        dataclasses.replace(f, LOCK=3)
+    d = dataclasses.replace(DD.PostPreDhdwCuteCfg.heuristic(4, 7168, 24, 32), LOCK=lock)
+    art = DD.launch(d).export("sm_90a")
+    assert len([ln for ln in art.ptx.splitlines() if "mbarrier.arrive" in ln and "shared::cluster" in ln]) == lock - 1
+    assert "barrier.cluster.wait" in art.ptx and not unfenced_releases(art.ptx)
+    with pytest.raises(ValueError, match="LOCK"):
+        dataclasses.replace(DD.PostPreDhdwCuteCfg.heuristic(4, 520, 24, 32), LOCK=2)   # 9 slices
+
+
 @pytest.mark.parametrize("planes", [None, 1, 2, 4])
 @pytest.mark.parametrize("dst", ["f32", "bf16", "strided"])
 def test_split_planes_sum_into_dh(planes, dst):
@@ -234,7 +265,8 @@ def test_pass_skeleton_probe_compiles():
         import post_pre_bwd_skeleton as P
     finally:
         sys.path.pop(0)
-    for cfg in (P.SkelCfg(), P.SkelCfg(BMT=32, H=2, NPK=48), P.SkelCfg(FWD=True, SPLIT=8, BMT=32, H=2, NPK=48)):
+    for cfg in (P.SkelCfg(), P.SkelCfg(BMT=32, H=2, NPK=48), P.SkelCfg(FWD=True, SPLIT=8, BMT=32, H=2, NPK=48),
+                P.SkelCfg(LOCK=2)):
         art = P.launch(cfg).export("sm_90a")
         assert "cp.async.bulk.tensor.3d.shared::cta.global" in art.ptx
         assert "cp.async.bulk.tensor.3d.global.shared::cta" in art.ptx
@@ -371,6 +403,34 @@ def test_cute_split_configs_match_float64(c, split, monkeypatch):
 
     monkeypatch.setattr(K.PostPreBwdCuteCfg, "heuristic", bwd)
     monkeypatch.setattr(F.PostPreFwdCuteCfg, "heuristic", fwd)
+    run_cutile(c, backend="cute")
+
+
+@on_gpu
+@pytest.mark.parametrize("lock", [2, 4])
+@pytest.mark.parametrize("c", [dict(T=130, n=4, C=520, h=F32, bias=True), dict(T=65, n=3, C=7168, h=BF16, bias=False),
+                               dict(T=1, n=2, C=320, h=F32, bias=True)], ids=case_id)
+def test_cute_sibling_lock_matches_float64(c, lock, monkeypatch):
+    """Both passes with their siblings locked in clusters of ``lock`` (LOCK, _cute.sibling_lock), SPLIT the
+    heuristic's rounded down to a multiple of it: C=520's 9 chunks give clusters whose CTAs take unequal chunk counts
+    (backward SPLIT 4: 3 / 2 / 2 / 2; forward 8: 2 / 1 / ...), so the unlocked last steps run; C=320's 5 chunks a
+    forward SPLIT of 4 instead of 5; T=1 one row tile; at C=7168 the slices pass (cute_post_pre_dhdw) locked too.
+    The same float64 checks."""
+    from tilekernels.mhc import cute_post_pre_fwd as F
+
+    kb, fb = K.PostPreBwdCuteCfg.heuristic, F.PostPreFwdCuteCfg.heuristic
+
+    def locked(cfg):
+        assert cfg.SPLIT >= lock, cfg
+        return dataclasses.replace(cfg, SPLIT=cfg.SPLIT - cfg.SPLIT % lock, LOCK=lock)
+
+    def slices(cfg):   # the slices pass where the lock divides its 64-channel slices (C=7168's 112)
+        return dataclasses.replace(cfg, LOCK=lock) if cfg.S % lock == 0 else cfg
+
+    db = DD.PostPreDhdwCuteCfg.heuristic
+    monkeypatch.setattr(K.PostPreBwdCuteCfg, "heuristic", lambda n, C, N, hb, CW=32: locked(kb(n, C, N, hb, CW)))
+    monkeypatch.setattr(F.PostPreFwdCuteCfg, "heuristic", lambda *a: locked(fb(*a)))
+    monkeypatch.setattr(DD.PostPreDhdwCuteCfg, "heuristic", lambda *a: slices(db(*a)))
     run_cutile(c, backend="cute")
 
 

@@ -444,3 +444,48 @@ def test_bwd_agg_rms_term(T, n, C):
     gx, _, agg = _agg_ref(x, w, dproj, dr, r, dl, hpre_t)
     assert agg.norm() < 1e-3 * (gx - agg).norm()
     assert_close(dx, gx, what="dx")
+
+
+@on_gpu
+@pytest.mark.parametrize("lock", [2, 4])
+@pytest.mark.parametrize("M,K", [(65, 7168), (4099, 28672), (1, 1024)], ids=["M65-K7168", "M4099-K28672", "M1-K1024"])
+def test_bwd_lock_bitwise(M, K, lock):
+    """LOCK (clusters of adjacent channel slices issuing each row tile's loads together) changes when the loads are
+    issued, not what is computed: dx and dweight bitwise the unlocked kernel's (itself checked against float64), and
+    DW_ONLY's dweight too; with the aggregate term (AGG_IL, mhc_pre's dx pass) at n = 4."""
+    N = 24
+    x, w, dproj, dr, r = _inputs(M, N, K)
+    dx, dw = _bwd_checked(x, w, dproj, dr, r)
+    cfg = dataclasses.replace(cpr.ProjRmsBwdCuteCfg.heuristic(N, K), LOCK=lock)
+    dx2, dw2 = torch.full_like(x, float("nan")), torch.full_like(w, float("nan"))
+    cpr.bwd_into(dproj, dr, x, w, r, dx2, dw2, 1e-6, cfg=cfg)
+    assert torch.equal(dx, dx2) and torch.equal(dw, dw2)
+    dw3 = torch.full_like(w, float("nan"))
+    cpr.dweight_into(dproj, x, dw3, cfg=dataclasses.replace(cfg, DW_ONLY=True))
+    dw4 = torch.full_like(w, float("nan"))
+    cpr.dweight_into(dproj, x, dw4)
+    assert torch.equal(dw3, dw4)
+    n = 4
+    if K % (4 * 64) == 0:
+        x, w, dproj, dr, r, dl, hpre_t = _agg_inputs(M, n, K // n)
+        outs = []
+        for lk in (0, lock):
+            acfg = dataclasses.replace(cpr.ProjRmsBwdCuteCfg.heuristic(N, K), AGG_C=K // n, LOCK=lk)
+            assert acfg._agg_il
+            ax, aw = torch.full_like(x, float("nan")), torch.full_like(w, float("nan"))
+            cpr.bwd_agg_into(dproj, dr, x, w, r, dl, hpre_t, ax, aw, 1e-6, cfg=acfg)
+            outs.append((ax, aw))
+        assert_close(outs[0][0], _agg_ref(x, w, dproj, dr, r, dl, hpre_t)[0], what="dx")
+        assert torch.equal(outs[0][0], outs[1][0]) and torch.equal(outs[0][1], outs[1][1])
+
+
+def test_lock_config_limits():
+    """LOCK must be 2, 4 or 8 and divide the channel slices (the cluster's CTAs walk the same row tiles)."""
+    cfg = cpr.ProjRmsBwdCuteCfg.heuristic(24, 28672)
+    assert dataclasses.replace(cfg, LOCK=8).grid_x == 112
+    assert dataclasses.replace(cfg, AGG_C=7168, LOCK=8).grid_x == 112    # AGG_IL, n = 4: one 64-channel piece a stream
+    assert dataclasses.replace(cpr.ProjRmsBwdCuteCfg.heuristic(24, 1024), AGG_C=256).grid_x == 4
+    with pytest.raises(ValueError, match="LOCK"):
+        dataclasses.replace(cpr.ProjRmsBwdCuteCfg.heuristic(24, 768), LOCK=2)   # 3 slices
+    with pytest.raises(ValueError, match="LOCK"):
+        dataclasses.replace(cfg, LOCK=3)

@@ -1,0 +1,129 @@
+#!/usr/bin/env python3
+"""Probe: SM clock and board power while one workload runs back to back (H200: is a pass power-capped?).
+
+Why: session 37 saw mhc_post_pre's rows slow down over a run while nvidia-smi reported 690-698 W against the 700 W
+limit, the "SW power cap" clock reason and SM clocks of 1470-1850 MHz instead of 1980. A memory pattern that moves
+the same bytes faster only pays where the SMs then keep their clock. This runs each workload for ``--secs`` seconds
+(after one second of warm-up) while ``nvidia-smi -lms 100`` samples the board, and prints per workload the kernel
+time (CUDA events over the window), mean power, mean and minimum SM clock and the share of samples with the power-cap
+reason.
+
+Workloads (``--rows``): ``copy`` (1.88 GB copy_), ``pbda_fwd`` / ``pbda_bwd`` (h_post_bda's CuTe DSL kernels), ``skel`` / ``skel:LOCK=2`` (post_pre_bwd_skeleton.py's backward
+traffic, consumers idle), and post_pre_pass_ab.py's rows (``bwd``, ``fwd``, ``dhdw``, with FIELD=V changes).
+
+    source .gpu-cute/env.sh && python3 benchmarks/probes/power_probe.py --rows copy,skel,bwd --out "$OUT"
+"""
+from __future__ import annotations
+
+import argparse
+import csv
+import json
+import os
+import subprocess
+import sys
+import time
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+sys.path[:0] = [ROOT, os.path.join(ROOT, "benchmarks"), os.path.join(ROOT, "benchmarks", "probes")]
+
+import torch  # noqa: E402
+
+from _gpu import device_env  # noqa: E402
+
+
+def _workload(spec):
+    name, *kv = spec.split(":")
+    changes = {k: int(v) for k, v in (x.split("=") for x in kv)}
+    T, n, C = 32768, 4, 7168
+    if name == "copy":
+        a = torch.randn(T * n * C, device="cuda").to(torch.bfloat16)
+        b = torch.empty_like(a)
+        return lambda: b.copy_(a)
+    if name in ("pbda_fwd", "pbda_bwd"):   # h_post_bda's CuTe DSL kernels (SIMT), fp32 h, bf16 bias
+        from tilekernels.mhc import cute_post_bda as B
+
+        bf, f32 = torch.bfloat16, torch.float32
+        hr, hp = torch.rand(T, n, n, device="cuda"), torch.rand(T, n, device="cuda")
+        res, x, bias = (torch.randn(*s, device="cuda").to(bf) for s in ((T, n, C), (T, C), (C,)))
+        if name == "pbda_fwd":
+            out = torch.empty_like(res)
+            return lambda: B.fwd_into(hr, res, hp, x, bias, out)
+        dout = torch.randn(T, n, C, device="cuda").to(bf)
+        outs = (torch.empty(T, n, n, dtype=f32, device="cuda"), torch.empty_like(res),
+                torch.empty(T, n, dtype=f32, device="cuda"), torch.empty_like(x), torch.empty_like(bias))
+        return lambda: B.bwd_into(dout, hr, res, hp, x, bias, *outs)
+    if name == "skel":
+        import post_pre_bwd_skeleton as S
+
+        cfg = S.SkelCfg(**changes)
+        bf = torch.bfloat16
+        t = [torch.randn(*s, device="cuda").to(bf) for s in ((T, n, C), (T, n, C), (T, C), (T, C))]
+        w = torch.randn(cfg.NPK, cfg.nch * 256, device="cuda").to(bf)
+        o = [torch.empty(T, n, C, dtype=bf, device="cuda"), torch.empty(T, C, dtype=bf, device="cuda")]
+        ln = S.launch(cfg)
+        return lambda: ln.run(*t, w, *o, T)
+    import post_pre_pass_ab as P
+
+    cfg = P._cfg(name, changes, n, C, n * n + 2 * n, 32)
+    return P._runner(name, cfg, T, n, C, n * n + 2 * n, 32)
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--rows", default="copy,skel,skel:LOCK=2,bwd")
+    ap.add_argument("--secs", type=float, default=4.0)
+    ap.add_argument("--out", default=os.environ.get("OUT") or ".")
+    a = ap.parse_args(argv)
+    smi_path = os.path.join(a.out, "power_probe_smi.csv")
+    smi = subprocess.Popen(["nvidia-smi", "--query-gpu=timestamp,clocks.sm,power.draw,clocks_throttle_reasons.active",
+                            "--format=csv,noheader,nounits", "-lms", "100"], stdout=open(smi_path, "w"))
+    windows = []
+    try:
+        for spec in a.rows.split(","):
+            fn = _workload(spec)
+            fn()
+            torch.cuda.synchronize()
+            t_end = time.time() + 1.0
+            while time.time() < t_end:   # warm-up: the board reaches its steady power
+                fn()
+                torch.cuda.synchronize()
+            e0, e1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            t0 = time.time()
+            e0.record()
+            iters = 0
+            while time.time() - t0 < a.secs:
+                for _ in range(10):
+                    fn()
+                iters += 10
+                torch.cuda.synchronize()
+            e1.record()
+            torch.cuda.synchronize()
+            windows.append(dict(row=spec, t0=t0, t1=time.time(), iters=iters, us=e0.elapsed_time(e1) * 1e3 / iters))
+            time.sleep(1.5)   # cool-down between rows
+    finally:
+        time.sleep(0.3)
+        smi.terminate()
+        smi.wait()
+    samples = []
+    for r in csv.reader(open(smi_path)):
+        try:
+            ts = time.mktime(time.strptime(r[0].strip()[:19], "%Y/%m/%d %H:%M:%S")) + float("0" + r[0].strip()[19:])
+            samples.append((ts, float(r[1]), float(r[2]), int(r[3].strip(), 16)))
+        except (ValueError, IndexError):
+            continue
+    for w in windows:
+        s = [x for x in samples if w["t0"] + 0.2 <= x[0] <= w["t1"]]
+        w.update(samples=len(s), watts=sum(x[2] for x in s) / max(len(s), 1),
+                 mhz=sum(x[1] for x in s) / max(len(s), 1), mhz_min=min((x[1] for x in s), default=float("nan")),
+                 capped=sum(1 for x in s if x[3] & 0x4) / max(len(s), 1))
+    with open(os.path.join(a.out, "power_probe.json"), "w") as fh:
+        json.dump(dict(env=device_env(), rows=windows), fh, indent=1)
+    print(f"{'row':<16} {'us':>9} {'W':>7} {'MHz':>7} {'min':>6} {'capped':>7} samples")
+    for w in windows:
+        print(f"{w['row']:<16} {w['us']:9.1f} {w['watts']:7.1f} {w['mhz']:7.0f} {w['mhz_min']:6.0f} "
+              f"{100 * w['capped']:6.0f}% {w['samples']}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
