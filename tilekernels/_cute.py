@@ -309,59 +309,6 @@ def tma_pipeline(smem, stages: int, tx_count: int, consumer_warps: int):
         tx_count=tx_count, barrier_storage=bars, cta_layout_vmnk=cute.make_layout((1, 1, 1, 1)))
 
 
-def sibling_lock(smem, size: int):
-    """The lock of a cluster of ``size`` sibling CTAs whose producers issue each step's loads together (called from a
-    ``@cute.kernel`` by every thread, before the roles split; the kernel launched with cluster (size, 1, 1) and
-    ending in :func:`sibling_lock_exit`; each producer calls :func:`sibling_lock_step` before a step's loads, for
-    the steps every CTA of the cluster takes). Two mbarriers a CTA, each completed by the size - 1 peers'
-    arrivals: step k uses barrier k % 2, so a peer's arrival for step k + 2 cannot land before this CTA's wait for
-    step k (the peer first needs this CTA's arrival for k + 1). Returns their pointer.
-
-    Why: sibling CTAs that stream adjacent 128-byte pieces of the same rows, requested together, reach DRAM as one
-    wider piece (H200, session 37: mhc_post_pre's backward pass's traffic alone 1750 us with its siblings locked in
-    pairs against 1867; the mHC ledger)."""
-    bars = smem.allocate_array(cutlass.Int64, 2, byte_alignment=8)
-    _sibling_lock_init(bars, size)
-    return bars
-
-
-def sibling_steps(nch: int, r, split: int, size: int):
-    """(rank in the cluster, locked steps) of CTA r of ``split`` siblings that take chunks r, r + split, ... of nch,
-    in clusters of ``size`` adjacent r (size | split): the steps are the cluster's last CTA's chunk count, which every
-    CTA of the cluster takes."""
-    rank = r % size
-    return rank, (nch - (r - rank + size - 1) + split - 1) // split
-
-
-@cute.jit
-def _sibling_lock_init(bars: cute.Pointer, size: cutlass.Constexpr) -> None:
-    tidx, _, _ = cute.arch.thread_idx()
-    if tidx == 0:
-        cute.arch.mbarrier_init(bars, size - 1)
-        cute.arch.mbarrier_init(bars + 1, size - 1)
-    cute.arch.mbarrier_init_fence()
-    cute.arch.cluster_arrive_relaxed()
-    cute.arch.cluster_wait()   # every CTA of the cluster has its barriers before any remote arrive
-
-
-@cute.jit
-def sibling_lock_step(bars: cute.Pointer, k: cutlass.Int32, rank: cutlass.Int32, size: cutlass.Constexpr) -> None:
-    """A producer warp's step k of :func:`sibling_lock` (before that step's loads; every lane calls it): lane 0
-    arrives on each peer's barrier k % 2, then the warp waits until every peer has arrived on its own. Every CTA of
-    the cluster must take the same number of locked steps."""
-    if cute.arch.lane_idx() == 0:
-        for q in cutlass.range_constexpr(1, size):
-            cute.arch.mbarrier_arrive(bars + (k % 2), (rank + q) % size)
-    cute.arch.mbarrier_wait(bars + (k % 2), (k // 2) % 2)
-
-
-def sibling_lock_exit() -> None:
-    """The end of a :func:`sibling_lock` kernel (every thread): no CTA leaves while a peer may still arrive on its
-    barriers."""
-    cute.arch.cluster_arrive()
-    cute.arch.cluster_wait()
-
-
 def release_read_stage(pipe, state, fence: bool = True) -> None:
     """A consumer warp's release of a TMA ring stage it read (called from a ``@cute.kernel``, by every lane of the
     warp): ``fence.proxy.async.shared::cta`` first, so its ld.shared of the stage are done before the producer's TMA

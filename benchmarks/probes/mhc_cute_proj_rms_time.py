@@ -39,9 +39,7 @@ BF, F32 = torch.bfloat16, torch.float32
 AB = {"st4": dict(STAGES=4), "gm5": dict(GM=5), "gm8": dict(GM=8), "gm12": dict(GM=12), "gm14": dict(GM=14),
       # session 30: one CTA a channel slice walking every row tile (112 CTAs at K=28672, one wave, the CTAs side by
       # side along a row band), two, six
-      "gm1": dict(GM=1), "gm1st4": dict(GM=1, STAGES=4), "gm2": dict(GM=2), "gm6": dict(GM=6),
-      # session 37: clusters of 2 / 4 / 8 adjacent channel slices issuing each row tile's loads together (LOCK)
-      "lock2": dict(LOCK=2), "lock4": dict(LOCK=4), "lock8": dict(LOCK=8)}
+      "gm1": dict(GM=1), "gm1st4": dict(GM=1, STAGES=4), "gm2": dict(GM=2), "gm6": dict(GM=6)}
 
 
 def _registry_ab_rows(res, row, a, x, w, dproj, dr):

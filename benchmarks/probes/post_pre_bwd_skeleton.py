@@ -101,6 +101,40 @@ def _layouts(cfg):
     return sT, sW
 
 
+# ---- the sibling lock (LOCK; session 37, measured here, in the passes and in proj_rms's backward at 5f278ea, and
+# reverted there: the passes run at the board's power cap, so the faster pattern bought no time)
+
+
+def _lock_init(smem, size: int):
+    """(every thread, before the roles split) Two lock mbarriers a CTA, each completed by the size - 1 peers'
+    arrivals: step k uses barrier k % 2, so a peer's arrival for step k + 2 cannot land before this CTA's wait for
+    step k (the peer first needs this CTA's arrival for k + 1)."""
+    bars = smem.allocate_array(cutlass.Int64, 2, byte_alignment=8)
+    _lock_init_bars(bars, size)
+    return bars
+
+
+@cute.jit
+def _lock_init_bars(bars: cute.Pointer, size: cutlass.Constexpr) -> None:
+    tidx, _, _ = cute.arch.thread_idx()
+    if tidx == 0:
+        cute.arch.mbarrier_init(bars, size - 1)
+        cute.arch.mbarrier_init(bars + 1, size - 1)
+    cute.arch.mbarrier_init_fence()
+    cute.arch.cluster_arrive_relaxed()
+    cute.arch.cluster_wait()   # every CTA of the cluster has its barriers before any remote arrive
+
+
+@cute.jit
+def _lock_step(bars: cute.Pointer, k: Int32, rank: Int32, size: cutlass.Constexpr) -> None:
+    """A producer warp's step k (every lane): lane 0 arrives on each peer's barrier k % 2, then the warp waits until
+    every peer has arrived on its own."""
+    if cute.arch.lane_idx() == 0:
+        for q in cutlass.range_constexpr(1, size):
+            cute.arch.mbarrier_arrive(bars + (k % 2), (rank + q) % size)
+    cute.arch.mbarrier_wait(bars + (k % 2), (k // 2) % 2)
+
+
 @cute.kernel
 def _kernel(cfg: cutlass.Constexpr, tma_dout: cute.CopyAtom, mDout: cute.Tensor, tma_res: cute.CopyAtom,
             mRes: cute.Tensor, tma_dres: cute.CopyAtom, mDres: cute.Tensor, tma_x: cute.CopyAtom, mX: cute.Tensor,
@@ -126,8 +160,9 @@ def _kernel(cfg: cutlass.Constexpr, tma_dout: cute.CopyAtom, mDout: cute.Tensor,
     pipe = CU.tma_pipeline(smem, S, cfg.stage_bytes, 8)
     L = cfg.LOCK
     if cutlass.const_expr(L > 0):
-        sL = CU.sibling_lock(smem, L)
-        rank, nlock = CU.sibling_steps(cfg.nch, r_, SP, L)
+        sL = _lock_init(smem, L)
+        rank = r_ % L   # the cluster's CTAs: adjacent r; the steps all take: its last CTA's chunk count
+        nlock = (cfg.nch - (r_ - rank + L - 1) + SP - 1) // SP
     tDs, tDg = CU.tma_tiles(tma_dout, sT, mDout, (64, BMT))
     _, tRg = CU.tma_tiles(tma_res, sT, mRes, (64, BMT))
     _, tSg = CU.tma_tiles(tma_dres, sT, mDres, (64, BMT))
@@ -144,7 +179,7 @@ def _kernel(cfg: cutlass.Constexpr, tma_dout: cute.CopyAtom, mDout: cute.Tensor,
                 base = st * KT
                 if cutlass.const_expr(L > 0):
                     if k < nlock:
-                        CU.sibling_lock_step(sL, k, rank, L)
+                        _lock_step(sL, k, rank, L)
                 for i in cutlass.range_constexpr(n):
                     if cutlass.const_expr(not cfg.FWD):
                         for h in cutlass.range_constexpr(H):
@@ -182,8 +217,9 @@ def _kernel(cfg: cutlass.Constexpr, tma_dout: cute.CopyAtom, mDout: cute.Tensor,
             pipe.consumer_wait(rst)
             CU.release_read_stage(pipe, rst)
             rst.advance()
-    if cutlass.const_expr(L > 0):
-        CU.sibling_lock_exit()
+    if cutlass.const_expr(L > 0):   # no CTA leaves while a peer may still arrive on its barriers
+        cute.arch.cluster_arrive()
+        cute.arch.cluster_wait()
 
 
 @cute.jit

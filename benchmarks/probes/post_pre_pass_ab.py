@@ -8,9 +8,10 @@ time does not depend on the values); the outputs are not checked (the GPU tests 
 
 Passes and variants (``--rows``, comma list of PASS[:FIELD=V[:FIELD=V]]): ``bwd`` cute_post_pre_bwd (the default
 backward's config: with_dwpre of the heuristic), ``fwd`` cute_post_pre_fwd, ``dhdw`` cute_post_pre_dhdw, each with
-fields of its config replaced, e.g. ``bwd,bwd:LOCK=2,fwd,fwd:LOCK=2``. T=32768, n=4, C=7168, bf16, bias on.
+fields of its config replaced, e.g. ``bwd,bwd:SPLIT=8,fwd,fwd:STAGES=2``. T=32768, n=4, C=7168, bf16, bias on.
+(Session 37 ran it on the passes' LOCK option, 5f278ea, since reverted: the mHC ledger.)
 
-    source .gpu-cute/env.sh && python3 benchmarks/probes/post_pre_pass_ab.py --rows bwd,bwd:LOCK=2 --rounds 5
+    source .gpu-cute/env.sh && python3 benchmarks/probes/post_pre_pass_ab.py --rows bwd,bwd:SPLIT=8 --rounds 5
 """
 from __future__ import annotations
 
@@ -77,7 +78,7 @@ def _runner(name, cfg, T, n, C, N, npad):
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--rows", default="bwd,bwd:LOCK=2")
+    ap.add_argument("--rows", default="bwd,fwd,dhdw")
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--out", default=os.environ.get("OUT"))
     a = ap.parse_args(argv)

@@ -8,8 +8,9 @@ the same bytes faster only pays where the SMs then keep their clock. This runs e
 time (CUDA events over the window), mean power, mean and minimum SM clock and the share of samples with the power-cap
 reason.
 
-Workloads (``--rows``): ``copy`` (1.88 GB copy_), ``pbda_fwd`` / ``pbda_bwd`` (h_post_bda's CuTe DSL kernels), ``skel`` / ``skel:LOCK=2`` (post_pre_bwd_skeleton.py's backward
-traffic, consumers idle), and post_pre_pass_ab.py's rows (``bwd``, ``fwd``, ``dhdw``, with FIELD=V changes).
+Workloads (``--rows``): ``copy`` (1.88 GB copy_), ``pbda_fwd`` / ``pbda_bwd`` (h_post_bda's CuTe DSL kernels),
+``skel`` / ``skel:LOCK=2`` (post_pre_bwd_skeleton.py's backward traffic, consumers idle), and post_pre_pass_ab.py's
+rows (``bwd``, ``fwd``, ``dhdw``, with FIELD=V changes).
 
     source .gpu-cute/env.sh && python3 benchmarks/probes/power_probe.py --rows copy,skel,bwd --out "$OUT"
 """
@@ -68,9 +69,33 @@ def _workload(spec):
     return P._runner(name, cfg, T, n, C, n * n + 2 * n, 32)
 
 
+def parse_smi(lines) -> list[tuple[float, float, float, int]]:
+    """(epoch seconds, SM MHz, watts, clock-reason bits) of each ``nvidia-smi --format=csv,noheader,nounits`` line
+    (timestamp, clocks.sm, power.draw, clocks_throttle_reasons.active), lines that do not parse skipped."""
+    out = []
+    for r in csv.reader(lines):
+        try:
+            t = r[0].strip()
+            ts = time.mktime(time.strptime(t[:19], "%Y/%m/%d %H:%M:%S")) + float("0" + t[19:])
+            out.append((ts, float(r[1]), float(r[2]), int(r[3].strip(), 16)))
+        except (ValueError, IndexError):
+            continue
+    return out
+
+
+def summarize(windows: list[dict], samples) -> None:
+    """Adds to each window (t0, t1: epoch seconds) its samples' count, mean watts, mean and minimum MHz and the share
+    with the SW power-cap reason (bit 0x4), its first 0.2 s left out (the board's readings lag)."""
+    for w in windows:
+        s = [x for x in samples if w["t0"] + 0.2 <= x[0] <= w["t1"]]
+        k = max(len(s), 1)
+        w.update(samples=len(s), watts=sum(x[2] for x in s) / k, mhz=sum(x[1] for x in s) / k,
+                 mhz_min=min((x[1] for x in s), default=float("nan")), capped=sum(1 for x in s if x[3] & 0x4) / k)
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--rows", default="copy,skel,skel:LOCK=2,bwd")
+    ap.add_argument("--rows", default="copy,pbda_bwd,skel,skel:LOCK=2,bwd")
     ap.add_argument("--secs", type=float, default=4.0)
     ap.add_argument("--out", default=os.environ.get("OUT") or ".")
     a = ap.parse_args(argv)
@@ -104,18 +129,8 @@ def main(argv=None) -> int:
         time.sleep(0.3)
         smi.terminate()
         smi.wait()
-    samples = []
-    for r in csv.reader(open(smi_path)):
-        try:
-            ts = time.mktime(time.strptime(r[0].strip()[:19], "%Y/%m/%d %H:%M:%S")) + float("0" + r[0].strip()[19:])
-            samples.append((ts, float(r[1]), float(r[2]), int(r[3].strip(), 16)))
-        except (ValueError, IndexError):
-            continue
-    for w in windows:
-        s = [x for x in samples if w["t0"] + 0.2 <= x[0] <= w["t1"]]
-        w.update(samples=len(s), watts=sum(x[2] for x in s) / max(len(s), 1),
-                 mhz=sum(x[1] for x in s) / max(len(s), 1), mhz_min=min((x[1] for x in s), default=float("nan")),
-                 capped=sum(1 for x in s if x[3] & 0x4) / max(len(s), 1))
+    with open(smi_path) as fh:
+        summarize(windows, parse_smi(fh))
     with open(os.path.join(a.out, "power_probe.json"), "w") as fh:
         json.dump(dict(env=device_env(), rows=windows), fh, indent=1)
     print(f"{'row':<16} {'us':>9} {'W':>7} {'MHz':>7} {'min':>6} {'capped':>7} samples")

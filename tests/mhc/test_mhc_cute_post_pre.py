@@ -162,37 +162,6 @@ def test_split_configs_compile_for_sm90a(split):
         assert not unfenced_releases(art.ptx)
 
 
-@pytest.mark.parametrize("lock", [2, 4, 8])
-def test_lock_configs_compile_for_sm90a(lock):
-    """Both passes with LOCK (siblings in clusters of ``lock``, _cute.sibling_lock): each producer arrives on its
-    lock - 1 peers' barriers (remote mbarrier arrives), the kernel ends in a cluster barrier, no spills, fenced
-    releases, the setmaxnreg budget; LOCK must divide SPLIT."""
-    from tilekernels.mhc import cute_post_pre_fwd as F
-
-    b = K.with_dwpre(K.PostPreBwdCuteCfg.heuristic(4, 7168, 24, True))
-    b = dataclasses.replace(b, SPLIT=max(b.SPLIT, lock), LOCK=lock)
-    f = dataclasses.replace(F.PostPreFwdCuteCfg.heuristic(4, 7168, 24, 32, True), LOCK=lock)
-    for art in (K.launch(b).export("sm_90a"), F.launch(f).export("sm_90a")):
-        res = [v for k, v in cubin_resources(art.cubin).items() if "kernel" in k]
-        assert len(res) == 1 and res[0]["frame"] == 0, res
-        assert not unfenced_releases(art.ptx)
-        remote = [ln for ln in art.ptx.splitlines() if "mbarrier.arrive" in ln and "shared::cluster" in ln]
-        assert len(remote) == lock - 1, remote
-        assert "barrier.cluster.wait" in art.ptx
-        need, have = setmaxnreg_budget(art)
-        assert 0 < need <= have
-    with pytest.raises(ValueError, match="LOCK"):
-        dataclasses.replace(b, SPLIT=lock + 1)
-    with pytest.raises(ValueError, match="LOCK"):
-        dataclasses.replace(f, LOCK=3)
-    d = dataclasses.replace(DD.PostPreDhdwCuteCfg.heuristic(4, 7168, 24, 32), LOCK=lock)
-    art = DD.launch(d).export("sm_90a")
-    assert len([ln for ln in art.ptx.splitlines() if "mbarrier.arrive" in ln and "shared::cluster" in ln]) == lock - 1
-    assert "barrier.cluster.wait" in art.ptx and not unfenced_releases(art.ptx)
-    with pytest.raises(ValueError, match="LOCK"):
-        dataclasses.replace(DD.PostPreDhdwCuteCfg.heuristic(4, 520, 24, 32), LOCK=2)   # 9 slices
-
-
 @pytest.mark.parametrize("planes", [None, 1, 2, 4])
 @pytest.mark.parametrize("dst", ["f32", "bf16", "strided"])
 def test_split_planes_sum_into_dh(planes, dst):
@@ -254,9 +223,9 @@ def test_fused_forward_compiles_for_sm90a(n, C, bias):
 
 
 def test_pass_skeleton_probe_compiles():
-    """benchmarks/probes/post_pre_bwd_skeleton.py (session 36: the passes' traffic alone, as cut today and as H2):
-    each layout compiles with its TMA loads and stores, fenced releases and the setmaxnreg budget; FWD's ring counts
-    only the bytes it loads (a larger count would never complete its stages)."""
+    """benchmarks/probes/post_pre_bwd_skeleton.py (session 36: the passes' traffic alone, as cut today and as H2;
+    session 37: siblings locked, LOCK): each layout compiles with its TMA loads and stores, fenced releases and the
+    setmaxnreg budget; FWD's ring counts only the bytes it loads (a larger count would never complete its stages)."""
     import pathlib
     import sys
 
@@ -273,6 +242,14 @@ def test_pass_skeleton_probe_compiles():
         assert not unfenced_releases(art.ptx)
         need, have = setmaxnreg_budget(art)
         assert 0 < need <= have
+    # LOCK (session 37): each producer arrives on its peers' lock barriers (remote mbarrier arrives), and the kernel
+    # ends in a cluster barrier; LOCK must divide SPLIT
+    for lock in (2, 4):
+        ptx = P.launch(P.SkelCfg(LOCK=lock)).export("sm_90a").ptx
+        assert len([ln for ln in ptx.splitlines() if "mbarrier.arrive" in ln and "shared::cluster" in ln]) == lock - 1
+        assert "barrier.cluster.wait" in ptx
+    with pytest.raises(ValueError, match="LOCK"):
+        P.SkelCfg(SPLIT=3, LOCK=2)
     assert P.SkelCfg(FWD=True).stage_bytes == 5 * 64 * 64 * 2 + 2 * 128 * 32 * 2
     assert P.SkelCfg().stage_bytes == 10 * 64 * 64 * 2 + 2 * 128 * 32 * 2
 
@@ -403,34 +380,6 @@ def test_cute_split_configs_match_float64(c, split, monkeypatch):
 
     monkeypatch.setattr(K.PostPreBwdCuteCfg, "heuristic", bwd)
     monkeypatch.setattr(F.PostPreFwdCuteCfg, "heuristic", fwd)
-    run_cutile(c, backend="cute")
-
-
-@on_gpu
-@pytest.mark.parametrize("lock", [2, 4])
-@pytest.mark.parametrize("c", [dict(T=130, n=4, C=520, h=F32, bias=True), dict(T=65, n=3, C=7168, h=BF16, bias=False),
-                               dict(T=1, n=2, C=320, h=F32, bias=True)], ids=case_id)
-def test_cute_sibling_lock_matches_float64(c, lock, monkeypatch):
-    """Both passes with their siblings locked in clusters of ``lock`` (LOCK, _cute.sibling_lock), SPLIT the
-    heuristic's rounded down to a multiple of it: C=520's 9 chunks give clusters whose CTAs take unequal chunk counts
-    (backward SPLIT 4: 3 / 2 / 2 / 2; forward 8: 2 / 1 / ...), so the unlocked last steps run; C=320's 5 chunks a
-    forward SPLIT of 4 instead of 5; T=1 one row tile; at C=7168 the slices pass (cute_post_pre_dhdw) locked too.
-    The same float64 checks."""
-    from tilekernels.mhc import cute_post_pre_fwd as F
-
-    kb, fb = K.PostPreBwdCuteCfg.heuristic, F.PostPreFwdCuteCfg.heuristic
-
-    def locked(cfg):
-        assert cfg.SPLIT >= lock, cfg
-        return dataclasses.replace(cfg, SPLIT=cfg.SPLIT - cfg.SPLIT % lock, LOCK=lock)
-
-    def slices(cfg):   # the slices pass where the lock divides its 64-channel slices (C=7168's 112)
-        return dataclasses.replace(cfg, LOCK=lock) if cfg.S % lock == 0 else cfg
-
-    db = DD.PostPreDhdwCuteCfg.heuristic
-    monkeypatch.setattr(K.PostPreBwdCuteCfg, "heuristic", lambda n, C, N, hb, CW=32: locked(kb(n, C, N, hb, CW)))
-    monkeypatch.setattr(F.PostPreFwdCuteCfg, "heuristic", lambda *a: locked(fb(*a)))
-    monkeypatch.setattr(DD.PostPreDhdwCuteCfg, "heuristic", lambda *a: slices(db(*a)))
     run_cutile(c, backend="cute")
 
 
@@ -581,3 +530,47 @@ def test_cute_equals_cutile_and_is_deterministic():
     for name, a, b in zip(["out", "layer_in", "h_post_next", "h_res_next"] + [f"d{n}" for n in IN_NAMES],
                           runs["cute"], runs["cutile"]):
         assert_close(a.float(), b.float(), kind="bfloat16", what=name)
+
+
+def _probe(name):
+    import importlib
+    import pathlib
+    import sys
+
+    root = pathlib.Path(__file__).resolve().parents[2] / "benchmarks"
+    sys.path[:0] = [str(root / "probes"), str(root)]
+    try:
+        return importlib.import_module(name)
+    finally:
+        del sys.path[:2]
+
+
+def test_pass_ab_probe_configs():
+    """benchmarks/probes/post_pre_pass_ab.py (session 37): each pass's row is the op's own config (the backward's
+    with_dwpre of the heuristic) with the row's fields replaced, and a field the config lacks is refused."""
+    P = _probe("post_pre_pass_ab")
+    from tilekernels.mhc import cute_post_pre_fwd as F
+
+    b = P._cfg("bwd", {"SPLIT": 8}, 4, 7168, 24, 32)
+    assert b == dataclasses.replace(K.with_dwpre(K.PostPreBwdCuteCfg.heuristic(4, 7168, 24, True)), SPLIT=8)
+    assert P._cfg("fwd", {}, 4, 7168, 24, 32) == F.PostPreFwdCuteCfg.heuristic(4, 7168, 24, 32, True)
+    assert P._cfg("dhdw", {"STAGES": 3}, 4, 7168, 24, 32).STAGES == 3
+    with pytest.raises(TypeError):
+        P._cfg("fwd", {"LOCK": 2}, 4, 7168, 24, 32)   # the passes' LOCK was reverted (5f278ea)
+
+
+def test_power_probe_parses_and_summarizes():
+    """benchmarks/probes/power_probe.py (session 37): nvidia-smi's csv lines (a malformed one skipped) are cut into
+    each workload's window, its first 0.2 s left out; the power-cap share counts the 0x4 reason bit."""
+    P = _probe("power_probe")
+    lines = ["2026/12/04 08:13:10.000, 1980, 600.0, 0x0000000000000000",
+             "2026/12/04 08:13:10.500, 1700, 695.0, 0x0000000000000004",
+             "2026/12/04 08:13:11.000, 1500, 699.0, 0x0000000000000005",
+             "not a sample",
+             "2026/12/04 08:13:12.000, 1980, 120.0, 0x0000000000000000"]
+    s = P.parse_smi(lines)
+    assert len(s) == 4 and s[1][0] - s[0][0] == pytest.approx(0.5) and s[2][3] == 5
+    w = [dict(t0=s[0][0] - 0.1, t1=s[2][0])]
+    P.summarize(w, s)
+    assert w[0]["samples"] == 2 and w[0]["watts"] == pytest.approx(697.0) and w[0]["mhz_min"] == 1500
+    assert w[0]["capped"] == 1.0

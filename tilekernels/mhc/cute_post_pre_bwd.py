@@ -107,17 +107,14 @@ class PostPreBwdCuteCfg:
     CW: int = 32   # channels of a chunk a consumer warpgroup owns (of every stream); a chunk is 2*CW
     SPLIT: int = 1  # CTAs a row tile: CTA (r, m) takes chunks r, r + SPLIT, ... and writes dh plane r
     DWPRE: bool = False  # also mhc_pre's dweight pre rows from the recomputed out: partials [row tiles, n, n C]
-    LOCK: int = 0   # 0, or clusters of LOCK siblings (LOCK | SPLIT) whose producers issue each chunk's loads together
-    # (_cute.sibling_lock)
 
     def __post_init__(self):
         if not (1 <= self.n <= 4 and self.N == self.n * self.n + 2 * self.n and self.N <= self.NP
                 and self.NP in (16, 32) and self.C % 8 == 0 and self.C > 0 and self.STAGES >= 2
-                and self.CW in (16, 32) and 1 <= self.SPLIT <= self.nch and (self.CW == 32 or not self.DWPRE)
-                and (self.LOCK == 0 or (self.LOCK in (2, 4, 8) and self.SPLIT % self.LOCK == 0))):
+                and self.CW in (16, 32) and 1 <= self.SPLIT <= self.nch and (self.CW == 32 or not self.DWPRE)):
             raise ValueError(f"mhc_post_pre cute bwd: config {self}: needs n <= 4, N = n*n + 2n <= NP in (16, 32), "
                              f"C % 8 == 0, STAGES >= 2, CW 16 or 32 (32 with DWPRE: the wgmma's M), "
-                             f"1 <= SPLIT <= chunks, LOCK 0 or 2 / 4 / 8 dividing SPLIT")
+                             f"1 <= SPLIT <= chunks")
         if self.smem_bytes > SMEM_LIMIT:
             raise ValueError(f"mhc_post_pre cute bwd: config {self} needs {self.smem_bytes} bytes of shared memory")
 
@@ -148,8 +145,7 @@ class PostPreBwdCuteCfg:
     def smem_bytes(self) -> int:
         # the allocations (each 1024-aligned: sT, sW, sH, sB, sD, sPB, then the barriers)
         return (self.STAGES * (self.stage_bytes + 128) + TERMS * BM * self.NP * 2 + 2 * self.STAGES * 8 + 5 * 1024
-                + BM * self.ND * 4 + (self.pb_bytes + 1024 if self.HAS_BIAS else 0) + (2048 if self.DWPRE else 0)
-                + (16 if self.LOCK else 0))
+                + BM * self.ND * 4 + (self.pb_bytes + 1024 if self.HAS_BIAS else 0) + (2048 if self.DWPRE else 0))
 
     @property
     def pb_bytes(self) -> int:
@@ -277,9 +273,6 @@ def _kernel(cfg: cutlass.Constexpr, tma_dout: cute.CopyAtom, mDout: cute.Tensor,
     if const_expr(cfg.HAS_BIAS):   # the warps' dbias sums of a chunk: [channel, warp, warpgroup, chunk parity]
         sPB = smem.allocate_tensor(Float32, cute.make_layout((CW, 4, 2, 2)), byte_alignment=16)
     pipe = CU.tma_pipeline(smem, S, cfg.stage_bytes, 8)
-    if const_expr(cfg.LOCK > 0):
-        sL = CU.sibling_lock(smem, cfg.LOCK)
-        rank, nlock = CU.sibling_steps(cfg.nch, r_, SP, cfg.LOCK)
 
     # the [C, T]-like tensors tiled [CC, BM]: (tile, chunk, row tile[, stream])
     tDs, tDg = CU.tma_tiles(tma_dout, sT, mDout, (CC, BM))
@@ -297,9 +290,6 @@ def _kernel(cfg: cutlass.Constexpr, tma_dout: cute.CopyAtom, mDout: cute.Tensor,
             def load(st, k, bar):
                 ch = r_ + k * SP
                 base = st * NT
-                if const_expr(cfg.LOCK > 0):
-                    if k < nlock:
-                        CU.sibling_lock_step(sL, k, rank, cfg.LOCK)
                 for i in cutlass.range_constexpr(n):
                     cute.copy(tma_dout, tDg[None, ch, m, i], tDs[None, base + i], tma_bar_ptr=bar)
                     cute.copy(tma_res, tRg[None, ch, m, i], tDs[None, base + n + i], tma_bar_ptr=bar)
@@ -586,8 +576,6 @@ def _kernel(cfg: cutlass.Constexpr, tma_dout: cute.CopyAtom, mDout: cute.Tensor,
                         gDhp[tg, i] = dhp[h, i] + sD[tl, i]
                         for j in cutlass.range_constexpr(n):
                             gDhr[tg, i, j] = dhr[h, i, j] + sD[tl, n + i * n + j]
-    if const_expr(cfg.LOCK > 0):
-        CU.sibling_lock_exit()
 
 
 @cute.jit
@@ -620,8 +608,8 @@ def _host(cfg: cutlass.Constexpr, dout: cute.Pointer, res: cute.Pointer, x: cute
     tma_b, tB = cpasync.make_tiled_tma_atom(g2s, mB, cute.make_layout((CC, 1)), (CC, 1))
     _kernel(cfg, tma_dout, tDout, tma_res, tRes, tma_dres, tDres, tma_x, tX, tma_dg, tDg, tma_dx, tDx, tma_w, tW,
             tma_b, tB, dproj, dr, r, hres, hpost, hpre_t, p_bias, dh_res, dh_post, p_pre, T, eps).launch(
-        grid=(cfg.SPLIT * ((T + BM - 1) // BM), 1, 1), block=(THREADS, 1, 1), cluster=(max(cfg.LOCK, 1), 1, 1),
-        stream=stream, min_blocks_per_mp=1, preferred_smem_carveout=100)
+        grid=(cfg.SPLIT * ((T + BM - 1) // BM), 1, 1), block=(THREADS, 1, 1), stream=stream, min_blocks_per_mp=1,
+        preferred_smem_carveout=100)
 
 
 @functools.lru_cache(maxsize=256)

@@ -93,13 +93,9 @@ class PostPreDhdwCuteCfg(SliceCfg):
     # probe only (benchmarks/probes/dhdw_probe.py; wrong results): bit 1 skips the dh partials, 2 the wgmmas, 4 the
     # [hi | lo] build
     SKIP: int = 0
-    # 0, or clusters of LOCK CTAs of adjacent slices (LOCK | S) whose producers issue each row tile's loads together
-    # (_cute.sibling_lock): the cluster's 128-byte pieces of the same rows reach DRAM as one wider piece
-    LOCK: int = 0
 
     def __post_init__(self):
-        self.check("dhdw", self.STAGES >= 2 and (self.LOCK == 0 or (self.LOCK in (2, 4, 8) and self.S % self.LOCK == 0)),
-                   "STAGES >= 2, LOCK 0 or 2 / 4 / 8 dividing the slices")
+        self.check("dhdw", self.STAGES >= 2, "STAGES >= 2")
 
     @property
     def tiles(self) -> int:
@@ -109,7 +105,7 @@ class PostPreDhdwCuteCfg(SliceCfg):
     @property
     def smem_bytes(self) -> int:
         return (self.STAGES * (self.tiles * CW * BM * 2 + BM * self.NPAD * 4) + 2 * 64 * BM * 2
-                + 2 * self.STAGES * 8 + 4 * 1024 + (16 if self.LOCK else 0))
+                + 2 * self.STAGES * 8 + 4 * 1024)
 
     @classmethod
     @functools.lru_cache(maxsize=256)
@@ -233,8 +229,6 @@ def _kernel(cfg: cutlass.Constexpr, tma_o: cute.CopyAtom, mO: cute.Tensor, tma_l
     sD = smem.allocate_tensor(Float32, cute.make_layout((NPD, BM, ST), stride=(1, NPD, NPD * BM)),
                               byte_alignment=128)
     pipe = CU.tma_pipeline(smem, ST, NT * CW * BM * 2 + BM * NPD * 4, 12)
-    if const_expr(cfg.LOCK > 0):   # every CTA of a cluster walks the same row tiles g0, g0 + GMe, ...
-        sL = CU.sibling_lock(smem, cfg.LOCK)
     tTs, tOg = CU.tma_tiles(tma_o, sT, mO, (CW, BM))
     _, tLg = CU.tma_tiles(tma_l, sT, mL, (CW, BM))
     tDs, tDg = CU.tma_tiles(tma_d, sD, mD, (NPD, BM))
@@ -246,8 +240,6 @@ def _kernel(cfg: cutlass.Constexpr, tma_o: cute.CopyAtom, mO: cute.Tensor, tma_l
             for m in cutlass.range(g0, G, GMe, unroll=1):
                 pipe.producer_acquire(pst)
                 bar = pipe.producer_get_barrier(pst)
-                if const_expr(cfg.LOCK > 0):
-                    CU.sibling_lock_step(sL, (m - g0) // GMe, s % cfg.LOCK, cfg.LOCK)
                 for i in cutlass.range_constexpr(n):
                     cute.copy(tma_o, tOg[None, s, m, i], tTs[None, pst.index * NT + i], tma_bar_ptr=bar)
                 cute.copy(tma_l, tLg[None, s, m], tTs[None, pst.index * NT + n], tma_bar_ptr=bar)
@@ -337,8 +329,6 @@ def _kernel(cfg: cutlass.Constexpr, tma_o: cute.CopyAtom, mO: cute.Tensor, tma_l
         for q in cutlass.range_constexpr(2):
             if q < NSW:
                 store_slice_rows(accs[q], cAcc, scr, ct, s * CW + ct % CW, wc + 2 * q, C, N, bar_wg, put)
-    if const_expr(cfg.LOCK > 0):
-        CU.sibling_lock_exit()
 
 
 def slice_tma_atoms(cfg, sT_l, out, dli, dproj0, T):
@@ -359,8 +349,7 @@ def slice_tma_atoms(cfg, sT_l, out, dli, dproj0, T):
 def _host(cfg: cutlass.Constexpr, out: cute.Pointer, dli: cute.Pointer, dproj0: cute.Pointer, p_dh: cute.Pointer,
           p_dw: cute.Pointer, T: Int32, GMe: Int32, stream: CU.cuda.CUstream):
     _kernel(cfg, *slice_tma_atoms(cfg, _layouts(cfg)[0], out, dli, dproj0, T), p_dh, p_dw, T).launch(
-        grid=(cfg.S, GMe, 1), block=(THREADS, 1, 1), cluster=(max(cfg.LOCK, 1), 1, 1), stream=stream,
-        min_blocks_per_mp=1, preferred_smem_carveout=100)
+        grid=(cfg.S, GMe, 1), block=(THREADS, 1, 1), stream=stream, min_blocks_per_mp=1, preferred_smem_carveout=100)
 
 
 # ------------------------------------------------------------------ Python entry points

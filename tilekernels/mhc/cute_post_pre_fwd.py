@@ -77,17 +77,13 @@ class PostPreFwdCuteCfg:
     STAGES: int = 3
     HAS_BIAS: bool = True
     SPLIT: int = 1   # CTAs a row tile: CTA (r, m) takes chunks r, r + SPLIT, ... and writes partials plane r
-    LOCK: int = 0    # 0, or clusters of LOCK siblings (LOCK | SPLIT) whose producers issue each chunk's loads together
-    # (_cute.sibling_lock)
 
     def __post_init__(self):
         if not (1 <= self.n <= 4 and self.N == self.n * self.n + 2 * self.n and self.N <= self.NP
                 and self.NP in (16, 32) and self.NPAD >= self.N and self.C % 8 == 0 and self.C > 0
-                and self.STAGES >= 2 and 1 <= self.SPLIT <= self.nch
-                and (self.LOCK == 0 or (self.LOCK in (2, 4, 8) and self.SPLIT % self.LOCK == 0))):
+                and self.STAGES >= 2 and 1 <= self.SPLIT <= self.nch):
             raise ValueError(f"mhc_post_pre cute fwd: config {self}: needs n <= 4, N = n*n + 2n <= NP in (16, 32), "
-                             f"NPAD >= N, C % 8 == 0, STAGES >= 2, 1 <= SPLIT <= chunks, LOCK 0 or 2 / 4 / 8 "
-                             f"dividing SPLIT")
+                             f"NPAD >= N, C % 8 == 0, STAGES >= 2, 1 <= SPLIT <= chunks")
         if self.smem_bytes > SMEM_LIMIT:
             raise ValueError(f"mhc_post_pre cute fwd: config {self} needs {self.smem_bytes} bytes of shared memory")
 
@@ -102,8 +98,7 @@ class PostPreFwdCuteCfg:
 
     @property
     def smem_bytes(self) -> int:
-        return (self.STAGES * (self.stage_bytes + 128) + BM * (self.NP + 1) * 4 + 2 * self.STAGES * 8 + 5 * 1024
-                + (16 if self.LOCK else 0))
+        return self.STAGES * (self.stage_bytes + 128) + BM * (self.NP + 1) * 4 + 2 * self.STAGES * 8 + 5 * 1024
 
     @classmethod
     @functools.lru_cache(maxsize=256)
@@ -180,9 +175,6 @@ def _kernel(cfg: cutlass.Constexpr, tma_r: cute.CopyAtom, mR: cute.Tensor, tma_o
     sB = bias_ring(smem, CC, S)
     sP = smem.allocate_tensor(Float32, cute.make_layout((BM, NP), stride=(NP + 1, 1)), byte_alignment=16)
     pipe = CU.tma_pipeline(smem, S, cfg.stage_bytes, 8)
-    if const_expr(cfg.LOCK > 0):
-        sL = CU.sibling_lock(smem, cfg.LOCK)
-        rank, nlock = CU.sibling_steps(cfg.nch, r, SP, cfg.LOCK)
 
     tRs, tRg = CU.tma_tiles(tma_r, sO, mR, (BM, CC))     # (tile, row tile, chunk, stream)
     _, tOg = CU.tma_tiles(tma_o, sO, mO, (BM, CC))
@@ -195,9 +187,6 @@ def _kernel(cfg: cutlass.Constexpr, tma_r: cute.CopyAtom, mR: cute.Tensor, tma_o
         if warp == 0:
             def load(st, k, bar):
                 ch = r + k * SP
-                if const_expr(cfg.LOCK > 0):
-                    if k < nlock:
-                        CU.sibling_lock_step(sL, k, rank, cfg.LOCK)
                 for i in cutlass.range_constexpr(n):
                     cute.copy(tma_r, tRg[None, m, ch, i], tRs[None, st * n + i], tma_bar_ptr=bar)
                     cute.copy(tma_w, tWg[None, 0, ch, i], tWs[None, st * n + i], tma_bar_ptr=bar)
@@ -324,8 +313,6 @@ def _kernel(cfg: cutlass.Constexpr, tma_r: cute.CopyAtom, mR: cute.Tensor, tma_o
         if cidx % 4 == 0 and gt < T:
             gS = cute.make_tensor(p_ss + r * T, cute.make_layout(T))
             gS[gt] = ss
-    if const_expr(cfg.LOCK > 0):
-        CU.sibling_lock_exit()
 
 
 @cute.jit
@@ -347,8 +334,8 @@ def _host(cfg: cutlass.Constexpr, res: cute.Pointer, x: cute.Pointer, bias: cute
     tma_w, tW = cpasync.make_tiled_tma_atom(g2s, mW, cute.slice_(sW_l, (None, None, 0)), (cfg.NP, CC))
     tma_b, tB = cpasync.make_tiled_tma_atom(g2s, mB, cute.make_layout((CC, 1)), (CC, 1))
     _kernel(cfg, tma_r, tR, tma_o, tO, tma_x, tX, tma_w, tW, tma_b, tB, hres, hpost, p_proj, p_ss, T).launch(
-        grid=(cfg.SPLIT * ((T + BM - 1) // BM), 1, 1), block=(THREADS, 1, 1), cluster=(max(cfg.LOCK, 1), 1, 1),
-        stream=stream, min_blocks_per_mp=1, preferred_smem_carveout=100)
+        grid=(cfg.SPLIT * ((T + BM - 1) // BM), 1, 1), block=(THREADS, 1, 1), stream=stream, min_blocks_per_mp=1,
+        preferred_smem_carveout=100)
 
 
 @functools.lru_cache(maxsize=256)

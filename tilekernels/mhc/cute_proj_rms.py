@@ -124,9 +124,6 @@ class ProjRmsBwdCuteCfg:
     # SMs once instead of n times (H200, T=32768, n=4, C=7168: AGG_SM's pass read 4.16 GB from L2 into the SMs against
     # plain proj_rms's 2.27, at 54% of DRAM bandwidth against 69%: the mHC ledger, session 32)
     AGG_IL: bool = True
-    # 0, or clusters of LOCK CTAs of adjacent channel slices (LOCK | grid_x) whose producers issue each row tile's
-    # loads together (_cute.sibling_lock): the cluster's slices of the same rows reach DRAM as one wider piece
-    LOCK: int = 0
 
     def __post_init__(self):
         if not (1 <= self.N <= self.NP and self.NP in (16, 32) and self.BM == 64 and self.BK == 2 * HALF
@@ -136,18 +133,8 @@ class ProjRmsBwdCuteCfg:
         if self.AGG_C and (self.DW_ONLY or self.AGG_C % 2 or self.K % self.AGG_C):
             raise ValueError(f"mhc_proj_rms cute: config {self}: the aggregate term needs dx (not DW_ONLY), an even "
                              f"AGG_C and K % AGG_C == 0")
-        if self.LOCK and (self.LOCK not in (2, 4, 8) or self.grid_x % self.LOCK):
-            raise ValueError(f"mhc_proj_rms cute: config {self}: LOCK must be 2, 4 or 8 and divide the "
-                             f"{self.grid_x} channel slices")
         if self.smem_bytes > 225 * 1024:
             raise ValueError(f"mhc_proj_rms cute: config {self} needs {self.smem_bytes} bytes of shared memory")
-
-    @property
-    def grid_x(self) -> int:
-        """Channel slices (the grid's x): K / BK, or with AGG_IL C / (64 PPS)."""
-        if self._agg_il:
-            return -(-self.AGG_C // (PIECE * self.PPS))
-        return -(-self.K // self.BK)
 
     @property
     def PBOX(self) -> int:
@@ -163,8 +150,7 @@ class ProjRmsBwdCuteCfg:
         rows = self.STAGES * self.BM * (self.N + 2) * 4   # dproj, r, dr per stage (r, dr unused by DW_ONLY)
         dl = 2 * self.BM * (HALF + 8) * 2 if self._agg_sm else 0
         dl += self.STAGES * self.PPS * PIECE * self.BM * 2 if self._agg_il else 0
-        return (x + w + hl + rows + dl + 2 * self.BM * 4 * self.STAGES + 2 * self.STAGES * 8 + 1024
-                + (16 if self.LOCK else 0))
+        return x + w + hl + rows + dl + 2 * self.BM * 4 * self.STAGES + 2 * self.STAGES * 8 + 1024
 
     @property
     def _agg_il(self) -> bool:
@@ -275,7 +261,6 @@ def _bwd_kernel(cfg: cutlass.Constexpr, tma_x: cute.CopyAtom, mX: cute.Tensor, t
     N, K, NP, BM, S = cfg.N, cfg.K, cfg.NP, cfg.BM, cfg.STAGES
     tidx, _, _ = cute.arch.thread_idx()
     cs, g0, _ = cute.arch.block_idx()
-    bx = cs
     IL = cfg._agg_il   # (x, dx and dlayer_in by per-stream TMA pieces: tma_x / tma_dx / tma_dl are built so)
     if const_expr(cfg.AGG_C > 0 and cfg.CHM and cfg.AGG_C % cfg.BK == 0 and not IL):
         nsl = cfg.AGG_C // cfg.BK   # slices a stream
@@ -313,9 +298,6 @@ def _bwd_kernel(cfg: cutlass.Constexpr, tma_x: cute.CopyAtom, mX: cute.Tensor, t
         sX64 = cute.make_tensor(cute.recast_ptr(sX_raw.iterator, lm.inner, dtype=BFloat16), lm.outer)
     pipe = CU.tma_pipeline(smem, S, 2 * HALF * BM * 2 + BM * N * 4 + (0 if DWO else 2 * BM * 4)
                            + PPS * PIECE * BM * 2, 8)
-    if const_expr(cfg.LOCK > 0):   # every CTA of a cluster walks the same row tiles g0, g0 + GMe, ...
-        sL = CU.sibling_lock(smem, cfg.LOCK)
-        lrank = bx % cfg.LOCK
 
     # x viewed [K, M] (channel-major), tiled [HALF, BM]: tile (2 * cs + c, m) is half c of row tile m
     if const_expr(IL):   # x [C, M, n] (channel-major, the stream a batch mode) in pieces [PIECE, BM]
@@ -355,8 +337,6 @@ def _bwd_kernel(cfg: cutlass.Constexpr, tma_x: cute.CopyAtom, mX: cute.Tensor, t
                                 _store_dx(tma_dx, tDs, tDg, sst.index, S, cs, m - S * GMe, half1)
                         sst.advance()
                 bar = pipe.producer_get_barrier(pst)
-                if const_expr(cfg.LOCK > 0):
-                    CU.sibling_lock_step(sL, (m - g0) // GMe, lrank, cfg.LOCK)
                 if const_expr(IL):   # pieces wholly past C: the last channel tile again (its dx is not stored)
                     nct = cfg.nct
                     for p in cutlass.range_constexpr(4):
@@ -555,8 +535,6 @@ def _bwd_kernel(cfg: cutlass.Constexpr, tma_x: cute.CopyAtom, mX: cute.Tensor, t
             pd = cute.make_tensor(p_dw, cute.make_layout((GMe, N, K), stride=(N * K, K, 1)))
             for j in cutlass.range_constexpr(N):
                 pd[g0, j, kc] = scr[j, ct] + scr[NP + j, ct]
-    if const_expr(cfg.LOCK > 0):
-        CU.sibling_lock_exit()
 
 
 @cute.kernel
@@ -614,8 +592,8 @@ def _bwd_host(cfg: cutlass.Constexpr, x: cute.Pointer, w: cute.Pointer, dproj: c
     tma_r, tR = cpasync.make_tiled_tma_atom(g2s, mR, cute.make_layout((BM, 1)), (BM, 1))
     tma_dr, tDR = cpasync.make_tiled_tma_atom(g2s, mDR, cute.make_layout((BM, 1)), (BM, 1))
     _bwd_kernel(cfg, tma_x, tX, tma_dx, tDX, tma_p, tP, tma_r, tR, tma_dr, tDR, tma_dl, tDL, w, p_dw, dl, hp, M,
-                eps).launch(grid=(grid_x, GMe, 1), block=(THREADS, 1, 1), cluster=(max(cfg.LOCK, 1), 1, 1),
-                            stream=stream, min_blocks_per_mp=1, preferred_smem_carveout=100)
+                eps).launch(grid=(grid_x, GMe, 1), block=(THREADS, 1, 1), stream=stream, min_blocks_per_mp=1,
+        preferred_smem_carveout=100)
 
 
 @cute.jit
