@@ -10,7 +10,8 @@ reason.
 
 Workloads (``--rows``): ``copy`` (1.88 GB copy_), ``pbda_fwd`` / ``pbda_bwd`` (h_post_bda's CuTe DSL kernels),
 ``skel`` / ``skel:LOCK=2`` (post_pre_bwd_skeleton.py's backward traffic, consumers idle), and post_pre_pass_ab.py's
-rows (``bwd``, ``fwd``, ``dhdw``, with FIELD=V changes).
+rows (``bwd``, ``fwd``, ``dhdw``, with FIELD=V changes); ``decode:B=32`` (gdn_decode's TMA ring, fp32 state, 50 steps
+a CUDA graph: the row's us are 50 steps') and ``decode_copy:B=32`` (an SM copy of a step's bytes, the same way).
 
     source .gpu-cute/env.sh && python3 benchmarks/probes/power_probe.py --rows copy,skel,bwd --out "$OUT"
 """
@@ -18,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import csv
+import functools
 import json
 import os
 import subprocess
@@ -40,6 +42,25 @@ def _workload(spec):
         a = torch.randn(T * n * C, device="cuda").to(torch.bfloat16)
         b = torch.empty_like(a)
         return lambda: b.copy_(a)
+    if name in ("decode", "decode_copy"):   # gdn_decode's TMA ring at B (fp32 state) / a copy of its bytes, 50 a graph
+        from gdn_decode_check import SHAPE, _ring_mod, decode_bytes, problem
+
+        B = changes.get("B", 32)
+        if name == "decode":
+            x, conv, w, A, dt, ssm, idx, o = problem(B, torch.float32)
+            ln = _ring_mod().decode_launch(x, conv, w, A, dt, ssm, idx, o, SHAPE["Hk"], 1e-6, None)
+            step = ln.run
+        else:
+            a = torch.randn(decode_bytes(B, **SHAPE, selt=4) // 8, device="cuda")
+            b = torch.empty_like(a)
+            step = functools.partial(torch.neg, a, out=b)
+        step()
+        torch.cuda.synchronize()
+        g = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(g):
+            for _ in range(50):
+                step()
+        return g.replay
     if name in ("pbda_fwd", "pbda_bwd"):   # h_post_bda's CuTe DSL kernels (SIMT), fp32 h, bf16 bias
         from tilekernels.mhc import cute_post_bda as B
 
