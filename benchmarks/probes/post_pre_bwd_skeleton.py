@@ -18,7 +18,9 @@ pass's own traffic, so the two numbers say how far a pass with the other tiles c
 
 Configs: BMT 64, H 1 (the pass today: [64 ch, 64 tok] boxes, 64-channel chunks); BMT 32, H 2 (chunks of 128
 channels as two [64 ch, 32 tok] boxes per tensor and stream: the layout a pass with M = (half, token) rows would
-stream); BMT 32, H 1 (32-token tiles of 128-byte pieces, padded to one CTA an SM). Not a library kernel.
+stream); BMT 32, H 1 (32-token tiles of 128-byte pieces, padded to one CTA an SM); LOCK L (session 37): the
+siblings in thread-block clusters of L whose producers issue each chunk's loads together (lock mbarriers, remote
+arrives). Not a library kernel.
 
 Run on the GPU: ``python benchmarks/probes/post_pre_bwd_skeleton.py`` (cute bundle); prints us and % of the
 bytes' copy time measured in the same run; JSON to $OUT.
@@ -277,6 +279,7 @@ def cases():
         ("FWD [64 tok, 64 ch] SPLIT 8 LOCK 4", SkelCfg(FWD=True, SPLIT=8, LOCK=4)),
         ("FWD [64 tok, 64 ch] SPLIT 8 LOCK 8", SkelCfg(FWD=True, SPLIT=8, LOCK=8)),
         ("FWD [32 tok, 2 x 64 ch] H2 SPLIT 8", SkelCfg(FWD=True, SPLIT=8, BMT=32, H=2, NPK=48)),
+        ("FWD [32 tok, 2 x 64 ch] H2 SPLIT 4", SkelCfg(FWD=True, SPLIT=4, BMT=32, H=2, NPK=48)),
         ("FWD [64 tok, 64 ch] SPLIT 8 (again)", SkelCfg(FWD=True, SPLIT=8)),
         ("FWD [64 tok, 64 ch] SPLIT 8 LOCK 2 (again)", SkelCfg(FWD=True, SPLIT=8, LOCK=2)),
         ("FWD [64 tok, 64 ch] SPLIT 8 LOCK 4 (again)", SkelCfg(FWD=True, SPLIT=8, LOCK=4)),

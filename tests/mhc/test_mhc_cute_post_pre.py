@@ -533,16 +533,18 @@ def test_cute_equals_cutile_and_is_deterministic():
 
 
 def _probe(name):
+    """A benchmarks/probes module, imported with sys.path as it was restored after (the probes extend it)."""
     import importlib
     import pathlib
     import sys
 
     root = pathlib.Path(__file__).resolve().parents[2] / "benchmarks"
+    saved = list(sys.path)
     sys.path[:0] = [str(root / "probes"), str(root)]
     try:
         return importlib.import_module(name)
     finally:
-        del sys.path[:2]
+        sys.path[:] = saved
 
 
 def test_pass_ab_probe_configs():
