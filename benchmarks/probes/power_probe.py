@@ -9,6 +9,7 @@ time (CUDA events over the window), mean power, mean and minimum SM clock and th
 reason.
 
 Workloads (``--rows``): ``copy`` (1.88 GB copy_), ``pbda_fwd`` / ``pbda_bwd`` (h_post_bda's CuTe DSL kernels),
+``pr_fwd`` / ``pr_bwd`` (mhc_proj_rms's: the forward kernel, the backward with its reduction),
 ``skel`` / ``skel:LOCK=2`` (post_pre_bwd_skeleton.py's backward traffic, consumers idle), and post_pre_pass_ab.py's
 rows (``bwd``, ``fwd``, ``dhdw``, with FIELD=V changes); ``decode:B=32`` (gdn_decode's TMA ring, fp32 state, 50 steps
 a CUDA graph: the row's us are 50 steps') and ``decode_copy:B=32`` (an SM copy of a step's bytes, the same way).
@@ -61,6 +62,20 @@ def _workload(spec):
             for _ in range(50):
                 step()
         return g.replay
+    if name in ("pr_fwd", "pr_bwd"):   # mhc_proj_rms's CuTe DSL kernels at M = T, K = n C, N = 24
+        from tilekernels.mhc import cute_proj_rms as PR
+        from tilekernels.mhc import cute_proj_rms_fwd as PF
+
+        M, K, N = T, n * C, n * n + 2 * n
+        x = torch.randn(M, K, device="cuda").to(torch.bfloat16)
+        w = (torch.randn(N, K, device="cuda") * K ** -0.5).to(torch.bfloat16)
+        proj, r = torch.empty(M, N, device="cuda"), torch.empty(M, device="cuda")
+        if name == "pr_fwd":
+            return lambda: PF.fwd_into(x, w, proj, r, 1e-6)
+        PF.fwd_into(x, w, proj, r, 1e-6)
+        dproj, dr = torch.randn(M, N, device="cuda"), torch.randn(M, device="cuda")
+        dx, dw = torch.empty_like(x), torch.empty_like(w)
+        return lambda: PR.bwd_into(dproj, dr, x, w, r, dx, dw, 1e-6)
     if name in ("pbda_fwd", "pbda_bwd"):   # h_post_bda's CuTe DSL kernels (SIMT), fp32 h, bf16 bias
         from tilekernels.mhc import cute_post_bda as B
 
