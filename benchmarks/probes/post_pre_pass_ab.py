@@ -27,7 +27,7 @@ sys.path[:0] = [ROOT, os.path.join(ROOT, "benchmarks")]
 
 import torch  # noqa: E402
 
-from _gpu import bench, device_env  # noqa: E402
+from _gpu import bench, log_error, probe_record  # noqa: E402
 
 
 def _cfg(name, changes, n, C, N, npad):
@@ -84,14 +84,19 @@ def main(argv=None) -> int:
     a = ap.parse_args(argv)
     T, n, C = 32768, 4, 7168
     N, npad = n * n + 2 * n, 32
-    rows = []
+    rec = probe_record(T=T, n=n, C=C, rounds=a.rounds)
+    rows = rec["rows"]
     for spec in a.rows.split(","):
-        name, *kv = spec.split(":")
-        changes = {k: int(v) for k, v in (x.split("=") for x in kv)}
-        cfg = _cfg(name, changes, n, C, N, npad)
-        fn = _runner(name, cfg, T, n, C, N, npad)
-        fn()
-        torch.cuda.synchronize()
+        try:   # a row whose config is refused or whose launch fails is logged; the others run
+            name, *kv = spec.split(":")
+            changes = {k: int(v) for k, v in (x.split("=") for x in kv)}
+            cfg = _cfg(name, changes, n, C, N, npad)
+            fn = _runner(name, cfg, T, n, C, N, npad)
+            fn()
+            torch.cuda.synchronize()
+        except Exception:  # noqa: BLE001  (a probe: report and go on)
+            log_error(rec["errors"], spec)
+            continue
         rows.append(dict(row=spec, pass_=name, cfg=dataclasses.asdict(cfg), fn=fn, us=[]))
     for rnd_ in range(a.rounds):
         k = rnd_ % len(rows)
@@ -102,7 +107,7 @@ def main(argv=None) -> int:
         r["median_us"] = statistics.median(r["us"])
     if a.out:
         with open(os.path.join(a.out, "post_pre_pass_ab.json"), "w") as fh:
-            json.dump(dict(env=device_env(), T=T, n=n, C=C, rounds=a.rounds, rows=rows), fh, indent=1)
+            json.dump(rec, fh, indent=1)
     print(f"mhc_post_pre passes alone, T={T} n={n} C={C}; us, do_bench medians, {a.rounds} rounds in rotated order")
     print(f"{'row':<28} {'median':>8}  rounds")
     for r in rows:

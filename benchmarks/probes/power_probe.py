@@ -32,7 +32,7 @@ sys.path[:0] = [ROOT, os.path.join(ROOT, "benchmarks"), os.path.join(ROOT, "benc
 
 import torch  # noqa: E402
 
-from _gpu import device_env  # noqa: E402
+from _gpu import log_error, probe_record  # noqa: E402
 
 
 def _workload(spec):
@@ -129,37 +129,46 @@ def summarize(windows: list[dict], samples) -> None:
                  mhz_min=min((x[1] for x in s), default=float("nan")), capped=sum(1 for x in s if x[3] & 0x4) / k)
 
 
+def _window(fn, secs: float) -> dict:
+    """One workload's window: one second of warm-up (the board reaches its steady power), then ``fn`` back to back
+    for ``secs`` seconds (a sync every 10 calls); t0 / t1 in epoch seconds, us a call by CUDA events over the window."""
+    fn()
+    torch.cuda.synchronize()
+    t_end = time.time() + 1.0
+    while time.time() < t_end:
+        fn()
+        torch.cuda.synchronize()
+    e0, e1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    t0 = time.time()
+    e0.record()
+    iters = 0
+    while time.time() - t0 < secs:
+        for _ in range(10):
+            fn()
+        iters += 10
+        torch.cuda.synchronize()
+    e1.record()
+    torch.cuda.synchronize()
+    return dict(t0=t0, t1=time.time(), iters=iters, us=e0.elapsed_time(e1) * 1e3 / iters)
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--rows", default="copy,pbda_bwd,skel,skel:LOCK=2,bwd")
     ap.add_argument("--secs", type=float, default=4.0)
     ap.add_argument("--out", default=os.environ.get("OUT") or ".")
     a = ap.parse_args(argv)
+    rec = probe_record(secs=a.secs)
+    windows = rec["rows"]
     smi_path = os.path.join(a.out, "power_probe_smi.csv")
     smi = subprocess.Popen(["nvidia-smi", "--query-gpu=timestamp,clocks.sm,power.draw,clocks_throttle_reasons.active",
                             "--format=csv,noheader,nounits", "-lms", "100"], stdout=open(smi_path, "w"))
-    windows = []
     try:
         for spec in a.rows.split(","):
-            fn = _workload(spec)
-            fn()
-            torch.cuda.synchronize()
-            t_end = time.time() + 1.0
-            while time.time() < t_end:   # warm-up: the board reaches its steady power
-                fn()
-                torch.cuda.synchronize()
-            e0, e1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            t0 = time.time()
-            e0.record()
-            iters = 0
-            while time.time() - t0 < a.secs:
-                for _ in range(10):
-                    fn()
-                iters += 10
-                torch.cuda.synchronize()
-            e1.record()
-            torch.cuda.synchronize()
-            windows.append(dict(row=spec, t0=t0, t1=time.time(), iters=iters, us=e0.elapsed_time(e1) * 1e3 / iters))
+            try:   # a row that fails is logged; the others run
+                windows.append(dict(row=spec, **_window(_workload(spec), a.secs)))
+            except Exception:  # noqa: BLE001  (a probe: report and go on)
+                log_error(rec["errors"], spec)
             time.sleep(1.5)   # cool-down between rows
     finally:
         time.sleep(0.3)
@@ -168,7 +177,7 @@ def main(argv=None) -> int:
     with open(smi_path) as fh:
         summarize(windows, parse_smi(fh))
     with open(os.path.join(a.out, "power_probe.json"), "w") as fh:
-        json.dump(dict(env=device_env(), rows=windows), fh, indent=1)
+        json.dump(rec, fh, indent=1)
     print(f"{'row':<16} {'us':>9} {'W':>7} {'MHz':>7} {'min':>6} {'capped':>7} samples")
     for w in windows:
         print(f"{w['row']:<16} {w['us']:9.1f} {w['watts']:7.1f} {w['mhz']:7.0f} {w['mhz_min']:6.0f} "

@@ -222,18 +222,26 @@ def test_fused_forward_compiles_for_sm90a(n, C, bias):
     assert f"cp.async.bulk.tensor.{d}.global.shared::cta" in art.ptx
 
 
+def _probe(name):
+    """A benchmarks/probes module, imported with sys.path as it was restored after (the probes extend it)."""
+    import importlib
+    import pathlib
+    import sys
+
+    root = pathlib.Path(__file__).resolve().parents[2] / "benchmarks"
+    saved = list(sys.path)
+    sys.path[:0] = [str(root / "probes"), str(root)]
+    try:
+        return importlib.import_module(name)
+    finally:
+        sys.path[:] = saved
+
+
 def test_pass_skeleton_probe_compiles():
     """benchmarks/probes/post_pre_bwd_skeleton.py (session 36: the passes' traffic alone, as cut today and as H2;
     session 37: siblings locked, LOCK): each layout compiles with its TMA loads and stores, fenced releases and the
     setmaxnreg budget; FWD's ring counts only the bytes it loads (a larger count would never complete its stages)."""
-    import pathlib
-    import sys
-
-    sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[2] / "benchmarks" / "probes"))
-    try:
-        import post_pre_bwd_skeleton as P
-    finally:
-        sys.path.pop(0)
+    P = _probe("post_pre_bwd_skeleton")
     for cfg in (P.SkelCfg(), P.SkelCfg(BMT=32, H=2, NPK=48), P.SkelCfg(FWD=True, SPLIT=8, BMT=32, H=2, NPK=48),
                 P.SkelCfg(LOCK=2)):
         art = P.launch(cfg).export("sm_90a")
@@ -530,21 +538,6 @@ def test_cute_equals_cutile_and_is_deterministic():
     for name, a, b in zip(["out", "layer_in", "h_post_next", "h_res_next"] + [f"d{n}" for n in IN_NAMES],
                           runs["cute"], runs["cutile"]):
         assert_close(a.float(), b.float(), kind="bfloat16", what=name)
-
-
-def _probe(name):
-    """A benchmarks/probes module, imported with sys.path as it was restored after (the probes extend it)."""
-    import importlib
-    import pathlib
-    import sys
-
-    root = pathlib.Path(__file__).resolve().parents[2] / "benchmarks"
-    saved = list(sys.path)
-    sys.path[:0] = [str(root / "probes"), str(root)]
-    try:
-        return importlib.import_module(name)
-    finally:
-        sys.path[:] = saved
 
 
 def test_pass_ab_probe_configs():
