@@ -168,6 +168,36 @@ def test_stream_probe_compiles():
         probe.StreamCfg(COLS=128, BR=128, BC=64, GROUP=4, SPLIT=2)
 
 
+def test_item_size_probe_shapes():
+    """benchmarks/probes/gdn_ring_items.py (session 38: is B=32's miss the item size?) compares head shapes as proxies
+    for smaller or larger items: each must move the same state bytes as Qwen3-Next's, and its ring config and the
+    memory-pattern config it times (SKELETON 2) must compile."""
+    import pathlib
+    import sys
+
+    root = pathlib.Path(__file__).resolve().parents[2] / "benchmarks"
+    saved = list(sys.path)
+    sys.path[:0] = [str(root / "probes"), str(root)]
+    try:
+        import gdn_ring_items as probe
+    finally:
+        sys.path[:] = saved
+    state = {n: s["Hv"] * s["dk"] * s["dv"] for n, s in probe.SHAPES.items()}
+    assert set(state.values()) == {32 * 128 * 128}, state
+    assert {n: s["Hk"] for n, s in probe.SHAPES.items()} == {"today": 16, "head": 32, "half": 64, "quad": 8}
+    for name, s in probe.SHAPES.items():
+        cfg = rg.DecodeRingCfg.heuristic(s["Hk"], s["Hv"], s["dk"], s["dv"], s["W"], 4)
+        for c in (cfg, dataclasses.replace(cfg, SKELETON=2, PF=False, AHEAD=False)):
+            art = rg.representative_launch(**s, cfg=c).export("sm_90a")
+            assert "cp.async.bulk.tensor.2d.shared::cta.global" in art.ptx and not unfenced_releases(art.ptx)
+            frames = [r["frame"] for n, r in cubin_resources(art.cubin).items() if "ring_kernel" in n]
+            # the full kernel at "half" (R 1, dv 64) and "quad" (R 4) compiles with an 8-byte stack frame under
+            # ptxas's register cap for 2 CTAs an SM (noticed in session 38; no .local in the PTX; Qwen3-Next's
+            # R 2 has none): held at that, no more
+            want = 8 if name in ("half", "quad") and not c.SKELETON else 0
+            assert frames == [want], (name, c, frames)
+
+
 def test_heuristic():
     """From the static dims and the state's element size only; Qwen3-Next as designed (session 17's sweep:
     2 CTAs an SM of 256 consumer threads, 32 state values each, 2 stages each; one CTA: as many as fit;
