@@ -554,6 +554,31 @@ def test_pass_ab_probe_configs():
         P._cfg("fwd", {"LOCK": 2}, 4, 7168, 24, 32)   # the passes' LOCK was reverted (5f278ea)
 
 
+def test_cut_probe_configs_compile_and_are_refused_by_the_op():
+    """CUT (session 38, a probe's config: math left out, wrong results) compiles at each level with fewer fp32 FMAs
+    in the PTX than the level before and the same TMA traffic; the heuristic leaves it 0, the config refuses levels
+    past 4, and the op's backward refuses any CUT before it launches anything."""
+    base = K.with_dwpre(K.PostPreBwdCuteCfg.heuristic(4, 7168, 24, True))
+    assert base.CUT == 0
+    fmas = []
+    for cut in range(5):
+        art = K.launch(dataclasses.replace(base, CUT=cut)).export("sm_90a")
+        assert "cp.async.bulk.tensor.3d.shared::cta.global" in art.ptx and not unfenced_releases(art.ptx)
+        fmas.append(len(re.findall(r"\bfma\.rn\.f32\b", art.ptx)))
+    assert all(a > b for a, b in zip(fmas, fmas[1:])), fmas
+    with pytest.raises(ValueError, match="CUT 5"):
+        dataclasses.replace(base, CUT=5)
+    from tilekernels.mhc import cute_post_pre as CP
+
+    import inspect
+
+    args = dict.fromkeys(inspect.signature(CP.bwd_launches).parameters)
+    args.update(residual=torch.empty(2, 4, 64), weight=torch.empty(24, 256), iters=20,
+                kcfg=K.PostPreBwdCuteCfg(n=4, C=64, N=24, CUT=1))
+    with pytest.raises(ValueError, match="CUT 1 is a probe"):
+        CP.bwd_launches(**args)
+
+
 def test_power_probe_parses_and_summarizes():
     """benchmarks/probes/power_probe.py (session 37): nvidia-smi's csv lines (a malformed one skipped) are cut into
     each workload's window, its first 0.2 s left out; the power-cap share counts the 0x4 reason bit."""

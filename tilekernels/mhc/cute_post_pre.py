@@ -70,6 +70,8 @@ def bwd_launches(dout, dlayer_in, dh_post_next, dh_res_next, h_res, residual, h_
     cfg = pp._cfg(residual, iters, cfg)
     has_bias = bias is not None
     kcfg = kcfg or K.PostPreBwdCuteCfg.heuristic(n, C, N, has_bias)
+    if kcfg.CUT:
+        raise ValueError(f"mhc_post_pre cute bwd: CUT {kcfg.CUT} is a probe's config (wrong results by design)")
     head = pre.bwd_launches(dlayer_in, dh_post_next, dh_res_next, out, weight, hbias, proj, r, None, dweight, dhbias,
                             alpha_pre, alpha_post, alpha_res, iters, rms_eps, sinkhorn_eps, cfg=cfg.pre)
     mix = next(ln for ln in head if ln.kernel in pre.MIX_KERNELS)

@@ -107,8 +107,15 @@ class PostPreBwdCuteCfg:
     CW: int = 32   # channels of a chunk a consumer warpgroup owns (of every stream); a chunk is 2*CW
     SPLIT: int = 1  # CTAs a row tile: CTA (r, m) takes chunks r, r + SPLIT, ... and writes dh plane r
     DWPRE: bool = False  # also mhc_pre's dweight pre rows from the recomputed out: partials [row tiles, n, n C]
+    # probe only, wrong results (benchmarks/probes/post_pre_pass_ab.py, power_probe.py: what leaving FFMAs out returns
+    # under the board's power cap); cumulative, of the 72 FFMAs a (token, channel) at n = 4: 1 dh_res's sums (16),
+    # 2 dh_post's (4), 3 dresidual's mixing (16: dresidual = d_total of its stream), 4 out's recompute (20: out =
+    # residual of its stream). The heuristic never sets it; cute_post_pre refuses it.
+    CUT: int = 0
 
     def __post_init__(self):
+        if not 0 <= self.CUT <= 4:
+            raise ValueError(f"mhc_post_pre cute bwd: CUT {self.CUT} (a probe's level) must be in 0..4")
         if not (1 <= self.n <= 4 and self.N == self.n * self.n + 2 * self.n and self.N <= self.NP
                 and self.NP in (16, 32) and self.C % 8 == 0 and self.C > 0 and self.STAGES >= 2
                 and self.CW in (16, 32) and 1 <= self.SPLIT <= self.nch and (self.CW == 32 or not self.DWPRE)):
@@ -469,9 +476,11 @@ def _kernel(cfg: cutlass.Constexpr, tma_dout: cute.CopyAtom, mDout: cute.Tensor,
                         if const_expr(cfg.HAS_BIAS):
                             xb = xb + bv[e]
                         for i in cutlass.range_constexpr(n):
-                            o = hp[h, i] * xb
-                            for j in cutlass.range_constexpr(n):
-                                o = o + hr[h, i, j] * rv[j, e]
+                            o = rv[i, e]
+                            if const_expr(cfg.CUT < 4):
+                                o = hp[h, i] * xb
+                                for j in cutlass.range_constexpr(n):
+                                    o = o + hr[h, i, j] * rv[j, e]
                             ov[i, e] = BFloat16(o)
                             ob = ov[i, e].to(Float32)
                             q = e + 2 * h + 4 * (cb * n + i)
@@ -482,14 +491,18 @@ def _kernel(cfg: cutlass.Constexpr, tma_dout: cute.CopyAtom, mDout: cute.Tensor,
                         dxp[e] = BFloat16(gx)
                         db[cb, e] = db[cb, e] + gx
                         for j in cutlass.range_constexpr(n):
-                            s_ = Float32(0.0)
-                            for i in cutlass.range_constexpr(n):
-                                s_ = s_ + hr[h, i, j] * dv[i]
+                            s_ = dv[j]
+                            if const_expr(cfg.CUT < 3):
+                                s_ = Float32(0.0)
+                                for i in cutlass.range_constexpr(n):
+                                    s_ = s_ + hr[h, i, j] * dv[i]
                             dres[j, e] = BFloat16(s_)
                         for i in cutlass.range_constexpr(n):
-                            dhp[h, i] = dhp[h, i] + dv[i] * xb
-                            for j in cutlass.range_constexpr(n):
-                                dhr[h, i, j] = dhr[h, i, j] + dv[i] * rv[j, e]
+                            if const_expr(cfg.CUT < 2):
+                                dhp[h, i] = dhp[h, i] + dv[i] * xb
+                            if const_expr(cfg.CUT < 1):
+                                for j in cutlass.range_constexpr(n):
+                                    dhr[h, i, j] = dhr[h, i, j] + dv[i] * rv[j, e]
                     for j in cutlass.range_constexpr(n):
                         cute.autovec_copy(dres[j, None], tile_pair(n + j))
                     cute.autovec_copy(dxp, tile_pair(2 * n))
