@@ -31,23 +31,35 @@ SHAPES = {"today": dict(Hk=16, Hv=32, dk=128, dv=128, W=4), "head": dict(Hk=32, 
           "half": dict(Hk=64, Hv=64, dk=128, dv=64, W=4), "quad": dict(Hk=8, Hv=32, dk=128, dv=128, W=4)}
 
 
-def rows_for(name: str, B: int, rep: int) -> list[dict]:
-    """The three rows of one head shape at batch B (G.SHAPE set to it for the helpers)."""
+def _changes(variant: str) -> dict:
+    """'K=V;K=V' (DecodeRingCfg fields, ints or True / False) -> {K: V}; '' -> {} (the heuristic's config)."""
+    out = {}
+    for kv in filter(None, variant.split(";")):
+        k, v = kv.split("=")
+        out[k] = v == "True" if v in ("True", "False") else int(v)
+    return out
+
+
+def rows_for(name: str, B: int, rep: int, variant: str = "") -> list[dict]:
+    """The rows of one head shape at batch B (G.SHAPE set to it for the helpers): the ring at the heuristic's config
+    with ``variant``'s changes, its memory pattern alone, and (for the heuristic's row only) the copy."""
     G.SHAPE.clear()
     G.SHAPE.update(SHAPES[name])
     args = G.problem(B, torch.float32)
     x, conv, w, A, dt, ssm, idx, o = args
-    cfg = R.ring_config(x, conv, w, ssm, idx, G.SHAPE["Hk"])
+    cfg = dataclasses.replace(R.ring_config(x, conv, w, ssm, idx, G.SHAPE["Hk"]), **_changes(variant))
     nbytes = G.decode_bytes(B, **G.SHAPE, selt=4)
     out = []
     for tag, c in (("kernel", cfg), ("pattern", dataclasses.replace(cfg, SKELETON=2, PF=False, AHEAD=False))):
         ln = R.decode_launch(*args, G.SHAPE["Hk"], 1e-6, None, cfg=c)
         ok = "probe" if c.SKELETON else ("ok" if G.check(args, ln)[1] else "WRONG")
         us = G.bench_graph(ln.run, rep=rep)
-        out.append(dict(shape=name, B=B, row=tag, items=B * G.SHAPE["Hk"], ctas=ln.grid[0], stages=c.STAGES,
-                        us=us, bytes=nbytes, check=ok))
+        out.append(dict(shape=name, B=B, row=tag, variant=variant, items=B * G.SHAPE["Hk"], ctas=ln.grid[0],
+                        stages=c.STAGES, us=us, bytes=nbytes, check=ok))
+    if variant:
+        return out
     cp = G.copy_case(B, torch.float32, rep=rep)
-    out.append(dict(shape=name, B=B, row="copy", items=0, ctas=0, stages=0, us=cp["us"], bytes=nbytes,
+    out.append(dict(shape=name, B=B, row="copy", variant="", items=0, ctas=0, stages=0, us=cp["us"], bytes=nbytes,
                     check="ok" if cp["ok"] else "WRONG"))
     return out
 
@@ -56,6 +68,8 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--b", default="32")
     ap.add_argument("--shapes", default="today,head,half,quad")
+    ap.add_argument("--variants", default="", help="comma list of ring config changes 'K=V;K=V' beside the "
+                    "heuristic's (session 38: CPS 3 / 4 with 128 consumers and 32-column tiles)")
     ap.add_argument("--rounds", type=int, default=2)
     ap.add_argument("--rep", type=int, default=200)
     ap.add_argument("--out", default=os.environ.get("OUT") or ".")
@@ -64,15 +78,17 @@ def main(argv=None) -> int:
     for rnd in range(a.rounds):  # rounds interleave the shapes (the board's drift spreads over all of them)
         for B in (int(v) for v in a.b.split(",")):
             for name in a.shapes.split(","):
-                rows += [dict(r, round=rnd) for r in rows_for(name, B, a.rep)]
+                for v in [""] + [v for v in a.variants.split(",") if v]:
+                    rows += [dict(r, round=rnd) for r in rows_for(name, B, a.rep, v)]
     os.makedirs(a.out, exist_ok=True)
     with open(os.path.join(a.out, "gdn_ring_items.json"), "w") as f:
         json.dump({"device": torch.cuda.get_device_name(), "rows": rows}, f, indent=1)
-    print(f"{'shape':<6} {'B':>4} {'row':<8} {'items':>6} {'CTAs':>5} {'st':>3} {'us':>8} {'% copy t':>9}  check  rnd")
+    print(f"{'shape':<6} {'B':>4} {'row':<8} {'variant':<30} {'items':>6} {'CTAs':>5} {'st':>3} {'us':>8} {'% copy t':>9}"
+          f"  check  rnd")
     copy = {(r["shape"], r["B"], r["round"]): r["us"] for r in rows if r["row"] == "copy"}
     for r in rows:
         pct = 100 * copy[(r["shape"], r["B"], r["round"])] / r["us"]
-        print(f"{r['shape']:<6} {r['B']:4d} {r['row']:<8} {r['items']:6d} {r['ctas']:5d} {r['stages']:3d} "
+        print(f"{r['shape']:<6} {r['B']:4d} {r['row']:<8} {r['variant'] or '-':<30} {r['items']:6d} {r['ctas']:5d} {r['stages']:3d} "
               f"{r['us']:8.2f} {pct:9.1f}  {r['check']:<6} {r['round']}")
     return 0
 
