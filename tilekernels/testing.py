@@ -120,3 +120,21 @@ def assert_cubins(jobs, workers: int = 4) -> list:
         assert cubin[:4] == b"\x7fELF", f"{name} for {arch}: not an ELF cubin"
         assert len(cubin) > 1000, f"{name} for {arch}: empty cubin"
     return cubins
+
+
+def probe_module(name: str):
+    """A module of the checkout's ``benchmarks/probes`` (their CPU compile tests import them), imported with
+    ``sys.path`` restored whole afterwards (a probe extends it with the repo and ``benchmarks/`` itself)."""
+    import importlib
+    import pathlib
+    import sys
+
+    root = pathlib.Path(__file__).resolve().parents[1] / "benchmarks"
+    if not (root / "probes").is_dir():
+        raise FileNotFoundError(f"probe {name}: no {root / 'probes'} (the probes live in the source checkout)")
+    saved = list(sys.path)
+    sys.path[:0] = [str(root / "probes"), str(root)]
+    try:
+        return importlib.import_module(name)
+    finally:
+        sys.path[:] = saved

@@ -31,15 +31,6 @@ SHAPES = {"today": dict(Hk=16, Hv=32, dk=128, dv=128, W=4), "head": dict(Hk=32, 
           "half": dict(Hk=64, Hv=64, dk=128, dv=64, W=4), "quad": dict(Hk=8, Hv=32, dk=128, dv=128, W=4)}
 
 
-def _changes(variant: str) -> dict:
-    """'K=V;K=V' (DecodeRingCfg fields, ints or True / False) -> {K: V}; '' -> {} (the heuristic's config)."""
-    out = {}
-    for kv in filter(None, variant.split(";")):
-        k, v = kv.split("=")
-        out[k] = v == "True" if v in ("True", "False") else int(v)
-    return out
-
-
 def rows_for(name: str, B: int, rep: int, variant: str = "") -> list[dict]:
     """The rows of one head shape at batch B (G.SHAPE set to it for the helpers): the ring at the heuristic's config
     with ``variant``'s changes, its memory pattern alone, and (for the heuristic's row only) the copy."""
@@ -47,7 +38,9 @@ def rows_for(name: str, B: int, rep: int, variant: str = "") -> list[dict]:
     G.SHAPE.update(SHAPES[name])
     args = G.problem(B, torch.float32)
     x, conv, w, A, dt, ssm, idx, o = args
-    cfg = dataclasses.replace(R.ring_config(x, conv, w, ssm, idx, G.SHAPE["Hk"]), **_changes(variant))
+    s = SHAPES[name]  # a variant: the heuristic's config with its fields changed (the ring's own "K=V,K=V" parser)
+    cfg = (R.variant_cfg(variant.replace(";", ","), s["Hk"], s["Hv"], s["dk"], s["dv"], s["W"], 4) if variant
+           else R.ring_config(x, conv, w, ssm, idx, s["Hk"]))
     nbytes = G.decode_bytes(B, **G.SHAPE, selt=4)
     out = []
     for tag, c in (("kernel", cfg), ("pattern", dataclasses.replace(cfg, SKELETON=2, PF=False, AHEAD=False))):
@@ -74,12 +67,14 @@ def main(argv=None) -> int:
     ap.add_argument("--rep", type=int, default=200)
     ap.add_argument("--out", default=os.environ.get("OUT") or ".")
     a = ap.parse_args(argv)
-    rows = []
+    rows, shape0 = [], dict(G.SHAPE)
     for rnd in range(a.rounds):  # rounds interleave the shapes (the board's drift spreads over all of them)
         for B in (int(v) for v in a.b.split(",")):
             for name in a.shapes.split(","):
                 for v in [""] + [v for v in a.variants.split(",") if v]:
                     rows += [dict(r, round=rnd) for r in rows_for(name, B, a.rep, v)]
+    G.SHAPE.clear()
+    G.SHAPE.update(shape0)  # gdn_decode_check's module-wide shape as it was
     os.makedirs(a.out, exist_ok=True)
     with open(os.path.join(a.out, "gdn_ring_items.json"), "w") as f:
         json.dump({"device": torch.cuda.get_device_name(), "rows": rows}, f, indent=1)

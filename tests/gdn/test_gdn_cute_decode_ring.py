@@ -34,7 +34,7 @@ import registry
 from tilekernels._cute import cubin_resources, record_compile_keys, unfenced_releases
 from tilekernels.gdn import cute_decode as cq
 from tilekernels.gdn import cute_decode_ring as rg
-from tilekernels.testing import assert_close
+from tilekernels.testing import assert_close, probe_module
 
 ODD = {"Hk": 2, "Hv": 4, "dk": 96, "dv": 80, "W": 3}  # two column blocks a head, the second 16 of 64 columns
 ROWS = {"Hk": 1, "Hv": 2, "dk": 100, "dv": 48, "W": 2}  # dk % KS != 0 (KS 8): rows past dk clamped, zero weights
@@ -160,14 +160,7 @@ def test_unfenced_releases_on_written_ptx():
 def test_stream_probe_compiles():
     """benchmarks/probes/tma_promo_probe.py (session 20: L2 promotion, row-piece widths, the WAR race): its
     hand-built TMA descriptor kernel compiles; unfenced releases flagged only where FENCE is off."""
-    import pathlib
-    import sys
-
-    sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[2] / "benchmarks" / "probes"))
-    try:
-        import tma_promo_probe as probe
-    finally:
-        sys.path.pop(0)
+    probe = probe_module("tma_promo_probe")
     for fence in (False, True):
         cfg = probe.StreamCfg(COLS=128, BR=128, BC=64, GROUP=4, PROMO=3, FENCE=fence)
         art = probe.launch(cfg).export("sm_90a")
@@ -187,16 +180,7 @@ def test_item_size_probe_shapes():
     """benchmarks/probes/gdn_ring_items.py (session 38: is B=32's miss the item size?) compares head shapes as proxies
     for smaller or larger items: each must move the same state bytes as Qwen3-Next's, and its ring config and the
     memory-pattern config it times (SKELETON 2) must compile."""
-    import pathlib
-    import sys
-
-    root = pathlib.Path(__file__).resolve().parents[2] / "benchmarks"
-    saved = list(sys.path)
-    sys.path[:0] = [str(root / "probes"), str(root)]
-    try:
-        import gdn_ring_items as probe
-    finally:
-        sys.path[:] = saved
+    probe = probe_module("gdn_ring_items")
     state = {n: s["Hv"] * s["dk"] * s["dv"] for n, s in probe.SHAPES.items()}
     assert set(state.values()) == {32 * 128 * 128}, state
     assert {n: s["Hk"] for n, s in probe.SHAPES.items()} == {"today": 16, "head": 32, "half": 64, "quad": 8}

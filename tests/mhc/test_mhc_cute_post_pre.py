@@ -33,7 +33,7 @@ from tilekernels._cute import cubin_resources, setmaxnreg_budget, unfenced_relea
 from tilekernels.mhc import cute_post_pre_bwd as K  # noqa: E402
 from tilekernels.mhc import cute_post_pre_dhdw as DD  # noqa: E402
 from tilekernels.mhc import cute_post_pre_dhw as D  # noqa: E402
-from tilekernels.testing import assert_close  # noqa: E402
+from tilekernels.testing import assert_close, probe_module  # noqa: E402
 
 from mhc_helpers import BF16, F32, case_id, on_gpu, rand  # noqa: E402
 from test_mhc_post_pre import IN_NAMES, PARAMS, inputs, run_cutile  # noqa: E402
@@ -222,26 +222,11 @@ def test_fused_forward_compiles_for_sm90a(n, C, bias):
     assert f"cp.async.bulk.tensor.{d}.global.shared::cta" in art.ptx
 
 
-def _probe(name):
-    """A benchmarks/probes module, imported with sys.path as it was restored after (the probes extend it)."""
-    import importlib
-    import pathlib
-    import sys
-
-    root = pathlib.Path(__file__).resolve().parents[2] / "benchmarks"
-    saved = list(sys.path)
-    sys.path[:0] = [str(root / "probes"), str(root)]
-    try:
-        return importlib.import_module(name)
-    finally:
-        sys.path[:] = saved
-
-
 def test_pass_skeleton_probe_compiles():
     """benchmarks/probes/post_pre_bwd_skeleton.py (session 36: the passes' traffic alone, as cut today and as H2;
     session 37: siblings locked, LOCK): each layout compiles with its TMA loads and stores, fenced releases and the
     setmaxnreg budget; FWD's ring counts only the bytes it loads (a larger count would never complete its stages)."""
-    P = _probe("post_pre_bwd_skeleton")
+    P = probe_module("post_pre_bwd_skeleton")
     for cfg in (P.SkelCfg(), P.SkelCfg(BMT=32, H=2, NPK=48), P.SkelCfg(FWD=True, SPLIT=8, BMT=32, H=2, NPK=48),
                 P.SkelCfg(LOCK=2)):
         art = P.launch(cfg).export("sm_90a")
@@ -543,7 +528,7 @@ def test_cute_equals_cutile_and_is_deterministic():
 def test_pass_ab_probe_configs():
     """benchmarks/probes/post_pre_pass_ab.py (session 37): each pass's row is the op's own config (the backward's
     with_dwpre of the heuristic) with the row's fields replaced, and a field the config lacks is refused."""
-    P = _probe("post_pre_pass_ab")
+    P = probe_module("post_pre_pass_ab")
     from tilekernels.mhc import cute_post_pre_fwd as F
 
     b = P._cfg("bwd", {"SPLIT": 8}, 4, 7168, 24, 32)
@@ -582,7 +567,7 @@ def test_cut_probe_configs_compile_and_are_refused_by_the_op():
 def test_power_probe_parses_and_summarizes():
     """benchmarks/probes/power_probe.py (session 37): nvidia-smi's csv lines (a malformed one skipped) are cut into
     each workload's window, its first 0.2 s left out; the power-cap share counts the 0x4 reason bit."""
-    P = _probe("power_probe")
+    P = probe_module("power_probe")
     lines = ["2026/12/04 08:13:10.000, 1980, 600.0, 0x0000000000000000",
              "2026/12/04 08:13:10.500, 1700, 695.0, 0x0000000000000004",
              "2026/12/04 08:13:11.000, 1500, 699.0, 0x0000000000000005",
