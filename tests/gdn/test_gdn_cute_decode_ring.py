@@ -109,6 +109,11 @@ def test_variants_compile(name, sd):
         pytest.skip(f"{name}: not a {sd} variant")
     art = _export(rg.representative_launch(**QWEN, state_dtype=sd, cfg=cfg))
     assert ("st.global.cs" in art.ptx) == cfg.STREAM
+    # PDL (session 39): launch_dependents and the wait for the kernel before, both before any global access
+    assert ("griddepcontrol.wait" in art.ptx) == ("griddepcontrol.launch_dependents" in art.ptx) == cfg.PDL
+    if cfg.PDL:
+        head = art.ptx[:art.ptx.index("griddepcontrol.wait")]
+        assert not re.search(r"\b(ld|st|cp\.async\.bulk\.tensor)[.\w]*\.global", head), "a global access before the wait"
     assert rg.variant_cfg("STAGES=2,STREAM=True", 16, 32, 128, 128, 4, sd.itemsize) == dataclasses.replace(
         rg.DecodeRingCfg.heuristic(16, 32, 128, 128, 4, sd.itemsize), STAGES=2, STREAM=True)
 
@@ -174,6 +179,15 @@ def test_stream_probe_compiles():
         assert not unfenced_releases(art.ptx)
     with pytest.raises(ValueError, match="SPLIT > 1"):
         probe.StreamCfg(COLS=128, BR=128, BC=64, GROUP=4, SPLIT=2)
+
+
+def test_pdl_probe_config():
+    """benchmarks/probes/gdn_ring_pdl.py (session 39) times the heuristic's config with PDL on against it off: the
+    "pdl" variant is exactly that, for both state dtypes."""
+    probe_module("gdn_ring_pdl")
+    for sd in (F32, BF):
+        base = rg.DecodeRingCfg.heuristic(16, 32, 128, 128, 4, sd.itemsize)
+        assert ring_variant("pdl", sd) == dataclasses.replace(base, PDL=True) and not base.PDL
 
 
 def test_item_size_probe_shapes():

@@ -165,6 +165,9 @@ class DecodeRingCfg:
     #                    prologue
     ITEM_GRID: bool = False  # grid B * Hk (one item a CTA), else persistent (SMs * CPS)
     FENCE: bool = True  # fence.proxy.async before a consumer warp releases a stage; False: probe only (SKELETON > 0)
+    PDL: bool = False  # a programmatic dependent launch: the CTAs start (shared memory, barriers) while the kernel
+    #                    before them in the stream finishes, and wait for its end (griddepcontrol.wait) before any
+    #                    global access; each CTA lets the next kernel launch at its start
 
     def __post_init__(self):
         es = self.state_bytes
@@ -318,6 +321,7 @@ VARIANTS = {
     "bf16-s17": (2, {"BV": 64, "CONSUMERS": 256, "CPS": 2, "STAGES": 2}),  # session 17's bf16 heuristic
     "bf16-c512": (2, {"CONSUMERS": 512}),
     "persistent": (4, {"ITEM_GRID": False}),  # the fp32 grid before session 20
+    "pdl": (None, {"PDL": True}),
 }
 
 
@@ -439,6 +443,9 @@ def _ring_kernel(cfg: cutlass.Constexpr, tma: cute.CopyAtom, mS: cute.Tensor, mi
     red = smem.allocate_tensor(Float32, cute.make_layout(2 * KW * BV * 2), 16)  # two exchange buffers
     wsum = smem.allocate_tensor(Float32, cute.make_layout((NT // 32, 3), stride=(3, 1)), 16)
     pipe = CU.tma_pipeline(smem, S, cfg.tile_bytes, NT // 32)
+    if cutlass.const_expr(cfg.PDL):  # nothing above read or wrote global memory
+        cute.arch.griddepcontrol_launch_dependents()
+        cute.arch.griddepcontrol_wait()
 
     if warp == NT // 32:
         # ---- producer warp: every tile of the CTA's items, in the consumers' order (TMA elects a lane)
@@ -596,7 +603,7 @@ def _ring_host(cfg: cutlass.Constexpr, mixed: cute.Pointer, conv: cute.Pointer, 
                                           cute.make_layout((cfg.BV, cfg.dk), stride=(1, cfg.BV)), (cfg.BV, cfg.dk))
     _ring_kernel(cfg, tma, tS, mixed, conv, cw, A_log, dt_bias, ssm, idx, o, B, eps, scale).launch(
         grid=[ctas, 1, 1], block=[cfg.threads, 1, 1], stream=stream, min_blocks_per_mp=cfg.CPS,
-        preferred_smem_carveout=100)
+        preferred_smem_carveout=100, use_pdl=cfg.PDL)
 
 
 # ------------------------------------------------------------------ host side
