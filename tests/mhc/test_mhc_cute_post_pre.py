@@ -247,6 +247,29 @@ def test_pass_skeleton_probe_compiles():
     assert P.SkelCfg().stage_bytes == 10 * 64 * 64 * 2 + 2 * 128 * 32 * 2
 
 
+def test_resident_forward_probe_compiles():
+    """benchmarks/probes/post_pre_fwd_resident.py (session 39: a forward that keeps a 16-token row tile's out in its
+    cluster's shared memory and writes layer_in, so the aggregate's second read of out goes away): the timed configs
+    compile with their TMA loads and stores (out and layer_in from the out buffer), fenced releases, the setmaxnreg
+    budget, CL - 1 remote arrives a tile (the cluster's exchange) and the closing cluster barrier, and fit in an SM's
+    shared memory; the ring's transaction count is the bytes a stage loads."""
+    P = probe_module("post_pre_fwd_resident")
+    for _, cfg in P.cases():
+        assert cfg.smem_bytes <= 227 * 1024, cfg
+        art = P.launch(cfg).export("sm_90a")
+        assert "cp.async.bulk.tensor.3d.shared::cta.global" in art.ptx    # residual tiles
+        assert "cp.async.bulk.tensor.3d.global.shared::cta" in art.ptx    # out tiles
+        assert "cp.async.bulk.tensor.2d.global.shared::cta" in art.ptx    # layer_in tiles
+        assert not unfenced_releases(art.ptx)
+        need, have = setmaxnreg_budget(art)
+        assert 0 < need <= have
+        remote = [ln for ln in art.ptx.splitlines() if "mbarrier.arrive" in ln and "shared::cluster" in ln]
+        assert len(remote) == cfg.CL - 1 and "barrier.cluster.wait" in art.ptx
+    c = P.ResCfg(STAGES=5, NCL=15, WR=24)
+    assert c.nk == 14 and c.stage_bytes == 5 * 64 * 16 * 2 + 4 * 64 * 24 * 2
+    assert P.ctas(c, 32768) == 8 * 15 and P.ctas(P.ResCfg(), 32768) == 8 * 2048
+
+
 def test_setmaxnreg_budget_flags_a_hang():
     """setmaxnreg_budget (the compile tests' guard): the fused forward's roles fit its launch allocation (40 x 128 +
     232 x 256 = 168 x 384); consumers asking 240 would not (setmaxnreg.inc would wait forever on the GPU)."""
