@@ -11,7 +11,8 @@ channels of every stream: 14 chunks x 4 streams x [64 ch, 16 tok] = 112 KiB at C
 row's sums (here: a barrier only, as the projection's partials would be pushed into the peers' shared memory before
 it), then forms layer_in from shared memory: 10 units moved instead of 14.
 
-What the kernel does (a memory-pattern skeleton: no projection, out = residual, layer_in = the streams' fp32 sum):
+What the kernel does (a memory-pattern skeleton: out = residual, or with MATH out formed by FMAs; layer_in = the
+streams' fp32 sum; with PROJ the projection's per-rank partials too, but no exchange of them and no h_pre):
 * warp 0 (producer): per (tile, chunk) of the CTA, TMA loads of the n residual tiles, x and (W) the two weight
   tiles the projection would read (L2-resident) into a STAGES-deep ring, running ahead across tiles;
 * warpgroups 1, 2 (consumers): a stage's residual tiles copied into the tile's out buffer, released, the out tiles
@@ -20,7 +21,9 @@ What the kernel does (a memory-pattern skeleton: no projection, out = residual, 
   streams (fp32, in stream order, rounded once) written over stream 0's slots and stored by TMA; the buffer is
   reused once the stores have read it.
 Persistent: NCL clusters walk the row tiles (0: one tile a cluster). Checked: out bitwise the residual, layer_in
-bitwise ((r0 + r1) + r2) + r3 rounded to bf16. Rows: us and % of the bytes' copy time; for comparison the fused
+bitwise ((r0 + r1) + r2) + r3 rounded to bf16 (MATH: within 1e-2 of the formula; PROJ: the partials summed over the
+ranks within 1e-5 of float64 of the kernel's own out). PROJ's variants (SW, LAG, RS, PN) are ways to keep its wgmmas
+off the consumers' path, measured in session 39 (none faster than the plain one). Rows: us and % of the bytes' copy time; for comparison the fused
 forward pass's traffic alone (post_pre_bwd_skeleton's FWD SPLIT 8) and the aggregate (out read,
 layer_in written: cute_aggregate's forward) measured in the same run. Not a library kernel.
 
@@ -41,13 +44,14 @@ import cutlass.cute as cute
 import cutlass.pipeline as pipeline
 import cutlass.utils.hopper_helpers as sm90_utils
 from cutlass import BFloat16, Float32, Int32
-from cutlass.cute.nvgpu import cpasync
+from cutlass.cute.nvgpu import cpasync, warpgroup
 from cutlass.utils import LayoutEnum
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import post_pre_bwd_skeleton as SK  # noqa: E402  (its lock step: the cluster's per-tile barrier)
 from tilekernels import _cute as CU  # noqa: E402
 from tilekernels.mhc.cute_proj_rms import _smem_tensor  # noqa: E402
+from tilekernels.mhc.cute_proj_rms_fwd import _kahan  # noqa: E402
 
 _NAME = "probes.post_pre_fwd_resident"
 BAR_CONS = 1   # named barrier of the 256 consumer threads
@@ -69,6 +73,18 @@ class ResCfg:
     NCL: int = 0
     MATH: bool = False  # out formed as h_post_bda's (fp32: n FMAs of residual + one of x a value, with fixed h_res /
     #                     h_post in registers, every token alike) and its squares summed, instead of copied
+    PROJ: bool = False  # with MATH: the projection's partials too (wgmma m64 n16: A the weight's 24 rows of a stream's
+    #                     chunk, B the out buffer's tile; a CTA's [T, 24] partials and its squares written per rank),
+    #                     the weight as n boxes [24 rows, 64 ch] a chunk (12 KiB), stacked 3 KiB apart (rows 24..63 of
+    #                     each A tile read the next: their products land in rows the kernel never stores)
+    SW: int = 0   # PROJ: 0 the weight tiles in the data stage (released once the chunk's wgmmas retired), else a ring of
+    #               SW stages of their own, filled by a second producer warp: the data stage is released once out is
+    #               formed, and each chunk's wgmmas run while the next chunk's out is formed (retired a chunk later)
+    LAG: bool = False   # PROJ with the weight in the data stage (SW 0): each chunk's wgmmas run while the next chunk's
+    #                     out is formed; its stage is released a chunk later, once they retired
+    RS: bool = False   # PROJ: the weight's A operand from registers (its 24 rows loaded from the stage, rows 24..63 zero)
+    #                    instead of shared memory (where the 64-row A tiles read 8 KiB a stream for 3 KiB of weights)
+    PN: int = 0   # PROJ, timing only (wrong sums): the products of the first PN streams alone (0: all n)
     WR: int = 0   # 0: W as 2 x [128, NPK] tiles a chunk (wgmma B tiles); else n boxes [64 ch, WR rows] a chunk (an
     #               mma.sync projection's 24 weight rows of each stream, no padding)
 
@@ -85,36 +101,101 @@ class ResCfg:
     def tile_elems(self) -> int:
         return 64 * self.BMT
 
+    def __post_init__(self):
+        if self.PROJ and not (self.MATH and self.W and self.BMT == 16):
+            raise ValueError(f"resident probe: PROJ needs MATH, W and BMT 16: {self}")
+        if (self.SW and (not self.PROJ or self.SW < 2)) or ((self.LAG or self.RS) and (not self.PROJ or self.SW)) or \
+                (self.RS and (self.LAG or self.PN)):
+            raise ValueError(f"resident probe: SW (>= 2) is PROJ's: {self}")
+
     @property
     def w_bytes(self) -> int:
         """Weight bytes a stage."""
+        if self.PROJ:
+            return self.n * 64 * 24 * 2
         return 0 if not self.W else (self.n * 64 * self.WR * 2 if self.WR else 2 * 128 * self.NPK * 2)
 
     @property
     def stage_bytes(self) -> int:
-        return (self.n + 1) * self.tile_elems * 2 + self.w_bytes
+        return (self.n + 1) * self.tile_elems * 2 + (0 if self.SW else self.w_bytes)
+
+    @property
+    def wtiles(self) -> int:
+        """PROJ: weight A tiles in shared memory (n a stage of their ring)."""
+        return self.n * (self.SW or self.STAGES)
 
     @property
     def smem_bytes(self) -> int:
         ring = (self.n + 1) * self.STAGES * self.tile_elems * 2
         out = self.nk * self.n * self.tile_elems * 2
-        return ring + out + self.STAGES * self.w_bytes + 1024 + 2048
+        sums = 24 * 16 * 4 + 2 * 16 * 4 if self.PROJ else (1024 if self.MATH else 0)
+        return ring + out + (self.SW or self.STAGES) * self.w_bytes + 2048 + sums
 
 
 def _tile_layout(cfg, count):
     return sm90_utils.make_smem_layout_a(LayoutEnum.COL_MAJOR, (64, 16, cfg.BMT), BFloat16, count)
 
 
+def _a_one(cfg):
+    """PROJ: one A tile [64 rows, 64 ch] K-major (SW128), its stage mode dropped."""
+    return cute.slice_(sm90_utils.make_smem_layout_a(LayoutEnum.ROW_MAJOR, (64, 16, 64), BFloat16, 1), (None, None, 0))
+
+
 def _w_layout(cfg):
+    if cfg.PROJ:   # TMA's box: an A tile's first 24 rows (one tile; they sit 3 KiB = 1536 elements apart)
+        return cute.make_composed_layout(_a_one(cfg).inner, 0, cute.make_layout(((8, 3), 64), stride=((64, 512), 1)))
     if cfg.WR:   # unswizzled [64 ch, WR rows] tiles (an mma.sync operand read by ldmatrix; 24 rows: no swizzle atom)
         return cute.make_layout((64, cfg.WR, cfg.n * cfg.STAGES), stride=(1, 64, 64 * cfg.WR))
     return sm90_utils.make_smem_layout_b(LayoutEnum.COL_MAJOR, (64, 128, cfg.NPK), BFloat16, 2 * cfg.STAGES)
 
 
+@cute.jit
+def _wgmmas(mma, dst: cute.Tensor, tA: cute.Tensor, tB: cute.Tensor, widx: Int32, k_: Int32, wc: Int32,
+            n: cutlass.Constexpr, pn: cutlass.Constexpr = 0):
+    """A warpgroup's streams wc, wc + 2 of chunk k_ (4 k-steps each; weight tiles widx * n + i, out slots k_ * n + i)
+    into dst (the first from zero by its scale-d flag), committed as one group."""
+    warpgroup.fence()
+    for s_ in cutlass.range_constexpr((n + 1) // 2):
+        i_ = 2 * s_ + wc
+        if i_ < (pn or n):
+            for kb in cutlass.range_constexpr(4):
+                mma.set(warpgroup.Field.ACCUMULATE, not (s_ == 0 and kb == 0))
+                cute.gemm(mma, dst, tA[None, None, kb, widx * n + i_], tB[None, None, kb, k_ * n + i_], dst)
+    warpgroup.commit_group()
+
+
+@cute.jit
+def _load_a(tCsA: cute.Tensor, cA: cute.Tensor, rA: cute.Tensor, widx: Int32):
+    """RS: this thread's A elements of weight tile widx into registers (rows 24..63: zero, not read)."""
+    src = tCsA[None, None, None, widx]
+    for e in cutlass.range_constexpr(cute.size(rA)):
+        v = BFloat16(0.0)
+        if cA[e][0] < 24:
+            v = src[e]
+        rA[e] = v
+
+
+@cute.jit
+def _wgmmas_rs(mma, dst: cute.Tensor, rA0: cute.Tensor, rA1: cute.Tensor, tB: cute.Tensor, k_: Int32, wc: Int32,
+               n: cutlass.Constexpr):
+    """RS: a warpgroup's streams wc (A in rA0), wc + 2 (rA1) of chunk k_ into dst, committed as one group."""
+    warpgroup.fence()
+    for s_ in cutlass.range_constexpr((n + 1) // 2):
+        i_ = 2 * s_ + wc
+        if i_ < n:
+            for kb in cutlass.range_constexpr(4):
+                mma.set(warpgroup.Field.ACCUMULATE, not (s_ == 0 and kb == 0))
+                if cutlass.const_expr(s_ == 0):
+                    cute.gemm(mma, dst, rA0[None, None, kb], tB[None, None, kb, k_ * n + i_], dst)
+                else:
+                    cute.gemm(mma, dst, rA1[None, None, kb], tB[None, None, kb, k_ * n + i_], dst)
+    warpgroup.commit_group()
+
+
 @cute.kernel
 def _kernel(cfg: cutlass.Constexpr, tma_res: cute.CopyAtom, mRes: cute.Tensor, tma_x: cute.CopyAtom,
             mX: cute.Tensor, tma_out: cute.CopyAtom, mOut: cute.Tensor, tma_li: cute.CopyAtom, mLI: cute.Tensor,
-            tma_w: cute.CopyAtom, mW: cute.Tensor, T: Int32):
+            tma_w: cute.CopyAtom, mW: cute.Tensor, p_proj: cute.Pointer, p_ss: cute.Pointer, T: Int32):
     n, S, CL, BMT, TE = cfg.n, cfg.STAGES, cfg.CL, cfg.BMT, cfg.tile_elems
     KT = n + 1   # ring tiles a stage: the n residual tiles, then x
     tidx, _, _ = cute.arch.thread_idx()
@@ -132,14 +213,26 @@ def _kernel(cfg: cutlass.Constexpr, tma_res: cute.CopyAtom, mRes: cute.Tensor, t
         CU.prefetch_tma(tma_res, tma_x, tma_out, tma_li, tma_w)
     smem = cutlass.memory.SmemAllocator()
     ring_raw, sRing = _smem_tensor(smem, _tile_layout(cfg, KT * S))
-    out_raw, sOutT = _smem_tensor(smem, _tile_layout(cfg, n * cfg.nk))
     sW = None
-    if cutlass.const_expr(cfg.W and cfg.WR > 0):
+    w_raw = None
+    if cutlass.const_expr(cfg.PROJ):   # before the out buffer: the last A tile's rows 24..63 reach 5 KiB into it
+        w_raw = smem.allocate_tensor(cutlass.Uint8, cute.make_layout(cfg.wtiles * 1536 * 2), byte_alignment=1024)
+        sW = cute.make_tensor(cute.recast_ptr(w_raw.iterator, _a_one(cfg).inner, dtype=BFloat16),
+                              cute.make_layout(((8, 3), 64, cfg.wtiles), stride=((64, 512), 1, 1536)))
+    elif cutlass.const_expr(cfg.W and cfg.WR > 0):
         sW = smem.allocate_tensor(BFloat16, _w_layout(cfg), byte_alignment=128)
     elif cutlass.const_expr(cfg.W):
         _, sW = _smem_tensor(smem, _w_layout(cfg))
-    sq = smem.allocate_tensor(Float32, cute.make_layout(256), 16)
+    out_raw, sOutT = _smem_tensor(smem, _tile_layout(cfg, n * cfg.nk))
+    sq = None
+    if cutlass.const_expr(cfg.MATH and not cfg.PROJ):
+        sq = smem.allocate_tensor(Float32, cute.make_layout(256), 16)
+    sP = smem.allocate_tensor(Float32, cute.make_layout((24, 16), stride=(16, 1)), 16)   # PROJ: wg 1's sums
+    sSS = smem.allocate_tensor(Float32, cute.make_layout((2, 16), stride=(16, 1)), 16)   # PROJ: squares a half
     pipe = CU.tma_pipeline(smem, S, cfg.stage_bytes, 8)
+    pipeW = None
+    if cutlass.const_expr(cfg.SW > 0):
+        pipeW = CU.tma_pipeline(smem, cfg.SW, cfg.w_bytes, 8)
     bars = SK._lock_init(smem, CL)
     tRs, tRg = CU.tma_tiles(tma_res, sRing, mRes, (64, BMT))
     _, tXg = CU.tma_tiles(tma_x, sRing, mX, (64, BMT))
@@ -153,7 +246,8 @@ def _kernel(cfg: cutlass.Constexpr, tma_res: cute.CopyAtom, mRes: cute.Tensor, t
         if warp == 0:
             tWs, tWg = None, None
             if cutlass.const_expr(cfg.W):
-                tWs, tWg = CU.tma_tiles(tma_w, sW, mW, (64, cfg.WR) if cfg.WR else (128, cfg.NPK))
+                tWs, tWg = CU.tma_tiles(tma_w, sW, mW, (24, 64) if cfg.PROJ else (64, cfg.WR) if cfg.WR
+                                        else (128, cfg.NPK))
             pst = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, S)
             for it in cutlass.range(ntile * nk, unroll=1):
                 j = it // nk
@@ -164,15 +258,32 @@ def _kernel(cfg: cutlass.Constexpr, tma_res: cute.CopyAtom, mRes: cute.Tensor, t
                 for i in cutlass.range_constexpr(n):
                     cute.copy(tma_res, tRg[None, ch, m, i], tRs[None, pst.index * KT + i], tma_bar_ptr=bar)
                 cute.copy(tma_x, tXg[None, ch, m], tRs[None, pst.index * KT + n], tma_bar_ptr=bar)
-                if cutlass.const_expr(cfg.W and cfg.WR > 0):
+                if cutlass.const_expr(cfg.PROJ and cfg.SW == 0):
+                    for i in cutlass.range_constexpr(n):
+                        cute.copy(tma_w, tWg[None, 0, ch, i], tWs[None, pst.index * n + i], tma_bar_ptr=bar)
+                elif cutlass.const_expr(cfg.W and not cfg.PROJ and cfg.WR > 0):
                     for i in cutlass.range_constexpr(n):
                         cute.copy(tma_w, tWg[None, i * cfg.nch + ch, 0], tWs[None, pst.index * n + i], tma_bar_ptr=bar)
-                elif cutlass.const_expr(cfg.W):
+                elif cutlass.const_expr(cfg.W and not cfg.PROJ):
                     for w_ in cutlass.range_constexpr(2):
                         cute.copy(tma_w, tWg[None, 2 * ch + w_, 0], tWs[None, w_ * S + pst.index], tma_bar_ptr=bar)
                 pipe.producer_commit(pst)
                 pst.advance()
             pipe.producer_tail(pst)
+        if cutlass.const_expr(cfg.SW > 0):
+            if warp == 1:   # the weight ring's producer
+                tWs1, tWg1 = CU.tma_tiles(tma_w, sW, mW, (24, 64))
+                wst = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, cfg.SW)
+                for it in cutlass.range(ntile * nk, unroll=1):
+                    j = it // nk
+                    ch = rank + (it - j * nk) * CL
+                    pipeW.producer_acquire(wst)
+                    for i in cutlass.range_constexpr(n):
+                        cute.copy(tma_w, tWg1[None, 0, ch, i], tWs1[None, wst.index * n + i],
+                                  tma_bar_ptr=pipeW.producer_get_barrier(wst))
+                    pipeW.producer_commit(wst)
+                    wst.advance()
+                pipeW.producer_tail(wst)
     else:
         cute.arch.setmaxregister_increase(232)
         t = tidx - 128
@@ -184,6 +295,46 @@ def _kernel(cfg: cutlass.Constexpr, tma_res: cute.CopyAtom, mRes: cute.Tensor, t
         ov = cute.make_rmem_tensor(cute.make_layout(8), BFloat16)
         ssq = cute.make_rmem_tensor(cute.make_layout(1), Float32)   # MATH: squares (kept live; stored at the end)
         ssq[0] = Float32(0.0)
+        wc = wg - 1
+        ct_ = tidx - 128 * wg
+        mma = sm90_utils.make_trivial_tiled_mma(
+            BFloat16, BFloat16, LayoutEnum.ROW_MAJOR.sm90_mma_major_mode(),
+            LayoutEnum.ROW_MAJOR.sm90_mma_major_mode(), Float32, (1, 1, 1), tiler_mn=(64, 16),
+            a_source=warpgroup.OperandSource.RMEM if cfg.RS else warpgroup.OperandSource.SMEM)
+        tA, tB, cAcc, pacc, pacc2, tot, comp = None, None, None, None, None, None, None
+        tCsA = cA = rA0 = rA1 = None
+        wcs = wrl = None
+        if cutlass.const_expr(cfg.PROJ):
+            a1 = _a_one(cfg)
+            sWa = cute.make_tensor(cute.recast_ptr(w_raw.iterator, a1.inner, dtype=BFloat16),
+                                   cute.make_layout(((8, 8), (64, 1), cfg.wtiles), stride=((64, 512), (1, 0), 1536)))
+            # the out buffer's tiles as wgmma B operands [16 tok, 64 ch] K-major: the same bytes as the TMA tiles
+            sOb = cute.make_tensor(cute.recast_ptr(out_raw.iterator, a1.inner, dtype=BFloat16),
+                                   cute.make_layout(((8, 2), (64, 1), n * cfg.nk), stride=((64, 512), (1, 0), TE)))
+            thr0 = mma.get_slice(0)
+            if cutlass.const_expr(cfg.RS):
+                thr = mma.get_slice(ct_)
+                tCsA = thr.partition_A(sWa)
+                cA = thr.partition_A(cute.make_identity_tensor((64, 64)))
+                rA0 = mma.make_fragment_A(tCsA[None, None, None, 0])
+                rA1 = mma.make_fragment_A(tCsA[None, None, None, 0])
+            else:
+                tA = mma.make_fragment_A(thr0.partition_A(sWa))
+            tB = mma.make_fragment_B(thr0.partition_B(sOb))
+            cAcc = mma.get_slice(ct_).partition_C(cute.make_identity_tensor((64, 16)))
+            pacc = cute.make_rmem_tensor(cAcc.shape, Float32)
+            pacc2 = cute.make_rmem_tensor(cAcc.shape, Float32)
+            tot = cute.make_rmem_tensor(cAcc.shape, Float32)
+            comp = cute.make_rmem_tensor(cAcc.shape, Float32)
+            tot.fill(0.0)
+            comp.fill(0.0)
+            gP = cute.make_tensor(p_proj, cute.make_layout((CL, T, 24), stride=(T * 24, 24, 1)))
+            gS = cute.make_tensor(p_ss, cute.make_layout((CL, T), stride=(T, 1)))
+            if cutlass.const_expr(cfg.SW > 0):
+                wcs = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, cfg.SW)   # waited
+                wrl = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, cfg.SW)   # released
+            if cutlass.const_expr(cfg.LAG):   # the data ring's stages released a chunk late (the wgmmas read them)
+                wrl = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, S)
         VT = TE // 8   # 16-byte vectors a tile
         for j in cutlass.range(ntile, unroll=1):
             m = cid + j * ncl
@@ -205,8 +356,9 @@ def _kernel(cfg: cutlass.Constexpr, tma_res: cute.CopyAtom, mRes: cute.Tensor, t
                             a = Float32(0.25) * v8[w_].to(Float32)
                             for j_ in cutlass.range_constexpr(n):
                                 a = a + Float32(0.125 * (j_ + 1)) * rv[j_, w_].to(Float32)
-                            ssq[0] = ssq[0] + a * a
                             ov[w_] = BFloat16(a)
+                            f_ = ov[w_].to(Float32)   # the rounded value's square (what the projection sees)
+                            ssq[0] = ssq[0] + f_ * f_
                         cute.autovec_copy(ov, cute.make_tensor(outb.iterator + (k * n + i) * TE + e,
                                                                cute.make_layout(8)))
                 # the stage's n residual tiles -> the tile's out slots (k, i): same swizzled layout, raw copy
@@ -219,12 +371,101 @@ def _kernel(cfg: cutlass.Constexpr, tma_res: cute.CopyAtom, mRes: cute.Tensor, t
                     cute.autovec_copy(v8, cute.make_tensor(outb.iterator + (k * n + i) * TE + e, cute.make_layout(8)))
                 cute.arch.fence_proxy("async.shared", space="cta")
                 sync()
+                if cutlass.const_expr(cfg.SW > 0):   # the data stage is done with once out is formed
+                    CU.release_read_stage(pipe, rst)
+                    rst.advance()
                 if t == 0:
                     for i in cutlass.range_constexpr(n):
                         cute.copy(tma_out, tOs[None, k * n + i], tOg[None, ch, m, i])
                     cute.arch.cp_async_bulk_commit_group()
-                CU.release_read_stage(pipe, rst)
-                rst.advance()
+                if cutlass.const_expr(cfg.LAG):
+                    if k % 2 == 0:
+                        _wgmmas(mma, pacc, tA, tB, rst.index, k, wc, n, cfg.PN)
+                    else:
+                        _wgmmas(mma, pacc2, tA, tB, rst.index, k, wc, n)
+                    rst.advance()
+                    warpgroup.wait_group(1)
+                    if k > 0:
+                        if k % 2 == 0:
+                            _kahan(tot, comp, pacc2)
+                        else:
+                            _kahan(tot, comp, pacc)
+                        CU.release_read_stage(pipe, wrl)
+                        wrl.advance()
+                elif cutlass.const_expr(cfg.PROJ and cfg.SW == 0 and cfg.RS):
+                    _load_a(tCsA, cA, rA0, rst.index * n + wc)
+                    if cutlass.const_expr(n > 2):
+                        if wc + 2 < n:
+                            _load_a(tCsA, cA, rA1, rst.index * n + wc + 2)
+                    _wgmmas_rs(mma, pacc, rA0, rA1, tB, k, wc, n)
+                    warpgroup.wait_group(0)
+                    _kahan(tot, comp, pacc)
+                elif cutlass.const_expr(cfg.PROJ and cfg.SW == 0):
+                    _wgmmas(mma, pacc, tA, tB, rst.index, k, wc, n, cfg.PN)
+                    warpgroup.wait_group(0)
+                    _kahan(tot, comp, pacc)
+                elif cutlass.const_expr(cfg.SW > 0):
+                    # chunk k's products (accumulator by k's parity) while chunk k - 1's retire: then its sums
+                    # Kahan-added and its weight stage released
+                    pipeW.consumer_wait(wcs)
+                    if k % 2 == 0:
+                        _wgmmas(mma, pacc, tA, tB, wcs.index, k, wc, n)
+                    else:
+                        _wgmmas(mma, pacc2, tA, tB, wcs.index, k, wc, n)
+                    wcs.advance()
+                    warpgroup.wait_group(1)
+                    if k > 0:
+                        if k % 2 == 0:
+                            _kahan(tot, comp, pacc2)
+                        else:
+                            _kahan(tot, comp, pacc)
+                        CU.release_read_stage(pipeW, wrl)
+                        wrl.advance()
+                if cutlass.const_expr(cfg.SW == 0 and not cfg.LAG):
+                    CU.release_read_stage(pipe, rst)
+                    rst.advance()
+            if cutlass.const_expr(cfg.LAG):   # the tile's last chunk
+                if nk > 0:
+                    warpgroup.wait_group(0)
+                    if (nk - 1) % 2 == 0:
+                        _kahan(tot, comp, pacc)
+                    else:
+                        _kahan(tot, comp, pacc2)
+                    CU.release_read_stage(pipe, wrl)
+                    wrl.advance()
+            if cutlass.const_expr(cfg.SW > 0):   # the tile's last chunk
+                if nk > 0:
+                    warpgroup.wait_group(0)
+                    if (nk - 1) % 2 == 0:
+                        _kahan(tot, comp, pacc)
+                    else:
+                        _kahan(tot, comp, pacc2)
+                    CU.release_read_stage(pipeW, wrl)
+                    wrl.advance()
+            if cutlass.const_expr(cfg.PROJ):   # this CTA's partial sums of the tile's rows, per rank
+                if wc == 1:
+                    for e2 in cutlass.range_constexpr(cute.size(tot)):
+                        j_, tk_ = cAcc[e2]
+                        if j_ < 24:
+                            sP[j_, tk_] = tot[e2]
+                sv = ssq[0]
+                for sh in cutlass.range_constexpr(3):
+                    sv = sv + cute.arch.shuffle_sync_bfly(sv, offset=1 << sh)
+                if t % 8 == 0:
+                    sSS[t // 128, (t % 128) // 8] = sv
+                sync()
+                if wc == 0:
+                    for e2 in cutlass.range_constexpr(cute.size(tot)):
+                        j_, tk_ = cAcc[e2]
+                        g_ = m * BMT + tk_
+                        if j_ < 24 and g_ < T:
+                            gP[rank, g_, j_] = tot[e2] + sP[j_, tk_]
+                if t < BMT:
+                    if m * BMT + t < T:
+                        gS[rank, m * BMT + t] = sSS[0, t] + sSS[1, t]
+                tot.fill(0.0)
+                comp.fill(0.0)
+                ssq[0] = Float32(0.0)
             # the row's exchange: every CTA of the cluster has its tile's chunks
             if t < 32:
                 SK._lock_step(bars, j, rank, CL)
@@ -257,7 +498,7 @@ def _kernel(cfg: cutlass.Constexpr, tma_res: cute.CopyAtom, mRes: cute.Tensor, t
             sync()
         if t == 0:
             cute.arch.cp_async_bulk_wait_group(0, read=False)
-        if cutlass.const_expr(cfg.MATH):   # the squares stay live (a shared-memory word the kernel keeps)
+        if cutlass.const_expr(cfg.MATH and not cfg.PROJ):   # the squares stay live (a shared-memory word kept)
             sq[t] = ssq[0]
     cute.arch.cluster_arrive()   # no CTA leaves while a peer may still arrive on its barriers
     cute.arch.cluster_wait()
@@ -265,7 +506,7 @@ def _kernel(cfg: cutlass.Constexpr, tma_res: cute.CopyAtom, mRes: cute.Tensor, t
 
 @cute.jit
 def _host(cfg: cutlass.Constexpr, res: cute.Pointer, x: cute.Pointer, wp: cute.Pointer, out: cute.Pointer,
-          li: cute.Pointer, T: Int32, ctas: Int32, stream: CU.cuda.CUstream):
+          li: cute.Pointer, p_proj: cute.Pointer, p_ss: cute.Pointer, T: Int32, ctas: Int32, stream: CU.cuda.CUstream):
     n, C = cfg.n, cfg.C
 
     def streams(p):
@@ -282,19 +523,24 @@ def _host(cfg: cutlass.Constexpr, res: cute.Pointer, x: cute.Pointer, wp: cute.P
     tma_li, tLI = cpasync.make_tiled_tma_atom(s2g, plain(li), one, (64, cfg.BMT))
     Q = cfg.nch * 2 * 128
     WN = cfg.WR if cfg.WR else cfg.NPK
-    mW = cute.make_tensor(wp, cute.make_layout((Q, WN), stride=(1, Q)))
-    tma_w, tW = cpasync.make_tiled_tma_atom(g2s, mW, cute.slice_(_w_layout(cfg), (None, None, 0)),
-                                            (64, WN) if cfg.WR else (128, WN))
-    _kernel(cfg, tma_res, tRes, tma_x, tX, tma_out, tOut, tma_li, tLI, tma_w, tW, T).launch(
+    if cutlass.const_expr(cfg.PROJ):   # the weight [24, n C] seen (24 rows, C, n)
+        mW = cute.make_tensor(wp, cute.make_layout((24, C, n), stride=(n * C, 1, C)))
+        tma_w, tW = cpasync.make_tiled_tma_atom(g2s, mW, _w_layout(cfg), (24, 64))
+    else:
+        mW = cute.make_tensor(wp, cute.make_layout((Q, WN), stride=(1, Q)))
+        tma_w, tW = cpasync.make_tiled_tma_atom(g2s, mW, cute.slice_(_w_layout(cfg), (None, None, 0)),
+                                                (64, WN) if cfg.WR else (128, WN))
+    _kernel(cfg, tma_res, tRes, tma_x, tX, tma_out, tOut, tma_li, tLI, tma_w, tW, p_proj, p_ss, T).launch(
         grid=(ctas, 1, 1), block=(384, 1, 1), cluster=(cfg.CL, 1, 1), stream=stream, min_blocks_per_mp=1,
         preferred_smem_carveout=100)
 
 
 @functools.lru_cache(maxsize=16)
 def launch(cfg: ResCfg) -> CU.Launch:
-    """run args (residual [T, n, C], x [T, C], weight [NPK, nch * 256], out [T, n, C], layer_in [T, C], T, CTAs)."""
-    bf = CU.Ptr(torch.bfloat16, 16)
-    return CU.Launch(f"{_NAME}.pass", _host, cfg, (bf, bf, bf, bf, bf, CU.Scalar(Int32), CU.Scalar(Int32)))
+    """run args (residual [T, n, C], x [T, C], weight ([24, n C] with PROJ, else [NPK or WR, nch * 256]), out
+    [T, n, C], layer_in [T, C], PROJ's partials p_proj [CL, T, 24] and p_ss [CL, T] fp32 (else any fp32), T, CTAs)."""
+    bf, f4 = CU.Ptr(torch.bfloat16, 16), CU.Ptr(torch.float32, 16)
+    return CU.Launch(f"{_NAME}.pass", _host, cfg, (bf, bf, bf, bf, bf, f4, f4, CU.Scalar(Int32), CU.Scalar(Int32)))
 
 
 def ctas(cfg: ResCfg, T: int) -> int:
@@ -304,15 +550,17 @@ def ctas(cfg: ResCfg, T: int) -> int:
 
 def cases():
     return [
-        ("res BMT 16 CL 8 S5 persistent 15 W 24 rows", ResCfg(STAGES=5, NCL=15, WR=24)),
         ("res BMT 16 CL 8 S5 persistent 15 W 24 rows MATH", ResCfg(STAGES=5, NCL=15, WR=24, MATH=True)),
-        ("res BMT 16 CL 8 S4 persistent 15 W 24 rows MATH", ResCfg(STAGES=4, NCL=15, WR=24, MATH=True)),
-        ("res BMT 16 CL 8 S4 persistent 15 W 24 rows", ResCfg(STAGES=4, NCL=15, WR=24)),
-        ("res BMT 16 CL 8 S4 persistent 15", ResCfg(STAGES=4, NCL=15)),
-        ("res BMT 16 CL 8 S3 persistent 15", ResCfg(NCL=15)),
-        ("res BMT 16 CL 8 S3", ResCfg()),
-        ("res BMT 16 CL 8 S5 persistent 15 W 24 rows (again)", ResCfg(STAGES=5, NCL=15, WR=24)),
-        ("res BMT 16 CL 8 S5 persistent 15 W 24 rows MATH (again)", ResCfg(STAGES=5, NCL=15, WR=24, MATH=True)),
+        ("res BMT 16 CL 8 S5 persistent 15 MATH PROJ", ResCfg(STAGES=5, NCL=15, MATH=True, PROJ=True)),
+        ("res BMT 16 CL 8 S5 persistent 15 MATH PROJ RS", ResCfg(STAGES=5, NCL=15, MATH=True, PROJ=True, RS=True)),
+        ("res BMT 16 CL 8 S4 persistent 15 MATH PROJ RS", ResCfg(STAGES=4, NCL=15, MATH=True, PROJ=True, RS=True)),
+        ("res BMT 16 CL 8 S5 persistent 15 MATH PROJ, 1 stream's products", ResCfg(STAGES=5, NCL=15, MATH=True,
+                                                                                    PROJ=True, PN=1)),
+        ("res BMT 16 CL 8 S5 persistent 15 MATH PROJ LAG", ResCfg(STAGES=5, NCL=15, MATH=True, PROJ=True, LAG=True)),
+        ("res BMT 16 CL 8 S5 persistent 15 MATH PROJ SW 4", ResCfg(STAGES=5, NCL=15, MATH=True, PROJ=True, SW=4)),
+        ("res BMT 16 CL 8 S5 persistent 15 MATH PROJ RS (again)", ResCfg(STAGES=5, NCL=15, MATH=True, PROJ=True,
+                                                                      RS=True)),
+        ("res BMT 16 CL 8 S5 persistent 15 MATH PROJ (again)", ResCfg(STAGES=5, NCL=15, MATH=True, PROJ=True)),
     ]
 
 
@@ -340,12 +588,18 @@ def main(argv=None) -> int:
         if only and not any(o in name for o in only):
             continue
         try:
-            w = torch.randn(cfg.WR or cfg.NPK, cfg.nch * 256, device="cuda", dtype=bf, generator=g)
+            if cfg.PROJ:
+                w = (torch.randn(24, n * C, device="cuda", generator=g) * 0.02).to(bf)
+                pp = torch.full((cfg.CL, T, 24), float("nan"), device="cuda")
+                ps = torch.full((cfg.CL, T), float("nan"), device="cuda")
+            else:
+                w = torch.randn(cfg.WR or cfg.NPK, cfg.nch * 256, device="cuda", dtype=bf, generator=g)
+                pp = ps = torch.empty(4, device="cuda")
             ln = launch(cfg)
             nct = ctas(cfg, T)
             out.fill_(float("nan"))
             li.fill_(float("nan"))
-            ln.run(res, x, w, out, li, T, nct)
+            ln.run(res, x, w, out, li, pp, ps, T, nct)
             torch.cuda.synchronize()
             if cfg.MATH:   # out_i = x / 4 + sum_j (j + 1) / 8 residual_j for every i; layer_in = the n outs' sum
                 o1 = 0.25 * x.float() + sum((j + 1) / 8 * res[:, j].float() for j in range(n))
@@ -354,7 +608,14 @@ def main(argv=None) -> int:
                 ok = "ok" if eo < 1e-2 and el < 1e-2 else f"WRONG ({eo:.1e}, {el:.1e})"
             else:
                 ok = "ok" if torch.equal(out, res) and torch.equal(li, want_li) else "WRONG"
-            t = bench(lambda: ln.run(res, x, w, out, li, T, nct)) * 1e3
+            if cfg.PROJ and ok == "ok" and not cfg.PN:   # the partials summed over the ranks against float64 of the kernel's own out
+                od = out.double().view(T, n * C)
+                ep = ((pp.double().sum(0) - od @ w.double().t()).norm() / (od @ w.double().t()).norm()).item()
+                es = ((ps.double().sum(0) - (od * od).sum(1)).norm() / (od * od).sum(1).norm()).item()
+                del od
+                ok = "ok" if ep < 1e-5 and es < 1e-5 else "WRONG"
+                ok += f" (proj {ep:.1e}, ss {es:.1e})"
+            t = bench(lambda: ln.run(res, x, w, out, li, pp, ps, T, nct)) * 1e3
             rows.append(dict(name=name, us=t, pct=100 * 10 * unit / t / rate, ok=ok, bytes=10 * unit,
                              smem=cfg.smem_bytes, cfg=dataclasses.asdict(cfg)))
         except Exception as e:  # noqa: BLE001  (a probe: report and go on)

@@ -12,7 +12,8 @@ Workloads (``--rows``): ``copy`` (1.88 GB copy_), ``pbda_fwd`` / ``pbda_bwd`` (h
 ``pr_fwd`` / ``pr_bwd`` (mhc_proj_rms's: the forward kernel, the backward with its reduction),
 ``skel`` / ``skel:LOCK=2`` (post_pre_bwd_skeleton.py's backward traffic, consumers idle), and post_pre_pass_ab.py's
 rows (``bwd``, ``fwd``, ``dhdw``, with FIELD=V changes); ``decode:B=32`` (gdn_decode's TMA ring, fp32 state, 50 steps
-a CUDA graph: the row's us are 50 steps') and ``decode_copy:B=32`` (an SM copy of a step's bytes, the same way).
+a CUDA graph: the row's us are 50 steps') and ``decode_copy:B=32`` (an SM copy of a step's bytes, the same way); ``res:FIELD=V:..`` (post_pre_fwd_resident.py's pass,
+its ResCfg fields).
 
     source .gpu-cute/env.sh && python3 benchmarks/probes/power_probe.py --rows copy,skel,bwd --out "$OUT"
 """
@@ -99,6 +100,19 @@ def _workload(spec):
         o = [torch.empty(T, n, C, dtype=bf, device="cuda"), torch.empty(T, C, dtype=bf, device="cuda")]
         ln = S.launch(cfg)
         return lambda: ln.run(*t, w, *o, T)
+    if name == "res":   # post_pre_fwd_resident.py's pass (session 39), ResCfg fields as FIELD=V
+        import post_pre_fwd_resident as R
+
+        cfg = R.ResCfg(**changes)
+        bf = torch.bfloat16
+        res, x = torch.randn(T, n, C, device="cuda").to(bf), torch.randn(T, C, device="cuda").to(bf)
+        w = ((torch.randn(24, n * C, device="cuda") * 0.02) if cfg.PROJ
+             else torch.randn(cfg.WR or cfg.NPK, cfg.nch * 256, device="cuda")).to(bf)
+        out, li = torch.empty_like(res), torch.empty_like(x)
+        pp = torch.empty(cfg.CL, T, 24, device="cuda") if cfg.PROJ else torch.empty(4, device="cuda")
+        ps = torch.empty(cfg.CL, T, device="cuda") if cfg.PROJ else torch.empty(4, device="cuda")
+        ln, nct = R.launch(cfg), R.ctas(cfg, T)
+        return lambda: ln.run(res, x, w, out, li, pp, ps, T, nct)
     import post_pre_pass_ab as P
 
     cfg = P._cfg(name, changes, n, C, n * n + 2 * n, 32)

@@ -260,11 +260,19 @@ def test_resident_forward_probe_compiles():
         assert "cp.async.bulk.tensor.3d.shared::cta.global" in art.ptx    # residual tiles
         assert "cp.async.bulk.tensor.3d.global.shared::cta" in art.ptx    # out tiles
         assert "cp.async.bulk.tensor.2d.global.shared::cta" in art.ptx    # layer_in tiles
-        assert not unfenced_releases(art.ptx)
+        lines = art.ptx.splitlines()   # the ring's releases fenced (the cluster lock's remote arrives release no stage)
+        assert not [i for i in unfenced_releases(art.ptx) if "shared::cluster" not in lines[i - 1]], cfg
         need, have = setmaxnreg_budget(art)
         assert 0 < need <= have
         remote = [ln for ln in art.ptx.splitlines() if "mbarrier.arrive" in ln and "shared::cluster" in ln]
         assert len(remote) == cfg.CL - 1 and "barrier.cluster.wait" in art.ptx
+        mmas = re.findall(r"wgmma\.mma_async\.sync\.aligned\.(m64n\d+k16)\.f32\.bf16\.bf16 \{[^}]*\}, (\{|%rd)",
+                          art.ptx)   # (shape, A operand: a register list or a descriptor) after D's registers
+        assert {m for m, _ in mmas} == ({"m64n16k16"} if cfg.PROJ else set()), (cfg, mmas)
+        if cfg.PROJ:   # A from shared memory (a descriptor) unless RS (a register list); B always a descriptor
+            assert {a for _, a in mmas} == {"{" if cfg.RS else "%rd"}, mmas
+    with pytest.raises(ValueError, match="PROJ"):
+        P.ResCfg(PROJ=True)   # needs MATH
     c = P.ResCfg(STAGES=5, NCL=15, WR=24)
     assert c.nk == 14 and c.stage_bytes == 5 * 64 * 16 * 2 + 4 * 64 * 24 * 2
     assert P.ctas(c, 32768) == 8 * 15 and P.ctas(P.ResCfg(), 32768) == 8 * 2048
