@@ -22,8 +22,8 @@ streams' fp32 sum; with PROJ the projection's per-rank partials too, but no exch
   reused once the stores have read it.
 Persistent: NCL clusters walk the row tiles (0: one tile a cluster). Checked: out bitwise the residual, layer_in
 bitwise ((r0 + r1) + r2) + r3 rounded to bf16 (MATH: within 1e-2 of the formula; PROJ: the partials summed over the
-ranks within 1e-5 of float64 of the kernel's own out). PROJ's variants (SW, LAG, RS, PN) are ways to keep its wgmmas
-off the consumers' path, measured in session 39 (none faster than the plain one). Rows: us and % of the bytes' copy time; for comparison the fused
+ranks within 1e-5 of float64 of the kernel's own out). PROJ's variants (SW, LAG, RS, MWG, PN) are ways to keep its
+wgmmas off the consumers' path, measured in session 39 (none faster than the plain one). Rows: us and % of the bytes' copy time; for comparison the fused
 forward pass's traffic alone (post_pre_bwd_skeleton's FWD SPLIT 8) and the aggregate (out read,
 layer_in written: cute_aggregate's forward) measured in the same run. Not a library kernel.
 
@@ -84,6 +84,9 @@ class ResCfg:
     #                     out is formed; its stage is released a chunk later, once they retired
     RS: bool = False   # PROJ: the weight's A operand from registers (its 24 rows loaded from the stage, rows 24..63 zero)
     #                    instead of shared memory (where the 64-row A tiles read 8 KiB a stream for 3 KiB of weights)
+    MWG: bool = False  # PROJ: the products in a fourth warpgroup (512 threads): the out-forming warpgroups signal each
+    #                    chunk's out (an mbarrier a stage) and go on; the product warpgroup waits for it, runs all n
+    #                    streams' wgmmas, Kahan-adds them and releases the stage with them (12 releasing warps)
     PN: int = 0   # PROJ, timing only (wrong sums): the products of the first PN streams alone (0: all n)
     WR: int = 0   # 0: W as 2 x [128, NPK] tiles a chunk (wgmma B tiles); else n boxes [64 ch, WR rows] a chunk (an
     #               mma.sync projection's 24 weight rows of each stream, no padding)
@@ -105,7 +108,8 @@ class ResCfg:
         if self.PROJ and not (self.MATH and self.W and self.BMT == 16):
             raise ValueError(f"resident probe: PROJ needs MATH, W and BMT 16: {self}")
         if (self.SW and (not self.PROJ or self.SW < 2)) or ((self.LAG or self.RS) and (not self.PROJ or self.SW)) or \
-                (self.RS and (self.LAG or self.PN)):
+                (self.RS and (self.LAG or self.PN)) or \
+                (self.MWG and (not self.PROJ or self.SW or self.LAG or self.RS or self.PN)):
             raise ValueError(f"resident probe: SW (>= 2) is PROJ's: {self}")
 
     @property
@@ -118,6 +122,10 @@ class ResCfg:
     @property
     def stage_bytes(self) -> int:
         return (self.n + 1) * self.tile_elems * 2 + (0 if self.SW else self.w_bytes)
+
+    @property
+    def threads(self) -> int:
+        return 512 if self.MWG else 384
 
     @property
     def wtiles(self) -> int:
@@ -229,7 +237,16 @@ def _kernel(cfg: cutlass.Constexpr, tma_res: cute.CopyAtom, mRes: cute.Tensor, t
         sq = smem.allocate_tensor(Float32, cute.make_layout(256), 16)
     sP = smem.allocate_tensor(Float32, cute.make_layout((24, 16), stride=(16, 1)), 16)   # PROJ: wg 1's sums
     sSS = smem.allocate_tensor(Float32, cute.make_layout((2, 16), stride=(16, 1)), 16)   # PROJ: squares a half
-    pipe = CU.tma_pipeline(smem, S, cfg.stage_bytes, 8)
+    pipe = CU.tma_pipeline(smem, S, cfg.stage_bytes, 12 if cfg.MWG else 8)
+    obar = dbar = None
+    if cutlass.const_expr(cfg.MWG):   # a stage's out formed (8 math warps); the tile's products done (4 warps)
+        obar = smem.allocate_array(cutlass.Int64, S + 1, byte_alignment=8)
+        dbar = obar + S
+        if tidx == 0:
+            for s_ in cutlass.range_constexpr(S):
+                cute.arch.mbarrier_init(obar + s_, 8)
+            cute.arch.mbarrier_init(dbar, 4)
+        # (fenced and made visible to the CTA by _lock_init's cluster barrier below)
     pipeW = None
     if cutlass.const_expr(cfg.SW > 0):
         pipeW = CU.tma_pipeline(smem, cfg.SW, cfg.w_bytes, 8)
@@ -241,7 +258,55 @@ def _kernel(cfg: cutlass.Constexpr, tma_res: cute.CopyAtom, mRes: cute.Tensor, t
     ring = cute.make_tensor(cute.recast_ptr(ring_raw.iterator, dtype=BFloat16), cute.make_layout(KT * S * TE))
     outb = cute.make_tensor(cute.recast_ptr(out_raw.iterator, dtype=BFloat16), cute.make_layout(n * cfg.nk * TE))
 
-    if wg == 0:
+    if wg == 3:   # MWG's product warpgroup (only launched with MWG)
+        if cutlass.const_expr(cfg.MWG):
+            cute.arch.setmaxregister_decrease(104)
+            ct3 = tidx - 384
+            mma3 = sm90_utils.make_trivial_tiled_mma(
+                BFloat16, BFloat16, LayoutEnum.ROW_MAJOR.sm90_mma_major_mode(),
+                LayoutEnum.ROW_MAJOR.sm90_mma_major_mode(), Float32, (1, 1, 1), tiler_mn=(64, 16))
+            a3 = _a_one(cfg)
+            sWa3 = cute.make_tensor(cute.recast_ptr(w_raw.iterator, a3.inner, dtype=BFloat16),
+                                    cute.make_layout(((8, 8), (64, 1), cfg.wtiles), stride=((64, 512), (1, 0), 1536)))
+            sOb3 = cute.make_tensor(cute.recast_ptr(out_raw.iterator, a3.inner, dtype=BFloat16),
+                                    cute.make_layout(((8, 2), (64, 1), n * cfg.nk), stride=((64, 512), (1, 0), TE)))
+            t30 = mma3.get_slice(0)
+            tA3 = mma3.make_fragment_A(t30.partition_A(sWa3))
+            tB3 = mma3.make_fragment_B(t30.partition_B(sOb3))
+            cAcc3 = mma3.get_slice(ct3).partition_C(cute.make_identity_tensor((64, 16)))
+            acc3 = cute.make_rmem_tensor(cAcc3.shape, Float32)
+            tot3 = cute.make_rmem_tensor(cAcc3.shape, Float32)
+            comp3 = cute.make_rmem_tensor(cAcc3.shape, Float32)
+            tot3.fill(0.0)
+            comp3.fill(0.0)
+            gP3 = cute.make_tensor(p_proj, cute.make_layout((CL, T, 24), stride=(T * 24, 24, 1)))
+            mst = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, S)
+            for j in cutlass.range(ntile, unroll=1):
+                m = cid + j * ncl
+                for k in cutlass.range(nk, unroll=1):
+                    pipe.consumer_wait(mst)
+                    cute.arch.mbarrier_wait(obar + mst.index, mst.phase)   # chunk k's out is in the buffer
+                    warpgroup.fence()
+                    for i in cutlass.range_constexpr(n):
+                        for kb in cutlass.range_constexpr(4):
+                            mma3.set(warpgroup.Field.ACCUMULATE, not (i == 0 and kb == 0))
+                            cute.gemm(mma3, acc3, tA3[None, None, kb, mst.index * n + i], tB3[None, None, kb, k * n + i],
+                                      acc3)
+                    warpgroup.commit_group()
+                    warpgroup.wait_group(0)
+                    _kahan(tot3, comp3, acc3)
+                    CU.release_read_stage(pipe, mst)
+                    mst.advance()
+                for e3 in cutlass.range_constexpr(cute.size(tot3)):
+                    j3, tk3 = cAcc3[e3]
+                    if j3 < 24 and m * BMT + tk3 < T:
+                        gP3[rank, m * BMT + tk3, j3] = tot3[e3]
+                tot3.fill(0.0)
+                comp3.fill(0.0)
+                cute.arch.sync_warp()
+                if cute.arch.lane_idx() == 0:   # the tile's products read the out buffer for the last time
+                    cute.arch.mbarrier_arrive(dbar)
+    elif wg == 0:
         cute.arch.setmaxregister_decrease(40)
         if warp == 0:
             tWs, tWg = None, None
@@ -285,7 +350,7 @@ def _kernel(cfg: cutlass.Constexpr, tma_res: cute.CopyAtom, mRes: cute.Tensor, t
                     wst.advance()
                 pipeW.producer_tail(wst)
     else:
-        cute.arch.setmaxregister_increase(232)
+        cute.arch.setmaxregister_increase(184 if cfg.MWG else 232)
         t = tidx - 128
         sync = functools.partial(cute.arch.barrier, barrier_id=BAR_CONS, number_of_threads=256)
         rst = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, S)
@@ -304,7 +369,8 @@ def _kernel(cfg: cutlass.Constexpr, tma_res: cute.CopyAtom, mRes: cute.Tensor, t
         tA, tB, cAcc, pacc, pacc2, tot, comp = None, None, None, None, None, None, None
         tCsA = cA = rA0 = rA1 = None
         wcs = wrl = None
-        if cutlass.const_expr(cfg.PROJ):
+        gS = cute.make_tensor(p_ss, cute.make_layout((CL, T), stride=(T, 1)))   # PROJ: squares per rank
+        if cutlass.const_expr(cfg.PROJ and not cfg.MWG):
             a1 = _a_one(cfg)
             sWa = cute.make_tensor(cute.recast_ptr(w_raw.iterator, a1.inner, dtype=BFloat16),
                                    cute.make_layout(((8, 8), (64, 1), cfg.wtiles), stride=((64, 512), (1, 0), 1536)))
@@ -329,7 +395,6 @@ def _kernel(cfg: cutlass.Constexpr, tma_res: cute.CopyAtom, mRes: cute.Tensor, t
             tot.fill(0.0)
             comp.fill(0.0)
             gP = cute.make_tensor(p_proj, cute.make_layout((CL, T, 24), stride=(T * 24, 24, 1)))
-            gS = cute.make_tensor(p_ss, cute.make_layout((CL, T), stride=(T, 1)))
             if cutlass.const_expr(cfg.SW > 0):
                 wcs = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, cfg.SW)   # waited
                 wrl = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, cfg.SW)   # released
@@ -371,7 +436,11 @@ def _kernel(cfg: cutlass.Constexpr, tma_res: cute.CopyAtom, mRes: cute.Tensor, t
                     cute.autovec_copy(v8, cute.make_tensor(outb.iterator + (k * n + i) * TE + e, cute.make_layout(8)))
                 cute.arch.fence_proxy("async.shared", space="cta")
                 sync()
-                if cutlass.const_expr(cfg.SW > 0):   # the data stage is done with once out is formed
+                if cutlass.const_expr(cfg.MWG):   # out formed and fenced: the product warpgroup may read it
+                    cute.arch.sync_warp()
+                    if cute.arch.lane_idx() == 0:
+                        cute.arch.mbarrier_arrive(obar + rst.index)
+                if cutlass.const_expr(cfg.SW > 0 or cfg.MWG):   # the data stage is done with once out is formed
                     CU.release_read_stage(pipe, rst)
                     rst.advance()
                 if t == 0:
@@ -392,6 +461,8 @@ def _kernel(cfg: cutlass.Constexpr, tma_res: cute.CopyAtom, mRes: cute.Tensor, t
                             _kahan(tot, comp, pacc)
                         CU.release_read_stage(pipe, wrl)
                         wrl.advance()
+                elif cutlass.const_expr(cfg.MWG):
+                    pass
                 elif cutlass.const_expr(cfg.PROJ and cfg.SW == 0 and cfg.RS):
                     _load_a(tCsA, cA, rA0, rst.index * n + wc)
                     if cutlass.const_expr(n > 2):
@@ -421,7 +492,7 @@ def _kernel(cfg: cutlass.Constexpr, tma_res: cute.CopyAtom, mRes: cute.Tensor, t
                             _kahan(tot, comp, pacc)
                         CU.release_read_stage(pipeW, wrl)
                         wrl.advance()
-                if cutlass.const_expr(cfg.SW == 0 and not cfg.LAG):
+                if cutlass.const_expr(cfg.SW == 0 and not cfg.LAG and not cfg.MWG):
                     CU.release_read_stage(pipe, rst)
                     rst.advance()
             if cutlass.const_expr(cfg.LAG):   # the tile's last chunk
@@ -442,7 +513,19 @@ def _kernel(cfg: cutlass.Constexpr, tma_res: cute.CopyAtom, mRes: cute.Tensor, t
                         _kahan(tot, comp, pacc2)
                     CU.release_read_stage(pipeW, wrl)
                     wrl.advance()
-            if cutlass.const_expr(cfg.PROJ):   # this CTA's partial sums of the tile's rows, per rank
+            if cutlass.const_expr(cfg.MWG):   # squares per token (the products: the fourth warpgroup's)
+                sv = ssq[0]
+                for sh in cutlass.range_constexpr(3):
+                    sv = sv + cute.arch.shuffle_sync_bfly(sv, offset=1 << sh)
+                if t % 8 == 0:
+                    sSS[t // 128, (t % 128) // 8] = sv
+                sync()
+                if t < BMT:
+                    if m * BMT + t < T:
+                        gS[rank, m * BMT + t] = sSS[0, t] + sSS[1, t]
+                ssq[0] = Float32(0.0)
+                cute.arch.mbarrier_wait(dbar, j % 2)   # layer_in overwrites slots the products read
+            elif cutlass.const_expr(cfg.PROJ):   # this CTA's partial sums of the tile's rows, per rank
                 if wc == 1:
                     for e2 in cutlass.range_constexpr(cute.size(tot)):
                         j_, tk_ = cAcc[e2]
@@ -531,7 +614,7 @@ def _host(cfg: cutlass.Constexpr, res: cute.Pointer, x: cute.Pointer, wp: cute.P
         tma_w, tW = cpasync.make_tiled_tma_atom(g2s, mW, cute.slice_(_w_layout(cfg), (None, None, 0)),
                                                 (64, WN) if cfg.WR else (128, WN))
     _kernel(cfg, tma_res, tRes, tma_x, tX, tma_out, tOut, tma_li, tLI, tma_w, tW, p_proj, p_ss, T).launch(
-        grid=(ctas, 1, 1), block=(384, 1, 1), cluster=(cfg.CL, 1, 1), stream=stream, min_blocks_per_mp=1,
+        grid=(ctas, 1, 1), block=(cfg.threads, 1, 1), cluster=(cfg.CL, 1, 1), stream=stream, min_blocks_per_mp=1,
         preferred_smem_carveout=100)
 
 
@@ -552,15 +635,15 @@ def cases():
     return [
         ("res BMT 16 CL 8 S5 persistent 15 W 24 rows MATH", ResCfg(STAGES=5, NCL=15, WR=24, MATH=True)),
         ("res BMT 16 CL 8 S5 persistent 15 MATH PROJ", ResCfg(STAGES=5, NCL=15, MATH=True, PROJ=True)),
+        ("res BMT 16 CL 8 S5 persistent 15 MATH PROJ MWG", ResCfg(STAGES=5, NCL=15, MATH=True, PROJ=True, MWG=True)),
+        ("res BMT 16 CL 8 S4 persistent 15 MATH PROJ MWG", ResCfg(STAGES=4, NCL=15, MATH=True, PROJ=True, MWG=True)),
         ("res BMT 16 CL 8 S5 persistent 15 MATH PROJ RS", ResCfg(STAGES=5, NCL=15, MATH=True, PROJ=True, RS=True)),
-        ("res BMT 16 CL 8 S4 persistent 15 MATH PROJ RS", ResCfg(STAGES=4, NCL=15, MATH=True, PROJ=True, RS=True)),
         ("res BMT 16 CL 8 S5 persistent 15 MATH PROJ, 1 stream's products", ResCfg(STAGES=5, NCL=15, MATH=True,
                                                                                     PROJ=True, PN=1)),
         ("res BMT 16 CL 8 S5 persistent 15 MATH PROJ LAG", ResCfg(STAGES=5, NCL=15, MATH=True, PROJ=True, LAG=True)),
         ("res BMT 16 CL 8 S5 persistent 15 MATH PROJ SW 4", ResCfg(STAGES=5, NCL=15, MATH=True, PROJ=True, SW=4)),
-        ("res BMT 16 CL 8 S5 persistent 15 MATH PROJ RS (again)", ResCfg(STAGES=5, NCL=15, MATH=True, PROJ=True,
-                                                                      RS=True)),
-        ("res BMT 16 CL 8 S5 persistent 15 MATH PROJ (again)", ResCfg(STAGES=5, NCL=15, MATH=True, PROJ=True)),
+        ("res BMT 16 CL 8 S5 persistent 15 MATH PROJ MWG (again)", ResCfg(STAGES=5, NCL=15, MATH=True, PROJ=True,
+                                                                       MWG=True)),
     ]
 
 

@@ -263,6 +263,11 @@ def test_resident_forward_probe_compiles():
         lines = art.ptx.splitlines()   # the ring's releases fenced (the cluster lock's remote arrives release no stage)
         assert not [i for i in unfenced_releases(art.ptx) if "shared::cluster" not in lines[i - 1]], cfg
         need, have = setmaxnreg_budget(art)
+        if cfg.MWG:   # three roles (setmaxnreg_budget counts two): producer 40, two out warpgroups 184, products 104
+            assert re.findall(r"setmaxnreg\.(dec|inc)\.sync\.aligned\.u32\s+(\d+)", art.ptx) and have == 128 * 512
+            need = 40 * 128 + 184 * 256 + 104 * 128
+            assert {int(v) for _, v in re.findall(r"setmaxnreg\.(dec|inc)\.sync\.aligned\.u32\s+(\d+)", art.ptx)} == \
+                {40, 184, 104}
         assert 0 < need <= have
         remote = [ln for ln in art.ptx.splitlines() if "mbarrier.arrive" in ln and "shared::cluster" in ln]
         assert len(remote) == cfg.CL - 1 and "barrier.cluster.wait" in art.ptx
