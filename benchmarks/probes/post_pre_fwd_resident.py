@@ -23,7 +23,8 @@ streams' fp32 sum; with PROJ the projection's per-rank partials too, but no exch
 Persistent: NCL clusters walk the row tiles (0: one tile a cluster). Checked: out bitwise the residual, layer_in
 bitwise ((r0 + r1) + r2) + r3 rounded to bf16 (MATH: within 1e-2 of the formula; PROJ: the partials summed over the
 ranks within 1e-5 of float64 of the kernel's own out). PROJ's variants (SW, LAG, RS, MWG, PN) are ways to keep its
-wgmmas off the consumers' path, measured in session 39 (none faster than the plain one). Rows: us and % of the bytes' copy time; for comparison the fused
+wgmmas off the consumers' path, measured in session 39 (none faster than the plain one); HALFV halves the out
+math's shared-memory reads (the one that paid: the pass is bound by shared-memory bytes where the products run). Rows: us and % of the bytes' copy time; for comparison the fused
 forward pass's traffic alone (post_pre_bwd_skeleton's FWD SPLIT 8) and the aggregate (out read,
 layer_in written: cute_aggregate's forward) measured in the same run. Not a library kernel.
 
@@ -87,6 +88,8 @@ class ResCfg:
     MWG: bool = False  # PROJ: the products in a fourth warpgroup (512 threads): the out-forming warpgroups signal each
     #                    chunk's out (an mbarrier a stage) and go on; the product warpgroup waits for it, runs all n
     #                    streams' wgmmas, Kahan-adds them and releases the stage with them (12 releasing warps)
+    HALFV: bool = False  # MATH: a thread forms all n output streams of 4 channels (8-byte accesses) instead of two
+    #                      streams of 8 (16-byte): the residual and x vectors read once, not twice (half the reads)
     PN: int = 0   # PROJ, timing only (wrong sums): the products of the first PN streams alone (0: all n)
     WR: int = 0   # 0: W as 2 x [128, NPK] tiles a chunk (wgmma B tiles); else n boxes [64 ch, WR rows] a chunk (an
     #               mma.sync projection's 24 weight rows of each stream, no padding)
@@ -406,7 +409,26 @@ def _kernel(cfg: cutlass.Constexpr, tma_res: cute.CopyAtom, mRes: cute.Tensor, t
             for k in cutlass.range(nk, unroll=1):
                 ch = rank + k * CL
                 pipe.consumer_wait(rst)
-                if cutlass.const_expr(cfg.MATH):
+                if cutlass.const_expr(cfg.MATH and cfg.HALFV):
+                    # thread t: 4 channels at position e of every tile (the two halves of a 16-byte vector: t // VT)
+                    e = (t % VT) * 8 + (t // VT) * 4
+                    for i in cutlass.range_constexpr(n):
+                        cute.autovec_copy(cute.make_tensor(ring.iterator + (rst.index * KT + i) * TE + e,
+                                                           cute.make_layout(4)),
+                                          cute.make_tensor(rv.iterator + i * 8, cute.make_layout(4)))
+                    cute.autovec_copy(cute.make_tensor(ring.iterator + (rst.index * KT + n) * TE + e,
+                                                       cute.make_layout(4)), cute.make_tensor(v8.iterator, cute.make_layout(4)))
+                    for i in cutlass.range_constexpr(n):
+                        for w_ in cutlass.range_constexpr(4):
+                            a = Float32(0.25) * v8[w_].to(Float32)
+                            for j_ in cutlass.range_constexpr(n):
+                                a = a + Float32(0.125 * (j_ + 1)) * rv[j_, w_].to(Float32)
+                            ov[w_] = BFloat16(a)
+                            f_ = ov[w_].to(Float32)
+                            ssq[0] = ssq[0] + f_ * f_
+                        cute.autovec_copy(cute.make_tensor(ov.iterator, cute.make_layout(4)),
+                                          cute.make_tensor(outb.iterator + (k * n + i) * TE + e, cute.make_layout(4)))
+                elif cutlass.const_expr(cfg.MATH):
                     # thread t: position e of every tile (the same (channel, token) in each: one layout), output
                     # streams 2 (t // VT) .. + 1 from the n residual vectors and x's
                     e = (t % VT) * 8
@@ -634,16 +656,21 @@ def ctas(cfg: ResCfg, T: int) -> int:
 def cases():
     return [
         ("res BMT 16 CL 8 S5 persistent 15 W 24 rows MATH", ResCfg(STAGES=5, NCL=15, WR=24, MATH=True)),
+        ("res BMT 16 CL 8 S5 persistent 15 W 24 rows MATH HALFV", ResCfg(STAGES=5, NCL=15, WR=24, MATH=True,
+                                                                        HALFV=True)),
         ("res BMT 16 CL 8 S5 persistent 15 MATH PROJ", ResCfg(STAGES=5, NCL=15, MATH=True, PROJ=True)),
+        ("res BMT 16 CL 8 S5 persistent 15 MATH PROJ HALFV", ResCfg(STAGES=5, NCL=15, MATH=True, PROJ=True,
+                                                                   HALFV=True)),
+        ("res BMT 16 CL 8 S5 persistent 15 MATH PROJ MWG HALFV", ResCfg(STAGES=5, NCL=15, MATH=True, PROJ=True,
+                                                                       MWG=True, HALFV=True)),
         ("res BMT 16 CL 8 S5 persistent 15 MATH PROJ MWG", ResCfg(STAGES=5, NCL=15, MATH=True, PROJ=True, MWG=True)),
-        ("res BMT 16 CL 8 S4 persistent 15 MATH PROJ MWG", ResCfg(STAGES=4, NCL=15, MATH=True, PROJ=True, MWG=True)),
-        ("res BMT 16 CL 8 S5 persistent 15 MATH PROJ RS", ResCfg(STAGES=5, NCL=15, MATH=True, PROJ=True, RS=True)),
         ("res BMT 16 CL 8 S5 persistent 15 MATH PROJ, 1 stream's products", ResCfg(STAGES=5, NCL=15, MATH=True,
                                                                                     PROJ=True, PN=1)),
         ("res BMT 16 CL 8 S5 persistent 15 MATH PROJ LAG", ResCfg(STAGES=5, NCL=15, MATH=True, PROJ=True, LAG=True)),
         ("res BMT 16 CL 8 S5 persistent 15 MATH PROJ SW 4", ResCfg(STAGES=5, NCL=15, MATH=True, PROJ=True, SW=4)),
-        ("res BMT 16 CL 8 S5 persistent 15 MATH PROJ MWG (again)", ResCfg(STAGES=5, NCL=15, MATH=True, PROJ=True,
-                                                                       MWG=True)),
+        ("res BMT 16 CL 8 S5 persistent 15 MATH PROJ RS", ResCfg(STAGES=5, NCL=15, MATH=True, PROJ=True, RS=True)),
+        ("res BMT 16 CL 8 S5 persistent 15 MATH PROJ HALFV (again)", ResCfg(STAGES=5, NCL=15, MATH=True, PROJ=True,
+                                                                           HALFV=True)),
     ]
 
 

@@ -274,6 +274,8 @@ def test_resident_forward_probe_compiles():
         mmas = re.findall(r"wgmma\.mma_async\.sync\.aligned\.(m64n\d+k16)\.f32\.bf16\.bf16 \{[^}]*\}, (\{|%rd)",
                           art.ptx)   # (shape, A operand: a register list or a descriptor) after D's registers
         assert {m for m, _ in mmas} == ({"m64n16k16"} if cfg.PROJ else set()), (cfg, mmas)
+        if cfg.HALFV:   # the out math's residual and x reads: 8-byte vectors (each value read once)
+            assert "ld.shared.v4.b16" in art.ptx, cfg
         if cfg.PROJ:   # A from shared memory (a descriptor) unless RS (a register list); B always a descriptor
             assert {a for _, a in mmas} == {"{" if cfg.RS else "%rd"}, mmas
     with pytest.raises(ValueError, match="PROJ"):
