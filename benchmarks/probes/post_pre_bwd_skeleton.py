@@ -322,16 +322,22 @@ def main(argv=None) -> int:
                              cfg=dataclasses.asdict(cfg)))
         except Exception as e:  # noqa: BLE001  (a probe: report and go on)
             rows.append(dict(name=name, us=float("nan"), pct=float("nan"), ok=f"error {type(e).__name__}: {e}"))
-    out = os.environ.get("OUT")
-    if out:
-        with open(os.path.join(out, "post_pre_bwd_skeleton.json"), "w") as fh:
-            json.dump(dict(env=device_env(), T=T, n=n, C=C, bytes=nbytes, copy_us_1p88GB=t_copy,
-                           rows=rows), fh, indent=1)
-    print(f"bytes {nbytes / 1e9:.2f} GB; copy rate {copy_rate / 1e6:.3f} TB/s ({t_copy:.1f} us for 2 x 1.88 GB)")
-    print(f"{'case':<44} {'us':>9} {'%copy':>7}  check")
-    for r in rows:
-        print(f"{r['name']:<44} {r['us']:9.1f} {r['pct']:7.1f}  {r['ok']}")
+    report("post_pre_bwd_skeleton", dict(env=device_env(), T=T, n=n, C=C, bytes=nbytes, copy_us_1p88GB=t_copy),
+           rows, f"bytes {nbytes / 1e9:.2f} GB; copy rate {copy_rate / 1e6:.3f} TB/s ({t_copy:.1f} us for 2 x 1.88 GB)")
     return 0
+
+
+def report(name: str, meta: dict, rows: list[dict], first: str) -> None:
+    """A traffic probe's rows: ``name``.json under $OUT (``meta`` and the rows), then ``first`` and a table of case,
+    us, % of copy and check (this probe's and post_pre_fwd_resident.py's)."""
+    if os.environ.get("OUT"):
+        with open(os.path.join(os.environ["OUT"], f"{name}.json"), "w") as fh:
+            json.dump(dict(meta, rows=rows), fh, indent=1)
+    width = max([len(r["name"]) for r in rows] + [4]) + 2
+    print(first)
+    print(f"{'case':<{width}} {'us':>9} {'%copy':>7}  check")
+    for r in rows:
+        print(f"{r['name']:<{width}} {r['us']:9.1f} {r['pct']:7.1f}  {r['ok']}")
 
 
 if __name__ == "__main__":

@@ -34,7 +34,6 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import json
 import os
 import sys
 
@@ -203,6 +202,51 @@ def _wgmmas_rs(mma, dst: cute.Tensor, rA0: cute.Tensor, rA1: cute.Tensor, tB: cu
     warpgroup.commit_group()
 
 
+@cute.jit
+def _kahan_prev(k: Int32, tot: cute.Tensor, comp: cute.Tensor, pacc: cute.Tensor, pacc2: cute.Tensor):
+    """Lagged modes: chunk k - 1's products (pacc for an even chunk, pacc2 for an odd one) Kahan-added to tot."""
+    if k % 2 == 0:
+        _kahan(tot, comp, pacc2)
+    else:
+        _kahan(tot, comp, pacc)
+
+
+@cute.jit
+def _issue_parity(mma, k: Int32, pacc: cute.Tensor, pacc2: cute.Tensor, tA: cute.Tensor, tB: cute.Tensor, widx: Int32,
+                  wc: Int32, n: cutlass.Constexpr):
+    """Lagged modes: chunk k's products into pacc (k even) or pacc2 (k odd), committed."""
+    if k % 2 == 0:
+        _wgmmas(mma, pacc, tA, tB, widx, k, wc, n)
+    else:
+        _wgmmas(mma, pacc2, tA, tB, widx, k, wc, n)
+
+
+def _proj_setup(cfg, w_raw, out_raw, ct: Int32, rs: bool = False):
+    """PROJ's operands (called while the kernel is traced): (tiled MMA m64 n16, A (a fragment over the weight tiles, or
+    with ``rs`` this thread's (smem view, coordinates) of them), B (over the out buffer's tiles), this thread's
+    accumulator coordinates, fresh zeroed (acc, acc2, tot, comp)). ``ct``: the thread's index in its warpgroup."""
+    TE = cfg.tile_elems
+    mma = sm90_utils.make_trivial_tiled_mma(
+        BFloat16, BFloat16, LayoutEnum.ROW_MAJOR.sm90_mma_major_mode(), LayoutEnum.ROW_MAJOR.sm90_mma_major_mode(),
+        Float32, (1, 1, 1), tiler_mn=(64, 16), a_source=warpgroup.OperandSource.RMEM if rs else warpgroup.OperandSource.SMEM)
+    a1 = _a_one(cfg)
+    sWa = cute.make_tensor(cute.recast_ptr(w_raw.iterator, a1.inner, dtype=BFloat16),
+                           cute.make_layout(((8, 8), (64, 1), cfg.wtiles), stride=((64, 512), (1, 0), 1536)))
+    # the out buffer's tiles as wgmma B operands [16 tok, 64 ch] K-major: the same bytes as the TMA tiles
+    sOb = cute.make_tensor(cute.recast_ptr(out_raw.iterator, a1.inner, dtype=BFloat16),
+                           cute.make_layout(((8, 2), (64, 1), cfg.n * cfg.nk), stride=((64, 512), (1, 0), TE)))
+    thr0, thr = mma.get_slice(0), mma.get_slice(ct)
+    if rs:
+        tA = (thr.partition_A(sWa), thr.partition_A(cute.make_identity_tensor((64, 64))))
+    else:
+        tA = mma.make_fragment_A(thr0.partition_A(sWa))
+    cAcc = thr.partition_C(cute.make_identity_tensor((64, 16)))
+    sums = [cute.make_rmem_tensor(cAcc.shape, Float32) for _ in range(4)]
+    for t_ in sums[2:]:
+        t_.fill(0.0)
+    return (mma, tA, mma.make_fragment_B(thr0.partition_B(sOb)), cAcc, *sums)
+
+
 @cute.kernel
 def _kernel(cfg: cutlass.Constexpr, tma_res: cute.CopyAtom, mRes: cute.Tensor, tma_x: cute.CopyAtom,
             mX: cute.Tensor, tma_out: cute.CopyAtom, mOut: cute.Tensor, tma_li: cute.CopyAtom, mLI: cute.Tensor,
@@ -265,23 +309,7 @@ def _kernel(cfg: cutlass.Constexpr, tma_res: cute.CopyAtom, mRes: cute.Tensor, t
         if cutlass.const_expr(cfg.MWG):
             cute.arch.setmaxregister_decrease(104)
             ct3 = tidx - 384
-            mma3 = sm90_utils.make_trivial_tiled_mma(
-                BFloat16, BFloat16, LayoutEnum.ROW_MAJOR.sm90_mma_major_mode(),
-                LayoutEnum.ROW_MAJOR.sm90_mma_major_mode(), Float32, (1, 1, 1), tiler_mn=(64, 16))
-            a3 = _a_one(cfg)
-            sWa3 = cute.make_tensor(cute.recast_ptr(w_raw.iterator, a3.inner, dtype=BFloat16),
-                                    cute.make_layout(((8, 8), (64, 1), cfg.wtiles), stride=((64, 512), (1, 0), 1536)))
-            sOb3 = cute.make_tensor(cute.recast_ptr(out_raw.iterator, a3.inner, dtype=BFloat16),
-                                    cute.make_layout(((8, 2), (64, 1), n * cfg.nk), stride=((64, 512), (1, 0), TE)))
-            t30 = mma3.get_slice(0)
-            tA3 = mma3.make_fragment_A(t30.partition_A(sWa3))
-            tB3 = mma3.make_fragment_B(t30.partition_B(sOb3))
-            cAcc3 = mma3.get_slice(ct3).partition_C(cute.make_identity_tensor((64, 16)))
-            acc3 = cute.make_rmem_tensor(cAcc3.shape, Float32)
-            tot3 = cute.make_rmem_tensor(cAcc3.shape, Float32)
-            comp3 = cute.make_rmem_tensor(cAcc3.shape, Float32)
-            tot3.fill(0.0)
-            comp3.fill(0.0)
+            mma3, tA3, tB3, cAcc3, acc3, _, tot3, comp3 = _proj_setup(cfg, w_raw, out_raw, ct3)
             gP3 = cute.make_tensor(p_proj, cute.make_layout((CL, T, 24), stride=(T * 24, 24, 1)))
             mst = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, S)
             for j in cutlass.range(ntile, unroll=1):
@@ -365,38 +393,16 @@ def _kernel(cfg: cutlass.Constexpr, tma_res: cute.CopyAtom, mRes: cute.Tensor, t
         ssq[0] = Float32(0.0)
         wc = wg - 1
         ct_ = tidx - 128 * wg
-        mma = sm90_utils.make_trivial_tiled_mma(
-            BFloat16, BFloat16, LayoutEnum.ROW_MAJOR.sm90_mma_major_mode(),
-            LayoutEnum.ROW_MAJOR.sm90_mma_major_mode(), Float32, (1, 1, 1), tiler_mn=(64, 16),
-            a_source=warpgroup.OperandSource.RMEM if cfg.RS else warpgroup.OperandSource.SMEM)
-        tA, tB, cAcc, pacc, pacc2, tot, comp = None, None, None, None, None, None, None
+        mma, tA, tB, cAcc, pacc, pacc2, tot, comp = None, None, None, None, None, None, None, None
         tCsA = cA = rA0 = rA1 = None
         wcs = wrl = None
         gS = cute.make_tensor(p_ss, cute.make_layout((CL, T), stride=(T, 1)))   # PROJ: squares per rank
         if cutlass.const_expr(cfg.PROJ and not cfg.MWG):
-            a1 = _a_one(cfg)
-            sWa = cute.make_tensor(cute.recast_ptr(w_raw.iterator, a1.inner, dtype=BFloat16),
-                                   cute.make_layout(((8, 8), (64, 1), cfg.wtiles), stride=((64, 512), (1, 0), 1536)))
-            # the out buffer's tiles as wgmma B operands [16 tok, 64 ch] K-major: the same bytes as the TMA tiles
-            sOb = cute.make_tensor(cute.recast_ptr(out_raw.iterator, a1.inner, dtype=BFloat16),
-                                   cute.make_layout(((8, 2), (64, 1), n * cfg.nk), stride=((64, 512), (1, 0), TE)))
-            thr0 = mma.get_slice(0)
+            mma, tA, tB, cAcc, pacc, pacc2, tot, comp = _proj_setup(cfg, w_raw, out_raw, ct_, cfg.RS)
             if cutlass.const_expr(cfg.RS):
-                thr = mma.get_slice(ct_)
-                tCsA = thr.partition_A(sWa)
-                cA = thr.partition_A(cute.make_identity_tensor((64, 64)))
+                tCsA, cA = tA
                 rA0 = mma.make_fragment_A(tCsA[None, None, None, 0])
                 rA1 = mma.make_fragment_A(tCsA[None, None, None, 0])
-            else:
-                tA = mma.make_fragment_A(thr0.partition_A(sWa))
-            tB = mma.make_fragment_B(thr0.partition_B(sOb))
-            cAcc = mma.get_slice(ct_).partition_C(cute.make_identity_tensor((64, 16)))
-            pacc = cute.make_rmem_tensor(cAcc.shape, Float32)
-            pacc2 = cute.make_rmem_tensor(cAcc.shape, Float32)
-            tot = cute.make_rmem_tensor(cAcc.shape, Float32)
-            comp = cute.make_rmem_tensor(cAcc.shape, Float32)
-            tot.fill(0.0)
-            comp.fill(0.0)
             gP = cute.make_tensor(p_proj, cute.make_layout((CL, T, 24), stride=(T * 24, 24, 1)))
             if cutlass.const_expr(cfg.SW > 0):
                 wcs = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, cfg.SW)   # waited
@@ -469,19 +475,22 @@ def _kernel(cfg: cutlass.Constexpr, tma_res: cute.CopyAtom, mRes: cute.Tensor, t
                     for i in cutlass.range_constexpr(n):
                         cute.copy(tma_out, tOs[None, k * n + i], tOg[None, ch, m, i])
                     cute.arch.cp_async_bulk_commit_group()
-                if cutlass.const_expr(cfg.LAG):
-                    if k % 2 == 0:
-                        _wgmmas(mma, pacc, tA, tB, rst.index, k, wc, n, cfg.PN)
+                if cutlass.const_expr(cfg.LAG or cfg.SW > 0):
+                    # chunk k's products (accumulator by k's parity) while chunk k - 1's retire: then its sums
+                    # Kahan-added and its stage (LAG: the data stage; SW: the weight ring's) released
+                    widx = rst.index
+                    if cutlass.const_expr(cfg.SW > 0):
+                        pipeW.consumer_wait(wcs)
+                        widx = wcs.index
+                    _issue_parity(mma, k, pacc, pacc2, tA, tB, widx, wc, n)
+                    if cutlass.const_expr(cfg.SW > 0):
+                        wcs.advance()
                     else:
-                        _wgmmas(mma, pacc2, tA, tB, rst.index, k, wc, n)
-                    rst.advance()
+                        rst.advance()
                     warpgroup.wait_group(1)
                     if k > 0:
-                        if k % 2 == 0:
-                            _kahan(tot, comp, pacc2)
-                        else:
-                            _kahan(tot, comp, pacc)
-                        CU.release_read_stage(pipe, wrl)
+                        _kahan_prev(k, tot, comp, pacc, pacc2)
+                        CU.release_read_stage(pipe if cfg.LAG else pipeW, wrl)
                         wrl.advance()
                 elif cutlass.const_expr(cfg.MWG):
                     pass
@@ -497,43 +506,14 @@ def _kernel(cfg: cutlass.Constexpr, tma_res: cute.CopyAtom, mRes: cute.Tensor, t
                     _wgmmas(mma, pacc, tA, tB, rst.index, k, wc, n, cfg.PN)
                     warpgroup.wait_group(0)
                     _kahan(tot, comp, pacc)
-                elif cutlass.const_expr(cfg.SW > 0):
-                    # chunk k's products (accumulator by k's parity) while chunk k - 1's retire: then its sums
-                    # Kahan-added and its weight stage released
-                    pipeW.consumer_wait(wcs)
-                    if k % 2 == 0:
-                        _wgmmas(mma, pacc, tA, tB, wcs.index, k, wc, n)
-                    else:
-                        _wgmmas(mma, pacc2, tA, tB, wcs.index, k, wc, n)
-                    wcs.advance()
-                    warpgroup.wait_group(1)
-                    if k > 0:
-                        if k % 2 == 0:
-                            _kahan(tot, comp, pacc2)
-                        else:
-                            _kahan(tot, comp, pacc)
-                        CU.release_read_stage(pipeW, wrl)
-                        wrl.advance()
                 if cutlass.const_expr(cfg.SW == 0 and not cfg.LAG and not cfg.MWG):
                     CU.release_read_stage(pipe, rst)
                     rst.advance()
-            if cutlass.const_expr(cfg.LAG):   # the tile's last chunk
+            if cutlass.const_expr(cfg.LAG or cfg.SW > 0):   # the tile's last chunk retires
                 if nk > 0:
                     warpgroup.wait_group(0)
-                    if (nk - 1) % 2 == 0:
-                        _kahan(tot, comp, pacc)
-                    else:
-                        _kahan(tot, comp, pacc2)
-                    CU.release_read_stage(pipe, wrl)
-                    wrl.advance()
-            if cutlass.const_expr(cfg.SW > 0):   # the tile's last chunk
-                if nk > 0:
-                    warpgroup.wait_group(0)
-                    if (nk - 1) % 2 == 0:
-                        _kahan(tot, comp, pacc)
-                    else:
-                        _kahan(tot, comp, pacc2)
-                    CU.release_read_stage(pipeW, wrl)
+                    _kahan_prev(nk, tot, comp, pacc, pacc2)
+                    CU.release_read_stage(pipe if cfg.LAG else pipeW, wrl)
                     wrl.advance()
             if cutlass.const_expr(cfg.MWG):   # squares per token (the products: the fourth warpgroup's)
                 sv = ssq[0]
@@ -746,13 +726,8 @@ def main(argv=None) -> int:
                          pct=100 * 5 * unit / t / rate, ok="-", bytes=5 * unit))
     except Exception as e:  # noqa: BLE001
         rows.append(dict(name="comparison rows", us=float("nan"), pct=float("nan"), ok=f"error {e}"))
-    if os.environ.get("OUT"):
-        with open(os.path.join(os.environ["OUT"], "post_pre_fwd_resident.json"), "w") as fh:
-            json.dump(dict(env=device_env(), T=T, n=n, C=C, copy_us_1p88GB=t_copy, rows=rows), fh, indent=1)
-    print(f"copy rate {rate / 1e6:.3f} TB/s; a unit ([T, C] bf16) {unit / 1e9:.3f} GB")
-    print(f"{'case':<56} {'us':>9} {'%copy':>7}  check")
-    for r_ in rows:
-        print(f"{r_['name']:<56} {r_['us']:9.1f} {r_['pct']:7.1f}  {r_['ok']}")
+    SK.report("post_pre_fwd_resident", dict(env=device_env(), T=T, n=n, C=C, copy_us_1p88GB=t_copy), rows,
+              f"copy rate {rate / 1e6:.3f} TB/s; a unit ([T, C] bf16) {unit / 1e9:.3f} GB")
     return 0
 
 
