@@ -273,10 +273,14 @@ def test_resident_forward_probe_compiles():
         assert len(remote) == cfg.CL - 1 and "barrier.cluster.wait" in art.ptx
         mmas = re.findall(r"wgmma\.mma_async\.sync\.aligned\.(m64n\d+k16)\.f32\.bf16\.bf16 \{[^}]*\}, (\{|%rd)",
                           art.ptx)   # (shape, A operand: a register list or a descriptor) after D's registers
-        assert {m for m, _ in mmas} == ({"m64n16k16"} if cfg.PROJ else set()), (cfg, mmas)
+        assert {m for m, _ in mmas} == ({"m64n16k16"} if cfg.PROJ and not cfg.MSYNC else set()), (cfg, mmas)
         if cfg.HALFV:   # the out math's residual and x reads: 8-byte vectors (each value read once)
             assert "ld.shared.v4.b16" in art.ptx, cfg
-        if cfg.PROJ:   # A from shared memory (a descriptor) unless RS (a register list); B always a descriptor
+        if cfg.MSYNC:   # warp-level products: mma.sync m16n8k16, operands by ldmatrix (A x4, B x2), no padded rows
+            assert "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32" in art.ptx and not mmas
+            assert "ldmatrix.sync.aligned.m8n8.x4.shared.b16" in art.ptx
+            assert "ldmatrix.sync.aligned.m8n8.x2.shared.b16" in art.ptx
+        elif cfg.PROJ:   # A from shared memory (a descriptor) unless RS (a register list); B always a descriptor
             assert {a for _, a in mmas} == {"{" if cfg.RS else "%rd"}, mmas
     with pytest.raises(ValueError, match="PROJ"):
         P.ResCfg(PROJ=True)   # needs MATH
