@@ -255,7 +255,7 @@ def test_resident_forward_probe_compiles():
     shared memory; the ring's transaction count is the bytes a stage loads."""
     P = probe_module("post_pre_fwd_resident")
     for _, cfg in P.cases():
-        assert cfg.smem_bytes <= 227 * 1024, cfg
+        assert cfg.smem_bytes <= 227 * 1024, cfg   # the probe's own estimate (the launch fails above the real limit)
         art = P.launch(cfg).export("sm_90a")
         assert "cp.async.bulk.tensor.3d.shared::cta.global" in art.ptx    # residual tiles
         assert "cp.async.bulk.tensor.3d.global.shared::cta" in art.ptx    # out tiles
@@ -276,14 +276,20 @@ def test_resident_forward_probe_compiles():
         assert {m for m, _ in mmas} == ({"m64n16k16"} if cfg.PROJ and not cfg.MSYNC else set()), (cfg, mmas)
         if cfg.HALFV:   # the out math's residual and x reads: 8-byte vectors (each value read once)
             assert "ld.shared.v4.b16" in art.ptx, cfg
-        if cfg.MSYNC:   # warp-level products: mma.sync m16n8k16, operands by ldmatrix (A x4, B x2), no padded rows
-            assert "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32" in art.ptx and not mmas
-            assert "ldmatrix.sync.aligned.m8n8.x4.shared.b16" in art.ptx
-            assert "ldmatrix.sync.aligned.m8n8.x2.shared.b16" in art.ptx
+        if cfg.MSYNC:   # warp-level products: a warp's 2 k-steps x 3 N atoms in each of its 2 branches (k-step
+            #             halves), A by ldmatrix x4 (one a k-step), B by x2 (one an atom), no padded rows, no spills
+            assert art.ptx.count("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32") == 12 and not mmas
+            assert art.ptx.count("ldmatrix.sync.aligned.m8n8.x4.shared.b16") == 4
+            assert art.ptx.count("ldmatrix.sync.aligned.m8n8.x2.shared.b16") == 12
+            assert [r["frame"] for k_, r in cubin_resources(art.cubin).items() if "kernel" in k_] == [0]
         elif cfg.PROJ:   # A from shared memory (a descriptor) unless RS (a register list); B always a descriptor
             assert {a for _, a in mmas} == {"{" if cfg.RS else "%rd"}, mmas
-    with pytest.raises(ValueError, match="PROJ"):
-        P.ResCfg(PROJ=True)   # needs MATH
+    with pytest.raises(ValueError, match="PROJ needs MATH"):
+        P.ResCfg(PROJ=True)
+    for bad in (dict(MSYNC=True), dict(PROJ=True, MATH=True, MSYNC=True, MWG=True), dict(PROJ=True, MATH=True, LAG=True,
+                                                                                          SW=2)):
+        with pytest.raises(ValueError, match="variant combination"):
+            P.ResCfg(**bad)
     c = P.ResCfg(STAGES=5, NCL=15, WR=24)
     assert c.nk == 14 and c.stage_bytes == 5 * 64 * 16 * 2 + 4 * 64 * 24 * 2
     assert P.ctas(c, 32768) == 8 * 15 and P.ctas(P.ResCfg(), 32768) == 8 * 2048
