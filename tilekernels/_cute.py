@@ -504,10 +504,13 @@ class BoundLaunch:
         self.launch.run(*self.values)
 
 
-def setmaxnreg_budget(art: "Artifacts", producer_threads: int = 128) -> tuple[int, int]:
+def setmaxnreg_budget(art: "Artifacts", producer_threads: int = 128,
+                      roles: dict[int, int] | None = None) -> tuple[int, int]:
     """(registers a warp-specialized kernel's roles hold after their setmaxnreg, registers its CTA launched with):
     ``producer_threads`` at the ``setmaxnreg.dec`` value, the rest of the CTA (``.reqntid``) at the ``.inc`` one,
-    against the cubin's registers a thread x threads. setmaxnreg only moves registers within the CTA's launch
+    against the cubin's registers a thread x threads. With ``roles`` ({registers: threads} of every role, for
+    kernels with more than two) the setmaxnreg values in the PTX must be exactly its keys and its threads the CTA's;
+    the first value is then the sum over the roles. setmaxnreg only moves registers within the CTA's launch
     allocation: a first value above the second makes ``setmaxnreg.inc`` wait forever (a hang on the GPU that no CPU
     compile shows, e.g. 40 x 128 + 112 x 512 > 96 x 640). (0, launch) for a kernel without setmaxnreg."""
     import re
@@ -517,6 +520,12 @@ def setmaxnreg_budget(art: "Artifacts", producer_threads: int = 128) -> tuple[in
     have = max(regs) * threads
     dec = re.findall(r"setmaxnreg\.dec\.sync\.aligned\.u32\s+(\d+)", art.ptx)
     inc = re.findall(r"setmaxnreg\.inc\.sync\.aligned\.u32\s+(\d+)", art.ptx)
+    if roles is not None:
+        found = {int(v) for v in dec + inc}
+        if found != set(roles) or sum(roles.values()) != threads:
+            raise ValueError(f"setmaxnreg_budget: the PTX's setmaxnreg values {sorted(found)} over {threads} threads, "
+                             f"not the roles {roles}")
+        return sum(r * t for r, t in roles.items()), have
     if not dec and not inc:
         return 0, have
     return max(map(int, dec)) * producer_threads + max(map(int, inc)) * (threads - producer_threads), have
