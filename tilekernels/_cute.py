@@ -257,6 +257,54 @@ def bits_f32(i, *, loc=None, ip=None) -> cutlass.Float32:
     return cutlass.Float32(llvm.bitcast(_mlir_types.f32(), cutlass.Int32(i).ir_value(loc=loc, ip=ip), loc=loc, ip=ip))
 
 
+def _cluster_addr(sptr, rank, loc, ip):
+    """The shared::cluster address (an addrspace(3) pointer: ld / st with ``ss="cluster"``) of the local smem pointer
+    ``sptr``'s place in the shared memory of the cluster's CTA ``rank`` (mapa)."""
+    from cutlass._mlir import ir
+    from cutlass._mlir.dialects import nvvm
+
+    dptr = nvvm.mapa(llvm.PointerType.get(7), sptr.to_llvm_ptr(loc=loc, ip=ip),
+                     cutlass.Int32(rank).ir_value(loc=loc, ip=ip), loc=loc, ip=ip)
+    addr = llvm.ptrtoint(ir.IntegerType.get_signless(32), dptr, loc=loc, ip=ip)
+    return llvm.inttoptr(llvm.PointerType.get(3), addr, loc=loc, ip=ip)
+
+
+@dsl_user_op
+def st_cluster_f32(sptr, rank, val, *, loc=None, ip=None) -> None:
+    """st.shared::cluster of the fp32 ``val`` at ``sptr``'s place in the shared memory of the cluster's CTA
+    ``rank`` (called from a ``@cute.kernel``; the caller orders it: fences, barriers)."""
+    cute.arch.store(_cluster_addr(sptr, rank, loc, ip), cutlass.Float32(val), ss="cluster", loc=loc, ip=ip)
+
+
+@dsl_user_op
+def ld_cluster_f32(sptr, rank, *, loc=None, ip=None) -> cutlass.Float32:
+    """ld.shared::cluster of the fp32 at ``sptr``'s place in the shared memory of the cluster's CTA ``rank``
+    (called from a ``@cute.kernel``; the caller orders it: fences, barriers)."""
+    return cute.arch.load(_cluster_addr(sptr, rank, loc, ip), cutlass.Float32, ss="cluster", loc=loc, ip=ip)
+
+
+def cluster_lock(smem, size: int):
+    """(called from a ``@cute.kernel`` by every thread, before the roles split) A cluster lock step's two mbarriers
+    in ``smem`` (a SmemAllocator), each completed by the ``size`` - 1 peers' arrivals; returns their pointer. Step k
+    uses barrier k % 2 with phase (k // 2) % 2: a peer's arrival for step k + 2 cannot land before this CTA's wait for
+    step k (the peer first needs this CTA's arrival for k + 1). Ends with a cluster barrier, so every CTA has its
+    barriers before any remote arrive."""
+    bars = smem.allocate_array(cutlass.Int64, 2, byte_alignment=8)
+    _cluster_lock_init(bars, size)
+    return bars
+
+
+@cute.jit
+def _cluster_lock_init(bars: cute.Pointer, size: cutlass.Constexpr) -> None:
+    tidx, _, _ = cute.arch.thread_idx()
+    if tidx == 0:
+        cute.arch.mbarrier_init(bars, size - 1)
+        cute.arch.mbarrier_init(bars + 1, size - 1)
+    cute.arch.mbarrier_init_fence()
+    cute.arch.cluster_arrive_relaxed()
+    cute.arch.cluster_wait()
+
+
 def launch_bounded(kernel, min_blocks: int, **launch) -> None:
     """``kernel.launch(**launch)`` (called from a ``@cute.jit`` host function); ``min_blocks`` > 0
     becomes the kernel's .minnctapersm (ptxas caps the registers for that many CTAs an SM). The

@@ -23,6 +23,10 @@ Rows (--rows, comma list, each run in the order given; repeat a name to see the 
                     cute_pre_rest's kernel, else cuTile's mhc_pre_bwd_rest) or CUTE_MIX=0/1 (cute_post_pre.CUTE_MIX: the
                     fused forward's epilogue as cute_pp_mix's kernel, else cuTile's mhc_pp_mix) or CUTE_SK=0/1
                     (cute_post_pre.CUTE_SK: the mix's Sinkhorn backward as cute_sk_bwd's kernel, else mhc_pre_bwd_sk)
+                    or RESIDENT=0/1 (cute_post_pre.RESIDENT: the forward as cute_post_pre_res's pass, a row tile's
+                    out kept in its cluster's shared memory, then the epilogue; no aggregate), RES_CLUSTERS=V its
+                    persistent clusters (cute_post_pre_res.CLUSTERS; 0: the device's active-cluster count),
+                    RES_<field>=V its config's (PostPreResCuteCfg, e.g. RES_PP=0, RES_STAGES=4)
 A row whose changes make a config the kernels refuse prints the error and goes on.
 
     (call 1) source .gpu-cutile/env.sh                      # unpacks cuTile into /tmp/tk-cutile
@@ -76,7 +80,7 @@ def _row_fn(spec: str):
 
 
 # cute_post_pre's module switches a row may set (NAME=0/1)
-FLAGS = ("FUSE_FWD", "FUSE_DHW", "SPLIT_DW", "CUTE_REST", "CUTE_MIX", "CUTE_SK")
+FLAGS = ("FUSE_FWD", "FUSE_DHW", "SPLIT_DW", "CUTE_REST", "CUTE_MIX", "CUTE_SK", "RESIDENT")
 
 
 class _patched:
@@ -132,6 +136,16 @@ class _patched:
             inner = self.fheur.__func__.__wrapped__
             F.PostPreFwdCuteCfg.heuristic = classmethod(
                 lambda cls, *a: dataclasses.replace(inner(cls, *a), **fch))
+        from tilekernels.mhc import cute_post_pre_res as RS
+
+        self.RS, self.res_clusters = RS, RS.CLUSTERS
+        if "RES_CLUSTERS" in ch:   # the resident forward's persistent clusters (0: the device's count)
+            RS.CLUSTERS = int(ch.pop("RES_CLUSTERS"))
+        self.rheur = RS.PostPreResCuteCfg.__dict__["heuristic"]
+        rch = {k[4:]: ch.pop(k) for k in list(ch) if k.startswith("RES_")}
+        if rch:   # the resident forward's config (PostPreResCuteCfg fields, e.g. RES_PP=0)
+            rinner = self.rheur.__func__.__wrapped__
+            RS.PostPreResCuteCfg.heuristic = classmethod(lambda cls, *a: dataclasses.replace(rinner(cls, *a), **rch))
         pch = {k[3:]: ch.pop(k) for k in list(ch) if k.startswith("PP_")}
         if pch:   # the cuTile kernels' PostPreCfg (e.g. PP_TE=32: mhc_pp_mix's tokens a block)
             pinner = self.pheur.__func__.__wrapped__
@@ -150,6 +164,8 @@ class _patched:
         self.K.PostPreBwdCuteCfg.heuristic = self.heur
         self.F.PostPreFwdCuteCfg.heuristic = self.fheur
         self.pp.PostPreCfg.heuristic = self.pheur
+        self.RS.CLUSTERS = self.res_clusters
+        self.RS.PostPreResCuteCfg.heuristic = self.rheur
 
 
 def _profile(fn, args, cots, steps: int = 5) -> list[tuple[float, int, str]]:

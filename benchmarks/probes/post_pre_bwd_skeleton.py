@@ -107,24 +107,8 @@ def _layouts(cfg):
 # reverted there: the passes run at the board's power cap, so the faster pattern bought no time)
 
 
-def _lock_init(smem, size: int):
-    """(every thread, before the roles split) Two lock mbarriers a CTA, each completed by the size - 1 peers'
-    arrivals: step k uses barrier k % 2, so a peer's arrival for step k + 2 cannot land before this CTA's wait for
-    step k (the peer first needs this CTA's arrival for k + 1)."""
-    bars = smem.allocate_array(cutlass.Int64, 2, byte_alignment=8)
-    _lock_init_bars(bars, size)
-    return bars
-
-
-@cute.jit
-def _lock_init_bars(bars: cute.Pointer, size: cutlass.Constexpr) -> None:
-    tidx, _, _ = cute.arch.thread_idx()
-    if tidx == 0:
-        cute.arch.mbarrier_init(bars, size - 1)
-        cute.arch.mbarrier_init(bars + 1, size - 1)
-    cute.arch.mbarrier_init_fence()
-    cute.arch.cluster_arrive_relaxed()
-    cute.arch.cluster_wait()   # every CTA of the cluster has its barriers before any remote arrive
+# the lock's two mbarriers (tilekernels._cute.cluster_lock: shared with mhc's resident forward pass)
+_lock_init = CU.cluster_lock
 
 
 @cute.jit

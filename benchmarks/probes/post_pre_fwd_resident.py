@@ -25,8 +25,12 @@ bitwise ((r0 + r1) + r2) + r3 rounded to bf16 (MATH: within 1e-2 of the formula;
 ranks within 1e-5 of float64 of the kernel's own out). PROJ's variants (SW, LAG, RS, MWG, PN) are ways to keep its
 wgmmas off the consumers' path, measured in session 39 (none faster than the plain one); HALFV halves the out
 math's shared-memory reads (the one that paid: the pass is bound by shared-memory bytes where the products run).
-MSYNC (warp-level mma.sync products, ~5 KiB a stream-chunk) was written and compiled in session 39 after the device
-budget was spent: its row has not run yet (its check runs with it).
+MSYNC (warp-level mma.sync products, ~5 KiB a stream-chunk; session 39) ran in session 40: correct, 1453 us, the same
+as wgmma at 4 stages (1459; its warps' sums leave no room for a 5th).
+Caveat (session 40): MATH forms every output stream with the same FMAs, so the compiler computes one stream and
+stores it n times (32 fma.rn.f32 in the PTX where n = 4 streams need 80): these rows leave out most of the real out
+math, and the per-token h, bias, exchange and h_pre too. The library pass (tilekernels/mhc/cute_post_pre_res.py)
+measured 2048-2065 us where PROJ HALFV here is 1377 (the mHC ledger, session 40).
 Rows: us and % of the bytes' copy time; for comparison the fused forward pass's traffic alone
 (post_pre_bwd_skeleton's FWD SPLIT 8) and the aggregate (out read,
 layer_in written: cute_aggregate's forward) measured in the same run. Not a library kernel.
@@ -744,8 +748,9 @@ def cases():
         ("res BMT 16 CL 8 S5 persistent 15 MATH PROJ RS", ResCfg(STAGES=5, NCL=15, MATH=True, PROJ=True, RS=True)),
         ("res BMT 16 CL 8 S5 persistent 15 MATH PROJ HALFV (again)", ResCfg(STAGES=5, NCL=15, MATH=True, PROJ=True,
                                                                            HALFV=True)),
-        # last: never run yet (a hang would lose only its row's report; run it alone first: `.. MSYNC`)
-        ("res BMT 16 CL 8 S4 persistent 15 MATH PROJ HALFV MSYNC (not yet run)", ResCfg(
+        ("res BMT 16 CL 8 S4 persistent 15 MATH PROJ HALFV", ResCfg(STAGES=4, NCL=15, MATH=True, PROJ=True,
+                                                                   HALFV=True)),
+        ("res BMT 16 CL 8 S4 persistent 15 MATH PROJ HALFV MSYNC", ResCfg(
             STAGES=4, NCL=15, MATH=True, PROJ=True, HALFV=True, MSYNC=True)),
     ]
 

@@ -88,10 +88,10 @@ import cutlass
 import cutlass.cute as cute
 from cutlass import Float32, Int32, Int64
 from cutlass._mlir import ir
-from cutlass._mlir.dialects import llvm, nvvm, vector
+from cutlass._mlir.dialects import vector
 from cutlass.memory.smem import SmemAllocator
 
-from tilekernels._cute import BoundLaunch, Launch, Ptr, Scalar, cdiv, cuda, launch_bounded
+from tilekernels._cute import BoundLaunch, Launch, Ptr, Scalar, cdiv, cuda, launch_bounded, st_cluster_f32
 from tilekernels._glue import env_flag, kernel, launch_into
 
 MAX_CLUSTER = 8  # portable thread-block cluster size
@@ -277,17 +277,6 @@ def _st_state(st, off, vals, VEC: int, stream: bool):
         w = vector.from_elements(ir.VectorType.get([VEC], st.dtype.mlir_type),
                                  [st.dtype(x).ir_value() for x in vals])
         cute.arch.store(st + off, w, cop=cop)
-
-
-@cutlass.dsl_user_op
-def _st_cluster(sptr, rank, val, *, loc=None, ip=None):
-    """st.shared::cluster of the fp32 ``val`` at the local smem pointer ``sptr``'s place in the
-    shared memory of the cluster's CTA ``rank`` (mapa: the shared::cluster address)."""
-    dptr = nvvm.mapa(llvm.PointerType.get(7), sptr.to_llvm_ptr(loc=loc, ip=ip), Int32(rank).ir_value(loc=loc, ip=ip),
-                     loc=loc, ip=ip)
-    addr = llvm.ptrtoint(ir.IntegerType.get_signless(32), dptr, loc=loc, ip=ip)
-    cute.arch.store(llvm.inttoptr(llvm.PointerType.get(3), addr, loc=loc, ip=ip), Float32(val), ss="cluster",
-                    loc=loc, ip=ip)
 
 
 def _conv_step(mixed, conv, cw, xrow, crow, g, W: int):
@@ -561,7 +550,7 @@ def _decode_kernel(cfg: cutlass.Constexpr, mixed: cute.Pointer, conv: cute.Point
                     _put_window(cvq, nwq, W)
                     if cutlass.const_expr(CL > 1):
                         for r_ in cutlass.range_constexpr(CL):
-                            _st_cluster(qk.iterator + ch, r_, yq)
+                            st_cluster_f32(qk.iterator + ch, r_, yq)
                     else:
                         qk[ch] = yq
             if cutlass.const_expr(CL > 1):

@@ -2,6 +2,8 @@
 epilogue and aggregate; mhc_pre's cuTile backward head, then the CuTe DSL one-pass backward
 (tilekernels/mhc/cute_post_pre_bwd.py), which keeps the fp32 d_total in registers.
 
+fwd (RESIDENT, off: cute_post_pre_res's one pass that keeps a row tile's out in its cluster's shared memory and
+  writes layer_in itself, then the epilogue; correct, measured slower: its module docstring).
 fwd (FUSE_FWD, default on): cute_post_pre_fwd's pass writes out and mhc_pre's projection partials in one read of
   the streams, then the epilogue (cute_pp_mix's CuTe DSL kernel, CUTE_MIX; else cuTile's mhc_pp_mix) and cuTile's
   aggregate (3s + 2x bytes instead of 4s + 2x). Off: the
@@ -49,6 +51,7 @@ from . import cute_post_pre_dhw as D
 from . import cute_post_pre_fwd as F
 from . import cute_post_pre_bwd as K
 from . import cute_pp_mix as CM
+from . import cute_post_pre_res as RS
 from . import cute_pre_rest as CR
 from . import cute_sk_bwd as CS
 from . import cute_proj_rms as cpr
@@ -278,6 +281,48 @@ FUSE_FWD = True
 CUTE_MIX = True
 
 
+# The resident forward (cute_post_pre_res: a cluster keeps a 16-token row tile's out in shared memory, exchanges the
+# row's sums and writes layer_in itself, so the aggregate's read of out goes away; then cute_pp_mix for proj, r,
+# h_post and h_res) where its config fits (cute_post_pre_res.PostPreResCuteCfg.heuristic) and the mix's outputs are
+# fp32; False: the fused pass, the epilogue and the aggregate.
+RESIDENT = False
+
+
+def resident_fwd_launches(h_res, residual, h_post, x, weight, hbias, bias, out, layer_in, h_post_next, h_res_next,
+                          proj, r, alpha_pre, alpha_post, alpha_res, iters, rms_eps, sinkhorn_eps) -> list | None:
+    """The resident forward's steps (T > 0), or None where it does not apply: h staged to fp32 when bf16, the pass
+    (out, layer_in, the ranks' partial planes p_proj [CL, T, NPAD] and p_ss [CL, T]), cute_pp_mix on the planes."""
+    T, n, C = residual.shape
+    N = weight.shape[0]
+    f32 = torch.float32
+    rcfg = RS.PostPreResCuteCfg.heuristic(n, C, N, bias is not None)
+    if (not RESIDENT or rcfg is None or T == 0 or h_post_next.dtype != f32 or h_res_next.dtype != f32
+            or rcfg.CL * T * rcfg.NPAD >= 2 ** 31):
+        return None
+    if rcfg.CUT:
+        raise ValueError(f"mhc_post_pre cute resident fwd: CUT {rcfg.CUT} is a probe's config (wrong results)")
+    cfg = pp._cfg(residual, iters, None)
+    p = cfg.pre
+    dev = residual.device
+    stage, h_res, h_post = pb._h32(h_res, h_post, cfg.pb, force=True)
+    p_proj = torch.empty((rcfg.CL, T, rcfg.NPAD), dtype=f32, device=dev)
+    p_ss = torch.empty((rcfg.CL, T), dtype=f32, device=dev)
+    h_pre = torch.empty((T, n), dtype=f32, device=dev)   # the mix's (the pass formed its own, the same values)
+    dst = out if out.data_ptr() % 16 == 0 else torch.empty_like(out)
+    li = layer_in if layer_in.data_ptr() % 16 == 0 and layer_in.is_contiguous() else torch.empty_like(layer_in)
+    xs = aligned16(x)
+    hb = hbias.to(f32).contiguous()
+    steps = [*stage, functools.partial(RS.launch(rcfg).run, aligned16(residual), xs,
+                                       aligned16(bias) if bias is not None else xs, aligned16(weight),
+                                       h_res.contiguous(), h_post.contiguous(), hb, dst, li, p_proj, p_ss, T,
+                                       RS.ctas(rcfg, T, dev), float(rms_eps), float(alpha_pre))]
+    steps += [functools.partial(t.copy_, s) for t, s in ((out, dst), (layer_in, li)) if s is not t]
+    scal = (float(rms_eps), float(alpha_pre), float(alpha_post), float(alpha_res), float(sinkhorn_eps))
+    steps.append(functools.partial(CM.run_mix, p_proj, p_ss, hb, proj, r, h_pre, h_post_next, h_res_next,
+                                   float(n * C), *scal, p.ITERS, bool(p.APPROX)))
+    return steps
+
+
 def fused_fwd_launches(h_res, residual, h_post, x, weight, hbias, bias, out, layer_in, h_post_next, h_res_next, proj,
                        r, alpha_pre, alpha_post, alpha_res, iters, rms_eps, sinkhorn_eps) -> list:
     """The fused forward's steps (T > 0): h staged to fp32 when bf16, the CuTe DSL pass (out, projection and
@@ -316,6 +361,12 @@ def post_pre_fwd(h_res, residual, h_post, x, weight, hbias, bias, out, layer_in,
                  alpha_pre: float, alpha_post: float, alpha_res: float, iters: int, rms_eps: float,
                  sinkhorn_eps: float):
     if FUSE_FWD and residual.shape[0] > 0:
+        steps = resident_fwd_launches(h_res, residual, h_post, x, weight, hbias, bias, out, layer_in, h_post_next,
+                                      h_res_next, proj, r, alpha_pre, alpha_post, alpha_res, iters, rms_eps,
+                                      sinkhorn_eps)
+        if steps is not None:
+            pp.run(steps)
+            return
         pp.run(fused_fwd_launches(h_res, residual, h_post, x, weight, hbias, bias, out, layer_in, h_post_next,
                                   h_res_next, proj, r, alpha_pre, alpha_post, alpha_res, iters, rms_eps, sinkhorn_eps))
         return

@@ -70,9 +70,12 @@ class PpMixCuteCfg(TokenCtaCfg):
 
     @classmethod
     def heuristic(cls, n: int, NPAD: int, SPLIT: int, ITERS: int, APPROX: bool = True) -> "PpMixCuteCfg":
-        """128 tokens a CTA; 512 threads (n = 4: two 16-byte loads a thread a plane, all 16 in flight at once), 128
-        for n = 1 (at 256 or 512 threads ptxas gives that kernel an 8-byte stack frame)."""
-        return cls(n=n, NPAD=NPAD, SPLIT=SPLIT, ITERS=ITERS, APPROX=APPROX, NT=128 if n == 1 else 512)
+        """128 tokens a CTA; 512 threads (n = 4: two 16-byte loads a thread a plane, all 16 in flight at once; fewer
+        where they do not divide the CTA's 16-byte pieces, e.g. NPAD 24: 256), 128 for n = 1 (at 256 or 512 threads
+        ptxas gives that kernel an 8-byte stack frame)."""
+        q = cls.TT * NPAD // 4   # the 16-byte pieces of a CTA's rows of a plane: NT divides them
+        return cls(n=n, NPAD=NPAD, SPLIT=SPLIT, ITERS=ITERS, APPROX=APPROX,
+                   NT=128 if n == 1 else next(nt for nt in (512, 256, 128, 64, 32) if q % nt == 0))
 
     @property
     def Q(self) -> int:
