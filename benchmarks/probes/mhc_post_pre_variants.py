@@ -26,7 +26,7 @@ Rows (--rows, comma list, each run in the order given; repeat a name to see the 
                     or RESIDENT=0/1 (cute_post_pre.RESIDENT: the forward as cute_post_pre_res's pass, a row tile's
                     out kept in its cluster's shared memory, then the epilogue; no aggregate), RES_CLUSTERS=V its
                     persistent clusters (cute_post_pre_res.CLUSTERS; 0: the device's active-cluster count),
-                    RES_<field>=V its config's (PostPreResCuteCfg, e.g. RES_PP=0, RES_STAGES=4)
+                    RES_<field>=V its config's (PostPreResCuteCfg, e.g. RES_STAGES=4)
 A row whose changes make a config the kernels refuse prints the error and goes on.
 
     (call 1) source .gpu-cutile/env.sh                      # unpacks cuTile into /tmp/tk-cutile
@@ -143,7 +143,7 @@ class _patched:
             RS.CLUSTERS = int(ch.pop("RES_CLUSTERS"))
         self.rheur = RS.PostPreResCuteCfg.__dict__["heuristic"]
         rch = {k[4:]: ch.pop(k) for k in list(ch) if k.startswith("RES_")}
-        if rch:   # the resident forward's config (PostPreResCuteCfg fields, e.g. RES_PP=0)
+        if rch:   # the resident forward's config (PostPreResCuteCfg fields, e.g. RES_STAGES=4)
             rinner = self.rheur.__func__.__wrapped__
             RS.PostPreResCuteCfg.heuristic = classmethod(lambda cls, *a: dataclasses.replace(rinner(cls, *a), **rch))
         pch = {k[3:]: ch.pop(k) for k in list(ch) if k.startswith("PP_")}

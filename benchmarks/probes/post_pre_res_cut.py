@@ -2,13 +2,13 @@
 """Probe: where mhc_post_pre's resident forward pass (tilekernels/mhc/cute_post_pre_res.py) spends its time (H200;
 issue 15). The pass at issue 15's shape (T=32768, n=4, C=7168, bf16, fp32 h, bias) with its config's probe field
 CUT (wrong results by design): 1 no exchange (no lock, each CTA's own partials), 2 the out math hoisted (every
-stream formed as stream 0: n times fewer FMAs, as the session-39 probe's MATH let the compiler do), 3 both; PP on
-and off. Beside them in the same run: today's two forward passes (cute_post_pre_fwd's fused pass, cute_aggregate's
+stream formed as stream 0: n times fewer FMAs, as the session-39 probe's MATH let the compiler do), 3 both (session
+40 also ran a ping-pong variant, since removed). Beside them in the same run: today's two forward passes (cute_post_pre_fwd's fused pass, cute_aggregate's
 forward) and the CUT 0 rows again. Each row's out / layer_in is checked only for CUT 0 (against its formula in fp32,
 within bf16 rounding, and layer_in from it and the pass's own h_pre recomputed in float64 from its planes).
 
     python benchmarks/probes/post_pre_res_cut.py          (cute bundle; JSON to $OUT)
-    python benchmarks/probes/post_pre_res_cut.py --check T n C [PP]    (one checked launch: what the sanitizers run)
+    python benchmarks/probes/post_pre_res_cut.py --check T n C    (one checked launch: what the sanitizers run)
 """
 from __future__ import annotations
 
@@ -23,7 +23,7 @@ sys.path[:0] = [ROOT, os.path.join(ROOT, "benchmarks")]
 
 from _gpu import bench, probe_record  # noqa: E402
 
-ROWS = [(True, 0), (True, 1), (True, 2), (True, 3), (False, 0), (False, 2), (True, 0)]
+ROWS = [0, 1, 2, 3, 0]
 
 
 def _inputs(T, n, C, dev="cuda"):
@@ -37,14 +37,14 @@ def _inputs(T, n, C, dev="cuda"):
             torch.rand(T, n, device=dev, generator=g) * 2, torch.randn(N, device=dev, generator=g))
 
 
-def check(T: int, n: int, C: int, pp: int = 0) -> int:
-    """One CUT-0 launch at [T, n, C] (PP as given; what the sanitizers run): out and layer_in against float64 of the
+def check(T: int, n: int, C: int) -> int:
+    """One CUT-0 launch at [T, n, C] (what the sanitizers run): out and layer_in against float64 of the
     formulas (layer_in from the pass's own out and planes), the planes against float64 of the pass's out, every
     plane element written (NaN-poisoned first)."""
     from tilekernels.mhc import cute_post_pre_res as RS
 
     res, x, bias, w, hres, hpost, hb = _inputs(T, n, C)
-    cfg = dataclasses.replace(RS.PostPreResCuteCfg.heuristic(n, C, n * n + 2 * n, True), PP=bool(pp))
+    cfg = RS.PostPreResCuteCfg.heuristic(n, C, n * n + 2 * n, True)
     out = torch.full_like(res, float("nan"))
     li = torch.full_like(x, float("nan"))
     pp_ = torch.full((cfg.CL, T, cfg.NPAD), float("nan"), device="cuda")
@@ -62,7 +62,7 @@ def check(T: int, n: int, C: int, pp: int = 0) -> int:
     ep = ((pp_.double().sum(0)[:, :n * n + 2 * n] - o64.view(T, -1) @ w.double().t()).norm() /
           (o64.view(T, -1) @ w.double().t()).norm()).item()
     ok = eo < 1e-2 and el < 1e-2 and ep < 1e-5 and not pp_.isnan().any() and not ps.isnan().any()
-    print(f"check T={T} n={n} C={C} PP={pp}: out {eo:.1e} layer_in {el:.1e} proj {ep:.1e}", "ok" if ok else "WRONG")
+    print(f"check T={T} n={n} C={C}: out {eo:.1e} layer_in {el:.1e} proj {ep:.1e}", "ok" if ok else "WRONG")
     return 0 if ok else 1
 
 
@@ -74,7 +74,7 @@ def main() -> int:
     from tilekernels.mhc import cute_post_pre_res as RS
 
     if len(sys.argv) > 1 and sys.argv[1] == "--check":
-        return check(*map(int, sys.argv[2:6]))
+        return check(*map(int, sys.argv[2:5]))
     T, n, C = 32768, 4, 7168
     N = n * n + 2 * n
     f4, dev = torch.float32, "cuda"
@@ -85,8 +85,8 @@ def main() -> int:
     ps = torch.empty((base.CL, T), device=dev, dtype=f4)
     ctas = RS.ctas(base, T, torch.device(dev))
     rows = []
-    for pp_on, cut in ROWS:
-        cfg = dataclasses.replace(base, PP=pp_on, CUT=cut)
+    for cut in ROWS:
+        cfg = dataclasses.replace(base, CUT=cut)
         ln = RS.launch(cfg)
 
         def run():
@@ -111,7 +111,7 @@ def main() -> int:
             ok = "ok" if eo < 1e-2 and el < 1e-2 else "WRONG"
             ok += f" (out {eo:.1e}, layer_in {el:.1e})"
         t = bench(run) * 1e3
-        rows.append(dict(name=f"resident PP {int(pp_on)} CUT {cut}", us=t, ok=ok, cfg=dataclasses.asdict(cfg)))
+        rows.append(dict(name=f"resident CUT {cut}", us=t, ok=ok, cfg=dataclasses.asdict(cfg)))
         print(rows[-1]["name"], f"{t:.1f}", ok, flush=True)
     # today's two forward passes (last: a fault there loses no resident row)
     fcfg = F.PostPreFwdCuteCfg.heuristic(n, C, N, 32, True)

@@ -38,8 +38,8 @@ Roles (384 threads, one CTA an SM; persistent: the grid's clusters walk the row 
 * warpgroups 1, 2 (out): thread t forms all n streams of 4 channels (8-byte accesses) of token (t % 128) // 8 from
   the stage into the tile's out buffer, its squares summed; the chunk's out tiles leave by TMA at once; warpgroup wc
   then runs the projection's wgmmas m64 n16 (A the weight, B the out buffer's tiles) of its streams wc, wc + 2 and
-  Kahan-adds them; the stage is released. PP (off by default): warpgroup wc takes chunks wc, wc + 2, .. instead
-  (8 channels a thread, all n streams' products, a 128-thread barrier of its own).
+  Kahan-adds them; the stage is released. (Session 40 measured a ping-pong variant, each warpgroup a chunk in turn:
+  the same time; removed after review found it skipped ring phases: a warpgroup waiting on a stage two rounds on.)
   After the tile's last chunk: the partials to p_proj / p_ss and (pre columns and squares) to a small exchange
   buffer (two, by tile parity), a cluster-scope release arrive on each peer's mbarrier, the wait for the peers'
   arrives and an acquire fence; then 16 (n + 1) threads each sum one field of one token over the CL ranks' buffers
@@ -100,19 +100,11 @@ class PostPreResCuteCfg:
     HAS_BIAS: bool = True
     CUT: int = 0   # probe only, wrong results (the op refuses it): bit 1 no exchange (no lock, own partials),
     #                bit 2 the out math hoisted (every stream formed as stream 0: n times fewer FMAs)
-    PP: bool = False   # ping-pong: warpgroup wc forms and multiplies chunks wc, wc + 2, .. (all n streams, 8 channels
-    #                    a thread), so one warpgroup's products overlap the other's out math (needs 2 CL chunks: no
-    #                    idle warpgroup); False: both warpgroups form every chunk (4 channels a thread) and split its
-    #                    streams' products. H200, T=32768, n=4, C=7168: the same time (the mHC ledger, session 40)
-
     def __post_init__(self):
         if not (1 <= self.n <= 4 and self.N == self.n * self.n + 2 * self.n and self.C % 8 == 0 and self.C > 0
                 and 2 <= self.CL <= 8 and self.nch >= self.CL and self.STAGES >= 2):
             raise ValueError(f"mhc_post_pre cute resident fwd: config {self}: needs 1 <= n <= 4, N = n*n + 2n, "
                              f"C % 8 == 0, 2 <= CL <= 8 with at least CL chunks of {CC} channels, STAGES >= 2")
-        if self.PP and self.nch < 2 * self.CL:
-            raise ValueError(f"mhc_post_pre cute resident fwd: config {self}: PP needs at least 2 CL chunks (a rank "
-                             f"with one chunk would leave a warpgroup idle; racecheck flagged that case, session 40)")
         if self.smem_bytes > SMEM_LIMIT:
             raise ValueError(f"mhc_post_pre cute resident fwd: config {self} needs {self.smem_bytes} bytes of "
                              f"shared memory (> {SMEM_LIMIT})")
@@ -186,13 +178,13 @@ def _w_box():
 
 
 @cute.jit
-def _wgmmas(mma, dst: cute.Tensor, tA: cute.Tensor, tB: cute.Tensor, widx: Int32, k_: Int32, first: Int32,
-            step: cutlass.Constexpr, n: cutlass.Constexpr):
-    """A warpgroup's streams first, first + step, .. of chunk k_ (4 k-steps each; weight boxes widx * n + i, out
-    slots k_ * n + i) into dst (the first from zero by its scale-d flag), committed and retired."""
+def _wgmmas(mma, dst: cute.Tensor, tA: cute.Tensor, tB: cute.Tensor, widx: Int32, k_: Int32, wc: Int32,
+            n: cutlass.Constexpr):
+    """Warpgroup wc's streams wc, wc + 2 of chunk k_ (4 k-steps each; weight boxes widx * n + i, out slots
+    k_ * n + i) into dst (the first from zero by its scale-d flag), committed and retired."""
     warpgroup.fence()
-    for s_ in cutlass.range_constexpr((n + step - 1) // step):
-        i_ = step * s_ + first
+    for s_ in cutlass.range_constexpr((n + 1) // 2):
+        i_ = 2 * s_ + wc
         if i_ < n:
             for kb in cutlass.range_constexpr(CC // 16):
                 mma.set(warpgroup.Field.ACCUMULATE, not (s_ == 0 and kb == 0))
@@ -268,7 +260,7 @@ def _kernel(cfg: cutlass.Constexpr, tma_res: cute.CopyAtom, mRes: cute.Tensor, t
     sSS = smem.allocate_tensor(Float32, cute.make_layout((2, BMT), stride=(BMT, 1)), 16)       # squares a half
     sX = smem.allocate_tensor(Float32, cute.make_layout((2, BMT, 8), stride=(BMT * 8, 8, 1)), 16)   # exchange
     sH = smem.allocate_tensor(Float32, cute.make_layout((BMT, 8), stride=(8, 1)), 16)   # the row's sums
-    pipe = CU.tma_pipeline(smem, S, cfg.stage_bytes, 4 if cfg.PP else 8)   # PP: a warpgroup a stage
+    pipe = CU.tma_pipeline(smem, S, cfg.stage_bytes, 8)
     bars = CU.cluster_lock(smem, CL)   # the exchange's lock, by tile parity
     tRs, tRg = CU.tma_tiles(tma_res, sRing, mRes, (CC, BMT))
     _, tXg = CU.tma_tiles(tma_x, sRing, mX, (CC, BMT))
@@ -307,12 +299,9 @@ def _kernel(cfg: cutlass.Constexpr, tma_res: cute.CopyAtom, mRes: cute.Tensor, t
         wc = wg - 1
         ct_ = tidx - 128 * wg
         sync = functools.partial(cute.arch.barrier, barrier_id=BAR_CONS, number_of_threads=256)
-        PP = cfg.PP
-        VW = 8 if PP else 4                 # channels a thread forms (of every stream) a chunk
         tok = (t % VT) // 8                 # this thread's token in the tile (16-byte piece t % VT of every tile)
-        hv = 0 if PP else t // VT           # PP: the whole piece; else its half t // VT
-        e = (t % VT) * 8 + hv * 4           # its channels' element offset in every tile
-        lc = ((t % 8) ^ (tok % 8)) * 8 + hv * 4   # their first channel in the chunk (the SW128 swizzle)
+        e = (t % VT) * 8 + (t // VT) * 4    # its 4 channels' element offset in every tile (half t // VT of the piece)
+        lc = ((t % 8) ^ (tok % 8)) * 8 + (t // VT) * 4   # their first channel in the chunk (the SW128 swizzle)
         gHr = cute.make_tensor(hres, cute.make_layout((T, n, n), stride=(n * n, n, 1)))
         gHp = cute.make_tensor(hpost, cute.make_layout((T, n), stride=(n, 1)))
         gP = cute.make_tensor(p_proj, cute.make_layout((CL, T, NPAD), stride=(T * NPAD, NPAD, 1)))
@@ -325,13 +314,13 @@ def _kernel(cfg: cutlass.Constexpr, tma_res: cute.CopyAtom, mRes: cute.Tensor, t
         for i in cutlass.range_constexpr(n):
             hb[i] = cute.arch.load(hbias + i, Float32)
         _load_h(hr, hp, gHr, gHp, cid * BMT + tok, T, n)
-        rv = cute.make_rmem_tensor(cute.make_layout((n, VW), stride=(VW, 1)), BFloat16)
-        xv = cute.make_rmem_tensor(cute.make_layout(VW), BFloat16)
-        bv = cute.make_rmem_tensor(cute.make_layout(VW), BFloat16)
-        ov = cute.make_rmem_tensor(cute.make_layout(VW), BFloat16)
+        rv = cute.make_rmem_tensor(cute.make_layout((n, 4), stride=(4, 1)), BFloat16)
+        xv = cute.make_rmem_tensor(cute.make_layout(4), BFloat16)
+        bv = cute.make_rmem_tensor(cute.make_layout(4), BFloat16)
+        ov = cute.make_rmem_tensor(cute.make_layout(4), BFloat16)
         v8 = cute.make_rmem_tensor(cute.make_layout(8), BFloat16)
         acc8 = cute.make_rmem_tensor(cute.make_layout(8), Float32)
-        xb = cute.make_rmem_tensor(cute.make_layout(VW), Float32)
+        xb = cute.make_rmem_tensor(cute.make_layout(4), Float32)
         hpre = cute.make_rmem_tensor(cute.make_layout(n), Float32)
         pre = cute.make_rmem_tensor(cute.make_layout(n + 1), Float32)   # the row's pre sums, then its squares
         rk = cute.make_rmem_tensor(cute.make_layout(CL), Float32)        # one field of the CL ranks' partials
@@ -361,62 +350,52 @@ def _kernel(cfg: cutlass.Constexpr, tma_res: cute.CopyAtom, mRes: cute.Tensor, t
             m = cid + j * ncl
             par = j % 2
             for k in cutlass.range(nk, unroll=1):
-                if k % 2 == wc or not PP:   # PP: warpgroup wc takes chunks wc, wc + 2, ..
-                    ch = rank + k * CL
-                    pipe.consumer_wait(rst)
-                    st = rst.index
+                ch = rank + k * CL
+                pipe.consumer_wait(rst)
+                st = rst.index
+                for i in cutlass.range_constexpr(n):
+                    cute.autovec_copy(cute.make_tensor(ring.iterator + (st * KT + i) * TE + e, cute.make_layout(4)),
+                                      rv[i, None])
+                cute.autovec_copy(cute.make_tensor(ring.iterator + (st * KT + n) * TE + e, cute.make_layout(4)), xv)
+                if const_expr(cfg.HAS_BIAS):
+                    cute.autovec_copy(cute.make_tensor(sB.iterator + st * 64 + lc, cute.make_layout(4)), bv)
+                    for w_ in cutlass.range_constexpr(4):
+                        xb[w_] = xv[w_].to(Float32) + bv[w_].to(Float32)
+                else:
+                    for w_ in cutlass.range_constexpr(4):
+                        xb[w_] = xv[w_].to(Float32)
+                sc = Float32(0.0)
+                for i in cutlass.range_constexpr(n):
+                    for w_ in cutlass.range_constexpr(4):
+                        i_h = 0 if cfg.CUT & 2 else i   # CUT 2: every stream formed as stream 0 (hoisted)
+                        o = hp[i_h] * xb[w_]
+                        for jj in cutlass.range_constexpr(n):
+                            o = o + hr[i_h * n + jj] * rv[jj, w_].to(Float32)
+                        ov[w_] = BFloat16(o)
+                        f_ = ov[w_].to(Float32)   # the rounded value's square (what mhc_pre sees)
+                        sc = sc + f_ * f_
+                    cute.autovec_copy(ov, cute.make_tensor(outb.iterator + (k * n + i) * TE + e, cute.make_layout(4)))
+                y_ = sc - ssc
+                t_s = ss + y_
+                ssc = (t_s - ss) - y_
+                ss = t_s
+                cute.arch.fence_proxy("async.shared", space="cta")
+                sync()   # the chunk's out tiles written (and visible to the async proxy)
+                if t == 0:
                     for i in cutlass.range_constexpr(n):
-                        cute.autovec_copy(cute.make_tensor(ring.iterator + (st * KT + i) * TE + e,
-                                                           cute.make_layout(VW)), rv[i, None])
-                    cute.autovec_copy(cute.make_tensor(ring.iterator + (st * KT + n) * TE + e, cute.make_layout(VW)),
-                                      xv)
-                    if const_expr(cfg.HAS_BIAS):
-                        cute.autovec_copy(cute.make_tensor(sB.iterator + st * 64 + lc, cute.make_layout(VW)), bv)
-                        for w_ in cutlass.range_constexpr(VW):
-                            xb[w_] = xv[w_].to(Float32) + bv[w_].to(Float32)
-                    else:
-                        for w_ in cutlass.range_constexpr(VW):
-                            xb[w_] = xv[w_].to(Float32)
-                    sc = Float32(0.0)
-                    for i in cutlass.range_constexpr(n):
-                        for w_ in cutlass.range_constexpr(VW):
-                            i_h = 0 if cfg.CUT & 2 else i   # CUT 2: every stream formed as stream 0 (hoisted)
-                            o = hp[i_h] * xb[w_]
-                            for jj in cutlass.range_constexpr(n):
-                                o = o + hr[i_h * n + jj] * rv[jj, w_].to(Float32)
-                            ov[w_] = BFloat16(o)
-                            f_ = ov[w_].to(Float32)   # the rounded value's square (what mhc_pre sees)
-                            sc = sc + f_ * f_
-                        cute.autovec_copy(ov, cute.make_tensor(outb.iterator + (k * n + i) * TE + e,
-                                                               cute.make_layout(VW)))
-                    y_ = sc - ssc
-                    t_s = ss + y_
-                    ssc = (t_s - ss) - y_
-                    ss = t_s
-                    cute.arch.fence_proxy("async.shared", space="cta")
-                    if const_expr(PP):   # the chunk's out tiles written (and visible to the async proxy)
-                        cute.arch.barrier(barrier_id=BAR_CONS + 1 + wc, number_of_threads=128)
-                    else:
-                        sync()
-                    if ct_ == 0 and (wc == 0 or PP):
-                        for i in cutlass.range_constexpr(n):
-                            cute.copy(tma_out, tOs[None, k * n + i], tOg[None, ch, m, i])
-                        cute.arch.cp_async_bulk_commit_group()
-                    if const_expr(PP):
-                        _wgmmas(mma, pacc, tA, tB, st, k, 0, 1, n)
+                        cute.copy(tma_out, tOs[None, k * n + i], tOg[None, ch, m, i])
+                    cute.arch.cp_async_bulk_commit_group()
+                _wgmmas(mma, pacc, tA, tB, st, k, wc, n)
+                if const_expr(n > 1):   # warpgroup wc's streams wc, wc + 2, .. (n = 1: warpgroup 0's alone)
+                    _kahan(tot, comp, pacc)
+                else:
+                    if wc == 0:
                         _kahan(tot, comp, pacc)
-                    else:
-                        _wgmmas(mma, pacc, tA, tB, st, k, wc, 2, n)
-                        if const_expr(n > 1):
-                            _kahan(tot, comp, pacc)
-                        else:
-                            if wc == 0:
-                                _kahan(tot, comp, pacc)
-                    CU.release_read_stage(pipe, rst)
+                CU.release_read_stage(pipe, rst)
                 rst.advance()
             # ---- the tile's partials: p_proj / p_ss (this rank's planes) and the exchange buffer (pre, squares)
             _load_h(hrn, hpn, gHr, gHp, (m + ncl) * BMT + tok, T, n)   # the next tile's h, behind the exchange
-            if const_expr(n > 1 or PP):   # warpgroup 1 has products
+            if const_expr(n > 1):   # warpgroup 1 has products
                 if wc == 1:
                     for e2 in cutlass.range_constexpr(cute.size(tot)):
                         j_, tk_ = cAcc[e2]
@@ -434,7 +413,7 @@ def _kernel(cfg: cutlass.Constexpr, tma_res: cute.CopyAtom, mRes: cute.Tensor, t
                     g_ = m * BMT + tk_
                     if j_ < NPAD:
                         v = tot[e2]
-                        if const_expr(n > 1 or PP):
+                        if const_expr(n > 1):
                             v = v + sP[j_, tk_]
                         if j_ >= N:
                             v = Float32(0.0)
@@ -455,7 +434,7 @@ def _kernel(cfg: cutlass.Constexpr, tma_res: cute.CopyAtom, mRes: cute.Tensor, t
             if const_expr(not (cfg.CUT & 1)):
                 if t >= VT + 32 and t < VT + 64:   # warpgroup 1's second warp: no global or bulk stores of its own
                     _xlock(bars, j, rank, CL)
-            if ct_ == 0 and (wc == 0 or PP):   # out's stores have read the slots layer_in overwrites
+            if t == 0:   # out's stores have read the slots layer_in overwrites
                 cute.arch.cp_async_bulk_wait_group(0, read=True)
             sync()
             # ---- the row's sums: thread (f, tk), f <= n, sums field f (pre column f, then the squares) of token tk

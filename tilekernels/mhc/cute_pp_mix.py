@@ -75,7 +75,7 @@ class PpMixCuteCfg(TokenCtaCfg):
         ptxas gives that kernel an 8-byte stack frame)."""
         q = cls.TT * NPAD // 4   # the 16-byte pieces of a CTA's rows of a plane: NT divides them
         return cls(n=n, NPAD=NPAD, SPLIT=SPLIT, ITERS=ITERS, APPROX=APPROX,
-                   NT=128 if n == 1 else next(nt for nt in (512, 256, 128, 64, 32) if q % nt == 0))
+                   NT=128 if n == 1 else next(nt for nt in (512, 256, 128) if q % nt == 0))
 
     @property
     def Q(self) -> int:
