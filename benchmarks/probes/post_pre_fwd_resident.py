@@ -57,6 +57,7 @@ from cutlass.utils import LayoutEnum
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import post_pre_bwd_skeleton as SK  # noqa: E402  (its lock step: the cluster's per-tile barrier)
 from tilekernels import _cute as CU  # noqa: E402
+from tilekernels.mhc.cute_post_pre_res import cluster_walk  # noqa: E402
 from tilekernels.mhc.cute_proj_rms import _smem_tensor  # noqa: E402
 from tilekernels.mhc.cute_proj_rms_fwd import _kahan  # noqa: E402
 
@@ -326,14 +327,7 @@ def _kernel(cfg: cutlass.Constexpr, tma_res: cute.CopyAtom, mRes: cute.Tensor, t
     n, S, CL, BMT, TE = cfg.n, cfg.STAGES, cfg.CL, cfg.BMT, cfg.tile_elems
     KT = n + 1   # ring tiles a stage: the n residual tiles, then x
     tidx, _, _ = cute.arch.thread_idx()
-    bid, _, _ = cute.arch.block_idx()
-    gdim, _, _ = cute.arch.grid_dim()
-    rank = bid % CL
-    cid = bid // CL
-    ncl = gdim // CL
-    tiles = (T + BMT - 1) // BMT
-    ntile = (tiles - cid + ncl - 1) // ncl
-    nk = (cfg.nch - rank + CL - 1) // CL
+    rank, cid, ncl, ntile, nk = cluster_walk(cfg.nch, CL, BMT, T)
     warp = cute.arch.make_warp_uniform(cute.arch.warp_idx())
     wg = cute.arch.make_warp_uniform(tidx // 128)
     if warp == 0:

@@ -288,72 +288,59 @@ CUTE_MIX = True
 RESIDENT = False
 
 
-def resident_fwd_launches(h_res, residual, h_post, x, weight, hbias, bias, out, layer_in, h_post_next, h_res_next,
-                          proj, r, alpha_pre, alpha_post, alpha_res, iters, rms_eps, sinkhorn_eps) -> list | None:
-    """The resident forward's steps (T > 0), or None where it does not apply: h staged to fp32 when bf16, the pass
-    (out, layer_in, the ranks' partial planes p_proj [CL, T, NPAD] and p_ss [CL, T]), cute_pp_mix on the planes."""
+def _resident_cfg(residual, weight, bias, h_post_next, h_res_next) -> "RS.PostPreResCuteCfg | None":
+    """The resident pass's config where RESIDENT is on and it applies (its heuristic fits the shape, the epilogue's
+    outputs are fp32, the planes indexable in int32), else None."""
     T, n, C = residual.shape
-    N = weight.shape[0]
     f32 = torch.float32
-    rcfg = RS.PostPreResCuteCfg.heuristic(n, C, N, bias is not None)
-    if (not RESIDENT or rcfg is None or T == 0 or h_post_next.dtype != f32 or h_res_next.dtype != f32
+    rcfg = RS.PostPreResCuteCfg.heuristic(n, C, weight.shape[0], bias is not None) if RESIDENT else None
+    if (rcfg is None or T == 0 or h_post_next.dtype != f32 or h_res_next.dtype != f32
             or rcfg.CL * T * rcfg.NPAD >= 2 ** 31):
         return None
     if rcfg.CUT:
         raise ValueError(f"mhc_post_pre cute resident fwd: CUT {rcfg.CUT} is a probe's config (wrong results)")
-    cfg = pp._cfg(residual, iters, None)
-    p = cfg.pre
-    dev = residual.device
-    stage, h_res, h_post = pb._h32(h_res, h_post, cfg.pb, force=True)
-    p_proj = torch.empty((rcfg.CL, T, rcfg.NPAD), dtype=f32, device=dev)
-    p_ss = torch.empty((rcfg.CL, T), dtype=f32, device=dev)
-    h_pre = torch.empty((T, n), dtype=f32, device=dev)   # the mix's (the pass formed its own, the same values)
-    dst = out if out.data_ptr() % 16 == 0 else torch.empty_like(out)
-    li = layer_in if layer_in.data_ptr() % 16 == 0 and layer_in.is_contiguous() else torch.empty_like(layer_in)
-    xs = aligned16(x)
-    hb = hbias.to(f32).contiguous()
-    steps = [*stage, functools.partial(RS.launch(rcfg).run, aligned16(residual), xs,
-                                       aligned16(bias) if bias is not None else xs, aligned16(weight),
-                                       h_res.contiguous(), h_post.contiguous(), hb, dst, li, p_proj, p_ss, T,
-                                       RS.ctas(rcfg, T, dev), float(rms_eps), float(alpha_pre))]
-    steps += [functools.partial(t.copy_, s) for t, s in ((out, dst), (layer_in, li)) if s is not t]
-    scal = (float(rms_eps), float(alpha_pre), float(alpha_post), float(alpha_res), float(sinkhorn_eps))
-    steps.append(functools.partial(CM.run_mix, p_proj, p_ss, hb, proj, r, h_pre, h_post_next, h_res_next,
-                                   float(n * C), *scal, p.ITERS, bool(p.APPROX)))
-    return steps
+    return rcfg
 
 
 def fused_fwd_launches(h_res, residual, h_post, x, weight, hbias, bias, out, layer_in, h_post_next, h_res_next, proj,
                        r, alpha_pre, alpha_post, alpha_res, iters, rms_eps, sinkhorn_eps) -> list:
-    """The fused forward's steps (T > 0): h staged to fp32 when bf16, the CuTe DSL pass (out, projection and
-    squares partials, one plane a sibling CTA of a row tile), cutile_post_pre.mhc_pp_mix (the planes summed in order,
-    then the epilogue), the aggregate."""
+    """The fused forward's steps (T > 0): h staged to fp32 when bf16; a CuTe DSL pass writing out and the projection
+    and squares partials, one plane a CTA of a row tile (cute_post_pre_fwd's, or with RESIDENT cute_post_pre_res's,
+    which writes layer_in too); the epilogue (cute_pp_mix or cuTile's mhc_pp_mix: the planes summed in order, then
+    mhc_pre's r, h and Sinkhorn); cuTile's aggregate (not after the resident pass)."""
     T, n, C = residual.shape
     N = weight.shape[0]
     cfg = pp._cfg(residual, iters, None)
     p = cfg.pre
     dev, f32 = residual.device, torch.float32
+    rcfg = _resident_cfg(residual, weight, bias, h_post_next, h_res_next)
     stage, h_res, h_post = pb._h32(h_res, h_post, cfg.pb, force=True)
-    fcfg = F.PostPreFwdCuteCfg.heuristic(n, C, N, p.pr.NPAD, bias is not None)
-    p_proj = torch.empty((fcfg.SPLIT, T, p.pr.NPAD), dtype=f32, device=dev)   # one plane a split
-    p_ss = torch.empty((fcfg.SPLIT, T), dtype=f32, device=dev)
-    h_pre = torch.empty((T, n), dtype=f32, device=dev)
+    fcfg = None if rcfg else F.PostPreFwdCuteCfg.heuristic(n, C, N, p.pr.NPAD, bias is not None)
+    planes, npad = (rcfg.CL, rcfg.NPAD) if rcfg else (fcfg.SPLIT, p.pr.NPAD)
+    p_proj = torch.empty((planes, T, npad), dtype=f32, device=dev)   # one plane a CTA of a row tile
+    p_ss = torch.empty((planes, T), dtype=f32, device=dev)
+    h_pre = torch.empty((T, n), dtype=f32, device=dev)   # (the resident pass forms its own: the same values)
     dst = out if out.data_ptr() % 16 == 0 else torch.empty_like(out)
     xs = aligned16(x)
-    steps = [*stage, functools.partial(F.launch(fcfg).run, aligned16(residual), xs,
-                                       aligned16(bias) if bias is not None else xs, aligned16(weight), h_res, h_post,
-                                       dst, p_proj, p_ss, T)]
-    if dst is not out:
-        steps.append(functools.partial(out.copy_, dst))
+    srcs = (aligned16(residual), xs, aligned16(bias) if bias is not None else xs, aligned16(weight))
+    if rcfg:
+        li = layer_in if layer_in.data_ptr() % 16 == 0 and layer_in.is_contiguous() else torch.empty_like(layer_in)
+        run = functools.partial(RS.launch(rcfg).run, *srcs, h_res.contiguous(), h_post.contiguous(), hbias.contiguous(),
+                                dst, li,
+                                p_proj, p_ss, T, RS.ctas(rcfg, T, dev), float(rms_eps), float(alpha_pre))
+    else:
+        li = layer_in
+        run = functools.partial(F.launch(fcfg).run, *srcs, h_res, h_post, dst, p_proj, p_ss, T)
+    steps = [*stage, run] + [functools.partial(t.copy_, s) for t, s in ((out, dst), (layer_in, li)) if s is not t]
     scal = (float(rms_eps), float(alpha_pre), float(alpha_post), float(alpha_res), float(sinkhorn_eps))
-    if CUTE_MIX and h_post_next.dtype == f32 and h_res_next.dtype == f32:
+    if rcfg or (CUTE_MIX and h_post_next.dtype == f32 and h_res_next.dtype == f32):
         steps.append(functools.partial(CM.run_mix, p_proj, p_ss, hbias, proj, r, h_pre, h_post_next, h_res_next,
                                        float(n * C), *scal, p.ITERS, bool(p.APPROX)))
     else:
         steps.append(Launch(pp.mhc_pp_mix, (cdiv(T, cfg.TE),),
                             (p_proj, p_ss, hbias, proj, r, h_pre, h_post_next, h_res_next, float(n * C), *scal, n,
                              p.NP, p.pr.NPAD, cfg.TE, fcfg.SPLIT, p.ITERS, p.APPROX, False), cfg))
-    return steps + [agg.fwd_launch(out, h_pre, layer_in, p.agg)]
+    return steps if rcfg else steps + [agg.fwd_launch(out, h_pre, layer_in, p.agg)]
 
 
 @kernel("mhc_post_pre", "cute", "fwd")
@@ -361,12 +348,6 @@ def post_pre_fwd(h_res, residual, h_post, x, weight, hbias, bias, out, layer_in,
                  alpha_pre: float, alpha_post: float, alpha_res: float, iters: int, rms_eps: float,
                  sinkhorn_eps: float):
     if FUSE_FWD and residual.shape[0] > 0:
-        steps = resident_fwd_launches(h_res, residual, h_post, x, weight, hbias, bias, out, layer_in, h_post_next,
-                                      h_res_next, proj, r, alpha_pre, alpha_post, alpha_res, iters, rms_eps,
-                                      sinkhorn_eps)
-        if steps is not None:
-            pp.run(steps)
-            return
         pp.run(fused_fwd_launches(h_res, residual, h_post, x, weight, hbias, bias, out, layer_in, h_post_next,
                                   h_res_next, proj, r, alpha_pre, alpha_post, alpha_res, iters, rms_eps, sinkhorn_eps))
         return

@@ -193,6 +193,17 @@ def _wgmmas(mma, dst: cute.Tensor, tA: cute.Tensor, tB: cute.Tensor, widx: Int32
     warpgroup.wait_group(0)
 
 
+def cluster_walk(nch: int, CL: int, bmt: int, T: Int32):
+    """(called while a kernel is traced) This CTA's place in a persistent grid of CL-CTA clusters walking the row tiles
+    of bmt tokens: (rank in the cluster, cluster index, clusters, its tiles m = cluster, + clusters, .., its 64-channel
+    chunks rank, rank + CL, .. of nch)."""
+    bid, _, _ = cute.arch.block_idx()
+    gdim, _, _ = cute.arch.grid_dim()
+    rank, cid, ncl = bid % CL, bid // CL, gdim // CL
+    ntile = ((T + bmt - 1) // bmt - cid + ncl - 1) // ncl
+    return rank, cid, ncl, ntile, (nch - rank + CL - 1) // CL
+
+
 @cute.jit
 def _xlock(bars: cute.Pointer, j: Int32, rank: Int32, size: cutlass.Constexpr) -> None:
     """Tile j's exchange (one warp, every lane): lane 0 arrives on each peer's lock barrier j % 2 with cluster-scope
@@ -232,14 +243,7 @@ def _kernel(cfg: cutlass.Constexpr, tma_res: cute.CopyAtom, mRes: cute.Tensor, t
     n, N, S, CL, NPAD = cfg.n, cfg.N, cfg.STAGES, cfg.CL, cfg.NPAD
     KT = n + 1   # ring tiles a stage: the n residual tiles, then x
     tidx, _, _ = cute.arch.thread_idx()
-    bid, _, _ = cute.arch.block_idx()
-    gdim, _, _ = cute.arch.grid_dim()
-    rank = bid % CL
-    cid = bid // CL
-    ncl = gdim // CL
-    tiles = (T + BMT - 1) // BMT
-    ntile = (tiles - cid + ncl - 1) // ncl
-    nk = (cfg.nch - rank + CL - 1) // CL
+    rank, cid, ncl, ntile, nk = cluster_walk(cfg.nch, CL, BMT, T)
     warp = cute.arch.make_warp_uniform(cute.arch.warp_idx())
     wg = cute.arch.make_warp_uniform(tidx // 128)
     if warp == 0:
@@ -489,7 +493,7 @@ def _kernel(cfg: cutlass.Constexpr, tma_res: cute.CopyAtom, mRes: cute.Tensor, t
                 hp[i] = hpn[i]
                 for jj in cutlass.range_constexpr(n):
                     hr[i * n + jj] = hrn[i * n + jj]
-        if ct_ == 0:
+        if t == 0:   # the thread that issued every bulk store
             cute.arch.cp_async_bulk_wait_group(0, read=False)
     cute.arch.cluster_arrive()   # no CTA leaves while a peer may still read its exchange buffer or arrive
     cute.arch.cluster_wait()
