@@ -313,7 +313,7 @@ def main(argv=None) -> int:
 
 def report(name: str, meta: dict, rows: list[dict], first: str) -> None:
     """A traffic probe's rows: ``name``.json under $OUT (``meta`` and the rows), then ``first`` and a table of case,
-    us, % of copy and check (this probe's and post_pre_fwd_resident.py's)."""
+    us, % of copy and check."""
     if os.environ.get("OUT"):
         with open(os.path.join(os.environ["OUT"], f"{name}.json"), "w") as fh:
             json.dump(dict(meta, rows=rows), fh, indent=1)

@@ -9,6 +9,7 @@ within bf16 rounding, and layer_in from it and the pass's own h_pre recomputed i
 
     python benchmarks/probes/post_pre_res_cut.py          (cute bundle; JSON to $OUT)
     python benchmarks/probes/post_pre_res_cut.py --check T n C    (one checked launch: what the sanitizers run)
+    python benchmarks/probes/post_pre_res_cut.py --check-fused T n C    (the same for today's fused forward pass)
 """
 from __future__ import annotations
 
@@ -66,6 +67,35 @@ def check(T: int, n: int, C: int) -> int:
     return 0 if ok else 1
 
 
+def check_fused(T: int, n: int, C: int) -> int:
+    """One launch of today's fused forward pass (cute_post_pre_fwd, the op's default) at [T, n, C] with the op's
+    heuristic config (what the sanitizers run, as check does for the resident pass): out against float64 of its
+    formula, the summed planes against float64 of the pass's own out (the projection's first N columns and the sums
+    of squares), every used plane element written (NaN-poisoned first)."""
+    from tilekernels.mhc import cute_post_pre_fwd as F
+
+    N = n * n + 2 * n
+    res, x, bias, w, hres, hpost, _ = _inputs(T, n, C)
+    npad = 16 if N <= 16 else 32
+    cfg = F.PostPreFwdCuteCfg.heuristic(n, C, N, npad, True)
+    out = torch.full_like(res, float("nan"))
+    pp_ = torch.full((cfg.SPLIT, T, npad), float("nan"), device="cuda")
+    ps = torch.full((cfg.SPLIT, T), float("nan"), device="cuda")
+    F.launch(cfg).run(res, x, bias, w, hres, hpost, out, pp_, ps, T)
+    torch.cuda.synchronize()
+    ref = hpost.double()[:, :, None] * (x.double() + bias.double())[:, None] + \
+        torch.einsum("tij,tjc->tic", hres.double(), res.double())
+    o64 = out.double()
+    eo = ((o64 - ref).norm() / ref.norm()).item()
+    pw = o64.view(T, -1) @ w.double().t()
+    ep = ((pp_.double().sum(0)[:, :N] - pw).norm() / pw.norm()).item()
+    ss = o64.view(T, -1).square().sum(1)
+    es = ((ps.double().sum(0) - ss).norm() / ss.norm()).item()
+    ok = eo < 1e-2 and ep < 1e-5 and es < 1e-5 and not pp_[:, :, :N].isnan().any() and not ps.isnan().any()
+    print(f"check_fused T={T} n={n} C={C} {cfg}: out {eo:.1e} proj {ep:.1e} ss {es:.1e}", "ok" if ok else "WRONG")
+    return 0 if ok else 1
+
+
 def main() -> int:
     import json
 
@@ -75,6 +105,8 @@ def main() -> int:
 
     if len(sys.argv) > 1 and sys.argv[1] == "--check":
         return check(*map(int, sys.argv[2:5]))
+    if len(sys.argv) > 1 and sys.argv[1] == "--check-fused":
+        return check_fused(*map(int, sys.argv[2:5]))
     T, n, C = 32768, 4, 7168
     N = n * n + 2 * n
     f4, dev = torch.float32, "cuda"

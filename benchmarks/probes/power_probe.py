@@ -12,8 +12,8 @@ Workloads (``--rows``): ``copy`` (1.88 GB copy_), ``pbda_fwd`` / ``pbda_bwd`` (h
 ``pr_fwd`` / ``pr_bwd`` (mhc_proj_rms's: the forward kernel, the backward with its reduction),
 ``skel`` / ``skel:LOCK=2`` (post_pre_bwd_skeleton.py's backward traffic, consumers idle), and post_pre_pass_ab.py's
 rows (``bwd``, ``fwd``, ``dhdw``, with FIELD=V changes); ``decode:B=32`` (gdn_decode's TMA ring, fp32 state, 50 steps
-a CUDA graph: the row's us are 50 steps') and ``decode_copy:B=32`` (an SM copy of a step's bytes, the same way); ``res:FIELD=V:..`` (post_pre_fwd_resident.py's pass,
-its ResCfg fields).
+a CUDA graph: the row's us are 50 steps') and ``decode_copy:B=32`` (an SM copy of a step's bytes, the same way); ``res:FIELD=V:..`` (mhc_post_pre's
+resident forward pass, cute_post_pre_res, its PostPreResCuteCfg fields).
 
     source .gpu-cute/env.sh && python3 benchmarks/probes/power_probe.py --rows copy,skel,bwd --out "$OUT"
 """
@@ -100,19 +100,24 @@ def _workload(spec):
         o = [torch.empty(T, n, C, dtype=bf, device="cuda"), torch.empty(T, C, dtype=bf, device="cuda")]
         ln = S.launch(cfg)
         return lambda: ln.run(*t, w, *o, T)
-    if name == "res":   # post_pre_fwd_resident.py's pass (session 39), ResCfg fields as FIELD=V
-        import post_pre_fwd_resident as R
+    if name == "res":   # mhc_post_pre's resident forward pass (cute_post_pre_res), PostPreResCuteCfg fields as FIELD=V
+        import dataclasses
 
-        cfg = R.ResCfg(**changes)
-        bf = torch.bfloat16
+        from tilekernels.mhc import cute_post_pre_res as RS
+
+        N = n * n + 2 * n
+        cfg = dataclasses.replace(RS.PostPreResCuteCfg.heuristic(n, C, N, True), **changes)
+        bf, f4 = torch.bfloat16, torch.float32
         res, x = torch.randn(T, n, C, device="cuda").to(bf), torch.randn(T, C, device="cuda").to(bf)
-        w = ((torch.randn(24, n * C, device="cuda") * 0.02) if cfg.PROJ
-             else torch.randn(cfg.WR or cfg.NPK, cfg.nch * 256, device="cuda")).to(bf)
+        bias = torch.randn(C, device="cuda").to(bf)
+        w = (torch.randn(N, n * C, device="cuda") * (n * C) ** -0.5).to(bf)
+        hres, hpost = torch.softmax(torch.randn(T, n, n, device="cuda"), -1), torch.rand(T, n, device="cuda") * 2
+        hb = torch.randn(N, device="cuda")
         out, li = torch.empty_like(res), torch.empty_like(x)
-        pp = torch.empty(cfg.CL, T, 24, device="cuda") if cfg.PROJ else torch.empty(4, device="cuda")
-        ps = torch.empty(cfg.CL, T, device="cuda") if cfg.PROJ else torch.empty(4, device="cuda")
-        ln, nct = R.launch(cfg), R.ctas(cfg, T)
-        return lambda: ln.run(res, x, w, out, li, pp, ps, T, nct)
+        pp = torch.empty(cfg.CL, T, cfg.NPAD, device="cuda", dtype=f4)
+        ps = torch.empty(cfg.CL, T, device="cuda", dtype=f4)
+        ln, nct = RS.launch(cfg), RS.ctas(cfg, T, torch.device("cuda"))
+        return lambda: ln.run(res, x, bias, w, hres, hpost, hb, out, li, pp, ps, T, nct, 1e-6, 1.0)
     import post_pre_pass_ab as P
 
     cfg = P._cfg(name, changes, n, C, n * n + 2 * n, 32)

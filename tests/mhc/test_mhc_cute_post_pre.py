@@ -247,50 +247,6 @@ def test_pass_skeleton_probe_compiles():
     assert P.SkelCfg().stage_bytes == 10 * 64 * 64 * 2 + 2 * 128 * 32 * 2
 
 
-def test_resident_forward_probe_compiles():
-    """benchmarks/probes/post_pre_fwd_resident.py (session 39: a forward that keeps a 16-token row tile's out in its
-    cluster's shared memory and writes layer_in, so the aggregate's second read of out goes away): the timed configs
-    compile with their TMA loads and stores (out and layer_in from the out buffer), fenced releases, the setmaxnreg
-    budget, CL - 1 remote arrives a tile (the cluster's exchange) and the closing cluster barrier, and fit in an SM's
-    shared memory; the ring's transaction count is the bytes a stage loads."""
-    P = probe_module("post_pre_fwd_resident")
-    for _, cfg in P.cases():
-        assert cfg.smem_bytes <= 227 * 1024, cfg   # the probe's own estimate (the launch fails above the real limit)
-        art = P.launch(cfg).export("sm_90a")
-        assert "cp.async.bulk.tensor.3d.shared::cta.global" in art.ptx    # residual tiles
-        assert "cp.async.bulk.tensor.3d.global.shared::cta" in art.ptx    # out tiles
-        assert "cp.async.bulk.tensor.2d.global.shared::cta" in art.ptx    # layer_in tiles
-        lines = art.ptx.splitlines()   # the ring's releases fenced (the cluster lock's remote arrives release no stage)
-        assert not [i for i in unfenced_releases(art.ptx) if "shared::cluster" not in lines[i - 1]], cfg
-        # MWG: three roles (producer warpgroup 40, two out warpgroups 184, the products' warpgroup 104)
-        need, have = setmaxnreg_budget(art, roles={40: 128, 184: 256, 104: 128} if cfg.MWG else None)
-        assert 0 < need <= have
-        remote = [ln for ln in art.ptx.splitlines() if "mbarrier.arrive" in ln and "shared::cluster" in ln]
-        assert len(remote) == cfg.CL - 1 and "barrier.cluster.wait" in art.ptx
-        mmas = re.findall(r"wgmma\.mma_async\.sync\.aligned\.(m64n\d+k16)\.f32\.bf16\.bf16 \{[^}]*\}, (\{|%rd)",
-                          art.ptx)   # (shape, A operand: a register list or a descriptor) after D's registers
-        assert {m for m, _ in mmas} == ({"m64n16k16"} if cfg.PROJ and not cfg.MSYNC else set()), (cfg, mmas)
-        if cfg.HALFV:   # the out math's residual and x reads: 8-byte vectors (each value read once)
-            assert "ld.shared.v4.b16" in art.ptx, cfg
-        if cfg.MSYNC:   # warp-level products: a warp's 2 k-steps x 3 N atoms in each of its 2 branches (k-step
-            #             halves), A by ldmatrix x4 (one a k-step), B by x2 (one an atom), no padded rows, no spills
-            assert art.ptx.count("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32") == 12 and not mmas
-            assert art.ptx.count("ldmatrix.sync.aligned.m8n8.x4.shared.b16") == 4
-            assert art.ptx.count("ldmatrix.sync.aligned.m8n8.x2.shared.b16") == 12
-            assert [r["frame"] for k_, r in cubin_resources(art.cubin).items() if "kernel" in k_] == [0]
-        elif cfg.PROJ:   # A from shared memory (a descriptor) unless RS (a register list); B always a descriptor
-            assert {a for _, a in mmas} == {"{" if cfg.RS else "%rd"}, mmas
-    with pytest.raises(ValueError, match="PROJ needs MATH"):
-        P.ResCfg(PROJ=True)
-    for bad in (dict(MSYNC=True), dict(PROJ=True, MATH=True, MSYNC=True, MWG=True), dict(PROJ=True, MATH=True, LAG=True,
-                                                                                          SW=2)):
-        with pytest.raises(ValueError, match="variant combination"):
-            P.ResCfg(**bad)
-    c = P.ResCfg(STAGES=5, NCL=15, WR=24)
-    assert c.nk == 14 and c.stage_bytes == 5 * 64 * 16 * 2 + 4 * 64 * 24 * 2
-    assert P.ctas(c, 32768) == 8 * 15 and P.ctas(P.ResCfg(), 32768) == 8 * 2048
-
-
 def test_setmaxnreg_budget_flags_a_hang():
     """setmaxnreg_budget (the compile tests' guard): the fused forward's roles fit its launch allocation (40 x 128 +
     232 x 256 = 168 x 384); consumers asking 240 would not (setmaxnreg.inc would wait forever on the GPU)."""

@@ -133,19 +133,27 @@ def _store_out(cfg: cutlass.Constexpr, tma_o: cute.CopyAtom, tOs: cute.Tensor, t
 
 
 @cute.jit
-def _proj_chunk(mma, acc: cute.Tensor, tot: cute.Tensor, comp: cute.Tensor, tA: cute.Tensor, tB: cute.Tensor,
-                st: Int32, wc: Int32, n: cutlass.Constexpr):
-    """Warpgroup wc's projection products of stage st (its streams i = wc, wc + 2, ...: 4 k-steps each) into
-    acc (the first from zero by its scale-d flag), retired, then Kahan-added to tot (compensation comp)."""
+def stream_wgmmas(mma, dst: cute.Tensor, tA: cute.Tensor, tB: cute.Tensor, a: Int32, b: Int32, wc: Int32,
+                  n: cutlass.Constexpr):
+    """Warpgroup wc's projection products of its streams i = wc, wc + 2, ... (4 k-steps each; A slots a * n + i,
+    B slots b * n + i) into dst (the first from zero by its scale-d flag), committed and retired. Shared with the
+    resident pass (cute_post_pre_res), whose weight and out slots are indexed apart."""
     warpgroup.fence()
     for s_ in cutlass.range_constexpr((n + 1) // 2):
         i = 2 * s_ + wc
         if i < n:
             for kb in cutlass.range_constexpr(CC // 16):
                 mma.set(warpgroup.Field.ACCUMULATE, not (s_ == 0 and kb == 0))
-                cute.gemm(mma, acc, tA[None, None, kb, st * n + i], tB[None, None, kb, st * n + i], acc)
+                cute.gemm(mma, dst, tA[None, None, kb, a * n + i], tB[None, None, kb, b * n + i], dst)
     warpgroup.commit_group()
     warpgroup.wait_group(0)
+
+
+@cute.jit
+def _proj_chunk(mma, acc: cute.Tensor, tot: cute.Tensor, comp: cute.Tensor, tA: cute.Tensor, tB: cute.Tensor,
+                st: Int32, wc: Int32, n: cutlass.Constexpr):
+    """Stage st's products (stream_wgmmas) into acc, then Kahan-added to tot (compensation comp)."""
+    stream_wgmmas(mma, acc, tA, tB, st, st, wc, n)
     _kahan(tot, comp, acc)
 
 

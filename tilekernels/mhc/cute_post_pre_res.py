@@ -7,8 +7,8 @@ and cuTile's aggregate reads out again for layer_in: 9 + 5 units of [T, C] bf16 
 ~1111 + ~530 us). layer_in needs h_pre, h_pre needs the whole row's projection, so layer_in cannot be formed while
 out streams past. Here a cluster of CL CTAs holds a 16-token row tile's out in shared memory (CTA r its 64-channel
 chunks r, r + CL, ..: 14 chunks x n streams x [16 tok, 64 ch] = 112 KiB at C = 7168, n = 4, CL = 8), exchanges the
-row's sums and forms layer_in from shared memory: 10 units instead of 14 (the probe that measured the pattern:
-benchmarks/probes/post_pre_fwd_resident.py; times in the mHC ledger).
+row's sums and forms layer_in from shared memory: 10 units instead of 14 (session 39's probe of the pattern, since
+retired: `git show 9a892f6:benchmarks/probes/post_pre_fwd_resident.py`; times in the mHC ledger).
 
 Measured (H200, T=32768, n=4, C=7168, bf16, fp32 h, bias; session 40, the mHC ledger): correct, but slower than the
 two passes it replaces, so RESIDENT is off: this pass 2048-2065 us against 1661 (fused pass 1123 + aggregate 538) in
@@ -71,6 +71,7 @@ from cutlass.utils import LayoutEnum
 from tilekernels import _cute as CU
 
 from .cute_post_pre_bwd import bias_ring
+from .cute_post_pre_fwd import stream_wgmmas
 from .cute_proj_rms import _smem_tensor
 from .cute_proj_rms_fwd import _kahan
 
@@ -175,22 +176,6 @@ def _a_one():
 def _w_box():
     """The TMA box of a weight load: an A tile's first 24 rows (the boxes sit 3 KiB = 1536 elements apart)."""
     return cute.make_composed_layout(_a_one().inner, 0, cute.make_layout(((8, 3), CC), stride=((CC, 512), 1)))
-
-
-@cute.jit
-def _wgmmas(mma, dst: cute.Tensor, tA: cute.Tensor, tB: cute.Tensor, widx: Int32, k_: Int32, wc: Int32,
-            n: cutlass.Constexpr):
-    """Warpgroup wc's streams wc, wc + 2 of chunk k_ (4 k-steps each; weight boxes widx * n + i, out slots
-    k_ * n + i) into dst (the first from zero by its scale-d flag), committed and retired."""
-    warpgroup.fence()
-    for s_ in cutlass.range_constexpr((n + 1) // 2):
-        i_ = 2 * s_ + wc
-        if i_ < n:
-            for kb in cutlass.range_constexpr(CC // 16):
-                mma.set(warpgroup.Field.ACCUMULATE, not (s_ == 0 and kb == 0))
-                cute.gemm(mma, dst, tA[None, None, kb, widx * n + i_], tB[None, None, kb, k_ * n + i_], dst)
-    warpgroup.commit_group()
-    warpgroup.wait_group(0)
 
 
 def cluster_walk(nch: int, CL: int, bmt: int, T: Int32):
@@ -389,7 +374,7 @@ def _kernel(cfg: cutlass.Constexpr, tma_res: cute.CopyAtom, mRes: cute.Tensor, t
                     for i in cutlass.range_constexpr(n):
                         cute.copy(tma_out, tOs[None, k * n + i], tOg[None, ch, m, i])
                     cute.arch.cp_async_bulk_commit_group()
-                _wgmmas(mma, pacc, tA, tB, st, k, wc, n)
+                stream_wgmmas(mma, pacc, tA, tB, st, k, wc, n)
                 if const_expr(n > 1):   # warpgroup wc's streams wc, wc + 2, .. (n = 1: warpgroup 0's alone)
                     _kahan(tot, comp, pacc)
                 else:
