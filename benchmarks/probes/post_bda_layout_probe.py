@@ -35,7 +35,8 @@ def _case(hd, h_last: bool, pad: int):
     keep = torch.empty(max(pad, 1), dtype=torch.uint8, device="cuda")
 
     def h():
-        return torch.softmax(torch.randn(T, n, n, device="cuda"), -1).to(hd), (torch.rand(T, n, device="cuda") * 2).to(hd)
+        hr = torch.softmax(torch.randn(T, n, n, device="cuda"), -1)
+        return hr.to(hd), (torch.rand(T, n, device="cuda") * 2).to(hd)
 
     hr, hp = (None, None) if h_last else h()
     res, x, bias = torch.randn(T, n, C, device="cuda").to(bf), torch.randn(T, C, device="cuda").to(bf), \

@@ -110,6 +110,20 @@ def test_dh_sums_reduce_scatter_shuffles(n):
     assert on <= 31 * -(-nv // 32) + 1 and (n != 4 or on == 22), (on, off)
 
 
+def test_cut_probe_field_refused_and_cuts_fmas():
+    """CUT 1 (post_bda_cut_probe.py's, wrong dh_res): 12 of the 16 dh_res FMAs a channel element out (96 a thread at
+    V = 8, 4 chunks' loop body), the residual loads kept; bwd_into refuses any CUT before it launches."""
+    v = (4, 7168, BF, F32, BF)
+    base = cp.PostBdaCuteCfg.heuristic(4, 7168, 2, True)
+    p0, p1 = (_launches(v, dataclasses.replace(base, CUT=c))["bwd"].export("sm_90a").ptx for c in (0, 1))
+    assert p0.count("fma.rn.f32") - p1.count("fma.rn.f32") == 12 * base.V
+    assert p0.count("ld.global.v4.b32") == p1.count("ld.global.v4.b32")
+    t, h2, h1 = torch.zeros(2, 4, 64, dtype=BF), torch.zeros(2, 4, 4), torch.zeros(2, 4)
+    cut = dataclasses.replace(cp.PostBdaCuteCfg.heuristic(4, 64, 2, False), CUT=1)
+    with pytest.raises(ValueError, match="probe"):
+        cp.bwd_into(t, h2, t, h1, t[:, 0], None, h2.clone(), t.clone(), h1.clone(), t[:, 0].clone(), None, cfg=cut)
+
+
 # the heuristic's headline config (bwd: 224 threads x 4 chunks a token, 2 CTAs an SM, chunk loop not
 # unrolled; fwd: one CTA a token) with, bwd: 448 threads x 2 chunks at one CTA an SM, 256 x 4 at two,
 # the loop unrolled twice, evict-first loads / stores; fwd: evict-first loads / stores, 4 or 8 CTAs an

@@ -133,6 +133,8 @@ class PostBdaCuteCfg:
     WSUM: bool = True  # bwd: the dh sums over a warp by a reduce-scatter butterfly (else an all-reduce a value)
     PDL: bool = True   # bwd: the dbias reduction a programmatic dependent launch (triggered at the bwd's start,
     #                    resident beside it, it waits for the bwd grid's end and partials: griddepcontrol.wait)
+    CUT: int = 0       # probe only, wrong dh_res (bwd_into refuses it): 1 dh_res's products for stream 0's row
+    #                    only (4 of its n * n = 16 FMAs a channel at n = 4; residual still loaded and converted)
 
     def __post_init__(self):
         if self.C % self.V or self.NT % 32 or self.NTB % 32 or self.NTB > 1024 or self.NT > 1024:
@@ -523,8 +525,9 @@ def _bwd_chunk(cfg: cutlass.Constexpr, q, t, rows, mD, mR, mX, mB, mDR, mDX, sb,
                     a = a + hr[i * n + j] * d[i, e]
                 dr[j, e] = a
             for i in cutlass.range_constexpr(n):
-                for j in cutlass.range_constexpr(n):
-                    acc[i * n + j] = acc[i * n + j] + d[i, e] * r[j, e]
+                if cutlass.const_expr(cfg.CUT != 1 or i == 0):
+                    for j in cutlass.range_constexpr(n):
+                        acc[i * n + j] = acc[i * n + j] + d[i, e] * r[j, e]
                 acc[n * n + i] = acc[n * n + i] + d[i, e] * xe
         _store(dr, _rows(mDR, rows, n, V, q), n, cfg.BSTREAM)
         _store(dx, _rows(mDX, Int64(t), 1, V, q), 1, cfg.BSTREAM)
@@ -729,6 +732,8 @@ def bwd_into(dout, h_res, residual, h_post, x, bias, dh_res, dresidual, dh_post,
             dbias.zero_()
         return
     cfg = cfg or config(residual, has_bias)
+    if cfg.CUT:
+        raise ValueError(f"mhc_h_post_bda cute bwd: CUT {cfg.CUT} is a probe's config (wrong dh_res)")
     dout, residual, x, bias = aligned16(dout), aligned16(residual), aligned16(x), aligned16(bias)
     dst = [t if _aligned(t) else torch.empty_like(t) for t in (dresidual, dx)]
     G = min(T, grid or _sms(residual.device) * cfg.CPS)
