@@ -66,6 +66,19 @@ def probe_record(**fields) -> dict:
     return res
 
 
+def save_probe_record(name: str, rows: list, **fields) -> dict:
+    """probe_record(**fields) with ``rows``, written to $OUT/``name``.json when $OUT is set (else only returned)."""
+    import json
+    import os
+
+    rec = probe_record(**fields)
+    rec["rows"] = rows
+    if os.environ.get("OUT"):
+        with open(os.path.join(os.environ["OUT"], f"{name}.json"), "w") as fh:
+            json.dump(rec, fh, indent=1)
+    return rec
+
+
 def wait_for(path: str | None, max_s: float) -> None:
     """Block until ``path`` exists (another job's "GPU work done" mark) or ``max_s`` pass, so
     timings start on a quiet GPU; prints how long it waited. No-op without a path."""

@@ -12,7 +12,6 @@ does with its state).
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import statistics
 import sys
@@ -23,7 +22,7 @@ sys.path[:0] = [ROOT, os.path.join(ROOT, "benchmarks")]
 import torch  # noqa: E402
 
 import gdn_decode_check as G  # noqa: E402
-from _gpu import probe_record  # noqa: E402
+from _gpu import save_probe_record  # noqa: E402
 
 
 def inplace_case(B: int, rep: int) -> float:
@@ -62,11 +61,7 @@ def main() -> int:
     for (B, kind), v in sorted(rows.items()):
         out.append(dict(B=B, row=kind, us=statistics.median(v), rounds=v, bytes=G.decode_bytes(B, **G.SHAPE)))
         print(f"{B:4d} {kind:8s} {statistics.median(v):10.2f}  {' '.join(f'{x:.2f}' for x in v)}")
-    if os.environ.get("OUT"):
-        rec = probe_record(shape=G.SHAPE, state="float32")
-        rec["rows"] = out
-        with open(os.path.join(os.environ["OUT"], "gdn_inplace_floor.json"), "w") as fh:
-            json.dump(rec, fh, indent=1)
+    save_probe_record("gdn_inplace_floor", out, shape=G.SHAPE, state="float32")
     return 0
 
 

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import json
 import os
 import statistics
 import sys
@@ -24,7 +23,7 @@ sys.path[:0] = [ROOT, os.path.join(ROOT, "benchmarks")]
 
 import torch  # noqa: E402
 
-from _gpu import bench, probe_record  # noqa: E402
+from _gpu import bench, save_probe_record  # noqa: E402
 
 T, n, C = 32768, 4, 7168
 
@@ -78,11 +77,7 @@ def main() -> int:
         m = statistics.median(times[c])
         rows.append(dict(h=str(c[0])[6:], CUT=c[1], us=m, rounds=times[c]))
         print(f"{str(c[0])[6:]:9s} {c[1]:3d} {m:9.1f}  {' '.join(f'{v:.1f}' for v in times[c])}", flush=True)
-    if os.environ.get("OUT"):
-        rec = probe_record(T=T, n=n, C=C, cut0_bitwise=ok)
-        rec["rows"] = rows
-        with open(os.path.join(os.environ["OUT"], "post_bda_cut_probe.json"), "w") as fh:
-            json.dump(rec, fh, indent=1)
+    save_probe_record("post_bda_cut_probe", rows, T=T, n=n, C=C, cut0_bitwise=ok)
     return 0
 
 

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import argparse
 import itertools
-import json
 import os
 import statistics
 import sys
@@ -24,7 +23,7 @@ sys.path[:0] = [ROOT, os.path.join(ROOT, "benchmarks")]
 
 import torch  # noqa: E402
 
-from _gpu import bench, probe_record  # noqa: E402
+from _gpu import bench, save_probe_record  # noqa: E402
 
 T, n, C = 32768, 4, 7168
 
@@ -83,11 +82,7 @@ def main() -> int:
         print(f"{str(hd)[6:]:9s} {'last' if h_last else 'first':8s} {pad:8d} {f:9.1f} {b:9.1f}  "
               f"{' '.join(f'{v:.1f}' for v in times[c]['bwd'])} / "
               f"{' '.join(f'{k}={v >> 10}' for k, v in addrs[c].items())}", flush=True)
-    if os.environ.get("OUT"):
-        with open(os.path.join(os.environ["OUT"], "post_bda_layout_probe.json"), "w") as fh:
-            rec = probe_record(T=T, n=n, C=C)
-            rec["rows"] = rows
-            json.dump(rec, fh, indent=1)
+    save_probe_record("post_bda_layout_probe", rows, T=T, n=n, C=C)
     return 0
 
 
