@@ -107,10 +107,6 @@ def _layouts(cfg):
 # reverted there: the passes run at the board's power cap, so the faster pattern bought no time)
 
 
-# the lock's two mbarriers (tilekernels._cute.cluster_lock: shared with mhc's resident forward pass)
-_lock_init = CU.cluster_lock
-
-
 @cute.jit
 def _lock_step(bars: cute.Pointer, k: Int32, rank: Int32, size: cutlass.Constexpr) -> None:
     """A producer warp's step k (every lane): lane 0 arrives on each peer's barrier k % 2, then the warp waits until
@@ -146,7 +142,7 @@ def _kernel(cfg: cutlass.Constexpr, tma_dout: cute.CopyAtom, mDout: cute.Tensor,
     pipe = CU.tma_pipeline(smem, S, cfg.stage_bytes, 8)
     L = cfg.LOCK
     if cutlass.const_expr(L > 0):
-        sL = _lock_init(smem, L)
+        sL = CU.cluster_lock(smem, L)   # the lock's two mbarriers (shared with mhc's resident forward pass)
         rank = r_ % L   # the cluster's CTAs: adjacent r; the steps all take: its last CTA's chunk count
         nlock = (cfg.nch - (r_ - rank + L - 1) + SP - 1) // SP
     tDs, tDg = CU.tma_tiles(tma_dout, sT, mDout, (64, BMT))

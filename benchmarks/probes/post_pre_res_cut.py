@@ -3,9 +3,10 @@
 issue 15). The pass at issue 15's shape (T=32768, n=4, C=7168, bf16, fp32 h, bias) with its config's probe field
 CUT (wrong results by design): 1 no exchange (no lock, each CTA's own partials), 2 the out math hoisted (every
 stream formed as stream 0: n times fewer FMAs, as the session-39 probe's MATH let the compiler do), 3 both (session
-40 also ran a ping-pong variant, since removed). Beside them in the same run: today's two forward passes (cute_post_pre_fwd's fused pass, cute_aggregate's
-forward) and the CUT 0 rows again. Each row's out / layer_in is checked only for CUT 0 (against its formula in fp32,
-within bf16 rounding, and layer_in from it and the pass's own h_pre recomputed in float64 from its planes).
+40 also ran a ping-pong variant, since removed). Beside them in the same run: today's two forward passes
+(cute_post_pre_fwd's fused pass, cute_aggregate's forward) and the CUT 0 rows again. Each row's out / layer_in is
+checked only for CUT 0 (against its formula in fp32, within bf16 rounding, and layer_in from it and the pass's own
+h_pre recomputed in float64 from its planes).
 
     python benchmarks/probes/post_pre_res_cut.py          (cute bundle; JSON to $OUT)
     python benchmarks/probes/post_pre_res_cut.py --check T n C    (one checked launch: what the sanitizers run)
@@ -22,7 +23,7 @@ import torch
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path[:0] = [ROOT, os.path.join(ROOT, "benchmarks")]
 
-from _gpu import bench, probe_record  # noqa: E402
+from _gpu import bench, save_probe_record  # noqa: E402
 
 ROWS = [0, 1, 2, 3, 0]
 
@@ -97,8 +98,6 @@ def check_fused(T: int, n: int, C: int) -> int:
 
 
 def main() -> int:
-    import json
-
     from tilekernels.mhc import cute_aggregate as agg
     from tilekernels.mhc import cute_post_pre_fwd as F
     from tilekernels.mhc import cute_post_pre_res as RS
@@ -158,10 +157,7 @@ def main() -> int:
     hp = torch.rand(T, n, device=dev)
     t_a = bench(lambda: agg.fwd_into(fo, hp, li)) * 1e3
     rows.append(dict(name="fused pass + aggregate (today's forward)", us=t_f + t_a, ok=f"{t_f:.1f} + {t_a:.1f}"))
-    rec = probe_record(T=T, n=n, C=C, ctas=ctas, rows=rows)
-    if os.environ.get("OUT"):
-        with open(os.path.join(os.environ["OUT"], "post_pre_res_cut.json"), "w") as f:
-            json.dump(rec, f, indent=1)
+    save_probe_record("post_pre_res_cut", rows, T=T, n=n, C=C, ctas=ctas)   # (probe_record(rows=) kept none)
     print(f"{'row':44s} {'us':>8s}  check")
     for r_ in rows:
         print(f"{r_['name']:44s} {r_['us']:8.1f}  {r_['ok']}")

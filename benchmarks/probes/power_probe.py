@@ -12,8 +12,8 @@ Workloads (``--rows``): ``copy`` (1.88 GB copy_), ``pbda_fwd`` / ``pbda_bwd`` (h
 ``pr_fwd`` / ``pr_bwd`` (mhc_proj_rms's: the forward kernel, the backward with its reduction),
 ``skel`` / ``skel:LOCK=2`` (post_pre_bwd_skeleton.py's backward traffic, consumers idle), and post_pre_pass_ab.py's
 rows (``bwd``, ``fwd``, ``dhdw``, with FIELD=V changes); ``decode:B=32`` (gdn_decode's TMA ring, fp32 state, 50 steps
-a CUDA graph: the row's us are 50 steps') and ``decode_copy:B=32`` (an SM copy of a step's bytes, the same way); ``res:FIELD=V:..`` (mhc_post_pre's
-resident forward pass, cute_post_pre_res, its PostPreResCuteCfg fields).
+a CUDA graph: the row's us are 50 steps') and ``decode_copy:B=32`` (an SM copy of a step's bytes, the same way);
+``res:FIELD=V:..`` (mhc_post_pre's resident forward pass, cute_post_pre_res, its PostPreResCuteCfg fields).
 
     source .gpu-cute/env.sh && python3 benchmarks/probes/power_probe.py --rows copy,skel,bwd --out "$OUT"
 """
@@ -103,19 +103,15 @@ def _workload(spec):
     if name == "res":   # mhc_post_pre's resident forward pass (cute_post_pre_res), PostPreResCuteCfg fields as FIELD=V
         import dataclasses
 
+        from post_pre_res_cut import _inputs
+
         from tilekernels.mhc import cute_post_pre_res as RS
 
-        N = n * n + 2 * n
-        cfg = dataclasses.replace(RS.PostPreResCuteCfg.heuristic(n, C, N, True), **changes)
-        bf, f4 = torch.bfloat16, torch.float32
-        res, x = torch.randn(T, n, C, device="cuda").to(bf), torch.randn(T, C, device="cuda").to(bf)
-        bias = torch.randn(C, device="cuda").to(bf)
-        w = (torch.randn(N, n * C, device="cuda") * (n * C) ** -0.5).to(bf)
-        hres, hpost = torch.softmax(torch.randn(T, n, n, device="cuda"), -1), torch.rand(T, n, device="cuda") * 2
-        hb = torch.randn(N, device="cuda")
+        res, x, bias, w, hres, hpost, hb = _inputs(T, n, C)
+        cfg = dataclasses.replace(RS.PostPreResCuteCfg.heuristic(n, C, w.shape[0], True), **changes)
         out, li = torch.empty_like(res), torch.empty_like(x)
-        pp = torch.empty(cfg.CL, T, cfg.NPAD, device="cuda", dtype=f4)
-        ps = torch.empty(cfg.CL, T, device="cuda", dtype=f4)
+        pp = torch.empty(cfg.CL, T, cfg.NPAD, device="cuda")
+        ps = torch.empty(cfg.CL, T, device="cuda")
         ln, nct = RS.launch(cfg), RS.ctas(cfg, T, torch.device("cuda"))
         return lambda: ln.run(res, x, bias, w, hres, hpost, hb, out, li, pp, ps, T, nct, 1e-6, 1.0)
     import post_pre_pass_ab as P

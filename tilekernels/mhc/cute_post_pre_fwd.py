@@ -150,6 +150,23 @@ def stream_wgmmas(mma, dst: cute.Tensor, tA: cute.Tensor, tB: cute.Tensor, a: In
 
 
 @cute.jit
+def load_h(hr: cute.Tensor, hp: cute.Tensor, gHr: cute.Tensor, gHp: cute.Tensor, g: Int32, T: Int32,
+           n: cutlass.Constexpr):
+    """Token g's h_res [n, n] (hr [n * n], row-major) and h_post [n] into registers (0 past T); shared with the
+    resident pass (cute_post_pre_res)."""
+    for i in cutlass.range_constexpr(n):
+        a = Float32(0.0)
+        if g < T:
+            a = gHp[g, i]
+        hp[i] = a
+        for j in cutlass.range_constexpr(n):
+            b = Float32(0.0)
+            if g < T:
+                b = gHr[g, i, j]
+            hr[i * n + j] = b
+
+
+@cute.jit
 def _proj_chunk(mma, acc: cute.Tensor, tot: cute.Tensor, comp: cute.Tensor, tA: cute.Tensor, tB: cute.Tensor,
                 st: Int32, wc: Int32, n: cutlass.Constexpr):
     """Stage st's products (stream_wgmmas) into acc, then Kahan-added to tot (compensation comp)."""
@@ -214,20 +231,11 @@ def _kernel(cfg: cutlass.Constexpr, tma_r: cute.CopyAtom, mR: cute.Tensor, tma_o
         tk = cidx // 4            # this thread's token (local) in the elementwise step
         gt = m * BM + tk
         cp0 = cidx % 4            # its first channel pair; pairs cp0 + 4q, q = 0..7
-        hr = cute.make_rmem_tensor((n, n), Float32)
+        hr = cute.make_rmem_tensor((n * n,), Float32)
         hp = cute.make_rmem_tensor((n,), Float32)
         gHr = cute.make_tensor(hres, cute.make_layout((T, n, n), stride=(n * n, n, 1)))
         gHp = cute.make_tensor(hpost, cute.make_layout((T, n), stride=(n, 1)))
-        for i in cutlass.range_constexpr(n):
-            a = Float32(0.0)
-            if gt < T:
-                a = gHp[gt, i]
-            hp[i] = a
-            for j in cutlass.range_constexpr(n):
-                b = Float32(0.0)
-                if gt < T:
-                    b = gHr[gt, i, j]
-                hr[i, j] = b
+        load_h(hr, hp, gHr, gHp, gt, T, n)
 
         mma = sm90_utils.make_trivial_tiled_mma(
             BFloat16, BFloat16, LayoutEnum.ROW_MAJOR.sm90_mma_major_mode(),
@@ -272,8 +280,8 @@ def _kernel(cfg: cutlass.Constexpr, tma_r: cute.CopyAtom, mR: cute.Tensor, tma_o
                     o0 = hp[i] * xb0
                     o1 = hp[i] * xb1
                     for j in cutlass.range_constexpr(n):
-                        o0 = o0 + hr[i, j] * rv[j, 0]
-                        o1 = o1 + hr[i, j] * rv[j, 1]
+                        o0 = o0 + hr[i * n + j] * rv[j, 0]
+                        o1 = o1 + hr[i * n + j] * rv[j, 1]
                     opair[0] = BFloat16(o0)
                     opair[1] = BFloat16(o1)
                     f0 = opair[0].to(Float32)

@@ -71,7 +71,7 @@ from cutlass.utils import LayoutEnum
 from tilekernels import _cute as CU
 
 from .cute_post_pre_bwd import bias_ring
-from .cute_post_pre_fwd import stream_wgmmas
+from .cute_post_pre_fwd import load_h, stream_wgmmas
 from .cute_proj_rms import _smem_tensor
 from .cute_proj_rms_fwd import _kahan
 
@@ -203,22 +203,6 @@ def _xlock(bars: cute.Pointer, j: Int32, rank: Int32, size: cutlass.Constexpr) -
     cute.arch.fence_acq_rel_cluster()
 
 
-@cute.jit
-def _load_h(hr: cute.Tensor, hp: cute.Tensor, gHr: cute.Tensor, gHp: cute.Tensor, g: Int32, T: Int32,
-            n: cutlass.Constexpr):
-    """Token g's h_res [n, n] and h_post [n] into registers (0 past T)."""
-    for i in cutlass.range_constexpr(n):
-        a = Float32(0.0)
-        if g < T:
-            a = gHp[g, i]
-        hp[i] = a
-        for j in cutlass.range_constexpr(n):
-            b = Float32(0.0)
-            if g < T:
-                b = gHr[g, i, j]
-            hr[i * n + j] = b
-
-
 @cute.kernel
 def _kernel(cfg: cutlass.Constexpr, tma_res: cute.CopyAtom, mRes: cute.Tensor, tma_x: cute.CopyAtom,
             mX: cute.Tensor, tma_out: cute.CopyAtom, mOut: cute.Tensor, tma_li: cute.CopyAtom, mLI: cute.Tensor,
@@ -302,7 +286,7 @@ def _kernel(cfg: cutlass.Constexpr, tma_res: cute.CopyAtom, mRes: cute.Tensor, t
         hb = cute.make_rmem_tensor(cute.make_layout(n), Float32)
         for i in cutlass.range_constexpr(n):
             hb[i] = cute.arch.load(hbias + i, Float32)
-        _load_h(hr, hp, gHr, gHp, cid * BMT + tok, T, n)
+        load_h(hr, hp, gHr, gHp, cid * BMT + tok, T, n)
         rv = cute.make_rmem_tensor(cute.make_layout((n, 4), stride=(4, 1)), BFloat16)
         xv = cute.make_rmem_tensor(cute.make_layout(4), BFloat16)
         bv = cute.make_rmem_tensor(cute.make_layout(4), BFloat16)
@@ -383,7 +367,7 @@ def _kernel(cfg: cutlass.Constexpr, tma_res: cute.CopyAtom, mRes: cute.Tensor, t
                 CU.release_read_stage(pipe, rst)
                 rst.advance()
             # ---- the tile's partials: p_proj / p_ss (this rank's planes) and the exchange buffer (pre, squares)
-            _load_h(hrn, hpn, gHr, gHp, (m + ncl) * BMT + tok, T, n)   # the next tile's h, behind the exchange
+            load_h(hrn, hpn, gHr, gHp, (m + ncl) * BMT + tok, T, n)   # the next tile's h, behind the exchange
             if const_expr(n > 1):   # warpgroup 1 has products
                 if wc == 1:
                     for e2 in cutlass.range_constexpr(cute.size(tot)):
