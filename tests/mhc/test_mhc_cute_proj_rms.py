@@ -444,3 +444,51 @@ def test_bwd_agg_rms_term(T, n, C):
     gx, _, agg = _agg_ref(x, w, dproj, dr, r, dl, hpre_t)
     assert agg.norm() < 1e-3 * (gx - agg).norm()
     assert_close(dx, gx, what="dx")
+
+
+# PERSIST (persistent CTAs over the (slice, row group) units) and PDL (the reduction as a dependent launch) move who
+# takes which unit and when, not a unit's arithmetic: dx and dweight bitwise the one-CTA-a-unit grid's. CTAS 1 and 3
+# make every CTA walk many units (slices and row groups change inside a CTA, the ring wraps across units); 0 takes the
+# device's SMs (more CTAs than units at the small shapes).
+PERSIST_KW = [dict(PERSIST=True), dict(PERSIST=True, CTAS=1), dict(PERSIST=True, CTAS=3), dict(PDL=True),
+              dict(PERSIST=True, CTAS=5, PDL=True)]
+PERSIST_CASES = [(4099, 24, 7168), (1, 24, 7168), (129, 15, 264), (1000, 24, 1000), (70, 24, 136), (3, 3, 8),
+                 (777, 32, 512)]
+
+
+@on_gpu
+@pytest.mark.parametrize("M,N,K", PERSIST_CASES, ids=lambda v: str(v))
+def test_persistent_and_pdl_bitwise(M, N, K):
+    x, w, dproj, dr, r = _inputs(M, N, K)
+    dx0, dw0 = _bwd_checked(x, w, dproj, dr, r)
+    dwo0 = torch.empty_like(dw0)
+    cpr.dweight_into(dproj, x, dwo0)
+    for kw in PERSIST_KW:
+        cfg = dataclasses.replace(cpr.ProjRmsBwdCuteCfg.heuristic(N, K), **kw)
+        dx, dw = torch.full_like(x, float("nan")), torch.full_like(w, float("nan"))
+        cpr.bwd_into(dproj, dr, x, w, r, dx, dw, 1e-6, cfg=cfg)
+        assert torch.equal(dx, dx0) and torch.equal(dw, dw0), kw
+        dwo = torch.full_like(w, float("nan"))
+        cpr.dweight_into(dproj, x, dwo, cfg=cfg)
+        assert torch.equal(dwo, dwo0), kw
+
+
+@on_gpu
+@pytest.mark.parametrize("T,n,C", [(4099, 4, 7168), (1500, 2, 136), (129, 4, 200), (65, 3, 384), (66, 1, 512),
+                                   (1000, 3, 1000), (9, 4, 40)], ids=lambda v: str(v))
+def test_persistent_agg_bitwise(T, n, C):
+    """The same for mhc_pre's dx pass: per-stream pieces (AGG_IL, n = 2, 4), the shared dlayer_in tile and the
+    channel-major slice order (n = 3, 1), per-pair loads (C = 1000)."""
+    x, w, dproj, dr, r, dl, hpre_t = _agg_inputs(T, n, C)
+    N = w.shape[0]
+    base = cpr._agg_cfg(N, n, C)
+    outs = []
+    for kw in [{}] + PERSIST_KW:
+        dx, dw = torch.full_like(x, float("nan")), torch.full_like(w, float("nan"))
+        cpr.bwd_agg_into(dproj, dr, x, w, r, dl, hpre_t, dx, dw, 1e-6, cfg=dataclasses.replace(base, **kw))
+        outs.append((dx, dw))
+    gx, gw, _ = _agg_ref(x, w, dproj, dr, r, dl, hpre_t)
+    assert_close(outs[0][0], gx, what="dx")
+    assert_close(outs[0][1], gw, what="dweight")
+    for kw, (dx, dw) in zip(PERSIST_KW, outs[1:]):
+        assert torch.equal(dx, outs[0][0]) and torch.equal(dw, outs[0][1]), kw
