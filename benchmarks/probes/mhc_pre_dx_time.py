@@ -26,9 +26,7 @@ from _gpu import bench, log_error, probe_record  # noqa: E402
 BF, F32 = torch.bfloat16, torch.float32
 AB = {"sm": dict(AGG_IL=False),
       "sm-stream-major": dict(AGG_IL=False, CHM=False), "no-sm": dict(AGG_IL=False, AGG_SM=False),
-      "no-sm-stream-major": dict(AGG_IL=False, AGG_SM=False, CHM=False),
-      # session 42: persistent CTAs over the (slice, row group) units; the dweight reduction as a dependent launch
-      "pers": dict(PERSIST=True), "pdl": dict(PDL=True), "pers-pdl": dict(PERSIST=True, PDL=True)}
+      "no-sm-stream-major": dict(AGG_IL=False, AGG_SM=False, CHM=False)}
 
 
 def main():

@@ -76,7 +76,7 @@ from cutlass.cute.nvgpu import cpasync, warpgroup
 from cutlass.utils import LayoutEnum
 
 from tilekernels import _cute as CU
-from tilekernels._glue import aligned16, kernel, sm_count
+from tilekernels._glue import aligned16, kernel
 
 from . import cute_proj_rms_fwd as _fwd
 from .cute_proj_rms_agg import (DLW, HALF, _agg_hp, _agg_hp_rows, _agg_loads, _agg_tile_loads, _agg_tile_store,
@@ -124,12 +124,6 @@ class ProjRmsBwdCuteCfg:
     # SMs once instead of n times (H200, T=32768, n=4, C=7168: AGG_SM's pass read 4.16 GB from L2 into the SMs against
     # plain proj_rms's 2.27, at 54% of DRAM bandwidth against 69%: the mHC ledger, session 32)
     AGG_IL: bool = True
-    # PERSIST: CTAS persistent CTAs (0: the device's SMs) walk the (slice, row group) units u = cs + nsl g, u = bid,
-    # bid + grid, ..; the producer streams on across a unit's end and each unit's dweight partial leaves through the
-    # warpgroup's weight buffer. False: one CTA a unit, grid (nsl, row groups)
-    PERSIST: bool = False
-    CTAS: int = 0
-    PDL: bool = False   # the dweight reduction a programmatic dependent launch (waits for the bwd grid's end)
 
     def __post_init__(self):
         if not (1 <= self.N <= self.NP and self.NP in (16, 32) and self.BM == 64 and self.BK == 2 * HALF
@@ -156,7 +150,7 @@ class ProjRmsBwdCuteCfg:
         rows = self.STAGES * self.BM * (self.N + 2) * 4   # dproj, r, dr per stage (r, dr unused by DW_ONLY)
         dl = 2 * self.BM * (HALF + 8) * 2 if self._agg_sm else 0
         dl += self.STAGES * self.PPS * PIECE * self.BM * 2 if self._agg_il else 0
-        return x + w + hl + rows + dl + 2 * self.BM * 4 * self.STAGES + 2 * self.STAGES * 8 + 8 * self.STAGES + 1024
+        return x + w + hl + rows + dl + 2 * self.BM * 4 * self.STAGES + 2 * self.STAGES * 8 + 1024
 
     @property
     def _agg_il(self) -> bool:
@@ -165,13 +159,6 @@ class ProjRmsBwdCuteCfg:
     @property
     def _agg_sm(self) -> bool:
         return bool(self.AGG_C and self.AGG_SM and self.AGG_C % HALF == 0 and not self._agg_il)
-
-    @property
-    def nsl(self) -> int:
-        """Channel slices (the grid's x extent without PERSIST): BK channels, or with AGG_IL 64 PPS of every stream."""
-        if self._agg_il:
-            return -(-self.AGG_C // (PIECE * self.PPS))
-        return -(-self.K // self.BK)
 
     @property
     def PPS(self) -> int:
@@ -255,17 +242,6 @@ def _store_dx_il(cfg: cutlass.Constexpr, tma_dx: cute.CopyAtom, tDs: cute.Tensor
 
 
 @cute.jit
-def _store_rec(cfg: cutlass.Constexpr, tma_dx: cute.CopyAtom, tDs: cute.Tensor, tDg: cute.Tensor, st: Int32,
-               rec: cute.Tensor):
-    """The dx stores of stage st, whose (slice, row tile) the producer recorded in rec[2 st], rec[2 st + 1]."""
-    cs, m = rec[2 * st], rec[2 * st + 1]
-    if const_expr(cfg._agg_il):
-        _store_dx_il(cfg, tma_dx, tDs, tDg, st, cs, m)
-    else:
-        _store_dx(tma_dx, tDs, tDg, st, cfg.STAGES, cs, m, cs * (2 * HALF) + HALF < cfg.K)
-
-
-@cute.jit
 def _col(cfg: cutlass.Constexpr, cs: Int32, c0: Int32, wc: Int32, c: Int32):
     """(column of x [M, K], whether it is below K) of the consumer warpgroup wc's column c (0 .. HALF - 1): c0 + c,
     or with AGG_IL stream p // PPS, channel 64 (cs PPS + p % PPS) + c % 64 of piece p = 2 wc + c // 64."""
@@ -277,45 +253,6 @@ def _col(cfg: cutlass.Constexpr, cs: Int32, c0: Int32, wc: Int32, c: Int32):
     return k, ok
 
 
-@cute.jit
-def _unit(cfg: cutlass.Constexpr, u: Int32):
-    """(channel slice, row group) of unit u = cs + nsl g: slices side by side, as the launch order of the grid
-    (nsl, row groups) runs them; with CHM (AGG_C % BK == 0, not AGG_IL) the n streams' slices of a channel adjacent."""
-    cs, g = u % cfg.nsl, u // cfg.nsl
-    if const_expr(cfg.AGG_C > 0 and cfg.CHM and cfg.AGG_C % cfg.BK == 0 and not cfg._agg_il):
-        ns = cfg.K // cfg.AGG_C
-        cs = (cs % ns) * (cfg.AGG_C // cfg.BK) + cs // ns
-    return cs, g
-
-
-@cute.jit
-def _dw_flush(cfg: cutlass.Constexpr, acc_dw, cDW, scr: cute.Tensor, p_dw: cute.Pointer, GMe: Int32, g0: Int32,
-              cs: Int32, c0: Int32, wc: Int32, ct: Int32, bar_id: Int32):
-    """A unit's dweight partial p_dw[g0, j, columns] = hi row j + lo row NP + j of the warpgroup's [64, HALF]
-    accumulator, through ``scr`` ([N, HALF] fp32 in the warpgroup's weight buffer, whose last wgmma has completed):
-    the lo rows' threads put them there, the hi rows' threads add theirs in place (hi + lo, as before), then thread
-    ct stores column ct's N sums (one row a warp instruction, coalesced). Ends with the warpgroup's barrier (``scr``
-    read before the weight buffer is written again)."""
-    N, NP = cfg.N, cfg.NP
-    cute.arch.barrier(barrier_id=bar_id, number_of_threads=128)
-    for i in cutlass.range_constexpr(cute.size(acc_dw)):
-        j_, c_ = cDW[i]
-        if j_ >= NP and j_ < NP + N:
-            scr[j_ - NP, c_] = acc_dw[i]
-    cute.arch.barrier(barrier_id=bar_id, number_of_threads=128)
-    for i in cutlass.range_constexpr(cute.size(acc_dw)):
-        j_, c_ = cDW[i]
-        if j_ < N:
-            scr[j_, c_] = acc_dw[i] + scr[j_, c_]
-    cute.arch.barrier(barrier_id=bar_id, number_of_threads=128)
-    k, ok = _col(cfg, cs, c0, wc, ct)
-    if ok:
-        pd = cute.make_tensor(p_dw, cute.make_layout((GMe, N, cfg.K), stride=(N * cfg.K, cfg.K, 1)))
-        for j in cutlass.range_constexpr(N):
-            pd[g0, j, k] = scr[j, ct]
-    cute.arch.barrier(barrier_id=bar_id, number_of_threads=128)
-
-
 @cute.kernel
 def _bwd_kernel(cfg: cutlass.Constexpr, tma_x: cute.CopyAtom, mX: cute.Tensor, tma_dx: cute.CopyAtom,
                 mDX: cute.Tensor, tma_p: cute.CopyAtom, mP: cute.Tensor, tma_r: cute.CopyAtom, mR: cute.Tensor,
@@ -323,19 +260,15 @@ def _bwd_kernel(cfg: cutlass.Constexpr, tma_x: cute.CopyAtom, mX: cute.Tensor, t
                 p_dw: cute.Pointer, dl: cute.Pointer, hp: cute.Pointer, M: Int32, eps: Float32):
     N, K, NP, BM, S = cfg.N, cfg.K, cfg.NP, cfg.BM, cfg.STAGES
     tidx, _, _ = cute.arch.thread_idx()
-    bx, by, _ = cute.arch.block_idx()
+    cs, g0, _ = cute.arch.block_idx()
     IL = cfg._agg_il   # (x, dx and dlayer_in by per-stream TMA pieces: tma_x / tma_dx / tma_dl are built so)
-    gx, GMe, _ = cute.arch.grid_dim()
+    if const_expr(cfg.AGG_C > 0 and cfg.CHM and cfg.AGG_C % cfg.BK == 0 and not IL):
+        nsl = cfg.AGG_C // cfg.BK   # slices a stream
+        cs = (cs % (K // cfg.AGG_C)) * nsl + cs // (K // cfg.AGG_C)
+    _, GMe, _ = cute.arch.grid_dim()
     warp = cute.arch.make_warp_uniform(cute.arch.warp_idx())
     wg = cute.arch.make_warp_uniform(tidx // 128)
     ntm = (M + BM - 1) // BM
-    # the units this CTA takes: u0, u0 + ustep, .. below uend (one without PERSIST: the block's own)
-    u0, ustep, uend = bx + cfg.nsl * by, 1, bx + cfg.nsl * by + 1
-    if const_expr(cfg.PERSIST):
-        GMe = cutlass.min(Int32(cfg.GM), ntm)   # (the host's row groups; the grid is (CTAs, 1))
-        u0, ustep, uend = bx, gx, cfg.nsl * GMe
-    if const_expr(cfg.PDL):   # the dweight reduction may launch now: it waits for this grid's end
-        cute.arch.griddepcontrol_launch_dependents()
     if warp == 0:
         CU.prefetch_tma(tma_x, tma_dx, tma_p, tma_r, tma_dr)
         if const_expr(IL):
@@ -344,7 +277,7 @@ def _bwd_kernel(cfg: cutlass.Constexpr, tma_x: cute.CopyAtom, mX: cute.Tensor, t
     smem = cutlass.memory.SmemAllocator()
     sX_l, sW_l, sHa_l, sHb_l = _layouts(cfg)
     sX_raw, sX = _smem_tensor(smem, sX_l)
-    sW_raw, sW = _smem_tensor(smem, sW_l)
+    _, sW = _smem_tensor(smem, sW_l)
     hl_buf = smem.allocate_tensor(cutlass.Uint8, cute.make_layout(cute.cosize(sHa_l) * 2), byte_alignment=1024)
     sHa = cute.make_tensor(cute.recast_ptr(hl_buf.iterator, sHa_l.inner, dtype=BFloat16), sHa_l.outer)
     sHb = cute.make_tensor(cute.recast_ptr(hl_buf.iterator, sHb_l.inner, dtype=BFloat16), sHb_l.outer)
@@ -359,7 +292,6 @@ def _bwd_kernel(cfg: cutlass.Constexpr, tma_x: cute.CopyAtom, mX: cute.Tensor, t
     if const_expr(ASM):   # dlayer_in tiles [BM, DLW] Int32 a warpgroup
         sDL = smem.allocate_tensor(Int32, cute.make_layout(2 * BM * DLW), byte_alignment=16)
     PPS = cfg.PPS
-    rec = smem.allocate_tensor(Int32, cute.make_layout(2 * S), byte_alignment=16)   # a stage's (slice, row tile)
     if const_expr(IL):   # dlayer_in pieces, PPS a stage (index stage * PPS + q)
         _, sDL = _smem_tensor(smem, _piece_layout(cfg, S * PPS))
         lm = _piece_layout(cfg, 4 * S)   # the x buffers as pieces
@@ -382,68 +314,79 @@ def _bwd_kernel(cfg: cutlass.Constexpr, tma_x: cute.CopyAtom, mX: cute.Tensor, t
         tDs, tDg = CU.tma_tiles(tma_dx, sX64, mDX, (PIECE, BM))
     else:
         tDs, tDg = CU.tma_tiles(tma_dx, sX, mDX, (HALF, BM))
+    half1 = cs * (2 * HALF) + HALF < K   # the second half has channels below K
     if wg == 0:
         cute.arch.setmaxregister_decrease(AGG_REGS[0] if const_expr(cfg.AGG_C > 0 and not IL) else PRODUCER_REGS)
         if warp == 0:
             pst = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, S)
             # this warp also stores dx. sst walks the stages one round behind pst: the consumers'
             # release of a stage means its dx is in place; it is stored (and read) before the stage
-            # is loaded again, and the last tiles' after the loops. rec holds each stage's (slice, row tile)
+            # is loaded again, and the last tiles' after the loop
             sst = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, S)
             for _ in cutlass.range_constexpr(S):
                 sst.advance()
             lane0 = cute.arch.lane_idx() == 0
-            nld = Int32(0)   # tiles loaded
-            for u in cutlass.range(u0, uend, ustep, unroll=1):
-                cs, g0 = _unit(cfg, u)
-                for m in cutlass.range(g0, ntm, GMe, unroll=1):
-                    pipe.producer_acquire(pst)
-                    if const_expr(not DWO):
-                        if nld >= S:   # the stage holds the dx of the tile loaded S tiles ago: store it first
-                            if lane0:
-                                _store_rec(cfg, tma_dx, tDs, tDg, sst.index, rec)
-                            sst.advance()
+            for m in cutlass.range(g0, ntm, GMe, unroll=1):
+                pipe.producer_acquire(pst)
+                if const_expr(not DWO):
+                    if m - g0 >= S * GMe:   # the stage holds tile m - S*GMe's dx: store it first
                         if lane0:
-                            rec[2 * pst.index] = cs
-                            rec[2 * pst.index + 1] = m
-                    bar = pipe.producer_get_barrier(pst)
-                    if const_expr(IL):   # pieces wholly past C: the last channel tile again (its dx is not stored)
-                        nct = cfg.nct
-                        for p in cutlass.range_constexpr(4):
-                            cute.copy(tma_x, tXg[None, cutlass.min(cs * PPS + p % PPS, nct - 1), m, p // PPS],
-                                      tXs[None, 2 * ((p // 2) * S + pst.index) + p % 2], tma_bar_ptr=bar)
-                        for q in cutlass.range_constexpr(PPS):
-                            cute.copy(tma_dl, tLg[None, cutlass.min(cs * PPS + q, nct - 1), m],
-                                      tLs[None, pst.index * PPS + q], tma_bar_ptr=bar)
-                    else:
-                        cute.copy(tma_x, tXg[None, 2 * cs, m], tXs[None, pst.index], tma_bar_ptr=bar)
-                        cute.copy(tma_x, tXg[None, 2 * cs + 1, m], tXs[None, S + pst.index], tma_bar_ptr=bar)
-                    for q in cutlass.range_constexpr(NPB):   # TMA boxes are at most 256 elements
-                        cute.copy(tma_p, tPg[None, m * NPB + q], tPs[None, pst.index * NPB + q], tma_bar_ptr=bar)
-                    if const_expr(not DWO):
-                        cute.copy(tma_r, tRg[None, m], tRs[None, 2 * pst.index], tma_bar_ptr=bar)
-                        cute.copy(tma_dr, tDRg[None, m], tRs[None, 2 * pst.index + 1], tma_bar_ptr=bar)
-                    pipe.producer_commit(pst)
-                    pst.advance()
-                    nld += 1
-            # the last min(S, nld) tiles are still to store (DW_ONLY stores nothing)
+                            if const_expr(IL):
+                                _store_dx_il(cfg, tma_dx, tDs, tDg, sst.index, cs, m - S * GMe)
+                            else:
+                                _store_dx(tma_dx, tDs, tDg, sst.index, S, cs, m - S * GMe, half1)
+                        sst.advance()
+                bar = pipe.producer_get_barrier(pst)
+                if const_expr(IL):   # pieces wholly past C: the last channel tile again (its dx is not stored)
+                    nct = cfg.nct
+                    for p in cutlass.range_constexpr(4):
+                        cute.copy(tma_x, tXg[None, cutlass.min(cs * PPS + p % PPS, nct - 1), m, p // PPS],
+                                  tXs[None, 2 * ((p // 2) * S + pst.index) + p % 2], tma_bar_ptr=bar)
+                    for q in cutlass.range_constexpr(PPS):
+                        cute.copy(tma_dl, tLg[None, cutlass.min(cs * PPS + q, nct - 1), m],
+                                  tLs[None, pst.index * PPS + q], tma_bar_ptr=bar)
+                else:
+                    cute.copy(tma_x, tXg[None, 2 * cs, m], tXs[None, pst.index], tma_bar_ptr=bar)
+                    cute.copy(tma_x, tXg[None, 2 * cs + 1, m], tXs[None, S + pst.index], tma_bar_ptr=bar)
+                for q in cutlass.range_constexpr(NPB):   # TMA boxes are at most 256 elements
+                    cute.copy(tma_p, tPg[None, m * NPB + q], tPs[None, pst.index * NPB + q], tma_bar_ptr=bar)
+                if const_expr(not DWO):
+                    cute.copy(tma_r, tRg[None, m], tRs[None, 2 * pst.index], tma_bar_ptr=bar)
+                    cute.copy(tma_dr, tDRg[None, m], tRs[None, 2 * pst.index + 1], tma_bar_ptr=bar)
+                pipe.producer_commit(pst)
+                pst.advance()
+            ntc = (ntm - g0 + GMe - 1) // GMe   # this CTA's tiles: the last min(S, ntc) are still to store
+            # (DW_ONLY stores nothing; each consumer warpgroup's dweight sums reuse only its own x buffers,
+            # which every load it consumed has landed in)
             if const_expr(not DWO):
-                for _q in cutlass.range(cutlass.min(nld, S), unroll=1):
+                for q in cutlass.range(cutlass.max(ntc - S, 0), ntc, unroll=1):
                     pipe.sync_object_empty.wait(sst.index, sst.phase)
                     if lane0:
-                        _store_rec(cfg, tma_dx, tDs, tDg, sst.index, rec)
+                        if const_expr(IL):
+                            _store_dx_il(cfg, tma_dx, tDs, tDg, sst.index, cs, g0 + q * GMe)
+                        else:
+                            _store_dx(tma_dx, tDs, tDg, sst.index, S, cs, g0 + q * GMe, half1)
                     sst.advance()
+            cute.arch.barrier(barrier_id=3, number_of_threads=32 + 256)  # stores have read: x buffers free
     else:
         cute.arch.setmaxregister_increase(AGG_REGS[1] if const_expr(cfg.AGG_C > 0 and not IL) else CONSUMER_REGS)
         wc = wg - 1
         ct = tidx - 128 * wg
         bar_id = 1 + wc
+        c0 = cs * (2 * HALF) + wc * HALF  # this warpgroup's first channel
         kf = Float32(K)
+
+        # ---- the weight columns [c0, c0 + HALF) of rows 0..NP-1 (zero past N and K), once
         sWc = sW[None, None, wc]
         wrow = cute.make_tensor(w, cute.make_layout((N, K), stride=(K, 1)))
-        # the dweight partial's hand-over buffer: the warpgroup's weight buffer, [N, HALF] fp32 (12 KiB at N 24)
-        scr = cute.make_tensor(cute.recast_ptr(sW_raw.iterator + wc * (HALF * 64 * 2), dtype=Float32),
-                               cute.make_layout((N, HALF), stride=(HALF, 1)))
+        kc, kok = _col(cfg, cs, c0, wc, ct)   # this thread's column of x (its weight column, its dweight column)
+        if const_expr(not DWO):
+            for i in cutlass.range_constexpr(64):   # rows j of [W; W; 0]: hi's k-rows, then lo's (NP each)
+                val = BFloat16(0.0)
+                if const_expr(i < 2 * NP and i % NP < N):
+                    if kok:
+                        val = wrow[i % NP, kc]
+                sWc[ct, i] = val
 
         # ---- MMAs: dx [BM tok, HALF ch] = [hi | lo] @ [W; W] (k = 2*NP); dweight rows [hi | lo] (64) x
         # [HALF ch] += [hi | lo]^T @ x-half (k = BM tokens): 4 + 4 m64 n128 k16 wgmmas a tile (NP = 32)
@@ -461,11 +404,13 @@ def _bwd_kernel(cfg: cutlass.Constexpr, tma_x: cute.CopyAtom, mX: cute.Tensor, t
         tDWb = mma_dw.make_fragment_B(thr_dw.partition_B(sX))
         cDX = mma_dx.get_slice(ct).partition_C(cute.make_identity_tensor((BM, HALF)))
         cDW = mma_dw.get_slice(ct).partition_C(cute.make_identity_tensor((64, HALF)))
+        acc_dx = cute.make_rmem_tensor(cDX.shape, Float32)
+        acc_dw = cute.make_rmem_tensor(cDW.shape, Float32)
         t0 = cDX[0][0]          # this thread's first accumulator row (token); the other is t0 + 8
         xpair = cute.make_rmem_tensor((2,), BFloat16)
         dlpair = cute.make_rmem_tensor((2,), BFloat16)
         AG = cfg.AGG_C
-        NQ = cute.size(cDX) // 2   # the accumulator's column pairs
+        NQ = cute.size(acc_dx) // 2   # the accumulator's column pairs
         dlr = cute.make_rmem_tensor((NQ,), Int32)   # (AGG_SM: the 16-byte loads' words)
         hpr = cute.make_rmem_tensor((4 if IL else 2,), Float32)   # (IL: [piece half h, row r] at 2 h + r)
         if const_expr(ASM):
@@ -479,127 +424,123 @@ def _bwd_kernel(cfg: cutlass.Constexpr, tma_x: cute.CopyAtom, mX: cute.Tensor, t
         hl = cute.make_rmem_tensor(cute.make_layout((2, HC), stride=(HC, 1)), BFloat16)  # this thread's hi | lo
         sHLv = cute.logical_divide(sHL, (None, cute.make_layout(8)))
         rst = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, S)
-        for u in cutlass.range(u0, uend, ustep, unroll=1):
-            cs, g0 = _unit(cfg, u)
-            c0 = cs * (2 * HALF) + wc * HALF  # this warpgroup's first channel
-            # (a unit's own accumulator: its first wgmma starts from zero by its scale-d flag, so nothing of the
-            # last unit's is live across this loop)
-            acc_dw = cute.make_rmem_tensor(cDW.shape, Float32)
-            # ---- the weight columns [c0, c0 + HALF) of rows 0..NP-1 (zero past N and K), once a unit
-            if const_expr(not DWO):
-                kc, kok = _col(cfg, cs, c0, wc, ct)   # this thread's column of x (its weight column)
-                for i in cutlass.range_constexpr(64):   # rows j of [W; W; 0]: hi's k-rows, then lo's (NP each)
-                    val = BFloat16(0.0)
-                    if const_expr(i < 2 * NP and i % NP < N):
-                        if kok:
-                            val = wrow[i % NP, kc]
-                    sWc[ct, i] = val
-            for m in cutlass.range(g0, ntm, GMe, unroll=1):
-                acc_dx = cute.make_rmem_tensor(cDX.shape, Float32)   # (a tile's own: its first wgmma does not read it)
-                if const_expr(IL):   # h_pre of the stream of piece 2 wc + h at rows t0, t0 + 8
-                    for i in cutlass.range_constexpr(4):
-                        tk = m * BM + cDX[2 * (i % 2)][0]
-                        hpr[i] = Float32(0.0)
-                        if tk < M:
-                            hpr[i] = cute.arch.load(hp + (Int64((2 * wc + i // 2) // PPS) * M + tk), Float32)
-                elif const_expr(ASM):
-                    _agg_tile_loads(dl, dlr, ct, m * BM, c0, M, K, AG)
-                    _agg_hp_rows(hp, hpr, cDX, m * BM, c0, M, K, AG)
-                elif const_expr(AG > 0 and AG % HALF == 0):
-                    _agg_loads(dl, hp, dlr, hpr, cDX, m * BM, c0, M, K, AG)
-                pipe.consumer_wait(rst)
-                st = rst.index
-                # HL = [hi | lo] of the stage's dproj rows (TMA zeros past M), coef per token
-                sPf = cute.make_tensor(sP[None, 0, st * NPB].iterator, cute.make_layout(BM * N))  # the stage's rows
-                for j in cutlass.range_constexpr(HC):
-                    v = Float32(0.0)
-                    if j0 + j < N:
-                        v = sPf[tok * N + j0 + j]
-                    hl[0, j] = BFloat16(v)
-                    hl[1, j] = BFloat16(v - hl[0, j].to(Float32))
-                # hi at columns j0 .., lo at NP + j0 .. (zeros past N); columns 2*NP .. 63 (NP = 16) are
-                # never written: dx reads k < 2*NP only, and dweight's rows from them are never stored
-                for q in cutlass.range_constexpr(HC // 8):   # 16-byte stores (8 columns stay contiguous under the swizzle)
-                    cute.autovec_copy(cute.make_tensor(hl.iterator + q * 8, cute.make_layout(8)),
-                                      sHLv[tok, (None, (j0 + q * 8) // 8)])
-                    cute.autovec_copy(cute.make_tensor(hl.iterator + HC + q * 8, cute.make_layout(8)),
-                                      sHLv[tok, (None, (NP + j0 + q * 8) // 8)])
-                if ct % 2 == 0 and not DWO:
-                    rr = sR[tok, 0, 2 * st]
-                    rms = cute.arch.rcp_approx(rr) - eps   # (approximate reciprocals: no slow-path call)
-                    cf = Float32(0.0)
-                    if rms > Float32(0.0):
-                        cf = -sR[tok, 0, 2 * st + 1] * rr * rr * cute.arch.rcp_approx(kf * rms)
-                    sCoef[tok, wc, st] = cf
-                if const_expr(ASM):   # once every warp has read the last tile's (the warpgroup's barrier), this one's
-                    cute.arch.barrier(barrier_id=bar_id, number_of_threads=128)
-                    _agg_tile_store(dlr, sdl, ct)
-                cute.arch.fence_proxy("async.shared", space="cta")
+        for m in cutlass.range(g0, ntm, GMe, unroll=1):
+            if const_expr(IL):   # h_pre of the stream of piece 2 wc + h at rows t0, t0 + 8
+                for i in cutlass.range_constexpr(4):
+                    tk = m * BM + cDX[2 * (i % 2)][0]
+                    hpr[i] = Float32(0.0)
+                    if tk < M:
+                        hpr[i] = cute.arch.load(hp + (Int64((2 * wc + i // 2) // PPS) * M + tk), Float32)
+            elif const_expr(ASM):
+                _agg_tile_loads(dl, dlr, ct, m * BM, c0, M, K, AG)
+                _agg_hp_rows(hp, hpr, cDX, m * BM, c0, M, K, AG)
+            elif const_expr(AG > 0 and AG % HALF == 0):
+                _agg_loads(dl, hp, dlr, hpr, cDX, m * BM, c0, M, K, AG)
+            pipe.consumer_wait(rst)
+            st = rst.index
+            # HL = [hi | lo] of the stage's dproj rows (TMA zeros past M), coef per token
+            sPf = cute.make_tensor(sP[None, 0, st * NPB].iterator, cute.make_layout(BM * N))  # the stage's rows
+            for j in cutlass.range_constexpr(HC):
+                v = Float32(0.0)
+                if j0 + j < N:
+                    v = sPf[tok * N + j0 + j]
+                hl[0, j] = BFloat16(v)
+                hl[1, j] = BFloat16(v - hl[0, j].to(Float32))
+            # hi at columns j0 .., lo at NP + j0 .. (zeros past N); columns 2*NP .. 63 (NP = 16) are
+            # never written: dx reads k < 2*NP only, and dweight's rows from them are never stored
+            for q in cutlass.range_constexpr(HC // 8):   # 16-byte stores (8 columns stay contiguous under the swizzle)
+                cute.autovec_copy(cute.make_tensor(hl.iterator + q * 8, cute.make_layout(8)),
+                                  sHLv[tok, (None, (j0 + q * 8) // 8)])
+                cute.autovec_copy(cute.make_tensor(hl.iterator + HC + q * 8, cute.make_layout(8)),
+                                  sHLv[tok, (None, (NP + j0 + q * 8) // 8)])
+            if ct % 2 == 0 and not DWO:
+                rr = sR[tok, 0, 2 * st]
+                rms = cute.arch.rcp_approx(rr) - eps   # (approximate reciprocals: no slow-path call)
+                cf = Float32(0.0)
+                if rms > Float32(0.0):
+                    cf = -sR[tok, 0, 2 * st + 1] * rr * rr * cute.arch.rcp_approx(kf * rms)
+                sCoef[tok, wc, st] = cf
+            if const_expr(ASM):   # once every warp has read the last tile's (the warpgroup's barrier), this one's
                 cute.arch.barrier(barrier_id=bar_id, number_of_threads=128)
-                buf = wc * S + st
-                # the first wgmma of each accumulation starts from zero by its scale-d flag, not from zeroed
-                # registers (their moves land after wgmma.fence in the PTX: undefined by the ISA)
-                warpgroup.fence()
-                if const_expr(not DWO):
-                    for kb in cutlass.range_constexpr(2 * NP // 16):   # hi then lo rows of [W; W]
-                        mma_dx.set(warpgroup.Field.ACCUMULATE, kb != 0)
-                        cute.gemm(mma_dx, acc_dx, tDXa[None, None, kb, wc], tDXb[None, None, kb], acc_dx)
-                for kb in cutlass.range_constexpr(BM // 16):
-                    if const_expr(kb == 0):
-                        mma_dw.set(warpgroup.Field.ACCUMULATE, m != g0)   # the CTA's first tile starts from 0
-                    else:
-                        mma_dw.set(warpgroup.Field.ACCUMULATE, True)
-                    cute.gemm(mma_dw, acc_dw, tDWa[None, None, kb, wc], tDWb[None, None, kb, buf], acc_dw)
-                warpgroup.commit_group()
-                warpgroup.wait_group(0)
+                _agg_tile_store(dlr, sdl, ct)
+            cute.arch.fence_proxy("async.shared", space="cta")
+            cute.arch.barrier(barrier_id=bar_id, number_of_threads=128)
+            buf = wc * S + st
+            # the first wgmma of each accumulation starts from zero by its scale-d flag, not from zeroed
+            # registers (their moves land after wgmma.fence in the PTX: undefined by the ISA)
+            warpgroup.fence()
+            if const_expr(not DWO):
+                for kb in cutlass.range_constexpr(2 * NP // 16):   # hi then lo rows of [W; W]
+                    mma_dx.set(warpgroup.Field.ACCUMULATE, kb != 0)
+                    cute.gemm(mma_dx, acc_dx, tDXa[None, None, kb, wc], tDXb[None, None, kb], acc_dx)
+            for kb in cutlass.range_constexpr(BM // 16):
+                if const_expr(kb == 0):
+                    mma_dw.set(warpgroup.Field.ACCUMULATE, m != g0)   # the CTA's first tile starts from 0
+                else:
+                    mma_dw.set(warpgroup.Field.ACCUMULATE, True)
+                cute.gemm(mma_dw, acc_dw, tDWa[None, None, kb, wc], tDWb[None, None, kb, buf], acc_dw)
+            warpgroup.commit_group()
+            warpgroup.wait_group(0)
 
-                # dx = acc + coef * x, written in place over the x half (bf16; the producer stores it). The
-                # wgmma accumulator holds column pairs (c, c+1) at fragment indices (2q, 2q+1), rows t0
-                # and t0 + 8 alternating every 2 indices: one 4-byte smem access a pair, 2 coefs a thread; AGG_C:
-                # + h_pre * dlayer_in (a pair's two bf16 from their 32-bit word: low half first)
-                if const_expr(not DWO):
-                    sXp = cute.logical_divide(sX[None, None, buf], (cute.make_layout(2), None))
-                    cf = (sCoef[t0, wc, st], sCoef[t0 + 8, wc, st])
-                    for q in cutlass.range_constexpr(cute.size(acc_dx) // 2):
-                        t_, c_ = cDX[2 * q]
-                        pr = sXp[(None, c_ // 2), t_]
-                        cute.autovec_copy(pr, xpair)
-                        if const_expr(AG > 0):   # hv = h_pre, dv = the pair's two dlayer_in values
-                            if const_expr(IL):
-                                # pair q is columns 8 (q // 2) + .. (16 a piece: piece half q // 16), row t0 + 8 (q % 2)
-                                h = q // 16
-                                sLp = cute.logical_divide(sDL[None, None, st * PPS + (2 * wc + h) % PPS],
-                                                          (cute.make_layout(2), None))
-                                cute.autovec_copy(sLp[(None, (c_ - PIECE * h) // 2), t_], dlpair)
-                                hv, dv = hpr[2 * h + q % 2], (dlpair[0].to(Float32), dlpair[1].to(Float32))
-                            else:
-                                hv, wd = hpr[q % 2], dlr[q]
-                                if const_expr(ASM):
-                                    wd = sdl[t_ * DLW + c_ // 2]
-                                elif const_expr(AG % HALF != 0):
-                                    hv = _agg_hp(hp, m * BM + t_, c0 + c_, M, K, AG)
-                                    wd = _agg_word(dl, m * BM + t_, c0 + c_, M, K, AG)
-                                dv = (CU.bits_f32(wd << 16), CU.bits_f32(wd & Int32(-65536)))
-                            for e in cutlass.range_constexpr(2):
-                                xpair[e] = BFloat16(acc_dx[2 * q + e] + cf[q % 2] * xpair[e].to(Float32) + hv * dv[e])
+            # dx = acc + coef * x, written in place over the x half (bf16; the producer stores it). The
+            # wgmma accumulator holds column pairs (c, c+1) at fragment indices (2q, 2q+1), rows t0
+            # and t0 + 8 alternating every 2 indices: one 4-byte smem access a pair, 2 coefs a thread; AGG_C:
+            # + h_pre * dlayer_in (a pair's two bf16 from their 32-bit word: low half first)
+            if const_expr(not DWO):
+                sXp = cute.logical_divide(sX[None, None, buf], (cute.make_layout(2), None))
+                cf = (sCoef[t0, wc, st], sCoef[t0 + 8, wc, st])
+                for q in cutlass.range_constexpr(cute.size(acc_dx) // 2):
+                    t_, c_ = cDX[2 * q]
+                    pr = sXp[(None, c_ // 2), t_]
+                    cute.autovec_copy(pr, xpair)
+                    if const_expr(AG > 0):   # hv = h_pre, dv = the pair's two dlayer_in values
+                        if const_expr(IL):
+                            # pair q is columns 8 (q // 2) + .. (16 a piece: piece half q // 16), row t0 + 8 (q % 2)
+                            h = q // 16
+                            sLp = cute.logical_divide(sDL[None, None, st * PPS + (2 * wc + h) % PPS],
+                                                      (cute.make_layout(2), None))
+                            cute.autovec_copy(sLp[(None, (c_ - PIECE * h) // 2), t_], dlpair)
+                            hv, dv = hpr[2 * h + q % 2], (dlpair[0].to(Float32), dlpair[1].to(Float32))
                         else:
-                            for e in cutlass.range_constexpr(2):
-                                xpair[e] = BFloat16(acc_dx[2 * q + e] + cf[q % 2] * xpair[e].to(Float32))
-                        cute.autovec_copy(xpair, pr)
-                    cute.arch.fence_proxy("async.shared", space="cta")
-                # the producer warp stores the stage's dx once all 8 consumer warps have released it
-                cute.arch.sync_warp()
-                pipe.consumer_release(rst)
-                rst.advance()
-            _dw_flush(cfg, acc_dw, cDW, scr, p_dw, GMe, g0, cs, c0, wc, ct, bar_id)
+                            hv, wd = hpr[q % 2], dlr[q]
+                            if const_expr(ASM):
+                                wd = sdl[t_ * DLW + c_ // 2]
+                            elif const_expr(AG % HALF != 0):
+                                hv = _agg_hp(hp, m * BM + t_, c0 + c_, M, K, AG)
+                                wd = _agg_word(dl, m * BM + t_, c0 + c_, M, K, AG)
+                            dv = (CU.bits_f32(wd << 16), CU.bits_f32(wd & Int32(-65536)))
+                        for e in cutlass.range_constexpr(2):
+                            xpair[e] = BFloat16(acc_dx[2 * q + e] + cf[q % 2] * xpair[e].to(Float32) + hv * dv[e])
+                    else:
+                        for e in cutlass.range_constexpr(2):
+                            xpair[e] = BFloat16(acc_dx[2 * q + e] + cf[q % 2] * xpair[e].to(Float32))
+                    cute.autovec_copy(xpair, pr)
+                cute.arch.fence_proxy("async.shared", space="cta")
+            # the producer warp stores the stage's dx once all 8 consumer warps have released it
+            cute.arch.sync_warp()
+            pipe.consumer_release(rst)
+            rst.advance()
+        cute.arch.barrier(barrier_id=3, number_of_threads=32 + 256)   # the producer's stores have read
+
+        # ---- this CTA's dweight partial: rows j (hi) + j + NP (lo) of the [64, HALF] accumulator, summed
+        # through shared memory (this warpgroup's x buffers: every stage released, every store has read
+        # them; fp32 [64, HALF + 1] fits in S >= 3 of them)
+        scr = cute.make_tensor(cute.recast_ptr(sX_raw.iterator + wc * S * (HALF * BM * 2), dtype=Float32),
+                               cute.make_layout((64, HALF), stride=(HALF + 1, 1)))
+        for i in cutlass.range_constexpr(cute.size(acc_dw)):
+            j_, c_ = cDW[i]
+            scr[j_, c_] = acc_dw[i]
+        cute.arch.barrier(barrier_id=bar_id, number_of_threads=128)
+        if kok:
+            pd = cute.make_tensor(p_dw, cute.make_layout((GMe, N, K), stride=(N * K, K, 1)))
+            for j in cutlass.range_constexpr(N):
+                pd[g0, j, kc] = scr[j, ct] + scr[NP + j, ct]
 
 
 @cute.kernel
-def _reduce_kernel(cfg: cutlass.Constexpr, p_dw: cute.Pointer, dw: cute.Pointer, NK: Int32, GMe: Int32):
+def _reduce_kernel(p_dw: cute.Pointer, dw: cute.Pointer, NK: Int32, GMe: Int32):
     """dweight[e .. e+3] (bf16) = sum over g = 0 .. GMe-1 in order of p_dw[g, e .. e+3] (fp32),
     e = 4 * (global thread index); N*K % 4 == 0."""
-    if const_expr(cfg.PDL):   # the bwd grid's partials: visible after its end
-        cute.arch.griddepcontrol_wait()
     tidx, _, _ = cute.arch.thread_idx()
     bidx, _, _ = cute.arch.block_idx()
     e = (bidx * 128 + tidx) * 4
@@ -621,7 +562,7 @@ def _reduce_kernel(cfg: cutlass.Constexpr, p_dw: cute.Pointer, dw: cute.Pointer,
 @cute.jit
 def _bwd_host(cfg: cutlass.Constexpr, x: cute.Pointer, w: cute.Pointer, dproj: cute.Pointer, dr: cute.Pointer,
               r: cute.Pointer, dx: cute.Pointer, p_dw: cute.Pointer, dl: cute.Pointer, hp: cute.Pointer, M: Int32,
-              GMe: Int32, ctas: Int32, eps: Float32, stream: CU.cuda.CUstream):
+              GMe: Int32, eps: Float32, stream: CU.cuda.CUstream):
     K, N, BM = cfg.K, cfg.N, cfg.BM
     mX = cute.make_tensor(x, cute.make_layout((K, M), stride=(1, K)))      # channel-major view
     mDX = cute.make_tensor(dx, cute.make_layout((K, M), stride=(1, K)))
@@ -641,25 +582,26 @@ def _bwd_host(cfg: cutlass.Constexpr, x: cute.Pointer, w: cute.Pointer, dproj: c
         tma_dx, tDX = cpasync.make_tiled_tma_atom(s2g, mDX, pone, (PIECE, BM))
         tma_dl, tDL = cpasync.make_tiled_tma_atom(g2s, cute.make_tensor(dl, cute.make_layout((C, M), stride=(1, C))),
                                                   pone, (PIECE, BM))
+        grid_x = (C + PIECE * cfg.PPS - 1) // (PIECE * cfg.PPS)
     else:
         tma_x, tX = cpasync.make_tiled_tma_atom(g2s, mX, one, (HALF, BM))
         tma_dx, tDX = cpasync.make_tiled_tma_atom(s2g, mDX, one, (HALF, BM))
         tma_dl, tDL = tma_x, tX   # (unused)
-    grid = (ctas, 1, 1) if const_expr(cfg.PERSIST) else (cfg.nsl, GMe, 1)
+        grid_x = (K + cfg.BK - 1) // cfg.BK
     tma_p, tP = cpasync.make_tiled_tma_atom(g2s, mP, cute.make_layout((cfg.PBOX, 1)), (cfg.PBOX, 1))
     tma_r, tR = cpasync.make_tiled_tma_atom(g2s, mR, cute.make_layout((BM, 1)), (BM, 1))
     tma_dr, tDR = cpasync.make_tiled_tma_atom(g2s, mDR, cute.make_layout((BM, 1)), (BM, 1))
     _bwd_kernel(cfg, tma_x, tX, tma_dx, tDX, tma_p, tP, tma_r, tR, tma_dr, tDR, tma_dl, tDL, w, p_dw, dl, hp, M,
-                eps).launch(grid=grid, block=(THREADS, 1, 1), stream=stream, min_blocks_per_mp=1,
-                            preferred_smem_carveout=100)
+                eps).launch(grid=(grid_x, GMe, 1), block=(THREADS, 1, 1), stream=stream, min_blocks_per_mp=1,
+        preferred_smem_carveout=100)
 
 
 @cute.jit
 def _reduce_host(cfg: cutlass.Constexpr, p_dw: cute.Pointer, dw: cute.Pointer, GMe: Int32,
                  stream: CU.cuda.CUstream):
     NK = cfg.N * cfg.K
-    _reduce_kernel(cfg, p_dw, dw, Int32(NK), GMe).launch(grid=((NK // 4 + 127) // 128, 1, 1), block=(128, 1, 1),
-                                                         stream=stream, use_pdl=cfg.PDL)
+    _reduce_kernel(p_dw, dw, Int32(NK), GMe).launch(grid=((NK // 4 + 127) // 128, 1, 1), block=(128, 1, 1),
+                                                    stream=stream)
 
 
 # ------------------------------------------------------------------ Python entry points
@@ -668,11 +610,10 @@ def _reduce_host(cfg: cutlass.Constexpr, p_dw: cute.Pointer, dw: cute.Pointer, G
 @functools.lru_cache(maxsize=256)
 def bwd_launch(cfg: ProjRmsBwdCuteCfg) -> CU.Launch:
     """run args (x, weight, dproj, dr, r, dx, p_dw [GMe, N, K] fp32, dlayer_in [M, AGG_C] bf16, h_pre^T [n, M]
-    fp32, M, GMe, CTAs (PERSIST's grid; unread otherwise), eps); dlayer_in and h_pre^T are read only with AGG_C
-    (stand-ins of their dtypes otherwise)."""
+    fp32, M, GMe, eps); dlayer_in and h_pre^T are read only with AGG_C (stand-ins of their dtypes otherwise)."""
     bf, f32 = CU.Ptr(torch.bfloat16, 16), CU.Ptr(torch.float32, 16)
     sig = (bf, bf, f32, f32, f32, bf, f32, bf, CU.Ptr(torch.float32, 4), CU.Scalar(Int32),
-           CU.Scalar(Int32), CU.Scalar(Int32), CU.Scalar(Float32))
+           CU.Scalar(Int32), CU.Scalar(Float32))
     return CU.Launch(f"{_NAME}.bwd", _bwd_host, cfg, sig)
 
 
@@ -718,8 +659,7 @@ def _run_bwd(cfg: ProjRmsBwdCuteCfg, x, weight, dproj, dr, r, dst, dl, hp, dweig
     dw = row_major(dweight)
     gme = min(cfg.GM, -(-M // cfg.BM))
     p_dw = torch.empty((gme, cfg.N, K), dtype=torch.float32, device=x.device)
-    ctas = min(cfg.nsl * gme, cfg.CTAS or sm_count(x.device)) if cfg.PERSIST else 0
-    bwd_launch(cfg).run(x, weight, dproj, dr, r, dst, p_dw, dl, hp, M, gme, ctas, eps)
+    bwd_launch(cfg).run(x, weight, dproj, dr, r, dst, p_dw, dl, hp, M, gme, eps)
     reduce_launch(cfg).run(p_dw, dw, gme)
     if dw is not dweight:
         dweight.copy_(dw)
