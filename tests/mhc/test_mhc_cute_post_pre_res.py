@@ -141,7 +141,6 @@ def test_resident_pass_per_token(T, n, C):
     norm): out against float64 of its formula, the planes against float64 of the pass's own out, layer_in against
     float64 from the pass's own out and h_pre recomputed from its planes; NaN-poisoned outputs, none left.
     Tolerances: the suite's table (bf16 out / layer_in, fp32 planes), held per token."""
-    torch.manual_seed(T + n + C)
     N = n * n + 2 * n
     dev, bf = "cuda", torch.bfloat16
     res, x, bias = (torch.randn(T, n, C, device=dev).to(bf), torch.randn(T, C, device=dev).to(bf),

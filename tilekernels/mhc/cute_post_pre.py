@@ -326,8 +326,7 @@ def fused_fwd_launches(h_res, residual, h_post, x, weight, hbias, bias, out, lay
     if rcfg:
         li = layer_in if layer_in.data_ptr() % 16 == 0 and layer_in.is_contiguous() else torch.empty_like(layer_in)
         run = functools.partial(RS.launch(rcfg).run, *srcs, h_res.contiguous(), h_post.contiguous(), hbias.contiguous(),
-                                dst, li,
-                                p_proj, p_ss, T, RS.ctas(rcfg, T, dev), float(rms_eps), float(alpha_pre))
+                                dst, li, p_proj, p_ss, T, RS.ctas(rcfg, T, dev), float(rms_eps), float(alpha_pre))
     else:
         li = layer_in
         run = functools.partial(F.launch(fcfg).run, *srcs, h_res, h_post, dst, p_proj, p_ss, T)
