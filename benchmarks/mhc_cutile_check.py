@@ -253,7 +253,10 @@ SWEEPS = {
     # (b5330c8, af74025, 1e265ce; their code is removed). DWT at TK 128 the default since 17b371f
     "mhc_proj_rms": [("bwd", dict(DWT=False, TK_BWD=256)), ("bwd", dict(GM=10)), ("bwd", dict(OCC_B=3)),
                      ("fwd", dict(TM_F=64))],
-    "mhc_pre": [("bwd", dict(pr=dict(DWT=True, TK_BWD=128)))],
+    # session 43: the aggregate's token tiles last to first (REV fwd: x's last rows, which the projection pass read
+    # last, still in L2; REV_B bwd: the dh_pre pass ends on x's first rows, where the dx pass's first wave starts)
+    "mhc_pre": [("bwd", dict(pr=dict(DWT=True, TK_BWD=128))), ("fwd", dict(agg=dict(REV=True))),
+                ("bwd", dict(agg=dict(REV_B=True)))],
 }
 
 

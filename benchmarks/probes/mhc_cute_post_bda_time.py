@@ -14,6 +14,7 @@ default by > 0.5% over both h dtypes, and times the registry's fwd+bwd at that p
 can then run at it (TK_TEST_PB_CUTE_CFG, run16/H/run2.sh). Prints a table; JSON to --out.
 
     source .gpu-cute/env.sh && python3 benchmarks/probes/mhc_cute_post_bda_time.py --out "$OUT"
+    ... --chain-ab rev --rounds 5   # the backward right after the forward, the heuristic against REV (session 43)
 """
 from __future__ import annotations
 
@@ -87,6 +88,61 @@ def registry_only(a):
         json.dump(res, f, indent=1)
 
 
+def chain_ab(a):
+    """--chain-ab NAMES: what a bwd variant gains when the backward directly follows the forward (REV: the forward's
+    last reads still in L2), which the bwd kernels' own rows (L2 flushed before each call) cannot show. Per h dtype,
+    --rounds rounds alternating the heuristic and each variant: the kernels alone in turn (fwd_into then bwd_into)
+    and the registry's fwd+bwd in the peers' harness (the variant through the heuristic, as a default would run)."""
+    _load_ab()
+    import registry
+    from tilekernels.mhc import cute_post_bda as cp
+
+    op = registry.get("mhc_h_post_bda")
+    names = [v for v in a.chain_ab.split(",") if v]
+    res = {"env": device_env(), "shape": dict(T=T, n=n, C=C), "rows": [], "errors": []}
+    raw, orig = cp.PostBdaCuteCfg.__dict__["heuristic"], cp.PostBdaCuteCfg.heuristic
+    for hd in (F32, BF):
+        hn = str(hd)[6:]
+        g = lambda *s, dt=BF: torch.randn(*s, device="cuda").to(dt)  # noqa: E731
+        ins = (g(T, n, n, dt=hd) * 0.5, g(T, n, C), g(T, n, dt=hd), g(T, C), g(C))
+        dout = g(T, n, C)
+        out = torch.empty_like(ins[1])
+        grads = [torch.empty_like(t) for t in ins]
+        leaves = [t.detach().requires_grad_(True) for t in ins]
+        times: dict = {}
+        for r in range(a.rounds):
+            for name in ["default", *names]:
+                kw = {} if name == "default" else AB[name]
+                cfg = dataclasses.replace(orig(n, C, 2, True), **kw)
+                cp.PostBdaCuteCfg.heuristic = classmethod(lambda cls, *args, kw=kw: dataclasses.replace(orig(*args),
+                                                                                                         **kw))
+                try:
+                    def chain(cfg=cfg):
+                        cp.fwd_into(*ins, out, cfg=cfg)
+                        cp.bwd_into(dout, *ins, *grads, cfg=cfg)
+
+                    def step():
+                        return torch.autograd.grad(op(*leaves, backend="cute"), leaves, dout)
+
+                    chain(), step()
+                    for what, fn in (("kernels fwd, bwd", chain), ("registry fwd+bwd", step)):
+                        times.setdefault((what, name), []).append(bench(fn, a.rep))
+                except Exception:  # noqa: BLE001
+                    log_error(res["errors"], f"{hn} {name}")
+                finally:
+                    cp.PostBdaCuteCfg.heuristic = raw
+        for (what, name), ms in times.items():
+            med = sorted(ms)[len(ms) // 2]
+            res["rows"].append({"h": hn, "what": f"{what} {name}", "ms": round(med, 4),
+                                "rounds": [round(v, 4) for v in ms]})
+            print(f"{hn:9s} {what:18s} {name:10s} {med:8.4f} ms  rounds {' '.join(f'{v:.4f}' for v in ms)}",
+                  flush=True)
+        ins = dout = out = grads = leaves = None
+        torch.cuda.empty_cache()
+    with open(os.path.join(a.out, "mhc_post_bda_chain_ab.json"), "w") as f:
+        json.dump(res, f, indent=1)
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", default=os.environ.get("OUT", "."))
@@ -99,7 +155,12 @@ def main():
     ap.add_argument("--ab", default="", help="only these A/B configs (comma list of names)")
     ap.add_argument("--h-order", default="fp32,bf16",
                     help="--registry-only: the h dtypes in turn (e.g. bf16,fp32,bf16,fp32: an order effect?)")
+    ap.add_argument("--chain-ab", default="", help="A/B configs timed with the backward right after the forward "
+                    "(comma list; e.g. rev), against the heuristic, --rounds rounds interleaved; nothing else")
+    ap.add_argument("--rounds", type=int, default=5)
     a = ap.parse_args()
+    if a.chain_ab:
+        return chain_ab(a)
     import registry
     if a.backend != "cute" or a.registry_only:
         return registry_only(a)

@@ -145,7 +145,9 @@ AB_CONFIGS = {"nt448c1": dict(NTB=448, KC=2, CPS=1, MINB=1), "nt256c2": dict(NTB
               "nopdl": dict(PDL=False),
               # session 30: the dh sums over a warp by an all-reduce butterfly a value (the default since: a
               # reduce-scatter, 21 shuffles a token's 20 sums at n = 4 instead of 100; bitwise the same sums)
-              "allreduce": dict(WSUM=False)}
+              "allreduce": dict(WSUM=False),
+              # session 43: the bwd walks the tokens last to first (the forward's last reads still in L2)
+              "rev": dict(REV=True)}
 # (session 20: BPF, the next token's h loaded while this one streams, tied / lost, code at df04f69; SBT, the dbias
 # slots channel-plane major (conflict-free shared adds), tied, code at 05d97d1)
 # what a config changes of the fwd kernel (the rest: bwd)
@@ -153,7 +155,7 @@ FWD_FIELDS = ("FG", "FSTREAM", "NT", "KF", "FPF", "FTOK", "FLD", "FST", "FHV", "
 # knobs that hold at any shape: what the timing script may propose as a new default (and the test file
 # then runs at, through TK_TEST_PB_CUTE_CFG)
 GENERAL_FIELDS = ("FG", "FSTREAM", "BSTREAM", "UNR", "FPF", "FTOK", "FLD", "FST", "FHV", "FMINB", "FSPLIT", "FCM",
-                  "PDL", "WSUM")
+                  "PDL", "WSUM", "REV")
 
 
 @pytest.fixture(autouse=True)
@@ -289,6 +291,22 @@ def test_reduce_scatter_sums_bitwise_the_all_reduce(n):
     got = [run_case(ins, dout, cfg=dataclasses.replace(base, WSUM=w), grid=5)[1] for w in (True, False)]
     for a, b_ in zip(*got):
         assert_close(a, b_, kind="exact")
+
+
+@pytest.mark.parametrize("T, n, C, grid", [(37, 4, 7168, 5), (1000, 3, 1000, None), (1, 4, 64, None),
+                                           (6, 2, 104, 4)])
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_reversed_walk_same_per_token_gradients(T, n, C, grid):
+    """REV (tokens last to first) gives bitwise the default's per-token gradients (dh_res, dresidual, dh_post, dx:
+    one token's sums never span CTAs); dbias's partials hold other tokens, so it is checked against float64 only (in
+    run_case). T % grid != 0 and T < grid: CTAs with different token counts, and idle ones."""
+    ins, dout = make_case(T, n, C)
+    base = cp.PostBdaCuteCfg.heuristic(n, C, 2, True)
+    _, g0 = run_case(ins, dout, cfg=base, grid=grid)
+    _, g1 = run_case(ins, dout, cfg=dataclasses.replace(base, REV=True), grid=grid)
+    for name, a, b_ in zip(("dh_res", "dresidual", "dh_post", "dx"), g0[:4], g1[:4]):
+        assert_close(b_, a, kind="exact", what=name)
 
 
 @pytest.mark.gpu

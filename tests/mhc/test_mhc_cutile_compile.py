@@ -43,6 +43,24 @@ def test_every_kernel_compiles_for_sm90_and_sm100():
     assert_cubins(jobs)
 
 
+def test_aggregate_reversed_tiles_compile():
+    """AggCfg.REV / REV_B (token tiles last to first; probe fields, timed on the GPU) compile, fwd and bwd, with and
+    without dx; off, the kernels are the defaults' (same compile key but for the flag)."""
+    from tilekernels.mhc import cutile_aggregate as agg
+
+    meta = torch.device("meta")
+    T, n, C = 1001, 4, 7168
+    x = torch.empty(T, n, C, dtype=torch.bfloat16, device=meta)
+    h = torch.empty(T, n, device=meta)
+    out = torch.empty(T, C, dtype=torch.bfloat16, device=meta)
+    cfg = dataclasses.replace(agg.AggCfg.heuristic(T, n, C), REV=True, REV_B=True)
+    lns = [agg.fwd_launch(x, h, out, cfg), agg.bwd_launch(out, x, h, x, h, cfg),
+           agg.bwd_launch(out, x, None, None, h, cfg)]
+    assert [ln.args[-1] for ln in lns] == [True, True, True]
+    assert agg.fwd_launch(x, h, out).args[-1] is False and agg.bwd_launch(out, x, h, x, h).args[-1] is False
+    assert_cubins([(f"agg_rev[{i}]", ln, "sm_90") for i, ln in enumerate(lns)])
+
+
 def test_launch_config_is_the_compile_key():
     """Configs are frozen and hashable; batch dims are not part of them."""
     from tilekernels.mhc import cutile_aggregate as agg

@@ -248,6 +248,46 @@ def test_pre_backward_either_mix(c, design, monkeypatch):
     run_pre(c)
 
 
+# AggCfg.REV / REV_B (session 43's probe fields: the aggregate's token tiles last to first, for the L2 reuse after
+# the kernel before it): T=1000 and 37 leave a partial tile, T=1 one tile
+REV_CASES = [dict(T=1000, n=4, C=2560), dict(T=37, n=3, C=100), dict(T=1, n=1, C=64)]
+
+
+@pytest.mark.parametrize("c", REV_CASES, ids=[f"T{c['T']}-n{c['n']}-C{c['C']}" for c in REV_CASES])
+def test_aggregate_reversed_tiles_bitwise_the_default(c):
+    """Every tile computes what it did in grid order, so out, dx and dh_pre are bitwise the default's (and within
+    the float64 tolerance: run_h_aggregate and run_pre at REV, REV_B through the heuristics)."""
+    import dataclasses
+
+    from tilekernels.mhc import cutile_aggregate as agg
+    from tilekernels.mhc import cutile_pre as pre
+
+    T, n, C = c["T"], c["n"], c["C"]
+    x, h, d = _rand(T, n, C), _rand(T, n, dtype=F32), _rand(T, C)
+    base = agg.AggCfg.heuristic(T, n, C)
+    got = []
+    for cfg in (base, dataclasses.replace(base, REV=True, REV_B=True)):
+        out, dx = empty((T, C), BF, x.device), empty(x.shape, BF, x.device)
+        dh, dh2 = empty((T, n), F32, x.device), empty((T, n), F32, x.device)
+        agg.fwd_launch(x, h, out, cfg).run()
+        agg.bwd_launch(d, x, h, dx, dh, cfg).run()
+        agg.bwd_launch(d, x, None, None, dh2, cfg).run()   # mhc_pre's dh_pre-only pass
+        got.append((out, dx, dh, dh2))
+    for a, b in zip(*got):
+        assert_close(b, a, kind="exact")
+    mp = pytest.MonkeyPatch()
+    try:
+        o_agg, o_pre = agg.AggCfg.heuristic, pre.PreCfg.heuristic
+        rev = lambda a_: dataclasses.replace(a_, REV=True, REV_B=True)  # noqa: E731
+        mp.setattr(agg.AggCfg, "heuristic", classmethod(lambda cls, *a: rev(o_agg(*a))))
+        mp.setattr(pre.PreCfg, "heuristic",
+                   classmethod(lambda cls, *a, **k: dataclasses.replace(o_pre(*a, **k), agg=rev(o_pre(*a, **k).agg))))
+        run_h_aggregate(dict(c, act=BF, h=F32))
+        run_pre(dict(c, iters=3))
+    finally:
+        mp.undo()
+
+
 def _bwd_args(op, T, n, C):
     """(inputs, outputs) of ``op``'s destination-passing backward on fresh random data."""
     N = n * n + 2 * n

@@ -20,7 +20,8 @@ residual / dout rows t*n .. t*n+n-1 at those channels (n vector loads), x (and b
   loads, load / store cache hints, a token's chunks over FSPLIT x more CTAs and, FCM, a 1-D grid
   whose adjacent CTAs take the same token's adjacent chunk groups (TE's Triton kernel's order:
   what runs at once covers a few contiguous stretches of memory, not T / 132 tokens' rows).
-* bwd, one streaming pass, grid (G,) persistent over tokens t = g, g+G, ...: a CTA of NTB threads
+* bwd, one streaming pass, grid (G,) persistent over tokens t = g, g+G, ... (REV: T-1-g, T-1-g-G, ...,
+  last to first: what the forward read last is still in L2 if the backward follows it): a CTA of NTB threads
   takes a whole token (thread tid its chunks k*NTB + tid, k < KC = ceil(CH / NTB)) and reads dout,
   residual and x once: dresidual[j] = sum_i h_res[t,i,j] dout[i] and dx = sum_i h_post[t,i]
   dout[i] are written from registers; the n*n + n dh partials (dout[i] * residual[j] and
@@ -135,6 +136,9 @@ class PostBdaCuteCfg:
     #                    resident beside it, it waits for the bwd grid's end and partials: griddepcontrol.wait)
     CUT: int = 0       # probe only, wrong dh_res (bwd_into refuses it): 1 dh_res's products for stream 0's row
     #                    only (4 of its n * n = 16 FMAs a channel at n = 4; residual still loaded and converted)
+    REV: bool = False  # bwd: the tokens walked last to first (t = T-1-g, T-1-g-G, ...): the forward's last tokens'
+    #                    residual and x, still in L2 when the backward directly follows it, are read first (the
+    #                    same per-token values; dbias's partials sum other tokens: not bitwise the default's dbias)
 
     def __post_init__(self):
         if self.C % self.V or self.NT % 32 or self.NTB % 32 or self.NTB > 1024 or self.NT > 1024:
@@ -564,7 +568,10 @@ def _bwd_kernel(cfg: cutlass.Constexpr, mD: cute.Tensor, hr_ptr: cute.Pointer, m
     acc = cute.make_rmem_tensor((NV,), Float32)
     d = cute.make_rmem_tensor(cute.make_layout((n, V), stride=(V, 1)), Float32)
     dx = cute.make_rmem_tensor(cute.make_layout((1, V), stride=(V, 1)), Float32)
-    for t in cutlass.range(g, T, G, unroll=1):
+    for t0 in cutlass.range(g, T, G, unroll=1):
+        t = t0
+        if cutlass.const_expr(cfg.REV):
+            t = T - 1 - t0
         _load_h(hr_ptr, hp_ptr, t, hr, hp, n)
         for v in cutlass.range_constexpr(NV):
             acc[v] = Float32(0.0)
@@ -575,7 +582,7 @@ def _bwd_kernel(cfg: cutlass.Constexpr, mD: cute.Tensor, hr_ptr: cute.Pointer, m
         else:
             for k in cutlass.range(KC, unroll=cfg.UNR):
                 _bwd_chunk(cfg, k * NT + tid, t, rows, mD, mR, mX, mB, mDR, mDX, sb, hr, hp, acc, d, r, xb, bb, dr, dx)
-        _cta_sums_store(acc, red, (t // G) % 2, tid, t, dhr_ptr, dhp_ptr, n * n, NV, NT, cfg.WSUM)
+        _cta_sums_store(acc, red, (t0 // G) % 2, tid, t, dhr_ptr, dhp_ptr, n * n, NV, NT, cfg.WSUM)
     if cutlass.const_expr(cfg.has_bias):
         for k in cutlass.range_constexpr(KC):
             q1 = k * NT + tid
