@@ -15,7 +15,8 @@ Rows (--rows, comma list, each run in the order given; repeat a name to see the 
                     tokens a block), DHW_<field>=V the dh_pre + dweight pass's (PostPreDhwCuteCfg, e.g. DHW_LAG=2),
                     DHDW_<field>=V the slices pass's (PostPreDhdwCuteCfg, e.g. DHDW_STAGES=3), PRE_<field>=V
                     mhc_pre's cuTile PreCfg (e.g. PRE_TT_R=32: mhc_pre_bwd_rest's tokens a block; it also applies to
-                    an "mhc_pre:PRE_<field>=V" row, timed apart but not counted in "apart"),
+                    an "mhc_pre:PRE_<field>=V" row, timed apart but not counted in "apart"), AGG_<field>=V its
+                    AggCfg's (the cuTile aggregate: AGG_REV=1 / AGG_REV_B=1, token tiles last to first, session 43),
                     FUSE_FWD=0/1 (cute_post_pre.FUSE_FWD: the fused forward pass), FUSE_DHW=0/1
                     (cute_post_pre.FUSE_DHW: dh_pre and dweight in one pass over out, cute_post_pre_dhw) or
                     SPLIT_DW=0/1 (cute_post_pre.SPLIT_DW: dweight split between the dh_pre pass and the backward
@@ -117,9 +118,16 @@ class _patched:
             if f in ch:
                 setattr(cpp, f, bool(ch.pop(f)))
         prech = {k[4:]: ch.pop(k) for k in list(ch) if k.startswith("PRE_")}
-        if prech:   # mhc_pre's cuTile config (PreCfg fields, e.g. PRE_TT_R=32)
+        aggch = {k[4:]: ch.pop(k) for k in list(ch) if k.startswith("AGG_")}
+        aggch = {k: bool(v) if k.startswith("REV") else v for k, v in aggch.items()}
+        if prech or aggch:   # mhc_pre's cuTile config (PreCfg fields, e.g. PRE_TT_R=32; AGG_: its AggCfg's)
             preinner = self.preheur.__func__.__wrapped__
-            P.PreCfg.heuristic = classmethod(lambda cls, *a, **k: dataclasses.replace(preinner(cls, *a, **k), **prech))
+
+            def pre_cfg(cls, *a, **k):
+                c = dataclasses.replace(preinner(cls, *a, **k), **prech)
+                return dataclasses.replace(c, agg=dataclasses.replace(c.agg, **aggch)) if aggch else c
+
+            P.PreCfg.heuristic = classmethod(pre_cfg)
             ppinner = self.pheur.__func__.__wrapped__   # PostPreCfg's cache holds a PreCfg: build it anew
             pp.PostPreCfg.heuristic = classmethod(lambda cls, *a: ppinner(cls, *a))
         ddch = {k[5:]: ch.pop(k) for k in list(ch) if k.startswith("DHDW_")}
