@@ -300,7 +300,7 @@ def test_reduce_scatter_sums_bitwise_the_all_reduce(n):
 def test_reversed_walk_same_per_token_gradients(T, n, C, grid):
     """REV (tokens last to first) gives bitwise the default's per-token gradients (dh_res, dresidual, dh_post, dx:
     one token's sums never span CTAs); dbias's partials hold other tokens, so it is checked against float64 only (in
-    run_case). T % grid != 0 and T < grid: CTAs with different token counts, and idle ones."""
+    run_case). T % grid != 0 (and the grid's default at T = 1000): CTAs with different token counts; T = 1: one CTA."""
     ins, dout = make_case(T, n, C)
     base = cp.PostBdaCuteCfg.heuristic(n, C, 2, True)
     _, g0 = run_case(ins, dout, cfg=base, grid=grid)

@@ -45,7 +45,7 @@ def test_every_kernel_compiles_for_sm90_and_sm100():
 
 def test_aggregate_reversed_tiles_compile():
     """AggCfg.REV / REV_B (token tiles last to first; probe fields, timed on the GPU) compile, fwd and bwd, with and
-    without dx; off, the kernels are the defaults' (same compile key but for the flag)."""
+    without dx; the flag is the launches' last argument, False by default (default SASS unchanged: session 43)."""
     from tilekernels.mhc import cutile_aggregate as agg
 
     meta = torch.device("meta")

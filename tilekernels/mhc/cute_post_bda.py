@@ -26,7 +26,7 @@ residual / dout rows t*n .. t*n+n-1 at those channels (n vector loads), x (and b
   residual and x once: dresidual[j] = sum_i h_res[t,i,j] dout[i] and dx = sum_i h_post[t,i]
   dout[i] are written from registers; the n*n + n dh partials (dout[i] * residual[j] and
   dout[i] * (x + bias) summed over the thread's channels) are summed over the warp by butterfly
-  shuffles, then over the NTB/32 warps through shared memory (two buffers by token parity, so one
+  shuffles, then over the NTB/32 warps through shared memory (two buffers by turn, so one
   barrier a token) in warp order: dh_res[t], dh_post[t] written once, no scratch. dbias: each
   thread adds its fp32 dx into its own channels' slots of a [C] fp32 shared array (its slots
   only: no barrier) over all the CTA's tokens, written at the end as row g of a [G, C] fp32
@@ -138,7 +138,7 @@ class PostBdaCuteCfg:
     #                    only (4 of its n * n = 16 FMAs a channel at n = 4; residual still loaded and converted)
     REV: bool = False  # bwd: the tokens walked last to first (t = T-1-g, T-1-g-G, ...): the forward's last tokens'
     #                    residual and x, still in L2 when the backward directly follows it, are read first (the
-    #                    same per-token values; dbias's partials sum other tokens: not bitwise the default's dbias)
+    #                    same per-token values; dbias's partials sum other tokens: not necessarily bitwise the default's)
 
     def __post_init__(self):
         if self.C % self.V or self.NT % 32 or self.NTB % 32 or self.NTB > 1024 or self.NT > 1024:
@@ -347,7 +347,8 @@ def _cta_sums_store(acc: cute.Tensor, red: cute.Tensor, par, tid, t, pa, pb, NA:
                     NV: cutlass.Constexpr, NT: cutlass.Constexpr, scatter: cutlass.Constexpr = True):
     """Token t's sums over the CTA (NT threads) of the NV fp32 partials ``acc`` each thread holds:
     over the warp by butterfly shuffles, then over the NT / 32 warps in warp order through ``red``
-    (shared [2, NT / 32, NV]; ``par``, the token's parity, picks the buffer: one barrier a token).
+    (shared [2, NT / 32, NV]; ``par``, the parity of the CTA's token count so far, picks the buffer: one barrier a
+    token).
     Sum v goes to pa[t * NA + v] (v < NA) or else pb[t * (NV - NA) + v - NA], in the pointers'
     dtypes; thread v (v0 + v for NV > NT) writes it. Fixed order: deterministic. ``scatter``: the warp
     sums by ``_warp_scatter`` (32 values at a time; each lane stores its one sum into ``red``), else an
