@@ -19,6 +19,7 @@ can then run at it (TK_TEST_PB_CUTE_CFG, run16/H/run2.sh). Prints a table; JSON 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import json
 import os
@@ -65,6 +66,26 @@ def propose(rows, margin: float = 0.005) -> dict:
     return out
 
 
+def _case(hd):
+    """Fresh random inputs (h_res, residual, h_post, x, bias) and dout at the headline shape, h in ``hd``."""
+    g = lambda *s, dt=BF: torch.randn(*s, device="cuda").to(dt)  # noqa: E731
+    return (g(T, n, n, dt=hd) * 0.5, g(T, n, C), g(T, n, dt=hd), g(T, C), g(C)), g(T, n, C)
+
+
+@contextlib.contextmanager
+def _heuristic_with(kw: dict):
+    """Within the block, PostBdaCuteCfg.heuristic returns its configs with the fields ``kw`` (what the registry
+    runs then); the cached classmethod is put back after."""
+    from tilekernels.mhc import cute_post_bda as cp
+
+    raw, orig = cp.PostBdaCuteCfg.__dict__["heuristic"], cp.PostBdaCuteCfg.heuristic
+    cp.PostBdaCuteCfg.heuristic = classmethod(lambda cls, *args: dataclasses.replace(orig(*args), **kw))
+    try:
+        yield
+    finally:
+        cp.PostBdaCuteCfg.heuristic = raw
+
+
 def registry_only(a):
     """The registry's fwd and fwd+bwd at both h dtypes for another backend (same harness)."""
     import registry
@@ -72,9 +93,7 @@ def registry_only(a):
     op = registry.get("mhc_h_post_bda")
     res = {"env": device_env(), "backend": a.backend, "rows": []}
     for hd in [{"fp32": F32, "bf16": BF}[v] for v in a.h_order.split(",")]:
-        g = lambda *s, dt=BF: torch.randn(*s, device="cuda").to(dt)  # noqa: E731
-        ins = (g(T, n, n, dt=hd) * 0.5, g(T, n, C), g(T, n, dt=hd), g(T, C), g(C))
-        dout = g(T, n, C)
+        ins, dout = _case(hd)
         leaves = [t.detach().requires_grad_(True) for t in ins]
         plain = [t.detach() for t in ins]
         torch.autograd.grad(op(*leaves, backend=a.backend), leaves, dout)
@@ -100,22 +119,17 @@ def chain_ab(a):
     op = registry.get("mhc_h_post_bda")
     names = [v for v in a.chain_ab.split(",") if v]
     res = {"env": device_env(), "shape": dict(T=T, n=n, C=C), "rows": [], "errors": []}
-    raw, orig = cp.PostBdaCuteCfg.__dict__["heuristic"], cp.PostBdaCuteCfg.heuristic
     for hd in (F32, BF):
         hn = str(hd)[6:]
-        g = lambda *s, dt=BF: torch.randn(*s, device="cuda").to(dt)  # noqa: E731
-        ins = (g(T, n, n, dt=hd) * 0.5, g(T, n, C), g(T, n, dt=hd), g(T, C), g(C))
-        dout = g(T, n, C)
+        ins, dout = _case(hd)
         out = torch.empty_like(ins[1])
         grads = [torch.empty_like(t) for t in ins]
         leaves = [t.detach().requires_grad_(True) for t in ins]
         times: dict = {}
-        for r in range(a.rounds):
+        for _ in range(a.rounds):
             for name in ["default", *names]:
                 kw = {} if name == "default" else AB[name]
-                cfg = dataclasses.replace(orig(n, C, 2, True), **kw)
-                cp.PostBdaCuteCfg.heuristic = classmethod(lambda cls, *args, kw=kw: dataclasses.replace(orig(*args),
-                                                                                                         **kw))
+                cfg = dataclasses.replace(cp.PostBdaCuteCfg.heuristic(n, C, 2, True), **kw)
                 try:
                     def chain(cfg=cfg):
                         cp.fwd_into(*ins, out, cfg=cfg)
@@ -124,13 +138,12 @@ def chain_ab(a):
                     def step():
                         return torch.autograd.grad(op(*leaves, backend="cute"), leaves, dout)
 
-                    chain(), step()
-                    for what, fn in (("kernels fwd, bwd", chain), ("registry fwd+bwd", step)):
-                        times.setdefault((what, name), []).append(bench(fn, a.rep))
+                    with _heuristic_with(kw):
+                        chain(), step()
+                        for what, fn in (("kernels fwd, bwd", chain), ("registry fwd+bwd", step)):
+                            times.setdefault((what, name), []).append(bench(fn, a.rep))
                 except Exception:  # noqa: BLE001
                     log_error(res["errors"], f"{hn} {name}")
-                finally:
-                    cp.PostBdaCuteCfg.heuristic = raw
         for (what, name), ms in times.items():
             med = sorted(ms)[len(ms) // 2]
             res["rows"].append({"h": hn, "what": f"{what} {name}", "ms": round(med, 4),
@@ -174,9 +187,7 @@ def main():
     op = registry.get("mhc_h_post_bda")
     for hd in (F32, BF):
         hn = str(hd)[6:]
-        g = lambda *s, dt=BF: torch.randn(*s, device="cuda").to(dt)  # noqa: E731
-        ins = (g(T, n, n, dt=hd) * 0.5, g(T, n, C), g(T, n, dt=hd), g(T, C), g(C))
-        dout = g(T, n, C)
+        ins, dout = _case(hd)
         hb = hd.itemsize
         big = 2 * T * n * C
         bytes_f = hb * T * (n * n + n) + big + 2 * T * C + 2 * C + big
@@ -234,23 +245,18 @@ def main():
         json.dump(prop, f)
     print("proposed default fields:", prop, flush=True)
     if prop:   # the op through the registry at the proposal (the heuristic's configs with its fields)
-        orig = cp.PostBdaCuteCfg.heuristic
-        cp.PostBdaCuteCfg.heuristic = classmethod(lambda cls, *args: dataclasses.replace(orig(*args), **prop))
         try:
-            for hd in (F32, BF):
-                g = lambda *s, dt=BF: torch.randn(*s, device="cuda").to(dt)  # noqa: E731
-                ins = (g(T, n, n, dt=hd) * 0.5, g(T, n, C), g(T, n, dt=hd), g(T, C), g(C))
-                dout = g(T, n, C)
-                leaves = [t.detach().requires_grad_(True) for t in ins]
-                torch.autograd.grad(op(*leaves, backend="cute"), leaves, dout)
-                ms = bench(lambda: torch.autograd.grad(op(*leaves, backend="cute"), leaves, dout), a.rep)
-                res["rows"].append({"h": str(hd)[6:], "what": "registry fwd+bwd (proposal)", "ms": round(ms, 4)})
-                print(f"{str(hd)[6:]:9s} registry fwd+bwd (proposal) {ms:8.4f} ms", flush=True)
-                ins = dout = leaves = None
+            with _heuristic_with(prop):
+                for hd in (F32, BF):
+                    ins, dout = _case(hd)
+                    leaves = [t.detach().requires_grad_(True) for t in ins]
+                    torch.autograd.grad(op(*leaves, backend="cute"), leaves, dout)
+                    ms = bench(lambda: torch.autograd.grad(op(*leaves, backend="cute"), leaves, dout), a.rep)
+                    res["rows"].append({"h": str(hd)[6:], "what": "registry fwd+bwd (proposal)", "ms": round(ms, 4)})
+                    print(f"{str(hd)[6:]:9s} registry fwd+bwd (proposal) {ms:8.4f} ms", flush=True)
+                    ins = dout = leaves = None
         except Exception:  # noqa: BLE001
             log_error(res["errors"], "proposal")
-        finally:
-            cp.PostBdaCuteCfg.heuristic = orig
     with open(os.path.join(a.out, "mhc_cute_post_bda_time.json"), "w") as f:
         json.dump(res, f, indent=1)
     print("\n| h | what | ms | % copy |")

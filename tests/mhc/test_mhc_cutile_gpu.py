@@ -254,13 +254,13 @@ REV_CASES = [dict(T=1000, n=4, C=2560), dict(T=37, n=3, C=100), dict(T=1, n=1, C
 
 
 @pytest.mark.parametrize("c", REV_CASES, ids=[f"T{c['T']}-n{c['n']}-C{c['C']}" for c in REV_CASES])
-def test_aggregate_reversed_tiles_bitwise_the_default(c, monkeypatch):
-    """Every tile computes what it did in grid order, so out, dx and dh_pre are bitwise the default's (and within
-    the float64 tolerance: run_h_aggregate and run_pre at REV, REV_B through the heuristics)."""
+def test_aggregate_reversed_tiles_bitwise_the_default(c):
+    """Every tile computes what it did in grid order, so out, dx and dh_pre (also mhc_pre's dh_pre-only pass) are
+    bitwise the default's, and within the float64 tolerance."""
     import dataclasses
 
     from tilekernels.mhc import cutile_aggregate as agg
-    from tilekernels.mhc import cutile_pre as pre
+    from tilekernels.mhc import reference as ref
 
     T, n, C = c["T"], c["n"], c["C"]
     x, h, d = _rand(T, n, C), _rand(T, n, dtype=F32), _rand(T, C)
@@ -275,20 +275,11 @@ def test_aggregate_reversed_tiles_bitwise_the_default(c, monkeypatch):
         got.append((out, dx, dh, dh2))
     for a, b in zip(*got):
         assert_close(b, a, kind="exact")
-    # through the heuristics, one at a time: PreCfg's cached heuristic must never run while AggCfg's is patched (its
-    # cache would keep the reversed AggCfg for later tests), so mhc_pre's is replaced by its uncached function
-    rev = lambda a_: dataclasses.replace(a_, REV=True, REV_B=True)  # noqa: E731
-    o_agg, raw_pre = agg.AggCfg.heuristic, pre.PreCfg.__dict__["heuristic"].__func__.__wrapped__
-    monkeypatch.setattr(agg.AggCfg, "heuristic", classmethod(lambda cls, *a: rev(o_agg(*a))))
-    assert agg.AggCfg.heuristic(T, n, C).REV_B
-    run_h_aggregate(dict(c, act=BF, h=F32))
-    monkeypatch.undo()
-    monkeypatch.setattr(pre.PreCfg, "heuristic", classmethod(
-        lambda cls, *a, **k: (lambda p_: dataclasses.replace(p_, agg=rev(p_.agg)))(raw_pre(cls, *a, **k))))
-    assert pre.PreCfg.heuristic(T, n, C, 3).agg.REV
-    run_pre(dict(c, iters=3))
-    monkeypatch.undo()
-    assert not (pre.PreCfg.heuristic(T, n, C, 3).agg.REV or agg.AggCfg.heuristic(T, n, C).REV)   # caches clean
+    x64, h64 = upcast(x), upcast(h)
+    gx, gh = ref.h_aggregate_bwd(upcast(d), x64, h64)
+    out, dx, dh, dh2 = got[1]
+    _check({"out": out, "dx": dx, "dh_pre": dh, "dh_pre only": dh2},
+           {"out": ref.h_aggregate(x64, h64), "dx": gx, "dh_pre": gh, "dh_pre only": gh})
 
 
 def _bwd_args(op, T, n, C):
