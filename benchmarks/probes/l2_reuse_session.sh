@@ -22,8 +22,9 @@ P="python3 -m pytest -q -p no:cacheprovider -m gpu -rfE"
 case "${1:-}" in
 1) step agg_rev_tests 200 $P tests/mhc/test_mhc_cutile_gpu.py -k reversed
    K="reversed and (T37-n3 or T1-n1)"
-   step agg_rev_memcheck 150 $SAN --tool memcheck $P tests/mhc/test_mhc_cutile_gpu.py -k "$K" &
-   step agg_rev_initcheck 150 $SAN --tool initcheck $P tests/mhc/test_mhc_cutile_gpu.py -k "$K" &
+   for tool in memcheck initcheck; do
+     step agg_rev_$tool 150 $SAN --tool $tool $P tests/mhc/test_mhc_cutile_gpu.py -k "$K" &
+   done
    wait
    step pre_sweep 300 python3 benchmarks/mhc_cutile_check.py --phases sweep --ops mhc_pre --out "$OUT"
    grep -h '"op": "mhc_pre"' "$OUT/pre_sweep.log" | cut -c1-400 ;;
