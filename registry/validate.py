@@ -49,6 +49,11 @@ def dtype_name(dt: torch.dtype) -> str:
     return name if name is not None else str(dt).removeprefix("torch.")
 
 
+# the dtypes a gradient can be carried in; an input of another dtype (float8 data, integers) gets none
+GRAD_DTYPES = frozenset({torch.float16, torch.bfloat16, torch.float32, torch.float64})
+GRAD_DTYPE_NAMES = frozenset(dtype_name(d) for d in GRAD_DTYPES)
+
+
 def _compiling() -> bool:
     return torch.compiler.is_compiling()
 
@@ -481,6 +486,12 @@ def bind(spec: OpSpec, args: tuple, kwargs: dict[str, Any], rules=None) -> Bound
         allowed = _allowed_dtypes(spec, t, tensors)
         if allowed is not None and dtype_name(v.dtype) not in allowed:
             raise SpecError(op, f"tensor {t.name}", f"dtype in {allowed}", dtype_name(v.dtype))
+        if v.requires_grad and v.dtype not in GRAD_DTYPES and torch.is_grad_enabled():
+            # torch lets a float8 tensor require grad, but no op here can give it a gradient
+            # (autograd would cast one into float8): refused rather than silently left without
+            raise SpecError(op, f"tensor {t.name}",
+                            f"requires_grad=False ({dtype_name(v.dtype)} data gets no gradient; "
+                            f"gradients flow in {sorted(GRAD_DTYPE_NAMES)})", "requires_grad=True")
 
     # rank, binding, then every expression
     dims: dict[str, int] = {}

@@ -65,6 +65,25 @@ def _f64_probs(t: str) -> Constraint:
 
 _AXIS_DOC = "rowwise: blocks along the last dim; columnwise: blocks along the first; both"
 
+# grouped_mlp_mxfp8's weights: a master in x's dtype, or MXFP8 data (e4m3) with its rowwise scales
+_MLP_WEIGHT = ["bfloat16", "float64", "float8_e4m3fn"]
+
+
+def _weight_scales(w: str, shape: list) -> TensorSpec:
+    return TensorSpec(name=f"{w}_scales", shape=shape, dtypes=["uint8"], optional=True, differentiable=False,
+                      doc=f"{shape} uint8 E8M0 scales of a pre-quantized {w} (blocks of 32 along its last "
+                          "dim, as mxfp8_quantize's rowwise scales); given exactly when it is e4m3")
+
+
+def _weight_rules(w: str) -> list[Constraint]:
+    fp8 = f"dtype({w}) == 'float8_e4m3fn'"
+    return [
+        Constraint(expr=f"{fp8} or dtype({w}) == dtype(x)",
+                   message=f"{w} is a master in x's dtype or pre-quantized MXFP8 (float8_e4m3fn)"),
+        Constraint(expr=f"present({w}_scales) == ({fp8})",
+                   message=f"{w}_scales (uint8 rowwise MXFP8 scales) go with an e4m3 {w}, and only with one"),
+    ]
+
 QUANTIZE = OpSpec(
     name="mxfp8_quantize",
     family="moe",
@@ -188,7 +207,13 @@ GROUPED_MLP = OpSpec(
     family="moe",
     doc="y = grouped_linear(scaled_swiglu(grouped_linear(x, fc1), probs, s=32), fc2), every GEMM MXFP8; "
         "h and the SwiGLU output stay fp32 and are quantized from fp32 (the FC1 epilogue); no bias. "
-        "Weights are bf16 masters (pre-quantized MXFP8 weights are not supported yet). "
+        "Each weight is a bf16 master or pre-quantized MXFP8: e4m3 data [G, N, K] with its rowwise "
+        "scales (blocks along K, as mxfp8_quantize writes them) in fc1_weight_scales / "
+        "fc2_weight_scales. A pre-quantized weight's value is its dequantization: the forward "
+        "consumes it as it is (quantizing an MXFP8 value along its own blocks changes nothing), "
+        "the dgrad quantizes that value columnwise along N as it does a master's, and it gets no "
+        "gradient (frozen weights: serving, or training the rest of the model; an fp8 tensor cannot "
+        "hold a gradient, so one that requires grad is refused). "
         "quantize=False runs the same graph without MXFP8 (float64 gradcheck).",
     dims=[_M, Dim(name="H", min=1, doc="hidden"), Dim(name="F", min=1, doc="expert FFN width"), _G],
     inputs=[
@@ -196,9 +221,13 @@ GROUPED_MLP = OpSpec(
                    doc="[M, H] bf16 (fp64 reference/gradcheck mode), contiguous"),
         TensorSpec(name="probs", shape=["M"], dtypes=_PROBS, doc="[M] fp32 router probabilities"),
         _m_splits(),
-        TensorSpec(name="fc1_weight", shape=["G", "2*F", "H"], dtypes="like:x",
-                   doc="[G, 2F, H]; rows interleaved [gate 32 | linear 32]"),
-        TensorSpec(name="fc2_weight", shape=["G", "H", "F"], dtypes="like:x", doc="[G, H, F]"),
+        TensorSpec(name="fc1_weight", shape=["G", "2*F", "H"], dtypes=_MLP_WEIGHT,
+                   doc="[G, 2F, H] x's dtype, or e4m3 (pre-quantized, with fc1_weight_scales); rows "
+                       "interleaved [gate 32 | linear 32]; contiguous"),
+        TensorSpec(name="fc2_weight", shape=["G", "H", "F"], dtypes=_MLP_WEIGHT,
+                   doc="[G, H, F] x's dtype, or e4m3 (pre-quantized, with fc2_weight_scales); contiguous"),
+        _weight_scales("fc1_weight", ["G", "2*F", "H // 32"]),
+        _weight_scales("fc2_weight", ["G", "H", "F // 32"]),
     ],
     outputs=[TensorSpec(name="y", role="out", shape=["M", "H"], dtypes="like:x")],
     params=[Param(name="quantize", type="bool", default=True,
@@ -208,11 +237,16 @@ GROUPED_MLP = OpSpec(
         _f64_probs("x"),
         Constraint(expr="H % 256 == 0", message="fused grouped MLP needs H % 256 == 0"),
         Constraint(expr="F % 256 == 0", message="fused grouped MLP needs F % 256 == 0 (so 2F % 512 == 0)"),
+        *_weight_rules("fc1_weight"),
+        *_weight_rules("fc2_weight"),
     ],
     differentiable=True,
     reference="tilekernels.moe.reference:grouped_mlp_mxfp8",
     entry="tilekernels.moe.ops:grouped_mlp_mxfp8",
     backends=[_cute(Constraint(expr="quantize", message="the cute kernels are the MXFP8 path"), _INT32,
+                    Constraint(expr="dtype(fc1_weight) != 'float8_e4m3fn' and dtype(fc2_weight) != 'float8_e4m3fn'",
+                               message="pre-quantized weights: the cute path (cute_kernels) is written and "
+                                       "CPU-emulated but has not run on a GPU yet; the torch reference serves them"),
                     x=["bfloat16"], probs=["float32"]), _TORCH],
 )
 

@@ -24,7 +24,9 @@ positional in spec order):
   bwd (*grads of the differentiable outputs, *saved, *grads of the differentiable
        inputs, *params)
 
-Absent optional tensors are passed as None. Eager calls run the kernel directly
+Absent optional tensors are passed as None, and so is the gradient of an input whose
+dtype cannot carry one (float8 data: grouped_mlp_mxfp8's pre-quantized weights; the
+registry refuses such a tensor that requires grad). Eager calls run the kernel directly
 (``_glue.run_pass``: no dispatcher cost); traced calls go through the custom op. A
 differentiable op's eager call that records no graph (grad mode off, or no input that
 requires grad: inference) runs its fwd pass without the autograd.Function, whose
@@ -41,7 +43,7 @@ from torch import Tensor
 from torch.autograd.function import once_differentiable
 
 from registry.kernels import get_kernel
-from registry.validate import _fn, evaluate
+from registry.validate import GRAD_DTYPE_NAMES, GRAD_DTYPES, _fn, evaluate
 from specs.schema import OpSpec, TensorSpec
 
 from ._glue import empty, run_pass
@@ -119,7 +121,7 @@ class _Gen:
     def _bwd_sig(self):
         grads = [(f"grad_{n}", "Tensor", False) for n in self.diff_out]  # (dk would clash with a param)
         saved = [(n, "Optional[Tensor]" if self._saved_spec(n) else "Tensor", False) for n in self.decl.saves]
-        dins = [(f"d_{t.name}", "Optional[Tensor]" if t.optional else "Tensor", True)
+        dins = [(f"d_{t.name}", "Optional[Tensor]" if t.optional or not _always_grad(t) else "Tensor", True)
                 for t in self.spec.inputs if t.name in self.diff_in]
         return grads + saved + dins + self._param_args()
 
@@ -233,7 +235,9 @@ class _Gen:
                 ctx.save_for_backward(*[both[i] for i in save_at])
                 ctx.params, ctx.backend = params, backend
                 ins = [tensors[i] for i in diff_in_at]
-                ctx.in_meta = [None if t is None else (t.shape, t.dtype, t.device) for t in ins]
+                # no gradient for an absent input or one whose dtype cannot carry it (float8 data)
+                ctx.in_meta = [None if t is None or t.dtype not in GRAD_DTYPES else (t.shape, t.dtype, t.device)
+                               for t in ins]
                 outs = made[:n_out]
                 present = [i for i, o in enumerate(outs) if o is not None]
                 ctx.returned = None if len(present) == n_out else present
@@ -262,6 +266,13 @@ class _Gen:
             made = self.forward(tensors, params, backend)
         outs = [o for o in made[:len(self.outs)] if o is not None]
         return outs[0] if len(outs) == 1 else tuple(outs)
+
+
+def _always_grad(t: TensorSpec) -> bool:
+    """Whether a differentiable input always gets a gradient tensor: every dtype it admits can
+    carry one (a list; "like:" names a tensor the op's gradients flow through). Otherwise the
+    bwd pass's d_<name> is optional: None for a call whose tensor is, say, float8 data."""
+    return isinstance(t.dtypes, str) or set(t.dtypes) <= GRAD_DTYPE_NAMES
 
 
 def _needs_autograd(tensors) -> bool:

@@ -163,10 +163,10 @@ def test_mlp_gemm_paths(recorded, monkeypatch, min_tokens, fp32_default):
     x, probs, m = torch.empty(M, H, dtype=BF, **e), torch.empty(M, **e), torch.tensor([32, 32])
     w1, w2 = torch.empty(G, 2 * F, H, dtype=BF, **e), torch.empty(G, H, F, dtype=BF, **e)
     y, h = torch.empty(M, H, dtype=BF, **e), torch.empty(M, 2 * F, **e)
-    ck._mlp_fwd(x, probs, m, w1, w2, y, h, True)
+    ck._mlp_fwd(x, probs, m, w1, w2, None, None, y, h, True)
     assert recorded == [("fwd", f32, F32), ("fwd", "predq", BF)]
     recorded.clear()
-    ck._mlp_bwd(torch.empty_like(y), x, probs, m, w1, w2, h, torch.empty_like(x), torch.empty_like(probs),
+    ck._mlp_bwd(torch.empty_like(y), x, probs, m, w1, w2, None, None, h, torch.empty_like(x), torch.empty_like(probs),
                 torch.empty_like(w1), torch.empty_like(w2), True)
     assert recorded == [("dgrad", f32, F32), ("wgrad", wg, BF), ("dgrad", "predq", BF), ("wgrad", wg, BF)]
 

@@ -293,6 +293,53 @@ def test_mlp_cuda_graph_with_gpu_m_splits():
         assert_close(a, b, "exact", what=f"replay vs eager, output {i}")
 
 
+@cuda
+@pytest.mark.gpu
+@pytest.mark.parametrize("gemm", ["auto", "dq"])
+@pytest.mark.parametrize("which", ["both", "fc1", "fc2"])
+@pytest.mark.parametrize("splits,HF", [([0, 32, 224, 0, 96], (256, 256)), ([64, 0, 32], (512, 768))])
+def test_mlp_prequantized_weights_cute(splits, HF, which, gemm):
+    """Pre-quantized (e4m3 + rowwise scales) weights on the cute kernels, called through the entry
+    with backend="cute" (the spec keeps auto on the torch reference for them until this file has
+    passed on a GPU): y, dx, dprobs and a master's wgrad against the float64 reference, outputs
+    poisoned; the pre-quantized weight gets no gradient. Same tolerances as the bf16-master test."""
+    from tilekernels.moe import cute_kernels as ck
+    from tilekernels.moe import grouped_mlp_mxfp8
+
+    _skip_without_gemm()
+    H, F = HF
+    x, probs, m, w1, w2 = _mlp_inputs(splits, H, F, "cuda", grad=True)
+    p1, p2 = which in ("both", "fc1"), which in ("both", "fc2")
+    q = registry.get("mxfp8_quantize")
+
+    def pre(w):
+        G, N, K = w.shape
+        d, sc = q(w.detach().reshape(G * N, K), axis="rowwise")
+        return d.view(G, N, K), sc.view(G, N, K // 32)
+
+    d1, s1 = pre(w1) if p1 else (w1, None)
+    d2, s2 = pre(w2) if p2 else (w2, None)
+    leaves = [t for t, pre_ in ((x, False), (probs, False), (w1, p1), (w2, p2)) if not pre_]
+    old = ck.set_gemm_kernel(gemm)
+    try:
+        with poisoned():
+            y = grouped_mlp_mxfp8(x, probs, m, d1, d2, s1, s2, backend="cute")
+            dy = torch.randn_like(y)
+            grads = torch.autograd.grad(y, leaves, dy)
+    finally:
+        ck.set_gemm_kernel(old)
+    xd, pd = _f64(x, probs)
+    w1d = d1 if p1 else _f64(w1)[0]
+    w2d = d2 if p2 else _f64(w2)[0]
+    yr = ref.grouped_mlp_mxfp8(xd, pd, m.cpu(), w1d, w2d, s1, s2)
+    lr = [xd, pd] + [t for t, pre_ in ((w1d, p1), (w2d, p2)) if not pre_]
+    want = torch.autograd.grad(yr, lr, dy.double())
+    assert_close(y, yr, BF, what="y")
+    names = ["dx", "dprobs"] + [n for n, pre_ in (("dfc1", p1), ("dfc2", p2)) if not pre_]
+    for name, g, r in zip(names, grads, want):
+        assert_close(g, r, BF, what=name)
+
+
 def _declared(op: str) -> bool:
     return any(b.name == "cute" for b in registry.get(op).spec.backends)
 

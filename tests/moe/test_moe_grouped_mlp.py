@@ -152,3 +152,135 @@ def test_reference_autograd_is_the_recipe():
     assert_close(y, yr.detach(), what="y")
     for name, a, b in zip(("dx", "dprobs", "dfc1", "dfc2"), (x, probs, w1, w2), ups):
         assert_close(a.grad, b.grad, what=name)
+
+
+# ---------------------------------------------------------------- pre-quantized MXFP8 weights
+# OPS.md: fc1_weight / fc2_weight are "bf16 master or pre-quantized MXFP8". A pre-quantized
+# weight is e4m3 data plus its rowwise scales [G, N, K/32] (blocks along the forward's
+# reduction dim, as mxfp8_quantize writes them); its value is its dequantization, which the
+# forward consumes unchanged and the dgrad quantizes columnwise along N; it gets no gradient.
+
+
+def prequant(w):
+    """w [G, N, K] -> (e4m3 data [G, N, K], rowwise scales [G, N, K/32], float64 value): data
+    and scales from the tested quantize op, the value dequantized here independently of the
+    library (data * 2^(e - 127), one scale a block of 32 along K)."""
+    G, N, K = w.shape
+    d, s = QUANT(w.detach().reshape(G * N, K).contiguous(), axis="rowwise")
+    value = d.double() * torch.exp2(s.double() - 127).repeat_interleave(32, dim=1)
+    return d.view(G, N, K), s.view(G, N, K // 32), value.view(G, N, K)
+
+
+@pytest.mark.parametrize("which", ["both", "fc1", "fc2"])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float64])
+@pytest.mark.parametrize("m_splits", [[70, 0, 100, 31], [0, 0]])
+def test_prequantized_forward_matches_loop(m_splits, dtype, which):
+    """The loop quantizes each weight's value rowwise again (a no-op on an MXFP8 value: if the op
+    skipped or doubled anything, the float64 comparison would see it)."""
+    ts, ms = make(m_splits)
+    x, probs, w1, w2 = as_dtype(ts, dtype)
+    d1, s1, v1 = prequant(w1)
+    d2, s2, v2 = prequant(w2)
+    args = (d1 if which != "fc2" else w1, d2 if which != "fc1" else w2,
+            s1 if which != "fc2" else None, s2 if which != "fc1" else None)
+    y = OP(x, probs, ms, *args)
+    assert y.dtype == dtype and y.shape == x.shape
+    want = loop_forward(x, probs, m_splits, v1 if which != "fc2" else w1, v2 if which != "fc1" else w2)
+    assert_close(y, want, what=f"y ({which} pre-quantized)")
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float64])
+@pytest.mark.parametrize("which", ["both", "fc1", "fc2"])
+def test_prequantized_backward_matches_recipe_loop(which, dtype):
+    """dx and dprobs flow through frozen pre-quantized weights (their values quantized columnwise
+    along N for the dgrad); a master beside one still gets its wgrad; the pre-quantized one none."""
+    m_splits = [64, 0, 96, 32]
+    ts, ms = make(m_splits)
+    x, probs, w1, w2 = as_dtype(ts, dtype, grad=True)
+    d1, s1, v1 = prequant(w1)
+    d2, s2, v2 = prequant(w2)
+    p1, p2 = which in ("both", "fc1"), which in ("both", "fc2")
+    y = OP(x, probs, ms, d1 if p1 else w1, d2 if p2 else w2, s1 if p1 else None, s2 if p2 else None)
+    dy = torch.randn_like(y)
+    y.backward(dy)
+    dx, dp, dw1, dw2 = loop_backward(dy, x, probs, m_splits, v1 if p1 else w1, v2 if p2 else w2)
+    assert_close(x.grad, dx, what="dx")
+    assert_close(probs.grad, dp, what="dprobs")
+    for pre, w, dw, name in ((p1, w1, dw1, "dfc1"), (p2, w2, dw2, "dfc2")):
+        if pre:
+            assert w.grad is None, f"{name}: the master of a pre-quantized weight was not in the call"
+        else:
+            assert_close(w.grad, dw, what=name)
+
+
+def test_prequantized_is_the_master_of_its_value():
+    """Bitwise: pre-quantized weights give the same y, dx, dprobs as bf16 masters holding their
+    values (those values are normal bf16 numbers here, so the masters hold them exactly)."""
+    (x, probs, w1, w2), ms = make([32, 96, 0, 64])
+    d1, s1, v1 = prequant(w1)
+    d2, s2, v2 = prequant(w2)
+    m1, m2 = v1.to(torch.bfloat16), v2.to(torch.bfloat16)
+    assert torch.equal(m1.double(), v1) and torch.equal(m2.double(), v2)
+    outs = []
+    for args in ((d1, d2, s1, s2), (m1, m2)):
+        xi, pi = x.detach().clone().requires_grad_(), probs.detach().clone().requires_grad_()
+        y = OP(xi, pi, ms, *args)
+        y.backward(torch.ones_like(y))
+        outs.append((y, xi.grad, pi.grad))
+    for name, a, b in zip(("y", "dx", "dprobs"), *outs):
+        assert torch.equal(a, b), name
+
+
+def test_prequantized_quantize_off_and_gradcheck():
+    """quantize=False takes the weights' values unquantized: the float64 loop, and gradcheck
+    of x and probs through frozen pre-quantized weights."""
+    (x, probs, w1, w2), ms = make([3, 0, 4], dtype=torch.float64, grad=True)
+    d1, s1, v1 = prequant(w1)
+    d2, s2, v2 = prequant(w2)
+    y = OP(x, probs, ms, d1, d2, s1, s2, quantize=False)
+    assert_close(y, loop_forward(x, probs, [3, 0, 4], v1, v2, quantize=False), what="y (quantize=False)")
+    assert torch.autograd.gradcheck(lambda a, p: OP(a, p, ms, d1, d2, s1, s2, quantize=False), (x, probs),
+                                    fast_mode=True)
+
+
+def test_prequantized_torch_compile_fullgraph():
+    from tilekernels.moe import grouped_mlp_mxfp8
+
+    (x, probs, w1, w2), ms = make([32, 0, 64], grad=True)
+    w1.requires_grad_(False)
+    d2, s2, v2 = prequant(w2)
+    f = torch.compile(grouped_mlp_mxfp8, fullgraph=True, backend="aot_eager")
+    y = f(x, probs, ms, w1, d2, None, s2)
+    assert_close(y, loop_forward(x, probs, [32, 0, 64], w1, v2), what="y (compiled)")
+    dy = torch.randn_like(y)
+    y.backward(dy)
+    dx, dp, _, _ = loop_backward(dy, x, probs, [32, 0, 64], w1, v2)
+    assert_close(x.grad, dx, what="dx (compiled)")
+    assert_close(probs.grad, dp, what="dprobs (compiled)")
+
+
+def _refused(*args, **kw) -> str:
+    with pytest.raises(registry.SpecError) as e:
+        OP(*args, **kw)
+    return str(e.value)
+
+
+def test_prequantized_refusals_name_op_tensor_expected_got():
+    (x, probs, w1, w2), ms = make([32, 32])
+    d1, s1, _ = prequant(w1)
+    d2, s2, _ = prequant(w2)
+    msg = _refused(x, probs, ms, d1, w2)                              # data without its scales
+    assert "grouped_mlp_mxfp8" in msg and "fc1_weight_scales" in msg and "present(fc1_weight_scales)=False" in msg
+    msg = _refused(x, probs, ms, w1, w2, None, s2)                    # scales beside a master
+    assert "fc2_weight_scales" in msg and "dtype(fc2_weight)='bfloat16'" in msg
+    msg = _refused(x, probs, ms, d1, w2, s1[:, :, :4].contiguous())   # scales of the wrong shape
+    assert "tensor fc1_weight_scales" in msg and "H // 32" in msg and "[2, 512, 4]" in msg
+    msg = _refused(x, probs, ms, d1, w2, s1.view(torch.int8))         # scales of the wrong dtype
+    assert "tensor fc1_weight_scales" in msg and "uint8" in msg and "int8" in msg
+    msg = _refused(x, probs, ms, w1.float(), w2)                      # a master in another dtype
+    assert "fc1_weight" in msg and "float32" in msg
+    msg = _refused(x, probs, ms, d1.requires_grad_(), w2, s1)         # fp8 data cannot hold a gradient
+    assert "tensor fc1_weight" in msg and "requires_grad=False" in msg and "got requires_grad=True" in msg
+    d1.requires_grad_(False)
+    rows = {b: (ok, why) for b, ok, why in OP.explain(x, probs, ms, d1, d2, s1, s2)}
+    assert rows["torch"][0] and not rows["cute"][0] and "pre-quantized weights" in rows["cute"][1]

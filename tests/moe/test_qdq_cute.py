@@ -123,11 +123,11 @@ def test_mlp_operands_through_qdq(recorded, monkeypatch, min_tokens):
     monkeypatch.setattr(pq, "WGRAD_GEMM", "torch")
     G, H, F, M = 2, 256, 512, 64
     x, probs, m, w1, w2, y, h = _meta_mlp(G, H, F, M)
-    ck._mlp_fwd(x, probs, m, w1, w2, y, h, True)
+    ck._mlp_fwd(x, probs, m, w1, w2, None, None, y, h, True)
     assert recorded == [("qdq", (M, H), "rowwise"), ("qdq", (G * 2 * F, H), "rowwise"), ("fwd", "bf16", F32),
                         ("dequant", "rowwise"), ("qdq", (G * H, F), "rowwise"), ("fwd", "bf16", BF)]
     recorded.clear()
-    ck._mlp_bwd(torch.empty_like(y), x, probs, m, w1, w2, h, torch.empty_like(x), torch.empty_like(probs),
+    ck._mlp_bwd(torch.empty_like(y), x, probs, m, w1, w2, None, None, h, torch.empty_like(x), torch.empty_like(probs),
                 torch.empty_like(w1), torch.empty_like(w2), True)
     wg2 = [("wgrad", "predq" if min_tokens == 0 else "dq", BF)]
     wg1 = ([("dequant", "columnwise"), ("qdq", (M, H), "columnwise"), ("wgrad", "bf16", BF)] if min_tokens == 0
@@ -167,12 +167,12 @@ def test_mlp_qdq_out_feeds_bf16_straight_to_the_gemms(recorded, monkeypatch, wgr
             (n, tuple(str(t.dtype).removeprefix("torch.") if isinstance(t, torch.Tensor) else t for t in a[2 if "fwd" in n else 3:]))))
     G, H, F, M = 2, 256, 512, 64
     x, probs, m, w1, w2, y, h = _meta_mlp(G, H, F, M)
-    ck._mlp_fwd(x, probs, m, w1, w2, y, h, True)
+    ck._mlp_fwd(x, probs, m, w1, w2, None, None, y, h, True)
     assert recorded == [("qdq", (M, H), "rowwise"), ("qdq", (G * 2 * F, H), "rowwise"), ("fwd", "bf16", F32),
                         ("swiglu_quant_fwd_into", ("bfloat16", None)), ("qdq", (G * H, F), "rowwise"),
                         ("fwd", "bf16", BF)]
     recorded.clear()
-    ck._mlp_bwd(torch.empty_like(y), x, probs, m, w1, w2, h, torch.empty_like(x), torch.empty_like(probs),
+    ck._mlp_bwd(torch.empty_like(y), x, probs, m, w1, w2, None, None, h, torch.empty_like(x), torch.empty_like(probs),
                 torch.empty_like(w1), torch.empty_like(w2), True)
     if wgrad == "torch":
         assert ("dequant", "rowwise") in recorded and ("wgrad", "dq", BF) in recorded

@@ -216,27 +216,54 @@ def _qdq_both(t: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     return cute_qdq.qdq_both(t)
 
 
-def _weight_bf16(variant: str, ab: torch.Tensor, weight: torch.Tensor, off, out) -> None:
+def _weight(weight: torch.Tensor, scales) -> "torch.Tensor | tuple":
+    """A grouped weight as this module's GEMM helpers take it: a bf16 master [G, N, K], or a
+    pre-quantized one as (data e4m3 [G, N, K], rowwise scales [G, N, K/32])."""
+    return weight if scales is None else (weight, scales)
+
+
+def _weight_value(weight) -> torch.Tensor:
+    """A pre-quantized weight's value as bf16 [G, N, K] (one dequantize pass: exact, but for
+    blocks with a scale below 2^-124, whose values bf16 rounds as it does a master's)."""
+    d, s = weight
+    G, N, K = d.shape
+    return pq.dequant(d.view(G * N, K), s.view(G * N, K // BLOCK), "rowwise").view(G, N, K)
+
+
+def _weight_bf16(variant: str, ab: torch.Tensor, weight, off, out) -> None:
     """The bf16 GEMM of ``variant`` on ab [M, .] bf16 (already qdq'd) and the qdq'd weight
-    (rowwise for fwd, columnwise along N for dgrad). M = 0: out is empty, so no weight pass."""
+    (rowwise for fwd, columnwise along N for dgrad). M = 0: out is empty, so no weight pass.
+    A pre-quantized weight (``_weight``) is dequantized: that is its rowwise qdq already (an
+    MXFP8 value quantizes to itself along its own blocks); dgrad qdq's it columnwise."""
     if ab.shape[0] == 0:
         return
-    G, N, K = weight.shape
-    wb = _qdq(weight.reshape(G * N, K), "columnwise" if variant == "dgrad" else "rowwise")
-    pq.bf16_gemm_into(variant, ab, wb.view(G, N, K), off, out)
+    if isinstance(weight, tuple):
+        wb = _weight_value(weight)
+        if variant == "dgrad":
+            G, N, K = wb.shape
+            wb = _qdq(wb.view(G * N, K), "columnwise").view(G, N, K)
+    else:
+        G, N, K = weight.shape
+        wb = _qdq(weight.reshape(G * N, K), "columnwise" if variant == "dgrad" else "rowwise").view(G, N, K)
+    pq.bf16_gemm_into(variant, ab, wb, off, out)
 
 
-def _weight_gemm(variant: str, a, weight: torch.Tensor, off, out) -> None:
+def _weight_gemm(variant: str, a, weight, off, out) -> None:
     """fwd: out [M, N] = MX_K(a) . MX_K(W_g)^T; dgrad: out [M, K] = MX_N(a) . MX_N(W_g), per
-    group. ``a``: the raw [M, .] operand (quantized rowwise here) or its MXFP8 (data, scales)."""
-    G, N, K = weight.shape
+    group. ``a``: the raw [M, .] operand (quantized rowwise here) or its MXFP8 (data, scales);
+    ``weight``: a master or a pre-quantized (data, scales) pair (``_weight``)."""
+    G = (weight[0] if isinstance(weight, tuple) else weight).shape[0]
     raw = isinstance(a, torch.Tensor)
     M = (a if raw else a[0]).shape[0]
     if _qdq_path(variant, out, M, G):
         _weight_bf16(variant, _qdq(a, "rowwise") if raw else pq.dequant(*a, "rowwise"), weight, off, out)
         return
     ad, as_ = _quant(a, True, False) if raw else a
-    wd, ws = _quant_weight(weight, columnwise=variant == "dgrad")
+    if isinstance(weight, tuple) and variant == "fwd":
+        wd, ws = weight                                       # MXFP8 along K already
+    else:
+        wv = _weight_value(weight) if isinstance(weight, tuple) else weight
+        wd, ws = _quant_weight(wv, columnwise=variant == "dgrad")
     _gemm_into(variant, ad, as_, wd, ws, off, out)
 
 
@@ -247,8 +274,11 @@ def linear_fwd(x, weight, off, y) -> None:
 
 def linear_bwd(dy_row, dy_col, x, weight, off, dx, dweight) -> None:
     """dx = MX_N(dY) . MX_N(W_g); dW_g = MX_tok(dY_g)^T . MX_tok(X_g) (dY quantized: (data,
-    scales) pairs; x raw [M, K], quantized columnwise here)."""
+    scales) pairs; x raw [M, K], quantized columnwise here). dweight None: no wgrad (a
+    pre-quantized weight)."""
     _weight_gemm("dgrad", dy_row, weight, off, dx)
+    if dweight is None:
+        return
     if _qdq_path("wgrad", dweight, x.shape[0], weight.shape[0]):
         pq.bf16_gemm_into("wgrad", pq.dequant(*dy_col, "columnwise"), _qdq(x, "columnwise"), off, dweight)
         return
@@ -293,12 +323,13 @@ def _grouped_linear_bwd(dy, x, weight, m_splits, dx, dweight, precision):
 
 
 @kernel("grouped_mlp_mxfp8", "cute", "fwd")
-def _mlp_fwd(x, probs, m_splits, fc1_weight, fc2_weight, y, h, quantize):
-    M = x.shape[0]
+def _mlp_fwd(x, probs, m_splits, fc1_weight, fc2_weight, s1, s2, y, h, quantize):
+    M, G = x.shape[0], fc1_weight.shape[0]
     F = fc2_weight.shape[2]
     off = _offsets(m_splits, x.device)
+    fc1_weight, fc2_weight = _weight(fc1_weight, s1), _weight(fc2_weight, s2)
     linear_fwd(x, fc1_weight, off, h)                         # h [M, 2F] fp32: FC1 accumulators
-    if QDQ_OUT and _qdq_path("fwd", y, M, fc2_weight.shape[0]):
+    if QDQ_OUT and _qdq_path("fwd", y, M, G):
         a = torch.empty(M, F, dtype=torch.bfloat16, device=x.device)
         cs.swiglu_quant_fwd_into(h, probs, a, None)           # dequantize(MXFP8(a)) in bf16
         _weight_bf16("fwd", a, fc2_weight, off, y)
@@ -310,15 +341,16 @@ def _mlp_fwd(x, probs, m_splits, fc1_weight, fc2_weight, y, h, quantize):
 
 
 @kernel("grouped_mlp_mxfp8", "cute", "bwd")
-def _mlp_bwd(dy, x, probs, m_splits, fc1_weight, fc2_weight, h, dx, dprobs, dfc1, dfc2, quantize):
-    M = x.shape[0]
+def _mlp_bwd(dy, x, probs, m_splits, fc1_weight, fc2_weight, s1, s2, h, dx, dprobs, dfc1, dfc2, quantize):
+    """dfc1 / dfc2 None: that weight came pre-quantized (no gradient, no wgrad GEMM)."""
+    M, G = x.shape[0], fc1_weight.shape[0]
     F = fc2_weight.shape[2]
     dev = dy.device
     off = _offsets(m_splits, dev)
+    fc1_weight, fc2_weight = _weight(fc1_weight, s1), _weight(fc2_weight, s2)
     da = torch.empty(M, F, dtype=torch.float32, device=dev)
-    G = fc1_weight.shape[0]
     if QDQ_OUT and all(_qdq_path(v, o, M, G) for v, o in (("dgrad", da), ("wgrad", dfc2), ("dgrad", dx),
-                                                             ("wgrad", dfc1))):
+                                                             ("wgrad", dfc1)) if o is not None):
         _mlp_bwd_bf16(dy, x, probs, fc1_weight, fc2_weight, h, dx, dprobs, dfc1, dfc2, off, da)
         return
     dyq = _quant(dy, True, True)
@@ -326,24 +358,33 @@ def _mlp_bwd(dy, x, probs, m_splits, fc1_weight, fc2_weight, h, dx, dprobs, dfc1
     e = dict(device=dev)
     dh = (torch.empty(M, 2 * F, dtype=_E4M3, **e), torch.empty(M, 2 * F // BLOCK, dtype=_U8, **e),
           torch.empty(M, 2 * F, dtype=_E4M3, **e), torch.empty(M // BLOCK, 2 * F, dtype=_U8, **e))
-    a_col = (torch.empty(M, F, dtype=_E4M3, **e), torch.empty(M // BLOCK, F, dtype=_U8, **e))
+    a_col = (None, None) if dfc2 is None else (torch.empty(M, F, dtype=_E4M3, **e),
+                                               torch.empty(M // BLOCK, F, dtype=_U8, **e))
     cs.swiglu_quant_bwd_into(da, h, probs, *dh, dprobs, *a_col)
-    _gemm_into("wgrad", *dyq[2:], *a_col, off, dfc2)
+    if dfc2 is not None:
+        _gemm_into("wgrad", *dyq[2:], *a_col, off, dfc2)
     linear_bwd(dh[:2], dh[2:], x, fc1_weight, off, dx, dfc1)
 
 
 def _mlp_bwd_bf16(dy, x, probs, fc1_weight, fc2_weight, h, dx, dprobs, dfc1, dfc2, off, da) -> None:
     """grouped_mlp_mxfp8's backward with every GEMM on bf16 operands (``QDQ_OUT``): dY qdq'd both
     ways, the dSwiGLU kernel writing dh (both ways) and a (columnwise) as dequantized bf16; the
-    same operand values as the MXFP8 path, so the same results bit for bit."""
+    same operand values as the MXFP8 path, so the same results bit for bit. A None dfc1 /
+    dfc2 (pre-quantized weight) skips its wgrad."""
     M, F = da.shape
     bf = dict(dtype=torch.bfloat16, device=dy.device)
-    dy_row, dy_col = _qdq_both(dy)
+    if dfc2 is None:
+        dy_row, dy_col = _qdq(dy, "rowwise"), None
+    else:
+        dy_row, dy_col = _qdq_both(dy)
     _weight_bf16("dgrad", dy_row, fc2_weight, off, da)                    # dA, fp32
     del dy_row
-    dh_row, dh_col, a_col = torch.empty(M, 2 * F, **bf), torch.empty(M, 2 * F, **bf), torch.empty(M, F, **bf)
+    dh_row, dh_col = torch.empty(M, 2 * F, **bf), torch.empty(M, 2 * F, **bf)
+    a_col = None if dfc2 is None else torch.empty(M, F, **bf)
     cs.swiglu_quant_bwd_into(da, h, probs, dh_row, None, dh_col, None, dprobs, a_col, None)
-    pq.bf16_gemm_into("wgrad", dy_col, a_col, off, dfc2)
+    if dfc2 is not None:
+        pq.bf16_gemm_into("wgrad", dy_col, a_col, off, dfc2)
     del dy_col, a_col
     _weight_bf16("dgrad", dh_row, fc1_weight, off, dx)
-    pq.bf16_gemm_into("wgrad", dh_col, _qdq(x, "columnwise"), off, dfc1)
+    if dfc1 is not None:
+        pq.bf16_gemm_into("wgrad", dh_col, _qdq(x, "columnwise"), off, dfc1)

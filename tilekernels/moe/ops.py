@@ -12,11 +12,14 @@ Kernel signatures (params positional in spec order; see _opgen):
                     bwd (dy, x, weight, m_splits, dx, dweight, precision)
   scaled_swiglu     fwd (h, probs, out, glu_interleave_size)
                     bwd (dout, h, probs, dh, dprobs, glu_interleave_size)
-  grouped_mlp_mxfp8 fwd (x, probs, m_splits, fc1_weight, fc2_weight, y, h, quantize)
-                    bwd (dy, x, probs, m_splits, fc1_weight, fc2_weight, h, dx, dprobs, dfc1_weight,
-                         dfc2_weight, quantize)
+  grouped_mlp_mxfp8 fwd (x, probs, m_splits, fc1_weight, fc2_weight, fc1_weight_scales|None,
+                         fc2_weight_scales|None, y, h, quantize)
+                    bwd (dy, x, probs, m_splits, fc1_weight, fc2_weight, fc1_weight_scales|None,
+                         fc2_weight_scales|None, h, dx, dprobs, dfc1_weight|None, dfc2_weight|None,
+                         quantize)
                         h [M, 2F] fp32 (fp64 in reference mode) is the FC1 output, written by the
-                        fwd as scratch and saved for the bwd.
+                        fwd as scratch and saved for the bwd. A weight given pre-quantized (e4m3
+                        with its scales) gets no gradient: its d* is None.
 
 ``m_splits`` [G] int64 is metadata; the torch reference reads it on the host (a
 GPU m_splits costs it a device sync; pass it on the CPU, as Megatron and
@@ -71,14 +74,14 @@ def _swiglu_bwd_torch(dout, h, probs, dh, dprobs, s):
 
 
 @kernel("grouped_mlp_mxfp8", "torch", "fwd")
-def _mlp_fwd_torch(x, probs, m_splits, fc1_weight, fc2_weight, y, h, quantize):
-    _copy_all((y, h), ref.grouped_mlp_mxfp8_fwd(x, probs, m_splits, fc1_weight, fc2_weight, quantize))
+def _mlp_fwd_torch(x, probs, m_splits, fc1_weight, fc2_weight, s1, s2, y, h, quantize):
+    _copy_all((y, h), ref.grouped_mlp_mxfp8_fwd(x, probs, m_splits, fc1_weight, fc2_weight, quantize, s1, s2))
 
 
 @kernel("grouped_mlp_mxfp8", "torch", "bwd")
-def _mlp_bwd_torch(dy, x, probs, m_splits, fc1_weight, fc2_weight, h, dx, dprobs, dfc1, dfc2, quantize):
+def _mlp_bwd_torch(dy, x, probs, m_splits, fc1_weight, fc2_weight, s1, s2, h, dx, dprobs, dfc1, dfc2, quantize):
     _copy_all((dx, dprobs, dfc1, dfc2),
-              ref.grouped_mlp_mxfp8_bwd(dy, x, probs, m_splits, fc1_weight, fc2_weight, h, quantize))
+              ref.grouped_mlp_mxfp8_bwd(dy, x, probs, m_splits, fc1_weight, fc2_weight, h, quantize, s1, s2))
 
 
 mxfp8_quantize = define(S.QUANTIZE, Decl(present={
@@ -88,5 +91,5 @@ mxfp8_dequantize = define(S.DEQUANTIZE, Decl(dtype_param={"out": "out_dtype"}))
 grouped_linear = define(S.GROUPED_LINEAR, Decl(saves=("x", "weight", "m_splits")))
 scaled_swiglu = define(S.SCALED_SWIGLU, Decl(saves=("h", "probs")))
 grouped_mlp_mxfp8 = define(S.GROUPED_MLP, Decl(
-    saves=("x", "probs", "m_splits", "fc1_weight", "fc2_weight", "h"),
+    saves=("x", "probs", "m_splits", "fc1_weight", "fc2_weight", "fc1_weight_scales", "fc2_weight_scales", "h"),
     scratch=(Scratch("h", ("M", "2*F")),)))

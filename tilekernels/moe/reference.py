@@ -118,13 +118,16 @@ def linear_fwd(x: Tensor, w: Tensor, splits: list[int], quantize: bool, acc: tor
 
 
 def linear_bwd(dy: Tensor, x: Tensor, w: Tensor, splits: list[int], quantize: bool,
-               acc: torch.dtype) -> tuple[Tensor, Tensor]:
-    """(dX, dW) in ``acc`` per the recipe above.  dy [M, N], x [M, K], w [G, N, K]."""
+               acc: torch.dtype, wgrad: bool = True) -> tuple[Tensor, Optional[Tensor]]:
+    """(dX, dW) in ``acc`` per the recipe above.  dy [M, N], x [M, K], w [G, N, K].
+    ``wgrad`` False: dW is None (a frozen, pre-quantized weight)."""
     G, N, K = w.shape
     dy_row = _operand(dy, acc, quantize, columnwise=False)
     # W_g [N, K] columnwise (blocks along N); N % 32 keeps blocks inside one expert
     w_col = _operand(w.reshape(G * N, K), acc, quantize, columnwise=True).reshape(G, N, K)
     dx = grouped_mm_nn(dy_row, w_col, splits)
+    if not wgrad:
+        return dx, None
     dy_col = _operand(dy, acc, quantize, columnwise=True)
     x_col = _operand(x, acc, quantize, columnwise=True)
     dw = grouped_mm_tn(dy_col, x_col, splits)
@@ -235,65 +238,88 @@ def scaled_swiglu_bwd(dout: Tensor, h: Tensor, probs: Tensor,
 MLP_GLU_INTERLEAVE = 32
 
 
+def weight_value(w: Tensor, scales: Optional[Tensor], acc: torch.dtype) -> Tensor:
+    """A grouped weight [G, N, K] as the GEMMs see it before their own quantization: a master
+    as given, or a pre-quantized one's exact dequantization in ``acc`` (e4m3 data with rowwise
+    scales [G, N, K/32]). Quantizing that value along K again gives the same value (each
+    block's new scale is at most its old one and the data only gain powers of two, which
+    e4m3 holds exactly below 448), so the forward consumes it unchanged."""
+    if scales is None:
+        return w
+    G, N, K = w.shape
+    return mx.dequantize(w.reshape(G * N, K), scales.reshape(G * N, K // 32), "rowwise", acc).reshape(G, N, K)
+
+
 def grouped_mlp_mxfp8_fwd(x: Tensor, probs: Tensor, m_splits: Tensor, fc1_weight: Tensor,
-                          fc2_weight: Tensor, quantize: bool = True) -> tuple[Tensor, Tensor]:
+                          fc2_weight: Tensor, quantize: bool = True, fc1_weight_scales: Optional[Tensor] = None,
+                          fc2_weight_scales: Optional[Tensor] = None) -> tuple[Tensor, Tensor]:
     """(y [M, H] in x.dtype, h [M, 2F] in the accumulation dtype: the saved FC1 output).
 
     h = FC1 GEMM (never rounded to bf16: the SwiGLU runs on the fp32 accumulators,
     as in the fused FC1 epilogue); a = silu(gate) * linear * probs with s = 32 (fp32);
-    y = FC2 GEMM of MXFP8(a) (rowwise, blocks along F) and MXFP8(fc2_weight).
+    y = FC2 GEMM of MXFP8(a) (rowwise, blocks along F) and MXFP8(fc2_weight). A weight
+    with scales is pre-quantized: its value is :func:`weight_value`.
     """
-    acc = acc_dtype(x, probs, fc1_weight, fc2_weight)
+    acc = acc_dtype(x, probs)
     splits = splits_list(m_splits)
-    h = linear_fwd(x, fc1_weight, splits, quantize, acc)
+    h = linear_fwd(x, weight_value(fc1_weight, fc1_weight_scales, acc), splits, quantize, acc)
     a = swiglu_fwd(h, probs.to(acc), MLP_GLU_INTERLEAVE)
-    y = linear_fwd(a, fc2_weight, splits, quantize, acc)
+    y = linear_fwd(a, weight_value(fc2_weight, fc2_weight_scales, acc), splits, quantize, acc)
     return y.to(x.dtype), h
 
 
-def grouped_mlp_mxfp8(x: Tensor, probs: Tensor, m_splits: Tensor, fc1_weight: Tensor,
-                      fc2_weight: Tensor, quantize: bool = True) -> Tensor:
+def grouped_mlp_mxfp8(x: Tensor, probs: Tensor, m_splits: Tensor, fc1_weight: Tensor, fc2_weight: Tensor,
+                      fc1_weight_scales: Optional[Tensor] = None, fc2_weight_scales: Optional[Tensor] = None,
+                      quantize: bool = True) -> Tensor:
     """y [M, H] (x.dtype) = FC2(scaled_swiglu(FC1(x), probs, s=32)), every GEMM MXFP8.
 
-    x [M, H] bf16; probs [M] fp32; fc1_weight [G, 2F, H]; fc2_weight [G, H, F];
-    m_splits [G] int64. ``quantize=False`` runs the same graph with unquantized
-    operands (the float64 gradcheck), differentiable by autograd; with quantization
-    the backward is :func:`grouped_mlp_mxfp8_bwd` (the straight-through recipe).
+    x [M, H] bf16; probs [M] fp32; fc1_weight [G, 2F, H]; fc2_weight [G, H, F], each a
+    master in x's dtype or pre-quantized e4m3 with its rowwise scales ``fc*_weight_scales``
+    [G, N, K/32] uint8 (no gradient then); m_splits [G] int64. ``quantize=False`` runs the
+    same graph with unquantized operands (the float64 gradcheck), differentiable by
+    autograd; with quantization the backward is :func:`grouped_mlp_mxfp8_bwd` (the
+    straight-through recipe).
     """
     if quantize:
-        return _MXFP8MLP.apply(x, probs, m_splits, fc1_weight, fc2_weight)
-    return grouped_mlp_mxfp8_fwd(x, probs, m_splits, fc1_weight, fc2_weight, False)[0]
+        return _MXFP8MLP.apply(x, probs, m_splits, fc1_weight, fc2_weight, fc1_weight_scales, fc2_weight_scales)
+    return grouped_mlp_mxfp8_fwd(x, probs, m_splits, fc1_weight, fc2_weight, False,
+                                 fc1_weight_scales, fc2_weight_scales)[0]
 
 
 class _MXFP8MLP(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, x, probs, m_splits, fc1_weight, fc2_weight):
-        y, h = grouped_mlp_mxfp8_fwd(x, probs, m_splits, fc1_weight, fc2_weight, True)
-        ctx.save_for_backward(x, probs, m_splits, fc1_weight, fc2_weight, h)
+    def forward(ctx, x, probs, m_splits, fc1_weight, fc2_weight, s1, s2):
+        y, h = grouped_mlp_mxfp8_fwd(x, probs, m_splits, fc1_weight, fc2_weight, True, s1, s2)
+        ctx.save_for_backward(x, probs, m_splits, fc1_weight, fc2_weight, s1, s2, h)
         return y
 
     @staticmethod
     def backward(ctx, dy):
-        x, probs, m_splits, w1, w2, h = ctx.saved_tensors
-        dx, dprobs, dfc1, dfc2 = grouped_mlp_mxfp8_bwd(dy, x, probs, m_splits, w1, w2, h, True)
-        return dx, dprobs, None, dfc1, dfc2
+        x, probs, m_splits, w1, w2, s1, s2, h = ctx.saved_tensors
+        dx, dprobs, dfc1, dfc2 = grouped_mlp_mxfp8_bwd(dy, x, probs, m_splits, w1, w2, h, True, s1, s2)
+        return dx, dprobs, None, dfc1, dfc2, None, None
 
 
 def grouped_mlp_mxfp8_bwd(dy: Tensor, x: Tensor, probs: Tensor, m_splits: Tensor, fc1_weight: Tensor,
-                          fc2_weight: Tensor, h: Tensor, quantize: bool = True):
+                          fc2_weight: Tensor, h: Tensor, quantize: bool = True,
+                          fc1_weight_scales: Optional[Tensor] = None, fc2_weight_scales: Optional[Tensor] = None):
     """dy [M, H], h [M, 2F] (saved, accumulation dtype) -> (dx, dprobs, dfc1, dfc2).
 
     dA = FC2 dgrad (accumulators, not rounded); dh, dprobs = dSwiGLU(dA, h, probs)
     in fp32; dfc2 from dY and a (recomputed from h, quantized columnwise);
     dx, dfc1 from dh (quantized rowwise / columnwise). Outputs in the dtypes of
-    x, probs, fc1_weight, fc2_weight.
+    x, probs, fc1_weight, fc2_weight; a pre-quantized weight's gradient is None (its
+    value still feeds the dgrad, quantized columnwise along N as a master is).
     """
-    acc = acc_dtype(x, probs, fc1_weight, fc2_weight, dy)
+    acc = acc_dtype(x, probs, dy)
     splits = splits_list(m_splits)
     p = probs.to(acc)
     h = h.to(acc)
+    w1 = weight_value(fc1_weight, fc1_weight_scales, acc)
+    w2 = weight_value(fc2_weight, fc2_weight_scales, acc)
     a = swiglu_fwd(h, p, MLP_GLU_INTERLEAVE)
-    da, dfc2 = linear_bwd(dy, a, fc2_weight, splits, quantize, acc)
+    da, dfc2 = linear_bwd(dy, a, w2, splits, quantize, acc, wgrad=fc2_weight_scales is None)
     dh, dprobs = swiglu_bwd(da, h, p, MLP_GLU_INTERLEAVE)
-    dx, dfc1 = linear_bwd(dh, x, fc1_weight, splits, quantize, acc)
-    return dx.to(x.dtype), dprobs.to(probs.dtype), dfc1.to(fc1_weight.dtype), dfc2.to(fc2_weight.dtype)
+    dx, dfc1 = linear_bwd(dh, x, w1, splits, quantize, acc, wgrad=fc1_weight_scales is None)
+    return (dx.to(x.dtype), dprobs.to(probs.dtype), None if dfc1 is None else dfc1.to(fc1_weight.dtype),
+            None if dfc2 is None else dfc2.to(fc2_weight.dtype))
