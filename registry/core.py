@@ -265,6 +265,9 @@ class Op:
         if torch.compiler.is_compiling():  # traced: validation becomes guards and graph ops
             bound = bind(self.spec, args, kwargs, self._rules)
             return self.entry(*bound.args(), backend=self.choose(bound, backend), **bound.params)
+        if not isinstance(backend, str):  # (a list or dict would fail as a cache key, not as a SpecError)
+            raise SpecError(self.name, "backend", f"'auto' or one of {[b.name for b in self.spec.backends]}",
+                            f"{type(backend).__name__} {backend!r}")
         strict_mode = strict()
         mode = (backend, torch.is_grad_enabled(), strict_mode)
         pattern = self._guards.lookup(args, kwargs, mode)

@@ -27,6 +27,7 @@ per-call validation cheap and lets TorchDynamo trace it.
 from __future__ import annotations
 
 import ast
+import functools
 import math
 import operator
 from dataclasses import dataclass, field
@@ -495,6 +496,7 @@ def bind(spec: OpSpec, args: tuple, kwargs: dict[str, Any], rules=None) -> Bound
 
     # rank, binding, then every expression
     dims: dict[str, int] = {}
+    bound_by: dict[str, str] = {}  # dim -> "tensor <name>'s dim <axis>", for the dim errors
     dimspec = {d.name: d for d in spec.dims}
     for t in present:
         v = tensors[t.name]
@@ -502,9 +504,10 @@ def bind(spec: OpSpec, args: tuple, kwargs: dict[str, Any], rules=None) -> Bound
         if v.dim() != len(shape):
             raise SpecError(op, f"tensor {t.name}", f"{len(shape)} dims {_fmt_shape(shape)}",
                             f"{v.dim()} dims {list(v.shape)}")
-        for d, size in zip(shape, v.shape):
+        for axis, (d, size) in enumerate(zip(shape, v.shape)):
             if isinstance(d, str) and d in dimspec and d not in dims:
                 dims[d] = size
+                bound_by[d] = f"tensor {t.name}'s dim {axis}"
     scalars = dict(dims)
     scalars.update({k: val for k, val in params.items() if isinstance(val, (int, float, bool))})
     for t in present:
@@ -516,6 +519,9 @@ def bind(spec: OpSpec, args: tuple, kwargs: dict[str, Any], rules=None) -> Bound
             else:
                 try:
                     want = evaluate(d, scalars)
+                except _expr.BoundError as e:  # sizes past any tensor's: say so, naming the tensor
+                    raise SpecError(op, f"tensor {t.name}", f"shape {_fmt_shape(shape)} with dim {axis} ({d}) "
+                                    "computable", f"{list(v.shape)}, the expression overflowing: {e}") from None
                 except _expr.ExprError:
                     continue  # names a dim no present tensor binds: nothing to check it against
             if size != want:
@@ -527,10 +533,11 @@ def bind(spec: OpSpec, args: tuple, kwargs: dict[str, Any], rules=None) -> Bound
         d = dimspec.get(name)
         if d is None:
             continue
+        what = f"dim {name} ({bound_by[name]})" if name in bound_by else f"dim {name}"
         if size < d.min or (d.max is not None and size > d.max):
-            raise SpecError(op, f"dim {name}", f"{d.min} <= {name} <= {d.max if d.max is not None else 'inf'}", size)
+            raise SpecError(op, what, f"{d.min} <= {name} <= {d.max if d.max is not None else 'inf'}", size)
         if d.multiple_of > 1 and size % d.multiple_of:
-            raise SpecError(op, f"dim {name}", f"a multiple of {d.multiple_of}", size)
+            raise SpecError(op, what, f"a multiple of {d.multiple_of}", size)
 
     # strides
     for t in present:
@@ -552,9 +559,13 @@ def bind(spec: OpSpec, args: tuple, kwargs: dict[str, Any], rules=None) -> Bound
 
 def check_constraints(op: str, constraints: list[Constraint], env: dict, what: str) -> None:
     for c in constraints:
-        if c.when is not None and not evaluate(c.when, env):
-            continue
-        ok = evaluate(c.expr, env)
+        try:
+            if c.when is not None and not evaluate(c.when, env):
+                continue
+            ok = evaluate(c.expr, env)
+        except _expr.BoundError as e:  # values past specs.expr's bound: refused, not a crash
+            raise SpecError(op, f"{what} {c.expr!r}", "it to be computable", f"an overflow: {e}",
+                            c.message or None) from None
         if not ok:
             raise SpecError(op, f"{what} {c.expr!r}", "it to hold",
                             "false" if _compiling() else _describe(c.expr, env), c.message or None)
@@ -713,9 +724,13 @@ def _remember_checked(key: tuple, read: tuple, tensors: dict) -> None:
 
 def failing_constraint(constraints: list[Constraint], env: dict) -> Optional[str]:
     for c in constraints:
-        if c.when is not None and not evaluate(c.when, env):
-            continue
-        if not evaluate(c.expr, env):
+        try:
+            if c.when is not None and not evaluate(c.when, env):
+                continue
+            ok = evaluate(c.expr, env)
+        except _expr.BoundError as e:  # past specs.expr's bound: this limit cannot hold
+            return f"{c.expr!r} overflows ({e})" + (f" ({c.message})" if c.message else "")
+        if not ok:
             desc = "false" if _compiling() else _describe(c.expr, env)
             return f"{c.expr!r} fails with {desc}" + (f" ({c.message})" if c.message else "")
     return None
@@ -767,23 +782,52 @@ def _resolver(path: str) -> Callable:
     return fn
 
 
+_INT64 = 1 << 63
+
+
+@functools.lru_cache(maxsize=None)
+def _instance_class(path: str):
+    """The class an object param must be an instance of; None when it cannot be imported (a
+    torch build without torch.distributed has no ProcessGroup, and no call can use one)."""
+    try:
+        return _resolver(path)
+    except (ImportError, AttributeError):
+        return None
+
+
 def _check_param(op: str, p, v):
     if v is None:
         if p.nullable or p.type == "object":
             return None
         raise SpecError(op, f"param {p.name}", f"a {p.type}", "None")
+    if p.instance_of is not None:
+        cls = _instance_class(p.instance_of)
+        if cls is not None and not isinstance(v, cls):
+            raise SpecError(op, f"param {p.name}", f"None or a {p.instance_of.replace(':', '.')}",
+                            f"{type(v).__name__} {v!r}")
+        return v
     if p.type in _PY_TYPES:
         ok = isinstance(v, _PY_TYPES[p.type]) and not (p.type in ("int", "float") and isinstance(v, bool))
         if not ok:
             raise SpecError(op, f"param {p.name}", f"a {p.type}", f"{type(v).__name__} {v!r}")
         if p.type == "float":
-            v = float(v)
+            try:
+                v = float(v)
+            except OverflowError:  # an int past the float range
+                raise SpecError(op, f"param {p.name}", "a finite float", f"an int of {int(v).bit_length()} bits") \
+                    from None
             if getattr(p, "finite", True) and not math.isfinite(v):
                 raise SpecError(op, f"param {p.name}", "a finite float", repr(v))
+        if p.type == "int" and not -_INT64 <= v < _INT64:
+            # sizes and counts the kernels take as int64 at most; larger ones would only overflow
+            # the shape and constraint arithmetic (specs.expr's bound) with a less clear error
+            raise SpecError(op, f"param {p.name}", "an int64 (|v| < 2**63)", f"an int of {int(v).bit_length()} bits")
     if p.type == "ints":
         if not isinstance(v, (list, tuple)) or not all(isinstance(e, int) and not isinstance(e, bool) for e in v):
             raise SpecError(op, f"param {p.name}", "a list of ints", repr(v))
         v = tuple(int(e) for e in v)
+        if any(not -_INT64 <= e < _INT64 for e in v):
+            raise SpecError(op, f"param {p.name}", "int64 entries (|v| < 2**63)", "an entry of more bits")
         for e in v:
             if (p.min is not None and e < p.min) or (p.max is not None and e > p.max):
                 raise SpecError(op, f"param {p.name}", f"every entry in [{p.min}, {p.max}]", repr(v))

@@ -105,7 +105,7 @@ def _a2a_spec(name: str, to_hp: bool) -> OpSpec:
                             doc="the other side of the all_to_all")],
         params=[
             _SECTIONS,
-            Param(name="group", type="object", default=None,
+            Param(name="group", type="object", default=None, instance_of="torch.distributed:ProcessGroup",
                   doc="the cp torch.distributed process group (None = the default group)"),
             Param(name="cp", type="int", nullable=True, default=None, min=1,
                   resolve="tilekernels.cp.ops:resolve_cp",

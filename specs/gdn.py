@@ -82,8 +82,10 @@ PRE_GATED = OpSpec(
                    doc="[B, T, D] (BSHD) or [T_total, D] (THD), contiguous; sections q|k|v|z|b|a"),
         *_weights(CONV_DIM_EXPR),
         TensorSpec(name="cu_seqlens", shape=_seq(["S"], ["S"]), dtypes=["int32"], optional=True,
-                   differentiable=False,
-                   doc="[N+1] int32 sequence offsets (present: THD layout); 0 = c0 <= c1 <= ... <= cN = T_total"),
+                   differentiable=False, same_device=False,
+                   doc="[N+1] int32 sequence offsets (present: THD layout); 0 = c0 <= c1 <= ... <= cN = T_total; "
+                       "on mixed's device, or on the CPU (OPS.md's hot path: its rules then run on the host, "
+                       "the GPU kernels copy it without a sync; keep it on the GPU for a CUDA-graph capture)"),
     ],
     outputs=[
         TensorSpec(name="q", role="out", shape=_seq(["B", "T", HQ_EXPR, "dk"], ["T", HQ_EXPR, "dk"]),
@@ -160,6 +162,11 @@ PRE_GATED = OpSpec(
         _TORCH_FWD_BWD],
 )
 
+# a batch of padded rows only, with no state slots at all: the GPU kernels are not written or
+# tested for empty state tensors, so the torch reference writes the zero rows
+_SLOTS = Constraint(expr="N > 0 or B == 0",
+                    message="no state slots (N = 0, every row padded): the torch reference writes the zero rows")
+
 DECODE = OpSpec(
     name="gdn_decode",
     family="gdn",
@@ -225,6 +232,7 @@ DECODE = OpSpec(
                        message="one thread-block cluster (at most 8 CTAs) per key head: Hv/Hk <= 8"),
             Constraint(expr="Hv * dk * dv < 2**31", message="offsets inside one state slot are int32"),
             Constraint(expr="B < 65536", message="the rows are the grid's y extent (at most 65535)"),
+            _SLOTS,
         ],
         dtypes={"mixed": ["bfloat16", "float32"], "conv_weight": ["bfloat16", "float32"],
                 "A_log": ["float32"], "dt_bias": ["float32"], "ssm_state": ["float32", "bfloat16"]},
@@ -243,6 +251,7 @@ DECODE = OpSpec(
                 Constraint(expr="N * Hv * dk * dv < 2**31 and N * (2*Hk*dk + Hv*dv) * (W - 1) < 2**31 "
                                 "and B * (2*Hk*dk + 2*Hv*dv + 2*Hv) < 2**31",
                            message="the kernel indexes with int32 (every tensor < 2**31 elements)"),
+                _SLOTS,
             ],
             dtypes={"mixed": ["bfloat16", "float32"], "conv_weight": ["bfloat16", "float32"],
                     "A_log": ["float32"], "dt_bias": ["float32"], "ssm_state": ["float32", "bfloat16"]},

@@ -127,7 +127,8 @@ class Param(_Model):
     """A typed parameter with default and range.
 
     ``ints`` is a list/tuple of ints (min/max bound every element); ``object``
-    is passed through unchecked (e.g. a process group). A float param must be
+    is passed through (e.g. a process group), checked only to be None or an
+    instance of ``instance_of`` ("module:Class") where given. A float param must be
     finite (no NaN / inf) unless the spec says ``finite=False``. The default of
     a param that is not required must pass the same checks as a passed value
     (registry.validate's ``_check_param``): its type (a bool is not an int, an
@@ -143,6 +144,7 @@ class Param(_Model):
     max: Optional[float] = None
     finite: bool = True
     resolve: Optional[str] = None  # "module:function" (params dict -> value) filling a None before the checks
+    instance_of: Optional[str] = None  # an object param's class, "module:Class" (skipped if that cannot import)
     doc: str = ""
 
     @model_validator(mode="after")
@@ -153,6 +155,9 @@ class Param(_Model):
                     if v is not None and math.isnan(v)]
         if self.min is not None and self.max is not None and self.min > self.max:
             problems.append(f"param {self.name}: min {self.min} > max {self.max}")
+        if self.instance_of is not None and (self.type != "object" or not _ENTRY.match(self.instance_of)):
+            problems.append(f"param {self.name}: instance_of {self.instance_of!r} needs type object and "
+                            "a 'module:Class' path")
         if (self.min is not None or self.max is not None) and self.type not in ("int", "float", "ints"):
             problems.append(f"param {self.name}: min/max apply to int, float and ints params, not {self.type}")
         if not self.required and self.type != "object":

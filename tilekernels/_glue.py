@@ -137,6 +137,19 @@ def sm_count(device: torch.device) -> int:
     return _SMS[idx]
 
 
+def on_device(t: torch.Tensor, device: torch.device, what: str) -> torch.Tensor:
+    """``t`` on ``device``: metadata a caller may keep on the host (OPS.md: m_splits, cu_seqlens)
+    copied without waiting for the GPU (non_blocking: the pageable copy is staged before it
+    returns). Refused inside a CUDA-graph capture, which cannot record a copy from pageable
+    memory: pass it on the GPU there."""
+    if t.device == device:
+        return t
+    if t.device.type == "cpu" and torch.cuda.is_current_stream_capturing():
+        raise RuntimeError(f"{what}: a CUDA-graph capture needs it on the GPU (a CPU tensor would be copied "
+                           "from pageable memory during the capture)")
+    return t.to(device, non_blocking=True)
+
+
 def launch_into(make_launch):
     """A destination-passing registry kernel from a launch factory: ``into(*args)`` builds
     ``make_launch(*args)`` (the op's inputs, outputs and params, positional in spec order) and runs

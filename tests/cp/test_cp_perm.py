@@ -176,6 +176,14 @@ def test_collective_without_process_group_refused():
     _refused(TO_CP, _x(8, 1), torch.tensor([0, 8]), match="not initialized")
 
 
+@pytest.mark.parametrize("group", ["x", 123, object()])
+def test_group_of_another_type_refused(group):
+    """group is None (the default group) or a ProcessGroup: anything else is named before any rule
+    asks it for its size (it had escaped as an AttributeError from dist.get_world_size)."""
+    _refused(TO_HP, _x(4, 2), torch.tensor([0, 8]), cp=2, group=group, match="param group: expected None or a")
+    _refused(TO_CP, _x(8, 1), torch.tensor([0, 8]), group=group, match="param group: expected None or a")
+
+
 def test_total_tokens_skips_the_host_read_and_is_checked():
     """total_tokens = cu_seqlens[-1] (the sync-free form for a GPU cu_seqlens) gives the same
     maps; a wrong one is refused (a host rule here: cu_seqlens on the CPU)."""

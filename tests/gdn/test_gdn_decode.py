@@ -7,6 +7,7 @@ import torch
 import registry
 from tilekernels.gdn import bench as mk
 from tilekernels.gdn import reference as ref
+from tilekernels._glue import poisoned
 from tilekernels.testing import assert_close
 
 DECODE = registry.get("gdn_decode")
@@ -197,6 +198,22 @@ def test_empty_batch():
     conv0, ssm0 = conv.clone(), ssm.clone()
     o = DECODE(x, conv, w, A, dt, ssm, torch.zeros(0, dtype=torch.int32), **p)
     assert o.shape == (0, 4, 4) and torch.equal(conv, conv0) and torch.equal(ssm, ssm0)
+
+
+def test_padded_rows_without_state_slots():
+    """N = 0 slots: the spec admits only padded rows (-1); they get zero o rows (poisoned first)
+    and read no state. The GPU backends decline it, saying why: the torch reference serves it."""
+    x, conv, w, A, dt, ssm, p = _setup(B=3, N=0)
+    idx = torch.full((3,), -1, dtype=torch.int32)
+    with poisoned():
+        o = DECODE(x, conv, w, A, dt, ssm, idx, **p)
+    assert torch.equal(o, torch.zeros(3, 4, 4, dtype=o.dtype))
+    rows = {b: (ok, why) for b, ok, why in DECODE.explain(x, conv, w, A, dt, ssm, idx, **p)}
+    assert rows["torch"][0]
+    for b in ("cute", "cutile"):
+        assert not rows[b][0] and "no state slots" in rows[b][1]
+    with pytest.raises(registry.SpecError, match="state_indices"):
+        DECODE(x, conv, w, A, dt, ssm, torch.tensor([-1, 0, -1], dtype=torch.int32), **p)
 
 
 def test_torch_compile_fullgraph():

@@ -176,6 +176,20 @@ def test_empty_inputs():
     assert out[0].shape == (0, Hv, dk) and out[6].shape == (0, ref.conv_dim(Hk, Hv, dk, dv), W - 1)
 
 
+@pytest.mark.parametrize("lead,cu", [((2, 0), None), ((0, 5), None), ((0,), []), ((0,), [0, 0])])
+def test_empty_inputs_backward(lead, cu):
+    """No tokens (BSHD T = 0 or B = 0; THD with no sequences or only empty ones): the backward
+    runs and gives an empty dmixed and exactly zero weight / gate gradients."""
+    Hk, Hv, dk, dv, W = 1, 2, 4, 4, 4
+    x, w, A, dt = _leaves(Hk, Hv, dk, dv, W, lead, dtype=torch.float32)
+    args = (x, w, A, dt) if cu is None else (x, w, A, dt, mk.cu_seqlens(cu))
+    outs = call(*args, Hk=Hk, dk=dk, dv=dv)
+    sum(o.sum() for o in outs).backward()
+    assert x.grad.shape == x.shape
+    for t in (w, A, dt):
+        assert torch.equal(t.grad, torch.zeros_like(t)), "empty input: zero gradients"
+
+
 # ------------------------------------------------------------------ gradients
 
 

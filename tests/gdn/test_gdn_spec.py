@@ -152,6 +152,37 @@ def test_device_mismatch():
     refused(PRE, [a[0].cuda()] + a[1:], P, "device")
 
 
+def test_cu_seqlens_may_stay_on_the_cpu():
+    """OPS.md's hot path: cu_seqlens may come on the CPU beside GPU tensors (a meta mixed stands
+    in for one here): accepted, and its value rules run on the host (a bad one is refused)."""
+    a = pre_args((9,))
+    a = [t.to("meta") for t in a]
+    PRE.bind(*a, cu_seqlens=mk.cu_seqlens([4, 0, 5]), **P)
+    refused(PRE, a, dict(P, cu_seqlens=torch.tensor([0, 5, 4, 9], dtype=torch.int32)), "cu_seqlens")
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+@pytest.mark.gpu
+def test_cpu_cu_seqlens_on_the_gpu_backends():
+    """A CPU cu_seqlens gives bitwise the GPU one's outputs and gradients (the kernels copy it
+    without a sync); inside a CUDA-graph capture it is refused, naming it."""
+    a = [t.cuda().requires_grad_(t.is_floating_point()) for t in pre_args((9,))]
+    cu = mk.cu_seqlens([4, 0, 5])
+    runs = []
+    for c in (cu, cu.cuda()):
+        outs = PRE(*a, cu_seqlens=c, **P)
+        dys = [torch.ones_like(o) for o in outs]
+        runs.append([*outs, *torch.autograd.grad(outs, a, dys)])
+    for i, (x, y) in enumerate(zip(*runs)):
+        assert torch.equal(x, y), f"output {i}"
+    with torch.no_grad():
+        PRE(*a, cu_seqlens=cu.cuda(), **P)  # warm-up outside the capture
+        g = torch.cuda.CUDAGraph()
+        with pytest.raises(RuntimeError, match="cu_seqlens"):
+            with torch.cuda.graph(g):
+                PRE(*a, cu_seqlens=cu, **P)
+
+
 @pytest.mark.parametrize("layout", ["bshd", "thd"])
 @pytest.mark.parametrize("repeat_qk", [True, False])
 def test_declared_output_shapes_and_dtypes(layout, repeat_qk):

@@ -84,8 +84,24 @@ def test_tensor_errors(op):
 
 
 def test_dim_rules(op):
-    assert "dim n: expected 1 <= n <= 8, got 9" in err(op, torch.randn(2, 9, 18))
-    assert "dim C: expected a multiple of 2, got 3" in err(op, torch.randn(2, 1, 3))
+    """The errors name the tensor (and its dim) each size came from."""
+    assert "dim n (tensor x's dim 1): expected 1 <= n <= 8, got 9" in err(op, torch.randn(2, 9, 18))
+    assert "dim C (tensor x's dim 2): expected a multiple of 2, got 3" in err(op, torch.randn(2, 1, 3))
+
+
+def test_odd_args_are_spec_errors(op):
+    """An unhashable backend, an int past int64 for an int param or past the float range for a float
+    one: SpecErrors naming what was wrong (they had escaped as TypeError / OverflowError / the
+    expression language's bound error)."""
+    x = torch.randn(3, 2, 4)
+    assert "backend: expected 'auto' or one of" in err(op, x, backend=["torch"])
+    sink = registry.get("mhc_sinkhorn")
+    for kw, want in ((dict(iters=10 ** 80), "mhc_sinkhorn: param iters: expected an int64"),
+                     (dict(eps=10 ** 400), "mhc_sinkhorn: param eps: expected a finite float")):
+        with pytest.raises(SpecError, match=want):
+            sink(torch.randn(3, 4, 4), **kw)
+        with pytest.raises(SpecError, match=want):
+            sink.explain(torch.randn(3, 4, 4), **kw)
 
 
 def test_param_rules(op):

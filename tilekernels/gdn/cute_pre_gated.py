@@ -73,7 +73,7 @@ from cutlass.cute.nvgpu import cpasync
 from cutlass.memory.smem import SmemAllocator
 
 from tilekernels._cute import BoundLaunch, Launch, Ptr, Scalar, cdiv, cuda
-from tilekernels._glue import kernel
+from tilekernels._glue import kernel, on_device
 from tilekernels.gdn.ops import pre_gated_fwd_runner
 
 MASK_BITS = 64  # THD: a run's start mask covers its L + W - 1 rows
@@ -733,8 +733,8 @@ def fwd_launches(mixed, conv_weight, A_log, dt_bias, cu_seqlens, q, k, v, z, g, 
     if _align(mixed, q, k, v, z) < cfg.VEC * mixed.element_size():
         raise ValueError(f"gdn_pre_gated cute: config {cfg} needs mixed, q, k, v, z at addresses that are "
                          f"multiples of {cfg.VEC * mixed.element_size()} bytes")
-    if thd and cu_seqlens.device != mixed.device:
-        cu_seqlens = cu_seqlens.to(mixed.device, non_blocking=True)
+    if thd:
+        cu_seqlens = on_device(cu_seqlens, mixed.device, "gdn_pre_gated (cute): cu_seqlens")
     starts, fwd = _launches(cfg, mixed.dtype, conv_weight.dtype)
     runs = cdiv(NT, cfg.L)
     out = []

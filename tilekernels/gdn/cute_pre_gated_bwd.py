@@ -83,7 +83,7 @@ from cutlass.cute.nvgpu import cpasync
 from cutlass.memory.smem import SmemAllocator
 
 from tilekernels._cute import BoundLaunch, Launch, Ptr, Scalar, cdiv, cuda, launch_bounded
-from tilekernels._glue import kernel
+from tilekernels._glue import kernel, on_device
 from tilekernels.gdn.cute_pre_gated import (LOG2E, HeadGeometry, _align, _elem, _elt, _ldw, _load_rows, _load_taps,
                                             _lower_bound, _next_pow2, _shift_in, _softplus, _stv, _thread_vectors,
                                             _wdt, _words, _zero_window, copy_z_rows, ring_buffer)
@@ -650,8 +650,8 @@ def bwd_launches(gq, gk, gv, gz, gg, gbeta, mixed, conv_weight, A_log, dt_bias, 
     if align < cfg.VEC * mixed.element_size():
         raise ValueError(f"gdn_pre_gated cute bwd: config {cfg} needs mixed, the grads and dmixed at addresses "
                          f"that are multiples of {cfg.VEC * mixed.element_size()} bytes")
-    if thd and cu_seqlens.device != mixed.device:
-        cu_seqlens = cu_seqlens.to(mixed.device, non_blocking=True)
+    if thd:
+        cu_seqlens = on_device(cu_seqlens, mixed.device, "gdn_pre_gated bwd (cute): cu_seqlens")
     main, red = _launches(cfg, mixed.dtype, conv_weight.dtype)
     P = cdiv(NT, cfg.L)
     if part is None:

@@ -88,7 +88,7 @@ import cuda.tile as ct
 import torch
 
 from tilekernels._cutile import PAD_ZERO, Launch, cdiv, next_pow2, occ
-from tilekernels._glue import kernel
+from tilekernels._glue import kernel, on_device
 from tilekernels.gdn.ops import pre_gated_fwd_runner
 
 ConstInt = ct.Constant[int]
@@ -584,9 +584,7 @@ def seq_arg(mixed, cu_seqlens):
     if the caller kept it on the host) or mixed itself as [B, T, D] (BSHD: only its shape)."""
     if cu_seqlens is None:
         return mixed, False
-    if cu_seqlens.device != mixed.device:
-        cu_seqlens = cu_seqlens.to(mixed.device, non_blocking=True)
-    return cu_seqlens, True
+    return on_device(cu_seqlens, mixed.device, "gdn_pre_gated (cutile): cu_seqlens"), True
 
 
 def fwd_launch(mixed, conv_weight, A_log, dt_bias, cu_seqlens, q, k, v, z, g, beta, conv_state,

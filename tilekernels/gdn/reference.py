@@ -200,7 +200,7 @@ def pre_gated_bwd(gq: Tensor, gk: Tensor, gv: Tensor, gz: Tensor, gg: Tensor, gb
     yq, yk, _ = y.split([Hk * dk, Hk * dk, Hv * dv], -1)
 
     def head_grad(gx: Tensor, yx: Tensor) -> Tensor:
-        gx = gx.to(acc).reshape(T, -1, dk)
+        gx = gx.to(acc).reshape(T, gx.shape[-2], dk)  # (not -1: T may be 0)
         if repeat_qk:
             gx = gx.unflatten(1, (Hk, Hv // Hk)).sum(2)
         return l2norm_bwd(gx, yx.unflatten(-1, (Hk, dk)), eps).reshape(T, Hk * dk)
@@ -249,6 +249,8 @@ def decode(mixed: Tensor, conv_state: Tensor, conv_weight: Tensor, A_log: Tensor
     scale = dk ** -0.5 if scale is None else scale
     acc = acc_dtype(mixed, conv_weight, A_log, dt_bias, ssm_state)
     C = conv_dim(Hk, Hv, dk, dv)
+    if ssm_state.shape[0] == 0:  # no slots: the spec admits only padded rows (-1), which read and write nothing
+        return torch.zeros(B, Hv, dv, dtype=mixed.dtype, device=mixed.device)
     if state_indices is None:  # row b -> slot b: every row is real
         sl = torch.arange(B, device=mixed.device)
         valid = owner = None

@@ -44,7 +44,7 @@ from __future__ import annotations
 
 import torch
 
-from tilekernels._glue import aligned16, env_choice, env_flag, kernel
+from tilekernels._glue import aligned16, env_choice, env_flag, kernel, on_device
 
 from . import cute_quantize as cq
 from . import cute_swiglu as cs
@@ -67,10 +67,7 @@ BLOCK = 32
 def _offsets(m_splits: torch.Tensor, device: torch.device) -> torch.Tensor:
     """[G+1] int64 cumulative group offsets on ``device`` (no host sync for a GPU m_splits;
     a CPU m_splits is copied without waiting for the GPU)."""
-    if m_splits.device.type == "cpu" and torch.cuda.is_current_stream_capturing():
-        raise RuntimeError("grouped MXFP8 (cute): a CUDA-graph capture needs m_splits on the GPU "
-                           "(a CPU m_splits would be copied from pageable memory during capture)")
-    m = m_splits.to(device, non_blocking=True)
+    m = on_device(m_splits, device, "grouped MXFP8 (cute): m_splits")
     off = torch.zeros(m.numel() + 1, dtype=torch.int64, device=device)
     torch.cumsum(m, 0, out=off[1:])
     return off
