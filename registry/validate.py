@@ -419,6 +419,11 @@ def _named_params(spec: OpSpec, entry: str, params: dict, given: set) -> str:
     return ", ".join(f"{p.name}={params.get(p.name)!r}" + ("" if p.name in given else " (default)") for p in used)
 
 
+def _dim_what(name: str, bound_by: dict) -> str:
+    """A dim error's subject: the dim and the tensor dim it was bound from."""
+    return f"dim {name} (tensor {bound_by[name][0]}'s dim {bound_by[name][1]})" if name in bound_by else f"dim {name}"
+
+
 def bind(spec: OpSpec, args: tuple, kwargs: dict[str, Any], rules=None) -> Bound:
     """Validate a call; ``rules`` is the op's precompiled (metadata, value) rule split."""
     op = spec.name
@@ -496,7 +501,7 @@ def bind(spec: OpSpec, args: tuple, kwargs: dict[str, Any], rules=None) -> Bound
 
     # rank, binding, then every expression
     dims: dict[str, int] = {}
-    bound_by: dict[str, str] = {}  # dim -> "tensor <name>'s dim <axis>", for the dim errors
+    bound_by: dict[str, tuple] = {}  # dim -> (tensor, axis) it was bound from, for the dim errors
     dimspec = {d.name: d for d in spec.dims}
     for t in present:
         v = tensors[t.name]
@@ -507,7 +512,7 @@ def bind(spec: OpSpec, args: tuple, kwargs: dict[str, Any], rules=None) -> Bound
         for axis, (d, size) in enumerate(zip(shape, v.shape)):
             if isinstance(d, str) and d in dimspec and d not in dims:
                 dims[d] = size
-                bound_by[d] = f"tensor {t.name}'s dim {axis}"
+                bound_by[d] = (t.name, axis)
     scalars = dict(dims)
     scalars.update({k: val for k, val in params.items() if isinstance(val, (int, float, bool))})
     for t in present:
@@ -533,11 +538,11 @@ def bind(spec: OpSpec, args: tuple, kwargs: dict[str, Any], rules=None) -> Bound
         d = dimspec.get(name)
         if d is None:
             continue
-        what = f"dim {name} ({bound_by[name]})" if name in bound_by else f"dim {name}"
         if size < d.min or (d.max is not None and size > d.max):
-            raise SpecError(op, what, f"{d.min} <= {name} <= {d.max if d.max is not None else 'inf'}", size)
+            top = d.max if d.max is not None else "inf"
+            raise SpecError(op, _dim_what(name, bound_by), f"{d.min} <= {name} <= {top}", size)
         if d.multiple_of > 1 and size % d.multiple_of:
-            raise SpecError(op, what, f"a multiple of {d.multiple_of}", size)
+            raise SpecError(op, _dim_what(name, bound_by), f"a multiple of {d.multiple_of}", size)
 
     # strides
     for t in present:
@@ -686,7 +691,10 @@ def _checked_key(op: str, read: tuple, tensors: dict, params: dict, dims: dict,
     """What makes two calls' value checks the same (None: always check)."""
     if _compiling():
         return None
-    key = [op, requires_grad, tuple(dims.values()), tuple(params.values())]
+    # a rule's `when` may also ask other tensors' dtypes or presence (grouped_mlp_mxfp8's m_splits
+    # rule: whether both weights are pre-quantized), so those are part of what was checked
+    key = [op, requires_grad, tuple(dims.values()), tuple(params.values()),
+           tuple(None if t is None else t.dtype for t in tensors.values())]
     try:
         for n in read:
             t = tensors.get(n)

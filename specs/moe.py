@@ -233,7 +233,10 @@ GROUPED_MLP = OpSpec(
     params=[Param(name="quantize", type="bool", default=True,
                   doc="False: the same graph with unquantized operands (fp32/fp64 GEMMs), for gradcheck")],
     constraints=[
-        *_split_rules("requires_grad and quantize"),
+        # wgrad's columnwise blocks along each expert's tokens: not needed when both weights are
+        # pre-quantized (frozen: no wgrad)
+        *_split_rules("requires_grad and quantize and not (dtype(fc1_weight) == 'float8_e4m3fn' "
+                      "and dtype(fc2_weight) == 'float8_e4m3fn')"),
         _f64_probs("x"),
         Constraint(expr="H % 256 == 0", message="fused grouped MLP needs H % 256 == 0"),
         Constraint(expr="F % 256 == 0", message="fused grouped MLP needs F % 256 == 0 (so 2F % 512 == 0)"),
@@ -244,6 +247,9 @@ GROUPED_MLP = OpSpec(
     reference="tilekernels.moe.reference:grouped_mlp_mxfp8",
     entry="tilekernels.moe.ops:grouped_mlp_mxfp8",
     backends=[_cute(Constraint(expr="quantize", message="the cute kernels are the MXFP8 path"), _INT32,
+                    Constraint(expr="M % 32 == 0", when="requires_grad",
+                               message="the backward's dSwiGLU pass quantizes dh columnwise over all M tokens "
+                                       "(blocks of 32), wgrad or not"),
                     Constraint(expr="dtype(fc1_weight) != 'float8_e4m3fn' and dtype(fc2_weight) != 'float8_e4m3fn'",
                                message="pre-quantized weights: the cute path (cute_kernels) is written and "
                                        "CPU-emulated but has not run on a GPU yet; the torch reference serves them"),

@@ -176,6 +176,8 @@ def test_cpu_cu_seqlens_on_the_gpu_backends():
     for i, (x, y) in enumerate(zip(*runs)):
         assert torch.equal(x, y), f"output {i}"
     with torch.no_grad():
+        if PRE.choose(PRE.bind(*a, cu_seqlens=cu, **P)) == "torch":
+            pytest.skip("no GPU backend takes this call here: the capture part is about their copy")
         PRE(*a, cu_seqlens=cu.cuda(), **P)  # warm-up outside the capture
         g = torch.cuda.CUDAGraph()
         with pytest.raises(RuntimeError, match="cu_seqlens"):

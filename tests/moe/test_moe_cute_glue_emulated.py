@@ -14,12 +14,13 @@ and one of each.
 Tolerance "exact": the stand-ins compute the reference's quantized operand values and the same
 fp32 products in the same torch calls, so every output is bitwise the reference's.
 
-Inputs: quantizing an MXFP8 value again along the other axis moves it only where a block's
-scale pushes it into e4m3's subnormal range (MXFP8 rounds to 4 significant bits whatever the
-power-of-two scale), so with plain Gaussian weights a skipped or misplaced requantization
-would change nothing visible. fc2_weight's rows therefore span 2^-8..2^8 (dy's columns the
-inverse), which makes the FC2 dgrad's weight axis matter: skipping the requantization moves dx
-by ~5% norm-wise (``test_check_sees_a_skipped_requantization``).
+Weight operands: quantizing an MXFP8 value again along the other axis moves it only where a
+block's scale pushes it into e4m3's subnormal range (MXFP8 rounds to 4 significant bits whatever
+the power-of-two scale), so with plain Gaussian weights a skipped or misplaced requantization
+can leave every output bit unchanged. So the stand-in GEMM records each fwd / dgrad weight
+operand and the test compares it with the weight's value quantized along K / N; and
+fc2_weight's rows span 2^-8..2^8 (dy's columns the inverse), so that the FC2 dgrad's weight
+axis shows in dx too (~5% norm-wise; ``test_check_sees_a_skipped_requantization``).
 """
 from __future__ import annotations
 
@@ -64,8 +65,14 @@ def _dequantize_into(data, scales, out, axis):
     out.copy_(mx.dequantize(data, scales, axis, F32))
 
 
+WEIGHT_OPERANDS: list = []  # (variant, weight operand's fp32 value) of every fwd / dgrad GEMM
+
+
 def _bf16_gemm_into(variant, a, b, off, out):
-    """pq.bf16_gemm_into's contract in fp32 on the operands' values, per group."""
+    """pq.bf16_gemm_into's contract in fp32 on the operands' values, per group; records the
+    weight operand of fwd / dgrad (b [G, N, K]) for the operand check."""
+    if variant != "wgrad":
+        WEIGHT_OPERANDS.append((variant, b.float().clone()))
     ends = off.tolist()
     for g in range(len(ends) - 1):
         r = slice(ends[g], ends[g + 1])
@@ -115,6 +122,7 @@ def emulated(monkeypatch):
     monkeypatch.setattr(ck, "_gemm", lambda: SimpleNamespace(**{f"gemm_{v}_into": ck.pq.INTO[v]
                                                                   for v in ck.pq.VARIANTS}))
     old = ck.set_gemm_kernel("auto")
+    WEIGHT_OPERANDS.clear()
 
     def route(name):
         kernel, qdq, qdq_out = ROUTES[name]
@@ -182,17 +190,46 @@ def test_mlp_glue_matches_reference(emulated, route, which):
         if got is not None:
             assert_close(got, exp, "exact", what=name)
 
+    # every weight operand directly (a slip in a requantization can hide in the outputs when few
+    # values sit near a block's subnormal range, as with fc1's plain Gaussian rows here)
+    assert _weight_operand_slips((d1, s1), (d2, s2)) == []
 
-def test_check_sees_a_skipped_requantization(emulated, monkeypatch):
-    """The check above can fail on the slip most likely here: a pre-quantized weight fed to its
-    dgrad as it is, without the columnwise requantization along N (a columnwise qdq that returns
-    its input). With these inputs dx then misses the reference by more than the bf16 tolerance."""
+
+def _weight_operand_slips(*weights) -> list:
+    """The fwd / dgrad GEMMs (recorded) whose weight operand is not the weight's value quantized
+    along K (fwd) or along N (dgrad); each weight (data or master, scales or None) must appear
+    once in each."""
+    want = {}
+    for w, sc in weights:
+        v = ref.weight_value(w, sc, F32).float()
+        G, N, K = v.shape
+        for variant, axis in (("fwd", "rowwise"), ("dgrad", "columnwise")):
+            want[(variant, tuple(v.shape))] = _fq(v.reshape(G * N, K), axis).reshape(G, N, K)
+    seen = sorted((variant, tuple(b.shape)) for variant, b in WEIGHT_OPERANDS)
+    assert seen == sorted(want), seen
+    return [(variant, tuple(b.shape)) for variant, b in WEIGHT_OPERANDS
+            if not torch.equal(b, want[(variant, tuple(b.shape))])]
+
+
+@pytest.mark.parametrize("weight", ["fc1", "fc2"])
+def test_check_sees_a_skipped_requantization(emulated, monkeypatch, weight):
+    """The checks above fail on the slip most likely here: a pre-quantized weight fed to its dgrad
+    as it is, without the columnwise requantization along N (a columnwise qdq that returns its
+    input, for that weight only). The operand check names the GEMM; for fc2, whose rows span
+    2^-8..2^8, dx also misses the reference by more than the bf16 tolerance."""
     emulated("predq-qdq-out")
     x, probs, ms, w1, w2, dy = _inputs([64, 0, 32])
     (d1, s1), (d2, s2) = _pre(w1), _pre(w2)
     h = ref.grouped_mlp_mxfp8_fwd(x, probs, ms, d1, d2, True, s1, s2)[1]
     want = ref.grouped_mlp_mxfp8_bwd(dy, x, probs, ms, d1, d2, h, True, s1, s2)[0]
-    monkeypatch.setattr(ck, "_qdq", lambda t, axis: t.to(BF) if axis == "columnwise" else _fq(t, axis).to(BF))
+    rows = (d1 if weight == "fc1" else d2).shape[0] * (d1 if weight == "fc1" else d2).shape[1]
+    qdq = ck._qdq
+    monkeypatch.setattr(ck, "_qdq", lambda t, axis: t.to(BF) if axis == "columnwise" and t.shape[0] == rows
+                        else qdq(t, axis))
+    y, hh = _nan(*x.shape, dtype=BF), _nan(*h.shape, dtype=F32)
+    ck._mlp_fwd(x, probs, ms, d1, d2, s1, s2, y, hh, True)
     dx, dprobs = _nan(*x.shape, dtype=BF), _nan(x.shape[0], dtype=F32)
     ck._mlp_bwd(dy, x, probs, ms, d1, d2, s1, s2, h, dx, dprobs, None, None, True)
-    assert rel_err(dx, want) > 1e-2
+    assert _weight_operand_slips((d1, s1), (d2, s2)) == [("dgrad", tuple((d1 if weight == "fc1" else d2).shape))]
+    if weight == "fc2":
+        assert rel_err(dx, want) > 1e-2

@@ -295,18 +295,23 @@ def test_mlp_cuda_graph_with_gpu_m_splits():
 
 @cuda
 @pytest.mark.gpu
-@pytest.mark.parametrize("gemm", ["auto", "dq"])
+@pytest.mark.parametrize("gemm", ["auto", "auto-no-qdq", "dq"])
 @pytest.mark.parametrize("which", ["both", "fc1", "fc2"])
 @pytest.mark.parametrize("splits,HF", [([0, 32, 224, 0, 96], (256, 256)), ([64, 0, 32], (512, 768))])
-def test_mlp_prequantized_weights_cute(splits, HF, which, gemm):
+def test_mlp_prequantized_weights_cute(splits, HF, which, gemm, monkeypatch):
     """Pre-quantized (e4m3 + rowwise scales) weights on the cute kernels, called through the entry
     with backend="cute" (the spec keeps auto on the torch reference for them until this file has
-    passed on a GPU): y, dx, dprobs and a master's wgrad against the float64 reference, outputs
-    poisoned; the pre-quantized weight gets no gradient. Same tolerances as the bf16-master test."""
+    passed on a GPU), along the GEMM routes (predq on qdq'd bf16 operands, predq on MXFP8 ones,
+    the mainloop-dequant kernel): y, dx, dprobs and a master's wgrad against the float64
+    reference, outputs poisoned (the pre-quantized weight, data without requires_grad, gets no
+    gradient slot). Same tolerances as the bf16-master test."""
     from tilekernels.moe import cute_kernels as ck
     from tilekernels.moe import grouped_mlp_mxfp8
 
     _skip_without_gemm()
+    if gemm == "auto-no-qdq":
+        monkeypatch.setattr(ck, "QDQ", False)
+        monkeypatch.setattr(ck, "QDQ_OUT", False)
     H, F = HF
     x, probs, m, w1, w2 = _mlp_inputs(splits, H, F, "cuda", grad=True)
     p1, p2 = which in ("both", "fc1"), which in ("both", "fc2")
@@ -320,7 +325,7 @@ def test_mlp_prequantized_weights_cute(splits, HF, which, gemm):
     d1, s1 = pre(w1) if p1 else (w1, None)
     d2, s2 = pre(w2) if p2 else (w2, None)
     leaves = [t for t, pre_ in ((x, False), (probs, False), (w1, p1), (w2, p2)) if not pre_]
-    old = ck.set_gemm_kernel(gemm)
+    old = ck.set_gemm_kernel(gemm.removesuffix("-no-qdq"))
     try:
         with poisoned():
             y = grouped_mlp_mxfp8(x, probs, m, d1, d2, s1, s2, backend="cute")

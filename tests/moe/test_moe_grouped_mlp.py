@@ -52,8 +52,9 @@ def loop_forward(x, probs, m_splits, w1, w2, quantize=True):
     return y
 
 
-def loop_backward(dy, x, probs, m_splits, w1, w2):
-    """Per expert: FC2 dgrad/wgrad, dSwiGLU by autograd of the index formula, FC1 dgrad/wgrad."""
+def loop_backward(dy, x, probs, m_splits, w1, w2, wgrad=True):
+    """Per expert: FC2 dgrad/wgrad, dSwiGLU by autograd of the index formula, FC1 dgrad/wgrad
+    (wgrad False: the dgrads only, so groups need not be multiples of 32 tokens)."""
     M, H = x.shape
     dx, dp = torch.zeros(M, H, dtype=torch.float64), torch.zeros(M, dtype=torch.float64)
     dw1, dw2 = torch.zeros(w1.shape, dtype=torch.float64), torch.zeros(w2.shape, dtype=torch.float64)
@@ -64,10 +65,12 @@ def loop_backward(dy, x, probs, m_splits, w1, w2):
         p = probs[r].detach().double().requires_grad_()
         a = swiglu32(h, p)
         da = mx(dy[r], "rowwise") @ mx(w2[g], "columnwise")
-        dw2[g] = mx(dy[r], "columnwise").t() @ mx(a, "columnwise")
+        if wgrad:
+            dw2[g] = mx(dy[r], "columnwise").t() @ mx(a, "columnwise")
         a.backward(da)
         dx[r] = mx(h.grad, "rowwise") @ mx(w1[g], "columnwise")
-        dw1[g] = mx(h.grad, "columnwise").t() @ mx(x[r], "columnwise")
+        if wgrad:
+            dw1[g] = mx(h.grad, "columnwise").t() @ mx(x[r], "columnwise")
         dp[r] = p.grad
     return dx, dp, dw1, dw2
 
@@ -213,6 +216,29 @@ def test_prequantized_backward_matches_recipe_loop(which, dtype):
             assert_close(w.grad, dw, what=name)
 
 
+def test_frozen_weights_take_any_group_sizes():
+    """Both weights pre-quantized: no wgrad, so no columnwise blocks along an expert's tokens and no
+    m_splits % 32 rule (dx and dprobs against the float64 loop with ragged groups); a master beside
+    one still needs it, also right after the frozen call on the same m_splits (the registry's memo of
+    checked values keys on the tensors' dtypes too: the rule's `when` reads them). The cute backend
+    keeps M % 32 (its dSwiGLU pass quantizes dh columnwise)."""
+    m_splits = [33, 0, 31, 5]
+    ts, ms = make(m_splits)
+    x, probs, w1, w2 = as_dtype(ts, torch.float64, grad=True)
+    d1, s1, v1 = prequant(w1)
+    d2, s2, v2 = prequant(w2)
+    y = OP(x, probs, ms, d1, d2, s1, s2)
+    dy = torch.randn_like(y)
+    y.backward(dy)
+    dx, dp, _, _ = loop_backward(dy, x, probs, m_splits, v1, v2, wgrad=False)
+    assert_close(x.grad, dx, what="dx")
+    assert_close(probs.grad, dp, what="dprobs")
+    assert "all_div" in _refused(x, probs, ms, d1, w2.detach().requires_grad_(), s1)
+    xb, pb = x.detach().to(torch.bfloat16).requires_grad_(), probs.detach().float()
+    rows = {b: (ok, why) for b, ok, why in OP.explain(xb, pb, ms, d1, d2, s1, s2)}
+    assert rows["torch"][0] and "M % 32 == 0" in rows["cute"][1]
+
+
 def test_prequantized_is_the_master_of_its_value():
     """Bitwise: pre-quantized weights give the same y, dx, dprobs as bf16 masters holding their
     values (those values are normal bf16 numbers here, so the masters hold them exactly)."""
@@ -277,8 +303,12 @@ def test_prequantized_refusals_name_op_tensor_expected_got():
     assert "tensor fc1_weight_scales" in msg and "H // 32" in msg and "[2, 512, 4]" in msg
     msg = _refused(x, probs, ms, d1, w2, s1.view(torch.int8))         # scales of the wrong dtype
     assert "tensor fc1_weight_scales" in msg and "uint8" in msg and "int8" in msg
-    msg = _refused(x, probs, ms, w1.float(), w2)                      # a master in another dtype
-    assert "fc1_weight" in msg and "float32" in msg
+    msg = _refused(x, probs, ms, w1.float(), w2)                      # a dtype no weight takes
+    assert "tensor fc1_weight" in msg and "float32" in msg
+    for bad in ((w1.double(), w2), (w1, w2.double())):                # a master in another dtype than x's
+        name = "fc1_weight" if bad[0].dtype == torch.float64 else "fc2_weight"
+        msg = _refused(x, probs, ms, *bad)
+        assert f"dtype({name})='float64'" in msg and "a master in x's dtype" in msg
     msg = _refused(x, probs, ms, d1.requires_grad_(), w2, s1)         # fp8 data cannot hold a gradient
     assert "tensor fc1_weight" in msg and "requires_grad=False" in msg and "got requires_grad=True" in msg
     d1.requires_grad_(False)

@@ -276,7 +276,7 @@ def linear_bwd(dy_row, dy_col, x, weight, off, dx, dweight) -> None:
     _weight_gemm("dgrad", dy_row, weight, off, dx)
     if dweight is None:
         return
-    if _qdq_path("wgrad", dweight, x.shape[0], weight.shape[0]):
+    if _qdq_path("wgrad", dweight, x.shape[0], off.shape[0] - 1):
         pq.bf16_gemm_into("wgrad", pq.dequant(*dy_col, "columnwise"), _qdq(x, "columnwise"), off, dweight)
         return
     _gemm_into("wgrad", *dy_col, *_quant(x, False, True), off, dweight)
@@ -350,7 +350,7 @@ def _mlp_bwd(dy, x, probs, m_splits, fc1_weight, fc2_weight, s1, s2, h, dx, dpro
                                                              ("wgrad", dfc1)) if o is not None):
         _mlp_bwd_bf16(dy, x, probs, fc1_weight, fc2_weight, h, dx, dprobs, dfc1, dfc2, off, da)
         return
-    dyq = _quant(dy, True, True)
+    dyq = _quant(dy, True, dfc2 is not None)                  # columnwise only for the FC2 wgrad
     _weight_gemm("dgrad", dyq[:2], fc2_weight, off, da)       # dA: FC2 dgrad accumulators, fp32
     e = dict(device=dev)
     dh = (torch.empty(M, 2 * F, dtype=_E4M3, **e), torch.empty(M, 2 * F // BLOCK, dtype=_U8, **e),
