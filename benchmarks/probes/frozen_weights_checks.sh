@@ -1,0 +1,24 @@
+#!/usr/bin/env bash
+# Session 45's owed GPU checks, one device call (carry .gpu-cute), repo root:
+#   source .gpu-cute/env.sh; export PYTHONPATH=$PYTHONPATH:/tmp/tk-cutile/site PATH=/tmp/tk-cutile/cu13/bin:$PATH
+#   unset CUDA_HOME CUDA_PATH; bash benchmarks/probes/frozen_weights_checks.sh
+# - grouped_mlp_mxfp8 with pre-quantized (frozen) weights on the cute kernels, every GEMM route
+#   (test_moe_cute_registry.py -k prequantized, 18 cases), then memcheck / initcheck on one small case of it. If they
+#   pass, the cute backend's "pre-quantized weights" limit in specs/moe.py can go (auto then takes cute for them).
+# - gdn_pre_gated with a CPU cu_seqlens beside GPU tensors: bitwise the GPU cu_seqlens' outputs and gradients, and a
+#   clear refusal inside a CUDA-graph capture (test_gdn_spec.py -k cpu_cu_seqlens).
+# - the MoE and GDN registry GPU files whole, since the glue around them changed (cute_kernels' weight helpers,
+#   _glue.on_device).
+set -u
+. "$(dirname "$0")/_steps.sh"  # step NAME SECONDS CMD...
+: > "$SUM"
+P="$PYT -m gpu -rfE"
+step moe_prequant 240 $P tests/moe/test_moe_cute_registry.py -k prequantized
+K="prequantized and splits1 and fc1 and no-qdq"
+for tool in memcheck initcheck; do
+  step moe_prequant_$tool 200 $SAN --tool $tool $P tests/moe/test_moe_cute_registry.py -k "$K" &
+done
+wait
+step gdn_cpu_cu 120 $P tests/gdn/test_gdn_spec.py -k cpu_cu_seqlens
+step moe_files 300 $P tests/moe/test_moe_cute_registry.py tests/moe/test_grouped_gemm_predq.py tests/moe/test_qdq_cute.py
+cat "$SUM"
