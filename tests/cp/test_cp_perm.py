@@ -147,9 +147,9 @@ def test_cu_seqlens_dtype_and_rank_refused():
 
 
 def test_cp_param_refused():
-    _refused(PERM, torch.tensor([0, 4]), match="cp")                 # required
-    _refused(PERM, torch.tensor([0, 4]), cp=0, match="cp")
-    _refused(TO_HP, _x(2, 2), torch.tensor([0, 4]), cp=0, match="cp")
+    _refused(PERM, torch.tensor([0, 4]), match="param cp: expected a int, got nothing")   # required
+    _refused(PERM, torch.tensor([0, 4]), cp=0, match=r"param cp: expected >= 1")
+    _refused(TO_HP, _x(2, 2), torch.tensor([0, 4]), cp=0, match=r"param cp: expected >= 1")
 
 
 def test_shape_rules_refused():
