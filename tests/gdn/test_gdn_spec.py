@@ -27,8 +27,16 @@ def dec_args(B=3, N=4, dtype=torch.bfloat16):
 
 
 def refused(op, args, kwargs, *words):
+    """op refuses the call with a SpecError naming op and words, and writes nothing: every tensor
+    argument (gdn_decode's conv_state and ssm_state are updated in place by a valid call) is
+    bitwise what it was."""
+    tensors = [t for t in [*args, *kwargs.values()] if isinstance(t, torch.Tensor) and not t.is_meta]
+    before = [t.detach().clone() for t in tensors]
     with pytest.raises(SpecError) as e:
         op(*args, **kwargs)
+    for t, b in zip(tensors, before):
+        same = torch.allclose(t, b, rtol=0, atol=0, equal_nan=True) if t.is_floating_point() else torch.equal(t, b)
+        assert same, "a refused call wrote a tensor"
     msg = str(e.value)
     assert op.name in msg, msg
     for w in words:

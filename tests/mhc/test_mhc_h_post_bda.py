@@ -50,8 +50,10 @@ def test_grads_match_float64(T, n, C, h, bias):
 
 
 def test_dbias_reduced_in_fp32():
-    # many tokens, a bf16 bias: dbias = sum_t dx[t] must not be accumulated in bf16
-    args = inputs(512, 2, 3, h=F32, bias=BF16)
+    """Many tokens, a bf16 bias: dbias = sum_t dx[t] must not be accumulated in bf16. At T=4096,
+    C=16 a running bf16 sum misses by 3% or more (40 of 40 seeds, in a scratch replay); at the
+    earlier T=512, C=3 it slipped through for 1 seed in 10."""
+    args = inputs(4096, 2, 16, h=F32, bias=BF16)
     args = [a.requires_grad_() for a in args]
     out = OP(*args)
     g = rand(*out.shape, dtype=BF16)
