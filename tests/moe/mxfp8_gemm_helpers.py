@@ -39,6 +39,16 @@ def _dq_cols(d, s):
     return mx.dequantize_columnwise(d.view(torch.float8_e4m3fn), s, torch.float64)
 
 
+def prequant_weight(w):
+    """A grouped weight [G, N, K] pre-quantized as grouped_mlp_mxfp8 takes one, through the
+    mxfp8_quantize op (on w's device): (e4m3 data [G, N, K], rowwise scales [G, N, K/32])."""
+    import registry
+
+    G, N, K = w.shape
+    d, s = registry.get("mxfp8_quantize")(w.detach().reshape(G * N, K).contiguous(), axis="rowwise")
+    return d.view(G, N, K), s.view(G, N, K // 32)
+
+
 def _offsets(splits, dtype=torch.int64):
     """Cumulative [G + 1] offsets computed on the device (torch.cumsum), as the op does."""
     m = torch.tensor(splits, dtype=torch.int64, device=DEV)

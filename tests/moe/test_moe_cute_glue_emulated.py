@@ -29,6 +29,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
+from mxfp8_gemm_helpers import prequant_weight
 from tilekernels.moe import cute_kernels as ck
 from tilekernels.moe import mxfp8 as mx
 from tilekernels.moe import reference as ref
@@ -150,12 +151,6 @@ def _inputs(m_splits, H=256, F=256):
     return x, probs, torch.tensor(m_splits), w1, w2, dy
 
 
-def _pre(w):
-    G, N, K = w.shape
-    d, s = mx.quantize(w.reshape(G * N, K), "rowwise")
-    return d.view(G, N, K), s.view(G, N, K // 32)
-
-
 def _nan(*shape, dtype):
     return torch.full(shape, float("nan"), dtype=dtype)
 
@@ -170,8 +165,8 @@ def test_mlp_glue_matches_reference(emulated, route, which):
     x, probs, ms, w1, w2, dy = _inputs(m_splits)
     M, H, F, G = x.shape[0], x.shape[1], w2.shape[2], len(m_splits)
     p1, p2 = which in ("both", "fc1"), which in ("both", "fc2")
-    d1, s1 = _pre(w1) if p1 else (w1, None)
-    d2, s2 = _pre(w2) if p2 else (w2, None)
+    d1, s1 = prequant_weight(w1) if p1 else (w1, None)
+    d2, s2 = prequant_weight(w2) if p2 else (w2, None)
     y, h = _nan(M, H, dtype=BF), _nan(M, 2 * F, dtype=F32)
     ck._mlp_fwd(x, probs, ms, d1, d2, s1, s2, y, h, True)
     y_ref, h_ref = ref.grouped_mlp_mxfp8_fwd(x, probs, ms, d1, d2, True, s1, s2)
@@ -219,7 +214,7 @@ def test_check_sees_a_skipped_requantization(emulated, monkeypatch, weight):
     2^-8..2^8, dx also misses the reference by more than the bf16 tolerance."""
     emulated("predq-qdq-out")
     x, probs, ms, w1, w2, dy = _inputs([64, 0, 32])
-    (d1, s1), (d2, s2) = _pre(w1), _pre(w2)
+    (d1, s1), (d2, s2) = prequant_weight(w1), prequant_weight(w2)
     h = ref.grouped_mlp_mxfp8_fwd(x, probs, ms, d1, d2, True, s1, s2)[1]
     want = ref.grouped_mlp_mxfp8_bwd(dy, x, probs, ms, d1, d2, h, True, s1, s2)[0]
     rows = (d1 if weight == "fc1" else d2).shape[0] * (d1 if weight == "fc1" else d2).shape[1]

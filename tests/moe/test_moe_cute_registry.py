@@ -20,6 +20,7 @@ import pytest
 import torch
 
 import registry
+from mxfp8_gemm_helpers import prequant_weight
 from tilekernels._glue import poisoned
 from tilekernels.moe import reference as ref
 from tilekernels.testing import assert_close
@@ -315,15 +316,8 @@ def test_mlp_prequantized_weights_cute(splits, HF, which, gemm, monkeypatch):
     H, F = HF
     x, probs, m, w1, w2 = _mlp_inputs(splits, H, F, "cuda", grad=True)
     p1, p2 = which in ("both", "fc1"), which in ("both", "fc2")
-    q = registry.get("mxfp8_quantize")
-
-    def pre(w):
-        G, N, K = w.shape
-        d, sc = q(w.detach().reshape(G * N, K), axis="rowwise")
-        return d.view(G, N, K), sc.view(G, N, K // 32)
-
-    d1, s1 = pre(w1) if p1 else (w1, None)
-    d2, s2 = pre(w2) if p2 else (w2, None)
+    d1, s1 = prequant_weight(w1) if p1 else (w1, None)
+    d2, s2 = prequant_weight(w2) if p2 else (w2, None)
     leaves = [t for t, pre_ in ((x, False), (probs, False), (w1, p1), (w2, p2)) if not pre_]
     old = ck.set_gemm_kernel(gemm.removesuffix("-no-qdq"))
     try:

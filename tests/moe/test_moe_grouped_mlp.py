@@ -5,6 +5,7 @@ import pytest
 import torch
 
 import registry
+from mxfp8_gemm_helpers import prequant_weight
 from tilekernels.testing import assert_close
 
 OP = registry.get("grouped_mlp_mxfp8")
@@ -168,10 +169,9 @@ def prequant(w):
     """w [G, N, K] -> (e4m3 data [G, N, K], rowwise scales [G, N, K/32], float64 value): data
     and scales from the tested quantize op, the value dequantized here independently of the
     library (data * 2^(e - 127), one scale a block of 32 along K)."""
-    G, N, K = w.shape
-    d, s = QUANT(w.detach().reshape(G * N, K).contiguous(), axis="rowwise")
-    value = d.double() * torch.exp2(s.double() - 127).repeat_interleave(32, dim=1)
-    return d.view(G, N, K), s.view(G, N, K // 32), value.view(G, N, K)
+    d, s = prequant_weight(w)
+    value = d.double() * torch.exp2(s.double() - 127).repeat_interleave(32, dim=-1)
+    return d, s, value
 
 
 @pytest.mark.parametrize("which", ["both", "fc1", "fc2"])
