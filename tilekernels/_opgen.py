@@ -43,7 +43,7 @@ from torch import Tensor
 from torch.autograd.function import once_differentiable
 
 from registry.kernels import get_kernel
-from registry.validate import GRAD_DTYPE_NAMES, GRAD_DTYPES, _fn, evaluate
+from registry.exprs import GRAD_DTYPE_NAMES, GRAD_DTYPES, _fn, evaluate
 from specs.schema import OpSpec, TensorSpec
 
 from ._glue import empty, run_pass

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 import registry
-import registry.validate as V
+import registry.exprs as E  # (where the host reads of tensor values live)
 from registry import BackendUnavailable, Op, SpecError
 from specs.schema import Backend, Constraint, Dim, OpSpec, Param, TensorSpec
 
@@ -88,9 +88,9 @@ def test_cp_explain_without_process_group_and_one_bind(monkeypatch, tmp_path):
     try:
         registry.clear_caches()
         binds, reads = [], []
-        real_bind, real_vals = registry.core.bind, V._host_values
+        real_bind, real_vals = registry.core.bind, E._host_values
         monkeypatch.setattr(registry.core, "bind", lambda *a: binds.append(1) or real_bind(*a))
-        monkeypatch.setattr(V, "_host_values", lambda t: reads.append(1) or real_vals(t))
+        monkeypatch.setattr(E, "_host_values", lambda t: reads.append(1) or real_vals(t))
         assert torch.equal(op(x, cu), x)  # cp = 1: the identity
         assert len(binds) == 1 and len(reads) == 1
         with pytest.raises(SpecError, match="2\\*cp"):  # cp resolved from the group before the rules
