@@ -118,10 +118,30 @@ def _tk_if(c, a, b):
     return torch.where(c, a, b)
 
 
+_BOUNDED_POW = getattr(_expr, "bounded_pow", operator.pow)
+_BOUNDED_MUL = getattr(_expr, "bounded_mul", operator.mul)
+
+
+def _tk_mul(a, b):
+    """``a * b`` bounded as specs.expr says, except while torch.compile traces: there a batch
+    dim is a SymInt that dynamo's isinstance calls an int, and the bound's ``bit_length()``
+    would specialize it (one graph per batch size). Traced operands are sizes and params
+    already checked to be int64s, so the product cannot grow without limit."""
+    return a * b if _compiling() else _BOUNDED_MUL(a, b)
+
+
+def _tk_pow(a, b):
+    """``a ** b``, bounded as ``_tk_mul`` is (the exponent's bound stays while tracing: a
+    symbolic exponent is specialized, a symbolic base is not)."""
+    if _compiling() and isinstance(b, int) and 0 <= b <= _expr.MAX_INT_EXPONENT:
+        return a**b
+    return _BOUNDED_POW(a, b)
+
+
 _GLOBALS = {
     "__builtins__": {},
-    "_tk_pow": getattr(_expr, "bounded_pow", operator.pow),
-    "_tk_mul": getattr(_expr, "bounded_mul", operator.mul),
+    "_tk_pow": _tk_pow,
+    "_tk_mul": _tk_mul,
     "_tk_and": _tk_and, "_tk_or": _tk_or, "_tk_not": _tk_not, "_tk_if": _tk_if,
 }
 _FNS: dict[tuple[str, bool], tuple[Callable, tuple[str, ...]]] = {}

@@ -531,7 +531,9 @@ def _check_param(op: str, p, v):
             except OverflowError:  # an int past the float range
                 raise SpecError(op, f"param {p.name}", "a finite float", f"an int of {int(v).bit_length()} bits") \
                     from None
-            if getattr(p, "finite", True) and not math.isfinite(v):
+            # a comparison, not math.isfinite: under torch.compile(dynamic=True) a float param is a
+            # SymFloat, which math.isfinite cannot trace (NaN fails both comparisons too)
+            if getattr(p, "finite", True) and not -math.inf < v < math.inf:
                 raise SpecError(op, f"param {p.name}", "a finite float", repr(v))
         if p.type == "int" and not -_INT64 <= v < _INT64:
             # sizes and counts the kernels take as int64 at most; larger ones would only overflow

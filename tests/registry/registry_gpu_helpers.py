@@ -145,3 +145,66 @@ def compiled_fwd_bwd_check(case):
         errs[i] = 0.0 if exact and torch.equal(a, b) else rel_err(a, b)
         assert_close(a, b, "exact" if exact else None, what=f"{case.op}: compiled vs eager, output/grad {i}")
     return errs
+
+
+# ---------------------------------------------------------------- compiled calls at several batch sizes
+
+BATCH_DIMS = ("T", "M", "R", "B")  # the first of these in a case's dims is its batch dim
+
+
+def batch_sizes(case) -> tuple[str, list[dict]]:
+    """(batch dim, dims for 3 calls): the batch dim grown by 3 steps from the case's size. MoE
+    steps by 32 (m_splits % 32 with gradients, columnwise MXFP8 blocks), the others by 7 (odd
+    sizes); the steps keep clear of every other dim's size, so dynamo's duck sizing never ties the
+    batch dim to a static one. gdn_decode grows its slots N with its rows B (B <= N)."""
+    key = next(k for k in BATCH_DIMS if k in case.dims)
+    step = 32 if registry.get(case.op).spec.family == "moe" else 7
+    out = []
+    for i in (1, 3, 5):
+        d = dict(case.dims)
+        d[key] += i * step
+        if key == "B" and "N" in d:
+            d["N"] += i * step
+        out.append(d)
+    return key, out
+
+
+def varying_batch_compile_check(case, device: str, dynamic) -> int:
+    """One ``torch.compile(fullgraph=True, dynamic=dynamic)`` of the registry call, called at the 3
+    batch sizes of :func:`batch_sizes` on fresh inputs, forward and (ops with gradients) backward
+    with the same pre-made grad outputs as an eager call: outputs and grads at the suite's
+    tolerance (integers and e4m3 bitwise), in-place inputs (gdn_decode's states) too. Returns the
+    number of graphs dynamo made (``dynamic=None``: 2, the first size specialized and one graph
+    with a dynamic batch dim for the rest; ``dynamic=True``: 1)."""
+    from torch._dynamo.utils import counters
+
+    torch._dynamo.reset()
+    counters.clear()
+    op = registry.get(case.op)
+    names = [t.name for t in op.spec.inputs]
+    compiled = torch.compile(lambda *a, **p: op(*a, **p), fullgraph=True, dynamic=dynamic)
+    for dims in batch_sizes(case)[1]:
+        args, params = case.make(dims, torch.device(device))
+        grad_pos = {i for i, n in enumerate(names[:len(args)]) if n in case.grad_inputs and args[i] is not None}
+        gos = None
+        results = []
+        for fn in (lambda *a: op(*a, **params), lambda *a: compiled(*a, **params)):
+            a2 = [a.detach().clone().requires_grad_(i in grad_pos) if isinstance(a, torch.Tensor) else a
+                  for i, a in enumerate(args)]
+            out = _outs(fn(*a2))
+            if gos is None:
+                gos = [torch.randn_like(o, dtype=torch.float32).to(o.dtype) if o.requires_grad else None
+                       for o in out]
+            pairs = [(o, g) for o, g in zip(out, gos) if o.requires_grad]
+            leaves = [a2[i] for i in sorted(grad_pos)]
+            grads = list(torch.autograd.grad([o for o, _ in pairs], leaves, [g for _, g in pairs])) if pairs else []
+            inplace = [a for a in a2 if isinstance(a, torch.Tensor) and not a.requires_grad]
+            results.append([o.detach() for o in out] + grads + inplace)
+        want, got = results
+        assert len(got) == len(want)
+        for i, (a, b) in enumerate(zip(got, want)):
+            assert a.dtype == b.dtype and a.shape == b.shape, (case.op, i)
+            exact = not a.is_floating_point() or a.element_size() == 1
+            assert_close(a, b, "exact" if exact else None,
+                         what=f"{case.op} {dims}: compiled vs eager, output/grad/input {i}")
+    return counters["stats"]["unique_graphs"]

@@ -27,7 +27,8 @@ import registry.validate as V
 from registry import SpecError
 from specs import all_specs
 
-from registry_gpu_helpers import CASES, COLLECTIVES, IDS, _outs, compiled_fwd_bwd_check
+from registry_gpu_helpers import (CASES, COLLECTIVES, IDS, _outs, batch_sizes, compiled_fwd_bwd_check,
+                                  varying_batch_compile_check)
 from tilekernels.testing import assert_close
 
 cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
@@ -216,3 +217,33 @@ GRAD_CASES = [c for c in CASES if c.grad_inputs]
 def test_compile_fwd_bwd_through_registry(case):
     """Forward and backward of the compiled registry call (the custom ops, their GPU kernels) equal eager."""
     compiled_fwd_bwd_check(case)
+
+
+# ---------------------------------------------------------------- compiled calls: batch dims stay dynamic
+
+
+@pytest.mark.parametrize("dynamic", [None, True], ids=["auto-dynamic", "dynamic"])
+@pytest.mark.parametrize("case", CASES, ids=IDS)
+def test_compile_keeps_batch_dims_dynamic(case, dynamic):
+    """A compiled model calls an op at a new T / M / B every step (THD packing, MoE routing,
+    continuous batching). Its validation is traced (shapes become guards), so anything in it that
+    reads a batch size as a plain int would specialize it: one graph per size, until dynamo's
+    recompile limit sends the frame back to eager. So 3 sizes take 2 graphs (the first size
+    specialized, then one dynamic graph) or 1 with ``dynamic=True`` (float params are then
+    SymFloats too), each call equal to eager. CPU: the torch backend's custom ops; the GPU
+    kernels' run is ``test_compile_keeps_batch_dims_dynamic_gpu``."""
+    graphs = varying_batch_compile_check(case, "cpu", dynamic)
+    assert graphs == (1 if dynamic else 2), (f"{case.op}: {graphs} graphs for 3 {batch_sizes(case)[0]} sizes "
+                                             f"(dynamic={dynamic}): a batch dim was specialized")
+
+
+@cuda
+@pytest.mark.gpu
+@pytest.mark.parametrize("dynamic", [None, True], ids=["auto-dynamic", "dynamic"])
+@pytest.mark.parametrize("case", CASES, ids=IDS)
+def test_compile_keeps_batch_dims_dynamic_gpu(case, dynamic):
+    """As the CPU test, through the GPU backends' custom ops (their fake impls and the registry's
+    backend choice traced with symbolic sizes)."""
+    graphs = varying_batch_compile_check(case, "cuda", dynamic)
+    assert graphs == (1 if dynamic else 2), (f"{case.op}: {graphs} graphs for 3 {batch_sizes(case)[0]} sizes "
+                                             f"(dynamic={dynamic})")

@@ -123,7 +123,9 @@ def _pre_gated_maker(n_seqs: Optional[int]):
         params = dict(Hk=d["Hk"], dk=d["dk"], dv=d["dv"], repeat_qk=True)
         if n_seqs is None:
             return (mixed((d["B"], d["T"]), *h, device=device), w, A, dt), params
-        cu = cu_seqlens([d["T"] // n_seqs] * n_seqs, device=device)
+        lens = [d["T"] // n_seqs] * n_seqs
+        lens[-1] += d["T"] - sum(lens)  # any T (tk-bench --shape): the last sequence takes the rest
+        cu = cu_seqlens(lens, device=device)
         return (mixed((d["T"],), *h, device=device), w, A, dt, cu), params
     return make
 
