@@ -136,6 +136,13 @@ def backend_status(bound: Bound, b: Backend) -> tuple[bool, str]:
     """
     op = bound.spec.name
     need = ("fwd", "bwd") if bound.spec.differentiable and bound.requires_grad else ("fwd",)
+    if torch.compiler.is_compiling():
+        # traced: a backend this machine cannot run is out before its limits are evaluated, since
+        # each limit on a batch dim would become a guard (torch.export would then ask for a bound
+        # on T that only an unusable backend needs); eager calls list every reason (explain)
+        machine, sm = _machine(op, id(b), str(bound.device), need)
+        if machine:
+            return False, "; ".join(machine)
     why: list[str] = []
     for tname, allowed in b.dtypes.items():
         v = bound.tensors.get(tname)

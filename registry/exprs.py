@@ -263,10 +263,13 @@ def _distinct(xs, *ignore):
         return len(set(kept)) == len(kept)
     # device: sort, then equal neighbours are duplicates unless their value is ignored
     # (no sentinel constants: Inductor cannot fold a 2^62 offset into its int32 indexing)
+    # Each element against its sorted predecessor through a roll (the first has none), not the
+    # slices s[1:] / s[:-1]: a traced [B - 1] tensor makes torch guard B - 1 >= 2, so torch.export
+    # of a decode step would refuse B = 2.
     s = torch.sort(xs).values  # the index dtype as it is (no int64 copy first)
-    dup = s[1:] == s[:-1]
+    dup = (s == torch.roll(s, 1)) & (torch.arange(s.numel(), device=s.device) > 0)
     for i in ignore:
-        dup = dup & (s[1:] != i)
+        dup = dup & (s != i)
     return ~dup.any()
 
 

@@ -27,7 +27,7 @@ import registry.validate as V
 from registry import SpecError
 from specs import all_specs
 
-from registry_gpu_helpers import (CASES, COLLECTIVES, IDS, _outs, batch_sizes, compiled_fwd_bwd_check,
+from registry_gpu_helpers import (CASES, COLLECTIVES, IDS, _outs, batch_sizes, compiled_fwd_bwd_check, export_check,
                                   varying_batch_compile_check)
 from tilekernels.testing import assert_close
 
@@ -247,3 +247,11 @@ def test_compile_keeps_batch_dims_dynamic_gpu(case, dynamic):
     graphs = varying_batch_compile_check(case, "cuda", dynamic)
     assert graphs == (1 if dynamic else 2), (f"{case.op}: {graphs} graphs for 3 {batch_sizes(case)[0]} sizes "
                                              f"(dynamic={dynamic})")
+
+
+@pytest.mark.parametrize("case", CASES, ids=IDS)
+def test_export_keeps_batch_dims_dynamic(case):
+    """torch.export (what a serving stack ships): the batch dim exported as a Dim needs no bound
+    (no backend limit this machine cannot run is traced, no [B - 1] intermediate in a value rule
+    asks for B >= 3), and the program equals eager at other sizes. CPU: the torch backend."""
+    export_check(case, "cpu")
