@@ -203,6 +203,11 @@ class Op:
     def __repr__(self) -> str:
         return f"Op({self.name!r}, backends={[b.name for b in self.spec.backends]})"
 
+    def __reduce__(self):
+        # by name: pickle, copy and deepcopy (a model holding an op: torch.save of the module, EMA
+        # copies, multiprocessing spawn) give the process's one Op, not a copy of its caches
+        return get, (self.name,)
+
     @property
     def entry(self) -> Callable:
         if self._entry is None:

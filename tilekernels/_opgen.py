@@ -303,6 +303,9 @@ def define(spec: OpSpec, decl: Decl = Decl(), doc: str = "") -> Callable:
     exec(compile(src, f"<generated entry {spec.name}>", "exec"), g)  # noqa: S102 - our own source
     fn = g[spec.name]
     fn.__doc__ = doc or _doc(spec)
+    # where the spec says the entry lives ("tilekernels.mhc.ops:h_aggregate"), so pickle (torch.save of a
+    # module holding it, multiprocessing spawn) finds it by reference there, not in an exec namespace
+    fn.__module__, _, fn.__qualname__ = spec.entry.partition(":")
     fn.gen = gen
     return fn
 

@@ -38,6 +38,34 @@ def make_spec(**over) -> OpSpec:
     return OpSpec(**base)
 
 
+@pytest.mark.parametrize("name", registry.names())
+def test_ops_and_entries_pickle_by_reference(name):
+    """A model that holds an op or its functional entry survives torch.save / pickle / deepcopy (EMA
+    copies, multiprocessing spawn): both travel by name and come back as this process's objects."""
+    import copy
+    import pickle
+
+    op = registry.get(name)
+    assert pickle.loads(pickle.dumps(op)) is op and copy.deepcopy(op) is op and copy.copy(op) is op
+    entry = op.entry
+    assert f"{entry.__module__}:{entry.__qualname__}" == op.spec.entry
+    for proto in (2, pickle.HIGHEST_PROTOCOL):  # 2: torch.save's default
+        assert pickle.loads(pickle.dumps(entry, protocol=proto)) is entry
+
+
+def test_pickled_op_loads_in_a_fresh_process():
+    import pickle
+    import subprocess
+    import sys
+
+    blob = pickle.dumps((registry.get("mhc_h_aggregate"), registry.get("mhc_h_aggregate").entry))
+    code = ("import pickle, sys, torch; op, fn = pickle.loads(sys.stdin.buffer.read()); "
+            "x = torch.randn(3, 2, 8, dtype=torch.bfloat16); h = torch.rand(3, 2); "
+            "assert torch.equal(op(x, h, backend='torch'), fn(x, h)); print(op.name)")
+    r = subprocess.run([sys.executable, "-c", code], input=blob, capture_output=True, timeout=300)
+    assert r.returncode == 0 and r.stdout.decode().strip() == "mhc_h_aggregate", r.stderr.decode()[-3000:]
+
+
 @pytest.fixture
 def op():
     import _tk_fake_backend
