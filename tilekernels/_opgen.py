@@ -46,7 +46,7 @@ from registry.kernels import get_kernel
 from registry.exprs import GRAD_DTYPE_NAMES, GRAD_DTYPES, _fn, evaluate
 from specs.schema import OpSpec, TensorSpec
 
-from ._glue import empty, run_pass
+from ._glue import empty, run_kernel, run_pass
 
 _PY = {"int": "int", "float": "float", "bool": "bool", "str": "str", "ints": "list[int]"}
 
@@ -129,8 +129,8 @@ class _Gen:
         names = [n for n, _, _ in sig]
         args = ", ".join(f"{n}: {a}" for n, a, _ in sig)
         src = (f"def {self.name}_{pass_}({args}, backend: str) -> None:\n"
-               f"    get_kernel({self.name!r}, backend, {pass_!r})({', '.join(names)})\n")
-        g = {"Tensor": Tensor, "Optional": Optional, "get_kernel": get_kernel}
+               f"    run_kernel(get_kernel({self.name!r}, backend, {pass_!r}), ({', '.join(names)},))\n")
+        g = {"Tensor": Tensor, "Optional": Optional, "get_kernel": get_kernel, "run_kernel": run_kernel}
         exec(compile(src, f"<generated {qualname}>", "exec"), g)  # noqa: S102 - our own source
         return torch.library.custom_op(qualname, g[f"{self.name}_{pass_}"],
                                        mutates_args=tuple(n for n, _, m in sig if m))

@@ -242,3 +242,29 @@ def export_check(case, device: str) -> None:
         for i, (g, w) in enumerate(zip(a1, a2)):
             if isinstance(g, torch.Tensor):
                 assert_close(g, w, "exact", what=f"{case.op} {dims}: exported vs eager, input {i} after the call")
+
+
+def autocast_check(case, device: str) -> None:
+    """The op's results and gradients under ``torch.autocast(device, bfloat16)`` (forward and
+    backward inside it, as a mixed-precision training step runs them) equal those of the same
+    call without autocast, bitwise: an op's precision is its spec's, whatever the caller's
+    autocast (the torch reference's fp32 matmuls would otherwise run in bf16)."""
+    op = registry.get(case.op)
+    args, params = case.make(case.dims, torch.device(device))
+    leaf_pos = {i for i, t in enumerate(op.spec.inputs[:len(args)])
+                if t.name in case.grad_inputs and isinstance(args[i], torch.Tensor)}
+    gos = None
+    results = []
+    for amp in (False, True):
+        a2 = [a.detach().clone().requires_grad_(i in leaf_pos) if isinstance(a, torch.Tensor) else a
+              for i, a in enumerate(args)]
+        with torch.autocast(device, dtype=torch.bfloat16, enabled=amp):
+            out = _outs(op(*a2, **params))
+            if gos is None:
+                gos = [torch.randn_like(o, dtype=torch.float32).to(o.dtype) if o.requires_grad else None for o in out]
+            pairs = [(o, g) for o, g in zip(out, gos) if o.requires_grad]
+            grads = list(torch.autograd.grad([o for o, _ in pairs], [a2[i] for i in sorted(leaf_pos)],
+                                             [g for _, g in pairs])) if pairs else []
+        results.append([o.detach() for o in out] + grads + [a for a in a2 if isinstance(a, torch.Tensor)])
+    for i, (a, b) in enumerate(zip(*results)):
+        assert_close(b, a, "exact", what=f"{case.op}: under autocast vs without, output/grad/input {i}")

@@ -13,6 +13,10 @@ capture of the forward and of forward+backward and their replays (on fresh
 inputs copied into the captured tensors) equal eager results bitwise, and
 ``torch.compile(fullgraph=True)`` of the registry call equals eager, forward alone and forward +
 backward (ops with gradients).
+
+Both (the GPU part where a device is lent): compiled calls keep batch dims dynamic (one graph for
+3 sizes), ``torch.export`` takes the batch dim as a ``Dim``, and ``torch.autocast`` leaves every
+result bitwise unchanged.
 """
 from __future__ import annotations
 
@@ -27,8 +31,8 @@ import registry.validate as V
 from registry import SpecError
 from specs import all_specs
 
-from registry_gpu_helpers import (CASES, COLLECTIVES, IDS, _outs, batch_sizes, compiled_fwd_bwd_check, export_check,
-                                  varying_batch_compile_check)
+from registry_gpu_helpers import (CASES, COLLECTIVES, IDS, _outs, autocast_check, batch_sizes, compiled_fwd_bwd_check,
+                                  export_check, varying_batch_compile_check)
 from tilekernels.testing import assert_close
 
 cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
@@ -255,3 +259,21 @@ def test_export_keeps_batch_dims_dynamic(case):
     (no backend limit this machine cannot run is traced, no [B - 1] intermediate in a value rule
     asks for B >= 3), and the program equals eager at other sizes. CPU: the torch backend."""
     export_check(case, "cpu")
+
+
+# ---------------------------------------------------------------- autocast does not change an op
+
+
+@pytest.mark.parametrize("case", CASES, ids=IDS)
+def test_autocast_leaves_results_unchanged(case):
+    """CPU: the torch backend under torch.autocast("cpu", bfloat16), forward and backward, is bitwise
+    the call without it (before the fix fp32 outputs moved by ~1e-3, grouped_mlp_mxfp8's by 1.4e-2)."""
+    autocast_check(case, "cpu")
+
+
+@cuda
+@pytest.mark.gpu
+@pytest.mark.parametrize("case", CASES, ids=IDS)
+def test_autocast_leaves_results_unchanged_gpu(case):
+    """As the CPU test, under torch.autocast("cuda", bfloat16) through the GPU backends (their torch glue)."""
+    autocast_check(case, "cuda")
