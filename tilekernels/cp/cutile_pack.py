@@ -666,7 +666,7 @@ def representative_launches(sections=(2048, 2048, 4096, 4096, 32, 32), cp: int =
     """The four launches at one problem size, on ``meta`` tensors: what the CI compile
     test exports to cubins (sm_90, sm_100) without a GPU."""
     meta = torch.device("meta")
-    cfg = cfg or PackCfg.heuristic(tuple(sections), cp, torch.empty((), dtype=dtype).element_size())
+    cfg = cfg or PackCfg.heuristic(tuple(sections), cp, dtype.itemsize)
     tl, d, dc = T // cp, cfg.width, cfg.dc
     x = torch.empty(tl, d, dtype=dtype, device=meta)
     buf = torch.empty(cp, tl, dc, dtype=dtype, device=meta)

@@ -141,7 +141,7 @@ class _Plan:
 @functools.lru_cache(maxsize=16)
 def _plan(cu: tuple[int, ...], cp: int, sections: tuple[int, ...], device: torch.device) -> _Plan:
     """torch backend: the index maps, cached per (cu_seqlens values, cp, sections, device)."""
-    tp, ti = _perm.token_perm(torch.tensor(cu, dtype=torch.int64), cp)
+    tp, ti = _perm.token_perm(torch.tensor(cu, dtype=torch.int64, device="cpu"), cp)
     fp, fi = _perm.feature_perm(sections, cp)
     return _Plan(cp, sections, tp.to(device), ti.to(device), fp.to(device), fi.to(device))
 
@@ -149,7 +149,7 @@ def _plan(cu: tuple[int, ...], cp: int, sections: tuple[int, ...], device: torch
 @functools.lru_cache(maxsize=16)
 def _host_cu_on(cu: tuple[int, ...], device: torch.device) -> Tensor:
     """A CPU cu_seqlens' int32 copy on ``device``, cached per (values, device)."""
-    return torch.tensor(cu, dtype=torch.int32).to(device)
+    return torch.tensor(cu, dtype=torch.int32, device="cpu").to(device)
 
 
 def _device_plan(cu_seqlens: Tensor, cp: int, sections: tuple[int, ...], device: torch.device) -> _Plan:

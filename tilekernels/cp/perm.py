@@ -82,13 +82,13 @@ def feature_perm(split_sections: Sequence[int], cp: int,
 
     Every section width must be a multiple of cp (the spec checks it).
     """
-    widths = torch.tensor([int(w) for w in split_sections], dtype=torch.int64)
+    widths = torch.tensor([int(w) for w in split_sections], dtype=torch.int64, device="cpu")
     parts = widths // cp
     starts = torch.cumsum(widths, 0) - widths
     # rank 0's columns (section-major positions) and, per column, the stride to rank r's
     base = torch.repeat_interleave(starts, parts) + _ranges(parts)
     step = torch.repeat_interleave(parts, parts)
-    perm = (base[None, :] + torch.arange(cp, dtype=torch.int64)[:, None] * step[None, :]).reshape(-1)
+    perm = (base[None, :] + torch.arange(cp, dtype=torch.int64, device="cpu")[:, None] * step[None, :]).reshape(-1)
     # non_blocking: a pageable host->device copy without torch's stream sync (the sections are
     # host facts; the copy is staged before it returns)
     perm = perm.to(device, non_blocking=True)
@@ -99,7 +99,7 @@ def _ranges(lengths: Tensor) -> Tensor:
     """cat([arange(n) for n in lengths]) without a Python loop."""
     total = int(lengths.sum())
     ends = torch.cumsum(lengths, 0)
-    return torch.arange(total, dtype=torch.int64) - torch.repeat_interleave(ends - lengths, lengths)
+    return torch.arange(total, dtype=torch.int64, device=lengths.device) - torch.repeat_interleave(ends - lengths, lengths)
 
 
 def a2a_perm(cu_seqlens: Tensor, cp: int, split_sections: Optional[Sequence[int]] = None) -> A2APerm:

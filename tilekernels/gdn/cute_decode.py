@@ -636,9 +636,9 @@ def _decode_host(cfg: cutlass.Constexpr, mixed: cute.Pointer, conv: cute.Pointer
 
 @functools.lru_cache(maxsize=256)
 def _launch(cfg: DecodeCfg, mdt: torch.dtype, wdt: torch.dtype, sdt: torch.dtype) -> Launch:
-    e = torch.tensor([], dtype=mdt).element_size()
-    sig = (Ptr(mdt, e), Ptr(mdt, e), Ptr(wdt, torch.tensor([], dtype=wdt).element_size()),
-           Ptr(torch.float32, 4), Ptr(torch.float32, 4), Ptr(sdt, torch.tensor([], dtype=sdt).element_size()),
+    e = mdt.itemsize
+    sig = (Ptr(mdt, e), Ptr(mdt, e), Ptr(wdt, wdt.itemsize),
+           Ptr(torch.float32, 4), Ptr(torch.float32, 4), Ptr(sdt, sdt.itemsize),
            Ptr(torch.int32, 4), Ptr(mdt, e), Scalar(Int32), Scalar(Float32), Scalar(Float32))
     return Launch("gdn.cute_decode.decode", _decode_host, cfg, sig)
 
@@ -707,6 +707,6 @@ def representative_launch(Hk: int = 16, Hv: int = 32, dk: int = 128, dv: int = 1
                           cfg: DecodeCfg | None = None, aligned: bool = True) -> Launch:
     """The launch at one head shape, for the CPU compile test (``Launch.export("sm_90a")``);
     ``aligned`` False: the heuristic's config for a state not 16-byte aligned (VEC 1)."""
-    cfg = cfg or DecodeCfg.heuristic(Hk, Hv, dk, dv, W, torch.tensor([], dtype=state_dtype).element_size(),
+    cfg = cfg or DecodeCfg.heuristic(Hk, Hv, dk, dv, W, state_dtype.itemsize,
                                      with_indices, aligned)
     return _launch(cfg, dtype, dtype, state_dtype)

@@ -611,8 +611,8 @@ def _ring_host(cfg: cutlass.Constexpr, mixed: cute.Pointer, conv: cute.Pointer, 
 
 @functools.lru_cache(maxsize=256)
 def _launch(cfg: DecodeRingCfg, mdt: torch.dtype, wdt: torch.dtype, sdt: torch.dtype) -> CU.Launch:
-    e = torch.tensor([], dtype=mdt).element_size()
-    sig = (CU.Ptr(mdt, e), CU.Ptr(mdt, e), CU.Ptr(wdt, torch.tensor([], dtype=wdt).element_size()),
+    e = mdt.itemsize
+    sig = (CU.Ptr(mdt, e), CU.Ptr(mdt, e), CU.Ptr(wdt, wdt.itemsize),
            CU.Ptr(torch.float32, 4), CU.Ptr(torch.float32, 4), CU.Ptr(sdt, 16), CU.Ptr(torch.int32, 4),
            CU.Ptr(mdt, e), CU.Scalar(Int32), CU.Scalar(Int32), CU.Scalar(Int32), CU.Scalar(Float32),
            CU.Scalar(Float32))
@@ -695,6 +695,6 @@ def representative_launch(Hk: int = 16, Hv: int = 32, dk: int = 128, dv: int = 1
                           dtype=torch.bfloat16, state_dtype=torch.float32, with_indices: bool = True,
                           cfg: DecodeRingCfg | None = None) -> CU.Launch:
     """The launch at one head shape, for the CPU compile test (``Launch.export("sm_90a")``)."""
-    cfg = cfg or DecodeRingCfg.heuristic(Hk, Hv, dk, dv, W, torch.tensor([], dtype=state_dtype).element_size(),
+    cfg = cfg or DecodeRingCfg.heuristic(Hk, Hv, dk, dv, W, state_dtype.itemsize,
                                          with_indices)
     return _launch(cfg, dtype, dtype, state_dtype)

@@ -688,7 +688,7 @@ def _starts_host(cfg: cutlass.Constexpr, cu: cute.Pointer, masks: cute.Pointer, 
 
 
 def _elt(dt: torch.dtype) -> int:
-    return torch.tensor([], dtype=dt).element_size()
+    return dt.itemsize
 
 
 @functools.lru_cache(maxsize=256)

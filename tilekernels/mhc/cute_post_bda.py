@@ -655,7 +655,7 @@ def _dbias_host(cfg: cutlass.Constexpr, pb: cute.Pointer, out: cute.Pointer, G: 
 # ------------------------------------------------------------------ launches
 
 def _esz(dt: torch.dtype) -> int:
-    return torch.tensor([], dtype=dt).element_size()
+    return dt.itemsize
 
 
 def _ptr(dt: torch.dtype, elems: int) -> CU.Ptr:
