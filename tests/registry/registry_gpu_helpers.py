@@ -268,3 +268,58 @@ def autocast_check(case, device: str) -> None:
         results.append([o.detach() for o in out] + grads + [a for a in a2 if isinstance(a, torch.Tensor)])
     for i, (a, b) in enumerate(zip(*results)):
         assert_close(b, a, "exact", what=f"{case.op}: under autocast vs without, output/grad/input {i}")
+
+
+def _offset_copy(t: torch.Tensor) -> torch.Tensor:
+    """A contiguous copy of ``t`` one element past an allocation's start (its address 2 to 8 bytes off
+    the 16-byte alignment torch's allocations have), keeping requires_grad."""
+    buf = torch.empty(t.numel() + 1, dtype=t.dtype, device=t.device)
+    v = buf[1:].view(t.shape)
+    with torch.no_grad():
+        v.copy_(t)
+    return v.requires_grad_(t.requires_grad)
+
+
+def misaligned_inputs_check(case, device: str) -> list[str]:
+    """Each tensor input in turn passed as a contiguous view one element off its allocation's start:
+    results, gradients and in-place inputs equal the aligned call's at the suite's tolerance (the
+    backend may differ: a kernel may copy the tensor or decline the call). Returns the inputs whose
+    misaligned call ran another backend than the aligned one (for the test's report)."""
+    op = registry.get(case.op)
+    names = [t.name for t in op.spec.inputs]
+    args, params = case.make(case.dims, torch.device(device))
+    leaf_pos = {i for i, n in enumerate(names[:len(args)]) if n in case.grad_inputs and isinstance(args[i], torch.Tensor)}
+    gos = None
+
+    def run(a_list):
+        nonlocal gos
+        out = _outs(op(*a_list, **params))
+        if gos is None:
+            gos = [torch.randn_like(o, dtype=torch.float32).to(o.dtype) if o.requires_grad else None for o in out]
+        pairs = [(o, g) for o, g in zip(out, gos) if o.requires_grad]
+        grads = list(torch.autograd.grad([o for o, _ in pairs], [a_list[i] for i in sorted(leaf_pos)],
+                                         [g for _, g in pairs])) if pairs else []
+        return [o.detach() for o in out] + grads + [a.detach() for a in a_list if isinstance(a, torch.Tensor)]
+
+    def fresh():
+        return [a.detach().clone().requires_grad_(i in leaf_pos) if isinstance(a, torch.Tensor) else a
+                for i, a in enumerate(args)]
+
+    base = fresh()
+    want = run(base)
+    chosen = op.choose(op.bind(*fresh(), **params))
+    moved = []
+    for i, a in enumerate(args):
+        if not isinstance(a, torch.Tensor) or a.numel() == 0:
+            continue
+        a2 = fresh()
+        a2[i] = _offset_copy(a2[i])
+        assert a2[i].data_ptr() % 16 != 0
+        if op.choose(op.bind(*a2, **params)) != chosen:
+            moved.append(names[i])
+        got = run(a2)
+        for k, (g, w) in enumerate(zip(got, want)):
+            exact = not w.is_floating_point() or w.element_size() == 1
+            assert_close(g, w, "exact" if exact else None,
+                         what=f"{case.op}: input {names[i]} misaligned, output/grad/input {k}")
+    return moved

@@ -32,7 +32,7 @@ from registry import SpecError
 from specs import all_specs
 
 from registry_gpu_helpers import (CASES, COLLECTIVES, IDS, _outs, autocast_check, batch_sizes, compiled_fwd_bwd_check,
-                                  export_check, varying_batch_compile_check)
+                                  export_check, misaligned_inputs_check, varying_batch_compile_check)
 from tilekernels.testing import assert_close
 
 cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
@@ -277,3 +277,23 @@ def test_autocast_leaves_results_unchanged(case):
 def test_autocast_leaves_results_unchanged_gpu(case):
     """As the CPU test, under torch.autocast("cuda", bfloat16) through the GPU backends (their torch glue)."""
     autocast_check(case, "cuda")
+
+
+# ---------------------------------------------------------------- misaligned (but contiguous) inputs
+
+
+@pytest.mark.parametrize("case", CASES, ids=IDS)
+def test_misaligned_inputs(case):
+    """A contiguous view one element into its allocation (a slice x[1:] of a flat buffer) is a valid
+    input: every tensor input in turn, forward and backward, equal to the aligned call. CPU: the torch
+    backend; the point is the GPU twin, whose kernels load 16-byte vectors and TMA boxes."""
+    misaligned_inputs_check(case, "cpu")
+
+
+@cuda
+@pytest.mark.gpu
+@pytest.mark.parametrize("case", CASES, ids=IDS)
+def test_misaligned_inputs_gpu(case):
+    moved = misaligned_inputs_check(case, "cuda")
+    if moved:  # correct either way; say which inputs sent the call to another backend
+        print(f"{case.op}: misaligned {moved} ran another backend than the aligned call")
