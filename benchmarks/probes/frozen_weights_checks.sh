@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Session 45's owed GPU checks, one device call (carry .gpu-cute), repo root:
+# The GPU checks owed since sessions 45-46, one device call (carry .gpu-cute) after a call that sourced
+# .gpu-cutile/env.sh on the same warm machine (the registry steps run the mHC ops' cuTile kernels too), repo root:
 #   source .gpu-cute/env.sh; export PYTHONPATH=$PYTHONPATH:/tmp/tk-cutile/site PATH=/tmp/tk-cutile/cu13/bin:$PATH
 #   unset CUDA_HOME CUDA_PATH; bash benchmarks/probes/frozen_weights_checks.sh
 # - grouped_mlp_mxfp8 with pre-quantized (frozen) weights on the cute kernels, every GEMM route
@@ -16,6 +17,7 @@
 #   prints the inputs that sent a call to another backend).
 set -u
 . "$(dirname "$0")/_steps.sh"  # step NAME SECONDS CMD...
+ls /tmp/tk-cutile > /dev/null || echo "cuTile is not unpacked: the mHC cases of the registry steps will fail (call 1 first)"
 : > "$SUM"
 P="$PYT -m gpu -rfE"
 step moe_prequant 240 $P tests/moe/test_moe_cute_registry.py -k prequantized
