@@ -132,7 +132,9 @@ def backend_status(bound: Bound, b: Backend) -> tuple[bool, str]:
 
     Every unmet requirement is listed (dtypes, the backend's own limits, passes,
     device, SM, toolchain, runtime requirements), for the torch backend too, so
-    ``explain`` tells the whole story.
+    ``explain`` tells the whole story. While torch.compile / export traces, a backend the
+    machine cannot run is refused with the machine's reasons only (its limits would become
+    guards on the batch dims); the choice is the same, the fallback message shorter.
     """
     op = bound.spec.name
     need = ("fwd", "bwd") if bound.spec.differentiable and bound.requires_grad else ("fwd",)
@@ -205,7 +207,12 @@ class Op:
 
     def __reduce__(self):
         # by name: pickle, copy and deepcopy (a model holding an op: torch.save of the module, EMA
-        # copies, multiprocessing spawn) give the process's one Op, not a copy of its caches
+        # copies, multiprocessing spawn) give the process's one Op, not a copy of its caches.
+        # An Op built from a spec of its own (not registry.get's) has no name to travel by.
+        if _ops().get(self.name) is not self:
+            import pickle
+            raise pickle.PicklingError(f"Op {self.name!r} is not the registry's op of that name: only "
+                                       "ops from registry.get pickle or copy (by name)")
         return get, (self.name,)
 
     @property

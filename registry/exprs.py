@@ -123,17 +123,21 @@ _BOUNDED_MUL = getattr(_expr, "bounded_mul", operator.mul)
 
 
 def _tk_mul(a, b):
-    """``a * b`` bounded as specs.expr says, except while torch.compile traces: there a batch
-    dim is a SymInt that dynamo's isinstance calls an int, and the bound's ``bit_length()``
-    would specialize it (one graph per batch size). Traced operands are sizes and params
-    already checked to be int64s, so the product cannot grow without limit."""
-    return a * b if _compiling() else _BOUNDED_MUL(a, b)
+    """``a * b`` bounded as specs.expr says, except for two ints while torch.compile traces: a
+    batch dim is then a SymInt that dynamo's isinstance calls an int, and the bound's
+    ``bit_length()`` would specialize it (one graph per batch size). Such operands are sizes and
+    int params, each already checked to be an int64, so their product stays below 2**128.
+    Everything else (str / tuple repetition, floats) keeps the bound while tracing too."""
+    if isinstance(a, int) and isinstance(b, int) and _compiling():
+        return a * b
+    return _BOUNDED_MUL(a, b)
 
 
 def _tk_pow(a, b):
-    """``a ** b``, bounded as ``_tk_mul`` is (the exponent's bound stays while tracing: a
-    symbolic exponent is specialized, a symbolic base is not)."""
-    if _compiling() and isinstance(b, int) and 0 <= b <= _expr.MAX_INT_EXPONENT:
+    """``a ** b``, as ``_tk_mul``: two ints while tracing skip the result's bit-length bound (an
+    int64 base to an exponent in [0, 64]: a result of at most 4096 bits); the exponent's range
+    stays checked (a guard, not a specialization, for a symbolic exponent)."""
+    if isinstance(a, int) and isinstance(b, int) and _compiling() and 0 <= b <= _expr.MAX_INT_EXPONENT:
         return a**b
     return _BOUNDED_POW(a, b)
 

@@ -53,6 +53,37 @@ def test_ops_and_entries_pickle_by_reference(name):
         assert pickle.loads(pickle.dumps(entry, protocol=proto)) is entry
 
 
+def test_an_op_outside_the_registry_refuses_to_pickle(op):
+    import copy
+    import pickle
+
+    with pytest.raises(pickle.PicklingError, match="not the registry's op"):
+        pickle.dumps(op)
+    with pytest.raises(pickle.PicklingError, match="not the registry's op"):
+        copy.deepcopy(op)
+
+
+def test_traced_limits_keep_batch_dims_symbolic():
+    """A usable backend's limit on a product of batch dims (the GPU kernels' int32 extents, e.g.
+    ``T * n * C < 2**31``) is evaluated while torch.compile traces. Its ``*`` and ``**`` must not
+    read a SymInt's bit length, or every T compiles its own graph. On the CPU the torch backend
+    carries such a limit here (the real ones sit on GPU backends, refused on a CPU before their
+    limits are read)."""
+    from torch._dynamo.utils import counters
+
+    spec = make_spec(entry="_tk_fake_backend:traced_entry", backends=[Backend(name="torch", module="_tk_fake_backend", constraints=[
+        Constraint(expr="T * n * C < 2**40 and (T * n) ** 2 >= 0", message="int extents")])])
+    fake = Op(spec)
+    fake.entry  # noqa: B018 - imported outside the trace, as registry.get does
+    torch._dynamo.reset()
+    counters.clear()
+    f = torch.compile(lambda x: fake(x), fullgraph=True)
+    for T in (5, 9, 13):
+        x = torch.randn(T, 2, 4)
+        assert torch.equal(f(x), x)
+    assert counters["stats"]["unique_graphs"] == 2  # the first size specialized, then one dynamic graph
+
+
 def test_pickled_op_loads_in_a_fresh_process():
     import pickle
     import subprocess
