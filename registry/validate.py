@@ -284,8 +284,16 @@ def check_constraints(op: str, constraints: list[Constraint], env: dict, what: s
 
 
 def _on_host(t) -> bool:
-    """Whether a tensor's values may be read on the host without a device sync."""
-    return t is None or (t.is_cpu and not _compiling())
+    """Whether a tensor's values may be read on the host without a device sync. A fake tensor
+    (FakeTensorMode: shape propagation, memory estimators) has no values: its rules run as tensor
+    ops, as traced ones do."""
+    return t is None or (t.is_cpu and not _compiling() and (type(t) is torch.Tensor or not _is_fake(t)))
+
+
+def _is_fake(t) -> bool:
+    from torch._subclasses.fake_tensor import is_fake
+
+    return is_fake(t)
 
 
 _PLANS: dict[int, tuple] = {}  # id(constraint) -> (constraint, tensors it reads, when reads values)

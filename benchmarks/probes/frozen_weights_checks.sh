@@ -14,7 +14,7 @@
 #   (dynamic=None) or 1 (dynamic=True), each call equal to eager (test_registry_hot_path.py -k dynamic_gpu); and
 #   every op under torch.autocast("cuda", bfloat16) bitwise the call without it (-k autocast_leaves_results_unchanged_gpu);
 #   each tensor input of every op passed one element off its allocation's start (-k misaligned_inputs_gpu, -s: it
-#   prints the inputs that sent a call to another backend).
+#   prints the inputs that sent a call to another backend); every op under FakeTensorMode (-k fake_tensor_mode_gpu).
 set -u
 . "$(dirname "$0")/_steps.sh"  # step NAME SECONDS CMD...
 ls /tmp/tk-cutile > /dev/null || echo "cuTile is not unpacked: the mHC cases of the registry steps will fail (call 1 first)"
@@ -31,4 +31,5 @@ step moe_files 300 $P tests/moe/test_moe_cute_registry.py tests/moe/test_grouped
 step compile_dynamic 420 $P tests/registry/test_registry_hot_path.py -k keeps_batch_dims_dynamic_gpu
 step autocast 300 $P tests/registry/test_registry_hot_path.py -k autocast_leaves_results_unchanged_gpu
 step misaligned 300 $P -s tests/registry/test_registry_hot_path.py -k misaligned_inputs_gpu
+step fake_mode 200 $P tests/registry/test_registry_hot_path.py -k fake_tensor_mode_gpu
 cat "$SUM"

@@ -323,3 +323,32 @@ def misaligned_inputs_check(case, device: str) -> list[str]:
             assert_close(g, w, "exact" if exact else None,
                          what=f"{case.op}: input {names[i]} misaligned, output/grad/input {k}")
     return moved
+
+
+def fake_mode_check(case, device: str) -> None:
+    """The op under ``FakeTensorMode`` (shape propagation, memory estimators, what torch.compile traces
+    with): inputs made fake from the case's real ones (value-rule tensors too: their rules run as
+    tensor ops, which fake tensors carry without values), forward and backward; every result and
+    gradient has the real call's shape, dtype and device."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    op = registry.get(case.op)
+    names = [t.name for t in op.spec.inputs]
+    args, params = case.make(case.dims, torch.device(device))
+    leaf_pos = {i for i, n in enumerate(names[:len(args)]) if n in case.grad_inputs and isinstance(args[i], torch.Tensor)}
+
+    def step(a_list):
+        out = _outs(op(*a_list, **params))
+        diff = [o for o in out if o.requires_grad]
+        grads = list(torch.autograd.grad(diff, [a_list[i] for i in sorted(leaf_pos)],
+                                         [torch.ones_like(o) for o in diff])) if diff else []
+        return out + grads
+
+    real = step([a.detach().clone().requires_grad_(i in leaf_pos) if isinstance(a, torch.Tensor) else a
+                 for i, a in enumerate(args)])
+    with FakeTensorMode() as mode:
+        fake = step([mode.from_tensor(a).requires_grad_(i in leaf_pos) if isinstance(a, torch.Tensor) else a
+                     for i, a in enumerate(args)])
+    assert len(fake) == len(real)
+    for i, (f, r) in enumerate(zip(fake, real)):
+        assert (f.shape, f.dtype, f.device) == (r.shape, r.dtype, r.device), (case.op, i, f, r)

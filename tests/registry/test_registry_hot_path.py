@@ -32,7 +32,7 @@ from registry import SpecError
 from specs import all_specs
 
 from registry_gpu_helpers import (CASES, COLLECTIVES, IDS, _outs, autocast_check, batch_sizes, compiled_fwd_bwd_check,
-                                  export_check, misaligned_inputs_check, varying_batch_compile_check)
+                                  export_check, fake_mode_check, misaligned_inputs_check, varying_batch_compile_check)
 from tilekernels.testing import assert_close
 
 cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
@@ -297,3 +297,18 @@ def test_misaligned_inputs_gpu(case):
     moved = misaligned_inputs_check(case, "cuda")
     if moved:  # correct either way; say which inputs sent the call to another backend
         print(f"{case.op}: misaligned {moved} ran another backend than the aligned call")
+
+
+@pytest.mark.parametrize("case", CASES, ids=IDS)
+def test_fake_tensor_mode(case):
+    """Shape propagation under FakeTensorMode, forward and backward, value-rule tensors included (they
+    had been read on the host: a data-dependent error). CPU inputs; the GPU twin runs the GPU backends'
+    dispatch."""
+    fake_mode_check(case, "cpu")
+
+
+@cuda
+@pytest.mark.gpu
+@pytest.mark.parametrize("case", CASES, ids=IDS)
+def test_fake_tensor_mode_gpu(case):
+    fake_mode_check(case, "cuda")
