@@ -11,7 +11,8 @@
 # - the MoE and GDN registry GPU files whole, since the glue around them changed (cute_kernels' weight helpers,
 #   _glue.on_device).
 # - (session 46) torch.compile of every op's registry call at 3 batch sizes through the GPU backends: 2 graphs
-#   (dynamic=None) or 1 (dynamic=True), each call equal to eager (test_registry_hot_path.py -k dynamic_gpu); and
+#   (dynamic=None) or 1 (dynamic=True), each call equal to eager (test_registry_hot_path.py -k dynamic_gpu), also with
+#   mode="reduce-overhead" (-k reduce_overhead_gpu); and
 #   every op under torch.autocast("cuda", bfloat16) bitwise the call without it (-k autocast_leaves_results_unchanged_gpu);
 #   each tensor input of every op passed one element off its allocation's start (-k misaligned_inputs_gpu, -s: it
 #   prints the inputs that sent a call to another backend); every op under FakeTensorMode (-k fake_tensor_mode_gpu).
@@ -28,7 +29,7 @@ done
 wait
 step gdn_cpu_cu 120 $P tests/gdn/test_gdn_spec.py -k cpu_cu_seqlens
 step moe_files 300 $P tests/moe/test_moe_cute_registry.py tests/moe/test_grouped_gemm_predq.py tests/moe/test_qdq_cute.py
-step compile_dynamic 420 $P tests/registry/test_registry_hot_path.py -k keeps_batch_dims_dynamic_gpu
+step compile_dynamic 420 $P tests/registry/test_registry_hot_path.py -k "keeps_batch_dims_dynamic_gpu or reduce_overhead_gpu"
 step autocast 300 $P tests/registry/test_registry_hot_path.py -k autocast_leaves_results_unchanged_gpu
 step misaligned 300 $P -s tests/registry/test_registry_hot_path.py -k misaligned_inputs_gpu
 step fake_mode 200 $P tests/registry/test_registry_hot_path.py -k fake_tensor_mode_gpu

@@ -169,11 +169,12 @@ def batch_sizes(case) -> tuple[str, list[dict]]:
     return key, out
 
 
-def varying_batch_compile_check(case, device: str, dynamic) -> int:
+def varying_batch_compile_check(case, device: str, dynamic, mode=None) -> int:
     """One ``torch.compile(fullgraph=True, dynamic=dynamic)`` of the registry call, called at the 3
     batch sizes of :func:`batch_sizes` on fresh inputs, forward and (ops with gradients) backward
     with the same pre-made grad outputs as an eager call: outputs and grads at the suite's
-    tolerance (integers and e4m3 bitwise), in-place inputs (gdn_decode's states) too. Returns the
+    tolerance (integers and e4m3 bitwise), in-place inputs (gdn_decode's states) too; ``mode`` is
+    torch.compile's (e.g. "reduce-overhead": Inductor's CUDA graphs around the kernels). Returns the
     number of graphs dynamo made (``dynamic=None``: 2, the first size specialized and one graph
     with a dynamic batch dim for the rest; ``dynamic=True``: 1)."""
     from torch._dynamo.utils import counters
@@ -182,7 +183,7 @@ def varying_batch_compile_check(case, device: str, dynamic) -> int:
     counters.clear()
     op = registry.get(case.op)
     names = [t.name for t in op.spec.inputs]
-    compiled = torch.compile(lambda *a, **p: op(*a, **p), fullgraph=True, dynamic=dynamic)
+    compiled = torch.compile(lambda *a, **p: op(*a, **p), fullgraph=True, dynamic=dynamic, mode=mode)
     for dims in batch_sizes(case)[1]:
         args, params = case.make(dims, torch.device(device))
         grad_pos = {i for i, n in enumerate(names[:len(args)]) if n in case.grad_inputs and args[i] is not None}

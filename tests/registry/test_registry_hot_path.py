@@ -253,6 +253,16 @@ def test_compile_keeps_batch_dims_dynamic_gpu(case, dynamic):
                                              f"(dynamic={dynamic})")
 
 
+@cuda
+@pytest.mark.gpu
+@pytest.mark.parametrize("case", CASES, ids=IDS)
+def test_compile_reduce_overhead_gpu(case):
+    """torch.compile(mode="reduce-overhead") (Inductor records CUDA graphs around the kernels; gdn_decode's
+    in-place states make it skip them) at 3 batch sizes, each call equal to eager."""
+    graphs = varying_batch_compile_check(case, "cuda", None, mode="reduce-overhead")
+    assert graphs == 2, f"{case.op}: {graphs} graphs"
+
+
 @pytest.mark.parametrize("case", CASES, ids=IDS)
 def test_export_keeps_batch_dims_dynamic(case):
     """torch.export (what a serving stack ships): the batch dim exported as a Dim needs no bound
