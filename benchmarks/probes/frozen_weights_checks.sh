@@ -2,7 +2,9 @@
 # The GPU checks owed since sessions 45-46, one device call (carry .gpu-cute) after a call that sourced
 # .gpu-cutile/env.sh on the same warm machine (the registry steps run the mHC ops' cuTile kernels too), repo root:
 #   source .gpu-cute/env.sh; export PYTHONPATH=$PYTHONPATH:/tmp/tk-cutile/site PATH=/tmp/tk-cutile/cu13/bin:$PATH
-#   unset CUDA_HOME CUDA_PATH; bash benchmarks/probes/frozen_weights_checks.sh
+#   unset CUDA_HOME CUDA_PATH; bash benchmarks/probes/frozen_weights_checks.sh PART
+# PART 1 (the default): pre-quantized MoE weights and the GDN step; PART 2: the registry's session 46 GPU tests;
+# PART 3: the mHC files; PART 4: the MoE files (each part fits one call's 600 s; the steps' timeouts are upper bounds).
 # - grouped_mlp_mxfp8 with pre-quantized (frozen) weights on the cute kernels, every GEMM route
 #   (test_moe_cute_registry.py -k prequantized, 18 cases), then memcheck / initcheck on one small case of it. If they
 #   pass, the cute backend's "pre-quantized weights" limit in specs/moe.py can go (auto then takes cute for them).
@@ -15,22 +17,31 @@
 #   mode="reduce-overhead" (-k reduce_overhead_gpu); and
 #   every op under torch.autocast("cuda", bfloat16) bitwise the call without it (-k autocast_leaves_results_unchanged_gpu);
 #   each tensor input of every op passed one element off its allocation's start (-k misaligned_inputs_gpu, -s: it
-#   prints the inputs that sent a call to another backend); every op under FakeTensorMode (-k fake_tensor_mode_gpu).
+#   prints the inputs that sent a call to another backend); every op under FakeTensorMode (-k fake_tensor_mode_gpu);
+#   one NaN in each floating input reaching exactly what the reference's NaN reaches (-k nan_reaches_what_depends_on_it_gpu;
+#   the proj_rms / post_pre backward kernels' RMS coefficient changed from `rms > 0 ? c : 0` to `rms <= 0 ? 0 : c` in
+#   session 46: PTX diff only that select, first GPU run here), then the mHC proj_rms / post_pre GPU files whole.
 set -u
 . "$(dirname "$0")/_steps.sh"  # step NAME SECONDS CMD...
 ls /tmp/tk-cutile > /dev/null || echo "cuTile is not unpacked: the mHC cases of the registry steps will fail (call 1 first)"
 : > "$SUM"
 P="$PYT -m gpu -rfE"
-step moe_prequant 240 $P tests/moe/test_moe_cute_registry.py -k prequantized
-K="prequantized and splits1 and fc1 and no-qdq"
-for tool in memcheck initcheck; do
-  step moe_prequant_$tool 200 $SAN --tool $tool $P tests/moe/test_moe_cute_registry.py -k "$K" &
-done
-wait
-step gdn_cpu_cu 120 $P tests/gdn/test_gdn_spec.py -k cpu_cu_seqlens
-step moe_files 300 $P tests/moe/test_moe_cute_registry.py tests/moe/test_grouped_gemm_predq.py tests/moe/test_qdq_cute.py
-step compile_dynamic 420 $P tests/registry/test_registry_hot_path.py -k "keeps_batch_dims_dynamic_gpu or reduce_overhead_gpu"
-step autocast 300 $P tests/registry/test_registry_hot_path.py -k autocast_leaves_results_unchanged_gpu
-step misaligned 300 $P -s tests/registry/test_registry_hot_path.py -k misaligned_inputs_gpu
-step fake_mode 200 $P tests/registry/test_registry_hot_path.py -k fake_tensor_mode_gpu
+H=tests/registry/test_registry_hot_path.py
+case "${1:-1}" in
+1) step moe_prequant 240 $P tests/moe/test_moe_cute_registry.py -k prequantized
+   K="prequantized and splits1 and fc1 and no-qdq"
+   for tool in memcheck initcheck; do
+     step moe_prequant_$tool 200 $SAN --tool $tool $P tests/moe/test_moe_cute_registry.py -k "$K" &
+   done
+   wait
+   step gdn_cpu_cu 60 $P tests/gdn/test_gdn_spec.py -k cpu_cu_seqlens ;;
+2) step compile_dynamic 240 $P $H -k "keeps_batch_dims_dynamic_gpu or reduce_overhead_gpu"
+   step autocast 60 $P $H -k autocast_leaves_results_unchanged_gpu
+   step misaligned 90 $P -s $H -k misaligned_inputs_gpu
+   step fake_mode 60 $P $H -k fake_tensor_mode_gpu
+   step nan 90 $P $H -k nan_reaches_what_depends_on_it_gpu ;;
+3) step mhc_rms_files 500 $P -n 8 tests/mhc/test_mhc_cute_proj_rms.py tests/mhc/test_mhc_cute_post_pre.py \
+     tests/mhc/test_mhc_proj_rms.py tests/mhc/test_mhc_post_pre.py ;;
+4) step moe_files 400 $P -n 8 tests/moe/test_moe_cute_registry.py tests/moe/test_grouped_gemm_predq.py tests/moe/test_qdq_cute.py ;;
+esac
 cat "$SUM"

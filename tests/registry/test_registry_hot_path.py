@@ -32,7 +32,8 @@ from registry import SpecError
 from specs import all_specs
 
 from registry_gpu_helpers import (CASES, COLLECTIVES, IDS, _outs, autocast_check, batch_sizes, compiled_fwd_bwd_check,
-                                  export_check, fake_mode_check, misaligned_inputs_check, varying_batch_compile_check)
+                                  export_check, fake_mode_check, misaligned_inputs_check, nan_propagation_check,
+                                  varying_batch_compile_check)
 from tilekernels.testing import assert_close
 
 cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
@@ -322,3 +323,20 @@ def test_fake_tensor_mode(case):
 @pytest.mark.parametrize("case", CASES, ids=IDS)
 def test_fake_tensor_mode_gpu(case):
     fake_mode_check(case, "cuda")
+
+
+# ---------------------------------------------------------------- NaN propagation
+
+
+@pytest.mark.parametrize("case", CASES, ids=IDS)
+def test_nan_reaches_what_depends_on_it(case):
+    """CPU: the torch backend's kernels (their written-out backwards) against the reference function under
+    autograd; the GPU twin: the GPU backends' kernels against the same reference."""
+    nan_propagation_check(case, "cpu")
+
+
+@cuda
+@pytest.mark.gpu
+@pytest.mark.parametrize("case", CASES, ids=IDS)
+def test_nan_reaches_what_depends_on_it_gpu(case):
+    nan_propagation_check(case, "cuda")

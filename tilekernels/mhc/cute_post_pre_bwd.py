@@ -397,9 +397,9 @@ def _kernel(cfg: cutlass.Constexpr, tma_dout: cute.CopyAtom, mDout: cute.Tensor,
                 rr = gR[tg]
                 gr = gDr[tg]
             rms = Float32(1.0) / rr - eps
-            cf = Float32(0.0)
-            if rms > Float32(0.0):
-                cf = -gr * rr * rr / (kf * rms)
+            cf = -gr * rr * rr / (kf * rms)
+            if rms <= Float32(0.0):  # an all-zero row: 0 (not `rms > 0`: a NaN row's coef stays NaN)
+                cf = Float32(0.0)
             coef[h] = cf
             for i in cutlass.range_constexpr(n):
                 a = Float32(0.0)
