@@ -65,6 +65,26 @@ def test_zero_row_gets_no_norm_gradient():
     assert_close(dx[1], dproj[1] @ w, what="dx of the zero row")
 
 
+@pytest.mark.parametrize("case", ["nan x", "nan dr on a zero row"])
+def test_nan_rows_stay_nan_in_the_written_out_backward(case):
+    """The RMS term must not swallow a NaN (a loss scaler's overflow check reads the gradients): a NaN in
+    a row of x, or a NaN dr on an all-zero row, makes that row of dx NaN, as autograd of the forward does,
+    and leaves the other rows finite."""
+    x, w = rand(3, 8, dtype=F64), rand(4, 8, dtype=F64)
+    dproj, dr = rand(3, 4, dtype=F64), rand(3, dtype=F64)
+    if case == "nan x":
+        x[1, 5] = float("nan")
+    else:
+        x[1] = 0
+        dr[1] = float("nan")
+    xl = x.clone().requires_grad_()
+    proj, r = ref.proj_rms(xl, w)
+    want, = torch.autograd.grad((proj, r), xl, (dproj, dr))
+    got, _ = ref.proj_rms_bwd(dproj, dr, x, w, r.detach())
+    assert torch.equal(torch.isnan(got), torch.isnan(want)) and torch.isnan(got[1]).all()
+    assert torch.isfinite(got[[0, 2]]).all()
+
+
 def test_gradcheck_float64():
     x = rand(4, 6, dtype=F64).requires_grad_()
     w = rand(5, 6, dtype=F64).requires_grad_()

@@ -356,39 +356,54 @@ def fake_mode_check(case, device: str) -> None:
 
 
 def nan_propagation_check(case, device: str, backend: str = "auto") -> None:
-    """One NaN in one floating input (each in turn, at a random element) reaches exactly the outputs,
-    gradients and in-place inputs that depend on it: the NaN pattern of the registry call (``backend``)
-    equals that of the op's torch reference function (``op.reference``, differentiated by autograd:
-    not the kernel table's torch kernels, whose backward is written out). A kernel whose max, clamp or
-    skipped multiply swallows a NaN would hand finite values to a loss scaler's overflow check."""
+    """One NaN in one floating input, and then one in one upstream gradient (each in turn, at a random
+    element), reaches exactly the outputs, gradients and in-place inputs that depend on it: the NaN
+    pattern of the registry call (``backend``) equals that of the op's torch reference function
+    (``op.reference``, differentiated by autograd: not the kernel table's torch kernels, whose backward
+    is written out). A kernel whose max, clamp, select or skipped multiply swallows a NaN would hand
+    finite values to a loss scaler's overflow check (an overflowed upstream gradient is the NaN-in-a-
+    gradient case)."""
     op = registry.get(case.op)
     names = [t.name for t in op.spec.inputs]
     args, params = case.make(case.dims, torch.device(device))
     leaf_pos = {i for i, n in enumerate(names[:len(args)]) if n in case.grad_inputs and isinstance(args[i], torch.Tensor)}
 
-    def run(a_list, fn):
+    def run(a_list, fn, nan_out=None):
         a2 = [a.detach().clone().requires_grad_(i in leaf_pos) if isinstance(a, torch.Tensor) else a
               for i, a in enumerate(a_list)]
         out = _outs(fn(*a2, **params))
         diff = [o for o in out if o.requires_grad]
-        grads = list(torch.autograd.grad(diff, [a2[i] for i in sorted(leaf_pos)], [torch.ones_like(o) for o in diff],
+        gos = [torch.ones_like(o) for o in diff]
+        if nan_out is not None:
+            gos[nan_out[0]].view(-1)[nan_out[1]] = float("nan")
+        grads = list(torch.autograd.grad(diff, [a2[i] for i in sorted(leaf_pos)], gos,
                                          allow_unused=True)) if diff else []
         return [o.detach() for o in out] + [g for g in grads if g is not None] + \
             [a.detach() for a in a2 if isinstance(a, torch.Tensor)]
 
-    for i, a in enumerate(args):
-        if not isinstance(a, torch.Tensor) or not a.is_floating_point() or a.element_size() == 1 or a.numel() == 0:
-            continue
-        bad = list(args)
-        bad[i] = a.clone()
-        k = int(torch.randint(a.numel(), (1,)))  # the run's seed (conftest): a fresh element each run
-        bad[i].view(-1)[k] = float("nan")
-        got = run(bad, lambda *x, **p: op(*x, backend=backend, **p))
-        want = run(bad, op.reference)
+    def compare(bad, nan_out, where):
+        got = run(bad, lambda *x, **p: op(*x, backend=backend, **p), nan_out)
+        want = run(bad, op.reference, nan_out)
         assert len(got) == len(want), (len(got), len(want))
         for j, (g, w) in enumerate(zip(got, want)):
             if not w.is_floating_point():
                 continue
             gn, wn = torch.isnan(g.float()), torch.isnan(w.float())
-            assert torch.equal(gn, wn), (f"{case.op}: NaN in {names[i]}[{k}]: output/grad/input {j} has "
+            assert torch.equal(gn, wn), (f"{case.op}: NaN in {where}: output/grad/input {j} has "
                                          f"{int(gn.sum())} NaN, the reference {int(wn.sum())}")
+
+    for i, a in enumerate(args):  # the run's seed (conftest) picks the elements: fresh each run
+        if not isinstance(a, torch.Tensor) or not a.is_floating_point() or a.element_size() == 1 or a.numel() == 0:
+            continue
+        bad = list(args)
+        bad[i] = a.clone()
+        k = int(torch.randint(a.numel(), (1,)))
+        bad[i].view(-1)[k] = float("nan")
+        compare(bad, None, f"{names[i]}[{k}]")
+    if leaf_pos:
+        diff = [o for o in _outs(op(*[a.detach().clone().requires_grad_(i in leaf_pos) if isinstance(a, torch.Tensor)
+                                       else a for i, a in enumerate(args)], **params)) if o.requires_grad]
+        for j, o in enumerate(diff):
+            if o.numel():
+                k = int(torch.randint(o.numel(), (1,)))
+                compare(list(args), (j, k), f"the grad of differentiable output {j}, element {k}")

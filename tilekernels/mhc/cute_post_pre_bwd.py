@@ -398,8 +398,8 @@ def _kernel(cfg: cutlass.Constexpr, tma_dout: cute.CopyAtom, mDout: cute.Tensor,
                 gr = gDr[tg]
             rms = Float32(1.0) / rr - eps
             cf = -gr * rr * rr / (kf * rms)
-            if rms <= Float32(0.0):  # an all-zero row: 0 (not `rms > 0`: a NaN row's coef stays NaN)
-                cf = Float32(0.0)
+            if rms <= Float32(0.0):  # a zero row: 0, NaN for a NaN dr (not `rms > 0`: a NaN row stays NaN)
+                cf = gr * Float32(0.0)
             coef[h] = cf
             for i in cutlass.range_constexpr(n):
                 a = Float32(0.0)

@@ -457,8 +457,8 @@ def _bwd_kernel(cfg: cutlass.Constexpr, tma_x: cute.CopyAtom, mX: cute.Tensor, t
                 rr = sR[tok, 0, 2 * st]
                 rms = cute.arch.rcp_approx(rr) - eps   # (approximate reciprocals: no slow-path call)
                 cf = -sR[tok, 0, 2 * st + 1] * rr * rr * cute.arch.rcp_approx(kf * rms)
-                if rms <= Float32(0.0):  # an all-zero row: 0 (not `rms > 0`: a NaN row's coef stays NaN)
-                    cf = Float32(0.0)
+                if rms <= Float32(0.0):  # a zero row: 0, NaN for a NaN dr (not `rms > 0`: a NaN row stays NaN)
+                    cf = sR[tok, 0, 2 * st + 1] * Float32(0.0)
                 sCoef[tok, wc, st] = cf
             if const_expr(ASM):   # once every warp has read the last tile's (the warpgroup's barrier), this one's
                 cute.arch.barrier(barrier_id=bar_id, number_of_threads=128)

@@ -171,11 +171,11 @@ def _proj_rms_bwd_acc(dproj, dr, x, weight, r, eps):
     xa = x.to(acc)
     dx = dproj.to(acc) @ weight.to(acc)
     if dr is not None:
-        # d r / d x = -r^2 / sqrt(K) * x / ||x||  (taken as 0 for an all-zero row; a NaN norm stays
-        # NaN: `norm == 0`, not `norm > 0`, picks the zero, so a NaN row's gradient is NaN, as autograd's)
+        # d r / d x = -r^2 / sqrt(K) * x / ||x||: 0 for an all-zero row (NaN there when dr is NaN), and a
+        # NaN norm stays NaN (`norm == 0`, not `norm > 0`, picks the zero), as autograd's gradients
         norm = torch.linalg.vector_norm(xa, dim=-1)
         coef = -dr.to(acc) * r.to(acc) ** 2 / math.sqrt(x.shape[-1])
-        coef = torch.where(norm == 0, 0.0, coef / torch.where(norm == 0, 1.0, norm))
+        coef = torch.where(norm == 0, coef * 0, coef / torch.where(norm == 0, 1.0, norm))
         dx = dx + coef[:, None] * xa
     dweight = dproj.to(acc).t() @ xa
     return dx, dweight
