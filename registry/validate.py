@@ -33,6 +33,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Optional
 
 import torch
+import torch._subclasses.fake_tensor as _fake_tensor  # (imported by torch itself)
 
 from specs import expr as _expr
 from specs.schema import Constraint, OpSpec, TensorSpec
@@ -291,9 +292,7 @@ def _on_host(t) -> bool:
 
 
 def _is_fake(t) -> bool:
-    from torch._subclasses.fake_tensor import is_fake
-
-    return is_fake(t)
+    return _fake_tensor.is_fake(t)
 
 
 _PLANS: dict[int, tuple] = {}  # id(constraint) -> (constraint, tensors it reads, when reads values)

@@ -281,6 +281,16 @@ def test_expressions_reach_no_builtins():
         ex.evaluate("len(x) > 0", {"x": (1,)})
     with pytest.raises(ex.ExprError, match="unknown name"):
         ex.evaluate("__import__('os') is None", {})
+    # the registry's compiled forms (host and device): every name is a parameter bound from the env, so
+    # their globals (builtins with only __import__, for C code torch runs from the frame) stay out of reach
+    from registry import exprs as rx
+
+    for device in (False, True):
+        for e in ("__import__('os') is None", "__builtins__ is None", "_tk_mul(1, 2) == 2", "len(x) > 0"):
+            with pytest.raises(ex.ExprError, match="unknown name"):
+                rx.evaluate(e, {"x": (1,)}, device=device)
+        fn, names = rx._fn("a * b ** 2 if a else -b", device)
+        assert set(fn.__code__.co_names) <= {"_tk_mul", "_tk_pow", "_tk_if"}, fn.__code__.co_names
 
 
 def test_validated_calls_are_cached_by_metadata(op, monkeypatch):
