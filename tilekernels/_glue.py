@@ -34,11 +34,15 @@ def run_kernel(kernel: Callable, args) -> None:
     if not torch._C._is_any_autocast_enabled():
         kernel(*args)
         return
-    with contextlib.ExitStack() as stack:
-        for dev in ("cpu", "cuda"):
-            if torch.is_autocast_enabled(dev):
-                stack.enter_context(torch.autocast(dev, enabled=False))
+    # the enabled flags themselves (C calls; a torch.autocast(enabled=False) context costs ~3 us a pass)
+    on = [dev for dev in ("cpu", "cuda") if torch.is_autocast_enabled(dev)]
+    for dev in on:
+        torch.set_autocast_enabled(dev, False)
+    try:
         kernel(*args)
+    finally:
+        for dev in on:
+            torch.set_autocast_enabled(dev, True)
 
 
 # --------------------------------------------------------------------------

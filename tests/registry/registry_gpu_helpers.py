@@ -266,6 +266,7 @@ def autocast_check(case, device: str) -> None:
             pairs = [(o, g) for o, g in zip(out, gos) if o.requires_grad]
             grads = list(torch.autograd.grad([o for o, _ in pairs], [a2[i] for i in sorted(leaf_pos)],
                                              [g for _, g in pairs])) if pairs else []
+            assert torch.is_autocast_enabled(device) == amp, "the op left the caller's autocast state changed"
         results.append([o.detach() for o in out] + grads + [a for a in a2 if isinstance(a, torch.Tensor)])
     for i, (a, b) in enumerate(zip(*results)):
         assert_close(b, a, "exact", what=f"{case.op}: under autocast vs without, output/grad/input {i}")
