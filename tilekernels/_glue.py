@@ -24,22 +24,22 @@ def run_pass(custom_op: Callable, op: str, pass_: str, *args, backend: str) -> N
         run_kernel(get_kernel(op, backend, pass_), args)
 
 
-def run_kernel(kernel: Callable, args) -> None:
-    """``kernel(*args)`` with autocast off (the eager path and every custom op's body). An op's
+def run_kernel(fn: Callable, args) -> None:
+    """``fn(*args)`` (a kernel) with autocast off (the eager path and every custom op's body). An op's
     precision is its spec's: under a caller's ``torch.autocast`` the torch reference's and the
     glue's fp32 / float64 matmuls would otherwise run in bf16 (measured on the CPU: fp32 outputs
     off by 1e-3, grouped_mlp_mxfp8 by 1.4e-2). One C call when autocast is off."""
     import torch
 
     if not torch._C._is_any_autocast_enabled():
-        kernel(*args)
+        fn(*args)
         return
     # the enabled flags themselves (C calls; a torch.autocast(enabled=False) context costs ~3 us a pass)
     on = [dev for dev in ("cpu", "cuda") if torch.is_autocast_enabled(dev)]
     for dev in on:
         torch.set_autocast_enabled(dev, False)
     try:
-        kernel(*args)
+        fn(*args)
     finally:
         for dev in on:
             torch.set_autocast_enabled(dev, True)

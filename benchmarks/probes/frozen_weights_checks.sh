@@ -13,12 +13,12 @@
 # - the MoE and GDN registry GPU files whole, since the glue around them changed (cute_kernels' weight helpers,
 #   _glue.on_device).
 # - (session 46) torch.compile of every op's registry call at 3 batch sizes through the GPU backends: 2 graphs
-#   (dynamic=None) or 1 (dynamic=True), each call equal to eager (test_registry_hot_path.py -k dynamic_gpu), also with
+#   (dynamic=None) or 1 (dynamic=True), each call equal to eager (test_registry_hot_path.py -m gpu -k keeps_batch_dims_dynamic), also with
 #   mode="reduce-overhead" (-k reduce_overhead_gpu); and
-#   every op under torch.autocast("cuda", bfloat16) bitwise the call without it (-k autocast_leaves_results_unchanged_gpu);
-#   each tensor input of every op passed one element off its allocation's start (-k misaligned_inputs_gpu, -s: it
-#   prints the inputs that sent a call to another backend); every op under FakeTensorMode (-k fake_tensor_mode_gpu);
-#   one NaN in each floating input reaching exactly what the reference's NaN reaches (-k nan_reaches_what_depends_on_it_gpu;
+#   every op under torch.autocast("cuda", bfloat16) bitwise the call without it (-k autocast_leaves_results_unchanged);
+#   each tensor input of every op passed one element off its allocation's start (-k misaligned_inputs, -s: it
+#   prints the inputs that sent a call to another backend); every op under FakeTensorMode (-k fake_tensor_mode);
+#   one NaN in each floating input reaching exactly what the reference's NaN reaches (-k nan_reaches_what_depends_on_it;
 #   the proj_rms / post_pre backward kernels' RMS coefficient changed from `rms > 0 ? c : 0` to `rms <= 0 ? 0 : c` in
 #   session 46: PTX diff only that select, first GPU run here), then the mHC proj_rms / post_pre GPU files whole.
 set -u
@@ -35,11 +35,11 @@ case "${1:-1}" in
    done
    wait
    step gdn_cpu_cu 60 $P tests/gdn/test_gdn_spec.py -k cpu_cu_seqlens ;;
-2) step compile_dynamic 240 $P $H -k "keeps_batch_dims_dynamic_gpu or reduce_overhead_gpu"
-   step autocast 60 $P $H -k autocast_leaves_results_unchanged_gpu
-   step misaligned 90 $P -s $H -k misaligned_inputs_gpu
-   step fake_mode 60 $P $H -k fake_tensor_mode_gpu
-   step nan 90 $P $H -k nan_reaches_what_depends_on_it_gpu ;;
+2) step compile_dynamic 240 $P $H -k "keeps_batch_dims_dynamic or reduce_overhead_gpu"
+   step autocast 60 $P $H -k autocast_leaves_results_unchanged
+   step misaligned 90 $P -s $H -k misaligned_inputs
+   step fake_mode 60 $P $H -k fake_tensor_mode
+   step nan 90 $P $H -k nan_reaches_what_depends_on_it ;;
 3) step mhc_rms_files 500 $P -n 8 tests/mhc/test_mhc_cute_proj_rms.py tests/mhc/test_mhc_cute_post_pre.py \
      tests/mhc/test_mhc_proj_rms.py tests/mhc/test_mhc_post_pre.py ;;
 4) step moe_files 400 $P -n 8 tests/moe/test_moe_cute_registry.py tests/moe/test_grouped_gemm_predq.py tests/moe/test_qdq_cute.py ;;

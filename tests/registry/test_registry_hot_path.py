@@ -224,34 +224,26 @@ def test_compile_fwd_bwd_through_registry(case):
     compiled_fwd_bwd_check(case)
 
 
-# ---------------------------------------------------------------- compiled calls: batch dims stay dynamic
+# ---------------------------------------------------------------- drop-in checks, on the CPU and (owed) on a GPU
+
+# The CPU runs go through the torch backend; the cuda runs (marker gpu) through the GPU backends.
+DEVICES = [pytest.param("cpu"), pytest.param("cuda", marks=[cuda, pytest.mark.gpu])]
 
 
 @pytest.mark.parametrize("dynamic", [None, True], ids=["auto-dynamic", "dynamic"])
+@pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("case", CASES, ids=IDS)
-def test_compile_keeps_batch_dims_dynamic(case, dynamic):
+def test_compile_keeps_batch_dims_dynamic(case, device, dynamic):
     """A compiled model calls an op at a new T / M / B every step (THD packing, MoE routing,
     continuous batching). Its validation is traced (shapes become guards), so anything in it that
     reads a batch size as a plain int would specialize it: one graph per size, until dynamo's
     recompile limit sends the frame back to eager. So 3 sizes take 2 graphs (the first size
     specialized, then one dynamic graph) or 1 with ``dynamic=True`` (float params are then
-    SymFloats too), each call equal to eager. CPU: the torch backend's custom ops; the GPU
-    kernels' run is ``test_compile_keeps_batch_dims_dynamic_gpu``."""
-    graphs = varying_batch_compile_check(case, "cpu", dynamic)
+    SymFloats too), each call equal to eager (on a GPU: the GPU backends' custom ops, and the
+    registry's backend choice traced with symbolic sizes)."""
+    graphs = varying_batch_compile_check(case, device, dynamic)
     assert graphs == (1 if dynamic else 2), (f"{case.op}: {graphs} graphs for 3 {batch_sizes(case)[0]} sizes "
                                              f"(dynamic={dynamic}): a batch dim was specialized")
-
-
-@cuda
-@pytest.mark.gpu
-@pytest.mark.parametrize("dynamic", [None, True], ids=["auto-dynamic", "dynamic"])
-@pytest.mark.parametrize("case", CASES, ids=IDS)
-def test_compile_keeps_batch_dims_dynamic_gpu(case, dynamic):
-    """As the CPU test, through the GPU backends' custom ops (their fake impls and the registry's
-    backend choice traced with symbolic sizes)."""
-    graphs = varying_batch_compile_check(case, "cuda", dynamic)
-    assert graphs == (1 if dynamic else 2), (f"{case.op}: {graphs} graphs for 3 {batch_sizes(case)[0]} sizes "
-                                             f"(dynamic={dynamic})")
 
 
 @cuda
@@ -272,71 +264,38 @@ def test_export_keeps_batch_dims_dynamic(case):
     export_check(case, "cpu")
 
 
-# ---------------------------------------------------------------- autocast does not change an op
-
-
+@pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("case", CASES, ids=IDS)
-def test_autocast_leaves_results_unchanged(case):
-    """CPU: the torch backend under torch.autocast("cpu", bfloat16), forward and backward, is bitwise
-    the call without it (before the fix fp32 outputs moved by ~1e-3, grouped_mlp_mxfp8's by 1.4e-2)."""
-    autocast_check(case, "cpu")
+def test_autocast_leaves_results_unchanged(case, device):
+    """Under torch.autocast(device, bfloat16), forward and backward, every result is bitwise the call
+    without it (before the fix the torch backend's fp32 outputs moved by ~1e-3 on the CPU,
+    grouped_mlp_mxfp8's by 1.4e-2), and the caller's autocast state is as it was."""
+    autocast_check(case, device)
 
 
-@cuda
-@pytest.mark.gpu
+@pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("case", CASES, ids=IDS)
-def test_autocast_leaves_results_unchanged_gpu(case):
-    """As the CPU test, under torch.autocast("cuda", bfloat16) through the GPU backends (their torch glue)."""
-    autocast_check(case, "cuda")
-
-
-# ---------------------------------------------------------------- misaligned (but contiguous) inputs
-
-
-@pytest.mark.parametrize("case", CASES, ids=IDS)
-def test_misaligned_inputs(case):
+def test_misaligned_inputs(case, device):
     """A contiguous view one element into its allocation (a slice x[1:] of a flat buffer) is a valid
-    input: every tensor input in turn, forward and backward, equal to the aligned call. CPU: the torch
-    backend; the point is the GPU twin, whose kernels load 16-byte vectors and TMA boxes."""
-    misaligned_inputs_check(case, "cpu")
-
-
-@cuda
-@pytest.mark.gpu
-@pytest.mark.parametrize("case", CASES, ids=IDS)
-def test_misaligned_inputs_gpu(case):
-    moved = misaligned_inputs_check(case, "cuda")
-    if moved:  # correct either way; say which inputs sent the call to another backend
+    input: every tensor input in turn, forward and backward, equal to the aligned call. The point is
+    the cuda run, whose kernels load 16-byte vectors and TMA boxes; it prints the inputs that sent a
+    call to another backend (correct either way)."""
+    moved = misaligned_inputs_check(case, device)
+    if moved:
         print(f"{case.op}: misaligned {moved} ran another backend than the aligned call")
 
 
+@pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("case", CASES, ids=IDS)
-def test_fake_tensor_mode(case):
+def test_fake_tensor_mode(case, device):
     """Shape propagation under FakeTensorMode, forward and backward, value-rule tensors included (they
-    had been read on the host: a data-dependent error). CPU inputs; the GPU twin runs the GPU backends'
-    dispatch."""
-    fake_mode_check(case, "cpu")
+    had been read on the host: a data-dependent error)."""
+    fake_mode_check(case, device)
 
 
-@cuda
-@pytest.mark.gpu
+@pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("case", CASES, ids=IDS)
-def test_fake_tensor_mode_gpu(case):
-    fake_mode_check(case, "cuda")
-
-
-# ---------------------------------------------------------------- NaN propagation
-
-
-@pytest.mark.parametrize("case", CASES, ids=IDS)
-def test_nan_reaches_what_depends_on_it(case):
-    """CPU: the torch backend's kernels (their written-out backwards) against the reference function under
-    autograd; the GPU twin: the GPU backends' kernels against the same reference."""
-    nan_propagation_check(case, "cpu")
-
-
-@cuda
-@pytest.mark.gpu
-@pytest.mark.parametrize("case", CASES, ids=IDS)
-def test_nan_reaches_what_depends_on_it_gpu(case):
-    nan_propagation_check(case, "cuda")
+def test_nan_reaches_what_depends_on_it(case, device):
+    """The backend's kernels against the reference function under autograd (CPU: the torch backend's
+    written-out backwards; cuda: the GPU backends)."""
+    nan_propagation_check(case, device)
