@@ -169,6 +169,49 @@ def batch_sizes(case) -> tuple[str, list[dict]]:
     return key, out
 
 
+# ---------------------------------------------------------------- one fwd+bwd step, shared by the checks below
+
+
+def _leaf_pos(op, case, args) -> set[int]:
+    names = [t.name for t in op.spec.inputs]
+    return {i for i, n in enumerate(names[:len(args)]) if n in case.grad_inputs and isinstance(args[i], torch.Tensor)}
+
+
+def _fresh(args, leaf_pos, make=lambda a: a.detach().clone()) -> list:
+    """New leaves (``make`` of each tensor; requires_grad at ``leaf_pos``), other arguments as they are."""
+    return [make(a).requires_grad_(i in leaf_pos) if isinstance(a, torch.Tensor) else a for i, a in enumerate(args)]
+
+
+def _random_gos(out) -> list:
+    return [torch.randn_like(o, dtype=torch.float32).to(o.dtype) if o.requires_grad else None for o in out]
+
+
+def _step(call, a_list, leaf_pos, gos=_random_gos) -> tuple[list, list]:
+    """``call(*a_list)`` and the gradients of its leaves for the grad outputs ``gos`` (a list beside the
+    outputs, None where one needs none, or a function making it from them): (outputs, gradients, then
+    every input tensor after the call (in-place states), all detached; the grad outputs used)."""
+    out = _outs(call(*a_list))
+    gos = gos(out) if callable(gos) else gos
+    pairs = [(o, g) for o, g in zip(out, gos) if o.requires_grad]
+    grads = list(torch.autograd.grad([o for o, _ in pairs], [a_list[i] for i in sorted(leaf_pos)],
+                                     [g for _, g in pairs], allow_unused=True)) if pairs else []
+    return ([o.detach() for o in out] + [g for g in grads if g is not None]
+            + [a.detach() for a in a_list if isinstance(a, torch.Tensor)]), gos
+
+
+def _assert_same(got: list, want: list, what: str, exact: bool = False) -> None:
+    """Pairwise: same dtype and shape, then equal at the suite's tolerance (integers, e4m3 and
+    ``exact``: bitwise)."""
+    assert len(got) == len(want), (what, len(got), len(want))
+    for i, (g, w) in enumerate(zip(got, want)):
+        assert g.dtype == w.dtype and g.shape == w.shape, (what, i, g.dtype, w.dtype, g.shape, w.shape)
+        bitwise = exact or not w.is_floating_point() or w.element_size() == 1
+        assert_close(g, w, "exact" if bitwise else None, what=f"{what}, output/grad/input {i}")
+
+
+# ---------------------------------------------------------------- the drop-in checks
+
+
 def varying_batch_compile_check(case, device: str, dynamic, mode=None) -> int:
     """One ``torch.compile(fullgraph=True, dynamic=dynamic)`` of the registry call, called at the 3
     batch sizes of :func:`batch_sizes` on fresh inputs, forward and (ops with gradients) backward
@@ -182,32 +225,13 @@ def varying_batch_compile_check(case, device: str, dynamic, mode=None) -> int:
     torch._dynamo.reset()
     counters.clear()
     op = registry.get(case.op)
-    names = [t.name for t in op.spec.inputs]
     compiled = torch.compile(lambda *a, **p: op(*a, **p), fullgraph=True, dynamic=dynamic, mode=mode)
     for dims in batch_sizes(case)[1]:
         args, params = case.make(dims, torch.device(device))
-        grad_pos = {i for i, n in enumerate(names[:len(args)]) if n in case.grad_inputs and args[i] is not None}
-        gos = None
-        results = []
-        for fn in (lambda *a: op(*a, **params), lambda *a: compiled(*a, **params)):
-            a2 = [a.detach().clone().requires_grad_(i in grad_pos) if isinstance(a, torch.Tensor) else a
-                  for i, a in enumerate(args)]
-            out = _outs(fn(*a2))
-            if gos is None:
-                gos = [torch.randn_like(o, dtype=torch.float32).to(o.dtype) if o.requires_grad else None
-                       for o in out]
-            pairs = [(o, g) for o, g in zip(out, gos) if o.requires_grad]
-            leaves = [a2[i] for i in sorted(grad_pos)]
-            grads = list(torch.autograd.grad([o for o, _ in pairs], leaves, [g for _, g in pairs])) if pairs else []
-            inplace = [a for a in a2 if isinstance(a, torch.Tensor) and not a.requires_grad]
-            results.append([o.detach() for o in out] + grads + inplace)
-        want, got = results
-        assert len(got) == len(want)
-        for i, (a, b) in enumerate(zip(got, want)):
-            assert a.dtype == b.dtype and a.shape == b.shape, (case.op, i)
-            exact = not a.is_floating_point() or a.element_size() == 1
-            assert_close(a, b, "exact" if exact else None,
-                         what=f"{case.op} {dims}: compiled vs eager, output/grad/input {i}")
+        leaf_pos = _leaf_pos(op, case, args)
+        want, gos = _step(lambda *a: op(*a, **params), _fresh(args, leaf_pos), leaf_pos)
+        got, _ = _step(lambda *a: compiled(*a, **params), _fresh(args, leaf_pos), leaf_pos, gos)
+        _assert_same(got, want, f"{case.op} {dims}: compiled vs eager")
     return counters["stats"]["unique_graphs"]
 
 
@@ -235,51 +259,37 @@ def export_check(case, device: str) -> None:
     program = export(Call(), tuple(args), dynamic_shapes={"a": dyn}, strict=False).module()
     for dims in sizes[1:]:
         a1, _ = case.make(dims, torch.device(device))
-        a2 = [a.clone() if isinstance(a, torch.Tensor) else a for a in a1]
-        got, want = _outs(program(*a1)), _outs(op(*a2, **params))
-        assert len(got) == len(want)
-        for i, (g, w) in enumerate(zip(got, want)):
-            assert_close(g, w, "exact", what=f"{case.op} {dims}: exported vs eager, output {i}")
-        for i, (g, w) in enumerate(zip(a1, a2)):
-            if isinstance(g, torch.Tensor):
-                assert_close(g, w, "exact", what=f"{case.op} {dims}: exported vs eager, input {i} after the call")
+        got, _ = _step(program, _fresh(a1, set()), set())
+        want, _ = _step(lambda *a: op(*a, **params), _fresh(a1, set()), set())
+        _assert_same(got, want, f"{case.op} {dims}: exported vs eager", exact=True)
 
 
 def autocast_check(case, device: str) -> None:
     """The op's results and gradients under ``torch.autocast(device, bfloat16)`` (forward and
     backward inside it, as a mixed-precision training step runs them) equal those of the same
-    call without autocast, bitwise: an op's precision is its spec's, whatever the caller's
-    autocast (the torch reference's fp32 matmuls would otherwise run in bf16)."""
+    call without autocast, bitwise, and the caller's autocast state is as it was: an op's precision
+    is its spec's, whatever the caller's autocast (the torch reference's fp32 matmuls would
+    otherwise run in bf16)."""
     op = registry.get(case.op)
     args, params = case.make(case.dims, torch.device(device))
-    leaf_pos = {i for i, t in enumerate(op.spec.inputs[:len(args)])
-                if t.name in case.grad_inputs and isinstance(args[i], torch.Tensor)}
-    gos = None
-    results = []
+    leaf_pos = _leaf_pos(op, case, args)
+    gos, results = _random_gos, []
     for amp in (False, True):
-        a2 = [a.detach().clone().requires_grad_(i in leaf_pos) if isinstance(a, torch.Tensor) else a
-              for i, a in enumerate(args)]
         with torch.autocast(device, dtype=torch.bfloat16, enabled=amp):
-            out = _outs(op(*a2, **params))
-            if gos is None:
-                gos = [torch.randn_like(o, dtype=torch.float32).to(o.dtype) if o.requires_grad else None for o in out]
-            pairs = [(o, g) for o, g in zip(out, gos) if o.requires_grad]
-            grads = list(torch.autograd.grad([o for o, _ in pairs], [a2[i] for i in sorted(leaf_pos)],
-                                             [g for _, g in pairs])) if pairs else []
+            res, gos = _step(lambda *a: op(*a, **params), _fresh(args, leaf_pos), leaf_pos, gos)
             assert torch.is_autocast_enabled(device) == amp, "the op left the caller's autocast state changed"
-        results.append([o.detach() for o in out] + grads + [a for a in a2 if isinstance(a, torch.Tensor)])
-    for i, (a, b) in enumerate(zip(*results)):
-        assert_close(b, a, "exact", what=f"{case.op}: under autocast vs without, output/grad/input {i}")
+        results.append(res)
+    _assert_same(results[1], results[0], f"{case.op}: under autocast vs without", exact=True)
 
 
 def _offset_copy(t: torch.Tensor) -> torch.Tensor:
     """A contiguous copy of ``t`` one element past an allocation's start (its address 2 to 8 bytes off
-    the 16-byte alignment torch's allocations have), keeping requires_grad."""
+    the 16-byte alignment torch's allocations have)."""
     buf = torch.empty(t.numel() + 1, dtype=t.dtype, device=t.device)
     v = buf[1:].view(t.shape)
     with torch.no_grad():
         v.copy_(t)
-    return v.requires_grad_(t.requires_grad)
+    return v
 
 
 def misaligned_inputs_check(case, device: str) -> list[str]:
@@ -290,40 +300,20 @@ def misaligned_inputs_check(case, device: str) -> list[str]:
     op = registry.get(case.op)
     names = [t.name for t in op.spec.inputs]
     args, params = case.make(case.dims, torch.device(device))
-    leaf_pos = {i for i, n in enumerate(names[:len(args)]) if n in case.grad_inputs and isinstance(args[i], torch.Tensor)}
-    gos = None
-
-    def run(a_list):
-        nonlocal gos
-        out = _outs(op(*a_list, **params))
-        if gos is None:
-            gos = [torch.randn_like(o, dtype=torch.float32).to(o.dtype) if o.requires_grad else None for o in out]
-        pairs = [(o, g) for o, g in zip(out, gos) if o.requires_grad]
-        grads = list(torch.autograd.grad([o for o, _ in pairs], [a_list[i] for i in sorted(leaf_pos)],
-                                         [g for _, g in pairs])) if pairs else []
-        return [o.detach() for o in out] + grads + [a.detach() for a in a_list if isinstance(a, torch.Tensor)]
-
-    def fresh():
-        return [a.detach().clone().requires_grad_(i in leaf_pos) if isinstance(a, torch.Tensor) else a
-                for i, a in enumerate(args)]
-
-    base = fresh()
-    want = run(base)
-    chosen = op.choose(op.bind(*fresh(), **params))
+    leaf_pos = _leaf_pos(op, case, args)
+    call = lambda *a: op(*a, **params)  # noqa: E731
+    want, gos = _step(call, _fresh(args, leaf_pos), leaf_pos)
+    chosen = op.choose(op.bind(*_fresh(args, leaf_pos), **params))
     moved = []
     for i, a in enumerate(args):
         if not isinstance(a, torch.Tensor) or a.numel() == 0:
             continue
-        a2 = fresh()
-        a2[i] = _offset_copy(a2[i])
+        a2 = _fresh(args, leaf_pos, lambda t, _i=i, _a=a: _offset_copy(t) if t is _a else t.detach().clone())
         assert a2[i].data_ptr() % 16 != 0
         if op.choose(op.bind(*a2, **params)) != chosen:
             moved.append(names[i])
-        got = run(a2)
-        for k, (g, w) in enumerate(zip(got, want)):
-            exact = not w.is_floating_point() or w.element_size() == 1
-            assert_close(g, w, "exact" if exact else None,
-                         what=f"{case.op}: input {names[i]} misaligned, output/grad/input {k}")
+        got, _ = _step(call, a2, leaf_pos, gos)
+        _assert_same(got, want, f"{case.op}: input {names[i]} misaligned")
     return moved
 
 
@@ -335,22 +325,13 @@ def fake_mode_check(case, device: str) -> None:
     from torch._subclasses.fake_tensor import FakeTensorMode
 
     op = registry.get(case.op)
-    names = [t.name for t in op.spec.inputs]
     args, params = case.make(case.dims, torch.device(device))
-    leaf_pos = {i for i, n in enumerate(names[:len(args)]) if n in case.grad_inputs and isinstance(args[i], torch.Tensor)}
-
-    def step(a_list):
-        out = _outs(op(*a_list, **params))
-        diff = [o for o in out if o.requires_grad]
-        grads = list(torch.autograd.grad(diff, [a_list[i] for i in sorted(leaf_pos)],
-                                         [torch.ones_like(o) for o in diff])) if diff else []
-        return out + grads
-
-    real = step([a.detach().clone().requires_grad_(i in leaf_pos) if isinstance(a, torch.Tensor) else a
-                 for i, a in enumerate(args)])
+    leaf_pos = _leaf_pos(op, case, args)
+    call = lambda *a: op(*a, **params)  # noqa: E731
+    ones = lambda out: [torch.ones_like(o) if o.requires_grad else None for o in out]  # noqa: E731
+    real, _ = _step(call, _fresh(args, leaf_pos), leaf_pos, ones)
     with FakeTensorMode() as mode:
-        fake = step([mode.from_tensor(a).requires_grad_(i in leaf_pos) if isinstance(a, torch.Tensor) else a
-                     for i, a in enumerate(args)])
+        fake, _ = _step(call, _fresh(args, leaf_pos, mode.from_tensor), leaf_pos, ones)
     assert len(fake) == len(real)
     for i, (f, r) in enumerate(zip(fake, real)):
         assert (f.shape, f.dtype, f.device) == (r.shape, r.dtype, r.device), (case.op, i, f, r)
@@ -367,24 +348,19 @@ def nan_propagation_check(case, device: str, backend: str = "auto") -> None:
     op = registry.get(case.op)
     names = [t.name for t in op.spec.inputs]
     args, params = case.make(case.dims, torch.device(device))
-    leaf_pos = {i for i, n in enumerate(names[:len(args)]) if n in case.grad_inputs and isinstance(args[i], torch.Tensor)}
+    leaf_pos = _leaf_pos(op, case, args)
 
-    def run(a_list, fn, nan_out=None):
-        a2 = [a.detach().clone().requires_grad_(i in leaf_pos) if isinstance(a, torch.Tensor) else a
-              for i, a in enumerate(a_list)]
-        out = _outs(fn(*a2, **params))
-        diff = [o for o in out if o.requires_grad]
-        gos = [torch.ones_like(o) for o in diff]
-        if nan_out is not None:
-            gos[nan_out[0]].view(-1)[nan_out[1]] = float("nan")
-        grads = list(torch.autograd.grad(diff, [a2[i] for i in sorted(leaf_pos)], gos,
-                                         allow_unused=True)) if diff else []
-        return [o.detach() for o in out] + [g for g in grads if g is not None] + \
-            [a.detach() for a in a2 if isinstance(a, torch.Tensor)]
+    def ones(nan_out):
+        def make(out):
+            gos = [torch.ones_like(o) if o.requires_grad else None for o in out]
+            if nan_out is not None:
+                gos[nan_out[0]].view(-1)[nan_out[1]] = float("nan")
+            return gos
+        return make
 
     def compare(bad, nan_out, where):
-        got = run(bad, lambda *x, **p: op(*x, backend=backend, **p), nan_out)
-        want = run(bad, op.reference, nan_out)
+        got, _ = _step(lambda *x: op(*x, backend=backend, **params), _fresh(bad, leaf_pos), leaf_pos, ones(nan_out))
+        want, _ = _step(lambda *x: op.reference(*x, **params), _fresh(bad, leaf_pos), leaf_pos, ones(nan_out))
         assert len(got) == len(want), (len(got), len(want))
         for j, (g, w) in enumerate(zip(got, want)):
             if not w.is_floating_point():
@@ -401,10 +377,8 @@ def nan_propagation_check(case, device: str, backend: str = "auto") -> None:
         k = int(torch.randint(a.numel(), (1,)))
         bad[i].view(-1)[k] = float("nan")
         compare(bad, None, f"{names[i]}[{k}]")
-    if leaf_pos:
-        diff = [o for o in _outs(op(*[a.detach().clone().requires_grad_(i in leaf_pos) if isinstance(a, torch.Tensor)
-                                       else a for i, a in enumerate(args)], **params)) if o.requires_grad]
-        for j, o in enumerate(diff):
-            if o.numel():
-                k = int(torch.randint(o.numel(), (1,)))
-                compare(list(args), (j, k), f"the grad of differentiable output {j}, element {k}")
+    outs = _outs(op(*_fresh(args, leaf_pos), **params))
+    for j, o in enumerate(outs):
+        if o.requires_grad and o.numel():
+            k = int(torch.randint(o.numel(), (1,)))
+            compare(list(args), (j, k), f"the grad of output {j}, element {k}")
