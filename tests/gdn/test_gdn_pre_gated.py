@@ -265,3 +265,37 @@ def test_torch_compile_fullgraph():
     want_grads = ref.pre_gated_bwd(*[upcast(g) for g in grads], *[upcast(t) for t in leaves], Hk=1, dk=4, dv=4)
     for t, w_, name in zip(leaves, want_grads, ("dmixed", "dconv_weight", "dA_log", "ddt_bias")):
         assert_close(t.grad, w_, what=name)
+
+
+@pytest.mark.parametrize("fn", ["reference", "registry"])
+@pytest.mark.parametrize("layout", ["bshd", "thd"])
+def test_nan_stays_in_its_sequence(fn, layout):
+    """A NaN in one sequence reaches only that sequence (its later tokens, within the conv's reach)
+    and the weight gradients: the conv's out-of-sequence taps are selected away, not multiplied by 0
+    (the reference had multiplied, so its NaN crossed into the next sequence, and the registry's NaN
+    test held a GPU kernel that keeps sequences apart to that). Forward: NaN in the last
+    token of sequence 0; backward: NaN in the q gradient of sequence 1's first token."""
+    Hk, Hv, dk, dv, W = 1, 2, 4, 4, 4
+    lengths = [3, 5, 4]
+    cu = mk.cu_seqlens(lengths) if layout == "thd" else None
+    lead = (sum(lengths),) if cu is not None else (2, 6)
+    first1 = lengths[0] if cu is not None else 6  # packed index of sequence 1's first token
+    f = ref.pre_gated if fn == "reference" else OP
+    x, w, A, dt = _leaves(Hk, Hv, dk, dv, W, lead)
+    bad = x.detach().clone()
+    bad.view(-1, bad.shape[-1])[first1 - 1, 0] = float("nan")  # sequence 0's last token, a conv channel
+    bad.requires_grad_()
+    out = f(bad, w, A, dt, cu, Hk=Hk, dk=dk, dv=dv)
+    for o, name in zip(out, NAMES):
+        o = o.reshape(sum(lengths) if cu is not None else 12, -1)
+        assert not torch.isnan(o[first1:]).any(), f"{fn}: a NaN of sequence 0 reached {name} of sequence 1"
+        if name == "q":  # (channel 0 is q's: its l2norm spreads it over the token's q heads)
+            assert torch.isnan(o[first1 - 1]).all(), f"{fn}: the NaN did not reach q of its own token"
+    x2 = x.detach().clone().requires_grad_()
+    out = f(x2, w, A, dt, cu, Hk=Hk, dk=dk, dv=dv)
+    gos = [torch.ones_like(o) for o in out]
+    gos[0].reshape(-1)[first1 * Hv * dk] = float("nan")  # q grad of sequence 1's first token
+    torch.autograd.backward(out, gos)
+    dm = x2.grad.reshape(-1, x2.shape[-1])
+    assert not torch.isnan(dm[:first1]).any(), f"{fn}: a NaN gradient of sequence 1 reached sequence 0's dmixed"
+    assert torch.isnan(dm[first1]).any(), f"{fn}: the NaN gradient did not reach its own token"

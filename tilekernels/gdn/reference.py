@@ -73,11 +73,14 @@ def _shift(x: Tensor, s: int) -> Tensor:
 
 
 def causal_conv(x: Tensor, w: Tensor, pos: Tensor) -> Tensor:
-    """pre [T, C] = sum_s w[:, W-1-s] * x[t-s] over s with pos[t] >= s (same sequence)."""
+    """pre [T, C] = sum_s w[:, W-1-s] * x[t-s] over s with pos[t] >= s (same sequence).
+
+    Taps outside the token's sequence are selected away (``where``), not multiplied by 0: a NaN
+    or inf in one sequence must not reach its neighbours (NaN * 0 is NaN)."""
     W = w.shape[1]
     pre = torch.zeros_like(x)
     for s in range(W):
-        pre += w[:, W - 1 - s] * _shift(x, s) * (pos >= s)[:, None]
+        pre += w[:, W - 1 - s] * torch.where((pos >= s)[:, None], _shift(x, s), 0)
     return pre
 
 
@@ -87,7 +90,7 @@ def causal_conv_bwd(dpre: Tensor, x: Tensor, w: Tensor, pos: Tensor) -> tuple[Te
     dx = torch.zeros_like(x)
     dw = torch.zeros_like(w)
     for s in range(W):
-        m = dpre * (pos >= s)[:, None]
+        m = torch.where((pos >= s)[:, None], dpre, 0)  # (a select: see causal_conv)
         dx += w[:, W - 1 - s] * _shift(m, -s)
         dw[:, W - 1 - s] = (m * _shift(x, s)).sum(0)
     return dx, dw
@@ -99,7 +102,7 @@ def final_conv_state(x: Tensor, cu: Tensor, W: int) -> Tensor:
     idx = cu[1:, None] - (W - 1) + torch.arange(W - 1, device=cu.device)  # [N, W-1]
     valid = idx >= cu[:-1, None]
     rows = x[idx.clamp(min=0).reshape(-1)] if x.shape[0] else x.new_zeros(idx.numel(), x.shape[1])
-    rows = rows.reshape(N, W - 1, x.shape[1]) * valid[:, :, None]
+    rows = torch.where(valid[:, :, None], rows.reshape(N, W - 1, x.shape[1]), 0)  # (a select: see causal_conv)
     return rows.transpose(1, 2).contiguous()
 
 
