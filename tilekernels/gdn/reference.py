@@ -75,12 +75,13 @@ def _shift(x: Tensor, s: int) -> Tensor:
 def causal_conv(x: Tensor, w: Tensor, pos: Tensor) -> Tensor:
     """pre [T, C] = sum_s w[:, W-1-s] * x[t-s] over s with pos[t] >= s (same sequence).
 
-    Taps outside the token's sequence are selected away (``where``), not multiplied by 0: a NaN
-    or inf in one sequence must not reach its neighbours (NaN * 0 is NaN)."""
+    Taps outside the token's sequence are selected away (``where``, around the whole product so
+    that autograd's weight gradient skips them too), not multiplied by 0: a NaN or inf in one
+    sequence must not reach its neighbours, nor the weight taps it has no input for (NaN * 0 is NaN)."""
     W = w.shape[1]
     pre = torch.zeros_like(x)
     for s in range(W):
-        pre += w[:, W - 1 - s] * torch.where((pos >= s)[:, None], _shift(x, s), 0)
+        pre += torch.where((pos >= s)[:, None], w[:, W - 1 - s] * _shift(x, s), 0)
     return pre
 
 
