@@ -215,7 +215,7 @@ def _gates(bt, at, al, dtb):
     bt, at, al, dtb = bt.astype(ct.float32), at.astype(ct.float32), al.astype(ct.float32), dtb.astype(ct.float32)
     beta = ct.reshape(1.0 / (1.0 + ct.exp(-bt)), (1, 1))
     xa = ct.reshape(at, (1, 1)) + ct.reshape(dtb, (1, 1))
-    sp = ct.where(xa > 20.0, xa, ct.log(1.0 + ct.exp(ct.minimum(xa, 20.0))))
+    sp = ct.where(xa <= 20.0, ct.log(1.0 + ct.exp(ct.minimum(xa, 20.0))), xa)
     return beta, ct.exp(-ct.exp(ct.reshape(al, (1, 1))) * sp)
 
 

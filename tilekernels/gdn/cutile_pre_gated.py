@@ -213,7 +213,7 @@ def gate_tiles(mba, A_log, dt_bias, i, TT: ConstInt, HVP: ConstInt, LT: ConstBoo
 
 def softplus(x):
     """torch's softplus (threshold 20: above it x passes through)."""
-    return ct.where(x > 20.0, x, ct.log(1.0 + ct.exp(ct.minimum(x, 20.0))))
+    return ct.where(x <= 20.0, ct.log(1.0 + ct.exp(ct.minimum(x, 20.0))), x)
 
 
 # ------------------------------------------------------------------ forward kernel (head-group tiles)

@@ -444,7 +444,7 @@ def _sigmoid(x):
 
 def _softplus(x):
     """torch's softplus (threshold 20)."""
-    return ct.where(x > 20.0, x, ct.log(1.0 + ct.exp(ct.minimum(x, 20.0))))
+    return ct.where(x <= 20.0, ct.log(1.0 + ct.exp(ct.minimum(x, 20.0))), x)
 
 
 def z_tile(gz, dz, i, h, TT: ConstInt, HBZ: ConstInt, DV: ConstInt, LT: ConstBool):

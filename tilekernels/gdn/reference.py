@@ -75,13 +75,14 @@ def _shift(x: Tensor, s: int) -> Tensor:
 def causal_conv(x: Tensor, w: Tensor, pos: Tensor) -> Tensor:
     """pre [T, C] = sum_s w[:, W-1-s] * x[t-s] over s with pos[t] >= s (same sequence).
 
-    Taps outside the token's sequence are selected away (``where``, around the whole product so
-    that autograd's weight gradient skips them too), not multiplied by 0: a NaN or inf in one
-    sequence must not reach its neighbours, nor the weight taps it has no input for (NaN * 0 is NaN)."""
+    Each sequence's input is zero-padded in front (causal_conv1d's zero initial state): taps before
+    the sequence's start read a selected 0 (``where``), never another sequence's row times 0, so a
+    NaN or inf in one sequence does not reach its neighbours (NaN * 0 is NaN). The weights do
+    multiply the padding, so a NaN weight reaches every token of its channel (as the kernels')."""
     W = w.shape[1]
     pre = torch.zeros_like(x)
     for s in range(W):
-        pre += torch.where((pos >= s)[:, None], w[:, W - 1 - s] * _shift(x, s), 0)
+        pre += w[:, W - 1 - s] * torch.where((pos >= s)[:, None], _shift(x, s), 0)
     return pre
 
 
@@ -91,9 +92,10 @@ def causal_conv_bwd(dpre: Tensor, x: Tensor, w: Tensor, pos: Tensor) -> tuple[Te
     dx = torch.zeros_like(x)
     dw = torch.zeros_like(w)
     for s in range(W):
-        m = torch.where((pos >= s)[:, None], dpre, 0)  # (a select: see causal_conv)
-        dx += w[:, W - 1 - s] * _shift(m, -s)
-        dw[:, W - 1 - s] = (m * _shift(x, s)).sum(0)
+        ok = (pos >= s)[:, None]  # (selects, as in causal_conv: dx never crosses a sequence start;
+        # dw's products with the zero padding are formed, as autograd of causal_conv forms them)
+        dx += w[:, W - 1 - s] * _shift(torch.where(ok, dpre, 0), -s)
+        dw[:, W - 1 - s] = (dpre * torch.where(ok, _shift(x, s), 0)).sum(0)
     return dx, dw
 
 
