@@ -212,8 +212,11 @@ def gate_tiles(mba, A_log, dt_bias, i, TT: ConstInt, HVP: ConstInt, LT: ConstBoo
 
 
 def softplus(x):
-    """torch's softplus (threshold 20: above it x passes through)."""
-    return ct.where(x <= 20.0, ct.log(1.0 + ct.exp(ct.minimum(x, 20.0))), x)
+    """torch's softplus (threshold 20: above it x passes through).
+
+    A NaN x comes out NaN whichever way the compare treats NaN (a clamp ``min(x, 20)`` in the
+    other branch had turned a NaN into 20 on the H200); exp's inf above 20 is selected away."""
+    return ct.where(x > 20.0, x, ct.log(1.0 + ct.exp(x)))
 
 
 # ------------------------------------------------------------------ forward kernel (head-group tiles)

@@ -443,8 +443,11 @@ def _sigmoid(x):
 
 
 def _softplus(x):
-    """torch's softplus (threshold 20)."""
-    return ct.where(x <= 20.0, ct.log(1.0 + ct.exp(ct.minimum(x, 20.0))), x)
+    """torch's softplus (threshold 20).
+
+    A NaN x comes out NaN whichever way the compare treats NaN (a clamp ``min(x, 20)`` in the
+    other branch had turned a NaN into 20 on the H200); exp's inf above 20 is selected away."""
+    return ct.where(x > 20.0, x, ct.log(1.0 + ct.exp(x)))
 
 
 def z_tile(gz, dz, i, h, TT: ConstInt, HBZ: ConstInt, DV: ConstInt, LT: ConstBool):
