@@ -130,6 +130,8 @@ import torch
 from tilekernels._glue import kernel, launch_into
 from tilekernels._cutile import PAD_ZERO, Launch, cdiv, next_pow2, occ, sm_count, workspace
 
+from .cutile_pre_gated import softplus
+
 ConstInt = ct.Constant[int]
 ConstBool = ct.Constant[bool]
 
@@ -211,12 +213,11 @@ def _qk_fused(mqk, cqk, wqk, b, slot, kh, eps, scale, DK: ConstInt, W: ConstInt,
 def _gates(bt, at, al, dtb):
     """(beta, decay) as [1, 1] fp32 from b, a [1, 1, 1] (row b, value head h), A_log[h] and
     dt_bias[h] [1]: beta = sigmoid(b), decay = exp(-exp(A_log) * softplus(a + dt_bias))
-    (torch's softplus: x above 20 passes; NaN-keeping: see cutile_pre_gated.softplus)."""
+    (cutile_pre_gated's softplus)."""
     bt, at, al, dtb = bt.astype(ct.float32), at.astype(ct.float32), al.astype(ct.float32), dtb.astype(ct.float32)
     beta = ct.reshape(1.0 / (1.0 + ct.exp(-bt)), (1, 1))
     xa = ct.reshape(at, (1, 1)) + ct.reshape(dtb, (1, 1))
-    sp = ct.where(xa > 20.0, xa, ct.log(1.0 + ct.exp(xa)))
-    return beta, ct.exp(-ct.exp(ct.reshape(al, (1, 1))) * sp)
+    return beta, ct.exp(-ct.exp(ct.reshape(al, (1, 1))) * softplus(xa))
 
 
 def _kq_rows(k, q, DK: ConstInt, MT):

@@ -88,7 +88,7 @@ import torch
 from tilekernels._cutile import PAD_ZERO, Launch, cdiv, next_pow2, occ, workspace
 from tilekernels._glue import kernel
 
-from .cutile_pre_gated import WMAX, check_heads, seq_arg, seq_end, seq_start, shifted, views
+from .cutile_pre_gated import WMAX, check_heads, seq_arg, seq_end, seq_start, shifted, softplus, views
 
 ConstInt = ct.Constant[int]
 ConstBool = ct.Constant[bool]
@@ -442,14 +442,6 @@ def _sigmoid(x):
     return ct.truediv(1.0, 1.0 + ct.exp(-x, rounding_mode=APPROX), rounding_mode=APPROX)
 
 
-def _softplus(x):
-    """torch's softplus (threshold 20).
-
-    A NaN x comes out NaN whichever way the compare treats NaN (a clamp ``min(x, 20)`` in the
-    other branch had turned a NaN into 20 on the H200); exp's inf above 20 is selected away."""
-    return ct.where(x > 20.0, x, ct.log(1.0 + ct.exp(x)))
-
-
 def z_tile(gz, dz, i, h, TT: ConstInt, HBZ: ConstInt, DV: ConstInt, LT: ConstBool):
     """dz = gz for token tile i of z heads h*HBZ .. h*HBZ+HBZ-1."""
     ct.store(dz, index=(i, h, 0), tile=ct.load(gz, index=(i, h, 0), shape=(TT, HBZ, DV), padding_mode=PAD_ZERO,
@@ -479,7 +471,7 @@ def gate_tile(mba, gg, gbeta, dba, nA, dtb, i, TT: ConstInt, HVP: ConstInt, LT: 
     ct.store(dba, index=(i, 0, 0), tile=ct.reshape(gb * beta * (1.0 - beta), (TT, 1, HVP)).astype(dba.dtype),
              allow_tma=False)
     ct.store(dba, index=(i, 1, 0), tile=ct.reshape(da, (TT, 1, HVP)).astype(dba.dtype), allow_tma=False)
-    return ct.sum(gt * nA * _softplus(x), axis=0, keepdims=True), ct.sum(da, axis=0, keepdims=True)
+    return ct.sum(gt * nA * softplus(x), axis=0, keepdims=True), ct.sum(da, axis=0, keepdims=True)
 
 
 def gate_store(pg, pr, sA, sD, HVP: ConstInt):
