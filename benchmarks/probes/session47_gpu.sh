@@ -1,28 +1,43 @@
 #!/usr/bin/env bash
-# Session 47: name the registry drop-in GPU tests that failed in session 46's capped call (repo root):
-#   A (carry .gpu-cutile): source .gpu-cutile/env.sh; bash benchmarks/probes/session47_gpu.sh A
-#   B (carry .gpu-cute):   source .gpu-cute/env.sh;   bash benchmarks/probes/session47_gpu.sh B
-# Owed after session 47 (A ran at 82bf102: 4 GDN NaN failures, fixed on the CPU at 0746264 / 04731e6):
-#   G1 (carry .gpu-cutile): the GDN NaN cases again, and the cuTile GDN files whole (their softplus changed)
-#   G2 (carry .gpu-cutile): the GDN misaligned-input cases (a cuTile compile per misaligned input: minutes)
-# Each failure's report is printed the moment it arrives (benchmarks/probes/instafail.py), so a step its cap
-# cuts off still names what failed and why; the misaligned-input tests (a kernel compile per misaligned
-# input where a toolchain specializes on alignment) get a step of their own.
+# The registry drop-in GPU checks and the GPU runs owed since sessions 46-47, one device call a part (repo root):
+#   cuTile parts (carry .gpu-cutile): source .gpu-cutile/env.sh; bash benchmarks/probes/session47_gpu.sh PART
+#   CuTe DSL parts (carry .gpu-cute): source .gpu-cute/env.sh;   bash benchmarks/probes/session47_gpu.sh PART
+# A  (cuTile) NaN / autocast / FakeTensorMode, then misaligned inputs: every op (ran at 82bf102: 4 GDN NaN failures,
+#    fixed on the CPU at 0746264 / 04731e6; the misaligned step's cap cut off the last 3 GDN cases).
+# G1 (cuTile) the GDN NaN cases again, the cuTile GDN files whole (their softplus changed), then memcheck /
+#    initcheck / racecheck over one gdn_pre_gated and one gdn_decode registry NaN case.
+# G2 (cuTile) the GDN misaligned-input cases (cuTile compiles a kernel per misaligned input: minutes).
+# B1 (CuTe) as A, on the CuTe DSL kernels (auto picks them): includes the NaN test over the proj_rms / post_pre
+#    backward kernels whose RMS select changed in session 46 (never run on a GPU).
+# B2 (CuTe) torch.compile at 3 batch sizes (also reduce-overhead), the mHC CuTe proj_rms / post_pre files whole,
+#    then memcheck / initcheck / racecheck over their RMS-term tests.
+# Each failure's report is printed the moment it arrives (benchmarks/probes/instafail.py), so a step its cap cuts
+# off still names what failed and why.
 set -u
 . "$(dirname "$0")/_steps.sh"  # step NAME SECONDS CMD...
 : > "$SUM"
 export PYTHONPATH="$(dirname "$0"):${PYTHONPATH:-}"
 P="$PYT -p instafail -m gpu -rfE -n 8 --durations=8"
+S="$PYT -p instafail -m gpu -rfE"  # (under a sanitizer: one process)
 H=tests/registry/test_registry_hot_path.py
+sanitize() {  # sanitize NAME SECONDS PYTEST-ARGS...: the three tools in turn
+  local name=$1 secs=$2; shift 2
+  for tool in memcheck initcheck racecheck; do step ${name}_$tool "$secs" $SAN --tool $tool $S "$@"; done
+}
 case "${1:-}" in
-A|B) step dropin_$1 230 $P $H -k "nan_reaches or autocast or fake_tensor"
-     step misaligned_$1 270 $P $H -k "misaligned" ;;
-G1) step nan_gdn 200 $P $H -k "nan_reaches and gdn"
-    step gdn_cutile_files 330 $P tests/gdn/test_gdn_cutile_decode.py tests/gdn/test_gdn_cutile_pre_gated.py \
-      tests/gdn/test_gdn_cutile_pre_gated_bwd.py ;;
+A|B1) step dropin_$1 230 $P $H -k "nan_reaches or autocast or fake_tensor"
+      step misaligned_$1 270 $P $H -k "misaligned" ;;
+G1) step nan_gdn 120 $P $H -k "nan_reaches and gdn"
+    step gdn_cutile_files 300 $P tests/gdn/test_gdn_cutile_decode.py tests/gdn/test_gdn_cutile_pre_gated.py \
+      tests/gdn/test_gdn_cutile_pre_gated_bwd.py
+    sanitize gdn_nan 50 $H -k "nan_reaches and (gdn_pre_gated-thd or gdn_decode-fp32)" ;;
 G2) step misaligned_gdn 540 $P $H -k "misaligned and gdn" ;;
-*) echo "usage: $0 A|B|G1|G2"; exit 2 ;;
+B2) step compile 200 $P $H -k "keeps_batch or reduce_overhead"
+    step mhc_cute_rms 160 $P tests/mhc/test_mhc_cute_proj_rms.py tests/mhc/test_mhc_cute_post_pre.py \
+      tests/mhc/test_mhc_proj_rms.py tests/mhc/test_mhc_post_pre.py
+    sanitize mhc_rms 60 tests/mhc/test_mhc_cute_proj_rms.py -k "rms_term" ;;
+*) echo "usage: $0 A|G1|G2|B1|B2"; exit 2 ;;
 esac
 cat "$SUM"
-for f in "$OUT"/*.log; do grep -E "^ok |INSTAFAIL" "$f" | grep -c "^ok " | sed "s|^|$f ok: |"; done
+for f in "$OUT"/*.log; do grep -c "^ok " "$f" | sed "s|^|$f ok: |"; done
 grep -h -A25 "INSTAFAIL" "$OUT"/*.log | grep -vE "^\s*$" | head -150
