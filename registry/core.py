@@ -227,6 +227,20 @@ class Op:
             self._reference = _import_attr(self.spec.reference)
         return self._reference
 
+    @property
+    def forward_ops(self) -> tuple:
+        """The custom ops (``OpOverload``s) that stand for this op's forward pass where torch looks:
+        ``tilekernels::<op>`` (functional; an eager call under a dispatch mode such as selective
+        activation checkpointing runs it) and ``tilekernels::<op>_fwd`` (destination-passing; what
+        torch.compile traces). A selective-checkpointing policy saves or recomputes the op by these::
+
+            policy = lambda ctx, func, *a, **k: (CheckpointPolicy.MUST_SAVE if func in op.forward_ops
+                                                 else CheckpointPolicy.PREFER_RECOMPUTE)
+
+        Empty for an op whose entry is written by hand (the CP collectives)."""
+        gen = getattr(self.entry, "gen", None)
+        return () if gen is None else gen.forward_ops
+
     def bind(self, *args, **kwargs) -> Bound:
         return bind(self.spec, *self._prepare(args, kwargs), self._rules)
 

@@ -13,7 +13,8 @@ def run_pass(custom_op: Callable, op: str, pass_: str, *args, backend: str) -> N
     """Run ``op``'s ``pass_`` kernel of ``backend`` on ``args`` (the custom op's
     arguments without ``backend``): through the custom op while torch.compile or
     torch.export traces, or while a dispatch mode is active (make_fx, FlopCounterMode,
-    selective checkpointing: they must see the op), directly otherwise (plain
+    selective checkpointing: they must see the op; a generated op's eager fwd pass under a mode
+    takes its functional op instead, see ``_opgen._Gen.forward``), directly otherwise (plain
     eager calls skip the dispatcher's per-call cost: measured ~12 us per call on
     the H200 host, against a ~10 us Sinkhorn kernel)."""
     import torch

@@ -9,6 +9,11 @@ declaration (what the backward saves, scratch outputs the backward needs):
   (and ``inout`` inputs); their bodies call the kernel the chosen backend
   registered (``registry.kernels``), so torch.compile(fullgraph=True) and
   torch.export see one op per pass;
+* ``tilekernels::<op>``: the fwd pass as a functional custom op (allocates and
+  returns its outputs), which an eager call runs while a dispatch mode is
+  active: a mode that caches results and replays them (selective activation
+  checkpointing) needs them among the op's outputs. ``Op.forward_ops`` names
+  both forward ops for a checkpointing policy;
 * output allocation from the spec's shape expressions and dtypes (poisoned in
   tests, ``_glue.empty``);
 * an ``autograd.Function`` (once-differentiable) whose forward runs the fwd
@@ -88,6 +93,11 @@ class _Gen:
         self.diff_out = [t.name for t in spec.outputs if t.differentiable]
         self.first_in = spec.inputs[0].name
         self.fwd_op = self._custom_op(f"{lib}::{self.name}_fwd", "fwd", self._fwd_sig())
+        self.fwd_alloc_op = self._alloc_op(f"{lib}::{self.name}")
+        ns = getattr(torch.ops, lib)
+        # what a selective-checkpointing policy names to save or recompute this op's forward: the op an
+        # eager call under a dispatch mode runs, then the one torch.compile traces (registry's Op.forward_ops)
+        self.forward_ops = (getattr(ns, self.name).default, getattr(ns, f"{self.name}_fwd").default)
         self.bwd_op = self._custom_op(f"{lib}::{self.name}_bwd", "bwd", self._bwd_sig()) \
             if spec.differentiable else None
         self.fn = self._autograd() if spec.differentiable else None
@@ -134,6 +144,34 @@ class _Gen:
         exec(compile(src, f"<generated {qualname}>", "exec"), g)  # noqa: S102 - our own source
         return torch.library.custom_op(qualname, g[f"{self.name}_{pass_}"],
                                        mutates_args=tuple(n for n, _, m in sig if m))
+
+    def _alloc_op(self, qualname: str) -> Callable:
+        """The fwd pass as a functional custom op: inputs and params in, its present outputs and
+        scratch out (allocated inside). What a dispatch mode sees of an eager call (see ``forward``):
+        a mode that caches an op's results and hands them back instead of running it again
+        (selective activation checkpointing's save policies) must find the results among the op's
+        outputs; the destination-passing ``_fwd`` op returns None, and a replay of that left the
+        recomputed outputs unwritten (NaN / garbage gradients, measured on the CPU). Its fake
+        implementation allocates only."""
+        sig = [self._t(t, t.role == "inout") for t in self.spec.inputs] + self._param_args()
+        args = ", ".join(f"{n}: {a}" for n, a, _ in sig)
+        ins, ps = ", ".join(self.ins), ", ".join(self.params)
+        fns = {}
+        for what, run in (("real", True), ("fake", False)):
+            src = (f"def {self.name}({args}, backend: str) -> list[Tensor]:\n"
+                   f"    return _GEN._alloc_and_run([{ins}], [{ps}], backend, {run})\n")
+            g = {"Tensor": Tensor, "Optional": Optional, "_GEN": self}
+            exec(compile(src, f"<generated {qualname} ({what})>", "exec"), g)  # noqa: S102 - our own source
+            fns[what] = g[self.name]
+        op = torch.library.custom_op(qualname, fns["real"], mutates_args=tuple(self.inout))
+        op.register_fake(fns["fake"])
+        return op
+
+    def _alloc_and_run(self, tensors: list, params: list, backend: str, run: bool) -> list:
+        made = self.allocate(tensors, params, tensors[0].device)
+        if run:
+            run_kernel(get_kernel(self.name, backend, "fwd"), (*tensors, *made, *params))
+        return [m for m in made if m is not None]
 
     # ---- allocation
     def _dtype(self, t, tensors: dict, params: dict) -> torch.dtype:
@@ -184,23 +222,31 @@ class _Gen:
             plan.append((s.name, shape, self._dtype(s, tensors, params)))
         return plan
 
-    def allocate(self, tensors: list, params: list, device) -> list:
-        """Outputs + scratch for these inputs (the plan is cached by shapes, dtypes and params)."""
+    def plan(self, tensors: list, params: list) -> list:
+        """:meth:`_plan`, cached by shapes, dtypes and params (not while torch.compile traces)."""
         if torch.compiler.is_compiling():
-            plan = self._plan(dict(zip(self.ins, tensors)), dict(zip(self.params, params)))
-        else:
-            key = (tuple(None if v is None else (v.shape, v.dtype) for v in tensors), tuple(params))
-            plan = self._alloc_cache.get(key)
-            if plan is None:
-                if len(self._alloc_cache) > 256:
-                    self._alloc_cache.clear()
-                plan = self._alloc_cache[key] = self._plan(dict(zip(self.ins, tensors)),
-                                                           dict(zip(self.params, params)))
-        return [None if shape is None else empty(shape, dt, device) for _, shape, dt in plan]
+            return self._plan(dict(zip(self.ins, tensors)), dict(zip(self.params, params)))
+        key = (tuple(None if v is None else (v.shape, v.dtype) for v in tensors), tuple(params))
+        plan = self._alloc_cache.get(key)
+        if plan is None:
+            if len(self._alloc_cache) > 256:
+                self._alloc_cache.clear()
+            plan = self._alloc_cache[key] = self._plan(dict(zip(self.ins, tensors)), dict(zip(self.params, params)))
+        return plan
+
+    def allocate(self, tensors: list, params: list, device) -> list:
+        """Outputs + scratch for these inputs (None for an absent output)."""
+        return [None if shape is None else empty(shape, dt, device) for _, shape, dt in self.plan(tensors, params)]
 
     # ---- passes
     def forward(self, tensors: list, params: list, backend: str) -> list:
-        """Allocate and run the fwd pass; returns outputs + scratch."""
+        """Allocate and run the fwd pass; returns outputs + scratch (None for an absent output).
+        An eager call under a dispatch mode (selective checkpointing, FakeTensorMode, make_fx,
+        FlopCounterMode) goes through the functional op, whose outputs the mode sees; torch.compile
+        traces the destination-passing ``_fwd`` op (functionalized by AOTAutograd)."""
+        if not torch.compiler.is_compiling() and torch._C._len_torch_dispatch_stack():
+            got = iter(self.fwd_alloc_op(*tensors, *params, backend))
+            return [None if shape is None else next(got) for _, shape, _ in self.plan(tensors, params)]
         made = self.allocate(tensors, params, tensors[0].device)
         run_pass(self.fwd_op, self.name, "fwd", *tensors, *made, *params, backend=backend)
         return made

@@ -1,0 +1,183 @@
+"""The ops inside what a training stack wraps around them: activation checkpointing (reentrant and
+not), selective activation checkpointing (eager and compiled), activation offloading through
+saved-tensor hooks, and a backward run twice on a retained graph.
+
+Every op with gradients on tk-bench's small shapes (the CP collectives have none), forward and
+backward against the plain registry call with the same pre-made grad outputs: bitwise (the same
+kernels run, so a recomputed forward must give the bits the first one did: deterministic kernels),
+except torch.compile against eager (the suite's tolerance, as the other compile checks). CPU: the
+torch backend; cuda: the GPU backends the registry picks.
+
+What these found: under a selective-checkpointing policy that saves an op's forward (MUST_SAVE),
+the replay handed back the destination-passing custom op's result, None, and the recomputed outputs
+stayed unwritten: mhc_proj_rms, mhc_pre, mhc_post_pre and grouped_mlp_mxfp8, whose backwards read
+saved outputs, got NaN gradients under the suite's poisoning (garbage without it). An eager call under
+a dispatch mode now runs the functional ``tilekernels::<op>`` (``Op.forward_ops``).
+"""
+from __future__ import annotations
+
+import functools
+
+import pytest
+import torch
+from torch.utils.checkpoint import CheckpointPolicy, checkpoint, create_selective_checkpoint_contexts
+
+import registry
+import registry.kernels as K
+from registry_gpu_helpers import CASES, IDS, _assert_same, _leaf_pos, _fresh, _outs, _step
+
+cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+DEVICES = [pytest.param("cpu"), pytest.param("cuda", marks=[cuda, pytest.mark.gpu])]
+GRAD = [pytest.param(c, id=i) for c, i in zip(CASES, IDS) if c.grad_inputs]
+
+
+def _setup(case, device):
+    op = registry.get(case.op)
+    args, params = case.make(case.dims, torch.device(device))
+    leaf_pos = _leaf_pos(op, case, args)
+    call = lambda *a: op(*a, **params)  # noqa: E731
+    want, gos = _step(call, _fresh(args, leaf_pos), leaf_pos)
+    return op, args, params, leaf_pos, call, want, gos
+
+
+def _count_fwd(monkeypatch, op, args, params) -> list:
+    """Counts the runs of the fwd kernel the registry picks for this call (a one-element list)."""
+    backend = op.choose(op.bind(*args, **params))
+    key = (op.name, backend, "fwd")
+    real, runs = K.get_kernel(*key), [0]
+
+    def counted(*a):
+        runs[0] += 1
+        return real(*a)
+    monkeypatch.setitem(K._KERNELS, key, counted)
+    return runs
+
+
+def _backward_grads(out, leaves, gos) -> list:
+    """``.backward`` (not ``torch.autograd.grad``: reentrant checkpointing refuses it) of the outputs
+    with ``gos``; the leaves' ``.grad`` (fresh leaves: nothing accumulated)."""
+    pairs = [(o, g) for o, g in zip(out, gos) if o.requires_grad]
+    torch.autograd.backward([o for o, _ in pairs], [g for _, g in pairs])
+    return [t.grad for t in leaves if t.grad is not None]
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("case", GRAD)
+def test_activation_checkpointing(case, device, monkeypatch):
+    """``torch.utils.checkpoint`` around the op (non-reentrant, then reentrant): the backward recomputes
+    the forward (the fwd kernel runs twice) and gets the plain call's outputs and gradients bitwise."""
+    op, args, params, leaf_pos, call, want, gos = _setup(case, device)
+    runs = _count_fwd(monkeypatch, op, args, params)
+    got, _ = _step(lambda *a: checkpoint(call, *a, use_reentrant=False), _fresh(args, leaf_pos), leaf_pos, gos)
+    assert runs[0] == 2, f"{case.op}: non-reentrant checkpoint ran the fwd kernel {runs[0]} times, not 2"
+    _assert_same(got, want, f"{case.op}: non-reentrant checkpoint vs plain", exact=True)
+
+    a = _fresh(args, leaf_pos)
+    out = _outs(checkpoint(call, *a, use_reentrant=True))
+    grads = _backward_grads(out, [a[i] for i in sorted(leaf_pos)], gos)
+    n_out = len(out)
+    _assert_same([o.detach() for o in out] + grads, want[:n_out + len(grads)],
+                 f"{case.op}: reentrant checkpoint vs plain", exact=True)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("policy", ["save", "recompute"])
+@pytest.mark.parametrize("case", GRAD)
+def test_selective_checkpointing(case, policy, device, monkeypatch):
+    """Selective activation checkpointing (``create_selective_checkpoint_contexts``, eager) whose policy
+    names the op by ``Op.forward_ops``: MUST_SAVE keeps the first forward's outputs (the fwd kernel runs
+    once), MUST_RECOMPUTE runs it again in the backward; both give the plain call's results bitwise.
+    Everything else in the region is PREFER_RECOMPUTE, as a stack's policy that saves only its
+    matmuls has it."""
+    op, args, params, leaf_pos, call, want, gos = _setup(case, device)
+    assert op.forward_ops, f"{case.op}: no forward ops for a policy to name"
+    mine = CheckpointPolicy.MUST_SAVE if policy == "save" else CheckpointPolicy.MUST_RECOMPUTE
+    seen = []
+
+    def pol(ctx, func, *a, **k):
+        if func in op.forward_ops:
+            seen.append(func)
+            return mine
+        return CheckpointPolicy.PREFER_RECOMPUTE
+
+    ctx_fn = functools.partial(create_selective_checkpoint_contexts, pol)
+    runs = _count_fwd(monkeypatch, op, args, params)
+    got, _ = _step(lambda *a: checkpoint(call, *a, use_reentrant=False, context_fn=ctx_fn),
+                   _fresh(args, leaf_pos), leaf_pos, gos)
+    assert seen, f"{case.op}: the policy never saw the op's forward"
+    assert runs[0] == (1 if policy == "save" else 2), f"{case.op}: fwd kernel ran {runs[0]} times under {policy}"
+    _assert_same(got, want, f"{case.op}: selective checkpoint ({policy}) vs plain", exact=True)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("case", GRAD)
+def test_selective_checkpointing_compiled(case, device):
+    """The same region under ``torch.compile(fullgraph=True)`` with the policy saving the op (the policy
+    tags the traced ``tilekernels::<op>_fwd``; AOTAutograd's partitioner keeps its outputs): outputs and
+    gradients equal eager at the suite's tolerance."""
+    op, args, params, leaf_pos, call, want, gos = _setup(case, device)
+
+    def pol(ctx, func, *a, **k):
+        return CheckpointPolicy.MUST_SAVE if func in op.forward_ops else CheckpointPolicy.PREFER_RECOMPUTE
+
+    ctx_fn = functools.partial(create_selective_checkpoint_contexts, pol)
+    torch._dynamo.reset()
+    compiled = torch.compile(lambda *a: checkpoint(call, *a, use_reentrant=False, context_fn=ctx_fn), fullgraph=True)
+    got, _ = _step(compiled, _fresh(args, leaf_pos), leaf_pos, gos)
+    _assert_same(got, want, f"{case.op}: compiled selective checkpoint vs eager")
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("case", GRAD)
+def test_offloaded_activations(case, device):
+    """Saved-tensor hooks that move every saved tensor to the host and back (activation offloading, as
+    ``torch.autograd.graph.save_on_cpu`` does), with the originals overwritten by NaN after the forward
+    (the memory an offloader frees and reuses): the backward reads only what it saved, so its gradients
+    are the plain call's bitwise. A kernel reading a tensor it did not save (kept on ctx, or re-read
+    from an input) would see the NaN."""
+    op, args, params, leaf_pos, call, want, gos = _setup(case, device)
+    originals = []
+
+    def pack(t):
+        originals.append(t)
+        return t.device, t.detach().to("cpu", copy=True)
+
+    def unpack(packed):
+        dev, host = packed
+        return host.to(dev)
+
+    a = _fresh(args, leaf_pos)
+    with torch.autograd.graph.saved_tensors_hooks(pack, unpack):
+        out = _outs(call(*a))
+    assert originals, f"{case.op}: nothing was saved for the backward"
+    expect = [o.detach().clone() for o in out]
+    with torch.no_grad():
+        for t in originals:
+            if t.is_floating_point() and t.element_size() > 1:
+                t.fill_(float("nan"))
+    pairs = [(o, g) for o, g in zip(out, gos) if o.requires_grad]
+    grads = torch.autograd.grad([o for o, _ in pairs], [a[i] for i in sorted(leaf_pos)], [g for _, g in pairs],
+                                allow_unused=True)
+    grads = [g for g in grads if g is not None]
+    _assert_same(expect + grads, want[:len(out) + len(grads)], f"{case.op}: offloaded activations vs plain", exact=True)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("case", GRAD)
+def test_backward_twice_on_a_retained_graph(case, device):
+    """``retain_graph=True``, then a second backward over the same graph (gradient penalties, some
+    pipeline schedules): both equal the plain call's gradients bitwise, so a backward pass does not
+    write into what it saved."""
+    op, args, params, leaf_pos, call, want, gos = _setup(case, device)
+    a = _fresh(args, leaf_pos)
+    out = _outs(call(*a))
+    pairs = [(o, g) for o, g in zip(out, gos) if o.requires_grad]
+    leaves = [a[i] for i in sorted(leaf_pos)]
+    rounds = []
+    for keep in (True, False):
+        g = torch.autograd.grad([o for o, _ in pairs], leaves, [g for _, g in pairs], retain_graph=keep,
+                                allow_unused=True)
+        rounds.append([x for x in g if x is not None])
+    n_out = len(out)
+    for i, r in enumerate(rounds):
+        _assert_same(r, want[n_out:n_out + len(r)], f"{case.op}: backward {i + 1} on a retained graph", exact=True)
