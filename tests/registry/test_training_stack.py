@@ -181,3 +181,52 @@ def test_backward_twice_on_a_retained_graph(case, device):
     n_out = len(out)
     for i, r in enumerate(rounds):
         _assert_same(r, want[n_out:n_out + len(r)], f"{case.op}: backward {i + 1} on a retained graph", exact=True)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("case", [pytest.param(c, id=i) for c, i in zip(CASES, IDS)])
+def test_deterministic_algorithms_mode(case, device):
+    """Under ``torch.use_deterministic_algorithms(True)`` (reproducible training runs) no op raises (torch
+    refuses its nondeterministic CUDA ops there: a glue scatter-add or histogram would), and every
+    result, gradient and in-place input is bitwise the call's without it (the kernels' reductions are
+    deterministic anyway)."""
+    op = registry.get(case.op)
+    args, params = case.make(case.dims, torch.device(device))
+    leaf_pos = _leaf_pos(op, case, args)
+    call = lambda *a: op(*a, **params)  # noqa: E731
+    want, gos = _step(call, _fresh(args, leaf_pos), leaf_pos)
+    was, warn_only = torch.are_deterministic_algorithms_enabled(), torch.is_deterministic_algorithms_warn_only_enabled()
+    torch.use_deterministic_algorithms(True)
+    try:
+        got, _ = _step(call, _fresh(args, leaf_pos), leaf_pos, gos)
+    finally:
+        torch.use_deterministic_algorithms(was, warn_only=warn_only)
+    _assert_same(got, want, f"{case.op}: deterministic mode vs not", exact=True)
+
+
+two_gpus = pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs two CUDA devices")
+
+
+@pytest.mark.gpu
+@two_gpus
+@pytest.mark.parametrize("case", [pytest.param(c, id=i) for c, i in zip(CASES, IDS)])
+def test_tensors_on_another_gpu(case):
+    """Inputs on cuda:1 while cuda:0 is the current device (a pipeline stage's layers in one process, a
+    serving worker that never called set_device): forward and backward run on cuda:1 (the launch goes
+    to that device's current stream, its workspaces live there) and give bitwise the results of the
+    same inputs on cuda:0; nothing is allocated on cuda:0 by the call."""
+    op = registry.get(case.op)
+    args, params = case.make(case.dims, torch.device("cuda:0"))
+    leaf_pos = _leaf_pos(op, case, args)
+    call = lambda *a: op(*a, **params)  # noqa: E731
+    want, gos = _step(call, _fresh(args, leaf_pos), leaf_pos)
+    on1 = lambda t: t.detach().to("cuda:1")  # noqa: E731
+    args1, gos1 = _fresh(args, leaf_pos, on1), [None if g is None else g.to("cuda:1") for g in gos]
+    torch.cuda.synchronize(0)
+    with torch.cuda.device(0):
+        before = torch.cuda.memory_allocated(0)
+        got, _ = _step(call, args1, leaf_pos, gos1)
+        torch.cuda.synchronize(1)
+        assert torch.cuda.memory_allocated(0) == before, f"{case.op}: the call allocated on cuda:0"
+    assert all(g.device == torch.device("cuda:1") for g in got), f"{case.op}: a result left cuda:1"
+    _assert_same([g.to("cuda:0") for g in got], want, f"{case.op}: on cuda:1 vs cuda:0", exact=True)
