@@ -73,11 +73,18 @@ class Decl:
     order. ``scratch``: fwd-written tensors only the bwd reads. ``present``: an
     optional output exists when this expression over params holds.
     ``dtype_param``: an output whose dtype is named by a str param.
+    ``flops``: (fwd, bwd) expressions over dims and params: the matmul-class flops that
+    ``torch.utils.flop_counter.FlopCounterMode`` counts for the op's torch reference at those
+    shapes (mm / bmm; elementwise math is not counted there either), registered as the flop
+    formulas of the op's custom ops, so an MFU reading or a flop-driven checkpointing planner
+    sees the same work whether the reference or a kernel runs. The bwd expression may read
+    ``d_<input>``: whether that input's gradient is computed (not for pre-quantized weights).
     """
     saves: tuple = ()
     scratch: tuple = ()
     present: dict = field(default_factory=dict)
     dtype_param: dict = field(default_factory=dict)
+    flops: tuple = ()
 
 
 class _Gen:
@@ -101,6 +108,8 @@ class _Gen:
         self.bwd_op = self._custom_op(f"{lib}::{self.name}_bwd", "bwd", self._bwd_sig()) \
             if spec.differentiable else None
         self.fn = self._autograd() if spec.differentiable else None
+        if decl.flops:
+            self._register_flops(ns)
         self._alloc_cache: dict = {}
         for e in list(decl.present.values()) + [d for sc in decl.scratch for d in sc.shape if isinstance(d, str)]:
             _fn(e)  # compiled now: a call traced by torch.compile only looks them up
@@ -172,6 +181,47 @@ class _Gen:
         if run:
             run_kernel(get_kernel(self.name, backend, "fwd"), (*tensors, *made, *params))
         return [m for m in made if m is not None]
+
+    # ---- flop formulas (torch.utils.flop_counter)
+    def _register_flops(self, ns) -> None:
+        from torch.utils.flop_counter import register_flop_formula
+
+        fwd_e, bwd_e = self.decl.flops
+        n_in, n_p = len(self.ins), len(self.params)
+        n_made = len(self.outs) + len(self.decl.scratch)
+        fwd_names = self.ins + self.params + ["backend"]
+        dest_names = [n for n, _, _ in self._fwd_sig()] + ["backend"]
+
+        def functional(*args, out_val=None, **kw):
+            a = _positional(args, kw, fwd_names)
+            return self._count(fwd_e, dict(zip(self.ins, a[:n_in])), a[n_in:n_in + n_p])
+
+        def destination(*args, out_val=None, **kw):
+            a = _positional(args, kw, dest_names)
+            return self._count(fwd_e, dict(zip(self.ins, a[:n_in])), a[n_in + n_made:n_in + n_made + n_p])
+
+        register_flop_formula(getattr(ns, self.name), get_raw=True)(functional)
+        register_flop_formula(getattr(ns, f"{self.name}_fwd"), get_raw=True)(destination)
+        if self.bwd_op is None:
+            return
+        bwd_names = [n for n, _, _ in self._bwd_sig()] + ["backend"]
+        n_g, n_s, n_d = len(self.diff_out), len(self.decl.saves), len(self.diff_in)
+
+        def backward(*args, out_val=None, **kw):
+            a = _positional(args, kw, bwd_names)
+            saved = dict(zip(self.decl.saves, a[n_g:n_g + n_s]))
+            dins = dict(zip(self.diff_in, a[n_g + n_s:n_g + n_s + n_d]))
+            # an input's shape from the saved input, else from its gradient (same shape)
+            tensors = {n: saved[n] if n in saved else dins.get(n) for n in self.ins}
+            flags = {f"d_{n}": d is not None for n, d in dins.items()}
+            return self._count(bwd_e, tensors, a[n_g + n_s + n_d:n_g + n_s + n_d + n_p], flags)
+
+        register_flop_formula(getattr(ns, f"{self.name}_bwd"), get_raw=True)(backward)
+
+    def _count(self, expr: str, tensors: dict, params, extra: dict = {}) -> int:  # noqa: B006 - read only
+        params = dict(zip(self.params, params))
+        env = self._dims(tensors, params, self._layout(tensors, params))
+        return int(evaluate(expr, {**env, **extra}))
 
     # ---- allocation
     def _dtype(self, t, tensors: dict, params: dict) -> torch.dtype:
@@ -312,6 +362,11 @@ class _Gen:
             made = self.forward(tensors, params, backend)
         outs = [o for o in made[:len(self.outs)] if o is not None]
         return outs[0] if len(outs) == 1 else tuple(outs)
+
+
+def _positional(args: tuple, kwargs: dict, names: list) -> list:
+    """A custom op's arguments in signature order, however they were passed."""
+    return list(args) + [kwargs[n] for n in names[len(args):] if n in kwargs]
 
 
 def _always_grad(t: TensorSpec) -> bool:

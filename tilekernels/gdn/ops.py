@@ -72,4 +72,4 @@ def _decode_torch(mixed, conv_state, conv_weight, A_log, dt_bias, ssm_state, sta
 
 pre_gated = define(S.PRE_GATED, Decl(saves=("mixed", "conv_weight", "A_log", "dt_bias", "cu_seqlens"),
                                      present={"conv_state": "return_conv_state"}))
-decode = define(S.DECODE)
+decode = define(S.DECODE, Decl(flops=("4*B*Hv*dk*dv", "0")))  # S^T k and S^T q per value head

@@ -123,12 +123,16 @@ def _post_pre_bwd_torch(dout, dlayer_in, dh_post_next, dh_res_next, h_res, resid
                                 hbias, bias, out, proj, r, *params))
 
 
-h_aggregate = define(S.H_AGGREGATE, Decl(saves=("x", "h_pre")))
+h_aggregate = define(S.H_AGGREGATE, Decl(saves=("x", "h_pre"), flops=("2*T*n*C", "4*T*n*C")))
 sinkhorn = define(S.SINKHORN, Decl(saves=("logits",)))
-h_post_bda = define(S.H_POST_BDA, Decl(saves=("h_res", "residual", "h_post", "x", "bias")))
-proj_rms = define(S.PROJ_RMS, Decl(saves=("x", "weight", "r")))
+h_post_bda = define(S.H_POST_BDA, Decl(saves=("h_res", "residual", "h_post", "x", "bias"),
+                                        flops=("2*T*n*n*C", "4*T*n*n*C")))
+proj_rms = define(S.PROJ_RMS, Decl(saves=("x", "weight", "r"), flops=("2*M*N*K", "4*M*N*K")))
 mhc_pre = define(S.PRE, Decl(saves=("x", "weight", "bias", "proj", "r"),
-                             scratch=(Scratch("proj", ("T", "n*n+2*n")), Scratch("r", ("T",)))))
+                             scratch=(Scratch("proj", ("T", "n*n+2*n")), Scratch("r", ("T",))),
+                             flops=("2*T*(n*n+2*n)*n*C + 2*T*n*C", "4*T*(n*n+2*n)*n*C + 4*T*n*C")))
 mhc_post_pre = define(S.POST_PRE, Decl(saves=("h_res", "residual", "h_post", "x", "weight", "hbias", "bias",
                                              "out", "proj", "r"),
-                                      scratch=(Scratch("proj", ("T", "n*n+2*n")), Scratch("r", ("T",)))))
+                                      scratch=(Scratch("proj", ("T", "n*n+2*n")), Scratch("r", ("T",))),
+                                      flops=("2*T*n*n*C + 2*T*n*C + 2*T*(n*n+2*n)*n*C",
+                                             "4*T*n*n*C + 4*T*n*C + 4*T*(n*n+2*n)*n*C")))

@@ -88,8 +88,11 @@ mxfp8_quantize = define(S.QUANTIZE, Decl(present={
     "row_data": "axis != 'columnwise'", "row_scales": "axis != 'columnwise'",
     "col_data": "axis != 'rowwise'", "col_scales": "axis != 'rowwise'"}))
 mxfp8_dequantize = define(S.DEQUANTIZE, Decl(dtype_param={"out": "out_dtype"}))
-grouped_linear = define(S.GROUPED_LINEAR, Decl(saves=("x", "weight", "m_splits")))
+grouped_linear = define(S.GROUPED_LINEAR, Decl(saves=("x", "weight", "m_splits"),
+                                                flops=("2*M*N*K", "2*M*N*K + (2*M*N*K if d_weight else 0)")))
 scaled_swiglu = define(S.SCALED_SWIGLU, Decl(saves=("h", "probs")))
 grouped_mlp_mxfp8 = define(S.GROUPED_MLP, Decl(
     saves=("x", "probs", "m_splits", "fc1_weight", "fc2_weight", "fc1_weight_scales", "fc2_weight_scales", "h"),
-    scratch=(Scratch("h", ("M", "2*F")),)))
+    scratch=(Scratch("h", ("M", "2*F")),),
+    # fc1 2*M*H*2F, fc2 2*M*F*H; bwd: both dgrads, and a wgrad per weight that gets a gradient
+    flops=("6*M*H*F", "6*M*H*F + (4*M*H*F if d_fc1_weight else 0) + (2*M*H*F if d_fc2_weight else 0)")))
