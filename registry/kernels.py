@@ -13,21 +13,35 @@ import importlib
 from typing import Callable
 
 _KERNELS: dict[tuple[str, str, str], Callable] = {}
+_SKIPS: dict[tuple[str, str], frozenset] = {}
 
 
-def kernel(op: str, backend: str, pass_: str = "fwd") -> Callable[[Callable], Callable]:
-    """Register ``fn`` as ``op``'s ``pass_`` implementation for ``backend``."""
+def kernel(op: str, backend: str, pass_: str = "fwd", skips: tuple[str, ...] = ()) -> Callable[[Callable], Callable]:
+    """Register ``fn`` as ``op``'s ``pass_`` implementation for ``backend``. ``skips`` (bwd only):
+    inputs whose gradient this kernel takes as None and then does not compute (a frozen weight's
+    wgrad GEMM); the op's declaration must list them as skippable (its custom op's schema)."""
     if pass_ not in ("fwd", "bwd"):
         raise ValueError(f"pass must be 'fwd' or 'bwd', got {pass_!r}")
+    if skips and pass_ != "bwd":
+        raise ValueError(f"{op}/{backend}: only a bwd kernel skips gradients")
 
     def deco(fn: Callable) -> Callable:
         key = (op, backend, pass_)
         if key in _KERNELS and _KERNELS[key] is not fn:
             raise RuntimeError(f"kernel {key} registered twice")
         _KERNELS[key] = fn
+        if skips:
+            _SKIPS[(op, backend)] = frozenset(skips)
         return fn
 
     return deco
+
+
+def skipped_grads(op: str, backend: str) -> frozenset:
+    """Inputs whose gradient ``backend``'s bwd kernel of ``op`` skips when autograd does not need it
+    (registered with the kernel; loaded with it)."""
+    get_kernel(op, backend, "bwd")
+    return _SKIPS.get((op, backend), frozenset())
 
 
 @functools.lru_cache(maxsize=None)

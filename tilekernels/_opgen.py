@@ -47,7 +47,7 @@ import torch.autograd.forward_ad as _fwad
 from torch import Tensor
 from torch.autograd.function import once_differentiable
 
-from registry.kernels import get_kernel
+from registry.kernels import get_kernel, skipped_grads
 from registry.exprs import GRAD_DTYPE_NAMES, GRAD_DTYPES, _fn, evaluate
 from specs.schema import OpSpec, TensorSpec
 
@@ -78,13 +78,18 @@ class Decl:
     shapes (mm / bmm; elementwise math is not counted there either), registered as the flop
     formulas of the op's custom ops, so an MFU reading or a flop-driven checkpointing planner
     sees the same work whether the reference or a kernel runs. The bwd expression may read
-    ``d_<input>``: whether that input's gradient is computed (not for pre-quantized weights).
+    ``d_<input>``: whether that input's gradient is computed (not for pre-quantized weights, nor
+    for a skipped one).
+    ``skippable``: differentiable inputs whose gradient a backend's bwd kernel may skip when autograd
+    does not need it (the input does not require grad: a frozen weight); their ``d_<name>`` is
+    optional in the bwd op's schema. Which backends skip: ``registry.kernels.kernel(..., skips=)``.
     """
     saves: tuple = ()
     scratch: tuple = ()
     present: dict = field(default_factory=dict)
     dtype_param: dict = field(default_factory=dict)
     flops: tuple = ()
+    skippable: tuple = ()
 
 
 class _Gen:
@@ -140,8 +145,8 @@ class _Gen:
     def _bwd_sig(self):
         grads = [(f"grad_{n}", "Tensor", False) for n in self.diff_out]  # (dk would clash with a param)
         saved = [(n, "Optional[Tensor]" if self._saved_spec(n) else "Tensor", False) for n in self.decl.saves]
-        dins = [(f"d_{t.name}", "Optional[Tensor]" if t.optional or not _always_grad(t) else "Tensor", True)
-                for t in self.spec.inputs if t.name in self.diff_in]
+        dins = [(f"d_{t.name}", "Optional[Tensor]" if t.optional or not _always_grad(t) or t.name in
+                 self.decl.skippable else "Tensor", True) for t in self.spec.inputs if t.name in self.diff_in]
         return grads + saved + dins + self._param_args()
 
     def _custom_op(self, qualname: str, pass_: str, sig) -> Callable:
@@ -312,11 +317,19 @@ class _Gen:
         nondiff_at = tuple(i for i, t in enumerate(self.spec.outputs) if not t.differentiable)
         grad_slot = tuple(self.diff_in.index(n) if n in self.diff_in else None for n in self.ins)
         no_grads = (None,) * (len(self.params) + 1)                        # the params' and backend's
+        decl_skip = set(self.decl.skippable)
+
+        skippable = tuple((k, i, n) for k, (i, n) in enumerate(zip(diff_in_at, self.diff_in)) if n in decl_skip)
 
         def bwd(ctx, *grads):
             ret = ctx.returned  # None: every output returned, grads in output order
             gout = [(grads[i] if ret is None else grads[ret.index(i)]).contiguous() for i in diff_out_at]
-            dins = [None if m is None else empty(*m) for m in ctx.in_meta]
+            meta = ctx.in_meta
+            if skippable and not all(ctx.needs_input_grad[i] for _, i, _ in skippable):
+                skips = skipped_grads(gen.name, ctx.backend)  # a frozen input's gradient, where the kernel skips it
+                meta = [None if (k, i, n) in skippable and not ctx.needs_input_grad[i] and n in skips else m
+                        for k, (i, n, m) in enumerate(zip(diff_in_at, gen.diff_in, meta))]
+            dins = [None if m is None else empty(*m) for m in meta]
             run_pass(gen.bwd_op, gen.name, "bwd", *gout, *ctx.saved_tensors, *dins, *ctx.params, backend=ctx.backend)
             return (*[None if k is None else dins[k] for k in grad_slot], *no_grads)
 

@@ -10,7 +10,8 @@
 #    retained-graph backward, deterministic mode: session 48, CPU-only so far).
 # G2 (cuTile) the GDN misaligned-input cases (cuTile compiles a kernel per misaligned input: minutes).
 # B1 (CuTe) as A, on the CuTe DSL kernels (auto picks them): includes the NaN test over the proj_rms / post_pre
-#    backward kernels whose RMS select changed in session 46 (never run on a GPU); then the training-stack tests.
+#    backward kernels whose RMS select changed in session 46 (never run on a GPU); then the training-stack tests,
+#    the flop counts and frozen MoE weights (the cute backward skipping their wgrads: session 48, CPU-emulated).
 # B2 (CuTe) torch.compile at 3 batch sizes (also reduce-overhead), the mHC CuTe proj_rms / post_pre files whole,
 #    then memcheck / initcheck / racecheck over their RMS-term tests.
 # Each failure's report is printed the moment it arrives (benchmarks/probes/instafail.py), so a step its cap cuts
@@ -29,7 +30,8 @@ sanitize() {  # sanitize NAME SECONDS PYTEST-ARGS...: the three tools in turn
 case "${1:-}" in
 A|B1) step dropin_$1 230 $P $H -k "nan_reaches or autocast or fake_tensor"
       step misaligned_$1 270 $P $H -k "misaligned"
-      [ "$1" = B1 ] && step training_stack_B1 200 $P tests/registry/test_training_stack.py ;;
+      [ "$1" = B1 ] && step training_stack_B1 200 $P tests/registry/test_training_stack.py \
+        tests/registry/test_flop_counts.py tests/moe/test_moe_frozen_weights.py ;;
 G1) step nan_gdn 120 $P $H -k "nan_reaches and gdn"
     step gdn_cutile_files 300 $P tests/gdn/test_gdn_cutile_decode.py tests/gdn/test_gdn_cutile_pre_gated.py \
       tests/gdn/test_gdn_cutile_pre_gated_bwd.py

@@ -295,22 +295,27 @@ def _grouped_linear_fwd(x, weight, m_splits, y, precision):
     linear_fwd(x, weight, off, y)
 
 
-@kernel("grouped_linear", "cute", "bwd")
+@kernel("grouped_linear", "cute", "bwd", skips=("weight",))
 def _grouped_linear_bwd(dy, x, weight, m_splits, dx, dweight, precision):
+    """dweight None (a frozen weight autograd needs no gradient of): no wgrad GEMM. Everything else
+    runs as with a dweight (same route, same quantization passes), so dx is bitwise the same."""
     off = _offsets(m_splits, dy.device)
     if precision == "bf16":
         dy, x, weight = aligned16(dy), aligned16(x), aligned16(weight)  # torch._grouped_mm refuses others
         pq.torch_gemm_into("dgrad", dy, weight, off, dx)
-        pq.torch_gemm_into("wgrad", dy, x, off, dweight)
+        if dweight is not None:
+            pq.torch_gemm_into("wgrad", dy, x, off, dweight)
         return
     M, G = dy.shape[0], weight.shape[0]
-    if QDQ_OUT and _qdq_path("dgrad", dx, M, G) and _qdq_path("wgrad", dweight, M, G):
+    # the route a dweight would take (its dtype and device are the weight's)
+    if QDQ_OUT and _qdq_path("dgrad", dx, M, G) and _qdq_path("wgrad", weight if dweight is None else dweight, M, G):
         # both GEMMs on bf16 operands: dY qdq'd both ways from one read (as the MLP's backward),
         # not quantized both ways and then dequantized twice; the same operand values
         dy_row, dy_col = _qdq_both(dy)
         _weight_bf16("dgrad", dy_row, weight, off, dx)
         del dy_row
-        pq.bf16_gemm_into("wgrad", dy_col, _qdq(x, "columnwise"), off, dweight)
+        if dweight is not None:
+            pq.bf16_gemm_into("wgrad", dy_col, _qdq(x, "columnwise"), off, dweight)
         return
     q = _quant(dy, True, True)
     linear_bwd(q[:2], q[2:], x, weight, off, dx, dweight)
@@ -337,47 +342,58 @@ def _mlp_fwd(x, probs, m_splits, fc1_weight, fc2_weight, s1, s2, y, h, quantize)
     _weight_gemm("fwd", (ad, as_), fc2_weight, off, y)
 
 
-@kernel("grouped_mlp_mxfp8", "cute", "bwd")
+def _wgrad_like(d, w):
+    """What a wgrad's route is chosen by: its gradient; for a frozen master weight (bf16, no gradient
+    asked) the weight itself (the gradient's dtype and device), so the backward takes the route and
+    the passes it takes with the gradient; None for a pre-quantized weight (no wgrad, none of its passes)."""
+    return d if d is not None or w.dtype == _E4M3 else w
+
+
+@kernel("grouped_mlp_mxfp8", "cute", "bwd", skips=("fc1_weight", "fc2_weight"))
 def _mlp_bwd(dy, x, probs, m_splits, fc1_weight, fc2_weight, s1, s2, h, dx, dprobs, dfc1, dfc2, quantize):
-    """dfc1 / dfc2 None: that weight came pre-quantized (no gradient, no wgrad GEMM)."""
+    """dfc1 / dfc2 None: no wgrad GEMM for that weight. A pre-quantized weight also drops the passes
+    that feed its wgrad; a frozen master weight (bf16, its gradient not asked for) keeps them, so
+    every other result is made by the same kernels as with its gradient (bitwise the same)."""
     M, G = x.shape[0], fc1_weight.shape[0]
     F = fc2_weight.shape[2]
     dev = dy.device
     off = _offsets(m_splits, dev)
+    w1, w2 = _wgrad_like(dfc1, fc1_weight), _wgrad_like(dfc2, fc2_weight)
     fc1_weight, fc2_weight = _weight(fc1_weight, s1), _weight(fc2_weight, s2)
     da = torch.empty(M, F, dtype=torch.float32, device=dev)
-    if QDQ_OUT and all(_qdq_path(v, o, M, G) for v, o in (("dgrad", da), ("wgrad", dfc2), ("dgrad", dx),
-                                                             ("wgrad", dfc1)) if o is not None):
-        _mlp_bwd_bf16(dy, x, probs, fc1_weight, fc2_weight, h, dx, dprobs, dfc1, dfc2, off, da)
+    if QDQ_OUT and all(_qdq_path(v, o, M, G) for v, o in (("dgrad", da), ("wgrad", w2), ("dgrad", dx),
+                                                             ("wgrad", w1)) if o is not None):
+        _mlp_bwd_bf16(dy, x, probs, fc1_weight, fc2_weight, h, dx, dprobs, dfc1, dfc2, off, da, w2 is not None)
         return
-    dyq = _quant(dy, True, dfc2 is not None)                  # columnwise only for the FC2 wgrad
+    dyq = _quant(dy, True, w2 is not None)                    # columnwise only for the FC2 wgrad
     _weight_gemm("dgrad", dyq[:2], fc2_weight, off, da)       # dA: FC2 dgrad accumulators, fp32
     e = dict(device=dev)
     dh = (torch.empty(M, 2 * F, dtype=_E4M3, **e), torch.empty(M, 2 * F // BLOCK, dtype=_U8, **e),
           torch.empty(M, 2 * F, dtype=_E4M3, **e), torch.empty(M // BLOCK, 2 * F, dtype=_U8, **e))
-    a_col = (None, None) if dfc2 is None else (torch.empty(M, F, dtype=_E4M3, **e),
-                                               torch.empty(M // BLOCK, F, dtype=_U8, **e))
+    a_col = (None, None) if w2 is None else (torch.empty(M, F, dtype=_E4M3, **e),
+                                             torch.empty(M // BLOCK, F, dtype=_U8, **e))
     cs.swiglu_quant_bwd_into(da, h, probs, *dh, dprobs, *a_col)
     if dfc2 is not None:
         _gemm_into("wgrad", *dyq[2:], *a_col, off, dfc2)
     linear_bwd(dh[:2], dh[2:], x, fc1_weight, off, dx, dfc1)
 
 
-def _mlp_bwd_bf16(dy, x, probs, fc1_weight, fc2_weight, h, dx, dprobs, dfc1, dfc2, off, da) -> None:
+def _mlp_bwd_bf16(dy, x, probs, fc1_weight, fc2_weight, h, dx, dprobs, dfc1, dfc2, off, da, col2) -> None:
     """grouped_mlp_mxfp8's backward with every GEMM on bf16 operands (``QDQ_OUT``): dY qdq'd both
     ways, the dSwiGLU kernel writing dh (both ways) and a (columnwise) as dequantized bf16; the
     same operand values as the MXFP8 path, so the same results bit for bit. A None dfc1 /
-    dfc2 (pre-quantized weight) skips its wgrad."""
+    dfc2 skips its wgrad; ``col2`` False (fc2 pre-quantized) also skips the columnwise operands
+    of FC2's wgrad."""
     M, F = da.shape
     bf = dict(dtype=torch.bfloat16, device=dy.device)
-    if dfc2 is None:
+    if not col2:
         dy_row, dy_col = _qdq(dy, "rowwise"), None
     else:
         dy_row, dy_col = _qdq_both(dy)
     _weight_bf16("dgrad", dy_row, fc2_weight, off, da)                    # dA, fp32
     del dy_row
     dh_row, dh_col = torch.empty(M, 2 * F, **bf), torch.empty(M, 2 * F, **bf)
-    a_col = None if dfc2 is None else torch.empty(M, F, **bf)
+    a_col = torch.empty(M, F, **bf) if col2 else None
     cs.swiglu_quant_bwd_into(da, h, probs, dh_row, None, dh_col, None, dprobs, a_col, None)
     if dfc2 is not None:
         pq.bf16_gemm_into("wgrad", dy_col, a_col, off, dfc2)

@@ -58,7 +58,7 @@ def _grouped_linear_fwd_torch(x, weight, m_splits, y, precision):
     y.copy_(ref.grouped_linear(x, weight, m_splits, precision))
 
 
-@kernel("grouped_linear", "torch", "bwd")
+@kernel("grouped_linear", "torch", "bwd", skips=("weight",))
 def _grouped_linear_bwd_torch(dy, x, weight, m_splits, dx, dweight, precision):
     _copy_all((dx, dweight), ref.grouped_linear_bwd(dy, x, weight, m_splits, precision))
 
@@ -78,7 +78,7 @@ def _mlp_fwd_torch(x, probs, m_splits, fc1_weight, fc2_weight, s1, s2, y, h, qua
     _copy_all((y, h), ref.grouped_mlp_mxfp8_fwd(x, probs, m_splits, fc1_weight, fc2_weight, quantize, s1, s2))
 
 
-@kernel("grouped_mlp_mxfp8", "torch", "bwd")
+@kernel("grouped_mlp_mxfp8", "torch", "bwd", skips=("fc1_weight", "fc2_weight"))
 def _mlp_bwd_torch(dy, x, probs, m_splits, fc1_weight, fc2_weight, s1, s2, h, dx, dprobs, dfc1, dfc2, quantize):
     _copy_all((dx, dprobs, dfc1, dfc2),
               ref.grouped_mlp_mxfp8_bwd(dy, x, probs, m_splits, fc1_weight, fc2_weight, h, quantize, s1, s2))
@@ -88,11 +88,12 @@ mxfp8_quantize = define(S.QUANTIZE, Decl(present={
     "row_data": "axis != 'columnwise'", "row_scales": "axis != 'columnwise'",
     "col_data": "axis != 'rowwise'", "col_scales": "axis != 'rowwise'"}))
 mxfp8_dequantize = define(S.DEQUANTIZE, Decl(dtype_param={"out": "out_dtype"}))
-grouped_linear = define(S.GROUPED_LINEAR, Decl(saves=("x", "weight", "m_splits"),
+grouped_linear = define(S.GROUPED_LINEAR, Decl(saves=("x", "weight", "m_splits"), skippable=("weight",),
                                                 flops=("2*M*N*K", "2*M*N*K + (2*M*N*K if d_weight else 0)")))
 scaled_swiglu = define(S.SCALED_SWIGLU, Decl(saves=("h", "probs")))
 grouped_mlp_mxfp8 = define(S.GROUPED_MLP, Decl(
     saves=("x", "probs", "m_splits", "fc1_weight", "fc2_weight", "fc1_weight_scales", "fc2_weight_scales", "h"),
     scratch=(Scratch("h", ("M", "2*F")),),
+    skippable=("fc1_weight", "fc2_weight"),  # a frozen weight: no wgrad (the cute kernels' skip awaits a GPU run)
     # fc1 2*M*H*2F, fc2 2*M*F*H; bwd: both dgrads, and a wgrad per weight that gets a gradient
     flops=("6*M*H*F", "6*M*H*F + (4*M*H*F if d_fc1_weight else 0) + (2*M*H*F if d_fc2_weight else 0)")))
