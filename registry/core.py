@@ -364,7 +364,7 @@ class _NoKey(Exception):
 
 def _sig(v) -> tuple:
     if isinstance(v, torch.Tensor):
-        return (v.shape, v.stride(), v.dtype, v.device, v.requires_grad)
+        return (type(v), v.shape, v.stride(), v.dtype, v.device, v.requires_grad)
     if v is None:
         return None
     t = type(v)
@@ -385,8 +385,8 @@ def _call_key(args, kwargs, backend, strict_mode) -> tuple | None:
     key = [backend, torch.is_grad_enabled(), strict_mode]
     try:
         for a in args:
-            if isinstance(a, torch.Tensor):
-                key += (a.shape, a.stride(), a.dtype, a.device, a.requires_grad)
+            if isinstance(a, torch.Tensor):  # (its type: a DTensor of a plain tensor's metadata is refused)
+                key += (type(a), a.shape, a.stride(), a.dtype, a.device, a.requires_grad)
             else:
                 key.append(_sig(a))
         if kwargs:

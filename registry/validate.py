@@ -163,6 +163,11 @@ def bind(spec: OpSpec, args: tuple, kwargs: dict[str, Any], rules=None) -> Bound
             tensors[t.name] = None
         elif not isinstance(v, torch.Tensor):
             raise SpecError(op, f"tensor {t.name}", "a torch.Tensor", type(v).__name__)
+        elif type(v) is not torch.Tensor and _foreign_subclass(v):
+            raise SpecError(op, f"tensor {t.name}", "a plain torch.Tensor or nn.Parameter",
+                            f"a {type(v).__name__} (a tensor subclass with its own dispatch)",
+                            "the kernels read its memory directly: pass the local tensor, e.g. a DTensor's "
+                            ".to_local()")
 
     # params: type, range, choices, defaults (a resolver fills a None from the others, e.g. cp
     # from the process group's size, so every rule sees it)
@@ -293,6 +298,21 @@ def _on_host(t) -> bool:
 
 def _is_fake(t) -> bool:
     return _fake_tensor.is_fake(t)
+
+
+_PLAIN_DISPATCH = torch.Tensor.__torch_dispatch__
+
+
+def _foreign_subclass(t) -> bool:
+    """Whether ``t`` is a tensor subclass that handles its own dispatch (DTensor, quantized-tensor
+    wrappers: the kernels would read memory it does not have, or the wrong shard) and is not one
+    of torch's tracing tensors (FakeTensor, FunctionalTensor: torch.compile / export / FakeTensorMode
+    see the ops as custom ops). nn.Parameter and nn.Buffer keep torch.Tensor's dispatch."""
+    if type(t).__torch_dispatch__ is _PLAIN_DISPATCH:
+        return False
+    from torch._subclasses.functional_tensor import FunctionalTensor
+
+    return not (_is_fake(t) or isinstance(t, FunctionalTensor))
 
 
 _PLANS: dict[int, tuple] = {}  # id(constraint) -> (constraint, tensors it reads, when reads values)

@@ -98,3 +98,64 @@ def test_cp_explain_without_process_group_and_one_bind(monkeypatch, tmp_path):
     finally:
         dist.destroy_process_group()
         registry.clear_caches()
+
+
+class _Wrapper(torch.Tensor):
+    """A wrapper subclass with its own dispatch and no storage of its own (as DTensor and quantized-tensor
+    wrappers are): unwraps, runs the op, wraps."""
+
+    @staticmethod
+    def __new__(cls, inner):
+        return torch.Tensor._make_wrapper_subclass(cls, inner.shape, strides=inner.stride(), dtype=inner.dtype,
+                                                   device=inner.device, requires_grad=inner.requires_grad)
+
+    def __init__(self, inner):
+        self.inner = inner
+
+    @classmethod
+    def __torch_dispatch__(cls, func, types, args=(), kwargs=None):
+        unwrap = lambda t: t.inner if isinstance(t, _Wrapper) else t  # noqa: E731
+        out = func(*torch.utils._pytree.tree_map(unwrap, args), **torch.utils._pytree.tree_map(unwrap, kwargs or {}))
+        return torch.utils._pytree.tree_map(lambda t: _Wrapper(t) if isinstance(t, torch.Tensor) else t, out)
+
+
+class _Plain(torch.Tensor):
+    """A subclass that keeps torch.Tensor's dispatch (as nn.Parameter does)."""
+
+
+def test_tensor_subclasses_with_their_own_dispatch_are_refused():
+    """A tensor subclass that handles its own dispatch (DTensor, a quantized wrapper) would hand the kernels
+    memory it does not have, or one shard of it: refused before anything runs, naming op, tensor, expected
+    and got, also after a plain call with the same metadata was cached. nn.Parameter and subclasses that
+    keep torch.Tensor's dispatch pass."""
+    op = registry.get("mhc_proj_rms")
+    x, w = torch.randn(32, 64).to(torch.bfloat16), torch.randn(8, 64).to(torch.bfloat16)
+    want = op(x, w)
+    for call in (lambda: op(_Wrapper(x), w), lambda: op(x, weight=_Wrapper(w))):
+        with pytest.raises(SpecError, match=r"mhc_proj_rms: tensor (x|weight): expected a plain torch.Tensor .* "
+                                            r"got a _Wrapper \(a tensor subclass"):
+            call()
+    for a, b in ((torch.nn.Parameter(x), w), (x.as_subclass(_Plain), torch.nn.Buffer(w))):
+        got = op(a, b)
+        for g, e in zip(got, want):
+            assert torch.equal(g.as_subclass(torch.Tensor), e)
+
+
+def test_dtensor_is_refused_with_a_hint():
+    import torch.distributed as dist
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor import Replicate, distribute_tensor
+
+    if not dist.is_available():
+        pytest.skip("torch.distributed is not built")
+    own = not dist.is_initialized()
+    if own:
+        dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+    try:
+        mesh = init_device_mesh("cpu", (1,))
+        x = distribute_tensor(torch.randn(32, 64).to(torch.bfloat16), mesh, [Replicate()])
+        with pytest.raises(SpecError, match=r"tensor x: .*got a DTensor .*\.to_local\(\)"):
+            registry.get("mhc_proj_rms")(x, torch.randn(8, 64).to(torch.bfloat16))
+    finally:
+        if own:
+            dist.destroy_process_group()
