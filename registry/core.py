@@ -308,7 +308,10 @@ class Op:
             hit = pattern[HIT]
         else:
             key = _call_key(args, kwargs, backend, strict_mode)
-            hit = self._checked.get(key) if key is not None else None
+            try:
+                hit = self._checked.get(key) if key is not None else None
+            except TypeError:  # symbolic shapes (make_fx(tracing_mode="symbolic")): validated, not cached
+                key = hit = None
             if hit is None:
                 bound = bind(self.spec, args, kwargs, self._rules)
                 reasons: list[str] = []

@@ -226,7 +226,8 @@ class _Gen:
     def _count(self, expr: str, tensors: dict, params, extra: dict = {}) -> int:  # noqa: B006 - read only
         params = dict(zip(self.params, params))
         env = self._dims(tensors, params, self._layout(tensors, params))
-        return int(evaluate(expr, {**env, **extra}))
+        n = evaluate(expr, {**env, **extra})
+        return n if isinstance(n, torch.SymInt) else int(n)  # symbolic sizes stay symbolic (no guard)
 
     # ---- allocation
     def _dtype(self, t, tensors: dict, params: dict) -> torch.dtype:
@@ -282,7 +283,10 @@ class _Gen:
         if torch.compiler.is_compiling():
             return self._plan(dict(zip(self.ins, tensors)), dict(zip(self.params, params)))
         key = (tuple(None if v is None else (v.shape, v.dtype) for v in tensors), tuple(params))
-        plan = self._alloc_cache.get(key)
+        try:
+            plan = self._alloc_cache.get(key)
+        except TypeError:  # symbolic shapes (make_fx's symbolic tracing): no cache
+            return self._plan(dict(zip(self.ins, tensors)), dict(zip(self.params, params)))
         if plan is None:
             if len(self._alloc_cache) > 256:
                 self._alloc_cache.clear()

@@ -93,17 +93,24 @@ def test_frozen_weights_get_no_wgrad(case_id, frozen, device, monkeypatch):
 
 
 @pytest.mark.parametrize("case_id,frozen", PARAMS)
-def test_frozen_weights_compiled(case_id, frozen):
-    """torch.compile(fullgraph=True) of the call with frozen weights (the bwd op's optional gradient
-    slots traced as None): equal to eager at the suite's tolerance."""
+def test_frozen_weights_compiled(case_id, frozen, monkeypatch):
+    """torch.compile(fullgraph=True) of the call with frozen weights: the bwd kernel gets None for them
+    (the bwd op's optional gradient slots traced as None) and the results equal eager's at the suite's
+    tolerance."""
     case = CASES[case_id]
     op = registry.get(case.op)
     names = [t.name for t in op.spec.inputs]
     args, params = case.make(case.dims, torch.device("cpu"))
     want_out, want, gos = _run(op, args, params, names, frozen)
+    key = (op.name, "torch", "bwd")
+    real, seen = K.get_kernel(*key), []
+    bwd_names = [n for n, _, _ in op.entry.gen._bwd_sig()]
+    monkeypatch.setitem(K._KERNELS, key, lambda *a: seen.append(
+        {n[2:] for n, v in zip(bwd_names, a) if n.startswith("d_") and v is None}) or real(*a))
     torch._dynamo.reset()
     compiled = torch.compile(lambda *a: op(*a, **params), fullgraph=True)
     got_out, got, _ = _run(lambda *a: compiled(*a), args, {}, names, frozen, gos)
+    assert seen == [set(frozen)], seen
     assert set(got) == set(want)
     for g, w in zip(got_out + [got[n] for n in sorted(got)], want_out + [want[n] for n in sorted(want)]):
         assert_close(g, w)
@@ -174,3 +181,33 @@ def test_cute_glue_frozen_drops_only_the_wgrads(emulated, monkeypatch, route, fr
         dropped.remove(c)
     for name, a in dropped:  # only wgrads and what only fc1's wgrad reads (x, columnwise)
         assert "wgrad" in a or (f1 and name in ("_qdq", "_quant")), (name, a, route)
+
+
+@pytest.mark.parametrize("precision", ["mxfp8", "bf16"])
+@pytest.mark.parametrize("route", list(ROUTES))
+def test_cute_grouped_linear_frozen(emulated, monkeypatch, route, precision):  # noqa: F811
+    """The cute grouped_linear backward with dweight None (a frozen weight), along every GEMM route:
+    dx bitwise the call with dweight; no wgrad GEMM runs, every other building block as with it but
+    the columnwise x only the wgrad reads. (precision "bf16" runs torch's _grouped_mm: stood in here.)"""
+    emulated(route)
+    if precision == "bf16":
+        monkeypatch.setattr(ck.pq, "torch_gemm_into", ck.pq.bf16_gemm_into)
+    x, _, ms, w1, _, _ = _inputs([64, 0, 96, 32])
+    M, (G, N, K) = x.shape[0], w1.shape
+    dy = torch.randn(M, N).to(torch.bfloat16)
+    runs, log = [], _Log(monkeypatch)
+    monkeypatch.setattr(ck.pq, "torch_gemm_into", log._wrap("torch_gemm_into", ck.pq.torch_gemm_into))
+    for frozen in (False, True):
+        log.calls = []
+        dx = _nan(M, K, dtype=torch.bfloat16)
+        dw = None if frozen else _nan(G, N, K, dtype=torch.bfloat16)
+        ck._grouped_linear_bwd(dy, x, w1, ms, dx, dw, precision)
+        runs.append((dx, log.calls))
+    assert_close(runs[1][0], runs[0][0], "exact", what=f"dx ({route}, {precision})")
+    assert not [c for c in runs[1][1] if "wgrad" in c[1]] and [c for c in runs[0][1] if "wgrad" in c[1]]
+    dropped = list(runs[0][1])
+    for c in runs[1][1]:
+        assert c in dropped, (c, route)
+        dropped.remove(c)
+    for name, a in dropped:
+        assert "wgrad" in a or name in ("_qdq", "_quant"), (name, a, route)

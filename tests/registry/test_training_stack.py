@@ -24,7 +24,7 @@ from torch.utils.checkpoint import CheckpointPolicy, checkpoint, create_selectiv
 
 import registry
 import registry.kernels as K
-from registry_gpu_helpers import CASES, IDS, _assert_same, _leaf_pos, _fresh, _outs, _step
+from registry_gpu_helpers import CASES, IDS, _assert_same, _leaf_pos, _fresh, _outs, _step, batch_sizes
 
 cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 DEVICES = [pytest.param("cpu"), pytest.param("cuda", marks=[cuda, pytest.mark.gpu])]
@@ -111,20 +111,50 @@ def test_selective_checkpointing(case, policy, device, monkeypatch):
 
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("case", GRAD)
-def test_selective_checkpointing_compiled(case, device):
-    """The same region under ``torch.compile(fullgraph=True)`` with the policy saving the op (the policy
-    tags the traced ``tilekernels::<op>_fwd``; AOTAutograd's partitioner keeps its outputs): outputs and
-    gradients equal eager at the suite's tolerance."""
+def test_selective_checkpointing_compiled(case, device, monkeypatch):
+    """The same region under ``torch.compile(fullgraph=True)`` with the policy saving the op: the policy
+    sees the traced ``tilekernels::<op>_fwd``, AOTAutograd's partitioner keeps its outputs (the fwd
+    kernel runs once), and outputs and gradients equal eager at the suite's tolerance."""
     op, args, params, leaf_pos, call, want, gos = _setup(case, device)
+    seen = []
 
     def pol(ctx, func, *a, **k):
-        return CheckpointPolicy.MUST_SAVE if func in op.forward_ops else CheckpointPolicy.PREFER_RECOMPUTE
+        if func in op.forward_ops:
+            seen.append(func)
+            return CheckpointPolicy.MUST_SAVE
+        return CheckpointPolicy.PREFER_RECOMPUTE
 
     ctx_fn = functools.partial(create_selective_checkpoint_contexts, pol)
     torch._dynamo.reset()
     compiled = torch.compile(lambda *a: checkpoint(call, *a, use_reentrant=False, context_fn=ctx_fn), fullgraph=True)
+    runs = _count_fwd(monkeypatch, op, args, params)
     got, _ = _step(compiled, _fresh(args, leaf_pos), leaf_pos, gos)
+    assert op.forward_ops[1] in seen, f"{case.op}: the policy never saw the traced forward op"
+    assert runs[0] == 1, f"{case.op}: compiled MUST_SAVE ran the fwd kernel {runs[0]} times"
     _assert_same(got, want, f"{case.op}: compiled selective checkpoint vs eager")
+
+
+@pytest.mark.parametrize("case", [pytest.param(c, id=i) for c, i in zip(CASES, IDS)])
+def test_make_fx_symbolic(case):
+    """``make_fx(tracing_mode="symbolic")`` (what graph-capture tools built on it use) traces a registry call
+    (it failed hashing a SymInt in the validated-call cache): the graph holds the functional op, and run at
+    another batch size it gives eager's results and in-place inputs bitwise."""
+    from torch.fx.experimental.proxy_tensor import make_fx
+
+    op = registry.get(case.op)
+    args, params = case.make(case.dims, torch.device("cpu"))
+    g = make_fx(lambda *a: op(*a, **params), tracing_mode="symbolic")(*[_clone(a) for a in args])
+    assert any(n.target == op.forward_ops[0] for n in g.graph.nodes), g.graph
+    a1, _ = case.make(batch_sizes(case)[1][0], torch.device("cpu"))
+    got, want = [_clone(a) for a in a1], [_clone(a) for a in a1]
+    out_g, out_w = _outs(g(*got)), _outs(op(*want, **params))
+    _assert_same([o.detach() for o in out_g] + [a for a in got if isinstance(a, torch.Tensor)],
+                 [o.detach() for o in out_w] + [a for a in want if isinstance(a, torch.Tensor)],
+                 f"{case.op}: make_fx graph vs eager", exact=True)
+
+
+def _clone(a):
+    return a.clone() if isinstance(a, torch.Tensor) else a
 
 
 @pytest.mark.parametrize("device", DEVICES)
@@ -225,8 +255,9 @@ def test_tensors_on_another_gpu(case):
     torch.cuda.synchronize(0)
     with torch.cuda.device(0):
         before = torch.cuda.memory_allocated(0)
+        torch.cuda.reset_peak_memory_stats(0)
         got, _ = _step(call, args1, leaf_pos, gos1)
         torch.cuda.synchronize(1)
-        assert torch.cuda.memory_allocated(0) == before, f"{case.op}: the call allocated on cuda:0"
+        assert torch.cuda.max_memory_allocated(0) == before, f"{case.op}: the call allocated on cuda:0"
     assert all(g.device == torch.device("cuda:1") for g in got), f"{case.op}: a result left cuda:1"
     _assert_same([g.to("cuda:0") for g in got], want, f"{case.op}: on cuda:1 vs cuda:0", exact=True)

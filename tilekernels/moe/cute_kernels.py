@@ -297,8 +297,9 @@ def _grouped_linear_fwd(x, weight, m_splits, y, precision):
 
 @kernel("grouped_linear", "cute", "bwd", skips=("weight",))
 def _grouped_linear_bwd(dy, x, weight, m_splits, dx, dweight, precision):
-    """dweight None (a frozen weight autograd needs no gradient of): no wgrad GEMM. Everything else
-    runs as with a dweight (same route, same quantization passes), so dx is bitwise the same."""
+    """dweight None (a frozen weight autograd needs no gradient of): no wgrad GEMM and no columnwise x
+    (only the wgrad reads it); dx takes the route and the dY passes it takes with a dweight (the same
+    kernels, so bitwise the same dx)."""
     off = _offsets(m_splits, dy.device)
     if precision == "bf16":
         dy, x, weight = aligned16(dy), aligned16(x), aligned16(weight)  # torch._grouped_mm refuses others
@@ -344,16 +345,18 @@ def _mlp_fwd(x, probs, m_splits, fc1_weight, fc2_weight, s1, s2, y, h, quantize)
 
 def _wgrad_like(d, w):
     """What a wgrad's route is chosen by: its gradient; for a frozen master weight (bf16, no gradient
-    asked) the weight itself (the gradient's dtype and device), so the backward takes the route and
-    the passes it takes with the gradient; None for a pre-quantized weight (no wgrad, none of its passes)."""
+    asked) the weight itself (the gradient's dtype and device), so the backward takes the route it
+    takes with the gradient; None for a pre-quantized weight (no wgrad, none of its passes)."""
     return d if d is not None or w.dtype == _E4M3 else w
 
 
 @kernel("grouped_mlp_mxfp8", "cute", "bwd", skips=("fc1_weight", "fc2_weight"))
 def _mlp_bwd(dy, x, probs, m_splits, fc1_weight, fc2_weight, s1, s2, h, dx, dprobs, dfc1, dfc2, quantize):
     """dfc1 / dfc2 None: no wgrad GEMM for that weight. A pre-quantized weight also drops the passes
-    that feed its wgrad; a frozen master weight (bf16, its gradient not asked for) keeps them, so
-    every other result is made by the same kernels as with its gradient (bitwise the same)."""
+    that make its wgrad's operands. A frozen master weight (bf16, its gradient not asked for) keeps
+    every pass another result reads (dY both ways, the dSwiGLU kernel with its columnwise a), so
+    those results come from the same kernel variants as with its gradient (bitwise the same); it
+    drops only its wgrad GEMM and, for fc1, the columnwise x that only that GEMM reads."""
     M, G = x.shape[0], fc1_weight.shape[0]
     F = fc2_weight.shape[2]
     dev = dy.device

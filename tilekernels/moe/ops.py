@@ -60,7 +60,7 @@ def _grouped_linear_fwd_torch(x, weight, m_splits, y, precision):
 
 @kernel("grouped_linear", "torch", "bwd", skips=("weight",))
 def _grouped_linear_bwd_torch(dy, x, weight, m_splits, dx, dweight, precision):
-    _copy_all((dx, dweight), ref.grouped_linear_bwd(dy, x, weight, m_splits, precision))
+    _copy_all((dx, dweight), ref.grouped_linear_bwd(dy, x, weight, m_splits, precision, wgrad=dweight is not None))
 
 
 @kernel("scaled_swiglu", "torch", "fwd")
@@ -81,7 +81,8 @@ def _mlp_fwd_torch(x, probs, m_splits, fc1_weight, fc2_weight, s1, s2, y, h, qua
 @kernel("grouped_mlp_mxfp8", "torch", "bwd", skips=("fc1_weight", "fc2_weight"))
 def _mlp_bwd_torch(dy, x, probs, m_splits, fc1_weight, fc2_weight, s1, s2, h, dx, dprobs, dfc1, dfc2, quantize):
     _copy_all((dx, dprobs, dfc1, dfc2),
-              ref.grouped_mlp_mxfp8_bwd(dy, x, probs, m_splits, fc1_weight, fc2_weight, h, quantize, s1, s2))
+              ref.grouped_mlp_mxfp8_bwd(dy, x, probs, m_splits, fc1_weight, fc2_weight, h, quantize, s1, s2,
+                                        wgrad1=dfc1 is not None, wgrad2=dfc2 is not None))
 
 
 mxfp8_quantize = define(S.QUANTIZE, Decl(present={

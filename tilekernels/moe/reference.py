@@ -165,15 +165,15 @@ class _MXFP8Linear(torch.autograd.Function):
 
 
 def grouped_linear_bwd(dy: Tensor, x: Tensor, weight: Tensor, m_splits: Tensor,
-                       precision: str = "bf16") -> tuple[Tensor, Tensor]:
-    """dy [M, N] -> (dx [M, K] in x.dtype, dweight [G, N, K] in weight.dtype).
+                       precision: str = "bf16", wgrad: bool = True) -> tuple[Tensor, Optional[Tensor]]:
+    """dy [M, N] -> (dx [M, K] in x.dtype, dweight [G, N, K] in weight.dtype; None when not ``wgrad``).
 
     'bf16': dx = dy_g @ W_g, dW_g = dy_g^T @ x_g. 'mxfp8': the same with each
     operand quantized along that GEMM's reduction dim (module docstring).
     """
     acc = acc_dtype(x, weight, dy)
-    dx, dw = linear_bwd(dy, x, weight, splits_list(m_splits), precision == "mxfp8", acc)
-    return dx.to(x.dtype), dw.to(weight.dtype)
+    dx, dw = linear_bwd(dy, x, weight, splits_list(m_splits), precision == "mxfp8", acc, wgrad=wgrad)
+    return dx.to(x.dtype), None if dw is None else dw.to(weight.dtype)
 
 
 # ---------------------------------------------------------------- scaled_swiglu
@@ -302,14 +302,16 @@ class _MXFP8MLP(torch.autograd.Function):
 
 def grouped_mlp_mxfp8_bwd(dy: Tensor, x: Tensor, probs: Tensor, m_splits: Tensor, fc1_weight: Tensor,
                           fc2_weight: Tensor, h: Tensor, quantize: bool = True,
-                          fc1_weight_scales: Optional[Tensor] = None, fc2_weight_scales: Optional[Tensor] = None):
+                          fc1_weight_scales: Optional[Tensor] = None, fc2_weight_scales: Optional[Tensor] = None,
+                          wgrad1: bool = True, wgrad2: bool = True):
     """dy [M, H], h [M, 2F] (saved, accumulation dtype) -> (dx, dprobs, dfc1, dfc2).
 
     dA = FC2 dgrad (accumulators, not rounded); dh, dprobs = dSwiGLU(dA, h, probs)
     in fp32; dfc2 from dY and a (recomputed from h, quantized columnwise);
     dx, dfc1 from dh (quantized rowwise / columnwise). Outputs in the dtypes of
     x, probs, fc1_weight, fc2_weight; a pre-quantized weight's gradient is None (its
-    value still feeds the dgrad, quantized columnwise along N as a master is).
+    value still feeds the dgrad, quantized columnwise along N as a master is), and so is a
+    frozen master's when ``wgrad1`` / ``wgrad2`` is False (its wgrad not computed).
     """
     acc = acc_dtype(x, probs, dy)
     splits = splits_list(m_splits)
@@ -318,8 +320,8 @@ def grouped_mlp_mxfp8_bwd(dy: Tensor, x: Tensor, probs: Tensor, m_splits: Tensor
     w1 = weight_value(fc1_weight, fc1_weight_scales, acc)
     w2 = weight_value(fc2_weight, fc2_weight_scales, acc)
     a = swiglu_fwd(h, p, MLP_GLU_INTERLEAVE)
-    da, dfc2 = linear_bwd(dy, a, w2, splits, quantize, acc, wgrad=fc2_weight_scales is None)
+    da, dfc2 = linear_bwd(dy, a, w2, splits, quantize, acc, wgrad=wgrad2 and fc2_weight_scales is None)
     dh, dprobs = swiglu_bwd(da, h, p, MLP_GLU_INTERLEAVE)
-    dx, dfc1 = linear_bwd(dh, x, w1, splits, quantize, acc, wgrad=fc1_weight_scales is None)
+    dx, dfc1 = linear_bwd(dh, x, w1, splits, quantize, acc, wgrad=wgrad1 and fc1_weight_scales is None)
     return (dx.to(x.dtype), dprobs.to(probs.dtype), None if dfc1 is None else dfc1.to(fc1_weight.dtype),
             None if dfc2 is None else dfc2.to(fc2_weight.dtype))
