@@ -1,6 +1,8 @@
 """The ops inside what a training stack wraps around them: activation checkpointing (reentrant and
 not), selective activation checkpointing (eager and compiled), activation offloading through
-saved-tensor hooks, and a backward run twice on a retained graph.
+saved-tensor hooks, a backward run twice on a retained graph, deterministic-algorithms mode,
+make_fx's symbolic tracing, outputs freed without the cycle collector, and (two GPUs) inputs on a
+GPU that is not the current device.
 
 Every op with gradients on tk-bench's small shapes (the CP collectives have none), forward and
 backward against the plain registry call with the same pre-made grad outputs: bitwise (the same
@@ -261,3 +263,36 @@ def test_tensors_on_another_gpu(case):
         assert torch.cuda.max_memory_allocated(0) == before, f"{case.op}: the call allocated on cuda:0"
     assert all(g.device == torch.device("cuda:1") for g in got), f"{case.op}: a result left cuda:1"
     _assert_same([g.to("cuda:0") for g in got], want, f"{case.op}: on cuda:1 vs cuda:0", exact=True)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("case", [pytest.param(c, id=i) for c, i in zip(CASES, IDS)])
+def test_outputs_are_freed_without_the_cycle_collector(case, device):
+    """With Python's cycle collector off, an op's outputs (and what their graph saved) are freed the moment
+    the last reference goes: after a fwd+bwd step, and for a graph dropped without a backward (an eval
+    step under grad mode, a discarded microbatch). A reference cycle (an output kept on its own ctx, a
+    closure over it) would hold activation memory until the collector happened to run."""
+    import gc
+    import weakref
+
+    op = registry.get(case.op)
+    args, params = case.make(case.dims, torch.device(device))
+    leaf_pos = _leaf_pos(op, case, args)
+    was = gc.isenabled()
+    gc.collect()
+    gc.disable()
+    try:
+        for backward in (True, False):
+            a = _fresh(args, leaf_pos)
+            out = _outs(op(*a, **params))
+            refs = [weakref.ref(o) for o in out]
+            pairs = [(o, torch.ones_like(o)) for o in out if o.requires_grad]
+            if backward and pairs:
+                torch.autograd.grad([o for o, _ in pairs], [a[i] for i in sorted(leaf_pos)], [g for _, g in pairs],
+                                    allow_unused=True)
+            del out, pairs
+            alive = [i for i, r in enumerate(refs) if r() is not None]
+            assert not alive, f"{case.op}: outputs {alive} outlived their last reference (backward={backward})"
+    finally:
+        if was:
+            gc.enable()
