@@ -232,7 +232,8 @@ class Op:
         """The custom ops (``OpOverload``s) that stand for this op's forward pass where torch looks:
         ``tilekernels::<op>`` (functional; an eager call under a dispatch mode such as selective
         activation checkpointing runs it) and ``tilekernels::<op>_fwd`` (destination-passing; what
-        torch.compile traces). A selective-checkpointing policy saves or recomputes the op by these::
+        torch.compile traces; an op that updates an input in place, gdn_decode, has only the latter).
+        A selective-checkpointing policy saves or recomputes the op by these::
 
             policy = lambda ctx, func, *a, **k: (CheckpointPolicy.MUST_SAVE if func in op.forward_ops
                                                  else CheckpointPolicy.PREFER_RECOMPUTE)

@@ -105,11 +105,15 @@ class _Gen:
         self.diff_out = [t.name for t in spec.outputs if t.differentiable]
         self.first_in = spec.inputs[0].name
         self.fwd_op = self._custom_op(f"{lib}::{self.name}_fwd", "fwd", self._fwd_sig())
-        self.fwd_alloc_op = self._alloc_op(f"{lib}::{self.name}")
+        # an op that updates an input in place (gdn_decode's states) keeps the destination-passing op under
+        # dispatch modes too: a functional op may not return beside its mutations (AOTAutograd refuses it),
+        # and a cached replay of a state update would skip the update
+        self.fwd_alloc_op = None if self.inout else self._alloc_op(f"{lib}::{self.name}")
         ns = getattr(torch.ops, lib)
         # what a selective-checkpointing policy names to save or recompute this op's forward: the op an
         # eager call under a dispatch mode runs, then the one torch.compile traces (registry's Op.forward_ops)
-        self.forward_ops = (getattr(ns, self.name).default, getattr(ns, f"{self.name}_fwd").default)
+        self.forward_ops = tuple(getattr(ns, n).default for n in
+                                 ([] if self.inout else [self.name]) + [f"{self.name}_fwd"])
         self.bwd_op = self._custom_op(f"{lib}::{self.name}_bwd", "bwd", self._bwd_sig()) \
             if spec.differentiable else None
         self.fn = self._autograd() if spec.differentiable else None
@@ -205,7 +209,8 @@ class _Gen:
             a = _positional(args, kw, dest_names)
             return self._count(fwd_e, dict(zip(self.ins, a[:n_in])), a[n_in + n_made:n_in + n_made + n_p])
 
-        register_flop_formula(getattr(ns, self.name), get_raw=True)(functional)
+        if self.fwd_alloc_op is not None:
+            register_flop_formula(getattr(ns, self.name), get_raw=True)(functional)
         register_flop_formula(getattr(ns, f"{self.name}_fwd"), get_raw=True)(destination)
         if self.bwd_op is None:
             return
@@ -303,7 +308,7 @@ class _Gen:
         An eager call under a dispatch mode (selective checkpointing, FakeTensorMode, make_fx,
         FlopCounterMode) goes through the functional op, whose outputs the mode sees; torch.compile
         traces the destination-passing ``_fwd`` op (functionalized by AOTAutograd)."""
-        if not torch.compiler.is_compiling() and torch._C._len_torch_dispatch_stack():
+        if self.fwd_alloc_op is not None and not torch.compiler.is_compiling() and torch._C._len_torch_dispatch_stack():
             got = iter(self.fwd_alloc_op(*tensors, *params, backend))
             return [None if shape is None else next(got) for _, shape, _ in self.plan(tensors, params)]
         made = self.allocate(tensors, params, tensors[0].device)

@@ -65,7 +65,7 @@ def test_flop_formulas_cover_every_op_the_reference_counts():
         gen = getattr(registry.get(name).entry, "gen", None)
         if gen is None or not gen.decl.flops:
             continue
-        assert getattr(torch.ops.tilekernels, name) in flop_registry
+        assert gen.fwd_alloc_op is None or getattr(torch.ops.tilekernels, name) in flop_registry
         assert getattr(torch.ops.tilekernels, f"{name}_fwd") in flop_registry
         assert gen.bwd_op is None or getattr(torch.ops.tilekernels, f"{name}_bwd") in flop_registry
     assert {"grouped_linear", "grouped_mlp_mxfp8", "mhc_proj_rms", "mhc_pre", "mhc_post_pre"} <= {

@@ -117,3 +117,37 @@ def test_forward_ad_and_double_backward_still_refused(case):
     assert g0.requires_grad  # a grad_fn that refuses (once_differentiable's), not a plain tensor
     with pytest.raises(RuntimeError, match="differentiate twice"):
         g0.sum().backward()
+
+
+def _all_cases():
+    out = []
+    for fam in _FAMILIES:
+        for c in importlib.import_module(f"tilekernels.{fam}.bench").cases("cpu"):
+            if hasattr(registry.get(c.op).entry, "gen"):
+                out.append(pytest.param(c, id=f"{c.op}-{c.variant}" if c.variant else c.op))
+    return out
+
+
+@pytest.mark.parametrize("case", _all_cases())
+def test_forward_custom_ops_pass_opcheck(case):
+    """``torch.library.opcheck`` on each op's forward custom ops (the functional one where it exists, and
+    the destination-passing ``_fwd``) with the torch backend: schema (mutations declared, no aliasing),
+    fake implementation, autograd registration, AOT dispatch with static and dynamic shapes. test_schema
+    is left out where a tensor is float8 data: it computes on the outputs, which the CPU cannot do in
+    e4m3."""
+    op = registry.get(case.op)
+    gen = op.entry.gen
+    args, params = case.make(case.dims, torch.device("cpu"))
+    bound = op.bind(*args, **params)
+    tensors, ps = list(bound.args()), [bound.params[p] for p in gen.params]
+    made = gen.allocate(tensors, ps, tensors[0].device)
+    fp8 = any(t is not None and t.element_size() == 1 and t.is_floating_point() for t in tensors + made)
+    utils = ("test_autograd_registration", "test_faketensor", "test_aot_dispatch_static",
+             "test_aot_dispatch_dynamic") + (() if fp8 else ("test_schema",))
+
+    def fresh(ts):
+        return [t.clone() if isinstance(t, torch.Tensor) else t for t in ts]
+
+    if gen.fwd_alloc_op is not None:
+        torch.library.opcheck(gen.fwd_alloc_op, (*fresh(tensors), *ps, "torch"), test_utils=utils)
+    torch.library.opcheck(gen.fwd_op, (*fresh(tensors), *fresh(made), *ps, "torch"), test_utils=utils)

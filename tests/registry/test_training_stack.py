@@ -146,7 +146,7 @@ def test_make_fx_symbolic(case):
     op = registry.get(case.op)
     args, params = case.make(case.dims, torch.device("cpu"))
     g = make_fx(lambda *a: op(*a, **params), tracing_mode="symbolic")(*[_clone(a) for a in args])
-    assert any(n.target == op.forward_ops[0] for n in g.graph.nodes), g.graph
+    assert any(n.target == op.forward_ops[0] for n in g.graph.nodes), g.graph  # (gdn_decode: its _fwd)
     a1, _ = case.make(batch_sizes(case)[1][0], torch.device("cpu"))
     got, want = [_clone(a) for a in a1], [_clone(a) for a in a1]
     out_g, out_w = _outs(g(*got)), _outs(op(*want, **params))
