@@ -1,5 +1,6 @@
 """The generated autograd wrapper (tilekernels/_opgen.py), on the CPU (torch backends), for every
-generated differentiable op of the families' CPU bench cases.
+generated differentiable op of the families' CPU bench cases; and ``torch.library.opcheck`` of every
+generated custom op (forward and backward).
 
 A call that records no graph (grad mode off, inference mode, or no input that requires grad) runs
 the fwd pass without the op's autograd.Function (whose machinery is most of a small op's host
@@ -151,3 +152,26 @@ def test_forward_custom_ops_pass_opcheck(case):
     if gen.fwd_alloc_op is not None:
         torch.library.opcheck(gen.fwd_alloc_op, (*fresh(tensors), *ps, "torch"), test_utils=utils)
     torch.library.opcheck(gen.fwd_op, (*fresh(tensors), *fresh(made), *ps, "torch"), test_utils=utils)
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_backward_custom_op_passes_opcheck(case):
+    """``torch.library.opcheck`` on each differentiable op's ``_bwd`` custom op with the torch backend, on
+    the arguments its autograd backward passes (grad outputs, what the forward saved, one gradient
+    buffer per differentiable input): the schema's mutations are exactly the gradient buffers (a
+    backward writing into a saved tensor would fail here), fake implementation, AOT dispatch."""
+    op = registry.get(case.op)
+    gen = op.entry.gen
+    args, params = case.make(case.dims, torch.device("cpu"))
+    bound = op.bind(*args, **params)
+    tensors, ps = list(bound.args()), [bound.params[p] for p in gen.params]
+    made = gen.forward(tensors, ps, "torch")
+    every = dict(zip(gen.ins + gen.outs + [s.name for s in gen.decl.scratch], tensors + made))
+    grads = [torch.randn_like(every[n], dtype=torch.float32).to(every[n].dtype) for n in gen.diff_out]
+    saved = [every[n] for n in gen.decl.saves]
+    dins = [None if every[n] is None or every[n].element_size() == 1 else torch.empty_like(every[n])
+            for n in gen.diff_in]
+    fp8 = any(t is not None and t.element_size() == 1 and t.is_floating_point() for t in tensors + made)
+    utils = ("test_autograd_registration", "test_faketensor", "test_aot_dispatch_static",
+             "test_aot_dispatch_dynamic") + (() if fp8 else ("test_schema",))
+    torch.library.opcheck(gen.bwd_op, (*grads, *saved, *dins, *ps, "torch"), test_utils=utils)
