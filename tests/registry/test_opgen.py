@@ -129,17 +129,23 @@ def _all_cases():
     return out
 
 
+_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+DEVICES = [pytest.param("cpu"), pytest.param("cuda", marks=[_cuda, pytest.mark.gpu])]
+
+
+@pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("case", _all_cases())
-def test_forward_custom_ops_pass_opcheck(case):
+def test_forward_custom_ops_pass_opcheck(case, device):
     """``torch.library.opcheck`` on each op's forward custom ops (the functional one where it exists, and
     the destination-passing ``_fwd``) with the torch backend: schema (mutations declared, no aliasing),
     fake implementation, autograd registration, AOT dispatch with static and dynamic shapes. test_schema
     is left out where a tensor is float8 data: it computes on the outputs, which the CPU cannot do in
-    e4m3."""
+    e4m3. cuda: the backend the registry picks (a kernel using an undeclared input as scratch fails)."""
     op = registry.get(case.op)
     gen = op.entry.gen
-    args, params = case.make(case.dims, torch.device("cpu"))
+    args, params = case.make(case.dims, torch.device(device))
     bound = op.bind(*args, **params)
+    backend = op.choose(bound)
     tensors, ps = list(bound.args()), [bound.params[p] for p in gen.params]
     made = gen.allocate(tensors, ps, tensors[0].device)
     fp8 = any(t is not None and t.element_size() == 1 and t.is_floating_point() for t in tensors + made)
@@ -150,22 +156,28 @@ def test_forward_custom_ops_pass_opcheck(case):
         return [t.clone() if isinstance(t, torch.Tensor) else t for t in ts]
 
     if gen.fwd_alloc_op is not None:
-        torch.library.opcheck(gen.fwd_alloc_op, (*fresh(tensors), *ps, "torch"), test_utils=utils)
-    torch.library.opcheck(gen.fwd_op, (*fresh(tensors), *fresh(made), *ps, "torch"), test_utils=utils)
+        torch.library.opcheck(gen.fwd_alloc_op, (*fresh(tensors), *ps, backend), test_utils=utils)
+    torch.library.opcheck(gen.fwd_op, (*fresh(tensors), *fresh(made), *ps, backend), test_utils=utils)
 
 
+@pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("case", CASES)
-def test_backward_custom_op_passes_opcheck(case):
+def test_backward_custom_op_passes_opcheck(case, device):
     """``torch.library.opcheck`` on each differentiable op's ``_bwd`` custom op with the torch backend, on
     the arguments its autograd backward passes (grad outputs, what the forward saved, one gradient
     buffer per differentiable input): the schema's mutations are exactly the gradient buffers (a
-    backward writing into a saved tensor would fail here), fake implementation, AOT dispatch."""
+    backward writing into a saved tensor would fail here), fake implementation, AOT dispatch. cuda:
+    the backend the registry picks for a call that needs gradients."""
     op = registry.get(case.op)
     gen = op.entry.gen
-    args, params = case.make(case.dims, torch.device("cpu"))
+    args, params = case.make(case.dims, torch.device(device))
+    names = [t.name for t in op.spec.inputs]
+    leaves = [a.detach().requires_grad_(n in case.grad_inputs) if isinstance(a, torch.Tensor) and
+              a.is_floating_point() and a.element_size() > 1 else a for n, a in zip(names, args)]
+    backend = op.choose(op.bind(*leaves, **params))
     bound = op.bind(*args, **params)
     tensors, ps = list(bound.args()), [bound.params[p] for p in gen.params]
-    made = gen.forward(tensors, ps, "torch")
+    made = gen.forward(tensors, ps, backend)
     every = dict(zip(gen.ins + gen.outs + [s.name for s in gen.decl.scratch], tensors + made))
     grads = [torch.randn_like(every[n], dtype=torch.float32).to(every[n].dtype) for n in gen.diff_out]
     saved = [every[n] for n in gen.decl.saves]
@@ -174,4 +186,4 @@ def test_backward_custom_op_passes_opcheck(case):
     fp8 = any(t is not None and t.element_size() == 1 and t.is_floating_point() for t in tensors + made)
     utils = ("test_autograd_registration", "test_faketensor", "test_aot_dispatch_static",
              "test_aot_dispatch_dynamic") + (() if fp8 else ("test_schema",))
-    torch.library.opcheck(gen.bwd_op, (*grads, *saved, *dins, *ps, "torch"), test_utils=utils)
+    torch.library.opcheck(gen.bwd_op, (*grads, *saved, *dins, *ps, backend), test_utils=utils)
