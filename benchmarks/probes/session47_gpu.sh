@@ -7,7 +7,7 @@
 # G1 (cuTile) the GDN NaN cases again, the cuTile GDN files whole (their softplus changed), then memcheck /
 #    initcheck / racecheck over one gdn_pre_gated and one gdn_decode registry NaN case.
 #    Then tests/registry/test_training_stack.py (checkpointing, selective checkpointing, offload hooks,
-#    retained-graph backward, deterministic mode: session 48, CPU-only so far).
+#    retained-graph backward, deterministic mode, opcheck of the custom ops: session 48, CPU-only so far).
 # G2 (cuTile) the GDN misaligned-input cases (cuTile compiles a kernel per misaligned input: minutes).
 # B1 (CuTe) as A, on the CuTe DSL kernels (auto picks them): includes the NaN test over the proj_rms / post_pre
 #    backward kernels whose RMS select changed in session 46 (never run on a GPU); then the training-stack tests,
@@ -31,12 +31,12 @@ case "${1:-}" in
 A|B1) step dropin_$1 230 $P $H -k "nan_reaches or autocast or fake_tensor"
       step misaligned_$1 270 $P $H -k "misaligned"
       [ "$1" = B1 ] && step training_stack_B1 200 $P tests/registry/test_training_stack.py \
-        tests/registry/test_flop_counts.py tests/moe/test_moe_frozen_weights.py ;;
+        tests/registry/test_flop_counts.py tests/moe/test_moe_frozen_weights.py tests/registry/test_opgen.py ;;
 G1) step nan_gdn 120 $P $H -k "nan_reaches and gdn"
     step gdn_cutile_files 300 $P tests/gdn/test_gdn_cutile_decode.py tests/gdn/test_gdn_cutile_pre_gated.py \
       tests/gdn/test_gdn_cutile_pre_gated_bwd.py
     sanitize gdn_nan 50 $H -k "nan_reaches and (gdn_pre_gated-thd or gdn_decode-fp32)"
-    step training_stack_G1 200 $P tests/registry/test_training_stack.py ;;
+    step training_stack_G1 200 $P tests/registry/test_training_stack.py tests/registry/test_opgen.py ;;
 G2) step misaligned_gdn 540 $P $H -k "misaligned and gdn" ;;
 B2) step compile 200 $P $H -k "keeps_batch or reduce_overhead"
     step mhc_cute_rms 160 $P tests/mhc/test_mhc_cute_proj_rms.py tests/mhc/test_mhc_cute_post_pre.py \
