@@ -201,6 +201,8 @@ class Op:
         # tensors every backend reads on the host: the spec's own, plus any every backend names
         every = set.intersection(*[set(b.host_values) for b in spec.backends]) if spec.backends else set()
         self._host_values = tuple(spec.host_values) + tuple(sorted(every - set(spec.host_values)))
+        self._from_ints = tuple((i, t.name, getattr(torch, t.dtypes[0])) for i, t in enumerate(spec.inputs)
+                                if t.from_ints)
 
     def __repr__(self) -> str:
         return f"Op({self.name!r}, backends={[b.name for b in self.spec.backends]})"
@@ -282,6 +284,8 @@ class Op:
         everything else is passed through (a tensor only some backends read on the host
         stays on its device: its value rules run there, and the backend that needs it on
         the host reads it in its entry)."""
+        if self._from_ints:
+            args, kwargs = self._ints_to_tensors(args, kwargs)
         if not self._host_values:
             return args, kwargs
         args = list(args)
@@ -293,6 +297,24 @@ class Op:
             elif isinstance(kwargs.get(name), torch.Tensor) and kwargs[name].device.type != "cpu":
                 kwargs = dict(kwargs, **{name: kwargs[name].cpu()})
         return tuple(args), kwargs
+
+    def _ints_to_tensors(self, args: tuple, kwargs: dict) -> tuple[tuple, dict]:
+        """A list or tuple of ints given for a ``from_ints`` input becomes a CPU tensor of its dtype (anything
+        else is left for validation to judge, which names a non-int element)."""
+        def conv(name, v, dtype):
+            if not isinstance(v, (list, tuple)):
+                return v
+            if not all(isinstance(e, int) and not isinstance(e, bool) for e in v):
+                raise SpecError(self.name, f"tensor {name}", "a torch.Tensor or a sequence of ints",
+                                f"a {type(v).__name__} of {sorted({type(e).__name__ for e in v})}")
+            return torch.tensor(v, dtype=dtype)
+        for i, name, dtype in self._from_ints:
+            if i < len(args):
+                if isinstance(args[i], (list, tuple)):
+                    args = (*args[:i], conv(name, args[i], dtype), *args[i + 1:])
+            elif isinstance(kwargs.get(name), (list, tuple)):
+                kwargs = dict(kwargs, **{name: conv(name, kwargs[name], dtype)})
+        return args, kwargs
 
     def __call__(self, *args, backend: str = "auto", **kwargs) -> Any:
         args, kwargs = self._prepare(args, kwargs)

@@ -43,8 +43,10 @@ _G = Dim(name="G", min=1, doc="experts (groups)")
 
 def _m_splits() -> TensorSpec:
     return TensorSpec(name="m_splits", shape=["G"], dtypes=["int64"], same_device=False, differentiable=False,
+                      from_ints=True,
                       doc="[G] int64 tokens per expert (sum M, zeros allowed); any device (torch reads it on "
-                          "the host, the cute kernels on the device)")
+                          "the host, the cute kernels on the device); or a list of G ints (made a CPU tensor: "
+                          "under torch.compile a list's values are constants, so pass a tensor there)")
 
 
 def _split_rules(grad_when: str) -> list[Constraint]:

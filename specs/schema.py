@@ -91,6 +91,10 @@ class TensorSpec(_Model):
     contiguous: bool = True
     same_device: bool = True
     differentiable: bool = True
+    # metadata callers often hold as a Python list (TE's GroupedLinear takes m_splits as List[int], DeepEP
+    # returns its per-expert counts as one): a sequence of ints is accepted and made a CPU tensor of the
+    # first dtype before validation
+    from_ints: bool = False
     doc: str = ""
 
     @field_validator("name")

@@ -120,3 +120,32 @@ def test_conditional_rules_stay_quiet_outside_their_condition():
     registry.get("mxfp8_quantize")(t(32, 48), axis="columnwise")
     bound = gl.bind(torch.empty(64, 32, device="meta"), torch.empty(2, 48, 32, device="meta"), ms(40, 24))
     assert bound.device.type == "meta"                                     # m_splits stays on the host
+
+
+@pytest.mark.parametrize("op_name", ["grouped_linear", "grouped_mlp_mxfp8"])
+def test_m_splits_as_a_list_of_ints(op_name):
+    """m_splits may come as a Python list or tuple of ints (Transformer Engine's GroupedLinear takes
+    List[int]; DeepEP returns the per-expert counts as one), positional or keyword: the results equal
+    the int64-tensor call's bitwise, and its rules still apply to the values. Floats or
+    bools in it are refused, naming op and tensor; other types reach the tensor check."""
+    op = registry.get(op_name)
+    M, H, F, G = 64, 256, 256, 2
+    x = t(M, H, dtype=bf)
+    if op_name == "grouped_linear":
+        w = t(G, 128, H, dtype=bf)
+        call = lambda s, **k: op(x, w, s, **k) if s is not None else op(x, w, **k)  # noqa: E731
+    else:
+        p, w1, w2 = t(M), t(G, 2 * F, H, dtype=bf), t(G, H, F, dtype=bf)
+        call = lambda s, **k: op(x, p, s, w1, w2, **k) if s is not None else op(x, p, w1, w2, **k)  # noqa: E731
+    want = call(ms(32, 32))
+    for splits in ([32, 32], (32, 32)):
+        assert torch.equal(call(splits), want)
+    if op_name == "grouped_linear":
+        assert torch.equal(op(x, w, m_splits=[32, 32]), want)
+    with pytest.raises(SpecError, match=rf"{op_name}: constraint 'sum\(values\(m_splits\)\) == M'"):
+        call([32, 16])
+    for bad in ([32.0, 32], [True, 32]):
+        with pytest.raises(SpecError, match=rf"{op_name}: tensor m_splits: expected a torch.Tensor or a sequence of ints"):
+            call(bad)
+    with pytest.raises(SpecError, match=rf"{op_name}: tensor m_splits: expected a torch.Tensor, got dict"):
+        call({0: 32, 1: 32})
