@@ -302,12 +302,13 @@ class Op:
         """A list or tuple of ints given for a ``from_ints`` input becomes a CPU tensor of its dtype (anything
         else is left for validation to judge, which names a non-int element)."""
         def conv(name, v, dtype):
-            if not isinstance(v, (list, tuple)):
-                return v
-            if not all(isinstance(e, int) and not isinstance(e, bool) for e in v):
+            if not all(hasattr(e, "__index__") and not isinstance(e, (bool, torch.Tensor)) for e in v):
                 raise SpecError(self.name, f"tensor {name}", "a torch.Tensor or a sequence of ints",
-                                f"a {type(v).__name__} of {sorted({type(e).__name__ for e in v})}")
-            return torch.tensor(v, dtype=dtype)
+                                f"a {type(v).__name__} of {sorted({type(e).__qualname__ for e in v})}")
+            try:
+                return torch.tensor([e.__index__() for e in v], dtype=dtype)
+            except (OverflowError, RuntimeError, ValueError) as e:
+                raise SpecError(self.name, f"tensor {name}", f"ints that fit {dtype}", f"{list(v)} ({e})") from None
         for i, name, dtype in self._from_ints:
             if i < len(args):
                 if isinstance(args[i], (list, tuple)):

@@ -45,8 +45,8 @@ def _m_splits() -> TensorSpec:
     return TensorSpec(name="m_splits", shape=["G"], dtypes=["int64"], same_device=False, differentiable=False,
                       from_ints=True,
                       doc="[G] int64 tokens per expert (sum M, zeros allowed); any device (torch reads it on "
-                          "the host, the cute kernels on the device); or a list of G ints (made a CPU tensor: "
-                          "under torch.compile a list's values are constants, so pass a tensor there)")
+                          "the host, the cute kernels on the device); or a list of G ints (made a CPU tensor; under "
+                          "torch.compile dynamo makes its ints symbolic after its first recompile)")
 
 
 def _split_rules(grad_when: str) -> list[Constraint]:

@@ -113,6 +113,15 @@ class TensorSpec(_Model):
             raise ValueError("dtypes must not be empty")
         return v
 
+    @model_validator(mode="after")
+    def _from_ints(self):
+        if self.from_ints and (self.role != "in" or not isinstance(self.dtypes, list)
+                               or not self.dtypes[0].startswith("int") or self.same_device):
+            raise ValueError(f"tensor {self.name}: from_ints needs role 'in', an integer dtype list first and "
+                             f"same_device=False (the list becomes a CPU tensor), got role {self.role!r}, dtypes "
+                             f"{self.dtypes!r}, same_device={self.same_device}")
+        return self
+
     def shape_for(self, layout: Optional[str]) -> Shape:
         if isinstance(self.shape, dict):
             if layout not in self.shape:

@@ -12,8 +12,9 @@ declaration (what the backward saves, scratch outputs the backward needs):
 * ``tilekernels::<op>``: the fwd pass as a functional custom op (allocates and
   returns its outputs), which an eager call runs while a dispatch mode is
   active: a mode that caches results and replays them (selective activation
-  checkpointing) needs them among the op's outputs. ``Op.forward_ops`` names
-  both forward ops for a checkpointing policy;
+  checkpointing) needs them among the op's outputs. Not for an op that updates
+  an input in place (gdn_decode). ``Op.forward_ops`` names the forward ops for
+  a checkpointing policy;
 * output allocation from the spec's shape expressions and dtypes (poisoned in
   tests, ``_glue.empty``);
 * an ``autograd.Function`` (once-differentiable) whose forward runs the fwd

@@ -6,12 +6,13 @@
 #    fixed on the CPU at 0746264 / 04731e6; the misaligned step's cap cut off the last 3 GDN cases).
 # G1 (cuTile) the GDN NaN cases again, the cuTile GDN files whole (their softplus changed), then memcheck /
 #    initcheck / racecheck over one gdn_pre_gated and one gdn_decode registry NaN case.
-#    Then tests/registry/test_training_stack.py (checkpointing, selective checkpointing, offload hooks,
-#    retained-graph backward, deterministic mode, opcheck of the custom ops: session 48, CPU-only so far).
 # G2 (cuTile) the GDN misaligned-input cases (cuTile compiles a kernel per misaligned input: minutes).
 # B1 (CuTe) as A, on the CuTe DSL kernels (auto picks them): includes the NaN test over the proj_rms / post_pre
-#    backward kernels whose RMS select changed in session 46 (never run on a GPU); then the training-stack tests,
-#    the flop counts and frozen MoE weights (the cute backward skipping their wgrads: session 48, CPU-emulated).
+#    backward kernels whose RMS select changed in session 46 (never run on a GPU).
+# T1 (cuTile) / T2 (CuTe) session 48's tests on the GPU kernels: tests/registry/test_training_stack.py
+#    (checkpointing, selective checkpointing eager / compiled, offload hooks, retained-graph backward, deterministic
+#    mode, outputs freed without the cycle collector), opcheck of the custom ops (test_opgen.py), and on T2 the
+#    flop counts and frozen MoE weights (the cute backward skipping their wgrads; CPU-emulated so far).
 # B2 (CuTe) torch.compile at 3 batch sizes (also reduce-overhead), the mHC CuTe proj_rms / post_pre files whole,
 #    then memcheck / initcheck / racecheck over their RMS-term tests.
 # Each failure's report is printed the moment it arrives (benchmarks/probes/instafail.py), so a step its cap cuts
@@ -29,20 +30,20 @@ sanitize() {  # sanitize NAME SECONDS PYTEST-ARGS...: the three tools in turn
 }
 case "${1:-}" in
 A|B1) step dropin_$1 230 $P $H -k "nan_reaches or autocast or fake_tensor"
-      step misaligned_$1 270 $P $H -k "misaligned"
-      [ "$1" = B1 ] && step training_stack_B1 200 $P tests/registry/test_training_stack.py \
-        tests/registry/test_flop_counts.py tests/moe/test_moe_frozen_weights.py tests/registry/test_opgen.py ;;
+      step misaligned_$1 270 $P $H -k "misaligned" ;;
 G1) step nan_gdn 120 $P $H -k "nan_reaches and gdn"
     step gdn_cutile_files 300 $P tests/gdn/test_gdn_cutile_decode.py tests/gdn/test_gdn_cutile_pre_gated.py \
       tests/gdn/test_gdn_cutile_pre_gated_bwd.py
-    sanitize gdn_nan 50 $H -k "nan_reaches and (gdn_pre_gated-thd or gdn_decode-fp32)"
-    step training_stack_G1 200 $P tests/registry/test_training_stack.py tests/registry/test_opgen.py ;;
+    sanitize gdn_nan 50 $H -k "nan_reaches and (gdn_pre_gated-thd or gdn_decode-fp32)" ;;
+T1) step training_stack_T1 520 $P tests/registry/test_training_stack.py tests/registry/test_opgen.py ;;
+T2) step training_stack_T2 520 $P tests/registry/test_training_stack.py tests/registry/test_opgen.py \
+      tests/registry/test_flop_counts.py tests/moe/test_moe_frozen_weights.py ;;
 G2) step misaligned_gdn 540 $P $H -k "misaligned and gdn" ;;
 B2) step compile 200 $P $H -k "keeps_batch or reduce_overhead"
     step mhc_cute_rms 160 $P tests/mhc/test_mhc_cute_proj_rms.py tests/mhc/test_mhc_cute_post_pre.py \
       tests/mhc/test_mhc_proj_rms.py tests/mhc/test_mhc_post_pre.py
     sanitize mhc_rms 60 tests/mhc/test_mhc_cute_proj_rms.py -k "rms_term" ;;
-*) echo "usage: $0 A|G1|G2|B1|B2"; exit 2 ;;
+*) echo "usage: $0 A|G1|G2|T1|B1|B2|T2"; exit 2 ;;
 esac
 cat "$SUM"
 for f in "$OUT"/*.log; do grep -c "^ok " "$f" | sed "s|^|$f ok: |"; done

@@ -149,3 +149,7 @@ def test_m_splits_as_a_list_of_ints(op_name):
             call(bad)
     with pytest.raises(SpecError, match=rf"{op_name}: tensor m_splits: expected a torch.Tensor, got dict"):
         call({0: 32, 1: 32})
+    with pytest.raises(SpecError, match=rf"{op_name}: tensor m_splits: expected ints that fit torch.int64"):
+        call([2 ** 63, 0])
+    np = pytest.importorskip("numpy")
+    assert torch.equal(call([np.int64(32), np.int32(32)]), want)  # numpy ints (__index__) count as ints

@@ -139,8 +139,9 @@ def test_forward_custom_ops_pass_opcheck(case, device):
     """``torch.library.opcheck`` on each op's forward custom ops (the functional one where it exists, and
     the destination-passing ``_fwd``) with the torch backend: schema (mutations declared, no aliasing),
     fake implementation, autograd registration, AOT dispatch with static and dynamic shapes. test_schema
-    is left out where a tensor is float8 data: it computes on the outputs, which the CPU cannot do in
-    e4m3. cuda: the backend the registry picks (a kernel using an undeclared input as scratch fails)."""
+    is left out where a tensor is float8 data (mxfp8_quantize / mxfp8_dequantize: it computes on the outputs,
+    which torch cannot do in e4m3). cuda: the backend the registry picks (there test_schema catches a kernel that
+    writes into an input it does not declare, the float8 ops excepted)."""
     op = registry.get(case.op)
     gen = op.entry.gen
     args, params = case.make(case.dims, torch.device(device))

@@ -159,3 +159,15 @@ def test_dtensor_is_refused_with_a_hint():
     finally:
         if own:
             dist.destroy_process_group()
+
+
+@pytest.mark.parametrize("bad", [dict(dtypes="like:x"), dict(dtypes=["float32"]), dict(role="out"),
+                                 dict(same_device=True)])
+def test_from_ints_needs_an_integer_input_off_device(bad):
+    """TensorSpec.from_ints (a list of ints accepted and made a CPU tensor): only on an input with an integer
+    dtype first and same_device=False (else the list's CPU tensor would be refused beside GPU tensors, or a
+    "like:" dtype would be read as a torch attribute)."""
+    from pydantic import ValidationError
+
+    with pytest.raises(ValidationError, match="from_ints needs role 'in', an integer dtype"):
+        TensorSpec(**{**dict(name="m", shape=["G"], dtypes=["int64"], from_ints=True, same_device=False), **bad})

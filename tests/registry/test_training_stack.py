@@ -14,7 +14,8 @@ What these found: under a selective-checkpointing policy that saves an op's forw
 the replay handed back the destination-passing custom op's result, None, and the recomputed outputs
 stayed unwritten: mhc_proj_rms, mhc_pre, mhc_post_pre and grouped_mlp_mxfp8, whose backwards read
 saved outputs, got NaN gradients under the suite's poisoning (garbage without it). An eager call under
-a dispatch mode now runs the functional ``tilekernels::<op>`` (``Op.forward_ops``).
+a dispatch mode now runs the functional ``tilekernels::<op>`` (``Op.forward_ops``; gdn_decode, which updates
+its states in place, keeps its destination-passing op).
 """
 from __future__ import annotations
 
