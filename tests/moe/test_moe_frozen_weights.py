@@ -147,26 +147,31 @@ class _Log:
         return logged
 
 
-@pytest.mark.parametrize("frozen", ["fc1", "fc2", "both"])
+@pytest.mark.parametrize("frozen", ["fc1", "fc2", "both", "fc2+fc1-prequantized"])
 @pytest.mark.parametrize("route", list(ROUTES))
 def test_cute_glue_frozen_drops_only_the_wgrads(emulated, monkeypatch, route, frozen):  # noqa: F811
     """The cute MLP backward with None for frozen bf16 masters, along every GEMM route: dx, dprobs and the
     other weight's gradient bitwise the call with both gradients; the building blocks called are that
-    call's, same arguments, minus the frozen weights' wgrad GEMMs and the columnwise x only fc1's reads."""
+    call's, same arguments, minus the frozen weights' wgrad GEMMs and the columnwise x only fc1's reads.
+    Also a frozen fc2 beside a pre-quantized fc1 (which has no gradient in either call)."""
+    from mxfp8_gemm_helpers import prequant_weight
+
     emulated(route)
     m_splits = [64, 0, 96, 32]
     x, probs, ms, w1, w2, dy = _inputs(m_splits)
     M, H, F, G = x.shape[0], x.shape[1], w2.shape[2], len(m_splits)
+    pre1 = frozen.endswith("prequantized")
+    w1, s1 = prequant_weight(w1) if pre1 else (w1, None)
     h = _nan(M, 2 * F, dtype=torch.float32)
-    ck._mlp_fwd(x, probs, ms, w1, w2, None, None, _nan(M, H, dtype=torch.bfloat16), h, True)
-    f1, f2 = frozen in ("fc1", "both"), frozen in ("fc2", "both")
+    ck._mlp_fwd(x, probs, ms, w1, w2, s1, None, _nan(M, H, dtype=torch.bfloat16), h, True)
+    f1, f2 = frozen in ("fc1", "both"), frozen.startswith("fc2") or frozen == "both"
     runs, log = [], _Log(monkeypatch)
-    for skip1, skip2 in ((False, False), (f1, f2)):
+    for skip1, skip2 in ((pre1, False), (f1 or pre1, f2)):
         log.calls = []
         dx, dprobs = _nan(M, H, dtype=torch.bfloat16), _nan(M, dtype=torch.float32)
         d1 = None if skip1 else _nan(G, 2 * F, H, dtype=torch.bfloat16)
         d2 = None if skip2 else _nan(G, H, F, dtype=torch.bfloat16)
-        ck._mlp_bwd(dy, x, probs, ms, w1, w2, None, None, h, dx, dprobs, d1, d2, True)
+        ck._mlp_bwd(dy, x, probs, ms, w1, w2, s1, None, h, dx, dprobs, d1, d2, True)
         runs.append(((dx, dprobs, d1, d2), log.calls))
     (full, calls_full), (part, calls_part) = runs
     for name, g, w in zip(("dx", "dprobs", "dfc1", "dfc2"), part, full):
