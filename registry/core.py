@@ -299,23 +299,24 @@ class Op:
         return tuple(args), kwargs
 
     def _ints_to_tensors(self, args: tuple, kwargs: dict) -> tuple[tuple, dict]:
-        """A list or tuple of ints given for a ``from_ints`` input becomes a CPU tensor of its dtype (anything
-        else is left for validation to judge, which names a non-int element)."""
-        def conv(name, v, dtype):
-            if not all(hasattr(e, "__index__") and not isinstance(e, (bool, torch.Tensor)) for e in v):
-                raise SpecError(self.name, f"tensor {name}", "a torch.Tensor or a sequence of ints",
-                                f"a {type(v).__name__} of {sorted({type(e).__qualname__ for e in v})}")
-            try:
-                return torch.tensor([e.__index__() for e in v], dtype=dtype)
-            except (OverflowError, RuntimeError, ValueError) as e:
-                raise SpecError(self.name, f"tensor {name}", f"ints that fit {dtype}", f"{list(v)} ({e})") from None
+        """A list or tuple given for a ``from_ints`` input becomes a CPU tensor of its dtype (anything else
+        is left for validation to judge)."""
         for i, name, dtype in self._from_ints:
             if i < len(args):
                 if isinstance(args[i], (list, tuple)):
-                    args = (*args[:i], conv(name, args[i], dtype), *args[i + 1:])
+                    args = (*args[:i], self._int_tensor(name, args[i], dtype), *args[i + 1:])
             elif isinstance(kwargs.get(name), (list, tuple)):
-                kwargs = dict(kwargs, **{name: conv(name, kwargs[name], dtype)})
+                kwargs = dict(kwargs, **{name: self._int_tensor(name, kwargs[name], dtype)})
         return args, kwargs
+
+    def _int_tensor(self, name: str, v, dtype: torch.dtype) -> torch.Tensor:
+        if not all(hasattr(e, "__index__") and not isinstance(e, (bool, torch.Tensor)) for e in v):
+            raise SpecError(self.name, f"tensor {name}", "a torch.Tensor or a sequence of ints",
+                            f"a {type(v).__name__} of {sorted({type(e).__qualname__ for e in v})}")
+        try:
+            return torch.tensor([e.__index__() for e in v], dtype=dtype)
+        except (OverflowError, RuntimeError, ValueError) as e:
+            raise SpecError(self.name, f"tensor {name}", f"ints that fit {dtype}", f"{list(v)} ({e})") from None
 
     def __call__(self, *args, backend: str = "auto", **kwargs) -> Any:
         args, kwargs = self._prepare(args, kwargs)

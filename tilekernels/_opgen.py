@@ -327,18 +327,20 @@ class _Gen:
         nondiff_at = tuple(i for i, t in enumerate(self.spec.outputs) if not t.differentiable)
         grad_slot = tuple(self.diff_in.index(n) if n in self.diff_in else None for n in self.ins)
         no_grads = (None,) * (len(self.params) + 1)                        # the params' and backend's
-        decl_skip = set(self.decl.skippable)
-
-        skippable = tuple((k, i, n) for k, (i, n) in enumerate(zip(diff_in_at, self.diff_in)) if n in decl_skip)
+        # (slot among the gradients, position among the inputs, name) of each input a kernel may skip
+        skippable = tuple((k, i, n) for k, (i, n) in enumerate(zip(diff_in_at, self.diff_in))
+                          if n in self.decl.skippable)
 
         def bwd(ctx, *grads):
             ret = ctx.returned  # None: every output returned, grads in output order
             gout = [(grads[i] if ret is None else grads[ret.index(i)]).contiguous() for i in diff_out_at]
             meta = ctx.in_meta
-            if skippable and not all(ctx.needs_input_grad[i] for _, i, _ in skippable):
-                skips = skipped_grads(gen.name, ctx.backend)  # a frozen input's gradient, where the kernel skips it
-                meta = [None if (k, i, n) in skippable and not ctx.needs_input_grad[i] and n in skips else m
-                        for k, (i, n, m) in enumerate(zip(diff_in_at, gen.diff_in, meta))]
+            frozen = [(k, n) for k, i, n in skippable if not ctx.needs_input_grad[i]]
+            if frozen:  # a gradient autograd does not need: None where the backend's kernel skips it
+                skips, meta = skipped_grads(gen.name, ctx.backend), list(meta)
+                for k, n in frozen:
+                    if n in skips:
+                        meta[k] = None
             dins = [None if m is None else empty(*m) for m in meta]
             run_pass(gen.bwd_op, gen.name, "bwd", *gout, *ctx.saved_tensors, *dins, *ctx.params, backend=ctx.backend)
             return (*[None if k is None else dins[k] for k in grad_slot], *no_grads)
