@@ -4,12 +4,18 @@ which the test runs in a child process per case (a failed capture leaves CUDA's 
 capture state for the whole process)."""
 from __future__ import annotations
 
+import pytest
 import torch
 
 import registry
 from tilekernels.testing import assert_close
 
 COLLECTIVES = {"thd_cp_to_hp", "thd_hp_to_cp", "thd_cp_a2a_perm"}  # host cu_seqlens by design
+
+# the drop-in checks' device parameter: the CPU runs go through the torch backend, the cuda runs (marker gpu)
+# through the GPU backends
+_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+DEVICES = [pytest.param("cpu"), pytest.param("cuda", marks=[_cuda, pytest.mark.gpu])]
 
 
 def _cases(device_type="cpu"):

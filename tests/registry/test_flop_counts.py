@@ -18,10 +18,8 @@ import torch
 from torch.utils.flop_counter import FlopCounterMode
 
 import registry
-from registry_gpu_helpers import CASES, IDS, _leaf_pos, _fresh, _outs, batch_sizes
+from registry_gpu_helpers import CASES, DEVICES, IDS, _leaf_pos, _fresh, _outs, batch_sizes
 
-cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
-DEVICES = [pytest.param("cpu"), pytest.param("cuda", marks=[cuda, pytest.mark.gpu])]
 
 
 def _counts(call, args, leaf_pos) -> tuple[int, int | None]:

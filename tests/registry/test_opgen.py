@@ -17,17 +17,19 @@ import torch
 import torch.autograd.forward_ad as fwad
 
 import registry
+from registry_gpu_helpers import DEVICES
 from specs import all_specs
 
 _FAMILIES = ("mhc", "moe", "gdn", "cp")
 _DIFF = {s.name for s in all_specs() if s.differentiable}
 
 
-def _cases():
+def _cases(with_grads: bool = True):
+    """The generated ops' CPU bench cases (``with_grads``: the differentiable ones that take gradients)."""
     out = []
     for fam in _FAMILIES:
         for c in importlib.import_module(f"tilekernels.{fam}.bench").cases("cpu"):
-            if c.op in _DIFF and c.grad_inputs and hasattr(registry.get(c.op).entry, "gen"):
+            if hasattr(registry.get(c.op).entry, "gen") and (not with_grads or c.op in _DIFF and c.grad_inputs):
                 out.append(pytest.param(c, id=f"{c.op}-{c.variant}" if c.variant else c.op))
     return out
 
@@ -120,21 +122,10 @@ def test_forward_ad_and_double_backward_still_refused(case):
         g0.sum().backward()
 
 
-def _all_cases():
-    out = []
-    for fam in _FAMILIES:
-        for c in importlib.import_module(f"tilekernels.{fam}.bench").cases("cpu"):
-            if hasattr(registry.get(c.op).entry, "gen"):
-                out.append(pytest.param(c, id=f"{c.op}-{c.variant}" if c.variant else c.op))
-    return out
-
-
-_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
-DEVICES = [pytest.param("cpu"), pytest.param("cuda", marks=[_cuda, pytest.mark.gpu])]
 
 
 @pytest.mark.parametrize("device", DEVICES)
-@pytest.mark.parametrize("case", _all_cases())
+@pytest.mark.parametrize("case", _cases(with_grads=False))
 def test_forward_custom_ops_pass_opcheck(case, device):
     """``torch.library.opcheck`` on each op's forward custom ops (the functional one where it exists, and
     the destination-passing ``_fwd``) with the torch backend: schema (mutations declared, no aliasing),

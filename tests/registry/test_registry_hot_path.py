@@ -31,7 +31,7 @@ import registry.validate as V
 from registry import SpecError
 from specs import all_specs
 
-from registry_gpu_helpers import (CASES, COLLECTIVES, IDS, _outs, autocast_check, batch_sizes, compiled_fwd_bwd_check,
+from registry_gpu_helpers import (CASES, COLLECTIVES, DEVICES, IDS, _outs, autocast_check, batch_sizes, compiled_fwd_bwd_check,
                                   export_check, fake_mode_check, misaligned_inputs_check, nan_propagation_check,
                                   varying_batch_compile_check)
 from tilekernels.testing import assert_close
@@ -226,8 +226,7 @@ def test_compile_fwd_bwd_through_registry(case):
 
 # ---------------------------------------------------------------- drop-in checks, on the CPU and (owed) on a GPU
 
-# The CPU runs go through the torch backend; the cuda runs (marker gpu) through the GPU backends.
-DEVICES = [pytest.param("cpu"), pytest.param("cuda", marks=[cuda, pytest.mark.gpu])]
+# DEVICES (registry_gpu_helpers): the CPU runs go through the torch backend, the cuda runs through the GPU backends.
 
 
 @pytest.mark.parametrize("dynamic", [None, True], ids=["auto-dynamic", "dynamic"])

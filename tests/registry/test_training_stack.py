@@ -27,10 +27,8 @@ from torch.utils.checkpoint import CheckpointPolicy, checkpoint, create_selectiv
 
 import registry
 import registry.kernels as K
-from registry_gpu_helpers import CASES, IDS, _assert_same, _leaf_pos, _fresh, _outs, _step, batch_sizes
+from registry_gpu_helpers import CASES, DEVICES, IDS, _assert_same, _leaf_pos, _fresh, _outs, _step, batch_sizes
 
-cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
-DEVICES = [pytest.param("cpu"), pytest.param("cuda", marks=[cuda, pytest.mark.gpu])]
 GRAD = [pytest.param(c, id=i) for c, i in zip(CASES, IDS) if c.grad_inputs]
 
 
@@ -146,18 +144,14 @@ def test_make_fx_symbolic(case):
 
     op = registry.get(case.op)
     args, params = case.make(case.dims, torch.device("cpu"))
-    g = make_fx(lambda *a: op(*a, **params), tracing_mode="symbolic")(*[_clone(a) for a in args])
+    g = make_fx(lambda *a: op(*a, **params), tracing_mode="symbolic")(*_fresh(args, set()))
     assert any(n.target == op.forward_ops[0] for n in g.graph.nodes), g.graph  # (gdn_decode: its _fwd)
     a1, _ = case.make(batch_sizes(case)[1][0], torch.device("cpu"))
-    got, want = [_clone(a) for a in a1], [_clone(a) for a in a1]
+    got, want = _fresh(a1, set()), _fresh(a1, set())
     out_g, out_w = _outs(g(*got)), _outs(op(*want, **params))
     _assert_same([o.detach() for o in out_g] + [a for a in got if isinstance(a, torch.Tensor)],
                  [o.detach() for o in out_w] + [a for a in want if isinstance(a, torch.Tensor)],
                  f"{case.op}: make_fx graph vs eager", exact=True)
-
-
-def _clone(a):
-    return a.clone() if isinstance(a, torch.Tensor) else a
 
 
 @pytest.mark.parametrize("device", DEVICES)
