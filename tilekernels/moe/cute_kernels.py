@@ -308,8 +308,7 @@ def _grouped_linear_bwd(dy, x, weight, m_splits, dx, dweight, precision):
             pq.torch_gemm_into("wgrad", dy, x, off, dweight)
         return
     M, G = dy.shape[0], weight.shape[0]
-    # the route a dweight would take (its dtype and device are the weight's)
-    if QDQ_OUT and _qdq_path("dgrad", dx, M, G) and _qdq_path("wgrad", weight if dweight is None else dweight, M, G):
+    if QDQ_OUT and _qdq_path("dgrad", dx, M, G) and _qdq_path("wgrad", _wgrad_like(dweight, weight), M, G):
         # both GEMMs on bf16 operands: dY qdq'd both ways from one read (as the MLP's backward),
         # not quantized both ways and then dequantized twice; the same operand values
         dy_row, dy_col = _qdq_both(dy)
