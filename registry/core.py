@@ -47,6 +47,7 @@ from . import capabilities as caps
 from .errors import BackendUnavailable, SpecError
 from .guards import HIT, MEMO, CallGuards, value_memo, values_unchanged
 from .kernels import has_kernel
+from .transforms import func_transforms
 from .validate import Bound, bind, check_values, dtype_name, failing_constraint, precompile, values_read
 
 log = logging.getLogger("tilekernels")
@@ -323,6 +324,8 @@ class Op:
         if torch.compiler.is_compiling():  # traced: validation becomes guards and graph ops
             bound = bind(self.spec, args, kwargs, self._rules)
             return self.entry(*bound.args(), backend=self.choose(bound, backend), **bound.params)
+        if torch._C._are_functorch_transforms_active():  # vmap / jvp refused before validation reads a value
+            func_transforms(self.name, self.spec.differentiable)
         if not isinstance(backend, str):  # (a list or dict would fail as a cache key, not as a SpecError)
             raise SpecError(self.name, "backend", f"'auto' or one of {[b.name for b in self.spec.backends]}",
                             f"{type(backend).__name__} {backend!r}")

@@ -13,6 +13,8 @@ import torch
 
 from specs import expr as _expr
 
+from .transforms import host_tensor
+
 _DTYPE_NAMES = {getattr(torch, n): n for n in (
     "bfloat16", "float16", "float32", "float64", "int8", "int16", "int32", "int64", "uint8",
     "float8_e4m3fn", "float8_e5m2", "bool", "complex64", "complex128")}
@@ -230,6 +232,8 @@ def _host_values(t: Optional[torch.Tensor]) -> tuple:
     """A CPU tensor's integer values (the only host read of tensor data)."""
     if t is None:
         return ()
+    if type(t) is torch.Tensor and torch._C._functorch.is_functorch_wrapped_tensor(t):  # torch.func's
+        t = host_tensor(t)
     return tuple(t.tolist() if t.dim() == 1 else t.reshape(-1).tolist())  # int tensors: Python ints
 
 

@@ -19,7 +19,9 @@ declaration (what the backward saves, scratch outputs the backward needs):
   tests, ``_glue.empty``);
 * an ``autograd.Function`` (once-differentiable) whose forward runs the fwd
   pass and saves what the declaration names, and whose backward allocates one
-  gradient per differentiable input and runs the bwd pass;
+  gradient per differentiable input and runs the bwd pass; for torch.func's grad /
+  vjp, the same passes as a setup_context Function (``registry/transforms.py``
+  says which transforms the ops take and refuses the rest);
 * the functional entry, ``entry(*inputs, <params as keywords>, backend="torch")``,
   which the registry calls with validated inputs (it trusts its inputs).
 
@@ -49,6 +51,7 @@ from torch import Tensor
 from torch.autograd.function import once_differentiable
 
 from registry.kernels import get_kernel, skipped_grads
+from registry.transforms import GradLevel, func_transforms, records_graph
 from registry.exprs import GRAD_DTYPE_NAMES, GRAD_DTYPES, _fn, evaluate
 from specs.schema import OpSpec, TensorSpec
 
@@ -307,13 +310,20 @@ class _Gen:
     def forward(self, tensors: list, params: list, backend: str) -> list:
         """Allocate and run the fwd pass; returns outputs + scratch (None for an absent output).
         An eager call under a dispatch mode (selective checkpointing, FakeTensorMode, make_fx,
-        FlopCounterMode) goes through the functional op, whose outputs the mode sees; torch.compile
-        traces the destination-passing ``_fwd`` op (functionalized by AOTAutograd)."""
-        if self.fwd_alloc_op is not None and not torch.compiler.is_compiling() and torch._C._len_torch_dispatch_stack():
+        FlopCounterMode) or torch.func transform (functionalize) goes through the functional op, whose
+        outputs the mode sees; torch.compile traces the destination-passing ``_fwd`` op (functionalized
+        by AOTAutograd); a plain eager call runs the kernel directly (``_glue.run_pass``'s cases, each
+        tested once)."""
+        traced = torch.compiler.is_compiling()
+        moded = not traced and (torch._C._len_torch_dispatch_stack() or torch._C._are_functorch_transforms_active())
+        if moded and self.fwd_alloc_op is not None:
             got = iter(self.fwd_alloc_op(*tensors, *params, backend))
             return [None if shape is None else next(got) for _, shape, _ in self.plan(tensors, params)]
         made = self.allocate(tensors, params, tensors[0].device)
-        run_pass(self.fwd_op, self.name, "fwd", *tensors, *made, *params, backend=backend)
+        if traced or moded:
+            self.fwd_op(*tensors, *made, *params, backend)
+        else:
+            run_kernel(get_kernel(self.name, backend, "fwd"), (*tensors, *made, *params))
         return made
 
     def _autograd(self):
@@ -331,7 +341,7 @@ class _Gen:
         skippable = tuple((k, i, n) for k, (i, n) in enumerate(zip(diff_in_at, self.diff_in))
                           if n in self.decl.skippable)
 
-        def bwd(ctx, *grads):
+        def bwd(ctx, *grads, via_op: bool = False):
             ret = ctx.returned  # None: every output returned, grads in output order
             gout = [(grads[i] if ret is None else grads[ret.index(i)]).contiguous() for i in diff_out_at]
             meta = ctx.in_meta
@@ -342,10 +352,21 @@ class _Gen:
                     if n in skips:
                         meta[k] = None
             dins = [None if m is None else empty(*m) for m in meta]
-            run_pass(gen.bwd_op, gen.name, "bwd", *gout, *ctx.saved_tensors, *dins, *ctx.params, backend=ctx.backend)
+            if via_op:  # through the dispatcher, which unwraps a transform's wrappers (dead ones too)
+                gen.bwd_op(*gout, *ctx.saved_tensors, *dins, *ctx.params, ctx.backend)
+            else:
+                run_pass(gen.bwd_op, gen.name, "bwd", *gout, *ctx.saved_tensors, *dins, *ctx.params,
+                         backend=ctx.backend)
             return (*[None if k is None else dins[k] for k in grad_slot], *no_grads)
 
         bwd_once = once_differentiable(bwd)
+
+        def bwd_of_transform(ctx, *grads):
+            # saved tensors stay wrapped for the transform's level, dead wrappers once it has returned
+            # (a vjp function called afterwards): no data pointer a GPU kernel could take
+            return bwd(ctx, *grads, via_op=True)
+
+        bwd_once_op = once_differentiable(bwd_of_transform)
 
         class Fn(torch.autograd.Function):
             @staticmethod
@@ -374,17 +395,78 @@ class _Gen:
                 # block would change nothing, so it is skipped (host cost: benchmarks/results/registry.md)
                 return bwd_once(ctx, *grads) if torch.is_grad_enabled() else bwd(ctx, *grads)
 
+        class FnT(torch.autograd.Function):
+            """The same passes in the form torch.func's grad and vjp take (see ``_Gen.call_transformed``):
+            a forward without ctx that returns the outputs and the scratch (None where absent), and a
+            setup_context that saves from them (a transform wraps each saved tensor for its level, so every
+            one must be among the Function's inputs or outputs). The last input is the grad transform the
+            call ran under (``GradLevel``), for the backward's check. Only used under a transform: the
+            extra outputs would cost an eager step host time."""
+
+            @staticmethod
+            def forward(*args):
+                tensors, params, backend = args[:n_in], args[n_in:-2], args[-2]
+                return tuple(gen.forward(tensors, params, backend))
+
+            @staticmethod
+            def setup_context(ctx, inputs, output):
+                tensors, params = inputs[:n_in], inputs[n_in:-2]
+                both = (*tensors, *output)
+                ctx.save_for_backward(*[both[i] for i in save_at])
+                ctx.params, ctx.backend, ctx.level, ctx.returned = params, inputs[-2], inputs[-1], None
+                ctx.in_meta = [None if t is None or t.dtype not in GRAD_DTYPES else (t.shape, t.dtype, t.device)
+                               for t in (tensors[i] for i in diff_in_at)]
+                fixed = [o for i, o in enumerate(output) if o is not None and (i >= n_out or i in nondiff_at)]
+                if fixed:
+                    ctx.mark_non_differentiable(*fixed)
+
+            @staticmethod
+            def backward(ctx, *grads):
+                # a transform that would differentiate this backward is refused first (its results carry
+                # no derivative for one); the pass runs without recording (the custom op's autograd would
+                # otherwise wrap it)
+                func_transforms(gen.name, backward_of=ctx.level, grads=grads)
+                return (*bwd_once_op(ctx, *grads), None)
+
         Fn.__name__ = Fn.__qualname__ = "".join(w.title() for w in self.name.split("_"))
+        FnT.__name__ = FnT.__qualname__ = Fn.__name__ + "Func"
+        self.fn_func = FnT
         return Fn
 
     def call(self, tensors, params, backend: str):
         if self.fn is not None and _needs_autograd(tensors):
+            if torch._C._are_functorch_transforms_active():
+                if torch.compiler.is_compiling():  # (dynamo traces the check: it raises while tracing)
+                    raise NotImplementedError(
+                        f"{self.name}: torch.compile around a torch.func transform of the op is not supported; "
+                        "run the transform eagerly, or use torch.autograd under torch.compile")
+                return self.call_transformed(tensors, params, backend)
             return self.fn.apply(*tensors, *params, backend)
+        if self.fn is None and torch._C._are_functorch_transforms_active() and not torch.compiler.is_compiling():
+            func_transforms(self.name, differentiable=False, in_place=tuple(self.inout))
         if self.fn is None and torch.is_grad_enabled():  # a non-differentiable op records no graph, whatever its inputs
             with torch.no_grad():
                 made = self.forward(tensors, params, backend)
         else:  # no graph to record: autograd.Function.apply would only add its host cost (registry.md)
             made = self.forward(tensors, params, backend)
+        outs = [o for o in made[:len(self.outs)] if o is not None]
+        return outs[0] if len(outs) == 1 else tuple(outs)
+
+    def call_transformed(self, tensors, params, backend: str):
+        """A differentiable op's call under torch.func transforms: grad / vjp (one level) go through the
+        setup_context Function; functionalize alone runs the fwd pass (through the functional op). vmap,
+        jvp and a grad of the backward raise (``registry.transforms``)."""
+        level = func_transforms(self.name)
+        if level is not None:
+            made = self.fn_func.apply(*tensors, *params, backend, GradLevel(level))
+        else:
+            if records_graph(tensors):
+                raise NotImplementedError(
+                    f"{self.name}: torch.func.functionalize of a call that records an autograd graph is not "
+                    "supported (torch has no functionalize rule for an autograd.Function); use torch.compile, "
+                    "or call it under torch.no_grad()")
+            with torch.no_grad():
+                made = self.forward(tensors, params, backend)
         outs = [o for o in made[:len(self.outs)] if o is not None]
         return outs[0] if len(outs) == 1 else tuple(outs)
 

@@ -12,7 +12,8 @@
 # T1 (cuTile) / T2 (CuTe) session 48's tests on the GPU kernels: tests/registry/test_training_stack.py
 #    (checkpointing, selective checkpointing eager / compiled, offload hooks, retained-graph backward, deterministic
 #    mode, outputs freed without the cycle collector), opcheck of the custom ops (test_opgen.py), and on T2 the
-#    flop counts and frozen MoE weights (the cute backward skipping their wgrads; CPU-emulated so far).
+#    flop counts and frozen MoE weights (the cute backward skipping their wgrads; CPU-emulated so far); first,
+#    session 49's torch.func tests (grad / vjp through the GPU kernels: tests/registry/test_func_transforms.py).
 # B2 (CuTe) torch.compile at 3 batch sizes (also reduce-overhead), the mHC CuTe proj_rms / post_pre files whole,
 #    then memcheck / initcheck / racecheck over their RMS-term tests.
 # Each failure's report is printed the moment it arrives (benchmarks/probes/instafail.py), so a step its cap cuts
@@ -35,8 +36,9 @@ G1) step nan_gdn 120 $P $H -k "nan_reaches and gdn"
     step gdn_cutile_files 300 $P tests/gdn/test_gdn_cutile_decode.py tests/gdn/test_gdn_cutile_pre_gated.py \
       tests/gdn/test_gdn_cutile_pre_gated_bwd.py
     sanitize gdn_nan 50 $H -k "nan_reaches and (gdn_pre_gated-thd or gdn_decode-fp32)" ;;
-T1) step training_stack_T1 520 $P tests/registry/test_training_stack.py tests/registry/test_opgen.py ;;
-T2) step training_stack_T2 520 $P tests/registry/test_training_stack.py tests/registry/test_opgen.py \
+T1|T2) step func_transforms_$1 60 $P tests/registry/test_func_transforms.py ;;&
+T1) step training_stack_T1 460 $P tests/registry/test_training_stack.py tests/registry/test_opgen.py ;;
+T2) step training_stack_T2 460 $P tests/registry/test_training_stack.py tests/registry/test_opgen.py \
       tests/registry/test_flop_counts.py tests/moe/test_moe_frozen_weights.py ;;
 G2) step misaligned_gdn 540 $P $H -k "misaligned and gdn" ;;
 B2) step compile 200 $P $H -k "keeps_batch or reduce_overhead"

@@ -55,9 +55,9 @@ def test_torch_compile_fullgraph():
 
 
 def test_compiled_graph_holds_the_custom_ops_eager_runs_the_kernel(monkeypatch):
-    """Under torch.compile the fwd/bwd are opaque custom-op nodes; in eager mode
-    ``_glue.run_pass`` calls the registered kernel without the dispatcher."""
-    from tilekernels import _glue
+    """Under torch.compile the fwd/bwd are opaque custom-op nodes; in eager mode the
+    registered kernels run without the dispatcher (the custom ops are not called)."""
+    import registry.kernels as K
     from tilekernels.mhc import h_aggregate
 
     graphs = []
@@ -71,9 +71,12 @@ def test_compiled_graph_holds_the_custom_ops_eager_runs_the_kernel(monkeypatch):
     torch.compile(h_aggregate, fullgraph=True, backend=keep)(x, h).sum().backward()
     assert any("tilekernels.mhc_h_aggregate_fwd" in g and "tilekernels.mhc_h_aggregate_bwd" in g
                for g in graphs)
-    calls = []
-    real = _glue.get_kernel
-    monkeypatch.setattr(_glue, "get_kernel", lambda *k: calls.append(k) or real(*k))
+    calls, gen = [], h_aggregate.gen
+    for key in (("mhc_h_aggregate", "torch", "fwd"), ("mhc_h_aggregate", "torch", "bwd")):
+        real = K._KERNELS[key]
+        monkeypatch.setitem(K._KERNELS, key, lambda *a, _k=key, _r=real: calls.append(_k) or _r(*a))
+    for name in ("fwd_op", "bwd_op"):
+        monkeypatch.setattr(gen, name, lambda *a, _n=name: calls.append(_n))  # (a no-op: fails the test if reached)
     h_aggregate(x, h).sum().backward()
     assert calls == [("mhc_h_aggregate", "torch", "fwd"), ("mhc_h_aggregate", "torch", "bwd")]
 

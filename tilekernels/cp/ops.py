@@ -71,6 +71,7 @@ def thd_cp_a2a_perm(cu_seqlens: Tensor, *, cp: int, split_sections: Optional[Seq
     GPU cu_seqlens that is one device sync per call, by design.
     """
     op = "thd_cp_a2a_perm"
+    _no_transforms(op, "its maps are written by a kernel that takes plain tensors")
     sections = _sections(op, split_sections)
     dev = cu_seqlens.device
     total = int(cu_seqlens[-1]) if total_tokens is None else operator.index(total_tokens)
@@ -190,6 +191,12 @@ class _CpA2A(torch.autograd.Function):
         return _run(ctx.op, "bwd", dout.contiguous(), ctx.plan, ctx.group, ctx.backend), None, None, None, None
 
 
+def _no_transforms(op: str, why: str) -> None:
+    """The CP ops take no torch.func transform (registry/transforms.py says what the other ops take)."""
+    if torch._C._are_functorch_transforms_active():
+        raise NotImplementedError(f"{op}: torch.func transforms (grad, vjp, functionalize) are not supported: {why}")
+
+
 def _sections(op: str, split_sections) -> Optional[tuple[int, ...]]:
     if split_sections is None:
         return None
@@ -232,6 +239,7 @@ def _check_group(op: str, group, cp) -> int:
 
 
 def _a2a(op: str, x: Tensor, cu_seqlens: Tensor, split_sections, group, cp, backend: str) -> Tensor:
+    _no_transforms(op, "the op runs a collective, and its autograd.Function has no setup_context form")
     sections = _sections(op, split_sections)
     cp = _check_group(op, group, cp)
     full_width = x.shape[1] * (cp if op == "thd_hp_to_cp" else 1)
