@@ -13,6 +13,8 @@
 * A grad transform that would differentiate an op's backward (nested grad, or a grad of a vjp
   function with respect to its cotangents): refused. The backward's kernels are
   once-differentiable; their results carry no derivative, so such a transform would get zeros.
+  (A gradient that reaches a recorded backward by other routes, e.g. ``autograd.grad`` with
+  create_graph inside a transform, raises in ``tilekernels._opgen._NoSecondOrder``.)
 """
 from __future__ import annotations
 
@@ -28,16 +30,21 @@ class GradLevel:
 
     __slots__ = ("level", "probe")
 
-    def __init__(self, level: int):
+    def __init__(self, level: Optional[int]):
         from torch._C._functorch import _wrap_for_grad, maybe_get_level
 
-        probe = torch.empty(())  # made under the transform: already wrapped at its level
-        self.level, self.probe = level, probe if maybe_get_level(probe) == level else _wrap_for_grad(probe, level)
+        self.level, self.probe = level, None
+        if level is not None:
+            probe = torch.empty(())  # made under the transform: already wrapped at its level
+            self.probe = probe if maybe_get_level(probe) == level else _wrap_for_grad(probe, level)
 
     def recorded_by(self, level: int) -> bool:
         from torch._C._functorch import is_dead_tensor_wrapper
 
-        return level == self.level and not is_dead_tensor_wrapper(self.probe)
+        return self.probe is not None and level == self.level and not is_dead_tensor_wrapper(self.probe)
+
+
+PLAIN_AUTOGRAD = GradLevel(None)  # a call plain autograd recorded: no transform's level is its own
 
 
 def func_transforms(op: str, differentiable: bool = True, backward_of: Optional[GradLevel] = None,

@@ -48,10 +48,9 @@ from typing import Callable, Optional
 import torch
 import torch.autograd.forward_ad as _fwad
 from torch import Tensor
-from torch.autograd.function import once_differentiable
 
 from registry.kernels import get_kernel, skipped_grads
-from registry.transforms import GradLevel, func_transforms, records_graph
+from registry.transforms import PLAIN_AUTOGRAD, GradLevel, func_transforms, records_graph
 from registry.exprs import GRAD_DTYPE_NAMES, GRAD_DTYPES, _fn, evaluate
 from specs.schema import OpSpec, TensorSpec
 
@@ -359,14 +358,12 @@ class _Gen:
                          backend=ctx.backend)
             return (*[None if k is None else dins[k] for k in grad_slot], *no_grads)
 
-        bwd_once = once_differentiable(bwd)
-
-        def bwd_of_transform(ctx, *grads):
-            # saved tensors stay wrapped for the transform's level, dead wrappers once it has returned
-            # (a vjp function called afterwards): no data pointer a GPU kernel could take
-            return bwd(ctx, *grads, via_op=True)
-
-        bwd_once_op = once_differentiable(bwd_of_transform)
+        def bwd_recording(ctx, grads, via_op: bool = False):
+            """The pass in a backward that records (create_graph, or a torch.func transform): run without
+            recording (the custom op's autograd would wrap it), its results behind ``_NoSecondOrder``."""
+            with torch.no_grad():
+                res = bwd(ctx, *grads, via_op=via_op)
+            return _no_second_order(gen.name, res, (*grads, *ctx.saved_tensors))
 
         class Fn(torch.autograd.Function):
             @staticmethod
@@ -390,10 +387,15 @@ class _Gen:
 
             @staticmethod
             def backward(ctx, *grads):
-                # once-differentiable: the engine runs a backward with grad mode off unless create_graph,
-                # where once_differentiable's wrapper makes a second backward raise; off, its no_grad
-                # block would change nothing, so it is skipped (host cost: benchmarks/results/registry.md)
-                return bwd_once(ctx, *grads) if torch.is_grad_enabled() else bwd(ctx, *grads)
+                # a torch.func transform over a plain graph's backward (autograd.grad inside func.grad,
+                # is_grads_batched's vmap): refused unless it leaves the grads untracked; then through the
+                # custom op, which unwraps them
+                if torch._C._are_functorch_transforms_active():
+                    func_transforms(gen.name, backward_of=PLAIN_AUTOGRAD, grads=grads)
+                    return bwd_recording(ctx, grads, via_op=True)
+                # once-differentiable: the engine runs a backward with grad mode off unless create_graph;
+                # off, nothing to guard (host cost: benchmarks/results/registry.md)
+                return bwd_recording(ctx, grads) if torch.is_grad_enabled() else bwd(ctx, *grads)
 
         class FnT(torch.autograd.Function):
             """The same passes in the form torch.func's grad and vjp take (see ``_Gen.call_transformed``):
@@ -422,11 +424,12 @@ class _Gen:
 
             @staticmethod
             def backward(ctx, *grads):
-                # a transform that would differentiate this backward is refused first (its results carry
-                # no derivative for one); the pass runs without recording (the custom op's autograd would
-                # otherwise wrap it)
+                # another transform that would differentiate this backward is refused first; the pass goes
+                # through its custom op: the saved tensors stay wrapped for the transform's level (dead
+                # wrappers once it has returned: a vjp function called afterwards), with no data pointer a
+                # GPU kernel could take
                 func_transforms(gen.name, backward_of=ctx.level, grads=grads)
-                return (*bwd_once_op(ctx, *grads), None)
+                return (*bwd_recording(ctx, grads, via_op=True), None)
 
         Fn.__name__ = Fn.__qualname__ = "".join(w.title() for w in self.name.split("_"))
         FnT.__name__ = FnT.__qualname__ = Fn.__name__ + "Func"
@@ -441,6 +444,10 @@ class _Gen:
                         f"{self.name}: torch.compile around a torch.func transform of the op is not supported; "
                         "run the transform eagerly, or use torch.autograd under torch.compile")
                 return self.call_transformed(tensors, params, backend)
+            if _fwad._current_level >= 0 and any(t is not None and _fwad.unpack_dual(t).tangent is not None
+                                                 for t in tensors):
+                raise NotImplementedError(f"{self.name}: forward-mode AD (a dual input: torch.autograd.forward_ad, "
+                                          "torch.func.linearize) is not supported: the op has no jvp formula")
             return self.fn.apply(*tensors, *params, backend)
         if self.fn is None and torch._C._are_functorch_transforms_active() and not torch.compiler.is_compiling():
             func_transforms(self.name, differentiable=False, in_place=tuple(self.inout))
@@ -469,6 +476,38 @@ class _Gen:
                 made = self.forward(tensors, params, backend)
         outs = [o for o in made[:len(self.outs)] if o is not None]
         return outs[0] if len(outs) == 1 else tuple(outs)
+
+
+class _NoSecondOrder(torch.autograd.Function):
+    """Identity on an op's input gradients, with the backward's inputs that autograd tracks (grad outputs,
+    saved tensors) as inputs too: a gradient of the backward (second order, at any level) reaches this
+    node and raises, naming the op. once_differentiable's error node hangs on detached copies instead,
+    so a gradient with respect to chosen inputs (``autograd.grad(..., inputs)``, every torch.func
+    transform) never reached it and got zeros (found by review, session 49)."""
+
+    @staticmethod
+    def forward(op, n, *ts):
+        return tuple(t.detach() for t in ts[:n])
+
+    @staticmethod
+    def setup_context(ctx, inputs, output):
+        ctx.op = inputs[0]
+
+    @staticmethod
+    def backward(ctx, *grads):
+        raise NotImplementedError(f"{ctx.op}: a gradient through the op's backward (second order) is not "
+                                  "supported: the backward is once-differentiable")
+
+
+def _no_second_order(op: str, res: tuple, inputs: tuple) -> tuple:
+    """``res`` (a backward's results) behind :class:`_NoSecondOrder` where one of ``inputs`` requires grad."""
+    tracked = [t for t in inputs if isinstance(t, Tensor) and t.requires_grad]
+    if not tracked:
+        return res
+    dins = [r for r in res if r is not None]
+    got = _NoSecondOrder.apply(op, len(dins), *dins, *tracked)
+    got = iter(got if isinstance(got, tuple) else (got,))
+    return tuple(None if r is None else next(got) for r in res)
 
 
 def _positional(args: tuple, kwargs: dict, names: list) -> list:

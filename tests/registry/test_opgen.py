@@ -103,7 +103,9 @@ def test_calls_without_a_graph_skip_the_function_with_the_same_results(case, mon
 def test_forward_ad_and_double_backward_still_refused(case):
     """No jvp: a dual input raises, as through the Function before; with create_graph and grad
     outputs that require grad, the first backward's results carry a node that raises when a
-    second backward reaches it (once-differentiable)."""
+    second backward reaches it (once-differentiable), also a gradient with respect to the inputs
+    alone (``autograd.grad(..., inputs)``), which once_differentiable's node, hung on detached
+    copies, never reached (it gave no gradient, or zeros where materialized)."""
     op = registry.get(case.op)
     args, params = _inputs(case, requires_grad=False)
     with fwad.dual_level():
@@ -117,9 +119,14 @@ def test_forward_ad_and_double_backward_still_refused(case):
     v = [torch.randn_like(t).requires_grad_() for t in outs]
     g = torch.autograd.grad(outs, leaves, v, create_graph=True, allow_unused=True)
     g0 = next(t for t in g if t is not None)
-    assert g0.requires_grad  # a grad_fn that refuses (once_differentiable's), not a plain tensor
-    with pytest.raises(RuntimeError, match="differentiate twice"):
+    assert g0.requires_grad  # a grad_fn that refuses, not a plain tensor
+    with pytest.raises(NotImplementedError, match=f"^{case.op}: "
+                       "a gradient through the op's backward"):
         g0.sum().backward()
+    g = torch.autograd.grad(outs, leaves, v, create_graph=True, allow_unused=True)
+    g0 = next(t for t in g if t is not None)
+    with pytest.raises(NotImplementedError, match="second order"):
+        torch.autograd.grad((g0.float() ** 2).sum(), leaves, allow_unused=True, materialize_grads=True)
 
 
 
