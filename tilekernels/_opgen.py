@@ -340,7 +340,14 @@ class _Gen:
         skippable = tuple((k, i, n) for k, (i, n) in enumerate(zip(diff_in_at, self.diff_in))
                           if n in self.decl.skippable)
 
-        def bwd(ctx, *grads, via_op: bool = False):
+        def grad_meta(tensors) -> list:
+            """(shape, dtype, device) of each differentiable input's gradient; None for an absent input or
+            one whose dtype cannot carry a gradient (float8 data)."""
+            return [None if t is None or t.dtype not in GRAD_DTYPES else (t.shape, t.dtype, t.device)
+                    for t in (tensors[i] for i in diff_in_at)]
+
+        def bwd(ctx, *grads, via_op: bool = False, saved: Optional[tuple] = None):
+            saved = ctx.saved_tensors if saved is None else saved  # (unpacked once: checkpointing allows no more)
             ret = ctx.returned  # None: every output returned, grads in output order
             gout = [(grads[i] if ret is None else grads[ret.index(i)]).contiguous() for i in diff_out_at]
             meta = ctx.in_meta
@@ -352,18 +359,20 @@ class _Gen:
                         meta[k] = None
             dins = [None if m is None else empty(*m) for m in meta]
             if via_op:  # through the dispatcher, which unwraps a transform's wrappers (dead ones too)
-                gen.bwd_op(*gout, *ctx.saved_tensors, *dins, *ctx.params, ctx.backend)
+                gen.bwd_op(*gout, *saved, *dins, *ctx.params, ctx.backend)
             else:
-                run_pass(gen.bwd_op, gen.name, "bwd", *gout, *ctx.saved_tensors, *dins, *ctx.params,
-                         backend=ctx.backend)
+                run_pass(gen.bwd_op, gen.name, "bwd", *gout, *saved, *dins, *ctx.params, backend=ctx.backend)
             return (*[None if k is None else dins[k] for k in grad_slot], *no_grads)
 
         def bwd_recording(ctx, grads, via_op: bool = False):
             """The pass in a backward that records (create_graph, or a torch.func transform): run without
-            recording (the custom op's autograd would wrap it), its results behind ``_NoSecondOrder``."""
+            recording (the custom op's autograd would wrap it), its results behind ``_NoSecondOrder``. The
+            saved tensors are unpacked once (non-reentrant checkpointing refuses a second unpack; offload
+            hooks would copy them back twice)."""
+            saved = ctx.saved_tensors
             with torch.no_grad():
-                res = bwd(ctx, *grads, via_op=via_op)
-            return _no_second_order(gen.name, res, (*grads, *ctx.saved_tensors))
+                res = bwd(ctx, *grads, via_op=via_op, saved=saved)
+            return _no_second_order(gen.name, res, (*grads, *saved))
 
         class Fn(torch.autograd.Function):
             @staticmethod
@@ -373,10 +382,7 @@ class _Gen:
                 both = (*tensors, *made)
                 ctx.save_for_backward(*[both[i] for i in save_at])
                 ctx.params, ctx.backend = params, backend
-                ins = [tensors[i] for i in diff_in_at]
-                # no gradient for an absent input or one whose dtype cannot carry it (float8 data)
-                ctx.in_meta = [None if t is None or t.dtype not in GRAD_DTYPES else (t.shape, t.dtype, t.device)
-                               for t in ins]
+                ctx.in_meta = grad_meta(tensors)
                 outs = made[:n_out]
                 present = [i for i, o in enumerate(outs) if o is not None]
                 ctx.returned = None if len(present) == n_out else present
@@ -387,15 +393,19 @@ class _Gen:
 
             @staticmethod
             def backward(ctx, *grads):
-                # a torch.func transform over a plain graph's backward (autograd.grad inside func.grad,
-                # is_grads_batched's vmap): refused unless it leaves the grads untracked; then through the
-                # custom op, which unwraps them
+                # a torch.func transform over a plain graph's backward (autograd.grad inside func.grad, a
+                # functorch vmap over it): refused where it would differentiate the backward (create_graph
+                # and grads it tracks) or batch it; then through the custom op, which unwraps its wrappers
+                recording = torch.is_grad_enabled()
                 if torch._C._are_functorch_transforms_active():
-                    func_transforms(gen.name, backward_of=PLAIN_AUTOGRAD, grads=grads)
+                    func_transforms(gen.name, differentiable=recording, backward_of=PLAIN_AUTOGRAD,
+                                    grads=grads if recording else ())
                     return bwd_recording(ctx, grads, via_op=True)
+                if _fwad._current_level >= 0:  # a dual grad output: its tangent would be lost in the kernel
+                    _no_duals(gen.name, grads)
                 # once-differentiable: the engine runs a backward with grad mode off unless create_graph;
                 # off, nothing to guard (host cost: benchmarks/results/registry.md)
-                return bwd_recording(ctx, grads) if torch.is_grad_enabled() else bwd(ctx, *grads)
+                return bwd_recording(ctx, grads) if recording else bwd(ctx, *grads)
 
         class FnT(torch.autograd.Function):
             """The same passes in the form torch.func's grad and vjp take (see ``_Gen.call_transformed``):
@@ -416,8 +426,7 @@ class _Gen:
                 both = (*tensors, *output)
                 ctx.save_for_backward(*[both[i] for i in save_at])
                 ctx.params, ctx.backend, ctx.level, ctx.returned = params, inputs[-2], inputs[-1], None
-                ctx.in_meta = [None if t is None or t.dtype not in GRAD_DTYPES else (t.shape, t.dtype, t.device)
-                               for t in (tensors[i] for i in diff_in_at)]
+                ctx.in_meta = grad_meta(tensors)
                 fixed = [o for i, o in enumerate(output) if o is not None and (i >= n_out or i in nondiff_at)]
                 if fixed:
                     ctx.mark_non_differentiable(*fixed)
@@ -444,10 +453,8 @@ class _Gen:
                         f"{self.name}: torch.compile around a torch.func transform of the op is not supported; "
                         "run the transform eagerly, or use torch.autograd under torch.compile")
                 return self.call_transformed(tensors, params, backend)
-            if _fwad._current_level >= 0 and any(t is not None and _fwad.unpack_dual(t).tangent is not None
-                                                 for t in tensors):
-                raise NotImplementedError(f"{self.name}: forward-mode AD (a dual input: torch.autograd.forward_ad, "
-                                          "torch.func.linearize) is not supported: the op has no jvp formula")
+            if _fwad._current_level >= 0:
+                _no_duals(self.name, tensors)
             return self.fn.apply(*tensors, *params, backend)
         if self.fn is None and torch._C._are_functorch_transforms_active() and not torch.compiler.is_compiling():
             func_transforms(self.name, differentiable=False, in_place=tuple(self.inout))
@@ -497,6 +504,17 @@ class _NoSecondOrder(torch.autograd.Function):
     def backward(ctx, *grads):
         raise NotImplementedError(f"{ctx.op}: a gradient through the op's backward (second order) is not "
                                   "supported: the backward is once-differentiable")
+
+    @staticmethod
+    def jvp(ctx, *tangents):
+        raise NotImplementedError(f"{ctx.op}: forward-mode AD through the op's backward is not supported")
+
+
+def _no_duals(op: str, tensors) -> None:
+    """Refuses a dual tensor (forward-mode AD) among ``tensors``: a kernel reads only its primal."""
+    if any(t is not None and _fwad.unpack_dual(t).tangent is not None for t in tensors):
+        raise NotImplementedError(f"{op}: forward-mode AD (a dual tensor: torch.autograd.forward_ad, "
+                                  "torch.func.linearize) is not supported: the op has no jvp formula")
 
 
 def _no_second_order(op: str, res: tuple, inputs: tuple) -> tuple:

@@ -101,7 +101,9 @@ def test_calls_without_a_graph_skip_the_function_with_the_same_results(case, mon
 
 @pytest.mark.parametrize("case", [c for c in CASES if c.values[0].op in ("mhc_sinkhorn", "gdn_pre_gated")])
 def test_forward_ad_and_double_backward_still_refused(case):
-    """No jvp: a dual input raises, as through the Function before; with create_graph and grad
+    """No jvp: a dual input raises, as through the Function before, and so does a dual grad output
+    (forward-mode AD through the backward: a GPU kernel reads only the primal, so the tangent would
+    be lost, silently); with create_graph and grad
     outputs that require grad, the first backward's results carry a node that raises when a
     second backward reaches it (once-differentiable), also a gradient with respect to the inputs
     alone (``autograd.grad(..., inputs)``), which once_differentiable's node, hung on detached
@@ -116,6 +118,12 @@ def test_forward_ad_and_double_backward_still_refused(case):
     args, params = _inputs(case, requires_grad=True)
     outs = [t for t in _results(op(*args, **params)) if t.requires_grad]
     leaves = [a for a in args if isinstance(a, torch.Tensor) and a.requires_grad]
+    for create_graph in (False, True):
+        with fwad.dual_level():
+            dual = [fwad.make_dual(torch.randn_like(t), torch.randn_like(t)) for t in outs]
+            with pytest.raises(NotImplementedError, match=f"^{case.op}: forward-mode AD"):
+                torch.autograd.grad(outs, leaves, dual, create_graph=create_graph, retain_graph=True,
+                                    allow_unused=True)
     v = [torch.randn_like(t).requires_grad_() for t in outs]
     g = torch.autograd.grad(outs, leaves, v, create_graph=True, allow_unused=True)
     g0 = next(t for t in g if t is not None)
