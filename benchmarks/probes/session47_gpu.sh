@@ -14,6 +14,8 @@
 #    mode, outputs freed without the cycle collector), opcheck of the custom ops (test_opgen.py), and on T2 the
 #    flop counts and frozen MoE weights (the cute backward skipping their wgrads; CPU-emulated so far); first,
 #    session 49's torch.func tests (grad / vjp through the GPU kernels: tests/registry/test_func_transforms.py).
+# S49 (CuTe) session 49's short version for a small budget: the NaN test on every op (the CuTe RMS selects never
+#    run), the torch.func and checkpoint + create_graph tests, the mHC RMS-select files whole (no sanitizers).
 # B2 (CuTe) torch.compile at 3 batch sizes (also reduce-overhead), the mHC CuTe proj_rms / post_pre files whole,
 #    then memcheck / initcheck / racecheck over their RMS-term tests.
 # Each failure's report is printed the moment it arrives (benchmarks/probes/instafail.py), so a step its cap cuts
@@ -41,11 +43,16 @@ T1) step training_stack_T1 460 $P tests/registry/test_training_stack.py tests/re
 T2) step training_stack_T2 460 $P tests/registry/test_training_stack.py tests/registry/test_opgen.py \
       tests/registry/test_flop_counts.py tests/moe/test_moe_frozen_weights.py ;;
 G2) step misaligned_gdn 540 $P $H -k "misaligned and gdn" ;;
+S49) step nan_cute 200 $P $H -k "nan_reaches"
+     step func_transforms_S49 80 $P tests/registry/test_func_transforms.py
+     step create_graph_S49 60 $P tests/registry/test_training_stack.py -k "create_graph"
+     step mhc_cute_rms 160 $P tests/mhc/test_mhc_cute_proj_rms.py tests/mhc/test_mhc_cute_post_pre.py \
+       tests/mhc/test_mhc_proj_rms.py tests/mhc/test_mhc_post_pre.py ;;
 B2) step compile 200 $P $H -k "keeps_batch or reduce_overhead"
     step mhc_cute_rms 160 $P tests/mhc/test_mhc_cute_proj_rms.py tests/mhc/test_mhc_cute_post_pre.py \
       tests/mhc/test_mhc_proj_rms.py tests/mhc/test_mhc_post_pre.py
     sanitize mhc_rms 60 tests/mhc/test_mhc_cute_proj_rms.py -k "rms_term" ;;
-*) echo "usage: $0 A|G1|G2|T1|B1|B2|T2"; exit 2 ;;
+*) echo "usage: $0 A|G1|G2|T1|B1|B2|T2|S49"; exit 2 ;;
 esac
 cat "$SUM"
 for f in "$OUT"/*.log; do grep -c "^ok " "$f" | sed "s|^|$f ok: |"; done
