@@ -19,6 +19,8 @@
 """
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 import torch
 from torch import func
@@ -28,7 +30,18 @@ import registry.kernels as K
 from registry_gpu_helpers import CASES, DEVICES, IDS, _assert_same, _fresh, _leaf_pos, _outs, _step
 from tilekernels.cp import bench as cpb
 
+def _without_bias(case):
+    """The case with its optional bias left out (every bench case of the two ops passes one)."""
+    def make(dims, device):
+        args, params = case.make(dims, device)
+        names = [t.name for t in registry.get(case.op).spec.inputs]
+        return [None if n == "bias" else a for n, a in zip(names, args)], params
+    return dataclasses.replace(case, make=make, variant="no-bias")
+
+
 GRAD = [pytest.param(c, id=i) for c, i in zip(CASES, IDS) if c.grad_inputs]
+GRAD += [pytest.param(_without_bias(c), id=f"{c.op}-no-bias") for c in CASES
+         if c.op in ("mhc_h_post_bda", "mhc_post_pre") and c.grad_inputs]
 ALL = [pytest.param(c, id=i) for c, i in zip(CASES, IDS)]
 CP = [pytest.param(c, id=c.op) for c in cpb.cases("cpu")]
 
@@ -69,7 +82,7 @@ def _split(call, args, leaf_pos):
             a[i] = t
         out = _outs(call(*a))
         diff = tuple(o for o in out if o.is_floating_point() and o.requires_grad)
-        return diff, (out, a)
+        return diff, (out, [t for t in a if isinstance(t, torch.Tensor)])  # (aux: tensors only)
     return f
 
 
