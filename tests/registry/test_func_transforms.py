@@ -30,6 +30,7 @@ import registry.kernels as K
 from registry_gpu_helpers import CASES, DEVICES, IDS, _assert_same, _fresh, _leaf_pos, _outs, _step
 from tilekernels.cp import bench as cpb
 
+
 def _without_bias(case):
     """The case with its optional bias left out (every bench case of the two ops passes one)."""
     def make(dims, device):
