@@ -47,7 +47,7 @@ S49) step nan_cute 200 $P $H -k "nan_reaches"
      step func_transforms_S49 80 $P tests/registry/test_func_transforms.py
      step create_graph_S49 60 $P tests/registry/test_training_stack.py -k "create_graph"
      step mhc_cute_rms 160 $P tests/mhc/test_mhc_cute_proj_rms.py tests/mhc/test_mhc_cute_post_pre.py \
-       tests/mhc/test_mhc_proj_rms.py tests/mhc/test_mhc_post_pre.py ;;
+       tests/mhc/test_mhc_proj_rms.py ;;  # (test_mhc_post_pre.py's GPU tests are cuTile's: they need .gpu-cutile)
 B2) step compile 200 $P $H -k "keeps_batch or reduce_overhead"
     step mhc_cute_rms 160 $P tests/mhc/test_mhc_cute_proj_rms.py tests/mhc/test_mhc_cute_post_pre.py \
       tests/mhc/test_mhc_proj_rms.py tests/mhc/test_mhc_post_pre.py
