@@ -192,6 +192,7 @@ class Op:
         self._guards = CallGuards()  # C-level inline cache in front of _checked (registry/guards.py)
         self._in_names = [t.name for t in spec.inputs]
         self._n_in = len(self._in_names)
+        self._in_place = tuple(t.name for t in spec.inputs if t.role == "inout")  # (functionalize refuses them)
         self._param_specs = {p.name: p for p in spec.params}
         self._rules = precompile(spec)
         for b in spec.backends:
@@ -325,7 +326,7 @@ class Op:
             bound = bind(self.spec, args, kwargs, self._rules)
             return self.entry(*bound.args(), backend=self.choose(bound, backend), **bound.params)
         if torch._C._are_functorch_transforms_active():  # vmap / jvp refused before validation reads a value
-            func_transforms(self.name, self.spec.differentiable)
+            func_transforms(self.name, self.spec.differentiable, in_place=self._in_place)
         if not isinstance(backend, str):  # (a list or dict would fail as a cache key, not as a SpecError)
             raise SpecError(self.name, "backend", f"'auto' or one of {[b.name for b in self.spec.backends]}",
                             f"{type(backend).__name__} {backend!r}")

@@ -4,22 +4,26 @@ allocation (with test poisoning). The kernel table itself lives in
 registry <- families, so nothing here is imported by the registry."""
 from __future__ import annotations
 
-from typing import Callable
+from typing import Callable, Optional
 
 from registry.kernels import get_kernel, has_kernel, kernel  # noqa: F401 (families import them from here)
 
 
-def run_pass(custom_op: Callable, op: str, pass_: str, *args, backend: str) -> None:
+def run_pass(custom_op: Callable, op: str, pass_: str, *args, backend: str, via_op: Optional[bool] = None) -> None:
     """Run ``op``'s ``pass_`` kernel of ``backend`` on ``args`` (the custom op's
     arguments without ``backend``): through the custom op while torch.compile or
     torch.export traces, or while a dispatch mode is active (make_fx, FlopCounterMode,
     selective checkpointing: they must see the op; a generated op's eager fwd pass under a mode
     takes its functional op instead, see ``_opgen._Gen.forward``), directly otherwise (plain
     eager calls skip the dispatcher's per-call cost: measured ~12 us per call on
-    the H200 host, against a ~10 us Sinkhorn kernel)."""
+    the H200 host, against a ~10 us Sinkhorn kernel). ``via_op``: the caller's answer where it
+    already has one (the generated ops' passes: a torch.func transform's wrapped tensors also
+    need the dispatcher, which unwraps them), so it is not asked twice."""
     import torch
 
-    if torch.compiler.is_compiling() or torch._C._len_torch_dispatch_stack():
+    if via_op is None:
+        via_op = torch.compiler.is_compiling() or bool(torch._C._len_torch_dispatch_stack())
+    if via_op:
         custom_op(*args, backend)
     else:
         run_kernel(get_kernel(op, backend, pass_), args)

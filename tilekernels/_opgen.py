@@ -311,18 +311,14 @@ class _Gen:
         An eager call under a dispatch mode (selective checkpointing, FakeTensorMode, make_fx,
         FlopCounterMode) or torch.func transform (functionalize) goes through the functional op, whose
         outputs the mode sees; torch.compile traces the destination-passing ``_fwd`` op (functionalized
-        by AOTAutograd); a plain eager call runs the kernel directly (``_glue.run_pass``'s cases, each
-        tested once)."""
+        by AOTAutograd); a plain eager call runs the kernel directly (``_glue.run_pass``)."""
         traced = torch.compiler.is_compiling()
         moded = not traced and (torch._C._len_torch_dispatch_stack() or torch._C._are_functorch_transforms_active())
         if moded and self.fwd_alloc_op is not None:
             got = iter(self.fwd_alloc_op(*tensors, *params, backend))
             return [None if shape is None else next(got) for _, shape, _ in self.plan(tensors, params)]
         made = self.allocate(tensors, params, tensors[0].device)
-        if traced or moded:
-            self.fwd_op(*tensors, *made, *params, backend)
-        else:
-            run_kernel(get_kernel(self.name, backend, "fwd"), (*tensors, *made, *params))
+        run_pass(self.fwd_op, self.name, "fwd", *tensors, *made, *params, backend=backend, via_op=traced or moded)
         return made
 
     def _autograd(self):
@@ -358,10 +354,9 @@ class _Gen:
                     if n in skips:
                         meta[k] = None
             dins = [None if m is None else empty(*m) for m in meta]
-            if via_op:  # through the dispatcher, which unwraps a transform's wrappers (dead ones too)
-                gen.bwd_op(*gout, *saved, *dins, *ctx.params, ctx.backend)
-            else:
-                run_pass(gen.bwd_op, gen.name, "bwd", *gout, *saved, *dins, *ctx.params, backend=ctx.backend)
+            # via_op: through the dispatcher, which unwraps a transform's wrappers (dead ones too)
+            run_pass(gen.bwd_op, gen.name, "bwd", *gout, *saved, *dins, *ctx.params, backend=ctx.backend,
+                     via_op=via_op or None)
             return (*[None if k is None else dins[k] for k in grad_slot], *no_grads)
 
         def bwd_recording(ctx, grads, via_op: bool = False):
@@ -446,18 +441,17 @@ class _Gen:
         return Fn
 
     def call(self, tensors, params, backend: str):
+        # (a non-differentiable op's transforms are the registry call's to refuse: registry/core.py)
+        if self.fn is not None and torch._C._are_functorch_transforms_active():
+            if torch.compiler.is_compiling():  # (dynamo traces the check: it raises while tracing)
+                raise NotImplementedError(
+                    f"{self.name}: torch.compile around a torch.func transform of the op is not supported; "
+                    "run the transform eagerly, or use torch.autograd under torch.compile")
+            return self.call_transformed(tensors, params, backend)
         if self.fn is not None and _needs_autograd(tensors):
-            if torch._C._are_functorch_transforms_active():
-                if torch.compiler.is_compiling():  # (dynamo traces the check: it raises while tracing)
-                    raise NotImplementedError(
-                        f"{self.name}: torch.compile around a torch.func transform of the op is not supported; "
-                        "run the transform eagerly, or use torch.autograd under torch.compile")
-                return self.call_transformed(tensors, params, backend)
             if _fwad._current_level >= 0:
                 _no_duals(self.name, tensors)
             return self.fn.apply(*tensors, *params, backend)
-        if self.fn is None and torch._C._are_functorch_transforms_active() and not torch.compiler.is_compiling():
-            func_transforms(self.name, differentiable=False, in_place=tuple(self.inout))
         if self.fn is None and torch.is_grad_enabled():  # a non-differentiable op records no graph, whatever its inputs
             with torch.no_grad():
                 made = self.forward(tensors, params, backend)
@@ -542,10 +536,11 @@ def _always_grad(t: TensorSpec) -> bool:
 
 def _needs_autograd(tensors) -> bool:
     """Whether a differentiable op's call goes through its autograd.Function: grad mode on and an input
-    that requires grad (autograd's own rule for a Function's outputs), or a tracer or transform that
-    must see the Function (torch.compile, functorch transforms, forward-mode AD, which raises there:
-    no jvp). Otherwise the call records nothing and runs the fwd pass directly, with the same outputs."""
-    if torch.compiler.is_compiling() or torch._C._are_functorch_transforms_active() or _fwad._current_level >= 0:
+    that requires grad (autograd's own rule for a Function's outputs), or a tracer that must see the
+    Function (torch.compile, forward-mode AD, which raises there: no jvp; torch.func transforms are
+    ``_Gen.call``'s, before this). Otherwise the call records nothing and runs the fwd pass directly,
+    with the same outputs."""
+    if torch.compiler.is_compiling() or _fwad._current_level >= 0:
         return True
     return torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in tensors)
 
