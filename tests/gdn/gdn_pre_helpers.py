@@ -56,3 +56,41 @@ def ref64(x, w, A, dt, cu, shape, repeat_qk, state):
     """The float64 reference forward on upcasts of the same inputs."""
     return ref.pre_gated(x.double(), w.double(), A.double(), dt.double(), cu, Hk=shape["Hk"], dk=shape["dk"],
                          dv=shape["dv"], repeat_qk=repeat_qk, return_conv_state=state)
+
+
+def edge_tokens(lead_or_lengths, W):
+    """Packed token indices of every non-empty sequence's first min(W-1, length) tokens and its last
+    one: the rows whose conv taps reach into the zero padding, and the one next to the sequence end."""
+    if isinstance(lead_or_lengths, tuple):
+        B, T = lead_or_lengths
+        spans = [(b * T, T) for b in range(B)]
+    else:
+        starts = [sum(lead_or_lengths[:i]) for i in range(len(lead_or_lengths))]
+        spans = list(zip(starts, lead_or_lengths))
+    out = []
+    for s, n in spans:
+        if n:
+            out += [s + k for k in range(min(W - 1, n))] + [s + n - 1]
+    return sorted(set(out))
+
+
+def check_nan_at_sequence_edges(run, grads, x, w, A, dt, cu, layout, shape, repeat_qk):
+    """A NaN upstream gradient of q or v at each edge token in turn (``edge_tokens``; pinned, not the
+    registry NaN test's random element) gives the backward ``run(grads) -> (dmixed, dconv_weight,
+    dA_log, ddt_bias)`` the NaN pattern that autograd through the float64 reference gives: its conv
+    taps before a sequence start multiply the zero padding, so such a NaN reaches every tap of its
+    channels' dconv_weight (a kernel that skips the padding products leaves the earlier taps finite,
+    which a loss scaler's overflow check then cannot see), and nothing of a neighbouring sequence."""
+    names = ("dmixed", "dconv_weight", "dA_log", "ddt_bias")
+    for gi, gname in ((0, "gq"), (2, "gv")):
+        for p in edge_tokens(layout, shape["W"]):
+            bad = [g.clone() for g in grads]
+            bad[gi].view(-1, *bad[gi].shape[-2:])[p, 0, 0] = float("nan")
+            got = run(bad)
+            leaves = [t.detach().double().requires_grad_() for t in (x, w, A, dt)]
+            out = ref.pre_gated(*leaves, cu, Hk=shape["Hk"], dk=shape["dk"], dv=shape["dv"], repeat_qk=repeat_qk)
+            torch.autograd.backward(out, [g.double() for g in bad])
+            for name, g, r in zip(names, got, leaves):
+                gn, rn = torch.isnan(g), torch.isnan(r.grad)
+                assert torch.equal(gn, rn), (f"NaN in {gname} at token {p}: {name} has {int(gn.sum())} NaN, "
+                                             f"the reference {int(rn.sum())}")

@@ -68,8 +68,9 @@ def model_bwd(gq, gk, gv, gz, gg, gbeta, mixed, conv_weight, A_log, dt_bias, cu_
             span = (i - (W - 1) < L)
             if span:
                 dwp += dp[:, None] * torch.cat([win, xi[:, None]], 1)
-            live = (d[:, None] >= (W - 1 - torch.arange(W))).to(acc)  # [P, W]: row t-W+1+k still in t's sequence
-            contrib = live[:, :, None] * w.T[None] * dp[:, None]      # w[k] * dp to row t-W+1+k
+            live = d[:, None] >= (W - 1 - torch.arange(W))  # [P, W]: row t-W+1+k still in t's sequence
+            # w[k] * dp to row t-W+1+k, selected (as the kernel): a NaN dp stays out of an earlier sequence
+            contrib = torch.where(live[:, :, None], w.T[None] * dp[:, None], 0.0)
             out = (pend[:, 0] if W > 1 else 0) + contrib[:, 0]
             pend = torch.cat([pend[:, 1:] + contrib[:, 1:W - 1], contrib[:, W - 1:]], 1) if W > 1 else pend
             er = rows[:, i] - (W - 1)

@@ -30,7 +30,9 @@ Launches (``bwd2_launches``; PreGatedBwd2Cfg names the fields; widths W > WMAX u
                    the W look-ahead tiles of dpre (tile i of the views dpre[s:]), masked by the sequence end
                    only in tiles that hold one, dx -> dmixed, and the dconv_weight partial (DWA: products
                    summed per token over the block's tiles, reduced over the tokens once; else reduced per
-                   tile) -> pw [P, C, WW].
+                   tile) -> pw [P, C, WW]. A tile that holds a sequence start also adds the products
+                   dpre[t] * 0 of the taps that reach into the zero padding before it (0, or NaN for a
+                   non-finite dpre: the reference forms them, so NaN reaches every tap of dconv_weight).
   gdn_pre_bwd_red  the first design's reduction: pw and pg summed TG rows at a time in row order
                    (deterministic: no float atomics, the same order every call).
 
@@ -239,10 +241,30 @@ def _acc(p, a, x, s: ConstInt, W: ConstInt, DWA: ConstBool):
     return p
 
 
-def _dxw(dp, sh, src, w3, seq, sen, dst, pw, r, u, NT, C: ConstInt, TB: ConstInt, NTX: ConstInt, W: ConstInt,
+def _pad(p, z, s: ConstInt, W: ConstInt, DWA: ConstBool):
+    """Partial of weight column W-1-s plus z, the sum of the zero-padding products (module doc)."""
+    if s < W:
+        if DWA:
+            return p + z
+        return p + ct.sum(z, axis=0, keepdims=True)
+    return p
+
+
+def _pads(p, a, rows, st, TB: ConstInt, W: ConstInt, DWA: ConstBool):
+    """The products dconv_w[:, W-1-s] takes from the zero padding before a sequence start: dpre[st + k] * 0
+    for k < s, formed at the start's row (a[k] = dpre[st + k], zero past the sequence end). Each is 0 unless
+    dpre is NaN or infinite; the reference forms them, so a non-finite gradient there reaches every tap."""
+    isst = ct.reshape(rows == st, (TB, 1))
+    z0 = ct.where(isst, a[0] * 0.0, 0.0)
+    z1 = z0 + ct.where(isst, a[1] * 0.0, 0.0)
+    z2 = z1 + ct.where(isst, a[2] * 0.0, 0.0)
+    return (p[0], _pad(p[1], z0, 1, W, DWA), _pad(p[2], z1, 2, W, DWA), _pad(p[3], z2, 3, W, DWA))
+
+
+def _dxw(dp, sh, src, w3, seq, sst, sen, dst, pw, r, u, NT, C: ConstInt, TB: ConstInt, NTX: ConstInt, W: ConstInt,
          WW: ConstInt, CH: ConstInt, THD: ConstBool, LB: ConstBool, DWA: ConstBool, DX: ConstBool, PW: ConstBool):
     """Token tiles r*NTX .. r*NTX+NTX-1 of head u: dx -> dst (DX), the block's dconv_weight partial -> pw
-    row r (PW)."""
+    row r (PW), the padding products (``_pads``) included in tiles that hold a sequence start."""
     wt = b1._wtile(w3, u, C, WW)
     PR = TB if DWA else 1
     p = (ct.zeros((PR, C), dtype=ct.float32), ct.zeros((PR, C), dtype=ct.float32),
@@ -275,12 +297,15 @@ def _dxw(dp, sh, src, w3, seq, sen, dst, pw, r, u, NT, C: ConstInt, TB: ConstInt
                                (TB, C)).astype(ct.float32)
                 p = (_acc(p[0], a[0], x, 0, W, DWA), _acc(p[1], a[1], x, 1, W, DWA), _acc(p[2], a[2], x, 2, W, DWA),
                      _acc(p[3], a[3], x, 3, W, DWA))
+                st = b1._starts(seq, sst, rows, i, t0, TB, W, CH, THD)
+                if ct.min(rows - st) == 0:
+                    p = _pads(p, a, rows, st, TB, W, DWA)
     if PW:
         ct.store(pw, index=(r, u, 0, 0), tile=b1._pfinal(b1._pxt(p, C, W, WW), C, WW, True), allow_tma=False)
 
 
 @ct.kernel
-def gdn_pre_bwd2_dx(dpqk, dpqk1, dpqk2, dpqk3, dpv, dpv1, dpv2, dpv3, mqk, mv, seq, sen, wqk, wv, dqk, dvv, pwqk,
+def gdn_pre_bwd2_dx(dpqk, dpqk1, dpqk2, dpqk3, dpv, dpv1, dpv2, dpv3, mqk, mv, seq, sst, sen, wqk, wv, dqk, dvv, pwqk,
                     pwv, HK: ConstInt, W: ConstInt, DK: ConstInt, DV: ConstInt, TB: ConstInt, NTX: ConstInt,
                     WW: ConstInt, CH: ConstInt, THD: ConstBool, LB: ConstBool, DWA: ConstBool, DX: ConstBool,
                     PW: ConstBool):
@@ -290,10 +315,10 @@ def gdn_pre_bwd2_dx(dpqk, dpqk1, dpqk2, dpqk3, dpv, dpv1, dpv2, dpv3, mqk, mv, s
     u = ct.bid(1)
     NT = dpqk.shape[0]
     if u < 2 * HK:
-        _dxw(dpqk, (dpqk1, dpqk2, dpqk3), mqk, wqk, seq, sen, dqk, pwqk, r, u, NT, DK, TB, NTX, W, WW, CH, THD, LB,
+        _dxw(dpqk, (dpqk1, dpqk2, dpqk3), mqk, wqk, seq, sst, sen, dqk, pwqk, r, u, NT, DK, TB, NTX, W, WW, CH, THD, LB,
              DWA, DX, PW)
     else:
-        _dxw(dpv, (dpv1, dpv2, dpv3), mv, wv, seq, sen, dvv, pwv, r, u - 2 * HK, NT, DV, TB, NTX, W, WW, CH, THD,
+        _dxw(dpv, (dpv1, dpv2, dpv3), mv, wv, seq, sst, sen, dvv, pwv, r, u - 2 * HK, NT, DV, TB, NTX, W, WW, CH, THD,
              LB, DWA, DX, PW)
 
 
@@ -328,7 +353,7 @@ def bwd2_launches(gq, gk, gv, gz, gg, gbeta, mixed, conv_weight, A_log, dt_bias,
                       occ(cfg.OCC_A)))
     out.append(Launch(gdn_pre_bwd2_dpre, (rows_main, units, 1), args + (1, cfg.CH, thd, False, False, cfg.LT), cfg,
                       occ(cfg.OCC_A)))
-    dxa = (dpqk, *shifted(dpqk, 0), dpv, *shifted(dpv, 0), mqk, mv, seq, sen, wqk, wv, dqk, dvv, pwqk, pwv, Hk, W,
+    dxa = (dpqk, *shifted(dpqk, 0), dpv, *shifted(dpv, 0), mqk, mv, seq, sst, sen, wqk, wv, dqk, dvv, pwqk, pwv, Hk, W,
            cfg.DK, cfg.DV)
     if cfg.SPLIT:  # dx alone (the first design's dx kernel, TBX tokens a block), then the partials alone
         out.append(Launch(b1.gdn_pre_bwd_dx, (cdiv(NT, cfg.TBX), 2 * Hk + Hv, 1),
