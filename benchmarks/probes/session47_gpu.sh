@@ -18,6 +18,10 @@
 #    run), the torch.func and checkpoint + create_graph tests, the mHC RMS-select files whole (no sanitizers).
 # B2 (CuTe) torch.compile at 3 batch sizes (also reduce-overhead), the mHC CuTe proj_rms / post_pre files whole,
 #    then memcheck / initcheck / racecheck over their RMS-term tests.
+# G3 (cuTile, session 50) the cuTile backward's padding-products fix: its file whole (the pinned NaN-at-sequence-
+#    edge test, the config variants), the registry's GDN NaN cases, the three sanitizers on one edge case, then
+#    the backward timed (gdn_pre_bwd_time.py: the four Qwen3-Next cases, against session 8's 2.06-2.19 ms).
+# C3 (CuTe, session 50) the CuTe backward's edge test, then T2.
 # Each failure's report is printed the moment it arrives (benchmarks/probes/instafail.py), so a step its cap cuts
 # off still names what failed and why.
 set -u
@@ -38,9 +42,14 @@ G1) step nan_gdn 120 $P $H -k "nan_reaches and gdn"
     step gdn_cutile_files 300 $P tests/gdn/test_gdn_cutile_decode.py tests/gdn/test_gdn_cutile_pre_gated.py \
       tests/gdn/test_gdn_cutile_pre_gated_bwd.py
     sanitize gdn_nan 50 $H -k "nan_reaches and (gdn_pre_gated-thd or gdn_decode-fp32)" ;;
-T1|T2) step func_transforms_$1 60 $P tests/registry/test_func_transforms.py ;;&
+G3) step gdn_cutile_bwd 240 $P tests/gdn/test_gdn_cutile_pre_gated_bwd.py
+    step nan_gdn 120 $P $H -k "nan_reaches and gdn"
+    sanitize gdn_edges 60 tests/gdn/test_gdn_cutile_pre_gated_bwd.py -k "edges and W4-rep and thd"
+    step gdn_bwd_time 150 python3 benchmarks/probes/gdn_pre_bwd_time.py --out "$OUT" ;;
+C3) step gdn_cute_edges 60 $P tests/gdn/test_gdn_cute_pre_gated_bwd.py -k "edges" ;;&
+T1|T2|C3) step func_transforms_$1 60 $P tests/registry/test_func_transforms.py ;;&
 T1) step training_stack_T1 460 $P tests/registry/test_training_stack.py tests/registry/test_opgen.py ;;
-T2) step training_stack_T2 460 $P tests/registry/test_training_stack.py tests/registry/test_opgen.py \
+T2|C3) step training_stack_$1 420 $P tests/registry/test_training_stack.py tests/registry/test_opgen.py \
       tests/registry/test_flop_counts.py tests/moe/test_moe_frozen_weights.py ;;
 G2) step misaligned_gdn 540 $P $H -k "misaligned and gdn" ;;
 S49) step nan_cute 200 $P $H -k "nan_reaches"
@@ -52,7 +61,7 @@ B2) step compile 200 $P $H -k "keeps_batch or reduce_overhead"
     step mhc_cute_rms 160 $P tests/mhc/test_mhc_cute_proj_rms.py tests/mhc/test_mhc_cute_post_pre.py \
       tests/mhc/test_mhc_proj_rms.py tests/mhc/test_mhc_post_pre.py
     sanitize mhc_rms 60 tests/mhc/test_mhc_cute_proj_rms.py -k "rms_term" ;;
-*) echo "usage: $0 A|G1|G2|T1|B1|B2|T2|S49"; exit 2 ;;
+*) echo "usage: $0 A|G1|G2|G3|T1|B1|B2|T2|C3|S49"; exit 2 ;;
 esac
 cat "$SUM"
 for f in "$OUT"/*.log; do grep -c "^ok " "$f" | sed "s|^|$f ok: |"; done
