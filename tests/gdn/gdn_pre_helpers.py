@@ -2,6 +2,7 @@
 import here: each test file runs where only its own toolchain is installed)."""
 from __future__ import annotations
 
+import pytest
 import torch
 
 from tilekernels.gdn import bench as mk
@@ -56,6 +57,19 @@ def ref64(x, w, A, dt, cu, shape, repeat_qk, state):
     """The float64 reference forward on upcasts of the same inputs."""
     return ref.pre_gated(x.double(), w.double(), A.double(), dt.double(), cu, Hk=shape["Hk"], dk=shape["dk"],
                          dv=shape["dv"], repeat_qk=repeat_qk, return_conv_state=state)
+
+
+# the NaN-at-sequence-edge cases of both GPU backwards: (shape, repeat_qk) at W = 4, 3, 2; layouts, ids
+EDGE_CASES = [(dict(Hk=1, Hv=4, dk=48, dv=40, W=4), True), (dict(Hk=2, Hv=4, dk=64, dv=32, W=3), False),
+              (dict(Hk=4, Hv=4, dk=32, dv=64, W=2), True)]
+EDGE_CASE_IDS = ["W4-rep", "W3-norep", "W2-rep"]
+EDGE_LAYOUTS, EDGE_LAYOUT_IDS = [(3, 5), THD_LENGTHS], ["bshd-3x5", "thd-mixed"]
+
+
+def edge_cases(test):
+    """Parametrizes ``test(shape, repeat_qk, layout)`` over the edge cases."""
+    test = pytest.mark.parametrize("layout", EDGE_LAYOUTS, ids=EDGE_LAYOUT_IDS)(test)
+    return pytest.mark.parametrize("shape,repeat_qk", EDGE_CASES, ids=EDGE_CASE_IDS)(test)
 
 
 def edge_tokens(lead_or_lengths, W):

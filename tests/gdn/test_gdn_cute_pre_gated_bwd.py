@@ -29,7 +29,7 @@ from tilekernels.gdn import bench as mk
 from tilekernels.gdn import reference as ref
 from tilekernels.gdn.cute_pre_gated_bwd_model import cdiv, model_bwd
 from tilekernels.testing import assert_close
-from gdn_pre_helpers import THD_LENGTHS, check_nan_at_sequence_edges  # noqa: E402
+from gdn_pre_helpers import check_nan_at_sequence_edges, edge_cases  # noqa: E402
 
 try:
     from tilekernels._cute import cubin_resources
@@ -126,9 +126,7 @@ def test_model_partial_rows_are_the_spans_own_grads(layout):
         assert_close(part[p], want, kind="float64", what=f"partial row {p}")
 
 
-@pytest.mark.parametrize("layout", [(3, 5), THD_LENGTHS], ids=["bshd-3x5", "thd-mixed"])
-@pytest.mark.parametrize("shape,repeat_qk", [(dict(Hk=1, Hv=4, dk=48, dv=40, W=4), True),
-                                             (dict(Hk=2, Hv=4, dk=64, dv=32, W=3), False)], ids=["W4-rep", "W3-norep"])
+@edge_cases
 def test_model_nan_gradient_at_sequence_edges(shape, repeat_qk, layout):
     """The decomposition's NaN pattern for a NaN gradient at a sequence edge is the reference's: the x window's
     zeros at a start still multiply dpre (every tap), and the dx scatter selects rather than multiplies by its
@@ -544,14 +542,10 @@ NAMES_ALL = ("q", "k", "v", "z", "g", "beta") + GRADS
 
 @pytest.mark.gpu
 @needs_gpu
-@pytest.mark.parametrize("layout", [(3, 5), THD_LENGTHS], ids=["bshd-3x5", "thd-mixed"])
-@pytest.mark.parametrize("shape,repeat_qk", [(dict(Hk=1, Hv=4, dk=48, dv=40, W=4), True),
-                                             (dict(Hk=2, Hv=4, dk=64, dv=32, W=3), False),
-                                             (dict(Hk=4, Hv=4, dk=32, dv=64, W=2), True)],
-                         ids=["W4-rep", "W3-norep", "W2-rep"])
+@edge_cases
 def test_nan_gradient_at_sequence_edges(shape, repeat_qk, layout):
-    """A NaN q or v gradient at a sequence's first W-1 tokens reaches every tap of dconv_weight, as the
-    reference's zero-padding products carry it (the registry's NaN test, at a random element, found the
-    cuTile backward missing them in session 49); the helper's doc has the rest."""
+    """The kernel as its model above: the x window's zeros at a start multiply dpre (every tap of dconv_weight),
+    and the dx scatter's select keeps a NaN at a start out of the earlier sequence (helper's doc)."""
     grads, x, w, A, dt, cu = _problem(shape, layout, BF, repeat_qk, device="cuda")
-    check_nan_at_sequence_edges(lambda g: run_bwd(g, x, w, A, dt, cu, shape, repeat_qk), grads, x, w, A, dt, cu, layout, shape, repeat_qk)
+    run = lambda g: run_bwd(g, x, w, A, dt, cu, shape, repeat_qk)  # noqa: E731
+    check_nan_at_sequence_edges(run, grads, x, w, A, dt, cu, layout, shape, repeat_qk)

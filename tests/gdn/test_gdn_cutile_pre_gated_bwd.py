@@ -35,7 +35,7 @@ from tilekernels.gdn import cutile_pre_gated_bwd as cb  # noqa: E402
 from tilekernels.gdn import cutile_pre_gated_bwd2 as c2  # noqa: E402
 from tilekernels.gdn import reference as ref  # noqa: E402
 from tilekernels.testing import assert_close, assert_cubins  # noqa: E402
-from gdn_pre_helpers import check_nan_at_sequence_edges  # noqa: E402
+from gdn_pre_helpers import check_nan_at_sequence_edges, edge_cases  # noqa: E402
 
 BF, F32 = torch.bfloat16, torch.float32
 ARCHS = ("sm_90", "sm_100")
@@ -318,14 +318,11 @@ def test_other_design_matches(shape, repeat_qk, layout):
 
 @pytest.mark.gpu
 @needs_gpu
-@pytest.mark.parametrize("layout", [(3, 5), THD_LENGTHS], ids=["bshd-3x5", "thd-mixed"])
-@pytest.mark.parametrize("shape,repeat_qk", [(dict(Hk=1, Hv=4, dk=48, dv=40, W=4), True),
-                                             (dict(Hk=2, Hv=4, dk=64, dv=32, W=3), False),
-                                             (dict(Hk=4, Hv=4, dk=32, dv=64, W=2), True)],
-                         ids=["W4-rep", "W3-norep", "W2-rep"])
+@edge_cases
 def test_nan_gradient_at_sequence_edges(shape, repeat_qk, layout):
-    """A NaN q or v gradient at a sequence's first W-1 tokens reaches every tap of dconv_weight, as the
-    reference's zero-padding products carry it (the registry's NaN test, at a random element, found the
-    cuTile backward missing them in session 49); the helper's doc has the rest."""
+    """The dx pass's dconv_weight partial adds the zero-padding products dpre[t] * 0 at each sequence start
+    (session 50): a NaN q or v gradient in a sequence's first W-1 tokens reaches every tap, as the reference's
+    (the registry's NaN test, at a random element, found them missing in session 49; helper's doc)."""
     grads, x, w, A, dt, cu = _problem(shape, layout, BF, repeat_qk)
-    check_nan_at_sequence_edges(lambda g: run_bwd(g, x, w, A, dt, cu, shape, repeat_qk), grads, x, w, A, dt, cu, layout, shape, repeat_qk)
+    run = lambda g: run_bwd(g, x, w, A, dt, cu, shape, repeat_qk)  # noqa: E731
+    check_nan_at_sequence_edges(run, grads, x, w, A, dt, cu, layout, shape, repeat_qk)
