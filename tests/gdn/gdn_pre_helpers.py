@@ -89,22 +89,30 @@ def edge_tokens(lead_or_lengths, W):
 
 
 def check_nan_at_sequence_edges(run, grads, x, w, A, dt, cu, layout, shape, repeat_qk):
-    """A NaN upstream gradient of q or v at each edge token in turn (``edge_tokens``; pinned, not the
-    registry NaN test's random element) gives the backward ``run(grads) -> (dmixed, dconv_weight,
-    dA_log, ddt_bias)`` the NaN pattern that autograd through the float64 reference gives: its conv
-    taps before a sequence start multiply the zero padding, so such a NaN reaches every tap of its
-    channels' dconv_weight (a kernel that skips the padding products leaves the earlier taps finite,
-    which a loss scaler's overflow check then cannot see), and nothing of a neighbouring sequence."""
+    """One NaN at each edge token in turn (``edge_tokens``; pinned, not the registry NaN test's random
+    element), in the upstream gradient of q or v or in mixed (a q and a v channel), gives the backward
+    ``run(grads, mixed) -> (dmixed, dconv_weight, dA_log, ddt_bias)`` the NaN pattern that autograd
+    through the float64 reference gives. The reference's conv taps before a sequence start multiply the
+    zero padding, so a NaN dpre in a sequence's first W-1 tokens reaches every tap of its channels'
+    dconv_weight (a kernel that skips the padding products leaves the earlier taps finite, which a loss
+    scaler's overflow check then cannot see); and nothing crosses into a neighbouring sequence (a NaN
+    in a sequence's last token times a 0/1 mask would)."""
     names = ("dmixed", "dconv_weight", "dA_log", "ddt_bias")
-    for gi, gname in ((0, "gq"), (2, "gv")):
+    vc = 2 * shape["Hk"] * shape["dk"]  # mixed's first v channel
+    for where in ("gq", "gv", "mixed q", "mixed v"):
         for p in edge_tokens(layout, shape["W"]):
-            bad = [g.clone() for g in grads]
-            bad[gi].view(-1, *bad[gi].shape[-2:])[p, 0, 0] = float("nan")
-            got = run(bad)
-            leaves = [t.detach().double().requires_grad_() for t in (x, w, A, dt)]
+            bad, xb = [g.clone() for g in grads], x.clone()
+            if where == "gq":
+                bad[0].view(-1, *bad[0].shape[-2:])[p, 0, 0] = float("nan")
+            elif where == "gv":
+                bad[2].view(-1, *bad[2].shape[-2:])[p, 0, 0] = float("nan")
+            else:
+                xb.view(-1, x.shape[-1])[p, 0 if where == "mixed q" else vc] = float("nan")
+            got = run(bad, xb)
+            leaves = [t.detach().double().requires_grad_() for t in (xb, w, A, dt)]
             out = ref.pre_gated(*leaves, cu, Hk=shape["Hk"], dk=shape["dk"], dv=shape["dv"], repeat_qk=repeat_qk)
             torch.autograd.backward(out, [g.double() for g in bad])
             for name, g, r in zip(names, got, leaves):
                 gn, rn = torch.isnan(g), torch.isnan(r.grad)
-                assert torch.equal(gn, rn), (f"NaN in {gname} at token {p}: {name} has {int(gn.sum())} NaN, "
+                assert torch.equal(gn, rn), (f"NaN in {where} at token {p}: {name} has {int(gn.sum())} NaN, "
                                              f"the reference {int(rn.sum())}")

@@ -134,7 +134,7 @@ def test_model_nan_gradient_at_sequence_edges(shape, repeat_qk, layout):
     by a 0/1 mask until session 50, which this test caught)."""
     grads, x, w, A, dt, cu = _problem(shape, layout, F64, repeat_qk)
     check_nan_at_sequence_edges(
-        lambda g: model_bwd(*g, x, w, A, dt, cu, Hk=shape["Hk"], dk=shape["dk"], dv=shape["dv"], repeat_qk=repeat_qk,
+        lambda g, xb: model_bwd(*g, xb, w, A, dt, cu, Hk=shape["Hk"], dk=shape["dk"], dv=shape["dv"], repeat_qk=repeat_qk,
                             L=4)[:4], grads, x, w, A, dt, cu, layout, shape, repeat_qk)
 
 
@@ -547,5 +547,5 @@ def test_nan_gradient_at_sequence_edges(shape, repeat_qk, layout):
     """The kernel as its model above: the x window's zeros at a start multiply dpre (every tap of dconv_weight),
     and the dx scatter's select keeps a NaN at a start out of the earlier sequence (helper's doc)."""
     grads, x, w, A, dt, cu = _problem(shape, layout, BF, repeat_qk, device="cuda")
-    run = lambda g: run_bwd(g, x, w, A, dt, cu, shape, repeat_qk)  # noqa: E731
+    run = lambda g, xb: run_bwd(g, xb, w, A, dt, cu, shape, repeat_qk)  # noqa: E731
     check_nan_at_sequence_edges(run, grads, x, w, A, dt, cu, layout, shape, repeat_qk)

@@ -324,5 +324,5 @@ def test_nan_gradient_at_sequence_edges(shape, repeat_qk, layout):
     (session 50): a NaN q or v gradient in a sequence's first W-1 tokens reaches every tap, as the reference's
     (the registry's NaN test, at a random element, found them missing in session 49; helper's doc)."""
     grads, x, w, A, dt, cu = _problem(shape, layout, BF, repeat_qk)
-    run = lambda g: run_bwd(g, x, w, A, dt, cu, shape, repeat_qk)  # noqa: E731
+    run = lambda g, xb: run_bwd(g, xb, w, A, dt, cu, shape, repeat_qk)  # noqa: E731
     check_nan_at_sequence_edges(run, grads, x, w, A, dt, cu, layout, shape, repeat_qk)

@@ -42,10 +42,10 @@ def model_bwd(gq, gk, gv, gz, gg, gbeta, mixed, conv_weight, A_log, dt_bias, cu_
     rows = t0 + torch.arange(-(W - 1), L + W - 1)
     ok = (rows >= 0) & (rows < NT)
     rc = rows.clamp(0, max(NT - 1, 0))
-    xr = x[rc, :C].to(acc) * ok[..., None]
+    xr = torch.where(ok[..., None], x[rc, :C].to(acc), 0.0)  # selects, as the kernel: a NaN stays where it is
     g = torch.cat([gq.reshape(NT, Hk, R, dk).sum(2).reshape(NT, -1), gk.reshape(NT, Hk, R, dk).sum(2).reshape(NT, -1),
                    gv.reshape(NT, -1)], -1).to(acc)
-    gr = g[rc] * ok[..., None]
+    gr = torch.where(ok[..., None], g[rc], 0.0)
     # starts as the kernel meets them: cu_seqlens entries past the walk's first row (BSHD: multiples of T)
     st = torch.isin(rows, cu) & (rows > rows[:, :1])
     win = torch.zeros(P, W - 1, C, dtype=acc)
@@ -55,7 +55,7 @@ def model_bwd(gq, gk, gv, gz, gg, gbeta, mixed, conv_weight, A_log, dt_bias, cu_
     dx = torch.zeros(NT, C, dtype=acc)
     for i in range(rows.shape[1]):
         d = torch.where(st[:, i], 0, (d + 1).clamp(max=W - 1))
-        win = win * ~st[:, i, None, None]
+        win = torch.where(st[:, i, None, None], 0.0, win)
         xi = xr[:, i]
         if i >= W - 1:  # a span row or one after it: dpre, partial, dx
             pre = (w[:, :W - 1].T * win).sum(1) + w[:, W - 1] * xi
