@@ -19,7 +19,7 @@
 # B2 (CuTe) torch.compile at 3 batch sizes (also reduce-overhead), the mHC CuTe proj_rms / post_pre files whole,
 #    then memcheck / initcheck / racecheck over their RMS-term tests.
 # G3 (cuTile, session 50) the cuTile backward's padding-products fix: its file whole (the pinned NaN-at-sequence-
-#    edge test, the config variants), the registry's GDN NaN cases, the three sanitizers on one edge case, then
+#    edge test, the config variants), the registry's GDN NaN cases, memcheck on one edge case, then
 #    the backward timed (gdn_pre_bwd_time.py: the four Qwen3-Next cases, against session 8's 2.06-2.19 ms).
 # C3 (CuTe, session 50) the CuTe backward's edge test, then T2.
 # Each failure's report is printed the moment it arrives (benchmarks/probes/instafail.py), so a step its cap cuts
@@ -43,8 +43,8 @@ G1) step nan_gdn 120 $P $H -k "nan_reaches and gdn"
       tests/gdn/test_gdn_cutile_pre_gated_bwd.py
     sanitize gdn_nan 50 $H -k "nan_reaches and (gdn_pre_gated-thd or gdn_decode-fp32)" ;;
 G3) step gdn_cutile_bwd 240 $P tests/gdn/test_gdn_cutile_pre_gated_bwd.py
-    step nan_gdn 120 $P $H -k "nan_reaches and gdn"
-    sanitize gdn_edges 60 tests/gdn/test_gdn_cutile_pre_gated_bwd.py -k "edges and W4-rep and thd"
+    step nan_gdn 90 $P $H -k "nan_reaches and gdn"
+    step gdn_edges_memcheck 60 $SAN --tool memcheck $S tests/gdn/test_gdn_cutile_pre_gated_bwd.py -k "edges and W4-rep and thd"
     step gdn_bwd_time 150 python3 benchmarks/probes/gdn_pre_bwd_time.py --out "$OUT" ;;
 C3) step gdn_cute_edges 60 $P tests/gdn/test_gdn_cute_pre_gated_bwd.py -k "edges" ;;&
 T1|T2|C3) step func_transforms_$1 60 $P tests/registry/test_func_transforms.py ;;&
