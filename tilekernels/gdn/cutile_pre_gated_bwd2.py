@@ -255,9 +255,10 @@ def _pads(p, a, rows, st, TB: ConstInt, W: ConstInt, DWA: ConstBool):
     for k < s, formed at the start's row (a[k] = dpre[st + k], zero past the sequence end). Each is 0 unless
     dpre is NaN or infinite; the reference forms them, so a non-finite gradient there reaches every tap."""
     isst = ct.reshape(rows == st, (TB, 1))
-    z0 = ct.where(isst, a[0] * 0.0, 0.0)
-    z1 = z0 + ct.where(isst, a[1] * 0.0, 0.0)
-    z2 = z1 + ct.where(isst, a[2] * 0.0, 0.0)
+    zero = ct.reshape((rows - st).astype(ct.float32), (TB, 1))  # 0 at a start: a runtime zero, not folded
+    z0 = ct.where(isst, a[0] * zero, 0.0)
+    z1 = z0 + ct.where(isst, a[1] * zero, 0.0)
+    z2 = z1 + ct.where(isst, a[2] * zero, 0.0)
     return (p[0], _pad(p[1], z0, 1, W, DWA), _pad(p[2], z1, 2, W, DWA), _pad(p[3], z2, 3, W, DWA))
 
 
