@@ -441,13 +441,16 @@ class _Gen:
         return Fn
 
     def call(self, tensors, params, backend: str):
-        # (a non-differentiable op's transforms are the registry call's to refuse: registry/core.py)
-        if self.fn is not None and torch._C._are_functorch_transforms_active():
-            if torch.compiler.is_compiling():  # (dynamo traces the check: it raises while tracing)
+        if torch._C._are_functorch_transforms_active():
+            if self.fn is None:  # (the registry refused already; a direct entry call refuses here)
+                if not torch.compiler.is_compiling():
+                    func_transforms(self.name, differentiable=False, in_place=tuple(self.inout))
+            elif torch.compiler.is_compiling():  # (dynamo traces the check: it raises while tracing)
                 raise NotImplementedError(
                     f"{self.name}: torch.compile around a torch.func transform of the op is not supported; "
                     "run the transform eagerly, or use torch.autograd under torch.compile")
-            return self.call_transformed(tensors, params, backend)
+            else:
+                return self.call_transformed(tensors, params, backend)
         if self.fn is not None and _needs_autograd(tensors):
             if _fwad._current_level >= 0:
                 _no_duals(self.name, tensors)

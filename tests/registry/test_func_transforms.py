@@ -148,13 +148,19 @@ def own_group():
         dist.destroy_process_group()
 
 
+@pytest.mark.parametrize("via", ["registry", "entry"])
 @pytest.mark.parametrize("case", ALL + CP)
-def test_untracked_and_functionalized_calls(case, monkeypatch, own_group):
+def test_untracked_and_functionalized_calls(case, via, monkeypatch, own_group):
     """Every op, called inside a grad transform on inputs it does not track, and under functionalize:
     the plain call's outputs and in-place updates, bitwise; the transform's wrappers never reach a
-    kernel. gdn_decode's functionalize and every transform around a CP op are refused."""
+    kernel. gdn_decode's functionalize and every transform around a CP op are refused. Through the
+    registry and through the op's entry function (which skips the registry's own refusal)."""
     op, args, params, leaf_pos = _setup(case, "cpu")
-    call = lambda *a: op(*a, **params)  # noqa: E731
+    if via == "registry":
+        call = lambda *a: op(*a, **params)  # noqa: E731
+    else:
+        backend = op.choose(op.bind(*args, **params))
+        call = lambda *a: op.entry(*a, backend=backend, **params)  # noqa: E731
 
     def fresh():
         return [t.detach().clone() if isinstance(t, torch.Tensor) else t for t in args]
