@@ -232,21 +232,19 @@ def _look(dp, sh, rows, en, inner, i, u, NT, s: ConstInt, C: ConstInt, TB: Const
     return ct.zeros((TB, C), dtype=ct.float32)
 
 
-def _acc(p, a, x, s: ConstInt, W: ConstInt, DWA: ConstBool):
-    """Partial of weight column W-1-s plus this tile's products a * x (DWA: per token, else summed)."""
-    if s < W:
-        if DWA:
-            return p + a * x
-        return p + ct.sum(a * x, axis=0, keepdims=True)
-    return p
-
-
 def _pad(p, z, s: ConstInt, W: ConstInt, DWA: ConstBool):
-    """Partial of weight column W-1-s plus z, the sum of the zero-padding products (module doc)."""
+    """Partial of weight column W-1-s plus the [TB, C] products z (DWA: per token, else summed)."""
     if s < W:
         if DWA:
             return p + z
         return p + ct.sum(z, axis=0, keepdims=True)
+    return p
+
+
+def _acc(p, a, x, s: ConstInt, W: ConstInt, DWA: ConstBool):
+    """Partial of weight column W-1-s plus this tile's products a * x."""
+    if s < W:
+        return _pad(p, a * x, s, W, DWA)
     return p
 
 
