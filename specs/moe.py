@@ -252,9 +252,6 @@ GROUPED_MLP = OpSpec(
                     Constraint(expr="M % 32 == 0", when="requires_grad",
                                message="the backward's dSwiGLU pass quantizes dh columnwise over all M tokens "
                                        "(blocks of 32), wgrad or not"),
-                    Constraint(expr="dtype(fc1_weight) != 'float8_e4m3fn' and dtype(fc2_weight) != 'float8_e4m3fn'",
-                               message="pre-quantized weights: the cute path (cute_kernels) is written and "
-                                       "CPU-emulated but has not run on a GPU yet; the torch reference serves them"),
                     x=["bfloat16"], probs=["float32"]), _TORCH],
 )
 

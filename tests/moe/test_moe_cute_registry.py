@@ -300,9 +300,8 @@ def test_mlp_cuda_graph_with_gpu_m_splits():
 @pytest.mark.parametrize("which", ["both", "fc1", "fc2"])
 @pytest.mark.parametrize("splits,HF", [([0, 32, 224, 0, 96], (256, 256)), ([64, 0, 32], (512, 768))])
 def test_mlp_prequantized_weights_cute(splits, HF, which, gemm, monkeypatch):
-    """Pre-quantized (e4m3 + rowwise scales) weights on the cute kernels, called through the entry
-    with backend="cute" (the spec keeps auto on the torch reference for them until this file has
-    passed on a GPU), along the GEMM routes (predq on qdq'd bf16 operands, predq on MXFP8 ones,
+    """Pre-quantized (e4m3 + rowwise scales) weights on the cute kernels (auto picks them), called
+    through the entry, along the GEMM routes (predq on qdq'd bf16 operands, predq on MXFP8 ones,
     the mainloop-dequant kernel): y, dx, dprobs and a master's wgrad against the float64
     reference, outputs poisoned (the pre-quantized weight, data without requires_grad, gets no
     gradient slot). Same tolerances as the bf16-master test."""
@@ -319,10 +318,12 @@ def test_mlp_prequantized_weights_cute(splits, HF, which, gemm, monkeypatch):
     d1, s1 = prequant_weight(w1) if p1 else (w1, None)
     d2, s2 = prequant_weight(w2) if p2 else (w2, None)
     leaves = [t for t, pre_ in ((x, False), (probs, False), (w1, p1), (w2, p2)) if not pre_]
+    op = registry.get("grouped_mlp_mxfp8")
+    assert op.choose(op.bind(x, probs, m, d1, d2, s1, s2)) == "cute"
     old = ck.set_gemm_kernel(gemm.removesuffix("-no-qdq"))
     try:
         with poisoned():
-            y = grouped_mlp_mxfp8(x, probs, m, d1, d2, s1, s2, backend="cute")
+            y = grouped_mlp_mxfp8(x, probs, m, d1, d2, s1, s2)
             dy = torch.randn_like(y)
             grads = torch.autograd.grad(y, leaves, dy)
     finally:

@@ -313,4 +313,7 @@ def test_prequantized_refusals_name_op_tensor_expected_got():
     assert "tensor fc1_weight" in msg and "requires_grad=False" in msg and "got requires_grad=True" in msg
     d1.requires_grad_(False)
     rows = {b: (ok, why) for b, ok, why in OP.explain(x, probs, ms, d1, d2, s1, s2)}
-    assert rows["torch"][0] and not rows["cute"][0] and "pre-quantized weights" in rows["cute"][1]
+    # Pre-quantized weights are no reason to refuse cute since session 51's GPU run (18 cases, memcheck /
+    # initcheck clean): on CPU inputs its one refusal is the device.
+    assert rows["torch"][0] and not rows["cute"][0] and rows["cute"][1].startswith("inputs are on cpu")
+    assert "pre-quantized" not in rows["cute"][1]
