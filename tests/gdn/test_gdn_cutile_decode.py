@@ -205,6 +205,55 @@ def test_refuses_what_it_cannot_run():
         _launch((dict(Hk=2, Hv=4, dk=32, dv=32, W=4), F32, True, BF), cfg=dataclasses.replace(small, TMA=True))
 
 
+def _offset(t):
+    """A contiguous copy of ``t`` one element past an allocation's start (not 16-byte aligned)."""
+    v = torch.empty(t.numel() + 1, dtype=t.dtype)[1:].view(t.shape)
+    v.copy_(t)
+    return v
+
+
+@pytest.mark.parametrize("which", ["mixed", "conv_state", "conv_weight", "A_log", "dt_bias", "ssm_state",
+                                   "state_indices", "o"])
+def test_misaligned_tensors_reach_the_kernel_aligned(which, monkeypatch):
+    """decode_into hands decode_launch only 16-byte aligned tensors (a misaligned fp32-state call had not
+    finished on the GPU: decode_into's docstring), and what the launch writes into its aligned copies of
+    conv_state, ssm_state and o reaches the caller's tensors; inputs are left as they were. A stand-in
+    launch (CPU) writes known values: every element of the three written tensors is checked."""
+    names = ["mixed", "conv_state", "conv_weight", "A_log", "dt_bias", "ssm_state", "state_indices", "o"]
+    d = dict(Hk=2, Hv=4, dk=8, dv=8, W=3, B=3, N=5)
+    args, params = mk.cases("cpu")[2].make(d, torch.device("cpu"))
+    args = list(args) + [torch.full((d["B"], d["Hv"], d["dv"]), float("nan"), dtype=args[0].dtype)]
+    i = names.index(which)
+    args[i] = _offset(args[i])
+    assert args[i].data_ptr() % 16
+    before = [a.clone() for a in args]
+    seen = []
+
+    class _Run:
+        def __init__(self, ts):
+            self.ts = ts
+
+        def run(self):
+            _, conv, _, _, _, ssm, _, o = self.ts
+            conv.add_(1)
+            ssm.mul_(-2)
+            o.copy_(torch.arange(o.numel(), dtype=o.dtype).view(o.shape))
+
+    def fake(*a):
+        seen.append([t.data_ptr() % 16 for t in a[:8]])
+        return _Run(a[:8])
+
+    monkeypatch.setattr(cd, "decode_launch", fake)
+    cd.decode_into(*args, params["Hk"], 1e-6, None)
+    assert seen == [[0] * 8]
+    for j, (a, b) in enumerate(zip(args, before)):
+        want = {1: b + 1, 5: b * -2, 7: torch.arange(b.numel(), dtype=b.dtype).view(b.shape)}.get(j, b)
+        assert torch.equal(a, want), names[j]
+    seen.clear()
+    cd.decode_into(*[a[:0] if j in (0, 6, 7) else a for j, a in enumerate(args)], params["Hk"], 1e-6, None)
+    assert seen == []  # an empty batch launches nothing
+
+
 # ------------------------------------------------------------------ GPU
 
 needs_gpu = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")

@@ -127,7 +127,7 @@ import functools
 import cuda.tile as ct
 import torch
 
-from tilekernels._glue import kernel, launch_into
+from tilekernels._glue import aligned16, kernel
 from tilekernels._cutile import PAD_ZERO, Launch, cdiv, next_pow2, occ, sm_count, workspace
 
 from .cutile_pre_gated import softplus
@@ -570,9 +570,27 @@ def decode_launch(mixed, conv_state, conv_weight, A_log, dt_bias, ssm_state, sta
                   cfg, occ(cfg.OCC))
 
 
-# gdn_decode fwd, destination-passing (the registry's kernel signature: inputs, outputs, params in
-# spec order): o [B, Hv, dv] written, conv_state and ssm_state updated in place; B = 0 launches nothing
-decode_into = launch_into(decode_launch)
+def decode_into(mixed, conv_state, conv_weight, A_log, dt_bias, ssm_state, state_indices, o, *params):
+    """gdn_decode fwd, destination-passing (the registry's kernel signature: inputs, outputs, params in spec
+    order): o [B, Hv, dv] written, conv_state and ssm_state updated in place; B = 0 launches nothing.
+
+    ``decode_launch`` runs over 16-byte aligned tensors: a tensor whose address is not (a view one element
+    into its allocation) goes through an aligned copy, the in-place ones (conv_state, ssm_state) and o copied
+    back after the launch. Why: cuTile compiles another kernel for a misaligned base, and the fp32-state
+    kernel so compiled for the registry's misaligned-input test (B=256, Qwen3-Next heads, H100, session 52)
+    had not finished after 150 s, while the aligned kernels pass every test; which input's variant stalls
+    was not isolated. So the kernel only ever runs its aligned specialization; a misaligned call pays the
+    copies (the whole state pool for a misaligned ssm_state)."""
+    if not mixed.shape[0]:
+        return
+    ts = (mixed, conv_state, conv_weight, A_log, dt_bias, ssm_state, state_indices, o)
+    al = [aligned16(t) for t in ts]
+    decode_launch(*al, *params).run()
+    for i in (1, 5, 7):  # conv_state, ssm_state, o: written by the kernel
+        if al[i] is not ts[i]:
+            ts[i].copy_(al[i])
+
+
 kernel("gdn_decode", "cutile", "fwd")(decode_into)
 
 
