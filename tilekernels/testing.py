@@ -107,6 +107,16 @@ def upcast(x):
     return x
 
 
+def misaligned_copy(t: torch.Tensor) -> torch.Tensor:
+    """A contiguous copy of ``t`` one element past an allocation's start (its address 1 to 8 bytes off the
+    16-byte alignment torch's allocations have): how tests and probes pass a valid input that vector and TMA
+    accesses cannot take as it is."""
+    v = torch.empty(t.numel() + 1, dtype=t.dtype, device=t.device)[1:].view(t.shape)
+    with torch.no_grad():
+        v.copy_(t)
+    return v
+
+
 def assert_cubins(jobs, workers: int = 4) -> list:
     """Compile every ``(name, launch, arch)`` job to a cubin (``launch.export_cubin(arch)``, a
     cuTile :class:`tilekernels._cutile.Launch` built from ``meta`` tensors: no GPU needed) in

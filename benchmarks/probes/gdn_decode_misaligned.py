@@ -61,16 +61,11 @@ def cubins(groups, state_dtype) -> None:
               flush=True)
 
 
-def _offset(t):
-    v = torch.empty(t.numel() + 1, dtype=t.dtype, device=t.device)[1:].view(t.shape)
-    v.copy_(t)
-    return v
-
-
 def child(group: str, state_dtype) -> None:
     from tilekernels.gdn import bench as mk
     from tilekernels.gdn import cutile_decode as cd
     from tilekernels.gdn import reference as ref
+    from tilekernels.testing import misaligned_copy
     dev = torch.device("cuda")
     Hk, Hv, dk, dv, W, B, N = 16, 32, 128, 128, 4, 256, 256
     torch.manual_seed(0)
@@ -84,7 +79,7 @@ def child(group: str, state_dtype) -> None:
     ts = [x, conv, w, A, dt, ssm, idx, o]
     if group != "aligned":
         i = NAMES.index(group)
-        ts[i] = _offset(ts[i])
+        ts[i] = misaligned_copy(ts[i])
     cd.decode_launch(*ts, Hk).run()
     torch.cuda.synchronize()
     eo = ((ts[7].double() - o64).norm() / o64.norm()).item()

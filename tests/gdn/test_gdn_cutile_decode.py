@@ -36,7 +36,7 @@ pytestmark = pytest.mark.skipif(ct is None, reason="could not import 'cuda.tile'
 
 from tilekernels.gdn import bench as mk  # noqa: E402
 from tilekernels.gdn import reference as ref  # noqa: E402
-from tilekernels.testing import assert_cubins, assert_close  # noqa: E402
+from tilekernels.testing import assert_close, assert_cubins, misaligned_copy  # noqa: E402
 
 BF, F32, F64 = torch.bfloat16, torch.float32, torch.float64
 ARCHS = ("sm_90", "sm_100")
@@ -205,13 +205,6 @@ def test_refuses_what_it_cannot_run():
         _launch((dict(Hk=2, Hv=4, dk=32, dv=32, W=4), F32, True, BF), cfg=dataclasses.replace(small, TMA=True))
 
 
-def _offset(t):
-    """A contiguous copy of ``t`` one element past an allocation's start (not 16-byte aligned)."""
-    v = torch.empty(t.numel() + 1, dtype=t.dtype)[1:].view(t.shape)
-    v.copy_(t)
-    return v
-
-
 @pytest.mark.parametrize("which", ["mixed", "conv_state", "conv_weight", "A_log", "dt_bias", "ssm_state",
                                    "state_indices", "o"])
 def test_misaligned_tensors_reach_the_kernel_aligned(which, monkeypatch):
@@ -224,7 +217,7 @@ def test_misaligned_tensors_reach_the_kernel_aligned(which, monkeypatch):
     args, params = mk.cases("cpu")[2].make(d, torch.device("cpu"))
     args = list(args) + [torch.full((d["B"], d["Hv"], d["dv"]), float("nan"), dtype=args[0].dtype)]
     i = names.index(which)
-    args[i] = _offset(args[i])
+    args[i] = misaligned_copy(args[i])
     assert args[i].data_ptr() % 16
     before = [a.clone() for a in args]
     seen = []

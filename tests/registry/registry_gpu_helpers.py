@@ -8,7 +8,7 @@ import pytest
 import torch
 
 import registry
-from tilekernels.testing import assert_close
+from tilekernels.testing import assert_close, misaligned_copy
 
 COLLECTIVES = {"thd_cp_to_hp", "thd_hp_to_cp", "thd_cp_a2a_perm"}  # host cu_seqlens by design
 
@@ -288,16 +288,6 @@ def autocast_check(case, device: str) -> None:
     _assert_same(results[1], results[0], f"{case.op}: under autocast vs without", exact=True)
 
 
-def _offset_copy(t: torch.Tensor) -> torch.Tensor:
-    """A contiguous copy of ``t`` one element past an allocation's start (its address 2 to 8 bytes off
-    the 16-byte alignment torch's allocations have)."""
-    buf = torch.empty(t.numel() + 1, dtype=t.dtype, device=t.device)
-    v = buf[1:].view(t.shape)
-    with torch.no_grad():
-        v.copy_(t)
-    return v
-
-
 def misaligned_inputs_check(case, device: str) -> list[str]:
     """Each tensor input in turn passed as a contiguous view one element off its allocation's start:
     results, gradients and in-place inputs equal the aligned call's at the suite's tolerance (the
@@ -314,7 +304,7 @@ def misaligned_inputs_check(case, device: str) -> list[str]:
     for i, a in enumerate(args):
         if not isinstance(a, torch.Tensor) or a.numel() == 0:
             continue
-        a2 = _fresh(args, leaf_pos, lambda t, _i=i, _a=a: _offset_copy(t) if t is _a else t.detach().clone())
+        a2 = _fresh(args, leaf_pos, lambda t, _i=i, _a=a: misaligned_copy(t) if t is _a else t.detach().clone())
         assert a2[i].data_ptr() % 16 != 0
         if op.choose(op.bind(*a2, **params)) != chosen:
             moved.append(names[i])
