@@ -326,6 +326,39 @@ def test_decode_matches_float64_reference(B, N, shape, sd, mode):
         assert torch.equal(o[pad], torch.zeros_like(o[pad])), "padded rows must be zero"
 
 
+MISALIGNABLE = ["mixed", "conv_state", "conv_weight", "A_log", "dt_bias", "ssm_state", "state_indices", "o"]
+
+
+@pytest.mark.gpu
+@needs_gpu
+@pytest.mark.parametrize("sd", [F32, BF], ids=["fp32state", "bf16state"])
+@pytest.mark.parametrize("which", MISALIGNABLE)
+def test_misaligned_input_matches_reference(which, sd):
+    """One tensor passed one element off its allocation's start (not 16-byte aligned), Qwen3-Next heads,
+    padded state_indices: decode_into runs the kernel on aligned copies (the misaligned fp32-state
+    specialization had not finished on an H100, session 52), so the call finishes and equals the float64
+    reference, and what the kernel wrote reaches the caller's conv_state, ssm_state and o; slots no row
+    names stay bit-identical. Small enough (B=5, N=9) for the sanitizers."""
+    B, N = 5, 9
+    x, conv, w, A, dt, ssm = _inputs(B, N, **QWEN, state_dtype=sd)
+    idx = _indices(B, N, "pad")
+    o = torch.full((B, 32, 128), float("nan"), dtype=BF, device="cuda")
+    args = [x, conv, w, A, dt, ssm, idx, o]
+    i = MISALIGNABLE.index(which)
+    args[i] = misaligned_copy(args[i])
+    assert args[i].data_ptr() % 16
+    x, conv, w, A, dt, ssm, idx, o = args
+    conv0, ssm0 = conv.clone(), ssm.clone()
+    o64, c64, s64 = _ref64(x, conv, w, A, dt, ssm, idx, 16)
+    cd.decode_into(x, conv, w, A, dt, ssm, idx, o, 16, 1e-6, None)
+    assert_close(o, o64, what="o")
+    assert_close(ssm, s64, kind=sd, what="ssm_state")
+    assert_close(conv, c64.to(conv.dtype), kind="exact", what="conv_state")
+    slots = idx.cpu().long()
+    other = [s for s in range(N) if s not in set(slots[slots >= 0].tolist())]
+    assert torch.equal(ssm[other], ssm0[other]) and torch.equal(conv[other], conv0[other]), "unnamed slot touched"
+
+
 def _recurrence(q, k, v, g, beta, scale):
     """Plain gated delta rule over T (float64), all rows and value heads at once; q, k already
     repeated to Hv heads. q, k [B, T, Hv, dk]; v [B, T, Hv, dv]; g, beta [B, T, Hv].
