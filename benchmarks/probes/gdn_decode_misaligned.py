@@ -8,6 +8,8 @@ group one element off its allocation's start.
 
   --cubins (CPU): each group's misaligned variant exported for sm_90 (the launch's constraints with that group's
       base alignment lowered to its element size), SASS instruction counts beside the aligned kernel's.
+  --registry (GPU): the registry's misaligned gdn_decode fp32-state test with the fix bypassed, in a child process
+      under HT seconds, each launch's misaligned inputs printed before it runs (the last one before a stall).
   (GPU, cuTile bundle): each group in its own child process under a timeout (HT seconds, default 60): "HANG" or
       the o / state relative errors against float64.
     source .gpu-cutile/env.sh && python3 benchmarks/probes/gdn_decode_misaligned.py [--bf16] [GROUP ...]
@@ -87,9 +89,41 @@ def child(group: str, state_dtype) -> None:
     print(f"ok o_err={eo:.2e} state_err={es:.2e}")
 
 
+def registry_child() -> None:
+    """The registry's misaligned-input test for gdn_decode fp32-state (the call that never finished in session 52)
+    with the fix bypassed (decode_into's aligned16 made the identity): each launch prints its misaligned inputs
+    before it runs, so the last line before a stall names the input whose kernel stalled."""
+    import pytest
+
+    from tilekernels.gdn import cutile_decode as cd
+    cd.aligned16 = lambda t: t
+    launch = cd.decode_launch
+
+    def spy(*a, **k):
+        bad = [NAMES[i] for i, t in enumerate(a[:8]) if isinstance(t, torch.Tensor) and t.data_ptr() % 16]
+        print(f"launch B={a[0].shape[0]} misaligned={bad}", flush=True)
+        return launch(*a, **k)
+
+    cd.decode_launch = spy
+    sys.exit(pytest.main(["-q", "-s", "-p", "no:cacheprovider", "tests/registry/test_registry_hot_path.py",
+                          "-k", "misaligned and gdn_decode-fp32"]))
+
+
 def main() -> None:
     args = [a for a in sys.argv[1:] if not a.startswith("--")]
     sd = torch.bfloat16 if "--bf16" in sys.argv else torch.float32
+    if "--registry-child" in sys.argv:
+        return registry_child()
+    if "--registry" in sys.argv:
+        try:
+            r = subprocess.run([sys.executable, __file__, "--registry-child"], capture_output=True, text=True,
+                               timeout=float(os.environ.get("HT", "60")))
+            out, res = r.stdout, f"rc={r.returncode}"
+        except subprocess.TimeoutExpired as e:
+            out, res = (e.stdout or b"").decode() if isinstance(e.stdout, bytes) else (e.stdout or ""), "HANG (timeout)"
+        print("\n".join(line for line in out.splitlines() if line.startswith("launch") or "passed" in line
+                        or "failed" in line), f"\nregistry test, fix bypassed: {res}", flush=True)
+        return
     if "--child" in sys.argv:
         return child(args[0], sd)
     groups = args or list(GROUPS)
