@@ -1,6 +1,7 @@
 #!/usr/bin/env python3
 """Which misaligned input makes the cuTile gdn_decode kernel stall? (session 52: the registry's misaligned-input
-test, gdn_decode fp32-state, B=256, Qwen3-Next heads, never finished on an H100; bf16-state passed.)
+test, gdn_decode fp32-state, never finished on an H100; bf16-state passed. Its case is B=8, Hk=2, Hv=4,
+dk=dv=32, W=4, N=16: split 2 over each key head, the counters' path.)
 
 cuTile compiles a separate kernel for a tensor whose base is not 16-byte aligned. ``cutile_decode.decode_into``
 now hands the launch aligned copies, so this probe calls ``decode_launch`` directly (the raw kernel) with one input
@@ -16,7 +17,10 @@ group one element off its allocation's start.
 
 Session 52, --cubins on the CPU (fp32 state, gdn_decode_fwd): aligned 4712 instructions (30 SYNCS, 108 BRA);
 misaligned ssm_state 15424 (2273 SYNCS, 1595 BRA), o 9016 (1503 SYNCS), conv_weight 4272 (685 SYNCS), mixed
-4016; conv_state, A_log, dt_bias, state_indices unchanged. GPU: not yet run.
+4016; conv_state, A_log, dt_bias, state_indices unchanged.
+Session 53, GPU (H100, fp32 state): every input group alone at B=256 finished and matched float64 (o 1.66e-3,
+state 1.33e-7: the aligned kernel's errors); --registry stalled at the registry case's misaligned ssm_state launch
+(the first five inputs' launches finished). So the stall is the misaligned-ssm_state kernel at split 2.
 """
 from __future__ import annotations
 

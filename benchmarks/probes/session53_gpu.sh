@@ -7,7 +7,8 @@
 # D1: session 52's fix (cutile_decode.decode_into runs the kernel on 16-byte aligned copies; never GPU-run):
 #     the new per-input GPU test (each of the 8 tensors misaligned, fp32 and bf16 state, against float64), memcheck /
 #     initcheck / racecheck on its fp32-state ssm_state and o cases (the inputs whose misaligned cubins changed
-#     most), then the registry's misaligned gdn_decode cases (fp32-state, B=256: never finished before the fix).
+#     most), then the registry's misaligned gdn_decode cases (fp32-state, B=8: never finished before the fix).
+# Ran in session 53 (H100, all passed; record: the session 53 block of ../results/h200-gpu-tests.txt).
 # D2: tests/gdn/test_gdn_cutile_decode.py whole, then the diagnosis left open: which misaligned input stalls the
 #     raw kernel (gdn_decode_misaligned.py: each input in a child process under HT seconds).
 # D3: frozen_weights_checks.sh 4's MoE files whole (part 3's mHC files ran in session 52's B2 and call 5).
