@@ -20,7 +20,8 @@ misaligned ssm_state 15424 (2273 SYNCS, 1595 BRA), o 9016 (1503 SYNCS), conv_wei
 4016; conv_state, A_log, dt_bias, state_indices unchanged.
 Session 53, GPU (H100, fp32 state): every input group alone at B=256 finished and matched float64 (o 1.66e-3,
 state 1.33e-7: the aligned kernel's errors); --registry stalled at the registry case's misaligned ssm_state launch
-(the first five inputs' launches finished). So the stall is the misaligned-ssm_state kernel at split 2.
+(the first five inputs' launches finished). So the stall is the misaligned-ssm_state kernel at the small case's
+config (split 2, TMA off, [32, 32] tiles); the kernel itself never waits, so it is in cuTile's generated code.
 """
 from __future__ import annotations
 

@@ -578,10 +578,11 @@ def decode_into(mixed, conv_state, conv_weight, A_log, dt_bias, ssm_state, state
     into its allocation) goes through an aligned copy, the in-place ones (conv_state, ssm_state) and o copied
     back after the launch. Why: cuTile compiles another kernel for a misaligned base, and the fp32-state
     kernel so compiled for a misaligned ssm_state never finished in the registry's misaligned-input test
-    (B=8, Hk=2, Hv=4, dk=dv=32: split 2, blocks sharing a key head's window through the counters; H100,
-    sessions 52-53), while Qwen3-Next's B=256 launch (split 1) finished with any one input misaligned and
-    the aligned kernels pass every test. So the kernel only ever runs its aligned specialization; a
-    misaligned call pays the copies (the whole state pool for a misaligned ssm_state)."""
+    (B=8, Hk=2, Hv=4, dk=dv=32: split 2, TMA off; H100, sessions 52-53). The kernel never waits on
+    anything, so the stall is in cuTile's code for the misaligned state. Qwen3-Next's B=256 launch
+    (split 1) finished with any one input misaligned, and the aligned kernels pass every test. So the
+    kernel only ever runs its aligned specialization; a misaligned call pays the copies
+    (the whole state pool for a misaligned ssm_state)."""
     if not mixed.shape[0]:
         return
     ts = (mixed, conv_state, conv_weight, A_log, dt_bias, ssm_state, state_indices, o)
