@@ -180,7 +180,8 @@ def launch_into(make_launch):
     """A destination-passing registry kernel from a launch factory: ``into(*args)`` builds
     ``make_launch(*args)`` (the op's inputs, outputs and params, positional in spec order) and runs
     it; an empty batch (first input's leading dim 0) launches nothing. One definition for the
-    backends whose kernel is one launch (e.g. gdn_decode's cutile and cute)."""
+    backends whose kernel is one launch (gdn_decode's two CuTe DSL kernels; its cuTile one adds aligned copies:
+    cutile_decode.decode_into)."""
     def into(*args):
         if args[0].shape[0]:
             make_launch(*args).run()

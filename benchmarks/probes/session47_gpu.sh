@@ -7,7 +7,7 @@
 # G1 (cuTile) the GDN NaN cases again, the cuTile GDN files whole (their softplus changed), then memcheck /
 #    initcheck / racecheck over one gdn_pre_gated and one gdn_decode registry NaN case.
 # G2 (cuTile) the GDN misaligned-input cases (cuTile compiles a kernel per misaligned input: minutes). Session 52:
-#    3 of 4 passed, gdn_decode-fp32-state never finished (fixed after: aligned copies; not yet rerun).
+#    3 of 4 passed, gdn_decode-fp32-state never finished (fixed after: aligned copies; passes since, session53_gpu.sh D1).
 # B1 (CuTe) as A, on the CuTe DSL kernels (auto picks them): includes the NaN test over the proj_rms / post_pre
 #    backward kernels whose RMS select changed in session 46 (never run on a GPU).
 # T1 (cuTile) / T2 (CuTe) session 48's tests on the GPU kernels: tests/registry/test_training_stack.py

@@ -8,10 +8,7 @@
 #     backward's THD W=4 edge case (session 50's padding fix; memcheck ran in session 51); then the mhc_pre sweep.
 # C2: the pre-quantized MoE test through auto (session 51's version, asserting auto picks cute) beside
 #     h_post_bda's REV tests; then l2_reuse_session.sh 2's timing (the chain A/B and the AGG_ rows).
-# C3 (carry .gpu-cutile; owed, not yet run): the fix made after call 7 (cutile_decode.decode_into runs the kernel on
-#     16-byte aligned copies): which misaligned input stalls the raw kernel (gdn_decode_misaligned.py: the inputs whose
-#     cubins change, each in a child process under a 60 s timeout), the registry's misaligned gdn_decode cases
-#     (fp32-state never finished before the fix), then tests/gdn/test_gdn_cutile_decode.py whole.
+# (The GPU run of the fix made after call 7, once C3 here, is session53_gpu.sh D1 / D2: it ran in session 53.)
 set -u
 . "$(dirname "$0")/_steps.sh"  # step NAME SECONDS CMD...
 : > "$SUM"
@@ -38,10 +35,6 @@ C2) step predq_auto 150 $P -n 4 tests/moe/test_moe_cute_registry.py -k prequanti
     R=cute,cute:AGG_REV=1,mhc_pre,mhc_pre:AGG_REV=1,mhc_pre:AGG_REV_B=1,mhc_pre:AGG_REV=1:AGG_REV_B=1
     step pre_rows 210 python3 benchmarks/probes/mhc_post_pre_variants.py --rows "$R,$R" --out "$OUT"
     tail -14 "$OUT/pb_chain.log"; tail -16 "$OUT/pre_rows.log" ;;
-C3) step which_stalls 240 env HT=60 python3 benchmarks/probes/gdn_decode_misaligned.py ssm_state conv_weight mixed
-    cat "$OUT/which_stalls.log"
-    step misaligned_decode 300 $P -n 2 tests/registry/test_registry_hot_path.py -k "misaligned and gdn_decode"
-    step cutile_decode_file 240 $P -n 6 tests/gdn/test_gdn_cutile_decode.py ;;
-*) echo "usage: session52_gpu.sh C1|C2|C3"; exit 2 ;;
+*) echo "usage: session52_gpu.sh C1|C2"; exit 2 ;;
 esac
 cat "$OUT/device.txt" "$SUM"

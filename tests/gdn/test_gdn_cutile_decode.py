@@ -307,19 +307,25 @@ def case_id(c) -> str:
 @needs_gpu
 @pytest.mark.parametrize("B,N,shape,sd,mode", GPU_CASES, ids=[case_id(c) for c in GPU_CASES])
 def test_decode_matches_float64_reference(B, N, shape, sd, mode):
-    Hk = shape["Hk"]
     x, conv, w, A, dt, ssm = _inputs(B, N, **shape, state_dtype=sd)
-    idx = _indices(B, N, mode)
+    o = torch.full((B, shape["Hv"], shape["dv"]), float("nan"), dtype=x.dtype, device=x.device)
+    _check_step([x, conv, w, A, dt, ssm, _indices(B, N, mode), o], shape["Hk"], sd)
+
+
+def _check_step(args, Hk, sd):
+    """One decode_into call on args = [mixed, conv_state, conv_weight, A_log, dt_bias, ssm_state,
+    state_indices, o] (o NaN-poisoned) against the float64 reference: o, ssm_state at their dtypes'
+    tolerances, conv_state exact; slots no real row names bit-identical; padded rows of o zero."""
+    x, conv, w, A, dt, ssm, idx, o = args
     conv0, ssm0 = conv.clone(), ssm.clone()
     o64, c64, s64 = _ref64(x, conv, w, A, dt, ssm, idx, Hk)
-    o = _run(x, conv, w, A, dt, ssm, idx, Hk)
+    cd.decode_into(x, conv, w, A, dt, ssm, idx, o, Hk, 1e-6, None)
     assert_close(o, o64, what="o")
     assert_close(ssm, s64, kind=sd, what="ssm_state")
     assert_close(conv, c64.to(conv.dtype), kind="exact", what="conv_state")
-    # slots no real row names are bit-identical; padded rows are zero
-    slots = torch.arange(B) if idx is None else idx.cpu().long()
+    slots = torch.arange(x.shape[0]) if idx is None else idx.cpu().long()
     named = set(slots[slots >= 0].tolist())
-    other = [s for s in range(N) if s not in named]
+    other = [s for s in range(ssm.shape[0]) if s not in named]
     assert torch.equal(ssm[other], ssm0[other]) and torch.equal(conv[other], conv0[other]), "unnamed slot touched"
     if idx is not None:
         pad = (idx < 0).nonzero().flatten()
@@ -341,22 +347,12 @@ def test_misaligned_input_matches_reference(which, sd):
     names stay bit-identical. Small enough (B=5, N=9) for the sanitizers."""
     B, N = 5, 9
     x, conv, w, A, dt, ssm = _inputs(B, N, **QWEN, state_dtype=sd)
-    idx = _indices(B, N, "pad")
-    o = torch.full((B, 32, 128), float("nan"), dtype=BF, device="cuda")
-    args = [x, conv, w, A, dt, ssm, idx, o]
+    args = [x, conv, w, A, dt, ssm, _indices(B, N, "pad"), torch.full((B, 32, 128), float("nan"), dtype=BF,
+                                                                      device="cuda")]
     i = MISALIGNABLE.index(which)
     args[i] = misaligned_copy(args[i])
     assert args[i].data_ptr() % 16
-    x, conv, w, A, dt, ssm, idx, o = args
-    conv0, ssm0 = conv.clone(), ssm.clone()
-    o64, c64, s64 = _ref64(x, conv, w, A, dt, ssm, idx, 16)
-    cd.decode_into(x, conv, w, A, dt, ssm, idx, o, 16, 1e-6, None)
-    assert_close(o, o64, what="o")
-    assert_close(ssm, s64, kind=sd, what="ssm_state")
-    assert_close(conv, c64.to(conv.dtype), kind="exact", what="conv_state")
-    slots = idx.cpu().long()
-    other = [s for s in range(N) if s not in set(slots[slots >= 0].tolist())]
-    assert torch.equal(ssm[other], ssm0[other]) and torch.equal(conv[other], conv0[other]), "unnamed slot touched"
+    _check_step(args, QWEN["Hk"], sd)
 
 
 def _recurrence(q, k, v, g, beta, scale):
