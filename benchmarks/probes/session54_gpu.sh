@@ -1,12 +1,13 @@
 #!/usr/bin/env bash
 # Session 54's device calls on one warm machine (repo root). What session 53 owed: its review refactored the cuTile
-# decode tests (one reference check, _check_step) and the CuTe DSL decode file reuses them; neither ran on a GPU.
+# decode tests (one reference check, _check_step) and the CuTe DSL decode file reuses them; neither had run on a GPU.
 #   E1 (carry .gpu-cutile): source .gpu-cutile/env.sh && export OUT && bash benchmarks/probes/session54_gpu.sh E1
 #   E2 (carry .gpu-cute, after E1 on the same machine so cuTile is unpacked under /tmp/tk-cutile):
 #       source .gpu-cute/env.sh; export PYTHONPATH=$PYTHONPATH:/tmp/tk-cutile/site \
 #         PATH=/tmp/tk-cutile/cu13/bin:$PATH; unset CUDA_HOME CUDA_PATH; bash benchmarks/probes/session54_gpu.sh E2
 # E1: tests/gdn/test_gdn_cutile_decode.py whole (the refactored reference check and the misaligned-input test).
 # E2: tests/gdn/test_gdn_cute_decode.py whole (it runs the cuTile file's tests on the CuTe DSL kernels).
+# Ran in session 54 (H100): 58 and 48 passed; record: the session 54 block of ../results/h200-gpu-tests.txt.
 set -u
 . "$(dirname "$0")/_steps.sh"  # step NAME SECONDS CMD...
 : > "$SUM"
