@@ -15,6 +15,7 @@ can then run at it (TK_TEST_PB_CUTE_CFG, run16/H/run2.sh). Prints a table; JSON 
 
     source .gpu-cute/env.sh && python3 benchmarks/probes/mhc_cute_post_bda_time.py --out "$OUT"
     ... --chain-ab rev --rounds 5   # the backward right after the forward, the heuristic against REV (session 43)
+    ... --registry-only --h-order fp32,fp32bf,bf16,fp32,fp32bf,bf16   # fp32 h holding bf16 values (session 54)
 """
 from __future__ import annotations
 
@@ -66,10 +67,20 @@ def propose(rows, margin: float = 0.005) -> dict:
     return out
 
 
-def _case(hd):
-    """Fresh random inputs (h_res, residual, h_post, x, bias) and dout at the headline shape, h in ``hd``."""
+# --h-order's h kinds: name -> (h dtype, values rounded to bf16 first). "fp32bf" is fp32 h holding bf16 values (16 zero
+# low mantissa bits): the fp32-h kernels, bytes and instructions with bf16 h's operand bits (session 54: is fp32 h's
+# ~13 us over bf16 h on the H200 its data's switching energy under the 700 W cap rather than its code?).
+H_KINDS = {"fp32": (F32, False), "bf16": (BF, False), "fp32bf": (F32, True)}
+
+
+def _case(hd, bf_values: bool = False):
+    """Fresh random inputs (h_res, residual, h_post, x, bias) and dout at the headline shape, h in ``hd`` (rounded to
+    bf16 values first where ``bf_values``)."""
     g = lambda *s, dt=BF: torch.randn(*s, device="cuda").to(dt)  # noqa: E731
-    return (g(T, n, n, dt=hd) * 0.5, g(T, n, C), g(T, n, dt=hd), g(T, C), g(C)), g(T, n, C)
+    hr, hp = g(T, n, n, dt=F32) * 0.5, g(T, n, dt=F32)
+    if bf_values:
+        hr, hp = hr.to(BF), hp.to(BF)
+    return (hr.to(hd), g(T, n, C), hp.to(hd), g(T, C), g(C)), g(T, n, C)
 
 
 @contextlib.contextmanager
@@ -87,22 +98,30 @@ def _heuristic_with(kw: dict):
 
 
 def registry_only(a):
-    """The registry's fwd and fwd+bwd at both h dtypes for another backend (same harness)."""
+    """The registry's fwd and fwd+bwd for each of --h-order's h kinds in turn (same harness); on the cute backend the
+    two kernels alone too (fwd_into, bwd_into at the heuristic's config)."""
     import registry
+    from tilekernels.mhc import cute_post_bda as cp
 
     op = registry.get("mhc_h_post_bda")
     res = {"env": device_env(), "backend": a.backend, "rows": []}
-    for hd in [{"fp32": F32, "bf16": BF}[v] for v in a.h_order.split(",")]:
-        ins, dout = _case(hd)
+    for kind in a.h_order.split(","):
+        hd, bfv = H_KINDS[kind]
+        ins, dout = _case(hd, bfv)
         leaves = [t.detach().requires_grad_(True) for t in ins]
         plain = [t.detach() for t in ins]
+        out, grads = torch.empty_like(ins[1]), [torch.empty_like(t) for t in ins]
         torch.autograd.grad(op(*leaves, backend=a.backend), leaves, dout)
-        for what, fn in (("fwd", lambda: op(*plain, backend=a.backend)),
-                         ("fwd+bwd", lambda: torch.autograd.grad(op(*leaves, backend=a.backend), leaves, dout))):
+        rows = [("registry fwd", lambda: op(*plain, backend=a.backend)),
+                ("registry fwd+bwd", lambda: torch.autograd.grad(op(*leaves, backend=a.backend), leaves, dout))]
+        if a.backend == "cute":
+            rows += [("fwd_into", lambda: cp.fwd_into(*plain, out)),
+                     ("bwd_into", lambda: cp.bwd_into(dout, *plain, *grads))]
+        for what, fn in rows:
             ms = bench(fn, a.rep)
-            res["rows"].append({"h": str(hd)[6:], "what": f"registry {what} ({a.backend})", "ms": round(ms, 4)})
-            print(f"{str(hd)[6:]:9s} registry {what} ({a.backend}) {ms:8.4f} ms", flush=True)
-        ins = dout = leaves = plain = None
+            res["rows"].append({"h": kind, "what": f"{what} ({a.backend})", "ms": round(ms, 4)})
+            print(f"{kind:9s} {what} ({a.backend}) {ms:8.4f} ms", flush=True)
+        ins = dout = leaves = plain = out = grads = None
     with open(os.path.join(a.out, f"mhc_post_bda_{a.backend}_time.json"), "w") as f:
         json.dump(res, f, indent=1)
 
@@ -167,7 +186,8 @@ def main():
     ap.add_argument("--no-ab", action="store_true", help="skip the A/B configs (and the proposal)")
     ap.add_argument("--ab", default="", help="only these A/B configs (comma list of names)")
     ap.add_argument("--h-order", default="fp32,bf16",
-                    help="--registry-only: the h dtypes in turn (e.g. bf16,fp32,bf16,fp32: an order effect?)")
+                    help="--registry-only: the h kinds in turn (H_KINDS: fp32, bf16, fp32bf; e.g. bf16,fp32,bf16,fp32: an order "
+                    "effect?)")
     ap.add_argument("--chain-ab", default="", help="A/B configs timed with the backward right after the forward "
                     "(comma list; e.g. rev), against the heuristic, --rounds rounds interleaved; nothing else")
     ap.add_argument("--rounds", type=int, default=5)

@@ -8,7 +8,8 @@ the same bytes faster only pays where the SMs then keep their clock. This runs e
 time (CUDA events over the window), mean power, mean and minimum SM clock and the share of samples with the power-cap
 reason.
 
-Workloads (``--rows``): ``copy`` (1.88 GB copy_), ``pbda_fwd`` / ``pbda_bwd`` (h_post_bda's CuTe DSL kernels),
+Workloads (``--rows``): ``copy`` (1.88 GB copy_), ``pbda_fwd`` / ``pbda_bwd`` (h_post_bda's CuTe DSL kernels; ``:H=1``
+with fp32 h holding bf16 values),
 ``pr_fwd`` / ``pr_bwd`` (mhc_proj_rms's: the forward kernel, the backward with its reduction),
 ``skel`` / ``skel:LOCK=2`` (post_pre_bwd_skeleton.py's backward traffic, consumers idle), and post_pre_pass_ab.py's
 rows (``bwd``, ``fwd``, ``dhdw``, with FIELD=V changes); ``decode:B=32`` (gdn_decode's TMA ring, fp32 state, 50 steps
@@ -82,6 +83,8 @@ def _workload(spec):
 
         bf, f32 = torch.bfloat16, torch.float32
         hr, hp = torch.rand(T, n, n, device="cuda"), torch.rand(T, n, device="cuda")
+        if changes.get("H"):   # H=1: fp32 h holding bf16 values (low 16 mantissa bits zero; session 54)
+            hr, hp = hr.to(bf).to(f32), hp.to(bf).to(f32)
         res, x, bias = (torch.randn(*s, device="cuda").to(bf) for s in ((T, n, C), (T, C), (C,)))
         if name == "pbda_fwd":
             out = torch.empty_like(res)

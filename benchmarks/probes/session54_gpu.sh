@@ -8,6 +8,11 @@
 # E1: tests/gdn/test_gdn_cutile_decode.py whole (the refactored reference check and the misaligned-input test).
 # E2: tests/gdn/test_gdn_cute_decode.py whole (it runs the cuTile file's tests on the CuTe DSL kernels).
 # Ran in session 54 (H100): 58 and 48 passed; record: the session 54 block of ../results/h200-gpu-tests.txt.
+# E3 (carry .gpu-cute; alone): issue 15's h_post_bda with fp32 h is ~13 us over bf16 h on the H200 with the same DRAM
+#     bytes and fewer instructions (session 36's Nsight); the kernels run at the 700 W cap there. Hypothesis: bf16 h's
+#     operands (16 zero low mantissa bits) switch less in the FMAs, so the clock drops less. Test: fp32 h holding
+#     bf16 values ("fp32bf": fp32's code and bytes, bf16's bits), registry fwd+bwd and the kernels alone,
+#     interleaved with fp32 and bf16 h; then power_probe.py's bwd kernel with both fp32 h kinds (power, SM clock).
 set -u
 . "$(dirname "$0")/_steps.sh"  # step NAME SECONDS CMD...
 : > "$SUM"
@@ -17,6 +22,11 @@ nvidia-smi --query-gpu=name,clocks.max.sm,power.limit --format=csv,noheader > "$
 case "${1:-}" in
 E1) step cutile_decode_file 400 $P -n 6 tests/gdn/test_gdn_cutile_decode.py ;;
 E2) step cute_decode_file 400 $P -n 6 tests/gdn/test_gdn_cute_decode.py ;;
-*) echo "usage: session54_gpu.sh E1|E2"; exit 2 ;;
+E3) step h_values 300 python3 benchmarks/probes/mhc_cute_post_bda_time.py --registry-only --out "$OUT" \
+      --h-order fp32,fp32bf,bf16,fp32,fp32bf,bf16,fp32,fp32bf,bf16
+    step h_power 200 python3 benchmarks/probes/power_probe.py --out "$OUT" \
+      --rows pbda_bwd,pbda_bwd:H=1,pbda_bwd,pbda_bwd:H=1,pbda_fwd,pbda_fwd:H=1,copy
+    grep -E "ms$" "$OUT/h_values.log"; tail -12 "$OUT/h_power.log" ;;
+*) echo "usage: session54_gpu.sh E1|E2|E3"; exit 2 ;;
 esac
 cat "$OUT/device.txt" "$SUM"
