@@ -13,6 +13,9 @@
 #     operands (16 zero low mantissa bits) switch less in the FMAs, so the clock drops less. Test: fp32 h holding
 #     bf16 values ("fp32bf": fp32's code and bytes, bf16's bits), registry fwd+bwd and the kernels alone,
 #     interleaved with fp32 and bf16 h; then power_probe.py's bwd kernel with both fp32 h kinds (power, SM clock).
+# E4 (carry .gpu-cute after E1 on the same machine, as E2): the files whose last whole GPU run was session 43's
+#     (since then: opgen's dispatch-mode path, misaligned copies, pre-quantized MoE weights through auto):
+#     gpu_suite.sh's reg_pp (tests/registry, mhc/test_mhc_post_pre.py, test_big_gpu_lock.py) and tests/moe whole.
 set -u
 . "$(dirname "$0")/_steps.sh"  # step NAME SECONDS CMD...
 : > "$SUM"
@@ -27,6 +30,8 @@ E3) step h_values 300 python3 benchmarks/probes/mhc_cute_post_bda_time.py --regi
     step h_power 200 python3 benchmarks/probes/power_probe.py --out "$OUT" \
       --rows pbda_bwd,pbda_bwd:H=1,pbda_bwd,pbda_bwd:H=1,pbda_fwd,pbda_fwd:H=1,copy
     grep -E "ms$" "$OUT/h_values.log"; tail -12 "$OUT/h_power.log" ;;
-*) echo "usage: session54_gpu.sh E1|E2|E3"; exit 2 ;;
+E4) step reg_pp 300 $PYT -m gpu -rfE -n 14 tests/registry tests/mhc/test_mhc_post_pre.py tests/test_big_gpu_lock.py
+    step moe 280 $PYT -m gpu -rfE -n 14 tests/moe ;;
+*) echo "usage: session54_gpu.sh E1|E2|E3|E4"; exit 2 ;;
 esac
 cat "$OUT/device.txt" "$SUM"
