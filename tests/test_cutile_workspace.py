@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from tilekernels._cutile import workspace, workspace_reuse
+from tilekernels._cutile import may_keep, workspace, workspace_reuse
 
 META = torch.device("meta")
 
@@ -15,6 +15,7 @@ def test_scratch_off_cuda_is_a_plain_allocation():
     a = workspace("test", (2, 3), torch.float32, META)
     b = workspace("test", (2, 3), torch.float32, META)
     assert a is not b and a.device == META
+    assert may_keep(torch.zeros(3)) and may_keep(a)   # off CUDA any tensor may be kept (no pools)
 
 
 @pytest.mark.gpu
@@ -39,3 +40,25 @@ def test_workspace_reused_grown_and_fresh_under_capture():
     with torch.cuda.graph(g, stream=s):
         inside = workspace("t-reuse", (8, 8), torch.float32, dev)
     assert inside.data_ptr() != warm.data_ptr()
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_workspace_not_kept_from_a_private_pool():
+    """A buffer allocated while this thread's allocations go to a private pool is handed out but not kept (``may_keep``):
+    Inductor's CUDA-graph warm-up (torch.compile mode="reduce-overhead") routes them to the graph's pool without
+    capturing, and a kept block there failed its live-allocation check (session 54: mhc_sinkhorn's cuTile backward).
+    Here a ``torch.cuda.MemPool`` routes them (the same allocator path); a default-pool buffer is still kept."""
+    from tilekernels import _cutile
+
+    dev = torch.device("cuda")
+    pool = torch.cuda.MemPool()
+    with torch.cuda.use_mem_pool(pool):
+        a = workspace("t-pool", (1000,), torch.float32, dev)
+        b = workspace("t-pool", (1000,), torch.float32, dev)
+    assert not any(k[0] == "t-pool" for k in _cutile._WORKSPACES)
+    assert a.data_ptr() != b.data_ptr()
+    del a, b
+    c = workspace("t-pool", (1000,), torch.float32, dev)
+    assert workspace("t-pool", (10,), torch.float32, dev).data_ptr() == c.data_ptr()
+    assert any(k[0] == "t-pool" for k in _cutile._WORKSPACES)

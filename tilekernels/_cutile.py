@@ -31,8 +31,8 @@ from typing import Any, Sequence
 
 import torch
 
-from tilekernels._glue import (COMPILE_KEYS, _RECORD_KEYS, env_flag, next_pow2, record_compile_keys,  # noqa: F401
-                               sm_count)  # (re-exported)
+from tilekernels._glue import (COMPILE_KEYS, _RECORD_KEYS, env_flag, may_keep, next_pow2,  # noqa: F401
+                               record_compile_keys, sm_count)  # (re-exported)
 
 import cuda.tile as ct
 from cuda.tile.compilation import (ArrayConstraint, CallingConvention, KernelSignature,
@@ -71,7 +71,10 @@ def workspace(tag: str, shape: tuple, dtype: torch.dtype, device: torch.device, 
     user). Launches on one stream are ordered, so they never share it concurrently; a dropped
     buffer goes back to torch's allocator on that stream. Inside a graph capture (and off CUDA,
     e.g. ``meta`` for the compile tests, or with the reuse off) it is a new tensor from the
-    allocator -- the capture's pool -- so a graph never holds a buffer this cache may drop."""
+    allocator -- the capture's pool -- so a graph never holds a buffer this cache may drop. A new
+    buffer that ``may_keep`` refuses (Inductor's CUDA-graph warm-up routes allocations to the
+    graph's pool without capturing) is handed out but not kept: that pool must not hold a block
+    past the call."""
     alloc = torch.zeros if zero else torch.empty
     if device.type != "cuda" or not WORKSPACE_REUSE[0] or torch.cuda.is_current_stream_capturing():
         return alloc(shape, dtype=dtype, device=device)
@@ -80,9 +83,12 @@ def workspace(tag: str, shape: tuple, dtype: torch.dtype, device: torch.device, 
     key = (tag, idx, _raw_stream(idx), dtype)
     buf = _WORKSPACES.get(key)
     if buf is None or buf.numel() < n:
+        buf = alloc(max(n, 1), dtype=dtype, device=device)
+        if not may_keep(buf):
+            return buf[:n].view(shape)
         if len(_WORKSPACES) >= _WORKSPACES_MAX:
             _WORKSPACES.clear()
-        buf = _WORKSPACES[key] = alloc(max(n, 1), dtype=dtype, device=device)
+        _WORKSPACES[key] = buf
     return buf[:n].view(shape)
 
 

@@ -163,6 +163,25 @@ def sm_count(device: torch.device) -> int:
     return _SMS[idx]
 
 
+def may_keep(t: torch.Tensor) -> bool:
+    """Whether a tensor a call just made may be kept for later calls (a cache of workspaces or constant tables):
+    not made during a CUDA-graph capture, and, on CUDA, in the caching allocator's default pool (segment_pool_id
+    (0, 0)), not in a graph's private pool or a ``torch.cuda.MemPool``. Inductor's CUDA graph trees
+    (torch.compile mode="reduce-overhead") run each graph's warm-up eagerly, not capturing, with this thread's
+    allocations routed to the graph's pool, and fail when a block there outlives the call without being an
+    output (session 54: mhc_sinkhorn's cuTile backward). No query says the routing is on, so the tensor's
+    segment is looked up: ``memory_snapshot`` walks every segment, so ask once per new tensor, never per call."""
+    if t.device.type != "cuda":
+        return True
+    if torch.cuda.is_current_stream_capturing():
+        return False
+    ptr = t.untyped_storage().data_ptr()
+    for seg in torch.cuda.memory_snapshot():
+        if seg["address"] <= ptr < seg["address"] + seg["total_size"]:
+            return tuple(seg.get("segment_pool_id", (0, 0))) == (0, 0)
+    return False
+
+
 def on_device(t: torch.Tensor, device: torch.device, what: str) -> torch.Tensor:
     """``t`` on ``device``: metadata a caller may keep on the host (OPS.md: m_splits, cu_seqlens)
     copied without waiting for the GPU (non_blocking: the pageable copy is staged before it

@@ -16,6 +16,11 @@
 # E4 (carry .gpu-cute after E1 on the same machine, as E2): the files whose last whole GPU run was session 43's
 #     (since then: opgen's dispatch-mode path, misaligned copies, pre-quantized MoE weights through auto):
 #     gpu_suite.sh's reg_pp (tests/registry, mhc/test_mhc_post_pre.py, test_big_gpu_lock.py) and tests/moe whole.
+#     Ran: moe 968 passed; reg_pp 386 passed, 1 failed: test_compile_reduce_overhead_gpu[mhc_sinkhorn] (the cuTile
+#     backward's cached workspace allocated in Inductor's CUDA-graph pool during the warm-up, see E5).
+# E5 (carry .gpu-cutile): the fix (tilekernels._glue.may_keep: a workspace or table made in a private pool is not
+#     cached): the workspace tests, test_compile_reduce_overhead_gpu for every op on the cuTile kernels (before,
+#     E4 ran it with CuTe DSL's kernels beside, and session 52 with CuTe DSL's alone), the CP pack file (_ranks).
 set -u
 . "$(dirname "$0")/_steps.sh"  # step NAME SECONDS CMD...
 : > "$SUM"
@@ -32,6 +37,9 @@ E3) step h_values 300 python3 benchmarks/probes/mhc_cute_post_bda_time.py --regi
     grep -E "ms$" "$OUT/h_values.log"; tail -12 "$OUT/h_power.log" ;;
 E4) step reg_pp 300 $PYT -m gpu -rfE -n 14 tests/registry tests/mhc/test_mhc_post_pre.py tests/test_big_gpu_lock.py
     step moe 280 $PYT -m gpu -rfE -n 14 tests/moe ;;
-*) echo "usage: session54_gpu.sh E1|E2|E3|E4"; exit 2 ;;
+E5) step workspace 120 $P -n 2 tests/test_cutile_workspace.py
+    step reduce_overhead 300 $P -n 8 tests/registry/test_registry_hot_path.py -k reduce_overhead
+    step cp_pack 200 $P -n 8 tests/cp/test_cp_cutile_pack.py ;;
+*) echo "usage: session54_gpu.sh E1|E2|E3|E4|E5"; exit 2 ;;
 esac
 cat "$OUT/device.txt" "$SUM"

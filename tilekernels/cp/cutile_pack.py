@@ -79,7 +79,7 @@ import torch
 import torch.distributed as dist
 
 from tilekernels._cutile import PAD_ZERO, Launch, cdiv, next_pow2, occ, pow2_floor, sm_count
-from tilekernels._glue import empty, kernel
+from tilekernels._glue import empty, kernel, may_keep
 
 ConstInt = ct.Constant[int]
 ConstBool = ct.Constant[bool]
@@ -571,14 +571,15 @@ _RANKS: dict = {}
 
 def _ranks(cp: int, device) -> torch.Tensor:
     """arange(cp) int32 on ``device`` (DYNQ's rank table), made once per (cp, device) by a
-    device kernel (no host sync). Under CUDA graph capture a fresh one is captured with the
-    launch and not cached (the graph's replays write it; outside them it is not valid)."""
-    if device.type == "cuda" and torch.cuda.is_current_stream_capturing():
-        return torch.arange(cp, dtype=torch.int32, device=device)
+    device kernel (no host sync). One made where ``may_keep`` refuses it is used and not cached:
+    under CUDA graph capture (captured with the launch: the graph's replays write it, outside
+    them it is not valid) or in a graph's pool (Inductor's CUDA-graph warm-up)."""
     key = (cp, str(device))
     t = _RANKS.get(key)
-    if t is None:
-        t = _RANKS[key] = torch.arange(cp, dtype=torch.int32, device=device)
+    if t is None or (device.type == "cuda" and torch.cuda.is_current_stream_capturing()):
+        t = torch.arange(cp, dtype=torch.int32, device=device)
+        if may_keep(t):
+            _RANKS[key] = t
     return t
 
 
