@@ -18,6 +18,38 @@ def test_scratch_off_cuda_is_a_plain_allocation():
     assert may_keep(torch.zeros(3)) and may_keep(a)   # off CUDA any tensor may be kept (no pools)
 
 
+class _FakeCuda:
+    """Stands in for a CUDA tensor at ``ptr`` (what may_keep reads of one: its device and its storage's address)."""
+
+    def __init__(self, ptr: int):
+        self.device, self.ptr = torch.device("cuda", 0), ptr
+
+    def untyped_storage(self):
+        return self
+
+    def data_ptr(self):
+        return self.ptr
+
+
+def test_may_keep_reads_the_segment_pool(monkeypatch):
+    """The rule on the CPU (torch.cuda's two queries stubbed): a CUDA tensor may be kept only outside a capture and
+    inside a segment of the default pool (0, 0); a graph's or MemPool's segment, or none found, means no."""
+    from tilekernels import _glue
+
+    segs = [{"address": 1000, "total_size": 100, "segment_pool_id": (0, 0)},
+            {"address": 2000, "total_size": 100, "segment_pool_id": (1, 0)},
+            {"address": 3000, "total_size": 100, "segment_pool_id": (0, 3)}]
+    capturing = [False]
+    monkeypatch.setattr(torch.cuda, "memory_snapshot", lambda *a, **k: segs)
+    monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: capturing[0])
+    assert _glue.may_keep(_FakeCuda(1000)) and _glue.may_keep(_FakeCuda(1099))
+    assert not _glue.may_keep(_FakeCuda(1100))    # past the default segment's end, in no segment
+    assert not _glue.may_keep(_FakeCuda(2050))    # a CUDA graph's pool
+    assert not _glue.may_keep(_FakeCuda(3000))    # a torch.cuda.MemPool
+    capturing[0] = True
+    assert not _glue.may_keep(_FakeCuda(1000))    # made during a capture
+
+
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 def test_workspace_reused_grown_and_fresh_under_capture():
