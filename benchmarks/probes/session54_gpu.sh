@@ -21,6 +21,11 @@
 # E5 (carry .gpu-cutile): the fix (tilekernels._glue.may_keep: a workspace or table made in a private pool is not
 #     cached): the workspace tests, test_compile_reduce_overhead_gpu for every op on the cuTile kernels (before,
 #     E4 ran it with CuTe DSL's kernels beside, and session 52 with CuTe DSL's alone), the CP pack file (_ranks).
+# H1, H2 (an H200 only; not run in session 54, none came): issue 12's and 15's targets re-timed at HEAD (their last
+#     H200 numbers are sessions 41 / 39-42, before session 46 changed the RMS selects of three mHC backwards) and E3's
+#     question there, where the kernels run at the 700 W cap. H1 (carry .gpu-cute after E1 unpacked cuTile): E3, then
+#     mhc_post_pre against h_post_bda + mhc_pre (mhc_post_pre_variants.py, two passes), proj_rms through the
+#     registry. H2 (carry .gpu-cute): gdn_decode's ring beside the copy and the in-place floor (gdn_inplace_floor.py).
 set -u
 . "$(dirname "$0")/_steps.sh"  # step NAME SECONDS CMD...
 : > "$SUM"
@@ -40,6 +45,13 @@ E4) step reg_pp 300 $PYT -m gpu -rfE -n 14 tests/registry tests/mhc/test_mhc_pos
 E5) step workspace 120 $P -n 2 tests/test_cutile_workspace.py
     step reduce_overhead 300 $P -n 8 tests/registry/test_registry_hot_path.py -k reduce_overhead
     step cp_pack 200 $P -n 8 tests/cp/test_cp_cutile_pack.py ;;
-*) echo "usage: session54_gpu.sh E1|E2|E3|E4|E5"; exit 2 ;;
+H1) bash "$0" E3
+    step post_pre 300 python3 benchmarks/probes/mhc_post_pre_variants.py --out "$OUT" \
+      --rows h_post_bda,mhc_pre,cute,separate,h_post_bda,mhc_pre,cute
+    step proj_rms 200 python3 benchmarks/probes/mhc_cute_proj_rms_time.py --out "$OUT" --registry cute --ab "" --fwd-ab ""
+    tail -15 "$OUT/post_pre.log"; grep -E "registry" "$OUT/proj_rms.log" ;;
+H2) step decode_floor 300 python3 benchmarks/probes/gdn_inplace_floor.py --b 32,256 --rounds 3
+    tail -12 "$OUT/decode_floor.log" ;;
+*) echo "usage: session54_gpu.sh E1|E2|E3|E4|E5|H1|H2"; exit 2 ;;
 esac
 cat "$OUT/device.txt" "$SUM"
