@@ -14,3 +14,11 @@ step() {
   { echo "== $name rc=$rc $((SECONDS - t0)) s"
     grep -E "ERROR SUMMARY|RACECHECK SUMMARY|passed|failed|error" "$OUT/$name.log" | tail -4; } >> "$SUM"
 }
+# session_start: what a session's device-call script (sessionNN_gpu.sh) does first: an empty $SUM, this folder on
+# PYTHONPATH (the instafail plugin), P = the GPU pytest line, the device's name, clock and power limit in device.txt.
+session_start() {
+  : > "$SUM"
+  export PYTHONPATH="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd):${PYTHONPATH:-}"
+  P="$PYT -p instafail -m gpu -rfE"
+  nvidia-smi --query-gpu=name,clocks.max.sm,power.limit --format=csv,noheader > "$OUT/device.txt"
+}

@@ -11,10 +11,7 @@
 # (The GPU run of the fix made after call 7, once C3 here, is session53_gpu.sh D1 / D2: it ran in session 53.)
 set -u
 . "$(dirname "$0")/_steps.sh"  # step NAME SECONDS CMD...
-: > "$SUM"
-export PYTHONPATH="$(dirname "$0"):${PYTHONPATH:-}"
-P="$PYT -p instafail -m gpu -rfE"
-nvidia-smi --query-gpu=name,clocks.max.sm,power.limit --format=csv,noheader > "$OUT/device.txt"
+session_start
 case "${1:-}" in
 C1) step agg_rev_tests 200 $P -n 4 tests/mhc/test_mhc_cutile_gpu.py -k reversed &
     K="reversed and (T37-n3 or T1-n1)"

@@ -14,11 +14,8 @@
 # D3: frozen_weights_checks.sh 4's MoE files whole (part 3's mHC files ran in session 52's B2 and call 5).
 set -u
 . "$(dirname "$0")/_steps.sh"  # step NAME SECONDS CMD...
-: > "$SUM"
-export PYTHONPATH="$(dirname "$0"):${PYTHONPATH:-}"
-P="$PYT -p instafail -m gpu -rfE"
+session_start
 D=tests/gdn/test_gdn_cutile_decode.py
-nvidia-smi --query-gpu=name,clocks.max.sm,power.limit --format=csv,noheader > "$OUT/device.txt"
 case "${1:-}" in
 D1) step misaligned_input 200 $P -n 4 $D -k misaligned_input &
     for tool in memcheck initcheck racecheck; do

@@ -28,10 +28,7 @@
 #     registry. H2 (carry .gpu-cute): gdn_decode's ring beside the copy and the in-place floor (gdn_inplace_floor.py).
 set -u
 . "$(dirname "$0")/_steps.sh"  # step NAME SECONDS CMD...
-: > "$SUM"
-export PYTHONPATH="$(dirname "$0"):${PYTHONPATH:-}"
-P="$PYT -p instafail -m gpu -rfE"
-nvidia-smi --query-gpu=name,clocks.max.sm,power.limit --format=csv,noheader > "$OUT/device.txt"
+session_start
 case "${1:-}" in
 E1) step cutile_decode_file 400 $P -n 6 tests/gdn/test_gdn_cutile_decode.py ;;
 E2) step cute_decode_file 400 $P -n 6 tests/gdn/test_gdn_cute_decode.py ;;
