@@ -13,6 +13,7 @@
 #     operands (16 zero low mantissa bits) switch less in the FMAs, so the clock drops less. Test: fp32 h holding
 #     bf16 values ("fp32bf": fp32's code and bytes, bf16's bits), registry fwd+bwd and the kernels alone,
 #     interleaved with fp32 and bf16 h; then power_probe.py's bwd kernel with both fp32 h kinds (power, SM clock).
+#     Ran on an H100 (uncapped there): fp32bf costs what fp32 costs (mHC ledger, session 54).
 # E4 (carry .gpu-cute after E1 on the same machine, as E2): the files whose last whole GPU run was session 43's
 #     (since then: opgen's dispatch-mode path, misaligned copies, pre-quantized MoE weights through auto):
 #     gpu_suite.sh's reg_pp (tests/registry, mhc/test_mhc_post_pre.py, test_big_gpu_lock.py) and tests/moe whole.
@@ -21,6 +22,7 @@
 # E5 (carry .gpu-cutile): the fix (tilekernels._glue.may_keep: a workspace or table made in a private pool is not
 #     cached): the workspace tests, test_compile_reduce_overhead_gpu for every op on the cuTile kernels (before,
 #     E4 ran it with CuTe DSL's kernels beside, and session 52 with CuTe DSL's alone), the CP pack file (_ranks).
+#     Ran: 2, 16 and 51 passed (H100).
 # H1, H2 (an H200 only; not run in session 54, none came): issue 12's and 15's targets re-timed at HEAD (their last
 #     H200 numbers are sessions 41 / 39-42, before session 46 changed the RMS selects of three mHC backwards) and E3's
 #     question there, where the kernels run at the 700 W cap. H1 (carry .gpu-cute after E1 unpacked cuTile): E3, then
