@@ -147,7 +147,10 @@ AB_CONFIGS = {"nt448c1": dict(NTB=448, KC=2, CPS=1, MINB=1), "nt256c2": dict(NTB
               # reduce-scatter, 21 shuffles a token's 20 sums at n = 4 instead of 100; bitwise the same sums)
               "allreduce": dict(WSUM=False),
               # session 43: the bwd walks the tokens last to first (the forward's last reads still in L2)
-              "rev": dict(REV=True)}
+              "rev": dict(REV=True),
+              # session 55: the dbias reduction's old 8 row groups (32 the default since: 9.3-9.9 us against 18.8-19.4),
+              # and 2 channels a thread with its row loop unrolled 8 times
+              "rg8": dict(RG=8), "dbv2u8": dict(DBV=2, DBU=8)}
 # (session 20: BPF, the next token's h loaded while this one streams, tied / lost, code at df04f69; SBT, the dbias
 # slots channel-plane major (conflict-free shared adds), tied, code at 05d97d1)
 # what a config changes of the fwd kernel (the rest: bwd)

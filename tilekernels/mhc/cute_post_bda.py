@@ -117,6 +117,8 @@ class PostBdaCuteCfg:
     KC: int
     CPS: int = 4
     RG: int = 8
+    DBV: int = 4   # dbias reduction: fp32 channels a thread (one DBV * 4-byte load a partial row)
+    DBU: int = 4   # dbias reduction: its row loop unrolled DBU times
     UNR: int = 0   # bwd chunk loop: 0 unrolled at trace time, else a loop unrolled UNR times
     MINB: int = 0  # bwd: ptxas asked for this many CTAs an SM (caps registers; 0: no bound)
     FSTREAM: bool = False  # fwd: the activations' loads and stores evict-first (ld/st.global.cs)
@@ -149,6 +151,8 @@ class PostBdaCuteCfg:
                 or self.FSPLIT < 1):
             raise ValueError(f"PostBdaCuteCfg: FTOK, FSPLIT >= 1, FTOK 1 and FCM off with FG, NT * FTOK <= 1024, "
                              f"FPF >= 0: {self}")
+        if self.DBV not in (1, 2, 4) or not 1 <= self.RG <= 32 or self.DBU < 1:
+            raise ValueError(f"PostBdaCuteCfg: DBV in 1, 2, 4, RG in 1..32, DBU >= 1: {self}")
         if self.FLD not in _FLD or self.FST not in ("", "cs", "cg"):
             raise ValueError(f"PostBdaCuteCfg: FLD in {sorted(_FLD)}, FST in '', 'cs', 'cg': {self}")
 
@@ -197,8 +201,10 @@ class PostBdaCuteCfg:
         cfg = cls(n=n, C=C, has_bias=has_bias, V=V, NT=nt, KF=kf, NTB=ntb, KC=kc, UNR=1)
         cps = max(1, min(2 if n <= 4 else 3 if n == 5 else 2, SMEM_SM // cfg.smem_bytes))
         # fwd (round 2): one chunk a thread (FSPLIT = KF), a token's CTAs adjacent on a 1-D grid (FCM):
-        # 0.983 ms against 1.032 with KF chunks a thread; the split alone, CTAs not adjacent, 1.031
-        return dataclasses.replace(cfg, CPS=cps, MINB=cps, FSPLIT=kf, FCM=True)
+        # 0.983 ms against 1.032 with KF chunks a thread; the split alone, CTAs not adjacent, 1.031.
+        # dbias (session 55): 32 row groups (1024 threads a CTA) sum the [G, C] partials in 9.3-9.9 us against
+        # 18.8-19.4 with 8; the bwd_into 7-8 us faster (mHC ledger)
+        return dataclasses.replace(cfg, CPS=cps, MINB=cps, FSPLIT=kf, FCM=True, RG=32)
 
 
 SMEM_SM = 227 * 1024  # shared memory an H100 / H200 SM gives its CTAs
@@ -608,12 +614,9 @@ def _bwd_host(cfg: cutlass.Constexpr, dout: cute.Pointer, hr: cute.Pointer, res:
 
 # ------------------------------------------------------------------ dbias: sum of the [G, C] partials
 
-DB_V = 4  # fp32 channels a thread (one 16-byte load a row)
-
-
 @cute.kernel
 def _dbias_kernel(cfg: cutlass.Constexpr, mPB: cute.Tensor, mOut: cute.Tensor, G: Int32):
-    RG, C = cfg.RG, cfg.C
+    RG, C, DB_V = cfg.RG, cfg.C, cfg.DBV
     if cutlass.const_expr(cfg.PDL):   # the bwd grid's partials: visible after its end
         cute.arch.griddepcontrol_wait()
     tid, _, _ = cute.arch.thread_idx()
@@ -628,7 +631,7 @@ def _dbias_kernel(cfg: cutlass.Constexpr, mPB: cute.Tensor, mOut: cute.Tensor, G
     for e in cutlass.range_constexpr(DB_V):
         acc[0, e] = Float32(0.0)
     if q * DB_V < C:
-        for gi in cutlass.range(rg, G, RG, unroll=4):
+        for gi in cutlass.range(rg, G, RG, unroll=cfg.DBU):
             cute.autovec_copy(_rows(mPB, Int64(gi), 1, DB_V, q)[0, None], row[0, None])
             for e in cutlass.range_constexpr(DB_V):
                 acc[0, e] = acc[0, e] + row[0, e]
@@ -648,7 +651,7 @@ def _dbias_host(cfg: cutlass.Constexpr, pb: cute.Pointer, out: cute.Pointer, G: 
     C = cfg.C
     mPB = cute.make_tensor(pb, cute.make_layout((G, C), stride=(C, 1)))
     mOut = cute.make_tensor(out, cute.make_layout((1, C), stride=(C, 1)))
-    _dbias_kernel(cfg, mPB, mOut, G).launch(grid=(CU.cdiv(C, 32 * DB_V), 1, 1), block=(32 * cfg.RG, 1, 1),
+    _dbias_kernel(cfg, mPB, mOut, G).launch(grid=(CU.cdiv(C, 32 * cfg.DBV), 1, 1), block=(32 * cfg.RG, 1, 1),
                                             stream=stream, use_pdl=cfg.PDL)
 
 
@@ -687,7 +690,7 @@ def bwd_launch(cfg: PostBdaCuteCfg, hdt: torch.dtype, adt: torch.dtype, bdt: tor
 def dbias_launch(cfg: PostBdaCuteCfg, bdt: torch.dtype) -> CU.Launch:
     """run args (partial [G, C] fp32, dbias [C], G)."""
     return CU.Launch(f"{_NAME}.dbias", _dbias_host, cfg,
-                     (_ptr(torch.float32, DB_V), _ptr(bdt, DB_V), CU.Scalar(Int32)))
+                     (_ptr(torch.float32, cfg.DBV), _ptr(bdt, cfg.DBV), CU.Scalar(Int32)))
 
 
 def config(residual: torch.Tensor, has_bias: bool) -> PostBdaCuteCfg:
