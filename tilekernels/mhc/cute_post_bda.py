@@ -105,7 +105,7 @@ class PostBdaCuteCfg:
     CTA (one token) and chunks a thread; NTB, KC: bwd threads a CTA (one token at a time) and
     chunks a thread; CPS: bwd CTAs an SM (grid = min(T, SMs * CPS), computed at launch; the
     compiled code sees it only through MINB); RG: dbias reduction row groups (RG * 32 threads a
-    CTA, 4 channels a thread)."""
+    CTA, DBV channels a thread)."""
 
     n: int
     C: int
