@@ -50,7 +50,10 @@ VARIANTS = {"REG": dict(CA=False, MINB=0), "U4-S3": dict(U=4, S=3), "S6": dict(S
             "L64": dict(L=64), "L256": dict(L=256), "T64": dict(THREADS=64), "T256": dict(THREADS=256, MINB=0),
             "VEC4": dict(VEC=4), "VEC4-U4": dict(VEC=4, U=4), "VEC4-REG": dict(VEC=4, CA=False),
             "MINB0": dict(MINB=0), "MINB4": dict(MINB=4),  # MINB: no bound / a register cap for 4 CTAs an SM
-            "S6-T64": dict(S=6, THREADS=64), "L64-S6": dict(L=64, S=6), "VEC4-S6": dict(VEC=4, S=6)}
+            "S6-T64": dict(S=6, THREADS=64), "L64-S6": dict(L=64, S=6), "VEC4-S6": dict(VEC=4, S=6),
+            # the partials' reduction (session 55; its own launch timed too): row groups, 16-byte column loads, unroll
+            "RG16": dict(RG=16), "RV4": dict(RV=4), "RG32-RV4-RU8": dict(RG=32, RV=4, RU=8)}
+RED_FIELDS = {"RG", "RV", "RU"}
 CASES = [(False, True), (False, False), (True, True), (True, False)]  # (thd, repeat_qk)
 OUT: dict = {"records": [], "errors": [], "tests": {}}
 
@@ -95,8 +98,9 @@ def time_case(thd, repeat_qk, variants):
     nb = gc.bwd_bytes(repeat_qk)
     outs = [torch.full_like(t, float("nan")) for t in (x, w, A, dt)]
     base = cb.BwdCfg.heuristic(S["Hk"], S["Hv"], S["dk"], S["dv"], S["W"], repeat_qk, thd)
-    jobs = [("cute default", None)] + [(f"cute {k}", dataclasses.replace(base, **o)) for k, o in variants.items()]
-    for tag, cfg in jobs:
+    jobs = [("cute default", None, {})] + [(f"cute {k}", dataclasses.replace(base, **o), o)
+                                           for k, o in variants.items()]
+    for tag, cfg, over in jobs:
         if time.time() - T0 > LIMIT_S:
             OUT["errors"].append(f"{case} {tag}: skipped (time)")
             continue
@@ -117,6 +121,8 @@ def time_case(thd, repeat_qk, variants):
             kb = kernel_bytes(lns[0].cfg, gc.TOKENS)
             note = "errs " + " ".join(f"{e:.1e}" for e in errs) + f" ok={ok} det={det}"
             record(case, tag, gc.bench(fn), nb, kb, note)
+            if over and set(over) <= RED_FIELDS:
+                record(case, f"  {tag} [1] reduction", gc.bench(lns[1].run), nb)
             if cfg is None:
                 record(case, "  cute [0] main", gc.bench(lns[0].run), nb)
                 record(case, "  cute [1] reduction", gc.bench(lns[1].run), nb)

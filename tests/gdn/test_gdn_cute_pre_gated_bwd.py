@@ -167,6 +167,9 @@ COMPILE_VARIANTS = [
 CFG_VARIANTS = [dict(CA=False, MINB=0), dict(U=4, S=3), dict(S=6), dict(U=1, S=8), dict(L=64), dict(L=256),
                 dict(THREADS=64), dict(THREADS=256, MINB=0), dict(VEC=4), dict(VEC=4, U=4), dict(VEC=4, CA=False),
                 dict(MINB=0)]
+# the partials' reduction (RG row groups, RV columns a thread, RU unroll; session 55, not yet timed): the default
+# RG 8, RV 1, RU 4; 16-byte loads of 4 columns; 32 row groups with them
+RED_VARIANTS = [dict(RG=16), dict(RV=4), dict(RG=32, RV=4, RU=8)]
 
 
 def _vid(v):
@@ -225,6 +228,26 @@ def test_config_variants_compile_for_sm90a(over):
     assert res["frame"] == 0, res
     if cfg.CA:  # 16-byte vectors through cp.async.cg, 8-byte ones (VEC 4 of bf16) through cp.async.ca
         assert f"cp.async.{'cg' if cfg.SW == 4 else 'ca'}.shared.global" in art.ptx
+
+
+@needs_cute
+@pytest.mark.parametrize("over", RED_VARIANTS, ids=lambda d: "-".join(f"{k}{v}" for k, v in d.items()))
+def test_reduction_variants_compile(over):
+    """The reduction at RG / RV / RU: no local frame, 16-byte loads where RV = 4, the block and grid it asks for."""
+    cfg = dataclasses.replace(cb.BwdCfg.heuristic(16, 32, 128, 128, 4, True, True), **over)
+    red = _launches(COMPILE_VARIANTS[1], cfg=cfg)[1]
+    art, res = _export(red)
+    assert res["frame"] == 0, res
+    assert ("ld.global.v4" in art.ptx) == (cfg.RV == 4)
+    assert f".reqntid {32 * cfg.RG}, 1, 1" in art.ptx
+    assert cfg.RCTAS == -(-cfg.NCOL // (32 * cfg.RV))
+
+
+def test_reduction_fields_refused():
+    base = cb.BwdCfg.heuristic(16, 32, 128, 128, 4, True, True)
+    for bad in (dict(RG=0), dict(RG=33), dict(RV=2), dict(RU=0)):
+        with pytest.raises(ValueError, match="RG in 1..32"):
+            dataclasses.replace(base, **bad)
 
 
 def _meta_problem(lead, thd_n=None, Hk=16, Hv=32, dk=128, dv=128, W=4, dtype=BF, rep=True):
@@ -437,12 +460,26 @@ def test_bwd_other_paths(case):
 @pytest.mark.gpu
 @needs_gpu
 @needs_cute
-@pytest.mark.parametrize("over", CFG_VARIANTS + [dict(L=8), dict(L=1, U=1, CA=False)],
+@pytest.mark.parametrize("over", CFG_VARIANTS + RED_VARIANTS + [dict(L=8), dict(L=1, U=1, CA=False)],
                          ids=lambda d: "-".join(f"{k}{v}" for k, v in d.items()))
 def test_bwd_launch_config_variants(over):
     """The probe's configs, and spans shorter than the conv (L=1): same results (Qwen3-Next heads, THD)."""
     cfg = dataclasses.replace(cb.BwdCfg.heuristic(16, 32, 128, 128, 4, True, True), **over)
     check_bwd(QWEN, [0, 1, 3, 4, 7, 0, 300, 2, 5, 129], True, cfg=cfg)
+
+
+@pytest.mark.gpu
+@needs_gpu
+@needs_cute
+@pytest.mark.parametrize("over", RED_VARIANTS, ids=lambda d: "-".join(f"{k}{v}" for k, v in d.items()))
+def test_reduction_variants_column_tail(over):
+    """The reduction's variants where the columns end inside a thread's vector (odd dims: NCOL = 3 * 34 + 4 = 106, PS
+    108) and with one partial row (T = 1) or fewer rows than row groups: against float64, as the default."""
+    s = dict(Hk=2, Hv=2, dk=5, dv=7, W=3)
+    for layout in ([0, 1, 3, 4, 7, 0, 300, 2, 5], [1], (3, 5)):
+        thd = isinstance(layout, list)
+        cfg = dataclasses.replace(cb.BwdCfg.heuristic(**s, repeat_qk=True, thd=thd), **over)
+        check_bwd(s, layout, True, cfg=cfg)
 
 
 @pytest.mark.gpu

@@ -43,9 +43,10 @@ Launches (``bwd_launches``):
         thread-private slots as the forward's), else through registers (U rows a batch). Partial rows
         part [P, PS] fp32, P = spans: W*C dconv_weight columns (tap-major: column j*C + c), then Hv of
         dA_log, Hv of ddt_bias (PS: padded to 4).
-  red   dconv_weight, dA_log, ddt_bias = the P partial rows summed in a fixed order (CTA: 32 columns x
-        RG row groups; group g sums rows g, g+RG, ... in turn, then group 0 the RG sums in turn):
-        deterministic, no float atomics.
+  red   dconv_weight, dA_log, ddt_bias = the P partial rows summed in a fixed order (CTA: 32 x RV columns
+        x RG row groups; group g sums rows g, g+RG, ... in turn, then group 0 the RG sums in turn):
+        deterministic, no float atomics. RG 8, RV 1 the default; 16-byte loads (RV 4) and 32 row groups
+        are variants not yet timed (the reduction took 0.023-0.024 ms of 0.697 on the H200).
 
 Traffic (bytes a token, Qwen3-Next Hk=16, Hv=32, dk=dv=128, W=4, bf16, repeat_qk, L=128): reads x 16,384
 (only q|k|v of mixed: z is not read), gq + gk 16,384, gv 8,192, gz 8,192, b|a 128, gg 128, gbeta 64;
@@ -93,7 +94,7 @@ U_DEFAULT = 2    # rows a load batch
 S_DEFAULT = 4    # CA: stages of U rows in the ring
 THREADS = 128    # threads a CTA
 STATE_REGS = 112  # the most fp32 registers a thread's taps, x window, dx sums and partial take ((4W-2) * VEC * NV)
-RED_GROUPS = 8   # red: row groups a CTA (32 columns each)
+RED_GROUPS = 8   # red: row groups a CTA (32 x RV columns each; BwdCfg.RG)
 SMEM_MAX = 232448     # bytes of shared memory a CTA may take on sm_90 (227 KB): configs above it are refused
 SMEM_BUDGET = 100 * 1024  # the heuristic's ring budget: at least two CTAs an SM (wide R takes fewer stages)
 SMEM_SM = 233472      # shared memory of an sm_90 SM (228 KB; each CTA also takes 1 KB the runtime reserves)
@@ -122,16 +123,22 @@ class BwdCfg(HeadGeometry):
     CA: bool = False
     S: int = S_DEFAULT
     MINB: int = 0  # > 0: the main launch asks for MINB CTAs an SM (ptxas then caps the registers); 0: no bound
+    # the reduction of the [P, PS] partial rows: RG row groups a CTA (32 * RG threads), RV adjacent columns a thread
+    # (1: 4-byte loads; 4: 16-byte loads, PS being a multiple of 4), its row loop unrolled RU times
+    RG: int = RED_GROUPS
+    RV: int = 1
+    RU: int = 4
 
     def __post_init__(self):
         if (self.Hv % self.Hk or self.W < 1 or self.L < 1 or self.U < 1 or self.VEC not in (1, 2, 4, 8)
                 or self.dk % self.VEC or self.dv % self.VEC or self.D % self.VEC
                 or self.THREADS % 32 or self.THREADS % self.LP or self.THREADS > 1024 or self.MINB < 0
                 or (self.CA and (self.S < 2 or self.VEC * self.ELT not in (8, 16) or self.S > self.NB))
-                or self.smem_bytes() > SMEM_MAX):
+                or self.smem_bytes() > SMEM_MAX or not 1 <= self.RG <= 32 or self.RV not in (1, 4) or self.RU < 1):
             raise ValueError(f"gdn_pre_gated cute bwd: config {self}: needs Hv % Hk == 0, W >= 1, VEC in 1, 2, 4, 8 "
                              f"dividing dk, dv and D, whole warps, CA only with 8- or 16-byte vectors and "
-                             f"2 <= S <= cdiv(L + W - 1, U), shared memory {self.smem_bytes()} <= {SMEM_MAX} bytes")
+                             f"2 <= S <= cdiv(L + W - 1, U), shared memory {self.smem_bytes()} <= {SMEM_MAX} bytes, "
+                             f"RG in 1..32, RV in 1, 4, RU >= 1")
 
     @property
     def NB(self) -> int:
@@ -156,6 +163,11 @@ class BwdCfg(HeadGeometry):
     @property
     def NCOL(self) -> int:
         return self.W * self.C + 2 * self.Hv
+
+    @property
+    def RCTAS(self) -> int:
+        """The reduction's CTAs (32 * RV columns each)."""
+        return cdiv(self.NCOL, 32 * self.RV)
 
     def smem_bytes(self) -> int:
         ring = 4 * self.SW * self.THREADS * self.NSLOT * self.U * self.S if self.CA else 16
@@ -567,38 +579,67 @@ def _bwd_host(cfg: cutlass.Constexpr, mixed: cute.Pointer, cw: cute.Pointer, A_l
 @cute.kernel
 def _red_kernel(cfg: cutlass.Constexpr, part: cute.Pointer, dw: cute.Pointer, dA: cute.Pointer, ddt: cute.Pointer,
                 P: Int32):
-    """32 columns of the partial rows a CTA: group g = tid // 32 sums rows g, g + RG, ... in turn, then
-    group 0 the RG sums in turn; column j*C + c -> dconv_weight[c, j], then dA_log, ddt_bias."""
+    """32 * RV columns of the partial rows a CTA, RV adjacent ones a lane: group g = tid // 32 sums rows g, g + RG, ...
+    in turn, then group 0 the RG sums in turn; column j*C + c -> dconv_weight[c, j], then dA_log, ddt_bias."""
     tid, _, _ = cute.arch.thread_idx()
     bid, _, _ = cute.arch.block_idx()
+    RG, RV = cfg.RG, cfg.RV
     smem = SmemAllocator()
-    red = smem.allocate_tensor(Float32, cute.make_layout((RED_GROUPS, 32), stride=(32, 1)), 16)
+    red = smem.allocate_tensor(Float32, cute.make_layout((RG, 32 * RV), stride=(32 * RV, 1)), 16)
     NCOL, PS, WC, C, W, Hv = cfg.NCOL, cfg.PS, cfg.W * cfg.C, cfg.C, cfg.W, cfg.Hv
     lane = tid % 32
     grp = tid // 32
-    col = bid * 32 + lane
-    cc = cutlass.min(col, NCOL - 1)  # past the columns: a valid address, never stored
-    a = Float32(0.0)
-    for p in cutlass.range(grp, P, RED_GROUPS, unroll=4):
-        a = a + cute.make_tensor(part + (Int64(p) * PS + cc), cute.make_layout(1))[0]
-    red[grp, lane] = a
-    cute.arch.sync_threads()
-    if grp == 0:
-        for q in cutlass.range_constexpr(1, RED_GROUPS):
-            a = a + red[q, lane]
-    if grp == 0 and col < WC:
-        cute.make_tensor(dw, cute.make_layout(WC))[(col % C) * W + col // C] = dw.dtype(a)
-    if grp == 0 and col >= WC and col < WC + Hv:
-        cute.make_tensor(dA, cute.make_layout(Hv))[col - WC] = a
-    if grp == 0 and col >= WC + Hv and col < NCOL:
-        cute.make_tensor(ddt, cute.make_layout(Hv))[col - WC - Hv] = a
+    if cutlass.const_expr(RV == 1):
+        col = bid * 32 + lane
+        cc = cutlass.min(col, NCOL - 1)  # past the columns: a valid address, never stored
+        a = Float32(0.0)
+        for p in cutlass.range(grp, P, RG, unroll=cfg.RU):
+            a = a + cute.make_tensor(part + (Int64(p) * PS + cc), cute.make_layout(1))[0]
+        red[grp, lane] = a
+        cute.arch.sync_threads()
+        if grp == 0:
+            for q in cutlass.range_constexpr(1, RG):
+                a = a + red[q, lane]
+        if grp == 0 and col < WC:
+            cute.make_tensor(dw, cute.make_layout(WC))[(col % C) * W + col // C] = dw.dtype(a)
+        if grp == 0 and col >= WC and col < WC + Hv:
+            cute.make_tensor(dA, cute.make_layout(Hv))[col - WC] = a
+        if grp == 0 and col >= WC + Hv and col < NCOL:
+            cute.make_tensor(ddt, cute.make_layout(Hv))[col - WC - Hv] = a
+    else:
+        # rows of PS fp32 (a multiple of RV = 4): 16-byte loads, the static stride tells the compiler so
+        col = (bid * 32 + lane) * RV
+        mP = cute.make_tensor(part, cute.make_layout((P, PS), stride=(PS, 1)))
+        q = cutlass.min(col, PS - RV) // RV  # past the columns: a valid address, never stored
+        acc = cute.make_rmem_tensor((RV,), Float32)
+        row = cute.make_rmem_tensor((RV,), Float32)
+        for e in cutlass.range_constexpr(RV):
+            acc[e] = Float32(0.0)
+        for p in cutlass.range(grp, P, RG, unroll=cfg.RU):
+            cute.autovec_copy(cute.local_tile(cute.domain_offset((Int64(p), 0), mP), (1, RV), (0, q))[0, None], row)
+            for e in cutlass.range_constexpr(RV):
+                acc[e] = acc[e] + row[e]
+        for e in cutlass.range_constexpr(RV):
+            red[grp, lane * RV + e] = acc[e]
+        cute.arch.sync_threads()
+        if grp == 0:
+            for g2 in cutlass.range_constexpr(1, RG):
+                for e in cutlass.range_constexpr(RV):
+                    acc[e] = acc[e] + red[g2, lane * RV + e]
+            for e in cutlass.range_constexpr(RV):
+                ce = col + e
+                if ce < WC:
+                    cute.make_tensor(dw, cute.make_layout(WC))[(ce % C) * W + ce // C] = dw.dtype(acc[e])
+                if ce >= WC and ce < WC + Hv:
+                    cute.make_tensor(dA, cute.make_layout(Hv))[ce - WC] = acc[e]
+                if ce >= WC + Hv and ce < NCOL:
+                    cute.make_tensor(ddt, cute.make_layout(Hv))[ce - WC - Hv] = acc[e]
 
 
 @cute.jit
 def _red_host(cfg: cutlass.Constexpr, part: cute.Pointer, dw: cute.Pointer, dA: cute.Pointer, ddt: cute.Pointer,
               P: Int32, stream: cuda.CUstream):
-    _red_kernel(cfg, part, dw, dA, ddt, P).launch(grid=[cdiv(cfg.NCOL, 32), 1, 1], block=[32 * RED_GROUPS, 1, 1],
-                                                  stream=stream)
+    _red_kernel(cfg, part, dw, dA, ddt, P).launch(grid=[cfg.RCTAS, 1, 1], block=[32 * cfg.RG, 1, 1], stream=stream)
 
 
 # ------------------------------------------------------------------ host side
@@ -663,7 +704,7 @@ def bwd_launches(gq, gk, gv, gz, gg, gbeta, mixed, conv_weight, A_log, dt_bias, 
         T, S, cu = mixed.shape[1], mixed.shape[0] + 1, A_log
     return [BoundLaunch(main, (mixed, conv_weight, A_log, dt_bias, cu, gq, gk, gv, gz, gg, gbeta, dmixed, part,
                                NT, T, S, float(eps)), grid=(P * cfg.UNITS,)),
-            BoundLaunch(red, (part, dconv_weight, dA_log, ddt_bias, P), grid=(cdiv(cfg.NCOL, 32),))]
+            BoundLaunch(red, (part, dconv_weight, dA_log, ddt_bias, P), grid=(cfg.RCTAS,))]
 
 
 def pre_gated_bwd_into(gq, gk, gv, gz, gg, gbeta, mixed, conv_weight, A_log, dt_bias, cu_seqlens, dmixed,
