@@ -203,7 +203,7 @@ class PostBdaCuteCfg:
         # fwd (round 2): one chunk a thread (FSPLIT = KF), a token's CTAs adjacent on a 1-D grid (FCM):
         # 0.983 ms against 1.032 with KF chunks a thread; the split alone, CTAs not adjacent, 1.031.
         # dbias (session 55): 32 row groups (1024 threads a CTA) sum the [G, C] partials in 9.3-9.9 us against
-        # 18.8-19.4 with 8; the bwd_into 7-8 us faster (mHC ledger)
+        # 18.8-19.4 with 8; bwd_into 5.7-7.5 us faster on the H200 (mHC ledger, session 55)
         return dataclasses.replace(cfg, CPS=cps, MINB=cps, FSPLIT=kf, FCM=True, RG=32)
 
 
