@@ -74,7 +74,8 @@ def workspace(tag: str, shape: tuple, dtype: torch.dtype, device: torch.device, 
     allocator -- the capture's pool -- so a graph never holds a buffer this cache may drop. A new
     buffer that ``may_keep`` refuses (Inductor's CUDA-graph warm-up routes allocations to the
     graph's pool without capturing) is handed out but not kept: that pool must not hold a block
-    past the call."""
+    past the call. (So a caller whose allocations always go to a ``torch.cuda.MemPool`` gets a fresh
+    buffer and one ``memory_snapshot`` walk a call: correct, not free.)"""
     alloc = torch.zeros if zero else torch.empty
     if device.type != "cuda" or not WORKSPACE_REUSE[0] or torch.cuda.is_current_stream_capturing():
         return alloc(shape, dtype=dtype, device=device)

@@ -24,9 +24,7 @@ sys.path[:0] = [ROOT, os.path.join(ROOT, "benchmarks")]
 import torch  # noqa: E402
 
 from _gpu import bench, save_probe_record  # noqa: E402
-
-T, n, C = 32768, 4, 7168
-BF, F32 = torch.bfloat16, torch.float32
+from mhc_cute_post_bda_time import BF, C, F32, T, _case, n  # noqa: E402  (the headline shape and its inputs)
 
 
 def main():
@@ -38,14 +36,13 @@ def main():
     ap.add_argument("--rep", type=int, default=100)
     ap.add_argument("--db", default="", help="also the backward and the dbias kernel at these RG:DBV:DBU (comma list)")
     a = ap.parse_args()
-    g = lambda *s, dt=BF: torch.randn(*s, device="cuda").to(dt)  # noqa: E731
     cfg = cp.PostBdaCuteCfg.heuristic(n, C, 2, True)
     hv = dataclasses.replace(cfg, FHV=True)
     G = min(T, torch.cuda.get_device_properties(0).multi_processor_count * cfg.CPS)
     times: dict = {}
     for hd in (F32, BF):
         hn = str(hd)[6:]
-        hr, res, hp, x, bias, dout = g(T, n, n, dt=hd) * 0.5, g(T, n, C), g(T, n, dt=hd), g(T, C), g(C), g(T, n, C)
+        (hr, res, hp, x, bias), dout = _case(hd)
         out, out_hv = torch.full_like(res, float("nan")), torch.full_like(res, float("nan"))
         cp.fwd_into(hr, res, hp, x, bias, out)
         cp.fwd_into(hr, res, hp, x, bias, out_hv, cfg=hv)
