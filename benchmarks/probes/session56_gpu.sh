@@ -8,6 +8,8 @@
 # J2: gdn_pre_gated's CuTe DSL backward's new reduction fields (0377cb7; the default unchanged): their GPU tests
 #     (float64, the odd-dims column tail, one partial row), memcheck / initcheck on the tail test, then the timing
 #     probe's reduction variants beside the default (bshd-rep, thd-rep: the whole backward and the reduction alone).
+# J3: racecheck on h_post_bda's dbias reduction at RG 32 (owed since session 55, whose racecheck step timed out on
+#     the T=1000 cases): test_bwd_grids only (T=37, bias fp32 and bf16, grids 1 / 7 / 36).
 set -u
 . "$(dirname "$0")/_steps.sh"  # step NAME SECONDS CMD...
 session_start
@@ -24,6 +26,8 @@ J2) B=tests/gdn/test_gdn_cute_pre_gated_bwd.py
     step red_time 300 python3 benchmarks/probes/gdn_cute_pre_bwd.py --out "$OUT" --variants RG16,RV4,RG32-RV4-RU8 \
       --cases bshd-rep,thd-rep
     grep -E "default|reduction|RG|RV" "$OUT/red_time.log" | tail -16 ;;
-*) echo "usage: session56_gpu.sh J1|J2"; exit 2 ;;
+J3) step pb_racecheck 500 $SAN --tool racecheck $PYT -m gpu tests/mhc/test_mhc_cute_post_bda.py -k bwd_grids
+    tail -3 "$OUT/pb_racecheck.log" ;;
+*) echo "usage: session56_gpu.sh J1|J2|J3"; exit 2 ;;
 esac
 cat "$OUT/device.txt" "$SUM"
