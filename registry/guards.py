@@ -81,11 +81,23 @@ def _kw_key(kwargs: dict) -> Optional[tuple]:
 HIT, MEMO = 5, 6  # a pattern's slots: the cached result, the value-rule memo
 
 
+def host_values(t: torch.Tensor) -> Any:
+    """A CPU tensor's values as bytes (~1 us for the few thousand int32 of a cu_seqlens); None
+    for any other device. A CPU tensor can be written without bumping its version counter (a
+    numpy view, ``.data``, as serving loops refill their pinned index buffers each step), so
+    the value caches compare its bytes, not only its version: its rules are cheap to re-check
+    and its values are what a kernel indexes with. A GPU tensor's values cannot be read
+    without a sync: there the version counter is all the caches see."""
+    if t.device.type != "cpu":
+        return None
+    return t.detach().numpy().tobytes()
+
+
 def value_memo(tensors: Any, idx: tuple) -> Optional[tuple]:
     """What ``values_unchanged`` compares: the tensors at ``idx`` (those whose values the
-    op's rules read) as weak references with their version counters; None while a CUDA
-    stream captures (a graph must contain its own checks) or for a tensor without a version
-    counter."""
+    op's rules read) as weak references with their version counters and, for CPU tensors,
+    their values (``host_values``); None while a CUDA stream captures (a graph must contain
+    its own checks) or for a tensor without a version counter or readable values."""
     refs, vers, cuda = [], [], False
     try:
         for i in idx:
@@ -96,7 +108,7 @@ def value_memo(tensors: Any, idx: tuple) -> Optional[tuple]:
                 continue
             cuda = cuda or t.is_cuda
             refs.append(weakref.ref(t))
-            vers.append(t._version)
+            vers.append((t._version, host_values(t)))
     except (AttributeError, RuntimeError, TypeError):
         return None
     if cuda and torch.cuda.is_current_stream_capturing():
@@ -117,7 +129,7 @@ def values_unchanged(memo: Optional[tuple], tensors: Any) -> bool:
         if r is None:
             if t is not None:
                 return False
-        elif r() is not t or t._version != v:
+        elif r() is not t or t._version != v[0] or (v[1] is not None and host_values(t) != v[1]):
             return False
     return not (cuda and torch.cuda.is_current_stream_capturing())
 

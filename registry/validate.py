@@ -39,6 +39,7 @@ from specs import expr as _expr
 from specs.schema import Constraint, OpSpec, TensorSpec
 
 from .errors import SpecError
+from .guards import host_values
 
 from .exprs import (  # noqa: F401 (dtype_name, reads_values: imported from here by other modules)
     _DEVICE_ENV, GRAD_DTYPE_NAMES, GRAD_DTYPES, _compiling, _fn, _is_t, _tk_not, _tk_or, constraint_env,
@@ -407,12 +408,13 @@ def check_values(spec: OpSpec, tensors: dict, params: dict, dims: dict, requires
 
 
 # Value rules already checked (host) or queued (device) for the very same, unmodified
-# tensors (same objects, same version counters, same dims and params) are not checked
-# again: a model passes one cu_seqlens / m_splits to every layer of a step. A write through
-# torch (in place, out=, a custom op's mutates_args) bumps the version and brings the check
-# back; a write that bypasses torch's version counter (a raw pointer, a numpy view of a CPU
-# tensor) is not seen. Graph captures and traces always emit the checks (a replay must check
-# its own values).
+# tensors (same objects, same version counters, same dims and params; a CPU tensor also
+# the same values, compared by bytes: `guards.host_values`) are not checked again: a model
+# passes one cu_seqlens / m_splits to every layer of a step. A write through torch (in
+# place, out=, a custom op's mutates_args) bumps the version and brings the check back; a
+# write to a GPU tensor that bypasses torch's version counter (a raw pointer, `.data`) is
+# not seen. Graph captures and traces always emit the checks (a replay must check its own
+# values).
 _CHECKED_VALUES: dict[tuple, list] = {}
 _CHECKED_VALUES_MAX = 256
 
@@ -437,8 +439,8 @@ def _checked_key(op: str, read: tuple, tensors: dict, params: dict, dims: dict,
                 continue
             if t.is_cuda and torch.cuda.is_current_stream_capturing():
                 return None
-            key += (id(t), t._version)
-    except (AttributeError, RuntimeError):  # a tensor subclass without a version counter
+            key += (id(t), t._version, host_values(t))
+    except (AttributeError, RuntimeError, TypeError):  # a subclass without a version counter or numpy values
         return None
     return tuple(key)
 

@@ -145,6 +145,30 @@ def test_value_rules_skipped_only_for_the_same_unmodified_tensors(counted):
     op(x, w, m)
 
 
+@pytest.mark.parametrize("guards", [True, False], ids=["guards", "slow-key"])
+@pytest.mark.parametrize("write", ["numpy", "data"])
+def test_cpu_values_written_around_the_version_counter_are_checked(monkeypatch, counted, guards, write):
+    """A CPU index tensor refilled through a numpy view or ``.data`` (no version bump; serving loops refill
+    their pinned buffers so) is compared by its bytes: the bad values are refused, by both value caches (the
+    C-level pattern's memo and the slow key's), and nothing is written."""
+    if not guards:
+        monkeypatch.setattr(G, "_STATE", [False])
+    registry.clear_caches()
+    op = registry.get("grouped_linear")
+    x, w, m = torch.randn(64, 32), torch.randn(2, 8, 32), torch.tensor([32, 32])
+    for _ in range(3):
+        op(x, w, m)
+    assert bool(_pattern_hits(op, (x, w, m))) == guards
+    version = m._version
+    (m.numpy() if write == "numpy" else m.data)[0] = 10
+    assert m._version == version  # the write went around the counter
+    with pytest.raises(SpecError, match="m_splits must add up"):
+        op(x, w, m)
+    (m.numpy() if write == "numpy" else m.data)[0] = 32
+    op(x, w, m)
+    registry.clear_caches()
+
+
 def test_without_guards_the_registry_behaves_the_same(monkeypatch, counted):
     monkeypatch.setattr(G, "_STATE", [False])
     op = registry.get("mhc_h_aggregate")

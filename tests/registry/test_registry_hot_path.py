@@ -156,8 +156,9 @@ def test_cache_hit_does_no_validation_work(monkeypatch):
 
 
 def test_host_value_rules_are_not_rechecked_for_the_same_tensor(monkeypatch):
-    """A CPU m_splits passed again unmodified is not re-read (one per step for every layer);
-    an in-place write (version bump) or another tensor is checked again, and refused if bad."""
+    """A CPU m_splits passed again unmodified is not re-checked (one per step for every layer;
+    only its bytes are compared, ``guards.host_values``); an in-place write (version bump) or
+    another tensor is checked again, and refused if bad."""
     registry.clear_caches()
     op = registry.get("grouped_linear")
     x, w, m = torch.randn(64, 32), torch.randn(2, 8, 32), torch.tensor([32, 32])
