@@ -396,6 +396,8 @@ class _NoKey(Exception):
 
 def _sig(v) -> tuple:
     if isinstance(v, torch.Tensor):
+        if v.is_neg() or v.is_conj():  # (as in _call_key)
+            raise _NoKey
         return (type(v), v.shape, v.stride(), v.dtype, v.device, v.requires_grad)
     if v is None:
         return None
@@ -418,6 +420,8 @@ def _call_key(args, kwargs, backend, strict_mode) -> tuple | None:
     try:
         for a in args:
             if isinstance(a, torch.Tensor):  # (its type: a DTensor of a plain tensor's metadata is refused)
+                if a.is_neg() or a.is_conj():  # a lazy view of a checked tensor's metadata: bind refuses it
+                    raise _NoKey
                 key += (type(a), a.shape, a.stride(), a.dtype, a.device, a.requires_grad)
             else:
                 key.append(_sig(a))
@@ -431,7 +435,7 @@ def _call_key(args, kwargs, backend, strict_mode) -> tuple | None:
             else:  # tensors, sequences, or a float zero (0.0 and -0.0 are different params)
                 for k, v in kwargs.items():
                     key += (k, _sig(v))
-    except _NoKey:
+    except (_NoKey, RuntimeError, NotImplementedError):  # (a sparse or nested tensor has no strides: bind refuses it)
         return None
     return tuple(key)
 

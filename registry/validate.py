@@ -164,6 +164,14 @@ def bind(spec: OpSpec, args: tuple, kwargs: dict[str, Any], rules=None) -> Bound
             tensors[t.name] = None
         elif not isinstance(v, torch.Tensor):
             raise SpecError(op, f"tensor {t.name}", "a torch.Tensor", type(v).__name__)
+        elif v.layout != torch.strided or v.is_nested:
+            raise SpecError(op, f"tensor {t.name}", "a dense strided tensor",
+                            f"layout {str(v.layout).replace('torch.', '')}" + (" (nested)" if v.is_nested else ""),
+                            "the kernels index its memory by strides")
+        elif not _compiling() and (v.is_neg() or v.is_conj()):  # a lazy view the kernels, reading memory, would
+            # not apply (not asked while traced: dynamo cannot trace the query)
+            raise SpecError(op, f"tensor {t.name}", "a tensor without a lazy negation / conjugation bit",
+                            "a neg / conj view", "pass .resolve_neg() / .resolve_conj()")
         elif type(v) is not torch.Tensor and _foreign_subclass(v):
             raise SpecError(op, f"tensor {t.name}", "a plain torch.Tensor or nn.Parameter",
                             f"a {type(v).__name__} (a tensor subclass with its own dispatch)",

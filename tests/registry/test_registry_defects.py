@@ -171,3 +171,34 @@ def test_from_ints_needs_an_integer_input_off_device(bad):
 
     with pytest.raises(ValidationError, match="from_ints needs role 'in', an integer dtype"):
         TensorSpec(**{**dict(name="m", shape=["G"], dtypes=["int64"], from_ints=True, same_device=False), **bad})
+
+
+_ODD_LAYOUTS = {
+    "sparse_coo": lambda t: t.to_sparse(),
+    "sparse_csr": lambda t: t.reshape(t.shape[0], -1).to_sparse_csr(),
+    "mkldnn": lambda t: t.to_mkldnn(),
+    "nested": lambda t: torch.nested.nested_tensor(list(t)),
+    "neg_view": lambda t: torch._neg_view(t),
+}
+
+
+@pytest.mark.filterwarnings("ignore::UserWarning")
+@pytest.mark.parametrize("kind", list(_ODD_LAYOUTS))
+@pytest.mark.parametrize("which", ["first", "cached"])
+def test_non_dense_or_lazy_tensors_are_a_spec_error(kind, which):
+    """A sparse, mkldnn or nested tensor, or a lazy neg view, is refused by a SpecError naming op and tensor, first
+    call or after the same pattern was cached with a dense tensor: the kernels read memory by strides (a CSR tensor
+    failed in the cache key with a bare RuntimeError, an mkldnn one passed validation and failed in the reference,
+    a neg view would reach the kernels un-negated)."""
+    registry.clear_caches()
+    op = registry.get("mhc_sinkhorn")
+    logits = torch.randn(3, 2, 2)
+    if which == "cached":
+        for _ in range(3):
+            op(logits)
+            op(logits=logits)
+    odd = _ODD_LAYOUTS[kind](torch.randn(3, 2, 2))
+    for call in (lambda: op(odd), lambda: op(logits=odd), lambda: op.explain(odd)):
+        with pytest.raises(SpecError, match="mhc_sinkhorn: tensor logits: expected a"):
+            call()
+    registry.clear_caches()
