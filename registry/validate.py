@@ -122,10 +122,15 @@ def _fmt_shape(shape) -> str:
     return "[" + ", ".join(str(d) for d in shape) + "]"
 
 
-def _named_params(spec: OpSpec, entry: str, params: dict, given: set) -> str:
-    """'Hk=16 (default), dk=128 (default)' for the params a shape entry names."""
-    used = [p for p in spec.params if p.name in _expr.names(entry)]
-    return ", ".join(f"{p.name}={params.get(p.name)!r}" + ("" if p.name in given else " (default)") for p in used)
+def _named_params(spec: OpSpec, entry: str, params: dict, given: set, dims: dict, bound_by: dict) -> str:
+    """'Hk=16 (default), dk=128 (default), Hv=4 (A_log's dim 0)' for the params and the dims bound from other
+    tensors that a shape entry names: a wrong size in any of them shows, not only in the tensor blamed."""
+    names = _expr.names(entry)
+    used = [p for p in spec.params if p.name in names]
+    out = [f"{p.name}={params.get(p.name)!r}" + ("" if p.name in given else " (default)") for p in used]
+    out += [f"{d}={dims[d]} ({bound_by[d][0]}'s dim {bound_by[d][1]})" for d in dims
+            if d in names and d in bound_by and d not in params]
+    return ", ".join(out)
 
 
 def _dim_what(name: str, bound_by: dict) -> str:
@@ -252,7 +257,8 @@ def bind(spec: OpSpec, args: tuple, kwargs: dict[str, Any], rules=None) -> Bound
                 except _expr.ExprError:
                     continue  # names a dim no present tensor binds: nothing to check it against
             if size != want:
-                named = "" if isinstance(d, int) or _compiling() else _named_params(spec, d, params, given)
+                named = "" if isinstance(d, int) or _compiling() else _named_params(spec, d, params, given, dims,
+                                                                                     bound_by)
                 raise SpecError(op, f"tensor {t.name}",
                                 f"shape {_fmt_shape(shape)} with dim {axis} ({d}) = {want}"
                                 + (f" for {named}" if named else ""), f"{list(v.shape)}")
@@ -475,17 +481,24 @@ def _remember_checked(key: tuple, read: tuple, tensors: dict) -> None:
 
 
 def failing_constraint(constraints: list[Constraint], env: dict) -> Optional[str]:
+    """Every constraint that fails in ``env``, described and joined by "; " (None: all hold). While traced only
+    the first: each further limit evaluated on a batch dim would become one more guard."""
+    bad = []
     for c in constraints:
         try:
             if c.when is not None and not evaluate(c.when, env):
                 continue
             ok = evaluate(c.expr, env)
         except _expr.BoundError as e:  # past specs.expr's bound: this limit cannot hold
-            return f"{c.expr!r} overflows ({e})" + (f" ({c.message})" if c.message else "")
-        if not ok:
+            bad.append(f"{c.expr!r} overflows ({e})" + (f" ({c.message})" if c.message else ""))
+        else:
+            if ok:
+                continue
             desc = "false" if _compiling() else _describe(c.expr, env)
-            return f"{c.expr!r} fails with {desc}" + (f" ({c.message})" if c.message else "")
-    return None
+            bad.append(f"{c.expr!r} fails with {desc}" + (f" ({c.message})" if c.message else ""))
+        if _compiling():
+            break
+    return "; ".join(bad) or None
 
 
 def _describe(e: str, env: dict) -> str:

@@ -202,3 +202,26 @@ def test_non_dense_or_lazy_tensors_are_a_spec_error(kind, which):
         with pytest.raises(SpecError, match="mhc_sinkhorn: tensor logits: expected a"):
             call()
     registry.clear_caches()
+
+
+def test_explain_lists_every_failing_backend_limit():
+    """backend_status's promise ("every unmet requirement is listed"): both failing limits of a backend, not the first
+    only; a limit that holds is not named."""
+    op = Op(_spec(Backend(name="torch", module="_tk_fake_backend", constraints=[
+        Constraint(expr="C % 2 == 0", message="pairs"), Constraint(expr="T >= 1"),
+        Constraint(expr="C <= 4", message="small")])))
+    ok, why = {b: (o, w) for b, o, w in op.explain(torch.ones(2, 5))}["torch"]
+    assert not ok and "C % 2 == 0" in why and "pairs" in why and "C <= 4" in why and "small" in why
+    assert "T >= 1" not in why
+
+
+def test_shape_error_names_the_dims_bound_from_other_tensors():
+    """A_log sized for the key heads: mixed's width is wrong only through Hv, which A_log bound; the message gives
+    Hv and where it came from (it named mixed and the params alone, hiding the mistake)."""
+    Hk, Hv, dk, dv, W = 2, 4, 4, 3, 3
+    conv = 2 * Hk * dk + Hv * dv
+    mixed = torch.randn(5, conv + Hv * dv + 2 * Hv)
+    cu = torch.tensor([0, 5], dtype=torch.int32)
+    with pytest.raises(SpecError, match=r"gdn_pre_gated: tensor mixed: .* for Hk=2, dk=4, dv=3, Hv=2 \(A_log's dim 0\)"):
+        registry.get("gdn_pre_gated")(mixed, torch.randn(conv, W), torch.randn(Hk), torch.randn(Hk), cu,
+                                      Hk=Hk, dk=dk, dv=dv)
