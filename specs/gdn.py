@@ -5,12 +5,15 @@ Projection layout (Megatron's, section-contiguous): ``mixed[..., D]`` with
 covers ``q | k | v`` (``conv_dim = 2*Hk*dk + Hv*dv``).
 
 Which sizes come from where: ``Hv`` is bound from ``A_log [Hv]`` and ``W`` from
-``conv_weight [conv_dim, W]``. ``Hk`` (and in ``gdn_pre_gated`` also ``dk`` and
-``dv``) cannot be recovered from the tensor shapes alone (only the products
-``Hk*dk`` and ``Hv*dv`` are), so they are int params with Qwen3-Next defaults
-(Hk=16, dk=dv=128); ``mixed``'s last dim and ``conv_weight``'s first dim are
-shape expressions in them, so a wrong head count is refused as a shape error.
-In ``gdn_decode``, ``dk`` and ``dv`` are dims bound from ``ssm_state``.
+``conv_weight [conv_dim, W]``. ``Hk`` (and in ``gdn_pre_gated`` also ``dk``)
+cannot be recovered from the tensor shapes alone (only the product ``Hk*dk`` is),
+so they are int params with Qwen3-Next defaults (Hk=16, dk=dv=128). ``dv`` could
+be (``(D - conv_dim - 2*Hv) / Hv`` once ``Hk*dk`` is known), but it is an int
+param of ``gdn_pre_gated`` too, as in the peers' signatures, so a layout mistake
+is caught rather than absorbed into dv; ``mixed``'s last dim and ``conv_weight``'s
+first dim are shape expressions in them, so a wrong head count is refused as a
+shape error naming the sizes it used. In ``gdn_decode``, ``dk`` and ``dv`` are dims
+bound from ``ssm_state``.
 """
 from __future__ import annotations
 

@@ -230,9 +230,9 @@ PRE = OpSpec(
         TensorSpec(name="h_res", role="out", shape=["T", "n", "n"], dtypes=_F32),
     ],
     params=[
-        Param(name="alpha_pre", type="float", default=1.0, doc="scale of the pre section"),
-        Param(name="alpha_post", type="float", default=1.0, doc="scale of the post section"),
-        Param(name="alpha_res", type="float", default=1.0, doc="scale of the res section"),
+        Param(name="alpha_pre", type="float", default=1.0, doc="scale of the pre section; a float: no gradient"),
+        Param(name="alpha_post", type="float", default=1.0, doc="scale of the post section; a float: no gradient"),
+        Param(name="alpha_res", type="float", default=1.0, doc="scale of the res section; a float: no gradient"),
         _iters(),
         _eps("rms_eps", "proj_rms's eps"),
         _eps("sinkhorn_eps", "Sinkhorn's eps"),
@@ -268,8 +268,10 @@ POST_PRE = OpSpec(
     family="mhc",
     doc="The mHC layer boundary in one op: out = mhc_h_post_bda(h_res, residual, h_post, x, bias), then "
         "(layer_in, h_post_next, h_res_next) = mhc_pre(out, weight, hbias, alpha_pre, alpha_post, "
-        "alpha_res, iters, rms_eps, sinkhorn_eps). Equal to the two ops called in sequence; the "
-        "fused backends read the new streams once for the projection and the RMS norm.",
+        "alpha_res, iters, rms_eps, sinkhorn_eps). Equal to the two ops called in sequence (outputs "
+        "bitwise in the torch reference; gradients to rounding: the backward adds mhc_pre's d(out) to "
+        "dout in fp32, where the sequence rounds it to residual's dtype first); the fused backends read "
+        "the new streams once for the projection and the RMS norm.",
     dims=[_T, _n, _C],
     inputs=[*H_POST_BDA.inputs[:4],  # h_res, residual, h_post, x
             _PRE_IN["weight"].model_copy(update={"dtypes": "like:residual",
