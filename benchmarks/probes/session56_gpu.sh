@@ -10,6 +10,9 @@
 #     probe's reduction variants beside the default (bshd-rep, thd-rep: the whole backward and the reduction alone).
 # J3: racecheck on h_post_bda's dbias reduction at RG 32 (owed since session 55, whose racecheck step timed out on
 #     the T=1000 cases): test_bwd_grids only (T=37, bias fp32 and bf16, grids 1 / 7 / 36).
+# J4: session 56's registry changes (CPU value tensors compared by bytes in the value caches; non-dense tensors and
+#     neg / conj views refused; every failing limit listed) on the GPU: the hot-path and guard files whole (graphs,
+#     compile, reduce-overhead through the registry).
 set -u
 . "$(dirname "$0")/_steps.sh"  # step NAME SECONDS CMD...
 session_start
@@ -28,6 +31,9 @@ J2) B=tests/gdn/test_gdn_cute_pre_gated_bwd.py
     grep -E "default|reduction|RG|RV" "$OUT/red_time.log" | tail -16 ;;
 J3) step pb_racecheck 500 $SAN --tool racecheck $PYT -m gpu tests/mhc/test_mhc_cute_post_bda.py -k bwd_grids
     tail -3 "$OUT/pb_racecheck.log" ;;
-*) echo "usage: session56_gpu.sh J1|J2|J3"; exit 2 ;;
+J4) step reg_hot 540 $P -n 8 tests/registry/test_registry_hot_path.py tests/registry/test_registry_guards.py \
+      tests/registry/test_registry_defects.py
+    tail -3 "$OUT/reg_hot.log" ;;
+*) echo "usage: session56_gpu.sh J1|J2|J3|J4"; exit 2 ;;
 esac
 cat "$OUT/device.txt" "$SUM"
