@@ -57,5 +57,8 @@ class BenchCase:
     # (a float64 rounding can land one ulp off the kernel's fp32 one), so its fp32 results stay
     # under the fp32 tolerance. The oracle's docstring says why.
     oracle: Optional[Callable[..., Any]] = None
+    # the op only moves elements (a permutation, a collective): every output and gradient must
+    # equal the reference's bit for bit, not to its dtype's tolerance
+    exact: bool = False
     # named outside implementations timed beside the op (``Peer``), on the devices they list
     peers: tuple[Peer, ...] = ()

@@ -269,11 +269,13 @@ def _bitwise_equal(a: torch.Tensor, b: torch.Tensor) -> bool:
     return torch.equal(a.to(torch.float64), b.to(torch.float64))
 
 
-def compare(got: list, want: list, names: list[str]) -> tuple[float, bool, list[str]]:
+def compare(got: list, want: list, names: list[str], exact: bool = False) -> tuple[float, bool, list[str]]:
     """(worst rel_err, all within tolerance, one note per failing tensor).
 
     Floating outputs use the tolerance of their own dtype (tilekernels.testing);
-    integer, bool, uint8 and fp8 outputs must match bit for bit ("exact").
+    integer, bool, uint8 and fp8 outputs must match bit for bit ("exact"), and so must every
+    output with ``exact`` (an op that only moves elements: a swapped pair is inside bf16's
+    tolerance). A NaN rel_err (a NaN or inf where the other side has none) stays the worst.
     """
     worst, ok, notes = 0.0, True, []
     if len(got) != len(want):
@@ -288,13 +290,14 @@ def compare(got: list, want: list, names: list[str]) -> tuple[float, bool, list[
                 notes.append(f"{name}: {type(g).__name__} vs reference {type(w).__name__}")
             continue
         err = rel_err(g, w)
-        if _exact(g):
+        if exact or _exact(g):
             good = _bitwise_equal(g, w)
             kind = "exact"
         else:
             kind = str(g.dtype).removeprefix("torch.")
             good = err <= tolerance(kind)
-        worst = max(worst, err)
+        if math.isnan(err) or err > worst:  # (max() would drop a NaN err for the 0.0 it started from)
+            worst = err
         if not good:
             ok = False
             notes.append(f"{name}: rel_err {err:.3e} over the {kind} tolerance {tolerance(kind):.0e}")

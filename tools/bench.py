@@ -126,7 +126,8 @@ class Runner:
             log.info("    %s: n/a (%s: %s)", what, type(e).__name__, str(e).splitlines()[0][:200] if str(e) else "")
             return None
 
-    def _check_fwd(self, op, args, params, backend: str, oracle=None) -> tuple[float, bool, list[str]]:
+    def _check_fwd(self, op, args, params, backend: str, oracle=None, exact: bool = False
+                   ) -> tuple[float, bool, list[str]]:
         """Forward result (and in-place inputs) vs the float64 reference (``oracle``: the
         case's own float64 oracle instead of ``op.reference``; it also gets the op's results)."""
         spec = op.spec
@@ -135,9 +136,10 @@ class Runner:
             outs = flatten(op(*args, backend=backend, **params))
         refs = flatten(oracle(outs, *rargs, **rparams) if oracle else op.reference(*rargs, **rparams))
         got, want, names = self._inout(spec, args, params, rargs, rparams)
-        return compare(outs + got, refs + want, _out_names(spec, outs) + names)
+        return compare(outs + got, refs + want, _out_names(spec, outs) + names, exact)
 
-    def _check_fwdbwd(self, op, args, params, largs, lparams, leaves, backend: str, oracle=None):
+    def _check_fwdbwd(self, op, args, params, largs, lparams, leaves, backend: str, oracle=None,
+                      exact: bool = False):
         """Forward results and input gradients vs float64 reference autograd, under one
         random upstream gradient; returns (rel_err, ok, notes, differentiable result indices, grads)."""
         spec = op.spec
@@ -165,7 +167,7 @@ class Runner:
 
         err, ok, notes = compare(detached(outs) + [t.grad for _, t in leaves],
                                  detached(routs) + [t.grad for t in rleaves],
-                                 _out_names(spec, outs) + [f"d{n}" for n, _ in leaves])
+                                 _out_names(spec, outs) + [f"d{n}" for n, _ in leaves], exact)
         return err, ok, notes, diff, grads
 
     def _peers(self, rec: dict, op, ours: float, eager, with_compiled) -> None:
@@ -228,7 +230,7 @@ class Runner:
     def fwd(self, op, case, args, params) -> dict[str, Any]:
         bound = op.bind(*args, **params)
         backend = _choose(op, bound, self.args.backend)
-        err, ok, notes = self._check_fwd(op, args, params, backend, case.oracle)
+        err, ok, notes = self._check_fwd(op, args, params, backend, case.oracle, case.exact)
         _drop()
 
         def run(b):
@@ -255,7 +257,8 @@ class Runner:
         with torch.enable_grad():
             bound = op.bind(*largs, **lparams)
             backend = _choose(op, bound, self.args.backend)
-        err, ok, notes, diff, grads = self._check_fwdbwd(op, args, params, largs, lparams, leaves, backend, case.oracle)
+        err, ok, notes, diff, grads = self._check_fwdbwd(op, args, params, largs, lparams, leaves, backend,
+                                                         case.oracle, case.exact)
         _drop()
 
         def run(call):
@@ -354,7 +357,8 @@ def run_case(case, runner: Runner, overrides: dict[str, int], meta: dict) -> lis
 
         rec = dict(base, **{"pass": "bwd"}, derived=True, backend=fb["backend"], ms=diff("ms"),
                    graph_ms=diff("graph_ms"), rel_err=fb["rel_err"], ok=fb["ok"], status=fb["status"],
-                   notes=["fwd+bwd - fwd" if diff("ms") else "fwd+bwd - fwd <= 0 (timing noise)"])
+                   notes=["fwd+bwd - fwd" if diff("ms") else "fwd+bwd - fwd <= 0 (timing noise)"]
+                   + [n for n in fb.get("notes") or [] if not fb["ok"]])  # (a failure's reasons stay)
         for peer in ("eager", "compile"):
             if f.get(f"{peer}_ms") is not None or fb.get(f"{peer}_ms") is not None:
                 rec[f"{peer}_ms"] = diff(f"{peer}_ms")
@@ -505,6 +509,8 @@ def main(argv: Optional[list[str]] = None) -> int:
     families = list(args.family or FAMILIES)
     if ops:
         families = [f for f in families if f in {registry.get(o).spec.family for o in ops}]
+        if not families:  # (an empty list would mean every family below)
+            ap.error(f"--op {ops}: none is in --family {args.family}")
     device = C.default_device()
     threads = args.threads if args.threads is not None else (CPU_THREADS if device.type == "cpu" else 0)
     before = torch.get_num_threads()
@@ -580,9 +586,14 @@ def _run(args, ap, device: torch.device, ops: list[str], overrides: dict[str, in
              + (f"; ceilings: {'; '.join(ceils)}" if ceils else ""), table(records)]
     if no_case:
         lines.append(f"no bench case (not run): {', '.join(no_case)}")
+    no_pass = sorted({c.op for _, c in selected} - {r["op"] for r in records})
+    if no_pass:
+        lines.append(f"no {args.pass_} pass (not differentiable, not run): {', '.join(no_pass)}")
     lines.append(f"{len(records)} row(s): {len(failed)} failed" + (
         " (" + ", ".join(f"{r['op']} {r['pass']}" for r in failed) + ")" if failed else ""))
     print("\n".join(lines), file=sys.stderr if args.json == "-" else sys.stdout, flush=True)
+    if ops and not records:  # every op asked for by name ran nothing
+        return 2
     return 1 if failed else 0
 
 

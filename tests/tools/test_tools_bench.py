@@ -264,6 +264,54 @@ def test_compare_rules():
     q = torch.tensor([1.0, -2.0, 448.0]).to(torch.float8_e4m3fn)
     assert compare([q], [q.clone()], ["data"])[1] is True
     assert compare([f], [f.double(), f.double()], ["y"])[1] is False
+    # exact (an op that only moves elements): two swapped bf16 elements are inside bf16's tolerance, not bitwise
+    b = torch.randn(4096, 32).bfloat16()
+    b[3, 5], b[40, 5] = 1.0, -1.0
+    s = b.clone()
+    s[[3, 40], 5] = s[[40, 3], 5]  # rel_err sqrt(8) / ~362: ~8e-3
+    assert compare([s], [b.double()], ["out"])[1] is True
+    err, good, notes = compare([s], [b.double()], ["out"], exact=True)
+    assert good is False and 0 < err < 1 and "exact" in notes[0]
+    assert compare([b], [b.double()], ["out"], exact=True) == (0.0, True, [])
+    # a NaN in the reference only: rel_err NaN stays the worst (max() dropped it for 0.0), whatever comes after
+    w = f.double().clone()
+    w[0, 0] = float("nan")
+    err, good, _ = compare([f, f], [w, f.double()], ["a", "b"])
+    assert good is False and err != err
+
+
+def test_moving_ops_are_checked_bitwise(tmp_path, capsys, monkeypatch):
+    """thd_cp_to_hp's bench case is exact: a forward that swaps two elements of one feature column (rel_err ~4e-3,
+    under bf16's 1e-2) fails, and so does the same swap in the backward (its fwd row still passes); the derived bwd
+    row keeps the failure's reason."""
+    import tilekernels.cp.ops  # noqa: F401 (registers the torch kernels)
+
+    op = "thd_cp_to_hp"
+
+    def swapping(kernel):
+        def wrong(x, plan, group, out):
+            kernel(x, plan, group, out)
+            out[[5, 900], 7] = out[[900, 5], 7].clone()
+        return wrong
+
+    for p, want in (("fwd", {"fwd": "FAIL", "bwd": "FAIL", "fwd+bwd": "FAIL"}),
+                    ("bwd", {"fwd": "PASS", "bwd": "FAIL", "fwd+bwd": "FAIL"})):
+        with monkeypatch.context() as m:
+            m.setitem(kernel_table._KERNELS, (op, "torch", p), swapping(kernel_table._KERNELS[(op, "torch", p)]))
+            rc, recs = run(tmp_path, "--op", op)
+        assert rc == 1 and {r["pass"]: r["status"] for r in recs} == want
+        assert all(r["rel_err"] < 1e-2 for r in recs if r["status"] == "FAIL")
+        assert any("exact" in n for n in next(r for r in recs if r["pass"] == "bwd")["notes"])
+
+
+def test_selections_that_run_nothing_are_an_error(capsys):
+    """--op outside --family is a usage error (an empty family list meant every family); a named op with no pass
+    under --pass runs nothing, says so, and exits 2."""
+    with pytest.raises(SystemExit) as e:
+        bench.main(["--op", "thd_cp_a2a_perm", "--family", "mhc"])
+    assert e.value.code == 2 and "none is in --family" in capsys.readouterr().err
+    assert bench.main(["--op", "thd_cp_a2a_perm", "--pass", "fwd+bwd", "--reps", "1"]) == 2
+    assert "no fwd+bwd pass (not differentiable, not run): thd_cp_a2a_perm" in capsys.readouterr().out
 
 
 def test_cli_subprocess():

@@ -94,6 +94,6 @@ def cases(device_type: str) -> list[BenchCase]:
             op=op, dims=a2a_dims, make=_a2a_inputs, variant="world=1",
             bytes_fwd=_a2a_bytes,
             bytes_bwd=_a2a_bytes,  # the backward is the other direction: same traffic
-            grad_inputs=("x",),
+            grad_inputs=("x",), exact=True,  # pure copies both ways (OPS.md): bit for bit
         ))
     return out
