@@ -312,6 +312,12 @@ class Op:
         return args, kwargs
 
     def _int_tensor(self, name: str, v, dtype: torch.dtype) -> torch.Tensor:
+        if torch.compiler.is_compiling():  # traced: the ints may be SymInts (dynamo cannot trace hasattr on
+            # them, and __index__ would specialize them); torch.tensor of them is a graph op
+            if not all(isinstance(e, (int, torch.SymInt)) and not isinstance(e, bool) for e in v):
+                raise SpecError(self.name, f"tensor {name}", "a torch.Tensor or a sequence of ints",
+                                f"a {type(v).__name__} of other elements")
+            return torch.tensor(list(v), dtype=dtype)
         if not all(hasattr(e, "__index__") and not isinstance(e, (bool, torch.Tensor)) for e in v):
             raise SpecError(self.name, f"tensor {name}", "a torch.Tensor or a sequence of ints",
                             f"a {type(v).__name__} of {sorted({type(e).__qualname__ for e in v})}")

@@ -142,6 +142,37 @@ def test_torch_compile_fullgraph():
     assert_close(w.grad, we.grad, "exact", what="dweight (compiled vs eager)")
 
 
+@pytest.mark.parametrize("op", ["grouped_linear", "grouped_mlp_mxfp8"])
+def test_torch_compile_fullgraph_with_list_splits(op):
+    """m_splits as a list of ints (as Transformer Engine's GroupedLinear takes it) under fullgraph: after dynamo's
+    first recompile the ints are SymInts, which the list-to-tensor step traced through hasattr (unsupported: every
+    new list failed); now 4 distinct lists give 2 graphs and eager's results."""
+    from torch._dynamo.utils import counters
+
+    import registry
+
+    f_op = registry.get(op)
+    H, G = 256, 2
+    x = torch.randn(64, H, dtype=torch.bfloat16)
+    if op == "grouped_linear":
+        args = (torch.randn(G, 32, H, dtype=torch.bfloat16),)
+
+        def call(x, ms):
+            return f_op(x, *args, ms, precision="mxfp8")
+    else:
+        probs = torch.rand(64, dtype=torch.float32)
+        args = (torch.randn(G, 512, H, dtype=torch.bfloat16), torch.randn(G, H, 256, dtype=torch.bfloat16))
+
+        def call(x, ms):
+            return f_op(x, probs, ms, *args)
+    torch._dynamo.reset()
+    counters.clear()
+    f = torch.compile(call, fullgraph=True, backend="eager")
+    for ms in ([32, 32], [0, 64], [64, 0], [32, 32]):
+        assert_close(f(x, ms), call(x, ms), "exact", what=f"{op} {ms}")
+    assert counters["stats"]["unique_graphs"] == 2
+
+
 def test_reference_autograd_is_the_recipe():
     """The reference's autograd (what tk-bench differentiates) gives the recipe's gradients."""
     x, w, ms = inputs(96, 64, 32, [32, 64], grad=True)
