@@ -216,3 +216,30 @@ def test_cute_grouped_linear_frozen(emulated, monkeypatch, route, precision):  #
         dropped.remove(c)
     for name, a in dropped:
         assert "wgrad" in a or name in ("_qdq", "_quant"), (name, a, route)
+
+
+
+ODD_SPLITS = [30, 0, 67, 31, 1]  # no entry a multiple of 32 but 0
+
+
+@pytest.mark.parametrize("op_name", ["grouped_linear", "grouped_mlp_mxfp8"])
+def test_odd_splits_frozen_masters(op_name):
+    """m_splits not % 32 with frozen bf16 masters and x (and probs) requiring grad: refused, although no weight
+    gradient is asked for, because the cute backward still quantizes dY (and the MLP's dh and a) along the tokens
+    for them (the same kernels as with the gradients, so dx is bitwise the same): the rule cannot depend on the
+    backend. The reference's own autograd (what the refusal guards nothing of) computes no wgrad for a frozen
+    weight: at these splits it gives dx (and dprobs) without tripping over the token blocks."""
+    op = registry.get(op_name)
+    x, probs, ms, w1, w2, _ = _inputs(ODD_SPLITS)
+    if op_name == "grouped_linear":
+        args, params, diff = [x, w1, ms], {"precision": "mxfp8"}, (0,)
+    else:
+        args, params, diff = [x, probs, ms, w1, w2], {}, (0, 1)
+    leaves = [a.detach().clone().requires_grad_(i in diff) if a.is_floating_point() else a
+              for i, a in enumerate(args)]
+    with pytest.raises(registry.SpecError, match="multiple of 32 when gradients are needed"):
+        op(*leaves, **params)
+    out = op.reference(*leaves, **params)
+    out.backward(torch.randn_like(out))
+    for i in diff:
+        assert leaves[i].grad is not None and torch.isfinite(leaves[i].grad).all()

@@ -160,8 +160,8 @@ class _MXFP8Linear(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, dy):
-        x, weight, m_splits = ctx.saved_tensors
-        return (*grouped_linear_bwd(dy, x, weight, m_splits, "mxfp8"), None)
+        x, weight, m_splits = ctx.saved_tensors  # a frozen weight: no wgrad (the one GEMM blocked along tokens)
+        return (*grouped_linear_bwd(dy, x, weight, m_splits, "mxfp8", wgrad=ctx.needs_input_grad[1]), None)
 
 
 def grouped_linear_bwd(dy: Tensor, x: Tensor, weight: Tensor, m_splits: Tensor,
@@ -296,7 +296,8 @@ class _MXFP8MLP(torch.autograd.Function):
     @staticmethod
     def backward(ctx, dy):
         x, probs, m_splits, w1, w2, s1, s2, h = ctx.saved_tensors
-        dx, dprobs, dfc1, dfc2 = grouped_mlp_mxfp8_bwd(dy, x, probs, m_splits, w1, w2, h, True, s1, s2)
+        dx, dprobs, dfc1, dfc2 = grouped_mlp_mxfp8_bwd(dy, x, probs, m_splits, w1, w2, h, True, s1, s2,
+                                                       ctx.needs_input_grad[3], ctx.needs_input_grad[4])
         return dx, dprobs, None, dfc1, dfc2, None, None
 
 
