@@ -50,7 +50,10 @@ def _m_splits() -> TensorSpec:
 
 
 def _split_rules(grad_when: str) -> list[Constraint]:
-    """sum(m_splits) == M, entries >= 0, and % 32 when a columnwise (wgrad) quantization needs it."""
+    """sum(m_splits) == M, entries >= 0, and % 32 when a columnwise (wgrad) quantization needs it. Frozen bf16
+    masters (no wgrad) are held to it too: the cute backward quantizes dY (the MLP also dh and a) along the tokens
+    for them as well, so dx comes from the same kernels bit for bit, and a value rule cannot depend on the
+    backend; only pre-quantized weights (which cannot require grad) lift it in the MLP."""
     return [
         Constraint(expr="sum(values(m_splits)) == M", message="m_splits must add up to the token count M"),
         Constraint(expr="min(values(m_splits)) >= 0", message="m_splits entries must be >= 0"),
