@@ -46,3 +46,42 @@ def test_scale_rule_for_sums_that_cancel():
     out = (r2 * (1 + 2e-5)).float()            # 2e-5 norm-wise: fails with or without the scale
     with pytest.raises(AssertionError):
         assert_close(out, r2, scale=s2)
+
+
+def test_shape_zero_reference_and_nan_reference():
+    """What the relative error cannot hide: a transposed result of the same size, any non-zero output against an
+    all-zero reference (0 only for 0), a NaN in the reference."""
+    ref = torch.randn(4, 6, dtype=torch.float64)
+    assert rel_err(ref.float().reshape(6, 4), ref) == math.inf
+    with pytest.raises(AssertionError):
+        assert_close(ref.float().reshape(6, 4), ref)
+    with pytest.raises(AssertionError):
+        assert_close(ref.reshape(6, 4).clone(), ref, "exact")
+    zero = torch.zeros(4, 6, dtype=torch.float64)
+    assert rel_err(zero.float(), zero) == 0.0
+    assert_close(zero.float(), zero)
+    tiny = zero.float().clone()
+    tiny[1, 2] = 1e-30
+    assert rel_err(tiny, zero) == math.inf
+    with pytest.raises(AssertionError):
+        assert_close(tiny, zero)
+    bad_ref = ref.clone()
+    bad_ref[0, 0] = float("nan")
+    with pytest.raises(AssertionError):
+        assert_close(ref.float(), bad_ref)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.int32, torch.float8_e4m3fn, torch.uint8])
+def test_exact_fails_on_one_changed_element(dtype):
+    """"exact" is bitwise: one element one step away fails (its lowest bit flipped), the same tensor passes,
+    another dtype fails."""
+    base = torch.randn(64).mul(8).to(dtype) if dtype.is_floating_point else torch.randint(0, 100, (64,)).to(dtype)
+    assert_close(base.clone(), base, "exact")
+    moved = base.clone()
+    moved.view(torch.uint8)[17 * moved.element_size()] ^= 1  # the lowest bit (little-endian): one ulp for floats
+    assert not torch.equal(moved.view(torch.uint8), base.view(torch.uint8))
+    with pytest.raises(AssertionError, match="not bitwise equal"):
+        assert_close(moved, base, "exact")
+    other = base.to(torch.float64) if dtype != torch.float8_e4m3fn else base.view(torch.uint8)
+    with pytest.raises(AssertionError, match="dtype"):
+        assert_close(other, base, "exact")
