@@ -77,26 +77,38 @@ def env_choice(name: str, default: str, choices: tuple[str, ...]) -> str:
     return v
 
 
-_POISON = [env_flag("TILEKERNELS_POISON", False)]
+_POISON = [env_flag("TILEKERNELS_POISON", False), "nan"]
 
 
 @contextlib.contextmanager
-def poisoned(on: bool = True):
-    """Within the block, outputs are allocated filled with NaN / a sentinel."""
-    old = _POISON[0]
-    _POISON[0] = on
+def poisoned(on: bool = True, kind: str = "nan"):
+    """Within the block, outputs are allocated filled with NaN / a sentinel (``kind`` "nan": NaN, e4m3's NaN 0x7F,
+    0xFF for uint8 (an E8M0 NaN scale), True, the int max), or with finite sentinels (``kind`` "finite": -1234.5,
+    e4m3 byte 0x2A, uint8 0x55, False, the int min). NaN poison fails an unwritten element whose right value is
+    finite; a test whose right values include NaN (a non-finite MXFP8 block, a NaN that must propagate) runs under
+    the finite kind too, where an unwritten element cannot pass as the NaN it should hold."""
+    if kind not in ("nan", "finite"):
+        raise ValueError(f"poison kind must be 'nan' or 'finite', got {kind!r}")
+    old = list(_POISON)
+    _POISON[:] = [on, kind]
     try:
         yield
     finally:
-        _POISON[0] = old
+        _POISON[:] = old
 
 
 def poison_(t: torch.Tensor) -> torch.Tensor:
+    finite = _POISON[1] == "finite"
+    if t.dtype == torch.float8_e4m3fn and finite:
+        t.view(torch.uint8).fill_(0x2A)
+        return t
     if t.is_floating_point():
-        return t.fill_(float("nan"))  # e4m3fn: 0x7F, its NaN
+        return t.fill_(-1234.5 if finite else float("nan"))  # e4m3fn: 0x7F, its NaN
     if t.dtype == torch.bool:
-        return t.fill_(True)
-    return t.fill_(torch.iinfo(t.dtype).max if t.dtype != torch.uint8 else 0xFF)
+        return t.fill_(not finite)
+    if t.dtype == torch.uint8:
+        return t.fill_(0x55 if finite else 0xFF)
+    return t.fill_(torch.iinfo(t.dtype).min if finite else torch.iinfo(t.dtype).max)
 
 
 def empty(shape, dtype: torch.dtype, device) -> torch.Tensor:
