@@ -8,7 +8,7 @@ import registry
 from tilekernels.gdn import bench as mk
 from tilekernels.gdn import reference as ref
 from tilekernels._glue import poisoned
-from tilekernels.testing import assert_close
+from tilekernels.testing import assert_close, rel_err
 
 DECODE = registry.get("gdn_decode")
 PRE = registry.get("gdn_pre_gated")
@@ -35,11 +35,11 @@ def recurrence(q, k, v, g, beta, S, scale):
     return o, S
 
 
-def expected_sequence(x, w, A, dt, Hk, dk, dv, scale):
+def expected_sequence(x, w, A, dt, Hk, dk, dv, scale, eps=1e-6):
     """o for every token of one sequence x [T, D] from zero states, and its final states."""
     Hv = A.shape[0]
     q, k, v, _, g, beta, cs = PRE(x.double().unsqueeze(0), w.double(), A.double(), dt.double(),
-                                  Hk=Hk, dk=dk, dv=dv, repeat_qk=False, return_conv_state=True)
+                                  Hk=Hk, dk=dk, dv=dv, repeat_qk=False, return_conv_state=True, eps=eps)
     o, S = recurrence(q[0], k[0], v[0], g[0], beta[0], torch.zeros(Hv, dk, dv), scale)
     return o, cs[0], S
 
@@ -117,6 +117,25 @@ def test_decode_from_zero_states_without_indices():
         assert_close(ssm_state[b], S, what="ssm_state")
     assert torch.equal(ssm_state[B], torch.ones(Hv, dk, dv, dtype=torch.float64))
     assert torch.equal(conv_state[B], torch.zeros_like(conv_state[B]))
+
+
+def test_eps_reaches_the_l2norm():
+    """A non-default eps (0.5: q and k move far past the tolerance at this input scale) gives the steps that
+    gdn_pre_gated's l2norm at that eps and the delta rule give (gdn_pre_gated's eps is pinned to an independent
+    loop in test_gdn_pre_gated.py)."""
+    Hk, Hv, dk, dv, W, steps, B = 1, 2, 4, 8, 3, 4, 2
+    w, A, dt = mk.weights(Hk, Hv, dk, dv, W, dtype=torch.float64, gate_dtype=torch.float64)
+    seqs = [mk.mixed((steps,), Hk, Hv, dk, dv, dtype=torch.float64).mul(0.3) for _ in range(B)]
+    conv_state = torch.zeros(B, ref.conv_dim(Hk, Hv, dk, dv), W - 1, dtype=torch.float64)
+    ssm_state = torch.zeros(B, Hv, dk, dv, dtype=torch.float64)
+    got = torch.stack([DECODE(torch.stack([s[t] for s in seqs]), conv_state, w, A, dt, ssm_state, Hk=Hk, eps=0.5)
+                       for t in range(steps)], 1)
+    for b, s in enumerate(seqs):
+        o, cs, S = expected_sequence(s, w, A, dt, Hk, dk, dv, dk ** -0.5, eps=0.5)
+        o_default = expected_sequence(s, w, A, dt, Hk, dk, dv, dk ** -0.5)[0]
+        assert rel_err(o_default, o) > 1e-3
+        assert_close(got[b], o, what="o")
+        assert_close(ssm_state[b], S, what="ssm_state")
 
 
 def _setup(B=4, N=5, Hk=2, Hv=4, dk=8, dv=4, W=4, dtype=torch.bfloat16, state_dtype=torch.float32):

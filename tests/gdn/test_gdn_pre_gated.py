@@ -7,7 +7,7 @@ import torch
 import registry
 from tilekernels.gdn import bench as mk
 from tilekernels.gdn import reference as ref
-from tilekernels.testing import assert_close, upcast
+from tilekernels.testing import assert_close, rel_err, upcast
 
 OP = registry.get("gdn_pre_gated")
 NAMES = ("q", "k", "v", "z", "g", "beta")
@@ -83,6 +83,31 @@ def test_bshd_matches_loop(Hk, Hv, dk, dv, W, repeat_qk, B, T):
             assert_close(o[b], want[name], what=f"{name}[{b}]")
         assert_close(out[6][b].double(), expected_conv_state(want["conv_in"], W), kind="exact",
                      what="conv_state")
+
+
+@pytest.mark.parametrize("eps", [0.5, 3.0])
+def test_eps_reaches_the_l2norm(eps):
+    """A non-default eps (large enough to move q and k by far more than the tolerance) against the loop oracle's
+    x * rsqrt(sum(x^2) + eps); the gradients (the torch backend's written-out backward) against autograd through
+    the reference's forward at that eps (float64), which the first half pins to the oracle."""
+    Hk, Hv, dk, dv, W = 2, 4, 8, 8, 4
+    w, A, dt = mk.weights(Hk, Hv, dk, dv, W, dtype=torch.float64, gate_dtype=torch.float64)
+    x = mk.mixed((1, 6), Hk, Hv, dk, dv, dtype=torch.float64).mul(0.3)
+    out = call(x, w, A, dt, Hk=Hk, dk=dk, dv=dv, repeat_qk=True, eps=eps)
+    want = oracle(x[0], w, A, dt, Hk, dk, dv, True, eps=eps)
+    far = oracle(x[0], w, A, dt, Hk, dk, dv, True)
+    assert rel_err(far["q"], want["q"]) > 1e-3  # the eps matters at this scale
+    for name, o in zip(NAMES, out):
+        assert_close(o[0], want[name], what=name)
+    leaves = [t.detach().clone().requires_grad_() for t in (x, w, A, dt)]
+    got = call(*leaves, Hk=Hk, dk=dk, dv=dv, repeat_qk=True, eps=eps)
+    gos = [torch.randn_like(o) for o in got]
+    torch.autograd.backward(got, gos)
+    r_leaves = [t.detach().clone().requires_grad_() for t in (x, w, A, dt)]
+    o64 = ref.pre_gated(*r_leaves, None, Hk=Hk, dk=dk, dv=dv, repeat_qk=True, eps=eps)
+    torch.autograd.backward(list(o64[:6]), gos)
+    for name, a, b in zip(("dmixed", "dconv_weight", "dA_log", "ddt_bias"), leaves, r_leaves):
+        assert_close(a.grad, b.grad, what=name)
 
 
 def test_fp32_and_fp64_inputs():

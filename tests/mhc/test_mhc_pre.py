@@ -11,7 +11,7 @@ from mhc_helpers import BF16, F32, F64, grads_vs_float64, rand
 from mhc_helpers import loop64
 from tilekernels.mhc import mhc_pre
 from tilekernels.mhc import reference as ref
-from tilekernels.testing import assert_close, upcast
+from tilekernels.testing import assert_close, rel_err, upcast
 
 OP = registry.get("mhc_pre")
 PARAMS = dict(alpha_pre=0.7, alpha_post=1.3, alpha_res=0.4, iters=20, rms_eps=1e-6, sinkhorn_eps=1e-6)
@@ -88,6 +88,23 @@ def test_matches_unfused_registry_ops():
 def test_grads_match_float64(T, n, C, dt):
     grads_vs_float64(lambda *a, **p: OP(*a, **p), compose64, inputs(T, n, C, dt), ["x", "weight", "bias"],
                      **PARAMS)
+
+
+EPS_PARAMS = dict(alpha_pre=0.7, alpha_post=1.3, alpha_res=0.4, iters=5, rms_eps=0.3, sinkhorn_eps=0.05)
+
+
+@pytest.mark.parametrize("dt", [BF16, F32])
+def test_non_default_eps(dt):
+    """rms_eps and sinkhorn_eps far from the default (each moves the outputs far past the tolerance): forward and
+    gradients against the hand-written composition at those eps (only the default had been compared; a kernel
+    that ignored both passed every other test)."""
+    args = inputs(5, 3, 24, dt)
+    want = compose64(*args, **EPS_PARAMS)
+    default = compose64(*args, **dict(EPS_PARAMS, rms_eps=1e-6, sinkhorn_eps=1e-6))
+    assert all(rel_err(d, w) > 1e-3 for d, w in zip(default, want))
+    for name, got, w in zip(("layer_in", "h_post", "h_res"), OP(*args, **EPS_PARAMS), want):
+        assert_close(got, w, what=name)
+    grads_vs_float64(lambda *a, **p: OP(*a, **p), compose64, args, ["x", "weight", "bias"], **EPS_PARAMS)
 
 
 def test_grads_with_some_outputs_unused():
