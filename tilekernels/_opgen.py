@@ -104,6 +104,7 @@ class _Gen:
         self.outs = [t.name for t in spec.outputs]
         self.params = [p.name for p in spec.params]
         self.inout = [t.name for t in spec.inputs if t.role == "inout"]
+        self._inout_at = tuple(self.ins.index(n) for n in self.inout)
         self.diff_in = [t.name for t in spec.inputs if t.differentiable and t.role == "in"]
         self.diff_out = [t.name for t in spec.outputs if t.differentiable]
         self.first_in = spec.inputs[0].name
@@ -319,6 +320,9 @@ class _Gen:
             return [None if shape is None else next(got) for _, shape, _ in self.plan(tensors, params)]
         made = self.allocate(tensors, params, tensors[0].device)
         run_pass(self.fwd_op, self.name, "fwd", *tensors, *made, *params, backend=backend, via_op=traced or moded)
+        if not (traced or moded):  # the kernel wrote the inout inputs through raw pointers, past autograd's version
+            for i in self._inout_at:  # counter: bump it, so a value saved for a backward is seen as changed
+                torch.autograd.graph.increment_version(tensors[i])  # (~0.3 us each)
         return made
 
     def _autograd(self):

@@ -194,3 +194,35 @@ def test_backward_custom_op_passes_opcheck(case, device):
     utils = ("test_autograd_registration", "test_faketensor", "test_aot_dispatch_static",
              "test_aot_dispatch_dynamic") + (() if fp8 else ("test_schema",))
     torch.library.opcheck(gen.bwd_op, (*grads, *saved, *dins, *ps, backend), test_utils=utils)
+
+
+def test_direct_in_place_writes_bump_the_version(monkeypatch):
+    """A GPU kernel writes gdn_decode's states through raw pointers, past autograd's version counter; the eager
+    direct path then bumps it, so a state saved for a backward before the step is seen as overwritten (autograd
+    raises) instead of feeding that backward the new values. Emulated: a torch kernel that writes through
+    ``.data``."""
+    import registry.kernels as K
+    from tilekernels.gdn import bench as gb
+    from tilekernels.gdn import reference as gref
+
+    op = registry.get("gdn_decode")
+    c = next(c for c in gb.cases("cpu") if c.op == "gdn_decode")
+    args, params = c.make(c.dims, torch.device("cpu"))
+    mixed, conv_state, cw, A, dt, ssm, idx = args
+
+    def raw_pointer_kernel(mixed, conv_state, conv_weight, A_log, dt_bias, ssm_state, state_indices, o, Hk, eps,
+                           scale):
+        cs, ss = conv_state.detach().clone(), ssm_state.detach().clone()
+        o.copy_(gref.decode(mixed, cs, conv_weight, A_log, dt_bias, ss, state_indices, Hk=Hk, eps=eps, scale=scale))
+        conv_state.data.copy_(cs)
+        ssm_state.data.copy_(ss)
+
+    monkeypatch.setitem(K._KERNELS, ("gdn_decode", "torch", "fwd"), raw_pointer_kernel)
+    state = ssm.clone()
+    w = torch.tensor(2.0, requires_grad=True)
+    y = (state * w).sum()  # saves state for its backward
+    before = (state._version, conv_state._version)
+    op(mixed, conv_state, cw, A, dt, state, idx, **params)
+    assert state._version > before[0] and conv_state._version > before[1]
+    with pytest.raises(RuntimeError, match="modified by an inplace operation"):
+        y.backward()
