@@ -154,6 +154,11 @@ def _worker(rank, world, init_file, seed):
             x = torch.randn(6, 3, dtype=torch.float64, generator=g, requires_grad=True)
             assert torch.autograd.gradcheck(lambda a: TO_HP(a, cu, **kw), (x,))
             assert torch.autograd.gradcheck(lambda a: TO_CP(a, cu, **kw), (x,))
+            # a gradient through the backward (second order) raises naming the op (it was silently dropped)
+            for op in (TO_HP, TO_CP):
+                (gx,) = torch.autograd.grad(op(x, cu, **kw).square().sum(), x, create_graph=True)
+                with pytest.raises(NotImplementedError, match=f"{op.name}: a gradient through the op's backward"):
+                    gx.square().sum().backward()
         dist.barrier()
     finally:
         dist.destroy_process_group()

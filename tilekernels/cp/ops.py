@@ -188,7 +188,14 @@ class _CpA2A(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, dout):
-        return _run(ctx.op, "bwd", dout.contiguous(), ctx.plan, ctx.group, ctx.backend), None, None, None, None
+        """The other direction's collective; a gradient through it (second order: create_graph) raises naming the
+        op, as for the generated ops (the collective writes a tensor autograd does not track, so such a gradient
+        was silently dropped)."""
+        from tilekernels._opgen import _no_second_order
+
+        with torch.no_grad():
+            dx = _run(ctx.op, "bwd", dout.contiguous(), ctx.plan, ctx.group, ctx.backend)
+        return (*_no_second_order(ctx.op, (dx,), (dout,)), None, None, None, None)
 
 
 def _no_transforms(op: str, why: str) -> None:
