@@ -154,6 +154,9 @@ def _worker(rank, world, init_file, seed):
             x = torch.randn(6, 3, dtype=torch.float64, generator=g, requires_grad=True)
             assert torch.autograd.gradcheck(lambda a: TO_HP(a, cu, **kw), (x,))
             assert torch.autograd.gradcheck(lambda a: TO_CP(a, cu, **kw), (x,))
+            for op in (TO_HP, TO_CP):  # not traced: refused by name
+                with pytest.raises(Exception, match=f"{op.name}: torch.compile cannot trace the CP ops"):
+                    torch.compile(lambda a, op=op: op(a, cu, **kw), fullgraph=True, backend="eager")(x)
             # a gradient through the backward (second order) raises naming the op (it was silently dropped)
             for op in (TO_HP, TO_CP):
                 (gx,) = torch.autograd.grad(op(x, cu, **kw).square().sum(), x, create_graph=True)

@@ -193,3 +193,14 @@ def test_total_tokens_skips_the_host_read_and_is_checked():
     for name in got._fields:
         assert_close(getattr(got, name), getattr(want, name), kind="exact", what=name)
     _refused(PERM, cu, cp=2, total_tokens=t + 4, match="total_tokens")
+
+
+def test_torch_compile_refuses_by_name():
+    """The CP ops read cu_seqlens' values on the host: torch.compile gets a NotImplementedError naming the op and
+    what to do, not dynamo's data-dependent guard error (the collectives refuse the same way: the gloo worlds)."""
+    op = registry.get("thd_cp_a2a_perm")
+    cu = torch.tensor([0, 8, 16], dtype=torch.int32)
+    f = torch.compile(lambda c: op(c, cp=2, total_tokens=16), fullgraph=True, backend="eager")
+    with pytest.raises(Exception, match="thd_cp_a2a_perm: torch.compile cannot trace the CP ops"):
+        f(cu)
+    assert op(cu, cp=2, total_tokens=16)[0].shape == (16,)  # eager as before

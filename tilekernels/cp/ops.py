@@ -72,6 +72,7 @@ def thd_cp_a2a_perm(cu_seqlens: Tensor, *, cp: int, split_sections: Optional[Seq
     """
     op = "thd_cp_a2a_perm"
     _no_transforms(op, "its maps are written by a kernel that takes plain tensors")
+    _eager_only(op)
     sections = _sections(op, split_sections)
     dev = cu_seqlens.device
     total = int(cu_seqlens[-1]) if total_tokens is None else operator.index(total_tokens)
@@ -198,6 +199,15 @@ class _CpA2A(torch.autograd.Function):
         return (*_no_second_order(ctx.op, (dx,), (dout,)), None, None, None, None)
 
 
+def _eager_only(op: str) -> None:
+    """The CP ops are not traced by torch.compile (host reads of cu_seqlens' values, and for the collectives a c10d
+    all_to_all in an autograd.Function): refused by name instead of dynamo's data-dependent guard error."""
+    if torch.compiler.is_compiling():
+        raise NotImplementedError(f"{op}: torch.compile cannot trace the CP ops (they read cu_seqlens' values on "
+                                  "the host; the collectives run a c10d all_to_all): call it outside the compiled "
+                                  "region (a graph break, e.g. a torch.compiler.disable'd function; not fullgraph)")
+
+
 def _no_transforms(op: str, why: str) -> None:
     """The CP ops take no torch.func transform (registry/transforms.py says what the other ops take)."""
     if torch._C._are_functorch_transforms_active():
@@ -246,6 +256,7 @@ def _check_group(op: str, group, cp) -> int:
 
 
 def _a2a(op: str, x: Tensor, cu_seqlens: Tensor, split_sections, group, cp, backend: str) -> Tensor:
+    _eager_only(op)
     _no_transforms(op, "the op runs a collective, and its autograd.Function has no setup_context form")
     sections = _sections(op, split_sections)
     cp = _check_group(op, group, cp)
