@@ -560,6 +560,15 @@ def _instance_class(path: str):
         return None
 
 
+def _show(v, typed: bool = False) -> str:
+    """A refused param's value for the message: its repr (after its type name with ``typed``), but only its type
+    while traced (dynamo cannot trace repr() of a tensor or numpy scalar passed as a param: the refusal became an
+    Unsupported error about the repr instead of the SpecError)."""
+    if _compiling():
+        return f"a {type(v).__name__}"
+    return f"{type(v).__name__} {v!r}" if typed else repr(v)
+
+
 def _check_param(op: str, p, v):
     if v is None:
         if p.nullable or p.type == "object":
@@ -569,12 +578,12 @@ def _check_param(op: str, p, v):
         cls = _instance_class(p.instance_of)
         if cls is not None and not isinstance(v, cls):
             raise SpecError(op, f"param {p.name}", f"None or a {p.instance_of.replace(':', '.')}",
-                            f"{type(v).__name__} {v!r}")
+                            _show(v, True))
         return v
     if p.type in _PY_TYPES:
         ok = isinstance(v, _PY_TYPES[p.type]) and not (p.type in ("int", "float") and isinstance(v, bool))
         if not ok:
-            raise SpecError(op, f"param {p.name}", f"a {p.type}", f"{type(v).__name__} {v!r}")
+            raise SpecError(op, f"param {p.name}", f"a {p.type}", _show(v, True))
         if p.type == "float":
             try:
                 v = float(v)
@@ -584,23 +593,23 @@ def _check_param(op: str, p, v):
             # a comparison, not math.isfinite: under torch.compile(dynamic=True) a float param is a
             # SymFloat, which math.isfinite cannot trace (NaN fails both comparisons too)
             if getattr(p, "finite", True) and not -math.inf < v < math.inf:
-                raise SpecError(op, f"param {p.name}", "a finite float", repr(v))
+                raise SpecError(op, f"param {p.name}", "a finite float", _show(v))
         if p.type == "int" and not -_INT64 <= v < _INT64:
             # sizes and counts the kernels take as int64 at most; larger ones would only overflow
             # the shape and constraint arithmetic (specs.expr's bound) with a less clear error
             raise SpecError(op, f"param {p.name}", "an int64 (|v| < 2**63)", f"an int of {int(v).bit_length()} bits")
     if p.type == "ints":
         if not isinstance(v, (list, tuple)) or not all(isinstance(e, int) and not isinstance(e, bool) for e in v):
-            raise SpecError(op, f"param {p.name}", "a list of ints", repr(v))
+            raise SpecError(op, f"param {p.name}", "a list of ints", _show(v))
         v = tuple(int(e) for e in v)
         if any(not -_INT64 <= e < _INT64 for e in v):
             raise SpecError(op, f"param {p.name}", "int64 entries (|v| < 2**63)", "an entry of more bits")
         for e in v:
             if (p.min is not None and e < p.min) or (p.max is not None and e > p.max):
-                raise SpecError(op, f"param {p.name}", f"every entry in [{p.min}, {p.max}]", repr(v))
+                raise SpecError(op, f"param {p.name}", f"every entry in [{p.min}, {p.max}]", _show(v))
         return v
     if p.choices is not None and v not in p.choices:
-        raise SpecError(op, f"param {p.name}", f"one of {p.choices}", repr(v))
+        raise SpecError(op, f"param {p.name}", f"one of {p.choices}", _show(v))
     if p.min is not None and v < p.min:
         raise SpecError(op, f"param {p.name}", f">= {p.min}", v)
     if p.max is not None and v > p.max:

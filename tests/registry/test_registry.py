@@ -135,7 +135,8 @@ def test_tensor_errors(op):
     assert "dtype in ['float32', 'bfloat16'], got float16" in err(op, x.half())
     assert "tensor y: expected dtype in ['float32'], got bfloat16" in err(op, x, torch.randn(3, 8).bfloat16())
     assert "expected 3 dims [T, n, C], got 2 dims" in err(op, torch.randn(3, 4))
-    assert "tensor y: expected shape [T, n*C] with dim 1 (n*C) = 8, got [3, 7]" in err(op, x, torch.randn(3, 7))
+    assert ("tensor y: expected shape [T, n*C] with dim 1 (n*C) = 8 for n=2 (x's dim 1), C=4 (x's dim 2), got [3, 7]"
+            in err(op, x, torch.randn(3, 7)))
     assert "contiguous" in err(op, torch.randn(3, 4, 2).transpose(1, 2).contiguous().transpose(1, 2)[:, :, :].permute(0, 1, 2).as_strided((3, 2, 4), (8, 1, 2)))
     assert "device cpu" in err(op, x, torch.empty(3, 8, device="meta"))
     assert "unknown argument" in err(op, x, bogus=1)

@@ -225,3 +225,14 @@ def test_shape_error_names_the_dims_bound_from_other_tensors():
     with pytest.raises(SpecError, match=r"gdn_pre_gated: tensor mixed: .* for Hk=2, dk=4, dv=3, Hv=2 \(A_log's dim 0\)"):
         registry.get("gdn_pre_gated")(mixed, torch.randn(conv, W), torch.randn(Hk), torch.randn(Hk), cu,
                                       Hk=Hk, dk=dk, dv=dv)
+
+
+def test_wrongly_typed_param_is_refused_while_traced():
+    """A 0-dim tensor passed as an int param under torch.compile(fullgraph=True): the SpecError naming op and param
+    (inside dynamo's error, as for every refused traced call), not dynamo's "repr() on tensor" while the message
+    was being built."""
+    torch._dynamo.reset()
+    sk = registry.get("mhc_sinkhorn")
+    f = torch.compile(lambda x: sk(x, iters=torch.tensor(5)), fullgraph=True, backend="eager")
+    with pytest.raises(Exception, match=r"SpecError\('mhc_sinkhorn', 'param iters', 'a int', 'a Tensor'\)"):
+        f(torch.randn(4, 3, 3))
