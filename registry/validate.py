@@ -279,6 +279,11 @@ def bind(spec: OpSpec, args: tuple, kwargs: dict[str, Any], rules=None) -> Bound
             raise SpecError(op, f"tensor {t.name}", "a contiguous tensor",
                             f"strides {tuple(v.stride())} for shape {tuple(v.shape)}")
 
+    # in-place inputs overlapping another argument (checked when a call pattern is first validated, not on the
+    # cached path: ~3 us a call; a pattern that overlaps does so from its first call, which raises)
+    if not _compiling():
+        _no_overlap(op, spec, tensors, present)
+
     bound = Bound(spec, tensors, params, dims, layout, device)
     meta, vals = rules if rules is not None else split_rules(spec)
     check_constraints(op, meta, bound.env(), "constraint")
@@ -558,6 +563,32 @@ def _instance_class(path: str):
         return _resolver(path)
     except (ImportError, AttributeError):
         return None
+
+
+def _extent(t: torch.Tensor) -> tuple[int, int]:
+    """[first byte, past the last byte) of a strided tensor's elements (empty, or no real memory: a meta or fake
+    tensor: (0, 0))."""
+    if t.numel() == 0 or t.device.type == "meta" or _fake_tensor.is_fake(t):
+        return 0, 0
+    lo = t.data_ptr()
+    if lo == 0:
+        return 0, 0
+    return lo, lo + (sum((s - 1) * st for s, st in zip(t.shape, t.stride())) + 1) * t.element_size()
+
+
+def _no_overlap(op: str, spec: OpSpec, tensors: dict, present: list) -> None:
+    """An inout input (written in place, gdn_decode's states) may share no memory with another argument: the
+    kernels would read what they already overwrote (eager) or a copy (compiled), so the two would disagree."""
+    inout = [t.name for t in present if t.role == "inout"]
+    if not inout:
+        return
+    ext = {t.name: (tensors[t.name].device, _extent(tensors[t.name])) for t in present}
+    for a in inout:
+        dev, (lo, hi) = ext[a]
+        for b, (dev_b, (lo_b, hi_b)) in ext.items():
+            if b != a and dev_b == dev and lo < hi_b and lo_b < hi:
+                raise SpecError(op, f"tensor {a}", "memory that no other argument shares (it is written in place)",
+                                f"bytes shared with {b}")
 
 
 def _show(v, typed: bool = False) -> str:

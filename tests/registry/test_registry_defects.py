@@ -236,3 +236,41 @@ def test_wrongly_typed_param_is_refused_while_traced():
     f = torch.compile(lambda x: sk(x, iters=torch.tensor(5)), fullgraph=True, backend="eager")
     with pytest.raises(Exception, match=r"SpecError\('mhc_sinkhorn', 'param iters', 'a int', 'a Tensor'\)"):
         f(torch.randn(4, 3, 3))
+
+
+def test_in_place_inputs_share_memory_with_no_other_argument():
+    """gdn_decode writes conv_state and ssm_state in place: a mixed that lies inside conv_state (eager read the
+    b / a sections it had just overwritten, compiled a copy: the two disagreed), or states overlapping each other,
+    are refused before anything is written; disjoint views of one pool are fine (a model's layers' states). The
+    check runs where a call pattern (metadata) is validated, not on its cached repeats (~3 us a call)."""
+    from tilekernels.gdn import bench as gb
+
+    registry.clear_caches()
+    op = registry.get("gdn_decode")
+    c = next(c for c in gb.cases("cpu") if c.op == "gdn_decode")
+    args, params = c.make(c.dims, torch.device("cpu"))
+    mixed, conv_state, cw, A, dt, ssm, idx = args
+    flat = conv_state.clone().reshape(-1)
+    inside = flat[:mixed.numel()].view(mixed.shape)
+    before = flat.clone()
+    with pytest.raises(SpecError, match="gdn_decode: tensor conv_state: expected memory that no other argument "
+                                        "shares .* got bytes shared with mixed"):
+        op(inside, flat.view(conv_state.shape), cw, A, dt, ssm.clone(), idx, **params)
+    assert torch.equal(flat, before)
+    n1, n2 = conv_state.nbytes, ssm.nbytes  # one byte pool (the states' dtypes may differ)
+
+    def views(pool, off2):
+        cs = pool[:n1].view(conv_state.dtype).view(conv_state.shape)
+        ss = pool[off2:off2 + n2].view(ssm.dtype).view(ssm.shape)
+        return cs, ss
+
+    pool = torch.zeros(n1 + n2 + 64, dtype=torch.uint8)
+    cs, ss = views(pool, n1 + 64 - n1 % 16)
+    cs.copy_(conv_state)
+    ss.copy_(ssm)
+    op(mixed, cs, cw, A, dt, ss, idx, **params)  # disjoint views of one pool: accepted
+    cs, ss = views(pool, 16)  # ssm_state starts inside conv_state
+    registry.clear_caches()  # (checked where a call pattern is validated: the disjoint call above cached this one's)
+    with pytest.raises(SpecError, match="gdn_decode: tensor conv_state: .* bytes shared with ssm_state"):
+        op(mixed, cs, cw, A, dt, ss, idx, **params)
+    registry.clear_caches()
