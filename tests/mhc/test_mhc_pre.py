@@ -11,7 +11,7 @@ from mhc_helpers import BF16, F32, F64, grads_vs_float64, rand
 from mhc_helpers import loop64
 from tilekernels.mhc import mhc_pre
 from tilekernels.mhc import reference as ref
-from tilekernels.testing import assert_close, rel_err, upcast
+from tilekernels.testing import assert_close, assert_one_rounding, rel_err, upcast
 
 OP = registry.get("mhc_pre")
 PARAMS = dict(alpha_pre=0.7, alpha_post=1.3, alpha_res=0.4, iters=20, rms_eps=1e-6, sinkhorn_eps=1e-6)
@@ -49,6 +49,13 @@ def test_forward_matches_composition(T, n, C, dt):
     for name, got, want in zip(("layer_in", "h_post", "h_res"), (layer_in, h_post, h_res),
                                compose64(*args, **PARAMS)):
         assert_close(got, want, what=name)
+
+
+def test_layer_in_is_rounded_once():
+    """layer_in = sum_i h_pre[i] x_i with h_pre unrounded (fp32), rounded once to bf16: elementwise the float64
+    composition rounded once (h_pre rounded to bf16 first passed every other test)."""
+    args = inputs(64, 4, 256, BF16)
+    assert_one_rounding(OP(*args, **PARAMS)[0], compose64(*args, **PARAMS)[0], what="layer_in")
 
 
 def test_split_order_and_alphas():
