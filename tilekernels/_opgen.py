@@ -458,6 +458,8 @@ class _Gen:
         if self.fn is not None and _needs_autograd(tensors):
             if _fwad._current_level >= 0:
                 _no_duals(self.name, tensors)
+            if torch.compiler.is_compiling():
+                tensors = _distinct(tensors)
             return self.fn.apply(*tensors, *params, backend)
         if self.fn is None and torch.is_grad_enabled():  # a non-differentiable op records no graph, whatever its inputs
             with torch.no_grad():
@@ -527,6 +529,20 @@ def _no_second_order(op: str, res: tuple, inputs: tuple) -> tuple:
     got = _NoSecondOrder.apply(op, len(dins), *dins, *tracked)
     got = iter(got if isinstance(got, tuple) else (got,))
     return tuple(None if r is None else next(got) for r in res)
+
+
+def _distinct(tensors) -> list:
+    """While traced: a tensor passed as two inputs (``mhc_proj_rms(x, x)``) goes in once as itself and then as
+    clones (whose gradients flow back to it), since dynamo refuses an autograd.Function given one tensor twice;
+    eager passes it as is (same results)."""
+    seen, out = set(), []
+    for t in tensors:
+        if isinstance(t, Tensor) and id(t) in seen:
+            t = t.clone()
+        elif isinstance(t, Tensor):
+            seen.add(id(t))
+        out.append(t)
+    return out
 
 
 def _positional(args: tuple, kwargs: dict, names: list) -> list:

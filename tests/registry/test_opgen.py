@@ -226,3 +226,22 @@ def test_direct_in_place_writes_bump_the_version(monkeypatch):
     assert state._version > before[0] and conv_state._version > before[1]
     with pytest.raises(RuntimeError, match="modified by an inplace operation"):
         y.backward()
+
+
+def test_one_tensor_as_two_inputs_compiles():
+    """mhc_proj_rms(x, x) with x requiring grad: dynamo refuses an autograd.Function given one tensor twice, so the
+    traced call passes the second as a clone; outputs and x's gradient (both uses summed) bitwise eager's."""
+    op = registry.get("mhc_proj_rms")
+    x0 = torch.randn(24, 256, dtype=torch.bfloat16)
+
+    def run(fn):
+        x = x0.clone().requires_grad_()
+        p, r = fn(x)
+        (p.float().sin().sum() + r.float().cos().sum()).backward()
+        return p.detach(), r.detach(), x.grad
+
+    torch._dynamo.reset()
+    eager = run(lambda x: op(x, x))
+    compiled = run(torch.compile(lambda x: op(x, x), fullgraph=True, backend="aot_eager"))
+    for a, b in zip(eager, compiled):
+        assert torch.equal(a, b)
