@@ -410,6 +410,12 @@ def check_values(spec: OpSpec, tensors: dict, params: dict, dims: dict, requires
             if not ok:  # decided without the values after all
                 raise SpecError(op, f"constraint {c.expr!r}", "it to hold", "false", c.message or None)
             continue
+        if _compiling():  # traced: one assert a rule, so a refusal names its rule (the graph holds them all
+            # anyway; eager keeps one combined assert: one launch a call)
+            msg = f"{op}: tensor {', '.join(used)}: value rule {c.expr!r} failed" + (f" ({c.message})" if c.message
+                                                                                    else "")
+            torch._assert_async(ok, msg if len(msg) < 255 else msg[:251] + "...")
+            continue
         oks.append(ok)
         what.append(f"{c.expr!r}" + (f" ({c.message})" if c.message else ""))
         seen += [n for n in used if n not in seen]

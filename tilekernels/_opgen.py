@@ -535,12 +535,10 @@ def _distinct(tensors) -> list:
     """While traced: a tensor passed as two inputs (``mhc_proj_rms(x, x)``) goes in once as itself and then as
     clones (whose gradients flow back to it), since dynamo refuses an autograd.Function given one tensor twice;
     eager passes it as is (same results)."""
-    seen, out = set(), []
-    for t in tensors:
-        if isinstance(t, Tensor) and id(t) in seen:
+    out = []
+    for t in tensors:  # (`is`, not id(): dynamo guards on an id it traces, and would recompile for every tensor)
+        if isinstance(t, Tensor) and any(t is u for u in out):
             t = t.clone()
-        elif isinstance(t, Tensor):
-            seen.add(id(t))
         out.append(t)
     return out
 

@@ -136,6 +136,10 @@ def test_compiled_registry_call_validates_at_trace_time():
     assert x.grad is not None and w.grad is not None
     with pytest.raises(RuntimeError, match="grouped_linear: tensor m_splits"):  # value rule in the graph
         g(x, w, torch.tensor([16, 32]))
+    # traced: one assert a rule, so the refusal names the rule that failed (the sum; min holds)
+    with pytest.raises(RuntimeError, match=r"grouped_linear: tensor m_splits: value rule "
+                                           r"'sum\(values\(m_splits\)\) == M' failed"):
+        g(x, w, torch.tensor([16, 32]))
 
 
 def test_cache_hit_does_no_validation_work(monkeypatch):
