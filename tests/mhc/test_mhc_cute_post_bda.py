@@ -28,7 +28,7 @@ from tilekernels._cute import cubin_resources  # noqa: E402
 from tilekernels._glue import empty  # noqa: E402
 from tilekernels.mhc import cute_post_bda as cp  # noqa: E402
 from tilekernels.mhc import reference as ref  # noqa: E402
-from tilekernels.testing import assert_close, upcast  # noqa: E402
+from tilekernels.testing import assert_close, assert_one_rounding, upcast  # noqa: E402
 
 from mhc_helpers import gpu_cases  # noqa: E402
 
@@ -240,7 +240,10 @@ def run_case(ins, dout, cfg=None, grid=None):
     grads = [None if t is None else empty(t.shape, t.dtype, t.device) for t in ins]
     cp.bwd_into(dout, *ins, *grads, cfg=cfg, grid=grid)
     up = [upcast(t) for t in ins]
-    assert_close(out, ref.h_post_bda(*up), what="out")
+    out64 = ref.h_post_bda(*up)
+    assert_close(out, out64, what="out")
+    if out.dtype == BF and out.numel() >= 4096:  # fp32 math rounded once (session 56; CPU-measured 0-0.006% off)
+        assert_one_rounding(out, out64, what="out")
     want = ref.h_post_bda_bwd(upcast(dout), *up)
     for name, g, w in zip(("dh_res", "dresidual", "dh_post", "dx", "dbias"), grads, want):
         if g is not None:

@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from tilekernels._glue import empty
-from tilekernels.testing import assert_close, upcast
+from tilekernels.testing import assert_close, assert_one_rounding, upcast
 
 from mhc_helpers import gpu_cases
 
@@ -68,11 +68,18 @@ def _rand(*shape, dtype=BF, scale=1.0):
     return (torch.randn(*shape, device="cuda") * scale).to(dtype)
 
 
+ONCE = ("out", "layer_in")  # forward outputs the ops define as fp32 math rounded once to the activation dtype
+
+
 def _check(got: dict, want: dict) -> dict:
-    """assert_close each output against the float64 reference; returns rel errors."""
+    """assert_close each output against the float64 reference; returns rel errors. The ONCE outputs in bf16 (4096
+    elements or more: a 1% bound needs a few) are also the float64 value rounded once, elementwise (session 56's
+    assert_one_rounding: 0-0.006% of the elements off on the CPU's torch backend; not yet run on these kernels)."""
     errs = {}
     for name, t in got.items():
         errs[name] = assert_close(t, want[name], kind=t.dtype, what=name)
+        if name in ONCE and t.dtype == BF and t.numel() >= 4096:
+            assert_one_rounding(t, want[name], what=name)
     return errs
 
 
