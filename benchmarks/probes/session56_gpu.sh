@@ -11,8 +11,9 @@
 # J3: racecheck on h_post_bda's dbias reduction at RG 32 (owed since session 55, whose racecheck step timed out on
 #     the T=1000 cases): test_bwd_grids only (T=37, bias fp32 and bf16, grids 1 / 7 / 36).
 # J4: session 56's registry changes (CPU value tensors compared by bytes in the value caches; non-dense tensors and
-#     neg / conj views refused; every failing limit listed) on the GPU: the hot-path and guard files whole (graphs,
-#     compile, reduce-overhead through the registry).
+#     neg / conj views refused; every failing limit listed; the direct path's version bump) on the GPU: the
+#     hot-path, guard and defect files whole (graphs, compile, reduce-overhead through the registry); then the mHC
+#     GPU runners with session 56's rounded-once checks (assert_one_rounding) on the cuTile and CuTe DSL kernels.
 set -u
 . "$(dirname "$0")/_steps.sh"  # step NAME SECONDS CMD...
 session_start
@@ -33,7 +34,9 @@ J3) step pb_racecheck 500 $SAN --tool racecheck $PYT -m gpu tests/mhc/test_mhc_c
     tail -3 "$OUT/pb_racecheck.log" ;;
 J4) step reg_hot 540 $P -n 8 tests/registry/test_registry_hot_path.py tests/registry/test_registry_guards.py \
       tests/registry/test_registry_defects.py
-    tail -3 "$OUT/reg_hot.log" ;;
+    step once 400 $P -n 8 tests/mhc/test_mhc_cutile_gpu.py tests/mhc/test_mhc_cute_pre.py \
+      tests/mhc/test_mhc_cute_post_bda.py -k "float64 or h_post_bda or h_aggregate or pre"
+    tail -3 "$OUT/reg_hot.log" "$OUT/once.log" ;;
 *) echo "usage: session56_gpu.sh J1|J2|J3|J4"; exit 2 ;;
 esac
 cat "$OUT/device.txt" "$SUM"
