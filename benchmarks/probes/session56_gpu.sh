@@ -13,7 +13,8 @@
 # J4: session 56's registry changes (CPU value tensors compared by bytes in the value caches; non-dense tensors and
 #     neg / conj views refused; every failing limit listed; the direct path's version bump) on the GPU: the
 #     hot-path, guard and defect files whole (graphs, compile, reduce-overhead through the registry); then the mHC
-#     GPU runners with session 56's rounded-once checks (assert_one_rounding) on the cuTile and CuTe DSL kernels.
+#     GPU runners with session 56's rounded-once checks (assert_one_rounding) on the cuTile and CuTe DSL kernels are
+#     J5 (the CuTe DSL bundle with cuTile beside it, as session 55's F2).
 set -u
 . "$(dirname "$0")/_steps.sh"  # step NAME SECONDS CMD...
 session_start
@@ -34,9 +35,10 @@ J3) step pb_racecheck 500 $SAN --tool racecheck $PYT -m gpu tests/mhc/test_mhc_c
     tail -3 "$OUT/pb_racecheck.log" ;;
 J4) step reg_hot 540 $P -n 8 tests/registry/test_registry_hot_path.py tests/registry/test_registry_guards.py \
       tests/registry/test_registry_defects.py
-    step once 400 $P -n 8 tests/mhc/test_mhc_cutile_gpu.py tests/mhc/test_mhc_cute_pre.py \
+    tail -3 "$OUT/reg_hot.log" ;;
+J5) step once 500 $P -n 8 tests/mhc/test_mhc_cutile_gpu.py tests/mhc/test_mhc_cute_pre.py \
       tests/mhc/test_mhc_cute_post_bda.py -k "float64 or h_post_bda or h_aggregate or pre"
-    tail -3 "$OUT/reg_hot.log" "$OUT/once.log" ;;
-*) echo "usage: session56_gpu.sh J1|J2|J3|J4"; exit 2 ;;
+    tail -3 "$OUT/once.log" ;;
+*) echo "usage: session56_gpu.sh J1|J2|J3|J4|J5"; exit 2 ;;
 esac
 cat "$OUT/device.txt" "$SUM"
