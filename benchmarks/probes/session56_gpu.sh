@@ -38,7 +38,8 @@ J4) step reg_hot 540 $P -n 8 tests/registry/test_registry_hot_path.py tests/regi
     tail -3 "$OUT/reg_hot.log" ;;
 J5) step once 500 $P -n 8 tests/mhc/test_mhc_cutile_gpu.py tests/mhc/test_mhc_cute_pre.py \
       tests/mhc/test_mhc_cute_post_bda.py -k "float64 or h_post_bda or h_aggregate or pre"
-    tail -3 "$OUT/once.log" ;;
+    step deq 120 $P tests/moe/test_mxfp8_cute.py -k dequantize_bit_exact   # (its finite pre-fill, session 56)
+    tail -3 "$OUT/once.log" "$OUT/deq.log" ;;
 *) echo "usage: session56_gpu.sh J1|J2|J3|J4|J5"; exit 2 ;;
 esac
 cat "$OUT/device.txt" "$SUM"

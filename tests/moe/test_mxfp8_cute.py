@@ -391,13 +391,16 @@ def _bits(t):
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 def test_dequantize_bit_exact(shape, axis, out_dtype):
+    """Bitwise the reference, into an output pre-filled with NaN and again with a finite sentinel: the inputs' NaN
+    blocks (if any) must be written NaN, which a NaN pre-fill alone cannot tell from unwritten (session 56)."""
     R, K = shape
     if (axis == "rowwise" and K % 32) or (axis == "columnwise" and R % 32):
         pytest.skip("blocks of 32 along the axis")
     x = make_input(R, K, F32, "cuda")
     data, scales = mx.quantize(x, axis)
     want = mx.dequantize(data, scales, axis, out_dtype)
-    out = torch.full((R, K), math.nan, dtype=out_dtype, device="cuda")
-    Q.dequantize_into(data, scales, out, axis)
-    assert _nan_aware_equal(out.cpu(), want.cpu()), \
-        (out.cpu() != want.cpu()).nonzero()[:5].tolist()
+    for fill in (math.nan, -1234.5):
+        out = torch.full((R, K), fill, dtype=out_dtype, device="cuda")
+        Q.dequantize_into(data, scales, out, axis)
+        assert _nan_aware_equal(out.cpu(), want.cpu()), \
+            (fill, (out.cpu() != want.cpu()).nonzero()[:5].tolist())
