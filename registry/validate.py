@@ -282,7 +282,7 @@ def bind(spec: OpSpec, args: tuple, kwargs: dict[str, Any], rules=None) -> Bound
     # in-place inputs overlapping another argument (checked when a call pattern is first validated, not on the
     # cached path: ~3 us a call; a pattern that overlaps does so from its first call, which raises)
     if not _compiling():
-        _no_overlap(op, spec, tensors, present)
+        _no_overlap(op, tensors, present)
 
     bound = Bound(spec, tensors, params, dims, layout, device)
     meta, vals = rules if rules is not None else split_rules(spec)
@@ -582,7 +582,7 @@ def _extent(t: torch.Tensor) -> tuple[int, int]:
     return lo, lo + (sum((s - 1) * st for s, st in zip(t.shape, t.stride())) + 1) * t.element_size()
 
 
-def _no_overlap(op: str, spec: OpSpec, tensors: dict, present: list) -> None:
+def _no_overlap(op: str, tensors: dict, present: list) -> None:
     """An inout input (written in place, gdn_decode's states) may share no memory with another argument: the
     kernels would read what they already overwrote (eager) or a copy (compiled), so the two would disagree."""
     inout = [t.name for t in present if t.role == "inout"]
