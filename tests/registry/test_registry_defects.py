@@ -242,7 +242,7 @@ def test_in_place_inputs_share_memory_with_no_other_argument():
     """gdn_decode writes conv_state and ssm_state in place: a mixed that lies inside conv_state (eager read the
     b / a sections it had just overwritten, compiled a copy: the two disagreed), or states overlapping each other,
     are refused before anything is written; disjoint views of one pool are fine (a model's layers' states). The
-    check runs where a call pattern (metadata) is validated, not on its cached repeats (~3 us a call)."""
+    check runs where a call pattern (metadata) is validated, not on its cached repeats (~10 us a call)."""
     from tilekernels.gdn import bench as gb
 
     registry.clear_caches()
