@@ -51,8 +51,10 @@ VARIANTS = {"REG": dict(CA=False, MINB=0), "U4-S3": dict(U=4, S=3), "S6": dict(S
             "VEC4": dict(VEC=4), "VEC4-U4": dict(VEC=4, U=4), "VEC4-REG": dict(VEC=4, CA=False),
             "MINB0": dict(MINB=0), "MINB4": dict(MINB=4),  # MINB: no bound / a register cap for 4 CTAs an SM
             "S6-T64": dict(S=6, THREADS=64), "L64-S6": dict(L=64, S=6), "VEC4-S6": dict(VEC=4, S=6),
-            # the partials' reduction (session 55; its own launch timed too): row groups, 16-byte column loads, unroll
-            "RG16": dict(RG=16), "RV4": dict(RV=4), "RG32-RV4-RU8": dict(RG=32, RV=4, RU=8)}
+            # the partials' reduction (session 55; its own launch timed too): row groups, 16-byte column loads, unroll;
+            # the default since session 57 is RG 32, RV 4, RU 8 (RG8-RV1-RU4 the first default)
+            "RG16": dict(RG=16), "RV4": dict(RV=4), "RV1": dict(RV=1), "RG32-RV4-RU8": dict(RG=32, RV=4, RU=8),
+            "RG8-RV1-RU4": dict(RG=8, RV=1, RU=4)}
 RED_FIELDS = {"RG", "RV", "RU"}
 CASES = [(False, True), (False, False), (True, True), (True, False)]  # (thd, repeat_qk)
 OUT: dict = {"records": [], "errors": [], "tests": {}}

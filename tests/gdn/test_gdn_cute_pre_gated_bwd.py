@@ -167,9 +167,9 @@ COMPILE_VARIANTS = [
 CFG_VARIANTS = [dict(CA=False, MINB=0), dict(U=4, S=3), dict(S=6), dict(U=1, S=8), dict(L=64), dict(L=256),
                 dict(THREADS=64), dict(THREADS=256, MINB=0), dict(VEC=4), dict(VEC=4, U=4), dict(VEC=4, CA=False),
                 dict(MINB=0)]
-# the partials' reduction (RG row groups, RV columns a thread, RU unroll; session 55, not yet timed): the default
-# RG 8, RV 1, RU 4; 16-byte loads of 4 columns; 32 row groups with them
-RED_VARIANTS = [dict(RG=16), dict(RV=4), dict(RG=32, RV=4, RU=8)]
+# the partials' reduction (RG row groups, RV columns a thread, RU unroll): the default RG 32, RV 4, RU 8 since
+# session 57; the first default (RG 8, RV 1, RU 4: 4-byte loads), 16 row groups, and 4-byte loads at 32 groups
+RED_VARIANTS = [dict(RG=8, RV=1, RU=4), dict(RG=16), dict(RV=1)]
 
 
 def _vid(v):

@@ -446,3 +446,20 @@ def test_commit_marks_a_tree_that_differs_from_head(tmp_path, monkeypatch):
     assert C.short_commit(clean + "-dirty") == clean[:12] + "-dirty" and C.short_commit(clean) == clean[:12]
     monkeypatch.setenv("TILEKERNELS_COMMIT", "abc")
     assert C.git_commit(tmp_path) == "abc"
+
+
+def test_cp_group_is_destroyed_at_exit(tmp_path):
+    """tk-bench's world-size-1 group (made for the CP collectives) is destroyed at exit and its file store's folder
+    removed: an NCCL group left alive warned at exit on the GPU (session 57, H100). Gloo here, the same exit hook."""
+    code = ("import json, os, tempfile, torch, torch.distributed as dist\n"
+            "from tilekernels.cp import bench\n"
+            "bench._single_process_group(torch.device('cpu'))\n"
+            "assert dist.is_initialized()\n"
+            "print(json.dumps(os.listdir(tempfile.gettempdir())))\n")
+    env = dict(os.environ, TMPDIR=str(tmp_path))
+    p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=120)
+    assert p.returncode == 0, p.stderr
+    made = [n for n in json.loads(p.stdout.strip().splitlines()[-1]) if n.startswith("tk-bench-cp-")]
+    assert len(made) == 1, p.stdout
+    assert not (tmp_path / made[0]).exists()  # removed by the exit hook
+    assert "destroy_process_group() was not called" not in p.stderr

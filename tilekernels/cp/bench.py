@@ -17,7 +17,9 @@
 """
 from __future__ import annotations
 
+import atexit
 import os
+import shutil
 import tempfile
 
 import torch
@@ -54,9 +56,20 @@ def _single_process_group(device: torch.device) -> None:
             raise RuntimeError("tk-bench runs the cp all_to_all on a world-size-1 group; "
                                f"this process already has a default group of {dist.get_world_size()}")
         return
-    store = os.path.join(tempfile.mkdtemp(prefix="tk-bench-cp-"), "store")
+    folder = tempfile.mkdtemp(prefix="tk-bench-cp-")
     dist.init_process_group("nccl" if device.type == "cuda" else "gloo",
-                            init_method=f"file://{store}", rank=0, world_size=1)
+                            init_method=f"file://{os.path.join(folder, 'store')}", rank=0, world_size=1)
+    atexit.register(_end_group, folder)
+
+
+def _end_group(folder: str) -> None:
+    """At exit: destroy the group made above (NCCL warns at exit of a group never destroyed: tk-bench on an H100,
+    session 57) and remove its file store's folder."""
+    import torch.distributed as dist
+
+    if dist.is_initialized():
+        dist.destroy_process_group()
+    shutil.rmtree(folder, ignore_errors=True)
 
 
 def _perm_inputs(d, device):

@@ -45,8 +45,10 @@ Launches (``bwd_launches``):
         dA_log, Hv of ddt_bias (PS: padded to 4).
   red   dconv_weight, dA_log, ddt_bias = the P partial rows summed in a fixed order (CTA: 32 x RV columns
         x RG row groups; group g sums rows g, g+RG, ... in turn, then group 0 the RG sums in turn):
-        deterministic, no float atomics. RG 8, RV 1 the default; 16-byte loads (RV 4) and 32 row groups
-        are variants not yet timed (the reduction took 0.023-0.024 ms of 0.697 on the H200).
+        deterministic, no float atomics. Default RG 32, RV 4 (16-byte loads), RU 8: on an H100 (session 57,
+        Qwen3-Next, 32768 tokens, repeat_qk) the reduction took 0.021 / 0.020 ms BSHD / THD against 0.027 /
+        0.028 for the first default (RG 8, RV 1, RU 4), the whole backward 0.934 / 0.936 against 0.939 / 0.941
+        (gdn.md; not timed on an H200, where the old one took 0.023-0.024 ms of 0.697).
 
 Traffic (bytes a token, Qwen3-Next Hk=16, Hv=32, dk=dv=128, W=4, bf16, repeat_qk, L=128): reads x 16,384
 (only q|k|v of mixed: z is not read), gq + gk 16,384, gv 8,192, gz 8,192, b|a 128, gg 128, gbeta 64;
@@ -94,7 +96,7 @@ U_DEFAULT = 2    # rows a load batch
 S_DEFAULT = 4    # CA: stages of U rows in the ring
 THREADS = 128    # threads a CTA
 STATE_REGS = 112  # the most fp32 registers a thread's taps, x window, dx sums and partial take ((4W-2) * VEC * NV)
-RED_GROUPS = 8   # red: row groups a CTA (32 x RV columns each; BwdCfg.RG)
+RED_GROUPS = 32  # red: row groups a CTA (32 x RV columns each; BwdCfg.RG)
 SMEM_MAX = 232448     # bytes of shared memory a CTA may take on sm_90 (227 KB): configs above it are refused
 SMEM_BUDGET = 100 * 1024  # the heuristic's ring budget: at least two CTAs an SM (wide R takes fewer stages)
 SMEM_SM = 233472      # shared memory of an sm_90 SM (228 KB; each CTA also takes 1 KB the runtime reserves)
@@ -126,8 +128,8 @@ class BwdCfg(HeadGeometry):
     # the reduction of the [P, PS] partial rows: RG row groups a CTA (32 * RG threads), RV adjacent columns a thread
     # (1: 4-byte loads; 4: 16-byte loads, PS being a multiple of 4), its row loop unrolled RU times
     RG: int = RED_GROUPS
-    RV: int = 1
-    RU: int = 4
+    RV: int = 4
+    RU: int = 8
 
     def __post_init__(self):
         if (self.Hv % self.Hk or self.W < 1 or self.L < 1 or self.U < 1 or self.VEC not in (1, 2, 4, 8)
