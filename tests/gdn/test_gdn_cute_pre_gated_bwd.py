@@ -471,7 +471,8 @@ def test_bwd_launch_config_variants(over):
 @pytest.mark.gpu
 @needs_gpu
 @needs_cute
-@pytest.mark.parametrize("over", [{}] + RED_VARIANTS, ids=lambda d: "-".join(f"{k}{v}" for k, v in d.items()) or "default")
+@pytest.mark.parametrize("over", [{}] + RED_VARIANTS,
+                         ids=lambda d: "-".join(f"{k}{v}" for k, v in d.items()) or "default")
 def test_reduction_variants_column_tail(over):
     """The reduction's variants where the columns end inside a thread's vector (odd dims: NCOL = 3 * 34 + 4 = 106, PS
     108) and with one partial row (T = 1) or fewer rows than row groups: against float64, as the default."""
