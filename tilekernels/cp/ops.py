@@ -31,6 +31,7 @@ import torch.distributed as dist
 from torch import Tensor
 
 from tilekernels._glue import empty, get_kernel, kernel
+from tilekernels._opgen import _no_second_order
 
 from . import perm as _perm
 from .perm import A2APerm
@@ -192,8 +193,6 @@ class _CpA2A(torch.autograd.Function):
         """The other direction's collective; a gradient through it (second order: create_graph) raises naming the
         op, as for the generated ops (the collective writes a tensor autograd does not track, so such a gradient
         was silently dropped)."""
-        from tilekernels._opgen import _no_second_order
-
         with torch.no_grad():
             dx = _run(ctx.op, "bwd", dout.contiguous(), ctx.plan, ctx.group, ctx.backend)
         return (*_no_second_order(ctx.op, (dx,), (dout,)), None, None, None, None)
