@@ -5,7 +5,7 @@ import math
 import pytest
 import torch
 
-from tilekernels.testing import TOLERANCES, assert_close, rel_err
+from tilekernels.testing import TOLERANCES, assert_close, exact_mismatches, rel_err
 
 
 def test_nan_and_inf_never_pass():
@@ -85,3 +85,25 @@ def test_exact_fails_on_one_changed_element(dtype):
     other = base.to(torch.float64) if dtype != torch.float8_e4m3fn else base.view(torch.uint8)
     with pytest.raises(AssertionError, match="dtype"):
         assert_close(other, base, "exact")
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16, torch.float8_e4m3fn])
+def test_exact_tells_signed_zeros_and_never_passes_nan(dtype):
+    """"exact" compares bits: -0 against +0 fails (a move that loses a zero's sign; their difference is 0, so no
+    relative error can see it), and a NaN fails even against a NaN in the same place (NaN never passes)."""
+    base = torch.randn(32).mul(4).to(dtype)
+    base[5] = 0.0
+    neg = base.clone()
+    neg[5] = -0.0
+    assert neg.view(torch.uint8).ne(base.view(torch.uint8)).any()
+    assert rel_err(neg, base) == 0.0
+    with pytest.raises(AssertionError, match="1 elements differ"):
+        assert_close(neg, base, "exact")
+    assert exact_mismatches(neg, base.to(torch.float64)) == 1  # the float64 reference of a move, too
+    nan = base.clone()
+    nan[9] = float("nan")
+    with pytest.raises(AssertionError, match="not bitwise equal"):
+        assert_close(nan, nan.clone(), "exact")
+    assert exact_mismatches(base, base.clone()) == 0
+    assert exact_mismatches(base, base.clone(), chunk=7) == 0  # chunked, a tail chunk included
+    assert exact_mismatches(neg, base, chunk=7) == 1

@@ -62,6 +62,29 @@ def rel_err(out: torch.Tensor, ref: torch.Tensor, chunk: int = 1 << 26) -> float
     return num_f / den_f
 
 
+def exact_mismatches(out: torch.Tensor, ref: torch.Tensor, chunk: int = 1 << 24) -> int:
+    """How many elements of ``out`` are not ``ref``'s, bit for bit (the "exact" kind; shapes must match).
+
+    Floating values compare as float64 (exact for every float dtype, fp8 included) with their sign bits, so
+    -0 differs from +0 (a move that loses a zero's sign is wrong) and NaN differs from everything, itself
+    included (NaN never passes). Other dtypes compare as they are. A different dtype on each side is allowed
+    here (a float64 reference of a bf16 move); ``assert_close`` refuses it first. Chunked on ``out``'s device."""
+    assert tuple(out.shape) == tuple(ref.shape), f"shape {tuple(out.shape)} != {tuple(ref.shape)}"
+    o = out.detach().reshape(-1)
+    r = ref.detach().to(o.device).reshape(-1)
+    floating = o.is_floating_point() or r.is_floating_point()
+    bad = torch.zeros((), dtype=torch.int64, device=o.device)
+    for i in range(0, o.numel(), chunk):
+        oc, rc = o[i:i + chunk], r[i:i + chunk]
+        if floating:
+            oc, rc = oc.to(torch.float64), rc.to(torch.float64)
+            differ = (oc != rc) | (torch.signbit(oc) != torch.signbit(rc))
+        else:
+            differ = oc != rc
+        bad += differ.sum()
+    return int(bad.item())
+
+
 def assert_close(out: torch.Tensor, ref: torch.Tensor, kind=None, what: str = "output",
                  scale: torch.Tensor | None = None) -> float:
     """Assert rel_err(out, ref) <= tolerance(kind or out.dtype); returns the error.
@@ -77,11 +100,8 @@ def assert_close(out: torch.Tensor, ref: torch.Tensor, kind=None, what: str = "o
     if kind == "exact":
         assert out.dtype == ref.dtype, f"{what}: dtype {out.dtype} != {ref.dtype}"
         assert tuple(out.shape) == tuple(ref.shape), f"{what}: shape {tuple(out.shape)} != {tuple(ref.shape)}"
-        if out.is_floating_point():
-            same = torch.equal(out.view(torch.uint8) if out.element_size() == 1 else out, ref.view(torch.uint8) if ref.element_size() == 1 else ref)
-        else:
-            same = torch.equal(out.cpu(), ref.cpu())
-        assert same, f"{what}: not bitwise equal ({(out.cpu() != ref.cpu()).sum().item()} elements differ)"
+        bad = exact_mismatches(out, ref)
+        assert bad == 0, f"{what}: not bitwise equal ({bad} elements differ)"
         return 0.0
     tol = tolerance(kind)
     err = rel_err(out, ref)

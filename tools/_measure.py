@@ -30,7 +30,7 @@ from typing import Any, Callable, Optional
 
 import torch
 
-from tilekernels.testing import rel_err, tolerance
+from tilekernels.testing import exact_mismatches, rel_err, tolerance
 
 COMPUTE_BOUND_INTENSITY = 100.0  # flops per byte above which the TFLOP/s ceiling applies
 CPU_BUDGET_S = 0.3  # CPU timing: default reps shrink (10 -> 3) so one measurement takes about this
@@ -259,14 +259,7 @@ def _exact(t: torch.Tensor) -> bool:
 
 
 def _bitwise_equal(a: torch.Tensor, b: torch.Tensor) -> bool:
-    if tuple(a.shape) != tuple(b.shape):
-        return False
-    a, b = a.detach().cpu(), b.detach().cpu()
-    if a.dtype == b.dtype:
-        if a.is_floating_point() and a.element_size() == 1:
-            a, b = a.view(torch.uint8), b.view(torch.uint8)
-        return torch.equal(a, b)
-    return torch.equal(a.to(torch.float64), b.to(torch.float64))
+    return tuple(a.shape) == tuple(b.shape) and exact_mismatches(a.detach().cpu(), b.detach().cpu()) == 0
 
 
 def compare(got: list, want: list, names: list[str], exact: bool = False) -> tuple[float, bool, list[str]]:

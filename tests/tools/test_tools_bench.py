@@ -273,6 +273,13 @@ def test_compare_rules():
     err, good, notes = compare([s], [b.double()], ["out"], exact=True)
     assert good is False and 0 < err < 1 and "exact" in notes[0]
     assert compare([b], [b.double()], ["out"], exact=True) == (0.0, True, [])
+    # a move that loses a zero's sign: rel_err 0, and still not bitwise (float64 reference or same dtype)
+    z = b.clone()
+    z[7, 7] = -0.0
+    zz = z.clone()
+    zz[7, 7] = 0.0
+    assert compare([zz], [z.double()], ["out"], exact=True)[1] is False
+    assert compare([zz], [z], ["out"], exact=True)[1] is False
     # a NaN in the reference only: rel_err NaN stays the worst (max() dropped it for 0.0), whatever comes after
     w = f.double().clone()
     w[0, 0] = float("nan")
