@@ -18,7 +18,8 @@ The hot path (design):
   validated before, under the same grad mode and TILEKERNELS_STRICT, passes the
   same metadata checks and gets the same backend; it skips bind + choose and
   re-runs only the value rules (every call: values can change under the same
-  metadata). Machine facts (toolchains, SM, registered kernels) are taken as
+  metadata) and, for ops with in-place inputs, the check that those share no
+  memory with another argument (pointers can change too). Machine facts (toolchains, SM, registered kernels) are taken as
   fixed for the process: ``clear_caches()`` forgets them. In front of it, a
   per-op inline cache of recent call patterns checks the tensors' metadata in
   C++ (torch's TensorGuards, :mod:`registry.guards`) instead of building the
@@ -48,7 +49,8 @@ from .errors import BackendUnavailable, SpecError
 from .guards import HIT, MEMO, CallGuards, value_memo, values_unchanged
 from .kernels import has_kernel
 from .transforms import func_transforms
-from .validate import Bound, bind, check_values, dtype_name, failing_constraint, precompile, values_read
+from .validate import (Bound, bind, check_values, dtype_name, failing_constraint, precompile, recheck_overlap,
+                       values_read)
 
 log = logging.getLogger("tilekernels")
 _warned: set[tuple[str, str]] = set()
@@ -193,6 +195,7 @@ class Op:
         self._in_names = [t.name for t in spec.inputs]
         self._n_in = len(self._in_names)
         self._in_place = tuple(t.name for t in spec.inputs if t.role == "inout")  # (functionalize refuses them)
+        self._in_place_at = tuple(i for i, t in enumerate(spec.inputs) if t.role == "inout")
         self._param_specs = {p.name: p for p in spec.params}
         self._rules = precompile(spec)
         for b in spec.backends:
@@ -365,6 +368,8 @@ class Op:
             tensors = args if len(args) == self._n_in else (*args, *(None,) * (self._n_in - len(args)))
         else:
             tensors = self._in_order(args, kwargs)
+        if self._in_place_at:  # the same metadata may come with memory that overlaps now
+            recheck_overlap(self.name, self.spec.inputs, tensors, self._in_place_at)
         if self._has_values and not (pattern is not None and values_unchanged(pattern[MEMO], tensors)):
             check_values(self.spec, dict(zip(self._in_names, tensors)), params, dims,
                          mode[1] and any(t is not None and t.requires_grad for t in tensors),

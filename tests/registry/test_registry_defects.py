@@ -242,7 +242,8 @@ def test_in_place_inputs_share_memory_with_no_other_argument():
     """gdn_decode writes conv_state and ssm_state in place: a mixed that lies inside conv_state (eager read the
     b / a sections it had just overwritten, compiled a copy: the two disagreed), or states overlapping each other,
     are refused before anything is written; disjoint views of one pool are fine (a model's layers' states). The
-    check runs where a call pattern (metadata) is validated, not on its cached repeats (~10 us a call)."""
+    same metadata after an accepted call (the validated-call cache, then its C-level guards from the third call)
+    is checked again: the memory is the call's, not the pattern's."""
     from tilekernels.gdn import bench as gb
 
     registry.clear_caches()
@@ -268,9 +269,18 @@ def test_in_place_inputs_share_memory_with_no_other_argument():
     cs, ss = views(pool, n1 + 64 - n1 % 16)
     cs.copy_(conv_state)
     ss.copy_(ssm)
-    op(mixed, cs, cw, A, dt, ss, idx, **params)  # disjoint views of one pool: accepted
-    cs, ss = views(pool, 16)  # ssm_state starts inside conv_state
-    registry.clear_caches()  # (checked where a call pattern is validated: the disjoint call above cached this one's)
+    for _ in range(3):  # disjoint views of one pool: accepted (validated, then cached, then guarded)
+        op(mixed, cs, cw, A, dt, ss, idx, **params)
+    cs, ss = views(pool, 16)  # ssm_state starts inside conv_state: the cached pattern's metadata, other memory
+    kept = pool.clone()
     with pytest.raises(SpecError, match="gdn_decode: tensor conv_state: .* bytes shared with ssm_state"):
         op(mixed, cs, cw, A, dt, ss, idx, **params)
+    assert torch.equal(pool, kept)
+    flat2 = conv_state.clone().reshape(-1)  # mixed inside conv_state again, now at the cached pattern of its
+    for _ in range(3):                      # disjoint call: refused, conv_state untouched
+        op(mixed.clone(), flat2.view(conv_state.shape), cw, A, dt, ssm.clone(), idx, **params)
+    inside2, before2 = flat2[:mixed.numel()].view(mixed.shape), flat2.clone()
+    with pytest.raises(SpecError, match="gdn_decode: tensor conv_state: .* bytes shared with mixed"):
+        op(inside2, flat2.view(conv_state.shape), cw, A, dt, ssm.clone(), idx, **params)
+    assert torch.equal(flat2, before2)
     registry.clear_caches()
