@@ -13,14 +13,7 @@ session_start
 MODE=${1:-A}
 if [ "$MODE" = A ] && ! grep -q H200 "$OUT/device.txt"; then echo "A: not an H200, running X"; MODE=X; fi
 if [ "$MODE" = A ]; then
-  step pb_registry 160 python3 benchmarks/probes/mhc_cute_post_bda_time.py --registry-only --out "$OUT" \
-    --h-order fp32,bf16,fp32,bf16,fp32,bf16
-  step pb_chain 160 python3 benchmarks/probes/mhc_cute_post_bda_time.py --chain-ab rg8 --rounds 5 --out "$OUT"
-  step red_time 90 python3 benchmarks/probes/gdn_cute_pre_bwd.py --out "$OUT" --variants RG8-RV1-RU4 \
-    --cases bshd-rep,thd-rep
-  step floor 150 python3 benchmarks/probes/gdn_inplace_floor.py --b 32,256 --rounds 3
-  grep -E "registry fwd\+bwd" "$OUT/pb_registry.log"; grep -E "rounds" "$OUT/pb_chain.log"
-  grep -E "default|RG8|reduction" "$OUT/red_time.log" | tail -8; tail -12 "$OUT/floor.log"
+  exec bash "$(dirname "$0")/session57_gpu.sh" K2
 elif [ "$MODE" = X ]; then
   step ex_moe 170 $P -n 14 tests/moe/test_swiglu_cute.py tests/moe/test_moe_cute_glue_emulated.py \
     tests/moe/test_grouped_gemm_bf16.py tests/moe/test_moe_grouped_linear.py tests/moe/test_moe_mxfp8.py \
