@@ -5,7 +5,7 @@ import math
 import pytest
 import torch
 
-from tilekernels.testing import TOLERANCES, assert_close, exact_mismatches, rel_err
+from tilekernels.testing import TOLERANCES, assert_close, assert_one_rounding, exact_mismatches, rel_err
 
 
 def test_nan_and_inf_never_pass():
@@ -107,3 +107,23 @@ def test_exact_tells_signed_zeros_and_never_passes_nan(dtype):
     assert exact_mismatches(base, base.clone()) == 0
     assert exact_mismatches(base, base.clone(), chunk=7) == 0  # chunked, a tail chunk included
     assert exact_mismatches(neg, base, chunk=7) == 1
+
+
+def test_one_rounding_sees_an_extra_rounding_and_one_wrong_row():
+    """assert_one_rounding: the float64 value rounded once to bf16 passes (with fp32's few straddles); a bf16-rounded
+    intermediate fails on the whole-tensor fraction; one row holding another row's values fails on the row fraction
+    (0.02% of the elements here; its norm-wise error, ~sqrt(2 / T), is under bf16's 1e-2 from T ~ 20000 on)."""
+    g = torch.Generator().manual_seed(0)
+    a = torch.randn(4096, 96, dtype=torch.float64, generator=g)
+    b = torch.randn(4096, 96, dtype=torch.float64, generator=g)
+    ref = a * 0.75 + b
+    assert_one_rounding((a.float() * 0.75 + b.float()).bfloat16(), ref)  # fp32 math, one rounding
+    with pytest.raises(AssertionError, match="extra rounding"):
+        assert_one_rounding(((a * 0.75).bfloat16().double() + b).bfloat16(), ref)  # an intermediate rounded
+    wrong = ref.bfloat16().clone()
+    wrong[1234] = wrong[17]
+    with pytest.raises(AssertionError, match="row 1234 .* wrong or unwritten row"):
+        assert_one_rounding(wrong, ref)
+    narrow = ref[:, :8].bfloat16().clone()  # rows of < 64 elements: the whole-tensor fraction only
+    narrow[5, 0] = narrow[6, 0]
+    assert_one_rounding(narrow, ref[:, :8])
