@@ -19,8 +19,9 @@ The hot path (design):
   same metadata checks and gets the same backend; it skips bind + choose and
   re-runs only the value rules (every call: values can change under the same
   metadata) and, for ops with in-place inputs, the check that those share no
-  memory with another argument (pointers can change too). Machine facts (toolchains, SM, registered kernels) are taken as
-  fixed for the process: ``clear_caches()`` forgets them. In front of it, a
+  memory with another argument (pointers can change too). Machine facts
+  (toolchains, SM, registered kernels) are taken as fixed for the process:
+  ``clear_caches()`` forgets them. In front of it, a
   per-op inline cache of recent call patterns checks the tensors' metadata in
   C++ (torch's TensorGuards, :mod:`registry.guards`) instead of building the
   Python key: a repeated call costs a few microseconds, not one per tensor.
