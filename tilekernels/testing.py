@@ -35,22 +35,22 @@ def tolerance(kind) -> float:
 def rel_err(out: torch.Tensor, ref: torch.Tensor, chunk: int = 1 << 26) -> float:
     """||out - ref|| / ||ref|| in float64; inf if out has NaN/Inf or shapes differ.
 
-    Computed on the tensors' own device (``ref`` is moved to ``out``'s), in
-    chunks of ``chunk`` elements, so headline-size GPU comparisons neither copy
-    to the host nor double their memory.
+    Computed on the tensors' own device (``ref`` is moved to ``out``'s a chunk at
+    a time), in chunks of ``chunk`` elements, so headline-size GPU comparisons
+    neither copy to the host nor double their memory.
     """
     if tuple(out.shape) != tuple(ref.shape):
         return math.inf
     if out.numel() == 0:
         return 0.0
     o = out.detach().reshape(-1)
-    r = ref.detach().to(o.device).reshape(-1)
+    r = ref.detach().reshape(-1)   # moved to o's device a chunk at a time
     num = torch.zeros((), dtype=torch.float64, device=o.device)
     den = torch.zeros((), dtype=torch.float64, device=o.device)
     finite = torch.ones((), dtype=torch.bool, device=o.device)
     for i in range(0, o.numel(), chunk):
         oc = o[i:i + chunk].to(torch.float64)
-        rc = r[i:i + chunk].to(torch.float64)
+        rc = r[i:i + chunk].to(o.device).to(torch.float64)
         finite &= torch.isfinite(oc).all()
         num += (oc - rc).square().sum()
         den += rc.square().sum()
@@ -68,14 +68,15 @@ def exact_mismatches(out: torch.Tensor, ref: torch.Tensor, chunk: int = 1 << 24)
     Floating values compare as float64 (exact for every float dtype, fp8 included) with their sign bits, so
     -0 differs from +0 (a move that loses a zero's sign is wrong) and NaN differs from everything, itself
     included (NaN never passes). Other dtypes compare as they are. A different dtype on each side is allowed
-    here (a float64 reference of a bf16 move); ``assert_close`` refuses it first. Chunked on ``out``'s device."""
+    here (a float64 reference of a bf16 move); ``assert_close`` refuses it first. Chunked on ``out``'s device
+    (``ref`` moved there a chunk at a time)."""
     assert tuple(out.shape) == tuple(ref.shape), f"shape {tuple(out.shape)} != {tuple(ref.shape)}"
     o = out.detach().reshape(-1)
-    r = ref.detach().to(o.device).reshape(-1)
+    r = ref.detach().reshape(-1)   # moved to o's device a chunk at a time
     floating = o.is_floating_point() or r.is_floating_point()
     bad = torch.zeros((), dtype=torch.int64, device=o.device)
     for i in range(0, o.numel(), chunk):
-        oc, rc = o[i:i + chunk], r[i:i + chunk]
+        oc, rc = o[i:i + chunk], r[i:i + chunk].to(o.device)
         if floating:
             oc, rc = oc.to(torch.float64), rc.to(torch.float64)
             differ = (oc != rc) | (torch.signbit(oc) != torch.signbit(rc))

@@ -259,7 +259,8 @@ def _exact(t: torch.Tensor) -> bool:
 
 
 def _bitwise_equal(a: torch.Tensor, b: torch.Tensor) -> bool:
-    return tuple(a.shape) == tuple(b.shape) and exact_mismatches(a.detach().cpu(), b.detach().cpu()) == 0
+    """Bit for bit on ``a``'s device (``b`` moved there, chunked: a headline GPU output is not copied to the host)."""
+    return tuple(a.shape) == tuple(b.shape) and exact_mismatches(a, b) == 0
 
 
 def compare(got: list, want: list, names: list[str], exact: bool = False) -> tuple[float, bool, list[str]]:
