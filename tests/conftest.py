@@ -68,9 +68,9 @@ CACHE_KEEP = 1 << 30   # bytes of cached GPU memory a test process may keep past
 def release_cached_gpu_memory(keep: int = CACHE_KEEP) -> bool:
     """Return the caching allocator's unused blocks to the driver when it holds more than ``keep``
     bytes (True if it did). The big_gpu lock keeps two headline tests apart, but not the other
-    workers' caches: on an 80 GB H100, twelve xdist workers held 1-7.6 GB each (tests they had run
-    before) and mhc_pre's T = 32768 float64 test ran out of memory asking for 7 GB more than its
-    37.6 (session 59, gpu_suite.sh BC; it passed alone)."""
+    workers' caches: on an 80 GB H100 (-n 12), the eleven other xdist workers held 1.1-7.6 GiB each
+    (blocks of tests they had run before) and mhc_pre's T = 32768 float64 test ran out of memory asking
+    for 7 GiB more than its 37.6 (session 59, gpu_suite.sh BC; it passed alone)."""
     if not (torch.cuda.is_available() and torch.cuda.is_initialized()):
         return False
     if torch.cuda.memory_reserved() <= keep:
