@@ -9,6 +9,7 @@
 # C's gdn_cutile compiles cold here (session 35: 230 s cut), hence its 300 s.
 # B1 / BC split the same steps otherwise: B1 = B's moe and gdn_cute steps (they need no cuTile, so they can run in a call
 # made before the cuTile bundle was unpacked); BC = B's mhc_cute step, then C (its call as C's).
+# Session 59's times on an H100: B1 119 + 54, A 125 + 61, BC 51 + 213 + 155 s.
 set -u
 . "$(dirname "$0")/_steps.sh"  # step NAME SECONDS CMD...
 P="python3 -m pytest -q -p no:cacheprovider -m gpu -rfE"
