@@ -41,7 +41,7 @@ import cutlass.pipeline as pipeline
 import cutlass.utils.hopper_helpers as sm90_utils
 from cutlass import BFloat16, Int32
 from cutlass.cute.nvgpu import cpasync
-from cutlass.utils import LayoutEnum
+from cutlass.tensor_utils import LayoutEnum
 
 from tilekernels import _cute as CU
 from tilekernels.mhc.cute_proj_rms import _smem_tensor

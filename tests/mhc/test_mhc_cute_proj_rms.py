@@ -172,7 +172,7 @@ def test_agg_il_accumulator_pairs():
     import cutlass.cute as cute
     import cutlass.utils.hopper_helpers as sm90_utils
     from cutlass import BFloat16, Float32
-    from cutlass.utils import LayoutEnum
+    from cutlass.tensor_utils import LayoutEnum
     got = []
 
     @cute.jit
