@@ -8,7 +8,7 @@
 # times: A 187 + (cp 56, gdn_cutile 71 with warm caches; together cold they overran 270 s), B 156 + 73 + 70, C 166 s;
 # C's gdn_cutile compiles cold here (session 35: 230 s cut), hence its 300 s.
 # B1 / BC split the same steps otherwise: B1 = B's moe and gdn_cute steps (they need no cuTile, so they can run in a call
-# made before the cuTile bundle was unpacked); BC = B's mhc_cute step, then C (its call as C's).
+# made before the cuTile bundle was unpacked); BC = B's mhc_cute step, then C (its call as C's); BC1 = that step alone.
 # Session 59's times on an H100: B1 119 + 54, A 125 + 61, BC 51 + 213 + 155 s.
 set -u
 . "$(dirname "$0")/_steps.sh"  # step NAME SECONDS CMD...
@@ -27,12 +27,13 @@ B|B1) step moe 250 $P -n 14 --junitxml="$OUT/moe.xml" tests/moe
    step gdn_cute 120 $P -n 14 --junitxml="$OUT/gdn_cute.xml" tests/gdn/test_gdn_cute_pre_gated.py \
      tests/gdn/test_gdn_cute_pre_gated_bwd.py tests/gdn/test_gdn_cute_decode.py tests/gdn/test_gdn_cute_decode_ring.py
    [ "$1" = B1 ] || mhc_cute_step ;;
+BC1) mhc_cute_step ;;   # B's mhc_cute step alone (cuTile on the path)
 C|BC) [ "$1" = BC ] && mhc_cute_step
    step reg_pp 240 $P -n 14 --junitxml="$OUT/reg_pp.xml" tests/registry tests/mhc/test_mhc_post_pre.py \
      tests/test_big_gpu_lock.py
    step gdn_cutile 300 $P -n 14 --junitxml="$OUT/gdn_cutile.xml" tests/gdn/test_gdn_cutile_pre_gated.py \
      tests/gdn/test_gdn_cutile_pre_gated_bwd.py tests/gdn/test_gdn_cutile_decode.py ;;
-*) echo "usage: gpu_suite.sh A|B|C|B1|BC"; exit 2 ;;
+*) echo "usage: gpu_suite.sh A|B|C|B1|BC|BC1"; exit 2 ;;
 esac
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader >> "$SUM"
 cat "$SUM"
