@@ -5,8 +5,8 @@
 #    the GDN backward's reduction A/B). On any other card, session 59 ran the whole GPU suite at ed1bd46 instead, in
 #    three calls on one warm machine: gpu_suite.sh B1 here, then its A (.gpu-cutile) and BC (.gpu-cute, cuTile on the
 #    path); now it runs O1.
-# O1 (.gpu-cute): the GPU tests of the CuTe DSL kernels changed after that run (8affd2c: cute.math.exp in the sigmoids of
-#    cute_pre_rest and cute_post_pre_dhw; tensor_utils.LayoutEnum), those that need no cuTile.
+# O1 (.gpu-cute): the GPU tests of the CuTe DSL kernels whose LayoutEnum import changed after that run (PTX
+#    byte-identical, so a confirmation only), those that need no cuTile.
 # O2 (.gpu-cute with cuTile on the path, after a .gpu-cutile call on the same machine): gpu_suite.sh's mhc_cute step at
 #    -n 12 with tests/conftest.py's per-test release of cached GPU memory (dea1b5e; on an 80 GB card its headline
 #    float64 test ran out of memory beside the other workers' caches), which also runs pre_rest's cuTile comparison.
