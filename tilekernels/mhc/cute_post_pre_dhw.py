@@ -338,7 +338,7 @@ def _kernel(cfg: cutlass.Constexpr, tma_o: cute.CopyAtom, mO: cute.Tensor, tma_l
                             rr = cute.arch.load(r + tg, Float32)
                             h = rr * cute.arch.load(proj + tg * N + lane, Float32) * a_pre + cute.arch.load(
                                 hb + lane, Float32)
-                            sg = cute.arch.rcp_approx(Float32(1.0) + cute.arch.exp(-h))
+                            sg = cute.arch.rcp_approx(Float32(1.0) + cute.math.exp(-h, fastmath=True))
                             cute.arch.store(dpre + tg * n + lane, d)
                             x = d * sg * (Float32(1.0) - sg) * rr * a_pre
                         cute.arch.store(d64 + tg * NQ + lane, _pack(x, 1), sem="release", scope="gpu")

@@ -209,7 +209,7 @@ def _kernel(cfg: cutlass.Constexpr, dpre: cute.Pointer, proj: cute.Pointer, r: c
                 d = sL[tid, (k // n) * NP + k % n]
             elif cutlass.const_expr(j >= n or not cfg.DPROJ_ONLY):
                 h = rr * pj * al + bv[j]
-                sg = cute.arch.rcp_approx(Float32(1.0) + cute.arch.exp(-h))
+                sg = cute.arch.rcp_approx(Float32(1.0) + cute.math.exp(-h, fastmath=True))
                 if cutlass.const_expr(j < n):
                     sgp[j] = sg
                     d = sU[tid, j] * sg * (Float32(1.0) - sg)

@@ -1,0 +1,44 @@
+#!/usr/bin/env bash
+# Session 60's device calls (repo root), on one warm machine:
+#   call 1 (carry .gpu-cutile): source .gpu-cutile/env.sh; export OUT; bash benchmarks/probes/session60_gpu.sh U
+#   then (carry .gpu-cute):     source .gpu-cute/env.sh; export PYTHONPATH=$PYTHONPATH:/tmp/tk-cutile/site \
+#       PATH=/tmp/tk-cutile/cu13/bin:$PATH; unset CUDA_HOME CUDA_PATH; export OUT; bash benchmarks/probes/session60_gpu.sh A|E1|E2
+# U: unpacks cuTile (env.sh did) and names the card.
+# A: on an H200 only, session 58's A (= session 57's K2: issue 15's h_post_bda through the registry, fp32 / bf16 h,
+#    RG 32 default against the RG 8 chain; the GDN backward's reduction A/B; issue 12's in-place decode floor).
+# E1: the sigmoids of cute_pre_rest (mhc_pre's and mhc_post_pre's default backward) and cute_post_pre_dhw (FUSE_DHW)
+#    on cute.math.exp(fastmath=True) instead of the deprecated cute.arch.exp: their GPU test files, then memcheck /
+#    initcheck / racecheck on small cases.
+# E2: the same change timed: mhc_post_pre_variants.py (cute, cute with FUSE_DHW, separate, with its kernel table) with
+#    the new form, the old form (sed back), the new form again, each in its own process.
+set -u
+. "$(dirname "$0")/_steps.sh"
+session_start
+MODE=${1:-U}
+F="tilekernels/mhc/cute_pre_rest.py tilekernels/mhc/cute_post_pre_dhw.py"
+NEW='cute.math.exp(-h, fastmath=True)'
+OLD='cute.arch.exp(-h)'
+case "$MODE" in
+U) ls /tmp/tk-cutile ;;
+A) grep -q H200 "$OUT/device.txt" || { echo "A: not an H200"; exit 4; }
+   exec bash "$(dirname "$0")/session58_gpu.sh" A ;;
+E1) grep -c "$NEW" $F
+   step e1_tests 300 $P -n 12 tests/mhc/test_mhc_cute_pre_rest.py tests/mhc/test_mhc_cute_post_pre.py \
+     tests/mhc/test_mhc_cute_pre.py tests/mhc/test_mhc_post_pre.py
+   R='(test_matches_float64 and (T1-n4 or T37-n1 or T333-n3)) or dproj_only'
+   K='dhw_pass_matches_float64 and (T37-n3 or T1-n1)'
+   step e1_mem_rest 200 $SAN --tool memcheck $PYT -m gpu tests/mhc/test_mhc_cute_pre_rest.py -k "$R" &
+   step e1_init_rest 200 $SAN --tool initcheck $PYT -m gpu tests/mhc/test_mhc_cute_pre_rest.py -k "$R" &
+   step e1_race_rest 200 $SAN --tool racecheck $PYT -m gpu tests/mhc/test_mhc_cute_pre_rest.py -k "$R" &
+   step e1_mem_dhw 200 $SAN --tool memcheck $PYT -m gpu tests/mhc/test_mhc_cute_post_pre.py -k "$K" &
+   step e1_race_dhw 200 $SAN --tool racecheck $PYT -m gpu tests/mhc/test_mhc_cute_post_pre.py -k "$K" &
+   wait ;;
+E2) mkdir -p "$OUT/new1" "$OUT/old" "$OUT/new2"; V="python3 benchmarks/probes/mhc_post_pre_variants.py --rows cute,cute:FUSE_DHW=1,separate,cute --profile"
+   step e2_new1 170 $V --out "$OUT/new1"
+   sed -i "s/cute\.math\.exp(-h, fastmath=True)/cute.arch.exp(-h)/" $F; grep -c "$OLD" $F
+   step e2_old 170 $V --out "$OUT/old"
+   sed -i "s/cute\.arch\.exp(-h)/cute.math.exp(-h, fastmath=True)/" $F; grep -c "$NEW" $F
+   step e2_new2 170 $V --out "$OUT/new2" ;;
+*) echo "usage: session60_gpu.sh U|A|E1|E2"; exit 2 ;;
+esac
+cat "$OUT/device.txt" "$SUM"
