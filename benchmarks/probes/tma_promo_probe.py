@@ -43,7 +43,7 @@ from cutlass import Int32, Int64
 from cutlass._mlir import ir
 from cutlass.experimental import primitives as prims
 from cutlass.experimental.cuda import TensorMap, TensorMapL2Promotion, create_tensor_map_tiled_from_view
-from cutlass.utils import SmemAllocator
+from cutlass.memory.smem import SmemAllocator
 
 from tilekernels import _cute as CU
 
