@@ -6,6 +6,7 @@
 # U: unpacks cuTile (env.sh did) and names the card.
 # A: on an H200 only, session 58's A (= session 57's K2: issue 15's h_post_bda through the registry, fp32 / bf16 h,
 #    RG 32 default against the RG 8 chain; the GDN backward's reduction A/B; issue 12's in-place decode floor).
+#    A2: its two target timings alone (h_post_bda through the registry, the decode floor at B=32 / 256), ~5 min.
 # E1: the sigmoids of cute_pre_rest (mhc_pre's and mhc_post_pre's default backward) and cute_post_pre_dhw (FUSE_DHW)
 #    on cute.math.exp(fastmath=True) instead of the deprecated cute.arch.exp: their GPU test files, then memcheck /
 #    initcheck / racecheck on small cases.
@@ -20,8 +21,8 @@ NEW='cute.math.exp(-h, fastmath=True)'
 OLD='cute.arch.exp(-h)'
 case "$MODE" in
 U) ls /tmp/tk-cutile ;;
-A) grep -q H200 "$OUT/device.txt" || { echo "A: not an H200"; exit 4; }
-   exec bash "$(dirname "$0")/session58_gpu.sh" A ;;
+A|A2) grep -q H200 "$OUT/device.txt" || { echo "$MODE: not an H200"; exit 4; }
+   exec bash "$(dirname "$0")/session58_gpu.sh" "$MODE" ;;
 E1) grep -c "$NEW" $F
    step e1_tests 300 $P -n 12 tests/mhc/test_mhc_cute_pre_rest.py tests/mhc/test_mhc_cute_post_pre.py \
      tests/mhc/test_mhc_cute_pre.py tests/mhc/test_mhc_post_pre.py
@@ -39,6 +40,6 @@ E2) mkdir -p "$OUT/new1" "$OUT/old" "$OUT/new2"; V="python3 benchmarks/probes/mh
    step e2_old 170 $V --out "$OUT/old"
    sed -i "s/cute\.arch\.exp(-h)/cute.math.exp(-h, fastmath=True)/" $F; grep -c "$NEW" $F
    step e2_new2 170 $V --out "$OUT/new2" ;;
-*) echo "usage: session60_gpu.sh U|A|E1|E2"; exit 2 ;;
+*) echo "usage: session60_gpu.sh U|A|A2|E1|E2"; exit 2 ;;
 esac
 cat "$OUT/device.txt" "$SUM"
