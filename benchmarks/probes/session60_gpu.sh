@@ -12,6 +12,7 @@
 #    initcheck / racecheck on small cases.
 # E2: the same change timed: mhc_post_pre_variants.py (cute, cute with FUSE_DHW, separate, with its kernel table) with
 #    the new form, the old form (sed back), the new form again, each in its own process.
+# E3: initcheck on FUSE_DHW's pass (E1 ran memcheck and racecheck there).
 set -u
 . "$(dirname "$0")/_steps.sh"
 session_start
@@ -34,12 +35,14 @@ E1) grep -c "$NEW" $F
    step e1_mem_dhw 200 $SAN --tool memcheck $PYT -m gpu tests/mhc/test_mhc_cute_post_pre.py -k "$K" &
    step e1_race_dhw 200 $SAN --tool racecheck $PYT -m gpu tests/mhc/test_mhc_cute_post_pre.py -k "$K" &
    wait ;;
+E3) K='dhw_pass_matches_float64 and (T37-n3 or T1-n1)'
+   step e3_init_dhw 200 $SAN --tool initcheck $PYT -m gpu tests/mhc/test_mhc_cute_post_pre.py -k "$K" ;;
 E2) mkdir -p "$OUT/new1" "$OUT/old" "$OUT/new2"; V="python3 benchmarks/probes/mhc_post_pre_variants.py --rows cute,cute:FUSE_DHW=1,separate,cute --profile"
    step e2_new1 170 $V --out "$OUT/new1"
    sed -i "s/cute\.math\.exp(-h, fastmath=True)/cute.arch.exp(-h)/" $F; grep -c "$OLD" $F
    step e2_old 170 $V --out "$OUT/old"
    sed -i "s/cute\.arch\.exp(-h)/cute.math.exp(-h, fastmath=True)/" $F; grep -c "$NEW" $F
    step e2_new2 170 $V --out "$OUT/new2" ;;
-*) echo "usage: session60_gpu.sh U|A|A2|E1|E2"; exit 2 ;;
+*) echo "usage: session60_gpu.sh U|A|A2|E1|E2|E3"; exit 2 ;;
 esac
 cat "$OUT/device.txt" "$SUM"
