@@ -13,11 +13,14 @@
 # E2: the same change timed: mhc_post_pre_variants.py (cute, cute with FUSE_DHW, separate, with its kernel table) with
 #    the new form, the old form (sed back), the new form again, each in its own process.
 # E3: initcheck on FUSE_DHW's pass (E1 ran memcheck and racecheck there).
+# H1 (.gpu-cute, after A2 on an H200; call 20): proj_rms through the registry, then h_post_bda's RG 8 chain A/B.
+# H2 (.gpu-cute with cuTile on the path; call 22): mhc_post_pre against its two ops timed apart, then E3.
 set -u
 . "$(dirname "$0")/_steps.sh"
 session_start
 MODE=${1:-U}
 F="tilekernels/mhc/cute_pre_rest.py tilekernels/mhc/cute_post_pre_dhw.py"
+K='dhw_pass_matches_float64 and (T37-n3 or T1-n1)'   # FUSE_DHW's small cases (E1, E3, H2)
 NEW='cute.math.exp(-h, fastmath=True)'
 OLD='cute.arch.exp(-h)'
 case "$MODE" in
@@ -28,14 +31,17 @@ E1) grep -c "$NEW" $F
    step e1_tests 300 $P -n 12 tests/mhc/test_mhc_cute_pre_rest.py tests/mhc/test_mhc_cute_post_pre.py \
      tests/mhc/test_mhc_cute_pre.py tests/mhc/test_mhc_post_pre.py
    R='(test_matches_float64 and (T1-n4 or T37-n1 or T333-n3)) or dproj_only'
-   K='dhw_pass_matches_float64 and (T37-n3 or T1-n1)'
    step e1_mem_rest 200 $SAN --tool memcheck $PYT -m gpu tests/mhc/test_mhc_cute_pre_rest.py -k "$R" &
    step e1_init_rest 200 $SAN --tool initcheck $PYT -m gpu tests/mhc/test_mhc_cute_pre_rest.py -k "$R" &
    step e1_race_rest 200 $SAN --tool racecheck $PYT -m gpu tests/mhc/test_mhc_cute_pre_rest.py -k "$R" &
    step e1_mem_dhw 200 $SAN --tool memcheck $PYT -m gpu tests/mhc/test_mhc_cute_post_pre.py -k "$K" &
    step e1_race_dhw 200 $SAN --tool racecheck $PYT -m gpu tests/mhc/test_mhc_cute_post_pre.py -k "$K" &
    wait ;;
-E3) K='dhw_pass_matches_float64 and (T37-n3 or T1-n1)'
+E3) step e3_init_dhw 200 $SAN --tool initcheck $PYT -m gpu tests/mhc/test_mhc_cute_post_pre.py -k "$K" ;;
+H1) step h1_proj_rms 100 python3 benchmarks/probes/mhc_cute_proj_rms_time.py --registry cute
+   step h1_chain 150 python3 benchmarks/probes/mhc_cute_post_bda_time.py --registry-only --out "$OUT" --chain-ab rg8 ;;
+H2) step h2_post_pre 150 python3 benchmarks/probes/mhc_post_pre_variants.py \
+     --rows h_post_bda,mhc_pre,cute,h_post_bda,mhc_pre,cute --out "$OUT"
    step e3_init_dhw 200 $SAN --tool initcheck $PYT -m gpu tests/mhc/test_mhc_cute_post_pre.py -k "$K" ;;
 E2) mkdir -p "$OUT/new1" "$OUT/old" "$OUT/new2"; V="python3 benchmarks/probes/mhc_post_pre_variants.py --rows cute,cute:FUSE_DHW=1,separate,cute --profile"
    step e2_new1 170 $V --out "$OUT/new1"
@@ -43,6 +49,6 @@ E2) mkdir -p "$OUT/new1" "$OUT/old" "$OUT/new2"; V="python3 benchmarks/probes/mh
    step e2_old 170 $V --out "$OUT/old"
    sed -i "s/cute\.arch\.exp(-h)/cute.math.exp(-h, fastmath=True)/" $F; grep -c "$NEW" $F
    step e2_new2 170 $V --out "$OUT/new2" ;;
-*) echo "usage: session60_gpu.sh U|A|A2|E1|E2|E3"; exit 2 ;;
+*) echo "usage: session60_gpu.sh U|A|A2|E1|E2|E3|H1|H2"; exit 2 ;;
 esac
 cat "$OUT/device.txt" "$SUM"
