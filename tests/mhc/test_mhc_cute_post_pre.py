@@ -35,7 +35,7 @@ from tilekernels.mhc import cute_post_pre_dhdw as DD  # noqa: E402
 from tilekernels.mhc import cute_post_pre_dhw as D  # noqa: E402
 from tilekernels.testing import assert_close, probe_module  # noqa: E402
 
-from mhc_helpers import BF16, F32, case_id, on_gpu, rand  # noqa: E402
+from mhc_helpers import BF16, F32, case_id, kernel_names, on_gpu, rand, skip_if_unprofiled  # noqa: E402
 from test_mhc_post_pre import IN_NAMES, PARAMS, inputs, run_cutile  # noqa: E402
 
 OP = registry.get("mhc_post_pre")
@@ -450,10 +450,8 @@ def test_cute_forward_epilogue_matches_float64(c, cute_mix, monkeypatch):
     monkeypatch.setattr(cpp, "CUTE_MIX", cute_mix)
     run_cutile(c, backend="cute")
     args = inputs(c["T"], c["n"], c["C"], h=c["h"], bias=c["bias"], device="cuda")
-    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
-        OP(*args, **PARAMS, backend="cute")
-        torch.cuda.synchronize()
-    names = " ".join(e.name for e in prof.events())
+    names = kernel_names(lambda: OP(*args, **PARAMS, backend="cute"))
+    skip_if_unprofiled(names)
     assert ("PpMixCuteCfg" in names) is cute_mix and ("mhc_pp_mix" in names) is not cute_mix, names
 
 
@@ -468,13 +466,12 @@ def _twice_bitwise_equal(T: int = 2000, n: int = 4, C: int = 7168) -> str:
         outs = OP(*leaves, **PARAMS, backend="cute")
         if cots is None:
             cots = [rand(*o.shape, dtype=o.dtype).cuda() for o in outs]
-        with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
-            torch.autograd.backward(outs, cots)
-            torch.cuda.synchronize()
+        names = kernel_names(lambda: torch.autograd.backward(outs, cots))
         res.append([t.grad for t in leaves])
     for i, (a, b) in enumerate(zip(*res)):
         assert torch.equal(a, b), f"gradient {i} differs between runs"
-    return " ".join(e.name for e in prof.events())
+    skip_if_unprofiled(names)
+    return names
 
 
 DHW_CASES = [dict(T=1001, n=4, C=2560, h=F32, bias=True), dict(T=37, n=3, C=200, h=BF16, bias=True),

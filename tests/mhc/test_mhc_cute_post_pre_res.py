@@ -30,7 +30,7 @@ from tilekernels.mhc import cute_post_pre_res as RS  # noqa: E402
 from tilekernels.mhc import cute_pp_mix as CM  # noqa: E402
 from tilekernels.testing import assert_close, tolerance  # noqa: E402
 
-from mhc_helpers import BF16, F32, case_id, on_gpu  # noqa: E402
+from mhc_helpers import BF16, F32, case_id, kernel_names, on_gpu, skip_if_unprofiled  # noqa: E402
 from test_mhc_post_pre import OP, PARAMS, inputs, run_cutile  # noqa: E402
 
 # (n, C, bias): the headline shape, a partial last chunk at 7168's size, ranks with 1 or 2 chunks, n = 1..3
@@ -95,10 +95,9 @@ GPU_CASES = [dict(T=1001, n=4, C=2560, h=F32, bias=True), dict(T=65, n=4, C=7168
 
 
 def _forward_kernels(args) -> str:
-    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
-        OP(*args, **PARAMS, backend="cute")
-        torch.cuda.synchronize()
-    return " ".join(e.name for e in prof.events())
+    names = kernel_names(lambda: OP(*args, **PARAMS, backend="cute"))
+    skip_if_unprofiled(names)
+    return names
 
 
 @on_gpu
