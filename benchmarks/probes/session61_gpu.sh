@@ -9,6 +9,9 @@
 #    forward and backward with SPLIT_DW's dh_pre pass (dhdw), the resident forward, proj_rms's backward and mhc_pre's
 #    dx pass (AGG); then tk-bench on the cp and moe families, whose bitwise ("exact") outputs session 59 moved to a
 #    chunked on-device check (never run on a GPU).
+# T (any card; cuTile unpacked by an earlier call with .gpu-cutile, then PYTHONPATH / PATH as session60_gpu.sh says):
+#    the mHC kernel-list checks through mhc_helpers.kernel_names / skip_if_unprofiled (5566e1a): the tests that use
+#    them, plainly (they pass), then two of them under memcheck (they skip after their float64 checks, 0 errors).
 set -u
 . "$(dirname "$0")/_steps.sh"
 session_start
@@ -32,6 +35,11 @@ S) PP='(test_cute_matches_float64 and (T37-n3 or T1-n1 or T3-n2 or T9-n1)) or (s
    wait
    step bench_exact 200 python3 -m tools.bench --family cp --family moe --no-compare --json "$OUT/bench.jsonl"
    tail -30 "$OUT/bench_exact.log" ;;
-*) echo "usage: session61_gpu.sh G|S"; exit 2 ;;
+T) KL='resident_matches_float64 or forward_epilogue_matches_float64 or replaces_both_passes or drops_the_dweight_pass'
+   step kl_tests 300 $P -n 8 tests/mhc/test_mhc_cute_post_pre_res.py tests/mhc/test_mhc_cute_post_pre.py -k "$KL"
+   step kl_memcheck 200 $SAN --tool memcheck $PYT -m gpu -rs tests/mhc/test_mhc_cute_post_pre_res.py \
+     -k "resident_matches_float64 and (T37-n3 or T1-n1)"
+   grep -E "SKIPPED|passed|skipped" "$OUT/kl_memcheck.log" | tail -4 ;;
+*) echo "usage: session61_gpu.sh G|S|T"; exit 2 ;;
 esac
 cat "$OUT/device.txt" "$SUM"
