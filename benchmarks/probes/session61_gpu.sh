@@ -35,7 +35,7 @@ S) PP='(test_cute_matches_float64 and (T37-n3 or T1-n1 or T3-n2 or T9-n1)) or (s
    wait
    step bench_exact 200 python3 -m tools.bench --family cp --family moe --no-compare --json "$OUT/bench.jsonl"
    tail -30 "$OUT/bench_exact.log" ;;
-T) KL='resident_matches_float64 or forward_epilogue_matches_float64 or replaces_both_passes or drops_the_dweight_pass'
+T) KL='resident_matches_float64 or forward_epilogue_matches_float64 or replaces_both_passes or drops_the_dweight_pass or with_cutile_mix_kernel'
    step kl_tests 300 $P -n 8 tests/mhc/test_mhc_cute_post_pre_res.py tests/mhc/test_mhc_cute_post_pre.py -k "$KL"
    step kl_memcheck 200 $SAN --tool memcheck $PYT -m gpu -rs tests/mhc/test_mhc_cute_post_pre_res.py \
      -k "resident_matches_float64 and (T37-n3 or T1-n1)"
