@@ -23,7 +23,6 @@ Importing this module needs ``cuda.tile`` but no GPU and no driver.
 """
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import io
 import math
@@ -31,8 +30,9 @@ from typing import Any, Sequence
 
 import torch
 
-from tilekernels._glue import (COMPILE_KEYS, _RECORD_KEYS, env_flag, may_keep, next_pow2,  # noqa: F401
-                               record_compile_keys, sm_count)  # (re-exported)
+from tilekernels._glue import (COMPILE_KEYS, _RECORD_KEYS, _WORKSPACES, WORKSPACE_REUSE, _raw_stream,  # noqa: F401
+                               env_flag, may_keep, next_pow2, record_compile_keys, sm_count, workspace,
+                               workspace_reuse)  # (re-exported; the workspaces serve CuTe DSL kernels too)
 
 import cuda.tile as ct
 from cuda.tile.compilation import (ArrayConstraint, CallingConvention, KernelSignature,
@@ -49,60 +49,6 @@ _DTYPES = {
 }
 
 # the recorded compile keys are shared with every GPU launcher (tilekernels/_glue.py)
-
-
-def _raw_stream(index: int) -> int:
-    """cudaStream_t of torch's current stream on device ``index`` (what cuTile's launch takes)."""
-    return torch._C._cuda_getCurrentRawStream(index)
-
-
-# Per-(tag, device, stream) kernel workspaces (``workspace``); TILEKERNELS_SCRATCH_REUSE=0 turns
-# the reuse off (every call allocates).
-WORKSPACE_REUSE = [env_flag("TILEKERNELS_SCRATCH_REUSE", True)]
-_WORKSPACES: dict = {}
-_WORKSPACES_MAX = 16
-
-
-def workspace(tag: str, shape: tuple, dtype: torch.dtype, device: torch.device, zero: bool = False) -> torch.Tensor:
-    """A kernel's temporary buffer [shape] (contiguous), kept between eager calls per (tag,
-    device, current stream, dtype) so that a call does not allocate: grown (never shrunk) when
-    a call needs more, a view of its first elements otherwise. ``zero``: zero-filled when
-    allocated, and the kernels using it must leave it zero (e.g. counters reset by their last
-    user). Launches on one stream are ordered, so they never share it concurrently; a dropped
-    buffer goes back to torch's allocator on that stream. Inside a graph capture (and off CUDA,
-    e.g. ``meta`` for the compile tests, or with the reuse off) it is a new tensor from the
-    allocator -- the capture's pool -- so a graph never holds a buffer this cache may drop. A new
-    buffer that ``may_keep`` refuses (Inductor's CUDA-graph warm-up routes allocations to the
-    graph's pool without capturing) is handed out but not kept: that pool must not hold a block
-    past the call. (So a caller whose allocations always go to a ``torch.cuda.MemPool`` gets a fresh
-    buffer and one ``memory_snapshot`` walk a call: correct, not free.)"""
-    alloc = torch.zeros if zero else torch.empty
-    if device.type != "cuda" or not WORKSPACE_REUSE[0] or torch.cuda.is_current_stream_capturing():
-        return alloc(shape, dtype=dtype, device=device)
-    n = math.prod(shape)
-    idx = device.index if device.index is not None else torch.cuda.current_device()
-    key = (tag, idx, _raw_stream(idx), dtype)
-    buf = _WORKSPACES.get(key)
-    if buf is None or buf.numel() < n:
-        buf = alloc(max(n, 1), dtype=dtype, device=device)
-        if not may_keep(buf):
-            return buf[:n].view(shape)
-        if len(_WORKSPACES) >= _WORKSPACES_MAX:
-            _WORKSPACES.clear()
-        _WORKSPACES[key] = buf
-    return buf[:n].view(shape)
-
-
-@contextlib.contextmanager
-def workspace_reuse(on: bool = True):
-    """Within the block, ``workspace()`` reuses its buffers (on) or allocates each (off)."""
-    old, WORKSPACE_REUSE[0] = WORKSPACE_REUSE[0], on
-    try:
-        yield
-    finally:
-        WORKSPACE_REUSE[0] = old
-
-
 
 
 def pow2_floor(n: int) -> int:

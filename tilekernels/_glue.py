@@ -55,6 +55,7 @@ def run_kernel(fn: Callable, args) -> None:
 # tests can switch on poisoning (NaN floats, 0x7f.. integers): an element a
 # kernel forgets to write then fails the comparison instead of passing by luck.
 import contextlib  # noqa: E402
+import math  # noqa: E402
 import os  # noqa: E402
 
 import torch  # noqa: E402
@@ -228,3 +229,55 @@ def needs_sm90(device: torch.device, what: str) -> str | None:
         return f"needs a CUDA device, got {device.type}"
     cap = torch.cuda.get_device_capability(device)
     return None if cap == (9, 0) else f"{what}; device is sm_{cap[0]}{cap[1]}"
+
+
+def _raw_stream(index: int) -> int:
+    """cudaStream_t of torch's current stream on device ``index`` (what cuTile's launch takes)."""
+    return torch._C._cuda_getCurrentRawStream(index)
+
+
+# Per-(tag, device, stream) kernel workspaces (``workspace``); TILEKERNELS_SCRATCH_REUSE=0 turns
+# the reuse off (every call allocates).
+WORKSPACE_REUSE = [env_flag("TILEKERNELS_SCRATCH_REUSE", True)]
+_WORKSPACES: dict = {}
+_WORKSPACES_MAX = 16
+
+
+def workspace(tag: str, shape: tuple, dtype: torch.dtype, device: torch.device, zero: bool = False) -> torch.Tensor:
+    """A kernel's temporary buffer [shape] (contiguous), kept between eager calls per (tag,
+    device, current stream, dtype) so that a call does not allocate: grown (never shrunk) when
+    a call needs more, a view of its first elements otherwise. ``zero``: zero-filled when
+    allocated, and the kernels using it must leave it zero (e.g. counters reset by their last
+    user). Launches on one stream are ordered, so they never share it concurrently; a dropped
+    buffer goes back to torch's allocator on that stream. Inside a graph capture (and off CUDA,
+    e.g. ``meta`` for the compile tests, or with the reuse off) it is a new tensor from the
+    allocator -- the capture's pool -- so a graph never holds a buffer this cache may drop. A new
+    buffer that ``may_keep`` refuses (Inductor's CUDA-graph warm-up routes allocations to the
+    graph's pool without capturing) is handed out but not kept: that pool must not hold a block
+    past the call. (So a caller whose allocations always go to a ``torch.cuda.MemPool`` gets a fresh
+    buffer and one ``memory_snapshot`` walk a call: correct, not free.)"""
+    alloc = torch.zeros if zero else torch.empty
+    if device.type != "cuda" or not WORKSPACE_REUSE[0] or torch.cuda.is_current_stream_capturing():
+        return alloc(shape, dtype=dtype, device=device)
+    n = math.prod(shape)
+    idx = device.index if device.index is not None else torch.cuda.current_device()
+    key = (tag, idx, _raw_stream(idx), dtype)
+    buf = _WORKSPACES.get(key)
+    if buf is None or buf.numel() < n:
+        buf = alloc(max(n, 1), dtype=dtype, device=device)
+        if not may_keep(buf):
+            return buf[:n].view(shape)
+        if len(_WORKSPACES) >= _WORKSPACES_MAX:
+            _WORKSPACES.clear()
+        _WORKSPACES[key] = buf
+    return buf[:n].view(shape)
+
+
+@contextlib.contextmanager
+def workspace_reuse(on: bool = True):
+    """Within the block, ``workspace()`` reuses its buffers (on) or allocates each (off)."""
+    old, WORKSPACE_REUSE[0] = WORKSPACE_REUSE[0], on
+    try:
+        yield
+    finally:
+        WORKSPACE_REUSE[0] = old

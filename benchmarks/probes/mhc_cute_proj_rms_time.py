@@ -39,7 +39,10 @@ BF, F32 = torch.bfloat16, torch.float32
 AB = {"st4": dict(STAGES=4), "gm5": dict(GM=5), "gm8": dict(GM=8), "gm12": dict(GM=12), "gm14": dict(GM=14),
       # session 30: one CTA a channel slice walking every row tile (112 CTAs at K=28672, one wave, the CTAs side by
       # side along a row band), two, six
-      "gm1": dict(GM=1), "gm1st4": dict(GM=1, STAGES=4), "gm2": dict(GM=2), "gm6": dict(GM=6)}
+      "gm1": dict(GM=1), "gm1st4": dict(GM=1, STAGES=4), "gm2": dict(GM=2), "gm6": dict(GM=6),
+      # session 62: dweight's partials summed by a separate launch (the default before FUSE_RED), and FUSE_RED with
+      # more row groups (each costs less than with the separate launch)
+      "sep": dict(FUSE_RED=False), "gm10": dict(GM=10)}
 
 
 def _registry_ab_rows(res, row, a, x, w, dproj, dr):
@@ -175,8 +178,9 @@ def main():
     gme = min(base.GM, -(-M // base.BM))
     p_dw = torch.empty((gme, N, K), dtype=F32, device="cuda")
     ln = cpr.bwd_launch(base)
+    cnt = torch.zeros(-(-K // 64), dtype=torch.int32, device="cuda")   # FUSE_RED's slice counters (left zero)
     row("copy x -> dx (floor)", bench(lambda: dx.copy_(x), a.rep), 2 * sx)
-    row("bwd kernel", bench(lambda: ln.run(x, w, dproj, dr, r, dx, p_dw, x, dproj, M, gme, 1e-6), a.rep),
+    row("bwd kernel", bench(lambda: ln.run(x, w, dproj, dr, r, dx, p_dw, x, dproj, dw, cnt, M, gme, 1e-6), a.rep),
         2 * sx + small + 4 * gme * N * K)
     row("bwd_into (kernel + reduction)", bench(lambda: cpr.bwd_into(dproj, dr, x, w, r, dx, dw, 1e-6), a.rep),
         2 * sx + small + 8 * gme * N * K + 2 * N * K)

@@ -54,6 +54,12 @@ def test_bwd_compiles_for_sm90a(N, K):
     assert "cp.async.bulk.tensor.2d.global.shared::cta" in art.ptx      # TMA stores of dx
     red = launches["reduce"].export("sm_90a")
     no_spill_kernel(red.cubin, "reduce")
+    # FUSE_RED (the default): one acq_rel counter add a CTA, gpu-scope fences, the last CTA's N partial loads a row
+    # group from L2 (.cg) and N bf16 stores; with it off, none of them (the separate reduction launch sums)
+    assert len(re.findall(r"atom\.global\.acq_rel\.add\.u32", art.ptx)) == 1 and "fence.acq_rel.gpu" in art.ptx
+    assert len(re.findall(r"ld\.global\.cg\.\w+", art.ptx)) == N and len(re.findall(r"st\.global\.b16", art.ptx)) == N
+    sep = cpr.bwd_launch(dataclasses.replace(cpr.ProjRmsBwdCuteCfg.heuristic(N, K), FUSE_RED=False)).export("sm_90a")
+    assert "atom.global" not in sep.ptx and "fence.acq_rel.gpu" not in sep.ptx and "ld.global.cg" not in sep.ptx
 
 
 @pytest.mark.parametrize("N,K", [(24, 28672), (8, 200)], ids=["N24-K28672", "N8-K200"])
@@ -279,6 +285,71 @@ def test_dweight_only_matches_float64(M, N, K):
     if M == 1:
         cpr.dweight_into(dproj[:0], x[:0], dw2)
         assert torch.equal(dw2, torch.zeros_like(dw2))
+
+
+def _slice_counters() -> list[torch.Tensor]:
+    from tilekernels import _glue
+    return [t for k, t in _glue._WORKSPACES.items() if k[0] == "mhc_proj_rms.cute.slices"]
+
+
+@on_gpu
+@pytest.mark.parametrize("M,N,K,mode", [(1, 24, 7168, "dx"), (65, 8, 200, "dx"), (4099, 24, 7168, "dx"),
+                                        (777, 32, 264, "dx"), (130, 3, 8, "dx"), (300, 24, 1000, "dw"),
+                                        (4099, 24, 7168, "agg"), (37, 15, 600, "agg")], ids=lambda v: str(v))
+def test_fused_sums_bitwise(M, N, K, mode):
+    """FUSE_RED (the kernel's last CTA of a slice sums its partials) against the separate reduction launch: dx and
+    dweight bitwise equal (the same order and rounding), with 1, 2 and 7 row groups, slice tails (K 200, 264: the
+    second half past K; K 8: one slice), DW_ONLY and mhc_pre's AGG_C pass; the slice counters are zero after every
+    call (the next call depends on it), also for a call on another stream and for two replays of a CUDA graph."""
+    x, w, dproj, dr, r = _inputs(M, N, K)
+    n = {"agg": next(n for n in (4, 3, 2) if K % n == 0), "dx": 0, "dw": 0}[mode]
+    if n:
+        dl = torch.randn(M, K // n, device="cuda").to(BF)
+        hpre_t = torch.rand(n, M, device="cuda")
+        xs = x.view(M, n, K // n)
+
+    def call(cfg, dx, dw):
+        if mode == "dw":
+            cpr.dweight_into(dproj, x, dw, cfg=cfg)
+        elif mode == "agg":
+            cpr.bwd_agg_into(dproj, dr, xs, w, r, dl, hpre_t, dx.view(xs.shape), dw, 1e-6, cfg=cfg)
+        else:
+            cpr.bwd_into(dproj, dr, x, w, r, dx, dw, 1e-6, cfg=cfg)
+
+    base = cpr.ProjRmsBwdCuteCfg.heuristic(N, K)
+    if n:
+        base = dataclasses.replace(base, AGG_C=K // n)
+    outs = []
+    for fuse in (False, True, True):
+        dx, dw = torch.full_like(x, float("nan")), torch.full_like(w, float("nan"))
+        call(dataclasses.replace(base, FUSE_RED=fuse), dx, dw)
+        outs.append((dx, dw))
+        torch.cuda.synchronize()
+        assert all(not c.any() for c in _slice_counters()), "a slice counter left nonzero"
+    assert_close(outs[1][1], upcast(dproj).T @ upcast(x), what="dweight")
+    for dx, dw in outs[1:]:
+        assert torch.equal(dw, outs[0][1]), "dweight: fused sums differ from the reduction launch"
+        if mode != "dw":
+            assert torch.equal(dx, outs[0][0])
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        dx, dw = torch.full_like(x, float("nan")), torch.full_like(w, float("nan"))
+        call(base, dx, dw)
+    torch.cuda.current_stream().wait_stream(side)
+    torch.cuda.synchronize()
+    assert torch.equal(dw, outs[0][1]) and all(not c.any() for c in _slice_counters())
+    if M > 1:   # (a capture of the M = 1 case adds nothing)
+        gdx, gdw = torch.full_like(x, float("nan")), torch.full_like(w, float("nan"))
+        call(base, gdx, gdw)   # warm (compiled) before the capture
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            call(base, gdx, gdw)
+        for _ in range(2):
+            gdw.fill_(float("nan"))
+            graph.replay()
+            torch.cuda.synchronize()
+            assert torch.equal(gdw, outs[0][1]), "dweight from a graph replay"
 
 
 @on_gpu

@@ -24,8 +24,10 @@ tensor-core work is 8 wgmmas a tile, and dx leaves by TMA.
 
 Work split: CTA (cs, g) owns the channel slice [cs*BK, cs*BK + BK) (BK = 256) and the row tiles
 g, g + GM, ... of BM = 64 tokens (GM row groups = gridDim.y); it keeps that slice's dweight partial in
-registers and writes it once to ``p_dw[g]`` [GM, N, K] fp32; ``_reduce_kernel`` sums the GM partials
-in order into dweight (deterministic, no atomics).
+registers and writes it once to ``p_dw[g]`` [GM, N, K] fp32. The slice's last CTA to finish (FUSE_RED: one
+atomic counter a slice) then sums its GM partials in order into dweight, so the sums are deterministic (the atomic
+picks which CTA sums, never the order) and need no second launch; FUSE_RED off, ``_reduce_kernel`` does it after
+the kernel (the same order and rounding).
 
 CTA = 3 warpgroups (384 threads):
 
@@ -76,7 +78,7 @@ from cutlass.cute.nvgpu import cpasync, warpgroup
 from cutlass.tensor_utils import LayoutEnum
 
 from tilekernels import _cute as CU
-from tilekernels._glue import aligned16, kernel
+from tilekernels._glue import aligned16, kernel, workspace
 
 from . import cute_proj_rms_fwd as _fwd
 from .cute_proj_rms_agg import (DLW, HALF, _agg_hp, _agg_hp_rows, _agg_loads, _agg_tile_loads, _agg_tile_store,
@@ -124,6 +126,11 @@ class ProjRmsBwdCuteCfg:
     # SMs once instead of n times (H200, T=32768, n=4, C=7168: AGG_SM's pass read 4.16 GB from L2 into the SMs against
     # plain proj_rms's 2.27, at 54% of DRAM bandwidth against 69%: the mHC ledger, session 32)
     AGG_IL: bool = True
+    # dweight's partials summed by the kernel itself: each CTA counts itself done on its slice's counter (an atomic
+    # add after its partial's stores and a gpu-scope fence) and the slice's last CTA sums the slice's GM partials in
+    # order into dweight (the same order and rounding as _reduce_kernel: bitwise equal), then zeroes the counter for
+    # the next launch. False: the separate reduction launch after the kernel.
+    FUSE_RED: bool = True
 
     def __post_init__(self):
         if not (1 <= self.N <= self.NP and self.NP in (16, 32) and self.BM == 64 and self.BK == 2 * HALF
@@ -257,10 +264,12 @@ def _col(cfg: cutlass.Constexpr, cs: Int32, c0: Int32, wc: Int32, c: Int32):
 def _bwd_kernel(cfg: cutlass.Constexpr, tma_x: cute.CopyAtom, mX: cute.Tensor, tma_dx: cute.CopyAtom,
                 mDX: cute.Tensor, tma_p: cute.CopyAtom, mP: cute.Tensor, tma_r: cute.CopyAtom, mR: cute.Tensor,
                 tma_dr: cute.CopyAtom, mDR: cute.Tensor, tma_dl: cute.CopyAtom, mDL: cute.Tensor, w: cute.Pointer,
-                p_dw: cute.Pointer, dl: cute.Pointer, hp: cute.Pointer, M: Int32, eps: Float32):
+                p_dw: cute.Pointer, dl: cute.Pointer, hp: cute.Pointer, dw: cute.Pointer, cnt: cute.Pointer, M: Int32,
+                eps: Float32):
     N, K, NP, BM, S = cfg.N, cfg.K, cfg.NP, cfg.BM, cfg.STAGES
     tidx, _, _ = cute.arch.thread_idx()
     cs, g0, _ = cute.arch.block_idx()
+    slot = cs   # FUSE_RED: this CTA's slice counter (the block's x, before any slice reordering)
     IL = cfg._agg_il   # (x, dx and dlayer_in by per-stream TMA pieces: tma_x / tma_dx / tma_dl are built so)
     if const_expr(cfg.AGG_C > 0 and cfg.CHM and cfg.AGG_C % cfg.BK == 0 and not IL):
         nsl = cfg.AGG_C // cfg.BK   # slices a stream
@@ -287,6 +296,7 @@ def _bwd_kernel(cfg: cutlass.Constexpr, tma_x: cute.CopyAtom, mX: cute.Tensor, t
     NPB = BM * N // PB
     sP = smem.allocate_tensor(Float32, cute.make_layout((PB, 1, NPB * S)), byte_alignment=128)
     sR = smem.allocate_tensor(Float32, cute.make_layout((BM, 1, 2 * S)), byte_alignment=128)
+    sFlag = smem.allocate_tensor(Int32, cute.make_layout(4), byte_alignment=16)   # FUSE_RED: the count seen
     DWO = cfg.DW_ONLY
     ASM = cfg._agg_sm
     if const_expr(ASM):   # dlayer_in tiles [BM, DLW] Int32 a warpgroup
@@ -535,6 +545,36 @@ def _bwd_kernel(cfg: cutlass.Constexpr, tma_x: cute.CopyAtom, mX: cute.Tensor, t
             pd = cute.make_tensor(p_dw, cute.make_layout((GMe, N, K), stride=(N * K, K, 1)))
             for j in cutlass.range_constexpr(N):
                 pd[g0, j, kc] = scr[j, ct] + scr[NP + j, ct]
+        if const_expr(cfg.FUSE_RED):
+            _slice_sums(N, K, p_dw, dw, cnt, sFlag, slot, GMe, kc, kok, tidx == 128)
+
+
+@cute.jit
+def _slice_sums(N: cutlass.Constexpr, K: cutlass.Constexpr, p_dw: cute.Pointer, dw: cute.Pointer, cnt: cute.Pointer,
+                flag: cute.Tensor, slot: Int32, GMe: Int32, kc: Int32, kok, first):
+    """FUSE_RED, the 256 consumer threads at the end (each has stored its column kc's partial p_dw[g0, :, kc]):
+    the last CTA of the slice to count itself done sums the slice's GMe partials in order into dweight [N, K] bf16
+    and zeroes the counter again. The classic last-block pattern: stores, a gpu-scope fence, a CTA barrier, one
+    acq_rel atomic add; the last CTA's threads fence again before reading the other CTAs' partials."""
+    cute.arch.fence_acq_rel_gpu()
+    cute.arch.barrier(barrier_id=4, number_of_threads=256)
+    if first:
+        flag[0] = cute.arch.atomic_add(cnt + slot, Int32(1), sem="acq_rel", scope="gpu")
+    cute.arch.barrier(barrier_id=4, number_of_threads=256)
+    if flag[0] == GMe - 1:
+        cute.arch.fence_acq_rel_gpu()
+        if kok:
+            acc = cute.make_rmem_tensor((N,), Float32)
+            acc.fill(0.0)
+            for g in cutlass.range(GMe, unroll=1):   # (N loads in flight a row group; .cg: from L2, where the
+                # other CTAs' stores are, never from this SM's L1)
+                for j in cutlass.range_constexpr(N):
+                    acc[j] = acc[j] + cute.arch.load(p_dw + ((Int64(g) * N + j) * K + kc), Float32, cop="cg")
+            out = cute.make_tensor(dw, cute.make_layout((N, K), stride=(K, 1)))
+            for j in cutlass.range_constexpr(N):
+                out[j, kc] = BFloat16(acc[j])
+        if first:
+            cute.make_tensor(cnt, cute.make_layout(slot + 1))[slot] = Int32(0)
 
 
 @cute.kernel
@@ -561,8 +601,8 @@ def _reduce_kernel(p_dw: cute.Pointer, dw: cute.Pointer, NK: Int32, GMe: Int32):
 
 @cute.jit
 def _bwd_host(cfg: cutlass.Constexpr, x: cute.Pointer, w: cute.Pointer, dproj: cute.Pointer, dr: cute.Pointer,
-              r: cute.Pointer, dx: cute.Pointer, p_dw: cute.Pointer, dl: cute.Pointer, hp: cute.Pointer, M: Int32,
-              GMe: Int32, eps: Float32, stream: CU.cuda.CUstream):
+              r: cute.Pointer, dx: cute.Pointer, p_dw: cute.Pointer, dl: cute.Pointer, hp: cute.Pointer, dw: cute.Pointer,
+              cnt: cute.Pointer, M: Int32, GMe: Int32, eps: Float32, stream: CU.cuda.CUstream):
     K, N, BM = cfg.K, cfg.N, cfg.BM
     mX = cute.make_tensor(x, cute.make_layout((K, M), stride=(1, K)))      # channel-major view
     mDX = cute.make_tensor(dx, cute.make_layout((K, M), stride=(1, K)))
@@ -591,8 +631,8 @@ def _bwd_host(cfg: cutlass.Constexpr, x: cute.Pointer, w: cute.Pointer, dproj: c
     tma_p, tP = cpasync.make_tiled_tma_atom(g2s, mP, cute.make_layout((cfg.PBOX, 1)), (cfg.PBOX, 1))
     tma_r, tR = cpasync.make_tiled_tma_atom(g2s, mR, cute.make_layout((BM, 1)), (BM, 1))
     tma_dr, tDR = cpasync.make_tiled_tma_atom(g2s, mDR, cute.make_layout((BM, 1)), (BM, 1))
-    _bwd_kernel(cfg, tma_x, tX, tma_dx, tDX, tma_p, tP, tma_r, tR, tma_dr, tDR, tma_dl, tDL, w, p_dw, dl, hp, M,
-                eps).launch(grid=(grid_x, GMe, 1), block=(THREADS, 1, 1), stream=stream, min_blocks_per_mp=1,
+    _bwd_kernel(cfg, tma_x, tX, tma_dx, tDX, tma_p, tP, tma_r, tR, tma_dr, tDR, tma_dl, tDL, w, p_dw, dl, hp, dw, cnt,
+                M, eps).launch(grid=(grid_x, GMe, 1), block=(THREADS, 1, 1), stream=stream, min_blocks_per_mp=1,
         preferred_smem_carveout=100)
 
 
@@ -610,10 +650,11 @@ def _reduce_host(cfg: cutlass.Constexpr, p_dw: cute.Pointer, dw: cute.Pointer, G
 @functools.lru_cache(maxsize=256)
 def bwd_launch(cfg: ProjRmsBwdCuteCfg) -> CU.Launch:
     """run args (x, weight, dproj, dr, r, dx, p_dw [GMe, N, K] fp32, dlayer_in [M, AGG_C] bf16, h_pre^T [n, M]
-    fp32, M, GMe, eps); dlayer_in and h_pre^T are read only with AGG_C (stand-ins of their dtypes otherwise)."""
+    fp32, dweight [N, K] bf16, counters [>= grid x] int32 (zero), M, GMe, eps); dlayer_in and h_pre^T are read only
+    with AGG_C, dweight and the counters only with FUSE_RED (stand-ins of their dtypes otherwise)."""
     bf, f32 = CU.Ptr(torch.bfloat16, 16), CU.Ptr(torch.float32, 16)
-    sig = (bf, bf, f32, f32, f32, bf, f32, bf, CU.Ptr(torch.float32, 4), CU.Scalar(Int32),
-           CU.Scalar(Int32), CU.Scalar(Float32))
+    sig = (bf, bf, f32, f32, f32, bf, f32, bf, CU.Ptr(torch.float32, 4), CU.Ptr(torch.bfloat16, 8),
+           CU.Ptr(torch.int32, 4), CU.Scalar(Int32), CU.Scalar(Int32), CU.Scalar(Float32))
     return CU.Launch(f"{_NAME}.bwd", _bwd_host, cfg, sig)
 
 
@@ -654,13 +695,18 @@ def _run_bwd(cfg: ProjRmsBwdCuteCfg, x, weight, dproj, dr, r, dst, dl, hp, dweig
     """The backward kernel on prepared operands (x [M, K] and the TMA sources 16-byte aligned, dst [M, K] aligned
     or DW_ONLY's stand-in; dl / hp the aggregate term's or stand-ins), then its dweight reduction: the partials
     [row groups, N, K] fp32, summed in order into dweight (through a scratch where dweight is not contiguous and
-    8-byte aligned). The one launch sequence of bwd_into, bwd_agg_into and dweight_into."""
+    8-byte aligned). The one launch sequence of bwd_into, bwd_agg_into and dweight_into. FUSE_RED: the kernel sums
+    them itself, with one zeroed counter a slice (a per-stream workspace the kernel leaves zero)."""
     M, K = x.shape
     dw = row_major(dweight)
     gme = min(cfg.GM, -(-M // cfg.BM))
     p_dw = torch.empty((gme, cfg.N, K), dtype=torch.float32, device=x.device)
-    bwd_launch(cfg).run(x, weight, dproj, dr, r, dst, p_dw, dl, hp, M, gme, eps)
-    reduce_launch(cfg).run(p_dw, dw, gme)
+    if cfg.FUSE_RED:
+        cnt = workspace("mhc_proj_rms.cute.slices", (-(-K // PIECE),), torch.int32, x.device, zero=True)
+        bwd_launch(cfg).run(x, weight, dproj, dr, r, dst, p_dw, dl, hp, dw, cnt, M, gme, eps)
+    else:
+        bwd_launch(cfg).run(x, weight, dproj, dr, r, dst, p_dw, dl, hp, dw, p_dw, M, gme, eps)
+        reduce_launch(cfg).run(p_dw, dw, gme)
     if dw is not dweight:
         dweight.copy_(dw)
 
