@@ -118,7 +118,17 @@ SINKHORN = OpSpec(
     differentiable=True,
     reference="tilekernels.mhc.reference:sinkhorn",
     entry="tilekernels.mhc.ops:sinkhorn",
-    backends=[_cutile(Constraint(expr="T * n * n < 2**31", message=_INT32_INDEX),
+    backends=[_cute("cute_sinkhorn",
+                    Constraint(expr="n <= 7", message="n <= 7 (at n = 8 the backward's 2 n^2 live values spill)"),
+                    Constraint(expr="2 * iters * n + 3 * n * n + 3 <= 384",
+                               message="the backward's step sums [iters * 2n, 32 tokens] fp32 and its staged rows "
+                                       "fit the CTA's 48 KB of shared memory (n = 4: iters <= 41)"),
+                    logits=["float32"],
+                    doc="tilekernels/mhc/cute_sinkhorn.py: a thread a token, rows staged through shared memory; "
+                        "the backward keeps each step's sums in shared memory (no scratch); launched through "
+                        "_cute.Launch's ctypes fast path (eager calls are host bound); sm_90a; larger n or iters, "
+                        "other GPUs or no CuTe DSL take cutile"),
+              _cutile(Constraint(expr="T * n * n < 2**31", message=_INT32_INDEX),
                       _SK_SCRATCH, _ITERS_CONST,
                       logits=["float32"]), _TORCH],
 )

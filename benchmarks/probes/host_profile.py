@@ -5,6 +5,8 @@ Prints per-call host microseconds of each layer, then cProfile's top functions.
     source .gpu-cutile/env.sh && python3 benchmarks/probes/host_profile.py [--T 1024] [--gap]
     ... host_profile.py --sinkhorn [--T 32768]   (issue 15: where eager sinkhorn fwd+bwd's time goes,
         with a fresh and with a reused backward scratch)
+    ... host_profile.py --sinkhorn-ab [--T 32768]   (the sinkhorn's cute and cutile backends side by side, with
+        torch's own autograd floor measured the same two ways: host us a call and do_bench)
 """
 from __future__ import annotations
 
@@ -36,9 +38,12 @@ def main() -> None:
     ap.add_argument("--T", type=int, default=1024)
     ap.add_argument("--gap", action="store_true", help="do_bench vs CUDA-graph times of each layer (T=32768)")
     ap.add_argument("--sinkhorn", action="store_true", help="mhc_sinkhorn's layers instead (n=4)")
+    ap.add_argument("--sinkhorn-ab", action="store_true", help="mhc_sinkhorn's backends side by side (n=4)")
     a = ap.parse_args()
     if a.sinkhorn:
         return sinkhorn(a.T)
+    if a.sinkhorn_ab:
+        return sinkhorn_ab(a.T)
     T, n, C = a.T, 4, 7168
     r = lambda *s, dt=torch.bfloat16: torch.randn(*s, device="cuda").to(dt)  # noqa: E731
     hr, res, hp, x, b = r(T, n, n, dt=torch.float32), r(T, n, C), r(T, n, dt=torch.float32), r(T, C), r(C)
@@ -96,7 +101,7 @@ def sinkhorn(T: int, n: int = 4, iters: int = 20, eps: float = 1e-6) -> None:
     params = dict(iters=iters, eps=eps)
     with torch.no_grad():
         chosen = op.choose(op.bind(logits, **params))
-    assert chosen == "cutile", chosen
+    print("registry default:", chosen, "(the rows named entry run cutile)")
 
     def step(f):
         def run():
@@ -196,6 +201,83 @@ def sinkhorn(T: int, n: int = 4, iters: int = 20, eps: float = 1e-6) -> None:
     ):
         name, f = mode_rows
         print(f"{name:<52}" + "".join(f" {f(m):8.1f}" for m in modes))
+
+
+def sinkhorn_ab(T: int, n: int = 4, iters: int = 20, eps: float = 1e-6, rounds: int = 3) -> None:
+    """mhc_sinkhorn eager fwd + autograd bwd through the registry with each backend (``backend=``) and by default,
+    beside torch's floor (a Function that does nothing, and one that allocates its output and input grad): every row
+    measured both ways, host us a call (queued back to back, one sync) and do_bench's median (GPU events around each
+    call after its L2 flush), in ``rounds`` interleaved rounds (medians printed); the kernels' CUDA-graph time too.
+    Every step sets the leaf's grad to None and backpropagates the same pre-made dout."""
+    import statistics
+
+    from triton.testing import do_bench, do_bench_cudagraph
+
+    logits = torch.randn(T, n, n, device="cuda")
+    dout = torch.randn(T, n, n, device="cuda")
+    op = registry.get("mhc_sinkhorn")
+    leaf = logits.clone().requires_grad_()
+    params = dict(iters=iters, eps=eps)
+    with torch.no_grad():
+        print("registry default:", op.choose(op.bind(logits, **params)))
+
+    class Null(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, x):
+            return x.view_as(x)
+
+        @staticmethod
+        def backward(ctx, g):
+            return g
+
+    class NullAlloc(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, x):
+            return torch.empty_like(x)
+
+        @staticmethod
+        def backward(ctx, g):
+            return torch.empty_like(g)
+
+    def step(f):
+        def run():
+            leaf.grad = None
+            torch.autograd.backward(f(leaf), dout)
+        return run
+
+    rows = {"torch floor: Null fwd+bwd": step(Null.apply), "torch floor: NullAlloc fwd+bwd": step(NullAlloc.apply)}
+    for b in ("cute", "cutile"):
+        kf, kb = get_kernel("mhc_sinkhorn", b, "fwd"), get_kernel("mhc_sinkhorn", b, "bwd")
+        out, dl = torch.empty_like(logits), torch.empty_like(logits)
+        rows[f"{b}: fwd kernel fn"] = (lambda kf=kf, out=out: kf(logits, out, iters, eps))
+        rows[f"{b}: bwd kernel fn"] = (lambda kb=kb, dl=dl: kb(dout, logits, dl, iters, eps))
+        rows[f"{b}: registry fwd + autograd bwd"] = step(lambda x, b=b: op(x, backend=b, **params))
+    rows["default: registry fwd + autograd bwd"] = step(lambda x: op(x, **params))
+    with torch.no_grad():   # the backends' outputs agree (fp32 tolerance) before anything is timed
+        outs = {}
+        for b in ("cute", "cutile"):
+            o, d = torch.empty_like(logits), torch.empty_like(logits)
+            get_kernel("mhc_sinkhorn", b, "fwd")(logits, o, iters, eps)
+            get_kernel("mhc_sinkhorn", b, "bwd")(dout, logits, d, iters, eps)
+            outs[b] = (o, d)
+        rel = [((outs["cute"][i] - outs["cutile"][i]).norm() / outs["cutile"][i].norm()).item() for i in (0, 1)]
+        print(f"cute vs cutile: out rel {rel[0]:.2e}, dlogits rel {rel[1]:.2e}")
+    host, bench = {k: [] for k in rows}, {k: [] for k in rows}
+    for rnd in range(rounds):
+        for name in (list(rows) if rnd % 2 == 0 else list(rows)[::-1]):
+            fn = rows[name]
+            with torch.enable_grad() if "fwd+bwd" in name or "autograd" in name else torch.no_grad():
+                host[name].append(per_call_us(fn, n=1000))
+                bench[name].append(do_bench(fn, warmup=25, rep=200, return_mode="median") * 1e3)
+    graph = {}
+    for name in [k for k in rows if "registry" in k]:
+        with torch.enable_grad():
+            graph[name] = do_bench_cudagraph(rows[name], rep=100, return_mode="median") * 1e3
+    print(f"\nmhc_sinkhorn eager (T={T} n={n} iters={iters}; medians of {rounds} rounds; us)")
+    print(f"{'row':<42} {'host/call':>10} {'do_bench':>10} {'graph':>8}")
+    for name in rows:
+        g = f"{graph[name]:8.1f}" if name in graph else f"{'':>8}"
+        print(f"{name:<42} {statistics.median(host[name]):10.1f} {statistics.median(bench[name]):10.1f} {g}")
 
 
 if __name__ == "__main__":

@@ -8,6 +8,10 @@
 #    AGG_C, another stream, graph replays) and of the float64 checks.
 # G (any card; the device is recorded): the A/B through the registry (issue 15's proj_rms fwd+bwd) against the
 #    separate reduction launch ("sep") and GM 10, the kernel rows, then mhc_pre / mhc_post_pre / h_post_bda's rows.
+# K (any card; cuTile on the path): mhc_sinkhorn's new cute backend (cute_sinkhorn, cute_sk_bwd's LOGITS mode): the
+#    sinkhorn GPU files (cute, cute_sk_bwd, the op's, the registry's default), compute-sanitizer on small cases, then
+#    host_profile.py --sinkhorn-ab: the eager fwd+bwd with each backend beside torch's autograd floor, both measured as
+#    host us a call and by do_bench.
 set -u
 . "$(dirname "$0")/_steps.sh"
 session_start
@@ -28,6 +32,16 @@ G) step proj_rms 300 python3 benchmarks/probes/mhc_cute_proj_rms_time.py --regis
    step post_pre 240 python3 benchmarks/probes/mhc_post_pre_variants.py \
      --rows h_post_bda,mhc_pre,cute,h_post_bda,mhc_pre,cute
    tail -30 "$OUT/proj_rms.log"; tail -12 "$OUT/post_pre.log" ;;
-*) echo "usage: session62_gpu.sh T|G"; exit 2 ;;
+K) step sk_tests 400 $P -n 8 tests/mhc/test_mhc_cute_sinkhorn.py tests/mhc/test_mhc_cute_sk_bwd.py \
+     tests/mhc/test_mhc_sinkhorn.py tests/mhc/test_mhc_cutile_registry.py
+   SK='test_matches_float64 and (T1-n4 or T33-n4 or T129-n4 or T333-n3 or T37-n1 or T67-n7) and unit'
+   SK="$SK or test_empty_and_ties or (test_registry_default_and_autograd and T7-n3)"
+   for tool in memcheck initcheck racecheck; do
+     step ${tool}_sk 300 $SAN --tool $tool $PYT -m gpu tests/mhc/test_mhc_cute_sinkhorn.py -k "$SK" &
+   done
+   wait
+   step sk_ab 300 python3 benchmarks/probes/host_profile.py --sinkhorn-ab --T 32768
+   tail -14 "$OUT/sk_ab.log" ;;
+*) echo "usage: session62_gpu.sh T|G|K"; exit 2 ;;
 esac
 cat "$OUT/device.txt" "$SUM"

@@ -94,10 +94,10 @@ def test_auto_uses_cutile_fwd_and_autograd_bwd(op, T, n, C):
     grads = [t.requires_grad_() if t is not None and t.is_floating_point() else t for t in args]
     rows = o.explain(*grads, **params)
     assert dict((b, ok) for b, ok, _ in rows)["cutile"], rows
-    # h_post_bda, h_aggregate, proj_rms and mhc_pre list their CuTe DSL backends first (taken where CuTe DSL is
-    # installed and the shape is within their limits)
-    first = ("cute", "cutile") if op in ("mhc_h_post_bda", "mhc_h_aggregate", "mhc_proj_rms", "mhc_pre") \
-        else ("cutile",)
+    # h_post_bda, h_aggregate, proj_rms, sinkhorn and mhc_pre list their CuTe DSL backends first (taken where CuTe
+    # DSL is installed and the shape is within their limits)
+    first = ("cute", "cutile") if op in ("mhc_h_post_bda", "mhc_h_aggregate", "mhc_proj_rms", "mhc_pre",
+                                         "mhc_sinkhorn") else ("cutile",)
     assert next(b for b, ok, _ in rows if ok) in first, rows
     out = o(*grads, **params)
     outs = out if isinstance(out, tuple) else (out,)

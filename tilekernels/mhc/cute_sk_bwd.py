@@ -32,7 +32,7 @@ import torch
 
 import cutlass
 import cutlass.cute as cute
-from cutlass import Float32, Int32, Int64
+from cutlass import Float32, Int32, Int64, const_expr
 from cutlass.memory.smem import SmemAllocator
 
 from tilekernels import _cute as CU
@@ -48,7 +48,8 @@ _NAME = "mhc.cute_sk_bwd"
 class SkBwdCuteCfg(TokenCtaCfg):
     """Launch config (compile key, with dh_res's dtype). n: streams; NP: n padded to a power of two (dlres's rows);
     ITERS: Sinkhorn steps; APPROX: approximate reciprocals; TT: tokens a CTA (its first TT threads take one each);
-    NT: threads a CTA (all load the rows and store dlres)."""
+    NT: threads a CTA (all load the rows and store dlres); LOGITS: the mhc_sinkhorn op's backward (cute_sinkhorn): the
+    first pointer holds the logits themselves, rows [T, n*n] (r, bias and a_res unused), and dlres is dlogits (NP = n)."""
 
     n: int
     NP: int
@@ -56,6 +57,12 @@ class SkBwdCuteCfg(TokenCtaCfg):
     APPROX: bool = True
     TT: int = 32
     NT: int = 128
+    LOGITS: bool = False
+
+    @property
+    def W(self) -> int:
+        """The first input's row: the projection's N columns, or (LOGITS) the n*n logits."""
+        return self.n * self.n if self.LOGITS else self.N
 
     def __post_init__(self):
         if not (self.n >= 1 and self.NP >= self.n and self.ITERS >= 0):
@@ -66,14 +73,14 @@ class SkBwdCuteCfg(TokenCtaCfg):
     def smem_bytes(self) -> int:
         """The staged rows of proj, dh_res and dlres (W + 1 floats a row), the step sums [ITERS * 2n, TT] (one step's
         room at ITERS = 0: a shared tensor has no empty shape)."""
-        rows = [self.TT * (w + 1) * 4 for w in (self.N, self.n * self.n, self.NP * self.NP)]
+        rows = [self.TT * (w + 1) * 4 for w in (self.W, self.n * self.n, self.NP * self.NP)]
         return smem16(rows + [max(self.ITERS, 1) * 2 * self.n * self.TT * 4])
 
 
 @cute.kernel
 def _kernel(cfg: cutlass.Constexpr, proj: cute.Pointer, r: cute.Pointer, bias: cute.Pointer, dhres: cute.Pointer,
             dlres: cute.Pointer, a_res: Float32, eps: Float32, T: Int32):
-    n, N, NP, TT, NT = cfg.n, cfg.N, cfg.NP, cfg.TT, cfg.NT
+    n, N, NP, TT, NT = cfg.n, cfg.W, cfg.NP, cfg.TT, cfg.NT
     nn = n * n
     tid, b, t, rows, row0, tc = _cta_tokens(TT, T)
     smem = SmemAllocator()
@@ -84,17 +91,19 @@ def _kernel(cfg: cutlass.Constexpr, proj: cute.Pointer, r: cute.Pointer, bias: c
     bG = cute.make_rmem_tensor((-(-nn * TT // NT),), Float32)
     _load_rows(proj, row0 * N, rows * N, bP, N, TT, tid, NT)
     _load_rows(dhres, row0 * nn, rows * nn, bG, nn, TT, tid, NT)
-    rr = cute.arch.load(r + tc, Float32)
+    rr = Float32(1.0)
     bv = cute.make_rmem_tensor((nn,), Float32)
-    for j in cutlass.range_constexpr(nn):
-        bv[j] = cute.arch.load(bias + (2 * n + j), Float32)
+    if const_expr(not cfg.LOGITS):
+        rr = cute.arch.load(r + tc, Float32)
+        for j in cutlass.range_constexpr(nn):
+            bv[j] = cute.arch.load(bias + (2 * n + j), Float32)
     _store_rows(bP, rows * N, sP, 0, N, TT, tid, NT)
     _store_rows(bG, rows * nn, sG, 0, nn, TT, tid, NT)
     cute.arch.sync_threads()
     if tid < TT and t < T:
         M = cute.make_rmem_tensor((nn,), Float32)
         g = cute.make_rmem_tensor((nn,), Float32)
-        _m0(M, sP, tid, rr, a_res, bv, n)
+        _m0(M, sP, tid, rr, a_res, bv, cfg.LOGITS, n)
         for j in cutlass.range_constexpr(nn):
             g[j] = sG[tid, j]
         # forward: the steps' sums kept (step s at rows s * 2n .. s * 2n + 2n - 1 of ``sums``)
@@ -111,18 +120,18 @@ def _kernel(cfg: cutlass.Constexpr, proj: cute.Pointer, r: cute.Pointer, bias: c
             for i in cutlass.range_constexpr(n):
                 _unscale_line(g, M, n, i, True, sums[s * (2 * n) + i, tid], cfg.APPROX)
         # through M_0 = exp(L - rowmax(L)): the logits again from the staged row (not live through the loops)
-        _m0(M, sP, tid, rr, a_res, bv, n)
+        _m0(M, sP, tid, rr, a_res, bv, cfg.LOGITS, n)
         for i in cutlass.range_constexpr(n):
-            m = _logit(sP, tid, rr, a_res, bv, n, i, 0)
+            m = _logit(sP, tid, rr, a_res, bv, cfg.LOGITS, n, i, 0)
             for k in cutlass.range_constexpr(1, n):
-                m = cute.arch.fmax(m, _logit(sP, tid, rr, a_res, bv, n, i, k))
+                m = cute.arch.fmax(m, _logit(sP, tid, rr, a_res, bv, cfg.LOGITS, n, i, k))
             srow = g[i * n] * M[i * n]
             for k in cutlass.range_constexpr(1, n):
                 srow = srow + g[i * n + k] * M[i * n + k]
             taken = Int32(0)   # 1 once the row's first maximal entry is passed
             for k in cutlass.range_constexpr(n):
                 gm = g[i * n + k] * M[i * n + k]
-                first = (_logit(sP, tid, rr, a_res, bv, n, i, k) == m) & (taken == 0)
+                first = (_logit(sP, tid, rr, a_res, bv, cfg.LOGITS, n, i, k) == m) & (taken == 0)
                 sD[tid, i * NP + k] = Float32(cutlass.select_(first, gm - srow, gm))
                 taken = Int32(cutlass.select_(first, Int32(1), taken))
             for k in cutlass.range_constexpr(n, NP):
@@ -134,17 +143,24 @@ def _kernel(cfg: cutlass.Constexpr, proj: cute.Pointer, r: cute.Pointer, bias: c
 
 
 @cute.jit
-def _logit(sP: cute.Tensor, tid, rr: Float32, a_res: Float32, bv: cute.Tensor, n: cutlass.Constexpr,
-           i: cutlass.Constexpr, k: cutlass.Constexpr) -> Float32:
-    """L[i][k] of the thread's token: r proj[2n + i n + k] a_res + bias[2n + i n + k] (mhc_pre's h, res section)."""
-    return rr * sP[tid, 2 * n + i * n + k] * a_res + bv[i * n + k]
+def _logit(sP: cute.Tensor, tid, rr: Float32, a_res: Float32, bv: cute.Tensor, logits: cutlass.Constexpr,
+           n: cutlass.Constexpr, i: cutlass.Constexpr, k: cutlass.Constexpr) -> Float32:
+    """L[i][k] of the thread's token: r proj[2n + i n + k] a_res + bias[2n + i n + k] (mhc_pre's h, res section), or
+    (logits) the staged row's entry i n + k."""
+    v = Float32(0.0)
+    if const_expr(logits):
+        v = sP[tid, i * n + k]
+    else:
+        v = rr * sP[tid, 2 * n + i * n + k] * a_res + bv[i * n + k]
+    return v
 
 
 @cute.jit
-def _m0(M: cute.Tensor, sP: cute.Tensor, tid, rr: Float32, a_res: Float32, bv: cute.Tensor, n: cutlass.Constexpr):
+def _m0(M: cute.Tensor, sP: cute.Tensor, tid, rr: Float32, a_res: Float32, bv: cute.Tensor,
+        logits: cutlass.Constexpr, n: cutlass.Constexpr):
     """M = exp(L - rowmax(L)) (M [n*n], row-major)."""
     for j in cutlass.range_constexpr(n * n):
-        M[j] = _logit(sP, tid, rr, a_res, bv, n, j // n, j % n)
+        M[j] = _logit(sP, tid, rr, a_res, bv, logits, n, j // n, j % n)
     _exp_rowmax(M, n)
 
 
