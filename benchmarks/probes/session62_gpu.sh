@@ -12,6 +12,8 @@
 #    sinkhorn GPU files (cute, cute_sk_bwd, the op's, the registry's default), compute-sanitizer on small cases, then
 #    host_profile.py --sinkhorn-ab: the eager fwd+bwd with each backend beside torch's autograd floor, both measured as
 #    host us a call and by do_bench.
+# H (H200 only; elsewhere it stops at once; cuTile on the path): issue 15's rows at this tree: proj_rms through the
+#    registry (FUSE_RED against sep), mhc_post_pre against its two ops apart, the eager sinkhorn's backends.
 set -u
 . "$(dirname "$0")/_steps.sh"
 session_start
@@ -42,6 +44,13 @@ K) step sk_tests 400 $P -n 8 tests/mhc/test_mhc_cute_sinkhorn.py tests/mhc/test_
    wait
    step sk_ab 300 python3 benchmarks/probes/host_profile.py --sinkhorn-ab --T 32768
    tail -14 "$OUT/sk_ab.log" ;;
-*) echo "usage: session62_gpu.sh T|G|K"; exit 2 ;;
+H) grep -q H200 "$OUT/device.txt" || { echo "H: not an H200"; cat "$OUT/device.txt"; exit 4; }
+   step proj_rms 300 python3 benchmarks/probes/mhc_cute_proj_rms_time.py --registry cute --registry-ab sep \
+     --rounds 5 --ab sep
+   step post_pre 240 python3 benchmarks/probes/mhc_post_pre_variants.py \
+     --rows h_post_bda,mhc_pre,cute,h_post_bda,mhc_pre,cute
+   step sk_ab 300 python3 benchmarks/probes/host_profile.py --sinkhorn-ab --T 32768
+   tail -24 "$OUT/proj_rms.log"; tail -12 "$OUT/post_pre.log"; tail -14 "$OUT/sk_ab.log" ;;
+*) echo "usage: session62_gpu.sh T|G|K|H"; exit 2 ;;
 esac
 cat "$OUT/device.txt" "$SUM"
