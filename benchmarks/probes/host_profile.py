@@ -11,6 +11,7 @@ Prints per-call host microseconds of each layer, then cProfile's top functions.
 from __future__ import annotations
 
 import argparse
+import functools
 import os
 import sys
 
@@ -25,6 +26,36 @@ from tilekernels._cutile import run_all, workspace_reuse  # noqa: E402
 from tilekernels._glue import get_kernel  # noqa: E402
 from tilekernels.mhc import cutile_post_bda as pb  # noqa: E402
 from _host import cprofile_top, per_call_us  # noqa: E402
+
+
+class Null(torch.autograd.Function):
+    """autograd's own floor: one node, no allocation, no kernel."""
+    @staticmethod
+    def forward(ctx, x):
+        return x.view_as(x)
+
+    @staticmethod
+    def backward(ctx, g):
+        return g
+
+
+class NullAlloc(torch.autograd.Function):
+    """one node, allocating its output and its input grad (as the generated op does)."""
+    @staticmethod
+    def forward(ctx, x):
+        return torch.empty_like(x)
+
+    @staticmethod
+    def backward(ctx, g):
+        return torch.empty_like(g)
+
+
+def _fwd_bwd_step(leaf, dout, f):
+    """A step of issue 15's harness: the leaf's grad set to None, f(leaf) backpropagated with the same dout."""
+    def run():
+        leaf.grad = None
+        torch.autograd.backward(f(leaf), dout)
+    return run
 
 
 def fwd_bwd(op, leaves, dout):
@@ -103,11 +134,7 @@ def sinkhorn(T: int, n: int = 4, iters: int = 20, eps: float = 1e-6) -> None:
         chosen = op.choose(op.bind(logits, **params))
     print("registry default:", chosen, "(the rows named entry run cutile)")
 
-    def step(f):
-        def run():
-            leaf.grad = None
-            torch.autograd.backward(f(leaf), dout)
-        return run
+    step = functools.partial(_fwd_bwd_step, leaf, dout)
 
     stub = lambda *a, **k: None  # noqa: E731
     real_entry = op.entry
@@ -118,26 +145,6 @@ def sinkhorn(T: int, n: int = 4, iters: int = 20, eps: float = 1e-6) -> None:
             op(leaf, **params)
         finally:
             op._entry = real_entry
-
-    class Null(torch.autograd.Function):
-        """autograd's own floor: one node, no allocation, no kernel."""
-        @staticmethod
-        def forward(ctx, x):
-            return x.view_as(x)
-
-        @staticmethod
-        def backward(ctx, g):
-            return g
-
-    class NullAlloc(torch.autograd.Function):
-        """one node, allocating its output and its input grad (as the generated op does)."""
-        @staticmethod
-        def forward(ctx, x):
-            return torch.empty_like(x)
-
-        @staticmethod
-        def backward(ctx, g):
-            return torch.empty_like(g)
 
     steps = {
         "registry alone (entry stubbed, grad mode)": (True, registry_only),
@@ -221,30 +228,7 @@ def sinkhorn_ab(T: int, n: int = 4, iters: int = 20, eps: float = 1e-6, rounds: 
     with torch.no_grad():
         print("registry default:", op.choose(op.bind(logits, **params)))
 
-    class Null(torch.autograd.Function):
-        @staticmethod
-        def forward(ctx, x):
-            return x.view_as(x)
-
-        @staticmethod
-        def backward(ctx, g):
-            return g
-
-    class NullAlloc(torch.autograd.Function):
-        @staticmethod
-        def forward(ctx, x):
-            return torch.empty_like(x)
-
-        @staticmethod
-        def backward(ctx, g):
-            return torch.empty_like(g)
-
-    def step(f):
-        def run():
-            leaf.grad = None
-            torch.autograd.backward(f(leaf), dout)
-        return run
-
+    step = functools.partial(_fwd_bwd_step, leaf, dout)
     rows = {"torch floor: Null fwd+bwd": step(Null.apply), "torch floor: NullAlloc fwd+bwd": step(NullAlloc.apply)}
     for b in ("cute", "cutile"):
         kf, kb = get_kernel("mhc_sinkhorn", b, "fwd"), get_kernel("mhc_sinkhorn", b, "bwd")

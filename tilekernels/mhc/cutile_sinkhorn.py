@@ -30,7 +30,7 @@ Divides: the entries kernels use the hardware's approximate divide (div.approx.f
 within 2 ulp; SinkhornCfg.APPROX) -- the IEEE-rounded one adds a range check and a
 slow-path call per divide, which made both kernels slower, while the outputs' errors
 against float64 stay where they were.
-The entries backward's scratch is a per-stream ``workspace`` (tilekernels/_cutile.py),
+The entries backward's scratch is a per-stream ``workspace`` (tilekernels/_glue.py),
 reused between eager calls.
 Measured times (H200) and the sweeps behind these choices:
 benchmarks/results/nvidia-h200-mhc-cutile.md (probe: benchmarks/probes/sinkhorn_probe.py).
