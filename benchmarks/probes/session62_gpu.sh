@@ -14,6 +14,8 @@
 #    host us a call and by do_bench.
 # H (H200 only; elsewhere it stops at once; cuTile on the path): issue 15's rows at this tree: proj_rms through the
 #    registry (FUSE_RED against sep), mhc_post_pre against its two ops apart, the eager sinkhorn's backends.
+# P (any card; cuTile on the path): host_profile.py --sinkhorn: the eager sinkhorn's layers and cProfile of its registry
+#    step (the default: cute), to see where the host time above torch's floor goes.
 set -u
 . "$(dirname "$0")/_steps.sh"
 session_start
@@ -51,6 +53,8 @@ H) grep -q H200 "$OUT/device.txt" || { echo "H: not an H200"; cat "$OUT/device.t
      --rows h_post_bda,mhc_pre,cute,h_post_bda,mhc_pre,cute
    step sk_ab 300 python3 benchmarks/probes/host_profile.py --sinkhorn-ab --T 32768
    tail -24 "$OUT/proj_rms.log"; tail -12 "$OUT/post_pre.log"; tail -14 "$OUT/sk_ab.log" ;;
-*) echo "usage: session62_gpu.sh T|G|K|H"; exit 2 ;;
+P) step sk_prof 300 python3 benchmarks/probes/host_profile.py --sinkhorn --T 32768
+   grep -A40 "tottime" "$OUT/sk_prof.log" | head -45; tail -14 "$OUT/sk_prof.log" ;;
+*) echo "usage: session62_gpu.sh T|G|K|H|P"; exit 2 ;;
 esac
 cat "$OUT/device.txt" "$SUM"
