@@ -50,7 +50,10 @@ context, so :meth:`Launch.run` makes the tensors' device current when it is not.
 Per call, :meth:`Launch.run` writes the argument values into per-thread ctypes
 slots and calls the executor directly (~2 us instead of the DSL's ~30 us of
 per-call marshalling); :meth:`Launch.fast_path` checks, per compiled kernel, that
-the DSL marshals those arguments as one C pointer each.
+the DSL marshals those arguments as one C pointer each. The array of the slots'
+addresses that the compiled host function reads is built once per thread and
+executor (:func:`_prepacked`; the DSL's ``run_compiled_program`` rebuilds it on
+every call), so a launch is the slot stores and one ctypes call.
 
 Importing this module needs ``cutlass`` and ``cuda.bindings`` but no GPU and no
 driver.
@@ -490,9 +493,10 @@ class Launch:
         exe, _ = compiled.generate_execution_args(*self.fake_args(), make_fake_stream())
         return len(exe) == len(self.sig) + 1
 
-    def _slots(self, index: int):
-        """Per thread: ctypes storage for each argument and the stream, and their addresses
-        (the argument list the compiled function reads), or None without the fast path."""
+    def _slots(self, index: int, ex):
+        """Per thread: ctypes storage for each argument and the stream, their addresses (the
+        argument list the compiled function reads) and :func:`_prepacked`'s call of executor
+        ``ex`` over them, or None without the fast path."""
         tls = self._executors.get("tls")
         if tls is None:
             tls = self._executors.setdefault("tls", threading.local())
@@ -504,7 +508,8 @@ class Launch:
             sl = None
             if self.fast_path(self.compile(device_arch(index))):
                 objs = [s.ctype() for s in self.sig] + [ctypes.c_void_p()]
-                sl = (objs, [ctypes.addressof(o) for o in objs])
+                addrs = [ctypes.addressof(o) for o in objs]
+                sl = (objs, addrs, _prepacked(ex, addrs))
             slots[index] = sl
         return sl
 
@@ -515,24 +520,51 @@ class Launch:
         Fast path (all specs :class:`Ptr` / :class:`Scalar`): the argument values go
         straight into per-thread ctypes slots handed to the executor (~2 us), instead of
         the DSL's per-call marshalling (~30 us for six arguments)."""
-        dev = next(v.device for v in values if isinstance(v, torch.Tensor))
-        index = dev.index
+        t = values[0]
+        if type(t) is not torch.Tensor:
+            t = next(v for v in values if isinstance(v, torch.Tensor))
+        index = t.get_device()
         if _RECORD_KEYS[0]:
             COMPILE_KEYS.add(self.key(device_arch(index)))
-        if index != torch.cuda.current_device():
+        if index != torch._C._cuda_getDevice():
             with torch.cuda.device(index):  # the launch goes to the current context
                 return self.run(*values)
         ex = self._executor(index)
         stream = torch._C._cuda_getCurrentRawStream(index)
-        sl = self._slots(index)
+        sl = self._slots(index, ex)
         if sl is not None:
-            objs, addrs = sl
+            objs, addrs, packed = sl
             for o, s, v in zip(objs, self.sig, values):
                 o.value = s.raw(v)
             objs[-1].value = stream
-            ex.run_compiled_program(addrs)
+            if packed is None:
+                ex.run_compiled_program(addrs)
+                return
+            capi, arr, res = packed
+            capi(arr)
+            if res is not None and res.value:
+                raise RuntimeError(f"{self.name}: the launch returned CUDA error {res.value}")
         else:
             ex(*[s.real(v) for s, v in zip(self.sig, values)], cuda.CUstream(stream))
+
+
+def _prepacked(ex, addrs: list):
+    """(host function, packed argument array, result slot or None) for executor ``ex`` over the slot addresses
+    ``addrs``: the array CuTe DSL 4.8.1's ``run_compiled_program`` packs on every call (the arguments' addresses, then
+    its CUDA-result slot and the kernel pointers), built once. None where ``ex`` does not have that layout (another
+    DSL version): :meth:`Launch.run` then calls ``run_compiled_program``."""
+    try:
+        capi, n_extra, has_res, kptrs = ex.capi_func, ex._num_extra_args, ex._has_cuda_result, ex._kernel_ptrs
+        res_addr, res = (ex._cuda_result_addr, ex.cuda_result) if has_res else (None, None)
+    except AttributeError:
+        return None
+    extra = ([res_addr] if has_res else []) + list(kptrs or ())
+    if n_extra != len(extra):
+        return None
+    arr = (ctypes.c_void_p * (len(addrs) + n_extra))()
+    for i, a in enumerate(list(addrs) + extra):
+        arr[i] = a if type(a) is not ctypes.c_void_p else a.value
+    return capi, arr, res
 
 
 @dataclasses.dataclass

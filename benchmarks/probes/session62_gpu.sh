@@ -16,6 +16,9 @@
 #    registry (FUSE_RED against sep), mhc_post_pre against its two ops apart, the eager sinkhorn's backends.
 # P (any card; cuTile on the path): host_profile.py --sinkhorn: the eager sinkhorn's layers and cProfile of its registry
 #    step (the default: cute), to see where the host time above torch's floor goes.
+# L (any card; cuTile on the path): _cute.Launch.run's launch with its argument array built once (_prepacked): the
+#    CuTe DSL GPU files of every family (mHC, MoE, GDN), then the sinkhorn A/B (its kernel-fn rows: the launch's host
+#    cost against call 7's).
 set -u
 . "$(dirname "$0")/_steps.sh"
 session_start
@@ -55,6 +58,14 @@ H) grep -q H200 "$OUT/device.txt" || { echo "H: not an H200"; cat "$OUT/device.t
    tail -24 "$OUT/proj_rms.log"; tail -12 "$OUT/post_pre.log"; tail -14 "$OUT/sk_ab.log" ;;
 P) step sk_prof 300 python3 benchmarks/probes/host_profile.py --sinkhorn --T 32768
    grep -A40 "tottime" "$OUT/sk_prof.log" | head -45; tail -14 "$OUT/sk_prof.log" ;;
-*) echo "usage: session62_gpu.sh T|G|K|H|P"; exit 2 ;;
+L) step cute_files 560 $P -n 12 tests/mhc/test_mhc_cute_aggregate.py tests/mhc/test_mhc_cute_post_bda.py \
+     tests/mhc/test_mhc_cute_proj_rms.py tests/mhc/test_mhc_cute_sinkhorn.py tests/mhc/test_mhc_cute_sk_bwd.py \
+     tests/mhc/test_mhc_cute_pre_rest.py tests/mhc/test_mhc_cute_pp_mix.py tests/moe/test_mxfp8_cute.py \
+     tests/moe/test_swiglu_cute.py tests/moe/test_qdq_cute.py tests/moe/test_moe_cute_registry.py \
+     tests/gdn/test_gdn_cute_decode.py tests/gdn/test_gdn_cute_pre_gated.py tests/test_cute_launch.py
+   grep -E "passed|failed" "$OUT/cute_files.log" | tail -3 ;;
+M) step sk_ab 300 python3 benchmarks/probes/host_profile.py --sinkhorn-ab --T 32768
+   tail -14 "$OUT/sk_ab.log" ;;
+*) echo "usage: session62_gpu.sh T|G|K|H|P|L|M"; exit 2 ;;
 esac
 cat "$OUT/device.txt" "$SUM"
