@@ -120,6 +120,8 @@ SINKHORN = OpSpec(
     entry="tilekernels.mhc.ops:sinkhorn",
     backends=[_cute("cute_sinkhorn",
                     Constraint(expr="n <= 7", message="n <= 7 (at n = 8 the backward's 2 n^2 live values spill)"),
+                    Constraint(expr="T < 2**31 - 128", message="T is an int32 launch argument and the CTAs' token "
+                                                                "indices (b * 128 + thread) are int32"),
                     Constraint(expr="2 * iters * n + 3 * n * n + 3 <= 384",
                                message="the backward's step sums [iters * 2n, 32 tokens] fp32 and its staged rows "
                                        "fit the CTA's 48 KB of shared memory (n = 4: iters <= 41)"),

@@ -524,6 +524,8 @@ class Launch:
         if type(t) is not torch.Tensor:
             t = next(v for v in values if isinstance(v, torch.Tensor))
         index = t.get_device()
+        if index < 0:
+            raise ValueError(f"{self.name}: launched with a tensor on {t.device}, not on a CUDA device")
         if _RECORD_KEYS[0]:
             COMPILE_KEYS.add(self.key(device_arch(index)))
         if index != torch._C._cuda_getDevice():
@@ -540,10 +542,7 @@ class Launch:
             if packed is None:
                 ex.run_compiled_program(addrs)
                 return
-            capi, arr, res = packed
-            capi(arr)
-            if res is not None and res.value:
-                raise RuntimeError(f"{self.name}: the launch returned CUDA error {res.value}")
+            _call_prepacked(self.name, packed)
         else:
             ex(*[s.real(v) for s, v in zip(self.sig, values)], cuda.CUstream(stream))
 
@@ -555,16 +554,32 @@ def _prepacked(ex, addrs: list):
     DSL version): :meth:`Launch.run` then calls ``run_compiled_program``."""
     try:
         capi, n_extra, has_res, kptrs = ex.capi_func, ex._num_extra_args, ex._has_cuda_result, ex._kernel_ptrs
-        res_addr, res = (ex._cuda_result_addr, ex.cuda_result) if has_res else (None, None)
+        # the host function writes its CUDA result where the array points: a slot of this thread's own (the DSL's
+        # one slot an executor would let two threads' launches overwrite each other's error)
+        res = type(ex.cuda_result)() if has_res else None
     except AttributeError:
         return None
-    extra = ([res_addr] if has_res else []) + list(kptrs or ())
+    extra = ([ctypes.addressof(res)] if has_res else []) + list(kptrs or ())
     if n_extra != len(extra):
         return None
     arr = (ctypes.c_void_p * (len(addrs) + n_extra))()
     for i, a in enumerate(list(addrs) + extra):
         arr[i] = a if type(a) is not ctypes.c_void_p else a.value
     return capi, arr, res
+
+
+def _call_prepacked(name: str, packed) -> None:
+    """One launch through :func:`_prepacked`'s array; a nonzero CUDA result raises (as the DSL's call does)."""
+    capi, arr, res = packed
+    capi(arr)
+    if res is not None and res.value:
+        code = res.value
+        try:
+            from cuda.bindings import runtime as _rt
+            what = _rt.cudaGetErrorName(_rt.cudaError_t(code))[1].decode()
+        except Exception:  # (an unknown code: the number alone)
+            what = "unknown"
+        raise RuntimeError(f"{name}: the kernel launch returned CUDA error {code} ({what})")
 
 
 @dataclasses.dataclass

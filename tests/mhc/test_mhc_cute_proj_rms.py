@@ -288,21 +288,28 @@ def test_dweight_only_matches_float64(M, N, K):
 
 
 def _slice_counters() -> list[torch.Tensor]:
+    """The cached slice counters (per stream); at least one once a fused call ran with the reuse on."""
     from tilekernels import _glue
-    return [t for k, t in _glue._WORKSPACES.items() if k[0] == "mhc_proj_rms.cute.slices"]
+    got = [t for k, t in _glue._WORKSPACES.items() if k[0] == "mhc_proj_rms.cute.slices"]
+    assert got or not _glue.WORKSPACE_REUSE[0], "no slice counters cached"
+    return got
 
 
 @on_gpu
 @pytest.mark.parametrize("M,N,K,mode", [(1, 24, 7168, "dx"), (65, 8, 200, "dx"), (4099, 24, 7168, "dx"),
                                         (777, 32, 264, "dx"), (130, 3, 8, "dx"), (300, 24, 1000, "dw"),
-                                        (4099, 24, 7168, "agg"), (37, 15, 600, "agg")], ids=lambda v: str(v))
+                                        (4099, 24, 7168, "agg"), (37, 15, 600, "agg"), (65, 24, 768, "agg_sm")],
+                         ids=lambda v: str(v))
 def test_fused_sums_bitwise(M, N, K, mode):
     """FUSE_RED (the kernel's last CTA of a slice sums its partials) against the separate reduction launch: dx and
     dweight bitwise equal (the same order and rounding), with 1, 2 and 7 row groups, slice tails (K 200, 264: the
-    second half past K; K 8: one slice), DW_ONLY and mhc_pre's AGG_C pass; the slice counters are zero after every
-    call (the next call depends on it), also for a call on another stream and for two replays of a CUDA graph."""
+    second half past K; K 8: one slice), DW_ONLY and mhc_pre's AGG_C pass (by the per-stream pieces, the per-pair
+    words, and the shared tile with the channel-major slice order: AGG_IL off at C 256); the cached slice counters are
+    zero after every call (the next call depends on it), also after a call on another stream (its own counters).
+    Under a CUDA graph's capture the counters are a fresh zeroed buffer whose memset the graph replays: two replays
+    give the same dx and dweight."""
     x, w, dproj, dr, r = _inputs(M, N, K)
-    n = {"agg": next(n for n in (4, 3, 2) if K % n == 0), "dx": 0, "dw": 0}[mode]
+    n = {"agg": next(n for n in (4, 3, 2) if K % n == 0), "agg_sm": 3, "dx": 0, "dw": 0}[mode]
     if n:
         dl = torch.randn(M, K // n, device="cuda").to(BF)
         hpre_t = torch.rand(n, M, device="cuda")
@@ -311,14 +318,15 @@ def test_fused_sums_bitwise(M, N, K, mode):
     def call(cfg, dx, dw):
         if mode == "dw":
             cpr.dweight_into(dproj, x, dw, cfg=cfg)
-        elif mode == "agg":
+        elif mode in ("agg", "agg_sm"):
             cpr.bwd_agg_into(dproj, dr, xs, w, r, dl, hpre_t, dx.view(xs.shape), dw, 1e-6, cfg=cfg)
         else:
             cpr.bwd_into(dproj, dr, x, w, r, dx, dw, 1e-6, cfg=cfg)
 
     base = cpr.ProjRmsBwdCuteCfg.heuristic(N, K)
     if n:
-        base = dataclasses.replace(base, AGG_C=K // n)
+        base = dataclasses.replace(base, AGG_C=K // n, AGG_IL=mode != "agg_sm")
+        assert base._agg_sm == (mode == "agg_sm") and (mode != "agg_sm" or base.CHM)
     outs = []
     for fuse in (False, True, True):
         dx, dw = torch.full_like(x, float("nan")), torch.full_like(w, float("nan"))
@@ -346,10 +354,13 @@ def test_fused_sums_bitwise(M, N, K, mode):
         with torch.cuda.graph(graph):
             call(base, gdx, gdw)
         for _ in range(2):
+            gdx.fill_(float("nan"))
             gdw.fill_(float("nan"))
             graph.replay()
             torch.cuda.synchronize()
             assert torch.equal(gdw, outs[0][1]), "dweight from a graph replay"
+            if mode != "dw":
+                assert torch.equal(gdx, outs[0][0]), "dx from a graph replay"
 
 
 @on_gpu

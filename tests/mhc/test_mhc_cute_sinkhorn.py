@@ -7,7 +7,8 @@ the refusals name their limit. GPU (marked ``gpu``): out and dlogits against the
 the suite's fp32 tolerance, 1e-5; approximate reciprocals are within 2 ulp and the reference's steps are the same
 sums) on fresh random logits of several scales, outputs NaN-poisoned, T on both sides of the 128- and 32-token CTAs
 (1, 31, 32, 33, 127, 128, 129, 1000) and T = 0, n = 1..7, 1 / 20 / the most steps; the cuTile kernels agree within
-the same tolerance; two runs bitwise equal; the registry's default and autograd through it.
+the same tolerance; two runs bitwise equal; the registry's default and autograd through it; the launches
+take _cute.Launch.run's prebuilt argument array.
 """
 from __future__ import annotations
 
@@ -60,8 +61,10 @@ def test_ieee_reciprocals_compile():
 
 
 def test_logits_mode_leaves_the_mhc_pre_kernel():
-    """LOGITS is a trace-time switch of cute_sk_bwd: with it off (mhc_pre / mhc_post_pre's kernel) the PTX is what a
-    config without the field produces, but for the name; with it on the kernel reads no r or bias."""
+    """LOGITS is a trace-time switch of cute_sk_bwd: with it on the kernel loads the logits and dout rows alone (no
+    r, no res bias); with it off (mhc_pre / mhc_post_pre's kernel) the projection's rows, dh_res's, r and the n*n res
+    biases, as before the field (its PTX was compared by hand with the kernel before LOGITS: identical but for the
+    kernel's name; the mHC ledger, session 62)."""
     for n in (1, 4):
         off = SB.launch(SB.SkBwdCuteCfg(n, 1 << (n - 1).bit_length(), 20), torch.float32).export("sm_90a").ptx
         on = SB.launch(S.bwd_cfg(n, 20), torch.float32).export("sm_90a").ptx
@@ -143,6 +146,18 @@ def test_matches_float64(T, n, scale, steps):
     S.fwd_into(logits, out2, iters, EPS)
     S.bwd_into(dout, logits, dl2, iters, EPS)
     assert torch.equal(out, out2) and torch.equal(dl, dl2), "two runs differ"
+
+
+@on_gpu
+def test_launches_take_the_prepacked_path():
+    """Both launches of a real executor go through _cute.Launch.run's prebuilt argument array (_prepacked), not the
+    DSL's per-call packing (a DSL whose executor has another layout would fall back silently: this fails instead)."""
+    logits = _logits(64, 4, 1.0)
+    _checked(logits, torch.randn_like(logits), 20)
+    idx = logits.get_device()
+    for ln in (S._fwd_for(4, 20), S._bwd_for(4, 20)):
+        sl = ln._slots(idx, ln._executor(idx))
+        assert sl is not None and sl[2] is not None, ln.name
 
 
 @on_gpu

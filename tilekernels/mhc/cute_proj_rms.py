@@ -157,7 +157,8 @@ class ProjRmsBwdCuteCfg:
         rows = self.STAGES * self.BM * (self.N + 2) * 4   # dproj, r, dr per stage (r, dr unused by DW_ONLY)
         dl = 2 * self.BM * (HALF + 8) * 2 if self._agg_sm else 0
         dl += self.STAGES * self.PPS * PIECE * self.BM * 2 if self._agg_il else 0
-        return x + w + hl + rows + dl + 2 * self.BM * 4 * self.STAGES + 2 * self.STAGES * 8 + 1024
+        flag = 16   # FUSE_RED's count
+        return x + w + hl + rows + dl + 2 * self.BM * 4 * self.STAGES + 2 * self.STAGES * 8 + flag + 1024
 
     @property
     def _agg_il(self) -> bool:
@@ -172,6 +173,12 @@ class ProjRmsBwdCuteCfg:
         """AGG_IL: 64-channel pieces a stream in a CTA (4 // n); the CTA's pieces p = 0..3 are stream p // PPS,
         channels cs * 64 PPS + 64 (p % PPS) ..; warpgroup wc owns pieces 2 wc, 2 wc + 1."""
         return 4 // (self.K // self.AGG_C) if self._agg_il else 0
+
+    @property
+    def grid_x(self) -> int:
+        """The backward's channel slices (gridDim.x): cdiv(K, BK), with AGG_IL cdiv(C, 64 PPS) (a CTA takes BK // n
+        channels of every stream); also the number of FUSE_RED's slice counters."""
+        return -(-self.AGG_C // (PIECE * self.PPS)) if self._agg_il else -(-self.K // self.BK)
 
     @property
     def nct(self) -> int:
@@ -622,17 +629,15 @@ def _bwd_host(cfg: cutlass.Constexpr, x: cute.Pointer, w: cute.Pointer, dproj: c
         tma_dx, tDX = cpasync.make_tiled_tma_atom(s2g, mDX, pone, (PIECE, BM))
         tma_dl, tDL = cpasync.make_tiled_tma_atom(g2s, cute.make_tensor(dl, cute.make_layout((C, M), stride=(1, C))),
                                                   pone, (PIECE, BM))
-        grid_x = (C + PIECE * cfg.PPS - 1) // (PIECE * cfg.PPS)
     else:
         tma_x, tX = cpasync.make_tiled_tma_atom(g2s, mX, one, (HALF, BM))
         tma_dx, tDX = cpasync.make_tiled_tma_atom(s2g, mDX, one, (HALF, BM))
         tma_dl, tDL = tma_x, tX   # (unused)
-        grid_x = (K + cfg.BK - 1) // cfg.BK
     tma_p, tP = cpasync.make_tiled_tma_atom(g2s, mP, cute.make_layout((cfg.PBOX, 1)), (cfg.PBOX, 1))
     tma_r, tR = cpasync.make_tiled_tma_atom(g2s, mR, cute.make_layout((BM, 1)), (BM, 1))
     tma_dr, tDR = cpasync.make_tiled_tma_atom(g2s, mDR, cute.make_layout((BM, 1)), (BM, 1))
     _bwd_kernel(cfg, tma_x, tX, tma_dx, tDX, tma_p, tP, tma_r, tR, tma_dr, tDR, tma_dl, tDL, w, p_dw, dl, hp, dw, cnt,
-                M, eps).launch(grid=(grid_x, GMe, 1), block=(THREADS, 1, 1), stream=stream, min_blocks_per_mp=1,
+                M, eps).launch(grid=(cfg.grid_x, GMe, 1), block=(THREADS, 1, 1), stream=stream, min_blocks_per_mp=1,
         preferred_smem_carveout=100)
 
 
@@ -702,7 +707,7 @@ def _run_bwd(cfg: ProjRmsBwdCuteCfg, x, weight, dproj, dr, r, dst, dl, hp, dweig
     gme = min(cfg.GM, -(-M // cfg.BM))
     p_dw = torch.empty((gme, cfg.N, K), dtype=torch.float32, device=x.device)
     if cfg.FUSE_RED:
-        cnt = workspace("mhc_proj_rms.cute.slices", (-(-K // PIECE),), torch.int32, x.device, zero=True)
+        cnt = workspace("mhc_proj_rms.cute.slices", (cfg.grid_x,), torch.int32, x.device, zero=True)
         bwd_launch(cfg).run(x, weight, dproj, dr, r, dst, p_dw, dl, hp, dw, cnt, M, gme, eps)
     else:
         bwd_launch(cfg).run(x, weight, dproj, dr, r, dst, p_dw, dl, hp, dw, p_dw, M, gme, eps)

@@ -65,8 +65,8 @@ class SkBwdCuteCfg(TokenCtaCfg):
         return self.n * self.n if self.LOGITS else self.N
 
     def __post_init__(self):
-        if not (self.n >= 1 and self.NP >= self.n and self.ITERS >= 0):
-            raise ValueError(f"SkBwdCuteCfg: n >= 1, NP >= n, ITERS >= 0: {self}")
+        if not (self.n >= 1 and self.NP >= self.n and self.ITERS >= 0) or (self.LOGITS and self.NP != self.n):
+            raise ValueError(f"SkBwdCuteCfg: n >= 1, NP >= n (LOGITS: NP == n, dlogits unpadded), ITERS >= 0: {self}")
         self._check_cta()
 
     @property
