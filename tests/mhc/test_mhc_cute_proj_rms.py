@@ -288,10 +288,13 @@ def test_dweight_only_matches_float64(M, N, K):
 
 
 def _slice_counters() -> list[torch.Tensor]:
-    """The cached slice counters (per stream); at least one once a fused call ran with the reuse on."""
+    """The cached slice counters (per stream): at least one once a fused call ran, unless the workspace cache keeps
+    nothing here (reuse off, or ``may_keep`` refusing a fresh buffer: under compute-sanitizer the allocator's
+    snapshot shows no pool)."""
     from tilekernels import _glue
     got = [t for k, t in _glue._WORKSPACES.items() if k[0] == "mhc_proj_rms.cute.slices"]
-    assert got or not _glue.WORKSPACE_REUSE[0], "no slice counters cached"
+    keeps = _glue.WORKSPACE_REUSE[0] and _glue.may_keep(torch.zeros(1, device="cuda"))
+    assert got or not keeps, "no slice counters cached"
     return got
 
 
