@@ -336,7 +336,8 @@ def test_fused_sums_bitwise(M, N, K, mode):
         call(dataclasses.replace(base, FUSE_RED=fuse), dx, dw)
         outs.append((dx, dw))
         torch.cuda.synchronize()
-        assert all(not c.any() for c in _slice_counters()), "a slice counter left nonzero"
+        if fuse:   # (before the first fused call of a process nothing is cached yet)
+            assert all(not c.any() for c in _slice_counters()), "a slice counter left nonzero"
     assert_close(outs[1][1], upcast(dproj).T @ upcast(x), what="dweight")
     for dx, dw in outs[1:]:
         assert torch.equal(dw, outs[0][1]), "dweight: fused sums differ from the reduction launch"
