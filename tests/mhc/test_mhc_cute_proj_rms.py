@@ -289,8 +289,7 @@ def test_dweight_only_matches_float64(M, N, K):
 
 def _slice_counters() -> list[torch.Tensor]:
     """The cached slice counters (per stream): at least one once a fused call ran, unless the workspace cache keeps
-    nothing here (reuse off, or ``may_keep`` refusing a fresh buffer: under compute-sanitizer the allocator's
-    snapshot shows no pool)."""
+    nothing here (reuse off, or ``may_keep`` refusing a fresh buffer: allocations routed to a private pool)."""
     from tilekernels import _glue
     got = [t for k, t in _glue._WORKSPACES.items() if k[0] == "mhc_proj_rms.cute.slices"]
     keeps = _glue.WORKSPACE_REUSE[0] and _glue.may_keep(torch.zeros(1, device="cuda"))
