@@ -22,3 +22,12 @@ session_start() {
   P="$PYT -p instafail -m gpu -rfE"
   nvidia-smi --query-gpu=name,clocks.max.sm,power.limit --format=csv,noheader > "$OUT/device.txt"
 }
+# sanitize NAME SECONDS PYTEST-ARGS...: the three compute-sanitizer tools (memcheck, initcheck, racecheck) on one GPU
+# pytest selection at once, each a step named <tool>_NAME.
+sanitize() {
+  local name=$1 secs=$2; shift 2
+  for tool in memcheck initcheck racecheck; do
+    step ${tool}_$name $secs $SAN --tool $tool $PYT -m gpu "$@" &
+  done
+  wait
+}

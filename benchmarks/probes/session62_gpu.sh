@@ -29,10 +29,7 @@ T) step tests 420 $P -n 8 tests/mhc/test_mhc_cute_proj_rms.py tests/mhc/test_mhc
    FR='test_fused_sums_bitwise and (65-8 or 130-3 or 777-32 or 300-24 or 37-15)'
    FR="$FR or (test_bwd_matches_float64 and (M3-N3 or M65-N8 or M129-N15)) or (test_dweight_only and 65)"
    FR="$FR or (test_bwd_agg_matches_float64 and (T65-n4-C200 or T37-n2 or T5-n4))"
-   for tool in memcheck initcheck racecheck; do
-     step ${tool}_fused 400 $SAN --tool $tool $PYT -m gpu tests/mhc/test_mhc_cute_proj_rms.py -k "$FR" &
-   done
-   wait
+   sanitize fused 400 tests/mhc/test_mhc_cute_proj_rms.py -k "$FR"
    grep -E "passed|failed" "$OUT/tests.log" | tail -3 ;;
 G) step proj_rms 300 python3 benchmarks/probes/mhc_cute_proj_rms_time.py --registry cute --registry-ab sep,gm10 \
      --rounds 5 --ab sep,gm10,gm5,gm8
@@ -43,10 +40,7 @@ K) step sk_tests 400 $P -n 8 tests/mhc/test_mhc_cute_sinkhorn.py tests/mhc/test_
      tests/mhc/test_mhc_sinkhorn.py tests/mhc/test_mhc_cutile_registry.py
    SK='test_matches_float64 and (T1-n4 or T33-n4 or T129-n4 or T333-n3 or T37-n1 or T67-n7) and unit'
    SK="$SK or test_empty_and_ties or (test_registry_default_and_autograd and T7-n3)"
-   for tool in memcheck initcheck racecheck; do
-     step ${tool}_sk 300 $SAN --tool $tool $PYT -m gpu tests/mhc/test_mhc_cute_sinkhorn.py -k "$SK" &
-   done
-   wait
+   sanitize sk 300 tests/mhc/test_mhc_cute_sinkhorn.py -k "$SK"
    step sk_ab 300 python3 benchmarks/probes/host_profile.py --sinkhorn-ab --T 32768
    tail -14 "$OUT/sk_ab.log" ;;
 H) grep -q H200 "$OUT/device.txt" || { echo "H: not an H200"; cat "$OUT/device.txt"; exit 4; }

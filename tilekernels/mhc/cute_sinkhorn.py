@@ -41,18 +41,17 @@ from tilekernels._glue import kernel
 from . import cute_sk_bwd as SB
 from .cute_post_bda import _ptr
 from .cute_pp_mix import _exp_rowmax, _scale_line
-from .cute_pre_rest import _cta_tokens, _load_rows, _rows_smem, _stage_out, _store_rows, smem16
+from .cute_pre_rest import TokenCtaCfg, _cta_tokens, _load_rows, _rows_smem, _stage_out, _store_rows, smem16
 
 _NAME = "mhc.cute_sinkhorn"
-SMEM_LIMIT = 48 * 1024
 MAX_N = 7   # n = 8: the backward spills (255 registers and a local frame)
 
 
 @dataclasses.dataclass(frozen=True)
-class SinkFwdCuteCfg:
+class SinkFwdCuteCfg(TokenCtaCfg):
     """Forward launch config (compile key). n: streams; ITERS: steps; APPROX: approximate reciprocals (rcp.approx, as
     the cuTile kernels' div.approx); TT: tokens a CTA (its first TT threads take one each); NT: threads a CTA (all
-    load and store the rows)."""
+    load and store the rows). The CTA limits (TT, NT, 48 KB of shared memory) are the token kernels' (TokenCtaCfg)."""
 
     n: int
     ITERS: int
@@ -61,10 +60,7 @@ class SinkFwdCuteCfg:
     NT: int = 128
 
     def __post_init__(self):
-        if not (1 <= self.n <= 8 and self.ITERS >= 0 and self.TT % 32 == 0 and 32 <= self.TT <= self.NT <= 1024
-                and self.NT % self.TT == 0 and self.smem_bytes <= SMEM_LIMIT):
-            raise ValueError(f"SinkFwdCuteCfg: n in 1..8, ITERS >= 0, TT a multiple of 32 <= NT <= 1024, NT a "
-                             f"multiple of TT, {self.smem_bytes} bytes of shared memory <= {SMEM_LIMIT}: {self}")
+        self._check_cta(not (1 <= self.n <= 8 and self.ITERS >= 0), ", n in 1..8, ITERS >= 0")
 
     @property
     def smem_bytes(self) -> int:
@@ -153,11 +149,12 @@ def fwd_into(logits, out, iters: int, eps: float) -> None:
 
 @kernel("mhc_sinkhorn", "cute", "bwd")
 def bwd_into(dout, logits, dlogits, iters: int, eps: float) -> None:
-    """dlogits [T, n, n] fp32 for dout [T, n, n] fp32 (the registry's bwd signature): cute_sk_bwd's kernel with the
+    """dlogits [T, n, n] fp32 for dout [T, n, n] fp32, contiguous (the registry's bwd signature; the generated
+    wrapper hands over contiguous grads): cute_sk_bwd's kernel with the
     logits rows (r, bias and a_res are not read: the logits stand in for their pointers)."""
     T, n = logits.shape[0], logits.shape[1]
     if T:
-        _bwd_for(n, int(iters)).run(logits, logits, logits, dout.contiguous(), dlogits, 1.0, float(eps), T)
+        _bwd_for(n, int(iters)).run(logits, logits, logits, dout, dlogits, 1.0, float(eps), T)
 
 
 def representative_launches(n: int = 4, iters: int = 20) -> dict[str, CU.Launch]:
