@@ -47,7 +47,7 @@ from specs.schema import Backend, OpSpec
 
 from . import capabilities as caps
 from .errors import BackendUnavailable, SpecError
-from .guards import HIT, MEMO, CallGuards, value_memo, values_unchanged
+from .guards import HIT, MEMO, RUN, CallGuards, value_memo, values_unchanged
 from .kernels import has_kernel
 from .transforms import func_transforms
 from .validate import (Bound, bind, check_values, dtype_name, failing_constraint, precompile, recheck_overlap,
@@ -377,6 +377,13 @@ class Op:
                          self._rules[1])
             if pattern is not None:  # checked (or queued on the device) for these tensors
                 pattern[MEMO] = value_memo(tensors, self._value_idx)
+        if pattern is not None:  # the pattern fixes the metadata: the generated op's prepared call for it
+            run = pattern[RUN]
+            if run is None:
+                gen = getattr(self.entry, "gen", None)
+                run = pattern[RUN] = False if gen is None else gen.prepared(chosen, params, tensors)
+            if run:
+                return run(tensors)
         return self.entry(*tensors, backend=chosen, **params)
 
     def _in_order(self, args, kwargs) -> list:

@@ -78,7 +78,7 @@ def _kw_key(kwargs: dict) -> Optional[tuple]:
     return (tuple(kwargs), vals, types)
 
 
-HIT, MEMO = 5, 6  # a pattern's slots: the cached result, the value-rule memo
+HIT, MEMO, RUN = 5, 6, 7  # a pattern's slots: the cached result, the value-rule memo, its prepared call
 
 
 def host_values(t: torch.Tensor) -> Any:
@@ -149,8 +149,9 @@ class CallGuards:
         self._next = 0
 
     def lookup(self, args: tuple, kwargs: dict, mode: tuple) -> Optional[list]:
-        """This call's pattern ``[..., hit, value memo]`` (``hit``: the validated-call cache's
-        result, at ``HIT``; the memo at ``MEMO``, see ``values_unchanged``), or None (then the
+        """This call's pattern ``[..., hit, value memo, prepared call]`` (``hit``: the validated-call
+        cache's result, at ``HIT``; the memo at ``MEMO``, see ``values_unchanged``; at ``RUN`` the
+        caller's prepared call for this metadata, None until it builds one), or None (then the
         caller takes the slow key).
         Keyword values are compared with ``==`` after their types: patterns never hold a
         float zero (see ``add``) or NaN, so equal values are the same param."""
@@ -192,7 +193,7 @@ class CallGuards:
             guard = _make([args[i] for i in tpos])
         except Exception:  # noqa: BLE001 - e.g. a tensor TensorGuards cannot describe
             return
-        entry = [types, kw, mode, None if len(tpos) == len(args) else tuple(tpos), guard, hit, None]
+        entry = [types, kw, mode, None if len(tpos) == len(args) else tuple(tpos), guard, hit, None, None]
         if len(self._entries) < _PATTERNS:
             self._entries.insert(0, entry)
         else:

@@ -49,12 +49,12 @@ import torch
 import torch.autograd.forward_ad as _fwad
 from torch import Tensor
 
-from registry.kernels import get_kernel, skipped_grads
+from registry.kernels import _KERNELS, get_kernel, skipped_grads
 from registry.transforms import PLAIN_AUTOGRAD, GradLevel, func_transforms, records_graph
 from registry.exprs import GRAD_DTYPE_NAMES, GRAD_DTYPES, _fn, evaluate
 from specs.schema import OpSpec, TensorSpec
 
-from ._glue import empty, run_kernel, run_pass
+from ._glue import _POISON, empty, poison_, run_kernel, run_pass
 
 _PY = {"int": "int", "float": "float", "bool": "bool", "str": "str", "ints": "list[int]"}
 
@@ -346,7 +346,7 @@ class _Gen:
             return [None if t is None or t.dtype not in GRAD_DTYPES else (t.shape, t.dtype, t.device)
                     for t in (tensors[i] for i in diff_in_at)]
 
-        def bwd(ctx, *grads, via_op: bool = False, saved: Optional[tuple] = None):
+        def bwd(ctx, *grads, via_op: Optional[bool] = None, saved: Optional[tuple] = None):
             saved = ctx.saved_tensors if saved is None else saved  # (unpacked once: checkpointing allows no more)
             ret = ctx.returned  # None: every output returned, grads in output order
             gout = [(grads[i] if ret is None else grads[ret.index(i)]).contiguous() for i in diff_out_at]
@@ -358,12 +358,12 @@ class _Gen:
                     if n in skips:
                         meta[k] = None
             dins = [None if m is None else empty(*m) for m in meta]
-            # via_op: through the dispatcher, which unwraps a transform's wrappers (dead ones too)
+            # via_op: through the dispatcher, which unwraps a transform's wrappers (dead ones too); None: asked
             run_pass(gen.bwd_op, gen.name, "bwd", *gout, *saved, *dins, *ctx.params, backend=ctx.backend,
-                     via_op=via_op or None)
+                     via_op=via_op)
             return (*[None if k is None else dins[k] for k in grad_slot], *no_grads)
 
-        def bwd_recording(ctx, grads, via_op: bool = False):
+        def bwd_recording(ctx, grads, via_op: Optional[bool] = None):
             """The pass in a backward that records (create_graph, or a torch.func transform): run without
             recording (the custom op's autograd would wrap it), its results behind ``_NoSecondOrder``. The
             saved tensors are unpacked once (non-reentrant checkpointing refuses a second unpack; offload
@@ -439,9 +439,43 @@ class _Gen:
                 func_transforms(gen.name, backward_of=ctx.level, grads=grads)
                 return (*bwd_recording(ctx, grads, via_op=True), None)
 
+        class FnP(torch.autograd.Function):
+            """Fn for a prepared call (``_Gen.prepared``): the inputs, then the :class:`Prepared` that holds what
+            every call of that metadata shares (allocation plan, params, backend, gradient metadata), so a call
+            passes no params and recomputes none of it. The same ctx as Fn's, and Fn's backward."""
+
+            @staticmethod
+            def forward(ctx, *args):
+                prep = args[-1]
+                tensors = args[:-1]
+                made = prep.alloc()
+                prep.run_fwd(tensors, made)
+                both = (*tensors, *made)
+                ctx.save_for_backward(*[both[i] for i in save_at])
+                ctx.params, ctx.backend, ctx.in_meta, ctx.returned = prep.params, prep.backend, prep.in_meta, \
+                    prep.returned
+                if nondiff_at:
+                    nondiff = [made[i] for i in nondiff_at if made[i] is not None]
+                    if nondiff:
+                        ctx.mark_non_differentiable(*nondiff)
+                return prep.result(made)
+
+            @staticmethod
+            def backward(ctx, *grads):
+                if torch.is_grad_enabled() or torch._C._are_functorch_transforms_active() or \
+                        _fwad._current_level >= 0 or torch._C._len_torch_dispatch_stack() or \
+                        torch.compiler.is_compiling():  # (compiled autograd traces it)
+                    return Fn.backward(ctx, *grads)[:n_in + 1]  # the inputs' gradients, the Prepared's None
+                return bwd(ctx, *grads, via_op=False)[:n_in + 1]  # Fn.backward's plain case, its checks done
+
         Fn.__name__ = Fn.__qualname__ = "".join(w.title() for w in self.name.split("_"))
         FnT.__name__ = FnT.__qualname__ = Fn.__name__ + "Func"
-        self.fn_func = FnT
+        FnP.__name__ = FnP.__qualname__ = Fn.__name__ + "Prepared"
+        for cls in (Fn, FnT, FnP):  # the graph nodes' names (grad_fn, anomaly mode, profiler): the op's, not "Fn"'s
+            bw = getattr(cls, "_backward_cls", None)
+            if bw is not None:
+                bw.__name__ = bw.__qualname__ = cls.__name__ + "Backward"
+        self.fn_func, self.fn_prepared, self.grad_meta = FnT, FnP, grad_meta
         return Fn
 
     def call(self, tensors, params, backend: str):
@@ -469,6 +503,15 @@ class _Gen:
         outs = [o for o in made[:len(self.outs)] if o is not None]
         return outs[0] if len(outs) == 1 else tuple(outs)
 
+    def prepared(self, backend: str, params: dict, tensors) -> "Prepared | bool":
+        """A :class:`Prepared` call for calls of this metadata (what the registry's guard pattern fixes: every
+        input's size, strides, dtype, device and requires_grad, the params, the backend and grad mode), or False
+        where the op has none (an op that updates an input in place keeps the general path). Built under the
+        call that made the pattern; the registry keeps it with the pattern."""
+        if self.inout or torch.compiler.is_compiling() or set(params) != set(self.params):
+            return False
+        return Prepared(self, backend, [params[n] for n in self.params], tensors)
+
     def call_transformed(self, tensors, params, backend: str):
         """A differentiable op's call under torch.func transforms: grad / vjp (one level) go through the
         setup_context Function; functionalize alone runs the fwd pass (through the functional op). vmap,
@@ -486,6 +529,67 @@ class _Gen:
                 made = self.forward(tensors, params, backend)
         outs = [o for o in made[:len(self.outs)] if o is not None]
         return outs[0] if len(outs) == 1 else tuple(outs)
+
+
+class Prepared:
+    """One op's eager call with its metadata fixed (``_Gen.prepared``; the registry's guard pattern holds one):
+    the allocation plan, the params in kernel order, the gradients' metadata and which outputs are returned,
+    worked out once. A call checks only what the pattern does not fix (a dispatch mode, a torch.func transform,
+    forward-mode AD: those take ``_Gen.call``), then allocates, runs the fwd kernel (looked up per call: a
+    replaced kernel is seen) and, where autograd records, does so through the op's ``FnP`` Function. Same
+    results as ``_Gen.call``: the same allocation (``_glue.empty``'s poisoning included), kernel arguments,
+    autocast handling, saved tensors and backward. Host cost: the registry ledger, session 63."""
+
+    __slots__ = ("gen", "backend", "params", "shapes", "device", "in_meta", "returned", "present", "fkey",
+                 "autograd", "no_grad")
+
+    def __init__(self, gen: _Gen, backend: str, params: list, tensors) -> None:
+        self.gen, self.backend, self.params = gen, backend, tuple(params)
+        plan = gen._plan(dict(zip(gen.ins, tensors)), dict(zip(gen.params, params)))
+        self.shapes = tuple((shape, dt) for _, shape, dt in plan)
+        self.device = tensors[0].device
+        n_out = len(gen.outs)
+        self.present = tuple(i for i in range(n_out) if plan[i][1] is not None)
+        self.returned = None if len(self.present) == n_out else self.present
+        self.fkey = (gen.name, backend, "fwd")
+        # what the pattern fixes only (grad mode, requires_grad): not a forward-AD level or trace of the building call
+        self.autograd = gen.fn is not None and torch.is_grad_enabled() and \
+            any(t is not None and t.requires_grad for t in tensors)
+        self.in_meta = gen.grad_meta(tensors) if self.autograd else None
+        # a non-differentiable op records no graph whatever its inputs (a torch backend's copy_ into an output
+        # would): its pass runs with grad mode off, as in _Gen.call
+        self.no_grad = gen.fn is None and torch.is_grad_enabled()
+
+    def alloc(self) -> list:
+        dev = self.device
+        made = [None if s is None else torch.empty(s, dtype=dt, device=dev) for s, dt in self.shapes]
+        if _POISON[0]:
+            for m in made:
+                if m is not None:
+                    poison_(m)
+        return made
+
+    def run_fwd(self, tensors, made: list) -> None:
+        fn = _KERNELS.get(self.fkey) or get_kernel(*self.fkey)
+        run_kernel(fn, (*tensors, *made, *self.params))
+
+    def result(self, made: list):
+        p = self.present
+        return made[p[0]] if len(p) == 1 else tuple(made[i] for i in p)
+
+    def __call__(self, tensors):
+        if torch._C._len_torch_dispatch_stack() or _fwad._current_level >= 0 or \
+                torch._C._are_functorch_transforms_active():
+            return self.gen.call(list(tensors), list(self.params), self.backend)
+        if self.autograd:
+            return self.gen.fn_prepared.apply(*tensors, self)
+        made = self.alloc()
+        if self.no_grad:
+            with torch.no_grad():
+                self.run_fwd(tensors, made)
+        else:
+            self.run_fwd(tensors, made)
+        return self.result(made)
 
 
 class _NoSecondOrder(torch.autograd.Function):

@@ -17,7 +17,8 @@ mhc_cute_step() {  # B's third step; BC runs it with C (cuTile on the path: its 
   step mhc_cute 200 $P -n 12 --junitxml="$OUT/mhc_cute.xml" tests/mhc/test_mhc_cute_aggregate.py \
      tests/mhc/test_mhc_cute_post_bda.py tests/mhc/test_mhc_cute_pp_mix.py tests/mhc/test_mhc_cute_pre_rest.py \
      tests/mhc/test_mhc_cute_sk_bwd.py tests/mhc/test_mhc_cute_proj_rms.py tests/mhc/test_mhc_cute_proj_rms_fwd.py \
-     tests/mhc/test_mhc_cute_pre.py tests/mhc/test_mhc_big_cases.py
+     tests/mhc/test_mhc_cute_pre.py tests/mhc/test_mhc_big_cases.py tests/mhc/test_mhc_cute_sinkhorn.py \
+     tests/test_cute_launch.py
 }
 case "${1:-}" in
 A) step mhc_cutile 300 $P -n 8 --junitxml="$OUT/mhc_cutile.xml" tests/mhc/test_mhc_cutile_gpu.py \

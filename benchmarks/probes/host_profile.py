@@ -237,6 +237,7 @@ def sinkhorn_ab(T: int, n: int = 4, iters: int = 20, eps: float = 1e-6, rounds: 
         rows[f"{b}: bwd kernel fn"] = (lambda kb=kb, dl=dl: kb(dout, logits, dl, iters, eps))
         rows[f"{b}: registry fwd + autograd bwd"] = step(lambda x, b=b: op(x, backend=b, **params))
     rows["default: registry fwd + autograd bwd"] = step(lambda x: op(x, **params))
+    rows["general path: registry fwd + autograd bwd"] = step(lambda x: op(x, **params))
     with torch.no_grad():   # the backends' outputs agree (fp32 tolerance) before anything is timed
         outs = {}
         for b in ("cute", "cutile"):
@@ -246,15 +247,29 @@ def sinkhorn_ab(T: int, n: int = 4, iters: int = 20, eps: float = 1e-6, rounds: 
             outs[b] = (o, d)
         rel = [((outs["cute"][i] - outs["cutile"][i]).norm() / outs["cutile"][i].norm()).item() for i in (0, 1)]
         print(f"cute vs cutile: out rel {rel[0]:.2e}, dlogits rel {rel[1]:.2e}")
+    # "general path": the default backend's calls without the guard pattern's Prepared call (session 63), as every
+    # call ran before it: the op's prepared() answers False while that row runs (patterns cleared on each switch)
+    gen = op.entry.gen
+
+    def general_path(on: bool) -> None:
+        if on != ("prepared" in gen.__dict__):
+            if on:
+                gen.prepared = lambda *a: False
+            else:
+                del gen.prepared
+            op._guards.clear()
+
     host, bench = {k: [] for k in rows}, {k: [] for k in rows}
     for rnd in range(rounds):
         for name in (list(rows) if rnd % 2 == 0 else list(rows)[::-1]):
             fn = rows[name]
+            general_path(name.startswith("general path"))
             with torch.enable_grad() if "fwd+bwd" in name or "autograd" in name else torch.no_grad():
                 host[name].append(per_call_us(fn, n=1000))
                 bench[name].append(do_bench(fn, warmup=25, rep=200, return_mode="median") * 1e3)
     graph = {}
     for name in [k for k in rows if "registry" in k]:
+        general_path(name.startswith("general path"))
         with torch.enable_grad():
             graph[name] = do_bench_cudagraph(rows[name], rep=100, return_mode="median") * 1e3
     print(f"\nmhc_sinkhorn eager (T={T} n={n} iters={iters}; medians of {rounds} rounds; us)")

@@ -2,7 +2,8 @@
 """Host microseconds of the generated op wrapper's layers (tilekernels/_opgen.py), for mhc_sinkhorn
 with its kernels replaced by no-ops, so only host work is left: torch's autograd floor (a do-nothing
 autograd.Function), a hand-written Function with the same allocations and kernel calls, the generated
-Function, the functional entry and the registry call; fwd+bwd steps (leaves' grads None, the same
+Function, the functional entry and the registry call (with its guard pattern's Prepared call, and without it: the
+general path, as before session 63); fwd+bwd steps (leaves' grads None, the same
 pre-made grad output) and forward-only calls that record no graph (no_grad, inference mode, grad mode
 with no input requiring grad). Rounds of the layers interleave; medians.
 
@@ -111,18 +112,34 @@ def main() -> None:
         "fwd+bwd: generated Function": step(lambda: gen.fn.apply(leaf, iters, eps, backend)),
         "fwd+bwd: entry": step(lambda: entry(leaf, iters=iters, eps=eps, backend=backend)),
         "fwd+bwd: registry": step(lambda: op(leaf, backend=backend)),
+        "fwd+bwd: registry, general path": step(lambda: op(leaf, backend=backend)),
         "fwd, no_grad: registry": nograd(lambda: op(x, backend=backend)),
         "fwd, inference_mode: registry": infer(lambda: op(x, backend=backend)),
         "fwd, grad mode, no input requires grad: registry": lambda: op(x, backend=backend),
+        "fwd, no_grad: registry, general path": nograd(lambda: op(x, backend=backend)),
     }
+
+    def general_path(on: bool) -> None:
+        """", general path" rows: calls without the guard pattern's Prepared call (as before session 63)."""
+        if on != ("prepared" in gen.__dict__):
+            if on:
+                gen.prepared = lambda *a: False
+            else:
+                del gen.prepared
+            op._guards.clear()
     sync = torch.cuda.synchronize if dev.type == "cuda" else (lambda: None)
-    for f in rows.values():
+    for k, f in rows.items():
+        general_path(k.endswith("general path"))
         for _ in range(300):
             f()
     sync()
     got = {k: [] for k in rows}
     for _ in range(A.rounds):
         for k, f in rows.items():
+            general_path(k.endswith("general path"))
+            for _ in range(3):  # (the pattern and its Prepared call rebuilt after a switch)
+                f()
+            sync()
             t0 = time.perf_counter()
             for _ in range(A.calls):
                 f()

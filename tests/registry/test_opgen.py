@@ -42,23 +42,23 @@ def _results(r) -> list:
 
 
 def _counted(monkeypatch, op) -> list:
-    """Calls of the op's autograd.Function forward, counted."""
-    fn, calls = op.entry.gen.fn, []
-    real = fn.forward
+    """Calls of the op's autograd.Functions' forwards, counted: the general one and the one a prepared call (a
+    registry guard pattern seen before, in this test or an earlier one) applies."""
+    calls = []
+    for fn in (op.entry.gen.fn, op.entry.gen.fn_prepared):
+        def forward(ctx, *args, real=fn.forward):
+            calls.append(1)
+            return real(ctx, *args)
 
-    def forward(ctx, *args):
-        calls.append(1)
-        return real(ctx, *args)
-
-    monkeypatch.setattr(fn, "forward", staticmethod(forward))
+        monkeypatch.setattr(fn, "forward", staticmethod(forward))
     return calls
 
 
-def _inputs(case, requires_grad: bool):
+def _inputs(case, requires_grad: bool, device: str = "cpu"):
     # the same values for every call of one test, fresh each run: back to the seed conftest gave this
     # test (the run's TK_SEED with the test's id)
     torch.manual_seed(torch.initial_seed())
-    args, params = case.make(case.dims, torch.device("cpu"))
+    args, params = case.make(case.dims, torch.device(device))
     names = [t.name for t in registry.get(case.op).spec.inputs]
     args = [a.detach().clone() if isinstance(a, torch.Tensor) else a for a in args]
     if requires_grad:
@@ -97,6 +97,82 @@ def test_calls_without_a_graph_skip_the_function_with_the_same_results(case, mon
         for g, w in zip(got, want):
             assert g.grad_fn is None and not g.requires_grad, how
             assert g.dtype == w.dtype and g.shape == w.shape and torch.equal(g, w), how
+
+
+def _prepared(op):
+    """The Prepared calls the op's guard patterns hold (registry/guards.py's RUN slot)."""
+    from registry.guards import RUN
+    from tilekernels._opgen import Prepared
+
+    return [e[RUN] for e in op._guards._entries if isinstance(e[RUN], Prepared)]
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("case", CASES)
+def test_prepared_call_matches_the_general_path(case, device):
+    """A call whose metadata the registry's guard pattern has seen runs the op's Prepared call (plan, params and
+    gradient metadata worked out once; ``FnP``): its outputs and input gradients are bit for bit those of the
+    general path (the first call, through the entry), with the same grad outputs; a no_grad call of the same op
+    also takes a Prepared call and matches. Bitwise: the same inputs through the same kernels (the torch
+    reference on the CPU, the registry's GPU backends on cuda: deterministic, their own tests say so)."""
+    op = registry.get(case.op)
+    op._guards.clear()
+    op._checked.clear()
+    got = []
+    for _ in range(3):  # validated, then the pattern made, then the pattern's Prepared call
+        args, params = _inputs(case, requires_grad=True, device=device)
+        outs = _results(op(*args, **params))
+        diff = [o for o in outs if o.requires_grad]
+        gen = torch.Generator().manual_seed(1)  # (not the global seed: _inputs replays that)
+        gouts = [torch.randn(o.shape, generator=gen).to(o.device, o.dtype) for o in diff]
+        torch.autograd.backward(diff, gouts)
+        got.append(([o.detach() for o in outs], [a.grad for a in args if isinstance(a, torch.Tensor)
+                                                 and a.requires_grad], [type(o.grad_fn).__name__ for o in diff]))
+    assert any(p.autograd for p in _prepared(op)), "the third call built no Prepared call"
+    assert all(n.endswith("PreparedBackward") for n in got[2][2]) and not any(
+        n.endswith("PreparedBackward") for n in got[0][2]), (got[0][2], got[2][2])
+    for a, b in zip(got[0][0] + got[0][1], got[2][0] + got[2][1]):
+        assert a.dtype == b.dtype and a.shape == b.shape and torch.equal(a, b)
+    plain, params = _inputs(case, requires_grad=False, device=device)
+    with torch.no_grad():
+        ng = [_results(op(*plain, **params)) for _ in range(3)]
+    assert any(not p.autograd for p in _prepared(op))
+    for a, b in zip(got[0][0], ng[2]):
+        assert b.grad_fn is None and torch.equal(a, b)
+
+
+def test_prepared_call_keeps_nothing_of_the_call_that_built_it(monkeypatch):
+    """A Prepared call holds what the guard pattern fixes, and nothing the building call had besides: built
+    under a forward-AD level (where every call goes through the Function), a later plain call records no graph;
+    a kernel replaced after it was built is the one that runs; allocation poisons under ``poisoned()``, so an
+    output the kernel leaves unwritten is NaN, as on the general path."""
+    import registry.kernels as K
+    from tilekernels._glue import poisoned
+
+    op = registry.get("mhc_sinkhorn")
+    op._guards.clear()
+    op._checked.clear()
+    x = torch.randn(7, 4, 4)
+    with fwad.dual_level():
+        for _ in range(3):
+            op(x)
+    assert _prepared(op), "no Prepared call built under the dual level"
+    calls = _counted(monkeypatch, op)
+    y = op(x)
+    assert y.grad_fn is None and calls == []
+    key = ("mhc_sinkhorn", "torch", "fwd")
+    real = K._KERNELS[key]
+    monkeypatch.setitem(K._KERNELS, key, lambda logits, out, iters, eps: out.fill_(3.0))
+    assert torch.equal(op(x), torch.full_like(x, 3.0))
+    monkeypatch.setitem(K._KERNELS, key, lambda *a: None)
+    with poisoned():
+        assert op(x).isnan().all()
+        leaf = x.clone().requires_grad_()
+        for _ in range(3):
+            out = op(leaf)
+        assert type(out.grad_fn).__name__.endswith("PreparedBackward") and out.isnan().all()
+    monkeypatch.setitem(K._KERNELS, key, real)
+    assert torch.equal(op(x), registry.get("mhc_sinkhorn").reference(x))
 
 
 @pytest.mark.parametrize("case", [c for c in CASES if c.values[0].op in ("mhc_sinkhorn", "gdn_pre_gated")])
