@@ -70,11 +70,12 @@ def main() -> None:
     ap.add_argument("--gap", action="store_true", help="do_bench vs CUDA-graph times of each layer (T=32768)")
     ap.add_argument("--sinkhorn", action="store_true", help="mhc_sinkhorn's layers instead (n=4)")
     ap.add_argument("--sinkhorn-ab", action="store_true", help="mhc_sinkhorn's backends side by side (n=4)")
+    ap.add_argument("--rounds", type=int, default=3, help="--sinkhorn-ab's interleaved rounds")
     a = ap.parse_args()
     if a.sinkhorn:
         return sinkhorn(a.T)
     if a.sinkhorn_ab:
-        return sinkhorn_ab(a.T)
+        return sinkhorn_ab(a.T, rounds=a.rounds)
     T, n, C = a.T, 4, 7168
     r = lambda *s, dt=torch.bfloat16: torch.randn(*s, device="cuda").to(dt)  # noqa: E731
     hr, res, hp, x, b = r(T, n, n, dt=torch.float32), r(T, n, C), r(T, n, dt=torch.float32), r(T, C), r(C)

@@ -23,7 +23,7 @@ B) session_start
 C) session_start
    bash "$D/gpu_suite.sh" C > /dev/null ;;
 M) session_start
-   step sk_ab 300 python3 "$D/host_profile.py" --sinkhorn-ab --T 32768
+   step sk_ab 300 python3 "$D/host_profile.py" --sinkhorn-ab --T 32768 --rounds ${ROUNDS:-3}
    tail -16 "$OUT/sk_ab.log" ;;
 H) bash "$D/session62_gpu.sh" H; exit $? ;;
 *) echo "usage: session63_gpu.sh A|B|C|M|H"; exit 2 ;;
