@@ -23,7 +23,11 @@ declaration (what the backward saves, scratch outputs the backward needs):
   vjp, the same passes as a setup_context Function (``registry/transforms.py``
   says which transforms the ops take and refuses the rest);
 * the functional entry, ``entry(*inputs, <params as keywords>, backend="torch")``,
-  which the registry calls with validated inputs (it trusts its inputs).
+  which the registry calls with validated inputs (it trusts its inputs);
+* :class:`Prepared` calls (``_Gen.prepared``): what an eager call of one metadata recomputes
+  every time (allocation plan, params in kernel order, gradient metadata, returned outputs), done
+  once; the registry keeps one with each guard pattern and calls it on a hit, so the host cost of
+  a repeated eager call is the kernels' launches plus torch's autograd and little else.
 
 Kernel signatures (what every backend registers, destination-passing, params
 positional in spec order):

@@ -22,9 +22,7 @@ sys.path[:0] = [os.path.dirname(_BENCH), _BENCH]
 import torch  # noqa: E402
 
 import registry  # noqa: E402
-from tilekernels._cutile import run_all, workspace_reuse  # noqa: E402
-from tilekernels._glue import get_kernel  # noqa: E402
-from tilekernels.mhc import cutile_post_bda as pb  # noqa: E402
+from tilekernels._glue import get_kernel, workspace_reuse  # noqa: E402
 from _host import cprofile_top, per_call_us  # noqa: E402
 
 
@@ -71,11 +69,15 @@ def main() -> None:
     ap.add_argument("--sinkhorn", action="store_true", help="mhc_sinkhorn's layers instead (n=4)")
     ap.add_argument("--sinkhorn-ab", action="store_true", help="mhc_sinkhorn's backends side by side (n=4)")
     ap.add_argument("--rounds", type=int, default=3, help="--sinkhorn-ab's interleaved rounds")
+    ap.add_argument("--backends", default="cute,cutile", help="--sinkhorn-ab's backends (cute alone: no cuTile needed)")
     a = ap.parse_args()
     if a.sinkhorn:
         return sinkhorn(a.T)
     if a.sinkhorn_ab:
-        return sinkhorn_ab(a.T, rounds=a.rounds)
+        return sinkhorn_ab(a.T, rounds=a.rounds, backends=tuple(a.backends.split(",")))
+    from tilekernels._cutile import run_all
+    from tilekernels.mhc import cutile_post_bda as pb
+
     T, n, C = a.T, 4, 7168
     r = lambda *s, dt=torch.bfloat16: torch.randn(*s, device="cuda").to(dt)  # noqa: E731
     hr, res, hp, x, b = r(T, n, n, dt=torch.float32), r(T, n, C), r(T, n, dt=torch.float32), r(T, C), r(C)
@@ -211,7 +213,8 @@ def sinkhorn(T: int, n: int = 4, iters: int = 20, eps: float = 1e-6) -> None:
         print(f"{name:<52}" + "".join(f" {f(m):8.1f}" for m in modes))
 
 
-def sinkhorn_ab(T: int, n: int = 4, iters: int = 20, eps: float = 1e-6, rounds: int = 3) -> None:
+def sinkhorn_ab(T: int, n: int = 4, iters: int = 20, eps: float = 1e-6, rounds: int = 3,
+                backends: tuple = ("cute", "cutile")) -> None:
     """mhc_sinkhorn eager fwd + autograd bwd through the registry with each backend (``backend=``) and by default,
     beside torch's floor (a Function that does nothing, and one that allocates its output and input grad): every row
     measured both ways, host us a call (queued back to back, one sync) and do_bench's median (GPU events around each
@@ -231,7 +234,7 @@ def sinkhorn_ab(T: int, n: int = 4, iters: int = 20, eps: float = 1e-6, rounds: 
 
     step = functools.partial(_fwd_bwd_step, leaf, dout)
     rows = {"torch floor: Null fwd+bwd": step(Null.apply), "torch floor: NullAlloc fwd+bwd": step(NullAlloc.apply)}
-    for b in ("cute", "cutile"):
+    for b in backends:
         kf, kb = get_kernel("mhc_sinkhorn", b, "fwd"), get_kernel("mhc_sinkhorn", b, "bwd")
         out, dl = torch.empty_like(logits), torch.empty_like(logits)
         rows[f"{b}: fwd kernel fn"] = (lambda kf=kf, out=out: kf(logits, out, iters, eps))
@@ -241,13 +244,14 @@ def sinkhorn_ab(T: int, n: int = 4, iters: int = 20, eps: float = 1e-6, rounds: 
     rows["general path: registry fwd + autograd bwd"] = step(lambda x: op(x, **params))
     with torch.no_grad():   # the backends' outputs agree (fp32 tolerance) before anything is timed
         outs = {}
-        for b in ("cute", "cutile"):
+        for b in ("cute", "cutile") if len(backends) > 1 else ():
             o, d = torch.empty_like(logits), torch.empty_like(logits)
             get_kernel("mhc_sinkhorn", b, "fwd")(logits, o, iters, eps)
             get_kernel("mhc_sinkhorn", b, "bwd")(dout, logits, d, iters, eps)
             outs[b] = (o, d)
-        rel = [((outs["cute"][i] - outs["cutile"][i]).norm() / outs["cutile"][i].norm()).item() for i in (0, 1)]
-        print(f"cute vs cutile: out rel {rel[0]:.2e}, dlogits rel {rel[1]:.2e}")
+        if outs:
+            rel = [((outs["cute"][i] - outs["cutile"][i]).norm() / outs["cutile"][i].norm()).item() for i in (0, 1)]
+            print(f"cute vs cutile: out rel {rel[0]:.2e}, dlogits rel {rel[1]:.2e}")
     # "general path": the default backend's calls without the guard pattern's Prepared call (session 63), as every
     # call ran before it: the op's prepared() answers False while that row runs (patterns cleared on each switch)
     gen = op.entry.gen
