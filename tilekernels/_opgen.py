@@ -350,21 +350,18 @@ class _Gen:
             return [None if t is None or t.dtype not in GRAD_DTYPES else (t.shape, t.dtype, t.device)
                     for t in (tensors[i] for i in diff_in_at)]
 
-        def grad_buffers(ctx, grads, ret, meta, backend: str):
-            """(the grad outputs the bwd kernel reads, contiguous; the input gradients it writes, allocated: None
-            for an absent input or a skipped one). ``ret``: the returned outputs' positions (None: all)."""
+        def bwd(ctx, *grads, via_op: Optional[bool] = None, saved: Optional[tuple] = None):
+            saved = ctx.saved_tensors if saved is None else saved  # (unpacked once: checkpointing allows no more)
+            ret = ctx.returned  # None: every output returned, grads in output order
             gout = [(grads[i] if ret is None else grads[ret.index(i)]).contiguous() for i in diff_out_at]
+            meta = ctx.in_meta
             frozen = [(k, n) for k, i, n in skippable if not ctx.needs_input_grad[i]]
             if frozen:  # a gradient autograd does not need: None where the backend's kernel skips it
-                skips, meta = skipped_grads(gen.name, backend), list(meta)
+                skips, meta = skipped_grads(gen.name, ctx.backend), list(meta)
                 for k, n in frozen:
                     if n in skips:
                         meta[k] = None
-            return gout, [None if m is None else empty(*m) for m in meta]
-
-        def bwd(ctx, *grads, via_op: Optional[bool] = None, saved: Optional[tuple] = None):
-            saved = ctx.saved_tensors if saved is None else saved  # (unpacked once: checkpointing allows no more)
-            gout, dins = grad_buffers(ctx, grads, ctx.returned, ctx.in_meta, ctx.backend)
+            dins = [None if m is None else empty(*m) for m in meta]
             # via_op: through the dispatcher, which unwraps a transform's wrappers (dead ones too); None: asked
             run_pass(gen.bwd_op, gen.name, "bwd", *gout, *saved, *dins, *ctx.params, backend=ctx.backend,
                      via_op=via_op)
@@ -459,7 +456,8 @@ class _Gen:
                 prep.run_fwd(tensors, made)
                 both = (*tensors, *made)
                 ctx.save_for_backward(*[both[i] for i in save_at])
-                ctx.prep = prep
+                ctx.params, ctx.backend, ctx.in_meta, ctx.returned = prep.params, prep.backend, prep.in_meta, \
+                    prep.returned
                 if nondiff_at:
                     nondiff = [made[i] for i in nondiff_at if made[i] is not None]
                     if nondiff:
@@ -468,18 +466,11 @@ class _Gen:
 
             @staticmethod
             def backward(ctx, *grads):
-                prep = ctx.prep
                 if torch.is_grad_enabled() or torch._C._are_functorch_transforms_active() or \
                         _fwad._current_level >= 0 or torch._C._len_torch_dispatch_stack() or \
-                        torch.compiler.is_compiling():  # (compiled autograd traces it): Fn's backward, Fn's ctx
-                    ctx.params, ctx.backend, ctx.in_meta, ctx.returned = prep.params, prep.backend, \
-                        prep.in_meta, prep.returned
+                        torch.compiler.is_compiling():  # (compiled autograd traces it)
                     return Fn.backward(ctx, *grads)[:n_in + 1]  # the inputs' gradients, the Prepared's None
-                # Fn.backward's plain case (its checks done above), with the Prepared's bwd kernel
-                gout, dins = grad_buffers(ctx, grads, prep.returned, prep.in_meta, prep.backend)
-                run_kernel(_KERNELS.get(prep.bkey) or get_kernel(*prep.bkey), (*gout, *ctx.saved_tensors, *dins,
-                                                                               *prep.params))
-                return (*[None if k is None else dins[k] for k in grad_slot], None)
+                return bwd(ctx, *grads, via_op=False)[:n_in + 1]  # Fn.backward's plain case, its checks done
 
         Fn.__name__ = Fn.__qualname__ = "".join(w.title() for w in self.name.split("_"))
         FnT.__name__ = FnT.__qualname__ = Fn.__name__ + "Func"
@@ -553,7 +544,7 @@ class Prepared:
     results as ``_Gen.call``: the same allocation (``_glue.empty``'s poisoning included), kernel arguments,
     autocast handling, saved tensors and backward. Host cost: the registry ledger, session 63."""
 
-    __slots__ = ("gen", "backend", "params", "shapes", "device", "in_meta", "returned", "present", "fkey", "bkey",
+    __slots__ = ("gen", "backend", "params", "shapes", "device", "in_meta", "returned", "present", "fkey",
                  "autograd", "no_grad")
 
     def __init__(self, gen: _Gen, backend: str, params: list, tensors) -> None:
@@ -564,7 +555,7 @@ class Prepared:
         n_out = len(gen.outs)
         self.present = tuple(i for i in range(n_out) if plan[i][1] is not None)
         self.returned = None if len(self.present) == n_out else self.present
-        self.fkey, self.bkey = (gen.name, backend, "fwd"), (gen.name, backend, "bwd")
+        self.fkey = (gen.name, backend, "fwd")
         # what the pattern fixes only (grad mode, requires_grad): not a forward-AD level or trace of the building call
         self.autograd = gen.fn is not None and torch.is_grad_enabled() and \
             any(t is not None and t.requires_grad for t in tensors)

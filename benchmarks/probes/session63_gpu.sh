@@ -9,8 +9,8 @@
 # which holds the registry's drop-in checks with the cute sinkhorn default and test_opgen's GPU cases).
 # A also times the wrapper's host layers with no-op kernels (opgen_host.py: the registry with and without the
 # Prepared call). M (any card): the eager sinkhorn A/B (host_profile.py --sinkhorn-ab: cute, cutile, the default and
-# the default's general path, beside torch's floor). N (CuTe DSL alone): the GPU files that run the Prepared call's
-# backward, then the A/B with the cute backend only. H (H200 only): issue 15's rows at this tree (session62_gpu.sh H).
+# the default's general path, beside torch's floor). N (CuTe DSL alone): the GPU files that run the Prepared call,
+# then the A/B with the cute backend only (not run: no machine came). H (H200 only): issue 15's rows at this tree (session62_gpu.sh H).
 set -u
 D="$(dirname "$0")"
 . "$D/_steps.sh"
@@ -26,8 +26,8 @@ C) session_start
 M) session_start
    step sk_ab 300 python3 "$D/host_profile.py" --sinkhorn-ab --T 32768 --rounds ${ROUNDS:-3}
    tail -16 "$OUT/sk_ab.log" ;;
-N) session_start  # (carry .gpu-cute alone, no cuTile: a lease's first call) the Prepared call's own backward
-   # (133b6d3) on the GPU files that run it, then the sinkhorn A/B with the cute backend only
+N) session_start  # (carry .gpu-cute alone, no cuTile: a lease's first call) the GPU files that run the Prepared
+   # call (fwd, bwd, no_grad, frozen weights), then the sinkhorn A/B with the cute backend only
    step prep_tests 150 $P -n 8 tests/registry/test_opgen.py tests/moe/test_moe_frozen_weights.py \
      tests/mhc/test_mhc_cute_sinkhorn.py
    step sk_ab 120 python3 "$D/host_profile.py" --sinkhorn-ab --T 32768 --rounds ${ROUNDS:-5} --backends cute
