@@ -36,3 +36,16 @@ def cprofile_top(fn: Callable[[], object], calls: int, keys=("tottime",), top: i
         pstats.Stats(pr, stream=s).sort_stats(key).print_stats(top)
         out.append(s.getvalue())
     return "\n".join(out)
+
+
+def general_path(op, on: bool) -> None:
+    """Switch registry op ``op``'s eager calls to the general path (``on``) or back: without the guard pattern's
+    Prepared call (session 63), as every call ran before it. ``prepared()`` answers False while on; the op's
+    patterns are cleared on each switch, so the next calls rebuild them. For A/B rows in one process."""
+    gen = op.entry.gen
+    if on != ("prepared" in gen.__dict__):
+        if on:
+            gen.prepared = lambda *a: False
+        else:
+            del gen.prepared
+        op._guards.clear()

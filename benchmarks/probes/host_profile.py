@@ -24,6 +24,7 @@ import torch  # noqa: E402
 import registry  # noqa: E402
 from tilekernels._glue import get_kernel, workspace_reuse  # noqa: E402
 from _host import cprofile_top, per_call_us  # noqa: E402
+from _host import general_path as _host_general_path  # noqa: E402
 
 
 class Null(torch.autograd.Function):
@@ -252,17 +253,8 @@ def sinkhorn_ab(T: int, n: int = 4, iters: int = 20, eps: float = 1e-6, rounds: 
         if outs:
             rel = [((outs["cute"][i] - outs["cutile"][i]).norm() / outs["cutile"][i].norm()).item() for i in (0, 1)]
             print(f"cute vs cutile: out rel {rel[0]:.2e}, dlogits rel {rel[1]:.2e}")
-    # "general path": the default backend's calls without the guard pattern's Prepared call (session 63), as every
-    # call ran before it: the op's prepared() answers False while that row runs (patterns cleared on each switch)
-    gen = op.entry.gen
-
-    def general_path(on: bool) -> None:
-        if on != ("prepared" in gen.__dict__):
-            if on:
-                gen.prepared = lambda *a: False
-            else:
-                del gen.prepared
-            op._guards.clear()
+    # "general path": the default backend's calls without the guard pattern's Prepared call (_host.general_path)
+    general_path = functools.partial(_host_general_path, op)
 
     host, bench = {k: [] for k in rows}, {k: [] for k in rows}
     for rnd in range(rounds):

@@ -16,6 +16,8 @@ host time only (one synchronize a round). Record: the registry ledger (``../resu
 from __future__ import annotations
 
 import argparse
+import functools
+import os
 import statistics
 import sys
 import time
@@ -34,6 +36,9 @@ import torch  # noqa: E402
 
 import registry  # noqa: E402
 from registry.kernels import _KERNELS, get_kernel  # noqa: E402
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # benchmarks/, for _host
+from _host import general_path as _host_general_path  # noqa: E402
 
 OP = "mhc_sinkhorn"
 
@@ -118,15 +123,7 @@ def main() -> None:
         "fwd, grad mode, no input requires grad: registry": lambda: op(x, backend=backend),
         "fwd, no_grad: registry, general path": nograd(lambda: op(x, backend=backend)),
     }
-
-    def general_path(on: bool) -> None:
-        """", general path" rows: calls without the guard pattern's Prepared call (as before session 63)."""
-        if on != ("prepared" in gen.__dict__):
-            if on:
-                gen.prepared = lambda *a: False
-            else:
-                del gen.prepared
-            op._guards.clear()
+    general_path = functools.partial(_host_general_path, op)  # ", general path" rows: no Prepared call
     sync = torch.cuda.synchronize if dev.type == "cuda" else (lambda: None)
     for k, f in rows.items():
         general_path(k.endswith("general path"))
