@@ -53,12 +53,12 @@ import torch
 import torch.autograd.forward_ad as _fwad
 from torch import Tensor
 
-from registry.kernels import _KERNELS, get_kernel, skipped_grads
+from registry.kernels import get_kernel, skipped_grads
 from registry.transforms import PLAIN_AUTOGRAD, GradLevel, func_transforms, records_graph
 from registry.exprs import GRAD_DTYPE_NAMES, GRAD_DTYPES, _fn, evaluate
 from specs.schema import OpSpec, TensorSpec
 
-from ._glue import _POISON, empty, poison_, run_kernel, run_pass
+from ._glue import empty, run_kernel, run_pass
 
 _PY = {"int": "int", "float": "float", "bool": "bool", "str": "str", "ints": "list[int]"}
 
@@ -350,6 +350,18 @@ class _Gen:
             return [None if t is None or t.dtype not in GRAD_DTYPES else (t.shape, t.dtype, t.device)
                     for t in (tensors[i] for i in diff_in_at)]
 
+        def saved_and_returned(ctx, tensors, made, params, backend: str, in_meta, present, returned):
+            """A forward's end (Fn's and FnP's): what the backward needs saved on ctx, the non-differentiable
+            outputs marked, the present outputs returned (``returned``: their positions, None when all are)."""
+            both = (*tensors, *made)
+            ctx.save_for_backward(*[both[i] for i in save_at])
+            ctx.params, ctx.backend, ctx.in_meta, ctx.returned = params, backend, in_meta, returned
+            if nondiff_at:
+                nondiff = [made[i] for i in nondiff_at if made[i] is not None]
+                if nondiff:
+                    ctx.mark_non_differentiable(*nondiff)
+            return made[present[0]] if len(present) == 1 else tuple(made[i] for i in present)
+
         def bwd(ctx, *grads, via_op: Optional[bool] = None, saved: Optional[tuple] = None):
             saved = ctx.saved_tensors if saved is None else saved  # (unpacked once: checkpointing allows no more)
             ret = ctx.returned  # None: every output returned, grads in output order
@@ -382,17 +394,9 @@ class _Gen:
             def forward(ctx, *args):
                 tensors, params, backend = args[:n_in], args[n_in:-1], args[-1]
                 made = gen.forward(tensors, params, backend)
-                both = (*tensors, *made)
-                ctx.save_for_backward(*[both[i] for i in save_at])
-                ctx.params, ctx.backend = params, backend
-                ctx.in_meta = grad_meta(tensors)
-                outs = made[:n_out]
-                present = [i for i, o in enumerate(outs) if o is not None]
-                ctx.returned = None if len(present) == n_out else present
-                nondiff = [outs[i] for i in nondiff_at if outs[i] is not None]
-                if nondiff:
-                    ctx.mark_non_differentiable(*nondiff)
-                return outs[present[0]] if len(present) == 1 else tuple(outs[i] for i in present)
+                present = [i for i in range(n_out) if made[i] is not None]
+                return saved_and_returned(ctx, tensors, made, params, backend, grad_meta(tensors), present,
+                                          None if len(present) == n_out else present)
 
             @staticmethod
             def backward(ctx, *grads):
@@ -454,15 +458,8 @@ class _Gen:
                 tensors = args[:-1]
                 made = prep.alloc()
                 prep.run_fwd(tensors, made)
-                both = (*tensors, *made)
-                ctx.save_for_backward(*[both[i] for i in save_at])
-                ctx.params, ctx.backend, ctx.in_meta, ctx.returned = prep.params, prep.backend, prep.in_meta, \
-                    prep.returned
-                if nondiff_at:
-                    nondiff = [made[i] for i in nondiff_at if made[i] is not None]
-                    if nondiff:
-                        ctx.mark_non_differentiable(*nondiff)
-                return prep.result(made)
+                return saved_and_returned(ctx, tensors, made, prep.params, prep.backend, prep.in_meta,
+                                          prep.present, prep.returned)
 
             @staticmethod
             def backward(ctx, *grads):
@@ -566,16 +563,10 @@ class Prepared:
 
     def alloc(self) -> list:
         dev = self.device
-        made = [None if s is None else torch.empty(s, dtype=dt, device=dev) for s, dt in self.shapes]
-        if _POISON[0]:
-            for m in made:
-                if m is not None:
-                    poison_(m)
-        return made
+        return [None if s is None else empty(s, dt, dev) for s, dt in self.shapes]
 
     def run_fwd(self, tensors, made: list) -> None:
-        fn = _KERNELS.get(self.fkey) or get_kernel(*self.fkey)
-        run_kernel(fn, (*tensors, *made, *self.params))
+        run_kernel(get_kernel(*self.fkey), (*tensors, *made, *self.params))
 
     def result(self, made: list):
         p = self.present
