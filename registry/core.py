@@ -47,7 +47,7 @@ from specs.schema import Backend, OpSpec
 
 from . import capabilities as caps
 from .errors import BackendUnavailable, SpecError
-from .guards import HIT, MEMO, RUN, CallGuards, value_memo, values_unchanged
+from .guards import HIT, MEMO, QUICK, RUN, CallGuards, value_memo, values_unchanged
 from .kernels import has_kernel
 from .transforms import func_transforms
 from .validate import (Bound, bind, check_values, dtype_name, failing_constraint, precompile, recheck_overlap,
@@ -209,6 +209,9 @@ class Op:
         self._host_values = tuple(spec.host_values) + tuple(sorted(every - set(spec.host_values)))
         self._from_ints = tuple((i, t.name, getattr(torch, t.dtypes[0])) for i, t in enumerate(spec.inputs)
                                 if t.from_ints)
+        # calls of a seen metadata may go straight to the pattern's prepared call (CallGuards.quick): nothing
+        # of the call's values is converted (host copies, int lists), re-checked (value rules) or overlap-checked
+        self._quick = not (self._from_ints or self._host_values or self._in_place_at or self._has_values)
 
     def __repr__(self) -> str:
         return f"Op({self.name!r}, backends={[b.name for b in self.spec.backends]})"
@@ -331,6 +334,12 @@ class Op:
             raise SpecError(self.name, f"tensor {name}", f"ints that fit {dtype}", f"{list(v)} ({e})") from None
 
     def __call__(self, *args, backend: str = "auto", **kwargs) -> Any:
+        if self._quick and not torch.compiler.is_compiling() and not torch._C._are_functorch_transforms_active():
+            # a seen call's metadata (the guard pattern's prepared call, set below once the pattern has one): what
+            # the path below would do for it, without redoing its steps (host cost: registry ledger, session 64)
+            run = self._guards.quick(args, kwargs, (backend, torch.is_grad_enabled(), strict()))
+            if run is not None:
+                return run(args)
         args, kwargs = self._prepare(args, kwargs)
         if torch.compiler.is_compiling():  # traced: validation becomes guards and graph ops
             bound = bind(self.spec, args, kwargs, self._rules)
@@ -382,6 +391,10 @@ class Op:
             if run is None:
                 gen = getattr(self.entry, "gen", None)
                 run = pattern[RUN] = False if gen is None else gen.prepared(chosen, params, tensors)
+                # the quick path takes a pattern whose every call would reach this line with the same run: no
+                # fallback to log (or raise, strict), the tensors the arguments as given
+                if run and self._quick and not why and positional and len(args) == self._n_in:
+                    pattern[QUICK] = run
             if run:
                 return run(tensors)
         return self.entry(*tensors, backend=chosen, **params)

@@ -78,7 +78,9 @@ def _kw_key(kwargs: dict) -> Optional[tuple]:
     return (tuple(kwargs), vals, types)
 
 
-HIT, MEMO, RUN = 5, 6, 7  # a pattern's slots: the cached result, the value-rule memo, its prepared call
+# a pattern's slots: the cached result, the value-rule memo, its prepared call, and that call again where a
+# matching call may go to it directly (Op.__call__'s quick path; None otherwise)
+HIT, MEMO, RUN, QUICK = 5, 6, 7, 8
 
 
 def host_values(t: torch.Tensor) -> Any:
@@ -172,6 +174,28 @@ class CallGuards:
                     return e
         return None
 
+    def quick(self, args: tuple, kwargs: dict, mode: tuple) -> Any:
+        """The prepared call of the pattern this call matches where that pattern has one in its ``QUICK`` slot,
+        else None. The same match as :meth:`lookup`'s."""
+        types = None
+        for e in self._entries:
+            run = e[QUICK]
+            if run is None or e[2] != mode:
+                continue
+            if types is None:
+                kw = _kw_key(kwargs)
+                if kw is None:
+                    return None
+                types = tuple(map(type, args))
+            if e[0] == types and e[1] == kw:
+                ts = args if e[3] is None else [args[i] for i in e[3]]
+                for t in ts:  # (as in lookup: TensorGuards aborts on a nested tensor)
+                    if t.is_nested:
+                        return None
+                if e[4].check(*ts):
+                    return run
+        return None
+
     def add(self, args: tuple, kwargs: dict, mode: tuple, hit: Any) -> None:
         """Remember this call's pattern (positional tensors or None, plain keyword params;
         no float zero) with the slow key's result ``hit``."""
@@ -193,7 +217,7 @@ class CallGuards:
             guard = _make([args[i] for i in tpos])
         except Exception:  # noqa: BLE001 - e.g. a tensor TensorGuards cannot describe
             return
-        entry = [types, kw, mode, None if len(tpos) == len(args) else tuple(tpos), guard, hit, None, None]
+        entry = [types, kw, mode, None if len(tpos) == len(args) else tuple(tpos), guard, hit, None, None, None]
         if len(self._entries) < _PATTERNS:
             self._entries.insert(0, entry)
         else:

@@ -2,11 +2,13 @@
 one CuTe DSL's ``run_compiled_program`` packs on every call (the DSL's own method run on a stand-in executor with the
 same attributes), with and without a CUDA-result slot and kernel pointers, but for the result slot: each thread's
 array has its own; an executor of another layout gets None (run() then goes through the DSL's call); a nonzero CUDA
-result raises, naming the kernel and the error. The GPU suites launch every CuTe DSL kernel through it (and
+result raises, naming the kernel and the error; the per-call packer (``_packer``) writes each value into its slot as
+the C type the compiled function reads (the ctypes store it replaced), the stream last. The GPU suites launch every CuTe DSL kernel through it (and
 test_mhc_cute_sinkhorn.py checks that a real executor takes this path)."""
 from __future__ import annotations
 
 import ctypes
+import struct
 import threading
 
 import pytest
@@ -15,7 +17,10 @@ pytest.importorskip("cutlass")
 
 from cutlass.base_dsl.jit_executor import JitExecutor  # noqa: E402
 
-from tilekernels._cute import _call_prepacked, _prepacked  # noqa: E402
+import torch  # noqa: E402
+
+import cutlass  # noqa: E402
+from tilekernels._cute import Ptr, Scalar, _call_prepacked, _packer, _prepacked  # noqa: E402
 
 
 def _executor(result: bool, kernels: int):
@@ -69,3 +74,31 @@ def test_nonzero_result_raises():
     ex.capi_func = lambda arr: ctypes.c_int32.from_address(arr[1]).__setattr__("value", 719)
     with pytest.raises(RuntimeError, match=r"k\.bad: the kernel launch returned CUDA error 719 \(cudaErrorLaunchFailure\)"):
         _call_prepacked("k.bad", (ex.capi_func, packed[1], res))
+
+
+def test_packer_writes_each_slot_as_its_c_type():
+    """Every spec kind the fast path takes, with values at their types' edges: each 8-byte slot holds what a ctypes
+    slot of the spec's C type set to the value holds (Ptr: the address, 0 for None), the stream last; a value the C
+    type cannot hold raises instead of wrapping."""
+    sig = (Ptr(torch.float32), Ptr(torch.bfloat16), Scalar(cutlass.Int32), Scalar(cutlass.Float32),
+           Scalar(cutlass.Int64), Scalar(cutlass.Uint32), Scalar(cutlass.Uint64), Scalar(cutlass.Float64))
+    buf = ctypes.create_string_buffer(8 * (len(sig) + 1))
+    base = ctypes.addressof(buf)
+    pack = _packer(sig, buf)
+    x = torch.empty(3)
+    cases = [(x, None, -2**31, 1e-6, -2**63, 2**32 - 1, 2**64 - 1, 1 / 3),
+             (x[1:], x, 2**31 - 1, -3.5, 2**63 - 1, 0, 7, -1e300)]
+    for vals in cases:
+        ctypes.memset(buf, 0x5A, len(buf))
+        pack(0xDEADBEEF1234, *vals)
+        for i, (s, v) in enumerate(zip(sig, vals)):
+            want = s.ctype(s.raw(v)).value
+            got = s.ctype.from_address(base + 8 * i).value
+            assert (got or 0) == (want or 0), (i, s, v, got, want)
+            size = ctypes.sizeof(s.ctype)
+            assert buf.raw[8 * i + size: 8 * i + 8] == bytes(8 - size), "padding written"
+        assert ctypes.c_void_p.from_address(base + 8 * len(sig)).value == 0xDEADBEEF1234
+    with pytest.raises(struct.error):
+        pack(0, x, x, 2**31, 1.0, 0, 0, 0, 0.0)
+    with pytest.raises(struct.error):
+        pack(0, x, x, 1, 1.0, 0, -1, 0, 0.0)

@@ -350,30 +350,39 @@ class _Gen:
             return [None if t is None or t.dtype not in GRAD_DTYPES else (t.shape, t.dtype, t.device)
                     for t in (tensors[i] for i in diff_in_at)]
 
-        def saved_and_returned(ctx, tensors, made, params, backend: str, in_meta, present, returned):
+        def saved_and_returned(ctx, tensors, made, present):
             """A forward's end (Fn's and FnP's): what the backward needs saved on ctx, the non-differentiable
-            outputs marked, the present outputs returned (``returned``: their positions, None when all are)."""
+            outputs marked, the present outputs (their positions ``present``) returned."""
             both = (*tensors, *made)
             ctx.save_for_backward(*[both[i] for i in save_at])
-            ctx.params, ctx.backend, ctx.in_meta, ctx.returned = params, backend, in_meta, returned
             if nondiff_at:
                 nondiff = [made[i] for i in nondiff_at if made[i] is not None]
                 if nondiff:
                     ctx.mark_non_differentiable(*nondiff)
             return made[present[0]] if len(present) == 1 else tuple(made[i] for i in present)
 
+        def grad_buffers(ctx, grads, at, meta, backend: str):
+            """(the grad outputs the bwd kernel reads, contiguous; the input gradients it writes, allocated: None
+            for an absent input or a skipped one). ``at``: each differentiable output's grad's position in
+            ``grads`` (:func:`grad_positions`); ``meta``: ``grad_meta``'s of the call."""
+            gout = [grads[i].contiguous() for i in at]
+            if skippable:
+                frozen = [(k, n) for k, i, n in skippable if not ctx.needs_input_grad[i]]
+                if frozen:  # a gradient autograd does not need: None where the backend's kernel skips it
+                    skips, meta = skipped_grads(gen.name, backend), list(meta)
+                    for k, n in frozen:
+                        if n in skips:
+                            meta[k] = None
+            return gout, [None if m is None else empty(*m) for m in meta]
+
+        def grad_positions(returned) -> tuple:
+            """Each differentiable output's grad's position among a backward's grads (``returned``: the returned
+            outputs' positions, None when all are: grads in output order)."""
+            return diff_out_at if returned is None else tuple(returned.index(i) for i in diff_out_at)
+
         def bwd(ctx, *grads, via_op: Optional[bool] = None, saved: Optional[tuple] = None):
             saved = ctx.saved_tensors if saved is None else saved  # (unpacked once: checkpointing allows no more)
-            ret = ctx.returned  # None: every output returned, grads in output order
-            gout = [(grads[i] if ret is None else grads[ret.index(i)]).contiguous() for i in diff_out_at]
-            meta = ctx.in_meta
-            frozen = [(k, n) for k, i, n in skippable if not ctx.needs_input_grad[i]]
-            if frozen:  # a gradient autograd does not need: None where the backend's kernel skips it
-                skips, meta = skipped_grads(gen.name, ctx.backend), list(meta)
-                for k, n in frozen:
-                    if n in skips:
-                        meta[k] = None
-            dins = [None if m is None else empty(*m) for m in meta]
+            gout, dins = grad_buffers(ctx, grads, grad_positions(ctx.returned), ctx.in_meta, ctx.backend)
             # via_op: through the dispatcher, which unwraps a transform's wrappers (dead ones too); None: asked
             run_pass(gen.bwd_op, gen.name, "bwd", *gout, *saved, *dins, *ctx.params, backend=ctx.backend,
                      via_op=via_op)
@@ -395,8 +404,9 @@ class _Gen:
                 tensors, params, backend = args[:n_in], args[n_in:-1], args[-1]
                 made = gen.forward(tensors, params, backend)
                 present = [i for i in range(n_out) if made[i] is not None]
-                return saved_and_returned(ctx, tensors, made, params, backend, grad_meta(tensors), present,
-                                          None if len(present) == n_out else present)
+                ctx.params, ctx.backend, ctx.in_meta = params, backend, grad_meta(tensors)
+                ctx.returned = None if len(present) == n_out else present
+                return saved_and_returned(ctx, tensors, made, present)
 
             @staticmethod
             def backward(ctx, *grads):
@@ -449,25 +459,32 @@ class _Gen:
 
         class FnP(torch.autograd.Function):
             """Fn for a prepared call (``_Gen.prepared``): the inputs, then the :class:`Prepared` that holds what
-            every call of that metadata shares (allocation plan, params, backend, gradient metadata), so a call
-            passes no params and recomputes none of it. The same ctx as Fn's, and Fn's backward."""
+            every call of that metadata shares (allocation plan, params, backend, gradient metadata, kernel keys),
+            so a call passes no params and recomputes none of it; ctx keeps the Prepared. The backward is Fn's:
+            its plain case (no graph recorded, no transform, mode or trace) here, with the Prepared's bwd kernel
+            called directly; any other case through Fn.backward itself."""
 
             @staticmethod
             def forward(ctx, *args):
                 prep = args[-1]
                 tensors = args[:-1]
                 made = prep.alloc()
-                prep.run_fwd(tensors, made)
-                return saved_and_returned(ctx, tensors, made, prep.params, prep.backend, prep.in_meta,
-                                          prep.present, prep.returned)
+                run_kernel(get_kernel(*prep.fkey), (*tensors, *made, *prep.params))
+                ctx.prep = prep
+                return saved_and_returned(ctx, tensors, made, prep.present)
 
             @staticmethod
             def backward(ctx, *grads):
+                prep = ctx.prep
                 if torch.is_grad_enabled() or torch._C._are_functorch_transforms_active() or \
                         _fwad._current_level >= 0 or torch._C._len_torch_dispatch_stack() or \
-                        torch.compiler.is_compiling():  # (compiled autograd traces it)
+                        torch.compiler.is_compiling():  # (compiled autograd traces it): Fn's backward, Fn's ctx
+                    ctx.params, ctx.backend, ctx.in_meta, ctx.returned = prep.params, prep.backend, \
+                        prep.in_meta, prep.returned
                     return Fn.backward(ctx, *grads)[:n_in + 1]  # the inputs' gradients, the Prepared's None
-                return bwd(ctx, *grads, via_op=False)[:n_in + 1]  # Fn.backward's plain case, its checks done
+                gout, dins = grad_buffers(ctx, grads, prep.grad_at, prep.in_meta, prep.backend)
+                run_kernel(get_kernel(*prep.bkey), (*gout, *ctx.saved_tensors, *dins, *prep.params))
+                return (*[None if k is None else dins[k] for k in grad_slot], None)
 
         Fn.__name__ = Fn.__qualname__ = "".join(w.title() for w in self.name.split("_"))
         FnT.__name__ = FnT.__qualname__ = Fn.__name__ + "Func"
@@ -476,7 +493,7 @@ class _Gen:
             bw = getattr(cls, "_backward_cls", None)
             if bw is not None:
                 bw.__name__ = bw.__qualname__ = cls.__name__ + "Backward"
-        self.fn_func, self.fn_prepared, self.grad_meta = FnT, FnP, grad_meta
+        self.fn_func, self.fn_prepared, self.grad_meta, self.grad_positions = FnT, FnP, grad_meta, grad_positions
         return Fn
 
     def call(self, tensors, params, backend: str):
@@ -541,8 +558,8 @@ class Prepared:
     results as ``_Gen.call``: the same allocation (``_glue.empty``'s poisoning included), kernel arguments,
     autocast handling, saved tensors and backward. Host cost: the registry ledger, session 63."""
 
-    __slots__ = ("gen", "backend", "params", "shapes", "device", "in_meta", "returned", "present", "fkey",
-                 "autograd", "no_grad")
+    __slots__ = ("gen", "backend", "params", "shapes", "device", "in_meta", "returned", "present", "fkey", "bkey",
+                 "grad_at", "autograd", "no_grad")
 
     def __init__(self, gen: _Gen, backend: str, params: list, tensors) -> None:
         self.gen, self.backend, self.params = gen, backend, tuple(params)
@@ -552,11 +569,12 @@ class Prepared:
         n_out = len(gen.outs)
         self.present = tuple(i for i in range(n_out) if plan[i][1] is not None)
         self.returned = None if len(self.present) == n_out else self.present
-        self.fkey = (gen.name, backend, "fwd")
+        self.fkey, self.bkey = (gen.name, backend, "fwd"), (gen.name, backend, "bwd")
         # what the pattern fixes only (grad mode, requires_grad): not a forward-AD level or trace of the building call
         self.autograd = gen.fn is not None and torch.is_grad_enabled() and \
             any(t is not None and t.requires_grad for t in tensors)
         self.in_meta = gen.grad_meta(tensors) if self.autograd else None
+        self.grad_at = gen.grad_positions(self.returned) if self.autograd else None
         # a non-differentiable op records no graph whatever its inputs (a torch backend's copy_ into an output
         # would): its pass runs with grad mode off, as in _Gen.call
         self.no_grad = gen.fn is None and torch.is_grad_enabled()

@@ -7,6 +7,7 @@ Prints per-call host microseconds of each layer, then cProfile's top functions.
         with a fresh and with a reused backward scratch)
     ... host_profile.py --sinkhorn-ab [--T 32768]   (the sinkhorn's cute and cutile backends side by side, with
         torch's own autograd floor measured the same two ways: host us a call and do_bench)
+    ... [--src DIR]   (the library from another checkout: a before / after in alternating processes)
 """
 from __future__ import annotations
 
@@ -15,9 +16,11 @@ import functools
 import os
 import sys
 
-# benchmarks/probes/ -> benchmarks/ (for _host) and the repository root (for tilekernels)
+# benchmarks/probes/ -> benchmarks/ (for _host) and the repository root (for tilekernels); --src DIR (parsed here,
+# before the library is imported): the library from another checkout's tree instead (before / after in two processes)
 _BENCH = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path[:0] = [os.path.dirname(_BENCH), _BENCH]
+_SRC = sys.argv[sys.argv.index("--src") + 1] if "--src" in sys.argv else os.path.dirname(_BENCH)
+sys.path[:0] = [_SRC, _BENCH]
 
 import torch  # noqa: E402
 
@@ -71,6 +74,7 @@ def main() -> None:
     ap.add_argument("--sinkhorn-ab", action="store_true", help="mhc_sinkhorn's backends side by side (n=4)")
     ap.add_argument("--rounds", type=int, default=3, help="--sinkhorn-ab's interleaved rounds")
     ap.add_argument("--backends", default="cute,cutile", help="--sinkhorn-ab's backends (cute alone: no cuTile needed)")
+    ap.add_argument("--src", help="import the library from this checkout's tree (tilekernels/, registry/, specs/)")
     a = ap.parse_args()
     if a.sinkhorn:
         return sinkhorn(a.T)
@@ -231,7 +235,7 @@ def sinkhorn_ab(T: int, n: int = 4, iters: int = 20, eps: float = 1e-6, rounds: 
     leaf = logits.clone().requires_grad_()
     params = dict(iters=iters, eps=eps)
     with torch.no_grad():
-        print("registry default:", op.choose(op.bind(logits, **params)))
+        print("registry default:", op.choose(op.bind(logits, **params)), "| library:", os.path.dirname(registry.__file__))
 
     step = functools.partial(_fwd_bwd_step, leaf, dout)
     rows = {"torch floor: Null fwd+bwd": step(Null.apply), "torch floor: NullAlloc fwd+bwd": step(NullAlloc.apply)}

@@ -178,3 +178,50 @@ def test_without_guards_the_registry_behaves_the_same(monkeypatch, counted):
     assert torch.equal(a, b) and op._guards._entries == []
     with pytest.raises(SpecError, match="h_pre"):
         op(x, torch.softmax(torch.randn(5, 3), -1))
+
+
+def test_quick_path_answers_only_what_the_full_path_would(counted, monkeypatch):
+    """The registry's quick path (``Op.__call__``'s first lines, ``CallGuards.quick``) gives a seen call the guard
+    pattern's prepared call directly. It must take exactly the calls the full path would send to that prepared call,
+    with the same result: the pattern's metadata, params (value and type), backend and grad mode, no fallback
+    (which logs, or raises under TILEKERNELS_STRICT), no op whose calls convert or re-check values, and never under
+    a torch.func transform (vmap still refused)."""
+    from tilekernels._opgen import Prepared
+
+    op = registry.get("mhc_sinkhorn")
+    x = torch.randn(6, 4, 4)
+    mode = ("torch", True, C.strict())
+    want = op(x, iters=5, backend="torch")
+    assert op._guards.quick((x,), {"iters": 5}, mode) is None   # validated: no pattern yet
+    for _ in range(2):
+        op(x, iters=5, backend="torch")
+    run = op._guards.quick((x,), {"iters": 5}, mode)
+    assert isinstance(run, Prepared) and run is op._guards.lookup((x,), {"iters": 5}, mode)[G.RUN]
+    n = len(counted)
+    y = torch.randn_like(x)
+    assert torch.equal(op(y, iters=5, backend="torch"), op.reference(y, iters=5))
+    assert torch.equal(op(x, iters=5, backend="torch"), want) and len(counted) == n
+    for args, kw, m in [((x,), {"iters": 6}, mode), ((x,), {"iters": 5.0}, mode), ((x,), {"iters": True}, mode),
+                        ((x,), {}, mode), ((x,), {"iters": 5}, ("auto", True, mode[2])),
+                        ((x,), {"iters": 5}, ("torch", False, mode[2])), ((x,), {"iters": 5}, ("torch", True, True)),
+                        ((x.double(),), {"iters": 5}, mode), ((x.transpose(1, 2),), {"iters": 5}, mode),
+                        ((x.clone().requires_grad_(),), {"iters": 5}, mode), ((x[:5],), {"iters": 5}, mode)]:
+        assert op._guards.quick(args, kw, m) is None, (kw, m)
+    with pytest.raises(SpecError, match="iters"):
+        op(x, iters=5.5, backend="torch")
+    with pytest.raises(NotImplementedError, match="vmap"):
+        torch.vmap(lambda t: op(t, iters=5, backend="torch"))(x[None])
+    # a fallback ("auto" on the CPU: logged once, raised under strict) keeps the full path
+    for _ in range(3):
+        op(x, iters=5)
+    assert op._guards.quick((x,), {"iters": 5}, ("auto", True, C.strict())) is None
+    monkeypatch.setenv("TILEKERNELS_STRICT", "1")
+    with pytest.raises(registry.BackendUnavailable, match="TILEKERNELS_STRICT"):
+        op(x, iters=5)
+    monkeypatch.delenv("TILEKERNELS_STRICT")
+    # an op whose calls check values (grouped_linear's m_splits) never takes it
+    gl = registry.get("grouped_linear")
+    a, w, m = torch.randn(64, 32), torch.randn(2, 8, 32), torch.tensor([32, 32])
+    for _ in range(3):
+        gl(a, w, m, backend="torch")
+    assert not gl._quick and all(e[G.QUICK] is None for e in gl._guards._entries)
