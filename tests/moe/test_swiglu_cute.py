@@ -203,6 +203,16 @@ MS = [0, 1, 31, 32, 96, 4128]
 FS = [32, 96, 2048]
 
 
+def _dprobs_scale(dout, h, s):
+    """Per row, the L2 norm of dprobs' terms (dout * silu(gate) * linear, float64): assert_close's ``scale`` for
+    this sum of random-sign terms. A row whose F terms cancel to a small dprobs (M = 1 has one row, so its
+    relative error is that row's) is then held to what fp32 summation gives, not to 1e-5 of the cancelled value
+    (session 64: M1 F32 s32 read 1.09e-5 on an H100, ref -0.023); a wrong or missing term still errs on the
+    terms' scale."""
+    terms = dout.double() * ref.swiglu_fwd(h.double(), torch.ones(h.shape[0], dtype=torch.float64, device=h.device), s)
+    return torch.linalg.vector_norm(terms, dim=1)
+
+
 # ============================================================================ GPU: plain kernels
 
 
@@ -230,7 +240,7 @@ def test_swiglu_bwd_vs_float64(dtype, M, F, s):
     cs.swiglu_bwd_into(dout, h, p, dh, dprobs, s)
     rdh, rdp = ref.swiglu_bwd(dout.double(), h.double(), p.double(), s)
     assert_close(dh, rdh, what=f"dh {dtype} M{M} F{F} s{s}")
-    assert_close(dprobs, rdp, what=f"dprobs M{M} F{F} s{s}")
+    assert_close(dprobs, rdp, what=f"dprobs M{M} F{F} s{s}", scale=_dprobs_scale(dout, h, s))
 
 
 @pytest.mark.parametrize("s,F", [(1, 96), (3, 96), (64, 2048), (None, 3), (1, 5)])
@@ -245,7 +255,7 @@ def test_swiglu_other_interleaves(dtype, s, F):
     assert_close(out, ref.swiglu_fwd(h.double(), p.double(), s), what="out")
     rdh, rdp = ref.swiglu_bwd(dout.double(), h.double(), p.double(), s)
     assert_close(dh, rdh, what="dh")
-    assert_close(dprobs, rdp, what="dprobs")
+    assert_close(dprobs, rdp, what="dprobs", scale=_dprobs_scale(dout, h, s))
 
 
 @gpu
@@ -347,7 +357,7 @@ def test_quant_bwd_exact(M, F, a_col):
     cs.swiglu_bwd_into(da, h, p, dh, dp_own, 32)
     rdh, rdp = ref.swiglu_bwd(da.double(), h.double(), p.double(), 32)
     assert_close(dh, rdh, what="own dh vs float64")
-    assert_close(dprobs, rdp, what=f"dprobs M{M} F{F}")
+    assert_close(dprobs, rdp, what=f"dprobs M{M} F{F}", scale=_dprobs_scale(da, h, 32))
     erd, ers, ecd, ecs = _q_both(dh)
     _exact(dhr, erd, f"dh row data M{M} F{F}")
     _exact(dhrs, ers, f"dh row scales M{M} F{F}")
