@@ -334,7 +334,8 @@ class Op:
             raise SpecError(self.name, f"tensor {name}", f"ints that fit {dtype}", f"{list(v)} ({e})") from None
 
     def __call__(self, *args, backend: str = "auto", **kwargs) -> Any:
-        if self._quick and not torch.compiler.is_compiling() and not torch._C._are_functorch_transforms_active():
+        if self._quick and type(backend) is str and not torch.compiler.is_compiling() and \
+                not torch._C._are_functorch_transforms_active():
             # a seen call's metadata (the guard pattern's prepared call, set below once the pattern has one): what
             # the path below would do for it, without redoing its steps (host cost: registry ledger, session 64)
             run = self._guards.quick(args, kwargs, (backend, torch.is_grad_enabled(), strict()))

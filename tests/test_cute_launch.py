@@ -8,6 +8,7 @@ test_mhc_cute_sinkhorn.py checks that a real executor takes this path)."""
 from __future__ import annotations
 
 import ctypes
+import math
 import struct
 import threading
 
@@ -20,7 +21,7 @@ from cutlass.base_dsl.jit_executor import JitExecutor  # noqa: E402
 import torch  # noqa: E402
 
 import cutlass  # noqa: E402
-from tilekernels._cute import Ptr, Scalar, _call_prepacked, _packer, _prepacked  # noqa: E402
+from tilekernels._cute import Ptr, Scalar, _call_prepacked, _packer, _prepacked, _store  # noqa: E402
 
 
 def _executor(result: bool, kernels: int):
@@ -79,7 +80,8 @@ def test_nonzero_result_raises():
 def test_packer_writes_each_slot_as_its_c_type():
     """Every spec kind the fast path takes, with values at their types' edges: each 8-byte slot holds what a ctypes
     slot of the spec's C type set to the value holds (Ptr: the address, 0 for None), the stream last; a value the C
-    type cannot hold raises instead of wrapping."""
+    type cannot hold raises instead of wrapping (Launch.run then stores the values with ctypes' conversions:
+    ``_store``, checked here too), and so does a wrong count of values."""
     sig = (Ptr(torch.float32), Ptr(torch.bfloat16), Scalar(cutlass.Int32), Scalar(cutlass.Float32),
            Scalar(cutlass.Int64), Scalar(cutlass.Uint32), Scalar(cutlass.Uint64), Scalar(cutlass.Float64))
     buf = ctypes.create_string_buffer(8 * (len(sig) + 1))
@@ -98,7 +100,16 @@ def test_packer_writes_each_slot_as_its_c_type():
             size = ctypes.sizeof(s.ctype)
             assert buf.raw[8 * i + size: 8 * i + 8] == bytes(8 - size), "padding written"
         assert ctypes.c_void_p.from_address(base + 8 * len(sig)).value == 0xDEADBEEF1234
-    with pytest.raises(struct.error):
-        pack(0, x, x, 2**31, 1.0, 0, 0, 0, 0.0)
-    with pytest.raises(struct.error):
-        pack(0, x, x, 1, 1.0, 0, -1, 0, 0.0)
+    addrs = [base + 8 * i for i in range(len(sig) + 1)]
+    for bad in [(x, x, 2**31, 1.0, 0, 0, 0, 0.0), (x, x, 1, 1.0, 0, -1, 0, 0.0), (x, None, 1, 1e39, 0, 0, 0, 0.0)]:
+        with pytest.raises((struct.error, OverflowError)):
+            pack(0, *bad)
+        _store(sig, addrs, 77, bad)   # (Launch.run's path on that error: ctypes' own conversions, as before the pack)
+        for i, (s, v) in enumerate(zip(sig, bad)):
+            assert (s.ctype.from_address(base + 8 * i).value or 0) == (s.ctype(s.raw(v)).value or 0), (i, v)
+        assert ctypes.c_void_p.from_address(base + 8 * len(sig)).value == 77
+    assert ctypes.c_int32.from_address(base + 16).value == 1 and math.isinf(ctypes.c_float.from_address(base + 24).value)
+    with pytest.raises(TypeError):
+        pack(0, x, x, 1)
+    with pytest.raises(TypeError):
+        _store(sig, addrs, 0, (x, x, 1))

@@ -537,7 +537,11 @@ class Launch:
         except (KeyError, AttributeError):
             sl = self._slots(index, self._executor(index))
         if sl is not None:
-            sl[3](torch._C._cuda_getCurrentRawStream(index), *values)
+            stream = torch._C._cuda_getCurrentRawStream(index)
+            try:
+                sl[3](stream, *values)
+            except (struct.error, OverflowError):  # a value its C type cannot hold: converted as ctypes does
+                _store(self.sig, sl[1], stream, values)
             packed = sl[2]
             if packed is None:
                 self._executor(index).run_compiled_program(sl[1])
@@ -552,6 +556,18 @@ class Launch:
 # struct codes of the fast path's argument slots (8 bytes each, little-endian as the GPU hosts are; "x": padding)
 _CODES = {ctypes.c_void_p: "Q", ctypes.c_int32: "i4x", ctypes.c_uint32: "I4x", ctypes.c_int64: "q",
           ctypes.c_uint64: "Q", ctypes.c_float: "f4x", ctypes.c_double: "d"}
+
+
+def _store(sig: tuple, addrs: list, stream: int, values: tuple) -> None:
+    """The argument slots written one ctypes store each: what :func:`_packer`'s pack does, but with ctypes'
+    conversions where a value does not fit its C type (an int wrapped, a float past float32's range stored as
+    inf), as every launch stored them before the pack (a rare path: :meth:`Launch.run` takes it on the pack's
+    error)."""
+    if len(values) != len(sig):
+        raise TypeError(f"{len(sig)} launch arguments expected, got {len(values)}")
+    for s, a, v in zip(sig, addrs, values):
+        s.ctype.from_address(a).value = s.raw(v)
+    ctypes.c_void_p.from_address(addrs[-1]).value = stream
 
 
 def _packer(sig: tuple, buf) -> Callable:

@@ -107,20 +107,28 @@ def _prepared(op):
     return [e[RUN] for e in op._guards._entries if isinstance(e[RUN], Prepared)]
 
 
+@pytest.mark.parametrize("named", [False, True], ids=["auto", "named"])
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("case", CASES)
-def test_prepared_call_matches_the_general_path(case, device):
+def test_prepared_call_matches_the_general_path(case, device, named):
     """A call whose metadata the registry's guard pattern has seen runs the op's Prepared call (plan, params and
-    gradient metadata worked out once; ``FnP``): its outputs and input gradients are bit for bit those of the
-    general path (the first call, through the entry), with the same grad outputs; a no_grad call of the same op
-    also takes a Prepared call and matches. Bitwise: the same inputs through the same kernels (the torch
-    reference on the CPU, the registry's GPU backends on cuda: deterministic, their own tests say so)."""
+    gradient metadata worked out once; ``FnP``), the fourth on through the registry's quick path where the pattern
+    allows it (``named``: the backend "auto" picks, named, so no fallback keeps it from the CPU's calls): its
+    outputs and input gradients are bit for bit those of the general path (the first call, through the entry), with
+    the same grad outputs; no_grad calls of the same op also take a Prepared call and match. Bitwise: the same
+    inputs through the same kernels (the torch reference on the CPU, the registry's GPU backends on cuda:
+    deterministic, their own tests say so)."""
+    from registry.guards import QUICK
+
     op = registry.get(case.op)
     op._guards.clear()
     op._checked.clear()
+    args, params = _inputs(case, requires_grad=False, device=device)
+    if named:
+        params = dict(params, backend=op.choose(op.bind(*args, **params)))
     got = []
-    for _ in range(3):  # validated, then the pattern made, then the pattern's Prepared call
-        args, params = _inputs(case, requires_grad=True, device=device)
+    for _ in range(4):  # validated, then the pattern made, then its Prepared call built, then (quick) called
+        args, _ = _inputs(case, requires_grad=True, device=device)
         outs = _results(op(*args, **params))
         diff = [o for o in outs if o.requires_grad]
         gen = torch.Generator().manual_seed(1)  # (not the global seed: _inputs replays that)
@@ -129,16 +137,20 @@ def test_prepared_call_matches_the_general_path(case, device):
         got.append(([o.detach() for o in outs], [a.grad for a in args if isinstance(a, torch.Tensor)
                                                  and a.requires_grad], [type(o.grad_fn).__name__ for o in diff]))
     assert any(p.autograd for p in _prepared(op)), "the third call built no Prepared call"
-    assert all(n.endswith("PreparedBackward") for n in got[2][2]) and not any(
-        n.endswith("PreparedBackward") for n in got[0][2]), (got[0][2], got[2][2])
-    for a, b in zip(got[0][0] + got[0][1], got[2][0] + got[2][1]):
-        assert a.dtype == b.dtype and a.shape == b.shape and torch.equal(a, b)
-    plain, params = _inputs(case, requires_grad=False, device=device)
+    if named and op._quick:
+        assert any(e[QUICK] is not None for e in op._guards._entries), "the fourth call had no quick path"
+    for later in got[2:]:
+        assert all(n.endswith("PreparedBackward") for n in later[2]) and not any(
+            n.endswith("PreparedBackward") for n in got[0][2]), (got[0][2], later[2])
+        for a, b in zip(got[0][0] + got[0][1], later[0] + later[1]):
+            assert a.dtype == b.dtype and a.shape == b.shape and torch.equal(a, b)
+    plain, _ = _inputs(case, requires_grad=False, device=device)
     with torch.no_grad():
-        ng = [_results(op(*plain, **params)) for _ in range(3)]
+        ng = [_results(op(*plain, **params)) for _ in range(4)]
     assert any(not p.autograd for p in _prepared(op))
-    for a, b in zip(got[0][0], ng[2]):
-        assert b.grad_fn is None and torch.equal(a, b)
+    for later in ng[2:]:
+        for a, b in zip(got[0][0], later):
+            assert b.grad_fn is None and torch.equal(a, b)
 
 
 def test_prepared_call_keeps_nothing_of_the_call_that_built_it(monkeypatch):

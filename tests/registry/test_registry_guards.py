@@ -201,6 +201,11 @@ def test_quick_path_answers_only_what_the_full_path_would(counted, monkeypatch):
     y = torch.randn_like(x)
     assert torch.equal(op(y, iters=5, backend="torch"), op.reference(y, iters=5))
     assert torch.equal(op(x, iters=5, backend="torch"), want) and len(counted) == n
+    with monkeypatch.context() as m:  # Op.__call__ itself answers from the quick path: no lookup, no validation
+        m.setattr(G.CallGuards, "lookup", lambda *a: pytest.fail("the full path ran"))
+        assert torch.equal(op(x, iters=5, backend="torch"), want)
+        with pytest.raises(SpecError, match="backend"):  # (a backend of another type is still refused)
+            op(x, iters=5, backend=["torch"])
     for args, kw, m in [((x,), {"iters": 6}, mode), ((x,), {"iters": 5.0}, mode), ((x,), {"iters": True}, mode),
                         ((x,), {}, mode), ((x,), {"iters": 5}, ("auto", True, mode[2])),
                         ((x,), {"iters": 5}, ("torch", False, mode[2])), ((x,), {"iters": 5}, ("torch", True, True)),
