@@ -3,7 +3,8 @@ one CuTe DSL's ``run_compiled_program`` packs on every call (the DSL's own metho
 same attributes), with and without a CUDA-result slot and kernel pointers, but for the result slot: each thread's
 array has its own; an executor of another layout gets None (run() then goes through the DSL's call); a nonzero CUDA
 result raises, naming the kernel and the error; the per-call packer (``_packer``) writes each value into its slot as
-the C type the compiled function reads (the ctypes store it replaced), the stream last. The GPU suites launch every CuTe DSL kernel through it (and
+the C type the compiled function reads (the ctypes store it replaced), the stream last; ``Launch.run``'s fast path
+runs end to end on a stand-in executor (device and stream faked), with its fallbacks. The GPU suites launch every CuTe DSL kernel through it (and
 test_mhc_cute_sinkhorn.py checks that a real executor takes this path)."""
 from __future__ import annotations
 
@@ -113,3 +114,54 @@ def test_packer_writes_each_slot_as_its_c_type():
         pack(0, x, x, 1)
     with pytest.raises(TypeError):
         _store(sig, addrs, 0, (x, x, 1))
+
+
+class _Dev(torch.Tensor):
+    """A CPU tensor that says it is on CUDA device 0 (Launch.run reads only its device index and address)."""
+
+    def get_device(self):
+        return 0
+
+
+@pytest.mark.parametrize("layout", ["prepacked", "dsl"])
+def test_run_fast_path_on_a_stand_in_executor(monkeypatch, layout):
+    """Launch.run's fast path end to end but for the GPU: the current device and stream faked, a stand-in executor
+    (the DSL's attributes, a host function that records what its argument array points at). Each call hands the
+    host function the tensors' addresses, the scalars as their C types and the stream; a value the pack refuses
+    goes through ``_store`` (wrapped int, float32 inf, as ctypes stored them before); another thread gets its own
+    buffer; an executor of another layout ("dsl") gets ``run_compiled_program`` over the same slots."""
+    from tilekernels import _cute as CU
+
+    sig = (Ptr(torch.float32), Ptr(torch.bfloat16), Scalar(cutlass.Int32), Scalar(cutlass.Float32))
+    seen = []
+
+    def host(arr_or_addrs):
+        addrs = [arr_or_addrs[i] for i in range(len(sig) + 1)]
+        seen.append(([s.ctype.from_address(a).value or 0 for s, a in zip(sig, addrs)]
+                     + [ctypes.c_void_p.from_address(addrs[-1]).value], tuple(addrs)))
+
+    ex = _executor(True, 1)
+    ex.capi_func = host
+    if layout == "dsl":
+        ex._num_extra_args = 3   # a layout _prepacked does not know: run_compiled_program instead
+        ex.run_compiled_program = host
+    ln = CU.Launch("test.k", lambda: None, None, sig)
+    monkeypatch.setattr(CU.Launch, "_executor", lambda self, index: ex)
+    monkeypatch.setattr(CU.Launch, "fast_path", lambda self, compiled: True)
+    monkeypatch.setattr(CU.Launch, "compile", lambda self, arch, *o: None)
+    monkeypatch.setattr(CU, "device_arch", lambda index=None: "sm_90a")
+    monkeypatch.setattr(torch._C, "_cuda_getDevice", lambda: 0, raising=False)
+    monkeypatch.setattr(torch._C, "_cuda_getCurrentRawStream", lambda index: 0x5EED, raising=False)
+    x = torch.Tensor._make_subclass(_Dev, torch.randn(4))
+    y = torch.Tensor._make_subclass(_Dev, torch.randn(4).bfloat16())
+    ln.run(x, y, 7, 0.25)
+    ln.run(x, None, 2**31, 1e39)   # the pack refuses both: _store's conversions
+    assert [v for v, _ in seen] == [[x.data_ptr(), y.data_ptr(), 7, 0.25, 0x5EED],
+                                    [x.data_ptr(), 0, -2**31, math.inf, 0x5EED]]
+    assert seen[0][1] == seen[1][1]   # one thread: one buffer
+    t = threading.Thread(target=ln.run, args=(y, x, -3, -1.5))
+    t.start()
+    t.join()
+    assert seen[2][0] == [y.data_ptr(), x.data_ptr(), -3, -1.5, 0x5EED] and seen[2][1] != seen[0][1]
+    with pytest.raises(TypeError):
+        ln.run(x, y, 1)
