@@ -209,7 +209,7 @@ class Op:
         self._host_values = tuple(spec.host_values) + tuple(sorted(every - set(spec.host_values)))
         self._from_ints = tuple((i, t.name, getattr(torch, t.dtypes[0])) for i, t in enumerate(spec.inputs)
                                 if t.from_ints)
-        # calls of a seen metadata may go straight to the pattern's prepared call (CallGuards.quick): nothing
+        # calls of a seen metadata may go straight to the pattern's prepared call (CallGuards.lookup's quick): nothing
         # of the call's values is converted (host copies, int lists), re-checked (value rules) or overlap-checked
         self._quick = not (self._from_ints or self._host_values or self._in_place_at or self._has_values)
 
@@ -338,9 +338,9 @@ class Op:
                 not torch._C._are_functorch_transforms_active():
             # a seen call's metadata (the guard pattern's prepared call, set below once the pattern has one): what
             # the path below would do for it, without redoing its steps (host cost: registry ledger, session 64)
-            run = self._guards.quick(args, kwargs, (backend, torch.is_grad_enabled(), strict()))
-            if run is not None:
-                return run(args)
+            pattern = self._guards.lookup(args, kwargs, (backend, torch.is_grad_enabled(), strict()), quick=True)
+            if pattern is not None:
+                return pattern[QUICK](args)
         args, kwargs = self._prepare(args, kwargs)
         if torch.compiler.is_compiling():  # traced: validation becomes guards and graph ops
             bound = bind(self.spec, args, kwargs, self._rules)

@@ -150,11 +150,12 @@ class CallGuards:
         self._entries.clear()
         self._next = 0
 
-    def lookup(self, args: tuple, kwargs: dict, mode: tuple) -> Optional[list]:
+    def lookup(self, args: tuple, kwargs: dict, mode: tuple, quick: bool = False) -> Optional[list]:
         """This call's pattern ``[..., hit, value memo, prepared call]`` (``hit``: the validated-call
         cache's result, at ``HIT``; the memo at ``MEMO``, see ``values_unchanged``; at ``RUN`` the
         caller's prepared call for this metadata, None until it builds one), or None (then the
-        caller takes the slow key).
+        caller takes the slow key). ``quick``: only a pattern whose ``QUICK`` slot holds that call
+        (``Op.__call__``'s quick path).
         Keyword values are compared with ``==`` after their types: patterns never hold a
         float zero (see ``add``) or NaN, so equal values are the same param."""
         if not self._entries:
@@ -164,6 +165,8 @@ class CallGuards:
             return None
         types = tuple(map(type, args))
         for e in self._entries:
+            if quick and e[QUICK] is None:
+                continue
             if e[0] == types and e[2] == mode and e[1] == kw:
                 tpos = e[3]
                 ts = args if tpos is None else [args[i] for i in tpos]
@@ -172,28 +175,6 @@ class CallGuards:
                         return None
                 if e[4].check(*ts):
                     return e
-        return None
-
-    def quick(self, args: tuple, kwargs: dict, mode: tuple) -> Any:
-        """The prepared call of the pattern this call matches where that pattern has one in its ``QUICK`` slot,
-        else None. The same match as :meth:`lookup`'s."""
-        types = None
-        for e in self._entries:
-            run = e[QUICK]
-            if run is None or e[2] != mode:
-                continue
-            if types is None:
-                kw = _kw_key(kwargs)
-                if kw is None:
-                    return None
-                types = tuple(map(type, args))
-            if e[0] == types and e[1] == kw:
-                ts = args if e[3] is None else [args[i] for i in e[3]]
-                for t in ts:  # (as in lookup: TensorGuards aborts on a nested tensor)
-                    if t.is_nested:
-                        return None
-                if e[4].check(*ts):
-                    return run
         return None
 
     def add(self, args: tuple, kwargs: dict, mode: tuple, hit: Any) -> None:

@@ -359,7 +359,7 @@ class _Gen:
                 nondiff = [made[i] for i in nondiff_at if made[i] is not None]
                 if nondiff:
                     ctx.mark_non_differentiable(*nondiff)
-            return made[present[0]] if len(present) == 1 else tuple(made[i] for i in present)
+            return _returned(made, present)
 
         def grad_buffers(ctx, grads, at, meta, backend: str):
             """(the grad outputs the bwd kernel reads, contiguous; the input gradients it writes, allocated: None
@@ -469,19 +469,19 @@ class _Gen:
                 prep = args[-1]
                 tensors = args[:-1]
                 made = prep.alloc()
-                run_kernel(get_kernel(*prep.fkey), (*tensors, *made, *prep.params))
+                prep.run_fwd(tensors, made)
                 ctx.prep = prep
                 return saved_and_returned(ctx, tensors, made, prep.present)
 
             @staticmethod
             def backward(ctx, *grads):
                 prep = ctx.prep
-                if torch.is_grad_enabled() or torch._C._are_functorch_transforms_active() or \
-                        _fwad._current_level >= 0 or torch._C._len_torch_dispatch_stack() or \
-                        torch.compiler.is_compiling():  # (compiled autograd traces it): Fn's backward, Fn's ctx
+                if torch.is_grad_enabled() or _moded() or torch.compiler.is_compiling():  # (compiled autograd
+                    # traces it): Fn's backward, with Fn's ctx
                     ctx.params, ctx.backend, ctx.in_meta, ctx.returned = prep.params, prep.backend, \
                         prep.in_meta, prep.returned
                     return Fn.backward(ctx, *grads)[:n_in + 1]  # the inputs' gradients, the Prepared's None
+                # Fn.backward's plain case (bwd with via_op=False: run_pass's direct call) on the Prepared's fields
                 gout, dins = grad_buffers(ctx, grads, prep.grad_at, prep.in_meta, prep.backend)
                 run_kernel(get_kernel(*prep.bkey), (*gout, *ctx.saved_tensors, *dins, *prep.params))
                 return (*[None if k is None else dins[k] for k in grad_slot], None)
@@ -556,7 +556,7 @@ class Prepared:
     forward-mode AD: those take ``_Gen.call``), then allocates, runs the fwd kernel (looked up per call: a
     replaced kernel is seen) and, where autograd records, does so through the op's ``FnP`` Function. Same
     results as ``_Gen.call``: the same allocation (``_glue.empty``'s poisoning included), kernel arguments,
-    autocast handling, saved tensors and backward. Host cost: the registry ledger, session 63."""
+    autocast handling, saved tensors and backward. Host cost: the registry ledger, sessions 63-64."""
 
     __slots__ = ("gen", "backend", "params", "shapes", "device", "in_meta", "returned", "present", "fkey", "bkey",
                  "grad_at", "autograd", "no_grad")
@@ -569,7 +569,7 @@ class Prepared:
         n_out = len(gen.outs)
         self.present = tuple(i for i in range(n_out) if plan[i][1] is not None)
         self.returned = None if len(self.present) == n_out else self.present
-        self.fkey, self.bkey = (gen.name, backend, "fwd"), (gen.name, backend, "bwd")
+        self.fkey, self.bkey = (gen.name, backend, "fwd"), (gen.name, backend, "bwd")  # (run_pass's kernel lookups)
         # what the pattern fixes only (grad mode, requires_grad): not a forward-AD level or trace of the building call
         self.autograd = gen.fn is not None and torch.is_grad_enabled() and \
             any(t is not None and t.requires_grad for t in tensors)
@@ -584,15 +584,12 @@ class Prepared:
         return [None if s is None else empty(s, dt, dev) for s, dt in self.shapes]
 
     def run_fwd(self, tensors, made: list) -> None:
+        """The fwd kernel (looked up per call: a replaced kernel is seen), run directly (run_pass's via_op=False
+        path): the call's checks are done."""
         run_kernel(get_kernel(*self.fkey), (*tensors, *made, *self.params))
 
-    def result(self, made: list):
-        p = self.present
-        return made[p[0]] if len(p) == 1 else tuple(made[i] for i in p)
-
     def __call__(self, tensors):
-        if torch._C._len_torch_dispatch_stack() or _fwad._current_level >= 0 or \
-                torch._C._are_functorch_transforms_active():
+        if _moded():
             return self.gen.call(list(tensors), list(self.params), self.backend)
         if self.autograd:
             return self.gen.fn_prepared.apply(*tensors, self)
@@ -602,7 +599,19 @@ class Prepared:
                 self.run_fwd(tensors, made)
         else:
             self.run_fwd(tensors, made)
-        return self.result(made)
+        return _returned(made, self.present)
+
+
+def _returned(made: list, present) -> "Tensor | tuple":
+    """What an op's call returns: its present outputs (``present``: their positions in ``made``), one alone."""
+    return made[present[0]] if len(present) == 1 else tuple(made[i] for i in present)
+
+
+def _moded() -> bool:
+    """Whether a dispatch mode, a forward-AD level or a torch.func transform is active: what a Prepared call (and
+    its backward) leaves to the general path, which handles each."""
+    return bool(torch._C._len_torch_dispatch_stack()) or _fwad._current_level >= 0 or \
+        torch._C._are_functorch_transforms_active()
 
 
 class _NoSecondOrder(torch.autograd.Function):

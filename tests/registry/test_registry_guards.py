@@ -180,8 +180,15 @@ def test_without_guards_the_registry_behaves_the_same(monkeypatch, counted):
         op(x, torch.softmax(torch.randn(5, 3), -1))
 
 
+def _quick(op, args, kwargs, mode):
+    """The prepared call the registry's quick path would run for this call, or None (``CallGuards.lookup`` with
+    ``quick``)."""
+    e = op._guards.lookup(tuple(args), kwargs, mode, quick=True)
+    return None if e is None else e[G.QUICK]
+
+
 def test_quick_path_answers_only_what_the_full_path_would(counted, monkeypatch):
-    """The registry's quick path (``Op.__call__``'s first lines, ``CallGuards.quick``) gives a seen call the guard
+    """The registry's quick path (``Op.__call__``'s first lines, ``CallGuards.lookup(quick=True)``) gives a seen call the guard
     pattern's prepared call directly. It must take exactly the calls the full path would send to that prepared call,
     with the same result: the pattern's metadata, params (value and type), backend and grad mode, no fallback
     (which logs, or raises under TILEKERNELS_STRICT), no op whose calls convert or re-check values, and never under
@@ -192,17 +199,19 @@ def test_quick_path_answers_only_what_the_full_path_would(counted, monkeypatch):
     x = torch.randn(6, 4, 4)
     mode = ("torch", True, C.strict())
     want = op(x, iters=5, backend="torch")
-    assert op._guards.quick((x,), {"iters": 5}, mode) is None   # validated: no pattern yet
+    assert _quick(op, (x,), {"iters": 5}, mode) is None   # validated: no pattern yet
     for _ in range(2):
         op(x, iters=5, backend="torch")
-    run = op._guards.quick((x,), {"iters": 5}, mode)
+    run = _quick(op, (x,), {"iters": 5}, mode)
     assert isinstance(run, Prepared) and run is op._guards.lookup((x,), {"iters": 5}, mode)[G.RUN]
     n = len(counted)
     y = torch.randn_like(x)
     assert torch.equal(op(y, iters=5, backend="torch"), op.reference(y, iters=5))
     assert torch.equal(op(x, iters=5, backend="torch"), want) and len(counted) == n
-    with monkeypatch.context() as m:  # Op.__call__ itself answers from the quick path: no lookup, no validation
-        m.setattr(G.CallGuards, "lookup", lambda *a: pytest.fail("the full path ran"))
+    real = G.CallGuards.lookup
+    with monkeypatch.context() as m:  # Op.__call__ itself answers from the quick path: no full lookup, no validation
+        m.setattr(G.CallGuards, "lookup", lambda self, a, k, mode, quick=False: real(self, a, k, mode, quick)
+                  if quick else pytest.fail("the full path ran"))
         assert torch.equal(op(x, iters=5, backend="torch"), want)
         with pytest.raises(SpecError, match="backend"):  # (a backend of another type is still refused)
             op(x, iters=5, backend=["torch"])
@@ -211,7 +220,7 @@ def test_quick_path_answers_only_what_the_full_path_would(counted, monkeypatch):
                         ((x,), {"iters": 5}, ("torch", False, mode[2])), ((x,), {"iters": 5}, ("torch", True, True)),
                         ((x.double(),), {"iters": 5}, mode), ((x.transpose(1, 2),), {"iters": 5}, mode),
                         ((x.clone().requires_grad_(),), {"iters": 5}, mode), ((x[:5],), {"iters": 5}, mode)]:
-        assert op._guards.quick(args, kw, m) is None, (kw, m)
+        assert _quick(op, args, kw, m) is None, (kw, m)
     with pytest.raises(SpecError, match="iters"):
         op(x, iters=5.5, backend="torch")
     with pytest.raises(NotImplementedError, match="vmap"):
@@ -219,7 +228,7 @@ def test_quick_path_answers_only_what_the_full_path_would(counted, monkeypatch):
     # a fallback ("auto" on the CPU: logged once, raised under strict) keeps the full path
     for _ in range(3):
         op(x, iters=5)
-    assert op._guards.quick((x,), {"iters": 5}, ("auto", True, C.strict())) is None
+    assert _quick(op, (x,), {"iters": 5}, ("auto", True, C.strict())) is None
     monkeypatch.setenv("TILEKERNELS_STRICT", "1")
     with pytest.raises(registry.BackendUnavailable, match="TILEKERNELS_STRICT"):
         op(x, iters=5)
