@@ -1,0 +1,40 @@
+#!/usr/bin/env bash
+# Session 65's device calls (repo root; OUT exported), on one warm machine in this order:
+#   A (carry .gpu-cutile): source .gpu-cutile/env.sh; bash benchmarks/probes/session65_gpu.sh A
+#   H1, H2 (H200 only), B, C (carry .gpu-cute): source .gpu-cute/env.sh; export PYTHONPATH=$PYTHONPATH:/tmp/tk-cutile/site \
+#       PATH=/tmp/tk-cutile/cu13/bin:$PATH; unset CUDA_HOME CUDA_PATH; bash benchmarks/probes/session65_gpu.sh B ...
+# What is owed at 8670b4d (session 64's review follow-ups and final read ran on the CPU only):
+# A: cuTile unpacked (for the later calls' cuTile comparisons), its workspace file.
+# B: gpu_suite.sh B: moe (test_swiglu_cute's dprobs on its terms' scale), gdn_cute, mhc_cute with the cute sinkhorn and
+#    test_cute_launch (every CuTe DSL launch through _cute's pack with its _store fallback).
+# C: the registry's GPU files (the quick path through CallGuards.lookup(quick=True), the Prepared call's run_fwd), then
+#    the eager sinkhorn at this tree (host_profile.py --sinkhorn-ab --backends cute), three processes.
+# H1 / H2 (H200 only): issue 15's rows: proj_rms with FUSE_RED against sep; mhc_post_pre against its two ops and the
+#    sinkhorn A/B (session62_gpu.sh H's steps, split in two calls).
+set -u
+D="$(dirname "$0")"
+. "$D/_steps.sh"
+h200() { grep -q H200 "$OUT/device.txt" || { echo "$1: not an H200"; cat "$OUT/device.txt"; exit 4; }; }
+case "${1:-}" in
+A) session_start
+   step cutile_ws 150 $P tests/test_cutile_workspace.py ;;
+B) session_start
+   bash "$D/gpu_suite.sh" B > /dev/null ;;
+C) session_start
+   step reg 250 $P -n 14 --junitxml="$OUT/reg.xml" tests/registry tests/test_big_gpu_lock.py
+   for r in 1 2 3; do
+     step sk$r 110 python3 "$D/host_profile.py" --sinkhorn-ab --T 32768 --rounds 3 --backends cute
+   done
+   for f in "$OUT"/sk?.log; do echo "== $f"; tail -13 "$f"; done ;;
+H1) session_start; h200 H1
+   step proj_rms 420 python3 benchmarks/probes/mhc_cute_proj_rms_time.py --registry cute --registry-ab sep \
+     --rounds 5 --ab sep
+   tail -24 "$OUT/proj_rms.log" ;;
+H2) session_start; h200 H2
+   step post_pre 280 python3 benchmarks/probes/mhc_post_pre_variants.py \
+     --rows h_post_bda,mhc_pre,cute,h_post_bda,mhc_pre,cute
+   step sk_ab 250 python3 benchmarks/probes/host_profile.py --sinkhorn-ab --T 32768 --backends cute
+   tail -12 "$OUT/post_pre.log"; tail -14 "$OUT/sk_ab.log" ;;
+*) echo "usage: session65_gpu.sh A|B|C|H1|H2"; exit 2 ;;
+esac
+cat "$OUT/device.txt" "$SUM"
