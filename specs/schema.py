@@ -133,6 +133,11 @@ class TensorSpec(_Model):
         return list(self.shape.values()) if isinstance(self.shape, dict) else [self.shape]
 
 
+# The least eps a spec takes (an l2norm's, an RMS norm's, a Sinkhorn sum's): fp32's smallest normal number. The
+# kernels add eps in fp32 with denormals flushed to zero, so a smaller one acts as 0 (0 / 0 and 1 / 0 on an all-zero
+# row); 1 / EPS_MIN (8.5e37) is still finite in fp32.
+EPS_MIN = 2.0 ** -126
+
 _PARAM_TYPES = {"int": int, "float": (int, float), "bool": bool, "str": str}
 
 

@@ -98,6 +98,9 @@ def test_pre_params_and_strides():
     a = pre_args()
     refused(PRE, a, dict(P, repeat_qk=1), "param repeat_qk")
     refused(PRE, a, dict(P, eps=-1.0), "param eps")
+    # 0, and a positive eps that the kernels' fp32 flushes to 0 (an all-zero q / k head: 0 * rsqrt(0) = NaN)
+    for eps in (0.0, -0.0, 1e-40, 1e-50):
+        refused(PRE, a, dict(P, eps=eps), "param eps", "expected >= 1.17")
     refused(PRE, a, dict(P, dk=0), "param dk")
     refused(PRE, a, dict(P, Hk=2.0), "param Hk")
     t = a[0].transpose(0, 1).contiguous().transpose(0, 1)
@@ -150,6 +153,8 @@ def test_decode_forward_only_and_params():
     refused(DEC, a, dict(Hk=Hk), "forward-only")
     a[0].requires_grad_(False)
     refused(DEC, a, dict(Hk=Hk, scale="x"), "param scale")
+    for eps in (0.0, 1e-45):  # would write NaN into ssm_state's slots for an all-zero q / k head (refused: untouched)
+        refused(DEC, a, dict(Hk=Hk, eps=eps), "param eps", "expected >= 1.17")
     t = a[5].transpose(2, 3).contiguous().transpose(2, 3)
     refused(DEC, a[:5] + [t], dict(Hk=Hk), "tensor ssm_state", "contiguous")
 

@@ -4,7 +4,7 @@ import torch
 
 import registry
 from registry import SpecError
-from specs.mhc import SPECS
+from specs.mhc import ITERS_MAX, SPECS
 from tilekernels._glue import has_kernel
 
 from mhc_helpers import BF16, F32, F64, rand  # noqa: F401
@@ -54,7 +54,12 @@ REFUSALS = [
     ("mhc_sinkhorn", "rank", lambda: ([rand(4, 4)], {}), "3 dims"),
     ("mhc_sinkhorn", "iters=0", lambda: ([_sink()], {"iters": 0}), "param iters"),
     ("mhc_sinkhorn", "iters float", lambda: ([_sink()], {"iters": 2.5}), "param iters"),
-    ("mhc_sinkhorn", "eps=0", lambda: ([_sink()], {"eps": 0.0}), "eps > 0"),
+    ("mhc_sinkhorn", "eps=0", lambda: ([_sink()], {"eps": 0.0}), "param eps: expected >= 1.17"),
+    # positive, but 0 in the kernels' fp32 with denormals flushed (1 / eps = inf): refused as 0 is
+    ("mhc_sinkhorn", "eps=1e-50", lambda: ([_sink()], {"eps": 1e-50}), "param eps: expected >= 1.17"),
+    ("mhc_sinkhorn", "eps denormal", lambda: ([_sink()], {"eps": 2.0 ** -127}), "param eps"),
+    ("mhc_sinkhorn", "iters past the bound", lambda: ([_sink()], {"iters": ITERS_MAX + 1}),
+     f"param iters: expected <= {ITERS_MAX}"),
     ("mhc_sinkhorn", "eps<0", lambda: ([_sink()], {"eps": -1.0}), "param eps"),
     ("mhc_sinkhorn", "strides", lambda: ([_sink().transpose(1, 2)], {}), "contiguous"),
     ("mhc_h_aggregate", "f64 x, f32 h", lambda: ([rand(2, 3, 4, dtype=F64), rand(2, 3)], {}), "float64"),
@@ -76,7 +81,8 @@ REFUSALS = [
     ("mhc_proj_rms", "weight dtype", lambda: (_swap(_pr(), 1, rand(24, 16)), {}), "tensor weight"),
     ("mhc_proj_rms", "K mismatch", lambda: (_swap(_pr(), 1, rand(24, 15, dtype=BF16)), {}), "tensor weight"),
     ("mhc_proj_rms", "K=0", lambda: (_pr(K=0), {}), "dim K"),
-    ("mhc_proj_rms", "eps=0", lambda: (_pr(), {"eps": 0.0}), "eps > 0"),
+    ("mhc_proj_rms", "eps=0", lambda: (_pr(), {"eps": 0.0}), "param eps: expected >= 1.17"),
+    ("mhc_proj_rms", "eps=1e-50", lambda: (_pr(), {"eps": 1e-50}), "param eps: expected >= 1.17"),
     ("mhc_proj_rms", "strides", lambda: ([rand(16, 3, dtype=BF16).t(), rand(24, 16, dtype=BF16)], {}),
      "contiguous"),
     ("mhc_pre", "weight rows != n*n+2n", lambda: (_swap(_pre(), 1, rand(9, 8, dtype=BF16)), {}), "n*n+2*n"),
@@ -88,8 +94,9 @@ REFUSALS = [
     ("mhc_pre", "weight dtype", lambda: (_swap(_pre(), 1, rand(8, 8)), {}), "tensor weight"),
     ("mhc_pre", "n>8", lambda: (_pre(n=9, C=1), {}), "dim n"),
     ("mhc_pre", "iters=0", lambda: (_pre(), {"iters": 0}), "param iters"),
-    ("mhc_pre", "rms_eps=0", lambda: (_pre(), {"rms_eps": 0.0}), "rms_eps > 0"),
-    ("mhc_pre", "sinkhorn_eps=0", lambda: (_pre(), {"sinkhorn_eps": 0.0}), "sinkhorn_eps > 0"),
+    ("mhc_pre", "rms_eps=0", lambda: (_pre(), {"rms_eps": 0.0}), "param rms_eps"),
+    ("mhc_pre", "sinkhorn_eps=1e-50", lambda: (_pre(), {"sinkhorn_eps": 1e-50}), "param sinkhorn_eps"),
+    ("mhc_pre", "iters past the bound", lambda: (_pre(), {"iters": 2 ** 62}), "param iters"),
     ("mhc_pre", "alpha str", lambda: (_pre(), {"alpha_res": "1"}), "param alpha_res"),
     ("mhc_pre", "unknown param", lambda: (_pre(), {"eps": 1e-6}), "eps"),
 ]
@@ -108,8 +115,10 @@ REFUSALS += [
     ("mhc_post_pre", "f64 h_res, bf16 residual", lambda: (_pp(h=F64), {}), "float64"),
     ("mhc_post_pre", "weight cols != n*C", lambda: (_swap(_pp(), 4, rand(8, 7, dtype=BF16)), {}), "n*C"),
     ("mhc_post_pre", "iters=0", lambda: (_pp(), {"iters": 0}), "param iters"),
-    ("mhc_post_pre", "rms_eps=0", lambda: (_pp(), {"rms_eps": 0.0}), "rms_eps > 0"),
-    ("mhc_post_pre", "sinkhorn_eps=0", lambda: (_pp(), {"sinkhorn_eps": 0.0}), "sinkhorn_eps > 0"),
+    ("mhc_post_pre", "rms_eps=0", lambda: (_pp(), {"rms_eps": 0.0}), "param rms_eps"),
+    ("mhc_post_pre", "sinkhorn_eps=0", lambda: (_pp(), {"sinkhorn_eps": 0.0}), "param sinkhorn_eps"),
+    ("mhc_post_pre", "rms_eps=1e-50", lambda: (_pp(), {"rms_eps": 1e-50}), "param rms_eps"),
+    ("mhc_post_pre", "iters past the bound", lambda: (_pp(), {"iters": ITERS_MAX + 1}), "param iters"),
 ]
 
 

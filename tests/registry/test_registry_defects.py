@@ -283,4 +283,21 @@ def test_in_place_inputs_share_memory_with_no_other_argument():
     with pytest.raises(SpecError, match="gdn_decode: tensor conv_state: .* bytes shared with mixed"):
         op(inside2, flat2.view(conv_state.shape), cw, A, dt, ssm.clone(), idx, **params)
     assert torch.equal(flat2, before2)
+    # storages over one memory (torch.from_dlpack of a view, as two torch.from_numpy of one array give): the
+    # storages differ, the bytes do not. Disjoint: accepted; overlapping: refused on the cached pattern and on a
+    # first call
+    ext = lambda a, b: torch.from_dlpack(pool[a:b])  # noqa: E731
+    aligned = n1 + 64 - n1 % 16
+    cs = ext(0, n1).view(conv_state.dtype).view(conv_state.shape)
+    ss = ext(aligned, aligned + n2).view(ssm.dtype).view(ssm.shape)
+    op(mixed, cs, cw, A, dt, ss, idx, **params)
+    ss = ext(16, 16 + n2).view(ssm.dtype).view(ssm.shape)
+    assert cs.untyped_storage().data_ptr() != ss.untyped_storage().data_ptr()
+    for fresh in (False, True):
+        if fresh:
+            registry.clear_caches()
+        kept = pool.clone()
+        with pytest.raises(SpecError, match="gdn_decode: tensor conv_state: .* bytes shared with ssm_state"):
+            op(mixed, cs, cw, A, dt, ss, idx, **params)
+        assert torch.equal(pool, kept)
     registry.clear_caches()
