@@ -96,7 +96,8 @@ QUANTIZE = OpSpec(
         "Returns (data, scales) for one axis, (row_data, row_scales, col_data, col_scales) for 'both'.",
     dims=[Dim(name="R"), Dim(name="K")],
     inputs=[TensorSpec(name="x", shape=["R", "K"], dtypes=_FLOAT, differentiable=False,
-                       doc="[R, K] contiguous; a block holding NaN or +-Inf gets scale 0xFF (NaN)")],
+                       doc="[R, K] contiguous; a block holding NaN or +-Inf gets scale 0xFF (NaN); x may require "
+                           "grad (a weight Parameter): the outputs are codes, detached, with no gradient")],
     outputs=[
         TensorSpec(name="row_data", role="out", optional=True, shape=["R", "K"], dtypes=["float8_e4m3fn"],
                    doc="axis rowwise/both"),

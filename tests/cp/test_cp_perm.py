@@ -132,6 +132,15 @@ def test_sections_not_ints_refused():
     _refused(PERM, torch.tensor([0, 8]), cp=2, split_sections=5, match="list of ints")
 
 
+def test_maps_past_int64_byte_counts_refused():
+    """The maps are int64 tensors of T and D entries: a T or D whose byte count is no int64 is refused by name
+    (it reached torch's allocator as an overflow naming neither op nor argument)."""
+    _refused(PERM, torch.tensor([0, 8, 16]), cp=2, split_sections=[2 ** 62, 2 ** 62], match="sum(split_sections)")
+    _refused(PERM, torch.tensor([0, 8, 16]), cp=2, split_sections=[2 ** 59, 2 ** 59], match="< 2**60")
+    _refused(PERM, torch.tensor([0, 2 ** 62]), cp=2, match="cu_seqlens")
+    _refused(PERM, torch.tensor([0, 2 ** 60]), cp=1, total_tokens=2 ** 60, match="< 2**60")
+
+
 @pytest.mark.parametrize("cu", [[2, 8], [0, 8, 4]])
 def test_cu_seqlens_not_offsets_refused(cu):
     cu = torch.tensor(cu)

@@ -225,6 +225,16 @@ def test_float64_input_saturates_above_clamp():
     assert data.float()[0, :3].tolist() == [448.0, -448.0, 64.0]
 
 
+@pytest.mark.parametrize("axis", ["rowwise", "both"])
+def test_weight_parameter_quantizes_detached(axis):
+    """A weight Parameter (requires grad) quantizes as its data does: codes with no gradient (the spec's x), so a
+    model's weights can be pre-quantized without a no_grad block."""
+    w = torch.nn.Parameter(torch.randn(64, 96))
+    got, want = QUANT(w, axis=axis), QUANT(w.detach(), axis=axis)
+    assert not any(t.requires_grad for t in got)
+    assert all(torch.equal(a.view(torch.uint8), b.view(torch.uint8)) for a, b in zip(got, want))
+
+
 def test_outputs_fully_written_under_poison():
     x = torch.randn(64, 64).to(torch.bfloat16)
     for t in QUANT(x, axis="both"):
