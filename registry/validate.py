@@ -615,14 +615,23 @@ def recheck_overlap(op: str, inputs: list, tensors: list, inout_at: tuple) -> No
     gdn_decode's 7 tensors on this CPU host); only where two spans meet does the full ``_no_overlap`` run.
     ``inputs``: the spec's input specs, ``tensors`` in their order (None where left out), ``inout_at``: the in-place
     inputs' positions."""
-    spans = [_span(t) if t is not None else None for t in tensors]
+    spans = []
+    for t in tensors:   # a loop, not _span in a comprehension: this runs on every cached call (gdn_decode a token)
+        if t is None:
+            spans.append(None)
+        else:
+            s = t.untyped_storage()
+            p = s.data_ptr()
+            spans.append((p, p + s.nbytes()))
     for i in inout_at:
-        si = spans[i]
-        if si is not None and any(j != i and sj is not None and sj[0] < si[1] and si[0] < sj[1]
-                                  for j, sj in enumerate(spans)):
-            _no_overlap(op, dict(zip((t.name for t in inputs), tensors)),
-                        [t for t, v in zip(inputs, tensors) if v is not None])
-            return
+        if spans[i] is None:
+            continue
+        lo, hi = spans[i]
+        for j, sj in enumerate(spans):
+            if j != i and sj is not None and sj[0] < hi and lo < sj[1]:
+                _no_overlap(op, dict(zip((t.name for t in inputs), tensors)),
+                            [t for t, v in zip(inputs, tensors) if v is not None])
+                return
 
 
 def _show(v, typed: bool = False) -> str:

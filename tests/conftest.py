@@ -86,6 +86,19 @@ def _return_cached_gpu_memory():
     release_cached_gpu_memory()
 
 
+@pytest.fixture(autouse=True)
+def _end_a_process_group_the_test_made():
+    """tk-bench's cp cases (and the tools that run them in-process) make a world-size-1 default process group for
+    the process; a test that made one ends it, so the next test sees the process as it would alone (tests/cp's
+    refusals without a group failed after tests/registry or tests/tools)."""
+    import torch.distributed as dist
+
+    before = dist.is_available() and dist.is_initialized()
+    yield
+    if not before and dist.is_available() and dist.is_initialized():
+        dist.destroy_process_group()
+
+
 @pytest.fixture
 def device():
     return torch.device("cuda" if torch.cuda.is_available() else "cpu")
