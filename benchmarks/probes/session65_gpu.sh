@@ -42,7 +42,7 @@ X) session_start   # one call with what budget is left: on an H200 H1's row, the
      step dec 120 $P -n 8 --junitxml="$OUT/dec.xml" tests/gdn/test_gdn_cute_decode.py tests/gdn/test_gdn_decode.py
      tail -24 "$OUT/proj_rms.log"
    else
-     bash "$0" V > /dev/null; exit $?
+     bash "$0" V; exit $?
    fi ;;
 H1) session_start; h200 H1
    step proj_rms 420 python3 benchmarks/probes/mhc_cute_proj_rms_time.py --registry cute --registry-ab sep \
