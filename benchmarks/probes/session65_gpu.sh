@@ -46,8 +46,8 @@ X) session_start   # one call with what budget is left: on an H200 H1's row, the
      bash "$0" V; exit $?
    fi ;;
 S) session_start   # the least of V, for a small budget: gdn_decode's files (the overlap recheck) and the spec files
-   step dec 150 $P -n 8 --junitxml="$OUT/dec.xml" tests/gdn/test_gdn_cute_decode.py tests/gdn/test_gdn_decode.py \
-     tests/gdn/test_gdn_spec.py tests/mhc/test_mhc_spec.py tests/cp/test_cp_perm.py ;;
+   step dec 120 $P -n 8 --junitxml="$OUT/dec.xml" tests/gdn/test_gdn_cute_decode.py tests/gdn/test_gdn_decode.py
+   step spec 60 $PYT tests/gdn/test_gdn_spec.py tests/mhc/test_mhc_spec.py tests/cp/test_cp_perm.py ;;
 H1) session_start; h200 H1
    step proj_rms 420 python3 benchmarks/probes/mhc_cute_proj_rms_time.py --registry cute --registry-ab sep \
      --rounds 5 --ab sep
