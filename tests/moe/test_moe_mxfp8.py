@@ -228,7 +228,8 @@ def test_float64_input_saturates_above_clamp():
 @pytest.mark.parametrize("axis", ["rowwise", "both"])
 def test_weight_parameter_quantizes_detached(axis):
     """A weight Parameter (requires grad) quantizes as its data does: codes with no gradient (the spec's x), so a
-    model's weights can be pre-quantized without a no_grad block."""
+    model's weights can be pre-quantized without a no_grad block. It held before the spec said so: a guard that the
+    op keeps taking such an x (gdn_decode, the other forward-only op, refuses one)."""
     w = torch.nn.Parameter(torch.randn(64, 96))
     got, want = QUANT(w, axis=axis), QUANT(w.detach(), axis=axis)
     assert not any(t.requires_grad for t in got)
