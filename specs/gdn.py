@@ -17,7 +17,7 @@ bound from ``ssm_state``.
 """
 from __future__ import annotations
 
-from .schema import EPS_MIN, Backend, Constraint, Dim, OpSpec, Param, TensorSpec
+from .schema import Backend, Constraint, Dim, OpSpec, Param, TensorSpec, eps_param
 
 D_EXPR = "2*Hk*dk + 2*Hv*dv + 2*Hv"
 CONV_DIM_EXPR = "2*Hk*dk + Hv*dv"
@@ -32,9 +32,8 @@ _TORCH_FWD_BWD = Backend(name="torch", module="tilekernels.gdn.ops")
 _TORCH_FWD = Backend(name="torch", module="tilekernels.gdn.ops", passes=["fwd"])
 
 _HK = Param(name="Hk", type="int", default=16, min=1, doc="key heads (q and k)")
-_EPS = Param(name="eps", type="float", default=1e-6, min=EPS_MIN,
-             doc="l2norm epsilon: x * rsqrt(sum(x^2) + eps); >= 2**-126, fp32's smallest normal (a smaller eps "
-                 "acts as 0 in the kernels: an all-zero q / k head would give 0 / 0, written into the decode state)")
+_EPS = eps_param("eps", "l2norm epsilon: x * rsqrt(sum(x^2) + eps) (as 0, an all-zero q / k head would give 0 / 0, "
+                        "written into the decode state)")
 
 
 def _weights(conv_rows: str) -> list[TensorSpec]:

@@ -10,7 +10,7 @@ so float64 calls run entirely in float64.
 """
 from __future__ import annotations
 
-from .schema import EPS_MIN, Backend, Constraint, Dim, OpSpec, Param, TensorSpec
+from .schema import Backend, Constraint, Dim, OpSpec, Param, TensorSpec, eps_param
 
 _T = Dim(name="T", doc="tokens (seq * batch)")
 _n = Dim(name="n", min=1, max=8, doc="residual streams")
@@ -67,11 +67,6 @@ def _iters(default: int = 20) -> Param:
                  doc="Sinkhorn rounds (row then column)")
 
 
-def _eps(name: str, what: str) -> Param:
-    return Param(name=name, type="float", default=1e-6, min=EPS_MIN,
-                 doc=f"{what}; >= 2**-126, fp32's smallest normal (a smaller eps acts as 0 in the kernels)")
-
-
 H_AGGREGATE = OpSpec(
     name="mhc_h_aggregate",
     family="mhc",
@@ -116,7 +111,7 @@ SINKHORN = OpSpec(
                        doc="[T, n, n] fp32 logits, contiguous (fp64: reference mode)")],
     outputs=[TensorSpec(name="out", role="out", shape=["T", "n", "n"], dtypes="like:logits",
                         doc="[T, n, n] doubly stochastic (columns sum to 1 - O(eps))")],
-    params=[_iters(), _eps("eps", "added to every row and column sum")],
+    params=[_iters(), eps_param("eps", "added to every row and column sum")],
     differentiable=True,
     reference="tilekernels.mhc.reference:sinkhorn",
     entry="tilekernels.mhc.ops:sinkhorn",
@@ -194,7 +189,7 @@ PROJ_RMS = OpSpec(
         TensorSpec(name="proj", role="out", shape=["M", "N"], dtypes=_F32, doc="fp32 (fp64 for fp64 x)"),
         TensorSpec(name="r", role="out", shape=["M"], dtypes=_F32, doc="fp32 (fp64 for fp64 x)"),
     ],
-    params=[_eps("eps", "added to the RMS norm before the reciprocal")],
+    params=[eps_param("eps", "added to the RMS norm before the reciprocal")],
     differentiable=True,
     reference="tilekernels.mhc.reference:proj_rms",
     entry="tilekernels.mhc.ops:proj_rms",
@@ -247,8 +242,8 @@ PRE = OpSpec(
         Param(name="alpha_post", type="float", default=1.0, doc="scale of the post section; a float: no gradient"),
         Param(name="alpha_res", type="float", default=1.0, doc="scale of the res section; a float: no gradient"),
         _iters(),
-        _eps("rms_eps", "proj_rms's eps"),
-        _eps("sinkhorn_eps", "Sinkhorn's eps"),
+        eps_param("rms_eps", "proj_rms's eps"),
+        eps_param("sinkhorn_eps", "Sinkhorn's eps"),
     ],
     constraints=[
         Constraint(expr="(dtype(x) == 'float64') == (dtype(bias) == 'float64')",
