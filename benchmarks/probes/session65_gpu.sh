@@ -12,7 +12,6 @@
 # V: after the validation fixes (storage-span overlap screen, eps >= 2**-126, iters <= 1024, the a2a perm's bounds,
 #    conftest's process-group teardown): the registry's GPU files, gdn_decode's CuTe DSL files (the in-place overlap
 #    recheck on every cached call), cp's cuTile pack (a world-size-1 NCCL group), the spec files.
-# X: what the budget left allowed in one call: on an H200 H1's proj_rms row and V's decode files, else V.
 # S: V's least part (gdn_decode's files, the spec files) for a small budget.
 # H1 / H2 (H200 only): issue 15's rows: proj_rms with FUSE_RED against sep; mhc_post_pre against its two ops and the
 #    sinkhorn A/B (session62_gpu.sh H's steps, split in two calls).
@@ -31,22 +30,10 @@ C) session_start
      step sk$r 110 python3 "$D/host_profile.py" --sinkhorn-ab --T 32768 --rounds 3 --backends cute
    done
    for f in "$OUT"/sk?.log; do echo "== $f"; tail -13 "$f"; done ;;
-V) session_start
-   step reg 250 $P -n 14 --junitxml="$OUT/reg.xml" tests/registry tests/test_big_gpu_lock.py
-   step dec 150 $P -n 8 --junitxml="$OUT/dec.xml" tests/gdn/test_gdn_cute_decode.py tests/gdn/test_gdn_cute_decode_ring.py \
-     tests/gdn/test_gdn_decode.py tests/cp/test_cp_cutile_pack.py tests/cp/test_cp_perm.py
-   step spec 60 $PYT tests/mhc/test_mhc_spec.py tests/gdn/test_gdn_spec.py ;;
-X) session_start   # one call with what budget is left: on an H200 H1's row, then V's decode step; else V
-   if grep -q H200 "$OUT/device.txt"; then
-     step proj_rms 240 python3 benchmarks/probes/mhc_cute_proj_rms_time.py --registry cute --registry-ab sep \
-       --rounds 5 --ab sep
-     step dec 120 $P -n 8 --junitxml="$OUT/dec.xml" tests/gdn/test_gdn_cute_decode.py tests/gdn/test_gdn_decode.py
-     tail -24 "$OUT/proj_rms.log"
-   else
-     bash "$0" V; exit $?
-   fi ;;
-S) session_start   # the least of V, for a small budget: gdn_decode's files (the overlap recheck) and the spec files
-   step dec 120 $P -n 8 --junitxml="$OUT/dec.xml" tests/gdn/test_gdn_cute_decode.py tests/gdn/test_gdn_decode.py
+V|S) session_start   # S: V without the registry files and cp's pack, for a small budget
+   [ "$1" = V ] && step reg 250 $P -n 14 --junitxml="$OUT/reg.xml" tests/registry tests/test_big_gpu_lock.py
+   step dec 150 $P -n 8 --junitxml="$OUT/dec.xml" tests/gdn/test_gdn_cute_decode.py tests/gdn/test_gdn_decode.py \
+     $([ "$1" = V ] && echo tests/gdn/test_gdn_cute_decode_ring.py tests/cp/test_cp_cutile_pack.py)
    step spec 60 $PYT tests/gdn/test_gdn_spec.py tests/mhc/test_mhc_spec.py tests/cp/test_cp_perm.py ;;
 H1) session_start; h200 H1
    step proj_rms 420 python3 benchmarks/probes/mhc_cute_proj_rms_time.py --registry cute --registry-ab sep \
@@ -57,6 +44,6 @@ H2) session_start; h200 H2
      --rows h_post_bda,mhc_pre,cute,h_post_bda,mhc_pre,cute
    step sk_ab 250 python3 benchmarks/probes/host_profile.py --sinkhorn-ab --T 32768 --backends cute
    tail -12 "$OUT/post_pre.log"; tail -14 "$OUT/sk_ab.log" ;;
-*) echo "usage: session65_gpu.sh A|B|C|V|X|S|H1|H2"; exit 2 ;;
+*) echo "usage: session65_gpu.sh A|B|C|V|S|H1|H2"; exit 2 ;;
 esac
 cat "$OUT/device.txt" "$SUM"
