@@ -69,12 +69,14 @@ class _Device(_Bounded):
 
     def visit_Compare(self, node):
         self.generic_visit(node)
-        if len(node.ops) == 1:
-            return node
         parts, left = [], node.left
         for op, right in zip(node.ops, node.comparators):
-            parts.append(ast.Compare(left, [op], [right]))
+            fn = _CMP_HELPERS.get(type(op))  # is / in stay native (None tests, no tensors)
+            parts.append(ast.Call(ast.Name(fn, ast.Load()), [left, right], []) if fn else
+                         ast.Compare(left, [op], [right]))
             left = right
+        if len(parts) == 1:
+            return ast.copy_location(parts[0], node)
         out = parts[0]
         for p in parts[1:]:
             out = ast.Call(ast.Name("_tk_and", ast.Load()), [out, p], [])
@@ -88,6 +90,35 @@ class _Device(_Bounded):
 
 def _is_t(x) -> bool:
     return isinstance(x, torch.Tensor)
+
+
+def _fit(a, b):
+    """``a``, widened to int64 where it is an integer tensor narrower than that and ``b`` a Python
+    int its dtype cannot hold. torch casts such a scalar to the tensor's dtype, wrapping it: an
+    int32 ``max(values(cu_seqlens)) < 2**60`` is False and ``5 == 2**32 + 5`` is True, where the
+    host form (Python ints) says the opposite. Values in range keep the tensor as it is (no extra
+    op on the decode path); while tracing, a size is symbolic, so it is widened (Inductor fuses
+    the cast) rather than guarded on."""
+    lim = _IINFO.get(a.dtype) if _is_t(a) else None
+    if lim is None or not isinstance(b, (int, torch.SymInt)) or isinstance(b, bool):
+        return a
+    if _compiling() or not lim[0] <= b <= lim[1]:
+        return a.long()
+    return a
+
+
+_IINFO = {d: (torch.iinfo(d).min, torch.iinfo(d).max) for d in (torch.int8, torch.int16, torch.int32, torch.uint8)}
+
+
+def _cmp(op):
+    def f(a, b):
+        return op(_fit(a, b), _fit(b, a))
+    return f
+
+
+_CMP_HELPERS = {ast.Eq: "_tk_eq", ast.NotEq: "_tk_ne", ast.Lt: "_tk_lt", ast.LtE: "_tk_le", ast.Gt: "_tk_gt",
+                ast.GtE: "_tk_ge"}
+_CMPS = {name: _cmp(getattr(operator, name[4:])) for name in _CMP_HELPERS.values()}
 
 
 def _tk_and(a, b):
@@ -152,6 +183,7 @@ _GLOBALS = {
     "_tk_pow": _tk_pow,
     "_tk_mul": _tk_mul,
     "_tk_and": _tk_and, "_tk_or": _tk_or, "_tk_not": _tk_not, "_tk_if": _tk_if,
+    **_CMPS,
 }
 _FNS: dict[tuple[str, bool], tuple[Callable, tuple[str, ...]]] = {}
 
@@ -259,7 +291,7 @@ def _reduce(name: str, builtin, tensor_fn):
 def _all_div(xs, k):
     if not _is_t(xs):
         return all(int(x) % int(k) == 0 for x in xs)
-    return (xs % k == 0).all()
+    return (_fit(xs, k) % k == 0).all()
 
 
 def _nondecreasing(xs):
@@ -280,7 +312,7 @@ def _distinct(xs, *ignore):
     s = torch.sort(xs).values  # the index dtype as it is (no int64 copy first)
     dup = (s == torch.roll(s, 1)) & (torch.arange(s.numel(), device=s.device) > 0)
     for i in ignore:
-        dup = dup & (s != i)
+        dup = dup & (_fit(s, i) != i)
     return ~dup.any()
 
 

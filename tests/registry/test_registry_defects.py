@@ -301,3 +301,20 @@ def test_in_place_inputs_share_memory_with_no_other_argument():
             op(mixed, cs, cw, A, dt, ss, idx, **params)
         assert torch.equal(pool, kept)
     registry.clear_caches()
+
+
+@pytest.mark.parametrize("dt", [torch.int8, torch.int16, torch.int32, torch.uint8, torch.int64])
+def test_device_value_rules_agree_with_host_ones_past_the_index_dtype(dt):
+    """A value rule's device form (tensor ops) gives the host form's answer (Python ints) when an int
+    in the rule lies outside the tensor's dtype: torch casts such a scalar to the tensor's dtype, so
+    an int32 ``5 == 2**32 + 5`` held and ``max(...) < 2**60`` failed until _fit widened the tensor."""
+    xs = torch.tensor([0, 4, 5, 5], dtype=dt)
+    big = [2**7, 2**8 + 5, 2**15, 2**16 + 5, 2**31, 2**32 + 5, 2**40, 2**60, -(2**40), -1]
+    exprs = ["max(values(x)) < k", "max(values(x)) == k", "k != min(values(x))", "k > max(values(x)) >= 0",
+             "min(values(x)) >= k", "all_div(seqlens(x), k)", "distinct(values(x), k)", "max(values(x)) <= k - 2**60"]
+    for e in exprs:
+        for k in big + [1, 5]:
+            host = E.evaluate(e, {**E.constraint_env({"x": xs}, {"k": k}, {}, False)})
+            dev = E.evaluate(e, {**E._DEVICE_ENV, "x": xs, "k": k}, device=True)
+            assert bool(dev) == bool(host), (e, k, dt)
+    assert E.evaluate("max(values(x)) == 5", {**E._DEVICE_ENV, "x": xs}, device=True).dtype == torch.bool

@@ -108,6 +108,25 @@ def test_device_checks_refuse_bad_values(monkeypatch):
             assert torch.equal(conv, snap[0]) and torch.equal(ssm, snap[1])  # refused before any write
 
 
+def test_cp_value_rules_on_the_device_hold_for_int32_cu_seqlens(monkeypatch):
+    """thd_cp_a2a_perm takes a CUDA cu_seqlens too (test_cp_cutile_pack's world-1 child); its rules then
+    run as tensor ops. ``max(values(cu_seqlens)) < 2**60`` on int32 values once compared with 2**60 cast to
+    int32 (0) and refused every call on the GPU (session 66). Both index dtypes, lowered as on a GPU;
+    a bad cu_seqlens is still refused there."""
+    from tilekernels.cp import bench as cb
+
+    with _as_device_tensors(monkeypatch) as asserts:
+        op = registry.get("thd_cp_a2a_perm")
+        for dt in (torch.int32, torch.int64):
+            cu = cb.cu_seqlens(512, 7, 4, "cpu").to(dt)
+            n = len(asserts)
+            tp = op(cu, cp=2, total_tokens=512)[0]
+            assert len(asserts) == n + 1 and torch.equal(tp.sort().values, torch.arange(512))
+            for bad in ((cu - 1), cu.flip(0), cu + torch.arange(8, dtype=dt)):
+                with pytest.raises(RuntimeError, match=r"thd_cp_a2a_perm: tensor cu_seqlens: a value rule failed"):
+                    op(bad, cp=2)
+
+
 def test_meta_tensor_values_are_a_spec_error():
     op = registry.get("grouped_linear")
     meta = torch.device("meta")
