@@ -98,7 +98,8 @@ def _fit(a, b):
     int32 ``max(values(cu_seqlens)) < 2**60`` is False and ``5 == 2**32 + 5`` is True, where the
     host form (Python ints) says the opposite. Values in range keep the tensor as it is (no extra
     op on the decode path); while tracing, a size is symbolic, so it is widened (Inductor fuses
-    the cast) rather than guarded on."""
+    the cast) rather than guarded on. Arithmetic on a narrow tensor stays in its dtype: the only
+    such in the specs is seqlens()' difference, which wraps only where nondecreasing() fails too."""
     lim = _IINFO.get(a.dtype) if _is_t(a) else None
     if lim is None or not isinstance(b, (int, torch.SymInt)) or isinstance(b, bool):
         return a
