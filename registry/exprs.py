@@ -99,7 +99,8 @@ def _fit(a, b):
     host form (Python ints) says the opposite. Values in range keep the tensor as it is (no extra
     op on the decode path); while tracing, a size is symbolic, so it is widened (Inductor fuses
     the cast) rather than guarded on. Arithmetic on a narrow tensor stays in its dtype: the only
-    such in the specs is seqlens()' difference, which wraps only where nondecreasing() fails too."""
+    such in the specs is seqlens()' difference, which wraps only past a negative value, and every op
+    using it refuses one (min(values(cu_seqlens)) == 0)."""
     lim = _IINFO.get(a.dtype) if _is_t(a) else None
     if lim is None or not isinstance(b, (int, torch.SymInt)) or isinstance(b, bool):
         return a
