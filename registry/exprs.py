@@ -6,6 +6,7 @@ host values; ``_DEVICE_ENV``: the same helpers as tensor ops for device-side val
 from __future__ import annotations
 
 import ast
+import math
 import operator
 from typing import Any, Callable, Optional
 
@@ -93,28 +94,38 @@ def _is_t(x) -> bool:
 
 
 def _fit(a, b):
-    """``a``, widened to int64 where it is an integer tensor narrower than that and ``b`` a Python
-    int its dtype cannot hold. torch casts such a scalar to the tensor's dtype, wrapping it: an
-    int32 ``max(values(cu_seqlens)) < 2**60`` is False and ``5 == 2**32 + 5`` is True, where the
-    host form (Python ints) says the opposite. Values in range keep the tensor as it is (no extra
-    op on the decode path); while tracing, a size is symbolic, so it is widened (Inductor fuses
-    the cast) rather than guarded on. Arithmetic on a narrow tensor stays in its dtype: the only
-    such in the specs is seqlens()' difference, which wraps only past a negative value, and every op
-    using it refuses one (min(values(cu_seqlens)) == 0)."""
+    """``(a, b)`` for a tensor op between ``a`` and ``b`` that gives the host form's answer (Python ints).
+    torch casts a Python int to an integer tensor's dtype, wrapping it: an int32
+    ``max(values(cu_seqlens)) < 2**60`` was False and ``5 == 2**32 + 5`` True, where the host form says the
+    opposite. So an int outside ``a``'s dtype widens a narrow ``a`` to int64, and one outside int64 becomes
+    +-inf (every int64 lies on one side of it, as of inf). Values in range keep the tensor as it is (no
+    extra op on the decode path); while tracing, a size is symbolic, so a narrow ``a`` is widened (Inductor
+    fuses the cast) rather than guarded on. Arithmetic on a narrow tensor stays in its dtype: the only such
+    in the specs is seqlens()' difference, which wraps only past a negative value, and every op using it
+    refuses one (min(values(cu_seqlens)) == 0); sum() sums in int64, which moe's rules bound (entries in
+    [0, M], G M < 2**63)."""
     lim = _IINFO.get(a.dtype) if _is_t(a) else None
     if lim is None or not isinstance(b, (int, torch.SymInt)) or isinstance(b, bool):
-        return a
-    if _compiling() or not lim[0] <= b <= lim[1]:
-        return a.long()
-    return a
+        return a, b
+    if type(b) is not int:  # a traced size (SymInt): in int64; no range test (export refuses the guard)
+        return (a if a.dtype is torch.int64 else a.long()), b
+    if not _I64[0] <= b <= _I64[1]:
+        return a, math.inf if b > 0 else -math.inf
+    if a.dtype is not torch.int64 and (_compiling() or not lim[0] <= b <= lim[1]):
+        return a.long(), b
+    return a, b
 
 
-_IINFO = {d: (torch.iinfo(d).min, torch.iinfo(d).max) for d in (torch.int8, torch.int16, torch.int32, torch.uint8)}
+_IINFO = {d: (torch.iinfo(d).min, torch.iinfo(d).max)
+          for d in (torch.int8, torch.int16, torch.int32, torch.uint8, torch.int64)}
+_I64 = _IINFO[torch.int64]
 
 
 def _cmp(op):
     def f(a, b):
-        return op(_fit(a, b), _fit(b, a))
+        a, b = _fit(a, b)
+        b, a = _fit(b, a)
+        return op(a, b)
     return f
 
 
@@ -293,7 +304,10 @@ def _reduce(name: str, builtin, tensor_fn):
 def _all_div(xs, k):
     if not _is_t(xs):
         return all(int(x) % int(k) == 0 for x in xs)
-    return (_fit(xs, k) % k == 0).all()
+    a, kk = _fit(xs, k)
+    if isinstance(kk, float) and not isinstance(k, float):  # |k| past int64: x % k == 0 only for x == 0
+        return (xs == 0).all()
+    return (a % kk == 0).all()
 
 
 def _nondecreasing(xs):
@@ -314,7 +328,8 @@ def _distinct(xs, *ignore):
     s = torch.sort(xs).values  # the index dtype as it is (no int64 copy first)
     dup = (s == torch.roll(s, 1)) & (torch.arange(s.numel(), device=s.device) > 0)
     for i in ignore:
-        dup = dup & (_fit(s, i) != i)
+        a, ii = _fit(s, i)
+        dup = dup & (a != ii)
     return ~dup.any()
 
 

@@ -50,7 +50,7 @@ def _m_splits() -> TensorSpec:
 
 
 def _split_rules(grad_when: str) -> list[Constraint]:
-    """sum(m_splits) == M, entries >= 0, and % 32 when a columnwise (wgrad) quantization needs it. Frozen bf16
+    """sum(m_splits) == M, entries in [0, M], and % 32 when a columnwise (wgrad) quantization needs it. Frozen bf16
     masters (no wgrad) are held to it too: the cute backward quantizes dY (the MLP also dh and a) along the tokens
     for them as well, so dx comes from the same kernels bit for bit, and a value rule cannot depend on the
     backend; only pre-quantized weights (which cannot require grad) lift it in the MLP."""
@@ -60,6 +60,11 @@ def _split_rules(grad_when: str) -> list[Constraint]:
         Constraint(expr="all_div(values(m_splits), 32)", when=grad_when,
                    message="MXFP8 wgrad quantizes columnwise along each expert's tokens: "
                            "every m_splits entry must be a multiple of 32 when gradients are needed"),
+        # With entries in [0, M] and G M < 2**63 the sum cannot leave int64: the device form of the sum rule (a
+        # tensor sum, where the host adds Python ints) wrapped [2**62] * 4 + [4] to 4 == M and took it. Last: a
+        # device refusal names its rules in this order within 255 characters.
+        Constraint(expr="max(values(m_splits)) <= M", message="no m_splits entry may exceed the token count M"),
+        Constraint(expr="G * M < 2**63", message="G M < 2**63 (m_splits' int64 sum cannot wrap)"),
     ]
 
 

@@ -25,7 +25,8 @@ a GPU backend whose module cannot be imported because its toolchain is not
 installed here; a user file's op that reuses a shipped op's name (the file
 may be proposing a replacement; two specs with one name in the shipped set is
 an error; linting a shipped module by its path is no reuse); a dim no tensor shape names; a reference whose signature does not
-take the inputs. Every message reads ``<file>: <op>: <what>``.
+take the inputs; a constraint whose ``when`` reads tensor values (on a device
+tensor it does not guard its expression: both run as tensor ops). Every message reads ``<file>: <op>: <what>``.
 """
 from __future__ import annotations
 
@@ -198,6 +199,17 @@ def _check_exprs(spec, src: str, rep: Report) -> None:
             expr.parse(e)
         except expr.ExprError as err:
             rep.add(src, spec.name, f"{what} does not parse: {err}")
+    from registry.exprs import reads_values
+
+    tensors = {t.name for t in spec.inputs}
+    for c in spec.constraints:
+        try:
+            if c.when and reads_values(c.when, tensors):
+                rep.add(src, spec.name, f"constraint {c.expr!r}: its when {c.when!r} reads tensor values, and for a "
+                        "device tensor both run as tensor ops (no short-circuit): the expression must stay "
+                        "computable where when is false (no min / max of an empty tensor)", "warning")
+        except expr.ExprError:
+            pass  # reported above
     named = set()
     for t in spec.inputs + spec.outputs:
         for shape in t.all_shapes():

@@ -307,14 +307,35 @@ def test_in_place_inputs_share_memory_with_no_other_argument():
 def test_device_value_rules_agree_with_host_ones_past_the_index_dtype(dt):
     """A value rule's device form (tensor ops) gives the host form's answer (Python ints) when an int
     in the rule lies outside the tensor's dtype: torch casts such a scalar to the tensor's dtype, so
-    an int32 ``5 == 2**32 + 5`` held and ``max(...) < 2**60`` failed until _fit widened the tensor."""
+    an int32 ``5 == 2**32 + 5`` held and ``max(...) < 2**60`` failed until _fit widened the tensor; an int past
+    int64 (``2*cp`` for a cp of 2**63 - 1) wrapped for every dtype, or raised OverflowError, until _fit took it
+    as +-inf."""
     xs = torch.tensor([0, 4, 5, 5], dtype=dt)
-    big = [2**7, 2**8 + 5, 2**15, 2**16 + 5, 2**31, 2**32 + 5, 2**40, 2**60, -(2**40), -1]
+    big = [2**7, 2**8 + 5, 2**15, 2**16 + 5, 2**31, 2**32 + 5, 2**40, 2**60, -(2**40), -1, 2**63 - 1, 2**63,
+           2**64 + 4, -(2**63) - 1, -(2**64)]
     exprs = ["max(values(x)) < k", "max(values(x)) == k", "k != min(values(x))", "k > max(values(x)) >= 0",
-             "min(values(x)) >= k", "all_div(seqlens(x), k)", "distinct(values(x), k)", "max(values(x)) <= k - 2**60"]
+             "min(values(x)) >= k", "all_div(seqlens(x), k)", "all_div(values(x), 2*k)", "distinct(values(x), k)",
+             "max(values(x)) <= k - 2**60", "k * 3 == max(values(x))"]
     for e in exprs:
         for k in big + [1, 5]:
             host = E.evaluate(e, {**E.constraint_env({"x": xs}, {"k": k}, {}, False)})
             dev = E.evaluate(e, {**E._DEVICE_ENV, "x": xs, "k": k}, device=True)
             assert bool(dev) == bool(host), (e, k, dt)
     assert E.evaluate("max(values(x)) == 5", {**E._DEVICE_ENV, "x": xs}, device=True).dtype == torch.bool
+
+
+def test_grouped_m_splits_whose_int64_sum_wraps_are_refused_on_the_device(monkeypatch):
+    """m_splits [2**62] * 4 + [4] adds up to 2**64 + 4, which a tensor sum wraps to 4 == M: the device form
+    (a CUDA m_splits, forced here as the hot-path tests force it) took it, and the cute kernels' offsets
+    (a device cumsum) would have run past the tensors. Entries above M are refused on both forms now."""
+    import registry.validate as V
+
+    ms = torch.tensor([2**62] * 4 + [4])
+    assert int(ms.sum()) == 4
+    x, w = torch.randn(4, 32), torch.randn(5, 8, 32)
+    for on_host in (V._on_host, lambda t: t is None):
+        monkeypatch.setattr(V, "_on_host", on_host)
+        registry.clear_caches()
+        with pytest.raises((SpecError, RuntimeError), match="m_splits"):
+            registry.get("grouped_linear")(x, w, ms)
+    registry.clear_caches()

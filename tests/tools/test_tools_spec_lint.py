@@ -174,6 +174,18 @@ def test_shipped_name_clash_is_a_warning(tmp_path, capsys):
     assert "mhc_h_aggregate: warning: shadows the shipped op of the same name (specs/mhc.py)" in out
 
 
+def test_value_reading_when_is_a_warning(tmp_path, capsys):
+    """On a device tensor a value-reading ``when`` and its expression both run as tensor ops: the when does not
+    guard it (min() of an empty cu_seqlens raises though the when is false); the shipped specs have none."""
+    d = registry.get("thd_cp_a2a_perm").spec.model_dump(mode="json")
+    d["name"] = "value_when"
+    d["backends"] = [b for b in d["backends"] if b["name"] == "torch"]
+    d["constraints"].append({"expr": "min(values(cu_seqlens)) == 0", "when": "len(values(cu_seqlens)) > 0"})
+    rc, out = lint(capsys, write_json(tmp_path, d))
+    assert rc == 0 and "value_when: warning: constraint 'min(values(cu_seqlens)) == 0': its when" in out, out
+    assert lint(capsys, "--strict", write_json(tmp_path, d))[0] == 1
+
+
 def test_unused_dim_is_a_warning(tmp_path, capsys):
     d = base("unused_dim")
     d["dims"].append({"name": "Z"})
