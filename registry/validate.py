@@ -396,7 +396,7 @@ def check_values(spec: OpSpec, tensors: dict, params: dict, dims: dict, requires
     env = constraint_env(tensors, params, dims, requires_grad)
     denv = dict(env)
     denv.update(_DEVICE_ENV)
-    oks, what, seen = [], [], []
+    oks, what, exprs, seen = [], [], [], []
     for c, used, when_reads in dev:
         if c.when is not None and not when_reads:
             if not evaluate(c.when, env):
@@ -418,6 +418,7 @@ def check_values(spec: OpSpec, tensors: dict, params: dict, dims: dict, requires
             continue
         oks.append(ok)
         what.append(f"{c.expr!r}" + (f" ({c.message})" if c.message else ""))
+        exprs.append(repr(c.expr))
         seen += [n for n in used if n not in seen]
     if not oks:
         if key is not None:
@@ -426,8 +427,11 @@ def check_values(spec: OpSpec, tensors: dict, params: dict, dims: dict, requires
     ok = oks[0]
     for o in oks[1:]:
         ok = torch.logical_and(ok, o)
-    msg = f"{op}: tensor {', '.join(seen)}: a value rule failed on the device: " + "; ".join(what)
-    torch._assert_async(ok, msg if len(msg) < 255 else msg[:251] + "...")  # CUDA takes < 255 chars
+    head = f"{op}: tensor {', '.join(seen)}: a value rule failed on the device: "
+    msg = head + "; ".join(what)
+    if len(msg) >= 255:  # CUDA takes < 255 chars: every rule named rather than the last ones cut
+        msg = head + "; ".join(exprs)
+    torch._assert_async(ok, msg if len(msg) < 255 else msg[:251] + "...")
     if key is not None:
         _remember_checked(key, read, tensors)
 

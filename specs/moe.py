@@ -55,16 +55,17 @@ def _split_rules(grad_when: str) -> list[Constraint]:
     for them as well, so dx comes from the same kernels bit for bit, and a value rule cannot depend on the
     backend; only pre-quantized weights (which cannot require grad) lift it in the MLP."""
     return [
-        Constraint(expr="sum(values(m_splits)) == M", message="m_splits must add up to the token count M"),
+        # With entries in [0, M] and G M < 2**63 the sum cannot leave int64: the device form of the sum rule (a
+        # tensor sum, where the host adds Python ints) wrapped [2**62] * 4 + [4] to 4 == M and took it. The range
+        # comes before the sum, so the host (which stops at the first rule that fails) can refuse an entry > M;
+        # its message is short so a device refusal of the three still fits CUDA's 255 characters.
         Constraint(expr="min(values(m_splits)) >= 0", message="m_splits entries must be >= 0"),
+        Constraint(expr="max(values(m_splits)) <= M", message="each at most M"),
+        Constraint(expr="sum(values(m_splits)) == M", message="m_splits must add up to the token count M"),
+        Constraint(expr="G * M < 2**63", message="m_splits' int64 sum must not wrap"),
         Constraint(expr="all_div(values(m_splits), 32)", when=grad_when,
                    message="MXFP8 wgrad quantizes columnwise along each expert's tokens: "
                            "every m_splits entry must be a multiple of 32 when gradients are needed"),
-        # With entries in [0, M] and G M < 2**63 the sum cannot leave int64: the device form of the sum rule (a
-        # tensor sum, where the host adds Python ints) wrapped [2**62] * 4 + [4] to 4 == M and took it. Last: a
-        # device refusal names its rules in this order within 255 characters.
-        Constraint(expr="max(values(m_splits)) <= M", message="no m_splits entry may exceed the token count M"),
-        Constraint(expr="G * M < 2**63", message="G M < 2**63 (m_splits' int64 sum cannot wrap)"),
     ]
 
 

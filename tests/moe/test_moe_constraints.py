@@ -51,6 +51,7 @@ CASES = {
     "deq_out_dtype": ("mxfp8_dequantize", (e4m3(64, 64), scales(64, 2)), {"out_dtype": "float16"}, "out_dtype"),
     "gl_sum": ("grouped_linear", (t(10, 8), t(2, 4, 8), ms(3, 6)), {}, "sum(values(m_splits)) == M"),
     "gl_negative": ("grouped_linear", (t(10, 8), t(2, 4, 8), ms(12, -2)), {}, "min(values(m_splits)) >= 0"),
+    "gl_above_M": ("grouped_linear", (t(10, 8), t(2, 4, 8), ms(11, 0)), {}, "max(values(m_splits)) <= M"),
     "gl_wrong_G": ("grouped_linear", (t(10, 8), t(2, 4, 8), ms(3, 3, 4)), {}, "m_splits"),
     "gl_m_splits_int32": ("grouped_linear", (t(10, 8), t(2, 4, 8), ms(3, 7, dtype=torch.int32)), {}, "m_splits"),
     "gl_weight_dtype": ("grouped_linear", (t(10, 8, dtype=bf), t(2, 4, 8), ms(3, 7)), {}, "weight"),
@@ -77,6 +78,7 @@ CASES = {
     "mlp_splits32_grad": ("grouped_mlp_mxfp8", *mlp(splits=(40, 24), grad=True), "all_div"),
     "mlp_sum": ("grouped_mlp_mxfp8", *mlp(splits=(32, 16)), "sum(values(m_splits)) == M"),
     "mlp_negative": ("grouped_mlp_mxfp8", *mlp(splits=(96, -32)), "min(values(m_splits)) >= 0"),
+    "mlp_above_M": ("grouped_mlp_mxfp8", *mlp(splits=(96, 0)), "max(values(m_splits)) <= M"),
     "mlp_wrong_G": ("grouped_mlp_mxfp8", *mlp(splits=(32, 32, 0)), "(G) = 3"),
     "mlp_x_fp32": ("grouped_mlp_mxfp8", *mlp(dtype=torch.float32), "tensor x"),
     "mlp_probs_f64": ("grouped_mlp_mxfp8", *mlp(probs_dtype=torch.float64), "probs"),
@@ -93,6 +95,22 @@ def test_refused_with_op_name(name):
     msg = str(e.value)
     assert msg.startswith(op + ":"), msg
     assert needle in msg, msg
+
+
+@pytest.mark.parametrize("op", ["grouped_linear", "grouped_mlp_mxfp8"])
+def test_shapes_whose_m_splits_sum_could_wrap_are_refused(op):
+    """G M >= 2**63: m_splits' entries in [0, M] could then add up past int64, where a CUDA m_splits' sum rule
+    (a tensor sum) wraps. Only shape propagation (FakeTensorMode) can build such inputs."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    G, M = 2**24, 2**40
+    with FakeTensorMode():
+        args = ((torch.empty(M, 256), torch.empty(G, 32, 256), torch.empty(G, dtype=torch.int64))
+                if op == "grouped_linear" else
+                (torch.empty(M, 256, dtype=bf), torch.empty(M), torch.empty(G, dtype=torch.int64),
+                 torch.empty(G, 512, 256, dtype=bf), torch.empty(G, 256, 256, dtype=bf)))
+        with pytest.raises(SpecError, match=rf"^{op}: constraint 'G \* M < 2\*\*63'"):
+            registry.get(op)(*args)
 
 
 def test_mlp_fc1_not_2F():
