@@ -429,7 +429,7 @@ def check_values(spec: OpSpec, tensors: dict, params: dict, dims: dict, requires
         ok = torch.logical_and(ok, o)
     head = f"{op}: tensor {', '.join(seen)}: a value rule failed on the device: "
     msg = head + "; ".join(what)
-    if len(msg) >= 255:  # CUDA takes < 255 chars: every rule named rather than the last ones cut
+    if len(msg) >= 255:  # CUDA takes < 255 chars: then the expressions alone (every rule named, no message text)
         msg = head + "; ".join(exprs)
     torch._assert_async(ok, msg if len(msg) < 255 else msg[:251] + "...")
     if key is not None:

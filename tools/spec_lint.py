@@ -26,7 +26,8 @@ installed here; a user file's op that reuses a shipped op's name (the file
 may be proposing a replacement; two specs with one name in the shipped set is
 an error; linting a shipped module by its path is no reuse); a dim no tensor shape names; a reference whose signature does not
 take the inputs; a constraint whose ``when`` reads tensor values (on a device
-tensor it does not guard its expression: both run as tensor ops). Every message reads ``<file>: <op>: <what>``.
+tensor it does not guard its expression: both run as tensor ops), or that
+applies ``is`` / ``in`` to tensor values. Every message reads ``<file>: <op>: <what>``.
 """
 from __future__ import annotations
 
@@ -201,6 +202,8 @@ def _check_exprs(spec, src: str, rep: Report) -> None:
             rep.add(src, spec.name, f"{what} does not parse: {err}")
     from registry.exprs import reads_values
 
+    import ast
+
     tensors = {t.name for t in spec.inputs}
     for c in spec.constraints:
         try:
@@ -208,6 +211,14 @@ def _check_exprs(spec, src: str, rep: Report) -> None:
                 rep.add(src, spec.name, f"constraint {c.expr!r}: its when {c.when!r} reads tensor values, and for a "
                         "device tensor both run as tensor ops (no short-circuit): the expression must stay "
                         "computable where when is false (no min / max of an empty tensor)", "warning")
+            for e in (c.expr, c.when or "True"):
+                for node in ast.walk(expr.parse(e).body):
+                    if isinstance(node, ast.Compare) and any(
+                            isinstance(o, (ast.In, ast.NotIn, ast.Is, ast.IsNot)) for o in node.ops) and any(
+                            reads_values(ast.unparse(x), tensors) for x in [node.left, *node.comparators]):
+                        rep.add(src, spec.name, f"constraint {c.expr!r}: {ast.unparse(node)!r} applies is / in to "
+                                "tensor values, which on a device tensor read them on the host (a sync) and "
+                                "skip the device form's int range handling", "warning")
         except expr.ExprError:
             pass  # reported above
     named = set()

@@ -322,6 +322,9 @@ def test_device_value_rules_agree_with_host_ones_past_the_index_dtype(dt):
             dev = E.evaluate(e, {**E._DEVICE_ENV, "x": xs, "k": k}, device=True)
             assert bool(dev) == bool(host), (e, k, dt)
     assert E.evaluate("max(values(x)) == 5", {**E._DEVICE_ENV, "x": xs}, device=True).dtype == torch.bool
+    # a reduction against an int its dtype cannot hold: decided without a device op (a Python bool)
+    for e, want in (("max(values(x)) < 2**64", True), ("2**64 == max(values(x))", False)):
+        assert E.evaluate(e, {**E._DEVICE_ENV, "x": xs}, device=True) is want
 
 
 def test_grouped_m_splits_whose_int64_sum_wraps_are_refused_on_the_device(monkeypatch):

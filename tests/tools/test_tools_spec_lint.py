@@ -176,7 +176,8 @@ def test_shipped_name_clash_is_a_warning(tmp_path, capsys):
 
 def test_value_reading_when_is_a_warning(tmp_path, capsys):
     """On a device tensor a value-reading ``when`` and its expression both run as tensor ops: the when does not
-    guard it (min() of an empty cu_seqlens raises though the when is false); the shipped specs have none."""
+    guard it (min() of an empty cu_seqlens raises though the when is false); ``in`` on tensor values is read on
+    the host. The shipped specs have neither."""
     d = registry.get("thd_cp_a2a_perm").spec.model_dump(mode="json")
     d["name"] = "value_when"
     d["backends"] = [b for b in d["backends"] if b["name"] == "torch"]
@@ -184,6 +185,9 @@ def test_value_reading_when_is_a_warning(tmp_path, capsys):
     rc, out = lint(capsys, write_json(tmp_path, d))
     assert rc == 0 and "value_when: warning: constraint 'min(values(cu_seqlens)) == 0': its when" in out, out
     assert lint(capsys, "--strict", write_json(tmp_path, d))[0] == 1
+    d["constraints"][-1] = {"expr": "max(values(cu_seqlens)) in (0, 8)"}
+    rc, out = lint(capsys, write_json(tmp_path, d))
+    assert rc == 0 and "'max(values(cu_seqlens)) in (0, 8)' applies is / in to tensor values" in out, out
 
 
 def test_unused_dim_is_a_warning(tmp_path, capsys):
