@@ -94,38 +94,34 @@ def _is_t(x) -> bool:
     return isinstance(x, torch.Tensor)
 
 
-def _fit(a, b):
+def _fit(a, b, fold: bool = False):
     """``(a, b)`` for a tensor op between an integer tensor ``a`` and ``b`` that gives the host form's
     answer (Python ints; value rules read integer tensors only). torch casts a Python int to an integer
     tensor's dtype, wrapping it: an int32 ``max(values(cu_seqlens)) < 2**60`` was False and
     ``5 == 2**32 + 5`` True, where the host form says the opposite. So an int outside ``a``'s dtype widens
     a narrow ``a`` to int64, and one outside int64 becomes +-inf (every int64 compares with +-inf as with
-    the huge int). Values in range keep the tensor as it is (no extra op on the decode path); while
-    tracing, a size is symbolic, so a narrow ``a`` is widened (Inductor fuses the cast) rather than
-    guarded on. Arithmetic on a tensor stays in its dtype and may wrap (int64 too): the only such in the
-    specs is seqlens()' difference, which wraps only past a negative value, and every op using it
-    refuses one (min(values(cu_seqlens)) == 0); sum() sums in int64, which moe's rules bound (entries
-    in [0, M], G M < 2**63)."""
+    the huge int). ``fold`` (comparisons): a 0-dim ``a`` (a reduction) against such an int becomes its
+    dtype's extreme, a Python int that compares with it as every value of the dtype does, so the rule is
+    decided without a device op (kept, or refused at once). Values in range keep the tensor as it is (no
+    extra op on the decode path); while tracing, a size is symbolic, so a narrow ``a`` is widened (Inductor
+    fuses the cast) rather than guarded on. Arithmetic on a tensor stays in its dtype and may wrap (int64
+    too): the only such in the specs is seqlens()' difference, which wraps only past a negative value, and
+    every op using it refuses one (min(values(cu_seqlens)) == 0); sum() sums in int64, which moe's rules
+    bound (entries in [0, M], G M < 2**63)."""
     lim = _IINFO.get(a.dtype) if _is_t(a) else None
     if lim is None or not isinstance(b, (int, torch.SymInt)) or isinstance(b, bool):
         return a, b
     if type(b) is not int:  # a traced size (SymInt): in int64; no range test (export refuses the guard)
         return (a if a.dtype is torch.int64 else a.long()), b
-    if not _I64[0] <= b <= _I64[1]:
-        return a, math.inf if b > 0 else -math.inf
-    if a.dtype is not torch.int64 and (_compiling() or not lim[0] <= b <= lim[1]):
+    if not lim[0] <= b <= lim[1]:
+        if fold and a.dim() == 0:
+            return (lim[1] if b > lim[1] else lim[0]), b
+        if not _I64[0] <= b <= _I64[1]:
+            return a, math.inf if b > 0 else -math.inf
+        return a.long(), b
+    if a.dtype is not torch.int64 and _compiling():
         return a.long(), b
     return a, b
-
-
-def _outside(t, b):
-    """For a 0-dim integer tensor ``t`` and a plain int ``b`` its dtype cannot hold: a value of the dtype
-    that compares with ``b`` as every value of it does (its max when b is above the range, else its min);
-    None otherwise."""
-    lim = _IINFO.get(t.dtype) if _is_t(t) and t.dim() == 0 else None
-    if lim is None or type(b) is not int or lim[0] <= b <= lim[1]:
-        return None
-    return lim[1] if b > lim[1] else lim[0]
 
 
 _IINFO = {d: (torch.iinfo(d).min, torch.iinfo(d).max)
@@ -135,16 +131,8 @@ _I64 = _IINFO[torch.int64]
 
 def _cmp(op):
     def f(a, b):
-        # a reduction against an int its dtype cannot hold has one answer whatever the values: a Python
-        # bool, so the rule is decided without a device op (kept or refused at once)
-        v = _outside(a, b)
-        if v is not None:
-            return op(v, b)
-        v = _outside(b, a)
-        if v is not None:
-            return op(a, v)
-        a, b = _fit(a, b)
-        b, a = _fit(b, a)
+        a, b = _fit(a, b, True)
+        b, a = _fit(b, a, True)
         return op(a, b)
     return f
 

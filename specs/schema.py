@@ -133,7 +133,6 @@ class TensorSpec(_Model):
         return list(self.shape.values()) if isinstance(self.shape, dict) else [self.shape]
 
 
-
 _PARAM_TYPES = {"int": int, "float": (int, float), "bool": bool, "str": str}
 
 
@@ -208,7 +207,6 @@ class Param(_Model):
         return out
 
 
-
 # The least eps a spec takes (an l2norm's, an RMS norm's, a Sinkhorn sum's): fp32's smallest normal number. The
 # kernels add eps in fp32 with denormals flushed to zero, so a smaller one acts as 0 (0 / 0 and 1 / 0 on an all-zero
 # row); 1 / EPS_MIN (8.5e37) is still finite in fp32.
@@ -219,6 +217,7 @@ def eps_param(name: str, what: str, default: float = 1e-6) -> Param:
     """An epsilon param (``what``: where the op adds it), bounded below by ``EPS_MIN``."""
     return Param(name=name, type="float", default=default, min=EPS_MIN,
                  doc=f"{what}; >= 2**-126, fp32's smallest normal (a smaller eps acts as 0 in the kernels)")
+
 
 class Constraint(_Model):
     """A boolean expression that must hold; ``when`` (optional) gates it."""

@@ -32,6 +32,7 @@ applies ``is`` / ``in`` to tensor values. Every message reads ``<file>: <op>: <w
 from __future__ import annotations
 
 import argparse
+import ast
 import importlib
 import importlib.util
 import inspect
@@ -200,9 +201,27 @@ def _check_exprs(spec, src: str, rep: Report) -> None:
             expr.parse(e)
         except expr.ExprError as err:
             rep.add(src, spec.name, f"{what} does not parse: {err}")
-    from registry.exprs import reads_values
+    named = set()
+    for t in spec.inputs + spec.outputs:
+        for shape in t.all_shapes():
+            for d in shape:
+                if isinstance(d, str):
+                    try:
+                        named |= expr.names(d)
+                    except expr.ExprError:
+                        pass
+    params = {p.name for p in spec.params}
+    for d in spec.dims:
+        if d.name not in named and d.name not in params:
+            rep.add(src, spec.name, f"dim {d.name!r} appears in no tensor shape (it can never be bound)",
+                    "warning")
 
-    import ast
+
+def _check_device_forms(spec, src: str, rep: Report) -> None:
+    """Rules whose device form (value rules on a CUDA tensor: tensor ops, ``registry.exprs._Device``) cannot mean
+    what their host form does: a value-reading ``when`` (no short-circuit) and ``is`` / ``in`` on tensor values."""
+    from specs import expr
+    from registry.exprs import reads_values
 
     tensors = {t.name for t in spec.inputs}
     for c in spec.constraints:
@@ -220,21 +239,7 @@ def _check_exprs(spec, src: str, rep: Report) -> None:
                                 "tensor values, which on a device tensor read them on the host (a sync) and "
                                 "skip the device form's int range handling", "warning")
         except expr.ExprError:
-            pass  # reported above
-    named = set()
-    for t in spec.inputs + spec.outputs:
-        for shape in t.all_shapes():
-            for d in shape:
-                if isinstance(d, str):
-                    try:
-                        named |= expr.names(d)
-                    except expr.ExprError:
-                        pass
-    params = {p.name for p in spec.params}
-    for d in spec.dims:
-        if d.name not in named and d.name not in params:
-            rep.add(src, spec.name, f"dim {d.name!r} appears in no tensor shape (it can never be bound)",
-                    "warning")
+            pass  # _check_exprs reports it
 
 
 def _import_callable(path: str):
@@ -346,6 +351,7 @@ def lint(paths: list[str]) -> Report:
             if spec is None:
                 continue
             _check_exprs(spec, src, rep)
+            _check_device_forms(spec, src, rep)
             _check_imports(spec, src, rep)
     return rep
 
