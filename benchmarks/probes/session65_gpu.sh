@@ -14,7 +14,8 @@
 #    recheck on every cached call), cp's cuTile pack (a world-size-1 NCCL group), the spec files.
 # S: V's least part (gdn_decode's files, the spec files) for a small budget.
 # VM (session 67): V, then the MoE files whose registry calls run the grouped ops' m_splits rules on CUDA tensors
-#    (e662aa4's order min, max, sum, G*M; the device message's >= 255-character fallback).
+#    (e662aa4's order min, max, sum, G*M; the device message's >= 255-character fallback). VR: VM without dec (a
+#    small budget).
 # H1 / H2 (H200 only): issue 15's rows: proj_rms with FUSE_RED against sep; mhc_post_pre against its two ops and the
 #    sinkhorn A/B (session62_gpu.sh H's steps, split in two calls).
 set -u
@@ -32,12 +33,12 @@ C) session_start
      step sk$r 110 python3 "$D/host_profile.py" --sinkhorn-ab --T 32768 --rounds 3 --backends cute
    done
    for f in "$OUT"/sk?.log; do echo "== $f"; tail -13 "$f"; done ;;
-V|S|VM) session_start   # S: V without the registry files and cp's pack, for a small budget
+V|S|VM|VR) session_start   # S: V without the registry files and cp's pack, for a small budget
    [ "$1" != S ] && step reg 250 $P -n 14 --junitxml="$OUT/reg.xml" tests/registry tests/test_big_gpu_lock.py
-   step dec 150 $P -n 8 --junitxml="$OUT/dec.xml" tests/gdn/test_gdn_cute_decode.py tests/gdn/test_gdn_decode.py \
+   [ "$1" != VR ] && step dec 150 $P -n 8 --junitxml="$OUT/dec.xml" tests/gdn/test_gdn_cute_decode.py tests/gdn/test_gdn_decode.py \
      $([ "$1" != S ] && echo tests/gdn/test_gdn_cute_decode_ring.py tests/cp/test_cp_cutile_pack.py)
    step spec 60 $PYT tests/gdn/test_gdn_spec.py tests/mhc/test_mhc_spec.py tests/cp/test_cp_perm.py
-   [ "$1" = VM ] && step moe 200 $P -n 14 --junitxml="$OUT/moe.xml" tests/moe/test_moe_cute_registry.py \
+   [ "$1" = VM ] || [ "$1" = VR ] && step moe 200 $P -n 14 --junitxml="$OUT/moe.xml" tests/moe/test_moe_cute_registry.py \
      tests/moe/test_moe_grouped_linear.py tests/moe/test_moe_grouped_mlp.py tests/moe/test_moe_constraints.py \
      tests/moe/test_moe_frozen_weights.py ;;
 H1) session_start; h200 H1
@@ -49,6 +50,6 @@ H2) session_start; h200 H2
      --rows h_post_bda,mhc_pre,cute,h_post_bda,mhc_pre,cute
    step sk_ab 250 python3 benchmarks/probes/host_profile.py --sinkhorn-ab --T 32768 --backends cute
    tail -12 "$OUT/post_pre.log"; tail -14 "$OUT/sk_ab.log" ;;
-*) echo "usage: session65_gpu.sh A|B|C|V|VM|S|H1|H2"; exit 2 ;;
+*) echo "usage: session65_gpu.sh A|B|C|V|VM|VR|S|H1|H2"; exit 2 ;;
 esac
 cat "$OUT/device.txt" "$SUM"
