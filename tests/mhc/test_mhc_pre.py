@@ -114,6 +114,26 @@ def test_non_default_eps(dt):
     grads_vs_float64(lambda *a, **p: OP(*a, **p), compose64, args, ["x", "weight", "bias"], **EPS_PARAMS)
 
 
+@pytest.mark.parametrize("dt", [BF16, F32])
+def test_zero_row_with_tiny_rms_eps(dt):
+    """An all-zero token with rms_eps = 2**-126 (the spec's least): its r = 1/eps ~ 8.5e37 squares past fp32's range,
+    and the RMS term gave that token's dx NaN. Now every gradient is finite, and dx of the other tokens and dweight
+    (to which the zero token adds nothing) match the float64 composition over those tokens alone."""
+    params = dict(PARAMS, rms_eps=2.0 ** -126)
+    x, w, b = inputs(4, 3, 8, dt)
+    x[1] = 0
+    xl, wl, bl = (t.clone().requires_grad_() for t in (x, w, b))
+    outs = OP(xl, wl, bl, **params, backend="torch")
+    cots = [rand(*o.shape, dtype=o.dtype) for o in outs]
+    torch.autograd.backward(outs, cots)
+    assert all(torch.isfinite(t.grad).all() for t in (xl, wl, bl))
+    keep = [0, 2, 3]
+    x64, w64 = upcast(x[keep]).requires_grad_(), upcast(w).requires_grad_()
+    torch.autograd.backward(compose64(x64, w64, upcast(b), **params), [upcast(c[keep]) for c in cots])
+    assert_close(xl.grad[keep], x64.grad, what="dx of the other tokens")
+    assert_close(wl.grad, w64.grad, what="dweight")
+
+
 def test_grads_with_some_outputs_unused():
     # only layer_in feeds the loss: dh_post and dh_res arrive as zeros
     grads_vs_float64(lambda *a: OP(*a)[0], lambda *a: compose64(*a)[0], inputs(4, 2, 6, F32),

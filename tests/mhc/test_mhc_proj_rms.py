@@ -65,6 +65,27 @@ def test_zero_row_gets_no_norm_gradient():
     assert_close(dx[1], dproj[1] @ w, what="dx of the zero row")
 
 
+@pytest.mark.parametrize("eps", [1e-6, 5e-20, 2.0 ** -126])
+@pytest.mark.parametrize("dt", [BF16, F32])
+def test_zero_row_with_tiny_eps_stays_finite(dt, eps):
+    """The spec allows eps down to 2**-126, so an all-zero row's r = 1/eps reaches ~8.5e37 and r^2 overflows fp32:
+    the RMS term must still give that row 0 (it gave NaN when formed as -dr r^2 * 0), and the other rows the float64
+    gradient (their r stays small). The torch backend in dt against float64 autograd of the forward."""
+    x, w = rand(4, 24, dtype=dt), rand(6, 24, dtype=dt)
+    x[2] = 0
+    dproj, dr = rand(4, 6), rand(4)
+    xl, wl = x.clone().requires_grad_(), w.clone().requires_grad_()
+    proj, r = OP(xl, wl, eps=eps, backend="torch")
+    dx, dw = torch.autograd.grad((proj, r), (xl, wl), (dproj, dr))
+    x64, w64 = upcast(x).requires_grad_(), upcast(w).requires_grad_()
+    p64, r64 = ref.proj_rms(x64, w64, eps=eps)
+    want_dx, want_dw = torch.autograd.grad((p64, r64), (x64, w64), (dproj.double(), dr.double()))
+    assert torch.isfinite(dx).all() and torch.isfinite(dw).all()
+    assert_close(dx[2], dproj[2].double() @ w.double(), what="dx of the zero row")
+    assert_close(dx, want_dx, what="dx")
+    assert_close(dw, want_dw, what="dweight")
+
+
 @pytest.mark.parametrize("case", ["nan x", "nan dr on a zero row"])
 def test_nan_rows_stay_nan_in_the_written_out_backward(case):
     """The RMS term must not swallow a NaN (a loss scaler's overflow check reads the gradients): a NaN in

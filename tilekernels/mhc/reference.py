@@ -171,12 +171,15 @@ def _proj_rms_bwd_acc(dproj, dr, x, weight, r, eps):
     xa = x.to(acc)
     dx = dproj.to(acc) @ weight.to(acc)
     if dr is not None:
-        # d r / d x = -r^2 / sqrt(K) * x / ||x||: 0 for an all-zero row (NaN there when dr is NaN), and a
-        # NaN norm stays NaN (`norm == 0`, not `norm > 0`, picks the zero), as autograd's gradients
+        # d r / d x = -r^2 / sqrt(K) * x / ||x||, formed as ((-dr r) r / sqrt(K)) times the unit row x / ||x||, so
+        # it overflows only where the gradient itself does (r reaches 1/eps; r^2 alone overflowed fp32 for eps below
+        # ~5e-20 and made an all-zero row NaN); 0 for an all-zero row (dr * 0: NaN there when dr is NaN), and a NaN
+        # norm stays NaN (`norm == 0`, not `norm > 0`, picks the zero), as autograd's gradients
         norm = torch.linalg.vector_norm(xa, dim=-1)
-        coef = -dr.to(acc) * r.to(acc) ** 2 / math.sqrt(x.shape[-1])
-        coef = torch.where(norm == 0, coef * 0, coef / torch.where(norm == 0, 1.0, norm))
-        dx = dx + coef[:, None] * xa
+        zero = norm == 0
+        ra, dra = r.to(acc), dr.to(acc)
+        coef = torch.where(zero, dra * 0, (-dra * ra) * ra / math.sqrt(x.shape[-1]))
+        dx = dx + coef[:, None] * (xa / torch.where(zero, 1.0, norm)[:, None])
     dweight = dproj.to(acc).t() @ xa
     return dx, dweight
 
