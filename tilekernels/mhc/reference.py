@@ -171,15 +171,16 @@ def _proj_rms_bwd_acc(dproj, dr, x, weight, r, eps):
     xa = x.to(acc)
     dx = dproj.to(acc) @ weight.to(acc)
     if dr is not None:
-        # d r / d x = -r^2 / sqrt(K) * x / ||x||, formed as ((-dr r) r / sqrt(K)) times the unit row x / ||x||, so
-        # it overflows only where the gradient itself does (r reaches 1/eps; r^2 alone overflowed fp32 for eps below
-        # ~5e-20 and made an all-zero row NaN); 0 for an all-zero row (dr * 0: NaN there when dr is NaN), and a NaN
-        # norm stays NaN (`norm == 0`, not `norm > 0`, picks the zero), as autograd's gradients
+        # d r / d x = -r^2 / sqrt(K) * x / ||x||: a per-row scale (-dr r) r / sqrt(K) / ||x|| times x (one pass over
+        # [M, K], as before). 0 for an all-zero row: dr * 0, NaN there when dr is NaN (it was -dr r^2 * 0, NaN once
+        # r = 1/eps squared past fp32: eps below ~5e-20, which the spec allows); a NaN norm stays NaN (`norm == 0`,
+        # not `norm > 0`, picks the zero), as autograd's gradients. (-dr r) r keeps r^2 from overflowing alone; a
+        # tiny non-zero row at such an eps can still overflow the scale where scale * x would not.
         norm = torch.linalg.vector_norm(xa, dim=-1)
         zero = norm == 0
         ra, dra = r.to(acc), dr.to(acc)
-        coef = torch.where(zero, dra * 0, (-dra * ra) * ra / math.sqrt(x.shape[-1]))
-        dx = dx + coef[:, None] * (xa / torch.where(zero, 1.0, norm)[:, None])
+        scale = torch.where(zero, dra * 0, (-dra * ra) * ra / math.sqrt(x.shape[-1]) / torch.where(zero, 1.0, norm))
+        dx = dx + scale[:, None] * xa
     dweight = dproj.to(acc).t() @ xa
     return dx, dweight
 
