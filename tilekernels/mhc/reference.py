@@ -172,10 +172,10 @@ def _proj_rms_bwd_acc(dproj, dr, x, weight, r, eps):
     dx = dproj.to(acc) @ weight.to(acc)
     if dr is not None:
         # d r / d x = -r^2 / sqrt(K) * x / ||x||: a per-row scale (-dr r) r / sqrt(K) / ||x|| times x (one pass over
-        # [M, K], as before). 0 for an all-zero row: dr * 0, NaN there when dr is NaN (it was -dr r^2 * 0, NaN once
-        # r = 1/eps squared past fp32: eps below ~5e-20, which the spec allows); a NaN norm stays NaN (`norm == 0`,
-        # not `norm > 0`, picks the zero), as autograd's gradients. (-dr r) r keeps r^2 from overflowing alone; a
-        # tiny non-zero row at such an eps can still overflow the scale where scale * x would not.
+        # [M, K]). An all-zero row gets dr * 0 (NaN only for a NaN dr), not scale * 0: its r = 1/eps squares past
+        # fp32 for eps below ~5e-20, which the spec allows. A NaN norm stays NaN (`norm == 0`, not `norm > 0`, picks
+        # the zero), as autograd's gradients. (-dr r) r keeps r^2 from overflowing alone; a tiny non-zero row at such
+        # an eps can still overflow the scale where scale * x would not.
         norm = torch.linalg.vector_norm(xa, dim=-1)
         zero = norm == 0
         ra, dra = r.to(acc), dr.to(acc)
