@@ -7,8 +7,8 @@
 # Z1: cuTile unpacked; the cuTile mHC files (gpu_suite.sh A's mhc_cutile step) at the branch's kernels.
 # Z2: tests/mhc/test_mhc_zero_rows_gpu.py first with main's four kernel files (untracked copies in
 #     benchmarks/probes/_zr_main/, swapped in on the device: expected to fail where a zero row's dx is NaN), then at the
-#     branch's (expected to pass), the three sanitizers on one eps per test, then the CuTe DSL mHC files (gpu_suite.sh's
-#     mhc_cute step, mhc_post_pre's cute files and test_mhc_post_pre.py) at the branch's kernels.
+#     branch's (expected to pass), the three sanitizers on one eps per test, then the GPU files of the ops whose backwards
+#     changed (proj_rms, mhc_pre, mhc_post_pre: CuTe DSL and registry) at the branch's kernels.
 set -u
 D="$(dirname "$0")"
 . "$D/_steps.sh"
@@ -24,12 +24,10 @@ Z2) session_start
    for f in $ZF; do cp /tmp/zr_branch/$f tilekernels/mhc/$f; done
    step zr 200 $P -n 6 tests/mhc/test_mhc_zero_rows_gpu.py
    sanitize zr 240 tests/mhc/test_mhc_zero_rows_gpu.py -k "e-24"
-   step mhc_cute 360 $P -n 12 --junitxml="$OUT/mhc_cute.xml" tests/mhc/test_mhc_cute_aggregate.py \
-     tests/mhc/test_mhc_cute_post_bda.py tests/mhc/test_mhc_cute_pp_mix.py tests/mhc/test_mhc_cute_pre_rest.py \
-     tests/mhc/test_mhc_cute_sk_bwd.py tests/mhc/test_mhc_cute_proj_rms.py tests/mhc/test_mhc_cute_proj_rms_fwd.py \
-     tests/mhc/test_mhc_cute_pre.py tests/mhc/test_mhc_big_cases.py tests/mhc/test_mhc_cute_post_pre.py \
-     tests/mhc/test_mhc_cute_post_pre_res.py tests/mhc/test_mhc_post_pre.py tests/mhc/test_mhc_proj_rms.py \
-     tests/mhc/test_mhc_pre.py ;;
+   step mhc_cute 360 $P -n 12 --junitxml="$OUT/mhc_cute.xml" tests/mhc/test_mhc_cute_proj_rms.py \
+     tests/mhc/test_mhc_cute_pre.py tests/mhc/test_mhc_cute_pre_rest.py tests/mhc/test_mhc_big_cases.py \
+     tests/mhc/test_mhc_cute_post_pre.py tests/mhc/test_mhc_cute_post_pre_res.py tests/mhc/test_mhc_post_pre.py \
+     tests/mhc/test_mhc_proj_rms.py tests/mhc/test_mhc_pre.py ;;
 *) echo "usage: session68_gpu.sh Z1|Z2"; exit 2 ;;
 esac
 cat "$OUT/device.txt" "$SUM"
