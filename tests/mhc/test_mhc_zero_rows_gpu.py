@@ -6,7 +6,12 @@ fp32 round trip fl(1/fl(1/eps)) lands an ulp above eps: the kernels' former test
 through, and -dr r^2 / (K rms) overflowed (r^2 alone past fp32 for eps under ~5e-20; with dr scaled up as a loss
 scale does, the quotient for eps up to ~1e-10): inf * 0 = NaN in that row's dx. Every GPU backend the registry lists
 for the call, against the float64 torch reference (mhc_post_pre: against the torch backend in the same dtypes, the
-bf16 tolerance, as tests/mhc/test_mhc_post_pre.py's cross-check: its float64 out is not rounded where the op's is)."""
+bf16 tolerance, as tests/mhc/test_mhc_post_pre.py's cross-check: its float64 out is not rounded where the op's is).
+
+Measured with the former test (session 68, H100): test_proj_rms_zero_rows failed at all five eps on both the cute
+and the cutile backend. In mhc_pre and mhc_post_pre a zero row's proj is 0, so its dr is exactly 0 and the term stays
+(-0 * r) * r = -0 even there: those two tests passed with the former test too. They stay as guards of the zero row's
+finite RMS term (a kernel forming r * r first would give inf * 0 at the smallest eps)."""
 from __future__ import annotations
 
 import pytest
