@@ -83,6 +83,7 @@ from cutlass.tensor_utils import LayoutEnum
 from tilekernels import _cute as CU
 
 from .cute_proj_rms import _smem_tensor
+from .reference import ZERO_ROW
 
 _NAME = "mhc.cute_post_pre_bwd"
 THREADS = 384
@@ -398,7 +399,7 @@ def _kernel(cfg: cutlass.Constexpr, tma_dout: cute.CopyAtom, mDout: cute.Tensor,
                 gr = gDr[tg]
             rms = Float32(1.0) / rr - eps
             cf = -gr * rr * rr / (kf * rms)
-            if rms <= Float32(0.0):  # a zero row: 0, NaN for a NaN dr (not `rms > 0`: a NaN row stays NaN)
+            if rms <= eps * Float32(ZERO_ROW):  # a zero row (reference.ZERO_ROW): 0, NaN for a NaN dr; a NaN row stays NaN
                 cf = gr * Float32(0.0)
             coef[h] = cf
             for i in cutlass.range_constexpr(n):

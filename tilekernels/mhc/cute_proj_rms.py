@@ -81,6 +81,7 @@ from tilekernels import _cute as CU
 from tilekernels._glue import aligned16, kernel, workspace
 
 from . import cute_proj_rms_fwd as _fwd
+from .reference import ZERO_ROW
 from .cute_proj_rms_agg import (DLW, HALF, _agg_hp, _agg_hp_rows, _agg_loads, _agg_tile_loads, _agg_tile_store,
                                 _agg_word)
 
@@ -474,7 +475,7 @@ def _bwd_kernel(cfg: cutlass.Constexpr, tma_x: cute.CopyAtom, mX: cute.Tensor, t
                 rr = sR[tok, 0, 2 * st]
                 rms = cute.arch.rcp_approx(rr) - eps   # (approximate reciprocals: no slow-path call)
                 cf = -sR[tok, 0, 2 * st + 1] * rr * rr * cute.arch.rcp_approx(kf * rms)
-                if rms <= Float32(0.0):  # a zero row: 0, NaN for a NaN dr (not `rms > 0`: a NaN row stays NaN)
+                if rms <= eps * Float32(ZERO_ROW):  # a zero row (reference.ZERO_ROW): 0, NaN for a NaN dr
                     cf = sR[tok, 0, 2 * st + 1] * Float32(0.0)
                 sCoef[tok, wc, st] = cf
             if const_expr(ASM):   # once every warp has read the last tile's (the warpgroup's barrier), this one's

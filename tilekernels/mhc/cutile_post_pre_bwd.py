@@ -56,6 +56,7 @@ from tilekernels._cutile import PAD_ZERO, Launch, cdiv, next_pow2, occ
 from . import cutile_post_bda as pb
 from . import cutile_pre as pre
 from . import cutile_proj_rms as pr
+from .reference import ZERO_ROW
 
 ConstInt = ct.Constant[int]
 ConstBool = ct.Constant[bool]
@@ -92,7 +93,7 @@ def mhc_pp_bwd_one(dout, dagg, hpre_t, dproj, dr, r, w, hres, hpost, res, x, bia
         rr = ct.load(r, index=(m,), shape=(TM,), padding_mode=PAD_ZERO)
         gr = ct.load(dr, index=(m,), shape=(TM,), padding_mode=PAD_ZERO)
         rms = 1.0 / rr - eps
-        coef = ct.reshape(ct.where(rms <= 0.0, gr * 0.0, -gr * rr * rr / (kf * rms)), (TM, 1, 1))  # NaN stays NaN
+        coef = ct.reshape(ct.where(rms <= eps * ZERO_ROW, gr * 0.0, -gr * rr * rr / (kf * rms)), (TM, 1, 1))  # NaN stays
         hr = ct.load(hres, index=(m, 0, 0), shape=(TM, NP, NP), padding_mode=PAD_ZERO).astype(ct.float32)
         hp = ct.reshape(ct.load(hpost, index=(m, 0), shape=(TM, NP), padding_mode=PAD_ZERO).astype(ct.float32),
                         (TM, NP, 1))

@@ -32,6 +32,8 @@ import torch
 
 from tilekernels._cutile import PAD_ZERO, Launch, cdiv, next_pow2, occ
 
+from .reference import ZERO_ROW
+
 ConstInt = ct.Constant[int]
 ConstBool = ct.Constant[bool]
 
@@ -95,7 +97,7 @@ def bwd_dx_tile(dproj, dr, x, r, wt, grp, cj, m, kf, eps, NPAD: ConstInt, TM: Co
     rr = ct.reshape(ct.load(r, index=(m,), shape=(TM,), padding_mode=PAD_ZERO), (TM, 1))
     gr = ct.reshape(ct.load(dr, index=(m,), shape=(TM,), padding_mode=PAD_ZERO), (TM, 1))
     rms = 1.0 / rr - eps
-    coef = ct.where(rms <= 0.0, gr * 0.0, -gr * rr * rr / (kf * rms))  # a zero row: 0 (NaN for a NaN dr); NaN rows stay NaN
+    coef = ct.where(rms <= eps * ZERO_ROW, gr * 0.0, -gr * rr * rr / (kf * rms))  # a zero row (reference.ZERO_ROW): 0
     gx = ct.mma(hi, wt, ct.zeros((TM, TK), dtype=ct.float32))
     gx = ct.mma(lo, wt, gx)
     if P3:

@@ -153,6 +153,18 @@ def h_post_bda_bwd(dout: Tensor, h_res: Tensor, residual: Tensor, h_post: Tensor
 # ---------------------------------------------------------------- proj_rms
 
 
+# The GPU backwards recover a row's RMS norm from the saved r as rms = 1/r - eps (x is read once, its norm is not
+# summed again). r = 1 / (rms + eps) in fp32 cannot resolve an rms under eps * 2**-24, so a recovered rms of at most
+# eps * ZERO_ROW (a few ulps of eps: the rounding of r and of 1/r, approximate reciprocals) is an all-zero row's, and
+# its RMS term is 0 (dr * 0), as here. The kernels' former test, rms <= 0, let a zero row through where 1/r rounded an
+# ulp above eps (~7% of fp32 eps values), and -dr r^2 / (K rms) then overflowed for eps below ~1e-12 .. 2e-9 (K from
+# 28672 down to 8, |dr| from 1 to 1e6; an fp32 emulation): inf * 0 = NaN in that row's dx.
+# The same limit bounds a tiny non-zero row: its recovered rms is off by a few eps * 2**-24, so the GPU's RMS term
+# is off by that over rms relative (~1% at rms = eps * 2**-16), and under eps * 2**-20 the row counts as zero, though
+# its true RMS term (norm |dr| r^2 / sqrt(K)) is not. This torch reference sums the norm, so it has neither limit.
+ZERO_ROW = 2.0 ** -20
+
+
 def proj_rms(x: Tensor, weight: Tensor, eps: float = 1e-6):
     """proj = x @ weight^T; r = 1 / (||x||_2 / sqrt(K) + eps).
 
