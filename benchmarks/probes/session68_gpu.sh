@@ -1,38 +1,48 @@
 #!/usr/bin/env bash
-# Session 68's device calls (repo root; OUT exported), at the tree of branch wip/rms-zero-row-guard (the mHC GPU
-# backwards' zero-row test rms <= eps * reference.ZERO_ROW). Each call stands alone; on one warm machine, in this order:
+# Session 68's device calls (repo root; OUT exported). Each call stands alone; on one warm machine, in this order:
 #   Z1 (carry .gpu-cutile): source .gpu-cutile/env.sh; bash benchmarks/probes/session68_gpu.sh Z1
-#   Z2 (carry .gpu-cute): source .gpu-cute/env.sh; export PYTHONPATH=$PYTHONPATH:/tmp/tk-cutile/site \
+#   Z2 / G (carry .gpu-cute): source .gpu-cute/env.sh; export PYTHONPATH=$PYTHONPATH:/tmp/tk-cutile/site \
 #       PATH=/tmp/tk-cutile/cu13/bin:$PATH; unset CUDA_HOME CUDA_PATH; bash benchmarks/probes/session68_gpu.sh Z2
-# Both first run zero_rows on the backends the process can run (Z1: cuTile; Z2: CuTe DSL, and cuTile where Z1 unpacked
-# it): tests/mhc/test_mhc_zero_rows_gpu.py with main's four kernel files (untracked copies in
-# benchmarks/probes/_zr_main/, swapped in on the device: expected to fail where a zero row's dx is NaN), then with the
-# branch's (expected to pass), then the three sanitizers on one eps per test. Then the GPU files of the ops whose
-# backwards changed (proj_rms, mhc_pre, mhc_post_pre): Z1 the cuTile mHC files (gpu_suite.sh A's mhc_cutile step),
-# Z2 the CuTe DSL and registry ones.
+# Each first runs a fix's new GPU test with main's kernel files (untracked copies in benchmarks/probes/_main/, made
+# before the call from the branch's checkout with `git show main:<path>`, swapped in on the device: expected to fail),
+# then with the branch's (expected to pass), then the three sanitizers on part of it; then the GPU files of what changed.
+# Z1 / Z2 (session 68, branch wip/rms-zero-row-guard, merged as f4c9abe): the mHC GPU backwards' zero-row test
+#   rms <= eps * reference.ZERO_ROW. Z1 on the cuTile backends and the cuTile mHC files (gpu_suite.sh A's mhc_cutile
+#   step); Z2 on the CuTe DSL ones (and cuTile where Z1 unpacked it) and the CuTe DSL / registry files of proj_rms,
+#   mhc_pre, mhc_post_pre. _main/: tilekernels/mhc/{cute,cutile}_{proj_rms,post_pre_bwd}.py.
+# G (branch wip/gdn-l2norm-zero-head, session 68, not yet run): gdn_pre_gated's CuTe DSL backward with the l2norm term
+#   formed without s^3 (zero q / k heads at a tiny eps). _main/: tilekernels/gdn/cute_pre_gated_bwd.py. Then the
+#   CuTe DSL pre_gated files and test_gdn_pre_gated.py (the registry op against a float64 loop, its gradients).
 set -u
 D="$(dirname "$0")"
 . "$D/_steps.sh"
-ZF="cute_post_pre_bwd.py cute_proj_rms.py cutile_post_pre_bwd.py cutile_proj_rms.py"
-zero_rows() {
-  mkdir -p /tmp/zr_branch
-  for f in $ZF; do cp tilekernels/mhc/$f /tmp/zr_branch/; cp "$D/_zr_main/$f" tilekernels/mhc/$f; done
-  step zr_main 200 $P -n 6 tests/mhc/test_mhc_zero_rows_gpu.py
-  for f in $ZF; do cp /tmp/zr_branch/$f tilekernels/mhc/$f; done
-  step zr 200 $P -n 6 tests/mhc/test_mhc_zero_rows_gpu.py
-  sanitize zr 240 tests/mhc/test_mhc_zero_rows_gpu.py -k "e-24"
+# swap_check DIR "FILES" TEST [SANITIZE-K]: TEST (a pytest selection) with _main's FILES over DIR's, then DIR's own
+swap_check() {
+  local dir=$1 files=$2 t=$3 k=${4:-}
+  mkdir -p /tmp/swap_branch
+  for f in $files; do cp "$dir/$f" /tmp/swap_branch/; cp "$D/_main/$f" "$dir/$f"; done
+  step swap_main 200 $P -n 6 $t
+  for f in $files; do cp "/tmp/swap_branch/$f" "$dir/$f"; done
+  step swap 200 $P -n 6 $t
+  [ -n "$k" ] && sanitize swap 240 $t -k "$k"
 }
+ZT=tests/mhc/test_mhc_zero_rows_gpu.py
+ZF="cute_post_pre_bwd.py cute_proj_rms.py cutile_post_pre_bwd.py cutile_proj_rms.py"
 case "${1:-}" in
 Z1) session_start
-   zero_rows
+   swap_check tilekernels/mhc "$ZF" $ZT e-24
    step mhc_cutile 300 $P -n 8 --junitxml="$OUT/mhc_cutile.xml" tests/mhc/test_mhc_cutile_gpu.py \
      tests/mhc/test_mhc_cutile_registry.py tests/mhc/test_mhc_cutile_sanitize.py tests/test_cutile_workspace.py ;;
 Z2) session_start
-   zero_rows
+   swap_check tilekernels/mhc "$ZF" $ZT e-24
    step mhc_cute 360 $P -n 12 --junitxml="$OUT/mhc_cute.xml" tests/mhc/test_mhc_cute_proj_rms.py \
      tests/mhc/test_mhc_cute_pre.py tests/mhc/test_mhc_cute_pre_rest.py tests/mhc/test_mhc_big_cases.py \
      tests/mhc/test_mhc_cute_post_pre.py tests/mhc/test_mhc_cute_post_pre_res.py tests/mhc/test_mhc_post_pre.py \
      tests/mhc/test_mhc_proj_rms.py tests/mhc/test_mhc_pre.py ;;
-*) echo "usage: session68_gpu.sh Z1|Z2"; exit 2 ;;
+G) session_start
+   swap_check tilekernels/gdn cute_pre_gated_bwd.py "tests/gdn/test_gdn_cute_pre_gated_bwd.py -k zero_heads" "bf16 and thd"
+   step gdn_cute 200 $P -n 12 --junitxml="$OUT/gdn_cute.xml" tests/gdn/test_gdn_cute_pre_gated_bwd.py \
+     tests/gdn/test_gdn_cute_pre_gated.py tests/gdn/test_gdn_pre_gated.py ;;
+*) echo "usage: session68_gpu.sh Z1|Z2|G"; exit 2 ;;
 esac
 cat "$OUT/device.txt" "$SUM"
