@@ -18,11 +18,9 @@ import pytest
 import torch
 
 import registry
-from mhc_helpers import BF16, F32, F64, rand
-from tilekernels.mhc import reference as ref
+from mhc_helpers import BF16, F64, on_gpu, rand
 from tilekernels.testing import assert_close, upcast
 
-needs_gpu = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 GPU_BACKENDS = ("cute", "cutile")
 ZERO = [0, 5, 66]   # zero rows of 67: the first, one inside the first row tile, the last (a tail tile)
 
@@ -55,8 +53,7 @@ def _grads(op, args, cots, params, backend):
     return [None if t is None else t.grad for t in leaves]
 
 
-@pytest.mark.gpu
-@needs_gpu
+@on_gpu
 @pytest.mark.parametrize("eps", EPS)
 def test_proj_rms_zero_rows(eps):
     op = registry.get("mhc_proj_rms")
@@ -75,8 +72,7 @@ def test_proj_rms_zero_rows(eps):
 PRE_PARAMS = dict(alpha_pre=0.7, alpha_post=1.3, alpha_res=0.4, iters=20)
 
 
-@pytest.mark.gpu
-@needs_gpu
+@on_gpu
 @pytest.mark.parametrize("eps", EPS)
 def test_pre_zero_tokens(eps):
     op = registry.get("mhc_pre")
@@ -94,8 +90,7 @@ def test_pre_zero_tokens(eps):
             assert_close(g, w, what=f"{b}: d{name}")
 
 
-@pytest.mark.gpu
-@needs_gpu
+@on_gpu
 @pytest.mark.parametrize("eps", EPS)
 def test_post_pre_zero_tokens(eps):
     """Zero residual and x rows (no bias) make zero rows of out, the pre step's input."""

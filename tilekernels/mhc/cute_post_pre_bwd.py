@@ -399,7 +399,7 @@ def _kernel(cfg: cutlass.Constexpr, tma_dout: cute.CopyAtom, mDout: cute.Tensor,
                 gr = gDr[tg]
             rms = Float32(1.0) / rr - eps
             cf = -gr * rr * rr / (kf * rms)
-            if rms <= eps * Float32(ZERO_ROW):  # a zero row (reference.ZERO_ROW): 0, NaN for a NaN dr; a NaN row stays NaN
+            if rms <= eps * Float32(ZERO_ROW):  # a zero row (reference.ZERO_ROW): 0, NaN for a NaN dr
                 cf = gr * Float32(0.0)
             coef[h] = cf
             for i in cutlass.range_constexpr(n):

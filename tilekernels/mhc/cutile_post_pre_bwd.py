@@ -93,7 +93,8 @@ def mhc_pp_bwd_one(dout, dagg, hpre_t, dproj, dr, r, w, hres, hpost, res, x, bia
         rr = ct.load(r, index=(m,), shape=(TM,), padding_mode=PAD_ZERO)
         gr = ct.load(dr, index=(m,), shape=(TM,), padding_mode=PAD_ZERO)
         rms = 1.0 / rr - eps
-        coef = ct.reshape(ct.where(rms <= eps * ZERO_ROW, gr * 0.0, -gr * rr * rr / (kf * rms)), (TM, 1, 1))  # NaN stays
+        # a zero row (reference.ZERO_ROW): 0, NaN for a NaN dr; a NaN row stays NaN
+        coef = ct.reshape(ct.where(rms <= eps * ZERO_ROW, gr * 0.0, -gr * rr * rr / (kf * rms)), (TM, 1, 1))
         hr = ct.load(hres, index=(m, 0, 0), shape=(TM, NP, NP), padding_mode=PAD_ZERO).astype(ct.float32)
         hp = ct.reshape(ct.load(hpost, index=(m, 0), shape=(TM, NP), padding_mode=PAD_ZERO).astype(ct.float32),
                         (TM, NP, 1))
