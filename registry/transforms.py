@@ -69,7 +69,8 @@ def func_transforms(op: str, differentiable: bool = True, backward_of: Optional[
         raise NotImplementedError(f"{op}: forward-mode AD (torch.func.jvp, jacfwd) is not supported: "
                                   "the op has no jvp formula")
     levels = [lvl for k, lvl in stack if k == TransformType.Grad]
-    if differentiable and len(levels) > 1 or backward_of is not None and levels and not backward_of.recorded_by(levels[0]) \
+    if differentiable and len(levels) > 1 or backward_of is not None and levels \
+            and not backward_of.recorded_by(levels[0]) \
             and any(g is not None and maybe_get_level(g) == levels[0] and g.requires_grad for g in grads):
         raise NotImplementedError(f"{op}: higher-order gradients (torch.func.grad / vjp through the op's "
                                   "backward) are not supported: the backward is once-differentiable")

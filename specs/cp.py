@@ -161,7 +161,8 @@ A2A_PERM = OpSpec(
                    message="total_tokens is cu_seqlens[-1]"),
         # the maps are int64 tensors of T and D entries: their byte counts (8 T, 8 D) must be int64s (past that
         # torch's allocation overflows with an error naming neither op nor argument)
-        Constraint(expr="max(values(cu_seqlens)) < 2**60", message="T = cu_seqlens[-1] < 2**60 (token maps of 8 T bytes)"),
+        Constraint(expr="max(values(cu_seqlens)) < 2**60",
+                   message="T = cu_seqlens[-1] < 2**60 (token maps of 8 T bytes)"),
         Constraint(expr="sum(split_sections) < 2**60", when=_HAS_SECTIONS,
                    message="sum(split_sections) < 2**60 (feature maps of 8 D bytes)"),
     ],

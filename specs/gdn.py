@@ -40,7 +40,8 @@ def _weights(conv_rows: str) -> list[TensorSpec]:
     return [
         TensorSpec(name="conv_weight", shape=[conv_rows, "W"], dtypes=_FLOAT,
                    doc="[conv_dim, W] depthwise causal conv kernel (no bias); tap W-1 is the current token"),
-        TensorSpec(name="A_log", shape=["Hv"], dtypes=_GATE_PARAM, doc="[Hv] fp32: g = -exp(A_log) * softplus(a + dt_bias)"),
+        TensorSpec(name="A_log", shape=["Hv"], dtypes=_GATE_PARAM,
+                   doc="[Hv] fp32: g = -exp(A_log) * softplus(a + dt_bias)"),
         TensorSpec(name="dt_bias", shape=["Hv"], dtypes=_GATE_PARAM, doc="[Hv] fp32"),
     ]
 

@@ -93,9 +93,9 @@ H_AGGREGATE = OpSpec(
                                message="the forward's 1-D grid (a token's CTAs adjacent: up to C // 256 + 1 of "
                                        "them) is an int32 extent"),
                     x=_BF_F32, h_pre=_BF_F32,
-                    doc="tilekernels/mhc/cute_aggregate.py: fwd one 16-byte (n > 4: 8-byte) chunk a thread, a token's CTAs "
-                        "adjacent on a 1-D grid; bwd one streaming pass, a persistent CTA a token at a time "
-                        "(dh_pre by warp shuffles and one smem exchange); sm_90a only; other GPUs, C % 8 != 0 "
+                    doc="tilekernels/mhc/cute_aggregate.py: fwd one 16-byte (n > 4: 8-byte) chunk a thread, a "
+                        "token's CTAs adjacent on a 1-D grid; bwd one streaming pass, a persistent CTA a token at a "
+                        "time (dh_pre by warp shuffles and one smem exchange); sm_90a only; other GPUs, C % 8 != 0 "
                         "or no CuTe DSL take cutile"),
               _cutile(Constraint(expr="T * n * C < 2**31", message=_INT32_INDEX),
                       x=_BF_F32, h_pre=_BF_F32), _TORCH],
@@ -156,7 +156,8 @@ H_POST_BDA = OpSpec(
     differentiable=True,
     reference="tilekernels.mhc.reference:h_post_bda",
     entry="tilekernels.mhc.ops:h_post_bda",
-    backends=[_cute("cute_post_bda", Constraint(expr="C % 8 == 0", message="16-byte vector accesses of every row (C % 8 == 0)"),
+    backends=[_cute("cute_post_bda",
+                    Constraint(expr="C % 8 == 0", message="16-byte vector accesses of every row (C % 8 == 0)"),
                     Constraint(expr="T * n < 2**31", message="the streams' rows (T * n) are an int32 extent"),
                     Constraint(expr="not present(bias) or C <= 32768",
                                message="with a bias, each CTA sums dbias in a [C] fp32 shared-memory array"),

@@ -67,8 +67,8 @@ def warm_up(fn: Callable[[], Any], sync: Callable[[], Any] = lambda: None, *,
     first allocations), then windows of calls sized to about ``window_s`` (at least 3 calls,
     sized from the last estimate), until the median per-call times of two consecutive windows agree within
     ``tol`` (relative), or until ``max_s`` seconds (but at least two windows) or
-    ``max_windows`` windows have passed (then ``settled`` is False). ``sync()`` runs after every call (CUDA: the device finishes
-    the call's work before the clock is read)."""
+    ``max_windows`` windows have passed (then ``settled`` is False). ``sync()`` runs after every call (CUDA: the
+    device finishes the call's work before the clock is read)."""
     t0 = clock()
     fn()
     sync()

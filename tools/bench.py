@@ -199,7 +199,8 @@ class Runner:
             try:
                 call = p.prepare(args, params)
             except Exception as e:  # noqa: BLE001 - a peer that cannot run is n/a, not fatal
-                log.info("    %s: n/a (%s: %s)", p.name, type(e).__name__, str(e).splitlines()[0][:200] if str(e) else "")
+                first = str(e).splitlines()[0][:200] if str(e) else ""
+                log.info("    %s: n/a (%s: %s)", p.name, type(e).__name__, first)
                 rec["peers"][p.name] = None
                 continue
             rec["peers"][p.name] = self._peer(p.name, call if step_of is None else step_of(call))

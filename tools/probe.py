@@ -323,7 +323,8 @@ def render(r: dict[str, Any]) -> str:
         lines.append(f"  unavailable: {d['error']}")
     cu = r["cutile"]
     lines += ["== cuTile",
-              f"  importable: {_yn(cu['importable'])}, version {cu['version'] or '-'}; usable: {_yn(cu['ok'])} ({cu['reason']})",
+              f"  importable: {_yn(cu['importable'])}, version {cu['version'] or '-'}; "
+              f"usable: {_yn(cu['ok'])} ({cu['reason']})",
               f"  tileiras: {cu['tileiras'] or 'not found'}"
               + (f", version {cu['tileiras_version']}" if cu["tileiras_version"] else "")
               + (f" ({cu['tileiras_error']})" if cu.get("tileiras_error") else "")]

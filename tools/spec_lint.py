@@ -24,8 +24,8 @@ Severity: problems are errors (exit 1). Warnings (exit 0 unless ``--strict``):
 a GPU backend whose module cannot be imported because its toolchain is not
 installed here; a user file's op that reuses a shipped op's name (the file
 may be proposing a replacement; two specs with one name in the shipped set is
-an error; linting a shipped module by its path is no reuse); a dim no tensor shape names; a reference whose signature does not
-take the inputs; a constraint whose ``when`` reads tensor values (on a device
+an error; linting a shipped module by its path is no reuse); a dim no tensor shape names; a reference whose signature
+does not take the inputs; a constraint whose ``when`` reads tensor values (on a device
 tensor it does not guard its expression: both run as tensor ops), or that
 applies ``is`` / ``in`` to tensor values. Every message reads ``<file>: <op>: <what>``.
 """

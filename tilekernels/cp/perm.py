@@ -99,7 +99,8 @@ def _ranges(lengths: Tensor) -> Tensor:
     """cat([arange(n) for n in lengths]) without a Python loop."""
     total = int(lengths.sum())
     ends = torch.cumsum(lengths, 0)
-    return torch.arange(total, dtype=torch.int64, device=lengths.device) - torch.repeat_interleave(ends - lengths, lengths)
+    starts = torch.repeat_interleave(ends - lengths, lengths)
+    return torch.arange(total, dtype=torch.int64, device=lengths.device) - starts
 
 
 def a2a_perm(cu_seqlens: Tensor, cp: int, split_sections: Optional[Sequence[int]] = None) -> A2APerm:

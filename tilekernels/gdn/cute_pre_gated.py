@@ -175,7 +175,8 @@ class PreCfg(HeadGeometry):
 
     def __post_init__(self):
         if (self.Hv % self.Hk or self.W < 1 or self.L + self.W - 1 > MASK_BITS or self.L % self.U
-                or self.L % (2 * self.U) or self.VEC not in (1, 2, 4, 8) or self.dk % self.VEC or self.dv % self.VEC or self.D % self.VEC
+                or self.L % (2 * self.U) or self.VEC not in (1, 2, 4, 8)
+                or self.dk % self.VEC or self.dv % self.VEC or self.D % self.VEC
                 or self.THREADS % 32 or self.THREADS % self.LP or self.THREADS > 1024
                 or (self.CA and (self.S < 2 or self.VEC * self.ELT != 16 or self.S > self.L // self.U))):
             raise ValueError(f"gdn_pre_gated cute: config {self}: needs Hv % Hk == 0, 1 <= W, L + W - 1 <= "

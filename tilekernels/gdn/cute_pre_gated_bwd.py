@@ -57,9 +57,9 @@ At 4.27 TB/s: 0.60 ms at 32768 tokens if it streams at copy speed (0.79 ms is is
 
 Heuristic (H200, Qwen3-Next bf16, 32768 tokens; benchmarks/results/h200-gdn-cute-pre-bwd.txt): VEC 8, L 128,
 U 2, a cp.async ring of S 4 (48 KB), 128 threads, MINB 3 (3 CTAs an SM: ptxas holds 168 registers, no spill) and,
-BSHD, its starts walked as THD's (a counter took 195 registers, 2 CTAs an SM: 0.944 ms against 0.697). Main launch + reduction
-BSHD / THD with repeat_qk 0.697 / 0.704 ms (90.6 / 89.8% of issue 12's ideal traffic; the cuTile backward 2.081 /
-2.214 in the same session), without 0.660 / 0.664. Heads of more than 32 vectors (dk > 256 in bf16) keep
+BSHD, its starts walked as THD's (a counter took 195 registers, 2 CTAs an SM: 0.944 ms against 0.697). Main launch +
+reduction BSHD / THD with repeat_qk 0.697 / 0.704 ms (90.6 / 89.8% of issue 12's ideal traffic; the cuTile backward
+2.081 / 2.214 in the same session), without 0.660 / 0.664. Heads of more than 32 vectors (dk > 256 in bf16) keep
 (4W-2)*dk/32 fp32 values a thread and spill.
 
 Backend limits: SM 9.0; mixed, the grads of q, k, v, z, beta and dmixed one dtype (bf16 or fp32), gg,

@@ -79,8 +79,8 @@ which passes), nor did the fp32 default of session 6 at Hk=2, Hv=4, dk=dv=32, W=
 (tk-bench's small case: the registry's graph / compile tests that never finished) at every
 split, with or without state_indices, at occupancy 3 (TMA off or the compiler's occupancy:
 correct): both are TMA tiles of 32 rows x 128 bytes, so ``hang_risk`` refuses TMA for dk <= 32
-with rows of <= 128 bytes and the heuristic turns it off there; wrong results from PF at occupancy 4 (o rel. error 0.59, fp32, B=256), at
-BV=128 (0.65, the tiling test at split 1) and with MM (0.47), while PF at BV=32, occupancy 3
+with rows of <= 128 bytes and the heuristic turns it off there; wrong results from PF at occupancy 4 (o rel. error 0.59,
+fp32, B=256), at BV=128 (0.65, the tiling test at split 1) and with MM (0.47), while PF at BV=32, occupancy 3
 passed its tests, memcheck and racecheck and ran 5-11% faster at B >= 32; and from plain loads
 (TMA off) at BV=8, occupancy 2, B=32 and 256. A race-free kernel computing garbage only at some
 compile settings points at the compiler; since the heuristic's BV follows dk (BV=128 at dk=32),

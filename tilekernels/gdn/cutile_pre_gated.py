@@ -22,9 +22,9 @@ dk, dv >= 1, W >= 1 work.
 Forward: one kernel, two launches, each a 1-D grid of blocks b = row * units + u (units
 fastest, meant to have the blocks running at once read whole rows of mixed; not yet shown to
 help: at FT16 HB2 occ4 a 2-D tile-fastest grid of the same kernel measured 1.23 ms BSHD, this
-order 1.41 ms, two runs apart), units = 2*Hk/HB + Hv/HBV + Hv/HBZ + 1. Block (row, u) owns a token tile i (FT packed tokens, which may span sequences)
-and unit u: a group of HB q or k heads (whole heads, so the l2norm over dk stays in the block;
-HB divides Hk, so a group never straddles q and k), a group of HBV v heads, a group of HBZ z
+order 1.41 ms, two runs apart), units = 2*Hk/HB + Hv/HBV + Hv/HBZ + 1. Block (row, u) owns a token tile i (FT packed
+tokens, which may span sequences) and unit u: a group of HB q or k heads (whole heads, so the l2norm over dk stays in
+the block; HB divides Hk, so a group never straddles q and k), a group of HBV v heads, a group of HBZ z
 heads (copy), or the gates (all Hv of b and a). Tiles are [FT, heads, c]: each token's group
 is one contiguous run of mixed's row; the R repeats of q/k go out as R strided stores.
   main launch (rows = tiles 1 .. cdiv(NT, FT)-1): tap s of the conv reads rows t - s as one
@@ -65,8 +65,8 @@ of cycles, achieved occupancy 32% of 50%; head launch 13 us. THD: head launch 21
 starts), main launch 638 us: its tiles wait for their starts' load before the tap loads issue (the
 unmasked-tile branch). Switches of session 7 (PreGatedCfg.heuristic has the numbers): SX, the SiLU
 through one MUFU tanh (16-bit outputs), 6-16% faster in all four cases; MA, per-tap masks on every
-THD tile (no branch) and OCCH 2 for the head launch, THD 3.5-4%; not yet the default (heuristic). Taps as plain L1 loads (no TMA) ran
-1.7-2x slower; a FT64 OCC2 tiling 1.3x slower. bwd: ``cutile_pre_gated_bwd``.
+THD tile (no branch) and OCCH 2 for the head launch, THD 3.5-4%; not yet the default (heuristic). Taps as plain
+L1 loads (no TMA) ran 1.7-2x slower; a FT64 OCC2 tiling 1.3x slower. bwd: ``cutile_pre_gated_bwd``.
 
 Configs refused (PreGatedCfg.__post_init__, ``hang_risk``): TMA stores (ST) or a num_worker_warps hint
 (NW) with conv tiles of >= HANG_CONV_EL elements never finished on the H200 (the kernel spins; a hung

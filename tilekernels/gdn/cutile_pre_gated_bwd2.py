@@ -359,7 +359,8 @@ def bwd2_launches(gq, gk, gv, gz, gg, gbeta, mixed, conv_weight, A_log, dt_bias,
                           (dpqk, *shifted(dpqk, 0), dpv, *shifted(dpv, 0), seq, sen, wqk, wv, dqk, dvv, Hk, W, cfg.DK,
                            cfg.DV, cfg.TBX, cfg.WW, cfg.CH, thd, True, cfg.LB), cfg, occ(cfg.OCC_X)))
     out.append(Launch(gdn_pre_bwd2_dx, (Pw, 2 * Hk + Hv, 1),
-                      dxa + (TB, cfg.NTX, cfg.WW, cfg.CH, thd, cfg.LB, cfg.DWA, not cfg.SPLIT, True), cfg, occ(cfg.OCC_B)))
+                      dxa + (TB, cfg.NTX, cfg.WW, cfg.CH, thd, cfg.LB, cfg.DWA, not cfg.SPLIT, True), cfg,
+                      occ(cfg.OCC_B)))
     ncb = cdiv(C, cfg.BC)
     out.append(Launch(b1.gdn_pre_bwd_red, (ncb + 1, 1, 1), (pw, pg, dconv_weight, dA_log, ddt_bias, ncb, cfg.BC,
                                                              cfg.WW, cfg.HVP, cfg.TG), cfg, ()))

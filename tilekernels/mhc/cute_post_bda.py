@@ -140,7 +140,8 @@ class PostBdaCuteCfg:
     #                    only (4 of its n * n = 16 FMAs a channel at n = 4; residual still loaded and converted)
     REV: bool = False  # bwd: the tokens walked last to first (t = T-1-g, T-1-g-G, ...): the forward's last tokens'
     #                    residual and x, still in L2 when the backward directly follows it, are read first (the
-    #                    same per-token values; dbias's partials sum other tokens: not necessarily bitwise the default's)
+    #                    same per-token values; dbias's partials sum other tokens: not necessarily bitwise the
+    #                    default's)
 
     def __post_init__(self):
         if self.C % self.V or self.NT % 32 or self.NTB % 32 or self.NTB > 1024 or self.NT > 1024:

@@ -9,9 +9,9 @@ Per token t, stream i, channel c (fp32, rounded once):
     p_proj[r,t,:] = sum over (i, c of split r) of out[t,i,c] weight[:, i*C + c]   (fp32, the rounded out, Kahan
     p_ss[r,t]     = sum over (i, c of split r) of out[t,i,c]^2                    per chunk)
 
-which cutile_post_pre.mhc_pp_mix (its C-split design's epilogue: the SPLIT planes summed in order) turns into mhc_pre's proj, r,
-h_pre, h_post and h_res; cutile_aggregate's forward then reads out once more for layer_in. The composition reads
-the new streams twice after writing them (mhc_pre's projection pass and its aggregate); this pass folds the
+which cutile_post_pre.mhc_pp_mix (its C-split design's epilogue: the SPLIT planes summed in order) turns into mhc_pre's
+proj, r, h_pre, h_post and h_res; cutile_aggregate's forward then reads out once more for layer_in. The composition
+reads the new streams twice after writing them (mhc_pre's projection pass and its aggregate); this pass folds the
 projection into the write: the forward moves 3s + 2x instead of 4s + 2x (s = one [T, n, C] stream).
 
 CTA = 64 tokens (the wgmma M) over C in chunks of 64 channels, 3 warpgroups (384 threads), as cute_post_pre_bwd's

@@ -81,8 +81,8 @@ class PreRestCuteCfg(TokenCtaCfg):
     """Launch config (compile key, with dhpost's dtype). n: streams; NP: n padded to a power of two (dlres's rows);
     NPAD: p_db's row length (mhc_pre's padded projection width); LDP: dproj's row stride (N or NPAD); TT: tokens a
     CTA (the p_db tile: the caller's cdiv(T, TT) rows; its first TT threads take one each); NT: threads a CTA (all
-    load the rows and store dproj: fewer loads a thread, all in flight at once); DPROJ_ONLY: dh_pre taken as 0, dproj alone
-    written."""
+    load the rows and store dproj: fewer loads a thread, all in flight at once); DPROJ_ONLY: dh_pre taken as 0, dproj
+    alone written."""
 
     n: int
     NP: int

@@ -609,8 +609,8 @@ def _reduce_kernel(p_dw: cute.Pointer, dw: cute.Pointer, NK: Int32, GMe: Int32):
 
 @cute.jit
 def _bwd_host(cfg: cutlass.Constexpr, x: cute.Pointer, w: cute.Pointer, dproj: cute.Pointer, dr: cute.Pointer,
-              r: cute.Pointer, dx: cute.Pointer, p_dw: cute.Pointer, dl: cute.Pointer, hp: cute.Pointer, dw: cute.Pointer,
-              cnt: cute.Pointer, M: Int32, GMe: Int32, eps: Float32, stream: CU.cuda.CUstream):
+              r: cute.Pointer, dx: cute.Pointer, p_dw: cute.Pointer, dl: cute.Pointer, hp: cute.Pointer,
+              dw: cute.Pointer, cnt: cute.Pointer, M: Int32, GMe: Int32, eps: Float32, stream: CU.cuda.CUstream):
     K, N, BM = cfg.K, cfg.N, cfg.BM
     mX = cute.make_tensor(x, cute.make_layout((K, M), stride=(1, K)))      # channel-major view
     mDX = cute.make_tensor(dx, cute.make_layout((K, M), stride=(1, K)))

@@ -49,7 +49,8 @@ class SkBwdCuteCfg(TokenCtaCfg):
     """Launch config (compile key, with dh_res's dtype). n: streams; NP: n padded to a power of two (dlres's rows);
     ITERS: Sinkhorn steps; APPROX: approximate reciprocals; TT: tokens a CTA (its first TT threads take one each);
     NT: threads a CTA (all load the rows and store dlres); LOGITS: the mhc_sinkhorn op's backward (cute_sinkhorn): the
-    first pointer holds the logits themselves, rows [T, n*n] (r, bias and a_res unused), and dlres is dlogits (NP = n)."""
+    first pointer holds the logits themselves, rows [T, n*n] (r, bias and a_res unused), and dlres is dlogits
+    (NP = n)."""
 
     n: int
     NP: int

@@ -314,7 +314,8 @@ def mhc_post_pre_bwd(dout: Tensor, dlayer_in: Tensor, dh_post_next: Tensor, dh_r
     unrounded in the accumulation dtype, is the gradient that enters h_post_bda's backward.
     proj [T, n*n+2n], r [T] are the forward's proj_rms results on ``out``.
     -> (dh_res, dresidual, dh_post, dx, dweight, dhbias, dbias or None), each in its
-    input's dtype (spec order: h_res, residual, h_post, x, weight, hbias, bias). ``params``: alpha_pre, alpha_post, alpha_res, iters, rms_eps, sinkhorn_eps.
+    input's dtype (spec order: h_res, residual, h_post, x, weight, hbias, bias). ``params``: alpha_pre, alpha_post,
+    alpha_res, iters, rms_eps, sinkhorn_eps.
     """
     acc = acc_dtype(out, dout, proj)
     # out upcast: mhc_pre_bwd then returns d(out) unrounded (its math upcasts anyway)

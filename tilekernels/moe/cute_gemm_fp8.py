@@ -277,7 +277,8 @@ def _fp8_kernel(cfg: cutlass.Constexpr, mA: cute.Tensor, mAS: cute.Tensor, mB: c
     rSB = cute.make_rmem_tensor((BN // 4,), Float32)
 
     # ---------------- cp.async copies: 8 threads x 16 bytes per 128-byte k row, 32 rows per step
-    atom_cp = cute.make_copy_atom(cpasync.CopyG2SOp(cute.nvgpu.LoadCacheMode.GLOBAL), Float8E4M3FN, num_bits_per_copy=128)
+    atom_cp = cute.make_copy_atom(cpasync.CopyG2SOp(cute.nvgpu.LoadCacheMode.GLOBAL), Float8E4M3FN,
+                                  num_bits_per_copy=128)
     g2s = cute.make_tiled_copy_tv(atom_cp, cute.make_ordered_layout((THREADS // 8, 8), order=(1, 0)),
                                   cute.make_layout((1, 16)))
     thr_cp = g2s.get_slice(tidx)
@@ -368,7 +369,8 @@ def _fp8_kernel(cfg: cutlass.Constexpr, mA: cute.Tensor, mAS: cute.Tensor, mB: c
                     _promote(cfg, acc, prev, sS, (kt + 2) % 3, KB - 1, row0, t4, rSB)
                 else:
                     _promote(cfg, acc, prev, sS, sbuf, kb - 1, row0, t4, rSB)
-            for kb in cutlass.range_constexpr(KB if const_expr(cfg.mode in ("mx32", "col_only") and not cfg.carry) else 0):
+            for kb in cutlass.range_constexpr(KB if const_expr(cfg.mode in ("mx32", "col_only") and not cfg.carry)
+                                              else 0):
                 tmp = tmp0 if const_expr(kb % 2 == 0) else tmp1
                 warpgroup.fence()
                 cute.gemm(tiled_mma, tmp, tCrA[None, None, kb, stage], tCrB[None, None, kb, stage], tmp)

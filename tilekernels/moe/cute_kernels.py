@@ -21,9 +21,9 @@ dgrad, OPS.md) take predq through cute_gemm_bf16; an fp32 wgrad would stay on dq
 On the predq path, ``QDQ`` (default on; $TILEKERNELS_MOE_QDQ=0 turns it off) sends the operands
 that are quantized only to be dequantized (the bf16 weights, x; cute_qdq) through one
 quantize-dequantize pass, ``QDQ_OUT`` (default on) has the fused MLP's SwiGLU kernels write their
-GEMM operands as bf16 (the dequantized MXFP8 values) and dY go through one two-axis qdq pass, and ``gemm_predq.WGRAD_GEMM = "cute"`` (the default;
-$TILEKERNELS_MOE_WGRAD=torch gives back torch._grouped_mm + copy) runs the wgrads on
-cute_gemm_bf16 (no output copy, at any tokens per expert).
+GEMM operands as bf16 (the dequantized MXFP8 values) and dY go through one two-axis qdq pass, and
+``gemm_predq.WGRAD_GEMM = "cute"`` (the default; $TILEKERNELS_MOE_WGRAD=torch gives back torch._grouped_mm + copy)
+runs the wgrads on cute_gemm_bf16 (no output copy, at any tokens per expert).
 
 grouped_linear's precision "bf16" (no quantization) takes torch._grouped_mm on the operands as given for
 all three GEMMs (``gemm_predq.torch_gemm_into``: any group sizes, no host sync): H200, M=16384, K=7168,
@@ -100,8 +100,8 @@ def _quant_weight(w: torch.Tensor, columnwise: bool) -> tuple:
 
 GEMM_KERNELS = ("auto", "predq", "dq")
 # "auto" takes predq on sm_90 (bf16 outputs: torch._grouped_mm; fp32: see PREDQ_FP32_DEFAULT).
-# H200, fused MLP through the registry, one run (benchmarks/results/h200-moe-mlp.json (in git history at 892cfc8), fwd / bwd
-# ms): G=8 x 4096, H=7168, F=2048 5.17 / 10.49 against every GEMM on dq 7.55 / 13.62; G=32 x 1024,
+# H200, fused MLP through the registry, one run (benchmarks/results/h200-moe-mlp.json (in git history at 892cfc8),
+# fwd / bwd ms): G=8 x 4096, H=7168, F=2048 5.17 / 10.49 against every GEMM on dq 7.55 / 13.62; G=32 x 1024,
 # H=4096, F=1536 3.21 / 6.30 against 3.80 / 6.57. False gives back the mainloop-dequant kernel
 # everywhere.
 PREDQ_DEFAULT = True

@@ -100,8 +100,8 @@ class QdqCfg:
         chunks = C.cdiv(K, vec)
         threads = next((t for t in (128, 64, 32) if chunks % t == 0),
                        max(32, min(128, 1 << max(0, (chunks - 1).bit_length()))))
-        return cls(K=K, rowwise=rowwise and not both, vec=vec, threads=threads, rows=16 if rowwise and not both else BLOCK,
-                   both=both)
+        return cls(K=K, rowwise=rowwise and not both, vec=vec, threads=threads,
+                   rows=16 if rowwise and not both else BLOCK, both=both)
 
 
 @cute.jit

@@ -547,7 +547,8 @@ _U8 = C.Ptr(torch.uint8)
 # 84.5, fp32 both 78.4 -> 84.9. fp32 rowwise: shared-memory kernel 90.9, pipelined one CTA per
 # strip 81.7, on the persistent grid 94.3 (benchmarks/probes/mxfp8_quant_persist.py): it joins
 # here together with its entry in cute_quantize_pipe.PERSISTENT
-_PIPE = {(torch.bfloat16, True, False), (torch.bfloat16, True, True), (torch.float32, True, False), (torch.float32, True, True)}
+_PIPE = {(torch.bfloat16, True, False), (torch.bfloat16, True, True),
+         (torch.float32, True, False), (torch.float32, True, True)}
 
 
 def quant_cfg(dtype: torch.dtype, K: int, row: bool, col: bool, aligned: bool = True,
