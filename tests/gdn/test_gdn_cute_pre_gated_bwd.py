@@ -74,6 +74,19 @@ def _ref(grads, x, w, A, dt, cu, shape, repeat_qk, eps=1e-6):
                              Hk=shape["Hk"], dk=shape["dk"], dv=shape["dv"], repeat_qk=repeat_qk, eps=eps)
 
 
+def _zero_heads(x, shape):
+    """Zero the input channels of q head 0 and of the last k head at every token: their conv output and y are
+    then exactly 0 (no conv bias), the l2norm's sum y^2 is 0 and s = rsqrt(eps)."""
+    Hk, dk = shape["Hk"], shape["dk"]
+    x[..., :dk] = 0
+    x[..., (2 * Hk - 1) * dk:2 * Hk * dk] = 0
+    return x
+
+
+# l2norm eps under which the former s^3 form overflowed fp32 on a zero head (s = rsqrt(eps), s^3 > 2**128 for
+# eps < 2**-85.3; inf * sum(dn y) = inf * 0 = NaN): one just under that, and the spec's minimum 2**-126
+TINY_EPS = [1e-26, 2.0 ** -126]
+
 # ------------------------------------------------------------------ CPU: the decomposition (torch model)
 
 MODEL_SHAPES = [dict(Hk=2, Hv=4, dk=8, dv=6, W=4),   # R=2, dk != dv
@@ -124,6 +137,21 @@ def test_model_partial_rows_are_the_spans_own_grads(layout):
         _, dw, dA, ddt = _ref(gp, x, w, A, dt, cu, s, True)
         want = torch.cat([dw.T.reshape(-1), dA, ddt])
         assert_close(part[p], want, kind="float64", what=f"partial row {p}")
+
+
+@pytest.mark.parametrize("eps", TINY_EPS)
+@pytest.mark.parametrize("layout", [(2, 37), [0, 1, 3, 4, 7, 0, 40, 2, 5]], ids=["bshd", "thd"])
+def test_model_zero_heads_at_tiny_eps_fp32(layout, eps):
+    """In fp32 (the kernel's math), zero q / k heads at an eps whose s^3 overflows: the gradients are finite and
+    match the float64 reference, whose zero-head dy is s * dn (the term with sum(dn y) = 0 drops out). The model
+    forms s^2 sum(dn y) as (s * sum) * s, as the kernel; with s ** 3 first it gave NaN in dmixed here."""
+    s = MODEL_SHAPES[0]
+    grads, x, w, A, dt, cu = _problem(s, layout, F32)
+    _zero_heads(x, s)
+    got = model_bwd(*grads, x, w, A, dt, cu, Hk=2, dk=8, dv=6, repeat_qk=True, eps=eps, L=8)
+    for name, o, r in zip(GRADS, got[:4], _ref(grads, x, w, A, dt, cu, s, True, eps)):
+        assert torch.isfinite(o).all(), name
+        assert_close(o, r, kind=F32, what=name)
 
 
 @edge_cases
@@ -363,8 +391,10 @@ def run_bwd(grads, x, w, A, dt, cu, shape, repeat_qk, cfg=None, poison_part=True
     return dx, dw, dA, ddt
 
 
-def check_bwd(shape, layout, repeat_qk, dtype=BF, cfg=None, wdtype=None, eps=1e-6):
+def check_bwd(shape, layout, repeat_qk, dtype=BF, cfg=None, wdtype=None, eps=1e-6, zero_heads=False):
     grads, x, w, A, dt, cu = _problem(shape, layout, dtype, repeat_qk, device="cuda")
+    if zero_heads:
+        _zero_heads(x, shape)
     w = w.to(wdtype or w.dtype)
     got = run_bwd(grads, x, w, A, dt, cu, shape, repeat_qk, cfg, eps=eps)
     for name, o, r in zip(GRADS, got, _ref(grads, x, w, A, dt, cu, shape, repeat_qk, eps)):
@@ -532,6 +562,18 @@ def test_bwd_eps_zero(layout):
     """eps = 0 (the spec's minimum): the padding rows past the last token of a partial span are zeros, whose
     l2norm backward is 0 * rsqrt(0) = NaN; they must add nothing to the dconv_weight partials."""
     check_bwd(dict(Hk=2, Hv=4, dk=64, dv=32, W=3), layout, True, eps=0.0)
+
+
+@pytest.mark.gpu
+@needs_gpu
+@needs_cute
+@pytest.mark.parametrize("eps", TINY_EPS)
+@pytest.mark.parametrize("dtype", [BF, F32], ids=["bf16", "fp32"])
+@pytest.mark.parametrize("layout", [(2, 70), [0, 1, 3, 4, 7, 0, 130, 2, 5]], ids=["bshd", "thd"])
+def test_bwd_zero_heads_at_tiny_eps(layout, dtype, eps):
+    """Zero q / k heads (padding-like inputs) at an eps whose rsqrt(eps)^3 overflows fp32: finite, and the float64
+    reference's (the model's test says why the kernel's order keeps every factor finite)."""
+    check_bwd(dict(Hk=2, Hv=4, dk=64, dv=32, W=3), layout, True, dtype=dtype, eps=eps, zero_heads=True)
 
 
 @pytest.mark.gpu

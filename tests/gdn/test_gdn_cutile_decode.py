@@ -463,6 +463,28 @@ def test_every_tiling_and_split_matches_reference(BV, sd):
 
 @pytest.mark.gpu
 @needs_gpu
+@pytest.mark.parametrize("sd", [F32, BF], ids=["fp32state", "bf16state"])
+def test_fused_prologue_zero_heads_at_tiny_eps(sd):
+    """FUSE's k.q on a zero q head and a zero k head (their window and token all zero) at eps 2**-126 and scale 8:
+    rq = rk = 2**63, so rq * rk * scale overflowed fp32 before it met the dot's 0 (NaN in o); taken one factor at a
+    time it stays finite, and o matches the float64 reference (0 on that key head's value heads)."""
+    B, N, Hk, dk, eps, scale = 3, 5, 16, 128, 2.0 ** -126, 8.0
+    cfg = dataclasses.replace(cd.DecodeCfg.heuristic(16, 32, 128, 128, 4, sd.itemsize), FUSE=True)
+    x, conv, w, A, dt, ssm = _inputs(B, N, **QWEN, state_dtype=sd)
+    for lo in (0, Hk * dk):   # q head 0, k head 0 (key head 0): token and window
+        x[:, lo:lo + dk] = 0
+        conv[:, lo:lo + dk] = 0
+    c64, s64 = conv.double(), ssm.double()
+    o64 = ref.decode(x.double(), c64, w.double(), A.double(), dt.double(), s64, None, Hk=Hk, eps=eps, scale=scale)
+    o = torch.full((B, 32, 128), float("nan"), dtype=x.dtype, device=x.device)
+    cd.decode_launch(x, conv, w, A, dt, ssm, None, o, Hk, eps, scale, cfg=cfg, split=1).run()
+    assert torch.isfinite(o).all(), "o"
+    assert_close(o, o64, what="o")
+    assert_close(ssm, s64, kind=sd, what="ssm_state")
+
+
+@pytest.mark.gpu
+@needs_gpu
 @pytest.mark.parametrize("name", list(KERNEL_VARIANTS))
 @pytest.mark.parametrize("sd", [F32, BF], ids=["fp32state", "bf16state"])
 def test_every_kernel_variant_matches_reference(name, sd):

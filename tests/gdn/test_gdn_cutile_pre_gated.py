@@ -190,6 +190,19 @@ def test_fwd_matches_float64_reference(shape, layout, repeat_qk, state):
 @pytest.mark.gpu
 @needs_gpu
 @pytest.mark.parametrize("layout", [(2, 33), THD_LENGTHS], ids=["bshd", "thd"])
+def test_fwd_g_at_very_negative_gate_inputs(layout):
+    """a + dt_bias in [-20, -8] (dt_bias -12, a in [-8, 4]): softplus is e^x there, and g's fp32 tolerance (1e-5)
+    holds only if log1p(e^x) keeps e^x's low bits (the former log(1 + e^x) gave ~2e-4 at -8 and g = 0 from -17)."""
+    shape = dict(Hk=2, Hv=4, dk=64, dv=32, W=3)
+    x, w, A, dt, cu = _problem(shape, layout, dtype=F32)
+    x[..., -shape["Hv"]:] = torch.rand_like(x[..., -shape["Hv"]:]) * 12 - 8
+    dt.fill_(-12.0)
+    check_fwd(x, w, A, dt, cu, shape, True, False)
+
+
+@pytest.mark.gpu
+@needs_gpu
+@pytest.mark.parametrize("layout", [(2, 33), THD_LENGTHS], ids=["bshd", "thd"])
 def test_fwd_fp32_and_width_one(layout):
     """fp32 I/O (1e-5), and W=1 (no history: conv state of width 0)."""
     check_fwd(*_problem(dict(Hk=2, Hv=4, dk=64, dv=32, W=3), layout, dtype=F32),

@@ -8,7 +8,7 @@ timings: benchmarks/results/h200-gdn-cute-pre-bwd.txt).
 
 What it computes (``reference.pre_gated_bwd`` is the truth; cutile_pre_gated_bwd.py has the same math):
 the forward recomputed, pre = conv(x) over q|k|v, y = silu(pre); q/k: the R repeats' grads summed,
-dn, then the l2norm backward dy = s*dn - y*s^3*sum(dn*y) (s = rsqrt(sum y^2 + eps) over the head);
+dn, then the l2norm backward dy = s*(dn - y*(s*sum(dn*y))*s) (s = rsqrt(sum y^2 + eps) over the head);
 v: dy = gv; dpre = dy * silu'(pre); dx[t] = sum_s w[:, W-1-s] * dpre[t+s] over the taps in t's
 sequence; dconv_weight[:, j] = sum_t dpre[t] * x[t-(W-1-j)]; dz = gz; db = gbeta*beta*(1-beta);
 da = gg*(-exp(A_log))*sigmoid(a + dt_bias); dA_log = sum_t gg*g, ddt_bias = sum_t da. fp32 math,
@@ -439,16 +439,19 @@ def _conv_unit(cfg: cutlass.Constexpr, QK: cutlass.Constexpr, mixed: cute.Pointe
                             sd = sd + g * yv
                             ys[j, e] = yv * dsv  # y * silu'(pre)
                         dn[j, e] = g * dsv  # dn * silu'(pre) (V: dpre)
-                # ---- QK: dpre = (s*dn - y*s^3*sum(dn*y)) * silu'(pre), the head sums by butterfly shuffles
+                # ---- QK: dpre = s*(dn - y*(s*sum(dn*y))*s) * silu'(pre), the head sums by butterfly shuffles
                 if cutlass.const_expr(QK):
                     for sh in cutlass.range_constexpr(cfg.LP.bit_length() - 1):
                         ss = ss + cute.arch.shuffle_sync_bfly(ss, offset=1 << sh)
                         sd = sd + cute.arch.shuffle_sync_bfly(sd, offset=1 << sh)
                     rs = cute.math.rsqrt(ss + eps, fastmath=True)
-                    c3 = rs * rs * rs * sd
+                    # rs * (dn - ys * rs^2 sd), rs^2 sd formed as (rs * sd) * rs: each factor stays finite (|rs sd|
+                    # <= |g|, |ys rs| <= 1.1), where rs^3 overflows for ss + eps < 2**-85 (a zero head at a tiny eps:
+                    # inf * 0 = NaN)
+                    c2 = rs * sd * rs
                     for j in cutlass.range_constexpr(NV):
                         for e in cutlass.range_constexpr(VEC):
-                            dn[j, e] = rs * dn[j, e] - ys[j, e] * c3
+                            dn[j, e] = rs * (dn[j, e] - ys[j, e] * c2)
                 # ---- the partial (span rows before NT only: past NT the rows are zeros, whose l2norm
                 # backward is 0 * rsqrt(eps), NaN at eps = 0), the x window, dx sums; emit dx[t - (W-1)]
                 if t < t0 + L and rok:

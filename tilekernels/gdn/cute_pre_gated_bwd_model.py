@@ -63,7 +63,7 @@ def model_bwd(gq, gk, gv, gz, gg, gbeta, mixed, conv_weight, A_log, dt_bias, cu_
             y, dsl = pre * sg, sg * (1 + pre * (1 - sg))
             yh, gh = y[:, :QK].unflatten(1, (2 * Hk, dk)), gr[:, i, :QK].unflatten(1, (2 * Hk, dk))
             s = torch.rsqrt((yh * yh).sum(-1, keepdim=True) + eps)
-            dyq = s * gh - yh * s ** 3 * (gh * yh).sum(-1, keepdim=True)
+            dyq = s * (gh - yh * (s * (gh * yh).sum(-1, keepdim=True) * s))  # the kernel's order: no s^3 overflow
             dp = torch.cat([dyq.flatten(1), gr[:, i, QK:]], 1) * dsl
             span = (i - (W - 1) < L)
             if span:

@@ -202,7 +202,9 @@ def _qk_fused(mqk, cqk, wqk, b, slot, kh, eps, scale, DK: ConstInt, W: ConstInt,
     sums = ct.sum(st, axis=1, keepdims=True)                                     # [4, 1]
     rq = ct.rsqrt(ct.extract(sums, (0, 0), shape=(1, 1)) + eps)
     rk = ct.rsqrt(ct.extract(sums, (1, 0), shape=(1, 1)) + eps)
-    kq = ct.extract(sums, (2, 0), shape=(1, 1)) * (rq * rk * scale)
+    # q.k times rq, rk, scale one at a time: rq * rk reaches 2**126 on zero q / k heads at eps 2**-126 and times
+    # a scale >= 4 overflowed (inf * 0 = NaN); the dot times rq is bounded by |y_k| (the CuTe DSL kernel's order)
+    kq = ct.extract(sums, (2, 0), shape=(1, 1)) * rq * rk * scale
     k2 = ct.reshape(yk * rk, (DK, 1))
     q2 = ct.reshape(yq * (rq * scale), (DK, 1))
     new3 = ct.reshape(new, (2, DK, WP))
