@@ -1,6 +1,7 @@
 # Sourced by the device-call scripts here: step NAME SECONDS CMD... runs CMD under a timeout with its output in
-# $OUT/NAME.log and appends its exit code, seconds and the log's summary lines (sanitizer summaries, pytest's
-# result) to $SUM ($OUT/summary.txt). PYT and SAN: the pytest and compute-sanitizer command lines the scripts use.
+# $OUT/NAME.log and appends its exit code, seconds, the failed tests' ids (pytest -rfE's lines, at most 12: a log
+# may not come back, session 69) and the log's summary lines (sanitizer summaries, pytest's result) to $SUM
+# ($OUT/summary.txt). PYT and SAN: the pytest and compute-sanitizer command lines the scripts use.
 OUT=${OUT:-.}
 SUM="$OUT/summary.txt"
 : >> "$SUM"
@@ -12,6 +13,7 @@ step() {
   timeout "$secs" "$@" > "$OUT/$name.log" 2>&1
   local rc=$?
   { echo "== $name rc=$rc $((SECONDS - t0)) s"
+    grep -E "^(FAILED|ERROR) " "$OUT/$name.log" | cut -c1-200 | head -12
     grep -E "ERROR SUMMARY|RACECHECK SUMMARY|passed|failed|error" "$OUT/$name.log" | tail -4; } >> "$SUM"
 }
 # session_start: what a session's device-call script (sessionNN_gpu.sh) does first: an empty $SUM, this folder on
