@@ -18,16 +18,22 @@ TOOL_LINES = ("FWD_HB, FWD_HBZ, FWD_EL, FWD_OCC, FWD_NW, FWD_CB, FWD_ZC, FWD_MA,
 
 def _python_files() -> list[str]:
     try:
-        out = subprocess.run(["git", "ls-files", "*.py"], cwd=ROOT, capture_output=True, text=True, check=True)
+        out = subprocess.run(["git", "ls-files", "-z", "*.py"], cwd=ROOT, capture_output=True, text=True, check=True)
     except (OSError, subprocess.CalledProcessError):
         pytest.skip("not a git checkout: the tracked-file list is unknown")
-    files = out.stdout.split()
+    files = [f for f in out.stdout.split("\0") if f and (ROOT / f).is_file()]  # a deleted, unstaged file: not here
     assert files, "git ls-files listed no Python file"
     return files
 
 
+def _lines(f: str) -> list[str]:
+    # split on newlines only (str.splitlines also splits on form feeds and other separators); no empty last line
+    lines = (ROOT / f).read_text(encoding="utf-8").split("\n")
+    return lines[:-1] if lines[-1] == "" else lines
+
+
 def test_no_file_over_800_lines():
-    long = {f: n for f in _python_files() if (n := len((ROOT / f).read_text(encoding="utf-8").splitlines())) > MAX_LINES}
+    long = {f: n for f in _python_files() if (n := len(_lines(f))) > MAX_LINES}
     assert not long, f"files over {MAX_LINES} lines (split the module): {long}"
 
 
@@ -36,7 +42,7 @@ def test_library_lines_within_120_columns():
     for f in _python_files():
         if not f.startswith(LIBRARY):
             continue
-        for i, line in enumerate((ROOT / f).read_text(encoding="utf-8").splitlines(), 1):
+        for i, line in enumerate(_lines(f), 1):
             if len(line) > MAX_COLS and not line.startswith(TOOL_LINES):
                 wide.append(f"{f}:{i} ({len(line)} columns)")
     assert not wide, f"library lines over {MAX_COLS} columns: {wide}"

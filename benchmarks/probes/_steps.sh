@@ -1,7 +1,8 @@
 # Sourced by the device-call scripts here: step NAME SECONDS CMD... runs CMD under a timeout with its output in
-# $OUT/NAME.log and appends its exit code, seconds, the failed tests' ids (pytest -rfE's lines, at most 12: a log
-# may not come back, session 69) and the log's summary lines (sanitizer summaries, pytest's result) to $SUM
-# ($OUT/summary.txt). PYT and SAN: the pytest and compute-sanitizer command lines the scripts use.
+# $OUT/NAME.log and appends, in one write (the sanitizers' steps run at once), its exit code, seconds, the failed
+# tests' ids (a log may not come back, session 69: pytest -rfE's FAILED / ERROR lines, 10 and 2 at most, or, in a
+# step its timeout ended before pytest's summary, the instafail plugin's lines) and the log's summary lines (sanitizer
+# summaries, pytest's result) to $SUM ($OUT/summary.txt). PYT and SAN: the pytest and compute-sanitizer command lines the scripts use.
 OUT=${OUT:-.}
 SUM="$OUT/summary.txt"
 : >> "$SUM"
@@ -12,9 +13,18 @@ step() {
   local t0=$SECONDS
   timeout "$secs" "$@" > "$OUT/$name.log" 2>&1
   local rc=$?
+  local log="$OUT/$name.log"
   { echo "== $name rc=$rc $((SECONDS - t0)) s"
-    grep -E "^(FAILED|ERROR) " "$OUT/$name.log" | cut -c1-200 | head -12
-    grep -E "ERROR SUMMARY|RACECHECK SUMMARY|passed|failed|error" "$OUT/$name.log" | tail -4; } >> "$SUM"
+    if grep -qE "^(FAILED|ERROR) " "$log"; then
+      grep -E "^FAILED " "$log" | cut -c1-200 | head -10
+      grep -E "^ERROR " "$log" | cut -c1-200 | head -2
+    else
+      grep -E "^===== INSTAFAIL " "$log" | cut -c1-200 | head -12
+    fi
+    grep -vE "^(FAILED|ERROR) " "$log" | grep -E "ERROR SUMMARY|RACECHECK SUMMARY|passed|failed|error" | tail -4
+  } > "$OUT/$name.sum"
+  cat "$OUT/$name.sum" >> "$SUM"
+  rm -f "$OUT/$name.sum"
 }
 # session_start: what a session's device-call script (sessionNN_gpu.sh) does first: an empty $SUM, this folder on
 # PYTHONPATH (the instafail plugin), P = the GPU pytest line, the device's name, clock and power limit in device.txt.

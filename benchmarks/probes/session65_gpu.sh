@@ -14,8 +14,8 @@
 #    recheck on every cached call), cp's cuTile pack (a world-size-1 NCCL group), the spec files.
 # S: V's least part (gdn_decode's files, the spec files) for a small budget.
 # VM (session 67; run in session 69): V, then the MoE files whose registry calls run the grouped ops' m_splits rules
-#    on CUDA tensors (e662aa4's order min, max, sum, G*M; the device message's >= 255-character fallback). VR: VM without dec (a
-#    small budget).
+#    on CUDA tensors (e662aa4's order min, max, sum, G*M; the device message's >= 255-character fallback). VR: VM
+#    without dec (a small budget).
 # H1 / H2 (H200 only): issue 15's rows: proj_rms with FUSE_RED against sep; mhc_post_pre against its two ops and the
 #    sinkhorn A/B (session62_gpu.sh H's steps, split in two calls).
 set -u

@@ -10,11 +10,12 @@
 #   rms <= eps * reference.ZERO_ROW. Z1 on the cuTile backends and the cuTile mHC files (gpu_suite.sh A's mhc_cutile
 #   step); Z2 on the CuTe DSL ones (and cuTile where Z1 unpacked it) and the CuTe DSL / registry files of proj_rms,
 #   mhc_pre, mhc_post_pre. _main/: tilekernels/mhc/{cute,cutile}_{proj_rms,post_pre_bwd}.py.
-# G1 / G2 (branch wip/gdn-fp32-edges, session 68; run in session 69, merged as 389d318): G1 (cuTile) the softplus
-#   as log1p(e^x) (gdn_pre_gated's g at a + dt_bias << 0) and gdn_decode's FUSE k.q order (zero heads at eps 2**-126), then the cuTile GDN files;
-#   _main/: tilekernels/gdn/cutile_pre_gated.py, cutile_decode.py. G2 (CuTe DSL) the pre_gated backward's l2norm term
-#   without s^3 (zero heads at a tiny eps), then the CuTe DSL pre_gated files and test_gdn_pre_gated.py (the registry
-#   op); _main/: tilekernels/gdn/cute_pre_gated_bwd.py. The test runs' sanitizer selections: 2-4 tests each.
+# G1 / G2 (branch wip/gdn-fp32-edges, session 68; run in session 69, merged as 389d318): G1 (cuTile) the softplus as
+#   log1p(e^x) (gdn_pre_gated's g at a + dt_bias << 0) and gdn_decode's FUSE k.q order (zero heads at eps 2**-126), then
+#   the cuTile GDN files; _main/: tilekernels/gdn/cutile_pre_gated.py, cutile_decode.py. G2 (CuTe DSL) the pre_gated
+#   backward's l2norm term without s^3 (zero heads at a tiny eps), then the CuTe DSL pre_gated files and
+#   test_gdn_pre_gated.py (the registry op); _main/: tilekernels/gdn/cute_pre_gated_bwd.py. The test runs' sanitizer
+#   selections: 2-4 tests each.
 set -u
 D="$(dirname "$0")"
 . "$D/_steps.sh"

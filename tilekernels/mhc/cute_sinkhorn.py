@@ -21,8 +21,8 @@ backward needs no scratch buffer. Measured numbers: the mHC ledger (benchmarks/r
 Limits (the spec's cute backend): fp32; n <= 7 (at n = 8 the backward's 2 n^2 live values spill); the CTA's shared
 memory within 48 KB (the backward's step sums [iters * 2n, 32 tokens] with the staged rows: 2 iters n + 3 n^2 + 3 <=
 384, so n = 4 takes up to 41 steps, n = 7 up to 16); sm_90a / sm_100a. Tokens past T load clamped addresses and store
-nothing; T = 0 launches nothing. Compile key: the config (n,
-ITERS, APPROX, TT, NT); T is a runtime scalar. Importing this module needs ``cutlass`` but no GPU.
+nothing; T = 0 launches nothing. Compile key: the config (n, ITERS, APPROX, TT, NT); T is a runtime scalar.
+Importing this module needs ``cutlass`` but no GPU.
 """
 from __future__ import annotations
 

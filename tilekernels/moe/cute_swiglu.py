@@ -62,8 +62,8 @@ M are clamped for loads and masked for stores.
 Loads (``QuantCfg.stages``): the first version loaded each tile straight into registers, all
 loads before any store, one tile per warp at a time. Its 128-168 registers (fwd: one warp per
 tile) allowed 3 CTAs of 4 warps per SM, and a warp had nothing in flight while it computed:
-43-53% of copy on the H200. Now each warp runs a cp.async pipeline over its tiles: it copies the inputs of tile k +
-stages - 1 (16 bytes per lane, row step and input) into its own shared-memory stage while it computes tile k
+43-53% of copy on the H200. Now each warp runs a cp.async pipeline over its tiles: it copies the inputs of tile
+k + stages - 1 (16 bytes per lane, row step and input) into its own shared-memory stage while it computes tile k
 from another, and each lane reads back only the slots it copied itself, so
 ``cp.async.wait_group`` orders them without a barrier. The probs of the thread's rows are loaded
 once per strip.
