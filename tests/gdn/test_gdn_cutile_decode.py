@@ -34,6 +34,7 @@ if ct is not None:
     from tilekernels.gdn import cutile_decode as cd  # noqa: E402
 pytestmark = pytest.mark.skipif(ct is None, reason="could not import 'cuda.tile'")
 
+from specs.schema import EPS_MIN  # noqa: E402
 from tilekernels.gdn import bench as mk  # noqa: E402
 from tilekernels.gdn import reference as ref  # noqa: E402
 from tilekernels.testing import assert_close, assert_cubins, misaligned_copy  # noqa: E402
@@ -468,7 +469,7 @@ def test_fused_prologue_zero_heads_at_tiny_eps(sd):
     """FUSE's k.q on a zero q head and a zero k head (their window and token all zero) at eps 2**-126 and scale 8:
     rq = rk = 2**63, so rq * rk * scale overflowed fp32 before it met the dot's 0 (NaN in o); taken one factor at a
     time it stays finite, and o matches the float64 reference (0 on that key head's value heads)."""
-    B, N, Hk, dk, eps, scale = 3, 5, 16, 128, 2.0 ** -126, 8.0
+    B, N, Hk, dk, eps, scale = 3, 5, 16, 128, EPS_MIN, 8.0
     cfg = dataclasses.replace(cd.DecodeCfg.heuristic(16, 32, 128, 128, 4, sd.itemsize), FUSE=True)
     x, conv, w, A, dt, ssm = _inputs(B, N, **QWEN, state_dtype=sd)
     for lo in (0, Hk * dk):   # q head 0, k head 0 (key head 0): token and window
