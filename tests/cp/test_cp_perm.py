@@ -85,6 +85,19 @@ def test_edges_empty_and_single(cu):
     assert torch.equal(out.token_perm, torch.arange(n)) and torch.equal(out.token_inv, torch.arange(n))
 
 
+def test_reference_no_tokens_at_a_huge_cp_and_helper_rank_checked():
+    """The loop reference returns at once when no rank holds a token (the spec admits any cp at T = 0: the op did,
+    the oracle looped over every rank), and the zigzag_local helper refuses a rank outside [0, cp) rather than
+    return another rank's chunks."""
+    out = ref.thd_cp_a2a_perm(torch.tensor([0, 0]), cp=2**40)
+    assert out.token_perm.shape == (0,) and out.token_inv.shape == (0,)
+    x, cu = torch.arange(8.0), torch.tensor([0, 8])
+    for rank in (-1, 2):
+        with pytest.raises(ValueError, match="zigzag_local: rank"):
+            ref.zigzag_local(x, cu, 2, rank)
+    assert torch.equal(ref.zigzag_local(x, cu, 2, 1), torch.tensor([2.0, 3.0, 4.0, 5.0]))
+
+
 # ------------------------------------------------------------------ refusals
 
 CU_BAD_LEN = torch.tensor([0, 8, 14])      # 6 is not a multiple of 2*cp = 4

@@ -37,7 +37,7 @@ def thd_cp_a2a_perm(cu_seqlens: Tensor, *, cp: int, split_sections: Optional[Seq
     """
     cu = _cu(cu_seqlens)
     rank_major: list[int] = []
-    for r in range(cp):
+    for r in range(cp if cu[-1] else 0):   # no tokens: no rank holds any (a huge cp must not loop)
         for i in range(len(cu) - 1):
             h = (cu[i + 1] - cu[i]) // (2 * cp)
             for chunk in (r, 2 * cp - 1 - r):
@@ -65,6 +65,8 @@ def zigzag_local(x: Tensor, cu_seqlens: Tensor, cp: int, rank: int) -> Tensor:
     x [T_global, ...] natural packed order -> [T_global/cp, ...]: for every
     sequence in order, its chunks rank and 2cp-1-rank (L_i/(2cp) tokens each).
     """
+    if not 0 <= rank < cp:
+        raise ValueError(f"zigzag_local: rank must be in [0, cp={cp}), got {rank}")
     cu = _cu(cu_seqlens)
     parts = []
     for i in range(len(cu) - 1):
