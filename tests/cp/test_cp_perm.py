@@ -226,3 +226,36 @@ def test_torch_compile_refuses_by_name():
     with pytest.raises(Exception, match="thd_cp_a2a_perm: torch.compile cannot trace the CP ops"):
         f(cu)
     assert op(cu, cp=2, total_tokens=16)[0].shape == (16,)  # eager as before
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+@pytest.mark.parametrize("sections", [None, [4, 2, 6]], ids=["tokens", "sections"])
+def test_total_tokens_form_captured_in_a_cuda_graph(sections):
+    """thd_cp_a2a_perm is no collective, so OPS.md's hot path holds for it: with total_tokens and a GPU cu_seqlens
+    nothing is read on the host and the call captures in a CUDA graph. The feature maps too: they are built on the
+    device from the section widths (a host tensor copied in is a pageable copy, refused under capture: the op did
+    that before session 70). Replays rewrite the maps (poisoned before each) and follow cu_seqlens' new values (same
+    T), bitwise the reference's."""
+    cp = 2
+    cu = random_cu(cp).cuda()
+    t = int(cu[-1])
+    PERM(cu, cp=cp, split_sections=sections, total_tokens=t)   # eager first: the registry's cached call
+    torch.cuda.synchronize()
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        got = PERM(cu, cp=cp, split_sections=sections, total_tokens=t)
+    lens = (cu[1:] - cu[:-1]).cpu()
+    for new_lens in (lens, lens.flip(0)):   # the same total in another order: new values for the replay
+        cu.copy_(torch.cat([lens.new_zeros(1), new_lens.cumsum(0)]).to(cu.dtype))
+        for m in got:
+            if m is not None:
+                m.fill_(-1)
+        g.replay()
+        torch.cuda.synchronize()
+        want = ref.thd_cp_a2a_perm(cu.cpu(), cp=cp, split_sections=sections)
+        for name in got._fields:
+            w, o = getattr(want, name), getattr(got, name)
+            assert (w is None) == (o is None), name
+            if w is not None:
+                assert_close(o.cpu(), w, kind="exact", what=f"{name} after a replay")

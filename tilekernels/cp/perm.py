@@ -78,29 +78,24 @@ def token_perm(cu_seqlens: Tensor, cp: int, total: Optional[int] = None) -> tupl
 
 def feature_perm(split_sections: Sequence[int], cp: int,
                  device: torch.device | str = "cpu") -> tuple[Tensor, Tensor]:
-    """(feature_perm, feature_inv) [sum(split_sections)] int64.
+    """(feature_perm, feature_inv) [sum(split_sections)] int64 on ``device``.
 
-    Every section width must be a multiple of cp (the spec checks it).
+    Every section width must be a multiple of cp (the spec checks it). The widths are host ints, so the maps are
+    built on ``device`` by one arange a section: no host tensor is copied in (a pageable host-to-device copy is
+    refused inside a CUDA graph capture, and the op's total_tokens form is capturable).
     """
-    widths = torch.tensor([int(w) for w in split_sections], dtype=torch.int64, device="cpu")
-    parts = widths // cp
-    starts = torch.cumsum(widths, 0) - widths
-    # rank 0's columns (section-major positions) and, per column, the stride to rank r's
-    base = torch.repeat_interleave(starts, parts) + _ranges(parts)
-    step = torch.repeat_interleave(parts, parts)
-    perm = (base[None, :] + torch.arange(cp, dtype=torch.int64, device="cpu")[:, None] * step[None, :]).reshape(-1)
-    # non_blocking: a pageable host->device copy without torch's stream sync (the sections are
-    # host facts; the copy is staged before it returns)
-    perm = perm.to(device, non_blocking=True)
+    widths = [int(w) for w in split_sections]
+    if not widths:
+        empty = torch.empty(0, dtype=torch.int64, device=device)
+        return empty, empty.clone()
+    # section s as [cp, w_s / cp]: row r is the r-th 1/cp of its columns; the rows side by side in section order
+    # are the rank-major order (rank 0's part of every section, then rank 1's, ...)
+    blocks, start = [], 0
+    for w in widths:
+        blocks.append(torch.arange(start, start + w, dtype=torch.int64, device=device).view(cp, w // cp))
+        start += w
+    perm = torch.cat(blocks, dim=1).reshape(-1)
     return perm, inverse(perm)
-
-
-def _ranges(lengths: Tensor) -> Tensor:
-    """cat([arange(n) for n in lengths]) without a Python loop."""
-    total = int(lengths.sum())
-    ends = torch.cumsum(lengths, 0)
-    starts = torch.repeat_interleave(ends - lengths, lengths)
-    return torch.arange(total, dtype=torch.int64, device=lengths.device) - starts
 
 
 def a2a_perm(cu_seqlens: Tensor, cp: int, split_sections: Optional[Sequence[int]] = None) -> A2APerm:

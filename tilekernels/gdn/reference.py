@@ -23,7 +23,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from tilekernels._glue import acc_dtype
+from tilekernels._glue import acc_dtype, on_device
 
 
 # ------------------------------------------------------------------ helpers
@@ -49,7 +49,7 @@ def packed(mixed: Tensor, cu_seqlens: Optional[Tensor]) -> tuple[Tensor, Tensor]
         B, T = mixed.shape[0], mixed.shape[1]
         cu = torch.arange(B + 1, device=mixed.device, dtype=torch.int64) * T
         return mixed.reshape(B * T, mixed.shape[-1]), cu
-    return mixed, cu_seqlens.to(device=mixed.device, dtype=torch.int64)
+    return mixed, on_device(cu_seqlens, mixed.device, "gdn_pre_gated (torch backend): cu_seqlens").to(torch.int64)
 
 
 def positions(cu: Tensor, T: int) -> Tensor:

@@ -34,8 +34,15 @@ from . import mxfp8 as mx
 _DTYPES = {"bfloat16": torch.bfloat16, "float32": torch.float32, "float64": torch.float64}
 
 
-def splits_list(m_splits: Tensor) -> list[int]:
-    """m_splits [G] int -> python list (a host read: m_splits is metadata)."""
+def splits_list(m_splits: Tensor, op: str = "grouped_linear") -> list[int]:
+    """m_splits [G] int -> python list (a host read: m_splits is metadata; this backend loops over the groups).
+
+    Refused inside a CUDA-graph capture: a CPU m_splits' values would be fixed in the graph (a replay would not see
+    new ones) and a GPU one cannot be read on the host there. The GPU backends read m_splits on the device."""
+    if m_splits.device.type != "meta" and torch.cuda.is_available() and torch.cuda.is_current_stream_capturing():
+        raise RuntimeError(f"{op} (torch backend): m_splits: expected an eager call (this backend reads m_splits' "
+                           f"values on the host), got a CUDA-graph capture with m_splits on {m_splits.device}: "
+                           "capture a call a GPU backend takes, or call it outside the capture")
     return [int(v) for v in m_splits.tolist()]
 
 
@@ -261,7 +268,7 @@ def grouped_mlp_mxfp8_fwd(x: Tensor, probs: Tensor, m_splits: Tensor, fc1_weight
     with scales is pre-quantized: its value is :func:`weight_value`.
     """
     acc = acc_dtype(x, probs)
-    splits = splits_list(m_splits)
+    splits = splits_list(m_splits, "grouped_mlp_mxfp8")
     h = linear_fwd(x, weight_value(fc1_weight, fc1_weight_scales, acc), splits, quantize, acc)
     a = swiglu_fwd(h, probs.to(acc), MLP_GLU_INTERLEAVE)
     y = linear_fwd(a, weight_value(fc2_weight, fc2_weight_scales, acc), splits, quantize, acc)
@@ -315,7 +322,7 @@ def grouped_mlp_mxfp8_bwd(dy: Tensor, x: Tensor, probs: Tensor, m_splits: Tensor
     frozen master's when ``wgrad1`` / ``wgrad2`` is False (its wgrad not computed).
     """
     acc = acc_dtype(x, probs, dy)
-    splits = splits_list(m_splits)
+    splits = splits_list(m_splits, "grouped_mlp_mxfp8")
     p = probs.to(acc)
     h = h.to(acc)
     w1 = weight_value(fc1_weight, fc1_weight_scales, acc)
