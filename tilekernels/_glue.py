@@ -202,7 +202,7 @@ def on_device(t: torch.Tensor, device: torch.device, what: str) -> torch.Tensor:
     memory: pass it on the GPU there."""
     if t.device == device:
         return t
-    if t.device.type == "cpu" and torch.cuda.is_current_stream_capturing():
+    if t.device.type == "cpu" and device.type == "cuda" and torch.cuda.is_current_stream_capturing():
         raise RuntimeError(f"{what}: a CUDA-graph capture needs it on the GPU (a CPU tensor would be copied "
                            "from pageable memory during the capture)")
     return t.to(device, non_blocking=True)

@@ -5,7 +5,8 @@
 #    main's perm.py (an untracked copy in benchmarks/probes/_main/perm.py, made with `git show`: its feature maps are
 #    a pageable host-to-device copy; expected to fail in the sections case), then with this tree's (expected to pass),
 #    then test_cp_perm.py whole (its CPU and GPU tests); tests/test_capture_host_reads.py (the torch backends' host
-#    reads of m_splits / cu_seqlens: refused in a real capture, no sync eager under sync-debug "error").
+#    reads of m_splits / cu_seqlens: refused in a real capture, no sync eager under sync-debug "error"; its CP plans
+#    test was dropped with that change after the review).
 # Q: cp's cuTile pack file (its feature maps from perm.feature_perm) on the GPU.
 # Issue 15's H200 rows stay session65_gpu.sh H1 / H2 (after this call, on the same warm machine).
 set -u

@@ -146,15 +146,13 @@ def _plan(cu: tuple[int, ...], cp: int, sections: tuple[int, ...], device: torch
     """torch backend: the index maps, cached per (cu_seqlens values, cp, sections, device)."""
     tp, ti = _perm.token_perm(torch.tensor(cu, dtype=torch.int64, device="cpu"), cp)
     fp, fi = _perm.feature_perm(sections, cp)
-    # non_blocking: pageable host-to-device copies that need not wait for the GPU's queue (a blocking one syncs the
-    # stream), staged before they return, so the CPU temporaries may go
-    return _Plan(cp, sections, *(m.to(device, non_blocking=True) for m in (tp, ti, fp, fi)))
+    return _Plan(cp, sections, tp.to(device), ti.to(device), fp.to(device), fi.to(device))
 
 
 @functools.lru_cache(maxsize=16)
 def _host_cu_on(cu: tuple[int, ...], device: torch.device) -> Tensor:
     """A CPU cu_seqlens' int32 copy on ``device``, cached per (values, device)."""
-    return torch.tensor(cu, dtype=torch.int32, device="cpu").to(device, non_blocking=True)  # as _plan's copies
+    return torch.tensor(cu, dtype=torch.int32, device="cpu").to(device)
 
 
 def _device_plan(cu_seqlens: Tensor, cp: int, sections: tuple[int, ...], device: torch.device) -> _Plan:
