@@ -11,7 +11,9 @@ calls slower than 30 ms, judged by the settled per-call time).
 
 Ceilings (what %-of-ceiling divides by), per device:
   * H200: copy 4.27 TB/s, dense bf16 773 TFLOP/s, measured on the project's H200;
-  * H100 SXM: 3.0 TB/s and 750 TFLOP/s, table values (source "table");
+  * H100 SXM: 3.0 TB/s and 750 TFLOP/s, table values (source "table"): the copy near what an H100 lease measured
+    (3.018 TB/s, the mHC ledger's session 52), the bf16 figure an estimate under the datasheet's dense 989, not
+    measured here (a reader of H100 %-of-ceiling should know it);
   * any other GPU: measured once here, a large device-to-device copy (read +
     write bytes) and a bf16 8192^3 matmul;
   * CPU: measured once, a copy of a 256 MiB tensor into a preallocated one
@@ -41,7 +43,7 @@ WARMUP_MAX_S = 2.0  # warm-up budget after the first call (at least two windows 
 # name test -> (copy GB/s, bf16 TFLOP/s, source)
 _TABLE = [
     (lambda n: "H200" in n and "NVL" not in n, 4270.0, 773.0, "measured on the project's H200"),
-    (lambda n: "H100" in n and "PCIe" not in n and "NVL" not in n, 3000.0, 750.0, "table (H100 SXM)"),
+    (lambda n: "H100" in n and "PCIe" not in n and "NVL" not in n, 3000.0, 750.0, "table (H100 SXM; bf16 estimated)"),
 ]
 
 
