@@ -66,7 +66,7 @@ def graph_check(case):
     names = [t.name for t in op.spec.inputs]
     if "m_splits" in names and op.choose(op.bind(*args, **params)) == "torch":
         # the torch reference reads the group sizes on the host (a loop over the groups): a capture
-        # refuses it by name, before anything is captured (a CPU m_splits' values would be fixed in
+        # refuses it by name, before any of its kernels runs (a CPU m_splits' values would be fixed in
         # the graph; tests/test_capture_host_reads.py)
         g = torch.cuda.CUDAGraph()
         try:
