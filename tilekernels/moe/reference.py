@@ -39,7 +39,7 @@ def splits_list(m_splits: Tensor, op: str = "grouped_linear") -> list[int]:
 
     Refused inside a CUDA-graph capture: a CPU m_splits' values would be fixed in the graph (a replay would not see
     new ones) and a GPU one cannot be read on the host there. The GPU backends read m_splits on the device."""
-    if m_splits.device.type != "meta" and torch.cuda.is_available() and torch.cuda.is_current_stream_capturing():
+    if torch.cuda.is_available() and torch.cuda.is_current_stream_capturing():
         raise RuntimeError(f"{op} (torch backend): m_splits: expected an eager call (this backend reads m_splits' "
                            f"values on the host), got a CUDA-graph capture with m_splits on {m_splits.device}: "
                            "capture a call a GPU backend takes, or call it outside the capture")
