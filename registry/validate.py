@@ -206,12 +206,12 @@ def bind(spec: OpSpec, args: tuple, kwargs: dict[str, Any], rules=None) -> Bound
 
     present = [t for t in spec.inputs if tensors[t.name] is not None]
     # device
-    main = [tensors[t.name] for t in present if t.same_device]
-    device = main[0].device if main else torch.device("cpu")
+    main = [t.name for t in present if t.same_device]   # the device comes from the first of these (named below)
+    device = tensors[main[0]].device if main else torch.device("cpu")
     for t in present:
         v = tensors[t.name]
         if t.same_device and v.device != device:
-            raise SpecError(op, f"tensor {t.name}", f"device {device} (like {present[0].name})", str(v.device))
+            raise SpecError(op, f"tensor {t.name}", f"device {device} (like {main[0]})", str(v.device))
 
     # dtype
     for t in present:

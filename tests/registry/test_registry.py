@@ -249,6 +249,24 @@ def test_layouts():
     assert "expected 2 dims [T, D]" in err(op, torch.randn(2, 5, 3), cu=torch.tensor([0, 5], dtype=torch.int32))
 
 
+def test_device_error_names_the_tensor_the_device_came_from():
+    """The expected device is the first same-device tensor's; a leading same_device=False input (a CPU cu_seqlens
+    beside GPU tensors is allowed) is not the one to name (the message used to name the first input, here cu)."""
+    spec = make_spec(
+        inputs=[
+            TensorSpec(name="cu", shape=["N"], dtypes=["int32"], same_device=False),
+            TensorSpec(name="x", shape=["T", "n", "C"], dtypes=["float32"]),
+            TensorSpec(name="y", shape=["T", "n*C"], dtypes="like:x", optional=True),
+        ],
+        dims=[Dim(name="T"), Dim(name="n", min=1, max=8), Dim(name="C", multiple_of=2), Dim(name="N")],
+    )
+    op = Op(spec)
+    cu = torch.tensor([0, 3], dtype=torch.int32)
+    msg = err(op.bind, cu, torch.empty(3, 2, 4, device="meta"), torch.randn(3, 8))
+    assert "tensor y: expected device meta (like x), got cpu" in msg, msg
+    assert op.bind(cu, torch.empty(3, 2, 4, device="meta")).dims["T"] == 3   # cu may sit on another device
+
+
 def test_spec_schema_rejects_inconsistency():
     with pytest.raises(ValueError, match="unknown dims"):
         make_spec(inputs=[TensorSpec(name="x", shape=["T", "Q"], dtypes=["float32"])])
