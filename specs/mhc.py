@@ -212,7 +212,14 @@ PROJ_RMS = OpSpec(
 )
 
 # the cuTile mhc_pre kernels' limits (also those of mhc_post_pre, which runs them)
-_PRE_LIMITS = (Constraint(expr="T * n * C < 2**31", message=_INT32_INDEX), _SK_SCRATCH, _ITERS_CONST)
+# The GPU backwards form proj's gradient dh * alpha * r in fp32 and take dweight = dproj^T x: an all-zero token's
+# r = 1/rms_eps times |dh alpha| past 2**128 is inf, and inf * 0 made dweight NaN (both GPU backends at 2**-126 with
+# cotangents scaled by 1e3; H100, session 72). Down to 2**-80 that takes |dh alpha| > 2**48. The torch backend
+# applies r after the products (reference._proj_rms_bwd_acc) and takes any eps.
+_RMS_EPS_BWD = Constraint(expr="rms_eps >= 2.0**-80", when="requires_grad",
+                          message="the backward's proj gradient dh * alpha * r (r up to 1/rms_eps) is fp32: below "
+                                  "2**-80 an all-zero token's overflows and makes dweight NaN")
+_PRE_LIMITS = (Constraint(expr="T * n * C < 2**31", message=_INT32_INDEX), _SK_SCRATCH, _ITERS_CONST, _RMS_EPS_BWD)
 # the CuTe DSL backends of mhc_pre and mhc_post_pre (their passes stream the [T, n*C] rows by TMA; mhc_pre's dweight
 # partials are cute_proj_rms's)
 _TMA_ROWS = Constraint(expr="C % 8 == 0", message="TMA row strides are multiples of 16 bytes")

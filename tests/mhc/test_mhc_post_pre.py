@@ -189,6 +189,27 @@ def test_fp32_streams_grads():
     grads_vs_straight_through(args)
 
 
+def test_zero_token_at_tiny_rms_eps_keeps_dweight_finite():
+    """A token whose new streams are all zero (its residual and x rows zero, no bias) at rms_eps = 2**-126 (the spec's
+    least), the h_post_next gradient scaled by 1e3 as a loss scale does: that token's proj gradient dh * alpha * r
+    (r = 1/eps ~ 8.5e37) is past fp32, and dweight got inf * 0 = NaN from it (72 NaNs here before the fix). dweight
+    and dhbias now match the float64 oracle, to which the token adds 0 and its finite dh. (Its d(out) is itself past
+    fp32, ~1e41, so that token's other gradients are not compared.)"""
+    params = dict(PARAMS, rms_eps=2.0 ** -126)
+    args = inputs(4, 3, 8, h=F32, d=F32, bias=False)
+    args[1][1] = 0
+    args[3][1] = 0
+    leaves = [None if a is None else a.clone().requires_grad_() for a in args]
+    outs = OP(*leaves, **params, backend="torch")
+    cots = [rand(*o.shape, dtype=o.dtype) for o in outs]
+    cots[2] = cots[2] * 1e3
+    torch.autograd.backward(outs, cots)
+    up = [None if a is None else upcast(a).requires_grad_() for a in args]
+    torch.autograd.backward(ref.mhc_post_pre(*up, **params), [upcast(c) for c in cots])
+    for i in (4, 5):
+        assert_close(leaves[i].grad, up[i].grad, what=f"d{IN_NAMES[i]}")
+
+
 @pytest.mark.parametrize("with_bias", [False, True])
 def test_gradcheck_float64(with_bias):
     args = [None if a is None else a.requires_grad_() for a in inputs(3, 2, 5, h=F64, d=F64, bias=with_bias)]

@@ -144,3 +144,23 @@ def test_every_constraint_has_a_refusal():
         for p in spec.params:
             if p.min is not None:
                 assert any(p.name in nd for nd in needles), f"{spec.name}: no refusal test for param {p.name}"
+
+
+@pytest.mark.parametrize("name,build", [("mhc_pre", _pre), ("mhc_post_pre", _pp)])
+def test_gpu_backwards_refuse_rms_eps_below_their_least(name, build):
+    """The GPU backwards form proj's gradient dh * alpha * r in fp32 (specs.mhc's _RMS_EPS_BWD): with a gradient and
+    rms_eps below 2**-80 the registry lists both GPU backends as unusable and says why (on a GPU, at 2**-126 with
+    cotangents scaled by 1e3, both gave dweight NaN); at 2**-80 itself, or for the forward alone, that limit refuses
+    nothing; the torch backend (r applied after the products) takes every case."""
+    op = registry.get(name)
+    args = build()
+    for grad, eps, refused in ((True, 2.0 ** -126, True), (True, 2.0 ** -81, True), (True, 2.0 ** -80, False),
+                               (False, 2.0 ** -126, False)):
+        args[0].requires_grad_(grad)
+        rows = op.explain(*args, rms_eps=eps)
+        assert {b for b, _, _ in rows} == {"cute", "cutile", "torch"}, rows
+        for b, ok, why in rows:
+            if b == "torch":
+                assert ok, why
+            else:
+                assert ("'rms_eps >= 2.0**-80' fails" in why) == refused, (grad, eps, why)

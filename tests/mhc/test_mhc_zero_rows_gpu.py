@@ -111,3 +111,70 @@ def test_post_pre_zero_tokens(eps):
         for name, g, w in zip(("h_res", "residual", "h_post", "x", "weight", "hbias"), got, want):
             assert torch.isfinite(g).all(), f"{b}: d{name}"
             assert_close(g.float(), w.float(), kind="bfloat16", what=f"{b}: d{name}")
+
+
+
+# A zero token's proj gradient is dh * alpha * r with r = 1/eps: at the spec's least eps (2**-126, r ~ 8.5e37) a
+# gradient above ~4 (a loss scale) puts it past fp32, and the GPU backwards' dweight = dproj^T x got inf * 0 = NaN
+# from that token (both backends, session 72, H100). They take rms_eps >= 2**-80 with a gradient (specs.mhc's
+# _RMS_EPS_BWD; |dh alpha| must then pass 2**48 to overflow): cases at that least eps with cotangents scaled by 1e3
+# and by 1e12, and one at 2**-126 (no GPU backend takes it: the registry's own choice, the torch backend, runs).
+LOSS_SCALED = [(2.0 ** -80, 1e3), (2.0 ** -80, 1e12), (2.0 ** -126, 1e3)]
+
+
+def _gpu_or_auto(op, args, params):
+    """The GPU backends the registry lists as usable for the call with a gradient, and "auto" (its own choice)."""
+    leaves = [None if t is None else t.detach().requires_grad_() for t in args]
+    return [b for b, usable, _ in op.explain(*leaves, **params) if usable and b in GPU_BACKENDS] + ["auto"]
+
+
+@on_gpu
+@pytest.mark.parametrize("eps,scale", LOSS_SCALED)
+def test_pre_zero_tokens_loss_scaled(eps, scale):
+    """mhc_pre's dweight and dbias with zero tokens at tiny eps, cotangents scaled up: finite and as the float64 torch
+    reference's (the zero tokens add 0 to dweight); dx of the other tokens too. The zero tokens' own dx is past fp32
+    at 2**-126 (its true value ~1e41), so it is not compared."""
+    op = registry.get("mhc_pre")
+    n, C = 4, 128
+    args = [rand(67, n, C, dtype=BF16).cuda(), rand(24, n * C, dtype=BF16, scale=(n * C) ** -0.5).cuda(),
+            rand(24).cuda()]
+    args[0][ZERO] = 0
+    params = dict(PRE_PARAMS, rms_eps=eps)
+    cots = [rand(67, C, dtype=BF16).cuda() * scale, rand(67, n).cuda() * scale, rand(67, n, n).cuda() * scale]
+    want = _grads(op, [upcast(t) for t in args], [upcast(c) for c in cots], params, "torch")
+    keep = [t for t in range(67) if t not in ZERO]
+    backends = _gpu_or_auto(op, args, params)
+    assert eps >= 2.0 ** -80 or backends == ["auto"], backends
+    for b in backends:
+        dx, dw, db = _grads(op, args, cots, params, b)
+        assert torch.isfinite(dw).all() and torch.isfinite(db).all(), b
+        assert_close(dw, want[1], what=f"{b}: dweight")
+        assert_close(db, want[2], what=f"{b}: dbias")
+        assert_close(dx[keep], want[0][keep], what=f"{b}: dx of the other tokens")
+
+
+@on_gpu
+@pytest.mark.parametrize("eps,scale", LOSS_SCALED)
+def test_post_pre_zero_tokens_loss_scaled(eps, scale):
+    """mhc_post_pre's dweight and dhbias as mhc_pre's above (zero out rows, the pre step's cotangents scaled up),
+    against the torch backend in the same dtypes (test_post_pre_zero_tokens says why). The zero tokens' d(out) is
+    past fp32 at 2**-126, so their other gradients are not compared."""
+    op = registry.get("mhc_post_pre")
+    T, n, C = 67, 4, 128
+    N = n * n + 2 * n
+    args = [torch.softmax(rand(T, n, n), -1).cuda(), rand(T, n, C, dtype=BF16).cuda(),
+            (rand(T, n).sigmoid() * 2).cuda(), rand(T, C, dtype=BF16).cuda(),
+            rand(N, n * C, dtype=BF16, scale=(n * C) ** -0.5).cuda(), rand(N).cuda(), None]
+    args[1][ZERO] = 0
+    args[3][ZERO] = 0
+    params = dict(PRE_PARAMS, rms_eps=eps)
+    cots = [rand(T, n, C, dtype=BF16).cuda(), rand(T, C, dtype=BF16).cuda() * scale, rand(T, n).cuda() * scale,
+            rand(T, n, n).cuda() * scale]
+    want = _grads(op, args, cots, params, "torch")
+    backends = _gpu_or_auto(op, args, params)
+    assert eps >= 2.0 ** -80 or backends == ["auto"], backends
+    for b in backends:
+        got = _grads(op, args, cots, params, b)
+        for i, name in ((4, "weight"), (5, "hbias")):
+            assert torch.isfinite(got[i]).all(), f"{b}: d{name}"
+            assert_close(got[i].float(), want[i].float(), kind="bfloat16", what=f"{b}: d{name}")

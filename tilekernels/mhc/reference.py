@@ -178,10 +178,16 @@ def proj_rms(x: Tensor, weight: Tensor, eps: float = 1e-6):
     return proj, r
 
 
-def _proj_rms_bwd_acc(dproj, dr, x, weight, r, eps):
+def _proj_rms_bwd_acc(dproj, dr, x, weight, r, eps, row_scale=None):
+    """``row_scale`` [M] (mhc_pre: r): proj's gradient is ``dproj * row_scale[:, None]``, applied after the products
+    (dx = s (dproj @ W), dweight = dproj^T @ (s x)). At a tiny eps an all-zero row's r = 1/eps times a gradient above
+    ~4 is past fp32, and dweight's inf * 0 was NaN; s x is the unit-RMS row (finite), so that row adds 0."""
     acc = acc_dtype(x, weight, dproj)
     xa = x.to(acc)
     dx = dproj.to(acc) @ weight.to(acc)
+    s = None if row_scale is None else row_scale.to(acc)[:, None]
+    if s is not None:
+        dx = s * dx
     if dr is not None:
         # d r / d x = -r^2 / sqrt(K) * x / ||x||: a per-row scale (-dr r) r / sqrt(K) / ||x|| times x (one pass over
         # [M, K]). An all-zero row gets dr * 0 (NaN only for a NaN dr), not scale * 0: its r = 1/eps squares past
@@ -193,7 +199,7 @@ def _proj_rms_bwd_acc(dproj, dr, x, weight, r, eps):
         ra, dra = r.to(acc), dr.to(acc)
         scale = torch.where(zero, dra * 0, (-dra * ra) * ra / math.sqrt(x.shape[-1]) / torch.where(zero, 1.0, norm))
         dx = dx + scale[:, None] * xa
-    dweight = dproj.to(acc).t() @ xa
+    dweight = dproj.to(acc).t() @ (xa if s is None else s * xa)
     return dx, dweight
 
 
@@ -277,9 +283,9 @@ def mhc_pre_bwd(dlayer_in: Tensor, dh_post: Tensor, dh_res: Tensor, x: Tensor, w
     d_post = dh_post.to(proj.dtype) * 2 * s_post * (1 - s_post)
     d_res = _sinkhorn_bwd_acc(dh_res, res, iters, sinkhorn_eps).reshape(T, n * n)
     dh = torch.cat([d_pre, d_post, d_res], dim=1)
-    dproj = dh * r[:, None] * alpha
+    # proj's gradient is dh * alpha * r: r goes in after the products (_proj_rms_bwd_acc's row_scale)
     dr = (dh * proj * alpha).sum(dim=1)
-    dx_proj, dweight = _proj_rms_bwd_acc(dproj, dr, x.reshape(T, n * C), weight, r, rms_eps)
+    dx_proj, dweight = _proj_rms_bwd_acc(dh * alpha, dr, x.reshape(T, n * C), weight, r, rms_eps, row_scale=r)
     dx = dx_agg + dx_proj.reshape(T, n, C).to(dx_agg.dtype)
     return _cast((dx, dweight, dh.sum(dim=0)), (x, weight, bias))
 
