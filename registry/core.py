@@ -167,7 +167,7 @@ def backend_status(bound: Bound, b: Backend) -> tuple[bool, str]:
     if why:
         return False, "; ".join(why)
     if b.name == "torch":
-        return True, "torch reference: runs on any device" + (" (fwd+bwd)" if bound.requires_grad else "")
+        return True, "torch reference: runs on any device" + (" (fwd+bwd)" if "bwd" in need else "")
     return True, f"{b.name}: requirements hold (sm_{sm}, passes {'+'.join(need)})"
 
 

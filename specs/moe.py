@@ -152,7 +152,10 @@ DEQUANTIZE = OpSpec(
     differentiable=False,
     reference="tilekernels.moe.reference:mxfp8_dequantize",
     entry="tilekernels.moe.ops:mxfp8_dequantize",
-    backends=[_cute(Constraint(expr="R < 2**31"), passes=("fwd",), out=["bfloat16", "float32"]), _TORCH_FWD],
+    backends=[_cute(Constraint(expr="R < 2**31"),
+                    Constraint(expr="out_dtype in ('bfloat16', 'float32')",
+                               message="the kernel writes bf16 or fp32 (float64 out is the torch reference's)"),
+                    passes=("fwd",)), _TORCH_FWD],
 )
 
 GROUPED_LINEAR = OpSpec(

@@ -352,9 +352,11 @@ def _reads_tensor_values(e: str, tensors: set) -> bool:
 
 
 def consistency_problems(spec: OpSpec) -> list[str]:
-    """Static checks: unique names, every dim/param/tensor an expression (shape entry,
-    constraint and its ``when``, the op's and every backend's; layout) names exists, no
-    negative shape entry."""
+    """Static checks: unique names, none shadowing an expression helper; every dim/param/tensor an expression
+    (shape entry, constraint and its ``when``, the op's and every backend's; layout) names exists, constraints
+    and layouts naming inputs only (outputs do not exist when they run); ``like:`` dtypes and backend dtype limits
+    naming inputs (the registry checks those); every dim an input's shape expression names bound bare by some
+    input; no negative shape entry."""
     out: list[str] = []
     dim_names = [d.name for d in spec.dims]
     tensor_names = [t.name for t in spec.inputs] + [t.name for t in spec.outputs]
@@ -370,8 +372,12 @@ def consistency_problems(spec: OpSpec) -> list[str]:
     clash = set(dim_names) & (set(tensor_names) | set(param_names)) | (set(tensor_names) & set(param_names))
     if clash:
         out.append(f"names used for more than one of dim/tensor/param: {sorted(clash)}")
+    if shadow := sorted(set(dim_names + tensor_names + param_names) & CONSTRAINT_HELPERS):
+        out.append(f"dim/tensor/param names {shadow} shadow the expression helpers of the same names")
+    input_names = {t.name for t in spec.inputs}
     known_scalars = set(dim_names) | set(param_names)
-    known = known_scalars | set(tensor_names) | CONSTRAINT_HELPERS
+    # what a constraint or layout sees: the call's inputs (outputs do not exist yet when it runs)
+    known = known_scalars | input_names | CONSTRAINT_HELPERS
     for name in spec.host_values:
         if name not in {t.name for t in spec.inputs}:
             out.append(f"host_values names {name!r}, which is not an input tensor")
@@ -402,8 +408,22 @@ def consistency_problems(spec: OpSpec) -> list[str]:
                     out.append(f"tensor {t.name}: shape entry {d!r} evaluates to {v!r}, not a size >= 0")
                 if unknown := sorted(named - known_scalars):
                     out.append(f"tensor {t.name}: shape entry {d!r} names unknown dims {unknown}")
-        if isinstance(t.dtypes, str) and t.dtypes[5:] not in tensor_names:
-            out.append(f"tensor {t.name}: dtypes {t.dtypes!r} names an unknown tensor")
+        if isinstance(t.dtypes, str) and (t.dtypes[5:] not in input_names or t.dtypes[5:] == t.name):
+            out.append(f"tensor {t.name}: dtypes {t.dtypes!r} names no other input tensor (a dtype is taken "
+                       "from an input of the call)")
+    bare = {d for t in spec.inputs for shape in t.all_shapes() for d in shape if isinstance(d, str)}
+    shaped = set()   # dims the inputs' shape expressions name (an output's shape is allocated, not checked)
+    for t in spec.inputs:
+        for shape in t.all_shapes():
+            for d in shape:
+                if isinstance(d, str):
+                    try:
+                        shaped |= _expr.names(d)
+                    except _expr.ExprError:
+                        pass  # reported above
+    if unbound := sorted((shaped & set(dim_names)) - bare):
+        out.append(f"dims {unbound} appear in input shape expressions but no input's shape has them as an entry of "
+                   "their own, so no call binds them and the shapes that name them are never checked")
     for t in spec.inputs:
         if t.role == "out":
             out.append(f"input {t.name} has role 'out' (outputs go in 'outputs')")
@@ -414,8 +434,9 @@ def consistency_problems(spec: OpSpec) -> list[str]:
         exprs += [(f"backend {b.name} constraint {c.expr!r}", c.expr) for c in b.constraints]
         exprs += [(f"backend {b.name} constraint {c.expr!r} (when)", c.when) for c in b.constraints if c.when]
         for tname in b.dtypes:
-            if tname not in tensor_names:
-                out.append(f"backend {b.name}: dtypes restrict unknown tensor {tname!r}")
+            if tname not in input_names:
+                out.append(f"backend {b.name}: dtypes restrict {tname!r}, which is not an input tensor (the registry "
+                           "checks the inputs' dtypes; limit an output's through a constraint on what sets it)")
         if b.sm is not None and b.sm[0] > b.sm[1]:
             out.append(f"backend {b.name}: sm range {b.sm} is empty")
         tensors_in = {t.name for t in spec.inputs}
@@ -431,7 +452,9 @@ def consistency_problems(spec: OpSpec) -> list[str]:
         except _expr.ExprError as err:
             out.append(f"{what}: {err}")
             continue
-        if unknown:
+        if outs := sorted(unknown & set(tensor_names)):
+            out.append(f"{what} names output tensors {outs}: constraints and layouts see the call's inputs only")
+        if unknown := unknown - set(tensor_names):
             out.append(f"{what} names unknown {sorted(unknown)}")
     bnames = [b.name for b in spec.backends]
     if "torch" not in bnames:

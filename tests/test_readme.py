@@ -32,3 +32,19 @@ def test_ci_runs_the_readme_test_command():
     assert tail.startswith("python -m pytest"), tail
     ci = (ROOT / ".ci" / "run").read_text()
     assert tail.replace("python ", "python3 ", 1) in ci.splitlines(), f"{tail!r} not a line of .ci/run"
+
+
+def test_tk_bench_flags_as_documented():
+    """Each `--flag` the README's tk-bench row names exists, and one that takes a value is shown with one (the row
+    listed `--json` alone; `tk-bench --json` exits 2: "expected one argument")."""
+    from tools.bench import _argparser
+
+    row = next(line for line in README.splitlines() if line.startswith("| `tk-bench"))
+    shown = re.findall(r"`(--[\w-]+)( [^`]+)?`", row)
+    assert len(shown) >= 5, shown
+    actions = {s: a for a in _argparser()._actions for s in a.option_strings}
+    for flag, arg in shown:
+        assert flag in actions, f"README names {flag}, which tk-bench does not take"
+        takes_value = actions[flag].nargs != 0
+        assert takes_value == bool(arg), f"README shows {flag}{arg or ''}; tk-bench's {flag} takes " + \
+            ("a value" if takes_value else "no value")

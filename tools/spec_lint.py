@@ -10,14 +10,17 @@ import (``SystemExit`` included) is reported, and the other files still linted.
 
 Checks, per spec: the pydantic schema (``OpSpec.model_validate``, which runs
 ``specs.schema.consistency_problems``: referenced dims/params/tensors exist, in
-backend constraints' ``when`` too; expressions parse and stay in the language's
+backend constraints' ``when`` too; constraints, layouts, ``like:`` dtypes and backend
+dtype limits name inputs, not outputs; no name shadows an expression helper; every dim
+an input's shape expression names is some input's entry of its own (else never bound,
+so never checked); expressions parse and stay in the language's
 bounds; param defaults have their param's type, range and finiteness; dims have
 0 <= min <= max and multiple_of >= 1; no negative or divide-by-zero shape entry;
 a torch backend exists, ...); op names unique across
 everything checked; every expression parses in ``specs.expr``; declared dims
 are used; ``reference`` and ``entry`` import, are callable and accept the op's
-inputs (entry also ``backend=``); every backend module imports, and every
-non-torch backend registers a kernel (``tilekernels._glue``) for each pass it
+inputs (entry also ``backend=``); every param's ``resolve`` imports and is callable;
+every backend module imports, and every non-torch backend registers a kernel (``tilekernels._glue``) for each pass it
 declares.
 
 Severity: problems are errors (exit 1). Warnings (exit 0 unless ``--strict``):
@@ -280,6 +283,13 @@ def _check_imports(spec, src: str, rep: Report) -> None:
         bad = _signature_problem(fn, spec, with_backend)
         if bad:
             rep.add(src, spec.name, f"{what} {path!r}: {bad}", sev)
+    for prm in spec.params:
+        if prm.resolve is not None:
+            try:
+                _import_callable(prm.resolve)
+            except Exception as e:  # noqa: BLE001
+                rep.add(src, spec.name, f"param {prm.name}: resolve {prm.resolve!r} does not import: "
+                                        f"{type(e).__name__}: {e}")
     for b in spec.backends:
         try:
             importlib.import_module(b.module)

@@ -52,6 +52,13 @@ def test_cute_limits_are_explained():
         "mxfp8_quantize", torch.empty(64, 64, dtype=torch.float64, device=meta))
     h, p = torch.empty(64, 512, device=meta, dtype=torch.float64), torch.empty(64, device=meta, dtype=torch.float64)
     assert "cute supports h in ['bfloat16', 'float32'], got float64" in _why("scaled_swiglu", h, p)
+    # the dequantize kernel writes bf16 or fp32: float64 out (the spec allows it) is the torch reference's. Declared as
+    # a backend dtype limit on the output, the registry never checked it and chose cute (a CPU audit's find)
+    d8, sc = torch.empty(64, 64, dtype=torch.float8_e4m3fn, device=meta), torch.empty(64, 2, dtype=torch.uint8,
+                                                                                      device=meta)
+    assert "the kernel writes bf16 or fp32" in _why("mxfp8_dequantize", d8, sc, out_dtype="float64")
+    for ok_dtype in ("bfloat16", "float32"):   # refused on the meta device only
+        assert "the kernel writes" not in _why("mxfp8_dequantize", d8, sc, out_dtype=ok_dtype)
 
 
 @cuda

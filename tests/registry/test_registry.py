@@ -191,6 +191,19 @@ def test_explain_lists_every_unmet_requirement(op):
     assert rows["torch"][0]
 
 
+def test_explain_names_the_passes_the_call_needs():
+    """A gradient-requiring input of an op with no backward (mxfp8_quantize: not differentiable, outputs detached)
+    needs the forward only: the torch row said "(fwd+bwd)" whenever an input required grad. A differentiable op's
+    row says it."""
+    x = torch.randn(64, 64, requires_grad=True)
+    why = dict((b, w) for b, _, w in registry.get("mxfp8_quantize").explain(x))["torch"]
+    assert why == "torch reference: runs on any device", why
+    t = torch.randn(2, 4, 8, requires_grad=True)
+    h = torch.rand(2, 4)
+    why = dict((b, w) for b, _, w in registry.get("mhc_h_aggregate").explain(t, h))["torch"]
+    assert why == "torch reference: runs on any device (fwd+bwd)", why
+
+
 def test_fallback_logged_once_and_strict(op, caplog, monkeypatch):
     import _tk_fake_backend
 
@@ -229,10 +242,10 @@ def test_layouts():
     spec = make_spec(
         name="fake_op",
         layouts={"bshd": "not present(cu)", "thd": "present(cu)"},
-        dims=[Dim(name="B"), Dim(name="T"), Dim(name="D"), Dim(name="N")],
+        dims=[Dim(name="B"), Dim(name="T"), Dim(name="D"), Dim(name="N1")],
         inputs=[
             TensorSpec(name="x", shape={"bshd": ["B", "T", "D"], "thd": ["T", "D"]}, dtypes=["float32"]),
-            TensorSpec(name="cu", shape={"bshd": ["N+1"], "thd": ["N+1"]}, dtypes=["int32"],
+            TensorSpec(name="cu", shape={"bshd": ["N1"], "thd": ["N1"]}, dtypes=["int32"],
                        optional=True, same_device=False),
         ],
         outputs=[TensorSpec(name="out", role="out", shape={"bshd": ["B", "T", "D"], "thd": ["T", "D"]},

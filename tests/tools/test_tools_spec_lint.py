@@ -358,3 +358,54 @@ def test_module_that_exits_at_import_is_a_problem(tmp_path, capsys, body, what):
     assert rc == 1
     assert f"exits.py: -: error: importing the module failed: {what}" in out
     assert "1 spec(s) from 2 source(s): 1 error(s)" in out  # the next file was still linted
+
+
+def _dim(name):
+    return {"name": name, "min": 0, "max": None, "multiple_of": 1, "doc": ""}
+
+
+def _out_in_constraint(d):
+    d["constraints"] += [{"expr": "ndim(out) == 2"}]
+
+
+def _helper_named_dim(d):
+    d["dims"] += [_dim("max")]
+    d["inputs"][1]["shape"] = ["T", "max"]
+
+
+def _like_an_output(d):
+    d["inputs"][1]["dtypes"] = "like:out"
+
+
+def _never_bound_dim(d):
+    d["dims"] += [_dim("Q")]
+    d["inputs"][1]["shape"] = ["T", "2*Q"]
+
+
+def _output_dtype_limit(d):
+    d["backends"][0]["dtypes"] = {"out": ["float32"]}
+
+
+def _resolve_missing(d):
+    d["params"] = [{"name": "k", "type": "int", "default": None, "nullable": True,
+                    "resolve": "tilekernels.testing:no_such_function"}]
+
+
+@pytest.mark.parametrize("mutate,problem", [
+    # each passed the linter (exit 0, --strict too) and failed only at call time, or never: an ExprError at every
+    # call, not a SpecError (a); int(...) is not callable (b); the input's dtype never checked (c); the shape entry
+    # never checked (d); the output's dtype limit never checked, so the registry chose a backend that cannot write it
+    # (e: mxfp8_dequantize's cute backend with out_dtype float64); an AttributeError at every call (f)
+    (_out_in_constraint, "constraint 'ndim(out) == 2' names output tensors ['out']"),
+    (_helper_named_dim, "dim/tensor/param names ['max'] shadow the expression helpers"),
+    (_like_an_output, "tensor h_pre: dtypes 'like:out' names no other input tensor"),
+    (_never_bound_dim, "dims ['Q'] appear in input shape expressions but no input's shape has them"),
+    (_output_dtype_limit, "backend torch: dtypes restrict 'out', which is not an input tensor"),
+    (_resolve_missing, "param k: resolve 'tilekernels.testing:no_such_function' does not import"),
+], ids=["output-in-constraint", "helper-name", "like-output", "unbound-dim", "output-dtype-limit", "resolve"])
+def test_specs_that_fail_only_at_call_time(tmp_path, capsys, mutate, problem):
+    d = base("late_fail")
+    mutate(d)
+    rc, out = lint(capsys, write_json(tmp_path, d))
+    assert rc == 1, out
+    assert "late_fail: error:" in out and problem in out, out
