@@ -218,7 +218,7 @@ PROJ_RMS = OpSpec(
 # applies r after the products (reference._proj_rms_bwd_acc) and takes any eps.
 _RMS_EPS_BWD = Constraint(expr="rms_eps >= 2.0**-80", when="requires_grad",
                           message="the backward's proj gradient dh * alpha * r (r up to 1/rms_eps) is fp32: below "
-                                  "2**-80 an all-zero token's overflows and makes dweight NaN")
+                                  "2**-80 an all-zero token's can overflow and make dweight NaN")
 _PRE_LIMITS = (Constraint(expr="T * n * C < 2**31", message=_INT32_INDEX), _SK_SCRATCH, _ITERS_CONST, _RMS_EPS_BWD)
 # the CuTe DSL backends of mhc_pre and mhc_post_pre (their passes stream the [T, n*C] rows by TMA; mhc_pre's dweight
 # partials are cute_proj_rms's)

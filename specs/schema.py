@@ -36,6 +36,10 @@ Family = Literal["mhc", "moe", "gdn", "cp"]
 _IDENT = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 _ENTRY = re.compile(r"^[A-Za-z_][\w.]*(:[A-Za-z_]\w*)?$")
 
+# Joins a model's problems in its ValueError (tk-spec-lint splits on it, one problem a line): a newline, since a
+# problem's own text may hold "; ".
+PROBLEM_SEP = "\n"
+
 
 class _Model(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
@@ -69,7 +73,7 @@ class Dim(_Model):
         if self.multiple_of <= 0:
             problems.append(f"dim {self.name}: multiple_of {self.multiple_of} must be >= 1")
         if problems:
-            raise ValueError("; ".join(problems))
+            raise ValueError(PROBLEM_SEP.join(problems))
         return self
 
 
@@ -176,7 +180,7 @@ class Param(_Model):
         if not self.required and self.type != "object":
             problems += self._default_problems()
         if problems:
-            raise ValueError("; ".join(problems))
+            raise ValueError(PROBLEM_SEP.join(problems))
         return self
 
     def _default_problems(self) -> list[str]:
@@ -311,7 +315,7 @@ class OpSpec(_Model):
     def _consistent(self):
         problems = consistency_problems(self)
         if problems:
-            raise ValueError("; ".join(problems))
+            raise ValueError(PROBLEM_SEP.join(problems))
         return self
 
     # convenience
@@ -372,18 +376,19 @@ def consistency_problems(spec: OpSpec) -> list[str]:
     clash = set(dim_names) & (set(tensor_names) | set(param_names)) | (set(tensor_names) & set(param_names))
     if clash:
         out.append(f"names used for more than one of dim/tensor/param: {sorted(clash)}")
-    if shadow := sorted(set(dim_names + tensor_names + param_names) & CONSTRAINT_HELPERS):
-        out.append(f"dim/tensor/param names {shadow} shadow the expression helpers of the same names")
     input_names = {t.name for t in spec.inputs}
+    # what expressions see (outputs never enter their environment: they may take any name)
+    if shadow := sorted((set(dim_names) | input_names | set(param_names)) & CONSTRAINT_HELPERS):
+        out.append(f"dim/input/param names {shadow} shadow the expression helpers of the same names")
     known_scalars = set(dim_names) | set(param_names)
     # what a constraint or layout sees: the call's inputs (outputs do not exist yet when it runs)
     known = known_scalars | input_names | CONSTRAINT_HELPERS
     for name in spec.host_values:
-        if name not in {t.name for t in spec.inputs}:
+        if name not in input_names:
             out.append(f"host_values names {name!r}, which is not an input tensor")
     for b in spec.backends:
         for name in b.host_values:
-            if name not in {t.name for t in spec.inputs}:
+            if name not in input_names:
                 out.append(f"backend {b.name}: host_values names {name!r}, which is not an input tensor")
     for p in spec.params:
         if p.resolve is not None and not (_ENTRY.match(p.resolve) and ":" in p.resolve):
@@ -411,19 +416,23 @@ def consistency_problems(spec: OpSpec) -> list[str]:
         if isinstance(t.dtypes, str) and (t.dtypes[5:] not in input_names or t.dtypes[5:] == t.name):
             out.append(f"tensor {t.name}: dtypes {t.dtypes!r} names no other input tensor (a dtype is taken "
                        "from an input of the call)")
-    bare = {d for t in spec.inputs for shape in t.all_shapes() for d in shape if isinstance(d, str)}
-    shaped = set()   # dims the inputs' shape expressions name (an output's shape is allocated, not checked)
-    for t in spec.inputs:
-        for shape in t.all_shapes():
-            for d in shape:
-                if isinstance(d, str):
+    # per layout: the entries an input's shape has bare (they bind dims) and the dims its other entries name (an
+    # output's shape is allocated, not checked)
+    for lay in spec.layouts or [None]:
+        bare, shaped = set(), set()
+        for t in spec.inputs:
+            for d in t.shape if isinstance(t.shape, list) else t.shape.get(lay, []):
+                if isinstance(d, str) and _IDENT.match(d):
+                    bare.add(d)
+                elif isinstance(d, str):
                     try:
                         shaped |= _expr.names(d)
                     except _expr.ExprError:
                         pass  # reported above
-    if unbound := sorted((shaped & set(dim_names)) - bare):
-        out.append(f"dims {unbound} appear in input shape expressions but no input's shape has them as an entry of "
-                   "their own, so no call binds them and the shapes that name them are never checked")
+        if unbound := sorted((shaped & set(dim_names)) - bare):
+            where = f" in layout {lay!r}" if lay is not None else ""
+            out.append(f"dims {unbound} appear in input shape expressions{where} but no input's shape there has them "
+                       "as an entry of their own, so no call binds them and the shapes that name them go unchecked")
     for t in spec.inputs:
         if t.role == "out":
             out.append(f"input {t.name} has role 'out' (outputs go in 'outputs')")

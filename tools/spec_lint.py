@@ -155,12 +155,14 @@ def _exc(e: BaseException) -> str:
 
 
 def _validation_lines(e: ValidationError) -> list[str]:
+    from specs.schema import PROBLEM_SEP
+
     out = []
     for err in e.errors():
         loc = ".".join(str(x) for x in err.get("loc", ())) or "spec"
         msg = err.get("msg", "").removeprefix("Value error, ")
-        if err.get("type") == "value_error" and not isinstance(err.get("input"), str) and "; " in msg:
-            out += [f"{loc}: {m}" for m in msg.split("; ")]  # a model's problems, one per line
+        if err.get("type") == "value_error" and not isinstance(err.get("input"), str) and PROBLEM_SEP in msg:
+            out += [f"{loc}: {m}" for m in msg.split(PROBLEM_SEP)]  # a model's problems, one per line
         else:
             got = err.get("input")
             got = "" if isinstance(got, (dict, list)) or got is None or repr(got) in msg else f" (got {got!r})"

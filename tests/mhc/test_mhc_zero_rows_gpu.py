@@ -39,11 +39,24 @@ def _ulp_above(lo: float, hi: float, count: int) -> list[float]:
 EPS = _ulp_above(1e-24, 2e-20, 2) + _ulp_above(1e-13, 1e-10, 3)
 
 
-def _backends(op, args, params):
+def _backends(op, args, params, grad=False):
+    """The GPU backends the registry lists as usable for the call (``grad``: with a gradient); none: a skip."""
+    args = [None if t is None else t.detach().requires_grad_(grad) for t in args]
     ok = [b for b, usable, _ in op.explain(*args, **params) if usable and b in GPU_BACKENDS]
     if not ok:
         pytest.skip(f"no GPU backend of {op.name} takes this call: {op.explain(*args, **params)}")
     return ok
+
+
+def _loss_scaled_backends(op, args, params, eps):
+    """At the GPU backends' least eps (2**-80) with a gradient: those usable (none: a skip); below it the registry
+    must list none of them, and its own choice (the torch backend) runs: the gradients' finiteness is the check."""
+    if eps >= 2.0 ** -80:
+        return _backends(op, args, params, grad=True)
+    leaves = [None if t is None else t.detach().requires_grad_() for t in args]
+    rows = op.explain(*leaves, **params)
+    assert not [b for b, usable, _ in rows if usable and b in GPU_BACKENDS], rows
+    return ["auto"]
 
 
 def _grads(op, args, cots, params, backend):
@@ -61,7 +74,7 @@ def test_proj_rms_zero_rows(eps):
     x[ZERO] = 0
     cots = [rand(67, 24).cuda(), rand(67).cuda() * 1e4]   # dproj; dr as a loss scale leaves it
     want = _grads(op, [upcast(x), upcast(w)], [upcast(c) for c in cots], dict(eps=eps), "torch")
-    for b in _backends(op, [x, w], dict(eps=eps)):
+    for b in _backends(op, [x, w], dict(eps=eps), grad=True):
         dx, dw = _grads(op, [x, w], cots, dict(eps=eps), b)
         assert torch.isfinite(dx).all() and torch.isfinite(dw).all(), b
         assert_close(dx[ZERO], want[0][ZERO], what=f"{b}: dx of the zero rows")
@@ -83,7 +96,7 @@ def test_pre_zero_tokens(eps):
     params = dict(PRE_PARAMS, rms_eps=eps)
     cots = [rand(67, C, dtype=BF16).cuda(), rand(67, n).cuda(), rand(67, n, n).cuda()]
     want = _grads(op, [upcast(t) for t in args], [upcast(c) for c in cots], params, "torch")
-    for b in _backends(op, args, params):
+    for b in _backends(op, args, params, grad=True):
         got = _grads(op, args, cots, params, b)
         for name, g, w in zip(("x", "weight", "bias"), got, want):
             assert torch.isfinite(g).all(), f"{b}: d{name}"
@@ -106,12 +119,11 @@ def test_post_pre_zero_tokens(eps):
     cots = [rand(T, n, C, dtype=BF16).cuda(), rand(T, C, dtype=BF16).cuda(), rand(T, n).cuda(),
             rand(T, n, n).cuda()]
     want = _grads(op, args, cots, params, "torch")
-    for b in _backends(op, args, params):
+    for b in _backends(op, args, params, grad=True):
         got = _grads(op, args, cots, params, b)
         for name, g, w in zip(("h_res", "residual", "h_post", "x", "weight", "hbias"), got, want):
             assert torch.isfinite(g).all(), f"{b}: d{name}"
             assert_close(g.float(), w.float(), kind="bfloat16", what=f"{b}: d{name}")
-
 
 
 # A zero token's proj gradient is dh * alpha * r with r = 1/eps: at the spec's least eps (2**-126, r ~ 8.5e37) a
@@ -120,12 +132,6 @@ def test_post_pre_zero_tokens(eps):
 # _RMS_EPS_BWD; |dh alpha| must then pass 2**48 to overflow): cases at that least eps with cotangents scaled by 1e3
 # and by 1e12, and one at 2**-126 (no GPU backend takes it: the registry's own choice, the torch backend, runs).
 LOSS_SCALED = [(2.0 ** -80, 1e3), (2.0 ** -80, 1e12), (2.0 ** -126, 1e3)]
-
-
-def _gpu_or_auto(op, args, params):
-    """The GPU backends the registry lists as usable for the call with a gradient, and "auto" (its own choice)."""
-    leaves = [None if t is None else t.detach().requires_grad_() for t in args]
-    return [b for b, usable, _ in op.explain(*leaves, **params) if usable and b in GPU_BACKENDS] + ["auto"]
 
 
 @on_gpu
@@ -143,9 +149,7 @@ def test_pre_zero_tokens_loss_scaled(eps, scale):
     cots = [rand(67, C, dtype=BF16).cuda() * scale, rand(67, n).cuda() * scale, rand(67, n, n).cuda() * scale]
     want = _grads(op, [upcast(t) for t in args], [upcast(c) for c in cots], params, "torch")
     keep = [t for t in range(67) if t not in ZERO]
-    backends = _gpu_or_auto(op, args, params)
-    assert eps >= 2.0 ** -80 or backends == ["auto"], backends
-    for b in backends:
+    for b in _loss_scaled_backends(op, args, params, eps):
         dx, dw, db = _grads(op, args, cots, params, b)
         assert torch.isfinite(dw).all() and torch.isfinite(db).all(), b
         assert_close(dw, want[1], what=f"{b}: dweight")
@@ -171,9 +175,7 @@ def test_post_pre_zero_tokens_loss_scaled(eps, scale):
     cots = [rand(T, n, C, dtype=BF16).cuda(), rand(T, C, dtype=BF16).cuda() * scale, rand(T, n).cuda() * scale,
             rand(T, n, n).cuda() * scale]
     want = _grads(op, args, cots, params, "torch")
-    backends = _gpu_or_auto(op, args, params)
-    assert eps >= 2.0 ** -80 or backends == ["auto"], backends
-    for b in backends:
+    for b in _loss_scaled_backends(op, args, params, eps):
         got = _grads(op, args, cots, params, b)
         for i, name in ((4, "weight"), (5, "hbias")):
             assert torch.isfinite(got[i]).all(), f"{b}: d{name}"

@@ -382,30 +382,60 @@ def _never_bound_dim(d):
     d["inputs"][1]["shape"] = ["T", "2*Q"]
 
 
+def _bound_in_one_layout_only(d):
+    """Q bare in layout "a" only; "b" names it in an expression: there no call binds it."""
+    d["dims"] += [_dim("Q")]
+    d["params"] = [{"name": "mode", "type": "str", "default": "a", "choices": ["a", "b"]}]
+    d["layouts"] = {"a": "mode == 'a'", "b": "mode == 'b'"}
+    for t in d["inputs"] + d["outputs"]:
+        t["shape"] = {"a": t["shape"], "b": t["shape"]}
+    d["inputs"][1]["shape"] = {"a": ["T", "n", "Q"], "b": ["T", "n", "2*Q"]}
+
+
 def _output_dtype_limit(d):
     d["backends"][0]["dtypes"] = {"out": ["float32"]}
 
 
 def _resolve_missing(d):
-    d["params"] = [{"name": "k", "type": "int", "default": None, "nullable": True,
-                    "resolve": "tilekernels.testing:no_such_function"}]
+    next(p for p in d["params"] if p["name"] == "cp")["resolve"] = "tilekernels.cp.ops:no_such_function"
 
 
-@pytest.mark.parametrize("mutate,problem", [
+def _cp_base(name):
+    d = registry.get("thd_cp_to_hp").spec.model_dump(mode="json")
+    d["name"] = name
+    d["backends"] = [b for b in d["backends"] if b["name"] == "torch"]
+    assert next(p for p in d["params"] if p["name"] == "cp")["resolve"] == "tilekernels.cp.ops:resolve_cp"
+    return d
+
+
+@pytest.mark.parametrize("make,mutate,problem", [
     # each passed the linter (exit 0, --strict too) and failed only at call time, or never: an ExprError at every
     # call, not a SpecError (a); int(...) is not callable (b); the input's dtype never checked (c); the shape entry
-    # never checked (d); the output's dtype limit never checked, so the registry chose a backend that cannot write it
-    # (e: mxfp8_dequantize's cute backend with out_dtype float64); an AttributeError at every call (f)
-    (_out_in_constraint, "constraint 'ndim(out) == 2' names output tensors ['out']"),
-    (_helper_named_dim, "dim/tensor/param names ['max'] shadow the expression helpers"),
-    (_like_an_output, "tensor h_pre: dtypes 'like:out' names no other input tensor"),
-    (_never_bound_dim, "dims ['Q'] appear in input shape expressions but no input's shape has them"),
-    (_output_dtype_limit, "backend torch: dtypes restrict 'out', which is not an input tensor"),
-    (_resolve_missing, "param k: resolve 'tilekernels.testing:no_such_function' does not import"),
-], ids=["output-in-constraint", "helper-name", "like-output", "unbound-dim", "output-dtype-limit", "resolve"])
-def test_specs_that_fail_only_at_call_time(tmp_path, capsys, mutate, problem):
-    d = base("late_fail")
+    # never checked (d, e); the output's dtype limit never checked, so the registry chose a backend that cannot write
+    # it (f: mxfp8_dequantize's cute backend with out_dtype float64); an AttributeError at every call (g). Exactly one
+    # error each (f's message holds "; ", which once split it in two)
+    (base, _out_in_constraint, "constraint 'ndim(out) == 2' names output tensors ['out']"),
+    (base, _helper_named_dim, "dim/input/param names ['max'] shadow the expression helpers"),
+    (base, _like_an_output, "tensor h_pre: dtypes 'like:out' names no other input tensor"),
+    (base, _never_bound_dim, "dims ['Q'] appear in input shape expressions but no input's shape there has them"),
+    (base, _bound_in_one_layout_only, "dims ['Q'] appear in input shape expressions in layout 'b' but"),
+    (base, _output_dtype_limit, "backend torch: dtypes restrict 'out', which is not an input tensor"),
+    (_cp_base, _resolve_missing, "param cp: resolve 'tilekernels.cp.ops:no_such_function' does not import"),
+], ids=["output-in-constraint", "helper-name", "like-output", "unbound-dim", "unbound-in-a-layout",
+        "output-dtype-limit", "resolve"])
+def test_specs_that_fail_only_at_call_time(tmp_path, capsys, make, mutate, problem):
+    d = make("late_fail")
+    rc, out = lint(capsys, write_json(tmp_path, d))
+    assert rc == 0, out   # the unmutated spec is clean
     mutate(d)
     rc, out = lint(capsys, write_json(tmp_path, d))
     assert rc == 1, out
-    assert "late_fail: error:" in out and problem in out, out
+    assert "late_fail: error:" in out and problem in out and "1 error(s)" in out, out
+
+
+def test_outputs_may_take_any_name(tmp_path, capsys):
+    """Outputs never enter an expression's environment, so one named like a helper (a reduction's ``max``) is fine."""
+    d = base("max_out")
+    d["outputs"][0]["name"] = "max"
+    rc, out = lint(capsys, write_json(tmp_path, d))
+    assert rc == 0, out

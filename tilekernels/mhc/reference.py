@@ -181,7 +181,8 @@ def proj_rms(x: Tensor, weight: Tensor, eps: float = 1e-6):
 def _proj_rms_bwd_acc(dproj, dr, x, weight, r, eps, row_scale=None):
     """``row_scale`` [M] (mhc_pre: r): proj's gradient is ``dproj * row_scale[:, None]``, applied after the products
     (dx = s (dproj @ W), dweight = dproj^T @ (s x)). At a tiny eps an all-zero row's r = 1/eps times a gradient above
-    ~4 is past fp32, and dweight's inf * 0 was NaN; s x is the unit-RMS row (finite), so that row adds 0."""
+    ~4 is past fp32, and dweight's inf * 0 was NaN; s x is the row over its RMS + eps (RMS at most 1, finite), so that
+    row adds 0."""
     acc = acc_dtype(x, weight, dproj)
     xa = x.to(acc)
     dx = dproj.to(acc) @ weight.to(acc)
@@ -284,8 +285,9 @@ def mhc_pre_bwd(dlayer_in: Tensor, dh_post: Tensor, dh_res: Tensor, x: Tensor, w
     d_res = _sinkhorn_bwd_acc(dh_res, res, iters, sinkhorn_eps).reshape(T, n * n)
     dh = torch.cat([d_pre, d_post, d_res], dim=1)
     # proj's gradient is dh * alpha * r: r goes in after the products (_proj_rms_bwd_acc's row_scale)
-    dr = (dh * proj * alpha).sum(dim=1)
-    dx_proj, dweight = _proj_rms_bwd_acc(dh * alpha, dr, x.reshape(T, n * C), weight, r, rms_eps, row_scale=r)
+    dha = dh * alpha
+    dr = (dha * proj).sum(dim=1)
+    dx_proj, dweight = _proj_rms_bwd_acc(dha, dr, x.reshape(T, n * C), weight, r, rms_eps, row_scale=r)
     dx = dx_agg + dx_proj.reshape(T, n, C).to(dx_agg.dtype)
     return _cast((dx, dweight, dh.sum(dim=0)), (x, weight, bias))
 
