@@ -127,3 +127,39 @@ def test_one_rounding_sees_an_extra_rounding_and_one_wrong_row():
     narrow = ref[:, :8].bfloat16().clone()  # rows of < 64 elements: the whole-tensor fraction only
     narrow[5, 0] = narrow[6, 0]
     assert_one_rounding(narrow, ref[:, :8])
+
+
+def test_one_rounding_never_passes_nan_or_inf():
+    """A few NaN / inf elements sat inside the allowed fraction of differing elements (600 NaNs and 5 infs in
+    [64, 4, 256] passed: a CPU audit's find, session 72); now any non-finite element where the once-rounded
+    reference is finite fails."""
+    ref = torch.randn(64, 4, 256, dtype=torch.float64)
+    for bad in (float("nan"), float("inf")):
+        out = ref.bfloat16().clone()
+        out[3, 1, 7] = bad
+        with pytest.raises(AssertionError, match="1 elements are NaN / inf"):
+            assert_one_rounding(out, ref)
+
+
+def test_scale_rule_when_the_reference_cancels_to_zero():
+    """A sum whose float64 terms cancel to exactly 0: the error is read on the terms' scale, as documented (it was
+    inf, rel_err's 0 / 0 rule applied before the scale); a zero output passes, a wrong term still fails."""
+    a = torch.tensor([1.0, -1.0, 0.5, -0.5], dtype=torch.float64)
+    ref, scale = a.sum().reshape(1), a.square().sum().sqrt().reshape(1)
+    assert ref.item() == 0.0
+    assert_close(torch.tensor([1e-8]), ref, scale=scale)
+    assert_close(torch.zeros(1), ref, scale=scale)
+    with pytest.raises(AssertionError):
+        assert_close(torch.tensor([0.5]), ref, scale=scale)
+
+
+@pytest.mark.parametrize("size", [1e-170, 1e-300, 1e160, 1e300])
+def test_rel_err_at_the_ends_of_float64(size):
+    """The squares are taken on a power-of-two scale: values under ~1e-154 underflowed to 0 / 0 (a 3x output read
+    as exact) and over ~1e154 overflowed (inf / inf)."""
+    ref = torch.randn(100, dtype=torch.float64) * size
+    assert rel_err(ref.clone(), ref) == 0.0
+    assert rel_err(ref * (1 + 1e-9), ref) == pytest.approx(1e-9, rel=1e-3)
+    assert rel_err(ref * 3, ref) == pytest.approx(2.0)
+    with pytest.raises(AssertionError):
+        assert_close(ref * 3, ref)

@@ -512,6 +512,9 @@ class _Gen:
                 _no_duals(self.name, tensors)
             if torch.compiler.is_compiling():
                 tensors = _distinct(tensors)
+                if torch.compiler.is_exporting() and torch.is_grad_enabled() and \
+                        any(t is not None and t.requires_grad for t in tensors):
+                    _export_has_no_backward(self.name)
             return self.fn.apply(*tensors, *params, backend)
         if self.fn is None and torch.is_grad_enabled():  # a non-differentiable op records no graph, whatever its inputs
             with torch.no_grad():
@@ -646,9 +649,22 @@ def _no_duals(op: str, tensors) -> None:
                                   "torch.func.linearize) is not supported: the op has no jvp formula")
 
 
+def _tracked(t) -> bool:
+    """Whether ``t`` requires grad at any level: its own, or a torch.func transform's wrapped tensor's underneath (a
+    tensor a ``func.grad`` closes over that the outer autograd tracks: it does not require grad at the transform's
+    level, and a penalty on the transform's gradient still differentiates the backward with respect to it)."""
+    while True:
+        if t.requires_grad:
+            return True
+        if not torch._C._functorch.is_functorch_wrapped_tensor(t):
+            return False
+        t = torch._C._functorch.get_unwrapped(t)
+
+
 def _no_second_order(op: str, res: tuple, inputs: tuple) -> tuple:
-    """``res`` (a backward's results) behind :class:`_NoSecondOrder` where one of ``inputs`` requires grad."""
-    tracked = [t for t in inputs if isinstance(t, Tensor) and t.requires_grad]
+    """``res`` (a backward's results) behind :class:`_NoSecondOrder` where one of ``inputs`` requires grad at any
+    level (:func:`_tracked`)."""
+    tracked = [t for t in inputs if isinstance(t, Tensor) and _tracked(t)]
     if not tracked:
         return res
     dins = [r for r in res if r is not None]
@@ -679,6 +695,24 @@ def _always_grad(t: TensorSpec) -> bool:
     carry one (a list; "like:" names a tensor the op's gradients flow through). Otherwise the
     bwd pass's d_<name> is optional: None for a call whose tensor is, say, float8 data."""
     return isinstance(t.dtypes, str) or set(t.dtypes) <= GRAD_DTYPE_NAMES
+
+
+_EXPORT_WARNED: set = set()
+
+
+@torch.compiler.assume_constant_result
+def _export_has_no_backward(op: str) -> bool:
+    """Warns (once an op) that torch.export keeps the op's forward only: export traces its autograd.Function's
+    forward (the destination-passing ``<op>_fwd``, which has no autograd), so running the exported program gives
+    the op's outputs no gradient, silently (a CPU audit, session 72). Inference exports are unaffected; a training
+    export of the op (QAT, fine-tuning from an ExportedProgram) is not supported: use torch.compile there."""
+    if op not in _EXPORT_WARNED:
+        _EXPORT_WARNED.add(op)
+        import warnings
+
+        warnings.warn(f"{op}: torch.export keeps this op's forward only: in the exported program its outputs "
+                      "carry no gradient (fine for inference; for training use torch.compile)", stacklevel=2)
+    return True
 
 
 def _needs_autograd(tensors) -> bool:

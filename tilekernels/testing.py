@@ -39,27 +39,44 @@ def rel_err(out: torch.Tensor, ref: torch.Tensor, chunk: int = 1 << 26) -> float
     a time), in chunks of ``chunk`` elements, so headline-size GPU comparisons
     neither copy to the host nor double their memory.
     """
-    if tuple(out.shape) != tuple(ref.shape):
+    norms = _norms(out, ref, chunk)
+    if norms is None:
         return math.inf
+    num, den = norms
+    if den == 0.0:
+        return 0.0 if num == 0.0 else math.inf
+    return num / den
+
+
+def _norms(out: torch.Tensor, ref: torch.Tensor, chunk: int = 1 << 26) -> tuple[float, float] | None:
+    """(||out - ref||, ||ref||) in float64, or None if out has NaN/Inf or the shapes differ. The squares are taken
+    of the values over a power of two near the largest |value| (exact), so float64 values under ~1e-154 do not
+    underflow to 0 / 0 (a 3x error once read as exact) nor ones over ~1e154 overflow."""
+    if tuple(out.shape) != tuple(ref.shape):
+        return None
     if out.numel() == 0:
-        return 0.0
+        return 0.0, 0.0
     o = out.detach().reshape(-1)
     r = ref.detach().reshape(-1)   # moved to o's device a chunk at a time
-    num = torch.zeros((), dtype=torch.float64, device=o.device)
-    den = torch.zeros((), dtype=torch.float64, device=o.device)
+    big = torch.zeros((), dtype=torch.float64, device=o.device)
     finite = torch.ones((), dtype=torch.bool, device=o.device)
     for i in range(0, o.numel(), chunk):
         oc = o[i:i + chunk].to(torch.float64)
         rc = r[i:i + chunk].to(o.device).to(torch.float64)
         finite &= torch.isfinite(oc).all()
+        big = torch.maximum(big, torch.maximum(oc.abs().nan_to_num(0.0).max(), rc.abs().nan_to_num(0.0).max()))
+    if not bool(finite):
+        return None
+    m = big.item()
+    unit = 2.0 ** math.frexp(m)[1] if 0.0 < m < math.inf else 1.0   # (an inf in ref: its square stays inf)
+    num = torch.zeros((), dtype=torch.float64, device=o.device)
+    den = torch.zeros((), dtype=torch.float64, device=o.device)
+    for i in range(0, o.numel(), chunk):
+        oc = o[i:i + chunk].to(torch.float64) / unit
+        rc = r[i:i + chunk].to(o.device).to(torch.float64) / unit
         num += (oc - rc).square().sum()
         den += rc.square().sum()
-    if not bool(finite):
-        return math.inf
-    num_f, den_f = math.sqrt(num.item()), math.sqrt(den.item())
-    if den_f == 0.0:
-        return 0.0 if num_f == 0.0 else math.inf
-    return num_f / den_f
+    return math.sqrt(num.item()) * unit, math.sqrt(den.item()) * unit
 
 
 def exact_mismatches(out: torch.Tensor, ref: torch.Tensor, chunk: int = 1 << 24) -> int:
@@ -105,12 +122,15 @@ def assert_close(out: torch.Tensor, ref: torch.Tensor, kind=None, what: str = "o
         assert bad == 0, f"{what}: not bitwise equal ({bad} elements differ)"
         return 0.0
     tol = tolerance(kind)
-    err = rel_err(out, ref)
-    if scale is not None and math.isfinite(err) and err > 0.0:
-        r = ref.detach().to(torch.float64)
-        s = scale.detach().to(device=r.device, dtype=torch.float64)
-        err = err * float(torch.linalg.vector_norm(r)) / max(float(torch.linalg.vector_norm(r)),
-                                                             float(torch.linalg.vector_norm(s)))
+    if scale is None:
+        err = rel_err(out, ref)
+    else:   # from the norms: a ref that cancels to exactly 0 has rel_err inf, but not a zero error on its scale
+        norms, s = _norms(out, ref), _norms(scale, torch.zeros_like(scale))
+        if norms is None:
+            err = math.inf
+        else:
+            num, den = norms[0], max(norms[1], s[0] if s is not None else 0.0)
+            err = num / den if den > 0.0 else (0.0 if num == 0.0 else math.inf)
     assert err <= tol, f"{what}: relative error {err:.3e} > {tol:.0e} ({kind})"
     return err
 
@@ -130,6 +150,8 @@ def assert_one_rounding(out: torch.Tensor, ref: torch.Tensor, what: str = "outpu
     if out.numel() == 0:
         return 0.0
     want = ref.detach().to(out.device).to(out.dtype)
+    lost = int((~torch.isfinite(out) & torch.isfinite(want)).sum())
+    assert lost == 0, f"{what}: {lost} elements are NaN / inf where the once-rounded reference is finite"
     differ = out != want
     frac = differ.double().mean().item()
     assert frac <= max_fraction, (f"{what}: {frac:.2%} of the elements are not the float64 value rounded once to "

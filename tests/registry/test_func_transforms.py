@@ -308,3 +308,14 @@ def test_second_order_refused(case):
 
     with pytest.raises(NotImplementedError, match=f"^{case.op}: forward-mode AD"):
         func.linearize(lambda *l: f(*l), *leaves)
+
+    if len(pos) > 1:
+        # an input-gradient penalty: func.grad with respect to one input, the others closed over and tracked by
+        # the outer autograd only (below the transform's level they do not require grad), with fixed weights on
+        # the outputs; the gradient depends on the others through the backward. This cut the outer graph
+        # silently: the gradient did not require grad (a CPU audit's find, session 72)
+        others = [t.clone().requires_grad_() for t in leaves[1:]]
+        w = [torch.randn_like(o, dtype=torch.float32) for o in f(*[t.clone().requires_grad_() for t in leaves])]
+        g = func.grad(lambda t: sum((o.float() * wi).sum() for o, wi in zip(f(t, *others), w)))(leaves[0].clone())
+        with pytest.raises(NotImplementedError, match=f"^{case.op}: a gradient through the op's backward"):
+            torch.autograd.grad((g.float() ** 2).sum(), others, allow_unused=True, materialize_grads=True)

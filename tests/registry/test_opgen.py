@@ -333,3 +333,35 @@ def test_one_tensor_as_two_inputs_compiles():
     compiled = run(torch.compile(lambda x: op(x, x), fullgraph=True, backend="aot_eager"))
     for a, b in zip(eager, compiled):
         assert torch.equal(a, b)
+
+
+@pytest.mark.parametrize("strict", [False, True])
+def test_export_of_a_call_that_needs_grad_warns(monkeypatch, strict):
+    """torch.export keeps a differentiable op's forward only (the destination-passing ``<op>_fwd``: the exported
+    program's outputs carry no gradient). An export whose inputs require grad (a module's parameters, by default)
+    warns, once per op, instead of dropping the gradient silently (a CPU audit, session 72); an export with nothing
+    requiring grad does not."""
+    import warnings
+
+    from tilekernels import _opgen
+
+    monkeypatch.setattr(_opgen, "_EXPORT_WARNED", set())
+    op = registry.get("mhc_h_aggregate")
+
+    class M(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.h = torch.nn.Parameter(torch.rand(8, 4))
+
+        def forward(self, x):
+            return op(x, self.h)
+
+    x = torch.randn(8, 4, 64)
+    with pytest.warns(UserWarning, match="mhc_h_aggregate: torch.export keeps this op's forward only"):
+        torch.export.export(M(), (x,), strict=strict)
+    m = M().requires_grad_(False)
+    monkeypatch.setattr(_opgen, "_EXPORT_WARNED", set())
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        torch.export.export(m, (x,), strict=strict)
+    assert not [w for w in seen if "torch.export keeps" in str(w.message)]
