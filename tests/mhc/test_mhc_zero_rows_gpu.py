@@ -85,16 +85,35 @@ def test_proj_rms_zero_rows(eps):
 PRE_PARAMS = dict(alpha_pre=0.7, alpha_post=1.3, alpha_res=0.4, iters=20)
 
 
-@on_gpu
-@pytest.mark.parametrize("eps", EPS)
-def test_pre_zero_tokens(eps):
-    op = registry.get("mhc_pre")
+def _pre_case(scale: float):
+    """mhc_pre's inputs (T 67, n 4, C 128; the ZERO tokens all zero) and cotangents, those scaled by ``scale``."""
     n, C = 4, 128
     args = [rand(67, n, C, dtype=BF16).cuda(), rand(24, n * C, dtype=BF16, scale=(n * C) ** -0.5).cuda(),
             rand(24).cuda()]
     args[0][ZERO] = 0
+    return args, [rand(67, C, dtype=BF16).cuda() * scale, rand(67, n).cuda() * scale, rand(67, n, n).cuda() * scale]
+
+
+def _post_pre_case(scale: float):
+    """mhc_post_pre's inputs (zero residual and x rows at the ZERO tokens, no bias: zero rows of out, the pre step's
+    input) and cotangents, the pre step's scaled by ``scale``."""
+    T, n, C = 67, 4, 128
+    N = n * n + 2 * n
+    args = [torch.softmax(rand(T, n, n), -1).cuda(), rand(T, n, C, dtype=BF16).cuda(),
+            (rand(T, n).sigmoid() * 2).cuda(), rand(T, C, dtype=BF16).cuda(),
+            rand(N, n * C, dtype=BF16, scale=(n * C) ** -0.5).cuda(), rand(N).cuda(), None]
+    args[1][ZERO] = 0
+    args[3][ZERO] = 0
+    return args, [rand(T, n, C, dtype=BF16).cuda(), rand(T, C, dtype=BF16).cuda() * scale,
+                  rand(T, n).cuda() * scale, rand(T, n, n).cuda() * scale]
+
+
+@on_gpu
+@pytest.mark.parametrize("eps", EPS)
+def test_pre_zero_tokens(eps):
+    op = registry.get("mhc_pre")
+    args, cots = _pre_case(1.0)
     params = dict(PRE_PARAMS, rms_eps=eps)
-    cots = [rand(67, C, dtype=BF16).cuda(), rand(67, n).cuda(), rand(67, n, n).cuda()]
     want = _grads(op, [upcast(t) for t in args], [upcast(c) for c in cots], params, "torch")
     for b in _backends(op, args, params, grad=True):
         got = _grads(op, args, cots, params, b)
@@ -106,18 +125,10 @@ def test_pre_zero_tokens(eps):
 @on_gpu
 @pytest.mark.parametrize("eps", EPS)
 def test_post_pre_zero_tokens(eps):
-    """Zero residual and x rows (no bias) make zero rows of out, the pre step's input."""
+    """Zero residual and x rows (no bias) make zero rows of out, the pre step's input (_post_pre_case)."""
     op = registry.get("mhc_post_pre")
-    T, n, C = 67, 4, 128
-    N = n * n + 2 * n
-    args = [torch.softmax(rand(T, n, n), -1).cuda(), rand(T, n, C, dtype=BF16).cuda(),
-            (rand(T, n).sigmoid() * 2).cuda(), rand(T, C, dtype=BF16).cuda(),
-            rand(N, n * C, dtype=BF16, scale=(n * C) ** -0.5).cuda(), rand(N).cuda(), None]
-    args[1][ZERO] = 0
-    args[3][ZERO] = 0
+    args, cots = _post_pre_case(1.0)
     params = dict(PRE_PARAMS, rms_eps=eps)
-    cots = [rand(T, n, C, dtype=BF16).cuda(), rand(T, C, dtype=BF16).cuda(), rand(T, n).cuda(),
-            rand(T, n, n).cuda()]
     want = _grads(op, args, cots, params, "torch")
     for b in _backends(op, args, params, grad=True):
         got = _grads(op, args, cots, params, b)
@@ -141,12 +152,8 @@ def test_pre_zero_tokens_loss_scaled(eps, scale):
     reference's (the zero tokens add 0 to dweight); dx of the other tokens too. The zero tokens' own dx is past fp32
     at 2**-126 (its true value ~1e41), so it is not compared."""
     op = registry.get("mhc_pre")
-    n, C = 4, 128
-    args = [rand(67, n, C, dtype=BF16).cuda(), rand(24, n * C, dtype=BF16, scale=(n * C) ** -0.5).cuda(),
-            rand(24).cuda()]
-    args[0][ZERO] = 0
+    args, cots = _pre_case(scale)
     params = dict(PRE_PARAMS, rms_eps=eps)
-    cots = [rand(67, C, dtype=BF16).cuda() * scale, rand(67, n).cuda() * scale, rand(67, n, n).cuda() * scale]
     want = _grads(op, [upcast(t) for t in args], [upcast(c) for c in cots], params, "torch")
     keep = [t for t in range(67) if t not in ZERO]
     for b in _loss_scaled_backends(op, args, params, eps):
@@ -164,16 +171,8 @@ def test_post_pre_zero_tokens_loss_scaled(eps, scale):
     against the torch backend in the same dtypes (test_post_pre_zero_tokens says why). The zero tokens' d(out) is
     past fp32 at 2**-126, so their other gradients are not compared."""
     op = registry.get("mhc_post_pre")
-    T, n, C = 67, 4, 128
-    N = n * n + 2 * n
-    args = [torch.softmax(rand(T, n, n), -1).cuda(), rand(T, n, C, dtype=BF16).cuda(),
-            (rand(T, n).sigmoid() * 2).cuda(), rand(T, C, dtype=BF16).cuda(),
-            rand(N, n * C, dtype=BF16, scale=(n * C) ** -0.5).cuda(), rand(N).cuda(), None]
-    args[1][ZERO] = 0
-    args[3][ZERO] = 0
+    args, cots = _post_pre_case(scale)
     params = dict(PRE_PARAMS, rms_eps=eps)
-    cots = [rand(T, n, C, dtype=BF16).cuda(), rand(T, C, dtype=BF16).cuda() * scale, rand(T, n).cuda() * scale,
-            rand(T, n, n).cuda() * scale]
     want = _grads(op, args, cots, params, "torch")
     for b in _loss_scaled_backends(op, args, params, eps):
         got = _grads(op, args, cots, params, b)
