@@ -163,3 +163,11 @@ def test_rel_err_at_the_ends_of_float64(size):
     assert rel_err(ref * 3, ref) == pytest.approx(2.0)
     with pytest.raises(AssertionError):
         assert_close(ref * 3, ref)
+
+
+def test_rel_err_near_float64s_largest():
+    """Norms past float64's range (values near 1.8e308): the ratio is taken on the common scale, so half the
+    reference reads 0.5, not inf / inf or a norm that overflowed to inf (0)."""
+    ref = torch.tensor([1.7e308, -1.7e308, 1e308], dtype=torch.float64)
+    assert rel_err(ref * 0.5, ref) == pytest.approx(0.5)
+    assert rel_err(ref.clone(), ref) == 0.0

@@ -39,44 +39,47 @@ def rel_err(out: torch.Tensor, ref: torch.Tensor, chunk: int = 1 << 26) -> float
     a time), in chunks of ``chunk`` elements, so headline-size GPU comparisons
     neither copy to the host nor double their memory.
     """
-    norms = _norms(out, ref, chunk)
+    norms = _norms(out, ref, None, chunk)
     if norms is None:
         return math.inf
-    num, den = norms
+    num, den, _ = norms
     if den == 0.0:
         return 0.0 if num == 0.0 else math.inf
     return num / den
 
 
-def _norms(out: torch.Tensor, ref: torch.Tensor, chunk: int = 1 << 26) -> tuple[float, float] | None:
-    """(||out - ref||, ||ref||) in float64, or None if out has NaN/Inf or the shapes differ. The squares are taken
-    of the values over a power of two near the largest |value| (exact), so float64 values under ~1e-154 do not
-    underflow to 0 / 0 (a 3x error once read as exact) nor ones over ~1e154 overflow."""
+def _norms(out: torch.Tensor, ref: torch.Tensor, scale: torch.Tensor | None = None,
+           chunk: int = 1 << 26) -> tuple[float, float, float] | None:
+    """(||out - ref||, ||ref||, ||scale|| or 0) in float64, all over one power of two near the largest finite
+    |value| (exact), or None if out has NaN/Inf or the shapes differ. Over that unit, float64 values under ~1e-154
+    do not underflow to 0 / 0 (a 3x error once read as exact) nor ones over ~1e154 overflow (inf / inf)."""
     if tuple(out.shape) != tuple(ref.shape):
         return None
     if out.numel() == 0:
-        return 0.0, 0.0
-    o = out.detach().reshape(-1)
-    r = ref.detach().reshape(-1)   # moved to o's device a chunk at a time
-    big = torch.zeros((), dtype=torch.float64, device=o.device)
-    finite = torch.ones((), dtype=torch.bool, device=o.device)
-    for i in range(0, o.numel(), chunk):
-        oc = o[i:i + chunk].to(torch.float64)
-        rc = r[i:i + chunk].to(o.device).to(torch.float64)
-        finite &= torch.isfinite(oc).all()
-        big = torch.maximum(big, torch.maximum(oc.abs().nan_to_num(0.0).max(), rc.abs().nan_to_num(0.0).max()))
+        return 0.0, 0.0, 0.0
+    ts = [out.detach().reshape(-1), ref.detach().reshape(-1)]   # ref, scale moved to out's device a chunk at a time
+    if scale is not None:
+        ts.append(scale.detach().reshape(-1))
+    dev = ts[0].device
+    big = torch.zeros((), dtype=torch.float64, device=dev)
+    finite = torch.ones((), dtype=torch.bool, device=dev)
+    for i in range(0, ts[0].numel(), chunk):
+        cs = [t[i:i + chunk].to(dev).to(torch.float64) for t in ts]
+        finite &= torch.isfinite(cs[0]).all()
+        for c in cs:   # (a NaN / inf in ref or scale makes the norms NaN / inf below)
+            big = torch.maximum(big, c.abs().where(torch.isfinite(c), 0.0).max())
     if not bool(finite):
         return None
     m = big.item()
-    unit = 2.0 ** math.frexp(m)[1] if 0.0 < m < math.inf else 1.0   # (an inf in ref: its square stays inf)
-    num = torch.zeros((), dtype=torch.float64, device=o.device)
-    den = torch.zeros((), dtype=torch.float64, device=o.device)
-    for i in range(0, o.numel(), chunk):
-        oc = o[i:i + chunk].to(torch.float64) / unit
-        rc = r[i:i + chunk].to(o.device).to(torch.float64) / unit
-        num += (oc - rc).square().sum()
-        den += rc.square().sum()
-    return math.sqrt(num.item()) * unit, math.sqrt(den.item()) * unit
+    unit = math.ldexp(1.0, math.frexp(m)[1] - 1) if m > 0.0 else 1.0   # |values| / unit < 2
+    sums = torch.zeros(3, dtype=torch.float64, device=dev)
+    for i in range(0, ts[0].numel(), chunk):
+        cs = [t[i:i + chunk].to(dev).to(torch.float64) / unit for t in ts]
+        sums[0] += (cs[0] - cs[1]).square().sum()
+        sums[1] += cs[1].square().sum()
+        if scale is not None:
+            sums[2] += cs[2].square().sum()
+    return tuple(math.sqrt(v) for v in sums.tolist())
 
 
 def exact_mismatches(out: torch.Tensor, ref: torch.Tensor, chunk: int = 1 << 24) -> int:
@@ -125,11 +128,11 @@ def assert_close(out: torch.Tensor, ref: torch.Tensor, kind=None, what: str = "o
     if scale is None:
         err = rel_err(out, ref)
     else:   # from the norms: a ref that cancels to exactly 0 has rel_err inf, but not a zero error on its scale
-        norms, s = _norms(out, ref), _norms(scale, torch.zeros_like(scale))
+        norms = _norms(out, ref, scale)
         if norms is None:
             err = math.inf
         else:
-            num, den = norms[0], max(norms[1], s[0] if s is not None else 0.0)
+            num, den = norms[0], max(norms[1], norms[2])
             err = num / den if den > 0.0 else (0.0 if num == 0.0 else math.inf)
     assert err <= tol, f"{what}: relative error {err:.3e} > {tol:.0e} ({kind})"
     return err
