@@ -512,9 +512,8 @@ class _Gen:
                 _no_duals(self.name, tensors)
             if torch.compiler.is_compiling():
                 tensors = _distinct(tensors)
-                if torch.compiler.is_exporting() and torch.is_grad_enabled() and \
-                        any(t is not None and t.requires_grad for t in tensors):
-                    _export_has_no_backward(self.name)
+                if torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in tensors):
+                    _warn_if_exporting(self.name)
             return self.fn.apply(*tensors, *params, backend)
         if self.fn is None and torch.is_grad_enabled():  # a non-differentiable op records no graph, whatever its inputs
             with torch.no_grad():
@@ -701,12 +700,15 @@ _EXPORT_WARNED: set = set()
 
 
 @torch.compiler.assume_constant_result
-def _export_has_no_backward(op: str) -> bool:
-    """Warns (once an op) that torch.export keeps the op's forward only: export traces its autograd.Function's
-    forward (the destination-passing ``<op>_fwd``, which has no autograd), so running the exported program gives
-    the op's outputs no gradient, silently (a CPU audit, session 72). Inference exports are unaffected; a training
-    export of the op (QAT, fine-tuning from an ExportedProgram) is not supported: use torch.compile there."""
-    if op not in _EXPORT_WARNED:
+def _warn_if_exporting(op: str) -> bool:
+    """Under torch.export, warns (once an op) that it keeps the op's forward only: export traces its
+    autograd.Function's forward (the destination-passing ``<op>_fwd``, which has no autograd), so running the
+    exported program gives the op's outputs no gradient, silently (a CPU audit, session 72). Inference exports are
+    unaffected; a training export of the op (QAT, fine-tuning from an ExportedProgram) is not supported: use
+    torch.compile there. Runs outside the trace (assume_constant_result), so it reads the real export flag: dynamo
+    before torch 2.13 folds a traced ``torch.compiler.is_exporting()`` to True under any torch.compile (torch
+    2.11 on the GPU host: this warning under plain torch.compile, session 72)."""
+    if torch.compiler.is_exporting() and op not in _EXPORT_WARNED:
         _EXPORT_WARNED.add(op)
         import warnings
 
