@@ -128,8 +128,13 @@ class _Gen:
         if decl.flops:
             self._register_flops(ns)
         self._alloc_cache: dict = {}
-        for e in list(decl.present.values()) + [d for sc in decl.scratch for d in sc.shape if isinstance(d, str)]:
-            _fn(e)  # compiled now: a call traced by torch.compile only looks them up
+        # compiled now (_plan's expressions: presence, layouts, output and scratch shapes): a call traced by
+        # torch.compile only looks them up (dynamo cannot trace the builtin compile(); a process whose first use
+        # of an op's entry was a compiled call failed on the output shapes, a CPU audit's find in session 72)
+        shapes = [d for t in spec.outputs for sh in t.all_shapes() for d in sh] + [d for sc in decl.scratch
+                                                                                  for d in sc.shape]
+        for e in [*decl.present.values(), *spec.layouts.values(), *(d for d in shapes if isinstance(d, str))]:
+            _fn(e)
 
     # ---- signatures: (name, annotation, mutated) in kernel order, params last
     def _t(self, t: TensorSpec, mutated: bool = False):

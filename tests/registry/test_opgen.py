@@ -367,3 +367,34 @@ def test_export_of_a_call_that_needs_grad_warns(monkeypatch, strict):
         torch._dynamo.reset()
         torch.compile(M(), fullgraph=True)(x).sum().backward()   # torch.compile is no export (torch 2.11 said so)
     assert not [w for w in seen if "torch.export keeps" in str(w.message)]
+
+
+_COLD_COMPILE = """
+import torch
+from tilekernels.gdn import bench as mk, decode, pre_gated
+Hk, Hv, dk, dv, W = 2, 4, 8, 4, 4
+w, A, dt = mk.weights(Hk, Hv, dk, dv, W, dtype=torch.float32)
+conv, ssm = mk.decode_states(2, Hk, Hv, dk, dv, W, dtype=torch.float32)
+x = mk.mixed((2,), Hk, Hv, dk, dv, dtype=torch.float32)
+xp = mk.mixed((1, 5), Hk, Hv, dk, dv, dtype=torch.float32)
+for fn, args in (((lambda *a: decode(*a, Hk=Hk)), (x, conv.clone(), w, A, dt, ssm.clone())),
+                 ((lambda *a: pre_gated(*a, Hk=Hk, dk=dk, dv=dv)), (xp, w, A, dt))):
+    got = torch.compile(fn, fullgraph=True, backend="aot_eager")(*[a.clone() for a in args])
+    want = fn(*[a.clone() for a in args])
+    for g, e in zip(got if isinstance(got, tuple) else (got,), want if isinstance(want, tuple) else (want,)):
+        assert torch.equal(g, e)
+print("ok")
+"""
+
+
+def test_compiled_entry_as_a_process_first_use():
+    """torch.compile(fullgraph=True) of the GDN entries as the first thing a process does with them: the generated
+    op's plan evaluates the output shapes inside the trace, and an expression first met there was built with the
+    builtin compile(), which dynamo cannot trace (Unsupported; an earlier eager call or registry.get had filled the
+    cache, so every in-process test passed: a CPU audit's find, session 72). A fresh interpreter; bitwise against
+    the eager call run after the compiled one was traced."""
+    import subprocess
+    import sys
+
+    p = subprocess.run([sys.executable, "-c", _COLD_COMPILE], capture_output=True, text=True, timeout=600)
+    assert p.returncode == 0 and p.stdout.strip().endswith("ok"), p.stderr[-3000:]
