@@ -54,7 +54,7 @@ import torch.autograd.forward_ad as _fwad
 from torch import Tensor
 
 from registry.kernels import get_kernel, skipped_grads
-from registry.transforms import PLAIN_AUTOGRAD, GradLevel, func_transforms, records_graph
+from registry.transforms import PLAIN_AUTOGRAD, GradLevel, func_transforms, host_tensor, records_graph
 from registry.exprs import GRAD_DTYPE_NAMES, GRAD_DTYPES, _fn, evaluate
 from specs.schema import OpSpec, TensorSpec
 
@@ -653,22 +653,11 @@ def _no_duals(op: str, tensors) -> None:
                                   "torch.func.linearize) is not supported: the op has no jvp formula")
 
 
-def _tracked(t) -> bool:
-    """Whether ``t`` requires grad at any level: its own, or a torch.func transform's wrapped tensor's underneath (a
-    tensor a ``func.grad`` closes over that the outer autograd tracks: it does not require grad at the transform's
-    level, and a penalty on the transform's gradient still differentiates the backward with respect to it)."""
-    while True:
-        if t.requires_grad:
-            return True
-        if not torch._C._functorch.is_functorch_wrapped_tensor(t):
-            return False
-        t = torch._C._functorch.get_unwrapped(t)
-
-
 def _no_second_order(op: str, res: tuple, inputs: tuple) -> tuple:
-    """``res`` (a backward's results) behind :class:`_NoSecondOrder` where one of ``inputs`` requires grad at any
-    level (:func:`_tracked`)."""
-    tracked = [t for t in inputs if isinstance(t, Tensor) and _tracked(t)]
+    """``res`` (a backward's results) behind :class:`_NoSecondOrder` where one of ``inputs`` requires grad, at its
+    own level or under a torch.func transform's wrappers (a tensor a ``func.grad`` closes over that the outer
+    autograd tracks: a penalty on the transform's gradient differentiates the backward with respect to it)."""
+    tracked = [t for t in inputs if isinstance(t, Tensor) and (t.requires_grad or host_tensor(t).requires_grad)]
     if not tracked:
         return res
     dins = [r for r in res if r is not None]

@@ -50,9 +50,10 @@ def rel_err(out: torch.Tensor, ref: torch.Tensor, chunk: int = 1 << 26) -> float
 
 def _norms(out: torch.Tensor, ref: torch.Tensor, scale: torch.Tensor | None = None,
            chunk: int = 1 << 26) -> tuple[float, float, float] | None:
-    """(||out - ref||, ||ref||, ||scale|| or 0) in float64, all over one power of two near the largest finite
-    |value| (exact), or None if out has NaN/Inf or the shapes differ. Over that unit, float64 values under ~1e-154
-    do not underflow to 0 / 0 (a 3x error once read as exact) nor ones over ~1e154 overflow (inf / inf)."""
+    """(||out - ref||, ||ref||, ||scale|| or 0) in float64, all over one power-of-two unit (the callers take their
+    ratios), or None if out has NaN/Inf or the shapes differ. One pass (unit 1); where the largest finite |value|
+    lies outside [1e-150, 1e150] (squares that underflow to 0 / 0, reading a 3x error as exact, or overflow to
+    inf / inf) a second pass takes the squares over a power of two near it."""
     if tuple(out.shape) != tuple(ref.shape):
         return None
     if out.numel() == 0:
@@ -61,25 +62,32 @@ def _norms(out: torch.Tensor, ref: torch.Tensor, scale: torch.Tensor | None = No
     if scale is not None:
         ts.append(scale.detach().reshape(-1))
     dev = ts[0].device
-    big = torch.zeros((), dtype=torch.float64, device=dev)
-    finite = torch.ones((), dtype=torch.bool, device=dev)
-    for i in range(0, ts[0].numel(), chunk):
-        cs = [t[i:i + chunk].to(dev).to(torch.float64) for t in ts]
-        finite &= torch.isfinite(cs[0]).all()
-        for c in cs:   # (a NaN / inf in ref or scale makes the norms NaN / inf below)
-            big = torch.maximum(big, c.abs().where(torch.isfinite(c), 0.0).max())
-    if not bool(finite):
+
+    def sums(unit: float, track: bool):
+        acc = torch.zeros(4, dtype=torch.float64, device=dev)   # three sums of squares, the largest |value|
+        finite = torch.ones((), dtype=torch.bool, device=dev)
+        for i in range(0, ts[0].numel(), chunk):
+            cs = [t[i:i + chunk].to(dev).to(torch.float64) for t in ts]
+            if track:
+                finite &= torch.isfinite(cs[0]).all()
+                for c in cs:   # (a NaN / inf in ref or scale makes its norm NaN / inf)
+                    acc[3] = torch.maximum(acc[3], c.abs().where(torch.isfinite(c), 0.0).max())
+            if unit != 1.0:
+                cs = [c / unit for c in cs]
+            acc[0] += (cs[0] - cs[1]).square().sum()
+            acc[1] += cs[1].square().sum()
+            if scale is not None:
+                acc[2] += cs[2].square().sum()
+        return acc.tolist(), bool(finite)
+
+    (num, den, sc, big), finite = sums(1.0, True)
+    if not finite:
         return None
-    m = big.item()
-    unit = math.ldexp(1.0, math.frexp(m)[1] - 1) if m > 0.0 else 1.0   # |values| / unit < 2
-    sums = torch.zeros(3, dtype=torch.float64, device=dev)
-    for i in range(0, ts[0].numel(), chunk):
-        cs = [t[i:i + chunk].to(dev).to(torch.float64) / unit for t in ts]
-        sums[0] += (cs[0] - cs[1]).square().sum()
-        sums[1] += cs[1].square().sum()
-        if scale is not None:
-            sums[2] += cs[2].square().sum()
-    return tuple(math.sqrt(v) for v in sums.tolist())
+    unit = 1.0
+    if big > 0.0 and not 1e-150 <= big <= 1e150:
+        unit = math.ldexp(1.0, math.frexp(big)[1] - 1)   # |values| / unit < 2
+        (num, den, sc, _), _ = sums(unit, False)
+    return math.sqrt(num), math.sqrt(den), math.sqrt(sc)   # over unit: its callers take ratios
 
 
 def exact_mismatches(out: torch.Tensor, ref: torch.Tensor, chunk: int = 1 << 24) -> int:

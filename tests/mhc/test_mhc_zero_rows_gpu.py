@@ -39,12 +39,18 @@ def _ulp_above(lo: float, hi: float, count: int) -> list[float]:
 EPS = _ulp_above(1e-24, 2e-20, 2) + _ulp_above(1e-13, 1e-10, 3)
 
 
-def _backends(op, args, params, grad=False):
-    """The GPU backends the registry lists as usable for the call (``grad``: with a gradient); none: a skip."""
-    args = [None if t is None else t.detach().requires_grad_(grad) for t in args]
-    ok = [b for b, usable, _ in op.explain(*args, **params) if usable and b in GPU_BACKENDS]
+def _usable(op, args, params) -> list:
+    """The GPU backends the registry lists as usable for the call with a gradient (every test here runs the
+    backward)."""
+    args = [None if t is None else t.detach().requires_grad_() for t in args]
+    return [b for b, usable, _ in op.explain(*args, **params) if usable and b in GPU_BACKENDS]
+
+
+def _backends(op, args, params):
+    """:func:`_usable`'s backends; none: a skip."""
+    ok = _usable(op, args, params)
     if not ok:
-        pytest.skip(f"no GPU backend of {op.name} takes this call: {op.explain(*args, **params)}")
+        pytest.skip(f"no GPU backend of {op.name} takes this call")
     return ok
 
 
@@ -52,10 +58,8 @@ def _loss_scaled_backends(op, args, params, eps):
     """At the GPU backends' least eps (2**-80) with a gradient: those usable (none: a skip); below it the registry
     must list none of them, and its own choice (the torch backend) runs: the gradients' finiteness is the check."""
     if eps >= 2.0 ** -80:
-        return _backends(op, args, params, grad=True)
-    leaves = [None if t is None else t.detach().requires_grad_() for t in args]
-    rows = op.explain(*leaves, **params)
-    assert not [b for b, usable, _ in rows if usable and b in GPU_BACKENDS], rows
+        return _backends(op, args, params)
+    assert not _usable(op, args, params), op.name
     return ["auto"]
 
 
@@ -74,7 +78,7 @@ def test_proj_rms_zero_rows(eps):
     x[ZERO] = 0
     cots = [rand(67, 24).cuda(), rand(67).cuda() * 1e4]   # dproj; dr as a loss scale leaves it
     want = _grads(op, [upcast(x), upcast(w)], [upcast(c) for c in cots], dict(eps=eps), "torch")
-    for b in _backends(op, [x, w], dict(eps=eps), grad=True):
+    for b in _backends(op, [x, w], dict(eps=eps)):
         dx, dw = _grads(op, [x, w], cots, dict(eps=eps), b)
         assert torch.isfinite(dx).all() and torch.isfinite(dw).all(), b
         assert_close(dx[ZERO], want[0][ZERO], what=f"{b}: dx of the zero rows")
@@ -115,7 +119,7 @@ def test_pre_zero_tokens(eps):
     args, cots = _pre_case(1.0)
     params = dict(PRE_PARAMS, rms_eps=eps)
     want = _grads(op, [upcast(t) for t in args], [upcast(c) for c in cots], params, "torch")
-    for b in _backends(op, args, params, grad=True):
+    for b in _backends(op, args, params):
         got = _grads(op, args, cots, params, b)
         for name, g, w in zip(("x", "weight", "bias"), got, want):
             assert torch.isfinite(g).all(), f"{b}: d{name}"
@@ -130,7 +134,7 @@ def test_post_pre_zero_tokens(eps):
     args, cots = _post_pre_case(1.0)
     params = dict(PRE_PARAMS, rms_eps=eps)
     want = _grads(op, args, cots, params, "torch")
-    for b in _backends(op, args, params, grad=True):
+    for b in _backends(op, args, params):
         got = _grads(op, args, cots, params, b)
         for name, g, w in zip(("h_res", "residual", "h_post", "x", "weight", "hbias"), got, want):
             assert torch.isfinite(g).all(), f"{b}: d{name}"
