@@ -55,6 +55,7 @@ from .validate import (Bound, bind, check_values, dtype_name, failing_constraint
 
 log = logging.getLogger("tilekernels")
 _warned: set[tuple[str, str]] = set()
+_TORCH_LABEL: dict[str, str] = {}  # op -> torch_label of its torch backend (filled as ops are made)
 
 
 def _import_attr(path: str) -> Callable:
@@ -167,8 +168,15 @@ def backend_status(bound: Bound, b: Backend) -> tuple[bool, str]:
     if why:
         return False, "; ".join(why)
     if b.name == "torch":
-        return True, "torch reference: runs on any device" + (" (fwd+bwd)" if "bwd" in need else "")
+        return True, (f"{torch_label(b)}: runs on any device"
+                      + (" with a torch.distributed process group" if b.requires else "")
+                      + (" (fwd+bwd)" if "bwd" in need else ""))
     return True, f"{b.name}: requirements hold (sm_{sm}, passes {'+'.join(need)})"
+
+
+def torch_label(b: Backend) -> str:
+    """What explain and the fallback log call an op's torch backend: the reference, or its own torch code."""
+    return "torch reference" if b.runs_reference else "torch backend (its own torch code, not the reference)"
 
 
 @torch.compiler.assume_constant_result
@@ -179,7 +187,7 @@ def _fallback(op: str, why: str, strict_mode: bool) -> bool:
                                  f"fallback to torch because {why}")
     if (op, why) not in _warned:
         _warned.add((op, why))
-        log.warning("%s: falling back to the torch reference: %s", op, why)
+        log.warning("%s: falling back to the %s: %s", op, _TORCH_LABEL.get(op, "torch reference"), why)
     return True
 
 
@@ -189,6 +197,7 @@ class Op:
     def __init__(self, spec: OpSpec):
         self.spec = spec
         self.name = spec.name
+        _TORCH_LABEL[spec.name] = torch_label(next(b for b in spec.backends if b.name == "torch"))
         self._entry: Optional[Callable] = None
         self._reference: Optional[Callable] = None
         self._checked: dict = {}

@@ -124,6 +124,7 @@ def _a2a_spec(name: str, to_hp: bool) -> OpSpec:
                         "all_to_all_single; source rows computed from cu_seqlens on the device (no host "
                         "read); float64 runs on torch"),
             Backend(name="torch", module="tilekernels.cp.ops", requires=["distributed"], host_values=["cu_seqlens"],
+                    runs_reference=False,
                     doc="torch gathers through cached index maps around one torch.distributed.all_to_all_single; "
                         "reads cu_seqlens on the host once per call"),
         ],
@@ -169,7 +170,7 @@ A2A_PERM = OpSpec(
     differentiable=False,
     reference="tilekernels.cp.reference:thd_cp_a2a_perm",
     entry="tilekernels.cp.ops:thd_cp_a2a_perm",
-    backends=[Backend(name="torch", module="tilekernels.cp.ops", passes=["fwd"])],
+    backends=[Backend(name="torch", module="tilekernels.cp.ops", passes=["fwd"], runs_reference=False)],
 )
 
 CP_TO_HP = _a2a_spec("thd_cp_to_hp", to_hp=True)

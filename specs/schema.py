@@ -260,7 +260,17 @@ class Backend(_Model):
     # input tensors this backend reads on the host by design (its entry reads them itself,
     # once per call; see OpSpec.host_values for tensors every backend reads there)
     host_values: list[str] = Field(default_factory=list)
+    # the torch backend only: True when its kernels compute the op's reference (what the registry's explain text
+    # and fallback log then call "the torch reference"); False: torch code of its own (the CP collectives'
+    # index-map gathers around one all_to_all), which those texts name as such
+    runs_reference: bool = True
     doc: str = ""
+
+    @model_validator(mode="after")
+    def _reference_flag(self) -> "Backend":
+        if self.name != "torch" and not self.runs_reference:
+            raise ValueError(f"backend {self.name}: runs_reference is the torch backend's field")
+        return self
 
     @field_validator("module")
     @classmethod

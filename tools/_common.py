@@ -280,6 +280,25 @@ def dumps(obj: Any) -> str:
     return json.dumps(jsonable(obj), indent=2, allow_nan=False)
 
 
+def unwritable(path: str) -> Optional[str]:
+    """Why a file cannot be written at ``path`` (None: it can), checked before a run so that a bad path costs
+    an argument error up front, not the run's results: a directory, a parent that is a file, or the nearest
+    existing folder above it not writable. A missing parent folder is fine (``write_json`` makes it)."""
+    p = Path(path)
+    if p.is_dir():
+        return f"{path} is a directory"
+    if p.exists() and not os.access(p, os.W_OK):
+        return f"{path} is not writable"
+    parent = p.absolute().parent
+    while not parent.exists():
+        parent = parent.parent
+    if not parent.is_dir():
+        return f"{parent} is not a directory"
+    if not os.access(parent, os.W_OK | os.X_OK):
+        return f"cannot create files under {parent}"
+    return None
+
+
 def write_json(obj: Any, path: Optional[str]) -> None:
     """Write ``obj`` as JSON to ``path`` ("-" or None: stdout)."""
     text = dumps(obj) + "\n"

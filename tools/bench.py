@@ -505,8 +505,12 @@ def main(argv: Optional[list[str]] = None) -> int:
         try:
             import matplotlib  # noqa: F401
         except ImportError:
-            print("tk-bench: --plot needs matplotlib: pip install 'tilekernels[plot]'")
+            print("tk-bench: --plot needs matplotlib: pip install 'tilekernels[plot]'", file=sys.stderr)
             return 2
+    for flag, path in (("--json", args.json), ("--plot", args.plot)):
+        why = C.unwritable(path) if path and path != "-" else None
+        if why:
+            ap.error(f"{flag} {path}: {why}")
     families = list(args.family or FAMILIES)
     if ops:
         families = [f for f in families if f in {registry.get(o).spec.family for o in ops}]

@@ -198,13 +198,14 @@ def _choice(explained: list[tuple[str, bool, str]]) -> dict[str, Any]:
 
 def _static_backends(spec, device: torch.device, sm: Optional[int]) -> list[tuple[str, bool, str]]:
     """Backend usability without inputs (op has no bench case): device, SM, toolchain, kernels."""
-    from registry.core import machine_reasons
+    from registry.core import machine_reasons, torch_label
     from tilekernels._glue import has_kernel
 
     out = []
     for b in spec.backends:
         if b.name == "torch":
-            out.append((b.name, True, "torch reference: runs on any device"))
+            out.append((b.name, True, f"{torch_label(b)}: runs on any device"
+                        + (" with a torch.distributed process group" if b.requires else "")))
             continue
         why, _ = machine_reasons(b, device, sm)
         if not why:
@@ -218,6 +219,12 @@ def _static_backends(spec, device: torch.device, sm: Optional[int]) -> list[tupl
         out.append((b.name, not why, "; ".join(why) or
                     f"{b.name}: device, SM and toolchain fit (shape/dtype limits not checked: no bench case)"))
     return out
+
+
+def _group_exists() -> bool:
+    import torch.distributed as dist
+
+    return dist.is_available() and dist.is_initialized()
 
 
 def ops_info(device: torch.device) -> tuple[list[dict[str, Any]], list[str]]:
@@ -243,8 +250,15 @@ def ops_info(device: torch.device) -> tuple[list[dict[str, Any]], list[str]]:
         spec = op.spec
         base = {"op": name, "family": spec.family, "differentiable": spec.differentiable}
         cases = by_op.get(name, [])
+        collective = any("distributed" in b.requires for b in spec.backends)
         for case in cases:
             rec = dict(base, variant=case.variant, source="bench case", dims=dict(case.dims), dtype=case.dtype)
+            # a collective's bench case makes a world-size-1 process group when there is none: say so, and end it
+            # after (a probe reports this process as it is, and leaves no group behind in an in-process caller)
+            made_group = collective and not _group_exists()
+            if made_group:
+                rec["note"] = ("explained on a world-size-1 process group made for the check: this process has "
+                               "none, and without one no backend of this op is usable")
             try:
                 args, params = case.make(dict(case.dims), device)
                 rec["fwd"] = _choice(op.explain(*args, **params))
@@ -260,6 +274,11 @@ def ops_info(device: torch.device) -> tuple[list[dict[str, Any]], list[str]]:
                 rec["error"] = f"{type(e).__name__}: {e}"
                 rec["source"] = "static (bench case failed)"
                 rec["fwd"] = _choice(_static_backends(spec, device, sm))
+            finally:
+                if made_group and _group_exists():
+                    import torch.distributed as dist
+
+                    dist.destroy_process_group()
             out.append(rec)
         if not cases:
             rec = dict(base, variant="", source="static (no bench case)", dims={}, dtype=None)
@@ -348,6 +367,8 @@ def render(r: dict[str, Any]) -> str:
         lines.append(f"  {tag}  ({shape})")
         if o.get("error"):
             lines.append(f"      bench case failed: {o['error']}")
+        if o.get("note"):
+            lines.append(f"      note: {o['note']}")
         for pass_ in ("fwd", "fwd+bwd"):
             if pass_ in o:
                 c = o[pass_]

@@ -30,7 +30,7 @@ may be proposing a replacement; two specs with one name in the shipped set is
 an error; linting a shipped module by its path is no reuse); a dim no tensor shape names; a reference whose signature
 does not take the inputs; a constraint whose ``when`` reads tensor values (on a device
 tensor it does not guard its expression: both run as tensor ops), or that
-applies ``is`` / ``in`` to tensor values. Every message reads ``<file>: <op>: <what>``.
+applies ``is`` / ``in`` to tensor values. Every message reads ``<file>: <op>: error: <what>`` (or ``warning:``).
 """
 from __future__ import annotations
 

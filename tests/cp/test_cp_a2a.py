@@ -141,6 +141,8 @@ def _worker(rank, world, init_file, seed):
             cu, sections, _ = _cases(world, g)[0]
             for dtype in (torch.float64, torch.bfloat16):
                 _check_grads(cu, sections, dtype, world, rank, None, g)
+            for lens in ([], [0, 0]):  # no tokens: the reference's result must still depend on x (its backward
+                _check_grads(_cu(lens), [world, world], torch.float64, world, rank, None, g)  # raised before)
             _check_refusals(world)
             # a subgroup as the cp group: pairs of ranks
             pairs = [dist.new_group([2 * i, 2 * i + 1]) for i in range(world // 2)]

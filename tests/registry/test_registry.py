@@ -204,6 +204,14 @@ def test_explain_names_the_passes_the_call_needs():
     assert why == "torch reference: runs on any device (fwd+bwd)", why
 
 
+def test_runs_reference_is_the_torch_backends_field():
+    # explain and the fallback log call a torch backend "the torch reference" only when its spec says it is one
+    # (the CP ops' torch backends gather through index maps); the flag means nothing on a GPU backend
+    assert Backend(name="torch", module="m.n", runs_reference=False).runs_reference is False
+    with pytest.raises(ValueError, match="runs_reference is the torch backend's field"):
+        Backend(name="cutile", module="m.n", runs_reference=False)
+
+
 def test_fallback_logged_once_and_strict(op, caplog, monkeypatch):
     import _tk_fake_backend
 

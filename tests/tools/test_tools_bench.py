@@ -240,7 +240,27 @@ def test_bad_arguments(capsys):
 def test_plot_without_matplotlib(tmp_path, capsys, monkeypatch):
     monkeypatch.setitem(sys.modules, "matplotlib", None)
     assert bench.main(["--op", OP, "--plot", str(tmp_path / "p.png")]) == 2
-    assert "pip install 'tilekernels[plot]'" in capsys.readouterr().out
+    assert "pip install 'tilekernels[plot]'" in capsys.readouterr().err
+
+
+def test_unwritable_json_path_is_refused_before_the_run(tmp_path, capsys):
+    # it was written after every row had run: a traceback, exit 1 and no table for a run whose checks all passed
+    afile = tmp_path / "afile"
+    afile.write_text("")
+    for path in (afile / "x.json", tmp_path):  # under a file; a directory
+        with pytest.raises(SystemExit) as e:
+            bench.main(["--op", OP, "--pass", "fwd", "--reps", "1", "--json", str(path)])
+        out = capsys.readouterr()
+        assert e.value.code == 2 and f"--json {path}" in out.err and "tk-bench:" not in out.out, out
+    assert C.unwritable(str(tmp_path / "new" / "dir" / "x.json")) is None  # missing folders are made
+    assert not (tmp_path / "new").exists()
+
+
+def test_cp_shape_that_cannot_be_run_as_given_is_a_failed_row(tmp_path, capsys):
+    # T=4100 with cp=4 was rounded down to 4096 tokens and recorded as T=4100 (bytes too), status PASS
+    rc, recs = run(tmp_path, "--op", "thd_cp_a2a_perm", "--shape", "T=4100,cp=4")
+    assert rc == 1 and [r["status"] for r in recs] == ["ERROR"], recs
+    assert "T=4100 must be a multiple of 8" in recs[0]["error"]
 
 
 def test_plot_writes_png(tmp_path, capsys):

@@ -135,3 +135,40 @@ def test_cli_subprocess_json():
     assert p.returncode == 0, p.stderr
     r = json.loads(p.stdout)
     assert {o["op"] for o in r["ops"]} == set(registry.names())
+
+
+def test_collectives_are_explained_on_a_group_the_probe_ends_and_says_so(caplog):
+    # the probe made a world-size-1 group through the CP bench case, kept it, and said "auto -> torch reference"
+    # for ops that, in a process without a group, no backend can run; their torch backend is not the reference
+    import logging
+
+    import torch.distributed as dist
+
+    from registry import core
+
+    had = dist.is_initialized()
+    ops, _ = probe.ops_info(torch.device("cpu"))
+    assert dist.is_initialized() == had
+    cp_ops = [o for o in ops if o["op"] in ("thd_cp_to_hp", "thd_hp_to_cp")]
+    assert len(cp_ops) == 2
+    for o in cp_ops:
+        assert had or "without one no backend of this op is usable" in o["note"], o
+        assert o["fwd"]["backend"] == "torch" and "not the reference" in o["fwd"]["reason"], o
+        assert "with a torch.distributed process group" in o["fwd"]["reason"], o
+    perm = next(o for o in ops if o["op"] == "thd_cp_a2a_perm")
+    assert "note" not in perm and "not the reference" in perm["fwd"]["reason"]
+    agg = next(o for o in ops if o["op"] == "mhc_h_aggregate")
+    assert agg["fwd"]["reason"].startswith(("torch reference", "cutile", "cute")), agg
+    # the fallback log names it the same way (thd_cp_to_hp's cuTile backend refused: CPU tensors)
+    from tilekernels.cp.bench import _single_process_group
+
+    _single_process_group(torch.device("cpu"))
+    core._warned.clear()
+    try:
+        with caplog.at_level(logging.WARNING, logger="tilekernels"):
+            registry.get("thd_cp_to_hp")(torch.randn(4, 2), torch.tensor([0, 4], dtype=torch.int32))
+    finally:
+        if not had:
+            dist.destroy_process_group()
+    assert any("falling back to the torch backend (its own torch code, not the reference)" in r.getMessage()
+               for r in caplog.records), [r.getMessage() for r in caplog.records]

@@ -11,7 +11,7 @@
   unpacking (two copies around it: the cutile pack/unpack kernels on a GPU, the
   torch gathers on a CPU) plus that copy, not the network; the per-kernel
   numbers at cp = 2, 4, 8 are benchmarks/cp_pack_check.py; the multi-rank path is
-  covered by tests/test_cp_a2a.py. Headline on CUDA: Qwen3-Next GDN in_proj
+  covered by tests/cp/test_cp_a2a.py. Headline on CUDA: Qwen3-Next GDN in_proj
   output, D = 12352 (q,k = 2048, v,z = 4096, b,a = 32), 8 sequences of 4096
   tokens (T = 32768), bf16.
 """
@@ -36,8 +36,12 @@ def sections(d) -> list[int]:
 def cu_seqlens(T: int, N: int, multiple: int, device) -> torch.Tensor:
     """N sequences of varied lengths (multiples of ``multiple``) summing to T.
 
-    T must be a multiple of ``multiple``; lengths vary deterministically around T/N.
+    T must be a multiple of ``multiple`` (refused otherwise: rounding it down would run, and record, another
+    shape than the one asked for); lengths vary deterministically around T/N.
     """
+    if T % multiple:
+        raise ValueError(f"cp bench case: T={T} must be a multiple of {multiple} (every sequence length is a "
+                         f"multiple of 2*cp)")
     units = T // multiple
     g = torch.Generator().manual_seed(0)
     w = torch.rand(N, generator=g) + 0.5

@@ -131,8 +131,8 @@ def thd_cp_to_hp(x: Tensor, cu_seqlens: Tensor, *, split_sections: Optional[Sequ
                 chunks[2 * cp - 1 - q] = recv[q, h:]
             cols.append(torch.cat(chunks))              # [n, w/cp], natural order
         rows.append(torch.cat(cols, dim=1))
-    if not rows:
-        return x.new_empty(0, x.shape[1] // cp)
+    if not rows:  # no tokens: an empty result that still depends on x (the oracle's fwd+bwd differentiates it)
+        return x[:0, : x.shape[1] // cp].clone()
     return torch.cat(rows)
 
 
@@ -158,6 +158,6 @@ def thd_hp_to_cp(x: Tensor, cu_seqlens: Tensor, *, split_sections: Optional[Sequ
             recv = _AllToAll.apply(send, group)         # block q: my 2h tokens, rank q's columns
             cols.append(torch.cat(recv.unbind(0), dim=1))  # [2h, w]
         rows.append(torch.cat(cols, dim=1))
-    if not rows:
-        return x.new_empty(0, x.shape[1] * cp)
+    if not rows:  # no tokens: an empty result that still depends on x (as in thd_cp_to_hp)
+        return x[:0].repeat(1, cp)
     return torch.cat(rows)
