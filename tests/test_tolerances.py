@@ -5,7 +5,7 @@ import math
 import pytest
 import torch
 
-from tilekernels.testing import TOLERANCES, assert_close, assert_one_rounding, exact_mismatches, rel_err
+from tilekernels.testing import TOLERANCES, _norms, assert_close, assert_one_rounding, exact_mismatches, rel_err
 
 
 def test_nan_and_inf_never_pass():
@@ -107,6 +107,28 @@ def test_exact_tells_signed_zeros_and_never_passes_nan(dtype):
     assert exact_mismatches(base, base.clone()) == 0
     assert exact_mismatches(base, base.clone(), chunk=7) == 0  # chunked, a tail chunk included
     assert exact_mismatches(neg, base, chunk=7) == 1
+
+
+def test_chunked_norms_read_every_chunk():
+    """The norms go a chunk (2**26 elements) at a time: a headline GPU comparison (mHC's 939M elements) spans ~14
+    chunks, which no CPU-sized test reached, so a loop that read only the first chunk passed the whole suite (a
+    helper's mutation). Small chunks here, with the difference, a NaN and the big values in the last, partial one."""
+    ref = torch.randn(100, dtype=torch.float64) + 2.0
+    out = ref.clone()
+    out[95:] = 0.0                                             # wrong in the tail chunk only
+    want = ((out - ref).norm() / ref.norm()).item()
+    for chunk in (7, 16, 99, 100, 1 << 26):
+        assert rel_err(out, ref, chunk=chunk) == pytest.approx(want, rel=1e-12), chunk
+        num, den, sc = _norms(out, ref, 3 * ref, chunk)
+        assert num / den == pytest.approx(want, rel=1e-12) and sc / den == pytest.approx(3.0, rel=1e-12)
+        nan = ref.clone()
+        nan[-1] = float("nan")
+        assert rel_err(nan, ref, chunk=chunk) == math.inf
+        big = ref.clone()
+        big[-1] = 1e200                                        # the second (power-of-two) pass, chunked too
+        bigo = big.clone()
+        bigo[-1] = 1.5e200
+        assert rel_err(bigo, big, chunk=chunk) == pytest.approx(0.5, rel=1e-12), chunk  # (the rest: ~1e-197)
 
 
 def test_one_rounding_sees_an_extra_rounding_and_one_wrong_row():

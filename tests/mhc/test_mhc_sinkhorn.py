@@ -7,7 +7,7 @@ import registry
 from mhc_helpers import F32, F64, grads_vs_float64, loop64, rand
 from tilekernels.mhc import reference as ref
 from tilekernels.mhc import sinkhorn
-from tilekernels.testing import assert_close, upcast
+from tilekernels.testing import assert_close, tolerance, upcast
 
 OP = registry.get("mhc_sinkhorn")
 
@@ -26,9 +26,10 @@ def test_forward_matches_loop(T, n, iters):
 @pytest.mark.parametrize("n", [1, 2, 4, 8])
 def test_doubly_stochastic(n):
     out = OP(rand(9, n, n), iters=100).double()
-    # after the final column step every column sums to c / (c + eps) = 1 - O(eps) (plus fp32
-    # rounding); rows converge (100 rounds: worst row error over 1e6 random n=2 draws ~6e-4)
-    assert (out.sum(dim=-2) - 1).abs().max() < 1e-5
+    # after the final column step every column sums to c / (c + eps) = 1 - O(eps) plus fp32 rounding: the table's
+    # fp32 entry; rows converge, which is no rounding bound but the algorithm's (100 rounds: worst row error over
+    # 1e6 random n=2 draws ~6e-4), so 1e-3 here
+    assert (out.sum(dim=-2) - 1).abs().max() < tolerance("float32")
     assert (out.sum(dim=-1) - 1).abs().max() < 1e-3
     assert (out >= 0).all()
 
