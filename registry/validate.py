@@ -190,9 +190,15 @@ def bind(spec: OpSpec, args: tuple, kwargs: dict[str, Any], rules=None) -> Bound
             if p.required:
                 raise SpecError(op, f"param {p.name}", f"a {p.type}", "nothing (it is required)")
             params[p.name] = p.default
-        if params[p.name] is None and getattr(p, "resolve", None):
+        passed = params[p.name]
+        if passed is None and p.resolve:
             params[p.name] = _resolver(p.resolve)(params)
         params[p.name] = _check_param(op, p, params[p.name])
+        if passed is not None and p.resolve:  # a value the resolver can derive must be that value (cp: the
+            derived = _resolver(p.resolve)(params)  # group's size), checked before any rule reads it
+            if derived is not None and derived != params[p.name]:
+                raise SpecError(op, f"param {p.name}", f"{derived} (as resolved: {p.doc})",
+                                repr(params[p.name]))
 
     # layout
     layout = None

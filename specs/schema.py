@@ -160,7 +160,9 @@ class Param(_Model):
     min: Optional[float] = None
     max: Optional[float] = None
     finite: bool = True
-    resolve: Optional[str] = None  # "module:function" (params dict -> value) filling a None before the checks
+    # "module:function" (params dict -> value or None): fills a None before the checks; a value given must equal
+    # what it derives (when it derives one), checked before any rule reads the param
+    resolve: Optional[str] = None
     instance_of: Optional[str] = None  # an object param's class, "module:Class" (skipped if that cannot import)
     doc: str = ""
 

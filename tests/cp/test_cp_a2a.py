@@ -129,6 +129,9 @@ def _check_refusals(cp):
         TO_HP(torch.randn(2, 3 * cp + 1), _cu([2 * cp]), split_sections=[cp + 1, 2 * cp])
     with pytest.raises(SpecError, match="thd_hp_to_cp.*param cp"):  # empty input passes every shape rule
         TO_CP(torch.randn(0, 1), _cu([0]), cp=cp + 1)
+    # a cp given unlike the group's size is named as such before any rule reads it (a rule it broke, D % cp, was)
+    with pytest.raises(SpecError, match=rf"thd_cp_to_hp: param cp: expected {cp} \(as resolved"):
+        TO_HP(torch.randn(4, 4), _cu([8]), cp=cp + 1)
 
 
 def _worker(rank, world, init_file, seed):
