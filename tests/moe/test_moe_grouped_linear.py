@@ -156,7 +156,7 @@ def test_torch_compile_fullgraph():
 def test_torch_compile_fullgraph_with_list_splits(op):
     """m_splits as a list of ints (as Transformer Engine's GroupedLinear takes it) under fullgraph: after dynamo's
     first recompile the ints are SymInts, which the list-to-tensor step traced through hasattr (unsupported: every
-    new list failed); now 4 distinct lists give 2 graphs and eager's results."""
+    new list failed); now 4 calls with 3 distinct lists give 2 graphs and eager's results."""
     from torch._dynamo.utils import counters
 
     import registry

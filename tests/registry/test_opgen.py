@@ -398,3 +398,17 @@ def test_compiled_entry_as_a_process_first_use():
 
     p = subprocess.run([sys.executable, "-c", _COLD_COMPILE], capture_output=True, text=True, timeout=600)
     assert p.returncode == 0 and p.stdout.strip().endswith("ok"), p.stderr[-3000:]
+
+
+def test_every_functional_entry_is_exported_from_its_family():
+    """README: each op's functional entry is its spec's ``entry`` (``tilekernels.<family>.ops:<fn>``), also
+    exported as ``tilekernels.<family>.<fn>`` (mhc_post_pre was missing there: a helper's README audit)."""
+    import importlib
+
+    import registry
+
+    for name in registry.names():
+        spec = registry.get(name).spec
+        mod, _, fn = spec.entry.partition(":")
+        entry = getattr(importlib.import_module(mod), fn)
+        assert getattr(importlib.import_module(f"tilekernels.{spec.family}"), fn, None) is entry, name
