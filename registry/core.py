@@ -50,8 +50,8 @@ from .errors import BackendUnavailable, SpecError
 from .guards import HIT, MEMO, QUICK, RUN, CallGuards, value_memo, values_unchanged
 from .kernels import has_kernel
 from .transforms import func_transforms
-from .validate import (Bound, bind, check_values, dtype_name, failing_constraint, precompile, recheck_overlap,
-                       values_read)
+from .validate import (Bound, _resolver, bind, check_values, dtype_name, failing_constraint, precompile,
+                       recheck_overlap, values_read)
 
 log = logging.getLogger("tilekernels")
 _warned: set[tuple[str, str]] = set()
@@ -497,13 +497,16 @@ def _ops() -> dict[str, Op]:
 
 
 def get(name: str) -> Op:
-    """The op called ``name`` (its entry module is imported here, so that a call
-    traced by torch.compile finds everything loaded)."""
+    """The op called ``name`` (its entry module and its params' resolvers are imported here, so that a call
+    traced by torch.compile finds everything loaded: dynamo cannot trace an import)."""
     op = _ops().get(name)
     if op is None:
         raise SpecError("registry", "op name", f"one of {sorted(_ops())}", repr(name))
     if op._entry is None:
         op.entry  # noqa: B018 - load it now
+        for p in op.spec.params:
+            if p.resolve:
+                _resolver(p.resolve)
     return op
 
 

@@ -183,9 +183,11 @@ GROUPED_LINEAR = OpSpec(
     differentiable=True,
     reference="tilekernels.moe.reference:grouped_linear",
     entry="tilekernels.moe.ops:grouped_linear",
-    # (no N limit for mxfp8 on cute: the forward runs any N (N = 8, 36, 40, 72, 100 on an H100, session 73), and
-    # the op's own rule asks N % 32 == 0 of the calls that need the dgrad)
-    backends=[_cute(Constraint(expr="K % 8 == 0 and N % 8 == 0", when="precision == 'bf16'",
+    backends=[_cute(Constraint(expr="N % 32 == 0", when="precision == 'mxfp8'",
+                               message="the dgrad's columnwise weight blocks run along N, and the forward's "
+                                       "selectable GEMM routes (dq, the cute bf16-output GEMM) tile N by 32 / 8 "
+                                       "(the default route runs any N: benchmarks/probes/moe_linear_fwd_n.py)"),
+                    Constraint(expr="K % 8 == 0 and N % 8 == 0", when="precision == 'bf16'",
                                message="the bf16 GEMMs (torch._grouped_mm) need 16-byte rows: K and N multiples of 8"),
                     _INT32, x=["bfloat16"],
                     doc="mxfp8: the MXFP8 GEMMs (operands quantize-dequantized to bf16 in one pass, then bf16 "

@@ -283,12 +283,15 @@ def dumps(obj: Any) -> str:
 def unwritable(path: str) -> Optional[str]:
     """Why a file cannot be written at ``path`` (None: it can), checked before a run so that a bad path costs
     an argument error up front, not the run's results: a directory, a parent that is a file, or the nearest
-    existing folder above it not writable. A missing parent folder is fine (``write_json`` makes it)."""
+    existing folder above it not writable. A missing parent folder is fine (``write_json`` and tk-bench's plot make
+    it)."""
     p = Path(path)
     if p.is_dir():
         return f"{path} is a directory"
-    if p.exists() and not os.access(p, os.W_OK):
-        return f"{path} is not writable"
+    if p.is_symlink() and not p.exists():
+        return f"{path} is a symlink to a missing file"
+    if p.exists():  # overwriting a file needs only the file's own permission
+        return None if os.access(p, os.W_OK) else f"{path} is not writable"
     parent = p.absolute().parent
     while not parent.exists():
         parent = parent.parent

@@ -35,6 +35,7 @@ import argparse
 import gc
 import logging
 import sys
+from pathlib import Path
 from typing import Any, Optional
 
 import torch
@@ -445,6 +446,7 @@ def plot(records: list[dict], path: str) -> None:
     for i, v in enumerate(vals):
         ax.text(v, i, f" {v:.1f}%", va="center", fontsize=8)
     fig.tight_layout()
+    Path(path).absolute().parent.mkdir(parents=True, exist_ok=True)  # (checked writable up front)
     fig.savefig(path, dpi=120)
     plt.close(fig)
 

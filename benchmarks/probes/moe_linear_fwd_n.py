@@ -1,5 +1,6 @@
-"""grouped_linear mxfp8 forward on the cute kernels at N % 32 != 0 (session 73: the backend's N limit was the dgrad's;
-every N here ran correct on an H100, so the forward-only limit went). Calls the cute fwd kernel directly (output
+"""grouped_linear mxfp8 forward on the cute kernels at N % 32 != 0 (session 73: the default GEMM route (predq, then
+torch._grouped_mm) ran every N here correct on an H100; the dq and cute bf16-output routes need N % 32 / % 8, so the
+backend keeps its limit: moe.md). Calls the cute fwd kernel directly (output
 poisoned) against the float64 reference; prints rel err and unwritten (NaN) elements per (N, K)."""
 import torch
 

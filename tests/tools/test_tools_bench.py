@@ -256,6 +256,39 @@ def test_unwritable_json_path_is_refused_before_the_run(tmp_path, capsys):
     assert not (tmp_path / "new").exists()
 
 
+def test_plot_makes_its_folder(tmp_path, capsys, monkeypatch):
+    # the up-front check lets a missing folder through (it is made); the plot's savefig did not make it: a
+    # FileNotFoundError after the whole run (a review's find). A stand-in matplotlib: the CI has none.
+    import types
+
+    class Fig:
+        def tight_layout(self):
+            pass
+
+        def savefig(self, path, dpi=None):
+            with open(path, "wb") as f:
+                f.write(b"\x89PNG")
+
+    class Ax:
+        def __getattr__(self, name):
+            return lambda *a, **k: None
+
+    plt = types.ModuleType("matplotlib.pyplot")
+    plt.subplots = lambda **k: (Fig(), Ax())
+    plt.close = lambda *a: None
+    mpl = types.ModuleType("matplotlib")
+    mpl.use = lambda *a: None
+    mpl.pyplot = plt
+    monkeypatch.setitem(sys.modules, "matplotlib", mpl)
+    monkeypatch.setitem(sys.modules, "matplotlib.pyplot", plt)
+    p = tmp_path / "new" / "dir" / "p.png"
+    assert bench.main(["--op", OP, "--pass", "fwd", "--reps", "1", "--plot", str(p)]) == 0
+    assert p.read_bytes() == b"\x89PNG"
+    link = tmp_path / "dangling.json"
+    link.symlink_to(tmp_path / "missing" / "x.json")
+    assert "symlink to a missing file" in C.unwritable(str(link))
+
+
 def test_cp_shape_that_cannot_be_run_as_given_is_a_failed_row(tmp_path, capsys):
     # T=4100 with cp=4 was rounded down to 4096 tokens and recorded as T=4100 (bytes too), status PASS
     rc, recs = run(tmp_path, "--op", "thd_cp_a2a_perm", "--shape", "T=4100,cp=4")
