@@ -55,7 +55,6 @@ from .validate import (Bound, _resolver, bind, check_values, dtype_name, failing
 
 log = logging.getLogger("tilekernels")
 _warned: set[tuple[str, str]] = set()
-_TORCH_LABEL: dict[str, str] = {}  # op -> torch_label of its torch backend (filled as ops are made)
 
 
 def _import_attr(path: str) -> Callable:
@@ -168,9 +167,7 @@ def backend_status(bound: Bound, b: Backend) -> tuple[bool, str]:
     if why:
         return False, "; ".join(why)
     if b.name == "torch":
-        return True, (f"{torch_label(b)}: runs on any device"
-                      + (" with a torch.distributed process group" if b.requires else "")
-                      + (" (fwd+bwd)" if "bwd" in need else ""))
+        return True, torch_reason(b) + (" (fwd+bwd)" if "bwd" in need else "")
     return True, f"{b.name}: requirements hold (sm_{sm}, passes {'+'.join(need)})"
 
 
@@ -179,15 +176,20 @@ def torch_label(b: Backend) -> str:
     return "torch reference" if b.runs_reference else "torch backend (its own torch code, not the reference)"
 
 
+def torch_reason(b: Backend) -> str:
+    """Why the torch backend ``b`` can run a call (explain's text; tk-probe's without inputs)."""
+    return f"{torch_label(b)}: runs on any device" + (" with a torch.distributed process group" if b.requires else "")
+
+
 @torch.compiler.assume_constant_result
-def _fallback(op: str, why: str, strict_mode: bool) -> bool:
+def _fallback(op: str, why: str, strict_mode: bool, label: str) -> bool:
     """Log (once per reason) or, in strict mode, refuse a fallback to torch."""
     if strict_mode:
         raise BackendUnavailable(op, "backend", "a GPU backend (TILEKERNELS_STRICT=1)",
                                  f"fallback to torch because {why}")
     if (op, why) not in _warned:
         _warned.add((op, why))
-        log.warning("%s: falling back to the %s: %s", op, _TORCH_LABEL.get(op, "torch reference"), why)
+        log.warning("%s: falling back to the %s: %s", op, label, why)
     return True
 
 
@@ -197,7 +199,7 @@ class Op:
     def __init__(self, spec: OpSpec):
         self.spec = spec
         self.name = spec.name
-        _TORCH_LABEL[spec.name] = torch_label(next(b for b in spec.backends if b.name == "torch"))
+        self._torch_label = torch_label(next(b for b in spec.backends if b.name == "torch"))  # (the fallback log)
         self._entry: Optional[Callable] = None
         self._reference: Optional[Callable] = None
         self._checked: dict = {}
@@ -287,7 +289,7 @@ class Op:
             ok, why = backend_status(bound, b)
             if ok:
                 if b.name == "torch" and reasons:
-                    _fallback(self.name, "; ".join(reasons), strict())
+                    _fallback(self.name, "; ".join(reasons), strict(), self._torch_label)
                     if fell_back is not None:
                         fell_back.extend(reasons)
                 return b.name
@@ -383,7 +385,7 @@ class Op:
             self._guards.add(args, kwargs, mode, hit)  # seen twice: the C-level guard takes it from now on
         chosen, why, params, dims, positional = hit
         if why and (self.name, why) not in _warned:  # the same fallback as when validated: logged once
-            _fallback(self.name, why, strict_mode)
+            _fallback(self.name, why, strict_mode, self._torch_label)
         if positional:  # inputs all positional (trailing optional ones left out: None)
             tensors = args if len(args) == self._n_in else (*args, *(None,) * (self._n_in - len(args)))
         else:

@@ -198,14 +198,13 @@ def _choice(explained: list[tuple[str, bool, str]]) -> dict[str, Any]:
 
 def _static_backends(spec, device: torch.device, sm: Optional[int]) -> list[tuple[str, bool, str]]:
     """Backend usability without inputs (op has no bench case): device, SM, toolchain, kernels."""
-    from registry.core import machine_reasons, torch_label
+    from registry.core import machine_reasons, torch_reason
     from tilekernels._glue import has_kernel
 
     out = []
     for b in spec.backends:
         if b.name == "torch":
-            out.append((b.name, True, f"{torch_label(b)}: runs on any device"
-                        + (" with a torch.distributed process group" if b.requires else "")))
+            out.append((b.name, True, torch_reason(b)))
             continue
         why, _ = machine_reasons(b, device, sm)
         if not why:
