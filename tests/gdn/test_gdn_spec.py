@@ -108,6 +108,19 @@ def test_pre_params_and_strides():
     refused(PRE, a, dict(P, conv_state=a[0]), "conv_state", "unknown argument")
 
 
+def test_pre_zero_sized_head_and_conv_dims():
+    """W, Hv, Hk, dk and dv have a lower bound of 1. Without it a call crashed past validation: W = 0 made a
+    conv_state of negative width, and dk = 0 divided by zero in the scale."""
+    a = pre_args()
+    refused(PRE, [a[0], a[1][:, :0].contiguous(), a[2], a[3]], dict(P, return_conv_state=True), "1 <= W")
+    refused(PRE, [a[0], a[1][:, :0].contiguous(), a[2], a[3]], P, "1 <= W")
+    w, A, dt = mk.weights(Hk, Hv, dk, dv, W)
+    x = torch.randn(1, 3, 2 * Hk * dk).to(torch.bfloat16)     # no value heads: D = the q and k slices
+    refused(PRE, [x, w[:2 * Hk * dk].contiguous(), A[:0], dt[:0]], P, "1 <= Hv")
+    for bad in (dict(Hk=0), dict(dk=0), dict(dv=0)):
+        refused(PRE, a, dict(P, **bad), f"param {next(iter(bad))}")
+
+
 # ------------------------------------------------------------------ gdn_decode
 
 
@@ -124,6 +137,16 @@ def test_decode_shapes():
     refused(DEC, a[:5] + [a[5][:, :, :-1].contiguous()], dict(Hk=Hk), "tensor mixed")  # dk from ssm_state
     refused(DEC, a[:5] + [a[5][:-1].contiguous()], dict(Hk=Hk), "tensor ssm_state")  # N mismatch
     refused(DEC, dec_args(B=5, N=4), dict(Hk=Hk), "N >= B")
+
+
+def test_decode_zero_sized_head_dims():
+    """dk and dv (bound from ssm_state) have a lower bound of 1: without it dk = 0 reached the default scale
+    dk ** -0.5 (ZeroDivisionError) instead of a refusal."""
+    for kd, vd in ((0, dv), (dk, 0)):
+        w, A, dt = mk.weights(Hk, Hv, kd, vd, W)
+        conv, ssm = mk.decode_states(4, Hk, Hv, kd, vd, W)
+        refused(DEC, [mk.mixed((3,), Hk, Hv, kd, vd), conv, w, A, dt, ssm], dict(Hk=Hk),
+                "1 <= dk" if kd == 0 else "1 <= dv")
 
 
 def test_decode_state_indices():
