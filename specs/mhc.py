@@ -199,6 +199,8 @@ PROJ_RMS = OpSpec(
                                                        "wgmma operand (n <= 4)"),
                     Constraint(expr="K % 8 == 0", message="16-byte TMA row strides of x and dx (K % 8 == 0)"),
                     Constraint(expr="M * N < 2**31", message="dproj's TMA coordinate (1-D view) is int32"),
+                    Constraint(expr="7 * N * K < 2**31",
+                               message="the backward's dweight partials [7, N, K] fp32 are indexed with int32"),
                     x=["bfloat16"], weight=["bfloat16"],
                     doc="tilekernels/mhc/cute_proj_rms.py (bwd: one pass over x, TMA ring + wgmma, dx stored "
                         "by TMA, dweight partials reduced in order) and cute_proj_rms_fwd.py (fwd: TMA ring + "

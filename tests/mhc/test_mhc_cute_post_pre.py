@@ -346,6 +346,16 @@ def test_cute_matches_float64(c, monkeypatch):
 
 
 @on_gpu
+@pytest.mark.parametrize("c,iters", [(dict(T=129, n=4, C=256, h=F32, bias=True), 41),
+                                     (dict(T=37, n=3, C=200, h=BF16, bias=True), 64)])
+def test_cute_many_iters(c, iters, monkeypatch):
+    """Iters past what the CuTe DSL Sinkhorn backward's shared memory holds (n = 4 from 41, n = 3 from 57): the
+    backward keeps cuTile's Sinkhorn kernel (cute_post_pre._sk_step; it raised there before) and is checked whole."""
+    monkeypatch.setitem(PARAMS, "iters", iters)
+    run_cutile(c, backend="cute")
+
+
+@on_gpu
 @pytest.mark.parametrize("c", [dict(T=130, n=4, C=200, h=F32, bias=True), dict(T=5, n=3, C=96, h=BF16, bias=True)],
                          ids=case_id)
 def test_cute_chunks_of_32_channels(c, monkeypatch):

@@ -34,12 +34,13 @@ BF, F32 = torch.bfloat16, torch.float32
 PARAMS = (0.7, 1.3, 0.4, 20, 1e-6, 1e-6)
 
 
-def _meta_args(T, n, C):
+def _meta_args(T, n, C, iters=PARAMS[3]):
     e = functools.partial(torch.empty, device="meta")
     N = n * n + 2 * n
     x, w, b = e(T, n, C, dtype=BF), e(N, n * C, dtype=BF), e(N, dtype=F32)
     return (e(T, C, dtype=BF), e(T, n, dtype=F32), e(T, n, n, dtype=F32), x, w, b, e(T, N, dtype=F32),
-            e(T, dtype=F32), e(T, n, C, dtype=BF), e(N, n * C, dtype=BF), e(N, dtype=F32), *PARAMS)
+            e(T, dtype=F32), e(T, n, C, dtype=BF), e(N, n * C, dtype=BF), e(N, dtype=F32), *PARAMS[:3], iters,
+            *PARAMS[4:])
 
 
 @pytest.mark.parametrize("n", [1, 3, 4])
@@ -72,6 +73,22 @@ def test_bwd_steps_with_a_mix_switch_off(flag, monkeypatch):
     assert all(type(a) is type(b) for a, b in zip(off[:i] + off[i + 1:], on[:i] + on[i + 1:]))
 
 
+@pytest.mark.parametrize("n,iters,cute", [(4, 40, True), (4, 41, False), (4, 64, False), (3, 56, True),
+                                          (3, 57, False), (2, 64, True), (1, 64, True)])
+def test_many_iters_keep_the_cutile_sinkhorn_backward(n, iters, cute):
+    """The CuTe DSL Sinkhorn backward keeps every step's sums in shared memory: past 48 KB (n = 4 from 41 iters,
+    n = 3 from 57; mhc_pre allows 64) the step stays cuTile's kernel, whose sums go to a global scratch. Before,
+    the backward raised there, after its forward had run."""
+    sk = CPre.bwd_steps(*_meta_args(300, n, 256, iters))[0]
+    if cute:
+        assert sk.func is CS.run_sk and CS.serves(n, sk.args[11], iters)
+    else:
+        assert isinstance(sk, Launch) and sk.kernel is pre.mhc_pre_bwd_sk and sk.args[14] == iters
+        assert not CS.serves(n, sk.args[11], iters)
+        with pytest.raises(ValueError, match="48 KB"):
+            CS.SkBwdCuteCfg(n=n, NP=sk.args[11], ITERS=iters)
+
+
 def test_limits_are_explained():
     op = registry.get("mhc_pre")
 
@@ -93,7 +110,7 @@ def test_limits_are_explained():
 CASES = [dict(T=T, n=n, C=C, iters=it) for T, n, C, it in [
     (1000, 4, 2560, 20), (1, 4, 7168, 20), (3, 4, 64, 3), (1000, 1, 64, 20), (1000, 2, 4096, 20), (1000, 3, 2560, 3),
     (37, 3, 200, 20), (130, 2, 136, 20), (129, 4, 1000, 20), (0, 4, 256, 20), (4099, 4, 7168, 20),
-    (32768, 4, 7168, 20)]]
+    (32768, 4, 7168, 20), (129, 4, 256, 41), (37, 3, 200, 64)]]   # the last two: cuTile's Sinkhorn backward
 
 
 @on_gpu

@@ -220,6 +220,14 @@ def test_limits_are_explained():
     assert "K % 8 == 0" in why(torch.randn(3, 100).to(BF), torch.randn(24, 100).to(BF))
     assert "got float32" in why(torch.randn(3, 64), torch.randn(24, 64))
     assert "needs a CUDA device" in why(torch.randn(3, 64).to(BF), torch.randn(24, 64).to(BF))
+    # the backward's dweight partials [7, N, K] fp32 take int32 offsets: the last K that fits at N = 24 is served,
+    # the next multiple of 8 is refused by name (the kernel's offset wrapped to a negative address there)
+    meta = lambda *s: torch.empty(*s, dtype=BF, device="meta")     # noqa: E731
+    assert "needs a CUDA device" in why(meta(448, 12782640), meta(24, 12782640))
+    assert "7 * N * K < 2**31" in why(meta(448, 12782648), meta(24, 12782648))
+    cfg = cpr.ProjRmsBwdCuteCfg.heuristic(24, 12782648)
+    with pytest.raises(ValueError, match=r"reach 2\*\*31"):   # the glue's own guard, before any allocation
+        cpr._run_bwd(cfg, meta(448, 12782648), None, None, None, None, None, None, None, meta(24, 12782648), 1e-6)
 
 
 # ------------------------------------------------------------------ GPU

@@ -163,6 +163,19 @@ def test_equals_the_two_ops_in_turn_forward():
         assert torch.equal(a, b)
 
 
+@pytest.mark.parametrize("d", [BF16, F64])
+def test_reference_is_the_two_reference_ops_in_turn(d):
+    """ref.mhc_post_pre (the float64 oracle of tests that call it, e.g. the zero-token dweight check) is
+    ref.h_post_bda with the bias, then ref.mhc_pre on its rounded out; the torch backend runs the parts, so a
+    reference that dropped the bias passed every other test."""
+    args = inputs(6, 4, 40, h=F64 if d == F64 else F32, d=d, bias=True)
+    got = ref.mhc_post_pre(*args, **PARAMS)
+    out = ref.h_post_bda(*args[:4], args[6])
+    assert not torch.equal(out, ref.h_post_bda(*args[:4]))    # the bias matters at this shape
+    for a, b in zip(got, (out, *ref.mhc_pre(out, args[4], args[5], **PARAMS))):
+        assert torch.equal(a, b)
+
+
 @pytest.mark.parametrize("T,n,C", [(7, 4, 24), (3, 1, 5), (2, 8, 9), (5, 3, 16), (0, 2, 4)])
 @pytest.mark.parametrize("h,bias", [(F32, True), (BF16, True), (F32, False)])
 def test_torch_grads_match_float64(T, n, C, h, bias):

@@ -232,12 +232,15 @@ def _rest_step(rest, args=None, dproj_only: bool = False):
 # thread a token, the step sums in shared memory); False: the cuTile kernel (mhc_pre's cutile backward runs it). Also
 # mhc_pre's cute backend's (cute_pre).
 CUTE_SK = True
+_SK_N_NP_ITERS = (10, 11, 14)   # n, NP and ITERS among mhc_pre_bwd_sk's launch args (cute_sk_bwd.run_sk's order)
 
 
 def _sk_step(step):
     """``step`` of mhc_pre's backward head, with its Sinkhorn backward (mhc_pre_bwd_sk) as cute_sk_bwd's kernel when
-    CUTE_SK is on."""
-    if CUTE_SK and isinstance(step, Launch) and step.kernel is pre.mhc_pre_bwd_sk:
+    CUTE_SK is on and that kernel's config fits (CS.serves: not for many iters, whose step sums outgrow its shared
+    memory; the cuTile kernel runs those)."""
+    if (CUTE_SK and isinstance(step, Launch) and step.kernel is pre.mhc_pre_bwd_sk
+            and CS.serves(*(step.args[i] for i in _SK_N_NP_ITERS))):
         return functools.partial(CS.run_sk, *step.args)
     return step
 

@@ -706,6 +706,8 @@ def _run_bwd(cfg: ProjRmsBwdCuteCfg, x, weight, dproj, dr, r, dst, dl, hp, dweig
     M, K = x.shape
     dw = row_major(dweight)
     gme = min(cfg.GM, -(-M // cfg.BM))
+    if gme * cfg.N * K >= 2**31:   # the spec's 7 * N * K < 2**31 for the heuristic's GM = 7
+        raise ValueError(f"{_NAME}: dweight partials [{gme}, {cfg.N}, {K}] reach 2**31 elements (int32 offsets)")
     p_dw = torch.empty((gme, cfg.N, K), dtype=torch.float32, device=x.device)
     if cfg.FUSE_RED:
         cnt = workspace("mhc_proj_rms.cute.slices", (cfg.grid_x,), torch.int32, x.device, zero=True)

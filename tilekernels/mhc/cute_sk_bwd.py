@@ -201,6 +201,18 @@ def _launch_for(n: int, NP: int, ITERS: int, APPROX: bool, hdt: torch.dtype) -> 
     return launch(SkBwdCuteCfg(n=n, NP=NP, ITERS=ITERS, APPROX=APPROX), hdt)
 
 
+@functools.lru_cache(maxsize=64)
+def serves(n: int, NP: int, ITERS: int) -> bool:
+    """Whether this kernel's config for a split mix's (n, NP, ITERS) is valid: its step sums grow with ITERS and
+    pass 48 KB of shared memory from ITERS = 41 at n = 4 (57 at n = 3), which mhc_pre's iters <= 64 allows; the
+    callers keep the cuTile kernel there (cute_post_pre._sk_step)."""
+    try:
+        SkBwdCuteCfg(n=n, NP=NP, ITERS=ITERS)
+    except ValueError:
+        return False
+    return True
+
+
 def run_sk(proj, r, bias, dh_res, dlres, scratch, a_pre: float, a_post: float, a_res: float, sk_eps: float, n: int,
            NP: int, NPAD: int, TT: int, ITERS: int, APPROX: int, PF: int) -> None:
     """cutile_pre.mhc_pre_bwd_sk's arguments (its Launch record's args; the scratch, a_pre, a_post and the cuTile
