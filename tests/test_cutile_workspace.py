@@ -1,5 +1,5 @@
 """tilekernels._cutile.workspace: the per-(tag, device, stream) kernel workspace cache
-(gdn_decode's counters, the Sinkhorn backward's scratch)."""
+(gdn_decode's counters, the Sinkhorn backward's scratch); Launch.run's refusal of tensors off CUDA."""
 from __future__ import annotations
 
 import pytest
@@ -94,3 +94,16 @@ def test_workspace_not_kept_from_a_private_pool():
     c = workspace("t-pool", (1000,), torch.float32, dev)
     assert workspace("t-pool", (10,), torch.float32, dev).data_ptr() == c.data_ptr()
     assert any(k[0] == "t-pool" for k in _cutile._WORKSPACES)
+
+
+def test_launch_refuses_tensors_off_cuda():
+    """A cuTile Launch given CPU tensors (an entry called directly with a forced backend: the registry refuses
+    such a call before) names the kernel and the device, as _cute's Launch.run does, instead of failing inside
+    torch (an AttributeError about _cuda_getCurrentRawStream on a CPU build)."""
+    pytest.importorskip("cuda.tile")
+    from tilekernels._cutile import Launch
+    from tilekernels.mhc import cutile_sinkhorn as sk
+
+    x = torch.randn(4, 3, 3)
+    with pytest.raises(ValueError, match=r"mhc_sk_fwd: launched with a tensor on cpu, not on a CUDA device"):
+        Launch(sk.mhc_sk_fwd, (1,), (x, torch.empty_like(x))).run()

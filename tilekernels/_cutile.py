@@ -96,6 +96,8 @@ class Launch:
         if _RECORD_KEYS[0]:
             COMPILE_KEYS.add(self.key())
         dev = next(a.device for a in self.args if isinstance(a, torch.Tensor))
+        if dev.type != "cuda":   # as _cute's Launch.run: a named error, not a torch internal's AttributeError
+            raise ValueError(f"{self.kernel._pyfunc.__name__}: launched with a tensor on {dev}, not on a CUDA device")
         ct.launch(_raw_stream(dev.index), self.grid, self.compiled_kernel(), self.args,
                   programmatic_dependent_launch=self.pdl)
 
