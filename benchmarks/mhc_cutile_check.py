@@ -91,8 +91,9 @@ class Problem:
             self.eager_f = lambda: ref.h_post_bda(hr, res, hp, x, b)
             self.eager_b = lambda: ref.h_post_bda_bwd(dout, hr, res, hp, x, b)
             big, h = 2 * T * n * C, 4 * T * (n * n + n)
-            self.bytes_f = h + big + 2 * T * C + 2 * C + big
-            self.bytes_b = big + h + big + 2 * T * C + 2 * C + h + big + 2 * T * C + 2 * C
+            hi = (2 if hd == BF else 4) * T * (n * n + n)                 # h read in its dtype; its grads fp32 (g)
+            self.bytes_f = hi + big + 2 * T * C + 2 * C + big
+            self.bytes_b = big + hi + big + 2 * T * C + 2 * C + h + big + 2 * T * C + 2 * C
         elif op == "mhc_sinkhorn":
             lg, out, dout, dl = r(T, n, n, dtype=F32, scale=2.0), e(T, n, n, dtype=F32), \
                 r(T, n, n, dtype=F32), e(T, n, n, dtype=F32)

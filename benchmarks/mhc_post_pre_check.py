@@ -37,10 +37,10 @@ CEIL = 4.27e12  # H200 device-to-device copy, bytes read + written per second
 PARAMS = dict(alpha_pre=0.7, alpha_post=1.3, alpha_res=0.4, iters=20)
 
 
-def op_bytes(T, n, C):
-    """(fwd, bwd) minimum bytes: bf16 streams [T, n, C], x / layer_in [T, C], fp32 h, bf16 weight
-    (counted once, in the tk-bench case: tilekernels/mhc/bench.py)."""
-    return _post_pre_bytes(dict(T=T, n=n, C=C))
+def op_bytes(T, n, C, h_in=4):
+    """(fwd, bwd) minimum bytes: bf16 streams [T, n, C], x / layer_in [T, C], h of h_in bytes an element (fp32
+    h_*_next), bf16 weight (counted once, in the tk-bench case: tilekernels/mhc/bench.py)."""
+    return _post_pre_bytes(dict(T=T, n=n, C=C), h_in)
 
 
 def make(T, n, C, dev, h=torch.float32):
@@ -131,7 +131,7 @@ def main():
     T, n, C = o.T, o.n, o.C
     hd = torch.bfloat16 if o.hbf16 else torch.float32
     args, cots = make(T, n, C, "cuda", hd)
-    fb, bb = op_bytes(T, n, C)
+    fb, bb = op_bytes(T, n, C, 2 if o.hbf16 else 4)
     rows = []
 
     def row(name, fn, fwd_only=False, **changes):

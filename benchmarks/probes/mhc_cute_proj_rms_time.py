@@ -55,7 +55,7 @@ def _registry_ab_rows(res, row, a, x, w, dproj, dr):
     op = registry.get("mhc_proj_rms")
     xl, wl = x.clone().requires_grad_(), w.clone().requires_grad_()
     orig = cpr.ProjRmsBwdCuteCfg.heuristic
-    nbytes = 3 * 2 * M * K + 4 * M * (2 * N + 3) + 2 * N * K
+    nbytes = 3 * 2 * M * K + 4 * M * (2 * N + 3) + 3 * 2 * N * K   # weight read by fwd and bwd, dweight written
 
     def step():
         p_, r_ = op(xl, wl, backend="cute")
@@ -95,8 +95,8 @@ def _registry_rows(res, row, a, x, w, dproj, dr, rel_err):
     op = registry.get("mhc_proj_rms")
     xl, wl = x.clone().requires_grad_(), w.clone().requires_grad_()
     sx = 2 * M * K
-    fwd_b = sx + 4 * M * (N + 1)
-    bwd_b = 2 * sx + 4 * M * (N + 2) + 2 * N * K
+    fwd_b = sx + 4 * M * (N + 1) + 2 * N * K
+    bwd_b = 2 * sx + 4 * M * (N + 2) + 2 * 2 * N * K   # weight read, dweight written
     p64 = x.double() @ w.double().t()
     outs = {}
     for b in [s for s in a.registry.split(",") if s]:
@@ -181,9 +181,9 @@ def main():
     cnt = torch.zeros(-(-K // 64), dtype=torch.int32, device="cuda")   # FUSE_RED's slice counters (left zero)
     row("copy x -> dx (floor)", bench(lambda: dx.copy_(x), a.rep), 2 * sx)
     row("bwd kernel", bench(lambda: ln.run(x, w, dproj, dr, r, dx, p_dw, x, dproj, dw, cnt, M, gme, 1e-6), a.rep),
-        2 * sx + small + 4 * gme * N * K)
+        2 * sx + small + 2 * N * K + 4 * gme * N * K)   # + the weight read
     row("bwd_into (kernel + reduction)", bench(lambda: cpr.bwd_into(dproj, dr, x, w, r, dx, dw, 1e-6), a.rep),
-        2 * sx + small + 8 * gme * N * K + 2 * N * K)
+        2 * sx + small + 2 * N * K + 8 * gme * N * K + 2 * N * K)
     ref_dx = dx.clone()
     for name in [s for s in a.ab.split(",") if s]:
         try:
@@ -197,7 +197,7 @@ def main():
             g2 = min(cfg.GM, -(-M // cfg.BM))
             row(f"bwd_into {name}{'' if same else ' (DIFFERS)'}",
                 bench(lambda: cpr.bwd_into(dproj, dr, x, w, r, dx, dw, 1e-6, cfg=cfg), a.rep),
-                2 * sx + small + 8 * g2 * N * K + 2 * N * K)
+                2 * sx + small + 2 * N * K + 8 * g2 * N * K + 2 * N * K)
         except Exception:
             log_error(res["errors"], f"config {name}")
     try:

@@ -167,12 +167,12 @@ def _pre_gated_flops(d) -> int:
 
 
 def _decode_bytes(d) -> int:
-    # read mixed row (bf16) + indices; read+write conv_state rows (bf16) and ssm_state rows (fp32, or
-    # bf16 where dims S = 2); write o (bf16); weights read once
+    # read the mixed row's q|k|v, b and a (bf16; decode never reads z) + indices; read+write conv_state rows
+    # (bf16) and ssm_state rows (fp32, or bf16 where dims S = 2); write o (bf16); weights read once
     Hk, Hv, dk, dv = _heads(d)
     C = conv_dim(Hk, Hv, dk, dv)
     sb = d.get("S", 4)
-    per_row = 2 * d_model(Hk, Hv, dk, dv) + 4 + 2 * 2 * C * (d["W"] - 1) + 2 * sb * Hv * dk * dv + 2 * Hv * dv
+    per_row = 2 * (C + 2 * Hv) + 4 + 2 * 2 * C * (d["W"] - 1) + 2 * sb * Hv * dk * dv + 2 * Hv * dv
     return d["B"] * per_row + 2 * C * d["W"] + 2 * 4 * Hv
 
 

@@ -132,15 +132,19 @@ def _pre_bytes_bwd(d):
     return reads + BF * T * n * C + BF * N * n * C + F4 * N
 
 
-def _post_pre_bytes(d):
+def _post_pre_bytes(d, h_in: int = F4):
     """(fwd, bwd) minimum bytes of mhc_post_pre: bf16 streams [T, n, C], x / layer_in [T, C],
-    fp32 h_res / h_post in and out, bf16 weight [N, n*C], biases."""
+    h_res / h_post in (``h_in`` bytes an element: fp32, or 2 for bf16) and their gradients in that dtype, fp32
+    h_*_next and their gradients, bf16 weight [N, n*C], biases."""
     T, n, C = d["T"], d["n"], d["C"]
     N = n * n + 2 * n
     s, xc, h, w = BF * T * n * C, BF * T * C, F4 * T * (n * n + n), BF * N * n * C
-    fwd = (s + xc + h + w + BF * C + F4 * N) + (s + xc + h)       # read inputs; write out, layer_in, h_*_next
-    bwd = (s + xc + h) + (s + xc + h + s + w) + (s + xc + h + w + BF * C + F4 * N)
-    # bwd: read dout, dlayer_in, dh_*_next; residual, x, h, out, weight; write every input's grad
+    hi = h_in * T * (n * n + n)
+    fwd = (s + xc + hi + w + BF * C + F4 * N) + (s + xc + h)      # read inputs; write out, layer_in, h_*_next
+    saved = F4 * T * (N + 1) + BF * C + F4 * N                    # proj [T, N], r [T] (saved, fp32), bias, hbias
+    bwd = (s + xc + h) + (s + xc + hi + s + w + saved) + (s + xc + hi + w + BF * C + F4 * N)
+    # bwd: read dout, dlayer_in, dh_*_next; residual, x, h, out, weight, the saved proj and r, the biases (x + bias
+    # in dh_post, h rebuilt from proj); write every input's grad
     return fwd, bwd
 
 
