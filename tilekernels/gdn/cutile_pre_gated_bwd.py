@@ -18,9 +18,9 @@ Why two passes: dx[t] needs dpre at rows t .. t+W-1 and dpre of a row needs its 
 window and its head's l2norm, so a block that owns rows [t0, t0+TT) would need its own dpre
 shifted by up to W-1 rows; cuTile has no register shift along a tile's rows (extracts are
 tile-aligned) and no intra-block barrier to read back its own stores. So dpre goes through a
-scratch [NT, C] in dmixed's dtype (bf16 at the headline shape: the W dx terms are products of
-bf16-rounded dpre, ~2^-9 relative each, under the bf16 output's own rounding; fp32 I/O keeps an
-fp32 scratch) and the second pass reads it through shifted views (tile-aligned loads of dpre[s:]).
+scratch [NT, C], fp32 (cfg.SD: dmixed's dtype, bf16 at the headline shape, the default until session 74:
+it rounded dpre once more, which moved 23% of dmixed's elements off the fp32 math rounded once, and was
+no faster on an H100) and the second pass reads it through shifted views (tile-aligned loads of dpre[s:]).
 dconv_weight's partials come from the fp32 dpre in registers, never from the scratch.
 
 Launches (``bwd_launches``; PreGatedBwdCfg names the fields):
@@ -147,7 +147,7 @@ class PreGatedBwdCfg(BwdShapeCfg):
     LB: bool = False  # dx pass: tile loads may go through TMA
     GS: bool = True   # dpre pass: q/k grads as R loads of [TT, dk] summed (else one [TT, 1, RP, dk] load)
     DWS: bool = True  # dpre pass: the W tap products stacked [WW, TT, c] and reduced at once (else per tap)
-    SD: bool = True   # dpre scratch in dmixed's dtype (False: fp32)
+    SD: bool = False  # dpre scratch in dmixed's dtype (True: an extra bf16 rounding; False: fp32, OPS.md)
     XS: bool = False  # dpre pass: a tile's W taps loaded once as [WW, TT, c] for the conv and the partial
     DWA: bool = False  # dpre pass (XS): tap products summed elementwise over the block's tiles, reduced once
     XT: bool = False  # dpre pass (W <= 4): the W taps loaded once as separate [TT, c] tiles, their products

@@ -13,8 +13,8 @@ tiles of dpre that the partial needs: with s = W-1-j,
 so the masked look-ahead tile a_s = dpre[t + s] feeds both (one FMA each), and the partial needs one
 more load, x's own tile (no shift). The dpre pass is then the forward's conv + SiLU plus the l2norm
 backward: no partial, no taps kept, larger token tiles at higher occupancy. Cost: the partial is
-summed from the dpre scratch (dmixed's dtype: bf16 at the headline shape, each term ~2^-9 relative,
-norm-wise under the bf16 output's 1e-2; fp32 I/O keeps an fp32 scratch) and the dx pass reads x
+summed from the dpre scratch (fp32; cfg.SD keeps it in dmixed's dtype, an extra rounding: 42% of
+dconv_weight's elements off the once-rounded value) and the dx pass reads x
 (+16 KB a token at the headline shape; ideal traffic of the two passes ~120 KB a token against 82 KB
 for a fused one).
 
@@ -90,7 +90,7 @@ class PreGatedBwd2Cfg(b1.BwdShapeCfg):
     LT: bool = True   # dpre pass: tile loads may go through TMA
     LB: bool = True   # dx pass: tile loads may go through TMA
     GS: bool = True   # dpre pass: q/k grads as R loads summed (else one [TT, 1, RP, dk] load)
-    SD: bool = True   # dpre scratch in dmixed's dtype (False: fp32)
+    SD: bool = False  # dpre scratch in dmixed's dtype (True: an extra bf16 rounding; False: fp32, OPS.md)
     OCC_A: int = 4    # dpre pass occupancy hint (0: the compiler's choice)
     OCC_B: int = 4    # dx pass occupancy hint
     SPLIT: bool = False  # dx (the first design's dx kernel) and the dconv_weight partials as two launches
