@@ -3,7 +3,8 @@ elements off the float64 value rounded once to bf16, per config variant of the s
 keeps the dpre scratch in bf16, SX takes the sigmoid through the MUFU tanh), and each variant's fwd+bwd time
 through the registry at a Qwen3-Next layer (B=1, T=8192, Hk=16, Hv=32, dk=dv=128, W=4, bf16; do_bench median;
 each step sets the leaves' grads to None and backpropagates the same pre-made grad outputs).
-Usage: python3 benchmarks/probes/gdn_cutile_bwd_rounding.py [--variants default,SD0,SD0SX0] [--out DIR]"""
+Since c1e3e23 the default is SD=False; SD1 is the old bf16 scratch.
+Usage: python3 benchmarks/probes/gdn_cutile_bwd_rounding.py [--variants default,SD1,SD0SX0] [--out DIR]"""
 import argparse
 import dataclasses
 import json
@@ -21,7 +22,8 @@ from tilekernels.gdn import cutile_pre_gated_bwd2 as b2  # noqa: E402
 from tilekernels.gdn import reference as ref  # noqa: E402
 from tilekernels.testing import rel_err, upcast  # noqa: E402
 
-VARIANTS = {"default": {}, "SD0": dict(SD=False), "SX0": dict(SX=False), "SD0SX0": dict(SD=False, SX=False)}
+VARIANTS = {"default": {}, "SD1": dict(SD=True), "SD0": dict(SD=False), "SX0": dict(SX=False),
+            "SD0SX0": dict(SD=False, SX=False)}
 OP = registry.get("gdn_pre_gated")
 
 
