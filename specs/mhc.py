@@ -171,6 +171,9 @@ H_POST_BDA = OpSpec(
                         "h200-gpu-checks-session10.txt in git history at fccfcb8); other GPUs, "
                         "C % 8 != 0 or no CuTe DSL take cutile"),
               _cutile(Constraint(expr="T * n * C < 2**31", message=_INT32_INDEX), _BIAS_LIKE_X,
+                      Constraint(expr="n > 4 or 8 * T * n * n * ((C + 2047) // 2048) < 2**31",
+                                 message="n <= 4 takes the one-pass backward, whose dh partials [ceil(C / 2048), T, "
+                                         "n, n, 8] fp32 are indexed with int32 (more than T * n * C at C < 8n)"),
                       h_res=_BF_F32, residual=_BF_F32, h_post=_BF_F32, x=_BF_F32, bias=_BF_F32),
               _TORCH],
 )

@@ -69,6 +69,13 @@ def test_declared_limits_are_explained():
     assert "the Sinkhorn backward's scratch" in _why("mhc_sinkhorn", lg, iters=20)
     w = torch.empty(200, 64, dtype=BF, device=meta)
     assert "'N <= 128' fails with N=200" in _why("mhc_proj_rms", torch.empty(4, 64, dtype=BF, device=meta), w)
+    # h_post_bda's one-pass backward (n <= 4): its dh partials [1, T, n, n, 8] outgrow T*n*C at C < 8n; 2**24
+    # tokens at n=4, C=8 fit T*n*C, not 8*T*n*n; n=5 takes the two-pass backward (no such partials)
+    pb = lambda T, n, C: (torch.empty(T, n, n, device=meta), torch.empty(T, n, C, dtype=BF, device=meta),  # noqa: E731
+                          torch.empty(T, n, device=meta), torch.empty(T, C, dtype=BF, device=meta), None)
+    assert "one-pass backward" in _why("mhc_h_post_bda", *pb(2**24, 4, 8))
+    assert "needs a CUDA device" in _why("mhc_h_post_bda", *pb(2**24 - 1, 4, 8))
+    assert "needs a CUDA device" in _why("mhc_h_post_bda", *pb(2**24, 5, 8))
     # mhc_pre: bf16 activations only (the projection runs on bf16 tensor cores), iters <= 64
     a, p = _inputs("mhc_pre", 3, 4, 8, "cpu", act=F32)
     assert "cutile supports x in ['bfloat16'], got float32" in _why("mhc_pre", *a, **p)
