@@ -224,7 +224,13 @@ PROJ_RMS = OpSpec(
 _RMS_EPS_BWD = Constraint(expr="rms_eps >= 2.0**-80", when="requires_grad",
                           message="the backward's proj gradient dh * alpha * r (r up to 1/rms_eps) is fp32: below "
                                   "2**-80 an all-zero token's can overflow and make dweight NaN")
-_PRE_LIMITS = (Constraint(expr="T * n * C < 2**31", message=_INT32_INDEX), _SK_SCRATCH, _ITERS_CONST, _RMS_EPS_BWD)
+# per-token fp32 scratch of the backwards (dproj [T, n*n + 2n], projection rows padded to a power of two, [T, NP, NP]
+# Sinkhorn gradients, [T, n, n] dh partials) stays under 2 (n*n + 2n) a token; T * n * C bounds it only for C > 2n + 4
+_PROJ_SCRATCH = Constraint(expr="2 * (n*n + 2*n) * T < 2**31",
+                           message="the backward's per-token fp32 scratch (up to [T, 2 (n*n + 2n)]) is indexed "
+                                   "with int32")
+_PRE_LIMITS = (Constraint(expr="T * n * C < 2**31", message=_INT32_INDEX), _PROJ_SCRATCH, _SK_SCRATCH, _ITERS_CONST,
+               _RMS_EPS_BWD)
 # the CuTe DSL backends of mhc_pre and mhc_post_pre (their passes stream the [T, n*C] rows by TMA; mhc_pre's dweight
 # partials are cute_proj_rms's)
 _TMA_ROWS = Constraint(expr="C % 8 == 0", message="TMA row strides are multiples of 16 bytes")

@@ -86,6 +86,13 @@ def test_declared_limits_are_explained():
     w = torch.empty(80, 512, dtype=BF, device=meta)
     b = torch.empty(80, device=meta)
     assert "the Sinkhorn backward's scratch" in _why("mhc_pre", x, w, b, **dict(p, iters=64))
+    # the backward's per-token scratch (dproj [T, 24] at n=4) at C=1 and iters=1: 2**26 tokens fit T*n*C and
+    # 2*iters*n*T, not 2*24*T
+    x = torch.empty(2**26, 4, 1, dtype=BF, device=meta)
+    w, b = torch.empty(24, 4, dtype=BF, device=meta), torch.empty(24, device=meta)
+    assert "per-token fp32 scratch" in _why("mhc_pre", x, w, b, **dict(p, iters=1))
+    x = torch.empty(2**25 - 2**21, 4, 1, dtype=BF, device=meta)
+    assert "needs a CUDA device" in _why("mhc_pre", x, w, b, **dict(p, iters=1))
     # and on this machine the device itself
     a, _ = _inputs("mhc_h_aggregate", 3, 4, 8, "cpu")
     assert "needs a CUDA device" in _why("mhc_h_aggregate", *a)
