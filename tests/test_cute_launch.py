@@ -165,3 +165,23 @@ def test_run_fast_path_on_a_stand_in_executor(monkeypatch, layout):
     assert seen[2][0] == [y.data_ptr(), x.data_ptr(), -3, -1.5, 0x5EED] and seen[2][1] != seen[0][1]
     with pytest.raises(TypeError):
         ln.run(x, y, 1)
+
+
+def _host_a():
+    pass
+
+
+def _host_b():
+    pass
+
+
+def test_compile_key_names_the_host_function():
+    """The compile cache (``_COMPILED``) is keyed by ``Launch.key``: two host functions given one name, sig and cfg
+    (cute_quantize names its pipelined and plain quantize alike) must not share a compiled kernel."""
+    from tilekernels import _cute as CU
+
+    sig = (Ptr(torch.float32), Scalar(cutlass.Int32))
+    a, b = CU.Launch("test.k", _host_a, None, sig), CU.Launch("test.k", _host_b, None, sig)
+    assert a.key("sm_90a") != b.key("sm_90a")
+    assert a.key("sm_90a") == CU.Launch("test.k", _host_a, None, sig).key("sm_90a")
+    assert f"{__name__}._host_b" in b.key("sm_90a")

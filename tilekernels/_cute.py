@@ -14,7 +14,7 @@ its launches the same way:
   as a ``Constexpr``, so it is traced into the kernel and is part of the key.
 * A :class:`Launch` ``(name, fn, cfg, sig)``: ``sig`` is the tuple of arg specs,
   which fixes dtypes, static dims and alignments. The **compile key** is
-  ``(name, sig, cfg, ptxas options, arch)`` (:meth:`Launch.key`). Batch dims (M, R, T) are
+  ``(name, host fn, sig, cfg, ptxas options, arch)`` (:meth:`Launch.key`). Batch dims (M, R, T) are
   runtime scalars (:class:`Scalar`) or dynamic tensor modes (``None`` in
   :class:`Tensor`), so a new M reuses the compiled kernel. Compiled kernels live
   in ``_COMPILED`` (this module's cache, not CuTe's); inside
@@ -444,7 +444,10 @@ class Launch:
                                          repr=False)
 
     def key(self, arch: str) -> tuple:
-        return (self.name, self.sig, self.cfg, self.ptxas, arch)
+        # the host function's qualified name too: two host functions given one ``name`` (as
+        # cute_quantize's pipelined and plain quantize are) never share a compiled kernel
+        fn = getattr(self.fn, "__wrapped__", self.fn)
+        return (self.name, f"{fn.__module__}.{fn.__qualname__}", self.sig, self.cfg, self.ptxas, arch)
 
     def fake_args(self) -> tuple:
         return tuple(s.fake() for s in self.sig)

@@ -149,7 +149,8 @@ def test_launch_config_is_the_compile_key(monkeypatch):
                         u8, torch.empty(R // 32, 256, dtype=torch.uint8, device="meta"))
     (l1, v1), (l2, v2) = calls
     assert l1 is l2 and v1[-1] == 64 and v2[-1] == 4128
-    assert l1.key("sm_90a") == ("moe.cute_quantize.quantize", l1.sig, l1.cfg, "", "sm_90a")
+    host = f"{l1.fn.__module__}.{l1.fn.__qualname__}"
+    assert l1.key("sm_90a") == ("moe.cute_quantize.quantize", host, l1.sig, l1.cfg, "", "sm_90a")
     c = l1.compile("sm_90a")
     n = len(C._COMPILED)
     assert l1.compile("sm_90a") is c and len(C._COMPILED) == n
