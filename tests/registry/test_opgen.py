@@ -227,6 +227,39 @@ def test_forward_ad_and_double_backward_still_refused(case):
 
 
 
+@pytest.mark.parametrize("case", CASES)
+def test_backward_kernels_read_contiguous_grad_outputs(case, monkeypatch):
+    """The GPU backward kernels index their grad outputs as dense rows: the wrapper hands every bwd pass contiguous
+    tensors whatever autograd gives it (here every grad output a strided view, every other element of a wider
+    tensor, as a slice of a fused projection's gradient is), and the gradients are those of contiguous grad outputs
+    (a torch backend, where the values are the same either way)."""
+    import tilekernels._opgen as og
+
+    op = registry.get(case.op)
+    seen = []
+
+    def run_pass(custom_op, name, pass_, *args, **kw):
+        if pass_ == "bwd":
+            seen.append([a.is_contiguous() for a in args if isinstance(a, torch.Tensor)])
+        return real(custom_op, name, pass_, *args, **kw)
+
+    real = og.run_pass
+    monkeypatch.setattr(og, "run_pass", run_pass)
+    grads = []
+    for strided in (False, True):
+        args, params = _inputs(case, requires_grad=True)
+        outs = [t for t in _results(op(*args, **params)) if t.requires_grad]
+        gen = torch.Generator().manual_seed(torch.initial_seed())   # the same grad outputs both times
+        wide = [torch.randn(*t.shape[:-1], 2 * t.shape[-1], generator=gen).to(t.dtype) for t in outs]
+        gouts = [w[..., ::2] if strided else w[..., ::2].contiguous() for w in wide]
+        assert not strided or any(not g.is_contiguous() for g in gouts)
+        leaves = [a for a in args if isinstance(a, torch.Tensor) and a.requires_grad]
+        grads.append(torch.autograd.grad(outs, leaves, gouts, allow_unused=True))
+    assert len(seen) == 2 and all(all(c) for c in seen), seen
+    for a, b in zip(*grads):
+        assert (a is None) == (b is None) and (a is None or torch.equal(a, b))
+
+
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("case", _cases(with_grads=False))
 def test_forward_custom_ops_pass_opcheck(case, device):
