@@ -140,7 +140,8 @@ def _post_pre_bytes(d, h_in: int = F4):
     N = n * n + 2 * n
     s, xc, h, w = BF * T * n * C, BF * T * C, F4 * T * (n * n + n), BF * N * n * C
     hi = h_in * T * (n * n + n)
-    fwd = (s + xc + hi + w + BF * C + F4 * N) + (s + xc + h)      # read inputs; write out, layer_in, h_*_next
+    # read inputs; write out, layer_in, h_*_next and the saved proj [T, N], r [T] (fp32, as mhc_pre's count)
+    fwd = (s + xc + hi + w + BF * C + F4 * N) + (s + xc + h + F4 * T * (N + 1))
     saved = F4 * T * (N + 1) + BF * C + F4 * N                    # proj [T, N], r [T] (saved, fp32), bias, hbias
     bwd = (s + xc + h) + (s + xc + hi + s + w + saved) + (s + xc + hi + w + BF * C + F4 * N)
     # bwd: read dout, dlayer_in, dh_*_next; residual, x, h, out, weight, the saved proj and r, the biases (x + bias
