@@ -229,35 +229,41 @@ def test_forward_ad_and_double_backward_still_refused(case):
 
 @pytest.mark.parametrize("case", CASES)
 def test_backward_kernels_read_contiguous_grad_outputs(case, monkeypatch):
-    """The GPU backward kernels index their grad outputs as dense rows: the wrapper hands every bwd pass contiguous
-    tensors whatever autograd gives it (here every grad output a strided view, every other element of a wider
-    tensor, as a slice of a fused projection's gradient is), and the gradients are those of contiguous grad outputs
-    (a torch backend, where the values are the same either way)."""
-    import tilekernels._opgen as og
+    """The GPU backward kernels index their grad outputs as dense rows: the wrapper hands every bwd kernel
+    contiguous tensors whatever autograd gives it (here every grad output a strided view, every other element of a
+    wider tensor, as a slice of a fused projection's gradient is), on the general path and on a Prepared call's
+    (the same guard pattern three times), and the gradients are those of contiguous grad outputs (a torch backend,
+    where the values are the same either way)."""
+    import registry.kernels as K
 
     op = registry.get(case.op)
-    seen = []
+    op._guards.clear()
+    op._checked.clear()
+    args, params = _inputs(case, requires_grad=True)
+    op(*args, **params)   # the backend's kernels loaded
+    key = (case.op, "torch", "bwd")
+    real, seen = K._KERNELS[key], []
 
-    def run_pass(custom_op, name, pass_, *args, **kw):
-        if pass_ == "bwd":
-            seen.append([a.is_contiguous() for a in args if isinstance(a, torch.Tensor)])
-        return real(custom_op, name, pass_, *args, **kw)
+    def bwd(*a):
+        seen.append([t.is_contiguous() for t in a if isinstance(t, torch.Tensor)])
+        return real(*a)
 
-    real = og.run_pass
-    monkeypatch.setattr(og, "run_pass", run_pass)
+    monkeypatch.setitem(K._KERNELS, key, bwd)
     grads = []
-    for strided in (False, True):
+    for strided in (False, True, True, True):
         args, params = _inputs(case, requires_grad=True)
         outs = [t for t in _results(op(*args, **params)) if t.requires_grad]
-        gen = torch.Generator().manual_seed(torch.initial_seed())   # the same grad outputs both times
+        gen = torch.Generator().manual_seed(torch.initial_seed())   # the same grad outputs every time
         wide = [torch.randn(*t.shape[:-1], 2 * t.shape[-1], generator=gen).to(t.dtype) for t in outs]
         gouts = [w[..., ::2] if strided else w[..., ::2].contiguous() for w in wide]
         assert not strided or any(not g.is_contiguous() for g in gouts)
         leaves = [a for a in args if isinstance(a, torch.Tensor) and a.requires_grad]
         grads.append(torch.autograd.grad(outs, leaves, gouts, allow_unused=True))
-    assert len(seen) == 2 and all(all(c) for c in seen), seen
-    for a, b in zip(*grads):
-        assert (a is None) == (b is None) and (a is None or torch.equal(a, b))
+    assert _prepared(op), "no Prepared call built"
+    assert len(seen) == 4 and all(all(c) for c in seen), seen
+    for g in grads[1:]:
+        for a, b in zip(grads[0], g):
+            assert (a is None) == (b is None) and (a is None or torch.equal(a, b))
 
 
 @pytest.mark.parametrize("device", DEVICES)
