@@ -12,6 +12,7 @@ refused with SpecError naming the op. The worlds are joined under a deadline
 import contextlib
 import multiprocessing
 import time
+import warnings
 
 import pytest
 import torch
@@ -21,6 +22,7 @@ import torch.multiprocessing as mp
 import registry
 from registry import SpecError
 from tilekernels._glue import poisoned
+from tilekernels.cp import ops
 from tilekernels.cp import reference as ref
 from tilekernels.testing import assert_close
 
@@ -132,12 +134,23 @@ def _check_refusals(cp):
     # a cp given unlike the group's size is named as such before any rule reads it (a rule it broke, D % cp, was)
     with pytest.raises(SpecError, match=rf"thd_cp_to_hp: param cp: expected {cp} \(as resolved"):
         TO_HP(torch.randn(4, 4), _cu([8]), cp=cp + 1)
+    # the entries called directly (not through the registry) check cp against the group themselves, and so does
+    # the oracle: a cp unlike the group's size is refused before any collective, not silently replaced by it
+    cu, x_cp, x_hp = _cu([2 * cp]), torch.randn(2, 2 * cp), torch.randn(2 * cp, 2)
+    for entry, oracle, x in ((ops.thd_cp_to_hp, ref.thd_cp_to_hp, x_cp), (ops.thd_hp_to_cp, ref.thd_hp_to_cp, x_hp)):
+        with pytest.raises(SpecError, match=rf"{entry.__name__}: param cp: expected the process group's size {cp}"):
+            entry(x, cu, cp=cp + 1)
+        with pytest.raises(ValueError, match=rf"cp={cp + 1} but the process group has {cp} ranks"):
+            oracle(x, cu, cp=cp + 1)
 
 
 def _worker(rank, world, init_file, seed):
     dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=world)
     try:
         g = torch.Generator().manual_seed(seed)              # same stream on every rank
+        # every kernel writes an output allocated at the other side's shape: one that torch had to resize (an out of
+        # the wrong shape, e.g. a backward allocated for the wrong direction) is an error, not a deprecation warning
+        warnings.filterwarnings("error", message="An output with one or more elements was resized")
         with poisoned(True):
             for cu, sections, dtype in _cases(world, g):
                 _check_forward(cu, sections, dtype, world, rank, None, g)

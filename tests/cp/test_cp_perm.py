@@ -1,11 +1,14 @@
 """thd_cp_a2a_perm standalone (no processes), and every cp spec rule refused
 before any collective (the all_to_all ops with an explicit cp need no group to
-be validated). The collectives themselves: test_cp_a2a.py."""
+be validated): both sides of every equality, each refusal's explanation in words,
+the cutile backend's int32 limit as explain reports it (meta tensors). The
+collectives themselves: test_cp_a2a.py."""
 import pytest
 import torch
 
 import registry
 from registry import SpecError
+from tilekernels.cp import perm
 from tilekernels.cp import reference as ref
 from tilekernels.testing import assert_close
 
@@ -83,6 +86,40 @@ def test_edges_empty_and_single(cu):
     assert out.feature_perm is None and out.feature_inv is None
     n = int(cu[-1])
     assert torch.equal(out.token_perm, torch.arange(n)) and torch.equal(out.token_inv, torch.arange(n))
+
+
+@pytest.mark.parametrize("cp", [1, 2, 3])
+def test_module_maps_are_int64_at_every_size_including_empty(cp):
+    """perm.py's maps, which ops.py's torch backend uses as they are (not through the op's int64 outputs), are int64
+    and bitwise the loop reference's at every size: the empty early-outs (no tokens, no sections) allocate their own
+    tensors, and an int32 one there would pass every test through the op (it copies into int64 outputs)."""
+    for cu in (torch.tensor([0], dtype=torch.int32), torch.tensor([0, 0, 0]), random_cu(cp)):
+        for sections in ([], random_sections(cp)):
+            want = ref.thd_cp_a2a_perm(cu, cp=cp, split_sections=sections)
+            got = perm.a2a_perm(cu, cp, sections)
+            for name in got._fields:
+                assert_close(getattr(got, name), getattr(want, name), kind="exact", what=f"perm.a2a_perm {name}")
+            for maps, want_maps in ((perm.token_perm(cu, cp), want[:2]), (perm.feature_perm(sections, cp), want[2:])):
+                for m, w in zip(maps, want_maps):
+                    assert_close(m, w, kind="exact", what="perm.py map")
+
+
+def test_perm_outputs_are_what_the_spec_declares():
+    """The op's outputs have the dtypes and shapes its spec declares, and those are OPS.md's: int64 maps of T and D
+    entries (a spec declaring int32 index outputs would go unnoticed: nothing else compares the declaration with
+    the op)."""
+    spec = PERM.spec
+    assert [(o.name, o.dtypes, o.shape) for o in spec.outputs] == [
+        ("token_perm", ["int64"], ["T"]), ("token_inv", ["int64"], ["T"]),
+        ("feature_perm", ["int64"], ["D"]), ("feature_inv", ["int64"], ["D"])]
+    for cp in (1, 3):
+        cu, sections = random_cu(cp), random_sections(cp)
+        out = PERM(cu, cp=cp, split_sections=sections)
+        dims = {"T": int(cu[-1]), "D": sum(sections)}
+        for o in spec.outputs:
+            got = getattr(out, o.name)
+            assert str(got.dtype).removeprefix("torch.") in o.dtypes, (o.name, got.dtype)
+            assert list(got.shape) == [dims[d] for d in o.shape], (o.name, got.shape)
 
 
 def test_reference_no_tokens_at_a_huge_cp_and_helper_rank_checked():
@@ -182,6 +219,63 @@ def test_shape_rules_refused():
     _refused(TO_HP, _x(8, 0), cu, cp=2, match="dim D")
     _refused(TO_CP, _x(15, 2), cu, cp=2, match="T_global")
     _refused(TO_CP, _x(16, 3), cu, cp=2, split_sections=[2, 2], match="sum(split_sections)")
+
+
+def test_shape_rules_refuse_excess_as_well_as_deficit():
+    """Every shape rule is an equality: the surplus side is refused as surely as the deficits of
+    test_shape_rules_refused (one local token too many, x narrower than the sections, hp tokens past
+    cu_seqlens[-1], hp columns short of 1/cp of the sections, a total_tokens below cu_seqlens[-1])."""
+    cu = torch.tensor([0, 8, 16])
+    _refused(TO_HP, _x(9, 4), cu, cp=2, match="x_local holds T_global/cp tokens")         # 18 > 16
+    _refused(TO_HP, _x(8, 2), cu, cp=2, split_sections=[2, 2], match="the sections tile the feature dim")
+    _refused(TO_CP, _x(18, 2), cu, cp=2, match="x holds all T_global tokens")
+    _refused(TO_CP, _x(16, 1), cu, cp=2, split_sections=[2, 2], match="x holds 1/cp of every section")
+    _refused(PERM, cu, cp=2, total_tokens=12, match="total_tokens is cu_seqlens[-1]")
+
+
+def test_cu_seqlens_without_entries_refused():
+    """cu_seqlens has N + 1 >= 1 entries (N = 0 sequences is [0]): an empty one is refused by name."""
+    cu = torch.tensor([], dtype=torch.int32)
+    want = "dim N1 (tensor cu_seqlens's dim 0)"
+    _refused(PERM, cu, cp=1, match=want)
+    _refused(TO_HP, _x(0, 2), cu, cp=2, match=want)
+    _refused(TO_CP, _x(0, 1), cu, cp=2, match=want)
+
+
+# (op, positional args, params, the rule's explanation in words): a refusal says which rule broke in words that
+# name the argument, not only its expression (the explanations are what a user reads first)
+_EXPLAINED = [
+    (PERM, ([2, 8],), dict(cp=1), "(cu_seqlens starts at 0)"),
+    (PERM, ([0, 8, 4],), dict(cp=1), "(cu_seqlens is nondecreasing)"),
+    (PERM, ([0, 8, 14],), dict(cp=2), "seqlens(cu_seqlens)=(8, 6), cp=2 (every sequence length is a multiple of 2*cp"),
+    (PERM, ([0, 8],), dict(cp=2, split_sections=[0, 4]), "(split_sections lists positive widths)"),
+    (PERM, ([0, 8],), dict(cp=2, split_sections=[4, 3]), "(every section width is a multiple of cp"),
+    (PERM, ([0, 8],), dict(cp=2, total_tokens=4), "(total_tokens is cu_seqlens[-1])"),
+    (TO_HP, ((4, 6), [0, 8]), dict(cp=2, split_sections=[2, 2]), "(the sections tile the feature dim)"),
+    (TO_HP, ((4, 5), [0, 8]), dict(cp=2), "(each hp rank owns D/cp features)"),
+    (TO_CP, ((8, 3), [0, 8]), dict(cp=2, split_sections=[2, 2]), "(x holds 1/cp of every section"),
+]
+
+
+@pytest.mark.parametrize("case", range(len(_EXPLAINED)))
+def test_refusals_explain_the_rule_naming_the_argument(case):
+    op, args, kw, text = _EXPLAINED[case]
+    args = tuple(_x(*a) if isinstance(a, tuple) else torch.tensor(a) for a in args)
+    _refused(op, *args, match=text, **kw)
+
+
+@pytest.mark.parametrize("to_hp", [True, False], ids=["to_hp", "to_cp"])
+def test_cutile_int32_limit_named_by_explain_at_the_edge(to_hp):
+    """The cutile backend indexes with int32: a side of 2**31 elements is not for it and explain says so by its
+    limit; 4 tokens fewer (a multiple of 2*cp) it is within it. Meta x (no memory) with cu_seqlens on the CPU (any
+    device: the spec must not ask cu_seqlens to be on x's device)."""
+    cp = 2
+    op = TO_HP if to_hp else TO_CP
+    for t, over in ((2**31, True), (2**31 - 4, False)):
+        x = torch.empty((t // cp, cp) if to_hp else (t, 1), device="meta")   # 2**31 or 2**31 - 4 elements either side
+        why = {b: r for b, _, r in op.explain(x, torch.tensor([0, t]), cp=cp)}
+        assert ("cutile limit" in why["cutile"]) == over, why["cutile"]
+        assert "< 2**31" in why["cutile"] if over else "int32" not in why["cutile"]
 
 
 def test_bad_dtype_rank_stride_refused():
