@@ -6,7 +6,9 @@ bit for bit and the independently sliced expectation; the round trip is the
 identity; exactly one all_to_all per direction and per backward; gradients
 equal the other direction and the reference's autograd; gradcheck (float64) in
 size-1 groups; a subgroup as ``group``; rules that need the group's size
-refused with SpecError naming the op. The worlds are joined under a deadline
+refused with SpecError naming the op, and a cp unlike the group's size refused by
+the entries called directly and by the oracle; no kernel's output is resized by
+torch (warnings of it are errors). The worlds are joined under a deadline
 (``WORLD_TIMEOUT_S``): a hung rank fails the test instead of stalling the run.
 """
 import contextlib
@@ -148,8 +150,8 @@ def _worker(rank, world, init_file, seed):
     dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=world)
     try:
         g = torch.Generator().manual_seed(seed)              # same stream on every rank
-        # every kernel writes an output allocated at the other side's shape: one that torch had to resize (an out of
-        # the wrong shape, e.g. a backward allocated for the wrong direction) is an error, not a deprecation warning
+        # every a2a kernel writes into an output allocated at its direction's shape: an out that torch had to resize
+        # (e.g. a backward's allocated for the other direction: the torch kernels hid it, a cutile one would not) fails
         warnings.filterwarnings("error", message="An output with one or more elements was resized")
         with poisoned(True):
             for cu, sections, dtype in _cases(world, g):
