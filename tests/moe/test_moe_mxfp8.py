@@ -225,6 +225,18 @@ def test_float64_input_saturates_above_clamp():
     assert data.float()[0, :3].tolist() == [448.0, -448.0, 64.0]
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_round_e4m3_saturates_by_itself(dtype):
+    """The e4m3 rounding saturates to +-448 itself (mxfp8.py: the data must not depend on a library's float8
+    cast). torch's CPU cast saturates as well, so through the op (the test above) a missing clamp goes unseen:
+    this checks the rounding step directly, at the top of e4m3's grid (464 ties to even, down to 448) and past it."""
+    from tilekernels.moe import mxfp8 as mx
+
+    v = torch.tensor([448.0, 463.0, 464.0, 480.0, 2.0 ** 13, 1e30], dtype=dtype)
+    want = torch.full_like(v, 448.0)
+    assert torch.equal(mx.round_e4m3(v), want) and torch.equal(mx.round_e4m3(-v), -want)
+
+
 @pytest.mark.parametrize("axis", ["rowwise", "both"])
 def test_weight_parameter_quantizes_detached(axis):
     """A weight Parameter (requires grad) quantizes as its data does: codes with no gradient (the spec's x), so a
