@@ -36,10 +36,9 @@ def test_layouts_differ():
     assert not torch.allclose(OP(h, p), OP(h, p, glu_interleave_size=32))
 
 
-@pytest.mark.parametrize("s", [None, 32])
-@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
-def test_backward_matches_autograd(s, dtype):
-    M, F = 45, 128
+def _fwd_bwd(M, F, s, dtype):
+    """The op's fwd+bwd on fresh h [M, 2F] (dtype) and probs [M] fp32, and the float64 formula's on the same
+    values and grad output: (h, probs, out, ref out, h64, p64), gradients in .grad."""
     h = (torch.randn(M, 2 * F) * 2).to(dtype).requires_grad_()
     probs = torch.rand(M, requires_grad=True)
     out = OP(h, probs, glu_interleave_size=s)
@@ -47,7 +46,15 @@ def test_backward_matches_autograd(s, dtype):
     out.backward(dout)
     h64 = h.detach().double().requires_grad_()
     p64 = probs.detach().double().requires_grad_()
-    formula(h64, p64, s).backward(dout.double())
+    ref = formula(h64, p64, s)
+    ref.backward(dout.double())
+    return h, probs, out, ref.detach(), h64, p64
+
+
+@pytest.mark.parametrize("s", [None, 32])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+def test_backward_matches_autograd(s, dtype):
+    h, probs, _, _, h64, p64 = _fwd_bwd(45, 128, s, dtype)
     assert_close(h.grad, h64.grad, what="dh")
     assert probs.grad.dtype == torch.float32
     assert_close(probs.grad, p64.grad, what="dprobs")
@@ -68,16 +75,7 @@ def test_bf16_rounded_once(s):
     dsilu factor, or the whole op in bf16 math): 2.1e-3 to 3.9e-3 norm-wise against 1.7e-3 without, but 14-53% of
     the elements off the float64 value rounded once, which fp32 math leaves only where the two straddle a bf16
     rounding boundary (at most 0.008% over 100 seeds)."""
-    M, F = 128, 256
-    h = (torch.randn(M, 2 * F) * 2).to(torch.bfloat16).requires_grad_()
-    probs = torch.rand(M, requires_grad=True)
-    out = OP(h, probs, glu_interleave_size=s)
-    dout = torch.randn_like(out)
-    out.backward(dout)
-    h64 = h.detach().double().requires_grad_()
-    p64 = probs.detach().double().requires_grad_()
-    ref = formula(h64, p64, s)
-    ref.backward(dout.double())
-    assert_one_rounding(out, ref.detach(), what="out")
+    h, probs, out, ref, h64, p64 = _fwd_bwd(128, 256, s, torch.bfloat16)
+    assert_one_rounding(out, ref, what="out")
     assert_one_rounding(h.grad, h64.grad, what="dh")
     assert_close(probs.grad, p64.grad, what="dprobs")
