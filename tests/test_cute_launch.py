@@ -185,3 +185,6 @@ def test_compile_key_names_the_host_function():
     assert a.key("sm_90a") != b.key("sm_90a")
     assert a.key("sm_90a") == CU.Launch("test.k", _host_a, None, sig).key("sm_90a")
     assert f"{__name__}._host_b" in b.key("sm_90a")
+    import functools   # a host callable with no qualified name (a partial) keys by its repr
+    p = CU.Launch("test.k", functools.partial(_host_a), None, sig)
+    assert p.key("sm_90a") != a.key("sm_90a") and p.key("sm_90a") == p.key("sm_90a")

@@ -447,7 +447,9 @@ class Launch:
         # the host function's qualified name too: two host functions given one ``name`` (as
         # cute_quantize's pipelined and plain quantize are) never share a compiled kernel
         fn = getattr(self.fn, "__wrapped__", self.fn)
-        return (self.name, f"{fn.__module__}.{fn.__qualname__}", self.sig, self.cfg, self.ptxas, arch)
+        qual = getattr(fn, "__qualname__", None)   # a callable object (e.g. a partial): its repr
+        host = f"{getattr(fn, '__module__', '')}.{qual}" if qual else repr(fn)
+        return (self.name, host, self.sig, self.cfg, self.ptxas, arch)
 
     def fake_args(self) -> tuple:
         return tuple(s.fake() for s in self.sig)
