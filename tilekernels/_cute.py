@@ -446,9 +446,9 @@ class Launch:
     def key(self, arch: str) -> tuple:
         # the host function's qualified name too: two host functions given one ``name`` (as
         # cute_quantize's pipelined and plain quantize are) never share a compiled kernel
+        # (a callable with no qualified name, e.g. a partial: its repr)
         fn = getattr(self.fn, "__wrapped__", self.fn)
-        qual = getattr(fn, "__qualname__", None)   # a callable object (e.g. a partial): its repr
-        host = f"{getattr(fn, '__module__', '')}.{qual}" if qual else repr(fn)
+        host = f"{getattr(fn, '__module__', '')}.{getattr(fn, '__qualname__', repr(fn))}"
         return (self.name, host, self.sig, self.cfg, self.ptxas, arch)
 
     def fake_args(self) -> tuple:

@@ -3,7 +3,8 @@
 #   G (carry .gpu-cutile): source .gpu-cutile/env.sh; bash benchmarks/probes/session75_gpu.sh G
 #   then session65_gpu.sh H1 / H2 (carry .gpu-cute, H200 only) and R here (carry .gpu-cute, same exports as H1).
 # G: cuTile unpacked for the later calls (its workspace file); compute-sanitizer's three tools on c1e3e23's cuTile
-#    gdn_pre_gated backward with the fp32 dpre scratch (the one-rounding GPU cases, fwd+bwd); the fwd+bwd time of the default (SD=False) against the old bf16 scratch (SD1), same process tree.
+#    gdn_pre_gated backward with the fp32 dpre scratch (the one-rounding GPU cases, fwd+bwd); the fwd+bwd time of
+#    the default (SD=False) against the old bf16 scratch (SD1), same process tree.
 # R: the registry's and tools' GPU tests after 7da4d58 / 09dd17b, 0e40d21's CuTe DSL compile key (the host function
 #    named) and the mHC registry file (CuTe DSL bundle, cuTile on PYTHONPATH).
 set -u

@@ -20,7 +20,8 @@ shifted by up to W-1 rows; cuTile has no register shift along a tile's rows (ext
 tile-aligned) and no intra-block barrier to read back its own stores. So dpre goes through a
 scratch [NT, C], fp32 (cfg.SD: dmixed's dtype, bf16 at the headline shape, the default until session 74:
 it rounded dpre once more, which moved 23% of dmixed's elements off the fp32 math rounded once; its speed
-against fp32's is unsettled: results/gdn.md) and the second pass reads it through shifted views (tile-aligned loads of dpre[s:]).
+against fp32's is unsettled: results/gdn.md) and the second pass reads it through shifted views
+(tile-aligned loads of dpre[s:]).
 dconv_weight's partials come from the fp32 dpre in registers, never from the scratch.
 
 Launches (``bwd_launches``; PreGatedBwdCfg names the fields):
