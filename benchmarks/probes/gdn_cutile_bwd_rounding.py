@@ -81,18 +81,20 @@ def main():
         print("RESULT " + json.dumps(r), flush=True)
         return
     res = {"device": torch.cuda.get_device_name()}
-    for name in a.variants.split(","):
+    names = a.variants.split(",")   # a name given twice (an interleaved A/B) keys its runs as name#1, name#2
+    keys = [f"{n}#{names[:i + 1].count(n)}" if names.count(n) > 1 else n for i, n in enumerate(names)]
+    for name, key in zip(names, keys):
         p = subprocess.run([sys.executable, __file__, "--one", name], capture_output=True, text=True)
         line = [ln for ln in p.stdout.splitlines() if ln.startswith("RESULT ")]
-        res[name] = json.loads(line[0][7:]) if line else {"error": (p.stdout + p.stderr)[-1500:]}
-        print(name, json.dumps(res[name])[:1600], flush=True)
+        res[key] = json.loads(line[0][7:]) if line else {"error": (p.stdout + p.stderr)[-1500:]}
+        print(key, json.dumps(res[key])[:1600], flush=True)
     with open(os.path.join(a.out, "gdn_cutile_bwd_rounding.json"), "w") as f:
         json.dump(res, f, indent=1)
     print(f"{'variant':10s} {'dmixed off':>11s} {'dw off':>8s} {'dmixed rel':>11s} {'fwd+bwd ms':>11s}")
-    for name in a.variants.split(","):
-        r = res[name]
+    for key in keys:
+        r = res[key]
         if "error" not in r:
-            print(f"{name:10s} {r['dmixed']['off']:11.4f} {r['dconv_weight']['off']:8.4f} "
+            print(f"{key:10s} {r['dmixed']['off']:11.4f} {r['dconv_weight']['off']:8.4f} "
                   f"{r['dmixed']['rel']:11.2e} {r['fwd+bwd ms']:11.3f}")
 
 

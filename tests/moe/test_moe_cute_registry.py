@@ -23,7 +23,7 @@ import registry
 from mxfp8_gemm_helpers import prequant_weight
 from tilekernels._glue import poisoned
 from tilekernels.moe import reference as ref
-from tilekernels.testing import assert_close
+from tilekernels.testing import assert_close, assert_one_rounding
 
 BF = torch.bfloat16
 cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
@@ -250,6 +250,12 @@ def test_grouped_mlp_forward_backward(splits, HF):
     for name, g, r in zip(("dx", "dprobs", "dfc1", "dfc2"), grads, want):
         # dprobs is fp32 but a sum over F of products of quantized (bf16-level) operands: bf16 tolerance
         assert_close(g, r, BF, what=name)
+    # h, a, dA and dh stay fp32 (OPS.md): the bf16 outputs are the float64 recipe rounded once but where an e4m3
+    # value of a quantized intermediate flips (whole rows, rare): test_moe_grouped_mlp's bound, which an extra bf16
+    # rounding of an intermediate (13-95% off) fails where the norm-wise tolerance above cannot see it
+    for name, g, r in (("y", y, yr), ("dx", grads[0], want[0]), ("dfc1", grads[2], want[2]),
+                       ("dfc2", grads[3], want[3])):
+        assert_one_rounding(g, r, what=name, max_fraction=0.05, max_row_fraction=1.0)
 
 
 @cuda
