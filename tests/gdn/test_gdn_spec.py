@@ -60,6 +60,15 @@ def test_pre_hv_not_multiple_of_hk():
     refused(PRE, [mk.mixed((1, 3), 3, 4, dk, dv), w, A, dt], dict(Hk=3, dk=dk, dv=dv), "Hv % Hk == 0")
 
 
+def test_hv_fewer_than_hk_refused():
+    """Hv % Hk == 0 also refuses Hk > Hv (Hk=4, Hv=2: 2 % 4 != 0), in both ops: a value head would serve less
+    than one key head."""
+    w, A, dt = mk.weights(4, 2, dk, dv, W)
+    refused(PRE, [mk.mixed((1, 3), 4, 2, dk, dv), w, A, dt], dict(Hk=4, dk=dk, dv=dv), "Hv % Hk == 0")
+    conv, ssm = mk.decode_states(2, 4, 2, dk, dv, W)
+    refused(DEC, [mk.mixed((2,), 4, 2, dk, dv), conv, w, A, dt, ssm], dict(Hk=4), "Hv % Hk == 0")
+
+
 def test_pre_d_mismatch():
     a = pre_args()
     refused(PRE, [a[0][..., :-1].contiguous()] + a[1:], P, "tensor mixed")
@@ -153,6 +162,10 @@ def test_decode_state_indices():
     a = dec_args()
     for idx in ([0, 4, 1], [0, -2, 1]):
         refused(DEC, a, dict(Hk=Hk, state_indices=torch.tensor(idx, dtype=torch.int32)), "[-1, N)")
+    one = dec_args(B=1)   # a batch of one row is held to the slot range too
+    for idx in ([4], [-2]):
+        refused(DEC, one, dict(Hk=Hk, state_indices=torch.tensor(idx, dtype=torch.int32)), "[-1, N)")
+    DEC(*one, Hk=Hk, state_indices=torch.tensor([3], dtype=torch.int32))
     refused(DEC, a, dict(Hk=Hk, state_indices=torch.tensor([0, 1, 2])), "tensor state_indices", "int64")
     refused(DEC, a, dict(Hk=Hk, state_indices=torch.tensor([0, 1], dtype=torch.int32)), "tensor state_indices")
     refused(DEC, a, dict(Hk=Hk, state_indices=torch.tensor([2, 0, 2], dtype=torch.int32)), "same state slot")
