@@ -290,6 +290,10 @@ def test_collective_without_process_group_refused():
     assert not torch.distributed.is_initialized()
     _refused(TO_HP, _x(4, 2), torch.tensor([0, 8]), cp=2, match="not initialized")
     _refused(TO_CP, _x(8, 1), torch.tensor([0, 8]), match="not initialized")
+    # explain says so for each backend: the cuTile pack kernels as well as the torch gathers need a process group
+    for op, x, kw in ((TO_HP, _x(4, 2), dict(cp=2)), (TO_CP, _x(8, 1), {})):
+        for name, ok, why in op.explain(x, torch.tensor([0, 8]), **kw):
+            assert not ok and "torch.distributed is not initialized" in why, (name, why)
 
 
 @pytest.mark.parametrize("group", ["x", 123, object()])
