@@ -131,10 +131,6 @@ def test_decode_empty_batch_without_slots_is_not_a_slots_refusal():
         assert "no state slots" not in _why(_dec(0, 0, 1, 2, 4, 4), backend)
 
 
-_CUTILE_DEC = ("N * Hv * dk * dv < 2**31 and N * (2*Hk*dk + Hv*dv) * (W - 1) < 2**31 "
-               "and B * (2*Hk*dk + 2*Hv*dv + 2*Hv) < 2**31")
-
-
 @pytest.mark.parametrize("tensor", ["ssm_state", "conv_state", "mixed"])
 def test_decode_cutile_elements_are_int32(tensor):
     """cutile indexes every tensor with int32: each of ssm_state (N * Hv * dk * dv), conv_state
@@ -147,7 +143,7 @@ def test_decode_cutile_elements_are_int32(tensor):
         else:   # D = 32 (2 of them the b|a gates), conv_dim 16, ssm_state 14 a slot, N = B
             rows = _dec(2**26 + k, 2**26 + k, 1, 1, 1, 14, W=2)
         why = _why(rows, "cutile")
-        if over:
-            _limited(why, "cutile", _CUTILE_DEC, "every tensor < 2**31 elements")
+        if over:   # (one limit of three clauses: what fails is read from the edge, not from the text)
+            assert "cutile limit " in why and "every tensor < 2**31 elements" in why, why
         else:
             assert "limit" not in why, why
