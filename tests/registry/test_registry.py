@@ -403,3 +403,89 @@ def test_value_reading_rules_are_detected():
     assert not _reads_values("dtype(x) == 'float32' and ndim(cu) == 1 and present(x)", t)
     assert not _reads_values("max(T, n) < 2**31", t)
     registry.clear_caches()
+
+
+# ---------------------------------------------------------------- pinned by a mutation audit of registry/validate.py
+# Each test below failed on a small change to the validation code (a dropped or weakened check, a message that lost
+# what it must name) that the tests above let pass.
+
+
+def test_dim_below_its_minimum_is_refused(op):
+    """A dim's lower bound is checked, not only its upper one: n = 0 streams (min 1) would hand the kernels an
+    empty stream axis to divide by; the error names the dim, the tensor dim it came from and the size."""
+    assert "dim n (tensor x's dim 1): expected 1 <= n <= 8, got 0" in err(op, torch.randn(2, 0, 4))
+    assert op.bind(torch.randn(2, 1, 4)).dims["n"] == 1   # the bound itself is allowed
+
+
+def test_literal_sizes_in_a_shape_are_checked():
+    """A shape entry given as an int (a fixed size, e.g. a 4-wide gate vector) is checked like a dim expression: a
+    tensor whose size there differs is refused, naming tensor, expected shape and the size got."""
+    spec = make_spec(inputs=[TensorSpec(name="x", shape=["T", "n", "C"], dtypes=["float32"]),
+                             TensorSpec(name="y", shape=["T", 4], dtypes="like:x", optional=True)])
+    op = Op(spec)
+    x = torch.randn(3, 2, 4)
+    assert op.bind(x, torch.randn(3, 4)).dims == {"T": 3, "n": 2, "C": 4}
+    msg = err(op, x, torch.randn(3, 5))
+    assert "tensor y: expected shape [T, 4] with dim 1 (4) = 4, got [3, 5]" in msg, msg
+
+
+def test_non_contiguous_error_gives_the_strides_and_shape(op):
+    """The contiguity error says what was got: the tensor's strides and shape (a transposed view's), so a user
+    sees which dim is out of order, not only that one is."""
+    bad = torch.randn(2, 4, 2).transpose(1, 2)
+    msg = err(op, bad)
+    assert "tensor x: expected a contiguous tensor, got strides (8, 1, 2) for shape (2, 2, 4)" in msg, msg
+
+
+def test_a_required_param_left_out_is_named_as_required():
+    """A required param (cp's ``cp``: no default) left out is refused as missing, "got nothing (it is required)",
+    not as a None the caller never passed; passing it binds."""
+    op = Op(make_spec(params=[Param(name="parts", type="int", required=True, min=1)]))
+    x = torch.randn(3, 2, 4)
+    assert "param parts: expected a int, got nothing (it is required)" in err(op, x)
+    assert op.bind(x, parts=2).params == {"parts": 2}
+
+
+def test_a_call_matching_two_layouts_is_refused():
+    """Layout conditions must pick exactly one layout: a call that two of them accept (a spec whose conditions
+    overlap) is refused naming both, not bound with whichever comes first (its shapes, and the kernels' indexing,
+    would then be a guess)."""
+    spec = make_spec(
+        layouts={"flat": "ndim(x) == 2", "wide": "ndim(x) >= 2"},
+        dims=[Dim(name="T"), Dim(name="D")],
+        inputs=[TensorSpec(name="x", shape={"flat": ["T", "D"], "wide": ["T", "D"]}, dtypes=["float32"])],
+        outputs=[TensorSpec(name="out", role="out", shape={"flat": ["T", "D"], "wide": ["T", "D"]},
+                            dtypes="like:x")],
+        constraints=[], backends=[Backend(name="torch", module="_tk_fake_backend")])
+    msg = err(Op(spec), torch.randn(2, 3))
+    assert "layout: expected exactly one of" in msg and "got ['flat', 'wide']" in msg, msg
+
+
+def test_every_entry_of_an_ints_param_is_range_checked():
+    """An ``ints`` param's bounds apply to each entry (cp's split_sections: sizes >= 1), the last one too; the
+    error names the param, the bounds and the list got."""
+    op = Op(make_spec(params=[Param(name="sections", type="ints", nullable=True, default=None, min=1, max=64)]))
+    x = torch.randn(3, 2, 4)
+    assert op.bind(x, sections=[1, 64]).params["sections"] == (1, 64)
+    for bad in ([2, 0], (1, 65)):   # (the bounds print as floats: Param.min / max are floats)
+        msg = err(op, x, sections=bad)
+        assert "param sections: expected every entry in [1.0, 64.0]" in msg and f"got {tuple(bad)}" in msg, msg
+
+
+def test_explain_lists_backends_in_preference_order(op):
+    """explain's rows come in the spec's preference order (the order ``auto`` tries them), so its first usable
+    row is the backend a call runs."""
+    assert [name for name, _, _ in op.explain(torch.randn(2, 2, 4))] == ["cutile", "torch"]
+
+
+def test_a_gpu_backend_refuses_a_device_past_its_sm_range():
+    """A GPU backend lists an SM range: a device above it (sm_120 for sm_90..sm_100 kernels) is refused as well as
+    one below it, the reason naming both (no GPU needed: the SM is given)."""
+    from registry.core import machine_reasons
+
+    b = make_spec().backend("cutile")
+    for sm in (80, 120):
+        why, got = machine_reasons(b, torch.device("cuda", 0), sm=sm)
+        assert got == sm and f"device is sm_{sm}; cutile kernels need sm_90..sm_100" in why, why
+    why, _ = machine_reasons(b, torch.device("cuda", 0), sm=100)
+    assert not any("device is sm_" in w for w in why), why
