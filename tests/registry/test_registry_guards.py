@@ -239,3 +239,20 @@ def test_quick_path_answers_only_what_the_full_path_would(counted, monkeypatch):
     for _ in range(3):
         gl(a, w, m, backend="torch")
     assert not gl._quick and all(e[G.QUICK] is None for e in gl._guards._entries)
+
+
+def test_value_check_memo_is_for_the_very_tensors_it_checked():
+    """The value-rule memo (validate's ``_CHECKED_VALUES``) keys a GPU tensor by id and version alone (its values
+    cannot be read without a sync): a new tensor that reuses a freed one's id, version 0 again, would match the key.
+    The memo then also holds weak references and answers only for the very same objects. Pinned on the helpers
+    (CPython's id reuse cannot be forced): the key a tensor left does not count as checked for another tensor."""
+    import registry.validate as V
+
+    a, b = torch.tensor([4, 2]), torch.tensor([7, -1])
+    key = ("op", "same metadata, id and version")
+    V._remember_checked(key, ("m_splits",), {"m_splits": a})
+    try:
+        assert V._seen_checked(key, ("m_splits",), {"m_splits": a})
+        assert not V._seen_checked(key, ("m_splits",), {"m_splits": b})
+    finally:
+        V._CHECKED_VALUES.pop(key, None)
