@@ -479,3 +479,24 @@ def test_cp_refusal_under_compile_as_a_process_first_use():
 
     p = subprocess.run([sys.executable, "-c", _COLD_CP], capture_output=True, text=True, timeout=600)
     assert p.returncode == 0 and p.stdout.strip().endswith("ok"), (p.stdout[-2000:], p.stderr[-3000:])
+
+
+_F64_OUT = sorted({s.name for s in all_specs() for t in s.outputs if isinstance(t.dtypes, list)
+                   and len(t.dtypes) > 1 and "float64" in t.dtypes and s.name != "mxfp8_dequantize"})
+
+
+@pytest.mark.parametrize("case", [c for c in _cases(with_grads=False) if c.values[0].op in _F64_OUT])
+def test_float64_calls_get_float64_outputs(case):
+    """Reference mode: an output whose dtypes are ["float32", "float64"] is allocated float64 when the op's first
+    input is (the spec's rule: float64 calls run entirely in float64); float32 there would round every float64
+    result the tests compare against the reference. Allocation is cached by shapes: a float32 call of the same
+    shapes first must not hand its plan to the float64 one."""
+    op = registry.get(case.op)
+    args, params = _inputs(case, requires_grad=False)
+    f64 = [a.double() if isinstance(a, torch.Tensor) and a.is_floating_point() and a.element_size() > 1 else a
+           for a in args]
+    for call_args, f64_call in ((args, False), (f64, True)):
+        outs = _results(op(*call_args, **params))
+        if f64_call:   # (every floating output then: the float64-capable ones and those "like:" a float64 input)
+            assert all(t.dtype == torch.float64 for t in outs if t.is_floating_point()), \
+                (case.op, [t.dtype for t in outs])

@@ -489,3 +489,10 @@ def test_a_gpu_backend_refuses_a_device_past_its_sm_range():
         assert got == sm and f"device is sm_{sm}; cutile kernels need sm_90..sm_100" in why, why
     why, _ = machine_reasons(b, torch.device("cuda", 0), sm=100)
     assert not any("device is sm_" in w for w in why), why
+
+
+def test_surplus_positional_arguments_are_refused(op):
+    """More positional arguments than the spec has tensors (a param passed positionally, one tensor too many) is
+    refused, naming the count and the tensors taken, not silently cut to the first ones."""
+    x = torch.randn(3, 2, 4)
+    assert "arguments: expected at most 2 positional tensors ['x', 'y'], got 3" in err(op, x, torch.randn(3, 8), 2.0)
