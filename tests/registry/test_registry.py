@@ -496,3 +496,16 @@ def test_surplus_positional_arguments_are_refused(op):
     refused, naming the count and the tensors taken, not silently cut to the first ones."""
     x = torch.randn(3, 2, 4)
     assert "arguments: expected at most 2 positional tensors ['x', 'y'], got 3" in err(op, x, torch.randn(3, 8), 2.0)
+
+
+def test_a_backend_without_a_backward_is_refused_when_a_gradient_is_needed():
+    """A backend that implements the forward pass only is refused for a call that needs a gradient (its backward
+    would fail after the forward ran), the reason saying so; the same call without gradients does not name it."""
+    spec = make_spec(differentiable=True, backends=[
+        Backend(name="cutile", module="_tk_fake_backend", sm=(90, 100), toolchain=["cutile"], passes=["fwd"]),
+        Backend(name="torch", module="_tk_fake_backend")])
+    op = Op(spec)
+    why = dict((b, w) for b, _, w in op.explain(torch.randn(2, 2, 4, requires_grad=True)))["cutile"]
+    assert "cutile has no bwd kernel and a gradient is needed" in why, why
+    why = dict((b, w) for b, _, w in op.explain(torch.randn(2, 2, 4)))["cutile"]
+    assert "no bwd kernel" not in why, why
