@@ -509,3 +509,12 @@ def test_a_backend_without_a_backward_is_refused_when_a_gradient_is_needed():
     assert "cutile has no bwd kernel and a gradient is needed" in why, why
     why = dict((b, w) for b, _, w in op.explain(torch.randn(2, 2, 4)))["cutile"]
     assert "no bwd kernel" not in why, why
+
+
+def test_a_cached_call_on_another_device_is_validated_again(op):
+    """The validated-call cache keys a tensor's device with its metadata: a second call whose second tensor moved
+    to another device (same shape, strides, dtype) is validated again and refused, not answered from the first
+    call's entry."""
+    x = torch.randn(3, 2, 4)
+    op(x, torch.randn(3, 8))
+    assert "tensor y: expected device cpu (like x), got meta" in err(op, x, torch.empty(3, 8, device="meta"))
