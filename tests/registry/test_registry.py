@@ -71,8 +71,9 @@ def test_traced_limits_keep_batch_dims_symbolic():
     limits are read)."""
     from torch._dynamo.utils import counters
 
-    spec = make_spec(entry="_tk_fake_backend:traced_entry", backends=[Backend(name="torch", module="_tk_fake_backend", constraints=[
-        Constraint(expr="T * n * C < 2**40 and (T * n) ** 2 >= 0", message="int extents")])])
+    spec = make_spec(entry="_tk_fake_backend:traced_entry", backends=[Backend(
+        name="torch", module="_tk_fake_backend",
+        constraints=[Constraint(expr="T * n * C < 2**40 and (T * n) ** 2 >= 0", message="int extents")])])
     fake = Op(spec)
     fake.entry  # noqa: B018 - imported outside the trace, as registry.get does
     torch._dynamo.reset()
@@ -137,7 +138,8 @@ def test_tensor_errors(op):
     assert "expected 3 dims [T, n, C], got 2 dims" in err(op, torch.randn(3, 4))
     assert ("tensor y: expected shape [T, n*C] with dim 1 (n*C) = 8 for n=2 (x's dim 1), C=4 (x's dim 2), got [3, 7]"
             in err(op, x, torch.randn(3, 7)))
-    assert "contiguous" in err(op, torch.randn(3, 4, 2).transpose(1, 2).contiguous().transpose(1, 2)[:, :, :].permute(0, 1, 2).as_strided((3, 2, 4), (8, 1, 2)))
+    strided = torch.randn(3, 4, 2).transpose(1, 2).contiguous().transpose(1, 2)[:, :, :].permute(0, 1, 2)
+    assert "contiguous" in err(op, strided.as_strided((3, 2, 4), (8, 1, 2)))
     assert "device cpu" in err(op, x, torch.empty(3, 8, device="meta"))
     assert "unknown argument" in err(op, x, bogus=1)
     assert "given both positionally and by keyword" in err(op, x, x=x)
