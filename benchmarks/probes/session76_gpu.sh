@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
-# Session 76's device calls (repo root; OUT exported), on one warm machine in this order:
+# Session 76's device calls (repo root; OUT exported), on one warm machine:
 #   G (carry .gpu-cutile): source .gpu-cutile/env.sh; bash benchmarks/probes/session76_gpu.sh G
 #   R (carry .gpu-cute): source .gpu-cute/env.sh; export PYTHONPATH=$PYTHONPATH:/tmp/tk-cutile/site \
 #     PATH=/tmp/tk-cutile/cu13/bin:$PATH; unset CUDA_HOME CUDA_PATH; bash benchmarks/probes/session76_gpu.sh R
-#   then, on an H200 only, session65_gpu.sh H1 / H2 (issue 15's rows) with R's exports.
+#   R after G has cuTile beside CuTe DSL (G unpacks it); R alone runs the CuTe DSL and torch cases, the cuTile ones skip.
+#   Then, on an H200 only, session65_gpu.sh H1 / H2 (issue 15's rows) with R's exports.
 # G: cuTile unpacked for the later calls (its workspace test); the interleaved A/B that session 75 owed: the cuTile GDN
 #    backward's fp32 dpre scratch (default) against the old bf16 one (SD1), twice each, alternating.
 # R: the registry's and tools' GPU tests, 0e40d21's CuTe DSL compile key (never run on a GPU), the mHC cuTile registry
