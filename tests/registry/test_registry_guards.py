@@ -256,3 +256,31 @@ def test_value_check_memo_is_for_the_very_tensors_it_checked():
         assert not V._seen_checked(key, ("m_splits",), {"m_splits": b})
     finally:
         V._CHECKED_VALUES.pop(key, None)
+
+
+def test_an_op_with_value_rules_never_takes_the_quick_path(counted):
+    """An op whose rules read tensor values (gdn_pre_gated: cu_seqlens nondecreasing, from 0 to T) may not take
+    the quick path, which runs a seen pattern's prepared call with no check at all: a later call of the same
+    metadata with other values (a new cu_seqlens, or the checked one rewritten without a version bump) must still
+    meet its value rules. Pinned on a call the quick path would otherwise take (a named backend, every input
+    positional: grouped_linear above is kept off it by its int-list input already), through ``Op.__call__``:
+    the bad values are refused after the pattern's Prepared call exists."""
+    from tilekernels._opgen import Prepared
+
+    op = registry.get("gdn_pre_gated")
+    Hk, Hv, dk, dv, W, T = 1, 1, 2, 2, 2, 6
+    p = dict(Hk=Hk, dk=dk, dv=dv, backend="torch")
+    ins = [torch.randn(T, 2 * Hk * dk + 2 * Hv * dv + 2 * Hv), torch.randn(2 * Hk * dk + Hv * dv, W),
+           torch.randn(Hv), torch.randn(Hv)]
+    cu = torch.tensor([0, 3, T], dtype=torch.int32)
+    want = op(*ins, cu, **p)
+    for _ in range(3):  # the pattern made, its Prepared call built, then called
+        got = op(*ins, cu, **p)
+        assert all(torch.equal(a, b) for a, b in zip(got, want))
+    assert any(isinstance(e[G.RUN], Prepared) for e in op._guards._entries), "no Prepared call: nothing pinned"
+    with pytest.raises(SpecError, match="cu_seqlens must"):
+        op(*ins, torch.tensor([0, 4, 3], dtype=torch.int32), **p)
+    cu.numpy()[1:] = [T, 3]  # the checked tensor itself, rewritten as a serving loop refills it (no version bump)
+    with pytest.raises(SpecError, match="cu_seqlens must"):
+        op(*ins, cu, **p)
+    assert not op._quick and all(e[G.QUICK] is None for e in op._guards._entries)
