@@ -500,3 +500,55 @@ def test_float64_calls_get_float64_outputs(case):
         if f64_call:   # (every floating output then: the float64-capable ones and those "like:" a float64 input)
             assert all(t.dtype == torch.float64 for t in outs if t.is_floating_point()), \
                 (case.op, [t.dtype for t in outs])
+
+
+def _pre_gated_inputs(requires_grad: bool, Hk=1, Hv=2, dk=2, dv=2, W=3, T=7):
+    """A small THD call of gdn_pre_gated: inputs (cu_seqlens last, on the CPU) and params."""
+    gen = torch.Generator().manual_seed(3)  # (the same values in every call of a test)
+    ins = [torch.randn(T, 2 * Hk * dk + 2 * Hv * dv + 2 * Hv, generator=gen),
+           torch.randn(2 * Hk * dk + Hv * dv, W, generator=gen), torch.randn(Hv, generator=gen),
+           torch.randn(Hv, generator=gen)]
+    ins = [t.requires_grad_(requires_grad) for t in ins]
+    return ins + [torch.tensor([0, 3, T], dtype=torch.int32)], dict(Hk=Hk, dk=dk, dv=dv, return_conv_state=True)
+
+
+def test_a_non_differentiable_output_is_marked_so():
+    """An output the spec declares not differentiable (gdn_pre_gated's conv_state) is marked so by the op's
+    autograd.Functions (``ctx.mark_non_differentiable``): with inputs that require grad it has no grad_fn and does
+    not require grad on the general path (``Fn``), on a Prepared call (``FnP``) and inside torch.func.grad
+    (``FnT``), while backward through the other outputs gives the reference's gradients. Unmarked, it would be a
+    differentiable output of the Function: a loss built on it would backpropagate zeros, silently, instead of
+    autograd's refusal."""
+    op = registry.get("gdn_pre_gated")
+    op._guards.clear()
+    op._checked.clear()
+    plain, params = _pre_gated_inputs(False)
+    leaves = [t.detach().clone().requires_grad_() for t in plain[:4]]
+    r = op.reference(*leaves, plain[4], **params)
+    (r[0].sum() + (r[4] * r[4]).sum()).backward()
+    want = [t.grad for t in leaves]
+    names = []
+    for _ in range(4):  # the general path, then (the pattern made, its Prepared call built) Prepared calls
+        args, _ = _pre_gated_inputs(True)
+        out = op(*args, **params, backend="torch")
+        assert out[6].grad_fn is None and not out[6].requires_grad, type(out[6].grad_fn).__name__
+        assert all(o.requires_grad for o in out[:6])
+        names.append(type(out[0].grad_fn).__name__)
+        with pytest.raises(RuntimeError, match="does not require grad"):
+            torch.autograd.grad(out[6].sum(), args[:4], allow_unused=True)
+        (out[0].sum() + (out[4] * out[4]).sum()).backward()
+        for a, w in zip(args[:4], want):
+            torch.testing.assert_close(a.grad, w)
+    assert names[0] == "GdnPreGatedBackward" and names[-1] == "GdnPreGatedPreparedBackward", names
+
+    seen = []
+
+    def q_sum(mixed, *rest):
+        out = op(mixed, *rest, plain[4], **params, backend="torch")
+        seen.append((out[6].requires_grad, out[0].requires_grad))
+        return out[0].sum() + (out[4] * out[4]).sum()
+
+    got = torch.func.grad(q_sum, argnums=(0, 1, 2, 3))(*plain[:4])
+    assert seen == [(False, True)], seen
+    for g, w in zip(got, want):
+        torch.testing.assert_close(g, w)
