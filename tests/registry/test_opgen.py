@@ -552,3 +552,26 @@ def test_a_non_differentiable_output_is_marked_so():
     assert seen == [(False, True)], seen
     for g, w in zip(got, want):
         torch.testing.assert_close(g, w)
+
+
+def test_a_non_differentiable_op_records_no_graph():
+    """A non-differentiable op (no backward) runs its forward with grad mode off, whatever its inputs
+    (``_Gen.call`` and ``Prepared.no_grad``): an input that requires grad gives outputs with no grad_fn that do
+    not require grad, on the general path, a Prepared call and the quick path, so a loss built on them is refused
+    by autograd rather than differentiated through the torch kernel's ops (which would give a gradient the op
+    says it has none of, and on a GPU backend would have none). A synthetic generated op (``_tk_gen_fake``): the
+    real forward-only ops have float8 / integer outputs or refuse such an input."""
+    from _tk_gen_fake import NODIFF
+    from registry.guards import QUICK
+
+    op = registry.Op(NODIFF)
+    x = torch.randn(3, 4, requires_grad=True)
+    for i in range(4):  # the general path, the pattern made, its Prepared call built, then the quick path
+        out = op(x, scale=3.0, backend="torch")
+        assert out.grad_fn is None and not out.requires_grad, (i, out.grad_fn)
+        assert torch.equal(out, x.detach() * 3.0)
+    assert any(e[QUICK] is not None for e in op._guards._entries), "no quick path: nothing pinned there"
+    with pytest.raises(RuntimeError, match="does not require grad"):
+        out.sum().backward()
+    with torch.no_grad():  # (no graph anyway)
+        assert op(x, scale=3.0, backend="torch").grad_fn is None
