@@ -140,6 +140,13 @@ class TensorSpec(_Model):
 _PARAM_TYPES = {"int": int, "float": (int, float), "bool": bool, "str": str}
 
 
+def bound_text(param_type: str, b: float) -> str:
+    """A param's min or max as messages print it. Param keeps its bounds as floats (``min=1`` is stored 1.0): a
+    whole bound of an int or ints param prints as the int it is ("[1, 64]", not "[1.0, 64.0]"), any other as
+    stored (a float param's ``>= 0.0``)."""
+    return str(int(b)) if param_type in ("int", "ints") and math.isfinite(b) and b == int(b) else str(b)
+
+
 class Param(_Model):
     """A typed parameter with default and range.
 
@@ -173,7 +180,8 @@ class Param(_Model):
         problems = [f"param {self.name}: {b} {v} is NaN" for b, v in (("min", self.min), ("max", self.max))
                     if v is not None and math.isnan(v)]
         if self.min is not None and self.max is not None and self.min > self.max:
-            problems.append(f"param {self.name}: min {self.min} > max {self.max}")
+            problems.append(f"param {self.name}: min {bound_text(self.type, self.min)} > max "
+                            f"{bound_text(self.type, self.max)}")
         if self.instance_of is not None and (self.type != "object" or not _ENTRY.match(self.instance_of)):
             problems.append(f"param {self.name}: instance_of {self.instance_of!r} needs type object and "
                             "a 'module:Class' path")
@@ -207,9 +215,9 @@ class Param(_Model):
             values = [d] if self.type in ("int", "float") else []
         out = []
         if self.min is not None and any(v < self.min for v in values):
-            out.append(f"{what} is below min {self.min}")
+            out.append(f"{what} is below min {bound_text(self.type, self.min)}")
         if self.max is not None and any(v > self.max for v in values):
-            out.append(f"{what} is above max {self.max}")
+            out.append(f"{what} is above max {bound_text(self.type, self.max)}")
         return out
 
 

@@ -465,13 +465,30 @@ def test_a_call_matching_two_layouts_is_refused():
 
 def test_every_entry_of_an_ints_param_is_range_checked():
     """An ``ints`` param's bounds apply to each entry (cp's split_sections: sizes >= 1), the last one too; the
-    error names the param, the bounds and the list got."""
+    error names the param, the bounds and the list got. The bounds print as the ints they are: Param stores them
+    as floats, and the message said "every entry in [1.0, 64.0]" (an audit's find); one bound alone prints
+    alone, not as "[1.0, None]"."""
     op = Op(make_spec(params=[Param(name="sections", type="ints", nullable=True, default=None, min=1, max=64)]))
     x = torch.randn(3, 2, 4)
     assert op.bind(x, sections=[1, 64]).params["sections"] == (1, 64)
-    for bad in ([2, 0], (1, 65)):   # (the bounds print as floats: Param.min / max are floats)
+    for bad in ([2, 0], (1, 65)):
         msg = err(op, x, sections=bad)
-        assert "param sections: expected every entry in [1.0, 64.0]" in msg and f"got {tuple(bad)}" in msg, msg
+        assert f"param sections: expected every entry in [1, 64], got {tuple(bad)}" in msg, msg
+    for bounds, want in [(dict(min=1), "every entry >= 1"), (dict(max=64), "every entry <= 64")]:
+        one = Op(make_spec(params=[Param(name="sections", type="ints", nullable=True, default=None, **bounds)]))
+        assert f"param sections: expected {want}, got (0, 65)" in err(one, x, sections=[0, 65])
+
+
+def test_an_int_params_bounds_print_as_ints():
+    """An int param's refusal prints its bounds as ints ("expected >= 1, got 0"), not as the floats Param stores
+    ("expected >= 1.0"); a float param's keep their float form ("expected >= 0.0")."""
+    op = Op(make_spec(params=[Param(name="parts", type="int", default=2, min=1, max=8),
+                              Param(name="scale", type="float", default=1.0, min=0, max=2.5)]))
+    x = torch.randn(3, 2, 4)
+    assert "param parts: expected >= 1, got 0" in err(op, x, parts=0)
+    assert "param parts: expected <= 8, got 9" in err(op, x, parts=9)
+    assert "param scale: expected >= 0.0, got -1.0" in err(op, x, scale=-1.0)
+    assert "param scale: expected <= 2.5, got 3.0" in err(op, x, scale=3.0)
 
 
 def test_explain_lists_backends_in_preference_order(op):

@@ -241,17 +241,18 @@ def test_backend_constraint_when_naming_unknown(tmp_path, capsys):
 
 
 @pytest.mark.parametrize("param, problem", [
-    ({"type": "int", "default": 0, "min": 1}, "param k: default 0 is below min 1.0"),
-    ({"type": "int", "default": 9, "max": 8}, "param k: default 9 is above max 8.0"),
+    ({"type": "int", "default": 0, "min": 1}, "param k: default 0 is below min 1"),
+    ({"type": "int", "default": 9, "max": 8}, "param k: default 9 is above max 8"),
     ({"type": "int", "default": True}, "param k: default True is not of type int (a bool is not a number)"),
     ({"type": "float", "default": False}, "param k: default False is not of type float (a bool is not a number)"),
     ({"type": "int", "default": 1.5}, "param k: default 1.5 is not of type int"),
     ({"type": "str", "default": 3}, "param k: default 3 is not of type str"),
     ({"type": "bool", "default": 1}, "param k: default 1 is not of type bool"),
     ({"type": "ints", "default": [1, True]}, "param k: default [1, True] is not a list of ints"),
-    ({"type": "ints", "default": [1, 50], "max": 10}, "param k: default [1, 50] is above max 10.0"),
+    ({"type": "ints", "default": [1, 50], "max": 10}, "param k: default [1, 50] is above max 10"),
     ({"type": "float", "default": None}, "param k: default None is not of type float (nullable=True allows None)"),
     ({"type": "float", "default": 1.5, "min": 2, "max": 1}, "param k: min 2.0 > max 1.0"),
+    ({"type": "int", "default": 1, "min": 2, "max": 1}, "param k: min 2 > max 1"),  # (an int param's bounds: ints)
     ({"type": "float", "default": float("nan")}, "param k: default nan is not finite (set finite=False to allow"),
     ({"type": "float", "default": float("-inf")}, "param k: default -inf is not finite"),
     ({"type": "str", "default": "a", "min": 1}, "param k: min/max apply to int, float and ints params, not str"),
