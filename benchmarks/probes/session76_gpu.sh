@@ -18,7 +18,7 @@ G) session_start
    step sd_ab 300 python3 "$D/gdn_cutile_bwd_rounding.py" --variants default,SD1,default,SD1
    tail -6 "$OUT/sd_ab.log" ;;
 R) session_start
-   step reg 330 $P -n 14 --junitxml="$OUT/reg.xml" tests/registry tests/tools tests/test_cute_launch.py \
+   step reg 280 $P -n 14 --junitxml="$OUT/reg.xml" tests/registry tests/tools tests/test_cute_launch.py \
      tests/mhc/test_mhc_cutile_registry.py tests/moe/test_moe_cute_registry.py ;;
 *) echo "usage: session76_gpu.sh G|R"; exit 2 ;;
 esac
