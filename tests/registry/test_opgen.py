@@ -225,6 +225,29 @@ def test_forward_ad_and_double_backward_still_refused(case):
         torch.autograd.grad((g0.float() ** 2).sum(), leaves, allow_unused=True, materialize_grads=True)
 
 
+@pytest.mark.parametrize("case", [c for c in CASES if c.values[0].op in ("mhc_sinkhorn", "gdn_pre_gated")])
+def test_double_backward_of_a_prepared_call_still_refused(case):
+    """A repeated call (the third of one metadata: the registry's Prepared call, ``FnP``) refuses a second order as
+    the first call does: its backward under create_graph takes Fn's recording path, whose results carry the node
+    that raises. Pinned by a mutation audit: a FnP.backward that took its plain path (the kernel called directly)
+    with grad mode on passed every other test, and a second backward then ran through the torch kernel's own ops
+    (a GPU kernel's results have none: zeros or no gradient, silently)."""
+    op = registry.get(case.op)
+    op._guards.clear()
+    op._checked.clear()
+    for _ in range(3):
+        args, params = _inputs(case, requires_grad=True)
+        outs = [t for t in _results(op(*args, **params)) if t.requires_grad]
+    assert all(type(o.grad_fn).__name__.endswith("PreparedBackward") for o in outs)
+    leaves = [a for a in args if isinstance(a, torch.Tensor) and a.requires_grad]
+    v = [torch.randn_like(t).requires_grad_() for t in outs]
+    g = torch.autograd.grad(outs, leaves, v, create_graph=True, allow_unused=True)
+    g0 = next(t for t in g if t is not None)
+    assert g0.requires_grad  # a grad_fn that refuses, not a plain tensor
+    with pytest.raises(NotImplementedError, match=f"^{case.op}: a gradient through the op's backward"):
+        g0.sum().backward()
+
+
 
 
 @pytest.mark.parametrize("case", CASES)
