@@ -187,6 +187,25 @@ def test_prepared_call_keeps_nothing_of_the_call_that_built_it(monkeypatch):
     assert torch.equal(op(x), registry.get("mhc_sinkhorn").reference(x))
 
 
+def test_prepared_call_refuses_a_dual_input():
+    """A dual input (forward-mode AD) to a call whose metadata has a Prepared call raises as the first call does: the
+    Prepared call leaves a forward-AD level to the general path (``_moded``), which refuses it (no jvp). Pinned by a
+    mutation audit: a Prepared call that ran its kernel on the dual's primal passed every other test, and gave an
+    output with no tangent, silently."""
+    op = registry.get("mhc_sinkhorn")
+    op._guards.clear()
+    op._checked.clear()
+    x = torch.randn(7, 4, 4)
+    with fwad.dual_level():
+        for _ in range(3):
+            op(x)
+        assert _prepared(op), "no Prepared call built under the dual level"
+        dual = fwad.make_dual(x.clone(), torch.randn_like(x))
+        for _ in range(2):
+            with pytest.raises(NotImplementedError, match="jvp"):
+                op(dual)
+
+
 @pytest.mark.parametrize("case", [c for c in CASES if c.values[0].op in ("mhc_sinkhorn", "gdn_pre_gated")])
 def test_forward_ad_and_double_backward_still_refused(case):
     """No jvp: a dual input raises, as through the Function before, and so does a dual grad output
