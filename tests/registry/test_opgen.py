@@ -390,9 +390,11 @@ def test_direct_in_place_writes_bump_the_version(monkeypatch):
     state = ssm.clone()
     w = torch.tensor(2.0, requires_grad=True)
     y = (state * w).sum()  # saves state for its backward
-    before = (state._version, conv_state._version)
-    op(mixed, conv_state, cw, A, dt, state, idx, **params)
-    assert state._version > before[0] and conv_state._version > before[1]
+    for _ in range(4):  # every call of one metadata: a repeated one too (an op that updates an input keeps the
+        # general path, no Prepared call, whose direct kernel call bumps nothing: pinned by a mutation audit)
+        before = (state._version, conv_state._version)
+        op(mixed, conv_state, cw, A, dt, state, idx, **params)
+        assert state._version > before[0] and conv_state._version > before[1]
     with pytest.raises(RuntimeError, match="modified by an inplace operation"):
         y.backward()
 
