@@ -20,6 +20,8 @@ G) session_start
 R) session_start
    step reg 280 $P -n 14 --junitxml="$OUT/reg.xml" tests/registry tests/tools tests/test_cute_launch.py \
      tests/mhc/test_mhc_cutile_registry.py tests/moe/test_moe_cute_registry.py ;;
-*) echo "usage: session76_gpu.sh G|R"; exit 2 ;;
+R1) session_start   # R's most-owed part in less device time: the CuTe DSL compile key, the MoE cute registry file
+   step reg1 200 $P -n 14 --junitxml="$OUT/reg1.xml" tests/test_cute_launch.py tests/moe/test_moe_cute_registry.py ;;
+*) echo "usage: session76_gpu.sh G|R|R1"; exit 2 ;;
 esac
 cat "$OUT/device.txt" "$SUM"
