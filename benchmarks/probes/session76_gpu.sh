@@ -3,7 +3,7 @@
 #   G (carry .gpu-cutile): source .gpu-cutile/env.sh; bash benchmarks/probes/session76_gpu.sh G
 #   R (carry .gpu-cute): source .gpu-cute/env.sh; export PYTHONPATH=$PYTHONPATH:/tmp/tk-cutile/site \
 #     PATH=/tmp/tk-cutile/cu13/bin:$PATH; unset CUDA_HOME CUDA_PATH; bash benchmarks/probes/session76_gpu.sh R
-#   R after G has cuTile beside CuTe DSL (G unpacks it); R alone runs the CuTe DSL and torch cases, the cuTile ones skip.
+#   R after G has cuTile beside CuTe DSL (G unpacks it); R alone runs the CuTe DSL and torch cases (cuTile's skip).
 #   Then, on an H200 only, session65_gpu.sh H1 / H2 (issue 15's rows) with R's exports.
 # G: cuTile unpacked for the later calls (its workspace test); the interleaved A/B that session 75 owed: the cuTile GDN
 #    backward's fp32 dpre scratch (default) against the old bf16 one (SD1), twice each, alternating.

@@ -10,6 +10,7 @@ Function. Forward-mode AD and a second backward through the first one still refu
 when every call went through the Function."""
 from __future__ import annotations
 
+import contextlib
 import importlib
 
 import pytest
@@ -153,6 +154,21 @@ def test_prepared_call_matches_the_general_path(case, device, named):
             assert b.grad_fn is None and torch.equal(a, b)
 
 
+@contextlib.contextmanager
+def _sinkhorn_prepared_under_dual():
+    """mhc_sinkhorn with fresh guards, called until its Prepared call is built, inside a forward-AD level (left
+    open for the with-block): yields (op, x)."""
+    op = registry.get("mhc_sinkhorn")
+    op._guards.clear()
+    op._checked.clear()
+    x = torch.randn(7, 4, 4)
+    with fwad.dual_level():
+        for _ in range(3):
+            op(x)
+        assert _prepared(op), "no Prepared call built under the dual level"
+        yield op, x
+
+
 def test_prepared_call_keeps_nothing_of_the_call_that_built_it(monkeypatch):
     """A Prepared call holds what the guard pattern fixes, and nothing the building call had besides: built
     under a forward-AD level (where every call goes through the Function), a later plain call records no graph;
@@ -161,14 +177,8 @@ def test_prepared_call_keeps_nothing_of_the_call_that_built_it(monkeypatch):
     import registry.kernels as K
     from tilekernels._glue import poisoned
 
-    op = registry.get("mhc_sinkhorn")
-    op._guards.clear()
-    op._checked.clear()
-    x = torch.randn(7, 4, 4)
-    with fwad.dual_level():
-        for _ in range(3):
-            op(x)
-    assert _prepared(op), "no Prepared call built under the dual level"
+    with _sinkhorn_prepared_under_dual() as (op, x):
+        pass
     calls = _counted(monkeypatch, op)
     y = op(x)
     assert y.grad_fn is None and calls == []
@@ -192,14 +202,7 @@ def test_prepared_call_refuses_a_dual_input():
     Prepared call leaves a forward-AD level to the general path (``_moded``), which refuses it (no jvp). Pinned by a
     mutation audit: a Prepared call that ran its kernel on the dual's primal passed every other test, and gave an
     output with no tangent, silently."""
-    op = registry.get("mhc_sinkhorn")
-    op._guards.clear()
-    op._checked.clear()
-    x = torch.randn(7, 4, 4)
-    with fwad.dual_level():
-        for _ in range(3):
-            op(x)
-        assert _prepared(op), "no Prepared call built under the dual level"
+    with _sinkhorn_prepared_under_dual() as (op, x):
         dual = fwad.make_dual(x.clone(), torch.randn_like(x))
         for _ in range(2):
             with pytest.raises(NotImplementedError, match="jvp"):

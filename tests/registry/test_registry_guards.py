@@ -189,10 +189,10 @@ def _quick(op, args, kwargs, mode):
 
 def test_quick_path_answers_only_what_the_full_path_would(counted, monkeypatch):
     """The registry's quick path (``Op.__call__``'s first lines, ``CallGuards.lookup(quick=True)``) gives a seen call
-    the guard pattern's prepared call directly. It must take exactly the calls the full path would send to that prepared call,
-    with the same result: the pattern's metadata, params (value and type), backend and grad mode, no fallback
-    (which logs, or raises under TILEKERNELS_STRICT), no op whose calls convert or re-check values, and never under
-    a torch.func transform (vmap still refused)."""
+    the guard pattern's prepared call directly. It must take exactly the calls the full path would send to that
+    prepared call, with the same result: the pattern's metadata, params (value and type), backend and grad mode,
+    no fallback (which logs, or raises under TILEKERNELS_STRICT), no op whose calls convert or re-check values,
+    and never under a torch.func transform (vmap still refused)."""
     from tilekernels._opgen import Prepared
 
     op = registry.get("mhc_sinkhorn")
