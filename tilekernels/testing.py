@@ -182,6 +182,32 @@ def randn(*shape, dtype=torch.float32, device="cpu", generator=None, scale: floa
     return t.to(dtype)
 
 
+def meta(*shape, dtype=torch.bfloat16) -> torch.Tensor:
+    """An empty tensor of ``shape`` on the meta device: an input too big to make, for validation and explain
+    tests (no memory, no data)."""
+    return torch.empty(*shape, dtype=dtype, device="meta")
+
+
+def limit_reason(rows, backend: str) -> str:
+    """``backend``'s reason in ``rows`` (``registry.get(op).explain(...)``'s ``(backend, ok, why)`` rows) for a
+    call the op's contract takes: the torch backend must accept it, so what refuses a GPU backend is that
+    backend's own requirements."""
+    rows = {b: (ok, why) for b, ok, why in rows}
+    assert rows["torch"][0], rows
+    return rows[backend][1]
+
+
+def assert_limit_edge(inside, outside, backend: str, expr: str, words: str = "") -> None:
+    """A backend's own limit (a spec ``Constraint``) sits exactly where it should: explain's rows ``inside`` (a call
+    at the edge) name no limit of ``backend``; ``outside`` (one step past it) name ``expr`` failing, with ``words``
+    from its message. Reads the reason, not the ok flag: without a GPU every GPU backend is out anyway ("needs a
+    CUDA device"), and a limit is listed beside that."""
+    why = limit_reason(inside, backend)
+    assert f"{backend} limit" not in why, why
+    why = limit_reason(outside, backend)
+    assert f"{backend} limit " in why and f"{expr!r} fails" in why and words in why, why
+
+
 def upcast(x):
     """float64 copy of floating tensors (detached, requires_grad preserved off)."""
     if isinstance(x, torch.Tensor) and x.is_floating_point() and x.dtype != torch.float8_e4m3fn:

@@ -6,24 +6,17 @@ import pytest
 import torch
 
 import registry
+from tilekernels.testing import assert_limit_edge
+from tilekernels.testing import limit_reason as _why
+from tilekernels.testing import meta as _m
 
 PRE = registry.get("gdn_pre_gated")
 DEC = registry.get("gdn_decode")
-BF, F32 = torch.bfloat16, torch.float32
-
-
-def _m(*shape, dtype=BF):
-    return torch.empty(*shape, dtype=dtype, device="meta")
+F32 = torch.float32
 
 
 def _sizes(Hk, Hv, dk, dv):
     return 2 * Hk * dk + 2 * Hv * dv + 2 * Hv, 2 * Hk * dk + Hv * dv   # D, conv_dim
-
-
-def _why(rows, backend):
-    rows = {b: (ok, why) for b, ok, why in rows}
-    assert rows["torch"][0], rows
-    return rows[backend][1]
 
 
 def _pre(lead, Hk, Hv, dk, dv, W=4, cu=None):
@@ -38,22 +31,13 @@ def _dec(B, N, Hk, Hv, dk, dv, W=4):
                        _m(N, Hv, dk, dv, dtype=F32), Hk=Hk)
 
 
-def _limited(why, backend, expr, words):
-    assert f"{backend} limit {expr!r} fails" in why, why
-    assert words in why, why
-
-
 # ------------------------------------------------------------------ gdn_pre_gated
 
 
 def test_pre_cute_token_rows_are_int32():
     """cute: BSHD token rows B * T < 2**31 (T alone would let B = 2 double it); THD has no B and no such limit."""
-    for T, over in ((2**30 - 1, False), (2**30, True)):
-        why = _why(_pre((2, T), 1, 1, 1, 1), "cute")
-        if over:
-            _limited(why, "cute", "B * T < 2**31", "token rows are int32")
-        else:
-            assert "limit" not in why, why
+    assert_limit_edge(_pre((2, 2**30 - 1), 1, 1, 1, 1), _pre((2, 2**30), 1, 1, 1, 1), "cute", "B * T < 2**31",
+                      "token rows are int32")
     T = 2**31 - 1   # THD (cu_seqlens is int32, so T_total < 2**31 anyway)
     assert "limit" not in _why(_pre((T,), 1, 1, 1, 1, cu=torch.tensor([0, T], dtype=torch.int32)), "cute")
 
@@ -64,18 +48,14 @@ def test_pre_cutile_elements_are_int32(layout):
     16 * tokens < 2**31. mixed alone (12 a token) would fit at the refused edge, and so would a 2*Hk*dk read as
     Hk*dk; in BSHD the tokens are B * T."""
     Hk, Hv, dk, dv = 1, 2, 2, 1
-    for tokens, over in ((2**27 - 1, False), (2**27, True)):
+
+    def rows(tokens):
         if layout == "bshd":
-            rows = _pre((2, tokens // 2), Hk, Hv, dk, dv) if tokens % 2 == 0 else _pre((1, tokens), Hk, Hv, dk, dv)
-            expr = "B * T * (2*Hk*dk + 2*Hv*dv + 2*Hv + Hv*dk) < 2**31"
-        else:
-            rows = _pre((tokens,), Hk, Hv, dk, dv, cu=torch.tensor([0, tokens], dtype=torch.int32))
-            expr = "T * (2*Hk*dk + 2*Hv*dv + 2*Hv + Hv*dk) < 2**31"
-        why = _why(rows, "cutile")
-        if over:
-            _limited(why, "cutile", expr, "the kernels index with int32")
-        else:
-            assert "limit" not in why, why
+            return _pre((2, tokens // 2), Hk, Hv, dk, dv) if tokens % 2 == 0 else _pre((1, tokens), Hk, Hv, dk, dv)
+        return _pre((tokens,), Hk, Hv, dk, dv, cu=torch.tensor([0, tokens], dtype=torch.int32))
+    expr = "T * (2*Hk*dk + 2*Hv*dv + 2*Hv + Hv*dk) < 2**31"
+    assert_limit_edge(rows(2**27 - 1), rows(2**27), "cutile", "B * " + expr if layout == "bshd" else expr,
+                      "the kernels index with int32")
 
 
 # ------------------------------------------------------------------ gdn_decode
@@ -83,45 +63,26 @@ def test_pre_cutile_elements_are_int32(layout):
 
 def test_decode_conv_window_needs_two_taps():
     """W = 1 leaves no conv window: both GPU backends refuse it by their own limit, W = 2 is theirs."""
-    for W, over in ((2, False), (1, True)):
-        rows = _dec(2, 2, 1, 2, 4, 4, W=W)
-        for backend in ("cute", "cutile"):
-            why = _why(rows, backend)
-            if over:
-                _limited(why, backend, "W >= 2", "conv window of W-1 >= 1 inputs")
-            else:
-                assert "limit" not in why, why
+    for backend in ("cute", "cutile"):
+        assert_limit_edge(_dec(2, 2, 1, 2, 4, 4, W=2), _dec(2, 2, 1, 2, 4, 4, W=1), backend, "W >= 2",
+                          "conv window of W-1 >= 1 inputs")
 
 
 def test_decode_cute_cluster_of_eight_value_heads():
     """cute: Hv/Hk <= 8 (one cluster of at most 8 CTAs a key head): 8 is in, 16 is out; cutile takes both."""
-    for Hv, over in ((8, False), (16, True)):
-        rows = _dec(2, 2, 1, Hv, 4, 4)
-        why = _why(rows, "cute")
-        if over:
-            _limited(why, "cute", "Hv <= 8 * Hk", "Hv/Hk <= 8")
-        else:
-            assert "limit" not in why, why
-        assert "limit" not in _why(rows, "cutile")
+    assert_limit_edge(_dec(2, 2, 1, 8, 4, 4), _dec(2, 2, 1, 16, 4, 4), "cute", "Hv <= 8 * Hk", "Hv/Hk <= 8")
+    assert "limit" not in _why(_dec(2, 2, 1, 16, 4, 4), "cutile")
 
 
 def test_decode_cute_state_slot_offsets_are_int32():
     """cute: one slot's Hv * dk * dv < 2**31 (dk * dv alone is half of it here)."""
-    for dv, over in ((2**15 - 1, False), (2**15, True)):
-        why = _why(_dec(1, 1, 1, 2, 2**15, dv), "cute")
-        if over:
-            _limited(why, "cute", "Hv * dk * dv < 2**31", "offsets inside one state slot are int32")
-        else:
-            assert "limit" not in why, why
+    assert_limit_edge(_dec(1, 1, 1, 2, 2**15, 2**15 - 1), _dec(1, 1, 1, 2, 2**15, 2**15), "cute",
+                      "Hv * dk * dv < 2**31", "offsets inside one state slot are int32")
 
 
 def test_decode_cute_rows_are_the_grid_y_extent():
-    for B, over in ((65535, False), (65536, True)):
-        why = _why(_dec(B, B, 1, 2, 4, 4), "cute")
-        if over:
-            _limited(why, "cute", "B < 65536", "grid's y extent")
-        else:
-            assert "limit" not in why, why
+    assert_limit_edge(_dec(65535, 65535, 1, 2, 4, 4), _dec(65536, 65536, 1, 2, 4, 4), "cute", "B < 65536",
+                      "grid's y extent")
 
 
 def test_decode_empty_batch_without_slots_is_not_a_slots_refusal():

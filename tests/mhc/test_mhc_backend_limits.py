@@ -6,26 +6,20 @@ import pytest
 import torch
 
 import registry
+from tilekernels.testing import assert_limit_edge, limit_reason
+from tilekernels.testing import meta as _m
 
 BF, F32 = torch.bfloat16, torch.float32
 
 
-def _m(*shape, dtype=BF):
-    return torch.empty(*shape, dtype=dtype, device="meta")
-
-
 def _why(op, backend, *args, **kwargs):
-    rows = {b: (ok, why) for b, ok, why in registry.get(op).explain(*args, **kwargs)}
-    assert rows["torch"][0], rows
-    return rows[backend][1]
+    return limit_reason(registry.get(op).explain(*args, **kwargs), backend)
 
 
 def _edge(op, backend, expr, words, inside, outside, **kwargs):
     """``inside`` (args at the edge) fails no limit of ``backend``; ``outside`` (one step past) names ``expr``."""
-    why = _why(op, backend, *inside, **kwargs)
-    assert f"{backend} limit" not in why, why
-    why = _why(op, backend, *outside, **kwargs)
-    assert f"{backend} limit " in why and f"{expr!r} fails" in why and words in why, why
+    explain = registry.get(op).explain
+    assert_limit_edge(explain(*inside, **kwargs), explain(*outside, **kwargs), backend, expr, words)
 
 
 def _agg(T, n, C):

@@ -5,25 +5,19 @@ import pytest
 import torch
 
 import registry
+from tilekernels.testing import assert_limit_edge, limit_reason
+from tilekernels.testing import meta as _m
 
 BF, F32, F8, U8 = torch.bfloat16, torch.float32, torch.float8_e4m3fn, torch.uint8
 
 
-def _m(*shape, dtype=BF):
-    return torch.empty(*shape, dtype=dtype, device="meta")
-
-
 def _why(op, *args, **kwargs):
-    rows = {b: (ok, why) for b, ok, why in registry.get(op).explain(*args, **kwargs)}
-    assert rows["torch"][0], rows
-    return rows["cute"][1]
+    return limit_reason(registry.get(op).explain(*args, **kwargs), "cute")
 
 
 def _edge(op, expr, words, inside, outside, **kwargs):
-    why = _why(op, *inside, **kwargs)
-    assert "cute limit" not in why, why
-    why = _why(op, *outside, **kwargs)
-    assert "cute limit " in why and f"{expr!r} fails" in why and words in why, why
+    explain = registry.get(op).explain
+    assert_limit_edge(explain(*inside, **kwargs), explain(*outside, **kwargs), "cute", expr, words)
 
 
 def test_rows_are_int32():
