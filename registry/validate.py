@@ -36,7 +36,7 @@ import torch
 import torch._subclasses.fake_tensor as _fake_tensor  # (imported by torch itself)
 
 from specs import expr as _expr
-from specs.schema import Constraint, OpSpec, TensorSpec, bound_text
+from specs.schema import Constraint, OpSpec, TensorSpec
 
 from .errors import SpecError
 from .guards import host_values
@@ -695,17 +695,15 @@ def _check_param(op: str, p, v):
     if p.choices is not None and v not in p.choices:
         raise SpecError(op, f"param {p.name}", f"one of {p.choices}", _show(v))
     if p.min is not None and v < p.min:
-        raise SpecError(op, f"param {p.name}", f">= {bound_text(p.type, p.min)}", v)
+        raise SpecError(op, f"param {p.name}", f">= {p.min}", v)
     if p.max is not None and v > p.max:
-        raise SpecError(op, f"param {p.name}", f"<= {bound_text(p.type, p.max)}", v)
+        raise SpecError(op, f"param {p.name}", f"<= {p.max}", v)
     return v
 
 
 def _entries_in(p) -> str:
     """What an ints param's entries must be, for its refusal: "every entry in [1, 64]", or one bound alone
     ("every entry >= 1": no "[1, None]")."""
-    lo = None if p.min is None else bound_text(p.type, p.min)
-    hi = None if p.max is None else bound_text(p.type, p.max)
-    if lo is not None and hi is not None:
-        return f"every entry in [{lo}, {hi}]"
-    return f"every entry >= {lo}" if lo is not None else f"every entry <= {hi}"
+    if p.min is not None and p.max is not None:
+        return f"every entry in [{p.min}, {p.max}]"
+    return f"every entry >= {p.min}" if p.min is not None else f"every entry <= {p.max}"

@@ -140,13 +140,6 @@ class TensorSpec(_Model):
 _PARAM_TYPES = {"int": int, "float": (int, float), "bool": bool, "str": str}
 
 
-def bound_text(param_type: str, b: float) -> str:
-    """A param's min or max as messages print it. Param keeps its bounds as floats (``min=1`` is stored 1.0): a
-    whole bound of an int or ints param prints as the int it is ("[1, 64]", not "[1.0, 64.0]"), any other as
-    stored (a float param's ``>= 0.0``)."""
-    return str(int(b)) if param_type in ("int", "ints") and math.isfinite(b) and b == int(b) else str(b)
-
-
 class Param(_Model):
     """A typed parameter with default and range.
 
@@ -164,6 +157,8 @@ class Param(_Model):
     required: bool = False
     nullable: bool = False
     choices: Optional[list[Any]] = None
+    # bounds: ints for an int / ints param (a whole bound; messages then print "[1, 64]", not "[1.0, 64.0]"),
+    # floats for a float param
     min: Optional[float] = None
     max: Optional[float] = None
     finite: bool = True
@@ -173,6 +168,13 @@ class Param(_Model):
     instance_of: Optional[str] = None  # an object param's class, "module:Class" (skipped if that cannot import)
     doc: str = ""
 
+    @field_validator("min", "max")
+    @classmethod
+    def _whole_int_bounds(cls, v, info):
+        if v is not None and info.data.get("type") in ("int", "ints") and math.isfinite(v) and v == int(v):
+            return int(v)
+        return v
+
     @model_validator(mode="after")
     def _default_fits(self):
         if not _IDENT.match(self.name):
@@ -180,8 +182,7 @@ class Param(_Model):
         problems = [f"param {self.name}: {b} {v} is NaN" for b, v in (("min", self.min), ("max", self.max))
                     if v is not None and math.isnan(v)]
         if self.min is not None and self.max is not None and self.min > self.max:
-            problems.append(f"param {self.name}: min {bound_text(self.type, self.min)} > max "
-                            f"{bound_text(self.type, self.max)}")
+            problems.append(f"param {self.name}: min {self.min} > max {self.max}")
         if self.instance_of is not None and (self.type != "object" or not _ENTRY.match(self.instance_of)):
             problems.append(f"param {self.name}: instance_of {self.instance_of!r} needs type object and "
                             "a 'module:Class' path")
@@ -215,9 +216,9 @@ class Param(_Model):
             values = [d] if self.type in ("int", "float") else []
         out = []
         if self.min is not None and any(v < self.min for v in values):
-            out.append(f"{what} is below min {bound_text(self.type, self.min)}")
+            out.append(f"{what} is below min {self.min}")
         if self.max is not None and any(v > self.max for v in values):
-            out.append(f"{what} is above max {bound_text(self.type, self.max)}")
+            out.append(f"{what} is above max {self.max}")
         return out
 
 
