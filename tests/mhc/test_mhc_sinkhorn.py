@@ -74,3 +74,12 @@ def test_torch_compile_fullgraph():
     y.backward(g)
     expect = ref.sinkhorn_bwd(upcast(g), upcast(logits), 10, 1e-6)
     assert_close(logits.grad, expect, what="dlogits")
+
+
+def test_float64_grad_is_float64():
+    """float64 logits (reference mode): dlogits through the op must be float64-accurate (table: float64 1e-12, the
+    same math as autograd through the loop, summation order aside). gradcheck's tolerances (1e-3 relative) let a
+    backward that returned fp32 into the float64 gradient pass every other test."""
+    logits = rand(6, 4, 4, dtype=F64, scale=2.0)
+    grads_vs_float64(lambda x, **p: OP(x, **p), lambda x, **p: loop64(x, **p), [logits], ["logits"],
+                     iters=20, eps=1e-6)
