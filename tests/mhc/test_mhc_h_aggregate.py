@@ -3,8 +3,9 @@ import pytest
 import torch
 
 import registry
+from mhc_helpers import grads_vs_float64
 from tilekernels.mhc import reference as ref
-from tilekernels.testing import assert_close, upcast
+from tilekernels.testing import assert_close, assert_one_rounding, upcast
 
 OP = registry.get("mhc_h_aggregate")
 
@@ -85,3 +86,30 @@ def test_float64_x_needs_float64_h():
     x = torch.randn(3, 2, 8, dtype=torch.float64)
     with pytest.raises(registry.SpecError, match="mhc_h_aggregate: constraint .*float64 h_pre"):
         OP(x, torch.randn(3, 2))
+
+
+def loop64(x, h):
+    """Independent float64 formulation of OPS.md's forward: out[t,c] = sum_i h_pre[t,i] * x[t,i,c]."""
+    return sum(h.double()[:, i, None] * x.double()[:, i, :] for i in range(x.shape[1]))
+
+
+def test_grads_bf16_x_fp32_h_pre():
+    """bf16 streams with an fp32 h_pre (mhc_pre's case): dh_pre comes back in fp32 at fp32 accuracy (table: fp32
+    1e-5; its sums over C are of exact bf16 * bf16 products), not bf16-rounded (dh_pre cast through x's dtype passed
+    every other test: their x was fp32), and dx = h_pre * dout is the float64 product rounded once to bf16
+    (assert_one_rounding: the norm-wise 1e-2 cannot see h_pre rounded to bf16 first, which also passed)."""
+    x, h = torch.randn(64, 4, 256).to(torch.bfloat16), torch.randn(64, 4)
+    grads_vs_float64(lambda a, b: OP(a, b), loop64, [x, h], ["x", "h_pre"])
+    xl, hl = x.clone().requires_grad_(), h.clone().requires_grad_()
+    dout = torch.randn(64, 256).to(torch.bfloat16)
+    OP(xl, hl).backward(dout)
+    assert xl.grad.dtype == torch.bfloat16 and hl.grad.dtype == torch.float32
+    assert_one_rounding(xl.grad, h.double()[:, :, None] * dout.double()[:, None, :], what="dx")
+
+
+def test_reference_returns_x_dtype():
+    """The reference is also called directly (the oracle, the fallback): its documented output dtype is x's."""
+    x, h = torch.randn(3, 2, 8).to(torch.bfloat16), torch.randn(3, 2)
+    out = ref.h_aggregate(x, h)
+    assert out.dtype == torch.bfloat16
+    assert_one_rounding(out, loop64(x, h), what="out")
