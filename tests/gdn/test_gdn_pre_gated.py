@@ -181,6 +181,52 @@ def test_repeat_qk_is_repeat_interleave():
         assert_close(rep[i], one[i], kind="exact")
 
 
+# bands of a + dt_bias: saturated low, around 0, softplus's curved tail (a cut-off at 5 errs by up to 6.7e-3 here),
+# torch's threshold region, linear, and past fp32 exp's overflow (88.7: log1p(exp(x)) in fp32 is inf there)
+_GATE_BANDS = [(-30.0, -5.0), (-5.0, 5.0), (5.0, 10.0), (10.0, 20.0), (20.0, 88.0), (89.0, 120.0)]
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+def test_gate_softplus_over_a_wide_range(dtype):
+    """g = -exp(A_log) * softplus(a + dt_bias) (OPS.md) for a + dt_bias from -30 to 120, against the loop oracle's
+    float64 log1p(exp(x)), band by band: the mathematical softplus, not one cut off early (torch's threshold=5 moves
+    g by ~2e-4 relative in the (5, 10) band) nor log1p(exp(x)) in fp32 (g = -inf past 88.7). The randn inputs of
+    the other tests put a + dt_bias past 5 for under 1e-5 of the elements, so they cannot see either. g is fp32 for
+    both dtypes (the fp32 tolerance, 1e-5, per band so the large values' norm does not hide a small band's error;
+    torch's default cut-off at 20 errs by e^-20 relative, far under it)."""
+    Hk, Hv, dk, dv, W, B, T = 1, 4, 4, 4, 4, 2, 24
+    w, A, dt = mk.weights(Hk, Hv, dk, dv, W, dtype=dtype)
+    x = mk.mixed((B, T), Hk, Hv, dk, dv, dtype=dtype)
+    per = B * T * Hv // len(_GATE_BANDS)
+    target = torch.cat([torch.empty(per, dtype=torch.float64).uniform_(lo, hi) for lo, hi in _GATE_BANDS])
+    target = target[torch.randperm(target.numel())].reshape(B, T, Hv)
+    x[..., -Hv:] = (target - dt.double()).to(dtype)  # the a section, so that a + dt_bias lands in the bands
+    g = call(x, w, A, dt, Hk=Hk, dk=dk, dv=dv)[4]
+    assert g.dtype == torch.float32
+    want = torch.stack([oracle(x[b], w, A, dt, Hk, dk, dv, True)["g"] for b in range(B)])
+    arg = x[..., -Hv:].double() + dt.double()
+    for lo, hi in _GATE_BANDS:
+        band = (arg > lo - 1) & (arg < hi + 1)  # (a's rounding to bf16 may move it a little past the band)
+        assert int(band.sum()) >= per, (lo, hi)
+        assert_close(g[band], want[band], what=f"g for a + dt_bias in ({lo}, {hi})")
+
+
+def test_reference_outputs_in_the_ops_dtypes():
+    """reference.pre_gated called directly (the GPU tests' oracle, compared with kind="exact", which checks dtypes)
+    returns every output, the final conv state too, in the dtype the op declares: mixed's (g fp32), bitwise the
+    values the registry's torch backend writes."""
+    Hk, Hv, dk, dv, W = 1, 2, 4, 4, 4
+    for dtype in (torch.bfloat16, torch.float32):
+        w, A, dt = mk.weights(Hk, Hv, dk, dv, W, dtype=dtype)
+        cu = mk.cu_seqlens([3, 1, 5])
+        x = mk.mixed((9,), Hk, Hv, dk, dv, dtype=dtype)
+        got = ref.pre_gated(x, w, A, dt, cu, Hk=Hk, dk=dk, dv=dv, return_conv_state=True)
+        want = call(x, w, A, dt, cu, Hk=Hk, dk=dk, dv=dv, return_conv_state=True)
+        for name, a, b in zip(NAMES + ("conv_state",), got, want):
+            assert a.dtype == (torch.float32 if name == "g" else dtype), name
+            assert_close(a, b, kind="exact", what=name)
+
+
 def test_conv_state_short_sequences_zero_padded():
     Hk, Hv, dk, dv, W = 1, 2, 4, 4, 4
     w, A, dt = mk.weights(Hk, Hv, dk, dv, W, dtype=torch.float32)
