@@ -186,14 +186,19 @@ def test_repeat_qk_is_repeat_interleave():
 _GATE_BANDS = [(-30.0, -5.0), (-5.0, 5.0), (5.0, 10.0), (10.0, 20.0), (20.0, 88.0), (89.0, 120.0)]
 
 
+_GPU = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")]
+
+
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
-def test_gate_softplus_over_a_wide_range(dtype):
+@pytest.mark.parametrize("backend", [None, pytest.param("cute", marks=_GPU), pytest.param("cutile", marks=_GPU)])
+def test_gate_softplus_over_a_wide_range(dtype, backend):
     """g = -exp(A_log) * softplus(a + dt_bias) (OPS.md) for a + dt_bias from -30 to 120, against the loop oracle's
     float64 log1p(exp(x)), band by band: the mathematical softplus, not one cut off early (torch's threshold=5 moves
     g by ~2e-4 relative in the (5, 10) band) nor log1p(exp(x)) in fp32 (g = -inf past 88.7). The randn inputs of
     the other tests put a + dt_bias past 5 for under 1e-5 of the elements, so they cannot see either. g is fp32 for
     both dtypes (the fp32 tolerance, 1e-5, per band so the large values' norm does not hide a small band's error;
-    torch's default cut-off at 20 errs by e^-20 relative, far under it)."""
+    torch's default cut-off at 20 errs by e^-20 relative, far under it). backend: the GPU kernels' softplus too
+    (cuTile's series under -3, CuTe DSL's log1p; both pass x through above 20)."""
     Hk, Hv, dk, dv, W, B, T = 1, 4, 4, 4, 4, 2, 24
     w, A, dt = mk.weights(Hk, Hv, dk, dv, W, dtype=dtype)
     x = mk.mixed((B, T), Hk, Hv, dk, dv, dtype=dtype)
@@ -201,8 +206,10 @@ def test_gate_softplus_over_a_wide_range(dtype):
     target = torch.cat([torch.empty(per, dtype=torch.float64).uniform_(lo, hi) for lo, hi in _GATE_BANDS])
     target = target[torch.randperm(target.numel())].reshape(B, T, Hv)
     x[..., -Hv:] = (target - dt.double()).to(dtype)  # the a section, so that a + dt_bias lands in the bands
-    g = call(x, w, A, dt, Hk=Hk, dk=dk, dv=dv)[4]
+    dev = "cuda" if backend else "cpu"
+    g = OP(*(t.to(dev) for t in (x, w, A, dt)), Hk=Hk, dk=dk, dv=dv, **({"backend": backend} if backend else {}))[4]
     assert g.dtype == torch.float32
+    g = g.cpu()
     want = torch.stack([oracle(x[b], w, A, dt, Hk, dk, dv, True)["g"] for b in range(B)])
     arg = x[..., -Hv:].double() + dt.double()
     for lo, hi in _GATE_BANDS:
