@@ -5,7 +5,9 @@ import math
 import pytest
 import torch
 
-from tilekernels.testing import TOLERANCES, _norms, assert_close, assert_one_rounding, exact_mismatches, rel_err
+from tilekernels.testing import (TOLERANCES, _norms, assert_close, assert_limit_edge, assert_one_rounding,
+                                 exact_mismatches, limit_reason, meta, misaligned_copy, randn, rel_err, tolerance,
+                                 upcast)
 
 
 def test_nan_and_inf_never_pass():
@@ -193,3 +195,107 @@ def test_rel_err_near_float64s_largest():
     ref = torch.tensor([1.7e308, -1.7e308, 1e308], dtype=torch.float64)
     assert rel_err(ref * 0.5, ref) == pytest.approx(0.5)
     assert rel_err(ref.clone(), ref) == 0.0
+
+
+@pytest.mark.parametrize("dtype, tol", [(torch.float64, 1e-12), (torch.float32, 1e-5), (torch.float16, 2e-3),
+                                        (torch.bfloat16, 1e-2)])
+def test_each_dtype_is_held_to_its_own_tolerance(dtype, tol):
+    """Every row of the table is the bound its dtype gets: half the tolerance off passes, twice off fails. Only the
+    bf16 and fp32 values were pinned: a float64 bound of 1e-6, an fp16 one of 1e-2 passed the CPU suite (a mutation
+    audit's find). A dtype with no row has no tolerance (no fallback bound)."""
+    assert tolerance(dtype) == tolerance(str(dtype).removeprefix("torch.")) == tol
+    g = torch.Generator().manual_seed(1)
+    ref = torch.randn(4096, dtype=torch.float64, generator=g)
+    d = torch.randn(4096, dtype=torch.float64, generator=g)
+    d *= ref.norm() / d.norm()                     # ||d|| = ||ref||: ref + e * d is e off, before out's rounding
+    assert_close((ref + 0.5 * tol * d).to(dtype), ref)
+    with pytest.raises(AssertionError, match="relative error"):
+        assert_close((ref + 2 * tol * d).to(dtype), ref)
+    for unknown in (torch.float8_e4m3fn, torch.int32, "float8"):
+        with pytest.raises(KeyError, match="no tolerance"):
+            tolerance(unknown)
+
+
+def test_bound_is_inclusive_and_scale_only_widens():
+    """``rel_err <= tolerance``: an error exactly at the bound passes (1 / 1e5 is float64's 1e-5). A ``scale`` only
+    ever widens the denominator to max(||ref||, ||scale||): a zero or small scale judges as without it, and an
+    all-zero reference with an all-zero scale passes only an all-zero output."""
+    ref = torch.tensor([100000.0], dtype=torch.float64)
+    assert rel_err(torch.tensor([100001.0]), ref) == 1e-5 == tolerance(torch.float32)
+    assert_close(torch.tensor([100001.0]), ref)
+    with pytest.raises(AssertionError):
+        assert_close(torch.tensor([100002.0]), ref)
+    r = torch.randn(100, dtype=torch.float64)
+    out = (r * (1 + 5e-6)).float()
+    for scale in (torch.zeros_like(r), 0.1 * r.abs()):
+        assert assert_close(out, r, scale=scale) == pytest.approx(rel_err(out, r), rel=1e-12)
+    z = torch.zeros(3, dtype=torch.float64)
+    assert assert_close(torch.zeros(3), z, scale=z) == 0.0
+    with pytest.raises(AssertionError):
+        assert_close(torch.tensor([0.0, 1e-30, 0.0]), z, scale=z)
+
+
+def _one_ulp_off(t: torch.Tensor, where) -> torch.Tensor:
+    out = t.clone()
+    out.view(torch.int16)[where] ^= 1             # the lowest mantissa bit: one bf16 ulp
+    return out
+
+
+def test_one_rounding_fractions_are_the_stated_bounds():
+    """assert_one_rounding's two bounds sit where they say: at most ``max_fraction`` (1%) of all elements and
+    ``max_row_fraction`` (25%) of one row (rows of >= 64 elements) may be off the once-rounded value (bounds that
+    doubled passed the suite: its tests moved 15-100% of the elements)."""
+    ref = torch.randn(200, 100, dtype=torch.float64)
+    want = ref.bfloat16()
+    rows = torch.arange(190)
+    assert assert_one_rounding(_one_ulp_off(want, (rows, 0)), ref) == pytest.approx(0.0095)
+    rows = torch.arange(150).repeat_interleave(2)
+    cols = torch.tensor([0, 1]).repeat(150)
+    with pytest.raises(AssertionError, match="extra rounding"):   # 1.5% of the elements, 2% of each row
+        assert_one_rounding(_one_ulp_off(want, (rows, cols)), ref)
+    assert_one_rounding(_one_ulp_off(want, (7, slice(0, 25))), ref)   # a quarter of one row
+    with pytest.raises(AssertionError, match="row 7 .* wrong or unwritten row"):
+        assert_one_rounding(_one_ulp_off(want, (7, slice(0, 30))), ref)
+    ref64 = torch.randn(200, 64, dtype=torch.float64)                # a row of exactly 64 is checked
+    with pytest.raises(AssertionError, match="row 3 "):
+        assert_one_rounding(_one_ulp_off(ref64.bfloat16(), 3), ref64)
+
+
+def test_upcast_randn_meta_and_misaligned_copy():
+    """upcast: a float64 copy of a floating tensor, detached (no grad); fp8 and non-floating values unchanged.
+    randn scales; meta makes data-free tensors of the dtype asked for; misaligned_copy is an equal tensor off the
+    16-byte alignment."""
+    x = torch.randn(3, 5, dtype=torch.bfloat16, requires_grad=True)
+    u = upcast(x)
+    assert u.dtype == torch.float64 and not u.requires_grad and torch.equal(u, x.detach().double())
+    q = x.detach().float().to(torch.float8_e4m3fn)
+    i = torch.arange(4)
+    assert upcast(q) is q and upcast(i) is i and upcast(2.5) == 2.5 and upcast(None) is None
+    g = torch.Generator().manual_seed(3)
+    big = randn(10000, generator=g, scale=5.0, dtype=torch.bfloat16)
+    assert big.dtype == torch.bfloat16 and 4.5 < big.float().std().item() < 5.5
+    m = meta(2, 3, dtype=torch.float32)
+    assert m.device.type == "meta" and m.dtype == torch.float32 and tuple(m.shape) == (2, 3)
+    t = torch.randn(37)
+    v = misaligned_copy(t)
+    assert torch.equal(v, t) and v.is_contiguous() and v.data_ptr() % 16 != 0
+
+
+def test_limit_helpers_read_explains_reasons():
+    """limit_reason / assert_limit_edge on real explain rows (mhc_h_aggregate's cute limit T * n < 2**31): the edge
+    passes; the same rows on both sides, another expression, other words, or a torch refusal fail."""
+    import registry
+
+    def rows(T):
+        return registry.get("mhc_h_aggregate").explain(meta(T, 8, 8), meta(T, 8, dtype=torch.float32))
+
+    inside, outside = rows(2**28 - 1), rows(2**28)
+    assert "cute limit" not in limit_reason(inside, "cute") and "cute limit" in limit_reason(outside, "cute")
+    assert_limit_edge(inside, outside, "cute", "T * n < 2**31", "int32 extent")
+    for args in ((outside, outside, "cute", "T * n < 2**31"), (inside, inside, "cute", "T * n < 2**31"),
+                 (inside, outside, "cute", "T * n < 2**30"), (inside, outside, "cute", "T * n < 2**31", "no such")):
+        with pytest.raises(AssertionError):
+            assert_limit_edge(*args)
+    refused = [(b, ok if b != "torch" else False, why) for b, ok, why in outside]
+    with pytest.raises(AssertionError):
+        limit_reason(refused, "cute")
