@@ -299,3 +299,16 @@ def test_limit_helpers_read_explains_reasons():
     refused = [(b, ok if b != "torch" else False, why) for b, ok, why in outside]
     with pytest.raises(AssertionError):
         limit_reason(refused, "cute")
+
+
+def test_a_non_finite_scale_never_excuses_an_output():
+    """One inf in ``scale`` made max(||ref||, ||scale||) inf and every output's error 0: an output of 1e6 everywhere
+    passed (a mutation audit's find). A NaN or inf scale now fails like a NaN / inf output."""
+    ref = torch.randn(8, dtype=torch.float64)
+    for bad in (float("inf"), float("nan")):
+        scale = ref.abs().clone()
+        scale[3] = bad
+        for out in (torch.full((8,), 1e6), ref.float()):
+            with pytest.raises(AssertionError, match="relative error inf"):
+                assert_close(out, ref, scale=scale)
+    assert_close(ref.float(), ref, scale=ref.abs())

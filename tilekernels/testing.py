@@ -124,7 +124,8 @@ def assert_close(out: torch.Tensor, ref: torch.Tensor, kind=None, what: str = "o
     errors of the terms) add up on that scale, and for random-sign terms it is also the
     expected size of ||ref||; so it changes nothing for a typical output, but a few elements
     that cancel to a small value (a single-token dh of T = 1) no longer demand more than fp32
-    can give. A missing or wrong term still errs on the scale of ||scale||."""
+    can give. A missing or wrong term still errs on the scale of ||scale||. A NaN / inf in ``scale`` fails
+    (error inf), as one in ``out`` does."""
     kind = kind if kind is not None else out.dtype
     if kind == "exact":
         assert out.dtype == ref.dtype, f"{what}: dtype {out.dtype} != {ref.dtype}"
@@ -137,7 +138,7 @@ def assert_close(out: torch.Tensor, ref: torch.Tensor, kind=None, what: str = "o
         err = rel_err(out, ref)
     else:   # from the norms: a ref that cancels to exactly 0 has rel_err inf, but not a zero error on its scale
         norms = _norms(out, ref, scale)
-        if norms is None:
+        if norms is None or not math.isfinite(norms[2]):   # (an inf scale would excuse any output: error 0)
             err = math.inf
         else:
             num, den = norms[0], max(norms[1], norms[2])
