@@ -351,7 +351,8 @@ def test_moving_ops_are_checked_bitwise(tmp_path, capsys, monkeypatch):
     def swapping(kernel):
         def wrong(x, plan, group, out):
             kernel(x, plan, group, out)
-            out[[5, 900], 7] = out[[900, 5], 7].clone()
+            j = int((out[5] != out[900]).nonzero()[0])   # (column 7 held two equal bf16 values ~0.1% of runs: no swap)
+            out[[5, 900], j] = out[[900, 5], j].clone()
         return wrong
 
     for p, want in (("fwd", {"fwd": "FAIL", "bwd": "FAIL", "fwd+bwd": "FAIL"}),
