@@ -9,6 +9,7 @@ import types
 import pytest
 import torch
 
+import registry
 import tilekernels.gdn.bench as gdn_bench
 import tilekernels.mhc.bench as mhc_bench
 from registry import kernels as kernel_table
@@ -41,7 +42,7 @@ def test_in_place_state_not_updated_fails(tmp_path, capsys, monkeypatch, state):
     monkeypatch.setitem(kernel_table._KERNELS, ("gdn_decode", "torch", "fwd"), _stale_decode)
     if state is not None:
         good = gdn_bench.cases("cpu")
-        op = __import__("registry").get("gdn_decode")
+        op = registry.get("gdn_decode")
 
         def wide(d, device, make=good[2].make):
             args, params = make(d, device)
